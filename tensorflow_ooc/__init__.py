@@ -1,0 +1,30 @@
+"""tensorflow_ooc: out-of-core sparse tensor decomposition on BLCO Zarr stores.
+
+Public API
+----------
+convert(source, store, ...) -> Store
+    Any supported input (FROSTT .tns/.tns.gz, COO arrays, sparse.COO, scipy.sparse, pyttb.sptensor)
+    to a BLCO Zarr store, in memory or out of core.
+open_store(path) -> Store
+    Open and validate a store (local path or fsspec URL).
+encode_coo(coords, values, shape) -> BLCOTensor
+    BLCO construction in memory.
+synthetic
+    Heavy-tailed and planted low-rank test tensors.
+"""
+
+__version__ = "0.1.0"
+
+from .errors import (  # noqa: E402
+    CorruptStoreError, DuplicateError, EmptyTensorError, ForeignStoreError, IncompleteStoreError, IndexRangeError,
+    IngestError, NonFiniteValueError, ParseError, ShapeError, StoreError, StoreExistsError, TfoocError,
+)
+from .format import BitLayout, BLCOTensor, encode_coo  # noqa: E402
+from .ingest import convert  # noqa: E402
+from .store import Store, open_store  # noqa: E402
+
+__all__ = [
+    "BitLayout", "BLCOTensor", "CorruptStoreError", "DuplicateError", "EmptyTensorError", "ForeignStoreError",
+    "IncompleteStoreError", "IndexRangeError", "IngestError", "NonFiniteValueError", "ParseError", "ShapeError",
+    "Store", "StoreError", "StoreExistsError", "TfoocError", "__version__", "convert", "encode_coo", "open_store",
+]

@@ -1,0 +1,116 @@
+"""Numba kernels: coordinates -> ALTO words, ALTO -> BLCO re-encoded index, index -> coordinates.
+
+All kernels trust their inputs (no bounds checks): callers validate coordinates against the shape
+before calling ``alto_words``.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from .layout import BitLayout
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _alto_words(coords, spread, mode_nbytes, out):
+    n, nmodes = coords.shape
+    nwords = out.shape[0]
+    for i in nb.prange(n):
+        for w in range(nwords):
+            out[w, i] = 0
+        for m in range(nmodes):
+            c = coords[i, m]
+            for j in range(mode_nbytes[m]):
+                v = (c >> (8 * j)) & 255
+                for w in range(nwords):
+                    out[w, i] |= spread[m, j, v, w]
+
+
+def alto_words(coords: np.ndarray, layout: BitLayout) -> np.ndarray:
+    """ALTO linear index of each nonzero.
+
+    Parameters
+    ----------
+    coords : int64 array (nnz, nmodes)
+        0-based coordinates, already checked to lie inside ``layout.shape``.
+    layout : BitLayout
+
+    Returns
+    -------
+    uint64 array (nwords, nnz)
+        Word 0 holds ALTO bits 0..63, word k bits 64k..64k+63.
+    """
+    coords = np.ascontiguousarray(coords, dtype=np.int64)
+    out = np.empty((layout.nwords, coords.shape[0]), dtype=np.uint64)
+    _alto_words(coords, layout.spread_tables, layout.mode_nbytes, out)
+    return out
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _reencode(alto_low, table, nbytes, out):
+    for i in nb.prange(alto_low.shape[0]):
+        a = alto_low[i]
+        r = np.uint64(0)
+        for j in range(nbytes):
+            r |= table[j, (a >> np.uint64(8 * j)) & np.uint64(255)]
+        out[i] = r
+
+
+def reencode(alto_low: np.ndarray, layout: BitLayout) -> np.ndarray:
+    """Re-encode low ALTO words into BLCO indices (one contiguous bit field per mode)."""
+    out = np.empty(alto_low.shape[0], dtype=np.uint64)
+    _reencode(np.ascontiguousarray(alto_low, dtype=np.uint64), layout.reencode_table, layout.index_nbytes, out)
+    return out
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _delinearize(index, base, shift, mask, out):
+    nmodes = base.shape[0]
+    for i in nb.prange(index.shape[0]):
+        x = index[i]
+        for m in range(nmodes):
+            out[i, m] = base[m] + np.int64((x >> np.uint64(shift[m])) & mask[m])
+
+
+def delinearize(index: np.ndarray, base: np.ndarray, layout: BitLayout, out: np.ndarray | None = None) -> np.ndarray:
+    """Coordinates (nnz, nmodes) int64 of BLCO indices that share one block base."""
+    if out is None:
+        out = np.empty((index.shape[0], layout.nmodes), dtype=np.int64)
+    _delinearize(index, np.asarray(base, dtype=np.int64), layout.field_shift, layout.field_mask, out)
+    return out
+
+
+@nb.njit(nogil=True, cache=True)
+def _top_bits(words, total_bits, hi, nbits, out):
+    """Bits [hi - nbits, hi) of each multi-word ALTO index, as an integer."""
+    lo = hi - nbits
+    for i in range(words.shape[1]):
+        v = np.uint64(0)
+        for p in range(hi - 1, lo - 1, -1):
+            v = (v << np.uint64(1)) | ((words[p // 64, i] >> np.uint64(p % 64)) & np.uint64(1))
+        out[i] = np.int64(v)
+
+
+def top_bits(words: np.ndarray, layout: BitLayout, hi: int, nbits: int) -> np.ndarray:
+    """Bucket id of each nonzero: ALTO bits [hi - nbits, hi), most significant first (nbits <= 62)."""
+    out = np.empty(words.shape[1], dtype=np.int64)
+    _top_bits(words, layout.total_bits, hi, nbits, out)
+    return out
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _add_key_base(keys, modes, levels, total_bits, coords):
+    for i in nb.prange(keys.shape[1]):
+        for p in range(64, total_bits):
+            bit = (keys[p // 64, i] >> np.uint64(p % 64)) & np.uint64(1)
+            coords[i, modes[p]] |= np.int64(bit) << levels[p]
+
+
+def coords_from_words(keys: np.ndarray, layout: BitLayout) -> np.ndarray:
+    """0-based coordinates (nnz, nmodes) of full ALTO words (nwords, nnz)."""
+    coords = delinearize(reencode(keys[0], layout), np.zeros(layout.nmodes, np.int64), layout)
+    if layout.nwords > 1:
+        modes, levels = layout.alto_positions
+        _add_key_base(np.ascontiguousarray(keys), modes, levels, layout.total_bits, coords)
+    return coords

@@ -1,0 +1,6 @@
+"""Ingest: read tensors from text files and in-memory formats, validate, and convert to BLCO stores."""
+
+from .convert import convert
+from .sources import ArraySource, BatchSource, Source, TextSource, as_source
+
+__all__ = ["ArraySource", "BatchSource", "Source", "TextSource", "as_source", "convert"]

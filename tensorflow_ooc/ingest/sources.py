@@ -1,0 +1,216 @@
+"""Input sources as streams of validated, 0-based COO batches.
+
+A source knows its number of modes, can infer its shape (max index + 1 per mode), estimates its
+nonzero count, and yields ``(coords int64 (n, nmodes), values)`` batches checked against a shape.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from ..errors import EmptyTensorError, IndexRangeError, IngestError, NonFiniteValueError, ShapeError
+from . import tns_reader
+
+Batch = tuple[np.ndarray, np.ndarray]
+
+
+class Source:
+    name: str = "input"
+    nmodes: int
+    value_dtype: np.dtype = np.dtype(np.float64)
+    given_shape: tuple[int, ...] | None = None
+
+    def nnz_estimate(self) -> int:
+        raise NotImplementedError
+
+    def infer_shape(self) -> tuple[int, ...]:
+        """Max index + 1 per mode, validating everything on the way (one pass)."""
+        mx = np.full(self.nmodes, -1, dtype=np.int64)
+        n = 0
+        for coords, _ in self.batches(None):
+            if coords.shape[0]:
+                np.maximum(mx, coords.max(axis=0), out=mx)
+                n += coords.shape[0]
+        if n == 0:
+            raise EmptyTensorError("input has no nonzeros", self.name if isinstance(self, TextSource) else None)
+        return tuple(int(m) + 1 for m in mx)
+
+    def batches(self, shape: Sequence[int] | None, batch_nnz: int | None = None) -> Iterator[Batch]:
+        raise NotImplementedError
+
+
+# --- in-memory arrays -----------------------------------------------------------------------------
+
+def validate_coo(coords: np.ndarray, values: np.ndarray, shape: Sequence[int] | None, offset: int = 0,
+                 name: str = "coords") -> None:
+    """Check 0-based COO arrays; messages name the row and column."""
+    if (coords < 0).any():
+        r, c = np.argwhere(coords < 0)[0]
+        raise IndexRangeError(f"{name}[{offset + r}, {c}] = {coords[r, c]} is negative (indices are 0-based)")
+    if shape is not None:
+        lim = np.asarray(shape, dtype=np.int64)
+        bad = coords >= lim
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            raise IndexRangeError(f"{name}[{offset + r}, {c}] = {coords[r, c]} is beyond the shape "
+                                  f"(mode {c} has length {lim[c]})")
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        r = int(np.flatnonzero(~np.isfinite(values))[0])
+        raise NonFiniteValueError(f"values[{offset + r}] = {values[r]} is not finite")
+
+
+class ArraySource(Source):
+    """COO arrays: ``coords`` (nnz, nmodes) integer, 0-based; ``values`` (nnz,)."""
+
+    def __init__(self, coords: Any, values: Any, shape: Sequence[int] | None = None, name: str = "coords") -> None:
+        coords = np.asarray(coords)
+        values = np.asarray(values)
+        if coords.ndim != 2:
+            raise ShapeError(f"{name} must be a 2-D array (nnz, nmodes), got shape {coords.shape}")
+        if coords.dtype.kind not in "iu":
+            if coords.dtype.kind == "f" and coords.size and np.array_equal(coords, np.round(coords)) \
+                    and np.isfinite(coords).all():
+                coords = coords.astype(np.int64)
+            else:
+                raise ShapeError(f"{name} must hold integers, got dtype {coords.dtype}")
+        if values.ndim == 2 and values.shape[1] == 1:
+            values = values[:, 0]
+        if values.ndim != 1 or values.shape[0] != coords.shape[0]:
+            raise ShapeError(f"values must be 1-D with one entry per row of {name}: {name} has "
+                             f"{coords.shape[0]} rows, values has shape {values.shape}")
+        if values.dtype.kind not in "fiub":
+            raise ShapeError(f"values must be numeric, got dtype {values.dtype}")
+        if coords.shape[0] == 0:
+            raise EmptyTensorError("input has no nonzeros")
+        if coords.dtype == np.uint64 and coords.size and int(coords.max()) >= 2**63:
+            raise IndexRangeError(f"{name} holds an index >= 2**63")
+        self.coords = np.ascontiguousarray(coords, dtype=np.int64)
+        self.values = values if values.dtype.kind == "f" else values.astype(np.float64)
+        self.value_dtype = self.values.dtype if self.values.dtype in (np.float32, np.float64) else np.dtype(np.float64)
+        self.nmodes = self.coords.shape[1]
+        self.name = name
+        if shape is not None and len(shape) != self.nmodes:
+            raise ShapeError(f"the given shape has {len(shape)} modes but {name} has {self.nmodes} columns")
+        self.given_shape = None if shape is None else tuple(int(s) for s in shape)
+
+    def nnz_estimate(self) -> int:
+        return self.coords.shape[0]
+
+    def batches(self, shape, batch_nnz=None):
+        n = self.coords.shape[0]
+        step = batch_nnz or n
+        for s in range(0, n, step):
+            c, v = self.coords[s:s + step], self.values[s:s + step]
+            validate_coo(c, v, shape, offset=s, name=self.name)
+            yield c, v.astype(self.value_dtype, copy=False)
+
+
+class BatchSource(Source):
+    """An iterable of ``(coords, values)`` batches (for example the synthetic generator)."""
+
+    def __init__(self, batches: Iterable[Batch], nmodes: int, shape: Sequence[int] | None, nnz_hint: int,
+                 value_dtype: Any = np.float64, name: str = "batches") -> None:
+        self._batches = batches
+        self.nmodes = nmodes
+        self.given_shape = None if shape is None else tuple(int(s) for s in shape)
+        self.nnz_hint = int(nnz_hint)
+        self.value_dtype = np.dtype(value_dtype)
+        self.name = name
+        self._used = False
+
+    def nnz_estimate(self) -> int:
+        return self.nnz_hint
+
+    def infer_shape(self):
+        if self.given_shape is None:
+            raise ShapeError("a stream of batches needs an explicit shape")
+        return self.given_shape
+
+    def batches(self, shape, batch_nnz=None):
+        if self._used:
+            raise IngestError("a stream of batches can only be read once")
+        self._used = True
+        offset = 0
+        for coords, values in self._batches:
+            src = ArraySource(coords, values, shape, name=f"batch coords (starting at nonzero {offset})")
+            for c, v in src.batches(shape):
+                yield c, v.astype(self.value_dtype, copy=False)
+            offset += src.coords.shape[0]
+
+
+# --- text files -----------------------------------------------------------------------------------
+
+class TextSource(Source):
+    """A FROSTT ``.tns`` or ``.tns.gz`` file (gzip detected by content)."""
+
+    def __init__(self, path: str | os.PathLike, one_based: bool = True, shape: Sequence[int] | None = None,
+                 workers: int = 2, piece_bytes: int = 32 << 20) -> None:
+        self.path = str(path)
+        self.name = self.path
+        if not os.path.exists(self.path):
+            raise IngestError("no such file", self.path)
+        if os.path.isdir(self.path):
+            raise IngestError("is a directory, not a .tns file", self.path)
+        if os.path.getsize(self.path) == 0:
+            raise EmptyTensorError("file is empty", self.path)
+        self.one_based = one_based
+        self.gzip = tns_reader.is_gzip(self.path)
+        self.nmodes = tns_reader.detect_nmodes(self.path)
+        tns_reader.check_shape_arity(self.path, shape, self.nmodes)
+        self.given_shape = None if shape is None else tuple(int(s) for s in shape)
+        self.workers = workers
+        self.piece_bytes = piece_bytes
+        self.bytes_per_line = self._sample_line_bytes()
+
+    def _sample_line_bytes(self) -> float:
+        with tns_reader._open_text(self.path) as f:
+            try:
+                sample = f.read(1 << 16)
+            except (EOFError, OSError):
+                sample = b""
+        lines = sample.count(b"\n") or 1
+        return max(4.0, len(sample) / lines)
+
+    def size_bytes(self) -> int:
+        size = os.path.getsize(self.path)
+        return size * 4 if self.gzip else size  # text tensors inflate about 3-5x
+
+    def nnz_estimate(self) -> int:
+        return int(self.size_bytes() / self.bytes_per_line) + 1
+
+    def batches(self, shape, batch_nnz=None):
+        lim = np.full(self.nmodes, -1, dtype=np.int64) if shape is None else np.asarray(shape, dtype=np.int64)
+        empty = True
+        for piece in tns_reader.parse_file(self.path, self.nmodes, self.one_based, lim, self.piece_bytes,
+                                           self.workers):
+            if piece.coords.shape[0]:
+                empty = False
+                yield piece.coords, piece.values
+        if empty:
+            raise EmptyTensorError("file has no nonzeros (only comments or blank lines)", self.path)
+
+
+def as_source(source: Any, *, shape: Sequence[int] | None, one_based: bool, workers: int = 2,
+              piece_bytes: int = 32 << 20) -> Source:
+    """Wrap any supported input: path, (coords, values), sparse.COO, scipy.sparse, pyttb.sptensor."""
+    if isinstance(source, Source):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        return TextSource(source, one_based=one_based, shape=shape, workers=workers, piece_bytes=piece_bytes)
+    if isinstance(source, tuple) and len(source) == 2:
+        return ArraySource(source[0], source[1], shape)
+    mod = type(source).__module__ or ""
+    if mod.startswith("sparse") and hasattr(source, "coords") and hasattr(source, "data"):
+        given = shape or source.shape
+        return ArraySource(np.asarray(source.coords).T, np.asarray(source.data), given, name="sparse.COO coords")
+    if mod.startswith("scipy.sparse"):
+        coo = source.tocoo()
+        return ArraySource(np.stack([coo.row, coo.col], axis=1), coo.data, shape or coo.shape, name="scipy COO coords")
+    if mod.startswith("pyttb") and hasattr(source, "subs") and hasattr(source, "vals"):
+        return ArraySource(np.asarray(source.subs), np.asarray(source.vals).ravel(), shape or source.shape,
+                           name="sptensor subs")
+    raise TypeError(f"unsupported source type {type(source).__name__}: pass a .tns path, (coords, values), "
+                    "sparse.COO, a scipy.sparse matrix or a pyttb.sptensor")

@@ -1,0 +1,81 @@
+"""Store locations: local paths (written atomically by rename) or fsspec URLs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import fsspec
+
+
+def is_url(path: str | os.PathLike) -> bool:
+    s = str(path)
+    return "://" in s and not s.startswith("file://")
+
+
+def local_path(path: str | os.PathLike) -> Path:
+    s = str(path)
+    return Path(s[len("file://"):] if s.startswith("file://") else s)
+
+
+def exists(path: str | os.PathLike) -> bool:
+    if is_url(path):
+        fs, p = fsspec.core.url_to_fs(str(path))
+        return fs.exists(p)
+    return local_path(path).exists()
+
+
+def remove(path: str | os.PathLike) -> None:
+    if is_url(path):
+        fs, p = fsspec.core.url_to_fs(str(path))
+        if fs.exists(p):
+            fs.rm(p, recursive=True)
+        return
+    p = local_path(path)
+    if p.is_dir():
+        shutil.rmtree(p, ignore_errors=True)
+    elif p.exists():
+        p.unlink()
+
+
+def staging_path(final: str | os.PathLike) -> str:
+    """Where to write before publishing: a hidden sibling for local paths, the URL itself otherwise.
+
+    URLs have no portable atomic rename, so for them the store is written in place and only the
+    ``complete`` flag, written last, makes it openable.
+    """
+    if is_url(final):
+        return str(final)
+    p = local_path(final).absolute()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return str(p.parent / f".{p.name}.partial-{uuid.uuid4().hex[:12]}")
+
+
+def publish(staging: str, final: str | os.PathLike, overwrite: bool) -> None:
+    """Move a finished local store into place atomically."""
+    if is_url(final):
+        return
+    dest = local_path(final).absolute()
+    if dest.exists():
+        if not overwrite:
+            raise FileExistsError(dest)
+        trash = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:12]}"
+        os.replace(dest, trash)
+        os.replace(staging, dest)
+        remove(trash)
+    else:
+        os.replace(staging, dest)
+
+
+def disk_bytes(path: str | os.PathLike) -> int:
+    """Bytes the store occupies."""
+    if is_url(path):
+        fs, p = fsspec.core.url_to_fs(str(path))
+        return int(sum(fs.du(p, total=False).values())) if fs.exists(p) else 0
+    total = 0
+    for root, _, files in os.walk(local_path(path)):
+        for f in files:
+            total += os.path.getsize(os.path.join(root, f))
+    return total

@@ -1,0 +1,301 @@
+"""Open, validate and read BLCO Zarr stores."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterator
+
+import numpy as np
+import zarr
+
+from ..errors import CorruptStoreError, ForeignStoreError, IncompleteStoreError, StoreError
+from ..format import BitLayout, BlockTable, delinearize, reencode
+from . import paths
+from .metadata import FORMAT_NAME, META_KEY, SUPPORTED_VERSIONS
+
+
+@dataclass
+class Block:
+    """One BLCO block: re-encoded indices sharing ``base``; decode with ``delinearize``."""
+
+    id: int
+    start: int
+    base: np.ndarray     # int64 (nmodes,)
+    index: np.ndarray    # uint64 (count,)
+    values: np.ndarray
+
+
+@dataclass
+class Chunk:
+    """One storage chunk: a run of nonzeros and the block segments it holds.
+
+    ``segments`` rows are (block id, first, stop) with first/stop relative to the chunk.
+    """
+
+    id: int
+    start: int
+    index: np.ndarray
+    values: np.ndarray
+    segments: np.ndarray  # int64 (nseg, 3)
+    bases: np.ndarray     # int64 (nseg, nmodes)
+    min: np.ndarray       # int64 (nmodes,) smallest index per mode in this chunk
+    max: np.ndarray       # int64 (nmodes,)
+
+    def coords(self, layout: BitLayout) -> np.ndarray:
+        out = np.empty((self.index.shape[0], layout.nmodes), dtype=np.int64)
+        for (_, s, e), base in zip(self.segments, self.bases):
+            delinearize(self.index[s:e], base, layout, out=out[s:e])
+        return out
+
+
+def _fail(path: str, what: str) -> CorruptStoreError:
+    return CorruptStoreError(f"{path}: corrupt store: {what}")
+
+
+class Store:
+    """A BLCO tensor stored in Zarr. Open with :func:`open_store`.
+
+    Attributes
+    ----------
+    path, shape, nnz, nmodes, layout, value_dtype, chunk_nnz, nchunks, nblocks, meta
+    """
+
+    def __init__(self, path: str, root: zarr.Group, meta: dict) -> None:
+        self.path = path
+        self.root = root
+        self.meta = meta
+        self.shape: tuple[int, ...] = tuple(int(s) for s in meta["shape"])
+        self.nnz: int = int(meta["nnz"])
+        self.nmodes: int = len(self.shape)
+        self.layout = BitLayout(self.shape)
+        self.value_dtype = np.dtype(meta["value_dtype"])
+        self.chunk_nnz: int = int(meta["chunk_nnz"])
+        self.max_block_nnz: int = int(meta["max_block_nnz"])
+        self.nchunks: int = int(meta["nchunks"])
+        self.nblocks: int = int(meta["nblocks"])
+
+    def __repr__(self) -> str:
+        return f"Store({self.path!r}, shape={self.shape}, nnz={self.nnz}, blocks={self.nblocks}, chunks={self.nchunks})"
+
+    # --- summary ---------------------------------------------------------------------------------
+
+    def norm(self) -> float:
+        """Frobenius norm of the tensor."""
+        return math.sqrt(float(self.meta["norm_sq"]))
+
+    @cached_property
+    def blocks(self) -> BlockTable:
+        g = self.root
+        return BlockTable(g["blocks/key"][...], g["blocks/start"][...], g["blocks/count"][...], g["blocks/base"][...])
+
+    @cached_property
+    def chunk_ranges(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per chunk and mode, the smallest and largest index: two int64 arrays (nchunks, nmodes)."""
+        return self.root["chunks/min"][...], self.root["chunks/max"][...]
+
+    def disk_bytes(self) -> int:
+        return paths.disk_bytes(self.path)
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def _read(self, name: str, start: int, stop: int) -> np.ndarray:
+        try:
+            return self.root[name][start:stop]
+        except Exception as exc:  # codec or checksum failure inside zarr
+            first, last = start // self.chunk_nnz, max(start, stop - 1) // self.chunk_nnz
+            raise _fail(self.path, f"array '{name}', chunks {first}..{last}: cannot decode ({exc})") from exc
+
+    def read_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Re-encoded BLCO indices and values of nonzeros [start, stop)."""
+        alto = self._read("alto", start, stop)
+        values = self._read("values", start, stop)
+        if alto.shape[0] != stop - start or values.shape[0] != stop - start:
+            raise _fail(self.path, f"nonzeros {start}..{stop} are missing")
+        if self.layout.index_bits < 64 and alto.size and int(alto.max()) >> self.layout.index_bits:
+            raise _fail(self.path, f"nonzeros {start}..{stop}: index bits beyond the layout's {self.layout.index_bits}")
+        return reencode(alto, self.layout), values
+
+    def _segments(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        b = self.blocks
+        ends = b.start + b.count
+        first = int(np.searchsorted(ends, start, side="right"))
+        last = int(np.searchsorted(b.start, stop, side="left"))
+        ids = np.arange(first, last)
+        lo = np.maximum(b.start[ids], start) - start
+        hi = np.minimum(ends[ids], stop) - start
+        return np.stack([ids, lo, hi], axis=1).astype(np.int64), b.base[ids]
+
+    def iter_chunks(self, validate: bool = True) -> Iterator[Chunk]:
+        """Chunks in order. With ``validate``, each chunk's decoded indices are checked against the
+        stored per-chunk ranges and the shape, so a damaged store never reaches the kernels."""
+        mins, maxs = self.chunk_ranges
+        for c in range(self.nchunks):
+            start = c * self.chunk_nnz
+            stop = min(self.nnz, start + self.chunk_nnz)
+            index, values = self.read_range(start, stop)
+            segs, bases = self._segments(start, stop)
+            chunk = Chunk(c, start, index, values, segs, bases, mins[c], maxs[c])
+            if validate:
+                coords = chunk.coords(self.layout)
+                if (coords.min(axis=0) != mins[c]).any() or (coords.max(axis=0) != maxs[c]).any():
+                    raise _fail(self.path, f"chunk {c}: decoded indices disagree with the chunk range table")
+            yield chunk
+
+    def iter_blocks(self) -> Iterator[Block]:
+        """Blocks in order (a block may span several chunks)."""
+        b = self.blocks
+        for i in range(b.nblocks):
+            s, n = int(b.start[i]), int(b.count[i])
+            index, values = self.read_range(s, s + n)
+            yield Block(i, s, b.base[i], index, values)
+
+    def to_coo(self) -> tuple[np.ndarray, np.ndarray]:
+        """All nonzeros as 0-based coordinates (nnz, nmodes) int64 and values, in ALTO order."""
+        coords = np.empty((self.nnz, self.nmodes), dtype=np.int64)
+        values = np.empty(self.nnz, dtype=self.value_dtype)
+        for ch in self.iter_chunks():
+            n = ch.index.shape[0]
+            coords[ch.start:ch.start + n] = ch.coords(self.layout)
+            values[ch.start:ch.start + n] = ch.values
+        return coords, values
+
+    def info(self) -> dict:
+        """Summary for ``tfooc info``: sizes, compression and per-mode statistics."""
+        raw = self.nnz * (8 * self.nmodes + 8)
+        disk = self.disk_bytes()
+        mins, maxs = self.chunk_ranges
+        width = (maxs - mins + 1) if self.nchunks else np.zeros((0, self.nmodes), np.int64)
+        counts = self.blocks.count
+        return {
+            "path": self.path,
+            "format_version": self.meta["format_version"],
+            "shape": list(self.shape),
+            "nnz": self.nnz,
+            "density": self.nnz / math.prod(self.shape),
+            "value_dtype": self.value_dtype.name,
+            "norm": self.norm(),
+            "blocks": self.nblocks,
+            "block_nnz_min": int(counts.min()) if counts.size else 0,
+            "block_nnz_max": int(counts.max()) if counts.size else 0,
+            "chunks": self.nchunks,
+            "chunk_nnz": self.chunk_nnz,
+            "bytes_on_disk": disk,
+            "bytes_per_nnz": disk / max(1, self.nnz),
+            "raw_coo_bytes": raw,
+            "compression_ratio": disk / max(1, raw),
+            "layout": self.meta["layout"],
+            "modes": [
+                {"mode": n, "length": self.shape[n], "bits": int(self.layout.mode_bits[n]),
+                 "key_bits": int(self.layout.key_bits[n]),
+                 "chunk_index_span_mean": float(width[:, n].mean()) if self.nchunks else 0.0,
+                 "chunk_index_span_max": int(width[:, n].max()) if self.nchunks else 0}
+                for n in range(self.nmodes)
+            ],
+        }
+
+
+def open_store(path: str | os.PathLike) -> Store:
+    """Open and validate a BLCO store.
+
+    Checks the format name and version, completeness, the bit layout against the shape, the block
+    table against nnz, chunk shapes and the per-chunk range table. Raises a :class:`StoreError`
+    subclass naming the problem.
+
+    Examples
+    --------
+    >>> import numpy as np, tensorflow_ooc as tfo
+    >>> s = tfo.convert((np.array([[0, 1], [2, 0]]), np.array([1.0, 2.0])), "memory://doc-open")
+    >>> tfo.open_store("memory://doc-open").nnz
+    2
+    """
+    path = str(path)
+    if not paths.exists(path):
+        raise StoreError(f"{path}: no such store")
+    try:
+        root = zarr.open_group(path, mode="r")
+    except Exception as exc:
+        raise ForeignStoreError(f"{path}: not a Zarr v3 group, so not a tensorflow_ooc store ({exc})") from exc
+    attrs = dict(root.attrs)
+    meta = attrs.get(META_KEY)
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise ForeignStoreError(f"{path}: a Zarr group without '{META_KEY}' BLCO metadata: not a tensorflow_ooc store")
+    if meta.get("format_version") not in SUPPORTED_VERSIONS:
+        raise StoreError(f"{path}: format version {meta.get('format_version')!r} is not supported "
+                         f"(this build reads {list(SUPPORTED_VERSIONS)})")
+    if meta.get("complete") is not True:
+        raise IncompleteStoreError(f"{path}: the store was not completely written")
+    _validate(path, root, meta)
+    return Store(path, root, meta)
+
+
+def _keys_decrease(key: np.ndarray) -> bool:
+    """True if consecutive block keys (most significant word last) ever decrease."""
+    a, b = key[:-1], key[1:]
+    decided = np.zeros(a.shape[0], dtype=bool)
+    for w in range(key.shape[1] - 1, -1, -1):
+        lt = ~decided & (b[:, w] < a[:, w])
+        if lt.any():
+            return True
+        decided |= b[:, w] != a[:, w]
+    return False
+
+
+def _validate(path: str, root: zarr.Group, meta: dict) -> None:
+    required = ("shape", "nnz", "value_dtype", "norm_sq", "chunk_nnz", "max_block_nnz", "nblocks", "nchunks", "layout")
+    missing = [k for k in required if k not in meta]
+    if missing:
+        raise _fail(path, f"metadata field(s) {missing} missing")
+    try:
+        layout = BitLayout(tuple(meta["shape"]))
+    except Exception as exc:
+        raise _fail(path, f"metadata field 'shape': {exc}") from exc
+    if meta["layout"] != layout.describe():
+        raise _fail(path, f"metadata field 'layout' does not match shape {layout.shape}")
+    nnz, chunk_nnz, nblocks, nchunks = (int(meta[k]) for k in ("nnz", "chunk_nnz", "nblocks", "nchunks"))
+    if chunk_nnz < 1 or nnz < 0 or nchunks != -(-nnz // chunk_nnz):
+        raise _fail(path, f"nnz={nnz}, chunk_nnz={chunk_nnz} and nchunks={nchunks} disagree")
+    N = layout.nmodes
+    expect = {
+        "alto": ((nnz,), (chunk_nnz,), np.dtype("<u8")),
+        "values": ((nnz,), (chunk_nnz,), np.dtype(meta["value_dtype"])),
+        "blocks/key": ((nblocks, max(1, layout.nwords - 1)), None, np.dtype("<u8")),
+        "blocks/start": ((nblocks,), None, np.dtype("<i8")),
+        "blocks/count": ((nblocks,), None, np.dtype("<i8")),
+        "blocks/base": ((nblocks, N), None, np.dtype("<i8")),
+        "chunks/min": ((nchunks, N), None, np.dtype("<i8")),
+        "chunks/max": ((nchunks, N), None, np.dtype("<i8")),
+    }
+    for name, (shape, chunks, dtype) in expect.items():
+        try:
+            arr = root[name]
+        except KeyError:
+            raise _fail(path, f"array '{name}' is missing") from None
+        if tuple(arr.shape) != shape:
+            raise _fail(path, f"array '{name}' has shape {tuple(arr.shape)}, expected {shape}")
+        if chunks is not None and tuple(arr.chunks) != chunks:
+            raise _fail(path, f"array '{name}' has chunks {tuple(arr.chunks)}, expected {chunks}")
+        if np.dtype(arr.dtype) != dtype:
+            raise _fail(path, f"array '{name}' has dtype {arr.dtype}, expected {dtype}")
+    try:
+        start, count = root["blocks/start"][...], root["blocks/count"][...]
+        key, base = root["blocks/key"][...], root["blocks/base"][...]
+        cmin, cmax = root["chunks/min"][...], root["chunks/max"][...]
+    except Exception as exc:
+        raise _fail(path, f"block or chunk table cannot be decoded ({exc})") from exc
+    if nblocks:
+        if start[0] != 0 or (count < 1).any() or (count > int(meta["max_block_nnz"])).any() \
+                or (start[1:] != start[:-1] + count[:-1]).any() or int(start[-1] + count[-1]) != nnz:
+            raise _fail(path, f"block table does not tile the {nnz} nonzeros")
+        bad = np.flatnonzero((layout.keys_to_bases(key) != base).any(axis=1))
+        if bad.size:
+            raise _fail(path, f"block {int(bad[0])}: base does not match its key")
+        if nblocks > 1 and _keys_decrease(key):
+            raise _fail(path, "block keys are not in ALTO order")
+    elif nnz:
+        raise _fail(path, f"no blocks for {nnz} nonzeros")
+    shape = np.array(layout.shape, dtype=np.int64)
+    if nchunks and ((cmin < 0).any() or (cmax >= shape).any() or (cmin > cmax).any()):
+        raise _fail(path, "chunk range table holds indices outside the shape")

@@ -1,0 +1,209 @@
+"""Write a BLCO Zarr store from ALTO-sorted nonzeros, in order, with bounded memory.
+
+The writer is fed sorted batches (globally in ALTO order), writes whole chunks as soon as they are
+full, and builds the block table and per-chunk index ranges on the way. Nothing is openable until
+``commit``: local stores are written under a hidden name and renamed into place, URL stores get
+their ``complete`` flag last. Any exception inside ``with StoreWriter(...)`` removes what was written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+import zarr
+
+from .. import __version__ as _pkg_version
+from ..errors import StoreExistsError
+from ..format import BitLayout, BlockTable, block_table
+from ..format.linearize import coords_from_words
+from . import paths
+from .codecs import index_codecs, quiet_numcodecs, table_codecs, value_codecs
+from .metadata import FORMAT_NAME, FORMAT_VERSION, META_KEY
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_NNZ = 1 << 20
+FLUSH_CHUNKS = 4
+
+
+class StoreWriter:
+    """Append ALTO-sorted nonzeros to a new store.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        Destination, a local path or an fsspec URL.
+    layout : BitLayout
+    value_dtype : numpy dtype of the values
+    capacity : int
+        Upper bound on the number of nonzeros (arrays are shrunk to the real count on commit).
+    chunk_nnz : nonzeros per chunk
+    max_block_nnz : largest block
+    overwrite : replace an existing store at ``path``
+    attrs : extra provenance stored in the metadata
+    """
+
+    def __init__(self, path: str | os.PathLike, layout: BitLayout, value_dtype: Any, capacity: int, *,
+                 chunk_nnz: int = DEFAULT_CHUNK_NNZ, max_block_nnz: int = 1 << 24, overwrite: bool = False,
+                 attrs: dict | None = None) -> None:
+        if chunk_nnz < 1 or max_block_nnz < 1:
+            raise ValueError(f"chunk_nnz and max_block_nnz must be >= 1, got {chunk_nnz}, {max_block_nnz}")
+        self.final_path = str(path)
+        if paths.exists(path) and not overwrite:
+            raise StoreExistsError(f"{path}: a store or file already exists there; pass overwrite=True "
+                                   "(CLI: --overwrite) to replace it")
+        self.layout = layout
+        self.value_dtype = np.dtype(value_dtype)
+        self.chunk_nnz = int(chunk_nnz)
+        self.max_block_nnz = int(max_block_nnz)
+        self.overwrite = overwrite
+        self.attrs = attrs or {}
+        if paths.is_url(path) and paths.exists(path):
+            paths.remove(path)
+        self.staging = paths.staging_path(path)
+        self.root = zarr.open_group(self.staging, mode="w", zarr_format=3)
+        cap = max(int(capacity), 1)
+        with quiet_numcodecs():
+            self.alto = self.root.create_array("alto", shape=(cap,), chunks=(self.chunk_nnz,), dtype="<u8",
+                                               fill_value=0, **index_codecs())
+            self.values = self.root.create_array("values", shape=(cap,), chunks=(self.chunk_nnz,),
+                                                 dtype=self.value_dtype, fill_value=0,
+                                                 **value_codecs(self.value_dtype))
+        self.written = 0          # nonzeros flushed to the arrays
+        self.received = 0         # nonzeros appended (flushed + pending)
+        self.pending_keys: list[np.ndarray] = []
+        self.pending_vals: list[np.ndarray] = []
+        self.pending_n = 0
+        self.tables: list[BlockTable] = []
+        self.chunk_min: list[np.ndarray] = []
+        self.chunk_max: list[np.ndarray] = []
+        self.norm_sq = 0.0
+        self.committed = False
+        self.t0 = time.perf_counter()
+
+    # --- feeding ---------------------------------------------------------------------------------
+
+    def append(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Append nonzeros whose ALTO words ``keys`` (nwords, n) are sorted and follow all earlier ones."""
+        n = keys.shape[1]
+        if n == 0:
+            return
+        self._extend_blocks(block_table(keys, self.layout, self.max_block_nnz, offset=self.received))
+        self.norm_sq += float(np.dot(values.astype(np.float64, copy=False), values.astype(np.float64, copy=False)))
+        self.pending_keys.append(keys)
+        self.pending_vals.append(np.asarray(values, dtype=self.value_dtype))
+        self.pending_n += n
+        self.received += n
+        if self.pending_n >= FLUSH_CHUNKS * self.chunk_nnz:
+            self._flush(final=False)
+
+    def _extend_blocks(self, new: BlockTable) -> None:
+        """Join the new batch's first block to the previous last block when they share a key."""
+        if self.tables and new.nblocks:
+            last = self.tables[-1]
+            if np.array_equal(last.key[-1], new.key[0]):
+                room = self.max_block_nnz - int(last.count[-1])
+                take = min(room, int(new.count[0]))
+                if take > 0:
+                    last.count[-1] += take
+                    if take == new.count[0]:
+                        new = BlockTable(new.key[1:], new.start[1:], new.count[1:], new.base[1:])
+                    else:
+                        new.start[0] += take
+                        new.count[0] -= take
+        if new.nblocks:
+            self.tables.append(new)
+
+    def _flush(self, final: bool) -> None:
+        if not self.pending_n:
+            return
+        keys = np.concatenate(self.pending_keys, axis=1) if len(self.pending_keys) > 1 else self.pending_keys[0]
+        vals = np.concatenate(self.pending_vals) if len(self.pending_vals) > 1 else self.pending_vals[0]
+        n = keys.shape[1] if final else (keys.shape[1] // self.chunk_nnz) * self.chunk_nnz
+        if n == 0:
+            return
+        coords = coords_from_words(keys[:, :n], self.layout)
+        for s in range(0, n, self.chunk_nnz):
+            c = coords[s:s + self.chunk_nnz]
+            self.chunk_min.append(c.min(axis=0))
+            self.chunk_max.append(c.max(axis=0))
+        del coords
+        if self.written + n > self.alto.shape[0]:
+            raise RuntimeError(f"store writer received more nonzeros ({self.written + n}) than its capacity "
+                               f"({self.alto.shape[0]})")
+        self.alto[self.written:self.written + n] = keys[0, :n]
+        self.values[self.written:self.written + n] = vals[:n]
+        self.written += n
+        self.pending_keys = [keys[:, n:].copy()] if n < keys.shape[1] else []
+        self.pending_vals = [vals[n:].copy()] if n < keys.shape[1] else []
+        self.pending_n = keys.shape[1] - n
+
+    # --- finishing -------------------------------------------------------------------------------
+
+    def commit(self) -> str:
+        """Write the remaining nonzeros, the tables and the metadata; publish the store. Returns its path."""
+        self._flush(final=True)
+        nnz = self.written
+        self.alto.resize((nnz,))
+        self.values.resize((nnz,))
+        blocks = BlockTable.concat(self.tables, self.layout)
+        nchunks = len(self.chunk_min)
+        tables = {
+            "blocks/key": blocks.key, "blocks/start": blocks.start, "blocks/count": blocks.count,
+            "blocks/base": blocks.base,
+            "chunks/min": np.array(self.chunk_min, dtype=np.int64).reshape(nchunks, self.layout.nmodes),
+            "chunks/max": np.array(self.chunk_max, dtype=np.int64).reshape(nchunks, self.layout.nmodes),
+        }
+        for name, arr in tables.items():
+            shape = arr.shape
+            chunks = tuple(max(1, s) for s in shape)
+            a = self.root.create_array(name, shape=shape, chunks=chunks, dtype=arr.dtype, fill_value=0,
+                                       **table_codecs())
+            if arr.size:
+                a[...] = arr
+        meta = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "store_id": uuid.uuid4().hex,
+            "shape": list(self.layout.shape),
+            "nmodes": self.layout.nmodes,
+            "nnz": nnz,
+            "value_dtype": self.value_dtype.str,
+            "norm_sq": self.norm_sq,
+            "chunk_nnz": self.chunk_nnz,
+            "max_block_nnz": self.max_block_nnz,
+            "nblocks": blocks.nblocks,
+            "nchunks": nchunks,
+            "layout": self.layout.describe(),
+            "created_by": f"tensorflow_ooc {_pkg_version}",
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "source": self.attrs,
+            "complete": True,
+        }
+        # The flag goes in with the last metadata write: a store without it never opens.
+        self.root.attrs.put({META_KEY: meta})
+        try:
+            paths.publish(self.staging, self.final_path, self.overwrite)
+        except FileExistsError:
+            raise StoreExistsError(f"{self.final_path}: appeared while writing; pass overwrite=True") from None
+        self.committed = True
+        log.info("wrote store %s: %d nonzeros, %d blocks, %d chunks in %.2f s", self.final_path, nnz,
+                 blocks.nblocks, nchunks, time.perf_counter() - self.t0)
+        return self.final_path
+
+    def abort(self) -> None:
+        """Remove everything written so far."""
+        if not self.committed:
+            paths.remove(self.staging)
+
+    def __enter__(self) -> "StoreWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
