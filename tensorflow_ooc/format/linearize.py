@@ -114,3 +114,52 @@ def coords_from_words(keys: np.ndarray, layout: BitLayout) -> np.ndarray:
         modes, levels = layout.alto_positions
         _add_key_base(np.ascontiguousarray(keys), modes, levels, layout.total_bits, coords)
     return coords
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _piece_minmax(keys, table, nbytes, shift, mask, modes, levels, total_bits, piece_starts, mins, maxs):
+    nmodes = shift.shape[0]
+    for p in nb.prange(piece_starts.shape[0] - 1):
+        c = np.empty(nmodes, dtype=np.int64)
+        for m in range(nmodes):
+            mins[p, m] = np.iinfo(np.int64).max
+            maxs[p, m] = -1
+        for i in range(piece_starts[p], piece_starts[p + 1]):
+            a = keys[0, i]
+            r = np.uint64(0)
+            for j in range(nbytes):
+                r |= table[j, (a >> np.uint64(8 * j)) & np.uint64(255)]
+            for m in range(nmodes):
+                c[m] = np.int64((r >> np.uint64(shift[m])) & mask[m])
+            for q in range(64, total_bits):
+                bit = (keys[q // 64, i] >> np.uint64(q % 64)) & np.uint64(1)
+                c[modes[q]] |= np.int64(bit) << levels[q]
+            for m in range(nmodes):
+                if c[m] < mins[p, m]:
+                    mins[p, m] = c[m]
+                if c[m] > maxs[p, m]:
+                    maxs[p, m] = c[m]
+
+
+def chunk_minmax(keys: np.ndarray, layout: BitLayout, chunk_nnz: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per chunk of ``chunk_nnz`` nonzeros, the smallest and largest index in every mode.
+
+    Decodes on the fly (no coordinate array), in parallel over pieces of the chunks.
+    """
+    n = keys.shape[1]
+    nchunks = -(-n // chunk_nnz)
+    split = max(1, min(16, chunk_nnz // 65536))
+    starts = sorted({min(n, c * chunk_nnz + (s * chunk_nnz) // split) for c in range(nchunks) for s in range(split)} | {n})
+    piece_starts = np.array(starts, dtype=np.int64)
+    npieces = piece_starts.shape[0] - 1
+    mins = np.empty((npieces, layout.nmodes), dtype=np.int64)
+    maxs = np.empty((npieces, layout.nmodes), dtype=np.int64)
+    modes, levels = layout.alto_positions
+    _piece_minmax(keys, layout.reencode_table, layout.index_nbytes, layout.field_shift, layout.field_mask,
+                  modes, levels, layout.total_bits, piece_starts, mins, maxs)
+    owner = piece_starts[:-1] // chunk_nnz
+    cmin = np.full((nchunks, layout.nmodes), np.iinfo(np.int64).max, dtype=np.int64)
+    cmax = np.full((nchunks, layout.nmodes), -1, dtype=np.int64)
+    np.minimum.at(cmin, owner, mins)
+    np.maximum.at(cmax, owner, maxs)
+    return cmin, cmax

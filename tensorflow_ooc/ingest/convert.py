@@ -187,7 +187,7 @@ def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | Non
                      piece_bytes=32 << 20)
     if isinstance(src0, TextSource):
         per_line = _parse_bytes_per_nnz(src0.nmodes, 4) + src0.bytes_per_line
-        src0.piece_bytes = int(max(1 << 20, min(64 << 20, budget / 4 / workers / per_line * src0.bytes_per_line)))
+        src0.piece_bytes = int(max(1 << 20, min(8 << 20, budget / 4 / workers / per_line * src0.bytes_per_line)))
     src: Source = src0
     given = shape if shape is not None else src.given_shape
     est_nnz = src.nnz_estimate()
@@ -211,24 +211,42 @@ def _progress(total: int, desc: str, unit: str, enabled: bool) -> tqdm:
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, disable=not enabled, leave=False)
 
 
-def _convert_in_memory(src, store, shape, duplicates, chunk_nnz, max_block_nnz, overwrite, progress, attrs) -> Store:
+def _read_all(src: Source, shape, progress: bool) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """All batches of a source, with the per-mode max index."""
     coords_parts, value_parts = [], []
+    mx = np.full(src.nmodes, -1, dtype=np.int64)
     is_text = isinstance(src, TextSource)
     with _progress(src.size_bytes() if is_text else src.nnz_estimate(), "parse", "B" if is_text else "nz",
                    progress and is_text) as bar:
-        for c, v in src.batches(shape):
-            coords_parts.append(c)
-            value_parts.append(v)
-            bar.update(c.shape[0] * (src.bytes_per_line if is_text else 1))
-    coords = coords_parts[0] if len(coords_parts) == 1 else np.concatenate(coords_parts)
-    values = value_parts[0] if len(value_parts) == 1 else np.concatenate(value_parts)
-    del coords_parts, value_parts
+        if is_text:
+            for piece in src.pieces(shape):
+                coords_parts.append(piece.coords)
+                value_parts.append(piece.values)
+                np.maximum(mx, piece.max, out=mx)
+                bar.update(piece.nbytes)
+        else:
+            for c, v in src.batches(shape):
+                coords_parts.append(c)
+                value_parts.append(v)
+                np.maximum(mx, c.max(axis=0), out=mx)
+    return coords_parts, value_parts, mx
+
+
+def _convert_in_memory(src, store, shape, duplicates, chunk_nnz, max_block_nnz, overwrite, progress, attrs) -> Store:
+    coords_parts, value_parts, mx = _read_all(src, shape, progress)
     if shape is None:
-        shape = tuple(int(m) + 1 for m in coords.max(axis=0))
+        shape = tuple(int(m) + 1 for m in mx)
     layout = BitLayout(tuple(shape))
-    keys = alto_words(coords, layout)
-    del coords
-    values = np.array(values, dtype=src.value_dtype, copy=True)
+    total = sum(c.shape[0] for c in coords_parts)
+    # linearize piece by piece into one key array: the coordinates are never concatenated
+    keys = np.empty((layout.nwords, total), dtype=np.uint64)
+    values = np.empty(total, dtype=src.value_dtype)
+    pos = 0
+    while coords_parts:
+        c, v = coords_parts.pop(0), value_parts.pop(0)
+        keys[:, pos:pos + c.shape[0]] = alto_words(c, layout)
+        values[pos:pos + c.shape[0]] = v
+        pos += c.shape[0]
     keys, values = sort_nonzeros(keys, values, layout, duplicates, one_based_report=attrs["one_based"])
     with StoreWriter(store, layout, src.value_dtype, keys.shape[1], chunk_nnz=chunk_nnz,
                      max_block_nnz=max_block_nnz, overwrite=overwrite, attrs=attrs) as w:

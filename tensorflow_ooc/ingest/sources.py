@@ -182,15 +182,26 @@ class TextSource(Source):
         return int(self.size_bytes() / self.bytes_per_line) + 1
 
     def batches(self, shape, batch_nnz=None):
+        for piece in self.pieces(shape):
+            yield piece.coords, piece.values
+
+    def pieces(self, shape) -> Iterator[tns_reader.ParsedPiece]:
+        """Parsed pieces in file order (each with its per-mode max index)."""
         lim = np.full(self.nmodes, -1, dtype=np.int64) if shape is None else np.asarray(shape, dtype=np.int64)
         empty = True
         for piece in tns_reader.parse_file(self.path, self.nmodes, self.one_based, lim, self.piece_bytes,
                                            self.workers):
             if piece.coords.shape[0]:
                 empty = False
-                yield piece.coords, piece.values
+                yield piece
         if empty:
             raise EmptyTensorError("file has no nonzeros (only comments or blank lines)", self.path)
+
+    def infer_shape(self) -> tuple[int, ...]:
+        mx = np.full(self.nmodes, -1, dtype=np.int64)
+        for piece in self.pieces(None):
+            np.maximum(mx, piece.max, out=mx)
+        return tuple(int(m) + 1 for m in mx)
 
 
 def as_source(source: Any, *, shape: Sequence[int] | None, one_based: bool, workers: int = 2,

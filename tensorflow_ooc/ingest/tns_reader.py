@@ -29,6 +29,7 @@ class ParsedPiece:
     lines: int           # lines in the piece (for global line numbers)
     error: tuple | None  # (code, line in piece, column, token text)
     nbytes: int
+    max: np.ndarray      # int64 (nmodes,) largest index per mode, -1 if empty
 
 
 def is_gzip(path: str | os.PathLike) -> bool:
@@ -79,7 +80,9 @@ def parse_buffer(buf: np.ndarray, nmodes: int, one_based: bool, shape: np.ndarra
                 error = cand
             break
         values[r] = v
-    return ParsedPiece(coords[:rows], values[:rows], int(lines), error, int(buf.shape[0]))
+    coords = coords[:rows]
+    mx = coords.max(axis=0) if rows else np.full(nmodes, -1, dtype=np.int64)
+    return ParsedPiece(coords, values[:rows], int(lines), error, int(buf.shape[0]), mx)
 
 
 def _token(buf: np.ndarray, line: int, col: int) -> str:

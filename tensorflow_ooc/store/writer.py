@@ -20,7 +20,7 @@ import zarr
 from .. import __version__ as _pkg_version
 from ..errors import StoreExistsError
 from ..format import BitLayout, BlockTable, block_table
-from ..format.linearize import coords_from_words
+from ..format.linearize import chunk_minmax
 from . import paths
 from .codecs import index_codecs, quiet_numcodecs, table_codecs, value_codecs
 from .metadata import FORMAT_NAME, FORMAT_VERSION, META_KEY
@@ -127,12 +127,9 @@ class StoreWriter:
         n = keys.shape[1] if final else (keys.shape[1] // self.chunk_nnz) * self.chunk_nnz
         if n == 0:
             return
-        coords = coords_from_words(keys[:, :n], self.layout)
-        for s in range(0, n, self.chunk_nnz):
-            c = coords[s:s + self.chunk_nnz]
-            self.chunk_min.append(c.min(axis=0))
-            self.chunk_max.append(c.max(axis=0))
-        del coords
+        cmin, cmax = chunk_minmax(keys[:, :n], self.layout, self.chunk_nnz)
+        self.chunk_min.extend(cmin)
+        self.chunk_max.extend(cmax)
         if self.written + n > self.alto.shape[0]:
             raise RuntimeError(f"store writer received more nonzeros ({self.written + n}) than its capacity "
                                f"({self.alto.shape[0]})")

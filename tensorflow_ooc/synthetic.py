@@ -1,0 +1,293 @@
+"""Synthetic sparse tensors: heavy-tailed supports shaped like real data, and planted low-rank CP.
+
+Real tensors have a few huge slices and many tiny ones. Each mode's index is drawn from a power
+law over a random permutation of the mode (rank ``r = floor(L * u**skew)``, ``u`` uniform), so
+slice sizes are heavy tailed and popular indices are scattered over the mode, not packed at 0.
+Generation streams in batches with no duplicate coordinates across batches: batch k owns a
+disjoint range of ranks of the longest mode, so 10^8 nonzeros need only one batch in memory.
+
+Examples
+--------
+>>> from tensorflow_ooc import synthetic
+>>> coords, values = synthetic.heavy_tailed((50, 40, 30), 1000, seed=0)
+>>> coords.shape, values.shape
+((1000, 3), (1000,))
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numba as nb
+import numpy as np
+
+PRESETS: dict[str, tuple[tuple[int, ...], int]] = {
+    "uber": ((183, 24, 1140, 1717), 3_309_490),
+    "nips": ((2482, 2862, 14036, 17), 3_101_609),
+    "chicago": ((6186, 24, 77, 32), 5_330_673),
+    "nell2": ((12092, 9184, 28818), 20_000_000),
+    "vast": ((165427, 11374, 2), 26_021_854),
+    "hypersparse": ((10_000_000, 100_000, 1000), 5_000_000),
+}
+
+VALUE_KINDS = ("uniform", "count", "normal")
+DEFAULT_BATCH_NNZ = 1 << 22
+
+
+def _as_skews(skew: float | Sequence[float], nmodes: int) -> np.ndarray:
+    s = np.full(nmodes, float(skew)) if np.isscalar(skew) else np.asarray(skew, dtype=np.float64)
+    if s.shape != (nmodes,) or (s < 1).any():
+        raise ValueError(f"skew must be >= 1 (1 = uniform), one value or one per mode; got {skew!r}")
+    return s
+
+
+def _coprime_multiplier(length: int, rng: np.random.Generator) -> tuple[int, int]:
+    """(a, b) so that r -> (a*r + b) mod length is a permutation of range(length)."""
+    if length <= 1:
+        return 1, 0
+    while True:
+        a = int(rng.integers(1, length))
+        if math.gcd(a, length) == 1:
+            return a, int(rng.integers(0, length))
+
+
+@nb.njit(nogil=True, cache=True)
+def _permute(ranks, a, b, length, out):
+    L = np.uint64(length)
+    one = np.uint64(1)
+    for i in range(ranks.shape[0]):
+        # (a * r) mod L by double-and-add in uint64: lengths reach 2**63 - 1, products would overflow
+        r = np.uint64(ranks[i])
+        acc = np.uint64(0)
+        x = np.uint64(a)
+        while r > 0:
+            if r & one:
+                acc = (acc + x) % L
+            x = (x + x) % L
+            r >>= one
+        out[i] = np.int64((acc + np.uint64(b)) % L)
+
+
+def _sample_ranks(rng, length: int, skew: float, n: int, lo: int = 0, hi: int | None = None) -> np.ndarray:
+    """Power-law ranks in [lo, hi): P(rank < r) = (r / length) ** (1 / skew)."""
+    hi = length if hi is None else hi
+    u_lo, u_hi = (lo / length) ** (1 / skew), (hi / length) ** (1 / skew)
+    u = rng.uniform(u_lo, u_hi, n)
+    r = np.floor(length * u ** skew).astype(np.int64)
+    return np.clip(r, lo, hi - 1)
+
+
+def _values(rng, kind: str, n: int) -> np.ndarray:
+    if kind == "uniform":  # multiples of 1e-6 in (0, 1]: exact round trip through 6-decimal text
+        return rng.integers(1, 1_000_001, n) / 1e6
+    if kind == "count":
+        return rng.geometric(0.35, n).astype(np.float64)
+    if kind == "normal":
+        return rng.standard_normal(n)
+    raise ValueError(f"values must be one of {VALUE_KINDS}, got {kind!r}")
+
+
+def _unique_rows(coords: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """Indices of the first occurrence of each distinct row."""
+    if math.prod(shape) < 2**63:
+        key = np.zeros(coords.shape[0], dtype=np.int64)
+        for n, L in enumerate(shape):
+            key = key * L + coords[:, n]
+        _, first = np.unique(key, return_index=True)
+    else:
+        _, first = np.unique(coords, axis=0, return_index=True)
+    return np.sort(first)
+
+
+def iter_heavy_tailed(shape: Sequence[int], nnz: int, *, skew: float | Sequence[float] = 1.6,
+                      seed: int | None = None, values: str = "uniform",
+                      batch_nnz: int = DEFAULT_BATCH_NNZ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Stream ``nnz`` distinct nonzeros of a heavy-tailed sparse tensor in batches.
+
+    Yields ``(coords int64 (n, nmodes) 0-based, values float64 (n,))``; no coordinate repeats
+    across the whole stream.
+    """
+    shape = tuple(int(s) for s in shape)
+    N = len(shape)
+    if nnz < 1:
+        raise ValueError(f"nnz must be >= 1, got {nnz}")
+    if nnz > math.prod(shape):
+        raise ValueError(f"nnz={nnz} exceeds the {math.prod(shape)} cells of shape {shape}")
+    skews = _as_skews(skew, N)
+    rng = np.random.default_rng(seed)
+    perms = [_coprime_multiplier(L, rng) for L in shape]
+    p = int(np.argmax(shape))
+    Lp = shape[p]
+    nbatches = int(min(Lp, max(1, math.ceil(nnz / batch_nnz))))
+    # rank boundaries of the partition mode with equal probability mass per batch
+    bounds = np.unique(np.ceil(Lp * (np.arange(nbatches + 1) / nbatches) ** skews[p]).astype(np.int64))
+    bounds[0], bounds[-1] = 0, Lp
+    mass = (bounds / Lp) ** (1 / skews[p])
+    cum = np.round(nnz * mass).astype(np.int64)
+    other = math.prod(shape) // Lp
+    for k in range(len(bounds) - 1):
+        want = int(cum[k + 1] - cum[k])
+        lo, hi = int(bounds[k]), int(bounds[k + 1])
+        if want == 0:
+            continue
+        cap = (hi - lo) * other
+        if want > cap:
+            raise ValueError(f"nnz={nnz} is too dense for shape {shape} at skew {tuple(skews)}: rank range "
+                             f"[{lo}, {hi}) of mode {p} needs {want} distinct cells but has {cap}; lower skew or nnz")
+        coords = _draw_unique(rng, shape, skews, p, lo, hi, want, cap)
+        for n, (a, b) in enumerate(perms):
+            _permute(coords[:, n].copy(), a, b, shape[n], coords[:, n])
+        yield coords, _values(rng, values, want)
+
+
+def _draw_unique(rng, shape, skews, p, lo, hi, want, cap) -> np.ndarray:
+    N = len(shape)
+    got = np.zeros((0, N), dtype=np.int64)
+    for _ in range(64):
+        m = int((want - got.shape[0]) * 1.25) + 16
+        draw = np.empty((m, N), dtype=np.int64)
+        for n in range(N):
+            draw[:, n] = _sample_ranks(rng, shape[n], skews[n], m, *((lo, hi) if n == p else (0, shape[n])))
+        got = np.concatenate([got, draw])
+        got = got[_unique_rows(got, shape)]
+        if got.shape[0] >= want:
+            pick = np.sort(rng.choice(got.shape[0], size=want, replace=False))
+            return got[pick]
+    raise ValueError(f"could not draw {want} distinct cells of {cap} for shape {shape}: the power law "
+                     "concentrates too much mass; lower skew or nnz")
+
+
+def heavy_tailed(shape: Sequence[int], nnz: int, *, skew: float | Sequence[float] = 1.6, seed: int | None = None,
+                 values: str = "uniform") -> tuple[np.ndarray, np.ndarray]:
+    """All nonzeros of :func:`iter_heavy_tailed` in memory: ``(coords, values)``."""
+    parts = list(iter_heavy_tailed(shape, nnz, skew=skew, seed=seed, values=values))
+    return np.concatenate([c for c, _ in parts]), np.concatenate([v for _, v in parts])
+
+
+@dataclass
+class PlantedCP:
+    """A sparse tensor sampled from a known CP model.
+
+    ``values = sum_r weights[r] * prod_n factors[n][coords[:, n], r]`` (+ noise).
+    """
+
+    coords: np.ndarray
+    values: np.ndarray
+    weights: np.ndarray
+    factors: list[np.ndarray]
+    noise: float
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(f.shape[0] for f in self.factors)
+
+
+def planted_cp(shape: Sequence[int], rank: int, nnz: int, *, noise: float = 0.0, seed: int | None = None,
+               skew: float | Sequence[float] = 1.3) -> PlantedCP:
+    """Planted rank-``rank`` CP tensor on a heavy-tailed sparse support.
+
+    Factors are uniform in [0, 1) (non-negative, like count data models); ``noise`` is the
+    standard deviation of added Gaussian noise relative to the standard deviation of the values.
+    """
+    rng = np.random.default_rng(seed)
+    coords, _ = heavy_tailed(shape, nnz, skew=skew, seed=int(rng.integers(2**31)))
+    factors = [rng.random((int(L), rank)) for L in shape]
+    weights = np.ones(rank)
+    prod = np.ones((coords.shape[0], rank))
+    for n, A in enumerate(factors):
+        prod *= A[coords[:, n]]
+    values = prod @ weights
+    if noise > 0:
+        values = values + noise * values.std() * rng.standard_normal(values.shape[0])
+    return PlantedCP(coords, values, weights, factors, float(noise))
+
+
+# --- writing .tns -----------------------------------------------------------------------------------
+
+@nb.njit(nogil=True, cache=True)
+def _write_int(buf, pos, v):
+    if v == 0:
+        buf[pos] = 48
+        return pos + 1
+    start = pos
+    while v > 0:
+        buf[pos] = 48 + v % 10
+        v //= 10
+        pos += 1
+    i, j = start, pos - 1
+    while i < j:
+        buf[i], buf[j] = buf[j], buf[i]
+        i += 1
+        j -= 1
+    return pos
+
+
+@nb.njit(nogil=True, cache=True)
+def _format_fixed(coords, offset, scaled, decimals, buf):
+    """Lines 'i_1 ... i_N value' with value = scaled / 10**decimals (scaled >= 0)."""
+    pos = 0
+    div = 10 ** decimals
+    for i in range(coords.shape[0]):
+        for m in range(coords.shape[1]):
+            pos = _write_int(buf, pos, coords[i, m] + offset)
+            buf[pos] = 32
+            pos += 1
+        v = scaled[i]
+        pos = _write_int(buf, pos, v // div)
+        if decimals > 0:
+            buf[pos] = 46
+            pos += 1
+            frac = v % div
+            d = div // 10
+            while d > 0:
+                buf[pos] = 48 + (frac // d) % 10
+                pos += 1
+                d //= 10
+        buf[pos] = 10
+        pos += 1
+    return pos
+
+
+def format_tns(coords: np.ndarray, values: np.ndarray, one_based: bool = True) -> bytes:
+    """Text lines for a batch of nonzeros. Exact: values parse back to the same float64."""
+    offset = 1 if one_based else 0
+    for decimals in (0, 6):
+        scaled = np.round(values * 10**decimals)
+        if (values >= 0).all() and (scaled / 10**decimals == values).all() and scaled.max(initial=0) < 2**62:
+            cap = coords.shape[0] * (coords.shape[1] * 20 + 32)
+            buf = np.empty(cap, dtype=np.uint8)
+            n = _format_fixed(np.ascontiguousarray(coords), offset, scaled.astype(np.int64), decimals, buf)
+            return buf[:n].tobytes()
+    # general floats: shortest repr that round-trips
+    idx = (coords + offset).astype(str)
+    lines = [" ".join(row) + " " + repr(float(v)) for row, v in zip(idx.tolist(), values.tolist())]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def write_tns(path: str | os.PathLike, batches, *, one_based: bool = True, header: str | None = None) -> int:
+    """Write batches of ``(coords, values)`` to a ``.tns`` file (gzip if the name ends in ``.gz``).
+
+    Returns the number of nonzeros written. The file appears under its final name only when
+    complete (written to a temporary name, then renamed).
+    """
+    path = str(path)
+    tmp = f"{path}.partial-{os.getpid()}"
+    opener = gzip.open if path.endswith(".gz") else open
+    total = 0
+    try:
+        with opener(tmp, "wb") as f:
+            if header:
+                f.write(b"".join(b"# " + line.encode() + b"\n" for line in header.splitlines()))
+            for coords, values in batches:
+                f.write(format_tns(coords, values, one_based))
+                total += coords.shape[0]
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return total
