@@ -123,7 +123,8 @@ class BucketSpill:
 def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | None = None, one_based: bool = True,
             duplicates: str = "error", chunk_nnz: int | None = None, max_block_nnz: int | None = None,
             memory_limit: int | None = None, overwrite: bool = False, progress: bool = False,
-            workers: int | None = None, tmp_dir: str | None = None) -> Store:
+            workers: int | None = None, tmp_dir: str | None = None, out_of_core: bool | None = None,
+            sort_nnz: int | None = None) -> Store:
     """Convert a sparse tensor into a BLCO Zarr store.
 
     Parameters
@@ -154,6 +155,11 @@ def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | Non
         Parallel parse tasks (default: cores).
     tmp_dir : str, optional
         Where out-of-core buckets go (default: beside the store, or the system temp dir for URLs).
+    out_of_core : bool, optional
+        Force (True) or forbid (False) the out-of-core path; default: out of core when the input
+        does not fit the memory budget.
+    sort_nnz : int, optional
+        Out of core: most nonzeros sorted in memory at once (default: from the memory budget).
 
     Returns
     -------
@@ -193,7 +199,7 @@ def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | Non
     est_nnz = src.nnz_estimate()
     # coords + values as read, then ALTO words (up to two words assumed) sorted with their values
     in_memory_bytes = est_nnz * (8 * src.nmodes + 8 + 2 * (2 * 8 + 8) + 16)
-    fits = in_memory_bytes <= budget
+    fits = in_memory_bytes <= budget if out_of_core is None else not out_of_core
     log.info("converting %s (%s nonzeros estimated) -> %s, %s", src.name, f"{est_nnz:,}", store,
              "in memory" if fits else f"out of core (budget {budget >> 20} MiB)")
     attrs = {"input": src.name, "one_based": bool(one_based) if isinstance(src, TextSource) else False,
@@ -202,7 +208,7 @@ def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | Non
         result = _convert_in_memory(src, store, given, duplicates, chunk_nnz, max_block_nnz, overwrite, progress, attrs)
     else:
         result = _convert_out_of_core(src, store, given, duplicates, chunk_nnz, max_block_nnz, overwrite, progress,
-                                      attrs, budget, tmp_dir)
+                                      attrs, budget, tmp_dir, sort_nnz)
     log.info("converted %s nonzeros in %.2f s", f"{result.nnz:,}", time.perf_counter() - t0)
     return result
 
@@ -256,13 +262,13 @@ def _convert_in_memory(src, store, shape, duplicates, chunk_nnz, max_block_nnz, 
 
 
 def _convert_out_of_core(src, store, shape, duplicates, chunk_nnz, max_block_nnz, overwrite, progress, attrs,
-                         budget, tmp_dir) -> Store:
+                         budget, tmp_dir, sort_nnz) -> Store:
     if shape is None:
         log.info("pass 1: inferring the shape of %s", src.name)
         shape = src.infer_shape()
     layout = BitLayout(tuple(shape))
     per_nnz = _sort_bytes_per_nnz(layout)
-    sort_capacity = max(1024, int(budget * 0.6) // per_nnz)
+    sort_capacity = int(sort_nnz) if sort_nnz else max(1024, int(budget * 0.6) // per_nnz)
     est = src.nnz_estimate()
     bits = min(layout.total_bits, MAX_BUCKET_BITS, max(0, math.ceil(math.log2(max(1, 2 * est / sort_capacity)))))
     nbuckets = 1 << bits
@@ -278,7 +284,7 @@ def _convert_out_of_core(src, store, shape, duplicates, chunk_nnz, max_block_nnz
         spill = BucketSpill(workdir, nbuckets, layout.nwords, np.dtype(src.value_dtype))
         is_text = isinstance(src, TextSource)
         with _progress(src.size_bytes() if is_text else est, "partition", "B" if is_text else "nz", progress) as bar:
-            batch_nnz = max(1024, sort_capacity // 4)
+            batch_nnz = max(16, sort_capacity // 4)
             for coords, values in src.batches(shape, batch_nnz):
                 keys = alto_words(coords, layout)
                 bucket = top_bits(keys, layout, layout.total_bits, bits) if bits else np.zeros(keys.shape[1], np.int64)
@@ -320,7 +326,7 @@ def _write_bucket(spill: BucketSpill, b: int, count: int, hi: int, layout: BitLa
     bits = min(hi, MAX_BUCKET_BITS, max(1, math.ceil(math.log2(2 * count / capacity))))
     subdir = tempfile.mkdtemp(prefix=f"b{b}-", dir=workdir)
     sub = BucketSpill(subdir, 1 << bits, layout.nwords, spill.value_dtype)
-    for keys, values in spill.iter_chunks(b, max(1024, capacity // 4)):
+    for keys, values in spill.iter_chunks(b, max(16, capacity // 4)):
         sub.write(top_bits(keys, layout, hi, bits), keys, values)
     sub.close()
     for s in range(1 << bits):

@@ -147,10 +147,16 @@ class Store:
     def iter_blocks(self) -> Iterator[Block]:
         """Blocks in order (a block may span several chunks)."""
         b = self.blocks
+        lo = hi = 0
+        index = values = None
         for i in range(b.nblocks):
             s, n = int(b.start[i]), int(b.count[i])
-            index, values = self.read_range(s, s + n)
-            yield Block(i, s, b.base[i], index, values)
+            if s + n > hi:
+                # read whole chunks at a time: hypersparse stores have many tiny blocks per chunk
+                lo = s
+                hi = min(self.nnz, max(s + n, (s // self.chunk_nnz + 1) * self.chunk_nnz))
+                index, values = self.read_range(lo, hi)
+            yield Block(i, s, b.base[i], index[s - lo:s - lo + n], values[s - lo:s - lo + n])
 
     def to_coo(self) -> tuple[np.ndarray, np.ndarray]:
         """All nonzeros as 0-based coordinates (nnz, nmodes) int64 and values, in ALTO order."""

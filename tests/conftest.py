@@ -1,0 +1,34 @@
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("NUMBA_NUM_THREADS", "2")
+
+
+@pytest.fixture
+def rng():
+    """Fresh random inputs every run; the seed is printed on failure for reproduction."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"rng seed = {seed}")
+    return np.random.default_rng(seed)
+
+
+def random_coo(rng, shape, nnz):
+    """Distinct random coordinates (nnz, N) and float64 values."""
+    shape = tuple(int(s) for s in shape)
+    cells = 1
+    for s in shape:
+        cells *= s
+    nnz = min(nnz, cells)
+    coords = np.zeros((0, len(shape)), dtype=np.int64)
+    while coords.shape[0] < nnz:
+        more = np.stack([rng.integers(0, s, 2 * nnz) for s in shape], axis=1)
+        coords = np.unique(np.concatenate([coords, more]), axis=0)
+    coords = coords[rng.permutation(coords.shape[0])[:nnz]]
+    return coords, rng.standard_normal(nnz)
+
+
+def sort_rows(coords, values):
+    order = np.lexsort(coords.T[::-1])
+    return coords[order], values[order]
