@@ -109,7 +109,7 @@ def iter_heavy_tailed(shape: Sequence[int], nnz: int, *, skew: float | Sequence[
     """Stream ``nnz`` distinct nonzeros of a heavy-tailed sparse tensor in batches.
 
     Yields ``(coords int64 (n, nmodes) 0-based, values float64 (n,))``; no coordinate repeats
-    across the whole stream.
+    across the whole stream. The same ``seed`` and ``batch_nnz`` give the same tensor.
     """
     shape = tuple(int(s) for s in shape)
     N = len(shape)
@@ -129,23 +129,62 @@ def iter_heavy_tailed(shape: Sequence[int], nnz: int, *, skew: float | Sequence[
     mass = (bounds / Lp) ** (1 / skews[p])
     cum = np.round(nnz * mass).astype(np.int64)
     other = math.prod(shape) // Lp
+    caps = np.array([min(int(n) * other, 2**62) for n in np.diff(bounds)], dtype=np.int64)
+    wants = _fit_capacity(np.diff(cum), caps)
     for k in range(len(bounds) - 1):
-        want = int(cum[k + 1] - cum[k])
+        want = int(wants[k])
         lo, hi = int(bounds[k]), int(bounds[k + 1])
         if want == 0:
             continue
         cap = (hi - lo) * other
-        if want > cap:
-            raise ValueError(f"nnz={nnz} is too dense for shape {shape} at skew {tuple(skews)}: rank range "
-                             f"[{lo}, {hi}) of mode {p} needs {want} distinct cells but has {cap}; lower skew or nnz")
         coords = _draw_unique(rng, shape, skews, p, lo, hi, want, cap)
         for n, (a, b) in enumerate(perms):
             _permute(coords[:, n].copy(), a, b, shape[n], coords[:, n])
         yield coords, _values(rng, values, want)
 
 
+def _rank_probabilities(length: int, skew: float, lo: int, hi: int) -> np.ndarray:
+    r = np.arange(lo, hi + 1, dtype=np.float64)
+    cdf = (r / length) ** (1 / skew)
+    return np.diff(cdf)
+
+
+def _draw_dense(rng, shape, skews, p, lo, hi, want) -> np.ndarray:
+    """Weighted sampling without replacement over every cell of a small box."""
+    ranges = [(lo, hi) if n == p else (0, L) for n, L in enumerate(shape)]
+    weights = np.ones(1)
+    for (a, b), L, sk in zip(ranges, shape, skews):
+        weights = np.multiply.outer(weights, _rank_probabilities(L, sk, a, b)).ravel()
+    pick = rng.choice(weights.shape[0], size=want, replace=False, p=weights / weights.sum())
+    coords = np.stack(np.unravel_index(np.sort(pick), [b - a for a, b in ranges]), axis=1).astype(np.int64)
+    return coords + np.array([a for a, _ in ranges], dtype=np.int64)
+
+
+DENSE_BOX_CELLS = 1 << 24
+
+
+def _fit_capacity(wants: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """Move counts from batches asked for more cells than they have to those with room.
+
+    Near-dense tensors saturate the popular slices; the excess goes where there is space.
+    """
+    total = int(wants.sum())
+    out = np.minimum(wants, caps).astype(np.int64)
+    missing = total - int(out.sum())
+    while missing > 0:
+        room = caps - out
+        share = np.minimum(np.floor(missing * room / room.sum()).astype(np.int64), room)
+        if share.sum() == 0:
+            share[np.flatnonzero(room > 0)[:missing]] = 1
+        out += share
+        missing = total - int(out.sum())
+    return out
+
+
 def _draw_unique(rng, shape, skews, p, lo, hi, want, cap) -> np.ndarray:
     N = len(shape)
+    if want > cap // 4 and cap <= DENSE_BOX_CELLS:
+        return _draw_dense(rng, shape, skews, p, lo, hi, want)
     got = np.zeros((0, N), dtype=np.int64)
     for _ in range(64):
         m = int((want - got.shape[0]) * 1.25) + 16
@@ -157,6 +196,8 @@ def _draw_unique(rng, shape, skews, p, lo, hi, want, cap) -> np.ndarray:
         if got.shape[0] >= want:
             pick = np.sort(rng.choice(got.shape[0], size=want, replace=False))
             return got[pick]
+    if cap <= DENSE_BOX_CELLS:
+        return _draw_dense(rng, shape, skews, p, lo, hi, want)
     raise ValueError(f"could not draw {want} distinct cells of {cap} for shape {shape}: the power law "
                      "concentrates too much mass; lower skew or nnz")
 

@@ -22,7 +22,7 @@ import numpy as np
 import psutil
 from tqdm.auto import tqdm
 
-from ..errors import IngestError
+from ..errors import DuplicateError, IngestError
 from ..format import DEFAULT_MAX_BLOCK_NNZ, BitLayout, alto_words, sort_nonzeros, top_bits
 from ..format.blocking import DUPLICATE_POLICIES
 from ..store import DEFAULT_CHUNK_NNZ, Store, StoreWriter, open_store
@@ -204,11 +204,17 @@ def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | Non
              "in memory" if fits else f"out of core (budget {budget >> 20} MiB)")
     attrs = {"input": src.name, "one_based": bool(one_based) if isinstance(src, TextSource) else False,
              "duplicates": duplicates}
-    if fits:
-        result = _convert_in_memory(src, store, given, duplicates, chunk_nnz, max_block_nnz, overwrite, progress, attrs)
-    else:
-        result = _convert_out_of_core(src, store, given, duplicates, chunk_nnz, max_block_nnz, overwrite, progress,
-                                      attrs, budget, tmp_dir, sort_nnz)
+    try:
+        if fits:
+            result = _convert_in_memory(src, store, given, duplicates, chunk_nnz, max_block_nnz, overwrite, progress,
+                                        attrs)
+        else:
+            result = _convert_out_of_core(src, store, given, duplicates, chunk_nnz, max_block_nnz, overwrite,
+                                          progress, attrs, budget, tmp_dir, sort_nnz)
+    except DuplicateError as exc:
+        if exc.path is None and isinstance(src, TextSource):
+            raise DuplicateError(exc.problem, src.path) from None
+        raise
     log.info("converted %s nonzeros in %.2f s", f"{result.nnz:,}", time.perf_counter() - t0)
     return result
 
@@ -324,6 +330,8 @@ def _write_bucket(spill: BucketSpill, b: int, count: int, hi: int, layout: BitLa
         bar.update(count)
         return
     bits = min(hi, MAX_BUCKET_BITS, max(1, math.ceil(math.log2(2 * count / capacity))))
+    log.debug("bucket of %d nonzeros exceeds the sort capacity %d: splitting on ALTO bits [%d, %d)",
+              count, capacity, hi - bits, hi)
     subdir = tempfile.mkdtemp(prefix=f"b{b}-", dir=workdir)
     sub = BucketSpill(subdir, 1 << bits, layout.nwords, spill.value_dtype)
     for keys, values in spill.iter_chunks(b, max(16, capacity // 4)):

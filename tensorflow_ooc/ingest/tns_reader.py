@@ -69,13 +69,13 @@ def parse_buffer(buf: np.ndarray, nmodes: int, one_based: bool, shape: np.ndarra
     rows, nslow, lines, err, err_line, err_col = P.parse_tns(buf, nmodes, int(one_based), shape, coords, values, slow)
     error = None
     if err != P.OK:
-        error = (int(err), int(err_line), int(err_col), _token(buf, int(err_line), int(err_col)))
+        error = (int(err), int(err_line), int(err_col), *_token(buf, int(err_line), int(err_col)))
     for r, s, e in slow[:nslow]:
         text = bytes(buf[s:e])
         v = float(text)
         if not np.isfinite(v):
             ln = int(np.count_nonzero(buf[:s] == P.NL)) + 1
-            cand = (P.ERR_NONFINITE, ln, nmodes + 1, text.decode(errors="replace"))
+            cand = (P.ERR_NONFINITE, ln, nmodes + 1, text.decode(errors="replace"), nmodes + 1)
             if error is None or ln < error[1]:
                 error = cand
             break
@@ -85,23 +85,24 @@ def parse_buffer(buf: np.ndarray, nmodes: int, one_based: bool, shape: np.ndarra
     return ParsedPiece(coords, values[:rows], int(lines), error, int(buf.shape[0]), mx)
 
 
-def _token(buf: np.ndarray, line: int, col: int) -> str:
-    """Text of column ``col`` on ``line`` of buf, for messages."""
+def _token(buf: np.ndarray, line: int, col: int) -> tuple[str, int]:
+    """Text of column ``col`` on ``line`` of buf and the line's token count, for messages."""
     nl = np.flatnonzero(buf == P.NL)
     s = 0 if line <= 1 else int(nl[line - 2]) + 1
     e = int(nl[line - 1]) if line - 1 < len(nl) else len(buf)
     toks = bytes(buf[s:e]).split(b"#", 1)[0].split()
-    return toks[col - 1].decode(errors="replace")[:40] if 0 < col <= len(toks) else ""
+    tok = toks[col - 1].decode(errors="replace")[:40] if 0 < col <= len(toks) else ""
+    return tok, len(toks)
 
 
 def raise_piece_error(path: str, first_line: int, nmodes: int, one_based: bool, shape: np.ndarray,
                       error: tuple) -> None:
-    code, line, col, tok = error
+    code, line, col, tok, ntoks = error
     where = dict(path=path, line=first_line + line - 1)
     field = f"column {col}"
-    if code == P.ERR_COLUMNS:
-        raise ParseError(f"expected {nmodes + 1} columns ({nmodes} indices and a value), found "
-                         f"{'more' if col > nmodes + 1 else col}", **where)
+    if code == P.ERR_COLUMNS or ntoks != nmodes + 1:
+        # a short line puts its value in an index column: report the column count, not the token
+        raise ParseError(f"expected {nmodes + 1} columns ({nmodes} indices and a value), found {ntoks}", **where)
     if code == P.ERR_TOKEN:
         kind = "an integer index" if col <= nmodes else "a number"
         raise ParseError(f"{field}: token {tok!r} is not {kind}", **where)

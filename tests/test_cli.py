@@ -1,0 +1,70 @@
+"""The tfooc command line, run as a user would (subprocess)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def tfooc(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "tensorflow_ooc.cli", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, timeout=600)
+
+
+def test_generate_convert_info(tmp_path):
+    tns = tmp_path / "g.tns.gz"
+    r = tfooc("-q", "generate", tns, "--shape", "30,40,50,6", "--nnz", "20000", "--seed", "3")
+    assert r.returncode == 0, r.stderr
+    r = tfooc("convert", tns, tmp_path / "g.zarr", "--chunk-nnz", "4096")
+    assert r.returncode == 0, r.stderr
+    assert "20,000 nonzeros" in r.stdout and "converting" in r.stderr  # logs say what happens
+    r = tfooc("info", tmp_path / "g.zarr", "--json")
+    info = json.loads(r.stdout)
+    assert info["nnz"] == 20000 and info["shape"] == [30, 40, 50, 6] and info["chunks"] == 5
+    r = tfooc("info", tmp_path / "g.zarr")
+    assert "bytes/nonzero" in r.stdout and "chunk span" in r.stdout
+
+
+def test_generate_store_and_planted(tmp_path):
+    r = tfooc("-q", "generate", tmp_path / "s.zarr", "--shape", "20x30x40", "--nnz", "5000")
+    assert r.returncode == 0, r.stderr
+    r = tfooc("-q", "generate", tmp_path / "p.tns", "--kind", "planted", "--shape", "20,30,40", "--nnz", "3000",
+              "--rank", "4", "--noise", "0.05")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "p.factors.npz").exists()
+    assert tfooc("-q", "convert", tmp_path / "p.tns", tmp_path / "p.zarr").returncode == 0
+
+
+@pytest.mark.parametrize("content, message", [
+    ("1 1 1 1.0\n1 1\n", "line 2: expected 4 columns"),
+    ("1 1 1 1.0\n0 1 1 1.0\n", "line 2: column 1: index 0 is out of range"),
+    ("1 1 1 nan\n", "line 1: column 4: value 'nan' is not finite"),
+    ("", "empty"),
+])
+def test_bad_input_one_line_nonzero_exit(tmp_path, content, message):
+    (tmp_path / "bad.tns").write_text(content)
+    r = tfooc("-q", "convert", tmp_path / "bad.tns", tmp_path / "bad.zarr")
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and message in r.stderr and "bad.tns" in r.stderr
+    assert not (tmp_path / "bad.zarr").exists()
+
+
+def test_bad_arguments_and_stores(tmp_path):
+    r = tfooc("convert", tmp_path / "missing.tns", tmp_path / "x.zarr")
+    assert r.returncode == 2 and "no such file" in r.stderr
+    r = tfooc("info", tmp_path / "nothing.zarr")
+    assert r.returncode == 2 and "no such store" in r.stderr
+    r = tfooc("convert", "a.tns", "b.zarr", "--memory-limit", "lots")
+    assert r.returncode == 2 and "not a size" in r.stderr
+
+
+@pytest.mark.parametrize("cmd", [[], ["generate"], ["convert"], ["info"], ["quickstart"]])
+def test_help_is_complete(cmd):
+    r = tfooc(*cmd, "--help")
+    assert r.returncode == 0 and "usage: tfooc" in r.stdout
+    for opt in {"convert": ["--memory-limit", "--duplicates", "--zero-based", "--shape", "--chunk-nnz",
+                            "--max-block-nnz", "--overwrite"],
+                "generate": ["--like", "--kind", "--rank", "--noise", "--skew", "--values", "--seed"]}.get(
+                    cmd[0] if cmd else "", []):
+        assert opt in r.stdout
