@@ -26,16 +26,13 @@ from ..errors import DuplicateError, IngestError
 from ..format import DEFAULT_MAX_BLOCK_NNZ, BitLayout, alto_words, sort_nonzeros, top_bits
 from ..format.blocking import DUPLICATE_POLICIES
 from ..store import DEFAULT_CHUNK_NNZ, Store, StoreWriter, open_store
+from .memory import limit_heap_growth, rss as _rss, trim
 from .sources import Source, TextSource, as_source
 
 log = logging.getLogger(__name__)
 
 MIN_BUDGET = 48 << 20
 MAX_BUCKET_BITS = 12
-
-
-def _rss() -> int:
-    return psutil.Process().memory_info().rss
 
 
 def _sort_bytes_per_nnz(layout: BitLayout) -> int:
@@ -273,8 +270,10 @@ def _convert_out_of_core(src, store, shape, duplicates, chunk_nnz, max_block_nnz
         log.info("pass 1: inferring the shape of %s", src.name)
         shape = src.infer_shape()
     layout = BitLayout(tuple(shape))
+    limit_heap_growth()
     per_nnz = _sort_bytes_per_nnz(layout)
-    sort_capacity = int(sort_nnz) if sort_nnz else max(1024, int(budget * 0.6) // per_nnz)
+    # a sorted bucket also passes through the writer (chunk copies, compression buffers): 40 % for the sort
+    sort_capacity = int(sort_nnz) if sort_nnz else max(1024, int(budget * 0.4) // per_nnz)
     est = src.nnz_estimate()
     bits = min(layout.total_bits, MAX_BUCKET_BITS, max(0, math.ceil(math.log2(max(1, 2 * est / sort_capacity)))))
     nbuckets = 1 << bits
@@ -295,14 +294,17 @@ def _convert_out_of_core(src, store, shape, duplicates, chunk_nnz, max_block_nnz
                 keys = alto_words(coords, layout)
                 bucket = top_bits(keys, layout, layout.total_bits, bits) if bits else np.zeros(keys.shape[1], np.int64)
                 spill.write(bucket, keys, np.asarray(values, dtype=src.value_dtype))
+                trim()
+                log.debug("partitioned %d nonzeros, rss %d MiB", keys.shape[1], _rss() >> 20)
                 bar.update(coords.shape[0] * (src.bytes_per_line if is_text else 1))
                 del coords, values, keys, bucket
         spill.close()
+        log.debug("partition done: rss %d MiB, bucket sizes %s", _rss() >> 20, spill.counts.tolist())
         total = int(spill.counts.sum())
         if total == 0:
             raise IngestError("input has no nonzeros", src.name)
         with StoreWriter(store, layout, src.value_dtype, total, chunk_nnz=chunk_nnz, max_block_nnz=max_block_nnz,
-                         overwrite=overwrite, attrs=attrs) as w, \
+                         overwrite=overwrite, attrs=attrs, flush_chunks=1) as w, \
                 _progress(total, "sort+write", "nz", progress) as bar:
             for b in range(nbuckets):
                 _write_bucket(spill, b, int(spill.counts[b]), layout.total_bits - bits, layout, w, duplicates,
@@ -326,7 +328,11 @@ def _write_bucket(spill: BucketSpill, b: int, count: int, hi: int, layout: BitLa
             return
         keys, values = spill.load(b)
         keys, values = sort_nonzeros(keys, values, layout, duplicates, one_based_report=one_based)
+        log.debug("bucket %d: %d nonzeros sorted, rss %d MiB", b, count, _rss() >> 20)
         writer.append(keys, values)
+        del keys, values
+        trim()
+        log.debug("bucket %d appended, rss %d MiB", b, _rss() >> 20)
         bar.update(count)
         return
     bits = min(hi, MAX_BUCKET_BITS, max(1, math.ceil(math.log2(2 * count / capacity))))

@@ -46,11 +46,13 @@ class StoreWriter:
     max_block_nnz : largest block
     overwrite : replace an existing store at ``path``
     attrs : extra provenance stored in the metadata
+    flush_chunks : chunks buffered per write; each write compresses its chunks concurrently, so
+        memory-bounded callers use 1
     """
 
     def __init__(self, path: str | os.PathLike, layout: BitLayout, value_dtype: Any, capacity: int, *,
                  chunk_nnz: int = DEFAULT_CHUNK_NNZ, max_block_nnz: int = 1 << 24, overwrite: bool = False,
-                 attrs: dict | None = None) -> None:
+                 attrs: dict | None = None, flush_chunks: int = FLUSH_CHUNKS) -> None:
         if chunk_nnz < 1 or max_block_nnz < 1:
             raise ValueError(f"chunk_nnz and max_block_nnz must be >= 1, got {chunk_nnz}, {max_block_nnz}")
         self.final_path = str(path)
@@ -63,6 +65,7 @@ class StoreWriter:
         self.max_block_nnz = int(max_block_nnz)
         self.overwrite = overwrite
         self.attrs = attrs or {}
+        self.flush_chunks = max(1, int(flush_chunks))
         if paths.is_url(path) and paths.exists(path):
             paths.remove(path)
         self.staging = paths.staging_path(path)
@@ -99,7 +102,7 @@ class StoreWriter:
         self.pending_vals.append(np.asarray(values, dtype=self.value_dtype))
         self.pending_n += n
         self.received += n
-        if self.pending_n >= FLUSH_CHUNKS * self.chunk_nnz:
+        if self.pending_n >= self.flush_chunks * self.chunk_nnz:
             self._flush(final=False)
 
     def _extend_blocks(self, new: BlockTable) -> None:
@@ -133,8 +136,11 @@ class StoreWriter:
         if self.written + n > self.alto.shape[0]:
             raise RuntimeError(f"store writer received more nonzeros ({self.written + n}) than its capacity "
                                f"({self.alto.shape[0]})")
-        self.alto[self.written:self.written + n] = keys[0, :n]
-        self.values[self.written:self.written + n] = vals[:n]
+        step = self.flush_chunks * self.chunk_nnz
+        for s in range(0, n, step):
+            e = min(n, s + step)
+            self.alto[self.written + s:self.written + e] = keys[0, s:e]
+            self.values[self.written + s:self.written + e] = vals[s:e]
         self.written += n
         self.pending_keys = [keys[:, n:].copy()] if n < keys.shape[1] else []
         self.pending_vals = [vals[n:].copy()] if n < keys.shape[1] else []

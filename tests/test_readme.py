@@ -1,0 +1,25 @@
+"""The README's Python example runs as written, and its first lines hold exactly the two commands."""
+
+import re
+import runpy
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_readme_python_example_runs(tmp_path, monkeypatch):
+    block = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
+    script = tmp_path / "example.py"
+    script.write_text(block)
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(script))
+    assert (tmp_path / "storage" / "example.zarr" / "zarr.json").exists()
+
+
+def test_readme_starts_with_two_commands():
+    text = README.read_text()
+    first = re.search(r"```bash\n(.*?)```", text, re.S).group(1).strip().splitlines()
+    assert len(first) == 2
+    assert "tfooc quickstart" in first[0] and "pytest" in first[1]
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert first[1] in ci
