@@ -9,6 +9,8 @@ open_store(path) -> Store
     Open and validate a store (local path or fsspec URL).
 encode_coo(coords, values, shape) -> BLCOTensor
     BLCO construction in memory.
+mttkrp(tensor, factors, mode) -> ndarray
+    MTTKRP for any mode of a store or in-memory BLCO tensor.
 synthetic
     Heavy-tailed and planted low-rank test tensors.
 """
@@ -21,10 +23,11 @@ from .errors import (  # noqa: E402
 )
 from .format import BitLayout, BLCOTensor, encode_coo  # noqa: E402
 from .ingest import convert  # noqa: E402
+from .kernels import mttkrp  # noqa: E402
 from .store import Store, open_store  # noqa: E402
 
 __all__ = [
     "BitLayout", "BLCOTensor", "CorruptStoreError", "DuplicateError", "EmptyTensorError", "ForeignStoreError",
     "IncompleteStoreError", "IndexRangeError", "IngestError", "NonFiniteValueError", "ParseError", "ShapeError",
-    "Store", "StoreError", "StoreExistsError", "TfoocError", "__version__", "convert", "encode_coo", "open_store",
+    "Store", "StoreError", "StoreExistsError", "TfoocError", "__version__", "convert", "encode_coo", "mttkrp", "open_store",
 ]

@@ -1,0 +1,7 @@
+"""Compute kernels: CPU MTTKRP on BLCO work items with conflict resolution."""
+
+from .mttkrp import compile_kernels, mttkrp, run_items, tensor_items
+from .plan import ConflictPlan, WorkItems, plan_conflicts, work_items
+
+__all__ = ["ConflictPlan", "WorkItems", "compile_kernels", "mttkrp", "plan_conflicts", "run_items",
+           "tensor_items", "work_items"]

@@ -1,0 +1,173 @@
+"""``mttkrp``: matricized tensor times Khatri-Rao product on BLCO data, any mode, one copy."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Sequence
+
+import numba as nb
+import numpy as np
+
+from ..format import BitLayout, BLCOTensor
+from ..store import Chunk, Store
+from .mttkrp_cpu import merge_private, mttkrp_items_any, mttkrp_items_fixed
+from .plan import DEFAULT_MAX_PRIVATE_BYTES, ConflictPlan, WorkItems, plan_conflicts, work_items
+
+SPECIALIZED_RANKS = (8, 16, 32, 64)
+MERGE_TILE = 256
+
+
+@contextmanager
+def _threads(threads: int | None) -> Iterator[None]:
+    if threads is None:
+        yield
+        return
+    old = nb.get_num_threads()
+    nb.set_num_threads(max(1, min(int(threads), nb.config.NUMBA_NUM_THREADS)))
+    try:
+        yield
+    finally:
+        nb.set_num_threads(old)
+
+
+def tensor_items(tensor: BLCOTensor) -> WorkItems:
+    """Work items of an in-memory BLCO tensor, computed once and kept on the tensor."""
+    cached = getattr(tensor, "_work_items", None)
+    if cached is None:
+        b = tensor.blocks
+        cached = work_items(tensor.index, tensor.values, b.start, b.start + b.count, b.base, tensor.layout)
+        tensor._work_items = cached
+    return cached
+
+
+def chunk_items(chunk: Chunk, layout: BitLayout) -> WorkItems:
+    seg = chunk.segments
+    return work_items(chunk.index, chunk.values, seg[:, 1], seg[:, 2], chunk.bases, layout)
+
+
+def check_factors(factors: Sequence[np.ndarray], shape: Sequence[int], mode: int) -> tuple[np.ndarray, ...]:
+    """Validate factor matrices before the unchecked kernels see them."""
+    N = len(shape)
+    if not 0 <= mode < N:
+        raise ValueError(f"mode {mode} is out of range for a {N}-mode tensor")
+    if len(factors) != N:
+        raise ValueError(f"expected {N} factor matrices, got {len(factors)}")
+    ranks = {np.shape(f)[1] if np.ndim(f) == 2 else None for f in factors}
+    if len(ranks) != 1 or None in ranks:
+        raise ValueError(f"factor matrices must be 2-D with one common rank, got shapes {[np.shape(f) for f in factors]}")
+    dtypes = {np.asarray(f).dtype for f in factors}
+    dtype = np.result_type(*dtypes)
+    if dtype not in (np.float32, np.float64):
+        dtype = np.dtype(np.float64)
+    out = []
+    for m, f in enumerate(factors):
+        f = np.ascontiguousarray(f, dtype=dtype)
+        if m != mode and f.shape[0] < shape[m]:
+            raise ValueError(f"factor {m} has {f.shape[0]} rows but mode {m} has length {shape[m]}")
+        out.append(f)
+    return tuple(out)
+
+
+def run_items(items: WorkItems, layout: BitLayout, factors: tuple[np.ndarray, ...], mode: int, out: np.ndarray,
+              conflict: str = "auto", max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES) -> ConflictPlan:
+    """Add the MTTKRP of ``items`` into ``out`` (I_mode, R); returns the conflict plan used."""
+    R = out.shape[1]
+    plan = plan_conflicts(items, mode, R, out.dtype.itemsize, conflict, max_private_bytes)
+    if items.nitems == 0:
+        return plan
+    priv_buf = np.empty(max(1, int(plan.size.sum())), dtype=out.dtype)
+    kernel = mttkrp_items_fixed if R in SPECIALIZED_RANKS else mttkrp_items_any
+    kernel(items.index, items.values, items.start, items.end, items.base, items.lo, layout.field_shift,
+           layout.field_mask, factors, mode, R, plan.private, plan.offset, plan.size, priv_buf, out.reshape(-1))
+    if plan.private.any():
+        merge_private(out, plan.private, plan.offset, items.lo, items.hi, mode, priv_buf, MERGE_TILE)
+    return plan
+
+
+def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk], factors: Sequence[np.ndarray], mode: int, *,
+           out: np.ndarray | None = None, threads: int | None = None, conflict: str = "auto",
+           max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES, stats: dict | None = None,
+           layout: BitLayout | None = None) -> np.ndarray:
+    """Mode-``mode`` MTTKRP: ``M[i_n, :] = sum over nonzeros x * prod_{m != n} A_m[i_m, :]``.
+
+    Parameters
+    ----------
+    tensor : Store, BLCOTensor, or iterable of store Chunks
+        A store is streamed chunk by chunk; an in-memory tensor keeps its work items between calls.
+    factors : sequence of (I_m, R) arrays, one per mode (the target mode's is not read)
+        float64 or float32; the output has their dtype.
+    mode : int
+        Target mode.
+    out : ndarray (I_mode, R), optional
+        Overwritten with the result.
+    threads : int, optional
+        Numba threads for this call (default: the numba setting).
+    conflict : {"auto", "private", "atomic"}
+        Conflict resolution; "auto" follows the heuristic in :mod:`tensorflow_ooc.kernels.plan`.
+    max_private_bytes : int
+        Bound on the private accumulators' memory.
+    stats : dict, optional
+        Filled with the plan summary: items, private/atomic items and private bytes.
+    layout : BitLayout, optional
+        Needed only for an iterable of chunks.
+
+    Returns
+    -------
+    ndarray (I_mode, R)
+
+    Examples
+    --------
+    >>> import numpy as np, tensorflow_ooc as tfo
+    >>> t = tfo.encode_coo(np.array([[0, 1, 2], [1, 1, 0]]), np.array([2.0, 3.0]), (2, 2, 3))
+    >>> A = [np.ones((2, 4)), np.ones((2, 4)), np.ones((3, 4))]
+    >>> tfo.mttkrp(t, A, 0)[:, 0]
+    array([2., 3.])
+    """
+    if isinstance(tensor, Store):
+        layout, shape, chunks = tensor.layout, tensor.shape, tensor.iter_chunks()
+    elif isinstance(tensor, BLCOTensor):
+        layout, shape, chunks = tensor.layout, tensor.shape, None
+    else:
+        if layout is None:
+            raise ValueError("pass layout= with an iterable of chunks")
+        shape, chunks = layout.shape, iter(tensor)
+    A = check_factors(factors, shape, mode)
+    R = A[0].shape[1]
+    if out is None:
+        out = np.zeros((shape[mode], R), dtype=A[0].dtype)
+    else:
+        if out.shape != (shape[mode], R) or out.dtype != A[0].dtype or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous {A[0].dtype} array of shape {(shape[mode], R)}, "
+                             f"got {out.dtype} {out.shape}")
+        out[...] = 0
+    summary = {"items": 0, "private_items": 0, "atomic_items": 0, "private_bytes": 0}
+    with _threads(threads):
+        parts = [tensor_items(tensor)] if chunks is None else (chunk_items(c, layout) for c in chunks)
+        for items in parts:
+            plan = run_items(items, layout, A, mode, out, conflict, max_private_bytes).summary()
+            for k in ("items", "private_items", "atomic_items"):
+                summary[k] += plan[k]
+            summary["private_bytes"] = max(summary["private_bytes"], plan["private_bytes"])
+    if stats is not None:
+        stats.update(summary, mode=mode, strategy=conflict)
+    return out
+
+
+def compile_kernels(nmodes: int = 3, ranks: Sequence[int] = (8, 16, 32, 64, 7), dtypes: Sequence[Any] = (np.float64,)
+                    ) -> float:
+    """Compile (or load from the on-disk cache) the kernels for ``nmodes``; returns the seconds spent.
+
+    Benchmarks call this first so JIT time is reported apart from kernel timings.
+    """
+    from ..format import encode_coo
+
+    t0 = time.perf_counter()
+    shape = (3,) * nmodes
+    t = encode_coo(np.array([[1] * nmodes, [2] * nmodes]), np.array([1.0, 2.0]), shape)
+    for dtype in dtypes:
+        for R in ranks:
+            A = [np.ones((3, R), dtype=dtype) for _ in range(nmodes)]
+            for conflict in ("private", "atomic"):
+                mttkrp(t, A, 0, conflict=conflict)
+    return time.perf_counter() - t0

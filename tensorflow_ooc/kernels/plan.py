@@ -1,0 +1,125 @@
+"""Work items and the conflict-resolution plan for CPU MTTKRP (orchestration, no arithmetic).
+
+Work items are fixed-size runs of the ALTO order cut at block boundaries. Their size does not
+depend on the thread count, so the private-accumulator path gives bit-identical results for any
+number of threads.
+
+Heuristic (per target mode and item, ``conflict="auto"``): an item uses a private accumulator
+over its row interval when the interval has at most ``PRIVATE_REUSE`` rows per nonzero of the
+item (zeroing and merging the interval then costs less than one atomic update per segment);
+otherwise it uses atomic adds. If the private buffers of all items together would exceed
+``max_private_bytes``, items with the longest intervals are switched to atomics until they fit,
+so the overhead never grows with threads x mode length beyond the bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..format import BitLayout
+from .mttkrp_cpu import item_intervals
+
+ITEM_NNZ = 1 << 16
+PRIVATE_REUSE = 4
+DEFAULT_MAX_PRIVATE_BYTES = 256 << 20
+STRATEGIES = ("auto", "private", "atomic")
+
+
+@dataclass
+class WorkItems:
+    """Contiguous nonzero ranges, each inside one block, with their per-mode index intervals."""
+
+    index: np.ndarray     # uint64 (nnz,)
+    values: np.ndarray    # (nnz,)
+    start: np.ndarray     # int64 (K,)
+    end: np.ndarray       # int64 (K,)
+    base: np.ndarray      # int64 (K, N)
+    lo: np.ndarray        # int64 (K, N)
+    hi: np.ndarray        # int64 (K, N)
+
+    @property
+    def nitems(self) -> int:
+        return int(self.start.shape[0])
+
+    @property
+    def nnz(self) -> np.ndarray:
+        return self.end - self.start
+
+
+def work_items(index: np.ndarray, values: np.ndarray, seg_start: np.ndarray, seg_end: np.ndarray,
+               seg_base: np.ndarray, layout: BitLayout, item_nnz: int = ITEM_NNZ) -> WorkItems:
+    """Cut block segments ``[seg_start, seg_end)`` (positions in ``index``) into work items."""
+    starts, ends, bases = [], [], []
+    for s, e, b in zip(seg_start.tolist(), seg_end.tolist(), seg_base):
+        n = e - s
+        if n <= 0:
+            continue
+        pieces = max(1, -(-n // item_nnz))
+        cuts = s + (np.arange(pieces + 1) * n) // pieces
+        starts.append(cuts[:-1])
+        ends.append(cuts[1:])
+        bases.append(np.repeat(np.asarray(b, dtype=np.int64)[None, :], pieces, axis=0))
+    N = layout.nmodes
+    start = np.concatenate(starts).astype(np.int64) if starts else np.zeros(0, np.int64)
+    end = np.concatenate(ends).astype(np.int64) if ends else np.zeros(0, np.int64)
+    base = np.concatenate(bases) if bases else np.zeros((0, N), np.int64)
+    lo = np.empty((start.shape[0], N), dtype=np.int64)
+    hi = np.empty((start.shape[0], N), dtype=np.int64)
+    item_intervals(index, start, end, base, layout.field_shift, layout.field_mask, lo, hi)
+    return WorkItems(index, values, start, end, base, lo, hi)
+
+
+@dataclass
+class ConflictPlan:
+    """How each work item resolves conflicts for one target mode.
+
+    Attributes
+    ----------
+    private : bool (K,)    item accumulates privately (else atomics)
+    offset, size : int64 (K,)   slice of the private buffer (elements)
+    private_bytes : int    memory of all private accumulators
+    """
+
+    mode: int
+    rank: int
+    strategy: str
+    private: np.ndarray
+    offset: np.ndarray
+    size: np.ndarray
+    private_bytes: int
+
+    def summary(self) -> dict:
+        return {"mode": self.mode, "strategy": self.strategy, "items": int(self.private.shape[0]),
+                "private_items": int(self.private.sum()), "atomic_items": int((~self.private).sum()),
+                "private_bytes": int(self.private_bytes)}
+
+
+def plan_conflicts(items: WorkItems, mode: int, rank: int, itemsize: int, strategy: str = "auto",
+                   max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES) -> ConflictPlan:
+    """Choose private accumulation or atomics per item (see the module docstring)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"conflict must be one of {STRATEGIES}, got {strategy!r}")
+    rows = np.maximum(items.hi[:, mode] - items.lo[:, mode] + 1, 0)
+    cost = rows * rank * itemsize
+    if strategy == "atomic":
+        private = np.zeros(items.nitems, dtype=bool)
+    elif strategy == "private":
+        private = np.ones(items.nitems, dtype=bool)
+        if cost.sum() > max_private_bytes:
+            raise MemoryError(f"private accumulators for mode {mode} need {cost.sum() / 2**20:.1f} MiB, over the "
+                              f"{max_private_bytes / 2**20:.1f} MiB bound; use conflict='auto' or 'atomic', or raise "
+                              "max_private_bytes")
+    else:
+        private = rows <= PRIVATE_REUSE * items.nnz
+        total = int(cost[private].sum())
+        if total > max_private_bytes:
+            for k in np.argsort(-np.where(private, rows, -1), kind="stable"):
+                if total <= max_private_bytes or not private[k]:
+                    break
+                private[k] = False
+                total -= int(cost[k])
+    size = np.where(private, rows * rank, 0).astype(np.int64)
+    offset = np.concatenate([[0], np.cumsum(size)[:-1]]).astype(np.int64)
+    return ConflictPlan(mode, rank, strategy, private, offset, size, int(size.sum()) * itemsize)

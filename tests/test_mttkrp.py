@@ -1,0 +1,140 @@
+"""CPU MTTKRP against independent references: dense einsum (small) and pyttb (sparse)."""
+
+import string
+
+import numpy as np
+import pytest
+
+import tensorflow_ooc as tfo
+from tensorflow_ooc.kernels import plan_conflicts, tensor_items
+
+from conftest import random_coo
+
+
+def dense_mttkrp(shape, coords, values, factors, mode):
+    X = np.zeros(shape)
+    np.add.at(X, tuple(coords.T), values)
+    letters = string.ascii_lowercase[: len(shape)]
+    spec = letters + "," + ",".join(f"{letters[m]}z" for m in range(len(shape)) if m != mode) + f"->{letters[mode]}z"
+    return np.einsum(spec, X, *[factors[m] for m in range(len(shape)) if m != mode])
+
+
+def rel_err(a, b):
+    return np.abs(a - b).max() / max(np.abs(b).max(), 1e-300)
+
+
+@pytest.mark.parametrize("nmodes", [3, 4, 5, 6])
+@pytest.mark.parametrize("rank", [1, 7, 16, 32, 33, 64])
+def test_every_mode_against_einsum(rng, nmodes, rank):
+    shape = tuple(int(s) for s in rng.integers(2, 13 if nmodes < 6 else 7, nmodes))
+    coords, values = random_coo(rng, shape, 800)
+    t = tfo.encode_coo(coords, values, shape, max_block_nnz=300)
+    factors = [rng.standard_normal((s, rank)) for s in shape]
+    for mode in range(nmodes):
+        ref = dense_mttkrp(shape, coords, values, factors, mode)
+        for conflict in ("auto", "private", "atomic"):
+            got = tfo.mttkrp(t, factors, mode, conflict=conflict)
+            assert got.shape == (shape[mode], rank)
+            assert rel_err(got, ref) < 1e-12, (mode, conflict)
+
+
+@pytest.mark.parametrize("nmodes", [3, 4, 5])
+def test_sparse_against_pyttb(tmp_path, rng, nmodes):
+    import pyttb
+
+    shape = tuple(int(s) for s in rng.integers(50, 3000, nmodes))
+    coords, values = random_coo(rng, shape, 60_000)
+    store = tfo.convert((coords, values), tmp_path / "t.zarr", shape=shape, chunk_nnz=16_384)
+    X = pyttb.sptensor(coords, values.reshape(-1, 1), shape)
+    for rank in (16, 33):
+        factors = [rng.standard_normal((s, rank)) for s in shape]
+        for mode in range(nmodes):
+            ref = X.mttkrp(factors, mode)
+            streamed = tfo.mttkrp(store, factors, mode)
+            assert rel_err(streamed, ref) < 1e-12
+
+
+def test_float32_factors(rng):
+    shape = (40, 50, 60, 7)
+    coords, values = random_coo(rng, shape, 20_000)
+    t = tfo.encode_coo(coords, values, shape)
+    f64 = [rng.standard_normal((s, 32)) for s in shape]
+    f32 = [f.astype(np.float32) for f in f64]
+    for mode in range(4):
+        ref = dense_mttkrp(shape, coords, values, f64, mode)
+        got = tfo.mttkrp(t, f32, mode)
+        assert got.dtype == np.float32
+        assert rel_err(got, ref) < 1e-5
+
+
+@pytest.mark.parametrize("shape", [(2048, 2048, 2048, 2048, 2048, 1500), (600,) * 8])
+def test_beyond_64_bit_multiblock(rng, shape):
+    """Shapes whose linear index needs more than 64 bits, with factor matrices that still fit."""
+    import pyttb
+
+    coords, values = random_coo(rng, shape, 30_000)
+    coords[:15_000] //= 64  # a dense corner: blocks with many nonzeros, beside near-singleton blocks
+    coords, idx = np.unique(coords, axis=0, return_index=True)
+    values = values[idx]
+    t = tfo.encode_coo(coords, values, shape, max_block_nnz=1000)
+    assert t.layout.total_bits > 64 and t.blocks.nblocks > 10
+    X = pyttb.sptensor(coords, values.reshape(-1, 1), shape)
+    factors = [rng.standard_normal((s, 16)) for s in shape]
+    for mode in range(len(shape)):
+        ref = X.mttkrp(factors, mode)
+        for conflict in ("auto", "atomic"):
+            assert rel_err(tfo.mttkrp(t, factors, mode, conflict=conflict), ref) < 1e-12
+
+
+def test_results_identical_across_thread_counts(rng):
+    shape = (300, 200, 100)
+    coords, values = random_coo(rng, shape, 300_000)
+    t = tfo.encode_coo(coords, values, shape)
+    factors = [rng.standard_normal((s, 16)) for s in shape]
+    for mode in range(3):
+        one = tfo.mttkrp(t, factors, mode, threads=1, conflict="private")
+        two = tfo.mttkrp(t, factors, mode, threads=2, conflict="private")
+        assert np.array_equal(one, two)  # private path: fixed items, fixed merge order
+        at = tfo.mttkrp(t, factors, mode, threads=2, conflict="atomic")
+        assert rel_err(at, one) < 1e-12
+
+
+def test_edge_cases(rng):
+    # single nonzero, length-1 mode, empty slices
+    t = tfo.encode_coo(np.array([[2, 0, 4]]), np.array([3.0]), (5, 1, 9))
+    A = [rng.standard_normal((s, 8)) for s in (5, 1, 9)]
+    M = tfo.mttkrp(t, A, 0)
+    assert np.allclose(M[2], 3.0 * A[1][0] * A[2][4]) and np.count_nonzero(M[[0, 1, 3, 4]]) == 0
+    M1 = tfo.mttkrp(t, A, 1)
+    assert np.allclose(M1[0], 3.0 * A[0][2] * A[2][4])
+
+
+def test_bad_factors(rng):
+    t = tfo.encode_coo(np.array([[2, 0, 4]]), np.array([3.0]), (5, 1, 9))
+    with pytest.raises(ValueError, match="rows"):
+        tfo.mttkrp(t, [np.ones((5, 4)), np.ones((1, 4)), np.ones((8, 4))], 0)
+    with pytest.raises(ValueError, match="common rank"):
+        tfo.mttkrp(t, [np.ones((5, 4)), np.ones((1, 3)), np.ones((9, 4))], 0)
+    with pytest.raises(ValueError, match="mode 3"):
+        tfo.mttkrp(t, [np.ones((5, 4)), np.ones((1, 4)), np.ones((9, 4))], 3)
+    with pytest.raises(ValueError, match="out must be"):
+        tfo.mttkrp(t, [np.ones((5, 4)), np.ones((1, 4)), np.ones((9, 4))], 0, out=np.zeros((4, 4)))
+
+
+def test_private_memory_is_bounded(rng):
+    shape = (100_000, 50, 40)
+    coords, values = random_coo(rng, shape, 200_000)
+    t = tfo.encode_coo(coords, values, shape)
+    items = tensor_items(t)
+    full = plan_conflicts(items, 0, 32, 8, "private", max_private_bytes=1 << 40)
+    bound = full.private_bytes // 4
+    auto = plan_conflicts(items, 0, 32, 8, "auto", max_private_bytes=bound)
+    assert auto.private_bytes <= bound and (~auto.private).any()
+    with pytest.raises(MemoryError, match="over the"):
+        plan_conflicts(items, 0, 32, 8, "private", max_private_bytes=bound)
+    stats = {}
+    factors = [rng.standard_normal((s, 32)) for s in shape]
+    got = tfo.mttkrp(t, factors, 0, max_private_bytes=bound, stats=stats)
+    assert stats["private_bytes"] <= bound and stats["atomic_items"] > 0
+    ref = tfo.mttkrp(t, factors, 0, conflict="atomic")
+    assert rel_err(got, ref) < 1e-12
