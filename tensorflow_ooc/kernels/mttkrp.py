@@ -11,10 +11,10 @@ import numpy as np
 
 from ..format import BitLayout, BLCOTensor
 from ..store import Chunk, Store
-from .mttkrp_cpu import merge_private, mttkrp_items_any, mttkrp_items_fixed
+from .factors import StackedFactors
+from .mttkrp_cpu import kernel_for, merge_private
 from .plan import DEFAULT_MAX_PRIVATE_BYTES, ConflictPlan, WorkItems, plan_conflicts, work_items
 
-SPECIALIZED_RANKS = (8, 16, 32, 64)
 MERGE_TILE = 256
 
 
@@ -46,40 +46,53 @@ def chunk_items(chunk: Chunk, layout: BitLayout) -> WorkItems:
     return work_items(chunk.index, chunk.values, seg[:, 1], seg[:, 2], chunk.bases, layout)
 
 
-def check_factors(factors: Sequence[np.ndarray], shape: Sequence[int], mode: int) -> tuple[np.ndarray, ...]:
-    """Validate factor matrices before the unchecked kernels see them."""
+def check_factors(factors: Sequence[np.ndarray] | StackedFactors, shape: Sequence[int], mode: int) -> StackedFactors:
+    """Validate factor matrices before the unchecked kernels see them; stack a list."""
     N = len(shape)
     if not 0 <= mode < N:
         raise ValueError(f"mode {mode} is out of range for a {N}-mode tensor")
-    if len(factors) != N:
-        raise ValueError(f"expected {N} factor matrices, got {len(factors)}")
-    ranks = {np.shape(f)[1] if np.ndim(f) == 2 else None for f in factors}
-    if len(ranks) != 1 or None in ranks:
-        raise ValueError(f"factor matrices must be 2-D with one common rank, got shapes {[np.shape(f) for f in factors]}")
-    dtypes = {np.asarray(f).dtype for f in factors}
-    dtype = np.result_type(*dtypes)
-    if dtype not in (np.float32, np.float64):
-        dtype = np.dtype(np.float64)
-    out = []
-    for m, f in enumerate(factors):
-        f = np.ascontiguousarray(f, dtype=dtype)
-        if m != mode and f.shape[0] < shape[m]:
-            raise ValueError(f"factor {m} has {f.shape[0]} rows but mode {m} has length {shape[m]}")
-        out.append(f)
-    return tuple(out)
+    if isinstance(factors, StackedFactors):
+        stacked = factors
+        rows = stacked.shape
+    else:
+        if len(factors) != N:
+            raise ValueError(f"expected {N} factor matrices, got {len(factors)}")
+        ranks = {np.shape(f)[1] if np.ndim(f) == 2 else None for f in factors}
+        if len(ranks) != 1 or None in ranks:
+            raise ValueError("factor matrices must be 2-D with one common rank, got shapes "
+                             f"{[np.shape(f) for f in factors]}")
+        rows = tuple(np.shape(f)[0] for f in factors)
+        stacked = None
+    if len(rows) != N:
+        raise ValueError(f"expected {N} factor matrices, got {len(rows)}")
+    for m in range(N):
+        if rows[m] < shape[m]:
+            raise ValueError(f"factor {m} has {rows[m]} rows but mode {m} has length {shape[m]}")
+    if stacked is None:
+        dtype = np.result_type(*[np.asarray(f).dtype for f in factors])
+        stacked = StackedFactors.from_list(factors, dtype if dtype in (np.float32, np.float64) else np.float64)
+    if stacked.dtype not in (np.float32, np.float64):
+        raise ValueError(f"factor matrices must be float32 or float64, got {stacked.dtype}")
+    return stacked
 
 
-def run_items(items: WorkItems, layout: BitLayout, factors: tuple[np.ndarray, ...], mode: int, out: np.ndarray,
+def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode: int, out: np.ndarray,
               conflict: str = "auto", max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES) -> ConflictPlan:
     """Add the MTTKRP of ``items`` into ``out`` (I_mode, R); returns the conflict plan used."""
     R = out.shape[1]
     plan = plan_conflicts(items, mode, R, out.dtype.itemsize, conflict, max_private_bytes)
     if items.nitems == 0:
         return plan
-    priv_buf = np.empty(max(1, int(plan.size.sum())), dtype=out.dtype)
-    kernel = mttkrp_items_fixed if R in SPECIALIZED_RANKS else mttkrp_items_any
-    kernel(items.index, items.values, items.start, items.end, items.base, items.lo, layout.field_shift,
-           layout.field_mask, factors, mode, R, plan.private, plan.offset, plan.size, priv_buf, out.reshape(-1))
+    priv_buf = np.empty((max(1, int(plan.size.sum())), R), dtype=out.dtype)
+    direct, runs = kernel_for(layout.nmodes, R)
+    common = (items.index, items.values, items.start, items.end, items.base, items.lo, layout.field_shift,
+              layout.field_mask, factors.data, factors.offsets, mode, R)
+    todo_direct = np.flatnonzero(~plan.runs)
+    todo_runs = np.flatnonzero(plan.runs)
+    if todo_direct.size:
+        direct(*common, todo_direct, plan.offset, plan.size, priv_buf)
+    if todo_runs.size:
+        runs(*common, todo_runs, plan.private, plan.offset, plan.size, priv_buf, out.reshape(-1))
     if plan.private.any():
         merge_private(out, plan.private, plan.offset, items.lo, items.hi, mode, priv_buf, MERGE_TILE)
     return plan
@@ -95,8 +108,8 @@ def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk], factors: Sequence[np.nd
     ----------
     tensor : Store, BLCOTensor, or iterable of store Chunks
         A store is streamed chunk by chunk; an in-memory tensor keeps its work items between calls.
-    factors : sequence of (I_m, R) arrays, one per mode (the target mode's is not read)
-        float64 or float32; the output has their dtype.
+    factors : StackedFactors, or sequence of (I_m, R) arrays, one per mode (the target's is not read)
+        float64 or float32; the output has their dtype. A list is stacked (copied) per call.
     mode : int
         Target mode.
     out : ndarray (I_mode, R), optional
@@ -133,20 +146,20 @@ def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk], factors: Sequence[np.nd
             raise ValueError("pass layout= with an iterable of chunks")
         shape, chunks = layout.shape, iter(tensor)
     A = check_factors(factors, shape, mode)
-    R = A[0].shape[1]
+    R = A.rank
     if out is None:
-        out = np.zeros((shape[mode], R), dtype=A[0].dtype)
+        out = np.zeros((shape[mode], R), dtype=A.dtype)
     else:
-        if out.shape != (shape[mode], R) or out.dtype != A[0].dtype or not out.flags.c_contiguous:
-            raise ValueError(f"out must be a C-contiguous {A[0].dtype} array of shape {(shape[mode], R)}, "
+        if out.shape != (shape[mode], R) or out.dtype != A.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous {A.dtype} array of shape {(shape[mode], R)}, "
                              f"got {out.dtype} {out.shape}")
         out[...] = 0
-    summary = {"items": 0, "private_items": 0, "atomic_items": 0, "private_bytes": 0}
+    summary = {"items": 0, "private_items": 0, "atomic_items": 0, "run_items": 0, "private_bytes": 0}
     with _threads(threads):
         parts = [tensor_items(tensor)] if chunks is None else (chunk_items(c, layout) for c in chunks)
         for items in parts:
             plan = run_items(items, layout, A, mode, out, conflict, max_private_bytes).summary()
-            for k in ("items", "private_items", "atomic_items"):
+            for k in ("items", "private_items", "atomic_items", "run_items"):
                 summary[k] += plan[k]
             summary["private_bytes"] = max(summary["private_bytes"], plan["private_bytes"])
     if stats is not None:

@@ -7,10 +7,14 @@ For target mode ``n`` every item either
   (no synchronisation), merged afterwards by a row-tiled pass that owns each output row once; or
 - adds straight into the output with **atomic** float adds.
 
-In both cases consecutive nonzeros with the same target row are summed in a register-like local
-vector and written once per run (segment), as in BLCO's register-based resolution.
+Consecutive nonzeros with the same target row can be summed in a local vector and written once
+per run (BLCO's register-based resolution): always on the atomic path (one atomic per run instead
+of per nonzero), and on the private path where the plan found runs long enough to pay for it.
 
-Inputs are trusted: indices must decode inside the factor matrices (validated by the store).
+Kernels are built per (number of modes, rank): both are compile-time constants, so the loop over
+the other modes unrolls and the rank loop vectorizes into one fused multiply chain per nonzero.
+Factor matrices come stacked in one array ``F`` (sum of mode lengths, R) with row offsets ``offs``.
+Inputs are trusted: indices must decode inside the factor matrices (the store validates them).
 """
 
 from __future__ import annotations
@@ -20,99 +24,145 @@ import numpy as np
 
 from .atomics import atomic_add
 
+SPECIALIZED_RANKS = (8, 16, 32, 64)
+
 
 @nb.njit(inline="always")
-def _flush(acc, R, row, private, priv_off, lo, priv_buf, out_flat):
-    if private:
-        base = priv_off + (row - lo) * R
+def _flush(acc, R, row, is_private, shift_row, priv_buf, out_flat):
+    """Write one run's sum: into the private rows, or atomically into the output."""
+    if is_private:
+        dest = shift_row + row
         for r in range(R):
-            priv_buf[base + r] += acc[r]
+            priv_buf[dest, r] += acc[r]
     else:
         base = row * R
         for r in range(R):
             atomic_add(out_flat, base + r, acc[r])
 
 
-@nb.njit(inline="always")
-def _items_body(index, values, item_start, item_end, item_base, item_lo, shift, mask, factors, mode, R,
-                private, priv_off, priv_size, priv_buf, out_flat):
-    nmodes = shift.shape[0]
-    nitems = item_start.shape[0]
-    dtype = priv_buf.dtype
-    for k in nb.prange(nitems):
-        is_private = private[k]
-        off = priv_off[k]
-        lo = item_lo[k, mode]
-        if is_private:
-            for j in range(off, off + priv_size[k]):
-                priv_buf[j] = 0
-        coord = np.empty(nmodes, dtype=np.int64)
-        row = np.empty(R, dtype=dtype)
-        acc = np.zeros(R, dtype=dtype)
-        current = -1
-        for i in range(item_start[k], item_end[k]):
-            x = index[i]
-            for m in range(nmodes):
-                coord[m] = item_base[k, m] + np.int64((x >> np.uint64(shift[m])) & mask[m])
-            v = values[i]
-            for r in range(R):
-                row[r] = v
-            for m in range(nmodes):
-                if m != mode:
-                    A = factors[m]
-                    c = coord[m]
-                    for r in range(R):
-                        row[r] *= A[c, r]
-            target = coord[mode]
-            if target == current:
-                for r in range(R):
-                    acc[r] += row[r]
-            else:
-                if current >= 0:
-                    _flush(acc, R, current, is_private, off, lo, priv_buf, out_flat)
-                current = target
-                for r in range(R):
-                    acc[r] = row[r]
-        if current >= 0:
-            _flush(acc, R, current, is_private, off, lo, priv_buf, out_flat)
+def _build(nmodes: int, rank_const: int):
+    """Kernels for ``nmodes`` modes; ``rank_const`` > 0 fixes the rank, 0 takes it at run time.
 
-
-@nb.njit(parallel=True, nogil=True, cache=True)
-def mttkrp_items_fixed(index, values, item_start, item_end, item_base, item_lo, shift, mask, factors, mode, R,
-                       private, priv_off, priv_size, priv_buf, out_flat):
-    """Rank-specialized kernel: ``R`` is compiled in as a constant (8, 16, 32, 64)."""
-    nb.literally(R)
-    _items_body(index, values, item_start, item_end, item_base, item_lo, shift, mask, factors, mode, R,
-                private, priv_off, priv_size, priv_buf, out_flat)
-
-
-@nb.njit(parallel=True, nogil=True, cache=True)
-def mttkrp_items_any(index, values, item_start, item_end, item_base, item_lo, shift, mask, factors, mode, R,
-                     private, priv_off, priv_size, priv_buf, out_flat):
-    """General-rank kernel.
-
-    Parameters
-    ----------
-    index : uint64 (nnz,)          re-encoded BLCO indices
-    values : float (nnz,)          nonzero values
-    item_start, item_end : int64 (K,)   nonzero range of each work item
-    item_base : int64 (K, N)       block base coordinates of each item
-    item_lo : int64 (K, N)         smallest index per mode inside each item
-    shift : int64 (N,), mask : uint64 (N,)   BLCO field layout
-    factors : UniTuple of float (I_m, R) C arrays, one per mode (the target mode's is ignored)
-    mode : int                      target mode
-    R : int                         rank
-    private : bool (K,)             item uses a private accumulator (else atomics)
-    priv_off, priv_size : int64 (K,)   its slice of ``priv_buf`` (rows * R)
-    priv_buf : float (P,)           private accumulators
-    out_flat : float (I_mode * R,)  output, row-major, added to (atomic items only)
+    Two kernels, each over its own list of items: one adds every nonzero straight into private
+    rows, one sums runs first (private or atomic). Keeping the hot loops apart keeps their bodies
+    simple; numba loses vectorization when one prange body holds both (5-8x slower here).
     """
-    _items_body(index, values, item_start, item_end, item_base, item_lo, shift, mask, factors, mode, R,
-                private, priv_off, priv_size, priv_buf, out_flat)
+    NM1 = nmodes - 1
+
+    @nb.njit(parallel=True, nogil=True, cache=True)
+    def direct_items(index, values, item_start, item_end, item_base, item_lo, shift, mask, F, offs, mode, rank,
+                     todo, priv_row, priv_rows, priv_buf):
+        """Private items without run accumulation: every nonzero adds into its private row.
+
+        Parameters
+        ----------
+        index : uint64 (nnz,)              re-encoded BLCO indices
+        values : float (nnz,)              nonzero values
+        item_start, item_end : int64 (K,)  nonzero range of each work item
+        item_base : int64 (K, N)           block base coordinates of each item
+        item_lo : int64 (K, N)             smallest index per mode inside each item
+        shift : int64 (N,), mask : uint64 (N,)   BLCO field layout
+        F : float (sum_m I_m, R) C array   stacked factor matrices
+        offs : int64 (N,)                  first row of each mode's factor in F
+        mode : int                         target mode
+        rank : int                         R (ignored when compiled for a fixed rank)
+        todo : int64 (T,)                  the items to process
+        priv_row, priv_rows : int64 (K,)   item k owns rows priv_row[k] .. + priv_rows[k] of priv_buf;
+                                           index i of the target mode goes to row priv_row[k] + i - lo
+        priv_buf : float (P, R)            private accumulators (zeroed here)
+
+        The rank loop indexes ``[row, r]`` with the row formed once per nonzero, which keeps
+        numba's negative-index check out of the vectorized loop; no short-circuit ``and``/``or``
+        in the body for the same reason.
+        """
+        R = rank_const if rank_const > 0 else rank
+        for t in nb.prange(todo.shape[0]):
+            k = todo[t]
+            first = priv_row[k]
+            for j in range(first, first + priv_rows[k]):
+                for r in range(R):
+                    priv_buf[j, r] = 0
+            shift_row = first - item_lo[k, mode]
+            rows = np.empty(NM1, dtype=np.int64)
+            for i in range(item_start[k], item_end[k]):
+                x = index[i]
+                target = 0
+                j = 0
+                for m in range(NM1 + 1):
+                    c = item_base[k, m] + np.int64((x >> np.uint64(shift[m])) & mask[m])
+                    if m == mode:
+                        target = c
+                    else:
+                        rows[j] = offs[m] + c
+                        j += 1
+                v = values[i]
+                dest = shift_row + target
+                for r in range(R):
+                    p = v
+                    for q in range(NM1):
+                        p *= F[rows[q], r]
+                    priv_buf[dest, r] += p
+
+    @nb.njit(parallel=True, nogil=True, cache=True)
+    def run_items(index, values, item_start, item_end, item_base, item_lo, shift, mask, F, offs, mode, rank,
+                  todo, private, priv_row, priv_rows, priv_buf, out_flat):
+        """Items that sum runs of one target row in a local vector, then write once per run:
+        into private rows (``private[k]``) or with atomic adds into ``out_flat`` (I_mode * R,).
+        Other parameters as in ``direct_items``."""
+        R = rank_const if rank_const > 0 else rank
+        for t in nb.prange(todo.shape[0]):
+            k = todo[t]
+            is_private = private[k]
+            first = priv_row[k]
+            for j in range(first, first + priv_rows[k]):
+                for r in range(R):
+                    priv_buf[j, r] = 0
+            shift_row = first - item_lo[k, mode]
+            rows = np.empty(NM1, dtype=np.int64)
+            acc = np.zeros(R, dtype=F.dtype)
+            current = -1
+            for i in range(item_start[k], item_end[k]):
+                x = index[i]
+                target = 0
+                j = 0
+                for m in range(NM1 + 1):
+                    c = item_base[k, m] + np.int64((x >> np.uint64(shift[m])) & mask[m])
+                    if m == mode:
+                        target = c
+                    else:
+                        rows[j] = offs[m] + c
+                        j += 1
+                if target != current:
+                    if current >= 0:
+                        _flush(acc, R, current, is_private, shift_row, priv_buf, out_flat)
+                    current = target
+                    for r in range(R):
+                        acc[r] = 0
+                v = values[i]
+                for r in range(R):
+                    p = v
+                    for q in range(NM1):
+                        p *= F[rows[q], r]
+                    acc[r] += p
+            if current >= 0:
+                _flush(acc, R, current, is_private, shift_row, priv_buf, out_flat)
+
+    return direct_items, run_items
+
+
+_KERNELS: dict[tuple[int, int], object] = {}
+
+
+def kernel_for(nmodes: int, rank: int):
+    """The compiled kernel for this order and rank (rank-specialized for 8, 16, 32, 64)."""
+    key = (nmodes, rank if rank in SPECIALIZED_RANKS else 0)
+    if key not in _KERNELS:
+        _KERNELS[key] = _build(*key)
+    return _KERNELS[key]
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def merge_private(out, private, priv_off, item_lo, item_hi, mode, priv_buf, tile):
+def merge_private(out, private, priv_row, item_lo, item_hi, mode, priv_buf, tile):
     """Add every private accumulator into ``out`` (I, R); each tile of rows is owned by one thread,
     and items are added in a fixed order, so the result does not depend on the thread count."""
     nrows, R = out.shape
@@ -127,19 +177,22 @@ def merge_private(out, private, priv_off, item_lo, item_hi, mode, priv_buf, tile
             a = max(lo, r0)
             b = min(item_hi[k, mode] + 1, r1)
             for row in range(a, b):
-                base = priv_off[k] + (row - lo) * R
+                src = priv_row[k] + row - lo
                 for r in range(R):
-                    out[row, r] += priv_buf[base + r]
+                    out[row, r] += priv_buf[src, r]
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def item_intervals(index, item_start, item_end, item_base, shift, mask, lo, hi):
-    """Per work item and mode, the smallest and largest index (one decode pass, done once)."""
+def item_profile(index, item_start, item_end, item_base, shift, mask, lo, hi, changes):
+    """Per work item and mode: smallest and largest index, and how often consecutive nonzeros
+    change that index (runs = nnz / changes). One decode pass, done once per tensor."""
     nmodes = shift.shape[0]
     for k in nb.prange(item_start.shape[0]):
+        prev = np.full(nmodes, -1, dtype=np.int64)
         for m in range(nmodes):
             lo[k, m] = np.iinfo(np.int64).max
             hi[k, m] = -1
+            changes[k, m] = 0
         for i in range(item_start[k], item_end[k]):
             x = index[i]
             for m in range(nmodes):
@@ -148,3 +201,6 @@ def item_intervals(index, item_start, item_end, item_base, shift, mask, lo, hi):
                     lo[k, m] = c
                 if c > hi[k, m]:
                     hi[k, m] = c
+                if c != prev[m]:
+                    changes[k, m] += 1
+                    prev[m] = c

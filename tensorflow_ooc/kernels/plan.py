@@ -10,6 +10,11 @@ item (zeroing and merging the interval then costs less than one atomic update pe
 otherwise it uses atomic adds. If the private buffers of all items together would exceed
 ``max_private_bytes``, items with the longest intervals are switched to atomics until they fit,
 so the overhead never grows with threads x mode length beyond the bound.
+
+Register accumulation of runs (consecutive nonzeros with one target row) is always used with
+atomics; a private item uses it when its average run in the target mode is at least
+``RUN_LENGTH_MIN`` nonzeros, since for shorter runs the extra local vector costs more than the
+L1-resident private row it would spare.
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..format import BitLayout
-from .mttkrp_cpu import item_intervals
+from .mttkrp_cpu import item_profile
 
 ITEM_NNZ = 1 << 16
 PRIVATE_REUSE = 4
+RUN_LENGTH_MIN = 2.0
 DEFAULT_MAX_PRIVATE_BYTES = 256 << 20
 STRATEGIES = ("auto", "private", "atomic")
 
@@ -38,6 +44,7 @@ class WorkItems:
     base: np.ndarray      # int64 (K, N)
     lo: np.ndarray        # int64 (K, N)
     hi: np.ndarray        # int64 (K, N)
+    changes: np.ndarray   # int64 (K, N) target-row changes along the item, per mode
 
     @property
     def nitems(self) -> int:
@@ -67,8 +74,9 @@ def work_items(index: np.ndarray, values: np.ndarray, seg_start: np.ndarray, seg
     base = np.concatenate(bases) if bases else np.zeros((0, N), np.int64)
     lo = np.empty((start.shape[0], N), dtype=np.int64)
     hi = np.empty((start.shape[0], N), dtype=np.int64)
-    item_intervals(index, start, end, base, layout.field_shift, layout.field_mask, lo, hi)
-    return WorkItems(index, values, start, end, base, lo, hi)
+    changes = np.empty((start.shape[0], N), dtype=np.int64)
+    item_profile(index, start, end, base, layout.field_shift, layout.field_mask, lo, hi, changes)
+    return WorkItems(index, values, start, end, base, lo, hi, changes)
 
 
 @dataclass
@@ -78,7 +86,8 @@ class ConflictPlan:
     Attributes
     ----------
     private : bool (K,)    item accumulates privately (else atomics)
-    offset, size : int64 (K,)   slice of the private buffer (elements)
+    runs : bool (K,)       item sums runs of one target row before writing
+    offset, size : int64 (K,)   first row and row count in the private buffer (rows of R)
     private_bytes : int    memory of all private accumulators
     """
 
@@ -86,6 +95,7 @@ class ConflictPlan:
     rank: int
     strategy: str
     private: np.ndarray
+    runs: np.ndarray
     offset: np.ndarray
     size: np.ndarray
     private_bytes: int
@@ -93,6 +103,7 @@ class ConflictPlan:
     def summary(self) -> dict:
         return {"mode": self.mode, "strategy": self.strategy, "items": int(self.private.shape[0]),
                 "private_items": int(self.private.sum()), "atomic_items": int((~self.private).sum()),
+                "run_items": int(self.runs.sum()),
                 "private_bytes": int(self.private_bytes)}
 
 
@@ -120,6 +131,7 @@ def plan_conflicts(items: WorkItems, mode: int, rank: int, itemsize: int, strate
                     break
                 private[k] = False
                 total -= int(cost[k])
-    size = np.where(private, rows * rank, 0).astype(np.int64)
+    runs = (items.nnz >= RUN_LENGTH_MIN * np.maximum(items.changes[:, mode], 1)) | ~private
+    size = np.where(private, rows, 0).astype(np.int64)
     offset = np.concatenate([[0], np.cumsum(size)[:-1]]).astype(np.int64)
-    return ConflictPlan(mode, rank, strategy, private, offset, size, int(size.sum()) * itemsize)
+    return ConflictPlan(mode, rank, strategy, private, runs, offset, size, int(size.sum()) * rank * itemsize)
