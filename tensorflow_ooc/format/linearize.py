@@ -163,3 +163,31 @@ def chunk_minmax(keys: np.ndarray, layout: BitLayout, chunk_nnz: int) -> tuple[n
     np.minimum.at(cmin, owner, mins)
     np.maximum.at(cmax, owner, maxs)
     return cmin, cmax
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _field_minmax(index, shift, mask, pieces, mins, maxs):
+    n = index.shape[0]
+    nmodes = shift.shape[0]
+    step = (n + pieces - 1) // pieces
+    for p in nb.prange(pieces):
+        for m in range(nmodes):
+            mins[p, m] = np.iinfo(np.int64).max
+            maxs[p, m] = -1
+        for i in range(p * step, min(n, (p + 1) * step)):
+            x = index[i]
+            for m in range(nmodes):
+                c = np.int64((x >> np.uint64(shift[m])) & mask[m])
+                if c < mins[p, m]:
+                    mins[p, m] = c
+                if c > maxs[p, m]:
+                    maxs[p, m] = c
+
+
+def field_minmax(index: np.ndarray, layout: BitLayout) -> tuple[np.ndarray, np.ndarray]:
+    """Smallest and largest field value per mode of BLCO indices sharing one base."""
+    pieces = max(1, min(16, index.shape[0] // 65536))
+    mins = np.empty((pieces, layout.nmodes), dtype=np.int64)
+    maxs = np.empty((pieces, layout.nmodes), dtype=np.int64)
+    _field_minmax(index, layout.field_shift, layout.field_mask, pieces, mins, maxs)
+    return mins.min(axis=0), maxs.max(axis=0)

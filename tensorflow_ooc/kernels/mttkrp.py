@@ -19,7 +19,7 @@ MERGE_TILE = 256
 
 
 @contextmanager
-def _threads(threads: int | None) -> Iterator[None]:
+def numba_threads(threads: int | None) -> Iterator[None]:
     if threads is None:
         yield
         return
@@ -77,8 +77,10 @@ def check_factors(factors: Sequence[np.ndarray] | StackedFactors, shape: Sequenc
 
 
 def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode: int, out: np.ndarray,
-              conflict: str = "auto", max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES) -> ConflictPlan:
-    """Add the MTTKRP of ``items`` into ``out`` (I_mode, R); returns the conflict plan used."""
+              conflict: str = "auto", max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES, out_lo: int = 0
+              ) -> ConflictPlan:
+    """Add the MTTKRP of ``items`` into ``out``, which holds target rows ``out_lo ..``
+    (all rows the items touch must be inside); returns the conflict plan used."""
     R = out.shape[1]
     plan = plan_conflicts(items, mode, R, out.dtype.itemsize, conflict, max_private_bytes)
     if items.nitems == 0:
@@ -92,9 +94,9 @@ def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode
     if todo_direct.size:
         direct(*common, todo_direct, plan.offset, plan.size, priv_buf)
     if todo_runs.size:
-        runs(*common, todo_runs, plan.private, plan.offset, plan.size, priv_buf, out.reshape(-1))
+        runs(*common, todo_runs, plan.private, plan.offset, plan.size, priv_buf, out.reshape(-1), out_lo)
     if plan.private.any():
-        merge_private(out, plan.private, plan.offset, items.lo, items.hi, mode, priv_buf, MERGE_TILE)
+        merge_private(out, out_lo, plan.private, plan.offset, items.lo, items.hi, mode, priv_buf, MERGE_TILE)
     return plan
 
 
@@ -155,7 +157,7 @@ def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk], factors: Sequence[np.nd
                              f"got {out.dtype} {out.shape}")
         out[...] = 0
     summary = {"items": 0, "private_items": 0, "atomic_items": 0, "run_items": 0, "private_bytes": 0}
-    with _threads(threads):
+    with numba_threads(threads):
         parts = [tensor_items(tensor)] if chunks is None else (chunk_items(c, layout) for c in chunks)
         for items in parts:
             plan = run_items(items, layout, A, mode, out, conflict, max_private_bytes).summary()

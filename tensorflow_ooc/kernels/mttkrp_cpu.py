@@ -28,14 +28,14 @@ SPECIALIZED_RANKS = (8, 16, 32, 64)
 
 
 @nb.njit(inline="always")
-def _flush(acc, R, row, is_private, shift_row, priv_buf, out_flat):
+def _flush(acc, R, row, is_private, shift_row, priv_buf, out_flat, out_lo):
     """Write one run's sum: into the private rows, or atomically into the output."""
     if is_private:
         dest = shift_row + row
         for r in range(R):
             priv_buf[dest, r] += acc[r]
     else:
-        base = row * R
+        base = (row - out_lo) * R
         for r in range(R):
             atomic_add(out_flat, base + r, acc[r])
 
@@ -105,10 +105,10 @@ def _build(nmodes: int, rank_const: int):
 
     @nb.njit(parallel=True, nogil=True, cache=True)
     def run_items(index, values, item_start, item_end, item_base, item_lo, shift, mask, F, offs, mode, rank,
-                  todo, private, priv_row, priv_rows, priv_buf, out_flat):
+                  todo, private, priv_row, priv_rows, priv_buf, out_flat, out_lo):
         """Items that sum runs of one target row in a local vector, then write once per run:
-        into private rows (``private[k]``) or with atomic adds into ``out_flat`` (I_mode * R,).
-        Other parameters as in ``direct_items``."""
+        into private rows (``private[k]``) or with atomic adds into ``out_flat``, the output rows
+        ``out_lo ..`` of the target mode, row-major. Other parameters as in ``direct_items``."""
         R = rank_const if rank_const > 0 else rank
         for t in nb.prange(todo.shape[0]):
             k = todo[t]
@@ -134,7 +134,7 @@ def _build(nmodes: int, rank_const: int):
                         j += 1
                 if target != current:
                     if current >= 0:
-                        _flush(acc, R, current, is_private, shift_row, priv_buf, out_flat)
+                        _flush(acc, R, current, is_private, shift_row, priv_buf, out_flat, out_lo)
                     current = target
                     for r in range(R):
                         acc[r] = 0
@@ -145,7 +145,7 @@ def _build(nmodes: int, rank_const: int):
                         p *= F[rows[q], r]
                     acc[r] += p
             if current >= 0:
-                _flush(acc, R, current, is_private, shift_row, priv_buf, out_flat)
+                _flush(acc, R, current, is_private, shift_row, priv_buf, out_flat, out_lo)
 
     return direct_items, run_items
 
@@ -162,14 +162,15 @@ def kernel_for(nmodes: int, rank: int):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def merge_private(out, private, priv_row, item_lo, item_hi, mode, priv_buf, tile):
-    """Add every private accumulator into ``out`` (I, R); each tile of rows is owned by one thread,
-    and items are added in a fixed order, so the result does not depend on the thread count."""
+def merge_private(out, out_lo, private, priv_row, item_lo, item_hi, mode, priv_buf, tile):
+    """Add every private accumulator into ``out``, which holds target rows ``out_lo ..``; each
+    tile of rows is owned by one thread and items are added in a fixed order, so the result does
+    not depend on the thread count."""
     nrows, R = out.shape
     ntiles = (nrows + tile - 1) // tile
     for t in nb.prange(ntiles):
-        r0 = t * tile
-        r1 = min(nrows, r0 + tile)
+        r0 = out_lo + t * tile
+        r1 = min(out_lo + nrows, r0 + tile)
         for k in range(private.shape[0]):
             if not private[k]:
                 continue
@@ -178,8 +179,9 @@ def merge_private(out, private, priv_row, item_lo, item_hi, mode, priv_buf, tile
             b = min(item_hi[k, mode] + 1, r1)
             for row in range(a, b):
                 src = priv_row[k] + row - lo
+                dst = row - out_lo
                 for r in range(R):
-                    out[row, r] += priv_buf[src, r]
+                    out[dst, r] += priv_buf[src, r]
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)

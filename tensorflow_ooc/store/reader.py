@@ -13,6 +13,7 @@ import zarr
 
 from ..errors import CorruptStoreError, ForeignStoreError, IncompleteStoreError, StoreError
 from ..format import BitLayout, BlockTable, delinearize, reencode
+from ..format.linearize import field_minmax
 from . import paths
 from .metadata import FORMAT_NAME, META_KEY, SUPPORTED_VERSIONS
 
@@ -49,6 +50,18 @@ class Chunk:
         for (_, s, e), base in zip(self.segments, self.bases):
             delinearize(self.index[s:e], base, layout, out=out[s:e])
         return out
+
+
+def chunk_index_range(chunk: Chunk, layout: BitLayout) -> tuple[np.ndarray, np.ndarray]:
+    """Smallest and largest decoded index per mode of a chunk, without materializing coordinates."""
+    mins = np.full(layout.nmodes, np.iinfo(np.int64).max, dtype=np.int64)
+    maxs = np.full(layout.nmodes, -1, dtype=np.int64)
+    for (_, s, e), base in zip(chunk.segments, chunk.bases):
+        if e > s:
+            fmin, fmax = field_minmax(chunk.index[s:e], layout)
+            np.minimum(mins, fmin + base, out=mins)
+            np.maximum(maxs, fmax + base, out=maxs)
+    return mins, maxs
 
 
 def _fail(path: str, what: str) -> CorruptStoreError:
@@ -128,21 +141,27 @@ class Store:
         hi = np.minimum(ends[ids], stop) - start
         return np.stack([ids, lo, hi], axis=1).astype(np.int64), b.base[ids]
 
-    def iter_chunks(self, validate: bool = True) -> Iterator[Chunk]:
-        """Chunks in order. With ``validate``, each chunk's decoded indices are checked against the
-        stored per-chunk ranges and the shape, so a damaged store never reaches the kernels."""
+    def read_chunk(self, c: int, validate: bool = True) -> Chunk:
+        """Chunk ``c``. With ``validate`` its decoded indices are checked against the stored
+        per-chunk ranges (which lie inside the shape), so a damaged store never reaches the kernels."""
+        if not 0 <= c < self.nchunks:
+            raise IndexError(f"chunk {c} out of range (store has {self.nchunks})")
         mins, maxs = self.chunk_ranges
+        start = c * self.chunk_nnz
+        stop = min(self.nnz, start + self.chunk_nnz)
+        index, values = self.read_range(start, stop)
+        segs, bases = self._segments(start, stop)
+        chunk = Chunk(c, start, index, values, segs, bases, mins[c], maxs[c])
+        if validate:
+            cmin, cmax = chunk_index_range(chunk, self.layout)
+            if (cmin != mins[c]).any() or (cmax != maxs[c]).any():
+                raise _fail(self.path, f"chunk {c}: decoded indices disagree with the chunk range table")
+        return chunk
+
+    def iter_chunks(self, validate: bool = True) -> Iterator[Chunk]:
+        """Chunks in order (see :meth:`read_chunk`)."""
         for c in range(self.nchunks):
-            start = c * self.chunk_nnz
-            stop = min(self.nnz, start + self.chunk_nnz)
-            index, values = self.read_range(start, stop)
-            segs, bases = self._segments(start, stop)
-            chunk = Chunk(c, start, index, values, segs, bases, mins[c], maxs[c])
-            if validate:
-                coords = chunk.coords(self.layout)
-                if (coords.min(axis=0) != mins[c]).any() or (coords.max(axis=0) != maxs[c]).any():
-                    raise _fail(self.path, f"chunk {c}: decoded indices disagree with the chunk range table")
-            yield chunk
+            yield self.read_chunk(c, validate)
 
     def iter_blocks(self) -> Iterator[Block]:
         """Blocks in order (a block may span several chunks)."""

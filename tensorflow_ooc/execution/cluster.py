@@ -1,0 +1,91 @@
+"""Dask clients: the embedded default (an in-process LocalCluster) or an existing scheduler.
+
+Threads are shared out so that numba threads x Dask threads <= cores on every worker: kernels are
+multi-threaded themselves, so each worker runs one task at a time and gives it all its cores.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+from distributed import Client, LocalCluster
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ClusterPlan:
+    n_workers: int
+    dask_threads: int     # per worker
+    numba_threads: int    # per task
+    memory_limit: int | str | None
+
+
+def embedded_plan(cores: int | None = None, memory_limit: int | str | None = "auto") -> ClusterPlan:
+    """One in-process worker, one Dask thread, all cores for numba."""
+    cores = cores or os.cpu_count() or 1
+    return ClusterPlan(1, 1, cores, memory_limit)
+
+
+def numba_threads_for(worker_threads: int, worker_cores: int) -> int:
+    """Numba threads per task so that tasks x numba threads <= cores."""
+    return max(1, worker_cores // max(1, worker_threads))
+
+
+@contextmanager
+def get_client(client: Client | None = None, scheduler: str | None = None, *, processes: bool = False,
+               n_workers: int | None = None, memory_limit: int | str | None = "auto",
+               dashboard_address: str | None = ":8787") -> Iterator[Client]:
+    """The client to use: the one given, one connected to ``scheduler``, or a new embedded cluster.
+
+    The embedded cluster is sized to the machine and logs its dashboard link; it is closed on exit.
+    """
+    if client is not None:
+        yield client
+        return
+    if scheduler:
+        c = Client(scheduler)
+        log.info("connected to scheduler %s (dashboard %s)", scheduler, c.dashboard_link)
+        try:
+            yield c
+        finally:
+            c.close()
+        return
+    cores = os.cpu_count() or 1
+    if processes:
+        n = n_workers or min(2, cores)
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, memory_limit=memory_limit,
+                               dashboard_address=dashboard_address)
+    else:
+        cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit=memory_limit,
+                               dashboard_address=dashboard_address)
+    c = Client(cluster)
+    log.info("embedded Dask cluster: %d worker(s), dashboard at %s", len(cluster.workers), c.dashboard_link)
+    try:
+        yield c
+    finally:
+        c.close()
+        cluster.close()
+
+
+def worker_resources(client: Client) -> dict:
+    """Per worker: Dask threads, memory limit and the numba threads each of its tasks may use.
+
+    Workers on one host share its cores: numba threads = host cores // Dask threads on that host.
+    """
+    info = client.scheduler_info()["workers"]
+    cores = client.run(os.cpu_count)
+    host_threads: dict[str, int] = {}
+    for addr, w in info.items():
+        host = w.get("host") or addr.rsplit(":", 1)[0]
+        host_threads[host] = host_threads.get(host, 0) + int(w.get("nthreads", 1))
+    out = {}
+    for addr, w in info.items():
+        host = w.get("host") or addr.rsplit(":", 1)[0]
+        out[addr] = {"dask_threads": int(w.get("nthreads", 1)), "memory_limit": int(w.get("memory_limit") or 0),
+                     "numba_threads": numba_threads_for(host_threads[host], int(cores.get(addr) or 1))}
+    return out

@@ -1,0 +1,104 @@
+"""Per-mode MTTKRP task graphs over a store: partition tasks, then a tree reduction.
+
+Two execution modes:
+
+- **streaming**: every MTTKRP task reads its partition's chunks from Zarr (with read-ahead, so
+  reading and decompression overlap the kernel); nothing stays on the workers between passes.
+- **in-memory**: partitions are decoded once into worker memory (futures kept by the driver) and
+  MTTKRP tasks run where their partition lives.
+
+``execution="auto"`` takes in-memory when the decoded partitions use at most half of the
+cluster's worker memory, else streaming.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+from distributed import Client, Future, wait
+
+from ..store import open_store
+from .cluster import worker_resources
+from .partitions import Partition, plan_partitions
+from .tasks import combine, load_partition, mttkrp_partition
+
+log = logging.getLogger(__name__)
+
+EXECUTION_MODES = ("auto", "streaming", "in-memory")
+IN_MEMORY_FRACTION = 0.5
+DEFAULT_SPLIT_EVERY = 4
+
+
+class MTTKRPGraph:
+    """Builds and submits MTTKRP graphs for one store on one Dask cluster.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    path : str
+        Store path or URL (workers open it themselves).
+    execution : {"auto", "streaming", "in-memory"}
+    partitions : int, optional
+        Number of partition tasks (default: 2 per Dask thread, more if a partition would exceed
+        ``max_partition_nnz``).
+    split_every : int
+        Fan-in of the tree reduction.
+    max_partition_nnz : int
+        Largest partition, bounding one task's memory.
+    """
+
+    def __init__(self, client: Client, path: str, *, execution: str = "auto", partitions: int | None = None,
+                 split_every: int = DEFAULT_SPLIT_EVERY, max_partition_nnz: int = 1 << 24) -> None:
+        if execution not in EXECUTION_MODES:
+            raise ValueError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
+        self.client = client
+        self.path = str(path)
+        self.store = open_store(self.path)
+        self.split_every = max(2, int(split_every))
+        res = worker_resources(client)
+        if not res:
+            raise RuntimeError("the Dask cluster has no workers")
+        self.resources = res
+        self.numba_threads = min(r["numba_threads"] for r in res.values())
+        dask_threads = sum(r["dask_threads"] for r in res.values())
+        self.parts: list[Partition] = plan_partitions(self.store, partitions or 2 * dask_threads, max_partition_nnz)
+        decoded = sum(p.decoded_bytes(self.store.nmodes) for p in self.parts)
+        limits = [r["memory_limit"] for r in res.values()]
+        budget = sum(limits) if all(limits) else None
+        if execution == "auto":
+            fits = budget is None or decoded <= IN_MEMORY_FRACTION * budget
+            execution = "in-memory" if fits else "streaming"
+        self.execution = execution
+        self.data: list[Future] | None = None
+        log.info("MTTKRP graph: %d partitions, %s execution (decoded %.1f MiB, worker memory %s), "
+                 "%d numba threads per task", len(self.parts), execution, decoded / 2**20,
+                 "unlimited" if budget is None else f"{budget / 2**20:.0f} MiB", self.numba_threads)
+        if execution == "in-memory":
+            self.data = [client.submit(load_partition, self.path, p, key=f"tfooc-partition-{self.store.meta['store_id']}-{p.id}")
+                         for p in self.parts]
+            wait(self.data)
+
+    def sources(self) -> Sequence:
+        return self.data if self.data is not None else [(self.path, p) for p in self.parts]
+
+    def mttkrp(self, factors: Future, mode: int) -> Future:
+        """Submit the mode-``mode`` MTTKRP; returns the future of the reduced :class:`Partial`."""
+        partials = [self.client.submit(mttkrp_partition, src, factors, mode, self.numba_threads, pure=False)
+                    for src in self.sources()]
+        return self.reduce(partials)
+
+    def reduce(self, futures: list[Future]) -> Future:
+        """Tree reduction with fan-in ``split_every`` (fixed order, so sums are reproducible)."""
+        level = list(futures)
+        while len(level) > 1:
+            level = [self.client.submit(combine, *level[i:i + self.split_every], pure=False)
+                     if len(level[i:i + self.split_every]) > 1 else level[i]
+                     for i in range(0, len(level), self.split_every)]
+        return level[0]
+
+    def release(self) -> None:
+        """Drop decoded partitions from worker memory."""
+        if self.data is not None:
+            self.client.cancel(self.data)
+            self.data = None
