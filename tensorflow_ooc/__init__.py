@@ -11,6 +11,8 @@ encode_coo(coords, values, shape) -> BLCOTensor
     BLCO construction in memory.
 mttkrp(tensor, factors, mode) -> ndarray
     MTTKRP for any mode of a store or in-memory BLCO tensor.
+cp_als(store, rank, ...) -> CPResult
+    CP-ALS as iterated Dask graph reductions (embedded LocalCluster by default).
 synthetic
     Heavy-tailed and planted low-rank test tensors.
 """
@@ -24,10 +26,11 @@ from .errors import (  # noqa: E402
 from .format import BitLayout, BLCOTensor, encode_coo  # noqa: E402
 from .ingest import convert  # noqa: E402
 from .kernels import mttkrp  # noqa: E402
+from .decompositions import CPResult, cp_als, load_result  # noqa: E402
 from .store import Store, open_store  # noqa: E402
 
 __all__ = [
-    "BitLayout", "BLCOTensor", "CorruptStoreError", "DuplicateError", "EmptyTensorError", "ForeignStoreError",
+    "BitLayout", "BLCOTensor", "CPResult", "cp_als", "load_result", "CorruptStoreError", "DuplicateError", "EmptyTensorError", "ForeignStoreError",
     "IncompleteStoreError", "IndexRangeError", "IngestError", "NonFiniteValueError", "ParseError", "ShapeError",
     "Store", "StoreError", "StoreExistsError", "TfoocError", "__version__", "convert", "encode_coo", "mttkrp", "open_store",
 ]

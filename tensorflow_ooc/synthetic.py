@@ -211,9 +211,10 @@ def heavy_tailed(shape: Sequence[int], nnz: int, *, skew: float | Sequence[float
 
 @dataclass
 class PlantedCP:
-    """A sparse tensor sampled from a known CP model.
+    """A sparse tensor that is exactly a known CP model (plus optional noise on its nonzeros).
 
-    ``values = sum_r weights[r] * prod_n factors[n][coords[:, n], r]`` (+ noise).
+    ``values = sum_r weights[r] * prod_n factors[n][coords[:, n], r]`` (+ noise), and the model
+    is zero everywhere else: every factor column has a sparse support.
     """
 
     coords: np.ndarray
@@ -229,14 +230,44 @@ class PlantedCP:
 
 def planted_cp(shape: Sequence[int], rank: int, nnz: int, *, noise: float = 0.0, seed: int | None = None,
                skew: float | Sequence[float] = 1.3) -> PlantedCP:
-    """Planted rank-``rank`` CP tensor on a heavy-tailed sparse support.
+    """Planted rank-``rank`` CP tensor whose factors have sparse supports.
 
-    Factors are uniform in [0, 1) (non-negative, like count data models); ``noise`` is the
-    standard deviation of added Gaussian noise relative to the standard deviation of the values.
+    Component r is the outer product of factor columns that are non-zero on ``s_n`` indices of
+    mode n (drawn with the heavy-tailed preference ``skew``, values uniform in [0.5, 1.5)), sized so
+    the components together hold about ``nnz`` nonzeros; overlapping components add. The sparse
+    tensor is therefore exactly rank ``rank``. ``noise`` adds Gaussian noise with that standard
+    deviation relative to the values' standard deviation, on the nonzeros only.
     """
+    shape = tuple(int(x) for x in shape)
+    N = len(shape)
     rng = np.random.default_rng(seed)
-    coords, _ = heavy_tailed(shape, nnz, skew=skew, seed=int(rng.integers(2**31)))
-    factors = [rng.random((int(L), rank)) for L in shape]
+    skews = _as_skews(skew, N)
+    per = max(1.0, nnz / rank)
+    sizes = [1] * N
+    # grow supports mode by mode (short modes saturate) until a component holds ~nnz/rank cells
+    for _ in range(64):
+        grew = False
+        for n in range(N):
+            if sizes[n] < shape[n] and math.prod(sizes) * (sizes[n] + 1) / sizes[n] <= per:
+                sizes[n] += 1
+                grew = True
+        if not grew:
+            break
+    factors = [np.zeros((L, rank)) for L in shape]
+    boxes = []
+    for r in range(rank):
+        support = []
+        for n, L in enumerate(shape):
+            idx = np.unique(_sample_ranks(rng, L, skews[n], 4 * sizes[n] + 8))
+            if idx.shape[0] < sizes[n]:
+                rest = np.setdiff1d(rng.choice(L, size=min(L, 4 * sizes[n] + 8), replace=False), idx)
+                idx = np.concatenate([idx, rest])
+            idx = np.sort(rng.choice(idx, size=sizes[n], replace=False))
+            factors[n][idx, r] = rng.uniform(0.5, 1.5, sizes[n])
+            support.append(idx)
+        grids = np.meshgrid(*support, indexing="ij")
+        boxes.append(np.stack([g.ravel() for g in grids], axis=1))
+    coords = np.unique(np.concatenate(boxes), axis=0)
     weights = np.ones(rank)
     prod = np.ones((coords.shape[0], rank))
     for n, A in enumerate(factors):

@@ -41,6 +41,8 @@ def test_planted_values_follow_the_model(rng):
     p = synthetic.planted_cp((30, 40, 50), 5, 2000, seed=int(rng.integers(1 << 30)))
     dense = np.einsum("r,ir,jr,kr->ijk", p.weights, *p.factors)
     assert np.allclose(p.values, dense[tuple(p.coords.T)], rtol=1e-13)
+    assert np.count_nonzero(dense) == len(p.values)  # exactly rank 5: zero off the support
+    assert 1000 < len(p.values) < 3000
     noisy = synthetic.planted_cp((30, 40, 50), 5, 2000, noise=0.1, seed=3)
     clean = np.einsum("r,ir,jr,kr->ijk", noisy.weights, *noisy.factors)[tuple(noisy.coords.T)]
     rel = np.std(noisy.values - clean) / np.std(clean)

@@ -1,0 +1,138 @@
+"""CP results: in memory (``CPResult``), in a Zarr result store, and exported to npz, pyttb, TensorLy."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zarr
+
+from ..errors import StoreError
+from ..store import Store, paths
+
+RESULT_FORMAT = "cp-result"
+RESULT_VERSION = 1
+
+
+def fingerprint(store: Store) -> dict:
+    """Identity of the input store: results and checkpoints refuse to mix stores."""
+    return {"store_id": store.meta["store_id"], "path": store.path, "shape": list(store.shape), "nnz": store.nnz,
+            "norm_sq": float(store.meta["norm_sq"])}
+
+
+@dataclass
+class CPResult:
+    """A rank-R CP model ``sum_r weights[r] * a_1[:, r] o ... o a_N[:, r]``.
+
+    Attributes
+    ----------
+    weights : (R,) array
+    factors : list of (I_n, R) arrays, unit 2-norm columns, components sorted by weight
+    fit : float             1 - ||X - model|| / ||X||
+    iterations : int        iterations run (including any before a resume)
+    history : list of dict  per iteration: fit, fit change, seconds, seconds per mode
+    params : dict           rank, tolerance, seed, dtype, execution mode, ...
+    input : dict            fingerprint of the input store
+    """
+
+    weights: np.ndarray
+    factors: list[np.ndarray]
+    fit: float
+    iterations: int
+    history: list[dict] = field(default_factory=list)
+    params: dict = field(default_factory=dict)
+    input: dict = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        return int(self.weights.shape[0])
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(f.shape[0] for f in self.factors)
+
+    def to_numpy(self) -> dict[str, np.ndarray]:
+        """``{"weights": ..., "factor0": ..., ...}``."""
+        out = {"weights": self.weights}
+        out.update({f"factor{n}": f for n, f in enumerate(self.factors)})
+        return out
+
+    def save_npz(self, path: str | os.PathLike) -> None:
+        np.savez(path, **self.to_numpy(), history=json.dumps(self.history), fit=self.fit)
+
+    def to_pyttb(self):
+        """A ``pyttb.ktensor``."""
+        import pyttb
+
+        return pyttb.ktensor([np.array(f) for f in self.factors], np.array(self.weights))
+
+    def to_tensorly(self):
+        """A ``tensorly.cp_tensor.CPTensor``."""
+        from tensorly.cp_tensor import CPTensor
+
+        return CPTensor((np.array(self.weights), [np.array(f) for f in self.factors]))
+
+    def full(self) -> np.ndarray:
+        """The dense model (small tensors only)."""
+        letters = "abcdefgh"[: len(self.factors)]
+        spec = ",".join(f"{c}r" for c in letters) + ",r->" + letters
+        return np.einsum(spec, *self.factors, self.weights)
+
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> str:
+        """Write a Zarr result store (atomically for local paths). Returns its path."""
+        final = str(path)
+        if paths.exists(final) and not overwrite:
+            raise StoreError(f"{final}: exists; pass overwrite=True to replace the result")
+        if paths.is_url(final) and paths.exists(final):
+            paths.remove(final)
+        staging = paths.staging_path(final)
+        try:
+            root = zarr.open_group(staging, mode="w", zarr_format=3)
+            root.create_array("weights", data=np.asarray(self.weights))
+            for n, f in enumerate(self.factors):
+                root.create_array(f"factor{n}", data=np.ascontiguousarray(f), chunks=(min(f.shape[0], 1 << 16), f.shape[1]))
+            root.attrs.put({"tensorflow_ooc": {
+                "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "fit": float(self.fit),
+                "iterations": int(self.iterations), "history": self.history, "params": self.params,
+                "input": self.input, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "complete": True}})
+            paths.publish(staging, final, overwrite)
+        except BaseException:
+            if not paths.is_url(final):
+                paths.remove(staging)
+            raise
+        return final
+
+
+def load_result(path: str | os.PathLike) -> CPResult:
+    """Read a result store written by :meth:`CPResult.save`."""
+    path = str(path)
+    if not paths.exists(path):
+        raise StoreError(f"{path}: no such result")
+    root = zarr.open_group(path, mode="r")
+    meta: Any = dict(root.attrs).get("tensorflow_ooc")
+    if not isinstance(meta, dict) or meta.get("format") != RESULT_FORMAT:
+        raise StoreError(f"{path}: not a tensorflow_ooc CP result")
+    if meta.get("complete") is not True:
+        raise StoreError(f"{path}: the result was not completely written")
+    n = len(meta["input"]["shape"]) if meta.get("input") else len([k for k in root.array_keys() if k.startswith("factor")])
+    factors = [root[f"factor{i}"][...] for i in range(n)]
+    return CPResult(root["weights"][...], factors, meta["fit"], meta["iterations"], meta["history"], meta["params"],
+                    meta["input"])
+
+
+def arrange(weights: np.ndarray, factors: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Unit 2-norm columns (norms moved into the weights), components sorted by weight, as
+    Tensor Toolbox's ``arrange``."""
+    w = np.array(weights, dtype=np.float64, copy=True)
+    out = []
+    for f in factors:
+        norms = np.sqrt((f * f).sum(axis=0))
+        w = w * norms
+        out.append(f / np.where(norms == 0, 1, norms))
+    order = np.argsort(-w, kind="stable")
+    return w[order], [f[:, order] for f in out]

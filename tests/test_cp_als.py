@@ -1,0 +1,107 @@
+"""CP-ALS through Dask: pyttb agreement, planted models, exports, result store, checkpoints."""
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+import tensorflow_ooc as tfo
+from tensorflow_ooc import synthetic
+
+from conftest import random_coo
+
+
+@pytest.fixture(scope="module")
+def client():
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as c:
+        yield c
+
+
+def fixed(K):
+    K.arrange()
+    return K.fixsigns()
+
+
+@pytest.mark.parametrize("shape", [(30, 40, 50), (12, 15, 9, 7)])
+@pytest.mark.parametrize("execution", ["streaming", "in-memory"])
+def test_matches_pyttb_from_identical_init(tmp_path, rng, client, shape, execution):
+    import pyttb
+
+    coords, values = random_coo(rng, shape, 4000)
+    store = tfo.convert((coords, values), tmp_path / "x.zarr", chunk_nnz=700)
+    R = 5
+    init = [rng.random((s, R)) for s in shape]
+    ours = tfo.cp_als(store, R, client=client, init=init, max_iters=10, tol=0, execution=execution)
+    X = pyttb.sptensor(coords, values.reshape(-1, 1), shape)
+    ref, _, out = pyttb.cp_als(X, R, maxiters=10, stoptol=0, init=pyttb.ktensor([a.copy() for a in init]),
+                               printitn=0)
+    assert ours.iterations == 10
+    assert abs(ours.fit - out["fit"]) < 1e-8
+    a, b = fixed(ours.to_pyttb()), fixed(ref)
+    assert np.allclose(a.weights, b.weights, rtol=1e-8, atol=1e-8)
+    for fa, fb in zip(a.factor_matrices, b.factor_matrices):
+        assert np.abs(fa - fb).max() < 1e-8
+
+
+def test_planted_without_noise_fits(tmp_path, client):
+    p = synthetic.planted_cp((40, 50, 60), 8, 30_000, seed=int(np.random.default_rng().integers(1 << 30)))
+    store = tfo.convert((p.coords, p.values), tmp_path / "p.zarr", shape=p.shape)
+    best = max(tfo.cp_als(store, 8, client=client, seed=s, max_iters=150, tol=1e-9).fit for s in (1, 2))
+    assert best >= 0.99
+
+
+def test_planted_with_noise_recovers_factors(tmp_path, client):
+    import pyttb
+
+    p = synthetic.planted_cp((30, 40, 50), 4, 25_000, noise=0.05, seed=int(np.random.default_rng().integers(1 << 30)))
+    store = tfo.convert((p.coords, p.values), tmp_path / "n.zarr", shape=p.shape)
+    truth = pyttb.ktensor([f.copy() for f in p.factors], p.weights.copy())
+    scores = []
+    for s in (1, 2, 3):
+        r = tfo.cp_als(store, 4, client=client, seed=s, max_iters=200, tol=1e-9)
+        scores.append(r.to_pyttb().score(truth)[0])
+    assert max(scores) >= 0.95, scores
+
+
+def test_result_store_and_exports(tmp_path, rng, client):
+    coords, values = random_coo(rng, (10, 11, 12), 600)
+    store = tfo.convert((coords, values), tmp_path / "x.zarr")
+    r = tfo.cp_als(store, 3, client=client, seed=7, max_iters=5, out=tmp_path / "res.zarr")
+    back = tfo.load_result(tmp_path / "res.zarr")
+    assert np.array_equal(back.weights, r.weights) and all(np.array_equal(a, b) for a, b in zip(back.factors, r.factors))
+    assert back.input["store_id"] == store.meta["store_id"] and len(back.history) == r.iterations
+    assert {"fit", "seconds", "mode_seconds"} <= set(back.history[0])
+    full = r.full()
+    assert np.allclose(r.to_pyttb().full().data, full)
+    import tensorly
+    assert np.allclose(tensorly.cp_to_tensor(r.to_tensorly()), full)
+    r.save_npz(tmp_path / "r.npz")
+    z = np.load(tmp_path / "r.npz")
+    assert np.array_equal(z["factor1"], r.factors[1])
+
+
+def test_same_seed_same_result_and_resume(tmp_path, rng, client):
+    coords, values = random_coo(rng, (20, 25, 30), 3000)
+    store = tfo.convert((coords, values), tmp_path / "x.zarr", chunk_nnz=500)
+    full = tfo.cp_als(store, 4, client=client, seed=3, max_iters=8, tol=0)
+    ck = tmp_path / "ck.npz"
+    tfo.cp_als(store, 4, client=client, seed=3, max_iters=4, tol=0, checkpoint=ck)
+    resumed = tfo.cp_als(store, 4, client=client, seed=3, max_iters=8, tol=0, checkpoint=ck, resume=True)
+    assert resumed.iterations == 8
+    assert abs(resumed.fit - full.fit) < 1e-10
+    for a, b in zip(resumed.factors, full.factors):
+        assert np.abs(a - b).max() < 1e-10
+    other = tfo.convert((coords[:100], values[:100]), tmp_path / "y.zarr", shape=(20, 25, 30))
+    with pytest.raises(ValueError, match="another store or rank"):
+        tfo.cp_als(other, 4, client=client, checkpoint=ck, resume=True)
+
+
+def test_bad_arguments(tmp_path, rng, client):
+    coords, values = random_coo(rng, (5, 6, 7), 50)
+    store = tfo.convert((coords, values), tmp_path / "x.zarr")
+    with pytest.raises(ValueError, match="rank"):
+        tfo.cp_als(store, 0, client=client)
+    with pytest.raises(ValueError, match="init"):
+        tfo.cp_als(store, 2, client=client, init=[np.ones((5, 2))])
+    with pytest.raises(ValueError, match="execution"):
+        tfo.cp_als(store, 2, client=client, execution="fast")
