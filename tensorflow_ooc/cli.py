@@ -151,8 +151,44 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cpd(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from .decompositions import cp_als
+    from .store import open_store
+
+    store = open_store(args.store)
+    out = args.out or f"{str(args.store).rstrip('/')}.cp-r{args.rank}.zarr"
+    checkpoint = args.checkpoint or f"{out}.checkpoint.npz"
+    bar = tqdm(total=args.max_iters, desc="cp-als", unit="it", disable=args.quiet, leave=False)
+
+    def progress(record: dict) -> None:
+        bar.n = record["iteration"]
+        bar.set_postfix(fit=f"{record['fit']:.6f}", dfit=f"{record['fit_change']:.1e}",
+                        s_per_it=f"{record['seconds']:.3f}")
+
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    t0 = time.perf_counter()
+    with logging_redirect_tqdm(loggers=[logging.getLogger("tensorflow_ooc")]):
+        result = cp_als(store, args.rank, scheduler=args.scheduler, max_iters=args.max_iters, tol=args.tol,
+                        seed=args.seed, dtype=args.dtype, checkpoint=checkpoint, resume=args.resume,
+                        callback=progress, execution=args.execution, out=out, overwrite=True)
+    bar.close()
+    wall = time.perf_counter() - t0
+    new = result.history[result.params.get("resumed_after", 0):]
+    per_it = sum(h["seconds"] for h in new) / max(1, len(new))
+    print(f"CP-ALS rank {args.rank} on {store.path} ({store.nnz:,} nonzeros, {result.params['execution']} execution)")
+    print(f"  fit            {result.fit:.6f} after {result.iterations} iterations")
+    print(f"  per iteration  {per_it:.3f} s  ({store.nnz * store.nmodes / max(per_it, 1e-12) / 1e6:.1f} M nonzero-modes/s; "
+          f"{len(new)} iterations in this run, {wall:.1f} s wall)")
+    print(f"  result         {out}")
+    print(f"  checkpoint     {checkpoint}")
+    return 0
+
+
 def cmd_quickstart(args: argparse.Namespace) -> int:
-    """The embedded default main job: generate -> convert -> info, under the storage root."""
+    """The embedded default main job: generate -> convert -> info -> cpd, under the storage root."""
     root = Path(args.storage)
     root.mkdir(parents=True, exist_ok=True)
     tns = root / "quickstart.tns"
@@ -162,6 +198,8 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         ["generate", str(tns), "--like", args.like, "--seed", str(args.seed), "--overwrite"],
         ["convert", str(tns), str(store), "--overwrite"],
         ["info", str(store)],
+        ["cpd", str(store), "--rank", str(args.rank), "--max-iters", str(args.max_iters), "--seed", str(args.seed),
+         "--out", str(root / "quickstart.cp.zarr")],
     ]
     for step in steps:
         log.info("quickstart: tfooc %s", " ".join(step))
@@ -235,13 +273,33 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="print JSON instead of a table")
     i.set_defaults(func=cmd_info)
 
-    q = sub.add_parser("quickstart", help="the default main job: generate -> convert -> info under storage/",
-                       description="Generate a FROSTT-like tensor, convert it to a store and describe it, all "
-                                   "under the storage root, with the embedded defaults.")
+    q = sub.add_parser("quickstart", help="the default main job: generate -> convert -> info -> cpd under storage/",
+                       description="Generate a FROSTT-like tensor, convert it to a store, describe it and "
+                                   "decompose it with CP-ALS, all under the storage root, with the embedded defaults.")
     q.add_argument("--storage", default=str(DEFAULT_STORAGE), help="storage root (default ./storage or $TFOOC_STORAGE)")
     q.add_argument("--like", choices=sorted(PRESETS), default="uber", help="tensor preset (default uber)")
     q.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    q.add_argument("--rank", type=_positive_int, default=16, help="CP rank (default 16)")
+    q.add_argument("--max-iters", type=_positive_int, default=20, help="CP-ALS iterations at most (default 20)")
     q.set_defaults(func=cmd_quickstart)
+
+    d = sub.add_parser("cpd", help="CP decomposition (CP-ALS) of a store on Dask",
+                       description="Rank-R CP-ALS of a BLCO store as iterated Dask graph reductions: on an embedded "
+                                   "in-process cluster (dashboard link logged) or on --scheduler. Writes a Zarr "
+                                   "result store and a checkpoint every iteration; --resume continues from it.")
+    d.add_argument("store", help="input BLCO store (path or URL)")
+    d.add_argument("--rank", type=_positive_int, required=True, help="number of components R")
+    d.add_argument("--out", help="result store (default STORE.cp-rR.zarr)")
+    d.add_argument("--scheduler", help="address of an existing Dask scheduler (default: embedded cluster)")
+    d.add_argument("--max-iters", type=_positive_int, default=50, help="iterations at most (default 50)")
+    d.add_argument("--tol", type=float, default=1e-5, help="stop when the fit changes by less (default 1e-5)")
+    d.add_argument("--seed", type=int, default=None, help="seed of the random initial factors")
+    d.add_argument("--dtype", choices=["float64", "float32"], default="float64", help="factor precision")
+    d.add_argument("--execution", choices=["auto", "streaming", "in-memory"], default="auto",
+                   help="stream chunks each pass or keep decoded blocks on workers (default: by memory)")
+    d.add_argument("--checkpoint", help="checkpoint file (default OUT.checkpoint.npz)")
+    d.add_argument("--resume", action="store_true", help="continue from the checkpoint if it exists")
+    d.set_defaults(func=cmd_cpd)
     return p
 
 

@@ -59,7 +59,7 @@ def test_bad_arguments_and_stores(tmp_path):
     assert r.returncode == 2 and "not a size" in r.stderr
 
 
-@pytest.mark.parametrize("cmd", [[], ["generate"], ["convert"], ["info"], ["quickstart"]])
+@pytest.mark.parametrize("cmd", [[], ["generate"], ["convert"], ["info"], ["quickstart"], ["cpd"]])
 def test_help_is_complete(cmd):
     r = tfooc(*cmd, "--help")
     assert r.returncode == 0 and "usage: tfooc" in r.stdout
@@ -68,3 +68,18 @@ def test_help_is_complete(cmd):
                 "generate": ["--like", "--kind", "--rank", "--noise", "--skew", "--values", "--seed"]}.get(
                     cmd[0] if cmd else "", []):
         assert opt in r.stdout
+
+
+def test_cpd_and_resume(tmp_path):
+    assert tfooc("-q", "generate", tmp_path / "s.zarr", "--shape", "20,30,40", "--nnz", "6000").returncode == 0
+    r = tfooc("cpd", tmp_path / "s.zarr", "--rank", "3", "--max-iters", "4", "--tol", "0", "--seed", "1",
+              "--out", tmp_path / "r.zarr")
+    assert r.returncode == 0, r.stderr
+    assert "fit" in r.stdout and "per iteration" in r.stdout and str(tmp_path / "r.zarr") in r.stdout
+    assert "dashboard at" in r.stderr
+    r2 = tfooc("-q", "cpd", tmp_path / "s.zarr", "--rank", "3", "--max-iters", "6", "--tol", "0", "--seed", "1",
+               "--out", tmp_path / "r.zarr", "--resume")
+    assert r2.returncode == 0, r2.stderr
+    assert "after 6 iterations" in r2.stdout and "2 iterations in this run" in r2.stdout
+    bad = tfooc("cpd", tmp_path / "s.zarr", "--rank", "0")
+    assert bad.returncode == 2

@@ -100,6 +100,7 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
                     raise ValueError(f"init must hold {N} matrices of shapes {[(s, rank) for s in shape]}")
                 F = c.submit(U.stack, [np.asarray(a) for a in init], dtype, pure=False)
             start, fit, history, weights = 0, 0.0, [], np.ones(rank)
+        params["resumed_after"] = start
         grams = c.gather([c.submit(U.gram, F, n, pure=False) for n in range(N)])
 
         # --- Algorithm 1 -----------------------------------------------------------------------------
