@@ -1,4 +1,4 @@
-"""Peer MTTKRP timings: GenTen (``pygenten``) and pyttb on the same sparse tensor, in this process.
+"""Peer MTTKRP and CP-ALS timings: GenTen (``pygenten``) and pyttb on the same sparse tensor, in this process.
 
     python benchmarks/peers.py                          # verify against NumPy, then time a small tensor
     python benchmarks/peers.py --nnz 100000 --rank 16   # time a larger one as well
@@ -28,6 +28,14 @@ GenTen
     Perm/Iterated methods) is outside the timers, as the project's plan/JIT time is outside its
     numbers. ``Default`` is timed too and reports what GenTen resolved it to (Perm / Iterated with
     several threads, Single with one).
+
+CP-ALS
+    :func:`genten_cp_als` times whole CP-ALS iterations (MTTKRPs, Gram products, solves,
+    normalisation, fit) from GenTen's ``PerfHistory`` (``Entry.cum_time`` per iteration), so import,
+    tensor construction, one-off MTTKRP preprocessing and the initial fit are outside; it reports
+    the best iteration. :func:`pyttb_cp_als` times one ``pyttb.cp_als`` call (wall time / iterations,
+    so pyttb's per-call overhead is spread over the iterations). Both run exactly the requested
+    iterations from the same start; :func:`verify_cp_als` checks that their fits agree.
 
 Threads
     Kokkos (GenTen's parallel layer) is initialised once per process, when ``pygenten`` is first
@@ -499,6 +507,184 @@ def genten_mttkrp(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], 
             "threads": runs[method]["threads"] or threads_used, "iters": iters, "details": details}
 
 
+# --- GenTen CP-ALS -------------------------------------------------------------------------------------
+
+GENTEN_CP_ALS_METHODS = ("Default", "Perm", "Atomic", "Duplicated", "OrigKokkos", "Single")
+"""Per-mode ``MTTKRP_Method`` values that ``genten_cp_als(method="fastest")`` tries: those that ran
+and matched NumPy in :func:`verify` (RowBased and Phan are dense-only). Single only with one thread."""
+
+NEVER_STOP_TOL = 1e-300
+"""CP-ALS stopping tolerance on the fit change: GenTen needs tol > 0; this one never stops early."""
+
+
+def _check_init(init: Sequence[np.ndarray] | None, shape: tuple[int, ...], rank: int,
+                seed: int) -> list[np.ndarray]:
+    """C-contiguous float64 copies of the initial factors, or :func:`random_factors` when ``init`` is None."""
+    if init is None:
+        return random_factors(shape, rank, seed)
+    factors = [np.array(f, dtype=np.float64, order="C", copy=True) for f in init]
+    if len(factors) != len(shape) or any(f.shape != (s, rank) for f, s in zip(factors, shape)):
+        raise ValueError(f"init must be {len(shape)} matrices of shapes {[(s, rank) for s in shape]}, "
+                         f"got {[f.shape for f in factors]}")
+    return factors
+
+
+def _genten_cp_als_run(gt: Any, X: Any, factors: Sequence[np.ndarray], method: str, iters: int) -> dict:
+    """One GenTen CP-ALS solve of exactly ``iters`` iterations from ``factors`` (unit weights).
+
+    Returns
+    -------
+    dict
+        ``per_iter``: seconds of each iteration, from ``PerfHistory`` (differences of
+        ``Entry.cum_time``, GenTen's timer around the whole solver loop); ``fit``: GenTen's fit after
+        the last iteration; ``resolved``: GenTen's name for the MTTKRP method it ran; ``threads``;
+        ``weights`` and ``factors`` of the solution (copied out of GenTen); or ``error``.
+    """
+    rank = factors[0].shape[1]
+    u0 = gt.Ktensor(np.ones(rank), [np.ascontiguousarray(f) for f in factors], copy=True)
+    failure = None
+    with _capture_output() as out:
+        try:
+            # printitn = iters + 1: GenTen prints its header (which names the MTTKRP method it
+            # resolved) but no per-iteration line inside the timed loop. The guess is used as given
+            # (scale_guess_by_norm_x=False); timings=True fences every kernel, so the timer sees
+            # finished work on any backend (the OpenMP one is synchronous anyway).
+            M, M0, info = gt.cp_als(X, init=u0, rank=rank, maxiters=iters, tol=NEVER_STOP_TOL,
+                                    printitn=iters + 1, timings=True, scale_guess_by_norm_x=False,
+                                    mttkrp_method=getattr(gt, "Mttkrp" + method))
+        except Exception as exc:  # keep only text: the traceback references GenTen objects
+            failure = f"{type(exc).__name__}: {exc}".strip()
+    log = out.text
+    if failure is not None:
+        del u0
+        return {"error": _genten_error(failure, log)}
+    entries = [(int(e.iteration), float(e.cum_time), float(e.fit))
+               for e in (info.getEntry(i) for i in range(info.size()))]
+    rec: dict[str, Any] = {"weights": np.array(M.weights, dtype=np.float64, copy=True),
+                           "factors": [np.array(f, dtype=np.float64, copy=True) for f in M.factor_matrices]}
+    del M, M0, info, u0
+    # Entry 0: after the initial guess's fit (timer started); entry i: end of iteration i (after its
+    # fit); then a summary entry (iteration iters + 1) that adds the final normalize/arrange.
+    cum: dict[int, tuple[float, float]] = {}
+    for it, t, fit in entries:
+        if 0 <= it <= iters and it not in cum:
+            cum[it] = (t, fit)
+    if sorted(cum) != list(range(iters + 1)):
+        return {"error": f"PerfHistory holds iterations {sorted(cum)}, expected 0..{iters}"}
+    per_iter = np.diff([cum[i][0] for i in range(iters + 1)])
+    if not np.all(per_iter > 0):
+        return {"error": f"PerfHistory cumulative times do not increase: {per_iter.tolist()}"}
+    threads = _RE_THREADS.search(log)
+    resolved = _RE_MODE_METHOD.search(log)
+    rec.update(per_iter=per_iter.tolist(), fit=cum[iters][1], resolved=resolved.group(1) if resolved else None,
+               threads=int(threads.group(1)) if threads else None)
+    return rec
+
+
+def genten_cp_als(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], rank: int, iters: int = 3,
+                  threads: int = 2, init: Sequence[np.ndarray] | None = None, method: str | None = None, *,
+                  wait_policy: str | None = None, seed: int = FACTOR_SEED) -> dict:
+    """Per-iteration time of GenTen's (pygenten's) CP-ALS, exactly ``iters`` iterations from ``init``.
+
+    Times come from GenTen's own ``PerfHistory``: ``Entry.cum_time`` is GenTen's timer around its
+    solver loop, recorded at the end of every iteration, so an iteration's time is the difference of
+    consecutive entries. One iteration = for each mode: MTTKRP, Hadamard product of Gram matrices,
+    ``rank x rank`` solve, column normalisation, Gram update; then the fit (GenTen computes the
+    inner product with the tensor, one more pass over the nonzeros). Not included: the pygenten
+    import and Kokkos start-up, building the ``Sptensor``, GenTen's one-off MTTKRP preprocessing
+    (e.g. Perm's permutation arrays, built before the solver timer starts), the initial guess's fit,
+    and the final normalisation. The first GenTen solve of the process (thread-pool start-up) is a
+    tiny untimed one.
+
+    Parameters
+    ----------
+    coords : numpy.ndarray
+        ``(nnz, nmodes)`` 0-based int64 coordinates.
+    values : numpy.ndarray
+        ``(nnz,)`` float64 values.
+    shape : sequence of int
+        Tensor dimensions.
+    rank : int
+        CP rank.
+    iters : int
+        CP-ALS iterations; GenTen never stops early (tolerance :data:`NEVER_STOP_TOL`).
+    threads : int
+        Kokkos/OpenMP threads. Fixed by the first GenTen call in a process.
+    init : sequence of numpy.ndarray, optional
+        Initial factor matrices, ``(shape[n], rank)`` each, with unit weights, used as given (no
+        scaling by the tensor's norm). Default: :func:`random_factors` (uniform, seed ``seed``).
+    method : str, optional
+        An ``MTTKRP_Method`` name (``"Perm"``, ``"Atomic"``, ...). ``None``: ``"Default"``, what GenTen
+        picks by itself (Perm with several threads here). ``"fastest"``: every method of
+        :data:`GENTEN_CP_ALS_METHODS` (Single only with one thread), each from the same ``init``;
+        the fastest whose solution agrees with Atomic's (:data:`AGREEMENT_TOL`) is reported.
+    wait_policy : str, optional
+        ``OMP_WAIT_POLICY`` at GenTen's first import (see :func:`genten_mttkrp`).
+    seed : int
+        Seed of the default initial factors.
+
+    Returns
+    -------
+    dict
+        ``seconds_per_iter``: best (``stat="min"``) iteration's seconds; ``mean_seconds_per_iter``;
+        ``stat``; ``per_iter``: every iteration's seconds; ``method``: the MTTKRP method asked for
+        (the winner with ``"fastest"``); ``resolved``: GenTen's own name for what it ran (what
+        ``Default`` became); ``fit``: GenTen's fit after the last iteration; ``what``:
+        ``"cp_als_iteration"``; ``threads``; ``iters``; with ``"fastest"`` also ``per_method``:
+        ``{name: seconds or "error: ..."}``.
+
+    Raises
+    ------
+    RuntimeError
+        If the solve (every solve, with ``"fastest"``) failed.
+    """
+    coords, values, shape = _check_tensor(coords, values, shape)
+    if iters < 1:
+        raise ValueError("iters must be at least 1")
+    factors = _check_init(init, shape, rank, seed)
+    names = list(GENTEN_CP_ALS_METHODS) if method == "fastest" else [method or "Default"]
+    for name in names:
+        if name not in GENTEN_MODE_METHODS:
+            raise ValueError(f"unknown GenTen MTTKRP method {name!r}; choose from {GENTEN_MODE_METHODS} or 'fastest'")
+    gt = _load_genten(threads, wait_policy)
+    threads_used = _genten_threads(gt)  # also the process's first (warm-up) solve
+    if method != "fastest" and (reason := _skip_reason(names[0], threads_used)) is not None:
+        raise ValueError(f"GenTen method {names[0]}: {reason}")
+    X = gt.Sptensor(shape, coords, values, copy=True)
+    runs: dict[str, dict] = {}
+    try:
+        for name in names:
+            reason = _skip_reason(name, threads_used)
+            runs[name] = {"error": reason} if reason else _genten_cp_als_run(gt, X, factors, name, iters)
+    finally:
+        del X
+
+    ok = [n for n in runs if "error" not in runs[n]]
+    ref = "Atomic" if "Atomic" in ok else (ok[0] if ok else None)
+    per_method: dict[str, float | str] = {}
+    for name, rec in runs.items():
+        if "error" in rec:
+            per_method[name] = rec["error"] if rec["error"].startswith("skipped") else "error: " + rec["error"]
+            continue
+        diff = _relative_difference(rec, runs[ref])
+        if diff > AGREEMENT_TOL:
+            per_method[name] = f"error: solution differs from {ref}'s by {diff:.1e}"
+        else:
+            per_method[name] = min(rec["per_iter"])
+    timed = {n: s for n, s in per_method.items() if isinstance(s, float)}
+    if not timed:
+        raise RuntimeError(f"GenTen CP-ALS produced no time: {per_method}")
+    best = min(timed, key=timed.__getitem__)
+    rec = runs[best]
+    out = {"seconds_per_iter": timed[best], "mean_seconds_per_iter": float(np.mean(rec["per_iter"])),
+           "stat": "min", "per_iter": rec["per_iter"], "method": best, "resolved": rec["resolved"],
+           "fit": rec["fit"], "what": "cp_als_iteration", "threads": rec["threads"] or threads_used,
+           "iters": iters}
+    if method == "fastest":
+        out["per_method"] = per_method
+    return out
+
+
 # --- pyttb ---------------------------------------------------------------------------------------------
 
 def _pyttb_warmup(ttb: Any) -> None:
@@ -551,6 +737,54 @@ def pyttb_mttkrp(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], r
         per_mode[n] = best
     return {"seconds": sum(per_mode.values()) / len(measured) * nd, "measured_modes": measured,
             "per_mode": per_mode, "extrapolated": len(measured) < nd, "repeat": repeat}
+
+
+def pyttb_cp_als(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], rank: int, iters: int = 2,
+                 init: Sequence[np.ndarray] | None = None, *, seed: int = FACTOR_SEED) -> dict:
+    """Per-iteration time of ``pyttb.cp_als``: wall time of one call of exactly ``iters`` iterations / ``iters``.
+
+    The call is ``cp_als(S, rank, maxiters=iters, stoptol=0, printitn=0, init=ktensor(init))``
+    (``stoptol=0`` never stops early). Its wall time includes, besides the iterations (per mode:
+    ``sptensor.mttkrp``, Gram products, ``numpy.linalg.solve``, normalisation; then the fit, which
+    pyttb takes from the last MTTKRP, without another pass over the nonzeros), pyttb's per-call
+    overhead: the tensor's norm, checking and copying ``init``, and the final ``arrange`` and
+    ``fixsigns``. Not included: building the ``sptensor`` and the ``ktensor``, and pyttb's first-use
+    costs, paid untimed on a tiny tensor first.
+
+    Parameters
+    ----------
+    coords, values, shape, rank
+        As in :func:`genten_cp_als`.
+    iters : int
+        CP-ALS iterations (pyttb is slow: keep this small).
+    init : sequence of numpy.ndarray, optional
+        Initial factor matrices (unit weights); default :func:`random_factors` (seed ``seed``).
+    seed : int
+        Seed of the default initial factors.
+
+    Returns
+    -------
+    dict
+        ``seconds_per_iter``: total wall seconds / ``iters``; ``fit``: pyttb's fit after the last
+        iteration; ``iters``; ``seconds``: the total.
+    """
+    import pyttb as ttb
+
+    coords, values, shape = _check_tensor(coords, values, shape)
+    if iters < 1:
+        raise ValueError("iters must be at least 1")
+    factors = _check_init(init, shape, rank, seed)
+    _pyttb_warmup(ttb)
+    ttb.cp_als(ttb.sptensor(np.array([[0, 0, 0], [1, 1, 1]]), np.array([[1.0], [2.0]]), (2, 2, 2)), 1,
+               maxiters=1, stoptol=0, printitn=0, init=ttb.ktensor([np.ones((2, 1))] * 3))
+    S = ttb.sptensor(coords, values.reshape(-1, 1), shape, copy=False)
+    K = ttb.ktensor(factors)
+    t0 = time.perf_counter()
+    _, _, output = ttb.cp_als(S, rank, maxiters=iters, stoptol=0, printitn=0, init=K)
+    seconds = time.perf_counter() - t0
+    if int(output["iters"]) != iters - 1:  # pyttb reports the last 0-based iteration
+        raise RuntimeError(f"pyttb cp_als ran {int(output['iters']) + 1} iterations, not {iters}")
+    return {"seconds_per_iter": seconds / iters, "fit": float(output["fit"]), "iters": iters, "seconds": seconds}
 
 
 # --- verification and demo -----------------------------------------------------------------------------
@@ -638,6 +872,40 @@ def verify(threads: int = 2, tol: float = 1e-10) -> dict:
     return errors
 
 
+FIT_TOL = 1e-6
+"""Largest difference allowed between GenTen's and pyttb's CP-ALS fits from the same start."""
+
+
+def verify_cp_als(threads: int = 2, iters: int = 3) -> dict:
+    """Compare GenTen's and pyttb's CP-ALS fits after ``iters`` iterations from the same start.
+
+    Same tensor and rank as :func:`verify`, start :func:`random_factors` with unit weights, GenTen's
+    default MTTKRP method. The two run the same algorithm (Tensor Toolbox CP-ALS: 2-norm column
+    normalisation in the first iteration, max-norm floored at 1 afterwards, fit
+    ``1 - ||X - M|| / ||X||``); they differ only in rounding (GenTen solves the normal equations with
+    a symmetric solver, pyttb with LU; GenTen's fit takes the inner product with the tensor, pyttb's
+    reuses the last MTTKRP), so the fits should agree far below :data:`FIT_TOL`.
+
+    Returns
+    -------
+    dict
+        ``genten_fit``, ``pyttb_fit``, ``abs_diff``, ``iters``, ``agree`` (``abs_diff <= FIT_TOL``).
+    """
+    import pyttb as ttb
+
+    rng = np.random.default_rng(7)
+    shape, nnz, rank = (50, 60, 70), 5000, 8
+    coords = np.stack([rng.integers(0, s, nnz) for s in shape], axis=1).astype(np.int64)
+    values = rng.random(nnz)
+    init = random_factors(shape, rank)
+    g = genten_cp_als(coords, values, shape, rank, iters=iters, threads=threads, init=init)
+    S = ttb.sptensor(coords, values.reshape(-1, 1), shape)
+    _, _, out = ttb.cp_als(S, rank, maxiters=iters, stoptol=0, printitn=0, init=ttb.ktensor(init))
+    diff = abs(g["fit"] - float(out["fit"]))
+    return {"genten_fit": g["fit"], "pyttb_fit": float(out["fit"]), "abs_diff": diff, "iters": iters,
+            "agree": diff <= FIT_TOL}
+
+
 def _demo(shape: tuple[int, ...], nnz: int, rank: int, threads: int, iters: int) -> None:
     """Time both peers on a uniform random tensor and print the results."""
     rng = np.random.default_rng(3)
@@ -658,6 +926,22 @@ def _demo(shape: tuple[int, ...], nnz: int, rank: int, threads: int, iters: int)
     modes = ", ".join(f"{n}: {s * 1e3:.2f}" for n, s in p["per_mode"].items())
     print(f"  pyttb:  {p['seconds'] * 1e3:8.3f} ms all-mode (per mode ms {modes}; best of {p['repeat']})")
 
+    # CP-ALS, all from the same start.
+    init = random_factors(shape, rank)
+    print("  CP-ALS per iteration (start: random_factors, unit weights):")
+    for method in (None, "fastest"):
+        c = genten_cp_als(coords, values, shape, rank, iters=iters, threads=threads, init=init, method=method)
+        per_iter = ", ".join(f"{s * 1e3:.3f}" for s in c["per_iter"])
+        label = "GenTen default" if method is None else "GenTen fastest"
+        print(f"    {label:<16}{c['seconds_per_iter'] * 1e3:8.3f} ms  ({c['stat']} of {c['iters']} iterations "
+              f"[{per_iter}] ms, mean {c['mean_seconds_per_iter'] * 1e3:.3f}; method {c['method']}, GenTen ran "
+              f"'{c['resolved']}'; fit {c['fit']:.9f} after {c['iters']})")
+        for name, v in c.get("per_method", {}).items():
+            print(f"      {name:<14}" + (f"{v * 1e3:8.3f} ms" if isinstance(v, float) else f"  {v}"))
+    q = pyttb_cp_als(coords, values, shape, rank, iters=2, init=init)
+    print(f"    {'pyttb':<16}{q['seconds_per_iter'] * 1e3:8.3f} ms  (wall time of {q['iters']} iterations / "
+          f"{q['iters']}; fit {q['fit']:.9f} after {q['iters']})")
+
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -672,6 +956,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"  {k:<38}{v:.1e}")
     if _GENTEN["threads"] != 1:
         print(f"  (Single and All-Single not run: single-thread kernels race with {_GENTEN['threads']} threads)")
+    c = verify_cp_als(args.threads)
+    verdict = "agree" if c["agree"] else f"DISAGREE beyond {FIT_TOL:g} (see verify_cp_als)"
+    print(f"CP-ALS fit after {c['iters']} iterations from the same start: GenTen {c['genten_fit']:.15f}, "
+          f"pyttb {c['pyttb_fit']:.15f}, |difference| {c['abs_diff']:.1e}: {verdict}")
     _demo((50, 60, 70), 5000, 8, args.threads, args.iters)
     if args.nnz:
         _demo((500, 600, 700), args.nnz, args.rank, args.threads, args.iters)
