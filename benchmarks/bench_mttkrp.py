@@ -49,14 +49,17 @@ def _par_copy(dst, src, reps):
 
 
 @nb.njit(parallel=True, cache=True)
-def _fma_peak(out, iters):
+def _fma_peak(out, iters, coef):
+    """64 independent multiply-add chains per thread; coefficients come from an array so the
+    compiler cannot fold the loop."""
     for t in nb.prange(out.shape[0]):
         a = np.empty(64)
         for r in range(64):
-            a[r] = 1.0 + r * 1e-9
+            a[r] = 1.0 + (r + t) * 1e-9
+        c0, c1 = coef[0], coef[1]
         for _ in range(iters):
             for r in range(64):
-                a[r] = a[r] * 0.999999999 + 1e-9
+                a[r] = a[r] * c0 + c1
         out[t] = a.sum()
 
 
@@ -82,9 +85,12 @@ def machine() -> dict:
     l2 = 2 * small.nbytes * 2000 / t
     threads = nb.get_num_threads()
     out = np.empty(threads * 4)
-    iters = 200_000
-    t = _best(lambda: _fma_peak(out, iters), 3)
+    iters = 2_000_000
+    coef = np.array([0.999999999, 1e-9])
+    t = _best(lambda: _fma_peak(out, iters, coef), 3)
     flops = 2 * 64 * iters * out.shape[0] / t
+    if not np.isfinite(out).all():
+        raise RuntimeError("FMA probe diverged")
     return {"copy_GBps": dram / 1e9, "l2_copy_GBps": l2 / 1e9, "l2_ratio": l2 / dram, "fma_GFLOPs": flops / 1e9,
             "threads": threads, "cpus": os.cpu_count(), "python": platform.python_version()}
 
