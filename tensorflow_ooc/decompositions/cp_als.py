@@ -101,28 +101,27 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
                 F = c.submit(U.stack, [np.asarray(a) for a in init], dtype, pure=False)
             start, fit, history, weights = 0, 0.0, [], np.ones(rank)
         params["resumed_after"] = start
-        summaries = [c.submit(U.initial_summary, F, n, pure=False) for n in range(N)]
+        grams = c.gather([c.submit(U.gram, F, n, pure=False) for n in range(N)])
 
         # --- Algorithm 1 -----------------------------------------------------------------------------
-        # A whole iteration is submitted at once; the driver gathers the small results (weights,
-        # Grams, inner-product terms, finish times) at its end, so modes follow each other on the
-        # cluster without a round trip to the driver in between.
         iteration = start - 1
         for iteration in range(start, max_iters):
-            t_iter = time.time()
+            t_iter = time.perf_counter()
+            mode_seconds = []
             fit_old = fit
             for n in range(N):
-                V = c.submit(U.hadamard_except, summaries, n, pure=False)      # Hadamard of Grams
+                t_mode = time.perf_counter()
+                V = np.ones((rank, rank))
+                for m in range(N):
+                    if m != n:
+                        V *= grams[m]                                          # Hadamard of Grams
                 M = graph.mttkrp(F, n)                                         # MTTKRP graph
                 update = c.submit(U.update_factor, M, V, shape[n], iteration == 0, pure=False)  # solve, normalize
-                summaries[n] = c.submit(U.summary, update, pure=False)
+                weights, grams[n] = c.submit(U.summary, update, pure=False).result()
                 F = c.submit(U.restack, F, update, n, pure=False)
-            inner_f = c.submit(U.inner_terms, update, M, pure=False)
-            done_summaries, inner = c.gather([summaries, inner_f])
-            weights = done_summaries[N - 1][0]
-            grams = [sm[1] for sm in done_summaries]
-            finish = [t_iter] + [sm[2] for sm in done_summaries]
-            mode_seconds = [max(0.0, finish[k + 1] - finish[k]) for k in range(N)]
+                if n == N - 1:
+                    inner = c.submit(U.inner_terms, update, M, pure=False).result()
+                mode_seconds.append(time.perf_counter() - t_mode)
             # fit without forming the model: ||X - M||^2 = ||X||^2 + ||M||^2 - 2 <X, M>
             H = np.ones((rank, rank))
             for g in grams:
@@ -130,7 +129,7 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
             norm_model2 = float(weights @ H @ weights)
             iprod = float((inner * weights).sum())
             fit = 1 - math.sqrt(abs(normX2 + norm_model2 - 2 * iprod)) / normX if normX > 0 else 0.0
-            seconds = time.time() - t_iter
+            seconds = time.perf_counter() - t_iter
             record = {"iteration": iteration + 1, "fit": fit, "fit_change": abs(fit - fit_old), "seconds": seconds,
                       "mode_seconds": mode_seconds, "nnz_per_s": store.nnz * N / seconds}
             history.append(record)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,25 +44,9 @@ def update_factor(partial: Partial, V: np.ndarray, nrows: int, first_iteration: 
     return ModeUpdate(np.ascontiguousarray(A), weights, A.T @ A)
 
 
-def summary(update: ModeUpdate) -> tuple[np.ndarray, np.ndarray, float]:
-    """The small part the driver reads: (weights, Gram, wall-clock time the update finished)."""
-    return update.weights, update.gram, time.time()
-
-
-def initial_summary(factors: StackedFactors, mode: int) -> tuple[None, np.ndarray, float]:
-    A = factors.views[mode]
-    return None, A.T @ A, time.time()
-
-
-def hadamard_except(summaries: list[tuple], mode: int) -> np.ndarray:
-    """V = Hadamard product of every mode's Gram but ``mode``'s (Algorithm 1, line 3), on the cluster
-    so the driver never waits between mode updates."""
-    grams = [s[1] for s in summaries]
-    V = np.ones_like(grams[0])
-    for m, g in enumerate(grams):
-        if m != mode:
-            V *= g
-    return V
+def summary(update: ModeUpdate) -> tuple[np.ndarray, np.ndarray]:
+    """The small part the driver reads: (weights, Gram)."""
+    return update.weights, update.gram
 
 
 def restack(factors: StackedFactors, update: ModeUpdate, mode: int) -> StackedFactors:
@@ -93,3 +76,6 @@ def stack(factors: list[np.ndarray], dtype: str) -> StackedFactors:
     return StackedFactors.from_list(factors, dtype)
 
 
+def gram(factors: StackedFactors, mode: int) -> np.ndarray:
+    A = factors.views[mode]
+    return A.T @ A
