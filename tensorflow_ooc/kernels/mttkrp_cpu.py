@@ -50,6 +50,8 @@ def _build(nmodes: int, rank_const: int):
     Two kernels, each over its own list of items: one adds every nonzero straight into private
     rows, one sums runs first (private or atomic). Keeping the hot loops apart keeps their bodies
     simple; numba loses vectorization when one prange body holds both (5-8x slower here).
+    The decode loop is written out in both on purpose: moving it into an inlined helper that
+    takes the item's base row as a view measured 5-10x slower.
     """
     NM1 = nmodes - 1
 
