@@ -9,26 +9,11 @@ from __future__ import annotations
 import logging
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Iterator
 
 from distributed import Client, LocalCluster
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ClusterPlan:
-    n_workers: int
-    dask_threads: int     # per worker
-    numba_threads: int    # per task
-    memory_limit: int | str | None
-
-
-def embedded_plan(cores: int | None = None, memory_limit: int | str | None = "auto") -> ClusterPlan:
-    """One in-process worker, one Dask thread, all cores for numba."""
-    cores = cores or os.cpu_count() or 1
-    return ClusterPlan(1, 1, cores, memory_limit)
 
 
 def numba_threads_for(worker_threads: int, worker_cores: int) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..format import BitLayout
 from ..kernels import StackedFactors, WorkItems, run_items, work_items
-from ..kernels.mttkrp import numba_threads
+from ..kernels.mttkrp import chunk_items, numba_threads
 from ..store import Chunk, Store, open_store
 from .partitions import Partition
 
@@ -107,9 +107,7 @@ def mttkrp_partition(source: PartitionData | tuple[str, Partition], factors: Sta
             run_items(source.items, layout, factors, mode, out, out_lo=lo)
         else:
             for ch in chunks:
-                seg = ch.segments
-                items = work_items(ch.index, ch.values, seg[:, 1], seg[:, 2], ch.bases, layout)
-                run_items(items, layout, factors, mode, out, out_lo=lo)
+                run_items(chunk_items(ch, layout), layout, factors, mode, out, out_lo=lo)
     return Partial(lo, out)
 
 

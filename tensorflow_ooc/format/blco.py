@@ -59,6 +59,12 @@ def describe_duplicate(keys: np.ndarray, i: int, layout: BitLayout, one_based: b
     return f"({', '.join(str(int(c)) for c in coord)})" + (" (1-based)" if one_based else " (0-based)")
 
 
+def duplicate_error(keys: np.ndarray, i: int, layout: BitLayout, one_based: bool = False) -> DuplicateError:
+    """The error for a coordinate that appears more than once (sorted position i)."""
+    return DuplicateError(f"duplicate coordinate {describe_duplicate(keys, i, layout, one_based)} appears more "
+                          "than once; pass duplicates='sum' or duplicates='last' to merge duplicates")
+
+
 def sort_nonzeros(keys: np.ndarray, values: np.ndarray, layout: BitLayout, duplicates: str = "error",
                   one_based_report: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Sort ALTO words (with values) and apply the duplicate policy."""
@@ -68,9 +74,7 @@ def sort_nonzeros(keys: np.ndarray, values: np.ndarray, layout: BitLayout, dupli
     i = first_duplicate(keys)
     if i >= 0:
         if duplicates == "error":
-            raise DuplicateError(
-                f"duplicate coordinate {describe_duplicate(keys, i, layout, one_based_report)} appears more "
-                "than once; pass duplicates='sum' or duplicates='last' to merge duplicates")
+            raise duplicate_error(keys, i, layout, one_based_report)
         keys, values = merge_duplicates(keys, values, duplicates)
     return keys, values
 

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from ..errors import DuplicateError, IngestError
 from ..format import DEFAULT_MAX_BLOCK_NNZ, BitLayout, alto_words, sort_nonzeros, top_bits
+from ..format.blco import duplicate_error
 from ..format.blocking import DUPLICATE_POLICIES
 from ..store import DEFAULT_CHUNK_NNZ, Store, StoreWriter, open_store
 from .memory import limit_heap_growth, rss as _rss, trim
@@ -105,14 +106,12 @@ class BucketSpill:
         """Stream a bucket back in pieces of ``nnz`` nonzeros (for re-partitioning)."""
         kp = os.path.join(self.dir, f"k{b:05d}.bin")
         vp = os.path.join(self.dir, f"v{b:05d}.bin")
-        isz = self.value_dtype.itemsize
         with open(kp, "rb") as kf, open(vp, "rb") as vf:
             while True:
                 k = np.fromfile(kf, dtype=np.uint64, count=nnz * self.nwords)
                 if k.size == 0:
                     break
                 v = np.fromfile(vf, dtype=self.value_dtype, count=k.size // self.nwords)
-                assert v.size * isz == k.size // self.nwords * isz
                 yield np.ascontiguousarray(k.reshape(-1, self.nwords).T), v
         self.discard(b)
 
@@ -351,14 +350,10 @@ def _write_bucket(spill: BucketSpill, b: int, count: int, hi: int, layout: BitLa
 
 def _write_identical(spill, b, count, layout, writer, duplicates, one_based, bar) -> None:
     """A bucket larger than memory whose nonzeros all share one coordinate: merge while streaming."""
-    from ..errors import DuplicateError
-    from ..format.blco import describe_duplicate
-
     first_keys, acc = None, 0.0
     for keys, values in spill.iter_chunks(b, 1 << 16):
         if duplicates == "error":
-            raise DuplicateError(f"duplicate coordinate {describe_duplicate(keys, 0, layout, one_based)} appears "
-                                 "more than once; pass duplicates='sum' or duplicates='last' to merge duplicates")
+            raise duplicate_error(keys, 0, layout, one_based)
         if first_keys is None:
             first_keys = keys[:, :1].copy()
         acc = float(values[-1]) if duplicates == "last" else acc + float(values.sum())

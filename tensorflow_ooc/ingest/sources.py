@@ -35,7 +35,7 @@ class Source:
                 np.maximum(mx, coords.max(axis=0), out=mx)
                 n += coords.shape[0]
         if n == 0:
-            raise EmptyTensorError("input has no nonzeros", self.name if isinstance(self, TextSource) else None)
+            raise EmptyTensorError("input has no nonzeros")
         return tuple(int(m) + 1 for m in mx)
 
     def batches(self, shape: Sequence[int] | None, batch_nnz: int | None = None) -> Iterator[Batch]:
