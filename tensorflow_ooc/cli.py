@@ -115,7 +115,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     store = convert(args.input, args.store, shape=args.shape, one_based=not args.zero_based,
                     duplicates=args.duplicates, chunk_nnz=args.chunk_nnz, max_block_nnz=args.max_block_nnz,
                     memory_limit=args.memory_limit, overwrite=args.overwrite, progress=not args.quiet,
-                    workers=args.workers, tmp_dir=args.tmp_dir)
+                    workers=args.workers, tmp_dir=args.tmp_dir, compression=args.compression)
     dt = time.perf_counter() - t0
     print(f"{store.path}: {store.nnz:,} nonzeros, shape {'x'.join(map(str, store.shape))}, "
           f"{store.nblocks} blocks, {store.nchunks} chunks, {dt:.2f} s ({store.nnz / dt / 1e6:.2f} M nonzeros/s)")
@@ -129,7 +129,7 @@ def _format_info(info: dict) -> str:
         f"nonzeros     {info['nnz']:,}  (density {info['density']:.3g}, values {info['value_dtype']})",
         f"norm         {info['norm']:.6g}",
         f"blocks       {info['blocks']:,}  (nonzeros per block {info['block_nnz_min']:,} .. {info['block_nnz_max']:,})",
-        f"chunks       {info['chunks']:,}  ({info['chunk_nnz']:,} nonzeros each)",
+        f"chunks       {info['chunks']:,}  ({info['chunk_nnz']:,} nonzeros each, {info['compression']})",
         f"on disk      {info['bytes_on_disk']:,} bytes = {info['bytes_per_nnz']:.2f} bytes/nonzero, "
         f"{100 * info['compression_ratio']:.1f} % of raw COO ({info['raw_coo_bytes']:,} bytes)",
         f"index bits   {info['layout']['total_bits']} ({info['layout']['index_bits']} per nonzero, "
@@ -259,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="repeated coordinates: fail (default), add the values, or keep the last")
     c.add_argument("--chunk-nnz", type=_positive_int, help="nonzeros per stored chunk (default 1048576)")
     c.add_argument("--max-block-nnz", type=_positive_int, help="largest BLCO block (default 16777216)")
+    c.add_argument("--compression", choices=["lz4", "zstd"], default="lz4",
+                   help="chunk compressor: lz4 (default) decodes about 2x faster, which streaming CP-ALS "
+                        "feels on every mode; zstd makes the smallest stores")
     c.add_argument("--memory-limit", type=parse_size,
                    help="peak memory of the conversion, e.g. 512MB (default: half the available memory)")
     c.add_argument("--workers", type=_positive_int, help="parallel parse tasks (default: cores)")

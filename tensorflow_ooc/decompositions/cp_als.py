@@ -115,7 +115,7 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
                 for m in range(N):
                     if m != n:
                         V *= grams[m]                                          # Hadamard of Grams
-                M = graph.mttkrp(F, n)                                         # MTTKRP graph
+                M = graph.partials(F, n)                                       # MTTKRP graph
                 update = c.submit(U.update_factor, M, V, shape[n], iteration == 0, pure=False)  # solve, normalize
                 weights, grams[n] = c.submit(U.summary, update, pure=False).result()
                 F = c.submit(U.restack, F, update, n, pure=False)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
+from scipy.linalg import cho_factor, cho_solve
 
 from ..execution.tasks import Partial
 from ..kernels import StackedFactors
@@ -20,20 +22,22 @@ class ModeUpdate:
 
 
 def solve_normal(V: np.ndarray, M: np.ndarray) -> np.ndarray:
-    """A = M V^+ for the symmetric R x R Hadamard product of Grams V: Cholesky when V is positive
-    definite, else the pseudo-inverse (rank-deficient or zero Grams)."""
+    """A = M V^+ for the symmetric R x R Hadamard product of Grams V: Cholesky (LAPACK potrf and
+    potrs, M^T passed without a copy) when V is positive definite, else the pseudo-inverse
+    (rank-deficient or zero Grams)."""
     try:
-        L = np.linalg.cholesky(V)
-        return np.linalg.solve(L.T, np.linalg.solve(L, M.T)).T
+        return cho_solve(cho_factor(V, lower=True, check_finite=False), M.T, check_finite=False).T
     except np.linalg.LinAlgError:
         return M @ np.linalg.pinv(V)
 
 
-def update_factor(partial: Partial, V: np.ndarray, nrows: int, first_iteration: bool) -> ModeUpdate:
-    """Solve for the new factor from the reduced MTTKRP and normalize its columns: 2-norm on the
-    first iteration, max-norm (at least 1) after, as Tensor Toolbox and pyttb do."""
-    M = np.zeros((nrows, partial.rows.shape[1]), dtype=partial.rows.dtype)
-    M[partial.lo:partial.lo + partial.rows.shape[0]] = partial.rows
+def update_factor(partials: Partial | Sequence[Partial], V: np.ndarray, nrows: int,
+                  first_iteration: bool) -> ModeUpdate:
+    """Solve for the new factor from the MTTKRP (the last partials of its reduction, summed
+    here) and normalize its columns: 2-norm on the first iteration, max-norm (at least 1)
+    after, as Tensor Toolbox and pyttb do."""
+    parts = [partials] if isinstance(partials, Partial) else list(partials)
+    M = full_rows(parts, nrows)
     A = solve_normal(V.astype(M.dtype, copy=False), M)
     if first_iteration:
         weights = np.sqrt((A * A).sum(axis=0))
@@ -42,6 +46,17 @@ def update_factor(partial: Partial, V: np.ndarray, nrows: int, first_iteration: 
     if not (weights == 0).all():
         A = A / np.where(weights == 0, 1, weights)
     return ModeUpdate(np.ascontiguousarray(A), weights, A.T @ A)
+
+
+def full_rows(parts: Sequence[Partial], nrows: int) -> np.ndarray:
+    """The summed partials as the whole (nrows, R) MTTKRP (no copy when one partial covers it)."""
+    p0 = parts[0]
+    if len(parts) == 1 and p0.lo == 0 and p0.rows.shape[0] == nrows:
+        return p0.rows
+    M = np.zeros((nrows, p0.rows.shape[1]), dtype=p0.rows.dtype)
+    for p in parts:
+        M[p.lo:p.lo + p.rows.shape[0]] += p.rows
+    return M
 
 
 def summary(update: ModeUpdate) -> tuple[np.ndarray, np.ndarray]:
@@ -56,11 +71,13 @@ def restack(factors: StackedFactors, update: ModeUpdate, mode: int) -> StackedFa
     return out
 
 
-def inner_terms(update: ModeUpdate, partial: Partial) -> np.ndarray:
+def inner_terms(update: ModeUpdate, partials: Partial | Sequence[Partial]) -> np.ndarray:
     """Per component r: sum_i A_n[i, r] M_n[i, r]; with the weights this is <X, model>."""
-    lo = partial.lo
-    A = update.factor[lo:lo + partial.rows.shape[0]]
-    return (A * partial.rows).sum(axis=0)
+    out = np.zeros(update.factor.shape[1], dtype=np.float64)
+    for p in ([partials] if isinstance(partials, Partial) else partials):
+        A = update.factor[p.lo:p.lo + p.rows.shape[0]]
+        out += np.einsum("ir,ir->r", A, p.rows)
+    return out
 
 
 def random_factors(shape: tuple[int, ...], rank: int, seed: int | None, dtype: str) -> StackedFactors:

@@ -82,20 +82,27 @@ class MTTKRPGraph:
     def sources(self) -> Sequence:
         return self.data if self.data is not None else [(self.path, p) for p in self.parts]
 
-    def mttkrp(self, factors: Future, mode: int) -> Future:
-        """Submit the mode-``mode`` MTTKRP; returns the future of the reduced :class:`Partial`."""
+    def partials(self, factors: Future, mode: int) -> list[Future]:
+        """Submit the mode-``mode`` MTTKRP up to the last level of its reduction: at most
+        ``split_every`` futures of :class:`Partial`, which the consumer sums (the CP-ALS update
+        does, saving one task hop per mode)."""
         partials = [self.client.submit(mttkrp_partition, src, factors, mode, self.numba_threads, pure=False)
                     for src in self.sources()]
-        return self.reduce(partials)
+        return self.reduce(partials, last=True)
 
-    def reduce(self, futures: list[Future]) -> Future:
-        """Tree reduction with fan-in ``split_every`` (fixed order, so sums are reproducible)."""
+    def mttkrp(self, factors: Future, mode: int) -> Future:
+        """Submit the mode-``mode`` MTTKRP; returns the future of the reduced :class:`Partial`."""
+        return self.reduce(self.partials(factors, mode))[0]
+
+    def reduce(self, futures: list[Future], last: bool = False) -> list[Future]:
+        """Tree reduction with fan-in ``split_every`` (fixed order, so sums are reproducible),
+        down to one future, or with ``last`` to the last level (at most ``split_every``)."""
         level = list(futures)
-        while len(level) > 1:
+        while len(level) > (self.split_every if last else 1):
             level = [self.client.submit(combine, *level[i:i + self.split_every], pure=False)
                      if len(level[i:i + self.split_every]) > 1 else level[i]
                      for i in range(0, len(level), self.split_every)]
-        return level[0]
+        return level
 
     def release(self) -> None:
         """Drop decoded partitions from worker memory."""

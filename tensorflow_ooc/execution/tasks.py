@@ -7,17 +7,16 @@ per-chunk ranges), so partials stay small for long modes and the reduction moves
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 
 from ..format import BitLayout
-from ..kernels import StackedFactors, WorkItems, run_items, work_items
-from ..kernels.mttkrp import chunk_items, numba_threads
-from ..store import Chunk, Store, open_store
+from ..kernels import StackedFactors, WorkItems, run_items
+from ..kernels.mttkrp import numba_threads
+from ..store import Store, open_store
 from .partitions import Partition
+from .stream import BatchBuffers, fill_batch, stream_batches
 
 _STORES: dict[str, Store] = {}
 _STORES_LOCK = threading.Lock()
@@ -53,61 +52,29 @@ class Partial:
     rows: np.ndarray
 
 
-def _chunks(store: Store, part: Partition, read_ahead: bool = True) -> Iterator[Chunk]:
-    """The partition's chunks; with ``read_ahead`` the next chunk is read and decompressed in a
-    background thread while the caller computes on the current one."""
-    ids = range(part.chunk_lo, part.chunk_hi)
-    if not read_ahead or len(ids) < 2:
-        for c in ids:
-            yield store.read_chunk(c)
-        return
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfooc-read-ahead") as pool:
-        pending = pool.submit(store.read_chunk, ids[0])
-        for c in ids[1:]:
-            chunk = pending.result()
-            pending = pool.submit(store.read_chunk, c)
-            yield chunk
-        yield pending.result()
-
-
 def load_partition(path: str, part: Partition) -> PartitionData:
     """Read and decode a partition's chunks into one set of work items (kept on the worker)."""
     store = cached_store(path)
-    index_parts, value_parts, starts, ends, bases = [], [], [], [], []
-    pos = 0
-    for ch in _chunks(store, part):
-        n = ch.index.shape[0]
-        index_parts.append(ch.index)
-        value_parts.append(ch.values)
-        starts.append(ch.segments[:, 1] + pos)
-        ends.append(ch.segments[:, 2] + pos)
-        bases.append(ch.bases)
-        pos += n
-    index = np.concatenate(index_parts)
-    values = np.concatenate(value_parts)
-    items = work_items(index, values, np.concatenate(starts), np.concatenate(ends), np.concatenate(bases),
-                       store.layout)
+    bufs = BatchBuffers(store, part.chunk_hi - part.chunk_lo)
+    items = fill_batch(store, range(part.chunk_lo, part.chunk_hi), bufs, delta=False)
     return PartitionData(part, store.layout, items)
 
 
 def mttkrp_partition(source: PartitionData | tuple[str, Partition], factors: StackedFactors, mode: int,
                      threads: int = 1, read_ahead: bool = True) -> Partial:
     """Mode-``mode`` MTTKRP of one partition, from decoded data (in-memory mode) or by streaming
-    its chunks from the store (streaming mode)."""
-    if isinstance(source, PartitionData):
-        part, layout, chunks = source.part, source.layout, None
-    else:
-        path, part = source
-        store = cached_store(path)
-        layout, chunks = store.layout, _chunks(store, part, read_ahead)
-    lo, hi = part.row_lo[mode], part.row_hi[mode]
+    its chunks from the store in batches (streaming mode)."""
+    lo_hi = source.part if isinstance(source, PartitionData) else source[1]
+    lo, hi = lo_hi.row_lo[mode], lo_hi.row_hi[mode]
     out = np.zeros((hi - lo + 1, factors.rank), dtype=factors.dtype)
     with numba_threads(threads):
-        if chunks is None:
-            run_items(source.items, layout, factors, mode, out, out_lo=lo)
+        if isinstance(source, PartitionData):
+            run_items(source.items, source.layout, factors, mode, out, out_lo=lo)
         else:
-            for ch in chunks:
-                run_items(chunk_items(ch, layout), layout, factors, mode, out, out_lo=lo)
+            path, part = source
+            store = cached_store(path)
+            for items in stream_batches(store, part.chunk_lo, part.chunk_hi, read_ahead=read_ahead):
+                run_items(items, store.layout, factors, mode, out, out_lo=lo)
     return Partial(lo, out)
 
 

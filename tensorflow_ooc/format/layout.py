@@ -140,6 +140,16 @@ class BitLayout:
             table[j] |= bit << np.uint64(dest)
         return table
 
+    @cached_property
+    def pext_masks(self) -> np.ndarray:
+        """Per mode, the low-ALTO-word positions of its in-block bits: ``pext`` with mask ``n``
+        gives mode ``n``'s field (see :mod:`tensorflow_ooc.format.bits`)."""
+        modes, _ = self.alto_positions
+        masks = np.zeros(self.nmodes, dtype=np.uint64)
+        for p in range(self.index_bits):
+            masks[modes[p]] |= np.uint64(1) << np.uint64(p)
+        return masks
+
     @property
     def index_nbytes(self) -> int:
         return (self.index_bits + 7) // 8

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from .bits import pext
 from .layout import BitLayout
 
 
@@ -62,6 +63,34 @@ def reencode(alto_low: np.ndarray, layout: BitLayout) -> np.ndarray:
     out = np.empty(alto_low.shape[0], dtype=np.uint64)
     _reencode(np.ascontiguousarray(alto_low, dtype=np.uint64), layout.reencode_table, layout.index_nbytes, out)
     return out
+
+
+@nb.njit(nogil=True, cache=True)
+def _decode_alto(alto, is_delta, masks, shift, out):
+    acc = np.uint64(0)
+    seen = np.uint64(0)
+    for i in range(alto.shape[0]):
+        if is_delta:
+            acc += alto[i]          # wraps like the Delta filter's uint64 differences
+        else:
+            acc = alto[i]
+        seen |= acc
+        r = np.uint64(0)
+        for m in range(masks.shape[0]):
+            r |= pext(acc, masks[m]) << np.uint64(shift[m])
+        out[i] = r
+    return seen
+
+
+def decode_alto(alto: np.ndarray, layout: BitLayout, out: np.ndarray, is_delta: bool = False) -> int:
+    """Re-encode one chunk's low ALTO words into ``out``; with ``is_delta`` the input holds the
+    Delta filter's differences (first value absolute) and is summed on the way, in one pass.
+
+    Single-threaded on purpose: it runs in a read-ahead thread beside the multi-threaded kernel.
+    Returns the OR of all ALTO words, so callers can check that no bit beyond the layout's
+    ``index_bits`` is set.
+    """
+    return int(_decode_alto(alto, bool(is_delta), layout.pext_masks, layout.field_shift, out))
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)

@@ -86,9 +86,10 @@ def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode
     if items.nitems == 0:
         return plan
     priv_buf = np.empty((max(1, int(plan.size.sum())), R), dtype=out.dtype)
-    direct, runs = kernel_for(layout.nmodes, R)
-    common = (items.index, items.values, items.start, items.end, items.base, items.lo, layout.field_shift,
-              layout.field_mask, factors.data, factors.offsets, mode, R)
+    direct, runs = kernel_for(layout.nmodes, R, items.delta)
+    mask = layout.pext_masks if items.delta else layout.field_mask
+    common = (items.index, items.values, items.start, items.end, items.base, items.prev, items.lo,
+              layout.field_shift, mask, factors.data, factors.offsets, mode, R)
     todo_direct = np.flatnonzero(~plan.runs)
     todo_runs = np.flatnonzero(plan.runs)
     if todo_direct.size:

@@ -45,6 +45,12 @@ class WorkItems:
     lo: np.ndarray        # int64 (K, N)
     hi: np.ndarray        # int64 (K, N)
     changes: np.ndarray   # int64 (K, N) target-row changes along the item, per mode
+    prev: np.ndarray | None = None   # uint64 (K,) with ``delta``: ALTO word before each item
+    delta: bool = False   # ``index`` holds Delta differences of low ALTO words (streamed chunks)
+
+    def __post_init__(self) -> None:
+        if self.prev is None:
+            self.prev = np.zeros(self.start.shape[0], dtype=np.uint64)
 
     @property
     def nitems(self) -> int:

@@ -15,6 +15,7 @@ from ..errors import CorruptStoreError, ForeignStoreError, IncompleteStoreError,
 from ..format import BitLayout, BlockTable, delinearize, reencode
 from ..format.linearize import field_minmax
 from . import paths
+from .chunk_files import ChunkDecodeError, ChunkFiles
 from .metadata import FORMAT_NAME, META_KEY, SUPPORTED_VERSIONS
 
 
@@ -50,6 +51,30 @@ class Chunk:
         for (_, s, e), base in zip(self.segments, self.bases):
             delinearize(self.index[s:e], base, layout, out=out[s:e])
         return out
+
+
+@dataclass
+class EncodedChunk:
+    """A chunk as stored, before re-encoding: for the streaming reader, which decodes it into its
+    own buffers (see :meth:`Store.read_encoded`).
+
+    ``alto`` holds the low ALTO words, or their Delta differences when ``alto_is_delta``.
+    """
+
+    id: int
+    start: int
+    alto: np.ndarray
+    alto_is_delta: bool
+    values: np.ndarray
+    segments: np.ndarray  # int64 (nseg, 3), as in Chunk
+    bases: np.ndarray     # int64 (nseg, nmodes)
+    min: np.ndarray
+    max: np.ndarray
+    checksum: int | None = None   # CRC32C of the stored index chunk, when read from its bytes
+
+    @property
+    def n(self) -> int:
+        return int(self.values.shape[0])
 
 
 def chunk_index_range(chunk: Chunk, layout: BitLayout) -> tuple[np.ndarray, np.ndarray]:
@@ -141,6 +166,45 @@ class Store:
         hi = np.minimum(ends[ids], stop) - start
         return np.stack([ids, lo, hi], axis=1).astype(np.int64), b.base[ids]
 
+    @cached_property
+    def _chunk_files(self) -> tuple[ChunkFiles, ChunkFiles]:
+        return ChunkFiles(self.root["alto"]), ChunkFiles(self.root["values"])
+
+    def read_encoded(self, c: int, alto_out: np.ndarray, values_out: np.ndarray) -> EncodedChunk:
+        """Chunk ``c`` decompressed into the caller's buffers (each at least ``chunk_nnz`` long),
+        still ALTO-coded: the fast path for streaming, where re-encoding is fused with the Delta
+        filter's prefix sum. Checksums are verified; index ranges are not (callers validate the
+        re-encoded chunk with :meth:`check_chunk_range`)."""
+        if not 0 <= c < self.nchunks:
+            raise IndexError(f"chunk {c} out of range (store has {self.nchunks})")
+        alto_files, value_files = self._chunk_files
+        try:
+            alto = alto_files.read(c, alto_out)
+            values = value_files.read(c, values_out)
+        except ChunkDecodeError as exc:
+            raise _fail(self.path, f"chunk {c}: {exc}") from exc
+        except Exception as exc:
+            raise _fail(self.path, f"chunk {c}: cannot decode ({exc})") from exc
+        start = c * self.chunk_nnz
+        stop = min(self.nnz, start + self.chunk_nnz)
+        if alto.data.shape[0] != stop - start or values.data.shape[0] != stop - start:
+            raise _fail(self.path, f"chunk {c}: nonzeros {start}..{stop} are missing")
+        segs, bases = self._segments(start, stop)
+        mins, maxs = self.chunk_ranges
+        return EncodedChunk(c, start, alto.data, alto.is_delta, values.data, segs, bases, mins[c], maxs[c],
+                            alto.checksum)
+
+    def check_chunk_range(self, c: int, cmin: np.ndarray, cmax: np.ndarray, alto_bits: int | None = None) -> None:
+        """Raise :class:`CorruptStoreError` unless chunk ``c``'s decoded per-mode index range equals
+        the stored range table (which lies inside the shape), and, given the OR of its ALTO words,
+        no bit beyond the layout is set. This is what keeps a damaged store away from the
+        unchecked kernels."""
+        if alto_bits is not None and self.layout.index_bits < 64 and alto_bits >> self.layout.index_bits:
+            raise _fail(self.path, f"chunk {c}: index bits beyond the layout's {self.layout.index_bits}")
+        mins, maxs = self.chunk_ranges
+        if (np.asarray(cmin) != mins[c]).any() or (np.asarray(cmax) != maxs[c]).any():
+            raise _fail(self.path, f"chunk {c}: decoded indices disagree with the chunk range table")
+
     def read_chunk(self, c: int, validate: bool = True) -> Chunk:
         """Chunk ``c``. With ``validate`` its decoded indices are checked against the stored
         per-chunk ranges (which lie inside the shape), so a damaged store never reaches the kernels."""
@@ -153,9 +217,7 @@ class Store:
         segs, bases = self._segments(start, stop)
         chunk = Chunk(c, start, index, values, segs, bases, mins[c], maxs[c])
         if validate:
-            cmin, cmax = chunk_index_range(chunk, self.layout)
-            if (cmin != mins[c]).any() or (cmax != maxs[c]).any():
-                raise _fail(self.path, f"chunk {c}: decoded indices disagree with the chunk range table")
+            self.check_chunk_range(c, *chunk_index_range(chunk, self.layout))
         return chunk
 
     def iter_chunks(self, validate: bool = True) -> Iterator[Chunk]:
@@ -201,6 +263,7 @@ class Store:
             "nnz": self.nnz,
             "density": self.nnz / math.prod(self.shape),
             "value_dtype": self.value_dtype.name,
+            "compression": self.meta.get("compression", "zstd"),
             "norm": self.norm(),
             "blocks": self.nblocks,
             "block_nnz_min": int(counts.min()) if counts.size else 0,

@@ -22,7 +22,7 @@ from ..errors import StoreExistsError
 from ..format import BitLayout, BlockTable, block_table
 from ..format.linearize import chunk_minmax
 from . import paths
-from .codecs import index_codecs, quiet_numcodecs, table_codecs, value_codecs
+from .codecs import DEFAULT_COMPRESSION, check_compression, index_codecs, quiet_numcodecs, table_codecs, value_codecs
 from .metadata import FORMAT_NAME, FORMAT_VERSION, META_KEY
 
 log = logging.getLogger(__name__)
@@ -48,13 +48,16 @@ class StoreWriter:
     attrs : extra provenance stored in the metadata
     flush_chunks : chunks buffered per write; each write compresses its chunks concurrently, so
         memory-bounded callers use 1
+    compression : "lz4" (default, fast to decode) or "zstd" (smallest); see ``store.codecs``
     """
 
     def __init__(self, path: str | os.PathLike, layout: BitLayout, value_dtype: Any, capacity: int, *,
                  chunk_nnz: int = DEFAULT_CHUNK_NNZ, max_block_nnz: int = 1 << 24, overwrite: bool = False,
-                 attrs: dict | None = None, flush_chunks: int = FLUSH_CHUNKS) -> None:
+                 attrs: dict | None = None, flush_chunks: int = FLUSH_CHUNKS,
+                 compression: str = DEFAULT_COMPRESSION) -> None:
         if chunk_nnz < 1 or max_block_nnz < 1:
             raise ValueError(f"chunk_nnz and max_block_nnz must be >= 1, got {chunk_nnz}, {max_block_nnz}")
+        check_compression(compression)
         self.final_path = str(path)
         if paths.exists(path) and not overwrite:
             raise StoreExistsError(f"{path}: a store or file already exists there; pass overwrite=True "
@@ -66,6 +69,7 @@ class StoreWriter:
         self.overwrite = overwrite
         self.attrs = attrs or {}
         self.flush_chunks = max(1, int(flush_chunks))
+        self.compression = compression
         if paths.is_url(path) and paths.exists(path):
             paths.remove(path)
         self.staging = paths.staging_path(path)
@@ -73,10 +77,10 @@ class StoreWriter:
         cap = max(int(capacity), 1)
         with quiet_numcodecs():
             self.alto = self.root.create_array("alto", shape=(cap,), chunks=(self.chunk_nnz,), dtype="<u8",
-                                               fill_value=0, **index_codecs())
+                                               fill_value=0, **index_codecs(compression))
             self.values = self.root.create_array("values", shape=(cap,), chunks=(self.chunk_nnz,),
                                                  dtype=self.value_dtype, fill_value=0,
-                                                 **value_codecs(self.value_dtype))
+                                                 **value_codecs(self.value_dtype, compression))
         self.written = 0          # nonzeros flushed to the arrays
         self.received = 0         # nonzeros appended (flushed + pending)
         self.pending_keys: list[np.ndarray] = []
@@ -180,6 +184,7 @@ class StoreWriter:
             "norm_sq": self.norm_sq,
             "chunk_nnz": self.chunk_nnz,
             "max_block_nnz": self.max_block_nnz,
+            "compression": self.compression,
             "nblocks": blocks.nblocks,
             "nchunks": nchunks,
             "layout": self.layout.describe(),

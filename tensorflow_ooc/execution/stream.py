@@ -1,0 +1,199 @@
+"""Streaming reader: a partition's chunks as batches of decoded work items, read ahead.
+
+Streaming MTTKRP reads every chunk once per mode, so per-chunk work beyond decompression must be
+small next to the kernel. Three things keep it small:
+
+- chunks are decompressed straight into reusable batch buffers (``Store.read_encoded``) and the
+  Delta filter's prefix sum is fused with re-encoding (``format.decode_alto``, one pass);
+- a chunk's work-item profile (item boundaries and per-mode index intervals) is computed and
+  validated against the store's chunk range table the first time a worker reads the chunk, then
+  cached under the chunk's CRC32C: later passes that read the same bytes reuse it. Different
+  bytes (a rewritten or damaged chunk) mean a different checksum and a fresh validation;
+- a background thread fills the next batch while the kernel runs on the current one, and the
+  kernel sees several chunks per call, so its threads stay balanced.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from ..format import decode_alto
+from ..format.bits import HAS_BMI2
+from ..kernels import WorkItems, work_items
+from ..store import EncodedChunk, Store
+
+BATCH_NNZ = 1 << 21
+DELTA_KERNELS = HAS_BMI2
+
+
+@dataclass
+class ChunkProfile:
+    """Work items of one chunk, positions relative to the chunk's first nonzero."""
+
+    start: np.ndarray
+    end: np.ndarray
+    base: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    changes: np.ndarray
+    prev: np.ndarray      # uint64: the low ALTO word before each item (0 at the chunk start)
+
+
+_PROFILES: dict[tuple[str, int], tuple[int, ChunkProfile]] = {}
+_PROFILES_LOCK = threading.Lock()
+
+
+def _cached_profile(store: Store, enc: EncodedChunk) -> ChunkProfile | None:
+    if enc.checksum is None:
+        return None
+    with _PROFILES_LOCK:
+        hit = _PROFILES.get((str(store.meta["store_id"]), enc.id))
+    return hit[1] if hit is not None and hit[0] == enc.checksum else None
+
+
+def profile_chunk(store: Store, enc: EncodedChunk, index: np.ndarray, alto_bits: int) -> ChunkProfile:
+    """Work items of a chunk whose re-encoded indices are ``index``, validated against the store's
+    chunk range table (and cached under the chunk's checksum)."""
+    seg = enc.segments
+    it = work_items(index, enc.values, seg[:, 1], seg[:, 2], enc.bases, store.layout)
+    if it.nitems:
+        cmin, cmax = it.lo.min(axis=0), it.hi.max(axis=0)
+    else:
+        cmin, cmax = enc.min, enc.max
+    store.check_chunk_range(enc.id, cmin, cmax, alto_bits)
+    words = np.cumsum(enc.alto, dtype=np.uint64) if enc.alto_is_delta else enc.alto
+    prev = np.where(it.start > 0, words[np.maximum(it.start - 1, 0)], 0).astype(np.uint64)
+    prof = ChunkProfile(it.start, it.end, it.base, it.lo, it.hi, it.changes, prev)
+    if enc.checksum is not None:
+        with _PROFILES_LOCK:
+            _PROFILES[(str(store.meta["store_id"]), enc.id)] = (enc.checksum, prof)
+    return prof
+
+
+class BatchBuffers:
+    """Decoded index and values for up to ``chunks`` chunks, plus scratch for one stored chunk."""
+
+    def __init__(self, store: Store, chunks: int) -> None:
+        cap = chunks * store.chunk_nnz
+        self.chunks = chunks
+        self.index = np.empty(cap, dtype=np.uint64)
+        self.values = np.empty(cap, dtype=store.value_dtype)
+        self.alto = np.empty(cap, dtype=np.uint64)   # scratch: stored words before re-encoding
+
+    @property
+    def nbytes(self) -> int:
+        return self.index.nbytes + self.values.nbytes + self.alto.nbytes
+
+
+# Batch buffers are reused across tasks: fresh 100 MB allocations would be page-faulted in on
+# every pass. Keyed by store, as many as the worker's tasks have needed at once.
+_BUFFERS: dict[tuple[str, int], list[BatchBuffers]] = {}
+_BUFFERS_LOCK = threading.Lock()
+
+
+def _take_buffers(store: Store, chunks: int) -> BatchBuffers:
+    key = (str(store.meta["store_id"]), chunks)
+    with _BUFFERS_LOCK:
+        free = _BUFFERS.setdefault(key, [])
+        if free:
+            return free.pop()
+    return BatchBuffers(store, chunks)
+
+
+def _give_buffers(store: Store, bufs: BatchBuffers) -> None:
+    with _BUFFERS_LOCK:
+        _BUFFERS.setdefault((str(store.meta["store_id"]), bufs.chunks), []).append(bufs)
+
+
+def release_buffers() -> None:
+    """Drop the cached batch buffers and chunk profiles of this process."""
+    with _BUFFERS_LOCK:
+        _BUFFERS.clear()
+    with _PROFILES_LOCK:
+        _PROFILES.clear()
+
+
+def _fill_chunk(store: Store, c: int, bufs: BatchBuffers, pos: int, delta: bool) -> ChunkProfile:
+    """Chunk ``c`` into the batch buffers at ``pos``; its work-item profile."""
+    slot = slice(pos, pos + store.chunk_nnz)
+    scratch = bufs.alto[pos:pos + store.chunk_nnz]
+    enc = store.read_encoded(c, bufs.index[slot] if delta else scratch, bufs.values[slot])
+    n = enc.n
+    index = bufs.index[pos:pos + n]
+    if delta and not enc.alto_is_delta:      # Zarr's own read path: absolute words
+        index[1:] = np.diff(enc.alto)
+        enc.alto_is_delta = True
+    prof = _cached_profile(store, enc)
+    if prof is None:
+        decoded = scratch[:n] if delta else index
+        bits = decode_alto(enc.alto, store.layout, decoded, enc.alto_is_delta)
+        prof = profile_chunk(store, enc, decoded, bits)
+    elif not delta:
+        decode_alto(enc.alto, store.layout, index, enc.alto_is_delta)
+    return prof
+
+
+def fill_batch(store: Store, chunk_ids: range, bufs: BatchBuffers, delta: bool | None = None,
+               pool: ThreadPoolExecutor | None = None) -> WorkItems:
+    """Read, decode and profile ``chunk_ids`` into ``bufs``; their work items, batch positions.
+
+    With ``delta`` (default: where the CPU has BMI2) the index buffer receives the stored Delta
+    differences as they come out of the decompressor, for the ``delta`` kernels; else it receives
+    re-encoded BLCO indices. A chunk is fully re-encoded and validated only the first time a
+    process sees its bytes. With ``pool`` the chunks are read in parallel.
+    """
+    delta = DELTA_KERNELS if delta is None else bool(delta)
+    offsets = np.minimum(np.arange(len(chunk_ids) + 1) * store.chunk_nnz,
+                         store.nnz - chunk_ids.start * store.chunk_nnz) if len(chunk_ids) else np.zeros(1, np.int64)
+    jobs = [(c, int(offsets[j])) for j, c in enumerate(chunk_ids)]
+    if pool is not None and len(jobs) > 1:
+        profiles = list(pool.map(lambda job: _fill_chunk(store, job[0], bufs, job[1], delta), jobs))
+    else:
+        profiles = [_fill_chunk(store, c, bufs, pos, delta) for c, pos in jobs]
+    parts = [(pos, prof) for (_, pos), prof in zip(jobs, profiles)]
+    pos = int(offsets[-1])
+    N = store.nmodes
+
+    def cat(name: str, shift: bool = False) -> np.ndarray:
+        arrays = [getattr(p, name) + off if shift else getattr(p, name) for off, p in parts]
+        if arrays:
+            return np.concatenate(arrays)
+        return np.zeros((0, N) if name in ("base", "lo", "hi", "changes") else 0,
+                        dtype=np.uint64 if name == "prev" else np.int64)
+
+    return WorkItems(bufs.index[:pos], bufs.values[:pos], cat("start", True), cat("end", True), cat("base"),
+                     cat("lo"), cat("hi"), cat("changes"), prev=cat("prev"), delta=delta)
+
+
+def stream_batches(store: Store, chunk_lo: int, chunk_hi: int, batch_nnz: int = BATCH_NNZ,
+                   read_ahead: bool = True) -> Iterator[WorkItems]:
+    """Work items of chunks ``[chunk_lo, chunk_hi)``, a batch of about ``batch_nnz`` nonzeros at a
+    time. With ``read_ahead`` the next batch is filled in a background thread while the caller
+    computes on the current one; a batch stays valid until the caller asks for the next but one."""
+    per = max(1, batch_nnz // store.chunk_nnz)
+    groups = [range(c, min(chunk_hi, c + per)) for c in range(chunk_lo, chunk_hi, per)]
+    if not groups:
+        return
+    bufs = [_take_buffers(store, per)]
+    try:
+        if not read_ahead or len(groups) == 1:
+            for g in groups:
+                yield fill_batch(store, g, bufs[0])
+            return
+        bufs.append(_take_buffers(store, per))
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfooc-read-ahead") as pool:
+            pending = pool.submit(fill_batch, store, groups[0], bufs[0])
+            for i in range(1, len(groups)):
+                items = pending.result()
+                # the buffer filled now was last used two batches ago: the caller is done with it
+                pending = pool.submit(fill_batch, store, groups[i], bufs[i % 2])
+                yield items
+            yield pending.result()
+    finally:
+        for b in bufs:
+            _give_buffers(store, b)

@@ -1,0 +1,112 @@
+"""Read whole chunks of a 1-D store array straight from their stored bytes, into caller buffers.
+
+Streaming MTTKRP reads every chunk once per mode, so the read path is hot. For the codec chains
+this package writes (optional Delta filter, little-endian bytes, Blosc, CRC32C) the chunk's bytes
+are fetched in one call, the CRC32C is checked, and Blosc decompresses directly into the caller's
+buffer. The Delta filter is *not* undone here: the reader fuses its prefix sum with re-encoding
+(:func:`tensorflow_ooc.format.decode_alto`), which saves a pass over the data.
+
+Any other chain, and chunks that were never written (Zarr's fill value), go through Zarr's own
+read path instead, so every store Zarr can read stays readable.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import google_crc32c
+import numpy as np
+import zarr
+from numcodecs import blosc
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+from zarr.storage import LocalStore
+
+BLOSC_HEADER = 16
+
+
+class ChunkDecodeError(ValueError):
+    """A chunk's bytes fail their checksum or do not decode to the chunk's size."""
+
+
+@dataclass
+class ChunkRead:
+    """Decoded chunk: ``data`` (a view of the caller's buffer) holds Delta differences when
+    ``is_delta`` is true (the first value absolute), else the values themselves."""
+
+    data: np.ndarray
+    is_delta: bool
+    checksum: int | None = None   # the stored CRC32C (None on Zarr's own read path)
+
+
+def _is_delta(codec) -> bool:
+    cfg = getattr(codec, "codec_config", None) or {}
+    return getattr(codec, "codec_name", "") == "numcodecs.delta" and np.dtype(cfg.get("dtype", "|V0")) == np.dtype("<u8")
+
+
+class ChunkFiles:
+    """Chunk reader for one 1-D array of a store (the ``alto`` or ``values`` array)."""
+
+    def __init__(self, array: zarr.Array) -> None:
+        self.array = array
+        self.chunk_len = int(array.chunks[0])
+        self.dtype = np.dtype(array.dtype)
+        codecs = list(array.metadata.codecs)
+        self.delta = bool(codecs) and _is_delta(codecs[0])
+        rest = codecs[1:] if self.delta else codecs
+        little = isinstance(rest[0], BytesCodec) and (rest[0].endian is None or rest[0].endian.value == "little") \
+            if rest else False
+        self.fast = (len(rest) == 3 and little and isinstance(rest[1], BloscCodec) and isinstance(rest[2], Crc32cCodec)
+                     and (self.dtype.itemsize == 1 or self.dtype.byteorder in "<="))
+        store = array.store
+        self.local_root = Path(store.root) if isinstance(store, LocalStore) else None
+        self._scratch = threading.local()
+
+    def _key(self, c: int) -> str:
+        key = self.array.metadata.chunk_key_encoding.encode_chunk_key((c,))
+        return f"{self.array.path}/{key}" if self.array.path else key
+
+    def _bytes(self, c: int) -> np.ndarray | None:
+        """The stored bytes of chunk ``c`` (None if it was never written). Local files are read
+        into a per-thread buffer that is reused, so big reads do not fault in fresh pages."""
+        key = self._key(c)
+        if self.local_root is None:
+            buf = sync(self.array.store.get(key, prototype=default_buffer_prototype()))
+            return None if buf is None else np.frombuffer(buf.to_bytes(), dtype=np.uint8)
+        try:
+            with open(self.local_root / key, "rb", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                scratch = getattr(self._scratch, "buf", None)
+                if scratch is None or scratch.shape[0] < size:
+                    scratch = self._scratch.buf = np.empty(max(size, 1 << 20), dtype=np.uint8)
+                got = f.readinto(memoryview(scratch)[:size])
+                return scratch[:got]
+        except FileNotFoundError:
+            return None
+
+    def read(self, c: int, out: np.ndarray) -> ChunkRead:
+        """Chunk ``c`` into ``out`` (at least ``chunk_len`` elements of the array's dtype)."""
+        start = c * self.chunk_len
+        n = min(self.array.shape[0], start + self.chunk_len) - start
+        raw = self._bytes(c) if self.fast else None
+        if raw is None:
+            out[:n] = self.array[start:start + n]
+            return ChunkRead(out[:n], False)
+        body = raw[:-4]
+        checksum = int.from_bytes(raw[-4:].tobytes(), "little")
+        if len(raw) < BLOSC_HEADER + 4 or google_crc32c.value(body) != checksum:
+            raise ChunkDecodeError(f"chunk {c}: CRC32C checksum mismatch")
+        nbytes = int.from_bytes(raw[4:8].tobytes(), "little")
+        if nbytes != self.chunk_len * self.dtype.itemsize:
+            raise ChunkDecodeError(f"chunk {c}: decodes to {nbytes} bytes, expected "
+                                   f"{self.chunk_len * self.dtype.itemsize}")
+        dest = out[:self.chunk_len]
+        try:
+            blosc.decompress(body, dest)
+        except Exception as exc:
+            raise ChunkDecodeError(f"chunk {c}: Blosc cannot decode it ({exc})") from exc
+        return ChunkRead(out[:n], self.delta, checksum)
