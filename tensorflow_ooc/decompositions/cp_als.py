@@ -87,7 +87,7 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
         if state is not None:
             if state.input["store_id"] != input_fp["store_id"] or state.params.get("rank") != rank:
                 raise ValueError(f"{checkpoint}: checkpoint is for another store or rank; remove it or drop resume")
-            F = c.submit(lambda f: f, state.factors, pure=False)
+            F = c.submit(U.stack, state.factors, dtype, state.weights, pure=False)
             start, fit, history, weights = state.iteration + 1, state.fit, list(state.history), state.weights
             log.info("resuming from %s after iteration %d (fit %.6f)", checkpoint, state.iteration + 1, fit)
         else:
@@ -101,35 +101,32 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
                 F = c.submit(U.stack, [np.asarray(a) for a in init], dtype, pure=False)
             start, fit, history, weights = 0, 0.0, [], np.ones(rank)
         params["resumed_after"] = start
-        grams = c.gather([c.submit(U.gram, F, n, pure=False) for n in range(N)])
 
         # --- Algorithm 1 -----------------------------------------------------------------------------
+        # F is the future of the model state (factors, Grams, weights). A whole iteration is
+        # submitted at once: each mode is its MTTKRP graph and one update task (Hadamard product of
+        # Grams, Cholesky solve, normalization), so modes follow each other on the cluster with no
+        # round trip to the driver; the driver reads the small summary once per iteration.
         iteration = start - 1
         for iteration in range(start, max_iters):
-            t_iter = time.perf_counter()
-            mode_seconds = []
+            t_iter = time.time()
             fit_old = fit
             for n in range(N):
-                t_mode = time.perf_counter()
-                V = np.ones((rank, rank))
-                for m in range(N):
-                    if m != n:
-                        V *= grams[m]                                          # Hadamard of Grams
                 M = graph.partials(F, n)                                       # MTTKRP graph
-                update = c.submit(U.update_factor, M, V, shape[n], iteration == 0, pure=False)  # solve, normalize
-                weights, grams[n] = c.submit(U.summary, update, pure=False).result()
-                F = c.submit(U.restack, F, update, n, pure=False)
-                if n == N - 1:
-                    inner = c.submit(U.inner_terms, update, M, pure=False).result()
-                mode_seconds.append(time.perf_counter() - t_mode)
+                F = c.submit(U.update_mode, F, M, n, iteration == 0, n == N - 1, pure=False)
+            sm = c.submit(U.summary, F, pure=False).result()
+            weights = sm.weights
+            # per-mode seconds from the update tasks' finish times (worker clocks)
+            ends = [t_iter] + [sm.finished[n] for n in range(N)]
+            mode_seconds = [max(0.0, ends[k + 1] - ends[k]) for k in range(N)]
             # fit without forming the model: ||X - M||^2 = ||X||^2 + ||M||^2 - 2 <X, M>
             H = np.ones((rank, rank))
-            for g in grams:
+            for g in sm.grams:
                 H *= g
             norm_model2 = float(weights @ H @ weights)
-            iprod = float((inner * weights).sum())
+            iprod = float((sm.inner * weights).sum())
             fit = 1 - math.sqrt(abs(normX2 + norm_model2 - 2 * iprod)) / normX if normX > 0 else 0.0
-            seconds = time.perf_counter() - t_iter
+            seconds = time.time() - t_iter
             record = {"iteration": iteration + 1, "fit": fit, "fit_change": abs(fit - fit_old), "seconds": seconds,
                       "mode_seconds": mode_seconds, "nnz_per_s": store.nnz * N / seconds}
             history.append(record)

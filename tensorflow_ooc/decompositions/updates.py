@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -12,13 +13,21 @@ from ..execution.tasks import Partial
 from ..kernels import StackedFactors
 
 
-@dataclass
-class ModeUpdate:
-    """A new factor matrix with its column weights and Gram matrix."""
+class CPState(StackedFactors):
+    """The model between mode updates, as it lives on the cluster: the stacked factors (so MTTKRP
+    tasks take it as their factors), each mode's Gram matrix, the column weights, and for the
+    driver's fit the inner-product terms of the last mode and each update's finish time."""
 
-    factor: np.ndarray    # (I_n, R), columns normalized
-    weights: np.ndarray   # (R,)
-    gram: np.ndarray      # (R, R)
+    def __init__(self, shape, rank, dtype=np.float64, data=None, grams: list[np.ndarray] | None = None) -> None:
+        super().__init__(shape, rank, dtype, data)
+        self.grams = list(grams) if grams is not None else [v.T @ v for v in self.views]
+        self.weights = np.ones(self.rank)
+        self.inner = np.zeros(self.rank)
+        self.finished: dict[int, float] = {}
+
+    @classmethod
+    def of(cls, factors: StackedFactors) -> "CPState":
+        return cls(factors.shape, factors.rank, factors.dtype, factors.data)
 
 
 def solve_normal(V: np.ndarray, M: np.ndarray) -> np.ndarray:
@@ -31,13 +40,21 @@ def solve_normal(V: np.ndarray, M: np.ndarray) -> np.ndarray:
         return M @ np.linalg.pinv(V)
 
 
-def update_factor(partials: Partial | Sequence[Partial], V: np.ndarray, nrows: int,
-                  first_iteration: bool) -> ModeUpdate:
-    """Solve for the new factor from the MTTKRP (the last partials of its reduction, summed
-    here) and normalize its columns: 2-norm on the first iteration, max-norm (at least 1)
-    after, as Tensor Toolbox and pyttb do."""
+def update_mode(state: CPState, partials: Partial | Sequence[Partial], mode: int, first_iteration: bool,
+                last_mode: bool) -> CPState:
+    """One mode update of Algorithm 1 (lines 3-6), as one task: V = Hadamard product of the other
+    modes' Grams; A = M V^+ with M the MTTKRP (the last partials of its reduction, summed here);
+    columns normalized by their 2-norm on the first iteration and max-norm (at least 1) after, as
+    Tensor Toolbox and pyttb do. Returns a new state (a copy: earlier futures stay valid, which
+    Dask's recomputation after a lost worker relies on). After the last mode it also holds the
+    inner-product terms of the fit."""
+    R = state.rank
+    V = np.ones((R, R))
+    for m, g in enumerate(state.grams):
+        if m != mode:
+            V *= g
     parts = [partials] if isinstance(partials, Partial) else list(partials)
-    M = full_rows(parts, nrows)
+    M = full_rows(parts, state.shape[mode])
     A = solve_normal(V.astype(M.dtype, copy=False), M)
     if first_iteration:
         weights = np.sqrt((A * A).sum(axis=0))
@@ -45,7 +62,13 @@ def update_factor(partials: Partial | Sequence[Partial], V: np.ndarray, nrows: i
         weights = np.maximum(np.abs(A).max(axis=0), 1)
     if not (weights == 0).all():
         A = A / np.where(weights == 0, 1, weights)
-    return ModeUpdate(np.ascontiguousarray(A), weights, A.T @ A)
+    out = CPState(state.shape, R, state.dtype, state.data.copy(), grams=state.grams)
+    out.views[mode][...] = A
+    out.grams[mode] = A.T @ A
+    out.weights = weights
+    out.finished = {**state.finished, mode: time.time()}
+    out.inner = inner_terms(out.views[mode], parts) if last_mode else state.inner
+    return out
 
 
 def full_rows(parts: Sequence[Partial], nrows: int) -> np.ndarray:
@@ -59,40 +82,43 @@ def full_rows(parts: Sequence[Partial], nrows: int) -> np.ndarray:
     return M
 
 
-def summary(update: ModeUpdate) -> tuple[np.ndarray, np.ndarray]:
-    """The small part the driver reads: (weights, Gram)."""
-    return update.weights, update.gram
+@dataclass
+class Summary:
+    """The small part of a state the driver reads once per iteration."""
+
+    weights: np.ndarray
+    grams: list[np.ndarray]
+    inner: np.ndarray
+    finished: dict[int, float]
 
 
-def restack(factors: StackedFactors, update: ModeUpdate, mode: int) -> StackedFactors:
-    """New stacked factors with mode ``mode`` replaced (a copy: earlier futures stay valid)."""
-    out = StackedFactors(factors.shape, factors.rank, factors.dtype, factors.data.copy())
-    out.views[mode][...] = update.factor
-    return out
+def summary(state: CPState) -> Summary:
+    return Summary(state.weights, state.grams, state.inner, dict(state.finished))
 
 
-def inner_terms(update: ModeUpdate, partials: Partial | Sequence[Partial]) -> np.ndarray:
+def inner_terms(A: np.ndarray, partials: Sequence[Partial]) -> np.ndarray:
     """Per component r: sum_i A_n[i, r] M_n[i, r]; with the weights this is <X, model>."""
-    out = np.zeros(update.factor.shape[1], dtype=np.float64)
-    for p in ([partials] if isinstance(partials, Partial) else partials):
-        A = update.factor[p.lo:p.lo + p.rows.shape[0]]
-        out += np.einsum("ir,ir->r", A, p.rows)
+    out = np.zeros(A.shape[1], dtype=np.float64)
+    for p in partials:
+        out += np.einsum("ir,ir->r", A[p.lo:p.lo + p.rows.shape[0]], p.rows)
     return out
 
 
-def random_factors(shape: tuple[int, ...], rank: int, seed: int | None, dtype: str) -> StackedFactors:
+def random_factors(shape: tuple[int, ...], rank: int, seed: int | None, dtype: str) -> CPState:
     """Uniform [0, 1) initial factors, mode by mode from one generator (reproducible by seed)."""
     rng = np.random.default_rng(seed)
     out = StackedFactors(shape, rank, dtype)
     for v in out.views:
         v[...] = rng.random(v.shape)
-    return out
+    return CPState.of(out)
 
 
-def stack(factors: list[np.ndarray], dtype: str) -> StackedFactors:
-    return StackedFactors.from_list(factors, dtype)
-
-
-def gram(factors: StackedFactors, mode: int) -> np.ndarray:
-    A = factors.views[mode]
-    return A.T @ A
+def stack(factors: list[np.ndarray] | StackedFactors, dtype: str, weights: np.ndarray | None = None) -> CPState:
+    """Initial state from given factors (a list, or the stacked factors of a checkpoint)."""
+    if isinstance(factors, StackedFactors):
+        state = CPState(factors.shape, factors.rank, dtype, np.ascontiguousarray(factors.data, dtype=dtype))
+    else:
+        state = CPState.of(StackedFactors.from_list(factors, dtype))
+    if weights is not None:
+        state.weights = np.asarray(weights, dtype=np.float64)
+    return state

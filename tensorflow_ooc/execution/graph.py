@@ -40,7 +40,7 @@ class MTTKRPGraph:
         Store path or URL (workers open it themselves).
     execution : {"auto", "streaming", "in-memory"}
     partitions : int, optional
-        Number of partition tasks (default: 2 per Dask thread, more if a partition would exceed
+        Number of partition tasks (default: 1 per Dask thread, more if a partition would exceed
         ``max_partition_nnz``).
     split_every : int
         Fan-in of the tree reduction.
@@ -49,7 +49,7 @@ class MTTKRPGraph:
     """
 
     def __init__(self, client: Client, path: str, *, execution: str = "auto", partitions: int | None = None,
-                 split_every: int = DEFAULT_SPLIT_EVERY, max_partition_nnz: int = 1 << 24) -> None:
+                 split_every: int = DEFAULT_SPLIT_EVERY, max_partition_nnz: int = 1 << 26) -> None:
         if execution not in EXECUTION_MODES:
             raise ValueError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
         self.client = client
@@ -62,14 +62,16 @@ class MTTKRPGraph:
         self.resources = res
         self.numba_threads = min(r["numba_threads"] for r in res.values())
         dask_threads = sum(r["dask_threads"] for r in res.values())
-        self.parts: list[Partition] = plan_partitions(self.store, partitions or 2 * dask_threads, max_partition_nnz)
-        decoded = sum(p.decoded_bytes(self.store.nmodes) for p in self.parts)
+        decoded = sum(p.decoded_bytes(self.store.nmodes) for p in plan_partitions(self.store, 1, None))
         limits = [r["memory_limit"] for r in res.values()]
         budget = sum(limits) if all(limits) else None
         if execution == "auto":
             fits = budget is None or decoded <= IN_MEMORY_FRACTION * budget
             execution = "in-memory" if fits else "streaming"
         self.execution = execution
+        # One partition per Dask thread: every extra task per mode costs a scheduling hop, and a
+        # streaming task reads ahead inside itself, so more partitions buy nothing on one worker.
+        self.parts: list[Partition] = plan_partitions(self.store, partitions or dask_threads, max_partition_nnz)
         self.data: list[Future] | None = None
         log.info("MTTKRP graph: %d partitions, %s execution (decoded %.1f MiB, worker memory %s), "
                  "%d numba threads per task", len(self.parts), execution, decoded / 2**20,

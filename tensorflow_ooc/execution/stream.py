@@ -176,7 +176,10 @@ def stream_batches(store: Store, chunk_lo: int, chunk_hi: int, batch_nnz: int = 
     time. With ``read_ahead`` the next batch is filled in a background thread while the caller
     computes on the current one; a batch stays valid until the caller asks for the next but one."""
     per = max(1, batch_nnz // store.chunk_nnz)
-    groups = [range(c, min(chunk_hi, c + per)) for c in range(chunk_lo, chunk_hi, per)]
+    # the first batch is read before any compute can overlap it, so it is one chunk
+    first = min(chunk_hi, chunk_lo + 1)
+    groups = [range(chunk_lo, first)] if chunk_hi > chunk_lo else []
+    groups += [range(c, min(chunk_hi, c + per)) for c in range(first, chunk_hi, per)]
     if not groups:
         return
     bufs = [_take_buffers(store, per)]

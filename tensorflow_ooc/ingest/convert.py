@@ -157,9 +157,9 @@ def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | Non
         does not fit the memory budget.
     sort_nnz : int, optional
         Out of core: most nonzeros sorted in memory at once (default: from the memory budget).
-    compression : {"lz4", "zstd"}
-        Chunk compressor: lz4 (default) decodes about twice as fast, which streaming MTTKRP
-        feels on every mode; zstd makes the smallest stores.
+    compression : {"fast", "small"}
+        Chunk compression profile: "fast" (default) decodes quickly, which streaming MTTKRP feels
+        on every mode; "small" makes the smallest stores (see ``tensorflow_ooc.store.codecs``).
 
     Returns
     -------

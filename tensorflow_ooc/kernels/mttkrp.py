@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Sequence
@@ -16,6 +17,22 @@ from .mttkrp_cpu import kernel_for, merge_private
 from .plan import DEFAULT_MAX_PRIVATE_BYTES, ConflictPlan, WorkItems, plan_conflicts, work_items
 
 MERGE_TILE = 256
+SCRATCH_KEEP_BYTES = 64 << 20
+
+_SCRATCH = threading.local()
+
+
+def private_scratch(rows: int, rank: int, dtype: Any) -> np.ndarray:
+    """An uninitialized (rows, rank) buffer for private accumulators (the kernels zero what they
+    use). Buffers up to ``SCRATCH_KEEP_BYTES`` are kept per thread and reused: streaming calls the
+    kernels once per batch, and fresh allocations of that size are page-faulted in every time."""
+    nbytes = rows * rank * np.dtype(dtype).itemsize
+    if nbytes > SCRATCH_KEEP_BYTES:
+        return np.empty((rows, rank), dtype=dtype)
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.nbytes < nbytes:
+        buf = _SCRATCH.buf = np.empty(max(nbytes, 1 << 20), dtype=np.uint8)
+    return buf[:nbytes].view(dtype).reshape(rows, rank)
 
 
 @contextmanager
@@ -85,7 +102,7 @@ def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode
     plan = plan_conflicts(items, mode, R, out.dtype.itemsize, conflict, max_private_bytes)
     if items.nitems == 0:
         return plan
-    priv_buf = np.empty((max(1, int(plan.size.sum())), R), dtype=out.dtype)
+    priv_buf = private_scratch(max(1, int(plan.size.sum())), R, out.dtype)
     direct, runs = kernel_for(layout.nmodes, R, items.delta)
     mask = layout.pext_masks if items.delta else layout.field_mask
     common = (items.index, items.values, items.start, items.end, items.base, items.prev, items.lo,

@@ -263,7 +263,7 @@ class Store:
             "nnz": self.nnz,
             "density": self.nnz / math.prod(self.shape),
             "value_dtype": self.value_dtype.name,
-            "compression": self.meta.get("compression", "zstd"),
+            "compression": self.meta.get("compression", "small"),
             "norm": self.norm(),
             "blocks": self.nblocks,
             "block_nnz_min": int(counts.min()) if counts.size else 0,

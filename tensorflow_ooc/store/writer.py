@@ -48,7 +48,7 @@ class StoreWriter:
     attrs : extra provenance stored in the metadata
     flush_chunks : chunks buffered per write; each write compresses its chunks concurrently, so
         memory-bounded callers use 1
-    compression : "lz4" (default, fast to decode) or "zstd" (smallest); see ``store.codecs``
+    compression : "fast" (default, quick to decode) or "small"; see ``store.codecs``
     """
 
     def __init__(self, path: str | os.PathLike, layout: BitLayout, value_dtype: Any, capacity: int, *,
@@ -78,9 +78,8 @@ class StoreWriter:
         with quiet_numcodecs():
             self.alto = self.root.create_array("alto", shape=(cap,), chunks=(self.chunk_nnz,), dtype="<u8",
                                                fill_value=0, **index_codecs(compression))
-            self.values = self.root.create_array("values", shape=(cap,), chunks=(self.chunk_nnz,),
-                                                 dtype=self.value_dtype, fill_value=0,
-                                                 **value_codecs(self.value_dtype, compression))
+        self.capacity = cap
+        self.values = None        # created at the first write, when its codec can look at the data
         self.written = 0          # nonzeros flushed to the arrays
         self.received = 0         # nonzeros appended (flushed + pending)
         self.pending_keys: list[np.ndarray] = []
@@ -140,6 +139,7 @@ class StoreWriter:
         if self.written + n > self.alto.shape[0]:
             raise RuntimeError(f"store writer received more nonzeros ({self.written + n}) than its capacity "
                                f"({self.alto.shape[0]})")
+        self._values_array(vals[:self.chunk_nnz])
         step = self.flush_chunks * self.chunk_nnz
         for s in range(0, n, step):
             e = min(n, s + step)
@@ -150,6 +150,14 @@ class StoreWriter:
         self.pending_vals = [vals[n:].copy()] if n < keys.shape[1] else []
         self.pending_n = keys.shape[1] - n
 
+    def _values_array(self, sample: np.ndarray | None):
+        if self.values is None:
+            codecs = value_codecs(self.value_dtype, self.compression, sample)
+            self.values_shuffle = codecs["compressors"][0].shuffle.value
+            self.values = self.root.create_array("values", shape=(self.capacity,), chunks=(self.chunk_nnz,),
+                                                 dtype=self.value_dtype, fill_value=0, **codecs)
+        return self.values
+
     # --- finishing -------------------------------------------------------------------------------
 
     def commit(self) -> str:
@@ -157,7 +165,7 @@ class StoreWriter:
         self._flush(final=True)
         nnz = self.written
         self.alto.resize((nnz,))
-        self.values.resize((nnz,))
+        self._values_array(None).resize((nnz,))
         blocks = BlockTable.concat(self.tables, self.layout)
         nchunks = len(self.chunk_min)
         tables = {
@@ -185,6 +193,7 @@ class StoreWriter:
             "chunk_nnz": self.chunk_nnz,
             "max_block_nnz": self.max_block_nnz,
             "compression": self.compression,
+            "values_shuffle": self.values_shuffle,
             "nblocks": blocks.nblocks,
             "nchunks": nchunks,
             "layout": self.layout.describe(),
