@@ -23,7 +23,12 @@ def test_generate_convert_info(tmp_path):
     info = json.loads(r.stdout)
     assert info["nnz"] == 20000 and info["shape"] == [30, 40, 50, 6] and info["chunks"] == 5
     r = tfooc("info", tmp_path / "g.zarr")
-    assert "bytes/nonzero" in r.stdout and "chunk span" in r.stdout
+    assert "bytes/nonzero" in r.stdout and "chunk span" in r.stdout and "fast" in r.stdout
+    r = tfooc("convert", tns, tmp_path / "small.zarr", "--compression", "small")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(tfooc("info", tmp_path / "small.zarr", "--json").stdout)["compression"] == "small"
+    r = tfooc("convert", tns, tmp_path / "bad.zarr", "--compression", "gzip")
+    assert r.returncode != 0 and "invalid choice" in r.stderr and not (tmp_path / "bad.zarr").exists()
 
 
 def test_generate_store_and_planted(tmp_path):

@@ -37,6 +37,9 @@ def test_matches_pyttb_from_identical_init(tmp_path, rng, client, shape, executi
                                printitn=0)
     assert ours.iterations == 10
     assert abs(ours.fit - out["fit"]) < 1e-8
+    for h in ours.history:                # per-mode seconds from the pipelined iteration
+        assert len(h["mode_seconds"]) == len(shape) and min(h["mode_seconds"]) >= 0
+        assert sum(h["mode_seconds"]) <= h["seconds"] + 1e-3
     a, b = fixed(ours.to_pyttb()), fixed(ref)
     assert np.allclose(a.weights, b.weights, rtol=1e-8, atol=1e-8)
     for fa, fb in zip(a.factor_matrices, b.factor_matrices):

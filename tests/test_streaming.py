@@ -1,0 +1,209 @@
+"""The streaming read path: chunk files, fused re-encoding, delta kernels, cached validation."""
+
+import numba as nb
+import numpy as np
+import pytest
+import zarr
+
+import tensorflow_ooc as tfo
+from tensorflow_ooc.errors import CorruptStoreError
+from tensorflow_ooc.execution import stream
+from tensorflow_ooc.execution.stream import BatchBuffers, fill_batch, stream_batches
+from tensorflow_ooc.format import BitLayout, alto_words, decode_alto, reencode
+from tensorflow_ooc.format.bits import HAS_BMI2, _pext_bmi2, _pext_portable
+from tensorflow_ooc.kernels import StackedFactors, run_items
+from tensorflow_ooc.store.chunk_files import ChunkFiles
+
+from conftest import random_coo
+from test_mttkrp import dense_mttkrp, rel_err
+
+
+def _random_shape(rng, nmodes):
+    return tuple(int(s) for s in rng.integers(2, 300 if nmodes < 5 else 40, nmodes))
+
+
+@nb.njit
+def _pext_all(f, xs, masks, out):
+    for i in range(xs.shape[0]):
+        out[i] = f(xs[i], masks[i])
+
+
+def _pext_reference(x, m):
+    out, bit = 0, 0
+    for p in range(64):
+        if m >> p & 1:
+            out |= (x >> p & 1) << bit
+            bit += 1
+    return out
+
+
+def test_pext_portable_and_bmi2_agree_with_reference(rng):
+    xs = rng.integers(0, 2**63, 200, dtype=np.uint64) * np.uint64(2) + rng.integers(0, 2, 200, dtype=np.uint64)
+    masks = rng.integers(0, 2**63, 200, dtype=np.uint64)
+    ref = np.array([_pext_reference(int(x), int(m)) for x, m in zip(xs, masks)], dtype=np.uint64)
+    impls = [_pext_portable] + ([_pext_bmi2] if HAS_BMI2 else [])
+    for impl in impls:
+        got = np.empty_like(xs)
+        _pext_all(nb.njit(lambda x, m: impl(x, m)), xs, masks, got)
+        np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("nmodes", [3, 4, 5, 6])
+def test_decode_alto_equals_table_reencode(rng, nmodes):
+    shape = _random_shape(rng, nmodes)
+    layout = BitLayout(shape)
+    coords, _ = random_coo(rng, shape, 2000)
+    low = np.sort(alto_words(coords, layout)[0])
+    want = reencode(low, layout)
+    got = np.empty_like(low)
+    bits = decode_alto(low, layout, got)
+    np.testing.assert_array_equal(got, want)
+    assert bits == int(np.bitwise_or.reduce(low))
+    deltas = np.diff(low, prepend=np.uint64(0))         # the Delta filter's form, first value absolute
+    got[:] = 0
+    decode_alto(deltas, layout, got, is_delta=True)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("compression", ["fast", "small"])
+def test_chunk_files_match_zarr(tmp_path, rng, compression):
+    shape = (50, 60, 70, 80)
+    coords, values = random_coo(rng, shape, 5500)
+    s = tfo.convert((coords, values), tmp_path / "s.zarr", chunk_nnz=1000, compression=compression)
+    assert s.info()["compression"] == compression
+    g = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")
+    for name in ("alto", "values"):
+        files = ChunkFiles(g[name])
+        assert files.fast
+        out = np.empty(s.chunk_nnz, dtype=g[name].dtype)
+        for c in range(s.nchunks):            # the last chunk is partial
+            got = files.read(c, out)
+            want = g[name][c * s.chunk_nnz:(c + 1) * s.chunk_nnz]
+            data = np.cumsum(got.data, dtype=np.uint64) if got.is_delta else got.data
+            np.testing.assert_array_equal(data, want)
+            assert got.is_delta == (name == "alto")
+
+
+def test_values_codec_follows_the_data(tmp_path, rng):
+    coords, _ = random_coo(rng, (40, 50, 60), 4000)
+    a = tfo.convert((coords, rng.random(len(coords))), tmp_path / "a.zarr")
+    b = tfo.convert((coords, rng.integers(1, 5, len(coords)).astype(np.float64)), tmp_path / "b.zarr")
+    assert a.meta["values_shuffle"] == "noshuffle"    # random floats barely compress
+    assert b.meta["values_shuffle"] == "shuffle"      # counts do
+    for s in (a, b):
+        got_c, got_v = s.to_coo()
+        assert got_c.shape[0] == len(coords)
+
+
+def test_memory_url_store_streams(rng):
+    shape = (20, 30, 40)
+    coords, values = random_coo(rng, shape, 3000)
+    s = tfo.convert((coords, values), f"memory://stream-{rng.integers(1 << 30)}", chunk_nnz=700)
+    factors = [rng.standard_normal((n, 5)) for n in shape]
+    F = StackedFactors.from_list(factors)
+    for mode in range(3):
+        out = np.zeros((shape[mode], 5))
+        for items in stream_batches(s, 0, s.nchunks, batch_nnz=1400):
+            run_items(items, s.layout, F, mode, out)
+        assert rel_err(out, dense_mttkrp(shape, coords, values, factors, mode)) < 1e-12
+
+
+@pytest.mark.parametrize("nmodes", [3, 4, 5, 6])
+@pytest.mark.parametrize("delta", [True, False] if HAS_BMI2 else [False])
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_streamed_mttkrp_every_mode_against_einsum(tmp_path, rng, nmodes, delta, read_ahead, monkeypatch):
+    monkeypatch.setattr(stream, "DELTA_KERNELS", delta)
+    shape = tuple(int(s) for s in rng.integers(2, 13 if nmodes < 6 else 7, nmodes))
+    coords, values = random_coo(rng, shape, 900)
+    s = tfo.convert((coords, values), tmp_path / "s.zarr", chunk_nnz=128, max_block_nnz=90)
+    rank = int(rng.choice([3, 16, 32]))
+    factors = [rng.standard_normal((n, rank)) for n in shape]
+    F = StackedFactors.from_list(factors)
+    for mode in range(nmodes):
+        out = np.zeros((shape[mode], rank))
+        for items in stream_batches(s, 0, s.nchunks, batch_nnz=300, read_ahead=read_ahead):
+            assert items.delta == delta
+            run_items(items, s.layout, F, mode, out)
+        assert rel_err(out, dense_mttkrp(shape, coords, values, factors, mode)) < 1e-12, mode
+
+
+def test_zarr_read_path_fallback(tmp_path, rng, monkeypatch):
+    """Chains the fast reader does not know go through Zarr; results are the same."""
+    shape = (30, 40, 50)
+    coords, values = random_coo(rng, shape, 2500)
+    s = tfo.convert((coords, values), tmp_path / "s.zarr", chunk_nnz=600)
+    files = s._chunk_files
+    for f in files:
+        monkeypatch.setattr(f, "fast", False)
+    factors = [rng.standard_normal((n, 4)) for n in shape]
+    F = StackedFactors.from_list(factors)
+    for delta in ([True, False] if HAS_BMI2 else [False]):
+        monkeypatch.setattr(stream, "DELTA_KERNELS", delta)
+        stream.release_buffers()
+        for mode in range(3):
+            out = np.zeros((shape[mode], 4))
+            for items in stream_batches(s, 0, s.nchunks):
+                assert items.delta == delta
+                run_items(items, s.layout, F, mode, out)
+            assert rel_err(out, dense_mttkrp(shape, coords, values, factors, mode)) < 1e-12
+
+
+def _store(tmp_path, rng):
+    coords, values = random_coo(rng, (40, 50, 60), 3000)
+    return tfo.convert((coords, values), tmp_path / "s.zarr", chunk_nnz=1000, max_block_nnz=700)
+
+
+def test_damaged_chunk_fails_the_streaming_read(tmp_path, rng):
+    s = _store(tmp_path, rng)
+    path = tmp_path / "s.zarr" / "values" / "c" / "2"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    s = tfo.open_store(tmp_path / "s.zarr")
+    with pytest.raises(CorruptStoreError, match="chunk 2.*CRC32C"):
+        list(stream_batches(s, 0, s.nchunks))
+
+
+def _rewrite_alto_chunk(store_path, c, deltas):
+    """Replace a chunk of the index with other (valid, checksummed) contents."""
+    g = zarr.open_group(str(store_path), mode="r+")
+    arr = g["alto"]
+    n = arr.chunks[0]
+    arr[c * n:c * n + deltas.shape[0]] = np.cumsum(deltas, dtype=np.uint64)
+
+
+def test_changed_chunk_is_validated_again(tmp_path, rng):
+    """A chunk's profile is cached under its checksum: changed bytes are validated afresh, so a
+    chunk rewritten with indices outside the range table never reaches the kernels."""
+    s = _store(tmp_path, rng)
+    stream.release_buffers()
+    list(stream_batches(s, 0, s.nchunks))            # first pass: validated and cached
+    words = s.root["alto"][1000:2000]
+    bigger = words.copy()
+    bigger[-1] = np.uint64(int(words.max()) | ((1 << s.layout.index_bits) - 1))  # the largest index in range
+    _rewrite_alto_chunk(tmp_path / "s.zarr", 1, np.diff(np.sort(bigger), prepend=np.uint64(0)))
+    s = tfo.open_store(tmp_path / "s.zarr")
+    with pytest.raises(CorruptStoreError, match="chunk 1"):
+        list(stream_batches(s, 0, s.nchunks))
+
+
+def test_batches_reuse_buffers_and_stay_valid(tmp_path, rng):
+    shape = (30, 40, 50)
+    coords, values = random_coo(rng, shape, 3000)
+    s = tfo.convert((coords, values), tmp_path / "s.zarr", chunk_nnz=250)
+    stream.release_buffers()
+    a = [it.values.copy() for it in stream_batches(s, 0, s.nchunks, batch_nnz=500)]
+    b = [it.values.copy() for it in stream_batches(s, 0, s.nchunks, batch_nnz=500)]
+    assert len(stream._BUFFERS) == 1 and len(next(iter(stream._BUFFERS.values()))) == 2
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(np.sort(np.concatenate(a)), np.sort(values))
+    whole = fill_batch(s, range(s.nchunks), BatchBuffers(s, s.nchunks), delta=False)
+    np.testing.assert_array_equal(np.sort(whole.values), np.sort(values))
+
+
+def test_bad_compression_name(tmp_path, rng):
+    coords, values = random_coo(rng, (5, 6, 7), 30)
+    with pytest.raises(ValueError, match="compression must be one of"):
+        tfo.convert((coords, values), tmp_path / "x.zarr", compression="gzip")
+    assert not (tmp_path / "x.zarr").exists()
