@@ -11,6 +11,7 @@ from tensorflow_ooc.execution import stream
 from tensorflow_ooc.execution.stream import BatchBuffers, fill_batch, stream_batches
 from tensorflow_ooc.format import BitLayout, alto_words, decode_alto, reencode
 from tensorflow_ooc.format.bits import HAS_BMI2, _pext_bmi2, _pext_portable
+from tensorflow_ooc.format.linearize import _decode_alto_pext, _decode_alto_table
 from tensorflow_ooc.kernels import StackedFactors, run_items
 from tensorflow_ooc.store.chunk_files import ChunkFiles
 
@@ -63,6 +64,12 @@ def test_decode_alto_equals_table_reencode(rng, nmodes):
     got[:] = 0
     decode_alto(deltas, layout, got, is_delta=True)
     np.testing.assert_array_equal(got, want)
+    for fn, args in ((_decode_alto_table, (layout.reencode_table, layout.index_nbytes)),
+                     (_decode_alto_pext, (layout.pext_masks, layout.field_shift)) if HAS_BMI2 else (None, None)):
+        if fn is not None:                               # both implementations, whatever this CPU picks
+            got[:] = 0
+            fn(deltas, True, *args, got)
+            np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("compression", ["fast", "small"])
@@ -207,3 +214,10 @@ def test_bad_compression_name(tmp_path, rng):
     with pytest.raises(ValueError, match="compression must be one of"):
         tfo.convert((coords, values), tmp_path / "x.zarr", compression="gzip")
     assert not (tmp_path / "x.zarr").exists()
+
+
+def test_batch_size_follows_worker_memory():
+    from tensorflow_ooc.execution.stream import BATCH_NNZ, batch_nnz_for
+    assert batch_nnz_for(None) == BATCH_NNZ == batch_nnz_for(64 << 30)
+    small = 450 << 20
+    assert 2 * 16 * batch_nnz_for(small) <= small / 8 and batch_nnz_for(small) > 1 << 20

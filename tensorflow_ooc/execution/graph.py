@@ -21,6 +21,7 @@ from distributed import Client, Future, wait
 from ..store import open_store
 from .cluster import worker_resources
 from .partitions import Partition, plan_partitions
+from .stream import batch_nnz_for
 from .tasks import combine, load_partition, mttkrp_partition
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class MTTKRPGraph:
         # One partition per Dask thread: every extra task per mode costs a scheduling hop, and a
         # streaming task reads ahead inside itself, so more partitions buy nothing on one worker.
         self.parts: list[Partition] = plan_partitions(self.store, partitions or dask_threads, max_partition_nnz)
+        self.batch_nnz = batch_nnz_for(min(limits) if all(limits) else None)
         self.data: list[Future] | None = None
         log.info("MTTKRP graph: %d partitions, %s execution (decoded %.1f MiB, worker memory %s), "
                  "%d numba threads per task", len(self.parts), execution, decoded / 2**20,
@@ -88,7 +90,8 @@ class MTTKRPGraph:
         """Submit the mode-``mode`` MTTKRP up to the last level of its reduction: at most
         ``split_every`` futures of :class:`Partial`, which the consumer sums (the CP-ALS update
         does, saving one task hop per mode)."""
-        partials = [self.client.submit(mttkrp_partition, src, factors, mode, self.numba_threads, pure=False)
+        partials = [self.client.submit(mttkrp_partition, src, factors, mode, self.numba_threads, True,
+                                       self.batch_nnz, pure=False)
                     for src in self.sources()]
         return self.reduce(partials, last=True)
 

@@ -16,7 +16,7 @@ from ..kernels import StackedFactors, WorkItems, run_items
 from ..kernels.mttkrp import numba_threads
 from ..store import Store, open_store
 from .partitions import Partition
-from .stream import BatchBuffers, fill_batch, stream_batches
+from .stream import BATCH_NNZ, BatchBuffers, fill_batch, stream_batches
 
 _STORES: dict[str, Store] = {}
 _STORES_LOCK = threading.Lock()
@@ -61,7 +61,7 @@ def load_partition(path: str, part: Partition) -> PartitionData:
 
 
 def mttkrp_partition(source: PartitionData | tuple[str, Partition], factors: StackedFactors, mode: int,
-                     threads: int = 1, read_ahead: bool = True) -> Partial:
+                     threads: int = 1, read_ahead: bool = True, batch_nnz: int = BATCH_NNZ) -> Partial:
     """Mode-``mode`` MTTKRP of one partition, from decoded data (in-memory mode) or by streaming
     its chunks from the store in batches (streaming mode)."""
     lo_hi = source.part if isinstance(source, PartitionData) else source[1]
@@ -73,7 +73,7 @@ def mttkrp_partition(source: PartitionData | tuple[str, Partition], factors: Sta
         else:
             path, part = source
             store = cached_store(path)
-            for items in stream_batches(store, part.chunk_lo, part.chunk_hi, read_ahead=read_ahead):
+            for items in stream_batches(store, part.chunk_lo, part.chunk_hi, batch_nnz, read_ahead):
                 run_items(items, store.layout, factors, mode, out, out_lo=lo)
     return Partial(lo, out)
 

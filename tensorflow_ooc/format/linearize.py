@@ -9,7 +9,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .bits import pext
+from .bits import HAS_BMI2, pext
 from .layout import BitLayout
 
 
@@ -66,7 +66,7 @@ def reencode(alto_low: np.ndarray, layout: BitLayout) -> np.ndarray:
 
 
 @nb.njit(nogil=True, cache=True)
-def _decode_alto(alto, is_delta, masks, shift, out):
+def _decode_alto_pext(alto, is_delta, masks, shift, out):
     acc = np.uint64(0)
     seen = np.uint64(0)
     for i in range(alto.shape[0]):
@@ -82,15 +82,35 @@ def _decode_alto(alto, is_delta, masks, shift, out):
     return seen
 
 
+@nb.njit(nogil=True, cache=True)
+def _decode_alto_table(alto, is_delta, table, nbytes, out):
+    acc = np.uint64(0)
+    seen = np.uint64(0)
+    for i in range(alto.shape[0]):
+        if is_delta:
+            acc += alto[i]
+        else:
+            acc = alto[i]
+        seen |= acc
+        r = np.uint64(0)
+        for j in range(nbytes):
+            r |= table[j, (acc >> np.uint64(8 * j)) & np.uint64(255)]
+        out[i] = r
+    return seen
+
+
 def decode_alto(alto: np.ndarray, layout: BitLayout, out: np.ndarray, is_delta: bool = False) -> int:
     """Re-encode one chunk's low ALTO words into ``out``; with ``is_delta`` the input holds the
     Delta filter's differences (first value absolute) and is summed on the way, in one pass.
 
+    One BMI2 ``pext`` per mode where the CPU has it, else the byte tables of ``reencode``.
     Single-threaded on purpose: it runs in a read-ahead thread beside the multi-threaded kernel.
     Returns the OR of all ALTO words, so callers can check that no bit beyond the layout's
     ``index_bits`` is set.
     """
-    return int(_decode_alto(alto, bool(is_delta), layout.pext_masks, layout.field_shift, out))
+    if HAS_BMI2:
+        return int(_decode_alto_pext(alto, bool(is_delta), layout.pext_masks, layout.field_shift, out))
+    return int(_decode_alto_table(alto, bool(is_delta), layout.reencode_table, layout.index_nbytes, out))
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
