@@ -3,8 +3,9 @@
 Streaming MTTKRP reads every chunk once per mode, so per-chunk work beyond decompression must be
 small next to the kernel. Three things keep it small:
 
-- chunks are decompressed straight into reusable batch buffers (``Store.read_encoded``) and the
-  Delta filter's prefix sum is fused with re-encoding (``format.decode_alto``, one pass);
+- chunks are decompressed straight into reusable batch buffers (``Store.read_encoded``) and,
+  on CPUs with BMI2, left as the Delta filter's differences, which the ``delta`` kernels decode
+  themselves (elsewhere the prefix sum is fused with re-encoding, ``format.decode_alto``);
 - a chunk's work-item profile (item boundaries and per-mode index intervals) is computed and
   validated against the store's chunk range table the first time a worker reads the chunk, then
   cached under the chunk's CRC32C: later passes that read the same bytes reuse it. Different
@@ -38,6 +39,8 @@ def batch_nnz_for(memory_limit: int | None) -> int:
     if not memory_limit:
         return BATCH_NNZ
     return int(max(1 << 16, min(BATCH_NNZ, memory_limit * BATCH_MEMORY_FRACTION / (2 * 16))))
+
+
 DELTA_KERNELS = HAS_BMI2
 
 
@@ -65,6 +68,7 @@ class _ThreadScratch(threading.local):
 _SCRATCH = _ThreadScratch()
 _PROFILES: dict[tuple[str, int], tuple[int, ChunkProfile]] = {}
 _PROFILES_LOCK = threading.Lock()
+MAX_PROFILES = 1 << 17     # about 200 MB of profiles at most; 2^17 chunks are 10^11 nonzeros
 
 
 def _cached_profile(store: Store, enc: EncodedChunk) -> ChunkProfile | None:
@@ -90,6 +94,8 @@ def profile_chunk(store: Store, enc: EncodedChunk, index: np.ndarray, alto_bits:
     prof = ChunkProfile(it.start, it.end, it.base, it.lo, it.hi, it.changes, prev)
     if enc.checksum is not None:
         with _PROFILES_LOCK:
+            if len(_PROFILES) >= MAX_PROFILES:
+                _PROFILES.clear()
             _PROFILES[(str(store.meta["store_id"]), enc.id)] = (enc.checksum, prof)
     return prof
 
@@ -109,23 +115,25 @@ class BatchBuffers:
 
 
 # Batch buffers are reused across tasks: fresh 100 MB allocations would be page-faulted in on
-# every pass. Keyed by store, as many as the worker's tasks have needed at once.
-_BUFFERS: dict[tuple[str, int], list[BatchBuffers]] = {}
+# every pass. At most KEEP_BUFFERS idle ones are kept per process, whatever the store.
+_BUFFERS: list[BatchBuffers] = []
 _BUFFERS_LOCK = threading.Lock()
+KEEP_BUFFERS = 2
 
 
 def _take_buffers(store: Store, chunks: int) -> BatchBuffers:
-    key = (str(store.meta["store_id"]), chunks)
+    cap = chunks * store.chunk_nnz
     with _BUFFERS_LOCK:
-        free = _BUFFERS.setdefault(key, [])
-        if free:
-            return free.pop()
+        for i, b in enumerate(_BUFFERS):
+            if b.index.shape[0] == cap and b.values.dtype == store.value_dtype:
+                return _BUFFERS.pop(i)
     return BatchBuffers(store, chunks)
 
 
-def _give_buffers(store: Store, bufs: BatchBuffers) -> None:
+def _give_buffers(bufs: BatchBuffers) -> None:
     with _BUFFERS_LOCK:
-        _BUFFERS.setdefault((str(store.meta["store_id"]), bufs.chunks), []).append(bufs)
+        _BUFFERS.append(bufs)
+        del _BUFFERS[:-KEEP_BUFFERS]
 
 
 def release_buffers() -> None:
@@ -218,4 +226,4 @@ def stream_batches(store: Store, chunk_lo: int, chunk_hi: int, batch_nnz: int = 
             yield pending.result()
     finally:
         for b in bufs:
-            _give_buffers(store, b)
+            _give_buffers(b)
