@@ -63,16 +63,16 @@ class MTTKRPGraph:
         self.resources = res
         self.numba_threads = min(r["numba_threads"] for r in res.values())
         dask_threads = sum(r["dask_threads"] for r in res.values())
-        decoded = sum(p.decoded_bytes(self.store.nmodes) for p in plan_partitions(self.store, 1, None))
+        # One partition per Dask thread: every extra task per mode costs a scheduling hop, and a
+        # streaming task reads ahead inside itself, so more partitions buy nothing on one worker.
+        self.parts: list[Partition] = plan_partitions(self.store, partitions or dask_threads, max_partition_nnz)
+        decoded = sum(p.decoded_bytes(self.store.nmodes) for p in self.parts)
         limits = [r["memory_limit"] for r in res.values()]
         budget = sum(limits) if all(limits) else None
         if execution == "auto":
             fits = budget is None or decoded <= IN_MEMORY_FRACTION * budget
             execution = "in-memory" if fits else "streaming"
         self.execution = execution
-        # One partition per Dask thread: every extra task per mode costs a scheduling hop, and a
-        # streaming task reads ahead inside itself, so more partitions buy nothing on one worker.
-        self.parts: list[Partition] = plan_partitions(self.store, partitions or dask_threads, max_partition_nnz)
         self.batch_nnz = batch_nnz_for(min(limits) if all(limits) else None)
         self.data: list[Future] | None = None
         log.info("MTTKRP graph: %d partitions, %s execution (decoded %.1f MiB, worker memory %s), "
@@ -90,8 +90,8 @@ class MTTKRPGraph:
         """Submit the mode-``mode`` MTTKRP up to the last level of its reduction: at most
         ``split_every`` futures of :class:`Partial`, which the consumer sums (the CP-ALS update
         does, saving one task hop per mode)."""
-        partials = [self.client.submit(mttkrp_partition, src, factors, mode, self.numba_threads, True,
-                                       self.batch_nnz, pure=False)
+        partials = [self.client.submit(mttkrp_partition, src, factors, mode, self.numba_threads,
+                                       batch_nnz=self.batch_nnz, pure=False)
                     for src in self.sources()]
         return self.reduce(partials, last=True)
 

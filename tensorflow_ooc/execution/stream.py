@@ -165,25 +165,20 @@ def _fill_chunk(store: Store, c: int, bufs: BatchBuffers, pos: int, delta: bool)
     return prof
 
 
-def fill_batch(store: Store, chunk_ids: range, bufs: BatchBuffers, delta: bool | None = None,
-               pool: ThreadPoolExecutor | None = None) -> WorkItems:
+def fill_batch(store: Store, chunk_ids: range, bufs: BatchBuffers, delta: bool | None = None) -> WorkItems:
     """Read, decode and profile ``chunk_ids`` into ``bufs``; their work items, batch positions.
 
     With ``delta`` (default: where the CPU has BMI2) the index buffer receives the stored Delta
     differences as they come out of the decompressor, for the ``delta`` kernels; else it receives
     re-encoded BLCO indices. A chunk is fully re-encoded and validated only the first time a
-    process sees its bytes. With ``pool`` the chunks are read in parallel.
+    process sees its bytes.
     """
     delta = DELTA_KERNELS if delta is None else bool(delta)
-    offsets = np.minimum(np.arange(len(chunk_ids) + 1) * store.chunk_nnz,
-                         store.nnz - chunk_ids.start * store.chunk_nnz) if len(chunk_ids) else np.zeros(1, np.int64)
-    jobs = [(c, int(offsets[j])) for j, c in enumerate(chunk_ids)]
-    if pool is not None and len(jobs) > 1:
-        profiles = list(pool.map(lambda job: _fill_chunk(store, job[0], bufs, job[1], delta), jobs))
-    else:
-        profiles = [_fill_chunk(store, c, bufs, pos, delta) for c, pos in jobs]
-    parts = [(pos, prof) for (_, pos), prof in zip(jobs, profiles)]
-    pos = int(offsets[-1])
+    parts = []
+    pos = 0
+    for c in chunk_ids:
+        parts.append((pos, _fill_chunk(store, c, bufs, pos, delta)))
+        pos += min(store.nnz, (c + 1) * store.chunk_nnz) - c * store.chunk_nnz
     N = store.nmodes
 
     def cat(name: str, shift: bool = False) -> np.ndarray:

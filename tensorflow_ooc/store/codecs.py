@@ -69,7 +69,7 @@ def index_codecs(compression: str = DEFAULT_COMPRESSION) -> dict:
     return {"filters": [delta], "compressors": [_blosc(cname, level), Crc32cCodec()]}
 
 
-PLAIN_VALUES_RATIO = 0.85
+NOSHUFFLE_RATIO = 0.85
 
 
 def value_codecs(dtype: np.dtype, compression: str = DEFAULT_COMPRESSION, sample: np.ndarray | None = None) -> dict:
@@ -80,7 +80,7 @@ def value_codecs(dtype: np.dtype, compression: str = DEFAULT_COMPRESSION, sample
     if compression == "fast" and sample is not None and sample.size:
         probe = numcodecs.Blosc(cname=cname, clevel=level, shuffle=numcodecs.Blosc.SHUFFLE, blocksize=BLOCK_BYTES)
         data = np.ascontiguousarray(sample, dtype=dtype)
-        if len(probe.encode(data)) > PLAIN_VALUES_RATIO * data.nbytes:
+        if len(probe.encode(data)) > NOSHUFFLE_RATIO * data.nbytes:
             return {"compressors": [_blosc(cname, level, itemsize, "noshuffle"), Crc32cCodec()]}
     return {"compressors": [_blosc(cname, level, itemsize), Crc32cCodec()]}
 
