@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 import numpy as np
 from distributed import Client
 
-from ..execution import MTTKRPGraph, get_client
+from ..execution import DeviceOptions, MTTKRPGraph, get_client
 from ..store import Store, open_store
 from . import updates as U
 from .checkpoint import read_checkpoint, write_checkpoint
@@ -25,7 +25,7 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
            dtype: str = "float64", checkpoint: str | os.PathLike | None = None, resume: bool = False,
            callback: Callable[[dict], None] | None = None, execution: str = "auto", checkpoint_every: int = 1,
            scheduler: str | None = None, partitions: int | None = None, out: str | os.PathLike | None = None,
-           overwrite: bool = False) -> CPResult:
+           overwrite: bool = False, device: str = "auto", device_options: DeviceOptions | None = None) -> CPResult:
     """Rank-``rank`` CP decomposition of a sparse tensor store by alternating least squares.
 
     Parameters
@@ -51,6 +51,12 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
         See :class:`tensorflow_ooc.execution.MTTKRPGraph`.
     out : path, optional
         Also write the result to this Zarr result store.
+    device : {"auto", "cpu", "gpu"}
+        Where MTTKRP runs: "gpu" on the cluster's GPU workers (streaming batches over CUDA streams
+        when the tensor does not fit the device), "cpu" on CPU workers, "auto" on GPUs when the
+        cluster has them. On GPU workers with CuPy the mode updates run on the device too.
+    device_options : DeviceOptions, optional
+        GPU kernel and streaming settings (conflict resolution, streams, device memory limit).
 
     Returns
     -------
@@ -79,9 +85,12 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
     normX = math.sqrt(normX2)
     checkpoint = None if checkpoint is None else str(checkpoint)
 
-    with get_client(client, scheduler) as c:
-        graph = MTTKRPGraph(c, store.path, execution=execution, partitions=partitions)
+    with get_client(client, scheduler, device=device) as c:
+        graph = MTTKRPGraph(c, store.path, execution=execution, partitions=partitions, device=device,
+                            device_options=device_options)
         params["execution"] = graph.execution
+        params["device"] = graph.device
+        on_cluster = graph.placement     # update tasks run where the MTTKRP partials are made
         # --- initial state: fresh, or from the last checkpoint ---------------------------------------
         state = read_checkpoint(checkpoint) if (resume and checkpoint) else None
         if state is not None:
@@ -100,6 +109,8 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
                     raise ValueError(f"init must hold {N} matrices of shapes {[(s, rank) for s in shape]}")
                 F = c.submit(U.stack, [np.asarray(a) for a in init], dtype, pure=False)
             start, fit, history, weights = 0, 0.0, [], np.ones(rank)
+        if graph.device == "gpu":
+            F = c.submit(U.on_device, F, pure=False, **on_cluster)
         params["resumed_after"] = start
 
         # --- Algorithm 1 -----------------------------------------------------------------------------
@@ -113,7 +124,7 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
             fit_old = fit
             for n in range(N):
                 M = graph.partials(F, n)                                       # MTTKRP graph
-                F = c.submit(U.update_mode, F, M, n, iteration == 0, n == N - 1, pure=False)
+                F = c.submit(U.update_mode, F, M, n, iteration == 0, n == N - 1, pure=False, **on_cluster)
             sm = c.submit(U.summary, F, pure=False).result()
             weights = sm.weights
             # per-mode seconds from the update tasks' finish times (worker clocks)
@@ -135,11 +146,11 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
                 callback(record)
             done = iteration > 0 and abs(fit - fit_old) < tol
             if checkpoint and (done or (iteration + 1) % checkpoint_every == 0 or iteration + 1 == max_iters):
-                c.submit(write_checkpoint, checkpoint, F, weights, iteration, fit, history, params, input_fp,
-                         pure=False).result()
+                c.submit(write_checkpoint, checkpoint, c.submit(U.on_host, F, pure=False), weights, iteration, fit,
+                         history, params, input_fp, pure=False).result()
             if done:
                 break
-        final = F.result()
+        final = c.submit(U.on_host, F, pure=False).result()
         graph.release()
 
     lam, factors = arrange(weights, [np.array(v) for v in final.views])

@@ -4,19 +4,28 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
+from array_api_compat import array_namespace, is_numpy_array
 from scipy.linalg import cho_factor, cho_solve
 
 from ..execution.tasks import Partial
 from ..kernels import StackedFactors
 
 
+def to_host(x: Any) -> np.ndarray:
+    """A NumPy copy (or view) of a NumPy or device (CuPy) array."""
+    return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
+
+
 class CPState(StackedFactors):
     """The model between mode updates, as it lives on the cluster: the stacked factors (so MTTKRP
     tasks take it as their factors), each mode's Gram matrix, the column weights, and for the
-    driver's fit the inner-product terms of the last mode and each update's finish time."""
+    driver's fit the inner-product terms of the last mode and each update's finish time.
+
+    ``data`` and the Grams are NumPy arrays, or CuPy arrays when the state lives on a GPU worker
+    (:func:`on_device`); the update code is the same for both (array API namespace)."""
 
     def __init__(self, shape, rank, dtype=np.float64, data=None, grams: list[np.ndarray] | None = None) -> None:
         super().__init__(shape, rank, dtype, data)
@@ -30,14 +39,21 @@ class CPState(StackedFactors):
         return cls(factors.shape, factors.rank, factors.dtype, factors.data)
 
 
-def solve_normal(V: np.ndarray, M: np.ndarray) -> np.ndarray:
+def solve_normal(V: Any, M: Any) -> Any:
     """A = M V^+ for the symmetric R x R Hadamard product of Grams V: Cholesky (LAPACK potrf and
     potrs, M^T passed without a copy) when V is positive definite, else the pseudo-inverse
-    (rank-deficient or zero Grams)."""
-    try:
-        return cho_solve(cho_factor(V, lower=True, check_finite=False), M.T, check_finite=False).T
-    except np.linalg.LinAlgError:
-        return M @ np.linalg.pinv(V)
+    (rank-deficient or zero Grams). Device arrays use their namespace's Cholesky factor and
+    solve, with the pseudo-inverse where the factor has non-finite entries (CuPy does not raise)."""
+    if is_numpy_array(M):
+        try:
+            return cho_solve(cho_factor(V, lower=True, check_finite=False), M.T, check_finite=False).T
+        except np.linalg.LinAlgError:
+            return M @ np.linalg.pinv(V)
+    xp = array_namespace(M)
+    L = xp.linalg.cholesky(V)
+    if not bool(xp.all(xp.isfinite(L))):
+        return M @ xp.linalg.pinv(V)
+    return xp.linalg.solve(V, M.T).T
 
 
 def update_mode(state: CPState, partials: Partial | Sequence[Partial], mode: int, first_iteration: bool,
@@ -48,24 +64,25 @@ def update_mode(state: CPState, partials: Partial | Sequence[Partial], mode: int
     Tensor Toolbox and pyttb do. Returns a new state (a copy: earlier futures stay valid, which
     Dask's recomputation after a lost worker relies on). After the last mode it also holds the
     inner-product terms of the fit."""
+    xp = array_namespace(state.data)
     R = state.rank
-    V = np.ones((R, R))
+    V = xp.ones((R, R), dtype=state.data.dtype)
     for m, g in enumerate(state.grams):
         if m != mode:
-            V *= g
+            V = V * g
     parts = [partials] if isinstance(partials, Partial) else list(partials)
-    M = full_rows(parts, state.shape[mode])
-    A = solve_normal(V.astype(M.dtype, copy=False), M)
+    M = xp.asarray(full_rows(parts, state.shape[mode]))
+    A = solve_normal(V, M)
     if first_iteration:
-        weights = np.sqrt((A * A).sum(axis=0))
+        weights = xp.sqrt(xp.sum(A * A, axis=0))
     else:
-        weights = np.maximum(np.abs(A).max(axis=0), 1)
-    if not (weights == 0).all():
-        A = A / np.where(weights == 0, 1, weights)
-    out = CPState(state.shape, R, state.dtype, state.data.copy(), grams=state.grams)
+        weights = xp.maximum(xp.max(xp.abs(A), axis=0), xp.asarray(1, dtype=A.dtype))
+    if not bool(xp.all(weights == 0)):
+        A = A / xp.where(weights == 0, xp.asarray(1, dtype=A.dtype), weights)
+    out = CPState(state.shape, R, state.dtype, xp.asarray(state.data, copy=True), grams=state.grams)
     out.views[mode][...] = A
     out.grams[mode] = A.T @ A
-    out.weights = weights
+    out.weights = to_host(weights).astype(np.float64)
     out.finished = {**state.finished, mode: time.time()}
     out.inner = inner_terms(out.views[mode], parts) if last_mode else state.inner
     return out
@@ -93,14 +110,46 @@ class Summary:
 
 
 def summary(state: CPState) -> Summary:
-    return Summary(state.weights, state.grams, state.inner, dict(state.finished))
+    return Summary(state.weights, [to_host(g) for g in state.grams], state.inner, dict(state.finished))
 
 
-def inner_terms(A: np.ndarray, partials: Sequence[Partial]) -> np.ndarray:
+def inner_terms(A: Any, partials: Sequence[Partial]) -> np.ndarray:
     """Per component r: sum_i A_n[i, r] M_n[i, r]; with the weights this is <X, model>."""
-    out = np.zeros(A.shape[1], dtype=np.float64)
+    if is_numpy_array(A):
+        out = np.zeros(A.shape[1], dtype=np.float64)
+        for p in partials:
+            out += np.einsum("ir,ir->r", A[p.lo:p.lo + p.rows.shape[0]], p.rows)
+        return out
+    xp = array_namespace(A)
+    out = xp.zeros(A.shape[1], dtype=xp.float64)
     for p in partials:
-        out += np.einsum("ir,ir->r", A[p.lo:p.lo + p.rows.shape[0]], p.rows)
+        out += xp.sum(A[p.lo:p.lo + p.rows.shape[0]] * xp.asarray(p.rows), axis=0)
+    return to_host(out)
+
+
+def on_device(state: CPState) -> CPState:
+    """The state with its factors and Grams moved to the GPU as CuPy arrays, when CuPy and a real
+    device are there (GPU workers); else unchanged (the simulator, or no CuPy)."""
+    from ..kernels.gpu_device import visible_gpu_count
+
+    try:
+        import cupy
+    except ImportError:
+        return state
+    if visible_gpu_count() == 0:
+        return state
+    out = CPState(state.shape, state.rank, state.dtype, cupy.asarray(state.data),
+                  grams=[cupy.asarray(g) for g in state.grams])
+    out.weights, out.inner, out.finished = state.weights, state.inner, dict(state.finished)
+    return out
+
+
+def on_host(state: CPState) -> CPState:
+    """The state with NumPy factors and Grams (for checkpoints and the result)."""
+    if is_numpy_array(state.data):
+        return state
+    out = CPState(state.shape, state.rank, state.dtype, to_host(state.data), grams=[to_host(g) for g in state.grams])
+    out.weights, out.inner, out.finished = state.weights, state.inner, dict(state.finished)
     return out
 
 

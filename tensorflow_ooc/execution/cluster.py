@@ -21,13 +21,66 @@ def numba_threads_for(worker_threads: int, worker_cores: int) -> int:
     return max(1, worker_cores // max(1, worker_threads))
 
 
+DEVICES = ("auto", "cpu", "gpu")
+
+
+def _gpu_probe() -> dict:
+    """Run on a worker: can it run GPU kernels, and does it have a physical GPU?"""
+    from ..kernels.gpu_device import gpu_unavailable, visible_gpu_count
+
+    return {"reason": gpu_unavailable(), "physical": visible_gpu_count()}
+
+
+def gpu_workers(client: Client, physical: bool = False) -> tuple[list[str], dict[str, str]]:
+    """Workers that can run the GPU kernels (``physical``: on a real GPU, not the simulator), and
+    for the others why not."""
+    probes = client.run(_gpu_probe)
+    ok = [a for a, p in probes.items() if not p["reason"] and (p["physical"] > 0 or not physical)]
+    why = {a: p["reason"] or "no physical GPU (CUDA simulator)" for a, p in probes.items() if a not in ok}
+    return sorted(ok), why
+
+
+def resolve_device(client: Client, device: str) -> tuple[str, list[str]]:
+    """``device`` ("auto", "cpu" or "gpu") made concrete for this cluster, with the GPU workers.
+    ``auto`` takes GPU workers when the cluster has real GPUs; ``gpu`` also accepts the CUDA
+    simulator and raises, naming each worker's reason, when no worker can run GPU kernels."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    if device == "cpu":
+        return "cpu", []
+    workers, why = gpu_workers(client, physical=(device == "auto"))
+    if workers:
+        return "gpu", workers
+    if device == "gpu":
+        raise RuntimeError("device='gpu' but no Dask worker can run GPU kernels: "
+                           + "; ".join(f"{a}: {r}" for a, r in why.items()))
+    return "cpu", []
+
+
+def _embedded_gpu_cluster(memory_limit, dashboard_address):
+    """A LocalCUDACluster (one worker per visible GPU, each with a ``GPU`` resource) when GPUs are
+    visible and dask-cuda is installed; else None."""
+    from ..kernels.gpu_device import visible_gpu_count
+
+    if visible_gpu_count() == 0:
+        return None
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError:
+        log.info("GPUs are visible but dask-cuda is not installed: using the CPU cluster (pip install '.[gpu]')")
+        return None
+    return LocalCUDACluster(memory_limit=memory_limit, dashboard_address=dashboard_address, resources={"GPU": 1})
+
+
 @contextmanager
 def get_client(client: Client | None = None, scheduler: str | None = None, *, processes: bool = False,
                n_workers: int | None = None, memory_limit: int | str | None = "auto",
-               dashboard_address: str | None = ":8787") -> Iterator[Client]:
+               dashboard_address: str | None = ":8787", device: str = "auto") -> Iterator[Client]:
     """The client to use: the one given, one connected to ``scheduler``, or a new embedded cluster.
 
     The embedded cluster is sized to the machine and logs its dashboard link; it is closed on exit.
+    With ``device`` "auto" or "gpu" it is a LocalCUDACluster when GPUs are visible and dask-cuda
+    is installed (one worker per GPU), else the CPU LocalCluster.
     """
     if client is not None:
         yield client
@@ -41,7 +94,10 @@ def get_client(client: Client | None = None, scheduler: str | None = None, *, pr
             c.close()
         return
     cores = os.cpu_count() or 1
-    if processes:
+    gpu_cluster = _embedded_gpu_cluster(memory_limit, dashboard_address) if device in ("auto", "gpu") else None
+    if gpu_cluster is not None:
+        cluster = gpu_cluster
+    elif processes:
         n = n_workers or min(2, cores)
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, memory_limit=memory_limit,
                                dashboard_address=dashboard_address)

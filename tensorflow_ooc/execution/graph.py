@@ -19,7 +19,7 @@ from typing import Sequence
 from distributed import Client, Future, wait
 
 from ..store import open_store
-from .cluster import worker_resources
+from .cluster import resolve_device, worker_resources
 from .partitions import Partition, plan_partitions
 from .stream import batch_nnz_for
 from .tasks import combine, load_partition, mttkrp_partition
@@ -29,6 +29,13 @@ log = logging.getLogger(__name__)
 EXECUTION_MODES = ("auto", "streaming", "in-memory")
 IN_MEMORY_FRACTION = 0.5
 DEFAULT_SPLIT_EVERY = 4
+
+
+def _device_limit(device_options) -> int:
+    """Run on a GPU worker: the device memory its tasks may use."""
+    from .device_stream import DeviceOptions
+
+    return (device_options or DeviceOptions()).memory_limit()
 
 
 class MTTKRPGraph:
@@ -47,10 +54,16 @@ class MTTKRPGraph:
         Fan-in of the tree reduction.
     max_partition_nnz : int
         Largest partition, bounding one task's memory.
+    device : {"auto", "cpu", "gpu"}
+        Where partition tasks run: "gpu" places them on GPU workers (``GPU`` resource, or the
+        workers that can run GPU kernels); "auto" does so when the cluster has real GPUs.
+    device_options : DeviceOptions, optional
+        GPU kernel and streaming settings (:class:`tensorflow_ooc.execution.DeviceOptions`).
     """
 
     def __init__(self, client: Client, path: str, *, execution: str = "auto", partitions: int | None = None,
-                 split_every: int = DEFAULT_SPLIT_EVERY, max_partition_nnz: int = 1 << 26) -> None:
+                 split_every: int = DEFAULT_SPLIT_EVERY, max_partition_nnz: int = 1 << 26, device: str = "cpu",
+                 device_options: object | None = None) -> None:
         if execution not in EXECUTION_MODES:
             raise ValueError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
         self.client = client
@@ -60,26 +73,44 @@ class MTTKRPGraph:
         res = worker_resources(client)
         if not res:
             raise RuntimeError("the Dask cluster has no workers")
+        self.device, gpu_addrs = resolve_device(client, device)
+        self.device_options = device_options
+        self.placement: dict = {}
+        if self.device == "gpu":
+            res = {a: r for a, r in res.items() if a in gpu_addrs}
+            info = client.scheduler_info()["workers"]
+            if all(info[a].get("resources", {}).get("GPU") for a in gpu_addrs):
+                self.placement = {"resources": {"GPU": 1}}
+            else:
+                self.placement = {"workers": gpu_addrs, "allow_other_workers": False}
         self.resources = res
         self.numba_threads = min(r["numba_threads"] for r in res.values())
         dask_threads = sum(r["dask_threads"] for r in res.values())
         # One partition per Dask thread: every extra task per mode costs a scheduling hop, and a
         # streaming task reads ahead inside itself, so more partitions buy nothing on one worker.
-        self.parts: list[Partition] = plan_partitions(self.store, partitions or dask_threads, max_partition_nnz)
+        # On GPU workers one partition per GPU: a device runs one task's batches over its streams.
+        n_parts = partitions or (len(gpu_addrs) if self.device == "gpu" else dask_threads)
+        self.parts: list[Partition] = plan_partitions(self.store, n_parts, max_partition_nnz)
         decoded = sum(p.decoded_bytes(self.store.nmodes) for p in self.parts)
         limits = [r["memory_limit"] for r in res.values()]
         budget = sum(limits) if all(limits) else None
+        if self.device == "gpu":
+            dev_limits = client.run(_device_limit, device_options, workers=gpu_addrs)
+            budget = sum(dev_limits.values())
         if execution == "auto":
             fits = budget is None or decoded <= IN_MEMORY_FRACTION * budget
             execution = "in-memory" if fits else "streaming"
         self.execution = execution
         self.batch_nnz = batch_nnz_for(min(limits) if all(limits) else None)
         self.data: list[Future] | None = None
-        log.info("MTTKRP graph: %d partitions, %s execution (decoded %.1f MiB, worker memory %s), "
-                 "%d numba threads per task", len(self.parts), execution, decoded / 2**20,
+        log.info("MTTKRP graph: %d partitions on %s, %s execution (decoded %.1f MiB, %s memory %s), "
+                 "%d numba threads per task", len(self.parts), self.device, execution, decoded / 2**20,
+                 "device" if self.device == "gpu" else "worker",
                  "unlimited" if budget is None else f"{budget / 2**20:.0f} MiB", self.numba_threads)
         if execution == "in-memory":
-            self.data = [client.submit(load_partition, self.path, p, key=f"tfooc-partition-{self.store.meta['store_id']}-{p.id}")
+            self.data = [client.submit(load_partition, self.path, p, self.device, device_options,
+                                       key=f"tfooc-partition-{self.store.meta['store_id']}-{self.device}-{p.id}",
+                                       **self.placement)
                          for p in self.parts]
             wait(self.data)
 
@@ -91,7 +122,8 @@ class MTTKRPGraph:
         ``split_every`` futures of :class:`Partial`, which the consumer sums (the CP-ALS update
         does, saving one task hop per mode)."""
         partials = [self.client.submit(mttkrp_partition, src, factors, mode, self.numba_threads,
-                                       batch_nnz=self.batch_nnz, pure=False)
+                                       batch_nnz=self.batch_nnz, device=self.device,
+                                       device_options=self.device_options, pure=False, **self.placement)
                     for src in self.sources()]
         return self.reduce(partials, last=True)
 

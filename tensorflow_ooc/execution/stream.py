@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -101,13 +101,14 @@ def profile_chunk(store: Store, enc: EncodedChunk, index: np.ndarray, alto_bits:
 
 
 class BatchBuffers:
-    """Decoded index and values for up to ``chunks`` chunks (16 bytes a nonzero)."""
+    """Decoded index and values for up to ``chunks`` chunks (16 bytes a nonzero); ``alloc`` makes
+    the arrays (``numba.cuda.pinned_array`` for page-locked staging of GPU transfers)."""
 
-    def __init__(self, store: Store, chunks: int) -> None:
+    def __init__(self, store: Store, chunks: int, alloc: Callable[..., np.ndarray] = np.empty) -> None:
         cap = chunks * store.chunk_nnz
         self.chunks = chunks
-        self.index = np.empty(cap, dtype=np.uint64)
-        self.values = np.empty(cap, dtype=store.value_dtype)
+        self.index = alloc(cap, dtype=np.uint64)
+        self.values = alloc(cap, dtype=store.value_dtype)
 
     @property
     def nbytes(self) -> int:

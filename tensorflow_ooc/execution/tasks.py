@@ -52,20 +52,45 @@ class Partial:
     rows: np.ndarray
 
 
-def load_partition(path: str, part: Partition) -> PartitionData:
-    """Read and decode a partition's chunks into one set of work items (kept on the worker)."""
+@dataclass
+class DevicePartitionData:
+    """A partition uploaded to a GPU and decoded there once (in-memory mode on a GPU worker)."""
+
+    part: Partition
+    layout: BitLayout
+    batch: object            # execution.device_stream.DeviceBatch
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.batch.host.index.nbytes + self.batch.host.values.nbytes)
+
+
+def load_partition(path: str, part: Partition, device: str = "cpu", device_options: object | None = None
+                   ) -> PartitionData | DevicePartitionData:
+    """Read and decode a partition's chunks into one set of work items (kept on the worker), or
+    with ``device="gpu"`` into device memory (decoded on the device)."""
     store = cached_store(path)
+    if device == "gpu":
+        from .device_stream import DeviceOptions, resident_batch
+
+        opts = device_options or DeviceOptions()
+        batch = resident_batch(store, part.chunk_lo, part.chunk_hi, opts, 32 * opts.warps * opts.coarsen)
+        return DevicePartitionData(part, store.layout, batch)
     bufs = BatchBuffers(store, part.chunk_hi - part.chunk_lo)
     items = fill_batch(store, range(part.chunk_lo, part.chunk_hi), bufs, delta=False)
     return PartitionData(part, store.layout, items)
 
 
-def mttkrp_partition(source: PartitionData | tuple[str, Partition], factors: StackedFactors, mode: int,
-                     threads: int = 1, read_ahead: bool = True, batch_nnz: int = BATCH_NNZ) -> Partial:
+def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Partition], factors: StackedFactors,
+                     mode: int, threads: int = 1, read_ahead: bool = True, batch_nnz: int = BATCH_NNZ,
+                     device: str = "cpu", device_options: object | None = None) -> Partial:
     """Mode-``mode`` MTTKRP of one partition, from decoded data (in-memory mode) or by streaming
-    its chunks from the store in batches (streaming mode)."""
-    lo_hi = source.part if isinstance(source, PartitionData) else source[1]
+    its chunks from the store in batches (streaming mode); with ``device="gpu"`` on this worker's
+    GPU (:mod:`tensorflow_ooc.execution.device_stream`)."""
+    lo_hi = source.part if isinstance(source, (PartitionData, DevicePartitionData)) else source[1]
     lo, hi = lo_hi.row_lo[mode], lo_hi.row_hi[mode]
+    if device == "gpu" or isinstance(source, DevicePartitionData):
+        return Partial(lo, _mttkrp_partition_gpu(source, factors, mode, lo, hi - lo + 1, device_options))
     out = np.zeros((hi - lo + 1, factors.rank), dtype=factors.dtype)
     with numba_threads(threads):
         if isinstance(source, PartitionData):
@@ -76,6 +101,16 @@ def mttkrp_partition(source: PartitionData | tuple[str, Partition], factors: Sta
             for items in stream_batches(store, part.chunk_lo, part.chunk_hi, batch_nnz, read_ahead):
                 run_items(items, store.layout, factors, mode, out, out_lo=lo)
     return Partial(lo, out)
+
+
+def _mttkrp_partition_gpu(source, factors: StackedFactors, mode: int, lo: int, rows: int, device_options) -> np.ndarray:
+    from .device_stream import DeviceOptions, mttkrp_resident, mttkrp_stream
+
+    opts = device_options or DeviceOptions()
+    if isinstance(source, DevicePartitionData):
+        return mttkrp_resident(source.batch, source.layout, factors, mode, lo, rows, opts)
+    path, part = source
+    return mttkrp_stream(cached_store(path), part.chunk_lo, part.chunk_hi, factors, mode, lo, rows, opts)
 
 
 def combine(*partials: Partial) -> Partial:

@@ -1,0 +1,352 @@
+"""GPU execution: batches of a partition streamed to the device over several CUDA streams.
+
+A partition's chunks are read by the existing fast chunk reader straight into *pinned* host
+buffers (the stored ALTO differences, no re-encoding on the host), copied to a device buffer on
+the buffer's stream, decoded there (:mod:`tensorflow_ooc.kernels.decode_gpu`) and handed to the
+MTTKRP kernel on the same stream (seed 001 section 4.2). With S streams, S buffer sets rotate:
+while the kernel of batch b runs on its stream, the host fills and copies batch b + 1 on the next.
+A buffer set is refilled only after the event recorded behind the kernel that last read it has
+completed; :class:`StreamSchedule` is that order as a plain object, which the executor follows
+step by step and tests inspect.
+
+When a partition fits one buffer it is *resident*: uploaded and decoded once, then every mode's
+MTTKRP reads it from device memory (in-memory execution on a GPU worker).
+
+Factors are read from device memory for the whole task (uploaded once per model state, or used
+in place when the CP-ALS state already lives on the device as a CuPy array); the output is
+accumulated on the device and copied back once.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..format import BitLayout
+from ..kernels import StackedFactors, WorkItems
+from ..kernels.gpu_device import cuda, default_device_memory_limit, require_gpu, simulator_enabled, sm_count
+from ..kernels.gpu_plan import DEFAULT_COPIES, TileTable, choose_conflict, copies_for, device_tiles
+from ..store import Store
+from .stream import BATCH_NNZ, BatchBuffers, fill_batch
+
+DEFAULT_STREAMS = 8
+
+
+@dataclass
+class DeviceOptions:
+    """How GPU tasks run.
+
+    conflict : "auto" | "hierarchical" | "register"
+        Conflict resolution; "auto" is hierarchical when the target mode has fewer rows than
+        ``hierarchical_rows`` (default: the device's SM count), else register-based.
+    copies : global output copies for hierarchical resolution.
+    warps, coarsen : warps per thread block and 32-nonzero sub-tiles per warp (thread coarsening).
+    exchange : "intrinsics" | "shared" | None (None: intrinsics on hardware, shared in the simulator).
+    streams : CUDA streams (and buffer sets) for out-of-memory streaming.
+    device_memory_limit : bytes the task may use on the device (default: a fraction of free memory).
+    batch_nnz : largest streamed batch.
+    """
+
+    conflict: str = "auto"
+    hierarchical_rows: int | None = None
+    copies: int = DEFAULT_COPIES
+    warps: int = 8
+    coarsen: int = 4
+    exchange: str | None = None
+    streams: int = DEFAULT_STREAMS
+    device_memory_limit: int | None = None
+    batch_nnz: int = BATCH_NNZ
+    decode_threads: int = 256
+
+    def memory_limit(self) -> int:
+        return int(self.device_memory_limit) if self.device_memory_limit else default_device_memory_limit()
+
+
+# --- the schedule ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a streamed pass: ``kind`` on ``batch`` with buffer set (and stream) ``slot``.
+
+    kinds: ``wait`` (host blocks on the event recorded after batch ``batch``'s kernel),
+    ``fill`` (host reads the batch into the slot's pinned buffers), ``copy`` (host-to-device on the
+    slot's stream), ``compute`` (decode + MTTKRP on the slot's stream), ``record`` (event after the
+    kernel on the slot's stream).
+    """
+
+    kind: str
+    batch: int
+    slot: int
+
+
+@dataclass
+class StreamSchedule:
+    """Round-robin schedule of ``nbatches`` over ``streams`` buffer sets."""
+
+    nbatches: int
+    streams: int
+    steps: list[Step] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.streams = max(1, min(int(self.streams), max(1, self.nbatches)))
+        for b in range(self.nbatches):
+            s = b % self.streams
+            if b >= self.streams:
+                self.steps.append(Step("wait", b - self.streams, s))
+            self.steps += [Step("fill", b, s), Step("copy", b, s), Step("compute", b, s), Step("record", b, s)]
+
+    def check(self) -> None:
+        """Raise if any buffer set is written (fill or copy) before the kernel that last read it
+        is known complete, or if a batch is computed before it is copied."""
+        last_reader: dict[int, int] = {}
+        completed: set[int] = set()
+        copied: set[int] = set()
+        for st in self.steps:
+            if st.kind == "wait":
+                completed.add(st.batch)
+            elif st.kind in ("fill", "copy"):
+                prev = last_reader.get(st.slot)
+                if prev is not None and prev != st.batch and prev not in completed:
+                    raise AssertionError(f"buffer {st.slot} reused by batch {st.batch} before batch {prev}'s kernel "
+                                         "completed")
+                if st.kind == "copy":
+                    copied.add(st.batch)
+            elif st.kind == "compute":
+                if st.batch not in copied:
+                    raise AssertionError(f"batch {st.batch} computed before it was copied")
+                last_reader[st.slot] = st.batch
+
+
+# --- device buffers -----------------------------------------------------------------------------
+
+class DeviceBatch:
+    """One buffer set: pinned host staging, device copies of a batch and its tile table."""
+
+    def __init__(self, store: Store, chunks: int) -> None:
+        self.host = BatchBuffers(store, chunks, alloc=cuda.pinned_array)
+        cap = self.host.index.shape[0]
+        self.index = cuda.device_array(cap, dtype=np.uint64)
+        self.values = cuda.device_array(cap, dtype=store.value_dtype)
+        self.nnz = 0
+        self.delta = False
+        self.tiles: TileTable | None = None
+        self.d_tiles: tuple | None = None
+        self.stream = cuda.stream()
+        self.event = cuda.event()
+
+    @staticmethod
+    def device_bytes(cap: int, value_itemsize: int) -> int:
+        return cap * (8 + value_itemsize)
+
+    def upload(self, items: WorkItems, tile_nnz: int) -> None:
+        """Copy the batch in ``self.host`` (already filled) and its tile table to the device,
+        asynchronously on this buffer's stream."""
+        n = int(items.index.shape[0])
+        self.nnz = n
+        s = self.stream
+        if n:
+            self.index[:n].copy_to_device(self.host.index[:n], stream=s)
+            self.values[:n].copy_to_device(self.host.values[:n], stream=s)
+        t = self.tiles = device_tiles(items, tile_nnz)
+        prev = np.ascontiguousarray(items.prev, dtype=np.uint64)
+        # small tables: copied from pageable memory (they are a few bytes per thousand nonzeros)
+        self.d_tiles = tuple(cuda.to_device(np.ascontiguousarray(a), stream=s)
+                             for a in (t.start, t.end, t.base, t.item_first_tile, prev))
+        self.delta = bool(items.delta)
+
+
+def decode_on_device(batch: DeviceBatch, layout: BitLayout, opts: DeviceOptions) -> None:
+    """Stored ALTO words of ``batch`` to BLCO indices, in place, on its stream."""
+    from ..kernels.decode_gpu import decode_kernels
+
+    t = batch.tiles
+    if t is None or t.ntiles == 0:
+        return
+    tpb = opts.decode_threads
+    sums_k, prefix_k, decode_k = decode_kernels(tpb)
+    d_start, d_end, _d_base, d_first, d_prev = batch.d_tiles
+    s = batch.stream
+    prefix = cuda.device_array(t.ntiles, dtype=np.uint64, stream=s)
+    if batch.delta:
+        sums = cuda.device_array(t.ntiles, dtype=np.uint64, stream=s)
+        sums_k[t.ntiles, tpb, s](batch.index, d_start, d_end, sums)
+        nitems = d_prev.shape[0]
+        prefix_k[(nitems + 127) // 128, 128, s](d_prev, d_first, sums, prefix)
+    table = _device_table(layout)
+    decode_k[t.ntiles, tpb, s](batch.index, d_start, d_end, prefix, batch.delta, table, int(layout.index_nbytes))
+    batch.delta = False
+
+
+_TABLES: dict[tuple, Any] = {}
+_TABLES_LOCK = threading.Lock()
+
+
+def _device_table(layout: BitLayout):
+    with _TABLES_LOCK:
+        key = layout.shape
+        if key not in _TABLES:
+            _TABLES[key] = cuda.to_device(np.ascontiguousarray(layout.reencode_table))
+        return _TABLES[key]
+
+
+# --- factors on the device ----------------------------------------------------------------------
+
+_FACTORS: dict[int, tuple[Any, Any]] = {}
+_FACTORS_LOCK = threading.Lock()
+
+
+def device_factors(factors: StackedFactors):
+    """The stacked factors as a device array: in place when they already live on the device
+    (CuPy), else uploaded once per factor object and kept while that object lives."""
+    data = factors.data
+    if hasattr(data, "__cuda_array_interface__") and not isinstance(data, np.ndarray):
+        return cuda.as_cuda_array(data)
+    with _FACTORS_LOCK:
+        hit = _FACTORS.get(id(factors))
+        if hit is not None and hit[0] is data:
+            return hit[1]
+        d = cuda.to_device(np.ascontiguousarray(data))
+        _FACTORS.clear()       # one model state per worker at a time: the previous one is stale
+        _FACTORS[id(factors)] = (data, d)
+        return d
+
+
+# --- the MTTKRP of a stream of batches ----------------------------------------------------------
+
+@dataclass
+class DeviceMTTKRP:
+    """Runs MTTKRP of batches on one device for one target mode, into a device output."""
+
+    layout: BitLayout
+    factors: StackedFactors
+    mode: int
+    out_lo: int
+    rows: int
+    opts: DeviceOptions
+    stats: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from ..kernels.mttkrp_gpu import KernelConfig, mttkrp_kernel, rank_chunks_for
+        from ..kernels.warp_exchange import default_exchange
+
+        require_gpu()
+        R = self.factors.rank
+        dtype = np.dtype(self.factors.dtype).name
+        self.conflict = choose_conflict(self.rows, sm_count(), self.opts.conflict, self.opts.hierarchical_rows)
+        self.cfg = KernelConfig(self.layout.nmodes, rank_chunks_for(R), self.conflict,
+                                self.opts.exchange or default_exchange(), dtype, self.opts.warps, self.opts.coarsen)
+        self.kernel = mttkrp_kernel(self.cfg)
+        self.F = device_factors(self.factors)
+        self.offs = cuda.to_device(self.factors.offsets)
+        self.shift = cuda.to_device(self.layout.field_shift)
+        self.mask = cuda.to_device(self.layout.field_mask)
+        self.out = cuda.to_device(np.zeros((self.rows, R), dtype=self.factors.dtype))
+        if self.conflict == "hierarchical":
+            k = copies_for(self.rows, R, self.cfg.itemsize, max(1, self.opts.memory_limit() // 8), self.opts.copies)
+            self.copies = cuda.to_device(np.zeros((k, self.rows, R), dtype=self.factors.dtype))
+        else:
+            self.copies = cuda.device_array((1, 1, 1), dtype=self.factors.dtype)
+        self.stats.update(conflict=self.conflict, copies=int(self.copies.shape[0]), tiles=0, launches=0)
+
+    def launch(self, batch: DeviceBatch) -> None:
+        """Decode (if the batch holds stored words) and MTTKRP one batch on its stream."""
+        t = batch.tiles
+        if t is None or t.ntiles == 0:
+            return
+        d_start, d_end, d_base, _first, _prev = batch.d_tiles
+        self.kernel[t.ntiles, self.cfg.threads, batch.stream](
+            batch.index, batch.values, d_start, d_end, d_base, self.shift, self.mask, self.F, self.offs, self.mode,
+            self.factors.rank, self.out, self.out_lo, self.copies)
+        self.stats["tiles"] += t.ntiles
+        self.stats["launches"] += 1
+
+    def result(self) -> np.ndarray:
+        """Merge the copies (hierarchical), wait for every stream, and return the output on the host."""
+        cuda.synchronize()
+        if self.conflict == "hierarchical":
+            from ..kernels.mttkrp_gpu import merge_kernel
+
+            n = self.rows * self.factors.rank
+            if n:
+                merge_kernel()[(n + 255) // 256, 256](self.copies, self.out)
+            cuda.synchronize()
+        return self.out.copy_to_host()
+
+
+def stream_groups(chunk_lo: int, chunk_hi: int, chunks_per_batch: int) -> list[range]:
+    return [range(c, min(chunk_hi, c + chunks_per_batch)) for c in range(chunk_lo, chunk_hi, chunks_per_batch)]
+
+
+def plan_batches(store: Store, chunk_lo: int, chunk_hi: int, rows: int, rank: int, opts: DeviceOptions
+                 ) -> tuple[int, int]:
+    """(chunks per batch, streams) so that S buffer sets, the factors, the output and its copies fit
+    the device memory limit. Raises MemoryError, naming the numbers, when one chunk does not fit."""
+    itemsize = 8 if store.value_dtype == np.float64 else 4
+    fixed = (sum(store.shape) + rows * (1 + opts.copies)) * rank * 8
+    budget = opts.memory_limit() - fixed
+    per_chunk = DeviceBatch.device_bytes(store.chunk_nnz, itemsize)
+    nchunks = chunk_hi - chunk_lo
+    if budget < per_chunk:
+        raise MemoryError(f"device memory limit {opts.memory_limit() / 2**20:.1f} MiB leaves "
+                          f"{max(budget, 0) / 2**20:.1f} MiB after factors and output "
+                          f"({fixed / 2**20:.1f} MiB); one chunk needs {per_chunk / 2**20:.1f} MiB")
+    if nchunks * per_chunk <= budget and nchunks * store.chunk_nnz <= max(opts.batch_nnz, store.chunk_nnz):
+        return max(1, nchunks), 1
+    streams = max(1, min(opts.streams, nchunks))
+    per = max(1, min(budget // (streams * per_chunk), max(1, opts.batch_nnz // store.chunk_nnz)))
+    while streams > 1 and per < 1:
+        streams -= 1
+        per = budget // (streams * per_chunk)
+    return int(per), int(streams)
+
+
+def mttkrp_stream(store: Store, chunk_lo: int, chunk_hi: int, factors: StackedFactors, mode: int, out_lo: int,
+                  rows: int, opts: DeviceOptions, stats: dict | None = None) -> np.ndarray:
+    """Mode-``mode`` MTTKRP of chunks ``[chunk_lo, chunk_hi)`` streamed through the device; the
+    ``rows`` output rows from ``out_lo``, on the host."""
+    per, streams = plan_batches(store, chunk_lo, chunk_hi, rows, factors.rank, opts)
+    groups = stream_groups(chunk_lo, chunk_hi, per)
+    schedule = StreamSchedule(len(groups), streams)
+    run = DeviceMTTKRP(store.layout, factors, mode, out_lo, rows, opts)
+    tile_nnz = run.cfg.tile_nnz
+    slots = [DeviceBatch(store, per) for _ in range(schedule.streams)]
+    items: dict[int, WorkItems] = {}
+    for st in schedule.steps:
+        slot = slots[st.slot]
+        if st.kind == "wait":
+            slot.event.synchronize()
+        elif st.kind == "fill":
+            items[st.batch] = fill_batch(store, groups[st.batch], slot.host, delta=True)
+        elif st.kind == "copy":
+            slot.upload(items.pop(st.batch), tile_nnz)
+        elif st.kind == "compute":
+            decode_on_device(slot, store.layout, opts)
+            run.launch(slot)
+        elif st.kind == "record":
+            slot.event.record(slot.stream)
+    if stats is not None:
+        stats.update(run.stats, batches=len(groups), streams=schedule.streams, chunks_per_batch=per)
+    return run.result()
+
+
+def resident_batch(store: Store, chunk_lo: int, chunk_hi: int, opts: DeviceOptions, tile_nnz: int) -> DeviceBatch:
+    """A partition uploaded and decoded once, to serve every mode (in-memory GPU execution)."""
+    require_gpu()
+    batch = DeviceBatch(store, chunk_hi - chunk_lo)
+    items = fill_batch(store, range(chunk_lo, chunk_hi), batch.host, delta=True)
+    batch.upload(items, tile_nnz)
+    decode_on_device(batch, store.layout, opts)
+    batch.stream.synchronize()
+    return batch
+
+
+def mttkrp_resident(batch: DeviceBatch, layout: BitLayout, factors: StackedFactors, mode: int, out_lo: int, rows: int,
+                    opts: DeviceOptions, stats: dict | None = None) -> np.ndarray:
+    run = DeviceMTTKRP(layout, factors, mode, out_lo, rows, opts)
+    run.launch(batch)
+    if stats is not None:
+        stats.update(run.stats, batches=1, streams=1)
+    return run.result()
