@@ -1,9 +1,14 @@
 import os
+import shutil
 
 import numpy as np
 import pytest
 
 os.environ.setdefault("NUMBA_NUM_THREADS", "2")
+# GPU kernels run in numba's CUDA simulator unless a GPU is visible (tiny inputs only: one Python
+# thread per CUDA thread). CPU kernels are unaffected; set before anything imports numba.cuda.
+if not shutil.which("nvidia-smi"):
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..format import BitLayout
+from ..format import BitLayout, BLCOTensor
 from ..kernels import StackedFactors, WorkItems
 from ..kernels.gpu_device import cuda, default_device_memory_limit, require_gpu, simulator_enabled, sm_count
 from ..kernels.gpu_plan import DEFAULT_COPIES, TileTable, choose_conflict, copies_for, device_tiles
@@ -137,6 +137,20 @@ class DeviceBatch:
         self.stream = cuda.stream()
         self.event = cuda.event()
 
+    @classmethod
+    def of_items(cls, items: WorkItems, tile_nnz: int) -> "DeviceBatch":
+        """A batch of work items already in host memory (not pinned), copied to the device."""
+        batch = cls.__new__(cls)
+        batch.host = None
+        batch.stream = cuda.stream()
+        batch.event = cuda.event()
+        batch.index = cuda.to_device(np.ascontiguousarray(items.index), stream=batch.stream)
+        batch.values = cuda.to_device(np.ascontiguousarray(items.values), stream=batch.stream)
+        batch.nnz = int(items.index.shape[0])
+        batch._upload_tables(items, tile_nnz)
+        batch.stream.synchronize()
+        return batch
+
     @staticmethod
     def device_bytes(cap: int, value_itemsize: int) -> int:
         return cap * (8 + value_itemsize)
@@ -150,6 +164,10 @@ class DeviceBatch:
         if n:
             self.index[:n].copy_to_device(self.host.index[:n], stream=s)
             self.values[:n].copy_to_device(self.host.values[:n], stream=s)
+        self._upload_tables(items, tile_nnz)
+
+    def _upload_tables(self, items: WorkItems, tile_nnz: int) -> None:
+        s = self.stream
         t = self.tiles = device_tiles(items, tile_nnz)
         prev = np.ascontiguousarray(items.prev, dtype=np.uint64)
         # small tables: copied from pageable memory (they are a few bytes per thousand nonzeros)
@@ -350,3 +368,30 @@ def mttkrp_resident(batch: DeviceBatch, layout: BitLayout, factors: StackedFacto
     if stats is not None:
         stats.update(run.stats, batches=1, streams=1)
     return run.result()
+
+
+def mttkrp_gpu(tensor: Store | BLCOTensor, factors: StackedFactors | list, mode: int,
+               opts: DeviceOptions | None = None, stats: dict | None = None) -> np.ndarray:
+    """Mode-``mode`` MTTKRP of a whole store (streamed through the device in batches) or of an
+    in-memory BLCO tensor (uploaded once) on the GPU; the ``(I_mode, R)`` result on the host.
+
+    Examples
+    --------
+    >>> import numpy as np, tensorflow_ooc as tfo                      # doctest: +SKIP
+    >>> from tensorflow_ooc.execution import mttkrp_gpu                # doctest: +SKIP
+    >>> t = tfo.encode_coo(np.array([[0, 1, 2], [1, 1, 0]]), np.array([2.0, 3.0]), (2, 2, 3))
+    >>> mttkrp_gpu(t, [np.ones((2, 4)), np.ones((2, 4)), np.ones((3, 4))], 0)[:, 0]   # doctest: +SKIP
+    array([2., 3.])
+    """
+    from ..kernels import tensor_items
+    from ..kernels.mttkrp import check_factors
+
+    opts = opts or DeviceOptions()
+    A = check_factors(factors, tensor.shape, mode)
+    rows = int(tensor.shape[mode])
+    if isinstance(tensor, Store):
+        return mttkrp_stream(tensor, 0, tensor.nchunks, A, mode, 0, rows, opts, stats)
+    require_gpu()
+    items = tensor_items(tensor)          # re-encoded BLCO indices already: no device decode
+    batch = DeviceBatch.of_items(items, 32 * opts.warps * opts.coarsen)
+    return mttkrp_resident(batch, tensor.layout, A, mode, 0, rows, opts, stats)
