@@ -155,6 +155,7 @@ def cmd_cpd(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from .decompositions import cp_als
+    from .execution import DeviceOptions
     from .store import open_store
 
     store = open_store(args.store)
@@ -173,12 +174,15 @@ def cmd_cpd(args: argparse.Namespace) -> int:
     with logging_redirect_tqdm(loggers=[logging.getLogger("tensorflow_ooc")]):
         result = cp_als(store, args.rank, scheduler=args.scheduler, max_iters=args.max_iters, tol=args.tol,
                         seed=args.seed, dtype=args.dtype, checkpoint=checkpoint, resume=args.resume,
-                        callback=progress, execution=args.execution, out=out, overwrite=True)
+                        callback=progress, execution=args.execution, out=out, overwrite=True, device=args.device,
+                        device_options=DeviceOptions(conflict=args.conflict, streams=args.streams,
+                                                     device_memory_limit=args.device_memory_limit))
     bar.close()
     wall = time.perf_counter() - t0
     new = result.history[result.params.get("resumed_after", 0):]
     per_it = sum(h["seconds"] for h in new) / max(1, len(new))
-    print(f"CP-ALS rank {args.rank} on {store.path} ({store.nnz:,} nonzeros, {result.params['execution']} execution)")
+    print(f"CP-ALS rank {args.rank} on {store.path} ({store.nnz:,} nonzeros, {result.params['execution']} execution "
+          f"on {result.params['device']})")
     print(f"  fit            {result.fit:.6f} after {result.iterations} iterations")
     print(f"  per iteration  {per_it:.3f} s  ({store.nnz * store.nmodes / max(per_it, 1e-12) / 1e6:.1f} M nonzero-modes/s; "
           f"{len(new)} iterations in this run, {wall:.1f} s wall)")
@@ -300,6 +304,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dtype", choices=["float64", "float32"], default="float64", help="factor precision")
     d.add_argument("--execution", choices=["auto", "streaming", "in-memory"], default="auto",
                    help="stream chunks each pass or keep decoded blocks on workers (default: by memory)")
+    d.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
+                   help="where MTTKRP runs: gpu = GPU workers (LocalCUDACluster when GPUs are visible and "
+                        "dask-cuda is installed; error if no worker can run GPU kernels), cpu, or auto = GPUs "
+                        "when the cluster has them (default auto)")
+    d.add_argument("--conflict", choices=["auto", "hierarchical", "register"], default="auto",
+                   help="GPU conflict resolution (default auto: hierarchical when the target mode is shorter "
+                        "than the device's SM count)")
+    d.add_argument("--streams", type=_positive_int, default=8, help="CUDA streams for GPU streaming (default 8)")
+    d.add_argument("--device-memory-limit", type=parse_size, default=None,
+                   help="device memory a GPU task may use, e.g. 8GiB (default 80%% of free device memory); "
+                        "tensors larger than this are streamed in batches")
     d.add_argument("--checkpoint", help="checkpoint file (default OUT.checkpoint.npz)")
     d.add_argument("--resume", action="store_true", help="continue from the checkpoint if it exists")
     d.set_defaults(func=cmd_cpd)

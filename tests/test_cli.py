@@ -88,3 +88,18 @@ def test_cpd_and_resume(tmp_path):
     assert "after 6 iterations" in r2.stdout and "2 iterations in this run" in r2.stdout
     bad = tfooc("cpd", tmp_path / "s.zarr", "--rank", "0")
     assert bad.returncode == 2
+
+
+def test_cpd_on_gpu_device(tmp_path):
+    """``--device gpu`` runs MTTKRP on GPU workers (the CUDA simulator here, inherited from conftest)."""
+    from tensorflow_ooc.kernels.gpu_device import gpu_unavailable
+
+    assert tfooc("-q", "generate", tmp_path / "s.zarr", "--shape", "6,7,5", "--nnz", "40").returncode == 0
+    r = tfooc("cpd", tmp_path / "s.zarr", "--rank", "2", "--max-iters", "2", "--tol", "0", "--seed", "1",
+              "--device", "gpu", "--conflict", "register", "--streams", "2", "--execution", "streaming",
+              "--device-memory-limit", "64MiB")
+    if gpu_unavailable():
+        assert r.returncode != 0 and "no Dask worker can run GPU kernels" in r.stderr
+    else:
+        assert r.returncode == 0, r.stderr
+        assert "on gpu" in r.stdout and "after 2 iterations" in r.stdout
