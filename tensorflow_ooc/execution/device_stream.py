@@ -329,8 +329,49 @@ def mttkrp_stream(store: Store, chunk_lo: int, chunk_hi: int, factors: StackedFa
     groups = stream_groups(chunk_lo, chunk_hi, per)
     schedule = StreamSchedule(len(groups), streams)
     run = DeviceMTTKRP(store.layout, factors, mode, out_lo, rows, opts)
+    slots = [_take_slot(store, per) for _ in range(schedule.streams)]
+    try:
+        return _run_schedule(store, schedule, groups, slots, run, opts, stats, per)
+    finally:
+        _give_slots(store, per, slots)
+
+
+# Pinned host memory and device buffers are slow to allocate (page locking, cudaMalloc): a
+# worker keeps the buffer sets of its last streamed pass for the next mode and iteration.
+_SLOTS: dict[tuple, list[DeviceBatch]] = {}
+_SLOTS_LOCK = threading.Lock()
+
+
+def _slot_key(store: Store, per: int) -> tuple:
+    return (per * store.chunk_nnz, np.dtype(store.value_dtype).str)
+
+
+def _take_slot(store: Store, per: int) -> DeviceBatch:
+    with _SLOTS_LOCK:
+        free = _SLOTS.get(_slot_key(store, per))
+        if free:
+            return free.pop()
+    return DeviceBatch(store, per)
+
+
+def _give_slots(store: Store, per: int, slots: list[DeviceBatch]) -> None:
+    with _SLOTS_LOCK:
+        key = _slot_key(store, per)
+        for k in [k for k in _SLOTS if k != key]:
+            del _SLOTS[k]            # one buffer geometry at a time per worker
+        _SLOTS.setdefault(key, []).extend(slots)
+
+
+def release_device_buffers() -> None:
+    """Drop the pooled pinned and device buffers of this process."""
+    with _SLOTS_LOCK:
+        _SLOTS.clear()
+
+
+def _run_schedule(store: Store, schedule: StreamSchedule, groups: list[range], slots: list[DeviceBatch],
+                  run: DeviceMTTKRP, opts: DeviceOptions, stats: dict | None, per: int) -> np.ndarray:
+    """Follow ``schedule`` step by step (see :class:`StreamSchedule`)."""
     tile_nnz = run.cfg.tile_nnz
-    slots = [DeviceBatch(store, per) for _ in range(schedule.streams)]
     items: dict[int, WorkItems] = {}
     for st in schedule.steps:
         slot = slots[st.slot]

@@ -34,7 +34,7 @@ def simulator_enabled() -> bool:
 def gpu_unavailable() -> str:
     """Why GPU kernels cannot run in this process ("" when they can: a device or the simulator)."""
     if cuda is None:
-        return f"numba-cuda is missing ({_IMPORT_ERROR}); install the gpu extra: pip install -e '.[gpu]'"
+        return f"{_IMPORT_ERROR}; install the gpu extra: pip install -e '.[gpu]'"
     if simulator_enabled():
         return ""
     try:
