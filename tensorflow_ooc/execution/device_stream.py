@@ -298,34 +298,34 @@ def stream_groups(chunk_lo: int, chunk_hi: int, chunks_per_batch: int) -> list[r
     return [range(c, min(chunk_hi, c + chunks_per_batch)) for c in range(chunk_lo, chunk_hi, chunks_per_batch)]
 
 
-def plan_batches(store: Store, chunk_lo: int, chunk_hi: int, rows: int, rank: int, opts: DeviceOptions
-                 ) -> tuple[int, int]:
-    """(chunks per batch, streams) so that S buffer sets, the factors, the output and its copies fit
-    the device memory limit. Raises MemoryError, naming the numbers, when one chunk does not fit."""
-    itemsize = 8 if store.value_dtype == np.float64 else 4
-    fixed = (sum(store.shape) + rows * (1 + opts.copies)) * rank * 8
+def plan_batches(store: Store, chunk_lo: int, chunk_hi: int, rows: int, factors: StackedFactors, mode: int,
+                 opts: DeviceOptions) -> tuple[int, int]:
+    """(chunks per batch, streams) so that the S buffer sets, the factors, the output and (for
+    hierarchical resolution) its copies fit the device memory limit. Raises MemoryError, naming the
+    numbers, when not even one chunk fits beside them."""
+    itemsize = np.dtype(factors.dtype).itemsize
+    hierarchical = choose_conflict(rows, sm_count(), opts.conflict, opts.hierarchical_rows) == "hierarchical"
+    fixed = (sum(store.shape) + rows * (1 + (opts.copies if hierarchical else 0))) * factors.rank * itemsize
     budget = opts.memory_limit() - fixed
-    per_chunk = DeviceBatch.device_bytes(store.chunk_nnz, itemsize)
+    per_chunk = DeviceBatch.device_bytes(store.chunk_nnz, np.dtype(store.value_dtype).itemsize)
     nchunks = chunk_hi - chunk_lo
     if budget < per_chunk:
         raise MemoryError(f"device memory limit {opts.memory_limit() / 2**20:.1f} MiB leaves "
                           f"{max(budget, 0) / 2**20:.1f} MiB after factors and output "
                           f"({fixed / 2**20:.1f} MiB); one chunk needs {per_chunk / 2**20:.1f} MiB")
-    if nchunks * per_chunk <= budget and nchunks * store.chunk_nnz <= max(opts.batch_nnz, store.chunk_nnz):
-        return max(1, nchunks), 1
-    streams = max(1, min(opts.streams, nchunks))
-    per = max(1, min(budget // (streams * per_chunk), max(1, opts.batch_nnz // store.chunk_nnz)))
-    while streams > 1 and per < 1:
-        streams -= 1
-        per = budget // (streams * per_chunk)
-    return int(per), int(streams)
+    max_per = max(1, opts.batch_nnz // store.chunk_nnz)
+    if nchunks <= max_per and nchunks * per_chunk <= budget:
+        return max(1, nchunks), 1                      # resident: one batch, one stream
+    streams = int(max(1, min(opts.streams, nchunks, budget // per_chunk)))
+    per = int(max(1, min(max_per, budget // (streams * per_chunk))))
+    return per, streams
 
 
 def mttkrp_stream(store: Store, chunk_lo: int, chunk_hi: int, factors: StackedFactors, mode: int, out_lo: int,
                   rows: int, opts: DeviceOptions, stats: dict | None = None) -> np.ndarray:
     """Mode-``mode`` MTTKRP of chunks ``[chunk_lo, chunk_hi)`` streamed through the device; the
     ``rows`` output rows from ``out_lo``, on the host."""
-    per, streams = plan_batches(store, chunk_lo, chunk_hi, rows, factors.rank, opts)
+    per, streams = plan_batches(store, chunk_lo, chunk_hi, rows, factors, mode, opts)
     groups = stream_groups(chunk_lo, chunk_hi, per)
     schedule = StreamSchedule(len(groups), streams)
     run = DeviceMTTKRP(store.layout, factors, mode, out_lo, rows, opts)
