@@ -62,6 +62,7 @@ from tensorflow_ooc.kernels import StackedFactors  # noqa: E402
 from tensorflow_ooc.kernels import gpu_model as gm  # noqa: E402
 from tensorflow_ooc.kernels.gpu_device import gpu_unavailable, simulator_enabled  # noqa: E402
 from tensorflow_ooc.kernels.gpu_plan import DEFAULT_COPIES, device_tiles  # noqa: E402
+from tensorflow_ooc.kernels.mttkrp_gpu import lanes_for  # noqa: E402
 from tensorflow_ooc.kernels.mttkrp import tensor_items  # noqa: E402
 from tensorflow_ooc.kernels.mttkrp_gpu import DEFAULT_COARSEN, DEFAULT_WARPS  # noqa: E402
 
@@ -108,7 +109,8 @@ def segment_profile(tensor, ranks, itemsize: int) -> dict:
         changes = gm.segments_from_changes(items.changes, mode)
         for R in ranks:
             stash = gm.stash_rows_for(lay.nmodes, R, itemsize)
-            k = gm.kernel_segments(keys, tiles.start, tiles.end, coarsen=DEFAULT_COARSEN, stash_rows=stash)
+            k = gm.kernel_segments(keys, tiles.start, tiles.end, coarsen=DEFAULT_COARSEN, stash_rows=stash,
+                                   tile_lo=tiles.lo[:, mode], lanes=lanes_for(R))
             out[(R, mode)] = {**k, "alto_changes": changes, "stash_rows": stash, "items": items.nitems,
                               "sample_nnz": tensor.nnz}
     return out

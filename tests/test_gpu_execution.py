@@ -111,3 +111,29 @@ def test_device_gpu_without_numba_cuda_says_why(tmp_path, rng):
     store = tfo.convert(random_coo(rng, shape, 60), tmp_path / "g.zarr", shape=shape)
     with pytest.raises(RuntimeError, match="no Dask worker can run GPU kernels"):
         tfo.cp_als(store, 2, max_iters=1, device="gpu")
+
+
+@pytest.mark.parametrize("first_iteration", [True, False])
+@pytest.mark.parametrize("deficient", [False, True])
+def test_update_on_the_array_api_path_equals_the_numpy_fast_path(rng, monkeypatch, first_iteration, deficient):
+    """The device (CuPy) update runs the array-API branch of ``update_mode``; here it runs with
+    NumPy's array-API namespace and must equal the LAPACK fast path, Cholesky or pseudo-inverse."""
+    from tensorflow_ooc.decompositions import updates as U
+    from tensorflow_ooc.execution.tasks import Partial
+    from tensorflow_ooc.kernels import StackedFactors
+
+    shape, R = (7, 9, 5), 4
+    state = U.CPState.of(StackedFactors.from_list([rng.random((s, R)) for s in shape]))
+    if deficient:                       # identical columns: V is singular, the pseudo-inverse is used
+        for v in state.views:
+            v[:, 1] = v[:, 0]
+        state.grams = [v.T @ v for v in state.views]
+    parts = [Partial(0, rng.standard_normal((4, R))), Partial(3, rng.standard_normal((6, R)))]
+    fast = U.update_mode(state, parts, 1, first_iteration, True)
+    monkeypatch.setattr(U, "is_numpy_array", lambda x: False)
+    generic = U.update_mode(state, parts, 1, first_iteration, True)
+    np.testing.assert_allclose(generic.data, fast.data, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(generic.weights, fast.weights, rtol=1e-9)
+    np.testing.assert_allclose(generic.inner, fast.inner, rtol=1e-9, atol=1e-12)
+    for g, h in zip(generic.grams, fast.grams):
+        np.testing.assert_allclose(g, h, rtol=1e-9, atol=1e-12)

@@ -164,32 +164,37 @@ def test_rejects_bad_arguments(bad):
 
 
 def test_stash_rows_match_kernel_config():
-    from tensorflow_ooc.kernels.mttkrp_gpu import KernelConfig, rank_chunks_for
+    from tensorflow_ooc.kernels.mttkrp_gpu import KernelConfig
 
     for N, R, isz in [(3, 32, 8), (4, 32, 8), (4, 64, 4), (3, 16, 8)]:
-        cfg = KernelConfig(N, rank_chunks_for(R), "hierarchical", "intrinsics", "float64" if isz == 8 else "float32")
+        cfg = KernelConfig.for_rank(N, R, "hierarchical", "intrinsics", "float64" if isz == 8 else "float32")
         assert gm.stash_rows_for(N, R, isz) == cfg.stash_rows
 
 
 # --- segment counts --------------------------------------------------------------------------------
 
-def walk_reference(keys, ts, te, coarsen, stash_rows):
-    """The kernel's walk, written out: per warp, per 32-nonzero sub-tile, groups in first-lane order."""
+def walk_reference(keys, ts, te, coarsen, stash_rows, lanes=32, tile_lo=None):
+    """The kernel's walk, written out: per warp, per 32-nonzero sub-tile, rows reordered in
+    first-lane order; lane group g walks reordered slots g*lanes .. (g+1)*lanes - 1 with its own
+    accumulator, which carries from one sub-tile to the next."""
     seg = sseg = 0
-    for start, end in zip(ts.tolist(), te.tolist()):
+    for t, (start, end) in enumerate(zip(ts.tolist(), te.tolist())):
+        win = 0 if tile_lo is None else int(tile_lo[t])
         nsub = -(-(end - start) // 32)
         for w in range(-(-nsub // coarsen)):
-            current = -1
+            current = [-1] * (32 // lanes)
             for c in range(coarsen):
                 first = start + (w * coarsen + c) * 32
                 if first >= end:
                     break
-                groups = list(dict.fromkeys(keys[first:min(first + 32, end)].tolist()))
-                for g in groups:
-                    if g != current:
+                sub = keys[first:min(first + 32, end)].tolist()
+                slots = [r for g in dict.fromkeys(sub) for r in sub if r == g]
+                for i, row in enumerate(slots):
+                    g = i // lanes
+                    if row != current[g]:
                         seg += 1
-                        sseg += g < stash_rows
-                        current = g
+                        sseg += row - win < stash_rows
+                        current[g] = row
     return seg, sseg
 
 
@@ -206,8 +211,9 @@ def test_kernel_segments_by_hand():
     assert r["segments"] == 3 and r["stash_segments"] == 2 and r["block_rows"] == 2
 
 
+@pytest.mark.parametrize("lanes", [32, 16, 8, 1])
 @pytest.mark.parametrize("coarsen", [1, 2, 4])
-def test_kernel_segments_match_walk(rng, coarsen):
+def test_kernel_segments_match_walk(rng, coarsen, lanes):
     for _ in range(5):
         n = int(rng.integers(1, 3000))
         keys = np.sort(rng.integers(0, int(rng.integers(1, 50)), n))           # long runs
@@ -220,9 +226,11 @@ def test_kernel_segments_match_walk(rng, coarsen):
                 ts.append(s)
                 te.append(min(b, s + tile))
         ts, te = np.array(ts), np.array(te)
-        got = gm.kernel_segments(keys, ts, te, coarsen=coarsen, stash_rows=10)
-        assert (got["segments"], got["stash_segments"]) == walk_reference(keys, ts, te, coarsen, 10)
-        assert got["block_rows"] == sum(len(set(keys[a:b][keys[a:b] < 10].tolist())) for a, b in zip(ts, te))
+        lo = np.array([keys[a:b].min() for a, b in zip(ts, te)])
+        got = gm.kernel_segments(keys, ts, te, coarsen=coarsen, stash_rows=10, tile_lo=lo, lanes=lanes)
+        assert (got["segments"], got["stash_segments"]) == walk_reference(keys, ts, te, coarsen, 10, lanes, lo)
+        assert got["block_rows"] == sum(len(set(keys[a:b][keys[a:b] - w < 10].tolist()))
+                                        for a, b, w in zip(ts, te, lo))
 
 
 def test_item_keys_and_changes_on_a_tensor(rng):

@@ -50,8 +50,11 @@ def solve_normal(V: Any, M: Any) -> Any:
         except np.linalg.LinAlgError:
             return M @ np.linalg.pinv(V)
     xp = array_namespace(M)
-    L = xp.linalg.cholesky(V)
-    if not bool(xp.all(xp.isfinite(L))):
+    try:
+        positive_definite = bool(xp.all(xp.isfinite(xp.linalg.cholesky(V))))
+    except Exception:  # namespaces that raise (NumPy's LinAlgError) instead of returning NaN
+        positive_definite = False
+    if not positive_definite:
         return M @ xp.linalg.pinv(V)
     return xp.linalg.solve(V, M.T).T
 

@@ -133,7 +133,8 @@ class DeviceBatch:
         self.nnz = 0
         self.delta = False
         self.tiles: TileTable | None = None
-        self.d_tiles: tuple | None = None
+        self.d_tiles: DeviceTiles | None = None
+        self._spaces: dict[str, Any] = {}
         self.stream = cuda.stream()
         self.event = cuda.event()
 
@@ -142,6 +143,7 @@ class DeviceBatch:
         """A batch of work items already in host memory (not pinned), copied to the device."""
         batch = cls.__new__(cls)
         batch.host = None
+        batch._spaces = {}
         batch.stream = cuda.stream()
         batch.event = cuda.event()
         batch.index = cuda.to_device(np.ascontiguousarray(items.index), stream=batch.stream)
@@ -166,14 +168,42 @@ class DeviceBatch:
             self.values[:n].copy_to_device(self.host.values[:n], stream=s)
         self._upload_tables(items, tile_nnz)
 
+    def space(self, name: str, shape: tuple, dtype: Any) -> Any:
+        """Device array ``name`` of ``shape``, kept with this buffer set across batches and grown
+        (doubled) when a batch needs more rows: no allocation per batch in the steady state."""
+        have = self._spaces.get(name)
+        if have is None or have.shape[0] < shape[0] or have.shape[1:] != tuple(shape[1:]):
+            cap = max(int(shape[0]), 2 * (have.shape[0] if have is not None else 0), 64)
+            have = self._spaces[name] = cuda.device_array((cap,) + tuple(shape[1:]), dtype=dtype)
+        return have[:shape[0]]
+
     def _upload_tables(self, items: WorkItems, tile_nnz: int) -> None:
         s = self.stream
         t = self.tiles = device_tiles(items, tile_nnz)
-        prev = np.ascontiguousarray(items.prev, dtype=np.uint64)
-        # small tables: copied from pageable memory (they are a few bytes per thousand nonzeros)
-        self.d_tiles = tuple(cuda.to_device(np.ascontiguousarray(a), stream=s)
-                             for a in (t.start, t.end, t.base, t.item_first_tile, prev))
+        # small tables (a few bytes per thousand nonzeros) from pageable memory into kept space
+        host = {"start": t.start, "end": t.end, "base": t.base, "lo": t.lo, "first": t.item_first_tile,
+                "prev": np.asarray(items.prev, dtype=np.uint64)}
+        dev = {}
+        for name, a in host.items():
+            a = np.ascontiguousarray(a)
+            d = dev[name] = self.space(name, a.shape, a.dtype)
+            if a.size:
+                d.copy_to_device(a, stream=s)
+        self.d_tiles = DeviceTiles(**dev)
         self.delta = bool(items.delta)
+
+
+@dataclass
+class DeviceTiles:
+    """A batch's tile table on the device (see :class:`tensorflow_ooc.kernels.gpu_plan.TileTable`)
+    and each work item's ALTO word before its first nonzero (``prev``)."""
+
+    start: Any
+    end: Any
+    base: Any
+    lo: Any
+    first: Any
+    prev: Any
 
 
 def decode_on_device(batch: DeviceBatch, layout: BitLayout, opts: DeviceOptions) -> None:
@@ -185,16 +215,16 @@ def decode_on_device(batch: DeviceBatch, layout: BitLayout, opts: DeviceOptions)
         return
     tpb = opts.decode_threads
     sums_k, prefix_k, decode_k = decode_kernels(tpb)
-    d_start, d_end, _d_base, d_first, d_prev = batch.d_tiles
+    d = batch.d_tiles
     s = batch.stream
-    prefix = cuda.device_array(t.ntiles, dtype=np.uint64, stream=s)
+    prefix = batch.space("prefix", (t.ntiles,), np.uint64)
     if batch.delta:
-        sums = cuda.device_array(t.ntiles, dtype=np.uint64, stream=s)
-        sums_k[t.ntiles, tpb, s](batch.index, d_start, d_end, sums)
-        nitems = d_prev.shape[0]
-        prefix_k[(nitems + 127) // 128, 128, s](d_prev, d_first, sums, prefix)
+        sums = batch.space("sums", (t.ntiles,), np.uint64)
+        sums_k[t.ntiles, tpb, s](batch.index, d.start, d.end, sums)
+        nitems = d.prev.shape[0]
+        prefix_k[(nitems + 127) // 128, 128, s](d.prev, d.first, sums, prefix)
     table = _device_table(layout)
-    decode_k[t.ntiles, tpb, s](batch.index, d_start, d_end, prefix, batch.delta, table, int(layout.index_nbytes))
+    decode_k[t.ntiles, tpb, s](batch.index, d.start, d.end, prefix, batch.delta, table, int(layout.index_nbytes))
     batch.delta = False
 
 
@@ -247,24 +277,26 @@ class DeviceMTTKRP:
     stats: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from ..kernels.mttkrp_gpu import KernelConfig, mttkrp_kernel, rank_chunks_for
+        from ..kernels.mttkrp_gpu import KernelConfig, mttkrp_kernel, zero_fill
         from ..kernels.warp_exchange import default_exchange
 
         require_gpu()
         R = self.factors.rank
         dtype = np.dtype(self.factors.dtype).name
         self.conflict = choose_conflict(self.rows, sm_count(), self.opts.conflict, self.opts.hierarchical_rows)
-        self.cfg = KernelConfig(self.layout.nmodes, rank_chunks_for(R), self.conflict,
-                                self.opts.exchange or default_exchange(), dtype, self.opts.warps, self.opts.coarsen)
+        self.cfg = KernelConfig.for_rank(self.layout.nmodes, R, self.conflict, self.opts.exchange or default_exchange(),
+                                         dtype, self.opts.warps, self.opts.coarsen)
         self.kernel = mttkrp_kernel(self.cfg)
         self.F = device_factors(self.factors)
         self.offs = cuda.to_device(self.factors.offsets)
         self.shift = cuda.to_device(self.layout.field_shift)
         self.mask = cuda.to_device(self.layout.field_mask)
-        self.out = cuda.to_device(np.zeros((self.rows, R), dtype=self.factors.dtype))
+        self.out = cuda.device_array((self.rows, R), dtype=self.factors.dtype)
+        zero_fill(self.out)
         if self.conflict == "hierarchical":
-            k = copies_for(self.rows, R, self.cfg.itemsize, max(1, self.opts.memory_limit() // 8), self.opts.copies)
-            self.copies = cuda.to_device(np.zeros((k, self.rows, R), dtype=self.factors.dtype))
+            k = hierarchical_copies(self.rows, R, self.cfg.itemsize, self.opts)
+            self.copies = cuda.device_array((k, self.rows, R), dtype=self.factors.dtype)
+            zero_fill(self.copies)
         else:
             self.copies = cuda.device_array((1, 1, 1), dtype=self.factors.dtype)
         self.stats.update(conflict=self.conflict, copies=int(self.copies.shape[0]), tiles=0, launches=0)
@@ -274,10 +306,10 @@ class DeviceMTTKRP:
         t = batch.tiles
         if t is None or t.ntiles == 0:
             return
-        d_start, d_end, d_base, _first, _prev = batch.d_tiles
+        d = batch.d_tiles
         self.kernel[t.ntiles, self.cfg.threads, batch.stream](
-            batch.index, batch.values, d_start, d_end, d_base, self.shift, self.mask, self.F, self.offs, self.mode,
-            self.factors.rank, self.out, self.out_lo, self.copies)
+            batch.index, batch.values, d.start, d.end, d.base, d.lo, self.shift, self.mask, self.F, self.offs,
+            self.mode, self.factors.rank, self.out, self.out_lo, self.copies)
         self.stats["tiles"] += t.ntiles
         self.stats["launches"] += 1
 
@@ -294,6 +326,15 @@ class DeviceMTTKRP:
         return self.out.copy_to_host()
 
 
+COPIES_MEMORY_FRACTION = 0.25
+
+
+def hierarchical_copies(rows: int, rank: int, itemsize: int, opts: DeviceOptions) -> int:
+    """Global output copies for hierarchical resolution: ``opts.copies``, fewer when they would
+    take more than ``COPIES_MEMORY_FRACTION`` of the device memory limit."""
+    return copies_for(rows, rank, itemsize, int(COPIES_MEMORY_FRACTION * opts.memory_limit()), opts.copies)
+
+
 def stream_groups(chunk_lo: int, chunk_hi: int, chunks_per_batch: int) -> list[range]:
     return [range(c, min(chunk_hi, c + chunks_per_batch)) for c in range(chunk_lo, chunk_hi, chunks_per_batch)]
 
@@ -305,7 +346,8 @@ def plan_batches(store: Store, chunk_lo: int, chunk_hi: int, rows: int, factors:
     numbers, when not even one chunk fits beside them."""
     itemsize = np.dtype(factors.dtype).itemsize
     hierarchical = choose_conflict(rows, sm_count(), opts.conflict, opts.hierarchical_rows) == "hierarchical"
-    fixed = (sum(store.shape) + rows * (1 + (opts.copies if hierarchical else 0))) * factors.rank * itemsize
+    copies = hierarchical_copies(rows, factors.rank, itemsize, opts) if hierarchical else 0
+    fixed = (sum(store.shape) + rows * (1 + copies)) * factors.rank * itemsize
     budget = opts.memory_limit() - fixed
     per_chunk = DeviceBatch.device_bytes(store.chunk_nnz, np.dtype(store.value_dtype).itemsize)
     nchunks = chunk_hi - chunk_lo
@@ -399,6 +441,7 @@ def resident_batch(store: Store, chunk_lo: int, chunk_hi: int, opts: DeviceOptio
     batch.upload(items, tile_nnz)
     decode_on_device(batch, store.layout, opts)
     batch.stream.synchronize()
+    batch.host = None            # the pinned staging copy is not needed once the batch is resident
     return batch
 
 

@@ -62,7 +62,8 @@ class DevicePartitionData:
 
     @property
     def nbytes(self) -> int:
-        return int(self.batch.host.index.nbytes + self.batch.host.values.nbytes)
+        """Device memory of the resident batch."""
+        return int(self.batch.index.nbytes + self.batch.values.nbytes)
 
 
 def load_partition(path: str, part: Partition, device: str = "cpu", device_options: object | None = None

@@ -59,10 +59,10 @@ VARIANTS = tuple(f"{p}/{c}" for p in ("resident", "streamed") for c in CONFLICTS
 
 def stash_rows_for(nmodes: int, rank: int, itemsize: int) -> int:
     """Rows of the hierarchical kernel's shared-memory stash (:class:`.mttkrp_gpu.KernelConfig`)."""
-    from .mttkrp_gpu import KernelConfig, rank_chunks_for
+    from .mttkrp_gpu import KernelConfig
 
     dtype = "float32" if itemsize == 4 else "float64"
-    return KernelConfig(nmodes, rank_chunks_for(rank), "hierarchical", "intrinsics", dtype).stash_rows
+    return KernelConfig.for_rank(nmodes, rank, "hierarchical", "intrinsics", dtype).stash_rows
 
 
 def choose_conflict(rows: int, sm_count: int = DEFAULT_SM_COUNT) -> str:
@@ -246,19 +246,24 @@ def item_keys(index: np.ndarray, start: np.ndarray, end: np.ndarray, base: np.nd
 
 
 def kernel_segments(keys: np.ndarray, tile_start: np.ndarray, tile_end: np.ndarray, coarsen: int = 4,
-                    stash_rows: int = 0) -> dict:
+                    stash_rows: int = 0, tile_lo: np.ndarray | None = None, lanes: int = 32) -> dict:
     """Flushes of the GPU kernel for target rows ``keys`` (one per nonzero position), counted on
     the CPU exactly as :func:`.mttkrp_gpu.mttkrp_tiles` walks them.
 
     A tile ``[tile_start, tile_end)`` is split into 32-nonzero sub-tiles; warp ``w`` takes sub-tiles
-    ``w * coarsen .. + coarsen``. In a sub-tile the nonzeros are grouped by row, groups ordered by
-    their first lane, so each distinct row is one run; the accumulator carries from one sub-tile to
-    the next of the same warp, so a sub-tile whose first group continues the previous one's last
-    group adds no flush. ``keys[i]`` is the target row of nonzero position ``i`` (:func:`item_keys`);
-    tiles are those of :func:`.gpu_plan.device_tiles` (at most ``32 * warps * coarsen`` nonzeros).
+    ``w * coarsen .. + coarsen``. In a sub-tile the nonzeros are reordered into groups of one row,
+    groups ordered by their first lane; lane group ``g`` of the computing phase (``32 / lanes``
+    groups, ``lanes`` = :func:`.mttkrp_gpu.lanes_for` of the rank) walks reordered slots
+    ``g * lanes .. (g + 1) * lanes - 1`` and flushes at every row change. Its accumulator carries to
+    its slots of the warp's next sub-tile, so a run continuing there adds no flush. ``keys[i]`` is
+    the target row of nonzero position ``i`` (:func:`item_keys`); tiles are those of
+    :func:`.gpu_plan.device_tiles` (at most ``32 * warps * coarsen`` nonzeros).
 
-    Returns ``segments``, ``stash_segments`` (segments with row ``< stash_rows``), ``block_rows``
-    (sum over tiles of the distinct rows ``< stash_rows`` they touch) and ``tiles``.
+    The hierarchical stash of a tile holds rows ``tile_lo[t] .. tile_lo[t] + stash_rows - 1`` (the
+    kernel's window starts at the tile's smallest target row; ``tile_lo`` defaults to 0).
+
+    Returns ``segments``, ``stash_segments`` (segments with their row inside the tile's stash
+    window), ``block_rows`` (sum over tiles of the distinct window rows they touch) and ``tiles``.
     """
     keys = np.asarray(keys, dtype=np.int64)
     ts = np.asarray(tile_start, dtype=np.int64)
@@ -267,39 +272,51 @@ def kernel_segments(keys: np.ndarray, tile_start: np.ndarray, tile_end: np.ndarr
     T = int(ts.shape[0])
     if T == 0 or int(n.sum()) == 0:
         return {"segments": 0, "stash_segments": 0, "block_rows": 0, "tiles": T}
+    lo = np.zeros(T, dtype=np.int64) if tile_lo is None else np.asarray(tile_lo, dtype=np.int64)
+    G = 32 // int(lanes)
     first = np.concatenate([[0], np.cumsum(n)])
     tile = np.repeat(np.arange(T, dtype=np.int64), n)
     off = np.arange(int(first[-1]), dtype=np.int64) - first[:-1][tile]
     k = keys[ts[tile] + off]
     subs = max(1, -(-int(n.max()) // 32))
     sub = tile * subs + off // 32                      # global sub-tile id, consecutive within a tile
-    order = np.lexsort((off, k, sub))                   # by sub-tile, row, position
-    s_sorted, k_sorted = sub[order], k[order]
-    new = np.ones(order.shape[0], dtype=bool)
-    new[1:] = (s_sorted[1:] != s_sorted[:-1]) | (k_sorted[1:] != k_sorted[:-1])
-    g_sub, g_key, g_off = s_sorted[new], k_sorted[new], off[order][new]     # one record per group
-    groups = int(g_sub.shape[0])
-    # each sub-tile's first group (lane 0) and last group (the latest first occurrence)
-    o2 = np.lexsort((g_off, g_sub))
-    gs, gk = g_sub[o2], g_key[o2]
-    is_last = np.ones(gs.shape[0], dtype=bool)
-    is_last[:-1] = gs[1:] != gs[:-1]
-    is_first = np.ones(gs.shape[0], dtype=bool)
-    is_first[1:] = gs[1:] != gs[:-1]
-    last_sub, last_key = gs[is_last], gk[is_last]
-    first_sub, first_key = gs[is_first], gk[is_first]
-    # sub-tile s + 1 continues s when both belong to one warp of one tile and the rows match
-    nxt = np.searchsorted(first_sub, last_sub + 1)
-    ok = nxt < first_sub.shape[0]
-    nxt_c = np.minimum(nxt, first_sub.shape[0] - 1)
+    # the warp's reordering: rows by first occurrence, a row's nonzeros in lane order
+    o1 = np.lexsort((off, k, sub))
+    new_row = np.ones(o1.shape[0], dtype=bool)
+    new_row[1:] = (sub[o1][1:] != sub[o1][:-1]) | (k[o1][1:] != k[o1][:-1])
+    first_off = np.empty(o1.shape[0], dtype=np.int64)
+    first_off[o1] = off[o1][new_row][np.cumsum(new_row) - 1]
+    o2 = np.lexsort((off, first_off, sub))              # slot order within each sub-tile
+    s2, k2 = sub[o2], k[o2]
+    sub_first = np.ones(o2.shape[0], dtype=bool)
+    sub_first[1:] = s2[1:] != s2[:-1]
+    starts = np.flatnonzero(sub_first)
+    slot = np.arange(o2.shape[0]) - starts[np.cumsum(sub_first) - 1]
+    pair = s2 * G + slot // int(lanes)                 # (sub-tile, lane group), ascending
+    # flush units: runs of one row inside one (sub-tile, lane group)
+    unit = np.ones(o2.shape[0], dtype=bool)
+    unit[1:] = (pair[1:] != pair[:-1]) | (k2[1:] != k2[:-1])
+    u_pair, u_key = pair[unit], k2[unit]
+    p_first = np.ones(u_pair.shape[0], dtype=bool)
+    p_first[1:] = u_pair[1:] != u_pair[:-1]
+    p_last = np.ones(u_pair.shape[0], dtype=bool)
+    p_last[:-1] = u_pair[1:] != u_pair[:-1]
+    first_pair, first_key = u_pair[p_first], u_key[p_first]
+    last_pair, last_key = u_pair[p_last], u_key[p_last]
+    # a lane group's last run carries into its first run of the warp's next sub-tile
+    last_sub = last_pair // G
+    nxt = last_pair + G
+    at = np.minimum(np.searchsorted(first_pair, nxt), max(first_pair.shape[0] - 1, 0))
     same_warp = ((last_sub % subs) // coarsen == ((last_sub + 1) % subs) // coarsen) & ((last_sub + 1) % subs != 0)
-    merged = ok & (first_sub[nxt_c] == last_sub + 1) & same_warp & (first_key[nxt_c] == last_key)
-    segments = groups - int(merged.sum())
+    merged = (first_pair[at] == nxt) & same_warp & (first_key[at] == last_key)
+    segments = int(u_pair.shape[0]) - int(merged.sum())
     stash_segments = block_rows = 0
     if stash_rows > 0:
-        stash_segments = int((g_key < stash_rows).sum()) - int((merged & (last_key < stash_rows)).sum())
-        sel = k < stash_rows
+        in_u = (u_key - lo[u_pair // G // subs]) < stash_rows
+        in_last = (last_key - lo[last_sub // subs]) < stash_rows
+        stash_segments = int(in_u.sum()) - int((merged & in_last).sum())
+        rel = k - lo[tile]
+        sel = rel < stash_rows
         if sel.any():
-            pair = np.unique(tile[sel] * (int(stash_rows)) + k[sel])
-            block_rows = int(pair.shape[0])
+            block_rows = int(np.unique(tile[sel] * (int(stash_rows)) + rel[sel]).shape[0])
     return {"segments": segments, "stash_segments": stash_segments, "block_rows": block_rows, "tiles": T}

@@ -27,6 +27,7 @@ class TileTable:
     start, end : int64 (T,)      nonzero range of each tile
     item : int64 (T,)            work item each tile belongs to
     base : int64 (T, N)          block base coordinates of each tile
+    lo : int64 (T, N)            smallest index per mode in the tile's work item (stash window)
     item_first_tile : int64 (K + 1,)   tiles of item k are ``item_first_tile[k] .. [k + 1]``
     """
 
@@ -34,6 +35,7 @@ class TileTable:
     end: np.ndarray
     item: np.ndarray
     base: np.ndarray
+    lo: np.ndarray
     item_first_tile: np.ndarray
 
     @property
@@ -51,8 +53,10 @@ def device_tiles(items: WorkItems, tile_nnz: int) -> TileTable:
     within = np.arange(T, dtype=np.int64) - first[:-1][item]
     start = items.start[item] + within * tile_nnz
     end = np.minimum(start + tile_nnz, items.end[item])
-    base = np.ascontiguousarray(items.base[item], dtype=np.int64) if T else np.zeros((0, items.base.shape[1]), np.int64)
-    return TileTable(start.astype(np.int64), end.astype(np.int64), item, base, first)
+    N = items.base.shape[1]
+    base = np.ascontiguousarray(items.base[item], dtype=np.int64) if T else np.zeros((0, N), np.int64)
+    lo = np.ascontiguousarray(items.lo[item], dtype=np.int64) if T else np.zeros((0, N), np.int64)
+    return TileTable(start.astype(np.int64), end.astype(np.int64), item, base, lo, first)
 
 
 def choose_conflict(rows: int, sm_count: int, conflict: str = "auto", threshold: int | None = None) -> str:

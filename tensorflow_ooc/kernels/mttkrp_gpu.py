@@ -11,15 +11,19 @@ Processing phase, per 32-nonzero sub-tile (steps 1-3):
   each nonzero is written to its new place in shared memory. A group's first slot is a segment
   start.
 Computing phase (steps 4-7):
-  lanes are re-assigned along the rank (lane ``l`` owns columns ``l, l + 32, ...``) and walk the
-  reordered nonzeros, accumulating in registers while the target row stays the same. The
-  accumulator carries across sub-tiles, so a row that continues into the next sub-tile is not
-  flushed. At a segment end the registers are flushed:
+  lanes are re-assigned along the rank and walk the reordered nonzeros, accumulating in
+  registers while the target row stays the same. For ``R > 16`` the whole warp works on one
+  nonzero at a time (lane ``l`` owns columns ``l, l + 32, ...``); for smaller ranks the warp splits
+  into ``32 / lanes`` groups of ``lanes`` (the next power of two >= R) and group ``g`` takes
+  reordered slots ``g * lanes .. (g + 1) * lanes - 1``, so no lane idles on a rank of 8 or 16.
+  The accumulator carries across sub-tiles, so a row that continues into the next sub-tile is
+  not flushed. At a segment end the registers are flushed:
   - ``register``: atomic adds straight into the output (section 5.2);
-  - ``hierarchical``: atomic adds into a shared-memory stash of the first ``stash_rows`` target
-    rows; when the block ends, the touched stash rows go to one of ``K`` global copies of the
-    output (copy ``block % K``), and :func:`merge_copies` adds the copies into the output once
-    (section 5.1). Rows past the stash go to the block's copy directly.
+  - ``hierarchical``: atomic adds into a shared-memory stash of ``stash_rows`` target rows from
+    the tile's smallest row (ALTO keeps a tile's rows close together in every mode); when the
+    block ends, the touched stash rows go to one of ``K`` global copies of the output (copy
+    ``block % K``), and :func:`merge_copies_kernel` adds the copies into the output once
+    (section 5.1). Rows past the stash window go to the block's copy directly.
 
 The heuristic that chooses between them is :func:`tensorflow_ooc.kernels.gpu_plan.choose_conflict`.
 Inputs are trusted: indices must decode inside the factor matrices and the output (the store and
@@ -34,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .gpu_device import cuda
+from .gpu_device import cuda, simulator_enabled
 from .warp_exchange import warp_exchange
 
 CONFLICTS = ("hierarchical", "register")
@@ -49,12 +53,20 @@ class KernelConfig:
     """Compile-time parameters of one MTTKRP kernel variant."""
 
     nmodes: int
-    rank_chunks: int                  # columns per lane = ceil(R / 32)
+    rank_chunks: int                  # columns per lane = ceil(R / lanes)
     conflict: str                     # "hierarchical" or "register"
     exchange: str                     # "intrinsics" or "shared"
     dtype: str = "float64"
     warps: int = DEFAULT_WARPS
     coarsen: int = DEFAULT_COARSEN
+    lanes: int = 32                   # lanes per nonzero in the computing phase (a power of two <= 32)
+
+    @classmethod
+    def for_rank(cls, nmodes: int, rank: int, conflict: str, exchange: str, dtype: str = "float64",
+                 warps: int = DEFAULT_WARPS, coarsen: int = DEFAULT_COARSEN) -> "KernelConfig":
+        """The variant for rank ``rank``: ``lanes`` = the next power of two >= R (at most 32)."""
+        lanes = lanes_for(rank)
+        return cls(nmodes, max(1, math.ceil(int(rank) / lanes)), conflict, exchange, dtype, warps, coarsen, lanes)
 
     def __post_init__(self) -> None:
         if not 2 <= self.nmodes <= 8:
@@ -65,6 +77,8 @@ class KernelConfig:
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
         if self.rank_chunks < 1 or self.warps < 1 or self.coarsen < 1:
             raise ValueError("rank_chunks, warps and coarsen must be >= 1")
+        if self.lanes not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"lanes must be a power of two up to 32, got {self.lanes}")
 
     @property
     def threads(self) -> int:
@@ -89,16 +103,30 @@ class KernelConfig:
         """Target rows the hierarchical stash holds, within the block's static shared memory."""
         if self.conflict != "hierarchical":
             return 0
-        room = (SHARED_BYTES - self.phase_shared_bytes - 16) // (32 * self.rank_chunks * self.itemsize)
+        room = (SHARED_BYTES - self.phase_shared_bytes - 16) // (self.stash_cols * self.itemsize)
         return int(max(1, min(MAX_STASH_ROWS, room)))
 
     @property
+    def stash_cols(self) -> int:
+        return self.lanes * self.rank_chunks
+
+    @property
     def shared_bytes(self) -> int:
-        return self.phase_shared_bytes + self.stash_rows * 32 * self.rank_chunks * self.itemsize + 16
+        """Static shared memory of the kernel (the register variant keeps a one-row stash)."""
+        return self.phase_shared_bytes + max(1, self.stash_rows) * self.stash_cols * self.itemsize + 16
+
+
+def lanes_for(rank: int) -> int:
+    """Lanes per nonzero in the computing phase: the next power of two >= R, at most 32."""
+    lanes = 1
+    while lanes < min(int(rank), 32):
+        lanes *= 2
+    return lanes
 
 
 def rank_chunks_for(rank: int) -> int:
-    return max(1, math.ceil(int(rank) / 32))
+    """Register columns per lane for rank ``rank``."""
+    return max(1, math.ceil(int(rank) / lanes_for(rank)))
 
 
 def _make(cfg: KernelConfig):
@@ -113,43 +141,47 @@ def _make(cfg: KernelConfig):
     TPB = cfg.threads
     HIER = cfg.conflict == "hierarchical"
     STASH_ROWS = max(1, cfg.stash_rows)
-    STASH_COLS = 32 * RC
+    LANES = cfg.lanes
+    STASH_COLS = LANES * RC
     DT = np.float32 if cfg.dtype == "float32" else np.float64
     from numba import float32, float64, int64
     nbt = float32 if cfg.dtype == "float32" else float64
 
     @cuda.jit(device=True, inline=True)
-    def flush(acc, row, lane, rank, out, out_lo, stash, smin, smax, copies, copy):
+    def flush(acc, row, col, rank, out, out_lo, stash, win, smin, smax, copies, copy):
         """Write one segment's registers: stash or copy (hierarchical), or output (register)."""
         rel = row - out_lo
         if HIER:
-            if rel < STASH_ROWS:
+            srow = row - win
+            if srow < STASH_ROWS:
                 for k in range(RC):
-                    r = lane + 32 * k
+                    r = col + LANES * k
                     if r < rank:
-                        cuda.atomic.add(stash, (rel, r), acc[k])
-                if lane == 0:
-                    cuda.atomic.min(smin, 0, rel)
-                    cuda.atomic.max(smax, 0, rel)
+                        cuda.atomic.add(stash, (srow, r), acc[k])
+                if col == 0:
+                    cuda.atomic.min(smin, 0, srow)
+                    cuda.atomic.max(smax, 0, srow)
             else:
                 for k in range(RC):
-                    r = lane + 32 * k
+                    r = col + LANES * k
                     if r < rank:
                         cuda.atomic.add(copies, (copy, rel, r), acc[k])
         else:
             for k in range(RC):
-                r = lane + 32 * k
+                r = col + LANES * k
                 if r < rank:
                     cuda.atomic.add(out, (rel, r), acc[k])
 
-    def mttkrp_tiles(index, values, tile_start, tile_end, tile_base, shift, mask, F, offs, mode, rank, out, out_lo,
-                     copies):
+    def mttkrp_tiles(index, values, tile_start, tile_end, tile_base, tile_lo, shift, mask, F, offs, mode, rank, out,
+                     out_lo, copies):
         """MTTKRP of one tile per thread block.
 
         index : uint64 (nnz,)            re-encoded BLCO indices
         values : float (nnz,)            nonzero values
         tile_start, tile_end : int64 (T,) nonzero range of each tile (inside one format block)
         tile_base : int64 (T, N)         the tile's block base coordinates
+        tile_lo : int64 (T, N)           the smallest index per mode inside the tile's work item
+                                         (hierarchical: the first row of the tile's stash window)
         shift : int64 (N,), mask : uint64 (N,)   BLCO field layout
         F : float (sum_m I_m, R)         stacked factor matrices, row-major
         offs : int64 (N,)                first row of each mode in F
@@ -160,6 +192,8 @@ def _make(cfg: KernelConfig):
         tid = cuda.threadIdx.x
         lane = tid & 31
         w = tid >> 5
+        grp = lane // LANES          # lane group of the computing phase and its column
+        col = lane % LANES
         b = cuda.blockIdx.x
         start = tile_start[b]
         end = tile_end[b]
@@ -171,6 +205,7 @@ def _make(cfg: KernelConfig):
         smin = cuda.shared.array(1, dtype=np.int64)
         smax = cuda.shared.array(1, dtype=np.int64)
         copy = b % copies.shape[0]
+        win = tile_lo[b, mode]
         if HIER:
             for e in range(tid, STASH_ROWS * STASH_COLS, TPB):
                 stash[e // STASH_COLS, e % STASH_COLS] = 0
@@ -217,18 +252,18 @@ def _make(cfg: KernelConfig):
                 for q in range(NM1):
                     srows[w, q, dest] = rows_here[q]
             sync_tile()
-            # --- computing phase: lanes along the rank, registers per segment --------------------
-            for i in range(nvalid):
+            # --- computing phase: lane groups along the rank, registers per segment -------------
+            for i in range(grp * LANES, min(nvalid, grp * LANES + LANES)):
                 t = starget[w, i]
                 if t != current:
                     if current >= 0:
-                        flush(acc, current, lane, rank, out, out_lo, stash, smin, smax, copies, copy)
+                        flush(acc, current, col, rank, out, out_lo, stash, win, smin, smax, copies, copy)
                     current = t
                     for k in range(RC):
                         acc[k] = 0
                 vi = sval[w, i]
                 for k in range(RC):
-                    r = lane + 32 * k
+                    r = col + LANES * k
                     if r < rank:
                         p = vi
                         for q in range(NM1):
@@ -236,19 +271,26 @@ def _make(cfg: KernelConfig):
                         acc[k] += p
             sync_tile()
         if current >= 0:
-            flush(acc, current, lane, rank, out, out_lo, stash, smin, smax, copies, copy)
+            flush(acc, current, col, rank, out, out_lo, stash, win, smin, smax, copies, copy)
         if HIER:
             cuda.syncthreads()
             lo = smin[0]
             n = (smax[0] - lo + 1) * rank
             for e in range(tid, n, TPB):
-                row = lo + e // rank
+                srow = lo + e // rank
                 r = e % rank
-                val = stash[row, r]
+                val = stash[srow, r]
                 if val != 0:
-                    cuda.atomic.add(copies, (copy, row, r), val)
+                    cuda.atomic.add(copies, (copy, win + srow - out_lo, r), val)
 
     return mttkrp_tiles
+
+
+def zero_kernel(flat):
+    """flat[:] = 0 on the device (outputs and copies are zeroed there, not copied over the link)."""
+    i = cuda.grid(1)
+    if i < flat.shape[0]:
+        flat[i] = 0
 
 
 def merge_copies_kernel(copies, out):
@@ -267,6 +309,7 @@ def merge_copies_kernel(copies, out):
 
 _KERNELS: dict[KernelConfig, Any] = {}
 _MERGE = None
+_ZERO = None
 
 
 def kernel_source(cfg: KernelConfig):
@@ -279,6 +322,22 @@ def mttkrp_kernel(cfg: KernelConfig):
     if cfg not in _KERNELS:
         _KERNELS[cfg] = cuda.jit(_make(cfg))
     return _KERNELS[cfg]
+
+
+def zero_fill(array, stream=0) -> None:
+    """Zero a C-contiguous device array on ``stream``."""
+    global _ZERO
+    if _ZERO is None:
+        _ZERO = cuda.jit(zero_kernel)
+    flat = array.reshape(array.size)
+    if not flat.shape[0]:
+        return
+    if simulator_enabled():
+        # the simulator runs a Python thread per CUDA thread: a grid over a 10^7-row output would
+        # take hours there, while a host copy of zeros is instant (semantics are the same)
+        flat.copy_to_device(np.zeros(flat.shape[0], dtype=flat.dtype), stream=stream)
+        return
+    _ZERO[(flat.shape[0] + 255) // 256, 256, stream](flat)
 
 
 def merge_kernel():
@@ -296,5 +355,5 @@ def ptx_signature(cfg: KernelConfig):
     a1 = lambda t: types.Array(t, 1, "C")  # noqa: E731
     a2 = lambda t: types.Array(t, 2, "C")  # noqa: E731
     a3 = lambda t: types.Array(t, 3, "C")  # noqa: E731
-    return types.void(a1(uint64), a1(ft), a1(int64), a1(int64), a2(int64), a1(int64), a1(uint64), a2(ft), a1(int64),
-                      int64, int64, a2(ft), int64, a3(ft))
+    return types.void(a1(uint64), a1(ft), a1(int64), a1(int64), a2(int64), a2(int64), a1(int64), a1(uint64), a2(ft),
+                      a1(int64), int64, int64, a2(ft), int64, a3(ft))

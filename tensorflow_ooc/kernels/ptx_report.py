@@ -49,13 +49,16 @@ def variants() -> list[tuple[str, object, object]]:
     for conflict in ("register", "hierarchical"):
         for dtype in ("float64", "float32"):
             for exchange in ("intrinsics", "shared"):
-                configs.append(KernelConfig(3, 1, conflict, exchange, dtype))
-        configs.append(KernelConfig(3, 2, conflict, "intrinsics", "float64"))     # R 33..64
-        configs.append(KernelConfig(3, 4, conflict, "intrinsics", "float32"))     # R 97..128
+                configs.append(KernelConfig.for_rank(3, 32, conflict, exchange, dtype))
+        configs.append(KernelConfig.for_rank(3, 16, conflict, "intrinsics", "float64"))    # 2 nonzeros a warp
+        configs.append(KernelConfig.for_rank(3, 8, conflict, "intrinsics", "float32"))     # 4 nonzeros a warp
+        configs.append(KernelConfig.for_rank(3, 64, conflict, "intrinsics", "float64"))    # R 33..64
+        configs.append(KernelConfig.for_rank(3, 128, conflict, "intrinsics", "float32"))   # R 97..128
         for n in range(4, 9):
-            configs.append(KernelConfig(n, 1, conflict, "intrinsics", "float64"))
+            configs.append(KernelConfig.for_rank(n, 32, conflict, "intrinsics", "float64"))
     for cfg in configs:
-        name = f"mttkrp N={cfg.nmodes} R<={32 * cfg.rank_chunks} {cfg.conflict} {cfg.dtype} {cfg.exchange}"
+        name = (f"mttkrp N={cfg.nmodes} R<={cfg.lanes * cfg.rank_chunks} {cfg.conflict} {cfg.dtype} "
+                f"{cfg.exchange}")
         out.append((name, kernel_source(cfg), ptx_signature(cfg)))
     from numba import float32, float64, types
 
