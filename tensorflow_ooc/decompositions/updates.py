@@ -50,13 +50,15 @@ def solve_normal(V: Any, M: Any) -> Any:
         except np.linalg.LinAlgError:
             return M @ np.linalg.pinv(V)
     xp = array_namespace(M)
+    A = None
     try:
-        positive_definite = bool(xp.all(xp.isfinite(xp.linalg.cholesky(V))))
+        if bool(xp.all(xp.isfinite(xp.linalg.cholesky(V)))):
+            A = xp.linalg.solve(V, M.T).T
     except Exception:  # namespaces that raise (NumPy's LinAlgError) instead of returning NaN
-        positive_definite = False
-    if not positive_definite:
+        A = None
+    if A is None or not bool(xp.all(xp.isfinite(A))):
         return M @ xp.linalg.pinv(V)
-    return xp.linalg.solve(V, M.T).T
+    return A
 
 
 def update_mode(state: CPState, partials: Partial | Sequence[Partial], mode: int, first_iteration: bool,

@@ -20,12 +20,15 @@ from pathlib import Path
 import numpy as np
 import zarr
 from numcodecs import blosc
+from zarr.abc.store import SuffixByteRequest
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 BLOSC_HEADER = 16
+ABSENT = -1        # recorded checksum of a chunk with no stored bytes (Zarr skips all-fill-value chunks)
+UNCHECKED = -2     # the array's codec chain does not end with a CRC32C: nothing to record
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 try:  # releases the GIL on big buffers, so a read-ahead thread does not stall the others
@@ -45,7 +48,7 @@ class ChunkRead:
 
     data: np.ndarray
     is_delta: bool
-    checksum: int | None = None   # the stored CRC32C (None on Zarr's own read path)
+    checksum: int | None = None   # the stored CRC32C, ABSENT for no stored bytes, None: not read here
 
 
 def _is_delta(codec) -> bool:
@@ -67,6 +70,7 @@ class ChunkFiles:
             if rest else False
         self.fast = (len(rest) == 3 and little and isinstance(rest[1], BloscCodec) and isinstance(rest[2], Crc32cCodec)
                      and (self.dtype.itemsize == 1 or self.dtype.byteorder in "<="))
+        self.has_crc = bool(codecs) and isinstance(codecs[-1], Crc32cCodec)
         store = array.store
         self.local_root = Path(store.root) if isinstance(store, LocalStore) else None
 
@@ -92,6 +96,28 @@ class ChunkFiles:
             return None
         return np.frombuffer(mm, dtype=np.uint8)   # the array keeps the mapping alive
 
+    def stored_checksum(self, c: int) -> int:
+        """The CRC32C that ends chunk ``c``'s stored bytes (the writer records it per chunk, which
+        binds each chunk to its position); ``ABSENT`` when no bytes are stored, ``UNCHECKED`` when
+        the codec chain has no CRC32C. Reads four bytes, not the chunk."""
+        if not self.has_crc:
+            return UNCHECKED
+        key = self._key(c)
+        if self.local_root is None:
+            buf = sync(self.array.store.get(key, prototype=default_buffer_prototype(),
+                                            byte_range=SuffixByteRequest(4)))
+            tail = None if buf is None else buf.to_bytes()
+        else:
+            try:
+                with open(self.local_root / key, "rb", buffering=0) as f:
+                    size = os.fstat(f.fileno()).st_size
+                    tail = os.pread(f.fileno(), 4, size - 4) if size >= 4 else b""
+            except FileNotFoundError:
+                tail = None
+        if tail is None:
+            return ABSENT
+        return int.from_bytes(tail, "little") if len(tail) == 4 else UNCHECKED
+
     def read(self, c: int, out: np.ndarray) -> ChunkRead:
         """Chunk ``c`` into ``out`` (at least ``chunk_len`` elements of the array's dtype)."""
         start = c * self.chunk_len
@@ -99,7 +125,7 @@ class ChunkFiles:
         raw = self._bytes(c) if self.fast else None
         if raw is None:
             out[:n] = self.array[start:start + n]
-            return ChunkRead(out[:n], False)
+            return ChunkRead(out[:n], False, ABSENT if self.fast else None)
         body = raw[:-4]
         checksum = int.from_bytes(raw[-4:].tobytes(), "little")
         if len(raw) < BLOSC_HEADER + 4 or _crc32c(body) != checksum:

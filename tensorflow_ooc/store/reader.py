@@ -15,7 +15,7 @@ from ..errors import CorruptStoreError, ForeignStoreError, IncompleteStoreError,
 from ..format import BitLayout, BlockTable, delinearize, reencode
 from ..format.linearize import field_minmax
 from . import paths
-from .chunk_files import ChunkDecodeError, ChunkFiles
+from .chunk_files import ABSENT, UNCHECKED, ChunkDecodeError, ChunkFiles
 from .metadata import FORMAT_NAME, META_KEY, SUPPORTED_VERSIONS
 
 
@@ -146,8 +146,42 @@ class Store:
             first, last = start // self.chunk_nnz, max(start, stop - 1) // self.chunk_nnz
             raise _fail(self.path, f"array '{name}', chunks {first}..{last}: cannot decode ({exc})") from exc
 
+    @cached_property
+    def chunk_checksums(self) -> dict[str, np.ndarray] | None:
+        """Per array ("alto", "values") and chunk, the CRC32C its stored bytes ended with when the
+        store was written (``ABSENT``: no bytes stored); None for stores written before the table."""
+        if "chunks/crc_alto" not in self.root:
+            return None
+        return {name: self.root[f"chunks/crc_{name}"][...] for name in ("alto", "values")}
+
+    def check_chunk_position(self, c: int, name: str, got: int | None = None) -> None:
+        """Raise :class:`CorruptStoreError` unless chunk ``c`` of array ``name`` holds the bytes
+        written there: a checksum is recorded per position, so chunks that were swapped, copied
+        over each other or taken from another store are refused, and so is a missing chunk (which
+        Zarr would silently read back as zeros). ``got`` is the stored checksum if already read."""
+        table = self.chunk_checksums
+        if table is None:
+            return
+        want = int(table[name][c])
+        if want == UNCHECKED:
+            return
+        files = self._chunk_files[0 if name == "alto" else 1]
+        got = files.stored_checksum(c) if got is None else int(got)
+        if got == want:
+            return
+        if got == ABSENT:
+            raise _fail(self.path, f"chunk {c} of '{name}' is missing")
+        if want == ABSENT:
+            raise _fail(self.path, f"chunk {c} of '{name}' has stored bytes where the store wrote none")
+        raise _fail(self.path, f"chunk {c} of '{name}' does not belong at this position (its checksum "
+                               f"{got:#010x} is not the {want:#010x} recorded when the store was written): "
+                               "chunks were moved, swapped, overwritten or copied from another store")
+
     def read_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Re-encoded BLCO indices and values of nonzeros [start, stop)."""
+        for c in range(start // self.chunk_nnz, -(-stop // self.chunk_nnz)):
+            self.check_chunk_position(c, "alto")
+            self.check_chunk_position(c, "values")
         alto = self._read("alto", start, stop)
         values = self._read("values", start, stop)
         if alto.shape[0] != stop - start or values.shape[0] != stop - start:
@@ -185,6 +219,8 @@ class Store:
             raise _fail(self.path, f"chunk {c}: {exc}") from exc
         except Exception as exc:
             raise _fail(self.path, f"chunk {c}: cannot decode ({exc})") from exc
+        self.check_chunk_position(c, "alto", alto.checksum)
+        self.check_chunk_position(c, "values", values.checksum)
         start = c * self.chunk_nnz
         stop = min(self.nnz, start + self.chunk_nnz)
         if alto.data.shape[0] != stop - start or values.data.shape[0] != stop - start:
@@ -316,7 +352,14 @@ def open_store(path: str | os.PathLike) -> Store:
     if meta.get("complete") is not True:
         raise IncompleteStoreError(f"{path}: the store was not completely written")
     _validate(path, root, meta)
-    return Store(path, root, meta)
+    store = Store(path, root, meta)
+    if not paths.is_url(path):
+        # local chunk files: every chunk's position checksum now (four bytes a chunk), so a store
+        # with moved, swapped or missing chunks is refused at open rather than mid-decomposition
+        for c in range(store.nchunks):
+            store.check_chunk_position(c, "alto")
+            store.check_chunk_position(c, "values")
+    return store
 
 
 def _keys_decrease(key: np.ndarray) -> bool:
@@ -387,3 +430,8 @@ def _validate(path: str, root: zarr.Group, meta: dict) -> None:
     shape = np.array(layout.shape, dtype=np.int64)
     if nchunks and ((cmin < 0).any() or (cmax >= shape).any() or (cmin > cmax).any()):
         raise _fail(path, "chunk range table holds indices outside the shape")
+    for name in ("alto", "values"):
+        key = f"chunks/crc_{name}"
+        if key in root and (tuple(root[key].shape) != (nchunks,) or np.dtype(root[key].dtype) != np.dtype("<i8")):
+            raise _fail(path, f"array '{key}' has shape {tuple(root[key].shape)} and dtype {root[key].dtype}, "
+                              f"expected ({nchunks},) int64")

@@ -22,6 +22,7 @@ from ..errors import StoreExistsError
 from ..format import BitLayout, BlockTable, block_table
 from ..format.linearize import chunk_minmax
 from . import paths
+from .chunk_files import ChunkFiles
 from .codecs import DEFAULT_COMPRESSION, check_compression, index_codecs, quiet_numcodecs, table_codecs, value_codecs
 from .metadata import FORMAT_NAME, FORMAT_VERSION, META_KEY
 
@@ -174,6 +175,11 @@ class StoreWriter:
             "chunks/min": np.array(self.chunk_min, dtype=np.int64).reshape(nchunks, self.layout.nmodes),
             "chunks/max": np.array(self.chunk_max, dtype=np.int64).reshape(nchunks, self.layout.nmodes),
         }
+        # each chunk's stored CRC32C, recorded per position: readers refuse chunks that were moved,
+        # swapped, copied from elsewhere or deleted, which the per-chunk CRC alone cannot see
+        for name, arr in (("alto", self.alto), ("values", self._values_array(None))):
+            files = ChunkFiles(arr)
+            tables[f"chunks/crc_{name}"] = np.array([files.stored_checksum(c) for c in range(nchunks)], dtype=np.int64)
         for name, arr in tables.items():
             shape = arr.shape
             chunks = tuple(max(1, s) for s in shape)
