@@ -10,7 +10,7 @@ open_store(path) -> Store
 encode_coo(coords, values, shape) -> BLCOTensor
     BLCO construction in memory.
 mttkrp(tensor, factors, mode) -> ndarray
-    MTTKRP for any mode of a store or in-memory BLCO tensor.
+    MTTKRP for any mode of a store (streamed through the fast chunk reader) or in-memory BLCO tensor.
 cp_als(store, rank, ...) -> CPResult
     CP-ALS as iterated Dask graph reductions (embedded LocalCluster by default).
 synthetic
@@ -25,7 +25,7 @@ from .errors import (  # noqa: E402
 )
 from .format import BitLayout, BLCOTensor, encode_coo  # noqa: E402
 from .ingest import convert  # noqa: E402
-from .kernels import mttkrp  # noqa: E402
+from .execution.stream import mttkrp  # noqa: E402
 from .decompositions import CPResult, cp_als, load_result  # noqa: E402
 from .store import Store, open_store  # noqa: E402
 

@@ -23,9 +23,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..format import decode_alto
+from ..format import BLCOTensor, decode_alto
 from ..format.bits import HAS_BMI2
 from ..kernels import WorkItems, work_items
+from ..kernels import mttkrp as kernel_mttkrp
 from ..store import EncodedChunk, Store
 
 BATCH_NNZ = 1 << 22
@@ -223,3 +224,25 @@ def stream_batches(store: Store, chunk_lo: int, chunk_hi: int, batch_nnz: int = 
     finally:
         for b in bufs:
             _give_buffers(b)
+
+
+def mttkrp(tensor: Store | BLCOTensor, factors, mode: int, **kwargs) -> np.ndarray:
+    """Mode-``mode`` MTTKRP of a store or an in-memory BLCO tensor (the public ``tfo.mttkrp``).
+
+    A store is streamed through the fast chunk reader of the streaming execution (chunks
+    decompressed into reusable buffers, read ahead, validated once per process and cached under
+    their checksums), not Zarr's generic read path. Keyword arguments and the result are those of
+    :func:`tensorflow_ooc.kernels.mttkrp`.
+
+    Examples
+    --------
+    >>> import numpy as np, tensorflow_ooc as tfo
+    >>> t = tfo.encode_coo(np.array([[0, 1, 2], [1, 1, 0]]), np.array([2.0, 3.0]), (2, 2, 3))
+    >>> A = [np.ones((2, 4)), np.ones((2, 4)), np.ones((3, 4))]
+    >>> tfo.mttkrp(t, A, 0)[:, 0]
+    array([2., 3.])
+    """
+    if isinstance(tensor, Store):
+        return kernel_mttkrp(stream_batches(tensor, 0, tensor.nchunks), factors, mode, layout=tensor.layout,
+                             **kwargs)
+    return kernel_mttkrp(tensor, factors, mode, **kwargs)

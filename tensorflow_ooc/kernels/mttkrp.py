@@ -118,7 +118,7 @@ def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode
     return plan
 
 
-def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk], factors: Sequence[np.ndarray], mode: int, *,
+def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk | WorkItems], factors: Sequence[np.ndarray], mode: int, *,
            out: np.ndarray | None = None, threads: int | None = None, conflict: str = "auto",
            max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES, stats: dict | None = None,
            layout: BitLayout | None = None) -> np.ndarray:
@@ -126,8 +126,9 @@ def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk], factors: Sequence[np.nd
 
     Parameters
     ----------
-    tensor : Store, BLCOTensor, or iterable of store Chunks
-        A store is streamed chunk by chunk; an in-memory tensor keeps its work items between calls.
+    tensor : Store, BLCOTensor, or iterable of store Chunks or WorkItems batches
+        A store is read chunk by chunk through Zarr (``tensorflow_ooc.mttkrp`` streams it through
+        the fast chunk reader instead); an in-memory tensor keeps its work items between calls.
     factors : StackedFactors, or sequence of (I_m, R) arrays, one per mode (the target's is not read)
         float64 or float32; the output has their dtype. A list is stacked (copied) per call.
     mode : int
@@ -176,7 +177,8 @@ def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk], factors: Sequence[np.nd
         out[...] = 0
     summary = {"items": 0, "private_items": 0, "atomic_items": 0, "run_items": 0, "private_bytes": 0}
     with numba_threads(threads):
-        parts = [tensor_items(tensor)] if chunks is None else (chunk_items(c, layout) for c in chunks)
+        parts = [tensor_items(tensor)] if chunks is None else \
+            (c if isinstance(c, WorkItems) else chunk_items(c, layout) for c in chunks)
         for items in parts:
             plan = run_items(items, layout, A, mode, out, conflict, max_private_bytes).summary()
             for k in ("items", "private_items", "atomic_items", "run_items"):
