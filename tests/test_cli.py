@@ -81,6 +81,7 @@ def test_cpd_and_resume(tmp_path):
               "--out", tmp_path / "r.zarr")
     assert r.returncode == 0, r.stderr
     assert "fit" in r.stdout and "per iteration" in r.stdout and str(tmp_path / "r.zarr") in r.stdout
+    assert "first iter" in r.stdout and "of which       MTTKRP" in r.stdout
     assert "dashboard at" in r.stderr
     r2 = tfooc("-q", "cpd", tmp_path / "s.zarr", "--rank", "3", "--max-iters", "6", "--tol", "0", "--seed", "1",
                "--out", tmp_path / "r.zarr", "--resume")

@@ -108,3 +108,19 @@ def test_bad_arguments(tmp_path, rng, client):
         tfo.cp_als(store, 2, client=client, init=[np.ones((5, 2))])
     with pytest.raises(ValueError, match="execution"):
         tfo.cp_als(store, 2, client=client, execution="fast")
+
+
+@pytest.mark.parametrize("execution", ["streaming", "in-memory"])
+def test_history_splits_each_iteration(tmp_path, rng, client, execution):
+    """Per mode, the MTTKRP seconds (slowest partition task) and the update seconds; the rest of
+    the iteration is scheduling and transfers."""
+    shape = (20, 25, 30, 6)
+    coords, values = random_coo(rng, shape, 4000)
+    store = tfo.convert((coords, values), tmp_path / "h.zarr", chunk_nnz=1000)
+    r = tfo.cp_als(store, 3, client=client, seed=1, max_iters=3, tol=0, execution=execution)
+    for h in r.history:
+        assert len(h["mttkrp_seconds"]) == len(h["update_seconds"]) == len(h["mode_seconds"]) == 4
+        assert all(t > 0 for t in h["mttkrp_seconds"] + h["update_seconds"])
+        assert h["other_seconds"] >= 0
+        # work inside tasks never exceeds the iteration it belongs to (up to clock granularity)
+        assert sum(h["mttkrp_seconds"]) + sum(h["update_seconds"]) <= h["seconds"] + 1e-3

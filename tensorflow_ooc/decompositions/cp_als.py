@@ -138,8 +138,12 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
             iprod = float((sm.inner * weights).sum())
             fit = 1 - math.sqrt(abs(normX2 + norm_model2 - 2 * iprod)) / normX if normX > 0 else 0.0
             seconds = time.time() - t_iter
+            mttkrp_s = [sm.timings[n][0] for n in range(N)]
+            update_s = [sm.timings[n][1] for n in range(N)]
             record = {"iteration": iteration + 1, "fit": fit, "fit_change": abs(fit - fit_old), "seconds": seconds,
-                      "mode_seconds": mode_seconds, "nnz_per_s": store.nnz * N / seconds}
+                      "mode_seconds": mode_seconds, "mttkrp_seconds": mttkrp_s, "update_seconds": update_s,
+                      "other_seconds": max(0.0, seconds - sum(mttkrp_s) - sum(update_s)),
+                      "nnz_per_s": store.nnz * N / seconds}
             history.append(record)
             log.info("iteration %d: fit %.6f (change %.2e), %.3f s", iteration + 1, fit, record["fit_change"], seconds)
             if callback is not None:

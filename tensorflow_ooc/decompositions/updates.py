@@ -33,6 +33,7 @@ class CPState(StackedFactors):
         self.weights = np.ones(self.rank)
         self.inner = np.zeros(self.rank)
         self.finished: dict[int, float] = {}
+        self.timings: dict[int, tuple[float, float]] = {}   # mode -> (MTTKRP seconds, update seconds)
 
     @classmethod
     def of(cls, factors: StackedFactors) -> "CPState":
@@ -69,6 +70,7 @@ def update_mode(state: CPState, partials: Partial | Sequence[Partial], mode: int
     Tensor Toolbox and pyttb do. Returns a new state (a copy: earlier futures stay valid, which
     Dask's recomputation after a lost worker relies on). After the last mode it also holds the
     inner-product terms of the fit."""
+    t0 = time.perf_counter()
     xp = array_namespace(state.data)
     R = state.rank
     V = xp.ones((R, R), dtype=state.data.dtype)
@@ -90,6 +92,7 @@ def update_mode(state: CPState, partials: Partial | Sequence[Partial], mode: int
     out.weights = to_host(weights).astype(np.float64)
     out.finished = {**state.finished, mode: time.time()}
     out.inner = inner_terms(out.views[mode], parts) if last_mode else state.inner
+    out.timings = {**state.timings, mode: (max(p.seconds for p in parts), time.perf_counter() - t0)}
     return out
 
 
@@ -112,10 +115,12 @@ class Summary:
     grams: list[np.ndarray]
     inner: np.ndarray
     finished: dict[int, float]
+    timings: dict[int, tuple[float, float]]
 
 
 def summary(state: CPState) -> Summary:
-    return Summary(state.weights, [to_host(g) for g in state.grams], state.inner, dict(state.finished))
+    return Summary(state.weights, [to_host(g) for g in state.grams], state.inner, dict(state.finished),
+                   dict(state.timings))
 
 
 def inner_terms(A: Any, partials: Sequence[Partial]) -> np.ndarray:
@@ -145,7 +150,8 @@ def on_device(state: CPState) -> CPState:
         return state
     out = CPState(state.shape, state.rank, state.dtype, cupy.asarray(state.data),
                   grams=[cupy.asarray(g) for g in state.grams])
-    out.weights, out.inner, out.finished = state.weights, state.inner, dict(state.finished)
+    out.weights, out.inner, out.finished, out.timings = state.weights, state.inner, dict(state.finished), \
+        dict(state.timings)
     return out
 
 
@@ -154,7 +160,8 @@ def on_host(state: CPState) -> CPState:
     if is_numpy_array(state.data):
         return state
     out = CPState(state.shape, state.rank, state.dtype, to_host(state.data), grams=[to_host(g) for g in state.grams])
-    out.weights, out.inner, out.finished = state.weights, state.inner, dict(state.finished)
+    out.weights, out.inner, out.finished, out.timings = state.weights, state.inner, dict(state.finished), \
+        dict(state.timings)
     return out
 
 

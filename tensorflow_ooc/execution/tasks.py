@@ -7,6 +7,7 @@ per-chunk ranges), so partials stay small for long modes and the reduction moves
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,10 +47,12 @@ class PartitionData:
 
 @dataclass
 class Partial:
-    """Rows ``lo .. lo + len(rows) - 1`` of a mode's MTTKRP."""
+    """Rows ``lo .. lo + len(rows) - 1`` of a mode's MTTKRP, and the seconds of the slowest
+    partition task that went into it (the MTTKRP time the history reports)."""
 
     lo: int
     rows: np.ndarray
+    seconds: float = 0.0
 
 
 @dataclass
@@ -88,10 +91,12 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
     """Mode-``mode`` MTTKRP of one partition, from decoded data (in-memory mode) or by streaming
     its chunks from the store in batches (streaming mode); with ``device="gpu"`` on this worker's
     GPU (:mod:`tensorflow_ooc.execution.device_stream`)."""
+    t0 = time.perf_counter()
     lo_hi = source.part if isinstance(source, (PartitionData, DevicePartitionData)) else source[1]
     lo, hi = lo_hi.row_lo[mode], lo_hi.row_hi[mode]
     if device == "gpu" or isinstance(source, DevicePartitionData):
-        return Partial(lo, _mttkrp_partition_gpu(source, factors, mode, lo, hi - lo + 1, device_options))
+        rows = _mttkrp_partition_gpu(source, factors, mode, lo, hi - lo + 1, device_options)
+        return Partial(lo, rows, time.perf_counter() - t0)
     out = np.zeros((hi - lo + 1, factors.rank), dtype=factors.dtype)
     with numba_threads(threads):
         if isinstance(source, PartitionData):
@@ -101,7 +106,7 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
             store = cached_store(path)
             for items in stream_batches(store, part.chunk_lo, part.chunk_hi, batch_nnz, read_ahead):
                 run_items(items, store.layout, factors, mode, out, out_lo=lo)
-    return Partial(lo, out)
+    return Partial(lo, out, time.perf_counter() - t0)
 
 
 def _mttkrp_partition_gpu(source, factors: StackedFactors, mode: int, lo: int, rows: int, device_options) -> np.ndarray:
@@ -121,4 +126,4 @@ def combine(*partials: Partial) -> Partial:
     out = np.zeros((hi - lo, partials[0].rows.shape[1]), dtype=partials[0].rows.dtype)
     for p in partials:
         out[p.lo - lo:p.lo - lo + p.rows.shape[0]] += p.rows
-    return Partial(lo, out)
+    return Partial(lo, out, max(p.seconds for p in partials))
