@@ -184,7 +184,8 @@ def cmd_cpd(args: argparse.Namespace) -> int:
     steady = new[1:] or new
     per_it = sum(h["seconds"] for h in steady) / max(1, len(steady))
     print(f"CP-ALS rank {args.rank} on {store.path} ({store.nnz:,} nonzeros, {result.params['execution']} execution "
-          f"on {result.params['device']})")
+          f"on {result.params['device']}, "
+          f"{'in this process' if result.params.get('scheduler') == 'inline' else 'Dask graph'})")
     print(f"  fit            {result.fit:.6f} after {result.iterations} iterations")
     if new:
         print(f"  first iter     {new[0]['seconds']:.3f} s  (includes kernel compilation or cache loading)")
@@ -306,7 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("store", help="input BLCO store (path or URL)")
     d.add_argument("--rank", type=_positive_int, required=True, help="number of components R")
     d.add_argument("--out", help="result store (default STORE.cp-rR.zarr)")
-    d.add_argument("--scheduler", help="address of an existing Dask scheduler (default: embedded cluster)")
+    d.add_argument("--scheduler", help="address of an existing Dask scheduler; 'embedded' for the in-process Dask "
+                                       "cluster (dashboard link logged); 'inline' to run in this process without "
+                                       "Dask (default: inline up to 2^20 nonzeros, embedded above)")
     d.add_argument("--max-iters", type=_positive_int, default=50, help="iterations at most (default 50)")
     d.add_argument("--tol", type=float, default=1e-5, help="stop when the fit changes by less (default 1e-5)")
     d.add_argument("--seed", type=int, default=None, help="seed of the random initial factors")

@@ -78,7 +78,7 @@ def test_help_is_complete(cmd):
 def test_cpd_and_resume(tmp_path):
     assert tfooc("-q", "generate", tmp_path / "s.zarr", "--shape", "20,30,40", "--nnz", "6000").returncode == 0
     r = tfooc("cpd", tmp_path / "s.zarr", "--rank", "3", "--max-iters", "4", "--tol", "0", "--seed", "1",
-              "--out", tmp_path / "r.zarr")
+              "--out", tmp_path / "r.zarr", "--scheduler", "embedded")
     assert r.returncode == 0, r.stderr
     assert "fit" in r.stdout and "per iteration" in r.stdout and str(tmp_path / "r.zarr") in r.stdout
     assert "first iter" in r.stdout and "of which       MTTKRP" in r.stdout

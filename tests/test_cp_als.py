@@ -124,3 +124,24 @@ def test_history_splits_each_iteration(tmp_path, rng, client, execution):
         assert h["other_seconds"] >= 0
         # work inside tasks never exceeds the iteration it belongs to (up to clock granularity)
         assert sum(h["mttkrp_seconds"]) + sum(h["update_seconds"]) <= h["seconds"] + 1e-3
+
+
+def test_small_tensors_run_inline_with_the_same_result(tmp_path, rng, client):
+    """The embedded default runs small tensors in this process without Dask: same functions, same
+    numbers; a client or scheduler="embedded" still gets the distributed graph."""
+    shape = (15, 20, 25, 8, 6)
+    coords, values = random_coo(rng, shape, 3000)
+    store = tfo.convert((coords, values), tmp_path / "s.zarr", chunk_nnz=1000)
+    ck = tmp_path / "ck.npz"
+    inline = tfo.cp_als(store, 4, seed=2, max_iters=5, tol=0, checkpoint=ck)
+    assert inline.params["scheduler"] == "inline" and ck.exists()
+    dask = tfo.cp_als(store, 4, client=client, seed=2, max_iters=5, tol=0)
+    assert dask.params["scheduler"] == "dask"
+    assert abs(inline.fit - dask.fit) < 1e-12
+    for a, b in zip(inline.factors, dask.factors):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    for execution in ("streaming", "in-memory"):
+        r = tfo.cp_als(store, 4, seed=2, max_iters=5, tol=0, execution=execution, scheduler="inline")
+        assert r.params["execution"] == execution and abs(r.fit - dask.fit) < 1e-12
+    resumed = tfo.cp_als(store, 4, seed=2, max_iters=7, tol=0, checkpoint=ck, resume=True)
+    assert resumed.iterations == 7 and resumed.params["resumed_after"] == 5

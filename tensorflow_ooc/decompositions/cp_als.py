@@ -12,6 +12,7 @@ import numpy as np
 from distributed import Client
 
 from ..execution import DeviceOptions, MTTKRPGraph, get_client
+from ..execution.inline import INLINE_MAX_NNZ, is_inline
 from ..store import Store, open_store
 from . import updates as U
 from .checkpoint import read_checkpoint, write_checkpoint
@@ -36,7 +37,11 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
         Number of components R.
     client : distributed.Client, optional
         Cluster to run on. Default: an embedded in-process LocalCluster (dashboard link logged),
-        or the scheduler at ``scheduler``.
+        or the scheduler at ``scheduler``; tensors of at most ``INLINE_MAX_NNZ`` (2^20) nonzeros run
+        the same task functions directly in this process, without Dask, whose per-task cost would
+        dominate their iterations (``scheduler="embedded"`` keeps the LocalCluster and dashboard).
+    scheduler : str, optional
+        Address of a Dask scheduler, or "embedded" or "inline" to choose the local execution.
     max_iters, tol : stop after ``max_iters`` iterations or when the fit changes by less than ``tol``.
     init : "random" or sequence of (I_n, R) arrays
         Initial factors; "random" draws uniform [0, 1) factors from ``seed``.
@@ -85,11 +90,14 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
     normX = math.sqrt(normX2)
     checkpoint = None if checkpoint is None else str(checkpoint)
 
+    if client is None and scheduler is None and device != "gpu" and store.nnz <= INLINE_MAX_NNZ:
+        scheduler = "inline"      # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
     with get_client(client, scheduler, device=device) as c:
         graph = MTTKRPGraph(c, store.path, execution=execution, partitions=partitions, device=device,
                             device_options=device_options)
         params["execution"] = graph.execution
         params["device"] = graph.device
+        params["scheduler"] = "inline" if is_inline(c) else "dask"
         on_cluster = graph.placement     # update tasks run where the MTTKRP partials are made
         # --- initial state: fresh, or from the last checkpoint ---------------------------------------
         state = read_checkpoint(checkpoint) if (resume and checkpoint) else None

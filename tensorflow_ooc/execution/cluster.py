@@ -13,6 +13,8 @@ from typing import Iterator
 
 from distributed import Client, LocalCluster
 
+from .inline import InlineClient
+
 log = logging.getLogger(__name__)
 
 
@@ -78,6 +80,10 @@ def get_client(client: Client | None = None, scheduler: str | None = None, *, pr
                dashboard_address: str | None = ":8787", device: str = "auto") -> Iterator[Client]:
     """The client to use: the one given, one connected to ``scheduler``, or a new embedded cluster.
 
+    ``scheduler`` may also be "embedded" (the in-process LocalCluster, whatever the tensor) or
+    "inline" (:class:`~tensorflow_ooc.execution.inline.InlineClient`: the same functions run at once
+    in this process, no Dask; what ``cp_als`` picks by itself for small tensors).
+
     The embedded cluster is sized to the machine and logs its dashboard link; it is closed on exit.
     With ``device`` "auto" or "gpu" it is a LocalCUDACluster when GPUs are visible and dask-cuda
     is installed (one worker per GPU), else the CPU LocalCluster.
@@ -85,7 +91,12 @@ def get_client(client: Client | None = None, scheduler: str | None = None, *, pr
     if client is not None:
         yield client
         return
-    if scheduler:
+    if scheduler == "inline":
+        log.info("running in this process without Dask (small tensor, or scheduler='inline'; "
+                 "scheduler='embedded' starts the local Dask cluster and its dashboard)")
+        yield InlineClient()
+        return
+    if scheduler and scheduler != "embedded":
         c = Client(scheduler)
         log.info("connected to scheduler %s (dashboard %s)", scheduler, c.dashboard_link)
         try:

@@ -20,6 +20,7 @@ from distributed import Client, Future, wait
 
 from ..store import open_store
 from .cluster import resolve_device, worker_resources
+from .inline import is_inline
 from .partitions import Partition, plan_partitions
 from .stream import batch_nnz_for
 from .tasks import combine, load_partition, mttkrp_partition
@@ -112,7 +113,8 @@ class MTTKRPGraph:
                                        key=f"tfooc-partition-{self.store.meta['store_id']}-{self.device}-{p.id}",
                                        **self.placement)
                          for p in self.parts]
-            wait(self.data)
+            if not is_inline(client):
+                wait(self.data)
 
     def sources(self) -> Sequence:
         return self.data if self.data is not None else [(self.path, p) for p in self.parts]

@@ -1,0 +1,67 @@
+"""In-process execution of the same task graphs, for tensors too small to pay Dask's task cost.
+
+A CP-ALS iteration on a 10^4-nonzero tensor needs a few milliseconds of kernels, while each Dask
+task costs about a millisecond of scheduling, and an iteration has several per mode. The embedded
+default therefore runs small tensors through :class:`InlineClient`: it has the few ``Client``
+methods the execution and decomposition layers use, and runs each submitted function at once in
+the calling thread (the kernels are multi-threaded themselves). The functions and their order are
+exactly those of the distributed graph; only the scheduler differs. A client or scheduler given by
+the user always gets the distributed graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import psutil
+
+INLINE_ADDRESS = "inline://this-process"
+INLINE_MAX_NNZ = 1 << 20     # the embedded default runs tensors up to this size in this process
+
+
+class InlineFuture:
+    """The result of a function :class:`InlineClient` already ran."""
+
+    def __init__(self, value: Any) -> None:
+        self._value = value
+
+    def result(self) -> Any:
+        return self._value
+
+    def done(self) -> bool:
+        return True
+
+
+def _resolve(x: Any) -> Any:
+    if isinstance(x, InlineFuture):
+        return x.result()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_resolve(v) for v in x)
+    return x
+
+
+class InlineClient:
+    """Runs submitted functions immediately in this process (one "worker" with all cores)."""
+
+    inline = True
+    dashboard_link = None
+
+    def submit(self, fn: Callable, *args: Any, pure: bool | None = None, key: str | None = None,
+               resources: dict | None = None, workers: Any = None, allow_other_workers: bool | None = None,
+               **kwargs: Any) -> InlineFuture:
+        return InlineFuture(fn(*_resolve(list(args)), **{k: _resolve(v) for k, v in kwargs.items()}))
+
+    def run(self, fn: Callable, *args: Any, workers: Any = None, **kwargs: Any) -> dict:
+        return {INLINE_ADDRESS: fn(*args, **kwargs)}
+
+    def scheduler_info(self) -> dict:
+        return {"workers": {INLINE_ADDRESS: {"nthreads": 1, "host": "localhost", "resources": {},
+                                             "memory_limit": int(psutil.virtual_memory().total)}}}
+
+    def close(self) -> None:
+        pass
+
+
+def is_inline(client: Any) -> bool:
+    return bool(getattr(client, "inline", False))
+
