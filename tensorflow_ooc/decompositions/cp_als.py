@@ -124,15 +124,16 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
         # --- Algorithm 1 -----------------------------------------------------------------------------
         # F is the future of the model state (factors, Grams, weights). A whole iteration is
         # submitted at once: each mode is its MTTKRP graph and one update task (Hadamard product of
-        # Grams, Cholesky solve, normalization), so modes follow each other on the cluster with no
-        # round trip to the driver; the driver reads the small summary once per iteration.
+        # Grams, Cholesky solve, normalization), one task in all when there is one partition, so
+        # modes follow each other on the cluster with no round trip to the driver; the driver reads
+        # the small summary once per iteration.
         iteration = start - 1
         for iteration in range(start, max_iters):
             t_iter = time.time()
             fit_old = fit
             for n in range(N):
-                M = graph.partials(F, n)                                       # MTTKRP graph
-                F = c.submit(U.update_mode, F, M, n, iteration == 0, n == N - 1, pure=False, **on_cluster)
+                # MTTKRP graph, then the update (fused into one task when there is one partition)
+                F = graph.mode_update(F, n, U.update_mode, iteration == 0, n == N - 1)
             sm = c.submit(U.summary, F, pure=False).result()
             weights = sm.weights
             # per-mode seconds from the update tasks' finish times (worker clocks)

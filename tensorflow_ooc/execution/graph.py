@@ -14,7 +14,7 @@ cluster's worker memory, else streaming.
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Callable, Sequence
 
 from distributed import Client, Future, wait
 
@@ -30,6 +30,14 @@ log = logging.getLogger(__name__)
 EXECUTION_MODES = ("auto", "streaming", "in-memory")
 IN_MEMORY_FRACTION = 0.5
 DEFAULT_SPLIT_EVERY = 4
+
+
+def _mttkrp_then(update: Callable, source, factors, mode: int, threads: int, batch_nnz: int, device: str,
+                 device_options, args: tuple):
+    """One task: a partition's MTTKRP, then ``update`` on it (see :meth:`MTTKRPGraph.mode_update`)."""
+    partial = mttkrp_partition(source, factors, mode, threads, batch_nnz=batch_nnz, device=device,
+                               device_options=device_options)
+    return update(factors, [partial], mode, *args)
 
 
 def _device_limit(device_options) -> int:
@@ -128,6 +136,20 @@ class MTTKRPGraph:
                                        device_options=self.device_options, pure=False, **self.placement)
                     for src in self.sources()]
         return self.reduce(partials, last=True)
+
+    def mode_update(self, factors: Future, mode: int, update: Callable, *args) -> Future:
+        """Submit the mode-``mode`` MTTKRP followed by ``update(factors, partials, mode, *args)``.
+
+        With a single partition (the embedded default has one Dask thread) both run as one task,
+        one scheduling hop per mode instead of two; otherwise the partition tasks, the reduction
+        and the update task. Returns the future of ``update``'s result."""
+        sources = self.sources()
+        if len(sources) == 1:
+            return self.client.submit(_mttkrp_then, update, sources[0], factors, mode, self.numba_threads,
+                                      self.batch_nnz, self.device, self.device_options, args, pure=False,
+                                      **self.placement)
+        return self.client.submit(update, factors, self.partials(factors, mode), mode, *args, pure=False,
+                                  **self.placement)
 
     def mttkrp(self, factors: Future, mode: int) -> Future:
         """Submit the mode-``mode`` MTTKRP; returns the future of the reduced :class:`Partial`."""
