@@ -27,7 +27,7 @@ import numpy as np
 
 from ..format import BitLayout, BLCOTensor
 from ..kernels import StackedFactors, WorkItems
-from ..kernels.gpu_device import cuda, default_device_memory_limit, require_gpu, simulator_enabled, sm_count
+from ..kernels.gpu_device import cuda, default_device_memory_limit, require_gpu, sm_count
 from ..kernels.gpu_plan import DEFAULT_COPIES, TileTable, choose_conflict, copies_for, device_tiles
 from ..store import Store
 from .stream import BATCH_NNZ, BatchBuffers, fill_batch

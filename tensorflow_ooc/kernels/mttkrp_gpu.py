@@ -144,7 +144,7 @@ def _make(cfg: KernelConfig):
     LANES = cfg.lanes
     STASH_COLS = LANES * RC
     DT = np.float32 if cfg.dtype == "float32" else np.float64
-    from numba import float32, float64, int64
+    from numba import float32, float64
     nbt = float32 if cfg.dtype == "float32" else float64
 
     @cuda.jit(device=True, inline=True)

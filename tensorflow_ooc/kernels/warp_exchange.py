@@ -35,11 +35,6 @@ def _intrinsic_form() -> SimpleNamespace:
         return cuda.shfl_sync(FULL_MASK, value, src)
 
     @cuda.jit(device=True, inline=True)
-    def shfl_up(value, delta, lane, scratch):
-        """``value`` of lane ``lane - delta`` (own value for the first ``delta`` lanes)."""
-        return cuda.shfl_up_sync(FULL_MASK, value, delta)
-
-    @cuda.jit(device=True, inline=True)
     def inclusive_scan(value, lane, scratch):
         """Sum of ``value`` over lanes ``0 .. lane`` (five shuffles up)."""
         d = 1
@@ -54,7 +49,7 @@ def _intrinsic_form() -> SimpleNamespace:
     def sync_tile():
         cuda.syncwarp(FULL_MASK)
 
-    return SimpleNamespace(match_any=match_any, shfl_idx=shfl_idx, shfl_up=shfl_up, inclusive_scan=inclusive_scan,
+    return SimpleNamespace(match_any=match_any, shfl_idx=shfl_idx, inclusive_scan=inclusive_scan,
                            sync_tile=sync_tile)
 
 
@@ -79,16 +74,6 @@ def _shared_form() -> SimpleNamespace:
         return out
 
     @cuda.jit(device=True, inline=True)
-    def shfl_up(value, delta, lane, scratch):
-        scratch[lane] = value
-        cuda.syncthreads()
-        out = value
-        if lane >= delta:
-            out = scratch[lane - delta]
-        cuda.syncthreads()
-        return out
-
-    @cuda.jit(device=True, inline=True)
     def inclusive_scan(value, lane, scratch):
         scratch[lane] = value
         cuda.syncthreads()
@@ -102,12 +87,12 @@ def _shared_form() -> SimpleNamespace:
     def sync_tile():
         cuda.syncthreads()
 
-    return SimpleNamespace(match_any=match_any, shfl_idx=shfl_idx, shfl_up=shfl_up, inclusive_scan=inclusive_scan,
+    return SimpleNamespace(match_any=match_any, shfl_idx=shfl_idx, inclusive_scan=inclusive_scan,
                            sync_tile=sync_tile)
 
 
 def warp_exchange(kind: str) -> SimpleNamespace:
-    """The helpers ``match_any``, ``shfl_idx``, ``shfl_up``, ``inclusive_scan`` and ``sync_tile`` of one form."""
+    """The helpers ``match_any``, ``shfl_idx``, ``inclusive_scan`` and ``sync_tile`` of one form."""
     if kind not in EXCHANGES:
         raise ValueError(f"exchange must be one of {EXCHANGES}, got {kind!r}")
     if kind not in _FORMS:
