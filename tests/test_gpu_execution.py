@@ -48,11 +48,11 @@ def _small_limit(store, rank, rows, chunks_per_stream, streams, copies):
 def test_streaming_with_more_batches_than_buffers_equals_resident(rng, tmp_path, nmodes):
     from tensorflow_ooc.execution import mttkrp_gpu
 
-    shape = tuple(int(s) for s in rng.integers(3, 30, nmodes))
+    shape = tuple(int(s) for s in rng.integers(6, 30, nmodes))     # at least 216 cells: 150 nonzeros fit
     coords, values = random_coo(rng, shape, 150)
     store = tfo.convert((coords, values), tmp_path / "s.zarr", shape=shape, chunk_nnz=32)
     t = tfo.encode_coo(coords, values, shape)
-    assert store.nchunks == 5
+    assert store.nnz == 150 and store.nchunks == 5
     R = 3
     factors = [rng.standard_normal((s, R)) for s in shape]
     for mode in range(nmodes):
