@@ -302,7 +302,7 @@ class DeviceMTTKRP:
         self.stats.update(conflict=self.conflict, copies=int(self.copies.shape[0]), tiles=0, launches=0)
 
     def launch(self, batch: DeviceBatch) -> None:
-        """Decode (if the batch holds stored words) and MTTKRP one batch on its stream."""
+        """MTTKRP of one batch (decoded: BLCO indices) on the batch's stream."""
         t = batch.tiles
         if t is None or t.ntiles == 0:
             return
