@@ -130,7 +130,6 @@ class DeviceBatch:
         cap = self.host.index.shape[0]
         self.index = cuda.device_array(cap, dtype=np.uint64)
         self.values = cuda.device_array(cap, dtype=store.value_dtype)
-        self.nnz = 0
         self.delta = False
         self.tiles: TileTable | None = None
         self.d_tiles: DeviceTiles | None = None
@@ -148,7 +147,6 @@ class DeviceBatch:
         batch.event = cuda.event()
         batch.index = cuda.to_device(np.ascontiguousarray(items.index), stream=batch.stream)
         batch.values = cuda.to_device(np.ascontiguousarray(items.values), stream=batch.stream)
-        batch.nnz = int(items.index.shape[0])
         batch._upload_tables(items, tile_nnz)
         batch.stream.synchronize()
         return batch
@@ -161,7 +159,6 @@ class DeviceBatch:
         """Copy the batch in ``self.host`` (already filled) and its tile table to the device,
         asynchronously on this buffer's stream."""
         n = int(items.index.shape[0])
-        self.nnz = n
         s = self.stream
         if n:
             self.index[:n].copy_to_device(self.host.index[:n], stream=s)
