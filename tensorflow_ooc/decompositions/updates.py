@@ -153,6 +153,14 @@ def inner_terms(A: Any, partials: Sequence[Partial]) -> np.ndarray:
     return to_host(out)
 
 
+def _with_arrays(state: CPState, data: Any, grams: list) -> CPState:
+    """``state`` with its factors and Grams replaced by ``data`` and ``grams`` (moved arrays)."""
+    out = CPState(state.shape, state.rank, state.dtype, data, grams=grams)
+    out.weights, out.inner, out.finished, out.timings = state.weights, state.inner, dict(state.finished), \
+        dict(state.timings)
+    return out
+
+
 def on_device(state: CPState) -> CPState:
     """The state with its factors and Grams moved to the GPU as CuPy arrays, when CuPy and a real
     device are there (GPU workers); else unchanged (the simulator, or no CuPy)."""
@@ -164,21 +172,14 @@ def on_device(state: CPState) -> CPState:
         return state
     if visible_gpu_count() == 0:
         return state
-    out = CPState(state.shape, state.rank, state.dtype, cupy.asarray(state.data),
-                  grams=[cupy.asarray(g) for g in state.grams])
-    out.weights, out.inner, out.finished, out.timings = state.weights, state.inner, dict(state.finished), \
-        dict(state.timings)
-    return out
+    return _with_arrays(state, cupy.asarray(state.data), [cupy.asarray(g) for g in state.grams])
 
 
 def on_host(state: CPState) -> CPState:
     """The state with NumPy factors and Grams (for checkpoints and the result)."""
     if is_numpy_array(state.data):
         return state
-    out = CPState(state.shape, state.rank, state.dtype, to_host(state.data), grams=[to_host(g) for g in state.grams])
-    out.weights, out.inner, out.finished, out.timings = state.weights, state.inner, dict(state.finished), \
-        dict(state.timings)
-    return out
+    return _with_arrays(state, to_host(state.data), [to_host(g) for g in state.grams])
 
 
 def random_factors(shape: tuple[int, ...], rank: int, seed: int | None, dtype: str) -> CPState:
