@@ -1,0 +1,3 @@
+from .verify import main
+
+main()
