@@ -204,14 +204,21 @@ def test_batches_reuse_buffers_and_stay_valid(tmp_path, rng):
     coords, values = random_coo(rng, shape, 3000)
     s = tfo.convert((coords, values), tmp_path / "s.zarr", chunk_nnz=250)
     stream.release_buffers()
-    a = [it.values.copy() for it in stream_batches(s, 0, s.nchunks, batch_nnz=500)]
-    b = [it.values.copy() for it in stream_batches(s, 0, s.nchunks, batch_nnz=500)]
+    a = [it.values.copy() for it in stream_batches(s, 0, s.nchunks, batch_nnz=500, read_ahead=True)]
+    b = [it.values.copy() for it in stream_batches(s, 0, s.nchunks, batch_nnz=500, read_ahead=True)]
     assert len(stream._BUFFERS) == 2
-    for x, y in zip(a, b):
+    c = [it.values.copy() for it in stream_batches(s, 0, s.nchunks, batch_nnz=500, read_ahead=False)]
+    for x, y, z in zip(a, b, c, strict=True):
         np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(x, z)
     np.testing.assert_array_equal(np.sort(np.concatenate(a)), np.sort(values))
     whole = fill_batch(s, range(s.nchunks), BatchBuffers(s, s.nchunks), delta=False)
     np.testing.assert_array_equal(np.sort(whole.values), np.sort(values))
+
+
+def test_read_ahead_only_with_a_spare_core(monkeypatch):
+    monkeypatch.setattr(stream.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert stream.read_ahead_pays(1) and not stream.read_ahead_pays(2)
 
 
 def test_bad_compression_name(tmp_path, rng):

@@ -17,7 +17,7 @@ from ..kernels import StackedFactors, WorkItems, run_items
 from ..kernels.mttkrp import numba_threads
 from ..store import Store, open_store
 from .partitions import Partition
-from .stream import BATCH_NNZ, BatchBuffers, fill_batch, stream_batches
+from .stream import BATCH_NNZ, BatchBuffers, fill_batch, read_ahead_pays, stream_batches
 
 _STORES: dict[str, Store] = {}
 _STORES_LOCK = threading.Lock()
@@ -85,8 +85,18 @@ def load_partition(path: str, part: Partition, device: str = "cpu", device_optio
     return PartitionData(part, store.layout, items)
 
 
+def _worker_threads() -> int:
+    """Tasks this process may run at once: the Dask worker's thread count (1 outside a worker)."""
+    try:
+        from distributed import get_worker
+
+        return max(1, int(get_worker().state.nthreads))
+    except (ImportError, ValueError, AttributeError):
+        return 1
+
+
 def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Partition], factors: StackedFactors,
-                     mode: int, threads: int = 1, read_ahead: bool = True, batch_nnz: int = BATCH_NNZ,
+                     mode: int, threads: int = 1, read_ahead: bool | None = None, batch_nnz: int = BATCH_NNZ,
                      device: str = "cpu", device_options: object | None = None) -> Partial:
     """Mode-``mode`` MTTKRP of one partition, from decoded data (in-memory mode) or by streaming
     its chunks from the store in batches (streaming mode); with ``device="gpu"`` on this worker's
@@ -98,6 +108,8 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
         rows = _mttkrp_partition_gpu(source, factors, mode, lo, hi - lo + 1, device_options)
         return Partial(lo, rows, time.perf_counter() - t0)
     out = np.zeros((hi - lo + 1, factors.rank), dtype=factors.dtype)
+    if read_ahead is None:
+        read_ahead = read_ahead_pays(threads * _worker_threads())
     with numba_threads(threads):
         if isinstance(source, PartitionData):
             run_items(source.items, source.layout, factors, mode, out, out_lo=lo)
