@@ -265,14 +265,36 @@ def planted_cp(shape: Sequence[int], rank: int, nnz: int, *, noise: float = 0.0,
             idx = np.sort(rng.choice(idx, size=sizes[n], replace=False))
             factors[n][idx, r] = rng.uniform(0.5, 1.5, sizes[n])
             support.append(idx)
-        grids = np.meshgrid(*support, indexing="ij")
-        boxes.append(np.stack([g.ravel() for g in grids], axis=1))
-    coords = np.unique(np.concatenate(boxes), axis=0)
+        boxes.append(support)
     weights = np.ones(rank)
-    prod = np.ones((coords.shape[0], rank))
-    for n, A in enumerate(factors):
-        prod *= A[coords[:, n]]
-    values = prod @ weights
+    if math.prod(shape) < 2**62:
+        # Fast path: each box's cells as C-order linear keys (their order is the rows' lexicographic
+        # order), one 1-D unique, and each cell's value as the sum over the boxes covering it of
+        # that component's outer-product value (a bincount); about 6x faster than a row-wise
+        # unique and an (nnz x rank) product at uber size, and the same tensor.
+        strides = [math.prod(shape[n + 1:]) for n in range(N)]
+        keys, vals = [], []
+        for r, support in enumerate(boxes):
+            k = np.zeros(1, dtype=np.int64)
+            v = np.full(1, weights[r])
+            for n, idx in enumerate(support):
+                k = (k[:, None] + idx[None, :].astype(np.int64) * strides[n]).ravel()
+                v = (v[:, None] * factors[n][idx, r][None, :]).ravel()
+            keys.append(k)
+            vals.append(v)
+        lin, inverse = np.unique(np.concatenate(keys), return_inverse=True)
+        values = np.bincount(inverse, weights=np.concatenate(vals), minlength=lin.shape[0])
+        coords = np.empty((lin.shape[0], N), dtype=np.int64)
+        rest = lin
+        for n in range(N):
+            coords[:, n], rest = np.divmod(rest, strides[n])
+    else:
+        grids = [np.meshgrid(*support, indexing="ij") for support in boxes]
+        coords = np.unique(np.concatenate([np.stack([g.ravel() for g in gr], axis=1) for gr in grids]), axis=0)
+        prod = np.ones((coords.shape[0], rank))
+        for n, A in enumerate(factors):
+            prod *= A[coords[:, n]]
+        values = prod @ weights
     if noise > 0:
         values = values + noise * values.std() * rng.standard_normal(values.shape[0])
     return PlantedCP(coords, values, weights, factors, float(noise))
