@@ -1,0 +1,9 @@
+"""Workflows: YAML specs of steps (generate, convert, decompose, evaluate, export) run in the
+foreground or submitted to a Dask cluster, idempotent and resumable, with run records under the
+storage root. See ``workflows/README.md``."""
+
+from .errors import InputError, LockError, Problem, RunCancelled, RunNotFound, SpecError, StepFailed
+from .spec import Spec, Workflow, load_spec
+
+__all__ = ["InputError", "LockError", "Problem", "RunCancelled", "RunNotFound", "SpecError", "Spec", "StepFailed",
+           "Workflow", "load_spec"]

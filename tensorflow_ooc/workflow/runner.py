@@ -1,0 +1,315 @@
+"""Running a workflow: steps in dependency order, skipped when up to date, resumed after a crash.
+
+:func:`execute` is the driver. It runs in the foreground (``tfooc run``) or as a Dask task on the
+cluster (``tfooc submit``, see :mod:`tensorflow_ooc.workflow.submit`), and does the same in both:
+
+1. create the run record (or continue it: a Dask retry of a driver whose worker died is a new
+   *attempt* of the same run, and the record says the previous attempt was lost and where);
+2. lock every output of the spec (:mod:`~tensorflow_ooc.workflow.lock`): a second run writing the
+   same outputs fails at once, before any step;
+3. per step: fingerprint the inputs and settings; skip the step when all its outputs carry that
+   fingerprint (:mod:`~tensorflow_ooc.workflow.fingerprint`), else run it
+   (:mod:`~tensorflow_ooc.workflow.steps`) and record the outputs' fingerprints;
+4. the record ends ``done`` (exit 0), ``failed`` (1), ``cancelled`` (1) or ``skipped`` (3: every
+   step was up to date).
+
+A failed or killed run resumes where it stopped: finished steps are up to date and skipped, and
+CP-ALS continues from its checkpoint (kept per step fingerprint under ``ROOT/.tfooc/checkpoints``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InputError, LockError, RunCancelled, SpecError
+from .fingerprint import OutputIndex, location_fingerprint, step_fingerprint
+from .lock import OutputLocks
+from .records import (EXIT_CODES, Attempt, EventLogHandler, Recorder, RunRecord, RunStore, StepRecord, host_info,
+                      new_run_id, now_iso, parse_iso)
+from .spec import Workflow
+from .steps import StepContext, run_step
+
+log = logging.getLogger("tensorflow_ooc.workflow")
+
+EXIT_BAD_SPEC = 2
+
+
+@dataclass
+class RunOutcome:
+    """How a run ended."""
+
+    run_id: str
+    state: str
+    exit_code: int
+    record: RunRecord
+
+
+class ClusterHandle:
+    """The run's Dask client, made on first use: decompose steps of small tensors run inline in
+    the driver and never start a cluster.
+
+    ``cluster`` is the spec's (or the command line's) choice: ``embedded`` (an in-process
+    LocalCluster, dashboard link logged), ``gpu`` (a LocalCUDACluster when GPUs and dask-cuda are
+    there), or a scheduler address. A driver running on a cluster passes its own client.
+    """
+
+    def __init__(self, cluster: str, client: Any = None, on_client: Any = None) -> None:
+        self.cluster = cluster
+        self._client = client
+        self._stack = ExitStack()
+        self._on_client = on_client
+
+    @property
+    def default_device(self) -> str:
+        return "gpu" if self.cluster == "gpu" else "auto"
+
+    def client_for(self, device: str) -> Any:
+        if self._client is None:
+            from ..execution import get_client
+
+            scheduler = self.cluster if "://" in self.cluster else "embedded"
+            self._client = self._stack.enter_context(get_client(None, scheduler, device=device))
+            if self._on_client is not None:
+                self._on_client(self._client)
+        return self._client
+
+    @property
+    def dashboard(self) -> str | None:
+        try:
+            return None if self._client is None else self._client.dashboard_link
+        except Exception:
+            return None
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+def new_record(workflow: Workflow, run_id: str, mode: str, cluster: str, scheduler: str | None = None) -> RunRecord:
+    """A fresh record (state ``queued``) for a run of ``workflow``."""
+    h = host_info()
+    steps = {s.name: StepRecord(kind=s.kind, inputs=s.inputs, outputs=s.outputs) for s in workflow.steps}
+    return RunRecord(run_id=run_id, workflow=workflow.name, spec_path=workflow.path, spec_sha256=workflow.sha256,
+                     storage=workflow.root, cluster=cluster, mode=mode, scheduler=scheduler, user=h["user"],
+                     host=h["host"], created_at=now_iso(), steps=steps)
+
+
+def _worker_address() -> str | None:
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except Exception:       # not on a worker
+        return None
+
+
+def _mark_lost(runs: RunStore, run_id: str, reason: str, by: str) -> None:
+    """Close the record of a run whose driver died, saying so."""
+    try:
+        rec = runs.read(run_id)
+    except Exception:
+        return
+    if rec.final:
+        return
+    rec.state, rec.exit_code, rec.finished_at = "failed", EXIT_CODES["failed"], now_iso()
+    rec.error = f"lost: {reason}; run {by} took over its outputs (rerunning the spec resumes the work)"
+    for a in rec.attempts:
+        if a.ended_at is None:
+            a.ended_at, a.outcome = now_iso(), "lost: the driver stopped without finishing"
+    for st in rec.steps.values():
+        if st.state == "running":
+            st.state, st.error = "failed", "interrupted: the driver stopped during this step"
+    runs.write(rec)
+
+
+def execute(workflow: Workflow, *, run_id: str | None = None, client: Any = None, mode: str = "foreground",
+            cluster: str | None = None, force: bool = False) -> RunOutcome:
+    """Run ``workflow`` (see the module docstring).
+
+    Parameters
+    ----------
+    workflow : Workflow
+        From :func:`tensorflow_ooc.workflow.load_spec`.
+    run_id : str, optional
+        Continue this run's record (a submitted run, or a retried driver); default a new id.
+    client : distributed.Client, optional
+        The cluster to run step graphs on (a submitted driver passes its worker's client).
+    mode : "foreground" or "submitted"
+    cluster : str, optional
+        Override of the spec's ``cluster`` (``embedded``, ``gpu`` or a scheduler address).
+    force : bool
+        Run every step even when its outputs are up to date.
+
+    Returns
+    -------
+    RunOutcome
+    """
+    cluster = cluster or workflow.spec.cluster
+    runs = RunStore(workflow.root)
+    index = OutputIndex(workflow.root)
+    if run_id is not None and runs.exists(run_id):
+        record = runs.read(run_id)
+        if record.final:       # a driver re-run after it had finished (a worker died late): nothing to do
+            return RunOutcome(run_id, record.state, record.exit_code or 0, record)
+        for s in workflow.steps:
+            record.steps.setdefault(s.name, StepRecord(kind=s.kind, inputs=s.inputs, outputs=s.outputs))
+    else:
+        record = new_record(workflow, run_id or new_run_id(workflow.name), mode, cluster)
+        runs.write_spec(record.run_id, workflow.source.text)
+    run_id = record.run_id
+    h = host_info()
+    rec = Recorder(runs, record, client)
+    number = len(record.attempts) + 1
+    lost = record.attempts[-1] if record.attempts and record.attempts[-1].ended_at is None else None
+    if lost is not None:
+        where = f" on worker {lost.worker}" if lost.worker else ""
+        lost.ended_at = now_iso()
+        lost.outcome = (f"lost during step {record.current_step!r}: the driver (pid {lost.pid} on {lost.host}{where}) "
+                        f"stopped without finishing; attempt {number} resumes")
+        for st in record.steps.values():
+            if st.state == "running":
+                st.state, st.error = "pending", f"interrupted in attempt {lost.attempt} (the driver stopped)"
+    record.attempts.append(Attempt(attempt=number, host=h["host"], pid=h["pid"], worker=_worker_address(),
+                                   started_at=now_iso()))
+    if lost is not None:
+        rec.event("attempt-lost", lost.outcome or "", level="warning")
+    if runs.cancel_requested(run_id):
+        rec.update(state="cancelled", exit_code=EXIT_CODES["cancelled"], finished_at=now_iso(),
+                   error="cancelled before it started")
+        rec.event("run-finished", f"run {run_id} cancelled before it started", state="cancelled")
+        return RunOutcome(run_id, "cancelled", EXIT_CODES["cancelled"], record)
+    record.state = "running"
+    record.started_at = record.started_at or now_iso()
+    record.cluster = cluster
+    rec.save()
+    rec.event("run-started", f"run {run_id}: {workflow.name} ({len(workflow.steps)} steps) under {workflow.root}"
+              + (f", attempt {number}" if number > 1 else ""), attempt=number, mode=mode, cluster=cluster)
+
+    def on_client(c: Any) -> None:
+        rec.client = c
+        rec.update(dashboard=getattr(c, "dashboard_link", None))
+        rec.event("cluster", f"Dask cluster {cluster}: dashboard {getattr(c, 'dashboard_link', None)}")
+
+    handle = ClusterHandle(cluster, client, on_client)
+    if client is not None:
+        try:
+            record.dashboard = client.dashboard_link
+        except Exception:
+            pass
+    locks = OutputLocks(workflow.root, runs)
+    outputs = workflow.outputs()
+    capture = EventLogHandler(rec, threading.get_ident())
+    lib_log = logging.getLogger("tensorflow_ooc")
+    state, error = "done", None
+    ran = 0
+    try:
+        taken = locks.acquire(outputs, run_id)
+    except LockError as exc:
+        rec.update(state="failed", exit_code=EXIT_CODES["failed"], finished_at=now_iso(), error=str(exc))
+        for st in record.steps.values():
+            if st.state in ("pending", "running"):
+                st.state = "not run"
+        rec.save()
+        rec.event("run-finished", f"run {run_id} not started: {exc}", level="error", state="failed")
+        return RunOutcome(run_id, "failed", EXIT_CODES["failed"], record)
+    for holder, why in taken:
+        _mark_lost(runs, holder, why, run_id)
+        record.took_over.append(holder)
+        rec.event("lock-taken-over", f"took over the outputs of run {holder} ({why}); its finished steps are "
+                  "skipped and CP-ALS resumes from its checkpoint", level="warning", previous_run=holder)
+    lib_log.addHandler(capture)
+    rec.start_heartbeat()
+    current = None
+    try:
+        for st in workflow.steps:
+            current = st.name
+            rec.check_cancel()
+            srec = record.steps[st.name]
+            capture.step = st.name
+            missing = [f"{role} {where}" for role, where in st.inputs.items()
+                       if location_fingerprint(where) is None]
+            if missing:
+                raise InputError(f"step {st.name!r}: missing input: {', '.join(missing)}")
+            fps = {role: location_fingerprint(where) for role, where in st.inputs.items()}
+            fp = step_fingerprint(st.kind, st.config(), fps)
+            stale = [why for why in (index.why_stale(o, fp) for o in st.outputs.values()) if why]
+            if not stale and not force:
+                rec.step(st.name, save=False, state="skipped", fingerprint=fp, attempt=number, error=None,
+                         message="up to date (outputs exist with matching input fingerprints)")
+                rec.update(current_step=None)
+                rec.event("step-skipped", f"{st.name}: up to date", step=st.name)
+                continue
+            t0 = time.time()
+            rec.step(st.name, save=False, state="running", started_at=now_iso(), finished_at=None, seconds=None,
+                     fingerprint=fp, attempt=number, error=None, message="; ".join(sorted(set(stale))) or "forced")
+            rec.update(current_step=st.name)
+            rec.event("step-started", f"{st.name} ({st.kind}): " + ("; ".join(sorted(set(stale))) or "forced"),
+                      step=st.name, kind=st.kind)
+            ctx = StepContext(workflow, st, fp, rec, handle.client_for, handle.default_device)
+            metrics = run_step(ctx)
+            for o in st.outputs.values():
+                index.write(o, fp, st.name, run_id)
+            ran += 1
+            seconds = time.time() - t0
+            merged = {**srec.metrics, **metrics}
+            rec.step(st.name, save=False, state="done", finished_at=now_iso(), seconds=round(seconds, 3),
+                     metrics=merged, message=None)
+            rec.update(current_step=None)
+            rec.event("step-finished", f"{st.name}: done in {seconds:.1f} s", step=st.name, seconds=seconds,
+                      metrics=merged)
+        current = None
+        state = "done" if ran else "skipped"
+    except RunCancelled as exc:
+        state, error = "cancelled", str(exc)
+        rec.event("cancelled", f"cancelled during step {current!r}" if current else "cancelled", step=current,
+                  level="warning")
+    except KeyboardInterrupt:
+        state, error = "cancelled", "interrupted (Ctrl-C)"
+        raise
+    except SpecError as exc:
+        state, error = "failed", str(exc)
+        rec.event("error", str(exc), step=current, level="error")
+    except Exception as exc:
+        state, error = "failed", f"{type(exc).__name__}: {exc}"
+        rec.event("error", f"{current}: {error}" if current else error, step=current, level="error",
+                  traceback=traceback.format_exc())
+    finally:
+        lib_log.removeHandler(capture)
+        rec.stop_heartbeat()
+        try:
+            handle.close()
+        except Exception as exc:       # a cluster that fails to close must not hide the outcome
+            log.debug("closing the cluster: %s", exc)
+        locks.release(outputs, run_id)
+        if current is not None:
+            srec = record.steps[current]
+            started = parse_iso(srec.started_at)
+            rec.step(current, save=False, state="cancelled" if state == "cancelled" else "failed", error=error,
+                     finished_at=now_iso(), seconds=round(time.time() - started, 3) if started else None)
+        for srec in record.steps.values():
+            if srec.state in ("pending", "running"):
+                srec.state = "not run"
+        code = EXIT_CODES[state]
+        record.attempts[-1].ended_at = now_iso()
+        record.attempts[-1].outcome = state
+        rec.update(state=state, exit_code=code, finished_at=now_iso(), current_step=None, error=error)
+        rec.event("run-finished", f"run {run_id} {state}" + (f": {error}" if error else ""), state=state,
+                  exit_code=code, level="error" if state == "failed" else "info")
+    return RunOutcome(run_id, state, EXIT_CODES[state], record)
+
+
+def spec_failure(runs: RunStore, record: RunRecord, exc: SpecError) -> RunOutcome:
+    """Close a (submitted) record whose spec no longer validates where the driver runs."""
+    record.state, record.exit_code, record.finished_at, record.error = "failed", EXIT_BAD_SPEC, now_iso(), str(exc)
+    for st in record.steps.values():
+        st.state = "not run"
+    runs.write(record)
+    runs.append_events(record.run_id, [{"time": now_iso(), "t": time.time(), "run_id": record.run_id,
+                                        "event": "run-finished", "level": "error", "message": str(exc),
+                                        "state": "failed", "exit_code": EXIT_BAD_SPEC}])
+    return RunOutcome(record.run_id, "failed", EXIT_BAD_SPEC, record)

@@ -1,0 +1,657 @@
+"""Workflow specs: a YAML file, safe-loaded, validated by pydantic models.
+
+A spec names a storage root, a cluster and a set of steps::
+
+    name: quickstart
+    cluster: embedded              # embedded | gpu | a scheduler address (tcp://host:8786)
+    storage: storage               # optional: the storage root (local folder or fsspec URL)
+    steps:
+      generate: {kind: generate, out: quickstart.tns, like: uber, model: planted, rank: 16}
+      convert:  {kind: convert, input: quickstart.tns, out: quickstart.zarr}
+      decompose: {kind: decompose, input: quickstart.zarr, out: quickstart.cp.zarr, rank: 16}
+
+YAML is read with PyYAML's safe loader (no tags that construct Python objects, so no code runs).
+Errors name the spec file, the line and the dotted field and say what was expected; unknown keys
+are errors. After the models, :func:`load_spec` checks the workflow as a whole: every path inside
+the storage root (or an ``allow_paths`` entry), step references, one writer per output, inputs
+that exist or are made by a step, and no dependency cycles. A spec that passes starts nothing
+by itself: :mod:`tensorflow_ooc.workflow.runner` runs it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import importlib.util
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from . import locations as loc
+from .errors import Problem, SpecError
+
+SPEC_VERSION = 1
+STEP_KINDS = ("generate", "convert", "decompose", "evaluate", "export")
+PRESET_NAMES = ("uber", "nips", "chicago", "nell2", "vast", "hypersparse", "amazon")
+EXPORT_FORMATS = ("npz", "pyttb", "tensorly", "zarr")
+# an export format and the package it needs (checked before anything starts)
+EXPORT_NEEDS = {"pyttb": "pyttb", "tensorly": "tensorly"}
+_STEP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_ADDRESS = re.compile(r"^(tcp|tls|inproc|ucx|ws|wss)://\S+$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+
+def parse_size(value: int | str) -> int:
+    """``512MB``, ``2GiB`` or a byte count -> bytes."""
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"expected a positive size, got {value}")
+        return value
+    m = _SIZE.match(str(value))
+    if not m or (m.group(2) or "").lower() not in _UNITS:
+        raise ValueError(f"expected a size such as 512MB, 2GiB or 1000000, got {value!r}")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+
+
+# --- models ---------------------------------------------------------------------------------------
+
+class _Model(BaseModel):
+    # strict: YAML already types its scalars, so "16" stays a string and rank: "16" is an error
+    # rather than a silent conversion; unknown keys are errors
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+PositiveInt = Annotated[int, Field(ge=1)]
+Size = Union[int, str]
+
+
+class _Step(_Model):
+    after: list[str] = Field(default_factory=list, description="steps that must finish first (besides "
+                             "those whose outputs this step reads, which are found by path)")
+    description: str = ""
+
+    def input_fields(self) -> dict[str, str]:
+        """Role -> raw location of what this step reads."""
+        return {}
+
+    def output_fields(self) -> dict[str, str]:
+        """Role -> raw location of what this step writes."""
+        return {"out": getattr(self, "out")}
+
+
+class GenerateStep(_Step):
+    """Write a synthetic tensor (``.tns``, ``.tns.gz`` or a store): heavy-tailed random values, or a
+    planted rank-``rank`` CP model on a heavy-tailed support with relative ``noise``."""
+
+    kind: Literal["generate"]
+    out: str
+    like: Literal[PRESET_NAMES] | None = None            # type: ignore[valid-type]
+    shape: list[PositiveInt] | None = None
+    nnz: PositiveInt | None = None
+    model: Literal["heavy-tailed", "planted"] = "heavy-tailed"
+    rank: PositiveInt = 8
+    noise: Annotated[float, Field(ge=0)] = 0.0
+    skew: float | list[float] | None = None
+    values: Literal["uniform", "count", "normal"] = "uniform"
+    seed: int = 0
+    zero_based: bool = False
+    factors_out: str | None = Field(None, description="planted: where the true model goes "
+                                    "(default OUT without its extension + .factors.npz)")
+
+    @model_validator(mode="after")
+    def _size_given(self) -> "GenerateStep":
+        if self.like is None and (self.shape is None or self.nnz is None):
+            raise ValueError("give 'like' (a preset) or both 'shape' and 'nnz'")
+        if self.model != "planted" and self.factors_out is not None:
+            raise ValueError("'factors_out' is only for model: planted")
+        return self
+
+    def factors_location(self) -> str | None:
+        if self.model != "planted":
+            return None
+        if self.factors_out:
+            return self.factors_out
+        o = self.out
+        stem = o[:-7] if o.endswith(".tns.gz") else o[:-4] if o.endswith(".tns") else o.rstrip("/")
+        stem = stem[:-5] if stem.endswith(".zarr") else stem
+        return stem + ".factors.npz"
+
+    def output_fields(self) -> dict[str, str]:
+        out = {"out": self.out}
+        if self.model == "planted":
+            out["factors_out"] = self.factors_location() or ""
+        return out
+
+
+class ConvertStep(_Step):
+    """Convert ``.tns`` files into a BLCO store: one file, a glob, or a folder (``*.tns``,
+    ``*.tns.gz``). With ``append: true`` the output is a versioned store: each run adds the files
+    not seen before to the latest version's nonzeros and writes the next version."""
+
+    kind: Literal["convert"]
+    input: str
+    out: str
+    append: bool = False
+    keep_versions: PositiveInt | None = None
+    shape: list[PositiveInt] | None = None
+    zero_based: bool = False
+    duplicates: Literal["error", "sum", "last"] = "error"
+    chunk_nnz: PositiveInt | None = None
+    max_block_nnz: PositiveInt | None = None
+    compression: Literal["fast", "small"] = "fast"
+    memory_limit: Size | None = None
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _size(cls, v: Size | None) -> Size | None:
+        return None if v is None else parse_size(v)
+
+    @model_validator(mode="after")
+    def _versions(self) -> "ConvertStep":
+        if self.keep_versions is not None and not self.append:
+            raise ValueError("'keep_versions' is only for append: true")
+        return self
+
+    def input_fields(self) -> dict[str, str]:
+        return {"input": self.input}
+
+
+class DecomposeStep(_Step):
+    """Rank-``rank`` CP-ALS of a store (:func:`tensorflow_ooc.cp_als` with its options).
+
+    ``init: previous`` warm-starts from the previous result (``previous``, default ``out`` as the
+    last run left it); rows that a growing mode gained since are initialized at random at the
+    scale of the existing rows. ``init`` may also name a result store.
+    """
+
+    kind: Literal["decompose"]
+    input: str
+    out: str
+    rank: PositiveInt
+    max_iters: PositiveInt = 50
+    tol: Annotated[float, Field(ge=0)] = 1e-5
+    seed: int | None = 0
+    init: str = "random"
+    previous: str | None = None
+    dtype: Literal["float64", "float32"] = "float64"
+    execution: Literal["auto", "streaming", "in-memory"] = "auto"
+    device: Literal["auto", "cpu", "gpu"] | None = None
+    conflict: Literal["auto", "hierarchical", "register"] = "auto"
+    streams: PositiveInt = 8
+    device_memory_limit: Size | None = None
+    checkpoint_every: PositiveInt = 1
+    partitions: PositiveInt | None = None
+    scheduler: Literal["auto", "inline", "cluster"] = Field(
+        "auto", description="auto: in the driver for tensors of at most 2^20 nonzeros, on the cluster above; "
+                            "inline: always in the driver; cluster: always as Dask graphs on the cluster")
+
+    @field_validator("device_memory_limit")
+    @classmethod
+    def _size(cls, v: Size | None) -> Size | None:
+        return None if v is None else parse_size(v)
+
+    @model_validator(mode="after")
+    def _previous(self) -> "DecomposeStep":
+        if self.previous is not None and self.init != "previous":
+            raise ValueError("'previous' is only used with init: previous")
+        return self
+
+    def warm_start_location(self) -> str | None:
+        """Where the warm start is read, or None for random factors."""
+        if self.init == "random":
+            return None
+        if self.init == "previous":
+            return self.previous or self.out
+        return self.init
+
+    def input_fields(self) -> dict[str, str]:
+        out = {"input": self.input}
+        # a warm start from an explicit result is an input; the previous result at 'out' is not
+        # (it is this step's own output, read before it is replaced)
+        if self.init not in ("random", "previous"):
+            out["init"] = self.init
+        elif self.init == "previous" and self.previous and self.previous != self.out:
+            out["previous"] = self.previous
+        return out
+
+
+class EvaluateStep(_Step):
+    """Fit of a result against a tensor and its factor match score against a reference model;
+    writes the metrics as JSON. ``min_fit`` / ``min_fms`` make the step fail below them."""
+
+    kind: Literal["evaluate"]
+    result: str
+    tensor: str | None = None
+    reference: str | None = None
+    out: str | None = None
+    min_fit: float | None = None
+    min_fms: Annotated[float, Field(ge=0, le=1)] | None = None
+
+    @model_validator(mode="after")
+    def _needs(self) -> "EvaluateStep":
+        if self.min_fms is not None and self.reference is None:
+            raise ValueError("'min_fms' needs a 'reference'")
+        return self
+
+    def metrics_location(self) -> str:
+        return self.out or self.result.rstrip("/") + ".evaluation.json"
+
+    def input_fields(self) -> dict[str, str]:
+        out = {"result": self.result}
+        if self.tensor:
+            out["tensor"] = self.tensor
+        if self.reference:
+            out["reference"] = self.reference
+        return out
+
+    def output_fields(self) -> dict[str, str]:
+        return {"out": self.metrics_location()}
+
+
+class ExportStep(_Step):
+    """Publish a result: ``npz`` (weights, factor0..), ``pyttb`` (``pyttb.export_data`` text, read
+    by ``pyttb.import_data``), ``tensorly`` (a pickled ``CPTensor``) or ``zarr`` (a result store)."""
+
+    kind: Literal["export"]
+    result: str
+    format: Literal[EXPORT_FORMATS]                       # type: ignore[valid-type]
+    out: str
+
+    def input_fields(self) -> dict[str, str]:
+        return {"result": self.result}
+
+
+Step = Annotated[Union[GenerateStep, ConvertStep, DecomposeStep, EvaluateStep, ExportStep],
+                 Field(discriminator="kind")]
+STEP_MODELS: dict[str, type[_Step]] = {"generate": GenerateStep, "convert": ConvertStep,
+                                       "decompose": DecomposeStep, "evaluate": EvaluateStep, "export": ExportStep}
+
+
+class Spec(_Model):
+    """A workflow spec (see the module docstring and ``workflows/README.md``)."""
+
+    version: Literal[1] = SPEC_VERSION
+    name: str | None = None
+    description: str = ""
+    storage: str | None = None
+    allow_paths: list[str] = Field(default_factory=list)
+    cluster: str = "embedded"
+    steps: dict[str, Step]
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster(cls, v: str) -> str:
+        if v in ("embedded", "gpu") or _ADDRESS.match(v):
+            return v
+        raise ValueError(f"expected 'embedded', 'gpu' or a scheduler address such as tcp://host:8786, got {v!r}")
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if not v:
+            raise ValueError("expected at least one step")
+        bad = [k for k in v if not _STEP_NAME.match(str(k))]
+        if bad:
+            raise ValueError(f"step names are letters, digits, '_', '.', '-'; got {bad[0]!r}")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and not _STEP_NAME.match(v):
+            raise ValueError(f"expected letters, digits, '_', '.', '-', got {v!r}")
+        return v
+
+
+# --- loading with line numbers ---------------------------------------------------------------------
+
+def _walk(node: yaml.Node, prefix: tuple, marks: dict[tuple, int], problems: list[Problem]) -> None:
+    """Record the line of every key and list item; duplicate keys (which YAML would silently let
+    the last one win) are problems."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for k, v in node.value:
+            key = str(k.value) if isinstance(k, yaml.ScalarNode) else repr(k)
+            line = k.start_mark.line + 1
+            if key in seen:
+                problems.append(Problem(line, ".".join(map(str, prefix + (key,))),
+                                        f"duplicate key (first given on line {seen[key]})"))
+            seen[key] = line
+            marks[prefix + (key,)] = line
+            _walk(v, prefix + (key,), marks, problems)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            marks[prefix + (i,)] = item.start_mark.line + 1
+            _walk(item, prefix + (i,), marks, problems)
+
+
+@dataclass
+class Source:
+    """The text of a spec, its data and the line of every key."""
+
+    path: str
+    text: str
+    data: Any
+    marks: dict[tuple, int]
+
+    def line(self, where: tuple) -> int:
+        """Line of the deepest key of ``where`` that the file has (pydantic's union tags skipped)."""
+        line, cur, node = 1, (), self.data
+        for part in where:
+            if isinstance(node, dict) and str(part) in {str(k) for k in node}:
+                key = next(k for k in node if str(k) == str(part))
+                cur, node = cur + (str(key),), node[key]
+            elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+                cur, node = cur + (part,), node[part]
+            else:
+                continue
+            line = self.marks.get(cur, line)
+        return line
+
+
+def read_source(path: str | os.PathLike | None = None, text: str | None = None) -> Source:
+    """Read and safe-load a spec; YAML errors become a :class:`SpecError` with the line."""
+    name = str(path) if path is not None else "<string>"
+    if text is None:
+        if path is None:
+            raise ValueError("give a spec path or its text")
+        try:
+            text = loc.read_text(str(path)) if loc.is_url(str(path)) else open(path, encoding="utf-8").read()
+        except FileNotFoundError:
+            raise SpecError(name, [Problem(None, None, "no such spec file")]) from None
+        except (IsADirectoryError, UnicodeDecodeError) as exc:
+            raise SpecError(name, [Problem(None, None, f"not a YAML text file ({exc})")]) from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        what = " ".join(s for s in (exc.context, exc.problem) if s)
+        raise SpecError(name, [Problem(mark.line + 1 if mark else None, None,
+                                       f"YAML error: {what} (column {mark.column + 1 if mark else '?'})")]) \
+            from None
+    except yaml.YAMLError as exc:
+        raise SpecError(name, [Problem(None, None, f"YAML error: {exc}")]) from None
+    finally:
+        loader.dispose()
+    if node is None:
+        raise SpecError(name, [Problem(1, None, "the spec is empty (expected a mapping with 'steps')")])
+    if not isinstance(data, dict):
+        raise SpecError(name, [Problem(node.start_mark.line + 1, None,
+                                       f"expected a mapping with 'steps' at the top, got a {type(data).__name__}")])
+    marks: dict[tuple, int] = {(): 1}
+    problems: list[Problem] = []
+    _walk(node, (), marks, problems)
+    if problems:
+        raise SpecError(name, problems)
+    return Source(name, text, data, marks)
+
+
+def _display(where: tuple) -> str:
+    parts = list(where)
+    # pydantic puts the union tag (the step kind) after the step name: not a key of the file
+    if len(parts) > 2 and parts[0] == "steps" and parts[2] in STEP_KINDS:
+        del parts[2]
+    return ".".join(str(p) for p in parts)
+
+
+def _allowed_keys(src: Source, where: tuple) -> list[str]:
+    if len(where) >= 2 and where[0] == "steps":
+        step = src.data.get("steps", {}).get(where[1]) if isinstance(src.data.get("steps"), dict) else None
+        kind = step.get("kind") if isinstance(step, dict) else None
+        if kind in STEP_MODELS:
+            return list(STEP_MODELS[kind].model_fields)
+    return list(Spec.model_fields)
+
+
+def _problem(src: Source, err: dict) -> Problem:
+    where = tuple(err["loc"])
+    kind, msg, got = err["type"], err["msg"], err.get("input")
+    if kind == "extra_forbidden":
+        message = f"unknown key (expected one of: {', '.join(_allowed_keys(src, where))})"
+    elif kind == "missing":
+        message = "missing (required)"
+    elif kind == "union_tag_invalid":
+        message = (f"unknown step kind {err['ctx']['tag']!r} (expected one of: {', '.join(STEP_KINDS)})")
+        where = where + ("kind",)
+    elif kind == "union_tag_not_found":
+        message = f"missing 'kind' (expected one of: {', '.join(STEP_KINDS)})"
+    else:
+        message = msg.replace("Value error, ", "").replace("Input should be", "expected")
+        if kind not in ("value_error", "assertion_error") and not isinstance(got, (dict, list)):
+            message += f", got {got!r}"
+        elif isinstance(got, (dict, list)) and "type" in kind:
+            message += f", got a {'mapping' if isinstance(got, dict) else 'list'}"
+    return Problem(src.line(where), _display(where) or None, message)
+
+
+def validate_source(src: Source) -> Spec:
+    """The :class:`Spec` model of a loaded source; every validation error with its line."""
+    try:
+        return Spec.model_validate(src.data)
+    except ValidationError as exc:
+        problems = [_problem(src, e) for e in exc.errors(include_url=False)]
+        problems.sort(key=lambda p: (p.line or 0))
+        raise SpecError(src.path, problems) from None
+
+
+# --- the workflow as a whole -------------------------------------------------------------------------
+
+@dataclass
+class PlannedStep:
+    """A step with its locations resolved and its dependencies found."""
+
+    name: str
+    model: _Step
+    inputs: dict[str, str]             # role -> normalized location
+    outputs: dict[str, str]            # role -> normalized location
+    deps: list[str] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return self.model.kind          # type: ignore[attr-defined]
+
+    def config(self) -> dict:
+        """The step's settings that define its result (for the fingerprint)."""
+        return self.model.model_dump(mode="json", exclude={"after", "description"})
+
+
+@dataclass
+class Workflow:
+    """A validated spec, ready to run: steps in dependency order, all locations resolved."""
+
+    spec: Spec
+    source: Source
+    name: str
+    root: str
+    allowed: list[str]
+    steps: list[PlannedStep]
+    sha256: str
+
+    @property
+    def path(self) -> str:
+        return self.source.path
+
+    def step(self, name: str) -> PlannedStep:
+        return next(s for s in self.steps if s.name == name)
+
+    def outputs(self) -> list[str]:
+        return sorted({o for s in self.steps for o in s.outputs.values()})
+
+
+def default_storage() -> str:
+    return os.environ.get("TFOOC_STORAGE", "storage")
+
+
+def _resolve(raw: str, root: str) -> str:
+    return loc.normalize(raw, base=root)
+
+
+def _produces(step: PlannedStep, location: str) -> bool:
+    """Does ``step`` write something that ``location`` (a path, folder or glob) reads?"""
+    for out in step.outputs.values():
+        if out == location or (loc.has_glob(location) and fnmatch.fnmatch(out, location)):
+            return True
+        if not loc.has_glob(location) and loc.is_under(out, location) and out != location:
+            return True       # a file made inside a folder that is read as a whole
+    return False
+
+
+def _find_cycle(order: list[str], deps: dict[str, list[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for d in deps[n]:
+            if state.get(d) == 1:
+                return stack[stack.index(d):] + [d]
+            if d not in state:
+                found = visit(d)
+                if found:
+                    return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in order:
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def plan(spec: Spec, src: Source, storage: str | None = None) -> Workflow:
+    """Resolve locations, check confinement, references, inputs and cycles; order the steps."""
+    problems: list[Problem] = []
+    root_raw = storage or spec.storage or default_storage()
+    root = loc.normalize(root_raw)
+    allowed = [root]
+    for i, extra in enumerate(spec.allow_paths):
+        if not (loc.is_url(extra) or os.path.isabs(os.path.expanduser(extra))):
+            problems.append(Problem(src.line(("allow_paths", i)), f"allow_paths.{i}",
+                                    f"expected an absolute path or a URL, got {extra!r}"))
+            continue
+        allowed.append(loc.normalize(extra))
+    names = list(spec.steps)
+    planned: list[PlannedStep] = []
+    writers: dict[str, str] = {}
+    for name in names:
+        model = spec.steps[name]
+        resolved: dict[str, dict[str, str]] = {"in": {}, "out": {}}
+        for side, fields in (("in", model.input_fields()), ("out", model.output_fields())):
+            for role, raw in fields.items():
+                where = ("steps", name, role)
+                location = _resolve(raw, root)
+                if not any(loc.is_under(location, a) for a in allowed):
+                    what = "output" if side == "out" else "input"
+                    problems.append(Problem(src.line(where), _display(where),
+                                            f"{what} {location} is outside the storage root {root} (add the folder "
+                                            f"to 'allow_paths' to use it)"))
+                    continue
+                if side == "out":
+                    if loc.has_glob(location):
+                        problems.append(Problem(src.line(where), _display(where),
+                                                f"expected one output location, got a glob {raw!r}"))
+                        continue
+                    if location in writers:
+                        problems.append(Problem(src.line(where), _display(where),
+                                                f"{location} is also written by step {writers[location]!r}: "
+                                                "each output has one writer"))
+                        continue
+                    writers[location] = name
+                resolved[side][role] = location
+        for i, dep in enumerate(model.after):
+            if dep not in spec.steps:
+                problems.append(Problem(src.line(("steps", name, "after", i)), f"steps.{name}.after.{i}",
+                                        f"unknown step {dep!r} (steps: {', '.join(names)})"))
+        planned.append(PlannedStep(name, model, resolved["in"], resolved["out"]))
+    # dependencies: explicit 'after' plus every step whose output this step reads
+    for st in planned:
+        deps = [d for d in st.model.after if d in spec.steps]
+        for role, location in st.inputs.items():
+            for other in planned:
+                if other.name != st.name and _produces(other, location) and other.name not in deps:
+                    deps.append(other.name)
+        st.deps = deps
+    cycle = _find_cycle(names, {s.name: s.deps for s in planned})
+    if cycle:
+        problems.append(Problem(src.line(("steps", cycle[0])), f"steps.{cycle[0]}",
+                                "cyclic dependency: " + " -> ".join(cycle) +
+                                " (a step reads what a later step of the cycle writes, or 'after' loops)"))
+    else:
+        # inputs that no step makes must exist now
+        for st in planned:
+            for role, location in st.inputs.items():
+                if any(_produces(o, location) for o in planned if o.name != st.name):
+                    continue
+                target = location
+                if loc.has_glob(location):
+                    # a glob may match nothing yet (a folder of new files); its folder must exist
+                    target = location
+                    while loc.has_glob(target):
+                        target = target.rsplit("/", 1)[0]
+                where = ("steps", st.name, role)
+                if not loc.exists(target):
+                    problems.append(Problem(src.line(where), _display(where),
+                                            f"missing input: {target} does not exist and no step writes it"))
+        for st in planned:
+            if st.kind == "export":
+                fmt = st.model.format                      # type: ignore[attr-defined]
+                need = EXPORT_NEEDS.get(fmt)
+                if need and importlib.util.find_spec(need) is None:
+                    where = ("steps", st.name, "format")
+                    problems.append(Problem(src.line(where), _display(where),
+                                            f"format {fmt!r} needs the {need} package: pip install {need}"))
+    if problems:
+        problems.sort(key=lambda p: (p.line or 0))
+        raise SpecError(src.path, problems)
+    # dependency order, declaration order among independent steps
+    order: list[PlannedStep] = []
+    done: set[str] = set()
+    while len(order) < len(planned):
+        for st in planned:
+            if st.name not in done and all(d in done for d in st.deps):
+                order.append(st)
+                done.add(st.name)
+                break
+    name = spec.name or os.path.splitext(os.path.basename(src.path))[0].replace(".yaml", "") or "workflow"
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", name)
+    return Workflow(spec, src, name, root, allowed, order, hashlib.sha256(src.text.encode()).hexdigest())
+
+
+def load_spec(path: str | os.PathLike | None = None, *, text: str | None = None,
+              storage: str | None = None) -> Workflow:
+    """Read, validate and plan a spec.
+
+    Parameters
+    ----------
+    path : str or PathLike, optional
+        The spec file (local or fsspec URL). With ``text``, only used in messages.
+    text : str, optional
+        The spec's YAML text (instead of reading ``path``).
+    storage : str, optional
+        Storage root overriding the spec's ``storage`` (default: the spec's, else
+        ``$TFOOC_STORAGE``, else ``./storage``).
+
+    Returns
+    -------
+    Workflow
+
+    Raises
+    ------
+    SpecError
+        Naming the file, line and field of every problem found.
+    """
+    src = read_source(path, text)
+    spec = validate_source(src)
+    return plan(spec, src, storage)
