@@ -63,7 +63,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import numpy as np
 
     from . import synthetic
-    from .ingest import BatchSource, convert
+    from .ingest import AltoRunSource, BatchSource, convert
 
     shape, nnz = args.shape, args.nnz
     if args.like:
@@ -83,15 +83,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
         np.savez(factors_path, weights=planted.weights, **{f"factor{n}": f for n, f in enumerate(planted.factors)})
         log.info("true factors written to %s", factors_path)
         nnz = planted.coords.shape[0]
+        gen = None
     else:
+        gen = synthetic.HeavyTailedGenerator(shape, nnz, skew=args.skew, seed=args.seed, values=args.values)
         batches = synthetic.iter_heavy_tailed(shape, nnz, skew=args.skew, seed=args.seed, values=args.values)
     from tqdm.auto import tqdm
 
     bar = tqdm(total=nnz, desc="generate", unit="nz", unit_scale=True, disable=args.quiet, leave=False)
 
-    def counted(it):
+    def counted(it, axis=0):
         for c, v in it:
-            bar.update(c.shape[0])
+            bar.update(c.shape[axis])
             yield c, v
 
     log.info("generating %s nonzeros of a %s tensor shaped %s -> %s", f"{nnz:,}", args.kind, shape, out)
@@ -99,9 +101,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if os.path.exists(out) and not args.overwrite:
             raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
         synthetic.write_tns(out, counted(batches), one_based=not args.zero_based, header=header)
+    elif gen is not None:
+        # sorted ALTO runs straight into the store: merged, not sorted; values recomputed, not spilled
+        src = AltoRunSource(counted(gen.runs(with_values=False), axis=1), shape, nnz, values_of=gen.values_of,
+                            name="synthetic generator")
+        convert(src, out, overwrite=args.overwrite, progress=False, memory_limit=args.memory_limit,
+                tmp_dir=args.tmp_dir)
     else:
         src = BatchSource(counted(batches), len(shape), shape, nnz, name="synthetic generator")
-        convert(src, out, shape=shape, overwrite=args.overwrite, progress=False, memory_limit=args.memory_limit)
+        convert(src, out, shape=shape, overwrite=args.overwrite, progress=False, memory_limit=args.memory_limit,
+                tmp_dir=args.tmp_dir)
     bar.close()
     log.info("wrote %s in %.1f s", out, time.perf_counter() - t0)
     print(out)
@@ -122,6 +131,18 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chunk_text(info: dict) -> str:
+    """Chunks and how full they are: ``chunk_nnz`` is the capacity of a chunk, not its size (a
+    9.5 k-nonzero store is one chunk of 9.5 k nonzeros, with room for 1 M)."""
+    n, cap, nnz = info["chunks"], info["chunk_nnz"], info["nnz"]
+    if n <= 1:
+        held = f"{nnz:,} nonzeros" if n == 1 else "empty"
+        return f"{n:,}  ({held}; capacity {cap:,} nonzeros per chunk, {info['compression']})"
+    last = nnz - (n - 1) * cap
+    return (f"{n:,}  ({cap:,} nonzeros each, the last {last:,}; {info['compression']})" if last != cap
+            else f"{n:,}  ({cap:,} nonzeros each, {info['compression']})")
+
+
 def _format_info(info: dict) -> str:
     lines = [
         f"store        {info['path']}  (BLCO format v{info['format_version']})",
@@ -129,7 +150,7 @@ def _format_info(info: dict) -> str:
         f"nonzeros     {info['nnz']:,}  (density {info['density']:.3g}, values {info['value_dtype']})",
         f"norm         {info['norm']:.6g}",
         f"blocks       {info['blocks']:,}  (nonzeros per block {info['block_nnz_min']:,} .. {info['block_nnz_max']:,})",
-        f"chunks       {info['chunks']:,}  ({info['chunk_nnz']:,} nonzeros each, {info['compression']})",
+        f"chunks       {_chunk_text(info)}",
         f"on disk      {info['bytes_on_disk']:,} bytes = {info['bytes_per_nnz']:.2f} bytes/nonzero, "
         f"{100 * info['compression_ratio']:.1f} % of raw COO ({info['raw_coo_bytes']:,} bytes)",
         f"index bits   {info['layout']['total_bits']} ({info['layout']['index_bits']} per nonzero, "
@@ -158,9 +179,18 @@ def cmd_cpd(args: argparse.Namespace) -> int:
     from .execution import DeviceOptions
     from .store import open_store
 
+    from .store import paths
+
     store = open_store(args.store)
     out = args.out or f"{str(args.store).rstrip('/')}.cp-r{args.rank}.zarr"
     checkpoint = args.checkpoint or f"{out}.checkpoint.npz"
+    if paths.exists(out) and not (args.overwrite or args.resume):
+        # an earlier result and its checkpoint would be replaced without a word: refuse, as
+        # cp_als(out=...) does, and say how to go on
+        raise FileExistsError(f"{out} holds the result of an earlier run; pass --out NEW to keep it, --overwrite "
+                              f"to replace it, or --resume to continue from its checkpoint")
+    if args.overwrite and not args.resume and paths.exists(checkpoint):
+        paths.remove(checkpoint)     # a fresh run must not resume later from the old run's state
     bar = tqdm(total=args.max_iters, desc="cp-als", unit="it", disable=args.quiet, leave=False)
 
     def progress(record: dict) -> None:
@@ -201,25 +231,119 @@ def cmd_cpd(args: argparse.Namespace) -> int:
     return 0
 
 
+def find_quickstart_spec() -> Path:
+    """``workflows/quickstart.yaml``: from ``$TFOOC_WORKFLOWS``, the source tree this package runs
+    from, or the current directory."""
+    candidates = [Path(os.environ["TFOOC_WORKFLOWS"]) / "quickstart.yaml"] if os.environ.get("TFOOC_WORKFLOWS") else []
+    candidates += [Path(__file__).resolve().parent.parent / "workflows" / "quickstart.yaml",
+                   Path("workflows") / "quickstart.yaml"]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise FileNotFoundError("workflows/quickstart.yaml not found (looked in " + ", ".join(map(str, candidates))
+                            + "); run tfooc run PATH/TO/quickstart.yaml, or set TFOOC_WORKFLOWS")
+
+
 def cmd_quickstart(args: argparse.Namespace) -> int:
-    """The embedded default main job: generate -> convert -> info -> cpd, under the storage root."""
-    root = Path(args.storage)
-    root.mkdir(parents=True, exist_ok=True)
-    tns = root / "quickstart.tns"
-    store = root / "quickstart.zarr"
-    common = ["--quiet"] if args.quiet else []
-    steps = [
-        ["generate", str(tns), "--like", args.like, "--seed", str(args.seed), "--overwrite"],
-        ["convert", str(tns), str(store), "--overwrite"],
-        ["info", str(store)],
-        ["cpd", str(store), "--rank", str(args.rank), "--max-iters", str(args.max_iters), "--seed", str(args.seed),
-         "--out", str(root / "quickstart.cp.zarr")],
-    ]
-    for step in steps:
-        log.info("quickstart: tfooc %s", " ".join(step))
-        rc = main(common + step)
-        if rc:
-            return rc
+    """The main job: ``tfooc run workflows/quickstart.yaml``."""
+    spec = find_quickstart_spec()
+    log.info("quickstart: tfooc run %s", spec)
+    args.spec, args.scheduler, args.force = str(spec), None, args.force
+    return cmd_run(args)
+
+
+# --- workflows ----------------------------------------------------------------------------------------
+
+def _load(args: argparse.Namespace):
+    from .workflow import load_spec
+
+    return load_spec(args.spec, storage=args.storage)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .workflow.report import run_summary
+    from .workflow.runner import execute
+
+    workflow = _load(args)          # a bad spec raises SpecError: exit 2, nothing started
+    outcome = execute(workflow, cluster=args.scheduler, force=args.force)
+    print(run_summary(outcome.record))
+    if outcome.state == "failed":
+        print(f"tfooc: run {outcome.run_id} failed: {outcome.record.error}\n  details: tfooc logs {outcome.run_id}"
+              f" --storage {workflow.root}\n  after fixing the cause, run the spec again: finished steps are "
+              "skipped and CP-ALS resumes from its checkpoint", file=sys.stderr)
+    return outcome.exit_code
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from .workflow.submit import submit
+
+    workflow = _load(args)
+    try:
+        run_id = submit(workflow, args.scheduler, force=args.force)
+    except (OSError, TimeoutError) as exc:
+        print(f"tfooc: error: could not submit to {args.scheduler}: {exc}", file=sys.stderr)
+        return 1
+    log.info("submitted run %s to %s; follow it with: tfooc status %s --storage %s  (or tfooc logs -f %s)",
+             run_id, args.scheduler, run_id, workflow.root, run_id)
+    print(run_id)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .workflow.records import EXIT_CODES, RunStore
+    from .workflow.report import run_summary, status_table, to_json
+    from .workflow.submit import wait
+
+    runs = RunStore(args.storage)
+    if not args.run:
+        records = runs.list(limit=None if args.all else 20)
+        print(json.dumps([json.loads(r.model_dump_json()) for r in records], indent=1) if args.json
+              else status_table(records))
+        return 0
+    rec = wait(args.storage, args.run, timeout=args.timeout) if args.wait else runs.read(args.run)
+    print(to_json(rec) if args.json else run_summary(rec))
+    if args.wait:
+        return EXIT_CODES.get(rec.state, 1) if rec.exit_code is None else rec.exit_code
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from .workflow.records import RunStore
+    from .workflow.report import format_event
+
+    runs = RunStore(args.storage)
+    run_id = runs.resolve(args.run)
+    shown = 0
+    while True:
+        events = runs.events(run_id)
+        for ev in events[shown:]:
+            print(json.dumps(ev) if args.json else format_event(ev), flush=True)
+        shown = len(events)
+        if not args.follow:
+            return 0
+        rec = runs.read(run_id)
+        if rec.final or rec.display_state() == "lost":
+            events = runs.events(run_id)
+            for ev in events[shown:]:
+                print(json.dumps(ev) if args.json else format_event(ev), flush=True)
+            return 0
+        time.sleep(0.5)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from .workflow.submit import cancel, wait
+
+    rec = cancel(args.storage, args.run)
+    if rec.final and rec.state != "cancelled":
+        print(f"run {rec.run_id} already {rec.state}: nothing to cancel")
+        return 0
+    if rec.state == "cancelled":
+        print(f"run {rec.run_id} cancelled")
+        return 0
+    print(f"run {rec.run_id}: cancel requested; it stops before its next step or CP-ALS iteration")
+    if args.wait:
+        rec = wait(args.storage, rec.run_id, timeout=args.timeout)
+        print(f"run {rec.run_id} {rec.display_state()}")
     return 0
 
 
@@ -238,8 +362,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars and only warnings in the log")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # -q/-v are accepted after the subcommand too (tfooc cpd STORE -q); SUPPRESS keeps a value given
+    # before the subcommand when none is given after it
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="no progress bars and only warnings in the log")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
 
-    g = sub.add_parser("generate", help="write a synthetic sparse tensor (.tns, .tns.gz or a store)",
+    def add(name: str, **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kw)
+
+
+    g = add("generate", help="write a synthetic sparse tensor (.tns, .tns.gz or a store)",
                        description="Write a synthetic sparse tensor: heavy-tailed slice sizes like real data, "
                                    "or a planted low-rank CP model on such a support. The output kind follows "
                                    "the name: *.tns, *.tns.gz (text, 1-based) or anything else (a BLCO store).")
@@ -258,10 +392,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     g.add_argument("--zero-based", action="store_true", help="write 0-based indices to .tns (default 1-based)")
     g.add_argument("--memory-limit", type=parse_size, help="peak memory when writing a store directly")
+    g.add_argument("--tmp-dir", help="directory for out-of-core buckets when writing a store (default: beside it)")
     g.add_argument("--overwrite", action="store_true", help="replace an existing output")
     g.set_defaults(func=cmd_generate)
 
-    c = sub.add_parser("convert", help="convert a .tns/.tns.gz file to a BLCO Zarr store",
+    c = add("convert", help="convert a .tns/.tns.gz file to a BLCO Zarr store",
                        description="Convert a FROSTT .tns or .tns.gz file into a BLCO Zarr store (local path or "
                                    "fsspec URL). Inputs larger than --memory-limit are converted out of core. "
                                    "Nothing is left at STORE if conversion fails.")
@@ -283,24 +418,82 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--overwrite", action="store_true", help="replace an existing store")
     c.set_defaults(func=cmd_convert)
 
-    i = sub.add_parser("info", help="describe a store",
+    i = add("info", help="describe a store",
                        description="Validate a store and print its shape, nonzeros, blocks, chunks, bytes on "
                                    "disk, compression ratio and per-mode statistics.")
     i.add_argument("store", help="store path or URL")
     i.add_argument("--json", action="store_true", help="print JSON instead of a table")
     i.set_defaults(func=cmd_info)
 
-    q = sub.add_parser("quickstart", help="the default main job: generate -> convert -> info -> cpd under storage/",
-                       description="Generate a FROSTT-like tensor, convert it to a store, describe it and "
-                                   "decompose it with CP-ALS, all under the storage root, with the embedded defaults.")
-    q.add_argument("--storage", default=str(DEFAULT_STORAGE), help="storage root (default ./storage or $TFOOC_STORAGE)")
-    q.add_argument("--like", choices=sorted(PRESETS), default="uber", help="tensor preset (default uber)")
-    q.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    q.add_argument("--rank", type=_positive_int, default=16, help="CP rank (default 16)")
-    q.add_argument("--max-iters", type=_positive_int, default=20, help="CP-ALS iterations at most (default 20)")
+    storage_help = "storage root: a folder or fsspec URL (default: the spec's 'storage', else $TFOOC_STORAGE, else ./storage)"
+    q = add("quickstart", help="the main job: tfooc run workflows/quickstart.yaml",
+            description="Run workflows/quickstart.yaml on the embedded default: generate a planted low-rank "
+                        "heavy-tailed tensor with noise (uber-shaped, 3.3 M nonzeros) as a .tns file, convert it "
+                        "to a store, decompose it with rank-16 CP-ALS, and report the fit and the factor match "
+                        "against the planted model. Steps that are up to date are skipped (exit status 3).")
+    q.add_argument("--storage", default=None, help=storage_help)
+    q.add_argument("--force", action="store_true", help="run every step even when up to date")
     q.set_defaults(func=cmd_quickstart)
 
-    d = sub.add_parser("cpd", help="CP decomposition (CP-ALS) of a store on Dask",
+    exits = ("Exit status: 0 done, 1 failed, 2 bad spec or input (nothing started), 3 skipped because every "
+             "step was up to date.")
+    r = add("run", help="run a workflow spec in the foreground",
+            description="Run a workflow spec (YAML; see workflows/README.md) in this process: steps in dependency "
+                        "order, each skipped when its outputs exist with matching input fingerprints; a failed "
+                        "run resumes from its last finished step (CP-ALS from its checkpoint). Records go under "
+                        "STORAGE/.tfooc/runs.", epilog=exits)
+    r.add_argument("spec", help="workflow spec (YAML)")
+    r.add_argument("--storage", default=None, help=storage_help)
+    r.add_argument("--scheduler", default=None,
+                   help="run step graphs on this Dask scheduler, or 'embedded' / 'gpu' (default: the spec's cluster)")
+    r.add_argument("--force", action="store_true", help="run every step even when up to date")
+    r.set_defaults(func=cmd_run)
+
+    sb = add("submit", help="submit a workflow spec to a Dask cluster and return its run id",
+             description="Validate the spec here, then submit its driver as a Dask task (fire and forget) to the "
+                         "scheduler: prints the run id at once; the run goes on on the cluster after this command "
+                         "exits. Follow it with tfooc status / logs, stop it with tfooc cancel. The storage root "
+                         "must be reachable from the workers (a shared folder or an fsspec URL).",
+             epilog="Exit status: 0 submitted, 2 bad spec or input (nothing submitted), 1 scheduler unreachable.")
+    sb.add_argument("spec", help="workflow spec (YAML)")
+    sb.add_argument("--scheduler", required=True, help="Dask scheduler address, e.g. tcp://host:8786")
+    sb.add_argument("--storage", default=None, help=storage_help)
+    sb.add_argument("--force", action="store_true", help="run every step even when up to date")
+    sb.set_defaults(func=cmd_submit)
+
+    st = add("status", help="list runs, or show one run",
+             description="Without RUN: the latest runs under the storage root. With RUN (an id or a unique prefix): "
+                         "its steps, states, times, fits, errors and outputs. A running run whose driver stopped "
+                         "heartbeating shows as lost.",
+             epilog="With --wait, the exit status is the run's: " + exits)
+    st.add_argument("run", nargs="?", help="run id (or a unique prefix)")
+    st.add_argument("--storage", default=str(DEFAULT_STORAGE), help="storage root (default ./storage or $TFOOC_STORAGE)")
+    st.add_argument("--json", action="store_true", help="print the record(s) as JSON")
+    st.add_argument("--all", action="store_true", help="list every run, not only the latest 20")
+    st.add_argument("--wait", action="store_true", help="wait until RUN ends; exit with its exit status")
+    st.add_argument("--timeout", type=float, default=None, help="seconds to wait at most with --wait")
+    st.set_defaults(func=cmd_status)
+
+    lg = add("logs", help="print a run's events",
+             description="Print a run's events (step transitions, CP-ALS iterations, log lines, errors with "
+                         "tracebacks) from STORAGE/.tfooc/runs/RUN/events.jsonl.")
+    lg.add_argument("run", help="run id (or a unique prefix)")
+    lg.add_argument("--storage", default=str(DEFAULT_STORAGE), help="storage root (default ./storage or $TFOOC_STORAGE)")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
+    lg.add_argument("--json", action="store_true", help="one JSON object per line")
+    lg.set_defaults(func=cmd_logs)
+
+    cn = add("cancel", help="stop a run",
+             description="Ask a run to stop: a queued run is dropped from the scheduler; a running one stops "
+                         "before its next step or CP-ALS iteration (its record ends cancelled, and running the "
+                         "spec again resumes it).")
+    cn.add_argument("run", help="run id (or a unique prefix)")
+    cn.add_argument("--storage", default=str(DEFAULT_STORAGE), help="storage root (default ./storage or $TFOOC_STORAGE)")
+    cn.add_argument("--wait", action="store_true", help="wait until the run has stopped")
+    cn.add_argument("--timeout", type=float, default=None, help="seconds to wait at most with --wait")
+    cn.set_defaults(func=cmd_cancel)
+
+    d = add("cpd", help="CP decomposition (CP-ALS) of a store on Dask",
                        description="Rank-R CP-ALS of a BLCO store as iterated Dask graph reductions: on an embedded "
                                    "in-process cluster (dashboard link logged) or on --scheduler. Writes a Zarr "
                                    "result store and a checkpoint every iteration; --resume continues from it.")
@@ -329,6 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "tensors larger than this are streamed in batches")
     d.add_argument("--checkpoint", help="checkpoint file (default OUT.checkpoint.npz)")
     d.add_argument("--resume", action="store_true", help="continue from the checkpoint if it exists")
+    d.add_argument("--overwrite", action="store_true",
+                   help="replace an existing result at OUT (without it, an existing result is an error)")
     d.set_defaults(func=cmd_cpd)
     return p
 

@@ -294,7 +294,9 @@ class Recorder:
 
         if self.cancel_event.is_set() or self.runs.cancel_requested(self.record.run_id):
             self.cancel_event.set()
-            raise RunCancelled(f"run {self.record.run_id} was cancelled")
+            with self._lock:
+                self.record.cancel_requested_at = self.record.cancel_requested_at or now_iso()
+            raise RunCancelled(f"run {self.record.run_id} was cancelled (tfooc cancel)")
 
     def start_heartbeat(self, interval: float | None = None) -> None:
         interval = heartbeat_seconds() if interval is None else interval

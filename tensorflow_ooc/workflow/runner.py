@@ -248,7 +248,7 @@ def execute(workflow: Workflow, *, run_id: str | None = None, client: Any = None
             rec.step(st.name, save=False, state="running", started_at=now_iso(), finished_at=None, seconds=None,
                      fingerprint=fp, attempt=number, error=None, message="; ".join(sorted(set(stale))) or "forced")
             rec.update(current_step=st.name)
-            rec.event("step-started", f"{st.name} ({st.kind}): " + ("; ".join(sorted(set(stale))) or "forced"),
+            rec.event("step-started", f"{st.name}: running {st.kind} (" + ("; ".join(sorted(set(stale))) or "forced") + ")",
                       step=st.name, kind=st.kind)
             ctx = StepContext(workflow, st, fp, rec, handle.client_for, handle.default_device)
             metrics = run_step(ctx)

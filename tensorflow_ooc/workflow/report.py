@@ -1,0 +1,118 @@
+"""Text views of run records and events for ``tfooc run``, ``status`` and ``logs``."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from .records import RunRecord, StepRecord, parse_iso
+
+
+def _seconds(rec: RunRecord) -> float | None:
+    start = parse_iso(rec.started_at or rec.created_at)
+    end = parse_iso(rec.finished_at) or (time.time() if not rec.final else None)
+    return None if start is None or end is None else end - start
+
+
+def _step_summary(st: StepRecord) -> str:
+    m = st.metrics
+    if st.state == "failed":
+        return st.error or "failed"
+    if st.state in ("skipped", "not run", "pending", "cancelled"):
+        return st.message or st.error or ""
+    if st.state == "running" and st.progress:
+        p = st.progress
+        return f"iteration {p.get('iteration')}: fit {p.get('fit', float('nan')):.6f}"
+    if st.kind == "decompose" and "fit" in m:
+        first = m.get("first_iteration_seconds")
+        out = (f"fit {m['fit']:.6f} after {m.get('iterations')} iterations; {m.get('seconds_per_iteration', 0):.3f} s "
+               f"per iteration steady state")
+        if first is not None:
+            out += f", first {first:.2f} s (includes compilation)"
+        if m.get("nnz_modes_per_second"):
+            out += f"; {m['nnz_modes_per_second'] / 1e6:.1f} M nonzero-modes/s"
+        if m.get("warm_start"):
+            out += "; warm start"
+        return out
+    if st.kind == "evaluate":
+        parts = []
+        if "fit" in m:
+            parts.append(f"fit {m['fit']:.6f}")
+        if "fms" in m:
+            parts.append(f"factor match score {m['fms']:.4f} (congruence {m['congruence']:.4f}) against "
+                         f"{m.get('reference')}")
+        return "; ".join(parts)
+    if "nnz" in m:
+        extra = f", version {m['version']} ({m.get('new_files', 0)} new files)" if "version" in m else ""
+        return f"{m['nnz']:,} nonzeros, shape {'x'.join(map(str, m.get('shape', [])))}{extra}"
+    if st.kind == "export":
+        return f"{m.get('format')} -> {next(iter(st.outputs.values()), '')}"
+    return st.message or ""
+
+
+def run_summary(rec: RunRecord) -> str:
+    """Multi-line summary of a run: state, time, every step with its outcome, outputs."""
+    secs = _seconds(rec)
+    state = rec.display_state()
+    lines = [f"run {rec.run_id}: {state}" + (f" in {secs:.1f} s" if secs is not None else "")
+             + f"  ({rec.workflow}, {rec.mode} on {rec.cluster}, storage {rec.storage})"]
+    width = max((len(n) for n in rec.steps), default=4)
+    for name, st in rec.steps.items():
+        sec = f"{st.seconds:7.1f} s" if st.seconds is not None else " " * 9
+        lines.append(f"  {name:<{width}}  {st.state:<9} {sec}  {_step_summary(st)}")
+    if rec.error and state != "done":
+        lines.append(f"  error: {rec.error}")
+    lost = [a for a in rec.attempts if a.outcome and a.outcome.startswith("lost")]
+    for a in lost:
+        lines.append(f"  attempt {a.attempt}: {a.outcome}")
+    if rec.took_over:
+        lines.append(f"  took over the outputs of lost run(s): {', '.join(rec.took_over)}")
+    if rec.dashboard:
+        lines.append(f"  dashboard: {rec.dashboard}")
+    outs = [o for st in rec.steps.values() if st.state == "done" for o in st.outputs.values()]
+    if outs:
+        lines.append("  outputs: " + ", ".join(outs))
+    return "\n".join(lines)
+
+
+def status_table(records: list[RunRecord]) -> str:
+    if not records:
+        return "no runs recorded"
+    rows = [("RUN", "STATE", "WORKFLOW", "CREATED", "SECONDS", "STEP", "NOTE")]
+    for r in records:
+        secs = _seconds(r)
+        step = r.current_step or ""
+        note = ""
+        if step and r.steps[step].progress:
+            p = r.steps[step].progress
+            note = f"iteration {p.get('iteration')} fit {p.get('fit', float('nan')):.4f}"
+        elif r.error:
+            note = r.error.splitlines()[0][:60]
+        else:
+            fits = [st.metrics["fit"] for st in r.steps.values() if "fit" in st.metrics]
+            note = f"fit {fits[-1]:.4f}" if fits else ""
+        rows.append((r.run_id, r.display_state(), r.workflow, (r.created_at or "")[:19].replace("T", " "),
+                     f"{secs:.1f}" if secs is not None else "", step, note))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def format_event(ev: dict) -> str:
+    """One event as a log line."""
+    t = (ev.get("time") or "")[11:23]
+    step = f"[{ev['step']}] " if ev.get("step") else ""
+    kind = ev.get("event", "")
+    if kind == "iteration":
+        msg = (f"iteration {ev.get('iteration')}: fit {ev.get('fit', float('nan')):.6f} (change "
+               f"{ev.get('fit_change', float('nan')):.2e}), {ev.get('seconds', float('nan')):.3f} s")
+    else:
+        msg = ev.get("message") or kind
+    level = ev.get("level", "info").upper()
+    out = f"{t} {level:<7} {step}{msg}"
+    if ev.get("traceback"):
+        out += "\n" + ev["traceback"].rstrip()
+    return out
+
+
+def to_json(rec: RunRecord) -> str:
+    return json.dumps(json.loads(rec.model_dump_json()), indent=1)
