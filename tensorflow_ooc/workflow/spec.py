@@ -372,8 +372,12 @@ def read_source(path: str | os.PathLike | None = None, text: str | None = None) 
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
+        # the context mark is where the broken construct starts (an unclosed '[' or a key missing
+        # its ':'); the problem mark is where the parser gave up, often the next line or the end
+        mark = exc.context_mark or exc.problem_mark
         what = " ".join(s for s in (exc.context, exc.problem) if s)
+        if exc.context_mark and exc.problem_mark and exc.problem_mark.line != exc.context_mark.line:
+            what += f" (on line {exc.problem_mark.line + 1})"
         raise SpecError(name, [Problem(mark.line + 1 if mark else None, None,
                                        f"YAML error: {what} (column {mark.column + 1 if mark else '?'})")]) \
             from None
