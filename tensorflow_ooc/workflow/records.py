@@ -196,16 +196,19 @@ class RunStore:
         return RunRecord.model_validate_json(loc.read_text(self._file(run_id, "record.json")))
 
     def list(self, limit: int | None = None) -> list[RunRecord]:
-        """Records, newest first."""
+        """Records, newest first (by creation time: ids only resolve seconds)."""
+        ids = loc.listdir(self.dir)
+        if limit is not None:
+            # ids start with the workflow name, then the second: take a margin per name and sort
+            ids = sorted(ids, key=lambda i: i.rsplit("-", 3)[-3:], reverse=True)[:limit * 4 + 16]
         out = []
-        for run_id in reversed(loc.listdir(self.dir)):
-            if limit is not None and len(out) >= limit:
-                break
+        for run_id in ids:
             try:
                 out.append(self.read(run_id))
             except Exception:          # a record being created right now, or foreign files
                 continue
-        return out
+        out.sort(key=lambda r: r.created_at, reverse=True)
+        return out if limit is None else out[:limit]
 
     def append_events(self, run_id: str, events: list[dict]) -> None:
         loc.append_text(self._file(run_id, "events.jsonl"),
