@@ -217,7 +217,7 @@ def execute(workflow: Workflow, *, run_id: str | None = None, client: Any = None
         rec.save()
         rec.event("run-finished", f"run {run_id} not started: {exc}", level="error", state="failed")
         return RunOutcome(run_id, "failed", EXIT_CODES["failed"], record)
-    for holder, why in taken:
+    for holder, why in dict(taken).items():       # one entry per run, not per output
         _mark_lost(runs, holder, why, run_id)
         record.took_over.append(holder)
         rec.event("lock-taken-over", f"took over the outputs of run {holder} ({why}); its finished steps are "
