@@ -4,7 +4,12 @@ Real tensors have a few huge slices and many tiny ones. Each mode's index is dra
 law over a random permutation of the mode (rank ``r = floor(L * u**skew)``, ``u`` uniform), so
 slice sizes are heavy tailed and popular indices are scattered over the mode, not packed at 0.
 Generation streams in batches with no duplicate coordinates across batches: batch k owns a
-disjoint range of ranks of the longest mode, so 10^8 nonzeros need only one batch in memory.
+disjoint range of ranks of the longest mode, so 10^9 nonzeros need only one batch in memory.
+
+Every random number is a hash of (seed, batch, draw number), so draws run in parallel (numba
+threads) and the tensor is the same for a seed whatever the thread count. Draws become ALTO words
+at once; a batch is made distinct by sorting them, so batches come out in ALTO order, and
+values are a hash of the cell, so a cell's value does not depend on the batch it falls in.
 
 Examples
 --------
@@ -25,6 +30,8 @@ from typing import Iterator, Sequence
 import numba as nb
 import numpy as np
 
+from .format.bits import pdep
+
 PRESETS: dict[str, tuple[tuple[int, ...], int]] = {
     "uber": ((183, 24, 1140, 1717), 3_309_490),
     "nips": ((2482, 2862, 14036, 17), 3_101_609),
@@ -32,6 +39,8 @@ PRESETS: dict[str, tuple[tuple[int, ...], int]] = {
     "nell2": ((12092, 9184, 28818), 20_000_000),
     "vast": ((165427, 11374, 2), 26_021_854),
     "hypersparse": ((10_000_000, 100_000, 1000), 5_000_000),
+    # FROSTT amazon-reviews (user x item x word): 65 index bits, so stores need block keys
+    "amazon": ((4_821_207, 1_774_269, 1_805_187), 1_741_809_018),
 }
 
 VALUE_KINDS = ("uniform", "count", "normal")
@@ -55,23 +64,6 @@ def _coprime_multiplier(length: int, rng: np.random.Generator) -> tuple[int, int
             return a, int(rng.integers(0, length))
 
 
-@nb.njit(nogil=True, cache=True)
-def _permute(ranks, a, b, length, out):
-    L = np.uint64(length)
-    one = np.uint64(1)
-    for i in range(ranks.shape[0]):
-        # (a * r) mod L by double-and-add in uint64: lengths reach 2**63 - 1, products would overflow
-        r = np.uint64(ranks[i])
-        acc = np.uint64(0)
-        x = np.uint64(a)
-        while r > 0:
-            if r & one:
-                acc = (acc + x) % L
-            x = (x + x) % L
-            r >>= one
-        out[i] = np.int64((acc + np.uint64(b)) % L)
-
-
 def _sample_ranks(rng, length: int, skew: float, n: int, lo: int = 0, hi: int | None = None) -> np.ndarray:
     """Power-law ranks in [lo, hi): P(rank < r) = (r / length) ** (1 / skew)."""
     hi = length if hi is None else hi
@@ -81,44 +73,239 @@ def _sample_ranks(rng, length: int, skew: float, n: int, lo: int = 0, hi: int | 
     return np.clip(r, lo, hi - 1)
 
 
-def _values(rng, kind: str, n: int) -> np.ndarray:
-    if kind == "uniform":  # multiples of 1e-6 in (0, 1]: exact round trip through 6-decimal text
-        return rng.integers(1, 1_000_001, n) / 1e6
-    if kind == "count":
-        return rng.geometric(0.35, n).astype(np.float64)
-    if kind == "normal":
-        return rng.standard_normal(n)
-    raise ValueError(f"values must be one of {VALUE_KINDS}, got {kind!r}")
+# --- counter-based random numbers ---------------------------------------------------------------
+# Every random number of the heavy-tailed generator is a hash of (stream, counter): the i-th draw
+# of a batch is the same whichever thread computes it, so the tensor does not depend on the
+# thread count, and the draw parallelises with no shared generator state (SplitMix64 output).
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_TWO53 = 1.0 / 9007199254740992.0
 
 
-def _unique_rows(coords: np.ndarray, shape: Sequence[int]) -> np.ndarray:
-    """Indices of the first occurrence of each distinct row."""
-    if math.prod(shape) < 2**63:
-        key = np.zeros(coords.shape[0], dtype=np.int64)
-        for n, L in enumerate(shape):
-            key = key * L + coords[:, n]
-        _, first = np.unique(key, return_index=True)
-    else:
-        _, first = np.unique(coords, axis=0, return_index=True)
-    return np.sort(first)
+@nb.njit(inline="always")
+def _mix(z):
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
 
 
-def iter_heavy_tailed(shape: Sequence[int], nnz: int, *, skew: float | Sequence[float] = 1.6,
-                      seed: int | None = None, values: str = "uniform",
-                      batch_nnz: int = DEFAULT_BATCH_NNZ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Stream ``nnz`` distinct nonzeros of a heavy-tailed sparse tensor in batches.
+@nb.njit(inline="always")
+def _unit(h):
+    """A uniform float in [0, 1) from the top 53 bits of a hash."""
+    return np.float64(h >> np.uint64(11)) * _TWO53
 
-    Yields ``(coords int64 (n, nmodes) 0-based, values float64 (n,))``; no coordinate repeats
-    across the whole stream. The same ``seed`` and ``batch_nnz`` give the same tensor.
-    """
+
+@nb.njit(inline="always")
+def _permute_one(r, a, b, length, inv_length):
+    """(a * r + b) mod L for a, b, r < L."""
+    if length <= np.uint64(1) << np.uint64(32):
+        # a*r + b < 2**64: take the quotient from a float estimate (off by at most a few) and fix
+        # the remainder up; a hardware 64-bit division costs several times more
+        x = a * r + b
+        q = np.uint64(np.float64(x) * inv_length)
+        rem = np.int64(x - q * length)
+        L = np.int64(length)
+        while rem < 0:
+            rem += L
+        while rem >= L:
+            rem -= L
+        return np.uint64(rem)
+    # longer modes (up to 2**63 - 1): double-and-add, so nothing overflows
+    acc = np.uint64(0)
+    x = a
+    while r > np.uint64(0):
+        if r & np.uint64(1):
+            acc = (acc + x) % length
+        x = (x + x) % length
+        r >>= np.uint64(1)
+    return (acc + b) % length
+
+
+@nb.njit(nogil=True, cache=True)
+def _permute_ranks(ranks, perm_a, perm_b, lengths):
+    """Coordinates of rank tuples (n, nmodes), in place: each mode's permutation."""
+    for i in range(ranks.shape[0]):
+        for n in range(ranks.shape[1]):
+            L = np.uint64(lengths[n])
+            ranks[i, n] = np.int64(_permute_one(np.uint64(ranks[i, n]), perm_a[n], perm_b[n], L, 1.0 / np.float64(L)))
+
+
+@nb.njit(inline="always")
+def _draw_coord(stream, ctr, length, skew, u_lo, u_hi, r_lo, r_hi, a, b):
+    """One coordinate: a power-law rank in [r_lo, r_hi), P(rank < r) = (r / L) ** (1 / skew),
+    mapped through the mode's permutation."""
+    u = u_lo + (u_hi - u_lo) * _unit(_mix(stream + ctr))
+    r = np.int64(np.floor(np.float64(length) * u ** skew))
+    r = min(max(r, r_lo), r_hi - 1)
+    return np.int64(_permute_one(np.uint64(r), a, b, np.uint64(length), 1.0 / np.float64(length)))
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _draw_keys(streams, lengths, skews, u_lo, u_hi, r_lo, r_hi, perm_a, perm_b, deposit, deposit_shift, spread,
+               mode_nbytes, out):
+    """ALTO words of ``out.shape[1]`` draws (draw i uses counter i of every mode's stream)."""
+    m = out.shape[1]
+    nwords = out.shape[0]
+    nmodes = lengths.shape[0]
+    for i in nb.prange(m):
+        ctr = np.uint64(i) * _GOLDEN
+        if nwords <= 2:
+            # the common case: each mode's bits go to their ALTO positions by one pdep per word
+            w0 = np.uint64(0)
+            w1 = np.uint64(0)
+            for n in range(nmodes):
+                c = _draw_coord(streams[n], ctr, lengths[n], skews[n], u_lo[n], u_hi[n], r_lo[n], r_hi[n],
+                                perm_a[n], perm_b[n])
+                w0 |= pdep(np.uint64(c), deposit[n, 0])
+                if nwords == 2:
+                    w1 |= pdep(np.uint64(c) >> np.uint64(deposit_shift[n]), deposit[n, 1])
+            out[0, i] = w0
+            if nwords == 2:
+                out[1, i] = w1
+        else:
+            for w in range(nwords):
+                out[w, i] = 0
+            for n in range(nmodes):
+                c = _draw_coord(streams[n], ctr, lengths[n], skews[n], u_lo[n], u_hi[n], r_lo[n], r_hi[n],
+                                perm_a[n], perm_b[n])
+                for j in range(mode_nbytes[n]):
+                    v = (c >> (8 * j)) & 255
+                    for w in range(nwords):
+                        out[w, i] |= spread[n, j, v, w]
+
+
+def _deposit_masks(layout) -> tuple[np.ndarray, np.ndarray]:
+    """Per mode and ALTO word, the positions its bits occupy (pdep masks), and per mode how many
+    of its bits word 0 holds (the shift before depositing into word 1)."""
+    modes, _ = layout.alto_positions
+    masks = np.zeros((layout.nmodes, max(2, layout.nwords)), dtype=np.uint64)
+    for p, n in enumerate(modes):
+        masks[n, p // 64] |= np.uint64(1) << np.uint64(p % 64)
+    shift = np.array([bin(int(m)).count("1") for m in masks[:, 0]], dtype=np.int64)
+    return masks, shift
+
+
+@nb.njit(nogil=True, cache=True)
+def _drop_columns(keys, drop):
+    """Remove the columns listed (sorted, distinct) in ``drop``, in place; returns the new length."""
+    nwords, n = keys.shape
+    out = 0
+    d = 0
+    for i in range(n):
+        if d < drop.shape[0] and drop[d] == i:
+            d += 1
+            continue
+        for w in range(nwords):
+            keys[w, out] = keys[w, i]
+        out += 1
+    return out
+
+
+@nb.njit(nogil=True, cache=True)
+def _dedupe_sorted(keys):
+    """Compact sorted keys in place to their distinct values; returns how many there are."""
+    nwords, n = keys.shape
+    out = 0
+    for i in range(n):
+        if out > 0:
+            same = True
+            for w in range(nwords):
+                if keys[w, out - 1] != keys[w, i]:
+                    same = False
+                    break
+            if same:
+                continue
+        for w in range(nwords):
+            keys[w, out] = keys[w, i]
+        out += 1
+    return out
+
+
+@nb.njit(nogil=True, cache=True)
+def _merge_distinct(a, b):
+    """Distinct union of two sorted, distinct key arrays (nwords, n), sorted."""
+    nwords = a.shape[0]
+    out = np.empty((nwords, a.shape[1] + b.shape[1]), dtype=a.dtype)
+    i = j = k = 0
+    while i < a.shape[1] or j < b.shape[1]:
+        if j == b.shape[1]:
+            take, step_a, step_b = 0, 1, 0
+        elif i == a.shape[1]:
+            take, step_a, step_b = 1, 0, 1
+        else:
+            cmp = 0
+            for w in range(nwords - 1, -1, -1):
+                if a[w, i] != b[w, j]:
+                    cmp = -1 if a[w, i] < b[w, j] else 1
+                    break
+            take = 0 if cmp <= 0 else 1
+            step_a = 1 if cmp <= 0 else 0
+            step_b = 1 if cmp >= 0 else 0
+        for w in range(nwords):
+            out[w, k] = a[w, i] if take == 0 else b[w, j]
+        k += 1
+        i += step_a
+        j += step_b
+    return out[:, :k]
+
+
+VALUE_CODES = {"uniform": 0, "count": 1, "normal": 2}
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _values_of_keys(keys, stream, kind, out):
+    """Each nonzero's value, a hash of its coordinates (ALTO words): the same cell always gets the
+    same value for a seed, whatever batch or order it comes in."""
+    nwords, n = keys.shape
+    log_q = np.log(0.65)
+    for i in nb.prange(n):
+        h = stream
+        for w in range(nwords):
+            h = _mix(h ^ keys[w, i]) + _GOLDEN
+        h = _mix(h)
+        if kind == 0:   # multiples of 1e-6 in (0, 1]: exact round trip through 6-decimal text
+            out[i] = np.float64(h % np.uint64(1_000_000) + np.uint64(1)) / 1e6
+        elif kind == 1:  # geometric(0.35): 1, 2, 3, ... like event counts
+            u = 1.0 - _unit(h)            # (0, 1]
+            out[i] = max(1.0, np.ceil(np.log(u) / log_q))
+        else:           # standard normal, Box-Muller
+            u1 = 1.0 - _unit(h)
+            u2 = _unit(_mix(h + _GOLDEN))
+            out[i] = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+
+
+@dataclass
+class _Plan:
+    """Everything a batch of the heavy-tailed generator needs (fixed by shape, nnz, skew, seed)."""
+
+    layout: "BitLayout"
+    skews: np.ndarray
+    perm_a: np.ndarray
+    perm_b: np.ndarray
+    seed: np.random.SeedSequence
+    part: int                 # the mode whose rank ranges split the tensor into batches
+    bounds: np.ndarray        # rank boundaries of the batches in that mode
+    wants: np.ndarray         # nonzeros per batch
+    value_stream: np.uint64
+
+
+def _plan(shape: Sequence[int], nnz: int, skew, seed, values: str, batch_nnz: int) -> _Plan:
+    from .format import BitLayout
+
     shape = tuple(int(s) for s in shape)
     N = len(shape)
     if nnz < 1:
         raise ValueError(f"nnz must be >= 1, got {nnz}")
     if nnz > math.prod(shape):
         raise ValueError(f"nnz={nnz} exceeds the {math.prod(shape)} cells of shape {shape}")
+    if values not in VALUE_CODES:
+        raise ValueError(f"values must be one of {VALUE_KINDS}, got {values!r}")
+    layout = BitLayout(shape)
     skews = _as_skews(skew, N)
-    rng = np.random.default_rng(seed)
+    ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+    rng = np.random.default_rng(ss.spawn(1)[0])
     perms = [_coprime_multiplier(L, rng) for L in shape]
     p = int(np.argmax(shape))
     Lp = shape[p]
@@ -131,16 +318,146 @@ def iter_heavy_tailed(shape: Sequence[int], nnz: int, *, skew: float | Sequence[
     other = math.prod(shape) // Lp
     caps = np.array([min(int(n) * other, 2**62) for n in np.diff(bounds)], dtype=np.int64)
     wants = _fit_capacity(np.diff(cum), caps)
-    for k in range(len(bounds) - 1):
-        want = int(wants[k])
-        lo, hi = int(bounds[k]), int(bounds[k + 1])
-        if want == 0:
-            continue
-        cap = (hi - lo) * other
-        coords = _draw_unique(rng, shape, skews, p, lo, hi, want, cap)
-        for n, (a, b) in enumerate(perms):
-            _permute(coords[:, n].copy(), a, b, shape[n], coords[:, n])
-        yield coords, _values(rng, values, want)
+    value_stream = ss.generate_state(1, np.uint64)[0]
+    return _Plan(layout, skews, np.array([a for a, _ in perms], dtype=np.uint64),
+                 np.array([b for _, b in perms], dtype=np.uint64), ss, p, bounds, wants, value_stream)
+
+
+def _batch_keys(plan: _Plan, k: int) -> np.ndarray:
+    """Sorted, distinct ALTO words (nwords, wants[k]) of batch k: ranks [bounds[k], bounds[k+1])
+    of the partition mode, any rank of the others. Deterministic in (seed, k)."""
+    from .format import alto_words
+    from .format.radix_sort import sort_keys
+
+    layout, p = plan.layout, plan.part
+    shape = layout.shape
+    lo, hi, want = int(plan.bounds[k]), int(plan.bounds[k + 1]), int(plan.wants[k])
+    cap = (hi - lo) * (math.prod(shape) // shape[p])
+    batch_seed = np.random.SeedSequence(plan.seed.entropy, spawn_key=(*plan.seed.spawn_key, 1, k))
+    def dense() -> np.ndarray:
+        ranks = _draw_dense(np.random.default_rng(batch_seed), shape, plan.skews, p, lo, hi, want)
+        _permute_ranks(ranks, plan.perm_a, plan.perm_b, np.array(shape, dtype=np.int64))
+        return sort_keys(alto_words(ranks, layout), layout.total_bits)
+
+    if want > cap // 4 and cap <= DENSE_BOX_CELLS:
+        return dense()
+    N = layout.nmodes
+    lengths = np.array(shape, dtype=np.int64)
+    r_lo = np.zeros(N, dtype=np.int64)
+    r_hi = lengths.copy()
+    r_lo[p], r_hi[p] = lo, hi
+    u_lo = (r_lo / lengths) ** (1 / plan.skews)
+    u_hi = (r_hi / lengths) ** (1 / plan.skews)
+    deposit, deposit_shift = _deposit_masks(layout)
+    keys = np.empty((layout.nwords, 0), dtype=np.uint64)
+    drawn = 0
+    for attempt in range(64):
+        # draw what is missing, inflated by the rate of distinct draws seen so far (the first
+        # attempt assumes none repeat: at FROSTT sizes almost none do, and a surplus costs a drop)
+        rate = keys.shape[1] / drawn if drawn else 1.0
+        m = int((want - keys.shape[1]) / max(rate, 0.02) * (1.002 if drawn else 1.0)) + 64
+        streams = np.random.SeedSequence(batch_seed.entropy, spawn_key=(*batch_seed.spawn_key, attempt)) \
+            .generate_state(N, np.uint64)
+        new = np.empty((layout.nwords, m), dtype=np.uint64)
+        _draw_keys(streams, lengths, plan.skews, u_lo, u_hi, r_lo, r_hi, plan.perm_a, plan.perm_b, deposit,
+                   deposit_shift, layout.spread_tables, layout.mode_nbytes, new)
+        new = sort_keys(new, layout.total_bits)
+        new = new[:, :_dedupe_sorted(new)]
+        keys = new if drawn == 0 else _merge_distinct(keys, new)
+        drawn += m
+        if keys.shape[1] >= want:
+            break
+    else:
+        if cap <= DENSE_BOX_CELLS:
+            return dense()
+        raise ValueError(f"could not draw {want} distinct cells of {cap} for shape {shape}: the power law "
+                         "concentrates too much mass; lower skew or nnz")
+    extra = keys.shape[1] - want
+    if extra:
+        # drop a uniform random subset of the surplus (the draws kept stay a fair sample)
+        drop = np.sort(np.random.default_rng(batch_seed).choice(keys.shape[1], size=extra, replace=False))
+        keys = keys[:, :_drop_columns(keys, drop)]
+    return keys
+
+
+class HeavyTailedGenerator:
+    """A heavy-tailed tensor to stream: batches of sorted ALTO words, and values from the words.
+
+    Parameters
+    ----------
+    shape : sequence of int
+        Mode lengths (2 to 8 modes).
+    nnz : int
+        Distinct nonzeros in all.
+    skew : float or sequence of float
+        Power-law exponent per mode (1 = uniform).
+    seed : int, SeedSequence or None
+        The same seed and ``batch_nnz`` give the same tensor, whatever the thread count.
+    values : {"uniform", "count", "normal"}
+    batch_nnz : int
+        Nonzeros per batch (about); memory is a few tens of bytes per nonzero of one batch.
+
+    Examples
+    --------
+    >>> g = HeavyTailedGenerator((50, 40, 30), 1000, seed=0)
+    >>> sum(k.shape[1] for k, _ in g.runs())
+    1000
+    """
+
+    def __init__(self, shape: Sequence[int], nnz: int, *, skew: float | Sequence[float] = 1.6,
+                 seed: int | np.random.SeedSequence | None = None, values: str = "uniform",
+                 batch_nnz: int = DEFAULT_BATCH_NNZ) -> None:
+        self.plan = _plan(shape, int(nnz), skew, seed, values, int(batch_nnz))
+        self.layout = self.plan.layout
+        self.shape = self.layout.shape
+        self.nnz = int(nnz)
+        self.value_kind = values
+
+    @property
+    def nbatches(self) -> int:
+        return int(np.count_nonzero(self.plan.wants))
+
+    def runs(self, with_values: bool = True) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """Yield ``(keys, values)`` per batch: ``keys`` uint64 (nwords, n) are ALTO words of
+        ``BitLayout(shape)``, sorted within the batch and distinct across the whole stream (batches
+        own disjoint rank ranges of the longest mode); ``values`` float64 (n,), or None when
+        ``with_values`` is False (get them later from :meth:`values_of`)."""
+        for k in range(len(self.plan.wants)):
+            if self.plan.wants[k] == 0:
+                continue
+            keys = _batch_keys(self.plan, k)
+            yield keys, (self.values_of(keys) if with_values else None)
+
+    def values_of(self, keys: np.ndarray) -> np.ndarray:
+        """Values of the nonzeros with ALTO words ``keys`` (nwords, n): a hash of each cell."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        out = np.empty(keys.shape[1], dtype=np.float64)
+        _values_of_keys(keys, self.plan.value_stream, VALUE_CODES[self.value_kind], out)
+        return out
+
+
+def iter_heavy_tailed_alto(shape: Sequence[int], nnz: int, *, skew: float | Sequence[float] = 1.6,
+                           seed: int | np.random.SeedSequence | None = None, values: str = "uniform",
+                           batch_nnz: int = DEFAULT_BATCH_NNZ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Stream ``nnz`` distinct nonzeros of a heavy-tailed tensor as ``(ALTO words, values)``
+    batches, each sorted; see :class:`HeavyTailedGenerator`."""
+    return HeavyTailedGenerator(shape, nnz, skew=skew, seed=seed, values=values, batch_nnz=batch_nnz).runs()
+
+
+def iter_heavy_tailed(shape: Sequence[int], nnz: int, *, skew: float | Sequence[float] = 1.6,
+                      seed: int | np.random.SeedSequence | None = None, values: str = "uniform",
+                      batch_nnz: int = DEFAULT_BATCH_NNZ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Stream ``nnz`` distinct nonzeros of a heavy-tailed sparse tensor in batches.
+
+    Yields ``(coords int64 (n, nmodes) 0-based, values float64 (n,))``; no coordinate repeats
+    across the whole stream, and each batch is in ALTO order. The same ``seed`` and ``batch_nnz``
+    give the same tensor, whatever the thread count. See :func:`iter_heavy_tailed_alto`.
+    """
+    from .format import coords_from_words
+
+    gen = HeavyTailedGenerator(shape, nnz, skew=skew, seed=seed, values=values, batch_nnz=batch_nnz)
+    for keys, vals in gen.runs():
+        yield coords_from_words(keys, gen.layout), vals
 
 
 def _rank_probabilities(length: int, skew: float, lo: int, hi: int) -> np.ndarray:
@@ -179,27 +496,6 @@ def _fit_capacity(wants: np.ndarray, caps: np.ndarray) -> np.ndarray:
         out += share
         missing = total - int(out.sum())
     return out
-
-
-def _draw_unique(rng, shape, skews, p, lo, hi, want, cap) -> np.ndarray:
-    N = len(shape)
-    if want > cap // 4 and cap <= DENSE_BOX_CELLS:
-        return _draw_dense(rng, shape, skews, p, lo, hi, want)
-    got = np.zeros((0, N), dtype=np.int64)
-    for _ in range(64):
-        m = int((want - got.shape[0]) * 1.25) + 16
-        draw = np.empty((m, N), dtype=np.int64)
-        for n in range(N):
-            draw[:, n] = _sample_ranks(rng, shape[n], skews[n], m, *((lo, hi) if n == p else (0, shape[n])))
-        got = np.concatenate([got, draw])
-        got = got[_unique_rows(got, shape)]
-        if got.shape[0] >= want:
-            pick = np.sort(rng.choice(got.shape[0], size=want, replace=False))
-            return got[pick]
-    if cap <= DENSE_BOX_CELLS:
-        return _draw_dense(rng, shape, skews, p, lo, hi, want)
-    raise ValueError(f"could not draw {want} distinct cells of {cap} for shape {shape}: the power law "
-                     "concentrates too much mass; lower skew or nnz")
 
 
 def heavy_tailed(shape: Sequence[int], nnz: int, *, skew: float | Sequence[float] = 1.6, seed: int | None = None,
@@ -366,10 +662,15 @@ def write_tns(path: str | os.PathLike, batches, *, one_based: bool = True, heade
     """Write batches of ``(coords, values)`` to a ``.tns`` file (gzip if the name ends in ``.gz``).
 
     Returns the number of nonzeros written. The file appears under its final name only when
-    complete (written to a temporary name, then renamed).
+    complete (written to ``<path>.partial-<host>-<pid>``, then renamed); partial files of killed
+    runs in the same folder are removed first (see :mod:`tensorflow_ooc.tempdirs`).
     """
+    from .tempdirs import clean_stale, owner_suffix
+
     path = str(path)
-    tmp = f"{path}.partial-{os.getpid()}"
+    clean_stale(os.path.dirname(os.path.abspath(path)))  # what killed runs left here
+    # host and pid in the name: if this process dies, the next run into this folder removes it
+    tmp = f"{path}.partial-{owner_suffix()}"
     opener = gzip.open if path.endswith(".gz") else open
     total = 0
     try:

@@ -55,3 +55,34 @@ def _pext_portable(x, mask):
 
 pext = _pext_bmi2 if HAS_BMI2 else _pext_portable
 
+
+@intrinsic
+def _pdep_bmi2(typingctx, x, mask):
+    sig = types.uint64(types.uint64, types.uint64)
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(64), ir.IntType(64)])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.bmi.pdep.64")
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@nb.njit(inline="always")
+def _pdep_portable(x, mask):
+    out = np.uint64(0)
+    bit = np.uint64(1)
+    m = mask
+    while m:
+        low = m & (~m + np.uint64(1))       # lowest set bit of the mask
+        if x & bit:
+            out |= low
+        bit <<= np.uint64(1)
+        m ^= low
+    return out
+
+
+# pdep(x, mask) scatters the low bits of x, in order, to the set bits of mask (the inverse of pext):
+# one instruction places a mode's index bits at its ALTO positions.
+pdep = _pdep_bmi2 if HAS_BMI2 else _pdep_portable
+

@@ -71,6 +71,12 @@ def sort_nonzeros(keys: np.ndarray, values: np.ndarray, layout: BitLayout, dupli
     if duplicates not in DUPLICATE_POLICIES:
         raise ValueError(f"duplicates must be one of {DUPLICATE_POLICIES}, got {duplicates!r}")
     keys, values = sort_alto(keys, values, layout.total_bits)
+    return apply_duplicates(keys, values, layout, duplicates, one_based_report)
+
+
+def apply_duplicates(keys: np.ndarray, values: np.ndarray, layout: BitLayout, duplicates: str = "error",
+                     one_based_report: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The duplicate policy on sorted ALTO words: raise, sum or keep the last of each repeat."""
     i = first_duplicate(keys)
     if i >= 0:
         if duplicates == "error":

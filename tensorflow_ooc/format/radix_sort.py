@@ -84,3 +84,176 @@ def sort_alto(keys: np.ndarray, values: np.ndarray, total_bits: int) -> tuple[np
             src_k, dst_k = dst_k, src_k
             src_v, dst_v = dst_v, src_v
     return src_k, src_v
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _scatter_keys(keys, word, shift, mask, nthreads, offsets, keys_out):
+    n = keys.shape[1]
+    nwords = keys.shape[0]
+    step = (n + nthreads - 1) // nthreads
+    for t in nb.prange(nthreads):
+        lo = t * step
+        hi = min(n, lo + step)
+        for i in range(lo, hi):
+            d = (keys[word, i] >> shift) & mask
+            pos = offsets[t, d]
+            offsets[t, d] = pos + 1
+            for w in range(nwords):
+                keys_out[w, pos] = keys[w, i]
+
+
+MSD_MAX_BITS = 16
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _msd_digit(keys, lowb, nthreads, digit, hist):
+    """digit[i] = ALTO bits [lowb, total_bits) of key i (lowb >= total_bits - 64), with per-thread counts."""
+    n = keys.shape[1]
+    two = keys.shape[0] == 2
+    step = (n + nthreads - 1) // nthreads
+    for t in nb.prange(nthreads):
+        for i in range(t * step, min(n, (t + 1) * step)):
+            if two:
+                hi = keys[1, i] << np.uint64(64 - lowb) if lowb > 0 else keys[1, i]
+                d = hi | (keys[0, i] >> np.uint64(lowb)) if lowb < 64 else hi
+            else:
+                d = keys[0, i] >> np.uint64(lowb)
+            digit[i] = np.int64(d)
+            hist[t, digit[i]] += 1
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _msd_scatter(keys, digit, nthreads, offsets, low_out):
+    n = keys.shape[1]
+    step = (n + nthreads - 1) // nthreads
+    for t in nb.prange(nthreads):
+        for i in range(t * step, min(n, (t + 1) * step)):
+            d = digit[i]
+            low_out[offsets[t, d]] = keys[0, i]
+            offsets[t, d] += 1
+
+
+@nb.njit(nogil=True, cache=True)
+def _sort_small(a, tmp, count, nbits):
+    """Sort ``a`` (uint64, a few hundred keys, in cache) on its low ``nbits`` bits, in place:
+    byte-wise LSD radix, skipping bytes that are the same in every key; insertion sort when tiny."""
+    n = a.shape[0]
+    if n < 32:
+        for i in range(1, n):
+            x = a[i]
+            j = i - 1
+            while j >= 0 and a[j] > x:
+                a[j + 1] = a[j]
+                j -= 1
+            a[j + 1] = x
+        return
+    src = a
+    dst = tmp[:n]
+    for shift in range(0, nbits, 8):
+        sh = np.uint64(shift)
+        for d in range(256):
+            count[d] = 0
+        for i in range(n):
+            count[(src[i] >> sh) & np.uint64(255)] += 1
+        if count[(src[0] >> sh) & np.uint64(255)] == n:
+            continue
+        total = 0
+        for d in range(256):
+            c = count[d]
+            count[d] = total
+            total += c
+        for i in range(n):
+            d = (src[i] >> sh) & np.uint64(255)
+            dst[count[d]] = src[i]
+            count[d] += 1
+        src, dst = dst, src
+    if src.ctypes.data != a.ctypes.data:
+        a[:] = src
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _sort_digit_runs(low, starts, groups, lowb, out):
+    """Sort each digit's run of low words and rebuild the full words (the digit fixes the rest)."""
+    two = out.shape[0] == 2
+    for g in nb.prange(groups.shape[0] - 1):
+        longest = 0
+        for d in range(groups[g], groups[g + 1]):
+            longest = max(longest, starts[d + 1] - starts[d])
+        tmp = np.empty(longest, dtype=np.uint64)
+        count = np.empty(256, dtype=np.int64)
+        for d in range(groups[g], groups[g + 1]):
+            s, e = starts[d], starts[d + 1]
+            if e - s > 1:
+                _sort_small(low[s:e], tmp, count, lowb)
+            for i in range(s, e):
+                out[0, i] = low[i]
+                if two:
+                    out[1, i] = np.uint64(d) >> np.uint64(64 - lowb) if lowb > 0 else np.uint64(d)
+
+
+def _sort_keys_msd(keys: np.ndarray, total_bits: int, nthreads: int) -> np.ndarray:
+    """One MSD pass on the top bits (all of word 1), then each digit's run sorted in cache."""
+    n = keys.shape[1]
+    # digit runs of about 512 keys (4 KiB) are sorted in L1 cache
+    bits = int(min(MSD_MAX_BITS, max(total_bits - 64, 1, int(np.log2(max(n, 1) / 512)))))
+    bits = min(bits, total_bits)
+    lowb = total_bits - bits
+    digit = np.empty(n, dtype=np.int64)
+    hist = np.zeros((nthreads, 1 << bits), dtype=np.int64)
+    _msd_digit(keys, lowb, nthreads, digit, hist)
+    totals = hist.sum(axis=0)
+    starts = np.zeros((1 << bits) + 1, dtype=np.int64)
+    np.cumsum(totals, out=starts[1:])
+    offsets = starts[None, :-1] + np.cumsum(hist, axis=0) - hist
+    low = np.empty(n, dtype=np.uint64)
+    _msd_scatter(keys, digit, nthreads, offsets, low)
+    del digit
+    # groups of digits with about equal work per thread (heavy tails make digit runs uneven)
+    parts = max(1, 4 * nthreads)
+    groups = np.unique(np.searchsorted(starts, np.linspace(0, n, parts + 1), side="left").clip(0, 1 << bits))
+    groups[0], groups[-1] = 0, 1 << bits
+    _sort_digit_runs(low, starts, groups, lowb, keys)
+    return keys
+
+
+def sort_keys(keys: np.ndarray, total_bits: int) -> np.ndarray:
+    """Sort multi-word ALTO indices alone (no values), ascending; the input may be reused as scratch.
+
+    Parameters
+    ----------
+    keys : uint64 array (nwords, n)
+        Word 0 least significant.
+    total_bits : int
+        Bits that may be non-zero.
+
+    Returns
+    -------
+    The sorted keys (``keys`` itself or a new array).
+    """
+    n = keys.shape[1]
+    if n <= 1 or total_bits == 0:
+        return keys
+    nthreads = max(1, min(nb.get_num_threads(), n // 65536 or 1))
+    if keys.shape[0] <= 2 and total_bits <= 64 + MSD_MAX_BITS:
+        return _sort_keys_msd(keys, total_bits, nthreads)
+    src, dst = keys, np.empty_like(keys)
+    for word in range(keys.shape[0]):
+        bits = min(64, total_bits - 64 * word)
+        if bits <= 0:
+            break
+        npasses = -(-bits // DIGIT_BITS)
+        digit = -(-bits // npasses)
+        for p in range(npasses):
+            shift = p * digit
+            width = min(digit, bits - shift)
+            mask = np.uint64((1 << width) - 1)
+            hist = np.zeros((nthreads, 1 << width), dtype=np.int64)
+            _histogram(src, word, np.uint64(shift), mask, nthreads, hist)
+            totals = hist.sum(axis=0)
+            if totals.max() == n:
+                continue  # constant digit
+            starts = np.concatenate([[0], np.cumsum(totals)[:-1]])
+            offsets = starts[None, :] + np.cumsum(hist, axis=0) - hist
+            _scatter_keys(src, word, np.uint64(shift), mask, nthreads, offsets, dst)
+            src, dst = dst, src
+    return src

@@ -1,6 +1,6 @@
 """Ingest: read tensors from text files and in-memory formats, validate, and convert to BLCO stores."""
 
 from .convert import convert
-from .sources import ArraySource, BatchSource, Source, TextSource, as_source
+from .sources import AltoRunSource, ArraySource, BatchSource, Source, TextSource, as_source
 
-__all__ = ["ArraySource", "BatchSource", "Source", "TextSource", "as_source", "convert"]
+__all__ = ["AltoRunSource", "ArraySource", "BatchSource", "Source", "TextSource", "as_source", "convert"]

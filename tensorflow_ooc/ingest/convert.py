@@ -13,23 +13,27 @@ import logging
 import math
 import os
 import shutil
+import struct
 import tempfile
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numba as nb
+import numcodecs
 import numpy as np
 import psutil
 from tqdm.auto import tqdm
 
-from ..errors import DuplicateError, IngestError
+from ..errors import DuplicateError, IngestError, ShapeError
 from ..format import DEFAULT_MAX_BLOCK_NNZ, BitLayout, alto_words, sort_nonzeros, top_bits
-from ..format.blco import duplicate_error
+from ..format.blco import apply_duplicates, duplicate_error
+from ..format.merge import merge_runs
 from ..format.blocking import DUPLICATE_POLICIES
 from ..store import DEFAULT_CHUNK_NNZ, Store, StoreWriter, open_store
 from ..store.codecs import DEFAULT_COMPRESSION, check_compression
+from ..tempdirs import clean_stale, make_bucket_dir
 from .memory import limit_heap_growth, rss as _rss, trim
-from .sources import Source, TextSource, as_source
+from .sources import AltoRunSource, Source, TextSource, as_source
 
 log = logging.getLogger(__name__)
 
@@ -64,57 +68,149 @@ def _bucket_order(bucket, nbuckets):
     return order, counts
 
 
-class BucketSpill:
-    """On-disk buckets of (ALTO words, values), one pair of files per bucket."""
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _delta_rows(keys, out):
+    """out[w, i] = keys[w, i] - keys[w, i - 1] (uint64, wrapping); out[w, 0] = keys[w, 0]."""
+    nwords, n = keys.shape
+    for w in range(nwords):
+        if n:
+            out[w, 0] = keys[w, 0]
+        for i in nb.prange(1, n):
+            out[w, i] = keys[w, i] - keys[w, i - 1]
 
-    def __init__(self, directory: str, nbuckets: int, nwords: int, value_dtype: np.dtype) -> None:
+
+@nb.njit(nogil=True, cache=True)
+def _undelta_rows(d):
+    nwords, n = d.shape
+    for w in range(nwords):
+        acc = np.uint64(0)
+        for i in range(n):
+            acc += d[w, i]
+            d[w, i] = acc
+
+
+_FRAME = struct.Struct("<4sIQQQ")   # magic, flags, nonzeros, key bytes, value bytes
+_MAGIC = b"TFSP"
+_SORTED, _VALUES = 1, 2
+
+
+class BucketSpill:
+    """On-disk buckets of (ALTO words, values): one file per bucket, holding compressed frames.
+
+    Each write adds one frame per bucket it touches: the frame's words (delta-coded when the
+    frame is a sorted run, which sorted sources give) and values, each shuffled and lz4-compressed
+    with Blosc. Spilled bytes are what bounds temporary disk: raw words and values took 24 bytes
+    per nonzero for 65-bit indices, more than the finished store; frames take about 6 for sorted
+    words plus what the values compress to, and none when the source computes values from words.
+    A frame that is a sorted run stays one, so a bucket of runs is merged, not sorted.
+    """
+
+    def __init__(self, directory: str, nbuckets: int, nwords: int, value_dtype: np.dtype,
+                 with_values: bool = True) -> None:
         self.dir = directory
         self.nbuckets = nbuckets
         self.nwords = nwords
-        self.value_dtype = value_dtype
+        self.value_dtype = np.dtype(value_dtype)
+        self.with_values = with_values
         self.counts = np.zeros(nbuckets, dtype=np.int64)
-        self.key_files = [open(os.path.join(directory, f"k{b:05d}.bin"), "wb") for b in range(nbuckets)]
-        self.val_files = [open(os.path.join(directory, f"v{b:05d}.bin"), "wb") for b in range(nbuckets)]
+        self.nbytes = np.zeros(nbuckets, dtype=np.int64)
+        self._files: dict[int, Any] = {}
+        self._key_codec = numcodecs.Blosc(cname="lz4", clevel=1, shuffle=numcodecs.Blosc.SHUFFLE,
+                                          blocksize=1 << 20)
+        self._val_codec = numcodecs.Blosc(cname="lz4", clevel=1, shuffle=numcodecs.Blosc.SHUFFLE,
+                                          blocksize=1 << 20)
 
-    def write(self, bucket: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
-        order, offsets = _bucket_order(bucket, self.nbuckets)
-        keys_t = keys.T[order]            # (n, nwords) rows in bucket order
-        vals = values[order]
-        nonempty = np.flatnonzero(np.diff(offsets))
-        for b in nonempty:
-            s, e = offsets[b], offsets[b + 1]
-            keys_t[s:e].tofile(self.key_files[b])
-            vals[s:e].tofile(self.val_files[b])
-            self.counts[b] += e - s
+    def path(self, b: int) -> str:
+        return os.path.join(self.dir, f"b{b:05d}.bin")
+
+    def _file(self, b: int):
+        f = self._files.get(b)
+        if f is None:
+            f = self._files[b] = open(self.path(b), "ab")
+        return f
+
+    def write(self, bucket: np.ndarray, keys: np.ndarray, values: np.ndarray | None, sorted_run: bool = False) -> None:
+        """Add nonzeros to their buckets. ``sorted_run``: ``keys`` ascend (so ``bucket`` does too)."""
+        if sorted_run:
+            edges = np.searchsorted(bucket, np.arange(self.nbuckets + 1))
+        else:
+            order, edges = _bucket_order(bucket, self.nbuckets)
+            keys = keys[:, order]
+            values = values[order] if values is not None else None
+        for b in np.flatnonzero(np.diff(edges)):
+            s, e = edges[b], edges[b + 1]
+            self.write_frame(int(b), keys[:, s:e], None if values is None else values[s:e], sorted_run)
+
+    def write_frame(self, b: int, keys: np.ndarray, values: np.ndarray | None, sorted_run: bool) -> None:
+        n = keys.shape[1]
+        if sorted_run:
+            words = np.empty((keys.shape[0], n), dtype=np.uint64)
+            _delta_rows(keys, words)
+        else:
+            words = np.ascontiguousarray(keys)
+        kb = self._key_codec.encode(words)
+        flags = _SORTED if sorted_run else 0
+        vb = b""
+        if self.with_values:
+            flags |= _VALUES
+            vb = self._val_codec.encode(np.ascontiguousarray(values, dtype=self.value_dtype))
+        f = self._file(b)
+        f.write(_FRAME.pack(_MAGIC, flags, n, len(kb), len(vb)))
+        f.write(kb)
+        f.write(vb)
+        self.counts[b] += n
+        self.nbytes[b] += _FRAME.size + len(kb) + len(vb)
 
     def close(self) -> None:
-        for f in self.key_files + self.val_files:
+        for f in self._files.values():
             f.close()
+        self._files.clear()
 
-    def load(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-        keys = np.fromfile(os.path.join(self.dir, f"k{b:05d}.bin"), dtype=np.uint64).reshape(-1, self.nwords)
-        vals = np.fromfile(os.path.join(self.dir, f"v{b:05d}.bin"), dtype=self.value_dtype)
+    def frames(self, b: int) -> Iterator[tuple[np.ndarray, np.ndarray | None, bool]]:
+        """The frames of bucket b in write order: ``(keys (nwords, n), values or None, sorted)``."""
+        if self.counts[b] == 0:
+            return
+        with open(self.path(b), "rb") as f:
+            while True:
+                head = f.read(_FRAME.size)
+                if not head:
+                    break
+                magic, flags, n, nk, nv = _FRAME.unpack(head)
+                if magic != _MAGIC:
+                    raise IngestError(f"bucket file {self.path(b)} is damaged (bad frame header)")
+                keys = np.frombuffer(self._key_codec.decode(f.read(nk)), dtype=np.uint64).reshape(self.nwords, n)
+                keys = np.array(keys)  # writable
+                if flags & _SORTED:
+                    _undelta_rows(keys)
+                vals = None
+                if flags & _VALUES:
+                    vals = np.frombuffer(self._val_codec.decode(f.read(nv)), dtype=self.value_dtype).copy()
+                yield keys, vals, bool(flags & _SORTED)
+
+    def load(self, b: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """All of bucket b, then its file is deleted: ``(keys, values, run bounds)``; the bounds
+        (start of every sorted run, and the end) are None unless every frame is a sorted run."""
+        count = int(self.counts[b])
+        keys = np.empty((self.nwords, count), dtype=np.uint64)
+        vals = np.empty(count, dtype=self.value_dtype) if self.with_values else None
+        bounds = [0]
+        all_sorted = True
+        for k, v, srt in self.frames(b):
+            s = bounds[-1]
+            keys[:, s:s + k.shape[1]] = k
+            if vals is not None:
+                vals[s:s + k.shape[1]] = v
+            bounds.append(s + k.shape[1])
+            all_sorted &= srt
         self.discard(b)
-        return np.ascontiguousarray(keys.T), vals
+        return keys, vals, (np.array(bounds, dtype=np.int64) if all_sorted else None)
 
     def discard(self, b: int) -> None:
-        for prefix in ("k", "v"):
-            p = os.path.join(self.dir, f"{prefix}{b:05d}.bin")
-            if os.path.exists(p):
-                os.remove(p)
-
-    def iter_chunks(self, b: int, nnz: int):
-        """Stream a bucket back in pieces of ``nnz`` nonzeros (for re-partitioning)."""
-        kp = os.path.join(self.dir, f"k{b:05d}.bin")
-        vp = os.path.join(self.dir, f"v{b:05d}.bin")
-        with open(kp, "rb") as kf, open(vp, "rb") as vf:
-            while True:
-                k = np.fromfile(kf, dtype=np.uint64, count=nnz * self.nwords)
-                if k.size == 0:
-                    break
-                v = np.fromfile(vf, dtype=self.value_dtype, count=k.size // self.nwords)
-                yield np.ascontiguousarray(k.reshape(-1, self.nwords).T), v
-        self.discard(b)
+        f = self._files.pop(b, None)
+        if f is not None:
+            f.close()
+        if os.path.exists(self.path(b)):
+            os.remove(self.path(b))
 
 
 def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | None = None, one_based: bool = True,
@@ -198,8 +294,14 @@ def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | Non
     src: Source = src0
     given = shape if shape is not None else src.given_shape
     est_nnz = src.nnz_estimate()
-    # coords + values as read, then ALTO words (up to two words assumed) sorted with their values
-    in_memory_bytes = est_nnz * (8 * src.nmodes + 8 + 2 * (2 * 8 + 8) + 16)
+    if isinstance(src, AltoRunSource):
+        if shape is not None and tuple(int(x) for x in shape) != src.layout.shape:
+            raise ShapeError(f"shape {tuple(shape)} differs from the shape {src.layout.shape} of the ALTO runs")
+        # the runs as they arrive, their merge, and the values
+        in_memory_bytes = est_nnz * (2 * 8 * src.layout.nwords + 16)
+    else:
+        # coords + values as read, then ALTO words (up to two words assumed) sorted with their values
+        in_memory_bytes = est_nnz * (8 * src.nmodes + 8 + 2 * (2 * 8 + 8) + 16)
     fits = in_memory_bytes <= budget if out_of_core is None else not out_of_core
     log.info("converting %s (%s nonzeros estimated) -> %s, %s", src.name, f"{est_nnz:,}", store,
              "in memory" if fits else f"out of core (budget {budget >> 20} MiB)")
@@ -207,8 +309,14 @@ def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | Non
                    "compression": compression}
     attrs = {"input": src.name, "one_based": bool(one_based) if isinstance(src, TextSource) else False,
              "duplicates": duplicates}
+    from ..store import paths as store_paths
+    if not store_paths.is_url(store):
+        # half-written stores and bucket folders that killed runs left beside this one
+        clean_stale(store_paths.local_path(store).absolute().parent)
     try:
-        if fits:
+        if fits and isinstance(src, AltoRunSource):
+            result = _convert_runs_in_memory(src, store, duplicates, writer_args, progress, attrs)
+        elif fits:
             result = _convert_in_memory(src, store, given, duplicates, writer_args, progress, attrs)
         else:
             result = _convert_out_of_core(src, store, given, duplicates, writer_args, progress, attrs, budget,
@@ -268,50 +376,102 @@ def _convert_in_memory(src, store, shape, duplicates, writer_args, progress, att
     return open_store(path)
 
 
+def _convert_runs_in_memory(src: AltoRunSource, store, duplicates, writer_args, progress, attrs) -> Store:
+    """Sorted runs: gather them side by side, merge once, write."""
+    layout = src.layout
+    cap = max(1, src.nnz_estimate())
+    keys = np.empty((layout.nwords, cap), dtype=np.uint64)
+    values = None if src.values_of is not None else np.empty(cap, dtype=src.value_dtype)
+    bounds = [0]
+    with _progress(cap, "generate" if "generator" in src.name else "read", "nz", progress) as bar:
+        for k, v in src.runs():
+            s, n = bounds[-1], k.shape[1]
+            if s + n > keys.shape[1]:  # more than announced: grow
+                grow = max(s + n, int(keys.shape[1] * 1.5))
+                keys = np.concatenate([keys[:, :s], np.empty((layout.nwords, grow - s), np.uint64)], axis=1)
+                if values is not None:
+                    values = np.concatenate([values[:s], np.empty(grow - s, values.dtype)])
+            keys[:, s:s + n] = k
+            if values is not None:
+                values[s:s + n] = v
+            bounds.append(s + n)
+            bar.update(n)
+    total = bounds[-1]
+    if total == 0:
+        raise IngestError("input has no nonzeros", src.name)
+    keys, values = merge_runs(keys[:, :total], np.array(bounds, dtype=np.int64),
+                              None if values is None else values[:total])
+    if values is None:
+        values = src.values_of(keys)
+    keys, values = apply_duplicates(keys, values, layout, duplicates)
+    with StoreWriter(store, layout, src.value_dtype, keys.shape[1], attrs=attrs, **writer_args) as w:
+        w.append(keys, values)
+        path = w.commit()
+    return open_store(path)
+
+
 def _convert_out_of_core(src, store, shape, duplicates, writer_args, progress, attrs, budget, tmp_dir,
                          sort_nnz) -> Store:
-    if shape is None:
-        log.info("pass 1: inferring the shape of %s", src.name)
-        shape = src.infer_shape()
-    layout = BitLayout(tuple(shape))
+    runs = isinstance(src, AltoRunSource)
+    if runs:
+        layout = src.layout
+    else:
+        if shape is None:
+            log.info("pass 1: inferring the shape of %s", src.name)
+            shape = src.infer_shape()
+        layout = BitLayout(tuple(shape))
     limit_heap_growth()
-    per_nnz = _sort_bytes_per_nnz(layout)
+    # runs: loaded words + their merge + values; otherwise the radix sort's working set
+    per_nnz = 2 * 8 * layout.nwords + 16 if runs else _sort_bytes_per_nnz(layout)
     # a sorted bucket also passes through the writer (chunk copies, compression buffers): 40 % for the sort
     sort_capacity = int(sort_nnz) if sort_nnz else max(1024, int(budget * 0.4) // per_nnz)
     est = src.nnz_estimate()
     bits = min(layout.total_bits, MAX_BUCKET_BITS, max(0, math.ceil(math.log2(max(1, 2 * est / sort_capacity)))))
     nbuckets = 1 << bits
+    from ..store import paths as store_paths
     if tmp_dir is None:
-        from ..store import paths as store_paths
         tmp_dir = None if store_paths.is_url(store) else str(store_paths.local_path(store).absolute().parent)
-    if tmp_dir is not None:
-        os.makedirs(tmp_dir, exist_ok=True)
-    workdir = tempfile.mkdtemp(prefix=".tfooc-buckets-", dir=tmp_dir)
-    log.info("partitioning into %d on-disk buckets under %s (sort capacity %s nonzeros)",
-             nbuckets, workdir, f"{sort_capacity:,}")
+    elif store_paths.is_url(store) or os.path.abspath(tmp_dir) != str(store_paths.local_path(store).absolute().parent):
+        clean_stale(tmp_dir)  # bucket folders of killed runs (beside the store: cleaned already)
+    workdir = make_bucket_dir(tmp_dir, str(store))
+    with_values = not (runs and src.values_of is not None)
+    log.info("partitioning into %d on-disk buckets under %s (sort capacity %s nonzeros%s)", nbuckets, workdir,
+             f"{sort_capacity:,}", "" if with_values else "; values recomputed from the indices, not spilled")
     try:
-        spill = BucketSpill(workdir, nbuckets, layout.nwords, np.dtype(src.value_dtype))
+        spill = BucketSpill(workdir, nbuckets, layout.nwords, np.dtype(src.value_dtype), with_values=with_values)
         is_text = isinstance(src, TextSource)
+        t0 = time.perf_counter()
         with _progress(src.size_bytes() if is_text else est, "partition", "B" if is_text else "nz", progress) as bar:
-            batch_nnz = max(16, sort_capacity // 4)
-            for coords, values in src.batches(shape, batch_nnz):
-                keys = alto_words(coords, layout)
-                bucket = top_bits(keys, layout, layout.total_bits, bits) if bits else np.zeros(keys.shape[1], np.int64)
-                spill.write(bucket, keys, np.asarray(values, dtype=src.value_dtype))
-                trim()
-                log.debug("partitioned %d nonzeros, rss %d MiB", keys.shape[1], _rss() >> 20)
-                bar.update(coords.shape[0] * (src.bytes_per_line if is_text else 1))
-                del coords, values, keys, bucket
+            if runs:
+                for keys, values in src.runs():
+                    bucket = top_bits(keys, layout, layout.total_bits, bits) if bits else np.zeros(keys.shape[1], np.int64)
+                    spill.write(bucket, keys, values if with_values else None, sorted_run=True)
+                    bar.update(keys.shape[1])
+                    del keys, values, bucket
+                    trim()
+            else:
+                batch_nnz = max(16, sort_capacity // 4)
+                for coords, values in src.batches(shape, batch_nnz):
+                    keys = alto_words(coords, layout)
+                    bucket = top_bits(keys, layout, layout.total_bits, bits) if bits else np.zeros(keys.shape[1], np.int64)
+                    spill.write(bucket, keys, np.asarray(values, dtype=src.value_dtype))
+                    trim()
+                    log.debug("partitioned %d nonzeros, rss %d MiB", keys.shape[1], _rss() >> 20)
+                    bar.update(coords.shape[0] * (src.bytes_per_line if is_text else 1))
+                    del coords, values, keys, bucket
         spill.close()
-        log.debug("partition done: rss %d MiB, bucket sizes %s", _rss() >> 20, spill.counts.tolist())
         total = int(spill.counts.sum())
         if total == 0:
             raise IngestError("input has no nonzeros", src.name)
+        log.info("partitioned %s nonzeros in %.1f s: %s MiB of buckets, %.2f bytes per nonzero", f"{total:,}",
+                 time.perf_counter() - t0, f"{spill.nbytes.sum() / 2**20:,.1f}", spill.nbytes.sum() / total)
+        log.debug("partition done: rss %d MiB, bucket sizes %s", _rss() >> 20, spill.counts.tolist())
+        values_of = src.values_of if runs else None
         with StoreWriter(store, layout, src.value_dtype, total, attrs=attrs, flush_chunks=1, **writer_args) as w, \
-                _progress(total, "sort+write", "nz", progress) as bar:
+                _progress(total, "merge+write" if runs else "sort+write", "nz", progress) as bar:
             for b in range(nbuckets):
                 _write_bucket(spill, b, int(spill.counts[b]), layout.total_bits - bits, layout, w, duplicates,
-                              sort_capacity, workdir, attrs["one_based"], bar)
+                              sort_capacity, workdir, attrs["one_based"], bar, values_of)
             path = w.commit()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -319,19 +479,31 @@ def _convert_out_of_core(src, store, shape, duplicates, writer_args, progress, a
 
 
 def _write_bucket(spill: BucketSpill, b: int, count: int, hi: int, layout: BitLayout, writer: StoreWriter,
-                  duplicates: str, capacity: int, workdir: str, one_based: bool, bar: tqdm) -> None:
-    """Sort one bucket (bits below ``hi`` still unsorted) and append it; split it again if too big."""
+                  duplicates: str, capacity: int, workdir: str, one_based: bool, bar: tqdm, values_of=None) -> None:
+    """Order one bucket (bits below ``hi`` still unordered) and append it; split it again if too big.
+
+    A bucket of sorted runs is merged; anything else is radix sorted. ``values_of`` computes the
+    values of a bucket spilled without them.
+    """
     if count == 0:
         spill.discard(b)
         return
     if count <= capacity or hi == 0:
         if count > capacity:
             # hi == 0: every nonzero here has the same coordinate; merge while streaming.
-            _write_identical(spill, b, count, layout, writer, duplicates, one_based, bar)
+            _write_identical(spill, b, count, layout, writer, duplicates, one_based, bar, values_of)
             return
-        keys, values = spill.load(b)
-        keys, values = sort_nonzeros(keys, values, layout, duplicates, one_based_report=one_based)
-        log.debug("bucket %d: %d nonzeros sorted, rss %d MiB", b, count, _rss() >> 20)
+        keys, values, bounds = spill.load(b)
+        if bounds is not None:
+            keys, values = merge_runs(keys, bounds, values)
+            if values is None:
+                values = values_of(keys)
+            keys, values = apply_duplicates(keys, values, layout, duplicates, one_based)
+        else:
+            if values is None:
+                values = values_of(keys)
+            keys, values = sort_nonzeros(keys, values, layout, duplicates, one_based_report=one_based)
+        log.debug("bucket %d: %d nonzeros ordered, rss %d MiB", b, count, _rss() >> 20)
         writer.append(keys, values)
         del keys, values
         trim()
@@ -342,24 +514,30 @@ def _write_bucket(spill: BucketSpill, b: int, count: int, hi: int, layout: BitLa
     log.debug("bucket of %d nonzeros exceeds the sort capacity %d: splitting on ALTO bits [%d, %d)",
               count, capacity, hi - bits, hi)
     subdir = tempfile.mkdtemp(prefix=f"b{b}-", dir=workdir)
-    sub = BucketSpill(subdir, 1 << bits, layout.nwords, spill.value_dtype)
-    for keys, values in spill.iter_chunks(b, max(16, capacity // 4)):
-        sub.write(top_bits(keys, layout, hi, bits), keys, values)
+    sub = BucketSpill(subdir, 1 << bits, layout.nwords, spill.value_dtype, with_values=spill.with_values)
+    for keys, values, sorted_run in spill.frames(b):
+        # a sorted frame split on lower bits gives sorted pieces: runs stay runs
+        sub.write(top_bits(keys, layout, hi, bits), keys, values, sorted_run=sorted_run)
+    spill.discard(b)
     sub.close()
     for s in range(1 << bits):
         _write_bucket(sub, s, int(sub.counts[s]), hi - bits, layout, writer, duplicates, capacity, subdir,
-                      one_based, bar)
+                      one_based, bar, values_of)
     shutil.rmtree(subdir, ignore_errors=True)
 
 
-def _write_identical(spill, b, count, layout, writer, duplicates, one_based, bar) -> None:
+def _write_identical(spill, b, count, layout, writer, duplicates, one_based, bar, values_of=None) -> None:
     """A bucket larger than memory whose nonzeros all share one coordinate: merge while streaming."""
-    first_keys, acc = None, 0.0
-    for keys, values in spill.iter_chunks(b, 1 << 16):
-        if duplicates == "error":
+    first_keys, acc, seen = None, 0.0, 0
+    for keys, values, _ in spill.frames(b):
+        if values is None:
+            values = values_of(keys)
+        seen += keys.shape[1]
+        if duplicates == "error" and seen > 1:
             raise duplicate_error(keys, 0, layout, one_based)
         if first_keys is None:
             first_keys = keys[:, :1].copy()
         acc = float(values[-1]) if duplicates == "last" else acc + float(values.sum())
+    spill.discard(b)
     writer.append(first_keys, np.array([acc], dtype=spill.value_dtype))
     bar.update(count)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Iterator, Sequence
 
+import numba as nb
 import numpy as np
 
 from ..errors import EmptyTensorError, IndexRangeError, IngestError, NonFiniteValueError, ShapeError
@@ -139,6 +140,96 @@ class BatchSource(Source):
             for c, v in src.batches(shape):
                 yield c, v.astype(self.value_dtype, copy=False)
             offset += src.coords.shape[0]
+
+
+@nb.njit(nogil=True, cache=True)
+def _first_unsorted(keys, top_bits):
+    """First column that is below its predecessor or sets a bit at or above ``top_bits`` of the
+    top word (0: the whole word is used), else -1."""
+    nwords, n = keys.shape
+    top = nwords - 1
+    for i in range(n):
+        if top_bits != 0 and keys[top, i] >> top_bits != 0:
+            return i
+        if i > 0:
+            for w in range(top, -1, -1):
+                if keys[w, i] != keys[w, i - 1]:
+                    if keys[w, i] < keys[w, i - 1]:
+                        return i
+                    break
+    return -1
+
+
+class AltoRunSource(Source):
+    """Runs of ALTO words, each sorted and without repeats inside it (the synthetic generator's
+    batches): conversion merges them instead of sorting, and skips linearizing and validating.
+
+    Parameters
+    ----------
+    runs : iterable of (keys, values)
+        ``keys`` uint64 (nwords, n): ALTO words of ``BitLayout(shape)``, ascending within the run;
+        ``values`` (n,), or None when ``values_of`` gives them.
+    shape : mode lengths
+    nnz_hint : int
+        Expected total nonzeros (sizes the conversion plan).
+    values_of : callable, optional
+        ``values_of(keys) -> values``: values computed from the words, so out-of-core conversion
+        spills only the words and asks for the values after the merge.
+    """
+
+    def __init__(self, runs: Iterable[tuple[np.ndarray, np.ndarray | None]], shape: Sequence[int], nnz_hint: int,
+                 values_of=None, value_dtype: Any = np.float64, name: str = "ALTO runs") -> None:
+        from ..format import BitLayout
+
+        self._runs = runs
+        self.layout = BitLayout(tuple(int(s) for s in shape))
+        self.nmodes = self.layout.nmodes
+        self.given_shape = self.layout.shape
+        self.nnz_hint = int(nnz_hint)
+        self.values_of = values_of
+        self.value_dtype = np.dtype(value_dtype)
+        self.name = name
+        self._used = False
+
+    def nnz_estimate(self) -> int:
+        return self.nnz_hint
+
+    def infer_shape(self):
+        return self.given_shape
+
+    def runs(self) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """The runs, checked: sorted keys of the right width, values when there is no ``values_of``."""
+        if self._used:
+            raise IngestError("a stream of runs can only be read once")
+        self._used = True
+        for k, (keys, values) in enumerate(self._runs):
+            keys = np.asarray(keys)
+            if keys.dtype != np.uint64 or keys.ndim != 2 or keys.shape[0] != self.layout.nwords:
+                raise ShapeError(f"{self.name}: a run must be uint64 ALTO words of shape ({self.layout.nwords}, n) "
+                                 f"for shape {self.layout.shape}, got {keys.dtype} {keys.shape}")
+            if values is None and self.values_of is None:
+                raise IngestError(f"{self.name}: a run without values needs values_of")
+            if values is not None:
+                values = np.asarray(values, dtype=self.value_dtype)
+                if values.shape != (keys.shape[1],):
+                    raise ShapeError(f"{self.name}: {keys.shape[1]} keys but values of shape {values.shape}")
+                if values.dtype.kind == "f" and not np.isfinite(values).all():
+                    r = int(np.flatnonzero(~np.isfinite(values))[0])
+                    raise NonFiniteValueError(f"{self.name}: value {r} of a run is {values[r]}")
+            bad = int(_first_unsorted(keys, np.uint64(self.layout.total_bits % 64)))
+            if bad >= 0:
+                raise IngestError(f"{self.name}: run {k} is not ascending, or sets bits beyond the shape's "
+                                  f"{self.layout.total_bits}, at column {bad}")
+            if keys.shape[1]:
+                yield keys, values
+
+    def batches(self, shape, batch_nnz=None):
+        from ..format import coords_from_words
+
+        for keys, values in self.runs():
+            if values is None:
+                values = self.values_of(keys)
+            yield coords_from_words(keys, self.layout), values
 
 
 # --- text files -----------------------------------------------------------------------------------

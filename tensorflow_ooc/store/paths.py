@@ -48,9 +48,12 @@ def staging_path(final: str | os.PathLike) -> str:
     """
     if is_url(final):
         return str(final)
+    from ..tempdirs import owner_suffix
+
     p = local_path(final).absolute()
     p.parent.mkdir(parents=True, exist_ok=True)
-    return str(p.parent / f".{p.name}.partial-{uuid.uuid4().hex[:12]}")
+    # host and pid in the name: the next run into this folder removes it if this process dies
+    return str(p.parent / f".{p.name}.partial-{owner_suffix()}-{uuid.uuid4().hex[:12]}")
 
 
 def publish(staging: str, final: str | os.PathLike, overwrite: bool) -> None:

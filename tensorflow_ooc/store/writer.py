@@ -1,7 +1,9 @@
 """Write a BLCO Zarr store from ALTO-sorted nonzeros, in order, with bounded memory.
 
 The writer is fed sorted batches (globally in ALTO order), writes whole chunks as soon as they are
-full, and builds the block table and per-chunk index ranges on the way. Nothing is openable until
+full, and builds the block table and per-chunk index ranges on the way. Local stores with the
+package's codec chains get whole chunks encoded and written here (``DirectChunkWriter``, the same
+bytes Zarr writes, about three times faster); other stores go through Zarr. Nothing is openable until
 ``commit``: local stores are written under a hidden name and renamed into place, URL stores get
 their ``complete`` flag last. Any exception inside ``with StoreWriter(...)`` removes what was written.
 """
@@ -14,6 +16,10 @@ import time
 import uuid
 from typing import Any
 
+from pathlib import Path
+
+import numba as nb
+import numcodecs
 import numpy as np
 import zarr
 
@@ -30,6 +36,80 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_NNZ = 1 << 20
 FLUSH_CHUNKS = 4
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _delta_u8(x, out):
+    """numcodecs Delta on uint64: out[0] = x[0], out[i] = x[i] - x[i - 1] (wrapping)."""
+    n = x.shape[0]
+    if n:
+        out[0] = x[0]
+    for i in nb.prange(1, n):
+        out[i] = x[i] - x[i - 1]
+
+
+class DirectChunkWriter:
+    """Writes whole chunks of a local 1-D store array straight to their files.
+
+    Zarr's write path spent about three times the encoding work itself (chunk copies, async
+    dispatch); this applies the same codec chain (Delta on uint64, little-endian bytes, Blosc,
+    CRC32C) with the same parameters and writes the file Zarr would: the bytes are identical, so
+    Zarr and :class:`~tensorflow_ooc.store.chunk_files.ChunkFiles` read them as before (a test
+    compares them). ``for_array`` returns None for any other chain or a non-local store.
+    """
+
+    def __init__(self, array: zarr.Array, root: Path, delta: bool, blosc: numcodecs.Blosc) -> None:
+        self.array = array
+        self.root = root
+        self.delta = delta
+        self.blosc = blosc
+        self.chunk_len = int(array.chunks[0])
+        self.dtype = np.dtype(array.dtype)
+        self._dirs: set[Path] = set()
+
+    @classmethod
+    def for_array(cls, array: zarr.Array) -> "DirectChunkWriter | None":
+        from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
+        from zarr.storage import LocalStore
+
+        from .chunk_files import _is_delta
+
+        if not isinstance(array.store, LocalStore) or array.ndim != 1:
+            return None
+        codecs = list(array.metadata.codecs)
+        delta = bool(codecs) and _is_delta(codecs[0])
+        rest = codecs[1:] if delta else codecs
+        dtype = np.dtype(array.dtype)
+        if not (len(rest) == 3 and isinstance(rest[0], BytesCodec) and isinstance(rest[1], BloscCodec)
+                and isinstance(rest[2], Crc32cCodec) and dtype.byteorder in "<=|"
+                and (rest[0].endian is None or rest[0].endian.value == "little")):
+            return None
+        b = rest[1]
+        shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[b.shuffle.value]
+        blosc = numcodecs.Blosc(cname=b.cname.value, clevel=b.clevel, shuffle=shuffle, blocksize=b.blocksize,
+                                typesize=b.typesize)
+        return cls(array, Path(array.store.root), delta, blosc)
+
+    def write(self, c: int, data: np.ndarray) -> None:
+        """Chunk ``c`` from exactly ``chunk_len`` elements."""
+        from .chunk_files import _crc32c
+
+        data = np.ascontiguousarray(data, dtype=self.dtype)
+        if data.shape[0] != self.chunk_len:
+            raise ValueError(f"a direct chunk write needs {self.chunk_len} elements, got {data.shape[0]}")
+        if self.delta:
+            d = np.empty_like(data)
+            _delta_u8(data, d)
+            data = d
+        body = self.blosc.encode(data)
+        key = self.array.metadata.chunk_key_encoding.encode_chunk_key((c,))
+        path = self.root / (f"{self.array.path}/{key}" if self.array.path else key)
+        if path.parent not in self._dirs:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._dirs.add(path.parent)
+        with open(path, "wb") as f:
+            f.write(body)
+            f.write(int(_crc32c(body)).to_bytes(4, "little"))
 
 
 class StoreWriter:
@@ -91,6 +171,7 @@ class StoreWriter:
         self.chunk_max: list[np.ndarray] = []
         self.norm_sq = 0.0
         self.committed = False
+        self._direct: tuple | None = None
         self.t0 = time.perf_counter()
 
     # --- feeding ---------------------------------------------------------------------------------
@@ -129,6 +210,12 @@ class StoreWriter:
     def _flush(self, final: bool) -> None:
         if not self.pending_n:
             return
+        self._values_array(self.pending_vals[0][:self.chunk_nnz])
+        if self._direct is None:
+            self._direct = (DirectChunkWriter.for_array(self.alto), DirectChunkWriter.for_array(self.values))
+        if all(self._direct):
+            self._flush_direct(final)
+            return
         keys = np.concatenate(self.pending_keys, axis=1) if len(self.pending_keys) > 1 else self.pending_keys[0]
         vals = np.concatenate(self.pending_vals) if len(self.pending_vals) > 1 else self.pending_vals[0]
         n = keys.shape[1] if final else (keys.shape[1] // self.chunk_nnz) * self.chunk_nnz
@@ -140,7 +227,6 @@ class StoreWriter:
         if self.written + n > self.alto.shape[0]:
             raise RuntimeError(f"store writer received more nonzeros ({self.written + n}) than its capacity "
                                f"({self.alto.shape[0]})")
-        self._values_array(vals[:self.chunk_nnz])
         step = self.flush_chunks * self.chunk_nnz
         for s in range(0, n, step):
             e = min(n, s + step)
@@ -150,6 +236,50 @@ class StoreWriter:
         self.pending_keys = [keys[:, n:].copy()] if n < keys.shape[1] else []
         self.pending_vals = [vals[n:].copy()] if n < keys.shape[1] else []
         self.pending_n = keys.shape[1] - n
+
+    def _flush_direct(self, final: bool) -> None:
+        """Whole chunks straight from the appended arrays to their files (views, no copies); only a
+        chunk that straddles two appends is gathered, and the last, partial one goes through Zarr
+        (which pads it). What stays pending is copied, so the caller's arrays can be freed."""
+        C = self.chunk_nnz
+        while self.pending_n >= C or (final and self.pending_n):
+            take = min(C, self.pending_n)
+            if self.pending_keys[0].shape[1] >= take:
+                ck, cv = self.pending_keys[0][:, :take], self.pending_vals[0][:take]
+                self.pending_keys[0] = self.pending_keys[0][:, take:]
+                self.pending_vals[0] = self.pending_vals[0][take:]
+            else:
+                parts_k, parts_v, need = [], [], take
+                while need:
+                    k, v = self.pending_keys[0], self.pending_vals[0]
+                    m = min(need, k.shape[1])
+                    parts_k.append(k[:, :m])
+                    parts_v.append(v[:m])
+                    self.pending_keys[0], self.pending_vals[0] = k[:, m:], v[m:]
+                    if self.pending_keys[0].shape[1] == 0:
+                        self.pending_keys.pop(0)
+                        self.pending_vals.pop(0)
+                    need -= m
+                ck, cv = np.concatenate(parts_k, axis=1), np.concatenate(parts_v)
+            if self.pending_keys and self.pending_keys[0].shape[1] == 0:
+                self.pending_keys.pop(0)
+                self.pending_vals.pop(0)
+            if self.written + take > self.alto.shape[0]:
+                raise RuntimeError(f"store writer received more nonzeros ({self.written + take}) than its "
+                                   f"capacity ({self.alto.shape[0]})")
+            cmin, cmax = chunk_minmax(ck, self.layout, C)
+            self.chunk_min.extend(cmin)
+            self.chunk_max.extend(cmax)
+            if take == C:
+                self._direct[0].write(self.written // C, ck[0])
+                self._direct[1].write(self.written // C, cv)
+            else:
+                self.alto[self.written:self.written + take] = ck[0]
+                self.values[self.written:self.written + take] = cv
+            self.written += take
+            self.pending_n -= take
+        self.pending_keys = [k.copy() for k in self.pending_keys]
+        self.pending_vals = [v.copy() for v in self.pending_vals]
 
     def _values_array(self, sample: np.ndarray | None):
         if self.values is None:
