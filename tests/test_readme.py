@@ -20,6 +20,6 @@ def test_readme_starts_with_two_commands():
     text = README.read_text()
     first = re.search(r"```bash\n(.*?)```", text, re.S).group(1).strip().splitlines()
     assert len(first) == 2
-    assert "tfooc quickstart" in first[0] and "pytest" in first[1]
+    assert "tfooc run workflows/quickstart.yaml" in first[0] and "pytest" in first[1]
     ci = (README.parent / ".ci" / "run").read_text()
     assert first[1] in ci
