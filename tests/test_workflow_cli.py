@@ -3,11 +3,11 @@ tells chunk capacity from chunk contents, quickstart is the quickstart spec."""
 
 import json
 
+from conftest import random_coo
+
 import tensorflow_ooc as tfo
 from tensorflow_ooc.cli import find_quickstart_spec, main
 from tensorflow_ooc.workflow import load_spec
-
-from conftest import random_coo
 
 
 def test_cpd_twice_without_out_refuses_and_says_how_to_proceed(tmp_path, rng, capsys):

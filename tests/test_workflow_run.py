@@ -120,7 +120,7 @@ def test_run_done_then_skipped_then_only_changes_rerun(tmp_path, rng, capsys):
 
 
 def test_failed_run_resumes_from_its_last_finished_step(tmp_path, rng, capsys):
-    path, params = _write(tmp_path, rng, extra="\n    min_fit: 1.5")
+    path, _ = _write(tmp_path, rng, extra="\n    min_fit: 1.5")
     storage = tmp_path / "storage"
     assert main(["run", str(path), "--storage", str(storage), "-q"]) == 1
     err = capsys.readouterr().err

@@ -14,7 +14,7 @@ import posixpath
 import shutil
 import tempfile
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -30,8 +30,7 @@ def is_url(location: str) -> bool:
 def normalize(location: str, base: str | None = None) -> str:
     """An absolute local path or a normalized URL; relative locations are joined to ``base``."""
     location = str(location)
-    if location.startswith("file://"):
-        location = location[len("file://"):]
+    location = location.removeprefix("file://")
     if is_url(location):
         proto, rest = location.split("://", 1)
         lead = "/" if rest.startswith("/") else ""

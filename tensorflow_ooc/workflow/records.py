@@ -24,7 +24,7 @@ import secrets
 import socket
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,7 +44,7 @@ DASK_TOPIC = "tfooc"
 
 def now_iso() -> str:
     """UTC time with milliseconds, ISO 8601 (``2026-01-31T04:05:06.789Z``)."""
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def parse_iso(text: str | None) -> float | None:

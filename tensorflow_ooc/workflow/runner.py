@@ -30,8 +30,19 @@ from typing import Any
 from .errors import InputError, LockError, RunCancelled, SpecError
 from .fingerprint import OutputIndex, location_fingerprint, step_fingerprint
 from .lock import OutputLocks
-from .records import (EXIT_CODES, Attempt, EventLogHandler, Recorder, RunRecord, RunStore, StepRecord, host_info,
-                      new_run_id, now_iso, parse_iso)
+from .records import (
+    EXIT_CODES,
+    Attempt,
+    EventLogHandler,
+    Recorder,
+    RunRecord,
+    RunStore,
+    StepRecord,
+    host_info,
+    new_run_id,
+    now_iso,
+    parse_iso,
+)
 from .spec import Workflow
 from .steps import StepContext, run_step
 

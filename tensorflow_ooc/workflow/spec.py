@@ -82,7 +82,7 @@ class _Step(_Model):
 
     def output_fields(self) -> dict[str, str]:
         """Role -> raw location of what this step writes."""
-        return {"out": getattr(self, "out")}
+        return {"out": self.out}
 
 
 class GenerateStep(_Step):
@@ -105,7 +105,7 @@ class GenerateStep(_Step):
                                     "(default OUT without its extension + .factors.npz)")
 
     @model_validator(mode="after")
-    def _size_given(self) -> "GenerateStep":
+    def _size_given(self) -> GenerateStep:
         if self.like is None and (self.shape is None or self.nnz is None):
             raise ValueError("give 'like' (a preset) or both 'shape' and 'nnz'")
         if self.model != "planted" and self.factors_out is not None:
@@ -119,7 +119,7 @@ class GenerateStep(_Step):
             return self.factors_out
         o = self.out
         stem = o[:-7] if o.endswith(".tns.gz") else o[:-4] if o.endswith(".tns") else o.rstrip("/")
-        stem = stem[:-5] if stem.endswith(".zarr") else stem
+        stem = stem.removesuffix(".zarr")
         return stem + ".factors.npz"
 
     def output_fields(self) -> dict[str, str]:
@@ -153,7 +153,7 @@ class ConvertStep(_Step):
         return None if v is None else parse_size(v)
 
     @model_validator(mode="after")
-    def _versions(self) -> "ConvertStep":
+    def _versions(self) -> ConvertStep:
         if self.keep_versions is not None and not self.append:
             raise ValueError("'keep_versions' is only for append: true")
         return self
@@ -197,7 +197,7 @@ class DecomposeStep(_Step):
         return None if v is None else parse_size(v)
 
     @model_validator(mode="after")
-    def _previous(self) -> "DecomposeStep":
+    def _previous(self) -> DecomposeStep:
         if self.previous is not None and self.init != "previous":
             raise ValueError("'previous' is only used with init: previous")
         return self
@@ -234,7 +234,7 @@ class EvaluateStep(_Step):
     min_fms: Annotated[float, Field(ge=0, le=1)] | None = None
 
     @model_validator(mode="after")
-    def _needs(self) -> "EvaluateStep":
+    def _needs(self) -> EvaluateStep:
         if self.min_fms is not None and self.reference is None:
             raise ValueError("'min_fms' needs a 'reference'")
         return self
@@ -267,7 +267,7 @@ class ExportStep(_Step):
         return {"result": self.result}
 
 
-Step = Annotated[Union[GenerateStep, ConvertStep, DecomposeStep, EvaluateStep, ExportStep],
+Step = Annotated[GenerateStep | ConvertStep | DecomposeStep | EvaluateStep | ExportStep,
                  Field(discriminator="kind")]
 STEP_MODELS: dict[str, type[_Step]] = {"generate": GenerateStep, "convert": ConvertStep,
                                        "decompose": DecomposeStep, "evaluate": EvaluateStep, "export": ExportStep}
@@ -362,7 +362,11 @@ def read_source(path: str | os.PathLike | None = None, text: str | None = None) 
         if path is None:
             raise ValueError("give a spec path or its text")
         try:
-            text = loc.read_text(str(path)) if loc.is_url(str(path)) else open(path, encoding="utf-8").read()
+            if loc.is_url(str(path)):
+                text = loc.read_text(str(path))
+            else:
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
         except FileNotFoundError:
             raise SpecError(name, [Problem(None, None, "no such spec file")]) from None
         except (IsADirectoryError, UnicodeDecodeError) as exc:
