@@ -106,11 +106,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         src = AltoRunSource(counted(gen.runs(with_values=False), axis=1), shape, nnz, values_of=gen.values_of,
                             name="synthetic generator")
         convert(src, out, overwrite=args.overwrite, progress=False, memory_limit=args.memory_limit,
-                tmp_dir=args.tmp_dir)
+                tmp_dir=args.tmp_dir, out_of_core=args.out_of_core or None)
     else:
         src = BatchSource(counted(batches), len(shape), shape, nnz, name="synthetic generator")
         convert(src, out, shape=shape, overwrite=args.overwrite, progress=False, memory_limit=args.memory_limit,
-                tmp_dir=args.tmp_dir)
+                tmp_dir=args.tmp_dir, out_of_core=args.out_of_core or None)
     bar.close()
     log.info("wrote %s in %.1f s", out, time.perf_counter() - t0)
     print(out)
@@ -393,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--zero-based", action="store_true", help="write 0-based indices to .tns (default 1-based)")
     g.add_argument("--memory-limit", type=parse_size, help="peak memory when writing a store directly")
     g.add_argument("--tmp-dir", help="directory for out-of-core buckets when writing a store (default: beside it)")
+    g.add_argument("--out-of-core", action="store_true",
+                   help="write a store through on-disk buckets even when the tensor fits in memory")
     g.add_argument("--overwrite", action="store_true", help="replace an existing output")
     g.set_defaults(func=cmd_generate)
 
