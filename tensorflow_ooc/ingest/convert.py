@@ -69,27 +69,54 @@ def _bucket_order(bucket, nbuckets):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _delta_rows(keys, out):
-    """out[w, i] = keys[w, i] - keys[w, i - 1] (uint64, wrapping); out[w, 0] = keys[w, 0]."""
-    nwords, n = keys.shape
-    for w in range(nwords):
-        if n:
-            out[w, 0] = keys[w, 0]
-        for i in nb.prange(1, n):
-            out[w, i] = keys[w, i] - keys[w, i - 1]
+def _delta(x, out):
+    """out[i] = x[i] - x[i - 1] (uint64, wrapping); out[0] = x[0]."""
+    n = x.shape[0]
+    if n:
+        out[0] = x[0]
+    for i in nb.prange(1, n):
+        out[i] = x[i] - x[i - 1]
 
 
 @nb.njit(nogil=True, cache=True)
-def _undelta_rows(d):
-    nwords, n = d.shape
-    for w in range(nwords):
-        acc = np.uint64(0)
-        for i in range(n):
-            acc += d[w, i]
-            d[w, i] = acc
+def _undelta(d):
+    acc = np.uint64(0)
+    for i in range(d.shape[0]):
+        acc += d[i]
+        d[i] = acc
 
 
-_FRAME = struct.Struct("<4sIQQQ")   # magic, flags, nonzeros, key bytes, value bytes
+@nb.njit(inline="always")
+def _top_of(keys, i, hi, nbits):
+    v = 0
+    for p in range(hi - 1, hi - nbits - 1, -1):
+        v = (v << 1) | np.int64((keys[p // 64, i] >> np.uint64(p % 64)) & np.uint64(1))
+    return v
+
+
+@nb.njit(nogil=True, cache=True)
+def _run_edges(keys, hi, nbits):
+    """For ascending keys, the first column of every bucket (ALTO bits [hi - nbits, hi)), and
+    the end: binary searches instead of a pass over the run."""
+    n = keys.shape[1]
+    nb_ = 1 << nbits
+    edges = np.empty(nb_ + 1, dtype=np.int64)
+    edges[nb_] = n
+    lo = 0
+    for b in range(nb_):
+        a, z = lo, n
+        while a < z:
+            mid = (a + z) // 2
+            if _top_of(keys, mid, hi, nbits) < b:
+                a = mid + 1
+            else:
+                z = mid
+        edges[b] = a
+        lo = a
+    return edges
+
+
+_FRAME = struct.Struct("<4sIQ")   # magic, flags, nonzeros; then one u64 byte count per payload
 _MAGIC = b"TFSP"
 _SORTED, _VALUES = 1, 2
 
@@ -97,12 +124,13 @@ _SORTED, _VALUES = 1, 2
 class BucketSpill:
     """On-disk buckets of (ALTO words, values): one file per bucket, holding compressed frames.
 
-    Each write adds one frame per bucket it touches: the frame's words (delta-coded when the
-    frame is a sorted run, which sorted sources give) and values, each shuffled and lz4-compressed
-    with Blosc. Spilled bytes are what bounds temporary disk: raw words and values took 24 bytes
-    per nonzero for 65-bit indices, more than the finished store; frames take about 6 for sorted
-    words plus what the values compress to, and none when the source computes values from words.
-    A frame that is a sorted run stays one, so a bucket of runs is merged, not sorted.
+    Each write adds one frame per bucket it touches: one payload per ALTO word row (delta-coded
+    when the frame is a sorted run, which sorted sources give) and one for the values, each
+    shuffled and lz4-compressed with Blosc, and decompressed on load straight into the bucket's
+    arrays. Spilled bytes are what bounds temporary disk: raw words and values took 24 bytes per
+    nonzero for 65-bit indices, more than the finished store; frames take about 6 for sorted
+    words plus what the values compress to, and nothing for values the source computes from the
+    words. A frame that is a sorted run stays one, so a bucket of runs is merged, not sorted.
     """
 
     def __init__(self, directory: str, nbuckets: int, nwords: int, value_dtype: np.dtype,
@@ -115,10 +143,9 @@ class BucketSpill:
         self.counts = np.zeros(nbuckets, dtype=np.int64)
         self.nbytes = np.zeros(nbuckets, dtype=np.int64)
         self._files: dict[int, Any] = {}
-        self._key_codec = numcodecs.Blosc(cname="lz4", clevel=1, shuffle=numcodecs.Blosc.SHUFFLE,
-                                          blocksize=1 << 20)
-        self._val_codec = numcodecs.Blosc(cname="lz4", clevel=1, shuffle=numcodecs.Blosc.SHUFFLE,
-                                          blocksize=1 << 20)
+        self._scratch = np.empty(0, dtype=np.uint64)
+        self._heads = struct.Struct(f"<{nwords + 1}Q")
+        self._codec = numcodecs.Blosc(cname="lz4", clevel=1, shuffle=numcodecs.Blosc.SHUFFLE, blocksize=1 << 20)
 
     def path(self, b: int) -> str:
         return os.path.join(self.dir, f"b{b:05d}.bin")
@@ -129,10 +156,12 @@ class BucketSpill:
             f = self._files[b] = open(self.path(b), "ab")
         return f
 
-    def write(self, bucket: np.ndarray, keys: np.ndarray, values: np.ndarray | None, sorted_run: bool = False) -> None:
-        """Add nonzeros to their buckets. ``sorted_run``: ``keys`` ascend (so ``bucket`` does too)."""
+    def write(self, bucket: np.ndarray | None, keys: np.ndarray, values: np.ndarray | None,
+              sorted_run: bool = False, hi: int = 0) -> None:
+        """Add nonzeros to their buckets (ALTO bits [hi - log2(nbuckets), hi)). ``bucket``: each
+        nonzero's bucket; for a sorted run (``keys`` ascend) None, the edges are searched."""
         if sorted_run:
-            edges = np.searchsorted(bucket, np.arange(self.nbuckets + 1))
+            edges = _run_edges(keys, hi, self.nbuckets.bit_length() - 1)
         else:
             order, edges = _bucket_order(bucket, self.nbuckets)
             keys = keys[:, order]
@@ -143,31 +172,37 @@ class BucketSpill:
 
     def write_frame(self, b: int, keys: np.ndarray, values: np.ndarray | None, sorted_run: bool) -> None:
         n = keys.shape[1]
-        if sorted_run:
-            words = np.empty((keys.shape[0], n), dtype=np.uint64)
-            _delta_rows(keys, words)
-        else:
-            words = np.ascontiguousarray(keys)
-        kb = self._key_codec.encode(words)
+        payloads = []
+        for w in range(self.nwords):
+            row = keys[w]
+            if sorted_run:
+                if self._scratch.shape[0] < n:
+                    self._scratch = np.empty(n, dtype=np.uint64)
+                _delta(row, self._scratch[:n])
+                row = self._scratch[:n]
+            payloads.append(self._codec.encode(np.ascontiguousarray(row)))
         flags = _SORTED if sorted_run else 0
-        vb = b""
         if self.with_values:
             flags |= _VALUES
-            vb = self._val_codec.encode(np.ascontiguousarray(values, dtype=self.value_dtype))
+            payloads.append(self._codec.encode(np.ascontiguousarray(values, dtype=self.value_dtype)))
+        else:
+            payloads.append(b"")
         f = self._file(b)
-        f.write(_FRAME.pack(_MAGIC, flags, n, len(kb), len(vb)))
-        f.write(kb)
-        f.write(vb)
+        f.write(_FRAME.pack(_MAGIC, flags, n))
+        f.write(self._heads.pack(*(len(p) for p in payloads)))
+        for p in payloads:
+            f.write(p)
         self.counts[b] += n
-        self.nbytes[b] += _FRAME.size + len(kb) + len(vb)
+        self.nbytes[b] += _FRAME.size + self._heads.size + sum(len(p) for p in payloads)
 
     def close(self) -> None:
         for f in self._files.values():
             f.close()
         self._files.clear()
 
-    def frames(self, b: int) -> Iterator[tuple[np.ndarray, np.ndarray | None, bool]]:
-        """The frames of bucket b in write order: ``(keys (nwords, n), values or None, sorted)``."""
+    def _read_frames(self, b: int, take):
+        """Walk bucket b's frames; ``take(n, flags)`` returns (word rows, values) to fill, or None
+        to fill fresh arrays. Yields (keys, values or None, sorted) as filled."""
         if self.counts[b] == 0:
             return
         with open(self.path(b), "rb") as f:
@@ -175,17 +210,31 @@ class BucketSpill:
                 head = f.read(_FRAME.size)
                 if not head:
                     break
-                magic, flags, n, nk, nv = _FRAME.unpack(head)
+                magic, flags, n = _FRAME.unpack(head)
                 if magic != _MAGIC:
                     raise IngestError(f"bucket file {self.path(b)} is damaged (bad frame header)")
-                keys = np.frombuffer(self._key_codec.decode(f.read(nk)), dtype=np.uint64).reshape(self.nwords, n)
-                keys = np.array(keys)  # writable
-                if flags & _SORTED:
-                    _undelta_rows(keys)
-                vals = None
+                sizes = self._heads.unpack(f.read(self._heads.size))
+                dest = take(n, flags)
+                keys, vals = dest if dest is not None else (
+                    np.empty((self.nwords, n), dtype=np.uint64),
+                    np.empty(n, dtype=self.value_dtype) if flags & _VALUES else None)
+                for w in range(self.nwords):
+                    self._decode(f.read(sizes[w]), keys[w], b)   # straight into place
+                    if flags & _SORTED:
+                        _undelta(keys[w])
                 if flags & _VALUES:
-                    vals = np.frombuffer(self._val_codec.decode(f.read(nv)), dtype=self.value_dtype).copy()
-                yield keys, vals, bool(flags & _SORTED)
+                    self._decode(f.read(sizes[-1]), vals, b)
+                yield keys, (vals if flags & _VALUES else None), bool(flags & _SORTED)
+
+    def _decode(self, payload: bytes, dest: np.ndarray, b: int) -> None:
+        # a Blosc header holds the decoded size at bytes 4..8
+        if len(payload) < 16 or int.from_bytes(payload[4:8], "little") != dest.nbytes:
+            raise IngestError(f"bucket file {self.path(b)} is damaged (a frame does not decode to its size)")
+        numcodecs.blosc.decompress(payload, dest)
+
+    def frames(self, b: int) -> Iterator[tuple[np.ndarray, np.ndarray | None, bool]]:
+        """The frames of bucket b in write order: ``(keys (nwords, n), values or None, sorted)``."""
+        return self._read_frames(b, lambda n, flags: None)
 
     def load(self, b: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """All of bucket b, then its file is deleted: ``(keys, values, run bounds)``; the bounds
@@ -194,13 +243,14 @@ class BucketSpill:
         keys = np.empty((self.nwords, count), dtype=np.uint64)
         vals = np.empty(count, dtype=self.value_dtype) if self.with_values else None
         bounds = [0]
-        all_sorted = True
-        for k, v, srt in self.frames(b):
+
+        def take(n, flags):
             s = bounds[-1]
-            keys[:, s:s + k.shape[1]] = k
-            if vals is not None:
-                vals[s:s + k.shape[1]] = v
-            bounds.append(s + k.shape[1])
+            bounds.append(s + n)
+            return keys[:, s:s + n], (vals[s:s + n] if vals is not None else None)
+
+        all_sorted = True
+        for _, _, srt in self._read_frames(b, take):
             all_sorted &= srt
         self.discard(b)
         return keys, vals, (np.array(bounds, dtype=np.int64) if all_sorted else None)
@@ -444,10 +494,9 @@ def _convert_out_of_core(src, store, shape, duplicates, writer_args, progress, a
         with _progress(src.size_bytes() if is_text else est, "partition", "B" if is_text else "nz", progress) as bar:
             if runs:
                 for keys, values in src.runs():
-                    bucket = top_bits(keys, layout, layout.total_bits, bits) if bits else np.zeros(keys.shape[1], np.int64)
-                    spill.write(bucket, keys, values if with_values else None, sorted_run=True)
+                    spill.write(None, keys, values if with_values else None, sorted_run=True, hi=layout.total_bits)
                     bar.update(keys.shape[1])
-                    del keys, values, bucket
+                    del keys, values
                     trim()
             else:
                 batch_nnz = max(16, sort_capacity // 4)
@@ -517,7 +566,8 @@ def _write_bucket(spill: BucketSpill, b: int, count: int, hi: int, layout: BitLa
     sub = BucketSpill(subdir, 1 << bits, layout.nwords, spill.value_dtype, with_values=spill.with_values)
     for keys, values, sorted_run in spill.frames(b):
         # a sorted frame split on lower bits gives sorted pieces: runs stay runs
-        sub.write(top_bits(keys, layout, hi, bits), keys, values, sorted_run=sorted_run)
+        sub.write(None if sorted_run else top_bits(keys, layout, hi, bits), keys, values, sorted_run=sorted_run,
+                  hi=hi)
     spill.discard(b)
     sub.close()
     for s in range(1 << bits):
