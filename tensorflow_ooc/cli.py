@@ -124,7 +124,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     store = convert(args.input, args.store, shape=args.shape, one_based=not args.zero_based,
                     duplicates=args.duplicates, chunk_nnz=args.chunk_nnz, max_block_nnz=args.max_block_nnz,
                     memory_limit=args.memory_limit, overwrite=args.overwrite, progress=not args.quiet,
-                    workers=args.workers, tmp_dir=args.tmp_dir, compression=args.compression)
+                    workers=args.workers, tmp_dir=args.tmp_dir, compression=args.compression,
+                    out_of_core=args.out_of_core or None)
     dt = time.perf_counter() - t0
     print(f"{store.path}: {store.nnz:,} nonzeros, shape {'x'.join(map(str, store.shape))}, "
           f"{store.nblocks} blocks, {store.nchunks} chunks, {dt:.2f} s ({store.nnz / dt / 1e6:.2f} M nonzeros/s)")
@@ -417,6 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="peak memory of the conversion, e.g. 512MB (default: half the available memory)")
     c.add_argument("--workers", type=_positive_int, help="parallel parse tasks (default: cores)")
     c.add_argument("--tmp-dir", help="directory for out-of-core buckets (default: beside the store)")
+    c.add_argument("--out-of-core", action="store_true",
+                   help="convert through on-disk buckets even when the input fits in memory")
     c.add_argument("--overwrite", action="store_true", help="replace an existing store")
     c.set_defaults(func=cmd_convert)
 
