@@ -94,8 +94,11 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
         scheduler = "inline"      # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
     with get_client(client, scheduler, device=device) as c:
         graph = MTTKRPGraph(c, store.path, execution=execution, partitions=partitions, device=device,
-                            device_options=device_options)
+                            device_options=device_options, rank=rank, dtype=dtype)
         params["execution"] = graph.execution
+        params["in_place_updates"] = graph.in_place
+        if graph.memory_plan is not None:
+            params["memory_plan"] = graph.memory_plan.as_dict()
         params["device"] = graph.device
         params["scheduler"] = "inline" if is_inline(c) else "dask"
         on_cluster = graph.placement     # update tasks run where the MTTKRP partials are made
@@ -133,7 +136,7 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
             fit_old = fit
             for n in range(N):
                 # MTTKRP graph, then the update (fused into one task when there is one partition)
-                F = graph.mode_update(F, n, U.update_mode, iteration == 0, n == N - 1)
+                F = graph.mode_update(F, n, U.update_mode, iteration == 0, n == N - 1, graph.in_place)
             sm = c.submit(U.summary, F, pure=False).result()
             weights = sm.weights
             # per-mode seconds from the update tasks' finish times (worker clocks)
@@ -163,10 +166,13 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
                          history, params, input_fp, pure=False).result()
             if done:
                 break
-        final = c.submit(U.on_host, F, pure=False).result()
+        # mode by mode: sending the whole state at once would need a second copy of it on the worker
+        host = c.submit(U.on_host, F, pure=False)
+        final = [c.submit(U.factor_rows, host, n, pure=False).result() for n in range(N)]
+        del host, F
         graph.release()
 
-    lam, factors = arrange(weights, [np.array(v) for v in final.views])
+    lam, factors = arrange(weights, [np.array(v) for v in final])
     result = CPResult(lam, factors, fit, len(history), history, params, input_fp)
     if out is not None:
         result.save(out, overwrite=overwrite)

@@ -72,17 +72,26 @@ def solve_normal(V: Any, M: Any) -> Any:
 
 
 def update_mode(state: CPState, partials: Partial | Sequence[Partial], mode: int, first_iteration: bool,
-                last_mode: bool) -> CPState:
+                last_mode: bool, in_place: bool = False) -> CPState:
     """One mode update of Algorithm 1 (lines 3-6), as one task: V = Hadamard product of the other
     modes' Grams; A = M V^+ with M the MTTKRP (the last partials of its reduction, summed here);
     columns normalized by their 2-norm on the first iteration and max-norm (at least 1) after, as
     Tensor Toolbox and pyttb do. Returns a new state (a copy: earlier futures stay valid, which
     Dask's recomputation after a lost worker relies on). After the last mode it also holds the
-    inner-product terms of the fit."""
+    inner-product terms of the fit.
+
+    With ``in_place`` (the memory plan's choice when a second copy of the factors does not fit
+    the worker) the new rows overwrite the old ones in ``state``'s own factor array, solved a
+    block of rows at a time; the returned state shares that array. Earlier futures of the state
+    then see the new rows, so a lost worker is resumed from the checkpoint rather than recomputed.
+    """
     t0 = time.perf_counter()
     parts = [partials] if isinstance(partials, Partial) else list(partials)
     with _BLAS.limit(limits=1, user_api="blas"):
-        out = _update_mode(state, parts, mode, first_iteration, last_mode)
+        if in_place and is_numpy_array(state.data):
+            out = _update_mode_in_place(state, parts, mode, first_iteration, last_mode)
+        else:
+            out = _update_mode(state, parts, mode, first_iteration, last_mode)
     out.timings = {**state.timings, mode: (max(p.seconds for p in parts), time.perf_counter() - t0)}
     return out
 
@@ -109,6 +118,56 @@ def _update_mode(state: CPState, parts: list[Partial], mode: int, first_iteratio
     out.weights = to_host(weights).astype(np.float64)
     out.finished = {**state.finished, mode: time.time()}
     out.inner = inner_terms(out.views[mode], parts) if last_mode else state.inner
+    return out
+
+
+UPDATE_BLOCK_ROWS = 1 << 16
+
+
+def _update_mode_in_place(state: CPState, parts: list[Partial], mode: int, first_iteration: bool,
+                          last_mode: bool) -> CPState:
+    """:func:`_update_mode` writing A into the mode's rows of ``state.data``, a block at a time:
+    beyond the state and the MTTKRP it needs two (block x R) temporaries."""
+    R = state.rank
+    V = np.ones((R, R), dtype=state.data.dtype)
+    for m, g in enumerate(state.grams):
+        if m != mode:
+            V = V * g
+    # one partial: its rows are M's only nonzero rows, solved where they are (no (I_n x R) sum)
+    if len(parts) == 1:
+        lo, M = parts[0].lo, parts[0].rows
+    else:
+        lo, M = 0, full_rows(parts, state.shape[mode])
+    A = state.views[mode]
+    A[:lo] = 0
+    A[lo + M.shape[0]:] = 0
+    try:
+        cho = cho_factor(V, lower=True, check_finite=False)
+        pinv = None
+    except np.linalg.LinAlgError:
+        cho, pinv = None, np.linalg.pinv(V)
+    nrows = M.shape[0]
+    sumsq = np.zeros(R)
+    maxabs = np.zeros(R)
+    for i in range(0, nrows, UPDATE_BLOCK_ROWS):
+        j = min(nrows, i + UPDATE_BLOCK_ROWS)
+        blk = cho_solve(cho, M[i:j].T, check_finite=False).T if cho is not None else M[i:j] @ pinv
+        A[lo + i:lo + j] = blk
+        if first_iteration:
+            sumsq += np.einsum("ir,ir->r", blk, blk)
+        else:
+            np.maximum(maxabs, np.abs(blk).max(axis=0, initial=0), out=maxabs)
+    weights = np.sqrt(sumsq) if first_iteration else np.maximum(maxabs, 1.0)
+    if not (weights == 0).all():
+        scale = (1 / np.where(weights == 0, 1, weights)).astype(A.dtype)
+        for i in range(lo, lo + nrows, UPDATE_BLOCK_ROWS):
+            A[i:min(lo + nrows, i + UPDATE_BLOCK_ROWS)] *= scale
+    grams = list(state.grams)
+    grams[mode] = A.T @ A
+    out = CPState(state.shape, R, state.dtype, state.data, grams=grams)
+    out.weights = weights.astype(np.float64)
+    out.finished = {**state.finished, mode: time.time()}
+    out.inner = inner_terms(A, parts) if last_mode else state.inner
     return out
 
 
@@ -182,12 +241,20 @@ def on_host(state: CPState) -> CPState:
     return _with_arrays(state, to_host(state.data), [to_host(g) for g in state.grams])
 
 
+def factor_rows(state: CPState, mode: int) -> np.ndarray:
+    """Mode ``mode``'s factor matrix (a view of the state: sent without another copy)."""
+    return state.views[mode]
+
+
 def random_factors(shape: tuple[int, ...], rank: int, seed: int | None, dtype: str) -> CPState:
     """Uniform [0, 1) initial factors, mode by mode from one generator (reproducible by seed)."""
     rng = np.random.default_rng(seed)
     out = StackedFactors(shape, rank, dtype)
     for v in out.views:
-        v[...] = rng.random(v.shape)
+        if v.dtype == np.float64:
+            rng.random(out=v)      # straight into the stack: no second copy of a long mode
+        else:
+            v[...] = rng.random(v.shape)
     return CPState.of(out)
 
 

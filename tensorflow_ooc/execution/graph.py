@@ -7,20 +7,28 @@ Two execution modes:
 - **in-memory**: partitions are decoded once into worker memory (futures kept by the driver) and
   MTTKRP tasks run where their partition lives.
 
-``execution="auto"`` takes in-memory when the decoded partitions use at most half of the
-cluster's worker memory, else streaming.
+``execution="auto"``: given the CP rank, the worker memory plan (:mod:`.memory_plan`) picks the
+fastest execution whose peak fits each worker's memory limit (and whether mode updates copy the
+factors or overwrite them), or refuses with the smallest limit that works. Without a rank (a bare
+MTTKRP graph) it takes in-memory when the decoded partitions use at most half of the cluster's
+worker memory, else streaming.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable, Sequence
 
+import numpy as np
+import psutil
 from distributed import Client, Future, wait
 
 from ..store import open_store
 from .cluster import resolve_device, worker_resources
+from ..kernels.plan import DEFAULT_MAX_PRIVATE_BYTES
 from .inline import is_inline
+from .memory_plan import MemoryPlan, candidates, choose
 from .partitions import Partition, plan_partitions
 from .stream import batch_nnz_for
 from .tasks import combine, load_partition, mttkrp_partition
@@ -33,10 +41,10 @@ DEFAULT_SPLIT_EVERY = 4
 
 
 def _mttkrp_then(update: Callable, source, factors, mode: int, threads: int, batch_nnz: int, device: str,
-                 device_options, args: tuple):
+                 device_options, max_private_bytes: int, args: tuple):
     """One task: a partition's MTTKRP, then ``update`` on it (see :meth:`MTTKRPGraph.mode_update`)."""
     partial = mttkrp_partition(source, factors, mode, threads, batch_nnz=batch_nnz, device=device,
-                               device_options=device_options)
+                               device_options=device_options, max_private_bytes=max_private_bytes)
     return update(factors, [partial], mode, *args)
 
 
@@ -45,6 +53,11 @@ def _device_limit(device_options) -> int:
     from .device_stream import DeviceOptions
 
     return (device_options or DeviceOptions()).memory_limit()
+
+
+def _rss() -> int:
+    """Run on a worker: its process's resident bytes."""
+    return psutil.Process().memory_info().rss
 
 
 class MTTKRPGraph:
@@ -68,11 +81,14 @@ class MTTKRPGraph:
         workers that can run GPU kernels); "auto" does so when the cluster has real GPUs.
     device_options : DeviceOptions, optional
         GPU kernel and streaming settings (:class:`tensorflow_ooc.execution.DeviceOptions`).
+    rank, dtype : int and str, optional
+        The CP rank and factor dtype: with a rank, CPU graphs follow the worker memory plan
+        (``self.memory_plan``; :class:`~.memory_plan.MemoryPlanError` when nothing fits).
     """
 
     def __init__(self, client: Client, path: str, *, execution: str = "auto", partitions: int | None = None,
                  split_every: int = DEFAULT_SPLIT_EVERY, max_partition_nnz: int = 1 << 26, device: str = "cpu",
-                 device_options: object | None = None) -> None:
+                 device_options: object | None = None, rank: int | None = None, dtype: str = "float64") -> None:
         if execution not in EXECUTION_MODES:
             raise ValueError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
         self.client = client
@@ -106,11 +122,20 @@ class MTTKRPGraph:
         if self.device == "gpu":
             dev_limits = client.run(_device_limit, device_options, workers=gpu_addrs)
             budget = sum(dev_limits.values())
-        if execution == "auto":
+        self.batch_nnz = batch_nnz_for(min(limits) if all(limits) else None)
+        self.max_private_bytes = DEFAULT_MAX_PRIVATE_BYTES
+        self.memory_plan: MemoryPlan | None = None
+        if rank is not None and self.device == "cpu":
+            self.memory_plan = self._plan_memory(client, res, int(rank), np.dtype(dtype).itemsize, execution)
+            execution = self.memory_plan.execution
+            self.batch_nnz = min(self.batch_nnz, self.memory_plan.batch_nnz)
+            self.max_private_bytes = self.memory_plan.max_private_bytes
+            log.info("memory plan: %s", self.memory_plan.describe())
+        elif execution == "auto":
             fits = budget is None or decoded <= IN_MEMORY_FRACTION * budget
             execution = "in-memory" if fits else "streaming"
         self.execution = execution
-        self.batch_nnz = batch_nnz_for(min(limits) if all(limits) else None)
+        self.in_place = bool(self.memory_plan and self.memory_plan.in_place)
         self.data: list[Future] | None = None
         log.info("MTTKRP graph: %d partitions on %s, %s execution (decoded %.1f MiB, %s memory %s), "
                  "%d numba threads per task", len(self.parts), self.device, execution, decoded / 2**20,
@@ -124,6 +149,21 @@ class MTTKRPGraph:
             if not is_inline(client):
                 wait(self.data)
 
+    def _plan_memory(self, client: Client, res: dict, rank: int, itemsize: int, execution: str) -> MemoryPlan:
+        """The worker memory plan for a rank-``rank`` CP-ALS on this graph's partitions."""
+        baseline = client.run(_rss)
+        nworkers = len(res)
+        parts_per_worker = math.ceil(len(self.parts) / nworkers)
+        worker_nnz = parts_per_worker * max((p.nnz for p in self.parts), default=0)
+        limits = [r["memory_limit"] for r in res.values()]
+        plans = candidates(
+            shape=tuple(self.store.shape), rank=rank, itemsize=itemsize, worker_nnz=worker_nnz,
+            chunk_nnz=self.store.chunk_nnz, value_itemsize=self.store.value_dtype.itemsize,
+            tasks=max(1, min(min(r["dask_threads"] for r in res.values()), parts_per_worker)),
+            partitions_per_mode=len(self.parts), workers=nworkers, baseline=max(baseline.values(), default=0),
+            limit=min(limits) if all(limits) else None, execution=execution)
+        return choose(plans, f"a rank-{rank} CP-ALS of {self.path}")
+
     def sources(self) -> Sequence:
         return self.data if self.data is not None else [(self.path, p) for p in self.parts]
 
@@ -132,7 +172,8 @@ class MTTKRPGraph:
         ``split_every`` futures of :class:`Partial`, which the consumer sums (the CP-ALS update
         does, saving one task hop per mode)."""
         partials = [self.client.submit(mttkrp_partition, src, factors, mode, self.numba_threads,
-                                       batch_nnz=self.batch_nnz, device=self.device,
+                                       batch_nnz=self.batch_nnz, max_private_bytes=self.max_private_bytes,
+                                       device=self.device,
                                        device_options=self.device_options, pure=False, **self.placement)
                     for src in self.sources()]
         return self.reduce(partials, last=True)
@@ -146,7 +187,8 @@ class MTTKRPGraph:
         sources = self.sources()
         if len(sources) == 1:
             return self.client.submit(_mttkrp_then, update, sources[0], factors, mode, self.numba_threads,
-                                      self.batch_nnz, self.device, self.device_options, args, pure=False,
+                                      self.batch_nnz, self.device, self.device_options, self.max_private_bytes,
+                                      args, pure=False,
                                       **self.placement)
         return self.client.submit(update, factors, self.partials(factors, mode), mode, *args, pure=False,
                                   **self.placement)

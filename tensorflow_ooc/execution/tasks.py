@@ -15,6 +15,7 @@ import numpy as np
 from ..format import BitLayout
 from ..kernels import StackedFactors, WorkItems, run_items
 from ..kernels.mttkrp import numba_threads
+from ..kernels.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..store import Store, open_store
 from .partitions import Partition
 from .stream import BATCH_NNZ, BatchBuffers, fill_batch, read_ahead_pays, stream_batches
@@ -97,7 +98,8 @@ def _worker_threads() -> int:
 
 def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Partition], factors: StackedFactors,
                      mode: int, threads: int = 1, read_ahead: bool | None = None, batch_nnz: int = BATCH_NNZ,
-                     device: str = "cpu", device_options: object | None = None) -> Partial:
+                     device: str = "cpu", device_options: object | None = None,
+                     max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES) -> Partial:
     """Mode-``mode`` MTTKRP of one partition, from decoded data (in-memory mode) or by streaming
     its chunks from the store in batches (streaming mode); with ``device="gpu"`` on this worker's
     GPU (:mod:`tensorflow_ooc.execution.device_stream`)."""
@@ -112,12 +114,12 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
         read_ahead = read_ahead_pays(threads * _worker_threads())
     with numba_threads(threads):
         if isinstance(source, PartitionData):
-            run_items(source.items, source.layout, factors, mode, out, out_lo=lo)
+            run_items(source.items, source.layout, factors, mode, out, max_private_bytes=max_private_bytes, out_lo=lo)
         else:
             path, part = source
             store = cached_store(path)
             for items in stream_batches(store, part.chunk_lo, part.chunk_hi, batch_nnz, read_ahead):
-                run_items(items, store.layout, factors, mode, out, out_lo=lo)
+                run_items(items, store.layout, factors, mode, out, max_private_bytes=max_private_bytes, out_lo=lo)
     return Partial(lo, out, time.perf_counter() - t0)
 
 

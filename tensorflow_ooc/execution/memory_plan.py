@@ -1,0 +1,185 @@
+"""Worker memory plan for CP-ALS: what one worker holds at its peak, and the execution that fits.
+
+Before anything runs, the plan adds up the bytes the busiest worker holds at once:
+
+============== ==================================================================================
+``baseline``   the worker process as it is now (interpreter, numba, Dask), measured
+``kernels``    the compiled kernels once loaded (LLVM code and numba's caches)
+``factors``    the model state: all factor matrices, stacked (sum of mode lengths x R)
+``state_copy`` a second state while a mode update writes a new one (copying updates only)
+``outputs``    one MTTKRP output (longest mode x R) per task running at once on the worker
+``reduction``  the sum of several partials, when a mode has more than one partition
+``update``     the update's working set: the solved rows, then the normalized rows (copying
+               updates); a block of rows at a time (in-place updates)
+``private``    the kernels' private accumulators per task running at once: their bound, or less
+               where a kernel call has too few nonzeros to use it (a private work item spans at
+               most ``PRIVATE_REUSE`` rows per nonzero)
+``data``       decoded partitions kept in memory, or the streaming batch buffers
+``transfer``   a state arriving from another worker while the previous one is still held
+============== ==================================================================================
+
+and chooses, from fastest to leanest, the first execution whose peak stays under the usable
+part of the worker's limit: below Dask's ``distributed.worker.memory.spill`` threshold (0.7 by
+default), past which the worker pickles stored results to disk, our gigabyte model state first,
+and the pickling's own copy then pushes it past ``terminate``; and below ``pause`` (0.8):
+
+1. in-memory partitions, copying updates (a lost worker's work is recomputed by Dask);
+2. in-memory, in-place updates (the new factor rows overwrite the old; a lost worker resumes
+   from the checkpoint instead);
+3. streaming, copying updates;
+4. streaming, in-place updates;
+5. streaming, in-place, lean: small batches and a small private bound (more atomic adds).
+
+Below the floor (the leanest peak) it refuses with :class:`MemoryPlanError`, which gives the
+figures and the smallest worker limit that works.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import dask
+
+from ..errors import TfoocError
+from ..kernels.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
+from .stream import BATCH_NNZ
+
+LEAN_BATCH_NNZ = 1 << 18
+LEAN_PRIVATE_BYTES = 16 << 20
+UPDATE_BLOCK_ROWS = 1 << 16
+KERNEL_CODE_BYTES = 96 << 20     # measured: a fresh worker grew 74 MiB running its first CP-ALS
+ESTIMATE_MARGIN = 1.10    # allocator fragmentation and small temporaries the terms leave out
+DEFAULT_USABLE = 0.70
+
+
+class MemoryPlanError(TfoocError, MemoryError):
+    """No execution fits the worker memory limit; ``required_limit`` is the smallest that does."""
+
+    def __init__(self, message: str, required_limit: int, plan: "MemoryPlan") -> None:
+        super().__init__(message)
+        self.required_limit = required_limit
+        self.plan = plan
+
+
+@dataclass
+class MemoryPlan:
+    """One candidate execution and its peak memory on the busiest worker (bytes)."""
+
+    execution: str                       # "in-memory" or "streaming"
+    in_place: bool                       # mode updates overwrite the factor rows
+    batch_nnz: int
+    max_private_bytes: int
+    terms: dict[str, int] = field(default_factory=dict)
+    limit: int | None = None             # the worker's memory limit (None: unlimited)
+    usable_fraction: float = DEFAULT_USABLE
+
+    @property
+    def peak(self) -> int:
+        """Estimated peak bytes of the worker, margin included."""
+        return int(sum(self.terms.values()) * ESTIMATE_MARGIN)
+
+    @property
+    def required_limit(self) -> int:
+        """The smallest worker memory limit under which this plan's peak stays usable."""
+        return int(math.ceil(self.peak / self.usable_fraction))
+
+    @property
+    def fits(self) -> bool:
+        return self.limit is None or self.peak <= self.usable_fraction * self.limit
+
+    @property
+    def name(self) -> str:
+        lean = self.batch_nnz == LEAN_BATCH_NNZ and self.max_private_bytes == LEAN_PRIVATE_BYTES
+        return f"{self.execution}, {'in-place' if self.in_place else 'copying'} updates" + (", lean" if lean else "")
+
+    def describe(self) -> str:
+        terms = ", ".join(f"{k} {_mib(v)}" for k, v in self.terms.items() if v)
+        lim = "unlimited" if self.limit is None else _mib(self.limit)
+        return (f"{self.name}: peak {_mib(self.peak)} ({terms}; x{ESTIMATE_MARGIN:.2f} margin) "
+                f"of worker limit {lim} (usable {self.usable_fraction:.0%})")
+
+    def as_dict(self) -> dict:
+        return {"execution": self.execution, "in_place": self.in_place, "batch_nnz": self.batch_nnz,
+                "max_private_bytes": self.max_private_bytes, "terms": dict(self.terms), "peak": self.peak,
+                "limit": self.limit, "required_limit": self.required_limit}
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def usable_fraction() -> float:
+    """The fraction of a worker's limit our peak may reach: the lowest of Dask's spill, pause and
+    terminate thresholds that are set (spilling pickles the model state, a second copy of it; a
+    paused worker runs no tasks, and ours would not free memory by waiting)."""
+    fractions = [float(v) for key in ("spill", "pause", "terminate")
+                 if (v := dask.config.get(f"distributed.worker.memory.{key}", None))]
+    return min(fractions, default=0.95)
+
+
+def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: int, chunk_nnz: int,
+               tasks: int, partitions_per_mode: int, workers: int, baseline: int, limit: int | None,
+               value_itemsize: int = 8, execution: str = "auto") -> list[MemoryPlan]:
+    """Every execution :func:`choose` may take, fastest first, each with its peak terms.
+
+    Parameters
+    ----------
+    shape, rank, itemsize : the tensor's mode lengths, the CP rank, and the factors' bytes per entry.
+    worker_nnz : nonzeros of the partitions placed on the busiest worker (in-memory execution).
+    chunk_nnz : the store's nonzeros per chunk (the streaming reader's scratch).
+    tasks : partition tasks the worker runs at once (its Dask threads, at most its partitions).
+    partitions_per_mode : partition tasks per mode in the whole graph (> 1: partials are summed).
+    workers : workers running partition tasks (> 1: states travel between workers).
+    baseline : the worker's resident bytes before the run.
+    limit : the worker's memory limit in bytes (None or 0: unlimited).
+    execution : "auto", "in-memory" or "streaming": the executions to consider.
+    """
+    S = sum(shape) * rank * itemsize
+    out_rows = max(shape) * rank * itemsize
+    modes = ["in-memory", "streaming"] if execution == "auto" else [execution]
+    options = [(m, False, BATCH_NNZ, DEFAULT_MAX_PRIVATE_BYTES) for m in modes]
+    options += [(m, True, BATCH_NNZ, DEFAULT_MAX_PRIVATE_BYTES) for m in modes]
+    if "streaming" in modes:
+        options.append(("streaming", True, LEAN_BATCH_NNZ, LEAN_PRIVATE_BYTES))
+    order = {("in-memory", False): 0, ("in-memory", True): 1, ("streaming", False): 2, ("streaming", True): 3}
+    options.sort(key=lambda o: (order[(o[0], o[1])], -o[2]))
+    plans = []
+    for mode, in_place, batch_nnz, bound in options:
+        private = bound
+        if mode == "in-memory":
+            data = worker_nnz * (8 + value_itemsize) + (worker_nnz // 65536 + 1) * (5 * len(shape) + 2) * 8
+        else:
+            # a batch is whole chunks; two batch buffers (read-ahead) and one chunk of scratch per task
+            per_batch = max(1, batch_nnz // max(chunk_nnz, 1)) * chunk_nnz
+            data = tasks * (2 * per_batch * (8 + value_itemsize) + chunk_nnz * 8)
+        call_nnz = worker_nnz if mode == "in-memory" else min(worker_nnz, per_batch)
+        private = min(private, call_nnz * PRIVATE_REUSE * rank * itemsize)
+        terms = {
+            "baseline": int(baseline),
+            "kernels": KERNEL_CODE_BYTES,
+            "factors": S,
+            "state_copy": 0 if in_place else S,
+            "outputs": tasks * out_rows,
+            "reduction": out_rows if partitions_per_mode > 1 else 0,
+            "update": (min(UPDATE_BLOCK_ROWS, max(shape)) * rank * itemsize * 2) if in_place else 2 * out_rows,
+            "private": tasks * private,
+            "data": int(data),
+            "transfer": S if workers > 1 else 0,
+        }
+        plans.append(MemoryPlan(mode, in_place, batch_nnz, bound, terms, limit or None, usable_fraction()))
+    return plans
+
+
+def choose(plans: list[MemoryPlan], what: str = "the CP-ALS worker") -> MemoryPlan:
+    """The first plan that fits; :class:`MemoryPlanError` with the figures if none does."""
+    for p in plans:
+        if p.fits:
+            return p
+    floor = min(plans, key=lambda p: p.peak)
+    raise MemoryPlanError(
+        f"{what} needs more memory than its limit allows: the leanest execution ({floor.describe()}) "
+        f"needs a worker memory limit of at least {_mib(floor.required_limit)} "
+        f"({floor.required_limit / 1e9:.2f} GB); give the workers more memory (e.g. "
+        f"LocalCluster(memory_limit='{math.ceil(floor.required_limit / 1e8) / 10:.1f}GB')), use fewer threads per "
+        f"worker, or a lower rank", floor.required_limit, floor)

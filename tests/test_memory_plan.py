@@ -1,0 +1,168 @@
+"""Worker memory plan: the execution chosen fits the worker's limit, in-place updates equal copying
+ones, below the floor CP-ALS refuses with the smallest limit that works (CLI exit 2), and a real
+worker run just above the floor stays under its limit."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+from distributed import Client, LocalCluster
+
+import tensorflow_ooc as tfo
+from tensorflow_ooc import cli
+from tensorflow_ooc.decompositions import updates as U
+from tensorflow_ooc.execution.memory_plan import MemoryPlanError, candidates, choose
+from tensorflow_ooc.execution.tasks import Partial
+
+AMAZON = (4_821_207, 1_774_269, 1_805_187)
+
+
+def _plans(limit, **kw):
+    args = dict(shape=AMAZON, rank=16, itemsize=8, worker_nnz=86_000_000, chunk_nnz=1 << 20, tasks=1,
+                partitions_per_mode=1, workers=1, baseline=200 << 20, limit=limit)
+    args.update(kw)
+    return candidates(**args)
+
+
+def test_plan_order_and_choice():
+    plans = _plans(None)
+    assert [(p.execution, p.in_place) for p in plans[:4]] == [
+        ("in-memory", False), ("in-memory", True), ("streaming", False), ("streaming", True)]
+    assert choose(plans) is plans[0]                       # no limit: the fastest
+    peaks = [p.peak for p in plans]
+    assert peaks[-1] == min(peaks)                          # the last is the leanest
+    for limit in (4 << 30, 8 << 30, 16 << 30):
+        p = choose(_plans(limit))
+        assert p.peak <= p.usable_fraction * limit
+        faster = _plans(limit)[:_plans(limit).index(p)] if p in _plans(limit) else []
+        assert all(not q.fits for q in faster)
+    # factors of an Amazon-shaped rank-16 model are ~1 GiB: the 4 GB run must be in place
+    p4 = choose(_plans(4 * 10**9))
+    assert p4.in_place and p4.terms["factors"] == sum(AMAZON) * 16 * 8
+
+
+def test_more_tasks_and_workers_need_more():
+    one = _plans(None)[-1]
+    two = _plans(None, tasks=2, partitions_per_mode=2, workers=2)[-1]
+    assert two.terms["outputs"] == 2 * one.terms["outputs"]
+    assert two.terms["reduction"] > 0 and two.terms["transfer"] == two.terms["factors"]
+
+
+def test_below_the_floor_names_the_figures():
+    with pytest.raises(MemoryPlanError) as err:
+        choose(_plans(1 * 10**9), "a rank-16 CP-ALS of x.zarr")
+    e = err.value
+    msg = str(e)
+    assert "x.zarr" in msg and "factors 1," in msg and "needs a worker memory limit of at least" in msg
+    assert e.required_limit > 10**9
+    assert choose(_plans(e.required_limit + (1 << 20))).peak <= e.required_limit
+
+
+def _state(rng, shape, R):
+    s = U.random_factors(shape, R, int(rng.integers(1 << 30)), "float64")
+    return s
+
+
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("split", ["whole", "offset", "several"])
+def test_in_place_update_equals_copying(rng, first, split):
+    shape, R = (70, 90, 50, 40), int(rng.integers(2, 9))
+    for mode in range(len(shape)):
+        base = _state(rng, shape, R)
+        I = shape[mode]
+        M = rng.standard_normal((I, R)) * 5
+        if split == "whole":
+            parts = [Partial(0, M.copy(), 0.0)]
+        elif split == "offset":   # one partial covering rows 7..I-4 (the rest of M is zero)
+            M[:7] = 0
+            M[I - 3:] = 0
+            parts = [Partial(7, M[7:I - 3].copy(), 0.0)]
+        else:
+            parts = [Partial(0, M[:30].copy(), 0.0), Partial(20, M[20:].copy(), 0.0)]
+            M = M.copy()
+            M[20:30] += M[20:30]
+        copy_in = U.CPState(shape, R, np.float64, base.data.copy())
+        a = U.update_mode(copy_in, parts, mode, first, mode == len(shape) - 1, in_place=False)
+        b_in = U.CPState(shape, R, np.float64, base.data.copy())
+        b = U.update_mode(b_in, parts, mode, first, mode == len(shape) - 1, in_place=True)
+        assert b.data is b_in.data                          # no second copy of the factors
+        np.testing.assert_allclose(b.data, a.data, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(b.weights, a.weights, rtol=1e-10)
+        np.testing.assert_allclose(b.grams[mode], a.grams[mode], rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(b.inner, a.inner, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(copy_in.data, base.data)  # the copying update left its input alone
+
+
+def _long_mode_store(tmp_path, rng):
+    """A tensor whose factors dominate memory: modes of 1.2 M, 300 k and 200 k rows, 20 k nonzeros."""
+    shape = (1_200_000, 300_000, 200_000)
+    nnz = 20_000
+    coords = np.stack([rng.integers(0, s, nnz) for s in shape], axis=1)
+    coords = np.unique(coords, axis=0)
+    return tfo.convert((coords, rng.random(len(coords)) + 0.5), tmp_path / "long.zarr", shape=shape)
+
+
+def _run_watched(cluster, client, fn):
+    pid = next(iter(client.run(os.getpid).values()))
+    peak = [0]
+    stop = threading.Event()
+
+    def watch():
+        p = psutil.Process(pid)
+        while not stop.is_set():
+            try:
+                peak[0] = max(peak[0], p.memory_info().rss)
+            except psutil.NoSuchProcess:
+                return
+            time.sleep(0.01)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        return fn(), peak[0]
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_worker_just_above_the_floor_stays_under_its_limit(tmp_path, rng):
+    store = _long_mode_store(tmp_path, rng)
+    reference = tfo.cp_als(store, 16, seed=3, max_iters=2, tol=0, scheduler="inline")
+    assert not reference.params["in_place_updates"]
+    # probe the floor on a worker with an unreachable limit, then start one just above it
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, memory_limit="400MB",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        with pytest.raises(MemoryPlanError) as err:
+            tfo.cp_als(store, 16, client=client, seed=3, max_iters=2, tol=0)
+    floor = err.value.required_limit
+    limit = int(floor * 1.03)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, memory_limit=limit,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        result, peak = _run_watched(cluster, client, lambda: tfo.cp_als(store, 16, client=client, seed=3,
+                                                                          max_iters=2, tol=0))
+        restarts = len(cluster.scheduler.workers)
+    print(f"floor {floor >> 20} MiB, limit {limit >> 20} MiB, plan {result.params['memory_plan']['peak'] >> 20} MiB, "
+          f"peak worker RSS {peak >> 20} MiB")
+    assert result.params["in_place_updates"]
+    assert restarts == 1
+    assert 0 < peak < limit, f"peak worker RSS {peak >> 20} MiB over its limit {limit >> 20} MiB"
+    assert result.fit == pytest.approx(reference.fit, rel=1e-9, abs=1e-12)
+    for a, b in zip(result.factors, reference.factors):
+        np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-10)
+
+
+def test_cli_below_the_floor_exits_2(tmp_path, rng, capsys):
+    store = _long_mode_store(tmp_path, rng)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, memory_limit="400MB",
+                      dashboard_address=None) as cluster:
+        code = cli.main(["cpd", str(store.path), "--rank", "16", "--max-iters", "1", "--scheduler",
+                         cluster.scheduler_address, "--out", str(tmp_path / "r.zarr")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "needs a worker memory limit of at least" in err
+    assert not (tmp_path / "r.zarr").exists()
