@@ -1,0 +1,241 @@
+"""CP-ALS and MTTKRP side by side with ALTO, SPLATT and GenTen, on the same tensors, in one run.
+
+    python benchmarks/bench_peers.py --alto ~/peers/alto64/cpd64 --splatt ~/peers/splatt/bin/splatt
+    python benchmarks/bench_peers.py --tensors nips --ranks 16 --iters 10 --threads 2 --no-genten
+
+This script builds nothing. ALTO (github.com/IntelLabs/ALTO) and SPLATT (github.com/ShadenSmith/splatt)
+are built by the user outside this repository and passed by path; a peer not given (or not
+runnable) is skipped with a note. GenTen runs in this process from its ``pygenten`` wheel.
+
+For each tensor (heavy-tailed, shaped like FROSTT's uber, nips and chicago-crime; the same seed
+every run) the nonzeros are written once as a 1-based ``.tns`` file under ``--workdir`` (reused on
+later runs) and converted to a store. Then, for each rank, every tool runs exactly ``--iters``
+CP-ALS iterations with ``--threads`` threads:
+
+- ours: ``cp_als(store, R)`` through the embedded default, steady-state seconds per iteration
+  (the median over iterations 2.., the rule used for every tool; the first, which loads or
+  compiles the kernels, is reported apart); all-mode MTTKRP of the in-memory tensor
+  (``encode_coo``) and of the store (``mttkrp(store, ...)``), median of ``--repeat``;
+- ALTO, SPLATT: their own per-iteration and MTTKRP timers (see ``peers/alto.py`` and
+  ``peers/splatt.py`` for what each one times);
+- GenTen: best CP-ALS iteration and fastest MTTKRP method (``peers/genten.py``).
+
+Ratios are ours / peer (below 1: we are faster). Prints a table; writes JSON to
+``benchmarks/results/peers-<time>.json``. Targets (issue 9): CP-ALS <= 1.0x ALTO and <= 0.5x
+SPLATT, all-mode in-memory MTTKRP <= 1.0x ALTO.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _early_threads(argv: list[str]) -> None:
+    # numba reads NUMBA_NUM_THREADS when first imported, so --threads must act before the imports
+    for i, a in enumerate(argv):
+        if a == "--threads" and i + 1 < len(argv):
+            os.environ["NUMBA_NUM_THREADS"] = argv[i + 1]
+        elif a.startswith("--threads="):
+            os.environ["NUMBA_NUM_THREADS"] = a.split("=", 1)[1]
+
+
+_early_threads(sys.argv)
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import tensorflow_ooc as tfo  # noqa: E402
+from tensorflow_ooc import synthetic  # noqa: E402
+from tensorflow_ooc.kernels import compile_kernels  # noqa: E402
+from peers.external import steady  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+SUITE = ("uber", "nips", "chicago")
+
+
+def _git_commit(path: str | None) -> str | None:
+    """The commit of the source tree an executable was built in, if it lies in a git work tree."""
+    if not path:
+        return None
+    for d in Path(path).resolve().parents:
+        for cand in (d, d.parent / f"{d.name}-src", d.parent / "ALTO-src", d.parent / "splatt-src"):
+            if (cand / ".git").exists():
+                try:
+                    out = subprocess.run(["git", "-C", str(cand), "rev-parse", "HEAD"], capture_output=True,
+                                         text=True, timeout=10)
+                except (OSError, subprocess.SubprocessError):
+                    return None
+                return out.stdout.strip() or None
+    return None
+
+
+def tensor_files(name: str, workdir: Path, seed: int) -> tuple[Path, Path, np.ndarray, np.ndarray, tuple]:
+    """The tensor's ``.tns`` file and store under ``workdir`` (made once), and its COO arrays."""
+    shape, nnz = synthetic.PRESETS[name]
+    coords, _ = synthetic.heavy_tailed(shape, nnz, seed=seed)
+    values = np.random.default_rng(seed + 1).random(len(coords))
+    tag = f"{name}-s{seed}-{len(coords)}"
+    tns = workdir / f"{tag}.tns"
+    store_path = workdir / f"{tag}.zarr"
+    if not tns.exists():
+        t0 = time.perf_counter()
+        synthetic.write_tns(tns, [(coords, values)], one_based=True)
+        print(f"  wrote {tns} ({tns.stat().st_size / 2**20:.0f} MiB, {time.perf_counter() - t0:.1f} s)")
+    try:
+        tfo.open_store(store_path)
+    except Exception:
+        tfo.convert((coords, values), store_path, shape=shape, overwrite=True)
+    return tns, store_path, coords, values, tuple(shape)
+
+
+def _median(fn, repeat: int) -> float:
+    """Median seconds of ``repeat`` calls after one untimed call (ALTO reports a mean of its
+    sweeps and SPLATT each sweep, so a median compares like with like better than a best)."""
+    fn()
+    times = []
+    for _ in range(max(1, repeat)):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def ours(store_path: Path, coords, values, shape, rank: int, iters: int, repeat: int, seed: int) -> dict:
+    store = tfo.open_store(store_path)
+    r = tfo.cp_als(store, rank, seed=seed, max_iters=iters, tol=0)
+    per_it = steady([h["seconds"] for h in r.history])
+    mttkrp_it = steady([sum(h["mttkrp_seconds"]) for h in r.history])
+    tensor = tfo.encode_coo(coords, values, shape)
+    factors = [np.random.default_rng(n).random((s, rank)) for n, s in enumerate(shape)]
+    mem = _median(lambda: [tfo.mttkrp(tensor, factors, n) for n in range(len(shape))], repeat)
+    strm = _median(lambda: [tfo.mttkrp(store, factors, n) for n in range(len(shape))], repeat)
+    return {"cp_als_s": per_it, "first_iter_s": r.history[0]["seconds"], "fit": r.fit,
+            "execution": r.params.get("execution"), "iterations": r.iterations,
+            "outside_mttkrp_share": 1 - mttkrp_it / per_it, "mttkrp_in_memory_s": mem, "mttkrp_store_s": strm,
+            "store_vs_in_memory": mem / strm}
+
+
+def run_peer(name: str, fn, *args, **kwargs) -> dict:
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # a peer that fails is reported, the others still run
+        print(f"    {name}: failed: {exc}")
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def bench(args) -> dict:
+    import peers as P
+    from peers import alto, splatt
+
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    jit = sum(compile_kernels(n, tuple(args.ranks)) for n in (3, 4))
+    out: dict = {"args": vars(args), "jit_s": jit, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                                                               "processor": platform.processor()},
+                 "peers": {"alto": {"path": args.alto, "commit": _git_commit(args.alto)},
+                           "splatt": {"path": args.splatt, "commit": _git_commit(args.splatt)}},
+                 "rows": []}
+    for name in args.tensors:
+        print(f"{name}:")
+        tns, store_path, coords, values, shape = tensor_files(name, workdir, args.seed)
+        for rank in args.ranks:
+            row = {"tensor": name, "shape": list(shape), "nnz": int(len(coords)), "rank": rank}
+            print(f"  rank {rank}: ours", flush=True)
+            row["ours"] = ours(store_path, coords, values, shape, rank, args.iters, args.repeat, args.seed)
+            if args.alto:
+                print(f"  rank {rank}: ALTO", flush=True)
+                row["alto"] = run_peer("ALTO", alto.cp_als, args.alto, tns, rank, args.iters, args.threads)
+            if args.splatt:
+                print(f"  rank {rank}: SPLATT", flush=True)
+                row["splatt"] = run_peer("SPLATT", splatt.cp_als, args.splatt, tns, rank, args.iters, args.threads)
+            if not args.no_genten:
+                print(f"  rank {rank}: GenTen", flush=True)
+                g = run_peer("GenTen", P.genten_cp_als, coords, values, shape, rank, iters=args.iters,
+                             threads=args.threads, method="fastest")
+                m = run_peer("GenTen", P.genten_mttkrp, coords, values, shape, rank, threads=args.threads,
+                             iters=args.iters)
+                row["genten"] = {"cp_als_s": g.get("seconds_per_iter"), "fit": g.get("fit"),
+                                 "method": g.get("method"), "mttkrp_s": m.get("seconds"),
+                                 "mttkrp_method": m.get("method"), **({"error": g["error"]} if "error" in g else {})}
+            out["rows"].append(row)
+    return out
+
+
+def _ratio(a, b) -> float | None:
+    return a / b if a and b else None
+
+
+def table(out: dict) -> None:
+    print("\nseconds per CP-ALS iteration (steady state) and all-mode MTTKRP; ratio = ours / peer (< 1: ours faster)")
+    head = (f"{'tensor':<9}{'R':>3}{'ours cpd':>9}{'ALTO':>8}{'xALTO':>7}{'SPLATT':>8}{'xSPL':>6}{'GenTen':>8}{'xGT':>6}"
+            f"{' |':>3}{'ours mttkrp':>12}{'ALTO':>8}{'xALTO':>7}{'SPLATT':>8}{'xSPL':>6}{'GenTen':>8}"
+            f"{' |':>3}{'store':>7}{'st/mem':>7}{'outside':>8}{'1st it':>7}")
+    print(head)
+
+    def f(v, w=8, p=3):
+        return f"{v:>{w}.{p}f}" if isinstance(v, (int, float)) and v is not None else f"{'-':>{w}}"
+
+    for row in out["rows"]:
+        o = row["ours"]
+        a, s, g = row.get("alto", {}), row.get("splatt", {}), row.get("genten", {})
+        row["ratios"] = {
+            "cp_als_vs_alto": _ratio(o["cp_als_s"], a.get("cp_als_s")),
+            "cp_als_vs_splatt": _ratio(o["cp_als_s"], s.get("cp_als_s")),
+            "cp_als_vs_genten": _ratio(o["cp_als_s"], g.get("cp_als_s")),
+            "mttkrp_vs_alto": _ratio(o["mttkrp_in_memory_s"], a.get("mttkrp_s")),
+            "mttkrp_vs_splatt": _ratio(o["mttkrp_in_memory_s"], s.get("mttkrp_s")),
+        }
+        r = row["ratios"]
+        print(f"{row['tensor']:<9}{row['rank']:>3}{f(o['cp_als_s'], 9)}{f(a.get('cp_als_s'))}{f(r['cp_als_vs_alto'], 7, 2)}"
+              f"{f(s.get('cp_als_s'))}{f(r['cp_als_vs_splatt'], 6, 2)}{f(g.get('cp_als_s'))}"
+              f"{f(r['cp_als_vs_genten'], 6, 2)}{' |':>3}{f(o['mttkrp_in_memory_s'], 12)}{f(a.get('mttkrp_s'))}"
+              f"{f(r['mttkrp_vs_alto'], 7, 2)}{f(s.get('mttkrp_s'))}{f(r['mttkrp_vs_splatt'], 6, 2)}"
+              f"{f(g.get('mttkrp_s'))}{' |':>3}{f(o['mttkrp_store_s'], 7)}{o['store_vs_in_memory'] * 100:>6.0f}%"
+              f"{o['outside_mttkrp_share'] * 100:>7.0f}%{f(o['first_iter_s'], 7, 2)}")
+    print("fits after the last iteration (different starts, so they differ):")
+    for row in out["rows"]:
+        fits = {k: row[k].get("fit") for k in ("ours", "alto", "splatt", "genten") if k in row}
+        print(f"  {row['tensor']:<9}R{row['rank']:<3}" + "  ".join(f"{k} {v:.6f}" for k, v in fits.items()
+                                                              if isinstance(v, float)))
+    for k in ("alto", "splatt"):
+        p = out["peers"][k]
+        print(f"{k}: {p['path'] or 'not given (skipped)'}" + (f", commit {p['commit']}" if p.get("commit") else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--alto", help="ALTO's cpd executable (64-bit index build); skipped if not given")
+    ap.add_argument("--splatt", help="SPLATT's splatt executable; skipped if not given")
+    ap.add_argument("--no-genten", action="store_true", help="skip GenTen (pygenten)")
+    ap.add_argument("--tensors", nargs="+", default=list(SUITE), choices=sorted(synthetic.PRESETS))
+    ap.add_argument("--ranks", nargs="+", type=int, default=[16, 32])
+    ap.add_argument("--iters", type=int, default=10, help="CP-ALS iterations every tool runs")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for every tool")
+    ap.add_argument("--repeat", type=int, default=7, help="our MTTKRP timings: median of this many")
+    ap.add_argument("--seed", type=int, default=21)
+    ap.add_argument("--workdir", default=str(Path(__file__).parent / "results" / "peer-data"),
+                    help="where the .tns files and stores are kept between runs")
+    args = ap.parse_args(argv)
+    for k in ("alto", "splatt"):
+        p = getattr(args, k)
+        if p and not os.access(p, os.X_OK):
+            ap.error(f"--{k} {p}: not an executable file")
+    out = bench(args)
+    table(out)
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"peers-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(out, indent=2, default=str))
+    print(f"JSON: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""ALTO (github.com/IntelLabs/ALTO) CP-ALS and MTTKRP timings, from its ``cpd`` executable.
+
+The executable is built by the user outside this repository (ALTO's Makefile with gcc and
+OpenBLAS needs a few fixes; a 64-bit-index build aborts on tensors needing more than 64 index
+bits, for which a 128-bit build is needed) and passed by path.
+
+- CP-ALS: ``cpd -i X.tns -l ALS -r R -m N -e 0 -x SEED`` (``-e 0``: never stop early, which
+  upstream rejects until patched) prints per iteration
+  ``it: k  fit: f  fit-delta: d  time(for MTTKRP): T s (M s)``: the iteration's seconds and its
+  MTTKRP seconds summed over modes, from ALTO's own timers (file reading and conversion to ALTO
+  are outside).
+- MTTKRP: ``cpd ... -m N -p`` runs one untimed sweep over all modes, then ``N`` timed ones, and
+  prints ``ALTO runtime: T``, the total of the ``N`` sweeps.
+
+Threads: ALTO takes ``OMP_NUM_THREADS``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .external import floats, one, run, steady
+
+IT_LINE = r"^it:\s*(\d+)\s+fit:\s*(\S+)\s+fit-delta:\s*(\S+)\s+time\(for MTTKRP\):\s*([0-9.eE+-]+) s \(([0-9.eE+-]+) s\)"
+
+
+def index_bits(shape) -> int:
+    return sum(int(d - 1).bit_length() for d in shape)
+
+
+def cp_als(exe: str, tns: Path, rank: int, iters: int, threads: int, seed: int = 1) -> dict:
+    """CP-ALS and all-mode MTTKRP seconds of ALTO on ``tns`` (two runs of the executable)."""
+    text, wall = run([exe, "-i", tns, "-l", "ALS", "-r", rank, "-m", iters, "-e", "0", "-x", seed], threads)
+    per_iter = floats(IT_LINE, text, 4)
+    mttkrp_per_iter = floats(IT_LINE, text, 5)
+    fits = floats(IT_LINE, text, 2)
+    if len(per_iter) != iters:
+        raise RuntimeError(f"ALTO ran {len(per_iter)} iterations, not {iters}: {text.strip()[-300:]}")
+    mtext, _ = run([exe, "-i", tns, "-l", "ALS", "-r", rank, "-m", iters, "-x", seed, "-p"], threads)
+    sweeps = one(r"^ALTO runtime:\s+([0-9.eE+-]+)", mtext, "ALTO runtime line")
+    return {"cp_als_s": steady(per_iter), "per_iter": per_iter, "cp_als_mttkrp_s": steady(mttkrp_per_iter),
+            "fit": fits[-1], "mttkrp_s": sweeps / iters, "wall_s": wall, "threads": threads}
