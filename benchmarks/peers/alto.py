@@ -28,15 +28,19 @@ def index_bits(shape) -> int:
     return sum(int(d - 1).bit_length() for d in shape)
 
 
-def cp_als(exe: str, tns: Path, rank: int, iters: int, threads: int, seed: int = 1) -> dict:
-    """CP-ALS and all-mode MTTKRP seconds of ALTO on ``tns`` (two runs of the executable)."""
+def cp_als(exe: str, tns: Path, rank: int, iters: int, threads: int, seed: int = 1, mttkrp: bool = True) -> dict:
+    """CP-ALS and (with ``mttkrp``) all-mode MTTKRP seconds of ALTO on ``tns`` (a run of the
+    executable for each)."""
     text, wall = run([exe, "-i", tns, "-l", "ALS", "-r", rank, "-m", iters, "-e", "0", "-x", seed], threads)
     per_iter = floats(IT_LINE, text, 4)
     mttkrp_per_iter = floats(IT_LINE, text, 5)
     fits = floats(IT_LINE, text, 2)
     if len(per_iter) != iters:
         raise RuntimeError(f"ALTO ran {len(per_iter)} iterations, not {iters}: {text.strip()[-300:]}")
+    out = {"cp_als_s": steady(per_iter), "per_iter": per_iter, "cp_als_mttkrp_s": steady(mttkrp_per_iter),
+           "fit": fits[-1], "wall_s": wall, "threads": threads}
+    if not mttkrp:
+        return out
     mtext, _ = run([exe, "-i", tns, "-l", "ALS", "-r", rank, "-m", iters, "-x", seed, "-p"], threads)
     sweeps = one(r"^ALTO runtime:\s+([0-9.eE+-]+)", mtext, "ALTO runtime line")
-    return {"cp_als_s": steady(per_iter), "per_iter": per_iter, "cp_als_mttkrp_s": steady(mttkrp_per_iter),
-            "fit": fits[-1], "mttkrp_s": sweeps / iters, "wall_s": wall, "threads": threads}
+    return {**out, "mttkrp_s": sweeps / iters}
