@@ -155,7 +155,7 @@ def bench_convert(folder: Path, shape, nnz: int, seed: int, threads: int | None)
     store = folder / f"conv-{nnz}.zarr"
     limit = ooc_limit(nnz)
     argv = ["-q", "convert", str(tns), str(store), "--shape", ",".join(map(str, shape)), "--memory-limit", limit,
-            "--overwrite"]
+            "--out-of-core", "--overwrite"]
     r = run_cli(argv, folder, store.name, threads)
     sb = store_bytes(store)
     size = tns.stat().st_size

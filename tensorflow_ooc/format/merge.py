@@ -59,11 +59,13 @@ def _sift_down(keys, heap, pos, size, i):
             return
 
 
+_DONE = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
 @nb.njit(inline="always")
-def _beats(done, h1, h0, a, b):
-    """Run a's head comes before run b's: live before exhausted, then key words, then run index."""
-    if done[a] != done[b]:
-        return done[b]
+def _beats(h1, h0, a, b):
+    """Run a's head comes before run b's: key words, then run index. An exhausted run's head is
+    (max, max), which no key of at most two words with fewer than 128 bits reaches."""
     if h1[a] != h1[b]:
         return h1[a] < h1[b]
     if h0[a] != h0[b]:
@@ -80,15 +82,12 @@ def _merge_two_word(keys, values, has_values, pos, end, o, keys_out, values_out)
     size = 1
     while size < nruns:
         size *= 2
-    done = np.ones(size, dtype=np.bool_)
-    h0 = np.zeros(size, dtype=np.uint64)
-    h1 = np.zeros(size, dtype=np.uint64)
+    h0 = np.full(size, _DONE, dtype=np.uint64)
+    h1 = np.full(size, _DONE, dtype=np.uint64)
     for r in range(nruns):
         if pos[r] < end[r]:
-            done[r] = False
             h0[r] = keys[0, pos[r]]
-            if two:
-                h1[r] = keys[1, pos[r]]
+            h1[r] = keys[1, pos[r]] if two else 0
     # tree[i] holds the loser of the match at node i; winners climb (built bottom-up)
     tree = np.empty(size, dtype=np.int64)
     winner = np.empty(2 * size, dtype=np.int64)
@@ -96,12 +95,12 @@ def _merge_two_word(keys, values, has_values, pos, end, o, keys_out, values_out)
         winner[size + r] = r
     for i in range(size - 1, 0, -1):
         a, b = winner[2 * i], winner[2 * i + 1]
-        if _beats(done, h1, h0, a, b):
+        if _beats(h1, h0, a, b):
             winner[i], tree[i] = a, b
         else:
             winner[i], tree[i] = b, a
     w = winner[1] if size > 1 else 0
-    while not done[w]:
+    while h1[w] != _DONE:
         c = pos[w]
         keys_out[0, o] = h0[w]
         if two:
@@ -113,14 +112,14 @@ def _merge_two_word(keys, values, has_values, pos, end, o, keys_out, values_out)
         pos[w] = c
         if c < end[w]:
             h0[w] = keys[0, c]
-            if two:
-                h1[w] = keys[1, c]
+            h1[w] = keys[1, c] if two else 0
         else:
-            done[w] = True
+            h0[w] = _DONE
+            h1[w] = _DONE
         node = (w + size) >> 1
         while node >= 1:
             t = tree[node]
-            if _beats(done, h1, h0, t, w):
+            if _beats(h1, h0, t, w):
                 tree[node] = w
                 w = t
             node >>= 1
@@ -128,7 +127,7 @@ def _merge_two_word(keys, values, has_values, pos, end, o, keys_out, values_out)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _merge_parts(keys, values, has_values, cuts, out_start, keys_out, values_out):
+def _merge_parts(keys, values, has_values, cuts, out_start, keys_out, values_out, sentinel_ok):
     """cuts[p, r]: first column of run r in part p (cuts[P, r] = end of run r)."""
     nparts = cuts.shape[0] - 1
     nruns = cuts.shape[1]
@@ -136,7 +135,7 @@ def _merge_parts(keys, values, has_values, cuts, out_start, keys_out, values_out
     for p in nb.prange(nparts):
         pos = cuts[p].copy()
         end = cuts[p + 1].copy()
-        if nwords <= 2:
+        if nwords == 1 or (nwords == 2 and sentinel_ok):
             _merge_two_word(keys, values, has_values, pos, end, out_start[p], keys_out, values_out)
             continue
         heap = np.empty(nruns, dtype=np.int64)
@@ -239,5 +238,7 @@ def merge_runs(keys: np.ndarray, bounds: np.ndarray, values: np.ndarray | None =
     out_start = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     keys_out = np.empty_like(keys)
     values_out = np.empty_like(vals) if has_values else vals
-    _merge_parts(keys, vals, has_values, cuts, out_start, keys_out, values_out)
+    # the loser tree marks exhausted runs with the all-ones key in the top word
+    sentinel_ok = keys.shape[0] == 1 or (keys.shape[0] == 2 and int(keys[1].max()) != int(_DONE))
+    _merge_parts(keys, vals, has_values, cuts, out_start, keys_out, values_out, sentinel_ok)
     return keys_out, (values_out if has_values else None)
