@@ -45,6 +45,15 @@ PRESETS: dict[str, tuple[tuple[int, ...], int]] = {
 
 VALUE_KINDS = ("uniform", "count", "normal")
 DEFAULT_BATCH_NNZ = 1 << 22
+MAX_AUTO_BATCH_NNZ = 1 << 23
+
+
+def default_batch_nnz(nnz: int) -> int:
+    """Batch size when none is given: nnz / 16 within [2**22, 2**23], a function of nnz alone (the
+    tensor must not depend on memory settings). Each batch is a sorted run that conversion merges,
+    and a merge costs one comparison per level of log2(runs); 8 M-nonzero batches hold about
+    330 MB of working memory while they are drawn and sorted."""
+    return int(min(MAX_AUTO_BATCH_NNZ, max(DEFAULT_BATCH_NNZ, -(-int(nnz) // 16))))
 
 
 def _as_skews(skew: float | Sequence[float], nmodes: int) -> np.ndarray:
@@ -420,8 +429,9 @@ class HeavyTailedGenerator:
     seed : int, SeedSequence or None
         The same seed and ``batch_nnz`` give the same tensor, whatever the thread count.
     values : {"uniform", "count", "normal"}
-    batch_nnz : int
-        Nonzeros per batch (about); memory is a few tens of bytes per nonzero of one batch.
+    batch_nnz : int, optional
+        Nonzeros per batch (about; default :func:`default_batch_nnz`); memory is about 40 bytes
+        per nonzero of one batch.
 
     Examples
     --------
@@ -432,8 +442,9 @@ class HeavyTailedGenerator:
 
     def __init__(self, shape: Sequence[int], nnz: int, *, skew: float | Sequence[float] = 1.6,
                  seed: int | np.random.SeedSequence | None = None, values: str = "uniform",
-                 batch_nnz: int = DEFAULT_BATCH_NNZ) -> None:
-        self.plan = _plan(shape, int(nnz), skew, seed, values, int(batch_nnz))
+                 batch_nnz: int | None = None) -> None:
+        batch_nnz = default_batch_nnz(nnz) if batch_nnz is None else int(batch_nnz)
+        self.plan = _plan(shape, int(nnz), skew, seed, values, batch_nnz)
         self.layout = self.plan.layout
         self.shape = self.layout.shape
         self.nnz = int(nnz)
@@ -464,7 +475,7 @@ class HeavyTailedGenerator:
 
 def iter_heavy_tailed_alto(shape: Sequence[int], nnz: int, *, skew: float | Sequence[float] = 1.6,
                            seed: int | np.random.SeedSequence | None = None, values: str = "uniform",
-                           batch_nnz: int = DEFAULT_BATCH_NNZ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                           batch_nnz: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Stream ``nnz`` distinct nonzeros of a heavy-tailed tensor as ``(ALTO words, values)``
     batches, each sorted; see :class:`HeavyTailedGenerator`."""
     return HeavyTailedGenerator(shape, nnz, skew=skew, seed=seed, values=values, batch_nnz=batch_nnz).runs()
@@ -472,7 +483,7 @@ def iter_heavy_tailed_alto(shape: Sequence[int], nnz: int, *, skew: float | Sequ
 
 def iter_heavy_tailed(shape: Sequence[int], nnz: int, *, skew: float | Sequence[float] = 1.6,
                       seed: int | np.random.SeedSequence | None = None, values: str = "uniform",
-                      batch_nnz: int = DEFAULT_BATCH_NNZ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                      batch_nnz: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Stream ``nnz`` distinct nonzeros of a heavy-tailed sparse tensor in batches.
 
     Yields ``(coords int64 (n, nmodes) 0-based, values float64 (n,))``; no coordinate repeats
