@@ -13,7 +13,7 @@ from distributed import Client
 
 from ..execution import DeviceOptions, MTTKRPGraph, get_client
 from ..execution.inline import INLINE_MAX_NNZ, is_inline
-from ..store import Store, open_store
+from ..store import Store, open_store, paths
 from . import updates as U
 from .checkpoint import read_checkpoint, write_checkpoint
 from .result import CPResult, arrange, fingerprint
@@ -123,6 +123,11 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
         if graph.device == "gpu":
             F = c.submit(U.on_device, F, pure=False, **on_cluster)
         params["resumed_after"] = start
+        # bytes read from the store per iteration (for monitoring): a streaming pass reads every
+        # compressed chunk once per mode; in memory, the partitions were read once, before the first
+        # iteration of this run, and are counted there
+        chunk_bytes = _chunk_bytes(store)
+        streamed = graph.execution == "streaming"
 
         # --- Algorithm 1 -----------------------------------------------------------------------------
         # F is the future of the model state (factors, Grams, weights). A whole iteration is
@@ -155,15 +160,19 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
             record = {"iteration": iteration + 1, "fit": fit, "fit_change": abs(fit - fit_old), "seconds": seconds,
                       "mode_seconds": mode_seconds, "mttkrp_seconds": mttkrp_s, "update_seconds": update_s,
                       "other_seconds": max(0.0, seconds - sum(mttkrp_s) - sum(update_s)),
-                      "nnz_per_s": store.nnz * N / seconds}
+                      "nnz_per_s": store.nnz * N / seconds,
+                      "bytes_read": chunk_bytes * N if streamed else (chunk_bytes if iteration == start else 0)}
             history.append(record)
             log.info("iteration %d: fit %.6f (change %.2e), %.3f s", iteration + 1, fit, record["fit_change"], seconds)
-            if callback is not None:
-                callback(record)
             done = iteration > 0 and abs(fit - fit_old) < tol
             if checkpoint and (done or (iteration + 1) % checkpoint_every == 0 or iteration + 1 == max_iters):
+                t_ck = time.time()
                 c.submit(write_checkpoint, checkpoint, c.submit(U.on_host, F, pure=False), weights, iteration, fit,
                          history, params, input_fp, pure=False).result()
+                # after the write, so a callback that stops the run (cancel) finds this iteration saved
+                record["checkpoint_seconds"] = time.time() - t_ck
+            if callback is not None:
+                callback(record)
             if done:
                 break
         # mode by mode: sending the whole state at once would need a second copy of it on the worker
@@ -178,3 +187,9 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
         result.save(out, overwrite=overwrite)
         log.info("result written to %s", out)
     return result
+
+
+def _chunk_bytes(store: Store) -> int:
+    """Compressed bytes of the store's chunk data (its index and value arrays)."""
+    base = str(store.path).rstrip("/")
+    return sum(paths.disk_bytes(f"{base}/{name}") for name in ("alto", "values"))
