@@ -4,7 +4,12 @@ In memory: read all batches, linearize, radix-sort, write. Out of core (the inpu
 memory budget): parse batches -> ALTO words -> radix-partition by the top bits of the ALTO index
 into on-disk buckets (buckets are therefore in global ALTO order) -> sort each bucket in memory ->
 append to the store. A bucket that is still too big (skewed data) is partitioned again on the next
-bits. Peak memory follows the budget, not the input size.
+bits. Peak memory follows the budget, not the input size; bucket files are compressed frames, so
+temporary disk stays below the finished store, and each bucket file is deleted once written.
+
+Sources of sorted runs (``AltoRunSource``: the synthetic generator sorts each batch to make it
+distinct) skip linearizing and sorting: runs are split into buckets by binary search, spilled as
+delta-coded runs, and each bucket's runs are merged (``format.merge``), in memory or per bucket.
 """
 
 from __future__ import annotations
@@ -272,9 +277,10 @@ def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | Non
 
     Parameters
     ----------
-    source : str or PathLike, tuple, sparse.COO, scipy.sparse matrix, pyttb.sptensor
+    source : str or PathLike, tuple, sparse.COO, scipy.sparse matrix, pyttb.sptensor, Source
         A FROSTT ``.tns`` / ``.tns.gz`` file, or ``(coords, values)`` with 0-based ``coords``
-        (nnz, nmodes), or a pydata-sparse / scipy / pyttb sparse object.
+        (nnz, nmodes), or a pydata-sparse / scipy / pyttb sparse object, or a ``BatchSource`` of
+        COO batches or an ``AltoRunSource`` of sorted ALTO runs (streams larger than memory).
     store : str or PathLike
         Destination: a local path or an fsspec URL such as ``memory://name``.
     shape : sequence of int, optional
@@ -298,6 +304,8 @@ def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | Non
         Parallel parse tasks (default: cores).
     tmp_dir : str, optional
         Where out-of-core buckets go (default: beside the store, or the system temp dir for URLs).
+        Temporaries of killed runs found there and beside the store are removed first, or
+        reported while their owner runs (``tensorflow_ooc.tempdirs``).
     out_of_core : bool, optional
         Force (True) or forbid (False) the out-of-core path; default: out of core when the input
         does not fit the memory budget.
