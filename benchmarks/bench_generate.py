@@ -55,6 +55,7 @@ class Poller:
     def __init__(self, folder: Path, pid: int, store_name: str, every: float = 0.02) -> None:
         self.folder, self.pid, self.store_name, self.every = folder, pid, store_name, every
         self.peak_buckets = self.peak_temp_total = self.peak_rss = 0
+        self.cpu_seconds = 0.0
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
@@ -89,6 +90,8 @@ class Poller:
             self.peak_temp_total = max(self.peak_temp_total, buckets + staging)
             try:
                 self.peak_rss = max(self.peak_rss, proc.memory_info().rss)
+                t = proc.cpu_times()
+                self.cpu_seconds = t.user + t.system   # the last reading before exit
             except psutil.NoSuchProcess:
                 pass
             time.sleep(self.every)
@@ -116,7 +119,8 @@ def run_cli(argv: list[str], folder: Path, store_name: str, threads: int | None)
     if proc.returncode:
         raise RuntimeError(f"tfooc {' '.join(argv)} failed ({proc.returncode}):\n{err[-4000:]}")
     seconds = json.loads(out.strip().splitlines()[-1])["seconds"]
-    return {"seconds": seconds, "wall_seconds": wall, "peak_bucket_bytes": poll.peak_buckets,
+    return {"seconds": seconds, "wall_seconds": wall, "cpu_seconds": poll.cpu_seconds,
+            "cores_busy": poll.cpu_seconds / wall, "peak_bucket_bytes": poll.peak_buckets,
             "peak_temp_bytes": poll.peak_temp_total, "peak_rss_bytes": poll.peak_rss, "load_before": load0,
             "load_after": os.getloadavg()[0], "log_tail": err.strip().splitlines()[-12:]}
 
@@ -207,13 +211,13 @@ def main() -> None:
               "rows": rows}
     print(f"\nshape {'x'.join(map(str, shape))}, {os.cpu_count()} cores, commit {commit}")
     print(f"{'step':<14}{'nnz':>13}{'limit':>10}{'s':>8}{'M nnz/s':>9}{'wall s':>8}{'M/s wall':>9}{'store B/nz':>11}"
-          f"{'tmp peak MB':>12}{'tmp/store':>10}{'+staging':>9}{'RSS MB':>8}{'load':>6}")
+          f"{'tmp peak MB':>12}{'tmp/store':>10}{'+staging':>9}{'RSS MB':>8}{'cores':>6}{'load':>6}")
     for r in rows:
         print(f"{r['mode']:<14}{r['nnz']:>13,}{(r['memory_limit'] or '-'):>10}{r['seconds']:>8.2f}"
               f"{r['nnz_per_s'] / 1e6:>9.2f}{r['wall_seconds']:>8.2f}{r['nnz_per_s_wall'] / 1e6:>9.2f}"
               f"{r['store_bytes_per_nnz']:>11.2f}{r['peak_bucket_bytes'] / 2**20:>12.1f}"
               f"{r['peak_bucket_over_store']:>10.2f}{r['peak_temp_over_store']:>9.2f}{r['peak_rss_bytes'] / 2**20:>8.0f}"
-              f"{r['load_before']:>6.1f}")
+              f"{r['cores_busy']:>6.2f}{r['load_before']:>6.1f}")
     if args.repeat > 1:
         print("\nmedian of", args.repeat)
         for nnz in sizes:
@@ -223,7 +227,7 @@ def main() -> None:
                       f"{', '.join(f'{x / 1e6:.2f}' for x in rs)})")
     print("\ns: the command's own time (imports excluded, numba cache loading included); tmp peak: bucket "
           "folders; +staging: buckets + the store being written, over the final store; load: 1-min load "
-          "average before the run (other work on the machine)")
+          "average before the run (other work on the machine); cores: CPU seconds of the process / its wall time")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"generate-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2, default=str))

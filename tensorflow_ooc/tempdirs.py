@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import socket
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -66,7 +67,7 @@ def owner_suffix() -> str:
 def make_bucket_dir(parent: str | None, target: str) -> str:
     """Create this process's bucket folder under ``parent`` (None: the system temp dir), with an
     ``owner.json`` that records pid, host, process start time and the output it is for."""
-    parent = parent or os.environ.get("TMPDIR") or "/tmp"
+    parent = parent or tempfile.gettempdir()
     os.makedirs(parent, exist_ok=True)
     path = os.path.join(parent, f"{BUCKETS_PREFIX}{owner_suffix()}-{uuid.uuid4().hex[:8]}")
     os.mkdir(path)

@@ -488,8 +488,9 @@ def _convert_out_of_core(src, store, shape, duplicates, writer_args, progress, a
     nbuckets = 1 << bits
     from ..store import paths as store_paths
     if tmp_dir is None:
-        tmp_dir = None if store_paths.is_url(store) else str(store_paths.local_path(store).absolute().parent)
-    elif store_paths.is_url(store) or os.path.abspath(tmp_dir) != str(store_paths.local_path(store).absolute().parent):
+        tmp_dir = tempfile.gettempdir() if store_paths.is_url(store) else \
+            str(store_paths.local_path(store).absolute().parent)
+    if store_paths.is_url(store) or os.path.abspath(tmp_dir) != str(store_paths.local_path(store).absolute().parent):
         clean_stale(tmp_dir)  # bucket folders of killed runs (beside the store: cleaned already)
     workdir = make_bucket_dir(tmp_dir, str(store))
     with_values = not (runs and src.values_of is not None)
