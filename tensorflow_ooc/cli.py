@@ -89,7 +89,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         batches = synthetic.iter_heavy_tailed(shape, nnz, skew=args.skew, seed=args.seed, values=args.values)
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=nnz, desc="generate", unit="nz", unit_scale=True, disable=args.quiet, leave=False)
+    # a store from the heavy-tailed generator gets convert's own bars (generate/partition, merge+write)
+    bar = tqdm(total=nnz, desc="generate", unit="nz", unit_scale=True, leave=False,
+               disable=args.quiet or (gen is not None and not text))
 
     def counted(it, axis=0):
         for c, v in it:
@@ -103,9 +105,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         synthetic.write_tns(out, counted(batches), one_based=not args.zero_based, header=header)
     elif gen is not None:
         # sorted ALTO runs straight into the store: merged, not sorted; values recomputed, not spilled
-        src = AltoRunSource(counted(gen.runs(with_values=False), axis=1), shape, nnz, values_of=gen.values_of,
+        src = AltoRunSource(gen.runs(with_values=False), shape, nnz, values_of=gen.values_of,
                             name="synthetic generator")
-        convert(src, out, overwrite=args.overwrite, progress=False, memory_limit=args.memory_limit,
+        convert(src, out, overwrite=args.overwrite, progress=not args.quiet, memory_limit=args.memory_limit,
                 tmp_dir=args.tmp_dir, out_of_core=args.out_of_core or None)
     else:
         src = BatchSource(counted(batches), len(shape), shape, nnz, name="synthetic generator")

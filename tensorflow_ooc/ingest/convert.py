@@ -457,11 +457,13 @@ def _convert_runs_in_memory(src: AltoRunSource, store, duplicates, writer_args, 
     total = bounds[-1]
     if total == 0:
         raise IngestError("input has no nonzeros", src.name)
+    t0 = time.perf_counter()
     keys, values = merge_runs(keys[:, :total], np.array(bounds, dtype=np.int64),
                               None if values is None else values[:total])
     if values is None:
         values = src.values_of(keys)
     keys, values = apply_duplicates(keys, values, layout, duplicates)
+    log.info("merged %d sorted runs of %s nonzeros in %.2f s", len(bounds) - 1, f"{total:,}", time.perf_counter() - t0)
     with StoreWriter(store, layout, src.value_dtype, keys.shape[1], attrs=attrs, **writer_args) as w:
         w.append(keys, values)
         path = w.commit()
