@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
 sys.path.insert(0, str(ROOT))
 
-from tensorflow_ooc import synthetic  # noqa: E402
+from tensorflow_ooc import synthetic
 
 # runs main() and prints its own seconds last, so the rate excludes interpreter start and imports
 _RUNNER = ("import sys, time, json; from tensorflow_ooc.cli import main; t = time.perf_counter(); "
@@ -206,7 +206,8 @@ def main() -> None:
         if args.convert_nnz:
             print(f"convert .tns of {int(args.convert_nnz):,} nonzeros ...", file=sys.stderr, flush=True)
             rows.append(bench_convert(folder, shape, int(args.convert_nnz), args.seed, args.threads))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
+                            check=False).stdout.strip()
     result = {"shape": shape, "cpus": os.cpu_count(), "threads": args.threads or os.cpu_count(), "commit": commit,
               "rows": rows}
     print(f"\nshape {'x'.join(map(str, shape))}, {os.cpu_count()} cores, commit {commit}")

@@ -25,12 +25,15 @@ import gzip
 import math
 import os
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numba as nb
 import numpy as np
 
 from .format.bits import pdep
+
+if TYPE_CHECKING:
+    from .format import BitLayout
 
 PRESETS: dict[str, tuple[tuple[int, ...], int]] = {
     "uber": ((183, 24, 1140, 1717), 3_309_490),
@@ -312,7 +315,7 @@ def _values_of_keys(keys, stream, kind, out):
 class _Plan:
     """Everything a batch of the heavy-tailed generator needs (fixed by shape, nnz, skew, seed)."""
 
-    layout: "BitLayout"
+    layout: BitLayout
     skews: np.ndarray
     perm_a: np.ndarray
     perm_b: np.ndarray

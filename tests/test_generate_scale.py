@@ -17,12 +17,12 @@ import zarr
 import tensorflow_ooc as tfo
 from tensorflow_ooc import synthetic, tempdirs
 from tensorflow_ooc.cli import main
+from tensorflow_ooc.errors import DuplicateError, IngestError
 from tensorflow_ooc.format import BitLayout, alto_words, coords_from_words
 from tensorflow_ooc.format.bits import _pdep_portable, pdep
 from tensorflow_ooc.format.merge import merge_runs
 from tensorflow_ooc.format.radix_sort import sort_keys
 from tensorflow_ooc.ingest import AltoRunSource, BatchSource
-from tensorflow_ooc.errors import DuplicateError, IngestError
 from tensorflow_ooc.store import paths
 
 AMAZON = synthetic.PRESETS["amazon"][0]

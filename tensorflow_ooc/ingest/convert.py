@@ -32,8 +32,8 @@ from tqdm.auto import tqdm
 from ..errors import DuplicateError, IngestError, ShapeError
 from ..format import DEFAULT_MAX_BLOCK_NNZ, BitLayout, alto_words, sort_nonzeros, top_bits
 from ..format.blco import apply_duplicates, duplicate_error
-from ..format.merge import merge_runs
 from ..format.blocking import DUPLICATE_POLICIES
+from ..format.merge import merge_runs
 from ..store import DEFAULT_CHUNK_NNZ, Store, StoreWriter, open_store
 from ..store.codecs import DEFAULT_COMPRESSION, check_compression
 from ..tempdirs import clean_stale, make_bucket_dir

@@ -14,9 +14,8 @@ import logging
 import os
 import time
 import uuid
-from typing import Any
-
 from pathlib import Path
+from typing import Any
 
 import numba as nb
 import numcodecs
