@@ -423,3 +423,19 @@ def test_killed_generate_leaves_folder_that_next_run_removes(tmp_path):
     assert left.exists() and str(p.pid) in left.name
     assert main(["-q", "generate", str(out), "--shape", "30,40,50", "--nnz", "100"]) == 0
     assert not left.exists()
+
+
+def test_generated_store_is_the_same_with_one_or_two_threads(tmp_path):
+    """End to end, in fresh processes: the chunks of an out-of-core generated store are
+    byte-identical whatever NUMBA_NUM_THREADS is."""
+    for threads in (1, 2):
+        code = ("import sys; from tensorflow_ooc.cli import main; "
+                f"sys.exit(main(['-q', 'generate', {str(tmp_path / f't{threads}.zarr')!r}, '--like', 'amazon', "
+                "'--nnz', '200000', '--seed', '11', '--out-of-core']))")
+        subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "NUMBA_NUM_THREADS": str(threads)})
+    for name in ("alto", "values"):
+        files = sorted(os.listdir(tmp_path / "t1.zarr" / name / "c"))
+        assert files and files == sorted(os.listdir(tmp_path / "t2.zarr" / name / "c"))
+        for f in files:
+            assert (tmp_path / "t1.zarr" / name / "c" / f).read_bytes() == \
+                (tmp_path / "t2.zarr" / name / "c" / f).read_bytes()
