@@ -99,6 +99,7 @@ def get_client(client: Client | None = None, scheduler: str | None = None, *, pr
     if scheduler and scheduler != "embedded":
         c = Client(scheduler)
         log.info("connected to scheduler %s (dashboard %s)", scheduler, c.dashboard_link)
+        _monitor(c)
         try:
             yield c
         finally:
@@ -117,11 +118,19 @@ def get_client(client: Client | None = None, scheduler: str | None = None, *, pr
                                dashboard_address=dashboard_address)
     c = Client(cluster)
     log.info("embedded Dask cluster: %d worker(s), dashboard at %s", len(cluster.workers), c.dashboard_link)
+    _monitor(c)
     try:
         yield c
     finally:
         c.close()
         cluster.close()
+
+
+def _monitor(client: Client) -> None:
+    """The tfooc page and metrics on the scheduler's dashboard (:mod:`tensorflow_ooc.monitoring`)."""
+    from ..monitoring import attach
+
+    attach(client)
 
 
 def worker_resources(client: Client) -> dict:

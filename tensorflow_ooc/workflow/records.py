@@ -282,7 +282,8 @@ class Recorder:
             log.warning("could not append to the run's events: %s", exc)
         if self.client is not None and hasattr(self.client, "log_event"):
             try:
-                self.client.log_event(DASK_TOPIC, ev)
+                # with the storage root, where the monitoring page finds the run's record
+                self.client.log_event(DASK_TOPIC, {**ev, "storage": self.record.storage})
             except Exception:      # a closing or inline client: events stay in the file
                 pass
         if echo and message:

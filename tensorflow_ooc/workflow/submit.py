@@ -83,6 +83,9 @@ def submit(workflow: Workflow, scheduler: str, *, force: bool = False, timeout: 
         run_id = new_run_id(workflow.name)
         record = new_record(workflow, run_id, "submitted", scheduler, scheduler=scheduler)
         record.dashboard = client.dashboard_link
+        from ..monitoring import attach
+
+        attach(client, storage=workflow.root)      # the tfooc page and metrics on its dashboard
         runs.write_spec(run_id, workflow.source.text)
         runs.write(record)
         fut = client.submit(driver_task, workflow.source.text, workflow.path, workflow.root, run_id, force,

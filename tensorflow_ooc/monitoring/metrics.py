@@ -1,0 +1,112 @@
+"""Prometheus metrics of tfooc runs, on the Dask scheduler's ``/metrics`` endpoint.
+
+Dask's ``/metrics`` handler writes ``prometheus_client.generate_latest()`` of the process-wide
+registry, so a collector registered there is scraped with Dask's own metrics. One collector is
+registered per process (the registry refuses duplicate names) and reads every live monitoring
+plugin of the process (test suites start many schedulers in one process).
+
+================================  =========  ==========================  ============================================
+metric                            type       labels                      value
+================================  =========  ==========================  ============================================
+``tfooc_runs``                    gauge      ``state``                   runs per state (records under the known
+                                                                         storage roots and runs seen in events)
+``tfooc_iterations_total``        counter    ``run_id``, ``step``        CP-ALS iterations done
+``tfooc_fit``                     gauge      ``run_id``, ``step``        fit after the latest iteration
+``tfooc_fit_change``              gauge      ``run_id``, ``step``        its change from the iteration before
+``tfooc_iteration_seconds``       gauge      ``run_id``, ``step``        seconds of the latest iteration
+``tfooc_mttkrp_seconds``          gauge      ``run_id``, ``step``,       the latest iteration's MTTKRP seconds per
+                                             ``mode``                    mode (slowest partition task)
+``tfooc_nnz_per_second``          gauge      ``run_id``, ``step``        nonzero-modes per second, latest iteration
+``tfooc_bytes_read_total``        counter    ``run_id``, ``step``        compressed bytes read from the store
+``tfooc_checkpoints_total``       counter    ``run_id``, ``step``        checkpoints written
+================================  =========  ==========================  ============================================
+
+Per-run series exist for the runs whose events reached the scheduler (at most
+``state.MAX_LIVE_RUNS``), so their number stays bounded.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+_PLUGINS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_REGISTERED = False
+_LOCK = threading.Lock()
+
+
+class TfoocCollector:
+    """A ``prometheus_client`` custom collector over the live monitoring plugins."""
+
+    def describe(self) -> list:
+        # no up-front description: the registry then calls collect() lazily, at scrape time only
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        plugins = [p for p in list(_PLUGINS) if getattr(p, "state", None) is not None]
+        runs = GaugeMetricFamily("tfooc_runs", "tfooc workflow runs per state", labels=["state"])
+        counts: dict[str, int] = {}
+        views: dict[str, dict] = {}
+        for p in plugins:
+            for state, n in p.state.counts().items():
+                counts[state] = max(counts.get(state, 0), n)
+            for v in p.state.live_views():
+                views[v["run_id"]] = v
+        for state, n in sorted(counts.items()):
+            runs.add_metric([state], n)
+        yield runs
+
+        lab = ["run_id", "step"]
+        iters = CounterMetricFamily("tfooc_iterations", "CP-ALS iterations done", labels=lab)
+        fit = GaugeMetricFamily("tfooc_fit", "CP-ALS fit after the latest iteration", labels=lab)
+        dfit = GaugeMetricFamily("tfooc_fit_change", "change of the fit in the latest iteration", labels=lab)
+        secs = GaugeMetricFamily("tfooc_iteration_seconds", "seconds of the latest CP-ALS iteration", labels=lab)
+        mttkrp = GaugeMetricFamily("tfooc_mttkrp_seconds", "MTTKRP seconds per mode in the latest iteration",
+                                   labels=lab + ["mode"])
+        rate = GaugeMetricFamily("tfooc_nnz_per_second", "nonzero-modes per second in the latest iteration",
+                                 labels=lab)
+        read = CounterMetricFamily("tfooc_bytes_read_total", "compressed bytes read from the store", labels=lab)
+        cps = CounterMetricFamily("tfooc_checkpoints", "CP-ALS checkpoints written", labels=lab)
+        for run_id, v in views.items():
+            for step, its in v["iterations"].items():
+                if not its:
+                    continue
+                last, key = its[-1], [run_id, step]
+                iters.add_metric(key, float(last.get("iteration", len(its))))
+                if last.get("fit") is not None:
+                    fit.add_metric(key, float(last["fit"]))
+                if last.get("fit_change") is not None:
+                    dfit.add_metric(key, float(last["fit_change"]))
+                if last.get("seconds") is not None:
+                    secs.add_metric(key, float(last["seconds"]))
+                for mode, s in enumerate(last.get("mttkrp_seconds") or []):
+                    mttkrp.add_metric(key + [str(mode)], float(s))
+                if last.get("nnz_per_s") is not None:
+                    rate.add_metric(key, float(last["nnz_per_s"]))
+                read.add_metric(key, float(sum(it.get("bytes_read") or 0 for it in its)))
+                cps.add_metric(key, float(sum(1 for c in v["checkpoints"] if c["step"] == step)))
+        yield from (iters, fit, dfit, secs, mttkrp, rate, read, cps)
+
+
+def register(plugin: Any) -> bool:
+    """Expose ``plugin``'s runs on this process's ``/metrics``; False without prometheus_client."""
+    global _REGISTERED
+    try:
+        import prometheus_client
+    except ImportError:
+        return False
+    with _LOCK:
+        _PLUGINS.add(plugin)
+        if not _REGISTERED:
+            prometheus_client.REGISTRY.register(TfoocCollector())
+            _REGISTERED = True
+    return True
+
+
+def unregister(plugin: Any) -> None:
+    with _LOCK:
+        _PLUGINS.discard(plugin)

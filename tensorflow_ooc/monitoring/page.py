@@ -1,0 +1,293 @@
+"""The ``/tfooc`` page: one HTML document with inline CSS and JavaScript, no external files.
+
+The script polls ``tfooc/runs.json`` and ``tfooc/runs/RUN.json`` (every second by default;
+``?poll=MS`` changes it) and draws the plots as inline SVG, so the page needs nothing beyond what
+the scheduler's HTTP server serves and works offline. Plot points carry ``data-iteration`` and
+``data-value`` attributes and every plot block ``data-iterations`` (how many iterations it
+shows), which the browser test checks against the run's events.
+"""
+
+from __future__ import annotations
+
+PAGE = r"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>tfooc runs</title>
+<style>
+  :root { --fg: #1d2330; --muted: #667085; --line: #d0d5dd; --bg: #f7f8fa; --accent: #1f6feb; }
+  body { font: 14px/1.4 system-ui, -apple-system, "Segoe UI", "DejaVu Sans", sans-serif; color: var(--fg);
+         margin: 0; background: var(--bg); }
+  header { background: #20242c; color: #fff; padding: 8px 16px; display: flex; gap: 16px; align-items: baseline; }
+  header a { color: #9cc3ff; } header .muted { color: #aab; }
+  main { padding: 12px 16px; }
+  h1 { font-size: 18px; margin: 0; } h2 { font-size: 16px; margin: 16px 0 6px; } h3 { font-size: 14px; margin: 12px 0 4px; }
+  table { border-collapse: collapse; background: #fff; }
+  th, td { border-bottom: 1px solid var(--line); padding: 3px 8px; text-align: left; white-space: nowrap; }
+  th { font-weight: 600; color: var(--muted); font-size: 12px; }
+  tr.selected td { background: #eef4ff; }
+  td.num { text-align: right; font-variant-numeric: tabular-nums; }
+  a { color: var(--accent); text-decoration: none; }
+  .state { display: inline-block; padding: 0 6px; border-radius: 8px; font-size: 12px; color: #fff; background: #888; }
+  .state-running { background: #1f6feb; } .state-done { background: #1a7f37; } .state-failed { background: #cf222e; }
+  .state-cancelled { background: #9a6700; } .state-lost { background: #8250df; } .state-skipped { background: #57606a; }
+  .state-queued { background: #6e7781; }
+  .meta { color: var(--muted); }
+  .plots { display: flex; flex-wrap: wrap; gap: 10px; }
+  figure { margin: 0; background: #fff; border: 1px solid var(--line); border-radius: 4px; padding: 4px 6px; }
+  figcaption { font-size: 12px; color: var(--muted); }
+  svg text { font-size: 10px; fill: var(--muted); }
+  .errors { background: #fff0f0; border: 1px solid #f5c2c7; border-radius: 4px; padding: 6px 10px; margin: 8px 0; }
+  .errors pre { white-space: pre-wrap; font-size: 11px; max-height: 240px; overflow: auto; }
+  .empty { color: var(--muted); font-style: italic; }
+</style>
+</head>
+<body data-state="loading">
+<header>
+  <h1>tensorflow_ooc runs</h1>
+  <span class="muted" id="scheduler"></span>
+  <a href="status">Dask dashboard</a>
+  <a href="metrics">metrics</a>
+  <span class="muted" id="updated"></span>
+</header>
+<main>
+  <section id="runs"><p class="empty">loading...</p></section>
+  <section id="run"></section>
+</main>
+<script>
+"use strict";
+const params = new URLSearchParams(location.search);
+const POLL = Math.max(200, parseInt(params.get("poll") || "1000", 10));
+const BASE = location.pathname.replace(/\/+$/, "");          // .../tfooc
+let selected = params.get("run") || (location.hash ? decodeURIComponent(location.hash.slice(1)) : null);
+let polling = false;
+
+function esc(s) {
+  return String(s === undefined || s === null ? "" : s).replace(/[&<>"']/g,
+    c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+}
+function fmt(v, digits) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "";
+  if (typeof v !== "number") return String(v);
+  const a = Math.abs(v);
+  if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(digits === undefined ? 2 : digits);
+  return v.toFixed(digits === undefined ? (a < 1 ? 4 : 2) : digits);
+}
+function bytes(v) {
+  if (!v) return "0 B";
+  const u = ["B", "KiB", "MiB", "GiB", "TiB"]; let i = 0;
+  while (v >= 1024 && i < u.length - 1) { v /= 1024; i++; }
+  return v.toFixed(i ? 1 : 0) + " " + u[i];
+}
+function since(iso) {
+  if (!iso) return "";
+  const s = (Date.now() - Date.parse(iso)) / 1000;
+  return s < 90 ? s.toFixed(0) + " s ago" : s < 5400 ? (s / 60).toFixed(0) + " min ago" : (s / 3600).toFixed(1) + " h ago";
+}
+function duration(a, b) {
+  if (!a) return "";
+  const s = ((b ? Date.parse(b) : Date.now()) - Date.parse(a)) / 1000;
+  return s < 120 ? s.toFixed(1) + " s" : (s / 60).toFixed(1) + " min";
+}
+function badge(state) { return `<span class="state state-${esc(state)}">${esc(state)}</span>`; }
+
+const COLORS = ["#1f6feb", "#d4a72c", "#1a7f37", "#cf222e", "#8250df", "#0598bc", "#bc4c00", "#57606a"];
+
+// A scatter-line plot of (x, y) points as SVG; points are <circle class="pt CLS">.
+function linePlot(title, xs, ys, cls, opts) {
+  opts = opts || {};
+  const W = 440, H = 170, L = 56, R = 8, T = 8, B = 22;
+  const pts = xs.map((x, i) => [x, ys[i]]).filter(p => p[1] !== null && p[1] !== undefined && isFinite(p[1])
+                                                     && (!opts.log || p[1] > 0));
+  let body = "";
+  if (!pts.length) {
+    body = `<text x="${W / 2}" y="${H / 2}" text-anchor="middle">no data yet</text>`;
+  } else {
+    const tx = v => opts.log ? Math.log10(v) : v;
+    let x0 = Math.min(...pts.map(p => p[0])), x1 = Math.max(...pts.map(p => p[0]));
+    let y0 = Math.min(...pts.map(p => tx(p[1]))), y1 = Math.max(...pts.map(p => tx(p[1])));
+    if (opts.zero && !opts.log) y0 = Math.min(0, y0);
+    if (x1 === x0) { x0 -= 1; x1 += 1; }
+    if (y1 === y0) { const d = Math.abs(y0) * 0.05 || 1; y0 -= d; y1 += d; }
+    const sx = x => L + (x - x0) / (x1 - x0) * (W - L - R);
+    const sy = y => T + (1 - (tx(y) - y0) / (y1 - y0)) * (H - T - B);
+    const ylab = v => opts.log ? fmt(Math.pow(10, v), 1) : (opts.format ? opts.format(v) : fmt(v));
+    body += `<line x1="${L}" y1="${H - B}" x2="${W - R}" y2="${H - B}" stroke="#aaa"/>`
+          + `<line x1="${L}" y1="${T}" x2="${L}" y2="${H - B}" stroke="#aaa"/>`;
+    for (const f of [0, 0.5, 1]) {
+      const yv = y0 + f * (y1 - y0), yy = T + (1 - f) * (H - T - B);
+      body += `<text x="${L - 4}" y="${yy + 3}" text-anchor="end">${esc(ylab(yv))}</text>`
+            + `<line x1="${L}" y1="${yy}" x2="${W - R}" y2="${yy}" stroke="#eee"/>`;
+    }
+    body += `<text x="${L}" y="${H - 6}">${esc(fmt(x0, 0))}</text>`
+          + `<text x="${W - R}" y="${H - 6}" text-anchor="end">${esc(fmt(x1, 0))}</text>`
+          + `<text x="${(L + W) / 2}" y="${H - 6}" text-anchor="middle">iteration</text>`;
+    body += `<polyline fill="none" stroke="${opts.color || COLORS[0]}" stroke-width="1.5" points="`
+          + pts.map(p => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ") + `"/>`;
+    for (const p of pts) {
+      body += `<circle class="pt ${cls}" data-iteration="${p[0]}" data-value="${p[1]}" cx="${sx(p[0]).toFixed(1)}" `
+            + `cy="${sy(p[1]).toFixed(1)}" r="2.5" fill="${opts.color || COLORS[0]}">`
+            + `<title>iteration ${p[0]}: ${esc(opts.format ? opts.format(p[1]) : fmt(p[1], 6))}</title></circle>`;
+    }
+  }
+  return `<figure class="plot plot-${cls}" data-points="${pts.length}"><figcaption>${esc(title)}</figcaption>`
+       + `<svg width="${W}" height="${H}" viewBox="0 0 ${W} ${H}">${body}</svg></figure>`;
+}
+
+// Stacked bars: seconds of each mode per iteration (<rect class="bar" data-mode data-iteration>).
+function modePlot(its) {
+  const W = 440, H = 170, L = 56, R = 8, T = 8, B = 22;
+  const rows = its.filter(it => Array.isArray(it.mode_seconds));
+  if (!rows.length) return linePlot("seconds per mode per iteration", [], [], "modes");
+  const nmodes = Math.max(...rows.map(it => it.mode_seconds.length));
+  const top = Math.max(...rows.map(it => it.mode_seconds.reduce((a, b) => a + b, 0))) || 1;
+  const x0 = rows[0].iteration, x1 = rows[rows.length - 1].iteration;
+  const n = x1 - x0 + 1, bw = Math.max(1, (W - L - R) / n - 1);
+  let body = `<line x1="${L}" y1="${H - B}" x2="${W - R}" y2="${H - B}" stroke="#aaa"/>`
+           + `<text x="${L - 4}" y="${T + 3}" text-anchor="end">${esc(fmt(top))}</text>`
+           + `<text x="${L - 4}" y="${H - B}" text-anchor="end">0</text>`
+           + `<text x="${L}" y="${H - 6}">${x0}</text><text x="${W - R}" y="${H - 6}" text-anchor="end">${x1}</text>`
+           + `<text x="${(L + W) / 2}" y="${H - 6}" text-anchor="middle">iteration (s, stacked by mode)</text>`;
+  for (const it of rows) {
+    let y = H - B;
+    const x = L + (it.iteration - x0) / n * (W - L - R);
+    it.mode_seconds.forEach((s, m) => {
+      const h = s / top * (H - T - B);
+      y -= h;
+      const mk = it.mttkrp_seconds ? `, MTTKRP ${fmt(it.mttkrp_seconds[m])} s` : "";
+      body += `<rect class="bar bar-mode" data-iteration="${it.iteration}" data-mode="${m}" data-value="${s}" `
+            + `x="${x.toFixed(1)}" y="${y.toFixed(1)}" width="${bw.toFixed(1)}" height="${Math.max(0, h).toFixed(1)}" `
+            + `fill="${COLORS[m % COLORS.length]}"><title>iteration ${it.iteration}, mode ${m}: ${fmt(s)} s${mk}</title></rect>`;
+    });
+  }
+  const legend = Array.from({length: nmodes}, (_, m) =>
+    `<span style="color:${COLORS[m % COLORS.length]}">&#9632;</span> mode ${m}`).join(" ");
+  return `<figure class="plot plot-modes" data-points="${rows.length}"><figcaption>seconds per mode per iteration `
+       + `&nbsp; ${legend}</figcaption><svg width="${W}" height="${H}" viewBox="0 0 ${W} ${H}">${body}</svg></figure>`;
+}
+
+function renderRuns(data) {
+  document.getElementById("scheduler").textContent = data.scheduler ? "scheduler " + data.scheduler : "";
+  const runs = data.runs || [];
+  if (!selected && runs.length) selected = runs[0].run_id;
+  if (!runs.length) {
+    document.getElementById("runs").innerHTML = `<p class="empty">no runs yet: tfooc submit SPEC --scheduler `
+      + `${esc(data.scheduler || "ADDRESS")} (or tfooc run SPEC --scheduler ...) and they appear here</p>`;
+    return;
+  }
+  let html = `<h2>runs</h2><table id="runs-table"><tr><th>run</th><th>state</th><th>workflow</th><th>step</th>`
+           + `<th>iterations</th><th>fit</th><th>started</th><th>duration</th><th>errors</th></tr>`;
+  for (const r of runs) {
+    html += `<tr class="run-row${r.run_id === selected ? " selected" : ""}" data-run-id="${esc(r.run_id)}" `
+          + `data-state="${esc(r.state)}"><td><a href="?run=${encodeURIComponent(r.run_id)}" `
+          + `onclick="return pick('${esc(r.run_id)}')">${esc(r.run_id)}</a></td><td>${badge(r.state)}</td>`
+          + `<td>${esc(r.workflow)}</td><td>${esc(r.current_step || "")}</td><td class="num">${esc(r.iterations || "")}</td>`
+          + `<td class="num">${r.fit === null || r.fit === undefined ? "" : fmt(r.fit, 6)}</td>`
+          + `<td>${esc(since(r.started_at || r.created_at))}</td><td class="num">${esc(duration(r.started_at, r.finished_at))}</td>`
+          + `<td class="num">${r.errors || ""}</td></tr>`;
+  }
+  document.getElementById("runs").innerHTML = html + "</table>";
+}
+
+function renderRun(v) {
+  const el = document.getElementById("run");
+  if (!v) { el.innerHTML = selected ? `<p class="empty">run ${esc(selected)} not found</p>` : ""; return; }
+  el.dataset.runId = v.run_id;
+  el.dataset.state = v.state;
+  let html = `<h2>${esc(v.run_id)} ${badge(v.state)}</h2><div class="meta">${esc(v.workflow || "")} · `
+           + `${esc(v.mode || "")} on ${esc(v.cluster || "")} · started ${esc(v.started_at || v.created_at || "")} · `
+           + `${esc(duration(v.started_at, v.finished_at))} · storage ${esc(v.storage || "?")}`
+           + (v.dashboard ? ` · <a href="${esc(v.dashboard)}">dashboard</a>` : "") + `</div>`;
+  const errs = v.errors || [];
+  if (v.error || errs.length) {
+    html += `<div class="errors" id="errors"><b>errors</b>` + (v.error ? `<div>${esc(v.error)}</div>` : "");
+    for (const e of errs) {
+      html += `<div class="error">${esc(e.time || "")} ${esc(e.step ? "[" + e.step + "] " : "")}${esc(e.message)}`
+            + (e.traceback ? `<details><summary>traceback</summary><pre>${esc(e.traceback)}</pre></details>` : "")
+            + `</div>`;
+    }
+    html += `</div>`;
+  }
+  html += `<table id="steps"><tr><th>step</th><th>kind</th><th>state</th><th>seconds</th><th>result</th></tr>`;
+  for (const [name, st] of Object.entries(v.steps || {})) {
+    const m = st.metrics || {};
+    const bits = [];
+    if (m.fit !== undefined) bits.push("fit " + fmt(m.fit, 6));
+    if (m.fms !== undefined) bits.push("factor match " + fmt(m.fms, 4));
+    if (m.iterations !== undefined) bits.push(m.iterations + " iterations");
+    if (m.nnz !== undefined) bits.push(Number(m.nnz).toLocaleString() + " nonzeros");
+    if (st.error) bits.push(st.error);
+    html += `<tr data-step="${esc(name)}"><td>${esc(name)}</td><td>${esc(st.kind || "")}</td><td>${badge(st.state)}</td>`
+          + `<td class="num">${st.seconds === null || st.seconds === undefined ? "" : fmt(st.seconds, 1)}</td>`
+          + `<td>${esc(bits.join("; "))}</td></tr>`;
+  }
+  html += `</table>`;
+  for (const [step, its] of Object.entries(v.iterations || {})) {
+    const last = its[its.length - 1] || {};
+    const x = its.map(it => it.iteration);
+    let cum = 0;
+    const cumBytes = its.map(it => (cum += (it.bytes_read || 0)));
+    const steady = its.slice(1).length ? its.slice(1) : its;
+    const perIt = steady.reduce((a, it) => a + (it.seconds || 0), 0) / Math.max(1, steady.length);
+    html += `<div class="step-plots" data-step="${esc(step)}" data-iterations="${its.length}">`
+          + `<h3>${esc(step)}: iteration ${esc(last.iteration)}${last.max_iters ? " of at most " + last.max_iters : ""} · `
+          + `fit ${fmt(last.fit, 6)} · change ${fmt(last.fit_change, 2)} · ${fmt(perIt, 3)} s per iteration `
+          + `(steady state) · ${fmt((last.nnz_per_s || 0) / 1e6, 1)} M nonzero-modes/s · ${bytes(cum)} read</h3>`
+          + `<div class="plots">`
+          + linePlot("fit", x, its.map(it => it.fit), "pt-fit", {format: v => fmt(v, 6)})
+          + linePlot("fit change (log scale)", x, its.map(it => it.fit_change), "pt-fit-change", {log: true, color: COLORS[1]})
+          + modePlot(its)
+          + linePlot("nonzeros per second (nonzero-modes/s)", x, its.map(it => it.nnz_per_s), "pt-nnz-per-s",
+                     {zero: true, color: COLORS[2], format: v => fmt(v / 1e6, 1) + " M"})
+          + linePlot("bytes read from the store (cumulative)", x, cumBytes, "pt-bytes-read",
+                     {zero: true, color: COLORS[4], format: bytes})
+          + `</div>`;
+    const cps = (v.checkpoints || []).filter(c => c.step === step);
+    if (cps.length) {
+      html += `<h3>checkpoints (${cps.length}; the latest ${Math.min(8, cps.length)})</h3><table class="checkpoints">`
+            + `<tr><th>iteration</th><th>written at</th><th>seconds</th></tr>`;
+      for (const c of cps.slice(-8).reverse()) {
+        html += `<tr class="checkpoint"><td class="num">${esc(c.iteration)}</td><td>${esc(c.time)}</td>`
+              + `<td class="num">${fmt(c.seconds, 4)}</td></tr>`;
+      }
+      html += `</table>`;
+    }
+    html += `</div>`;
+  }
+  el.innerHTML = html;
+}
+
+function pick(runId) {
+  selected = runId;
+  history.replaceState(null, "", "?run=" + encodeURIComponent(runId) + (params.get("poll") ? "&poll=" + POLL : ""));
+  poll();
+  return false;
+}
+
+async function getJSON(url) {
+  const r = await fetch(url, {cache: "no-store"});
+  if (!r.ok && r.status !== 404) throw new Error(url + ": HTTP " + r.status);
+  return r.status === 404 ? null : r.json();
+}
+
+async function poll() {
+  if (polling) return;
+  polling = true;
+  try {
+    const data = await getJSON(BASE + "/runs.json");
+    renderRuns(data);
+    renderRun(selected ? await getJSON(BASE + "/runs/" + encodeURIComponent(selected) + ".json") : null);
+    document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
+    document.body.dataset.state = "ready";
+  } catch (e) {
+    document.getElementById("updated").textContent = "update failed: " + e.message;
+  } finally {
+    polling = false;
+  }
+}
+poll();
+setInterval(poll, POLL);
+</script>
+</body>
+</html>
+"""
