@@ -371,6 +371,16 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                         help="no progress bars and only warnings in the log")
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
+    # monitoring and deployment (tensorflow_ooc/monitoring): log format and Dask TLS, also after the subcommand
+    for parser, default in ((p, None), (common, argparse.SUPPRESS)):
+        parser.add_argument("--log-format", choices=["text", "json"], default=default or "text",
+                            help="log lines as text (default) or one JSON object per line (time, level, logger, "
+                                 "message, run_id, step, iteration)")
+        parser.add_argument("--tls-ca-file", metavar="CA", default=default,
+                            help="Dask TLS: CA certificate of a tls:// scheduler (with --tls-cert, --tls-key)")
+        parser.add_argument("--tls-cert", metavar="CERT", default=default, help="Dask TLS: this client's certificate")
+        parser.add_argument("--tls-key", metavar="KEY", default=default,
+                            help="Dask TLS: this client's private key (unless CERT holds it)")
 
     def add(name: str, **kw) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], **kw)
@@ -535,24 +545,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _setup_logging(quiet: bool, verbose: bool) -> None:
-    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
-    root = logging.getLogger("tensorflow_ooc")
-    if not root.handlers:
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
-        root.addHandler(h)
-    root.setLevel(level)
+def _setup_logging(quiet: bool, verbose: bool, log_format: str = "text") -> None:
+    from .monitoring.logs import setup_logging
+
+    # lines go through tqdm.write: a progress bar is cleared first and redrawn below the line
+    setup_logging(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO, log_format)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from .errors import TfoocError
 
+    import dask
+
+    from .monitoring.tls import check_scheduler_address, tls_config
+
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.quiet, args.verbose)
+    _setup_logging(args.quiet, args.verbose, args.log_format)
     try:
-        return int(args.func(args) or 0)
+        # Dask's client TLS settings for this command: every Client it makes picks them up
+        with dask.config.set(tls_config(args.tls_ca_file, args.tls_cert, args.tls_key)):
+            check_scheduler_address(getattr(args, "scheduler", None))
+            return int(args.func(args) or 0)
     except (TfoocError, ValueError, FileExistsError, FileNotFoundError, TypeError) as exc:
         print(f"tfooc: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

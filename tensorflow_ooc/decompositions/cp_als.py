@@ -163,7 +163,8 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
                       "nnz_per_s": store.nnz * N / seconds,
                       "bytes_read": chunk_bytes * N if streamed else (chunk_bytes if iteration == start else 0)}
             history.append(record)
-            log.info("iteration %d: fit %.6f (change %.2e), %.3f s", iteration + 1, fit, record["fit_change"], seconds)
+            log.info("iteration %d: fit %.6f (change %.2e), %.3f s", iteration + 1, fit, record["fit_change"], seconds,
+                     extra={"iteration": iteration + 1})     # a field of its own in JSON logs
             done = iteration > 0 and abs(fit - fit_old) < tol
             if checkpoint and (done or (iteration + 1) % checkpoint_every == 0 or iteration + 1 == max_iters):
                 t_ck = time.time()
