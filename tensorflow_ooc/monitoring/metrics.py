@@ -88,7 +88,7 @@ class TfoocCollector:
                 if last.get("nnz_per_s") is not None:
                     rate.add_metric(key, float(last["nnz_per_s"]))
                 read.add_metric(key, float(sum(it.get("bytes_read") or 0 for it in its)))
-                cps.add_metric(key, float(sum(1 for c in v["checkpoints"] if c["step"] == step)))
+                cps.add_metric(key, float(v["checkpoint_count"].get(step, 0)))
         yield from (iters, fit, dfit, secs, mttkrp, rate, read, cps)
 
 

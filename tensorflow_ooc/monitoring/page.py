@@ -243,8 +243,9 @@ function renderRun(v) {
                      {zero: true, color: COLORS[4], format: bytes})
           + `</div>`;
     const cps = (v.checkpoints || []).filter(c => c.step === step);
+    const ncp = (v.checkpoint_count || {})[step] || cps.length;
     if (cps.length) {
-      html += `<h3>checkpoints (${cps.length}; the latest ${Math.min(8, cps.length)})</h3><table class="checkpoints">`
+      html += `<h3>checkpoints (${ncp} written; the latest ${Math.min(8, cps.length)})</h3><table class="checkpoints">`
             + `<tr><th>iteration</th><th>written at</th><th>seconds</th></tr>`;
       for (const c of cps.slice(-8).reverse()) {
         html += `<tr class="checkpoint"><td class="num">${esc(c.iteration)}</td><td>${esc(c.time)}</td>`

@@ -26,13 +26,14 @@ ITERATION_FIELDS = ("iteration", "fit", "fit_change", "seconds", "mode_seconds",
 RUN_STATES = ("queued", "running", "done", "failed", "cancelled", "skipped", "lost")
 MAX_LIVE_RUNS = 200          # views kept in memory per scheduler (oldest finished ones dropped first)
 MAX_ERRORS = 50
+MAX_CHECKPOINTS = 50
 
 
 def new_view(run_id: str) -> dict[str, Any]:
     """An empty run view."""
     return {"run_id": run_id, "workflow": None, "storage": None, "state": "queued", "mode": None, "cluster": None,
             "created_at": None, "started_at": None, "finished_at": None, "current_step": None, "error": None,
-            "exit_code": None, "dashboard": None, "steps": {}, "iterations": {}, "checkpoints": [], "errors": [],
+            "exit_code": None, "dashboard": None, "steps": {}, "iterations": {}, "checkpoints": [], "checkpoint_count": {}, "errors": [],
             "last_event": None, "events": 0, "source": "events"}
 
 
@@ -80,7 +81,8 @@ def apply_event(view: dict[str, Any], ev: dict[str, Any]) -> None:
         if ev.get("checkpoint_seconds") is not None:
             view["checkpoints"].append({"step": step, "iteration": it.get("iteration"), "time": ev.get("time"),
                                         "seconds": ev["checkpoint_seconds"]})
-            del view["checkpoints"][:-MAX_ERRORS]
+            del view["checkpoints"][:-MAX_CHECKPOINTS]          # the latest; all are counted
+            view["checkpoint_count"][step] = view["checkpoint_count"].get(step, 0) + 1
     elif kind in ("error", "attempt-lost") or (kind == "log" and ev.get("level") == "error"):
         view["errors"].append({"time": ev.get("time"), "step": step, "message": ev.get("message"),
                                "traceback": ev.get("traceback"), "level": ev.get("level")})

@@ -1,0 +1,236 @@
+"""The monitoring page and metrics during a real run.
+
+A real scheduler started the documented way (``dask scheduler --preload tensorflow_ooc.monitoring
+--tfooc-storage ROOT``) and a real worker, both separate processes; ``tfooc submit`` sends a
+workflow whose CP-ALS runs until it is cancelled. Headless Chromium loads ``/tfooc`` while the run
+goes: a screenshot, and the plotted points checked against the run's events. ``/metrics`` is
+scraped with prometheus_client's parser. Then ``tfooc cancel`` and the page and metrics say so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from tensorflow_ooc.cli import main
+from tensorflow_ooc.workflow.records import RunStore
+
+SPEC = """\
+name: monitored
+steps:
+  generate: {kind: generate, out: t.zarr, shape: [200, 150, 180], nnz: 200000, model: planted, rank: 6,
+             noise: 0.1, seed: 3}
+  decompose: {kind: decompose, input: t.zarr, out: t.cp.zarr, rank: 6, max_iters: 100000, tol: 0, seed: 1,
+              scheduler: cluster, execution: streaming}
+"""
+CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed "
+                                    "(Debian: apt-get install chromium); the browser checks of /tfooc need it")
+SCREENSHOT = os.environ.get("TFOOC_SCREENSHOT")     # also keep the screenshot here (a path), if set
+
+
+def _until(predicate, timeout=120.0, what="condition", every=0.2):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        assert r.status == 200, url
+        return r.read().decode()
+
+
+def _chromium(*args: str, timeout: float = 90) -> str:
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
+           "--no-first-run", "--virtual-time-budget=4000", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+class _Elements(HTMLParser):
+    """Every start tag of a document, with its attributes (SVG children included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.elements.append((tag, dict(attrs)))
+
+    def handle_startendtag(self, tag, attrs):
+        self.elements.append((tag, dict(attrs)))
+
+    def having(self, cls: str) -> list[dict]:
+        return [a for _, a in self.elements if cls in (a.get("class") or "").split()]
+
+
+def _dom(url: str) -> _Elements:
+    p = _Elements()
+    p.feed(_chromium("--dump-dom", url))
+    return p
+
+
+def _iteration_events(root: str, run_id: str) -> dict[int, dict]:
+    return {e["iteration"]: e for e in RunStore(root).events(run_id) if e["event"] == "iteration"}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """Scheduler (with the preload) and worker processes, and a submitted run that keeps iterating."""
+    tmp = tmp_path_factory.mktemp("monitoring")
+    root = str(tmp / "storage")
+    sched_file = tmp / "scheduler.json"
+    env = {**os.environ, "TFOOC_HEARTBEAT_S": "0.5", "NUMBA_NUM_THREADS": "1"}
+    procs = []
+    logs = [open(tmp / "scheduler.log", "w"), open(tmp / "worker.log", "w")]
+    try:
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address",
+             "127.0.0.1:0", "--scheduler-file", str(sched_file), "--preload", "tensorflow_ooc.monitoring",
+             "--tfooc-storage", root], env=env, stdout=logs[0], stderr=subprocess.STDOUT))
+        info = _until(lambda: sched_file.exists() and json.loads(sched_file.read_text() or "{}"), 60,
+                      "the scheduler file")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "dask", "worker", "--scheduler-file", str(sched_file), "--nthreads", "1",
+             "--nworkers", "1", "--memory-limit", "2GiB", "--no-dashboard"],
+            env=env, stdout=logs[1], stderr=subprocess.STDOUT))
+        base = f"http://127.0.0.1:{info['services']['dashboard']}"
+        _until(lambda: json.loads(_get(base + "/json/counts.json"))["workers"] >= 1, 60, "the worker")
+        spec = tmp / "monitored.yaml"
+        spec.write_text(SPEC)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()) as out:
+            assert main(["submit", str(spec), "--scheduler", info["address"], "--storage", root]) == 0
+        run_id = out.getvalue().strip()
+        yield {"base": base, "address": info["address"], "root": root, "run_id": run_id, "log": err.getvalue(),
+               "tmp": tmp}
+        rec = RunStore(root).read(run_id)
+        if not rec.final:
+            main(["cancel", run_id, "--storage", root, "--wait", "--timeout", "60"])
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for f in logs:
+            f.close()
+
+
+def _progress(served) -> int:
+    rec = RunStore(served["root"]).read(served["run_id"])
+    assert rec.state in ("queued", "running"), (rec.state, rec.error)
+    return int(rec.steps["decompose"].progress.get("iteration") or 0)
+
+
+def test_submit_log_links_the_page(served):
+    assert f"{served['base']}/tfooc" in served["log"]
+    page = _get(served["base"] + "/tfooc")
+    assert "<title>tfooc runs</title>" in page
+    status = _get(served["base"] + "/status")          # the Dask dashboard, with bokeh, and our tab in its navbar
+    assert "Dask needs bokeh" not in status and 'href="tfooc"' in status
+
+
+@needs_chromium
+def test_page_during_run_in_chromium(served):
+    _until(lambda: _progress(served) >= 3, 180, "three CP-ALS iterations")
+    url = f"{served['base']}/tfooc?run={served['run_id']}"
+    shot = served["tmp"] / "tfooc-page-running.png"
+    _chromium("--window-size=1400,1400", f"--screenshot={shot}", url)
+    assert shot.stat().st_size > 20_000
+    print(f"screenshot of /tfooc during the run: {shot}")
+    if SCREENSHOT:
+        Path(SCREENSHOT).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, SCREENSHOT)
+
+    dom = _dom(url)
+    body = next(a for t, a in dom.elements if t == "body")
+    assert body["data-state"] == "ready"
+    run = next(a for t, a in dom.elements if a.get("id") == "run")
+    assert run["data-run-id"] == served["run_id"] and run["data-state"] == "running"
+    rows = dom.having("run-row")
+    assert [r["data-run-id"] for r in rows] == [served["run_id"]] and rows[0]["data-state"] == "running"
+    block = next(a for a in dom.having("step-plots") if a["data-step"] == "decompose")
+    n = int(block["data-iterations"])
+    fit_points = dom.having("pt-fit")
+    assert n >= 3 and len(fit_points) == n                      # one point per iteration done
+    assert [int(p["data-iteration"]) for p in fit_points] == list(range(1, n + 1))
+    assert len(dom.having("pt-nnz-per-s")) == n and len(dom.having("pt-bytes-read")) == n
+    assert len(dom.having("bar-mode")) == 3 * n                 # seconds of each of the 3 modes, per iteration
+    # the plotted values are the run's: its iteration events (written before they reach the page)
+    events = _iteration_events(served["root"], served["run_id"])
+    for p in fit_points:
+        assert float(p["data-value"]) == pytest.approx(events[int(p["data-iteration"])]["fit"], rel=1e-12)
+    cum = 0
+    for p in dom.having("pt-bytes-read"):
+        cum += events[int(p["data-iteration"])]["bytes_read"]
+        assert float(p["data-value"]) == cum > 0               # streaming: every chunk read per mode
+    assert _progress(served) >= n                               # the run was still going
+
+
+def test_metrics_during_run(served):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _until(lambda: _progress(served) >= 2, 180, "two CP-ALS iterations")
+    fams = {f.name: f for f in text_string_to_metric_families(_get(served["base"] + "/metrics"))}
+    run = served["run_id"]
+
+    def samples(family, name=None, **labels):
+        return [s for s in fams[family].samples if (name is None or s.name == name)
+                and all(s.labels.get(k) == v for k, v in labels.items())]
+
+    assert "dask_scheduler_workers" in fams                       # Dask's own metrics, same endpoint
+    assert fams["tfooc_iterations"].type == "counter"
+    (it,) = samples("tfooc_iterations", "tfooc_iterations_total", run_id=run, step="decompose")
+    assert it.value >= 2
+    (fit,) = samples("tfooc_fit", run_id=run, step="decompose")
+    assert 0 < fit.value <= 1
+    mttkrp = samples("tfooc_mttkrp_seconds", run_id=run, step="decompose")
+    assert sorted(s.labels["mode"] for s in mttkrp) == ["0", "1", "2"] and all(s.value > 0 for s in mttkrp)
+    (read,) = samples("tfooc_bytes_read", "tfooc_bytes_read_total", run_id=run, step="decompose")
+    assert read.value > 0
+    (running,) = samples("tfooc_runs", state="running")
+    assert running.value == 1
+
+
+def test_cancel_shows_on_page_and_metrics(served):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _until(lambda: _progress(served) >= 2, 180, "two CP-ALS iterations")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["cancel", served["run_id"], "--storage", served["root"], "--wait", "--timeout", "60"]) == 0
+    rec = RunStore(served["root"]).read(served["run_id"])
+    assert rec.state == "cancelled"
+    done = rec.steps["decompose"].progress["iteration"]
+    runs = json.loads(_get(served["base"] + "/tfooc/runs.json"))["runs"]
+    assert [(r["run_id"], r["state"]) for r in runs] == [(served["run_id"], "cancelled")]
+    view = json.loads(_get(f"{served['base']}/tfooc/runs/{served['run_id']}.json"))
+    assert len(view["iterations"]["decompose"]) == done and view["checkpoints"]
+    fams = {f.name: f for f in text_string_to_metric_families(_get(served["base"] + "/metrics"))}
+    states = {s.labels["state"]: s.value for s in fams["tfooc_runs"].samples}
+    assert states["cancelled"] == 1 and states["running"] == 0
+    if CHROMIUM:
+        dom = _dom(f"{served['base']}/tfooc?run={served['run_id']}")
+        run = next(a for t, a in dom.elements if a.get("id") == "run")
+        assert run["data-state"] == "cancelled"
+        assert len(dom.having("pt-fit")) == done
+        assert dom.having("checkpoint")
