@@ -51,7 +51,7 @@ def driver_task(spec_text: str, spec_path: str, storage: str, run_id: str, force
             runs = RunStore(storage)
             return spec_failure(runs, runs.read(run_id), exc).exit_code
         outcome = execute(workflow, run_id=run_id, client=client, mode="submitted",
-                          cluster=client.scheduler.address)
+                          cluster=client.scheduler.address, force=force)
         return outcome.exit_code
     finally:
         rejoin()
