@@ -131,9 +131,8 @@ def test_tls_cluster_runs_workflow_and_refuses_clients_without_certificates(tmp_
         other = Security.temporary()
         stranger = Security(tls_ca_file=sec.tls_ca_file, tls_client_cert=other.tls_client_cert,
                             tls_client_key=other.tls_client_key, require_encryption=True)
-        with pytest.raises((OSError, TimeoutError)):
-            with contextlib.redirect_stderr(io.StringIO()):
-                Client(addr, security=stranger, timeout="3s")
+        with pytest.raises((OSError, TimeoutError)), contextlib.redirect_stderr(io.StringIO()):
+            Client(addr, security=stranger, timeout="3s")
         # ... and one with no certificate at all (a bare TLS connection that trusts its CA)
         host, port = addr[len("tls://"):].rsplit(":", 1)
         ctx = ssl.create_default_context(cafile=ca)

@@ -59,7 +59,7 @@ def _get(url: str) -> str:
 def _chromium(*args: str, timeout: float = 90) -> str:
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
            "--no-first-run", "--virtual-time-budget=4000", *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
 
@@ -99,7 +99,12 @@ def served(tmp_path_factory):
     sched_file = tmp / "scheduler.json"
     env = {**os.environ, "TFOOC_HEARTBEAT_S": "0.5", "NUMBA_NUM_THREADS": "1"}
     procs = []
-    logs = [open(tmp / "scheduler.log", "w"), open(tmp / "worker.log", "w")]
+    with contextlib.ExitStack() as files:
+        logs = [files.enter_context(open(tmp / name, "w")) for name in ("scheduler.log", "worker.log")]
+        yield from _serve(tmp, root, sched_file, env, procs, logs)
+
+
+def _serve(tmp, root, sched_file, env, procs, logs):
     try:
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address",
@@ -132,8 +137,6 @@ def served(tmp_path_factory):
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
-        for f in logs:
-            f.close()
 
 
 def _progress(served) -> int:

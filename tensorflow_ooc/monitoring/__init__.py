@@ -41,4 +41,4 @@ def dask_setup(dask_server: Any, tfooc_storage: tuple[str, ...] = ()) -> None:
         dask_server.add_plugin(MonitorPlugin(list(tfooc_storage)), idempotent=True)
 
 
-__all__ = ["MonitorPlugin", "PAGE_PATH", "attach", "dask_setup", "page_link"]
+__all__ = ["PAGE_PATH", "MonitorPlugin", "attach", "dask_setup", "page_link"]

@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-_PLUGINS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_PLUGINS: weakref.WeakSet[Any] = weakref.WeakSet()
 _REGISTERED = False
 _LOCK = threading.Lock()
 

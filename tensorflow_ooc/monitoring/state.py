@@ -125,7 +125,7 @@ def summary(view: dict[str, Any]) -> dict[str, Any]:
     """One row of the runs table: the view without its per-iteration series."""
     fit = None
     iterations = 0
-    for name, its in view["iterations"].items():
+    for its in view["iterations"].values():
         if its:
             fit, iterations = its[-1].get("fit"), its[-1].get("iteration", len(its))
     for st in view["steps"].values():
