@@ -28,6 +28,7 @@ SPLATT, all-mode in-memory MTTKRP <= 1.0x ALTO.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -82,7 +83,10 @@ def tensor_files(name: str, workdir: Path, seed: int) -> tuple[Path, Path, np.nd
     shape, nnz = synthetic.PRESETS[name]
     coords, _ = synthetic.heavy_tailed(shape, nnz, seed=seed)
     values = np.random.default_rng(seed + 1).random(len(coords))
-    tag = f"{name}-s{seed}-{len(coords)}"
+    # the content hash keeps files from an older generator (same seed, other nonzeros) from being reused
+    digest = hashlib.sha1(np.ascontiguousarray(coords).data)
+    digest.update(np.ascontiguousarray(values).data)
+    tag = f"{name}-s{seed}-{len(coords)}-{digest.hexdigest()[:10]}"
     tns = workdir / f"{tag}.tns"
     store_path = workdir / f"{tag}.zarr"
     if not tns.exists():
