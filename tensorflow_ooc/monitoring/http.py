@@ -11,6 +11,7 @@ also added to the dashboard's navigation bar.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -47,23 +48,29 @@ class PageHandler(_Handler):
         self.write(PAGE)
 
 
+async def _off_loop(fn: Any, *args: Any) -> Any:
+    """Run ``fn`` in a thread: run records may live on a remote filesystem, and the scheduler's
+    event loop must not wait for them."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
 class RunsHandler(_Handler):
     """Running and past runs."""
 
-    def get(self) -> None:
+    async def get(self) -> None:
         state = _state(self.server)
         limit = int(self.get_argument("limit", "50"))
         self.json({"scheduler": self.server.address, "time": time.time(),
-                   "storage": [] if state is None else state.roots,
-                   "runs": [] if state is None else state.runs(limit=limit)})
+                   "storage": [] if state is None else list(state.roots),
+                   "runs": [] if state is None else await _off_loop(state.runs, limit)})
 
 
 class RunHandler(_Handler):
     """One run, in full."""
 
-    def get(self, run_id: str) -> None:
+    async def get(self, run_id: str) -> None:
         state = _state(self.server)
-        view = None if state is None else state.run(run_id)
+        view = None if state is None else await _off_loop(state.run, run_id)
         if view is None:
             self.json({"error": f"no run {run_id!r} known to this scheduler"}, status=404)
         else:

@@ -13,8 +13,10 @@ plugin (:mod:`.plugin`) feeds it, the HTTP handlers (:mod:`.http`) and the Prome
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -154,6 +156,7 @@ class RunsState:
     def __init__(self, storage: list[str] | None = None) -> None:
         self.roots: list[str] = []
         self.live: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._counts: tuple[float, dict[str, int]] | None = None
         self._lock = threading.RLock()
         for root in storage or []:
             self.add_root(root)
@@ -180,6 +183,8 @@ class RunsState:
                 view = self.live[run_id] = new_view(run_id)
                 self._evict()
             apply_event(view, ev)
+            if ev.get("event") in ("submitted", "run-started", "cancelled", "run-finished"):
+                self._counts = None          # a run changed state: count again at the next scrape
             if ev.get("storage"):
                 self.add_root(ev["storage"])
 
@@ -223,9 +228,8 @@ class RunsState:
         read here, else from the events this scheduler received."""
         from ..workflow.records import RunStore
 
-        with self._lock:
-            live = self.live.get(run_id)
-            live = None if live is None else {**live, "steps": dict(live["steps"])}
+        with self._lock:         # a copy: events keep arriving on the scheduler's loop meanwhile
+            live = copy.deepcopy(self.live.get(run_id))
         roots = ([live["storage"]] if live and live.get("storage") else []) + list(self.roots)
         for root in roots:
             try:
@@ -242,13 +246,18 @@ class RunsState:
                 log.debug("cannot read run %s under %s: %s", run_id, root, exc)
         return live
 
-    def counts(self) -> dict[str, int]:
-        """Runs per state (``tfooc_runs{state=...}``)."""
+    def counts(self, max_age: float = 2.0) -> dict[str, int]:
+        """Runs per state (``tfooc_runs{state=...}``); the records are read at most every
+        ``max_age`` seconds (scrapes run on the scheduler's event loop)."""
+        cached = self._counts
+        if cached is not None and time.monotonic() - cached[0] < max_age:
+            return dict(cached[1])
         out = dict.fromkeys(RUN_STATES, 0)
         for row in self.runs(limit=1000):
             out[row["state"]] = out.get(row["state"], 0) + 1
-        return out
+        self._counts = (time.monotonic(), out)
+        return dict(out)
 
     def live_views(self) -> list[dict[str, Any]]:
         with self._lock:
-            return [dict(v) for v in self.live.values()]
+            return copy.deepcopy(list(self.live.values()))
