@@ -90,14 +90,11 @@ def _add_roots(dask_scheduler: Any, roots: list[str]) -> bool:
     return True
 
 
-_ATTACHED: set[str] = set()
-
-
 def attach(client: Any, storage: str | list[str] | None = None) -> str | None:
     """Install the monitoring plugin on ``client``'s scheduler; returns the page's URL.
 
     Idempotent (a plugin already there, from a preload or an earlier client, is kept) and never
-    raises: monitoring must not stop a run. The page link is logged once per scheduler.
+    raises: monitoring must not stop a run. The page link is logged, as the dashboard's is.
     """
     if not hasattr(client, "register_plugin"):       # the inline client: no scheduler, no page
         return None
@@ -111,8 +108,6 @@ def attach(client: Any, storage: str | list[str] | None = None) -> str | None:
                     "--preload tensorflow_ooc.monitoring where tensorflow_ooc is installed", type(exc).__name__, exc)
         return None
     link = page_link(getattr(client, "dashboard_link", None))
-    address = getattr(getattr(client, "scheduler", None), "address", None) or str(link)
-    if link and address not in _ATTACHED:
-        _ATTACHED.add(address)
+    if link:
         log.info("tfooc monitoring page: %s  (Prometheus metrics: %s)", link, link.rsplit("/tfooc", 1)[0] + "/metrics")
     return link
