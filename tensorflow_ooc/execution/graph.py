@@ -115,6 +115,7 @@ class MTTKRPGraph:
         # streaming task reads ahead inside itself, so more partitions buy nothing on one worker.
         # On GPU workers one partition per GPU: a device runs one task's batches over its streams.
         n_parts = partitions or (len(gpu_addrs) if self.device == "gpu" else dask_threads)
+        self.n_parts = n_parts
         self.parts: list[Partition] = plan_partitions(self.store, n_parts, max_partition_nnz)
         decoded = sum(p.decoded_bytes(self.store.nmodes) for p in self.parts)
         limits = [r["memory_limit"] for r in res.values()]
@@ -150,19 +151,32 @@ class MTTKRPGraph:
                 wait(self.data)
 
     def _plan_memory(self, client: Client, res: dict, rank: int, itemsize: int, execution: str) -> MemoryPlan:
-        """The worker memory plan for a rank-``rank`` CP-ALS on this graph's partitions."""
-        baseline = client.run(_rss)
+        """The worker memory plan for a rank-``rank`` CP-ALS. In-memory executions keep this graph's
+        partitions (capped so one decoded partition stays small); streaming ones take one partition
+        per Dask thread, uncapped (a streaming task holds one batch, not its partition), so a
+        single-threaded worker sums no partials. The chosen plan's partitions replace ``self.parts``."""
+        baseline = max(client.run(_rss).values(), default=0)
         nworkers = len(res)
-        parts_per_worker = math.ceil(len(self.parts) / nworkers)
-        worker_nnz = parts_per_worker * max((p.nnz for p in self.parts), default=0)
         limits = [r["memory_limit"] for r in res.values()]
-        plans = candidates(
-            shape=tuple(self.store.shape), rank=rank, itemsize=itemsize, worker_nnz=worker_nnz,
-            chunk_nnz=self.store.chunk_nnz, value_itemsize=self.store.value_dtype.itemsize,
-            tasks=max(1, min(min(r["dask_threads"] for r in res.values()), parts_per_worker)),
-            partitions_per_mode=len(self.parts), workers=nworkers, baseline=max(baseline.values(), default=0),
-            limit=min(limits) if all(limits) else None, execution=execution)
-        return choose(plans, f"a rank-{rank} CP-ALS of {self.path}")
+        threads = min(r["dask_threads"] for r in res.values())
+        plans: list[MemoryPlan] = []
+        parts_of: dict[int, list[Partition]] = {}
+        options = [("in-memory", self.parts), ("streaming", plan_partitions(self.store, self.n_parts, None))]
+        for mode, parts in options:
+            if execution not in ("auto", mode):
+                continue
+            per_worker = math.ceil(len(parts) / nworkers)
+            found = candidates(
+                shape=tuple(self.store.shape), rank=rank, itemsize=itemsize,
+                worker_nnz=per_worker * max((p.nnz for p in parts), default=0), chunk_nnz=self.store.chunk_nnz,
+                value_itemsize=self.store.value_dtype.itemsize, tasks=max(1, min(threads, per_worker)),
+                partitions_per_mode=len(parts), workers=nworkers, baseline=baseline,
+                limit=min(limits) if all(limits) else None, execution=mode, split_every=self.split_every)
+            plans += found
+            parts_of.update({id(p): parts for p in found})
+        plan = choose(plans, f"a rank-{rank} CP-ALS of {self.path}")
+        self.parts = parts_of[id(plan)]
+        return plan
 
     def sources(self) -> Sequence:
         return self.data if self.data is not None else [(self.path, p) for p in self.parts]

@@ -120,7 +120,7 @@ def usable_fraction() -> float:
 
 def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: int, chunk_nnz: int,
                tasks: int, partitions_per_mode: int, workers: int, baseline: int, limit: int | None,
-               value_itemsize: int = 8, execution: str = "auto") -> list[MemoryPlan]:
+               value_itemsize: int = 8, execution: str = "auto", split_every: int = 4) -> list[MemoryPlan]:
     """Every execution :func:`choose` may take, fastest first, each with its peak terms.
 
     Parameters
@@ -129,7 +129,8 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
     worker_nnz : nonzeros of the partitions placed on the busiest worker (in-memory execution).
     chunk_nnz : the store's nonzeros per chunk (the streaming reader's scratch).
     tasks : partition tasks the worker runs at once (its Dask threads, at most its partitions).
-    partitions_per_mode : partition tasks per mode in the whole graph (> 1: partials are summed).
+    partitions_per_mode : partition tasks per mode in the whole graph (> 1: partials are summed;
+        the update holds up to ``split_every`` of them and their sum).
     workers : workers running partition tasks (> 1: states travel between workers).
     baseline : the worker's resident bytes before the run.
     limit : the worker's memory limit in bytes (None or 0: unlimited).
@@ -160,7 +161,8 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
             "kernels": KERNEL_CODE_BYTES,
             "factors": S,
             "state_copy": 0 if in_place else S,
-            "outputs": tasks * out_rows,
+            "outputs": (max(tasks, min(partitions_per_mode, split_every)) if partitions_per_mode > 1 else tasks)
+            * out_rows,
             "reduction": out_rows if partitions_per_mode > 1 else 0,
             "update": (min(UPDATE_BLOCK_ROWS, max(shape)) * rank * itemsize * 2) if in_place else 2 * out_rows,
             "private": tasks * private,
