@@ -58,14 +58,31 @@ class JsonFormatter(logging.Formatter):
 
 
 class TqdmHandler(logging.StreamHandler):
-    """A stream handler that prints through ``tqdm.write`` (progress bars cleared, then redrawn)."""
+    """A stream handler that prints through ``tqdm.write`` (progress bars cleared, then redrawn).
+
+    Without a stream it writes to ``sys.stderr`` as it is at each line, as tqdm's bars do: a
+    stream captured when the handler was made may be closed by then (a test's capture, a
+    redirected stderr)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        super().__init__(stream)
+        self._follow_stderr = stream is None
+
+    def _target(self) -> TextIO:
+        return sys.stderr if self._follow_stderr else self.stream
+
+    def flush(self) -> None:
+        with self.lock:
+            target = self._target()
+            if target is not None and hasattr(target, "flush") and not getattr(target, "closed", False):
+                target.flush()
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             from tqdm import tqdm
 
             msg = self.format(record)
-            tqdm.write(msg, file=self.stream)
+            tqdm.write(msg, file=self._target())
             self.flush()
         except RecursionError:
             raise
@@ -77,7 +94,7 @@ def make_handler(log_format: str = "text", stream: TextIO | None = None) -> logg
     """The CLI's handler: ``text`` (``HH:MM:SS LEVEL message``) or ``json``, through tqdm."""
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {LOG_FORMATS}, got {log_format!r}")
-    h = TqdmHandler(stream if stream is not None else sys.stderr)
+    h = TqdmHandler(stream)
     h.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT, "%H:%M:%S"))
     h._tfooc_cli = True      # type: ignore[attr-defined]   # replaced, not stacked, when set up again
     return h
