@@ -138,3 +138,25 @@ def test_private_memory_is_bounded(rng):
     assert stats["private_bytes"] <= bound and stats["atomic_items"] > 0
     ref = tfo.mttkrp(t, factors, 0, conflict="atomic")
     assert rel_err(got, ref) < 1e-12
+
+
+@pytest.mark.parametrize("nmodes", [3, 4, 5, 6])
+def test_prefetching_kernels_against_einsum(tmp_path, rng, monkeypatch, nmodes):
+    # the prefetching kernels serve factors larger than the caches; force them on small ones
+    import importlib
+
+    K = importlib.import_module("tensorflow_ooc.kernels.mttkrp")
+    cpu = importlib.import_module("tensorflow_ooc.kernels.mttkrp_cpu")
+    monkeypatch.setattr(K, "PREFETCH_MIN_BYTES", -1)
+    shape = tuple(int(rng.integers(3, 9)) for _ in range(nmodes))
+    coords, values = random_coo(rng, shape, int(rng.integers(50, 400)))
+    rank = int(rng.choice([3, 16, 32]))
+    factors = [rng.standard_normal((s, rank)) for s in shape]
+    tensor = tfo.encode_coo(coords, values, shape)
+    store = tfo.convert((coords, values), tmp_path / "t.zarr", chunk_nnz=64)   # several streamed batches
+    for mode in range(nmodes):
+        ref = dense_mttkrp(shape, coords, values, factors, mode)
+        for conflict in ("auto", "private", "atomic"):
+            assert rel_err(tfo.mttkrp(tensor, factors, mode, conflict=conflict), ref) < 1e-12
+        assert rel_err(tfo.mttkrp(store, factors, mode), ref) < 1e-12
+    assert any(key[3] for key in cpu._KERNELS)          # the prefetching kernels were the ones run

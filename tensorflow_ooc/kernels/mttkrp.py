@@ -13,7 +13,7 @@ import numpy as np
 from ..format import BitLayout, BLCOTensor
 from ..store import Chunk, Store
 from .factors import StackedFactors
-from .mttkrp_cpu import kernel_for, merge_private
+from .mttkrp_cpu import PREFETCH_MIN_BYTES, kernel_for, merge_private
 from .plan import DEFAULT_MAX_PRIVATE_BYTES, ConflictPlan, WorkItems, plan_conflicts, work_items
 
 MERGE_TILE = 256
@@ -103,7 +103,7 @@ def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode
     if items.nitems == 0:
         return plan
     priv_buf = private_scratch(max(1, int(plan.size.sum())), R, out.dtype)
-    direct, runs = kernel_for(layout.nmodes, R, items.delta)
+    direct, runs = kernel_for(layout.nmodes, R, items.delta, factors.data.nbytes > PREFETCH_MIN_BYTES)
     mask = layout.pext_masks if items.delta else layout.field_mask
     common = (items.index, items.values, items.start, items.end, items.base, items.prev, items.lo,
               layout.field_shift, mask, factors.data, factors.offsets, mode, R)

@@ -24,6 +24,14 @@ import numpy as np
 
 from ..format.bits import pext
 from .atomics import atomic_add
+from .prefetch import prefetch_row
+
+# Kernels for factor matrices far larger than the caches prefetch the factor rows of the nonzero
+# PREFETCH_DISTANCE ahead. Amazon-shaped (1 GiB of factors, 5 M nonzeros, rank 16, mostly atomic
+# items): 2.75 -> 2.59 s for all three modes. Where the factors fit the caches the extra decode
+# only costs (nips-shaped: 0.066 -> 0.085 s), so they are chosen above PREFETCH_MIN_BYTES.
+PREFETCH_DISTANCE = 16
+PREFETCH_MIN_BYTES = 256 << 20
 
 # Ranks compiled with the rank as a constant. For 8 and 16 a constant rank makes LLVM unroll the
 # rank loop completely and vectorize it worse than the run-time loop (uber-shaped, mode 2, rank 16:
@@ -45,7 +53,7 @@ def _flush(acc, R, row, is_private, shift_row, priv_buf, out_flat, out_lo):
             atomic_add(out_flat, base + r, acc[r])
 
 
-def _build(nmodes: int, rank_const: int, delta: bool = False):
+def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = False):
     """Kernels for ``nmodes`` modes; ``rank_const`` > 0 fixes the rank, 0 takes it at run time.
 
     ``delta`` kernels read streamed chunks as stored: Delta differences of the low ALTO words,
@@ -60,6 +68,7 @@ def _build(nmodes: int, rank_const: int, delta: bool = False):
     """
     NM1 = nmodes - 1
     DELTA = bool(delta)
+    PF = PREFETCH_DISTANCE if prefetch else 0
 
     @nb.njit(parallel=True, nogil=True, cache=True)
     def direct_items(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, mode,
@@ -101,7 +110,26 @@ def _build(nmodes: int, rank_const: int, delta: bool = False):
             shift_row = first - item_lo[k, mode]
             rows = np.empty(NM1, dtype=np.int64)
             word = item_prev[k]
-            for i in range(item_start[k], item_end[k]):
+            end = item_end[k]
+            ahead = word
+            if DELTA and PF > 0:
+                for i in range(item_start[k], min(end, item_start[k] + PF)):
+                    ahead += index[i]
+            for i in range(item_start[k], end):
+                if PF > 0:
+                    if i + PF < end:
+                        if DELTA:
+                            ahead += index[i + PF]
+                            xa = ahead
+                        else:
+                            xa = index[i + PF]
+                        for m in range(NM1 + 1):
+                            if m != mode:
+                                if DELTA:
+                                    ca = item_base[k, m] + np.int64(pext(xa, mask[m]))
+                                else:
+                                    ca = item_base[k, m] + np.int64((xa >> np.uint64(shift[m])) & mask[m])
+                                prefetch_row(F, offs[m] + ca)
                 if DELTA:
                     word += index[i]
                     x = word
@@ -146,7 +174,26 @@ def _build(nmodes: int, rank_const: int, delta: bool = False):
             acc = np.zeros(R, dtype=F.dtype)
             current = -1
             word = item_prev[k]
-            for i in range(item_start[k], item_end[k]):
+            end = item_end[k]
+            ahead = word
+            if DELTA and PF > 0:
+                for i in range(item_start[k], min(end, item_start[k] + PF)):
+                    ahead += index[i]
+            for i in range(item_start[k], end):
+                if PF > 0:
+                    if i + PF < end:
+                        if DELTA:
+                            ahead += index[i + PF]
+                            xa = ahead
+                        else:
+                            xa = index[i + PF]
+                        for m in range(NM1 + 1):
+                            if m != mode:
+                                if DELTA:
+                                    ca = item_base[k, m] + np.int64(pext(xa, mask[m]))
+                                else:
+                                    ca = item_base[k, m] + np.int64((xa >> np.uint64(shift[m])) & mask[m])
+                                prefetch_row(F, offs[m] + ca)
                 if DELTA:
                     word += index[i]
                     x = word
@@ -182,12 +229,13 @@ def _build(nmodes: int, rank_const: int, delta: bool = False):
     return direct_items, run_items
 
 
-_KERNELS: dict[tuple[int, int, bool], object] = {}
+_KERNELS: dict[tuple[int, int, bool, bool], object] = {}
 
 
-def kernel_for(nmodes: int, rank: int, delta: bool = False):
-    """The compiled kernels for this order, rank and index encoding (constant-rank code for 32 and 64)."""
-    key = (nmodes, rank if rank in SPECIALIZED_RANKS else 0, bool(delta))
+def kernel_for(nmodes: int, rank: int, delta: bool = False, prefetch: bool = False):
+    """The compiled kernels for this order, rank and index encoding (constant-rank code for 32 and
+    64); ``prefetch`` kernels prefetch factor rows ahead (for factors far larger than the caches)."""
+    key = (nmodes, rank if rank in SPECIALIZED_RANKS else 0, bool(delta), bool(prefetch))
     if key not in _KERNELS:
         _KERNELS[key] = _build(*key)
     return _KERNELS[key]
