@@ -32,7 +32,7 @@ def test_every_mode_against_einsum(rng, nmodes, rank):
     factors = [rng.standard_normal((s, rank)) for s in shape]
     for mode in range(nmodes):
         ref = dense_mttkrp(shape, coords, values, factors, mode)
-        for conflict in ("auto", "private", "atomic"):
+        for conflict in ("auto", "private", "atomic", "owned"):
             got = tfo.mttkrp(t, factors, mode, conflict=conflict)
             assert got.shape == (shape[mode], rank)
             assert rel_err(got, ref) < 1e-12, (mode, conflict)
@@ -156,7 +156,31 @@ def test_prefetching_kernels_against_einsum(tmp_path, rng, monkeypatch, nmodes):
     store = tfo.convert((coords, values), tmp_path / "t.zarr", chunk_nnz=64)   # several streamed batches
     for mode in range(nmodes):
         ref = dense_mttkrp(shape, coords, values, factors, mode)
-        for conflict in ("auto", "private", "atomic"):
+        for conflict in ("auto", "private", "atomic", "owned"):
             assert rel_err(tfo.mttkrp(tensor, factors, mode, conflict=conflict), ref) < 1e-12
         assert rel_err(tfo.mttkrp(store, factors, mode), ref) < 1e-12
     assert any(key[3] for key in cpu._KERNELS)          # the prefetching kernels were the ones run
+
+
+@pytest.mark.parametrize("nmodes", [3, 4, 5, 6])
+def test_row_owned_tiles_against_einsum(tmp_path, rng, monkeypatch, nmodes):
+    """Row-owned tiles (in place of atomics on long modes): in memory and streamed (Delta-coded
+    words), several item groups and many tiles, same result for 1 and 2 threads."""
+    import importlib
+
+    owned = importlib.import_module("tensorflow_ooc.kernels.mttkrp_owned")
+    monkeypatch.setattr(owned, "GROUP_NNZ", 97)          # several bucket groups
+    monkeypatch.setattr(owned, "TILE_BYTES", 64)         # many small tiles
+    shape = tuple(int(rng.integers(5, 40 if nmodes < 5 else 9)) for _ in range(nmodes))
+    coords, values = random_coo(rng, shape, int(rng.integers(300, 1500)))
+    rank = int(rng.choice([2, 16, 32]))
+    factors = [rng.standard_normal((s, rank)) for s in shape]
+    tensor = tfo.encode_coo(coords, values, shape, max_block_nnz=250)
+    store = tfo.convert((coords, values), tmp_path / "t.zarr", chunk_nnz=128)
+    for mode in range(nmodes):
+        ref = dense_mttkrp(shape, coords, values, factors, mode)
+        one = tfo.mttkrp(tensor, factors, mode, conflict="owned", threads=1)
+        two = tfo.mttkrp(tensor, factors, mode, conflict="owned", threads=2)
+        assert rel_err(one, ref) < 1e-12
+        np.testing.assert_array_equal(one, two)          # the sum order does not follow the threads
+        assert rel_err(tfo.mttkrp(store, factors, mode, conflict="owned"), ref) < 1e-12

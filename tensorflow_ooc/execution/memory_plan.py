@@ -15,6 +15,7 @@ Before anything runs, the plan adds up the bytes the busiest worker holds at onc
                where a kernel call has too few nonzeros to use it (a private work item spans at
                most ``PRIVATE_REUSE`` rows per nonzero)
 ``data``       decoded partitions kept in memory, or the streaming batch buffers
+``buckets``    the row-owned tiles' buckets (20 bytes a nonzero, a bounded group at a time)
 ``transfer``   a state arriving from another worker while the previous one is still held
 ============== ==================================================================================
 
@@ -42,6 +43,7 @@ from dataclasses import dataclass, field
 import dask
 
 from ..errors import TfoocError
+from ..kernels.mttkrp_owned import GROUP_NNZ as OWNED_GROUP_NNZ
 from ..kernels.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
 from .stream import BATCH_NNZ
 
@@ -167,6 +169,7 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
             "update": (min(UPDATE_BLOCK_ROWS, max(shape)) * rank * itemsize * 2) if in_place else 2 * out_rows,
             "private": tasks * private,
             "data": int(data),
+            "buckets": tasks * 20 * min(OWNED_GROUP_NNZ, call_nnz),
             "transfer": S if workers > 1 else 0,
         }
         plans.append(MemoryPlan(mode, in_place, batch_nnz, bound, terms, limit or None, usable_fraction()))

@@ -14,10 +14,13 @@ from ..format import BitLayout, BLCOTensor
 from ..store import Chunk, Store
 from .factors import StackedFactors
 from .mttkrp_cpu import PREFETCH_MIN_BYTES, kernel_for, merge_private
+from .mttkrp_owned import run_owned
 from .plan import DEFAULT_MAX_PRIVATE_BYTES, ConflictPlan, WorkItems, plan_conflicts, work_items
 
 MERGE_TILE = 256
 SCRATCH_KEEP_BYTES = 64 << 20
+# atomic items' nonzeros from which row-owned tiles replace atomic adds (see mttkrp_owned)
+OWNED_MIN_NNZ = 1 << 16
 
 _SCRATCH = threading.local()
 
@@ -108,11 +111,18 @@ def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode
     common = (items.index, items.values, items.start, items.end, items.base, items.prev, items.lo,
               layout.field_shift, mask, factors.data, factors.offsets, mode, R)
     todo_direct = np.flatnonzero(~plan.runs)
-    todo_runs = np.flatnonzero(plan.runs)
+    shared = ~plan.private
+    # items without a private accumulator: row-owned tiles instead of atomic adds, unless atomics
+    # are asked for or too few nonzeros need them to pay for bucketing
+    owned = conflict == "owned" or (conflict == "auto" and
+                                    int((items.end - items.start)[shared].sum()) >= OWNED_MIN_NNZ)
+    todo_runs = np.flatnonzero(plan.runs & plan.private) if owned else np.flatnonzero(plan.runs)
     if todo_direct.size:
         direct(*common, todo_direct, plan.offset, plan.size, priv_buf)
     if todo_runs.size:
         runs(*common, todo_runs, plan.private, plan.offset, plan.size, priv_buf, out.reshape(-1), out_lo)
+    if owned and shared.any():
+        run_owned(items, layout, factors, mode, out, out_lo, np.flatnonzero(shared))
     if plan.private.any():
         merge_private(out, out_lo, plan.private, plan.offset, items.lo, items.hi, mode, priv_buf, MERGE_TILE)
     return plan
