@@ -1,0 +1,131 @@
+"""Sampled MTTKRP (fiber gather) against brute-force references, in memory and streamed."""
+
+import numpy as np
+import pytest
+from conftest import random_coo
+
+import tensorflow_ooc as tfo
+from tensorflow_ooc.execution.stream import BatchBuffers, fill_batch, stream_batches
+from tensorflow_ooc.kernels.fiber_gather import (
+    FiberIndex,
+    SampleTable,
+    exact_keys,
+    sample_keys,
+    sampled_mttkrp_items,
+)
+from tensorflow_ooc.kernels.mttkrp import tensor_items
+
+
+def draw_samples(rng, coords, shape, mode, count):
+    """Distinct multi-indices of the other modes: half from existing nonzeros, half random."""
+    hits = coords[rng.integers(0, coords.shape[0], count // 2)]
+    rand = np.stack([rng.integers(0, s, count - count // 2) for s in shape], axis=1)
+    s = np.concatenate([hits, rand])
+    s[:, mode] = 0
+    return np.unique(s, axis=0)
+
+
+def brute_force(coords, values, shape, mode, samples, Hw):
+    """sum_s X[s with mode = i] * Hw[s], by comparing every nonzero with every sample."""
+    out = np.zeros((shape[mode], Hw.shape[1]))
+    others = [m for m in range(len(shape)) if m != mode]
+    for s in range(samples.shape[0]):
+        match = np.all(coords[:, others] == samples[s, others], axis=1)
+        for i, v in zip(coords[match, mode], values[match]):
+            out[i] += v * Hw[s]
+    return out
+
+
+@pytest.mark.parametrize("nmodes", [3, 4, 5, 6])
+def test_sampled_mttkrp_in_memory_and_streamed(tmp_path, rng, nmodes):
+    shape = tuple(int(s) for s in rng.integers(3, 14 if nmodes < 6 else 7, nmodes))
+    coords, values = random_coo(rng, shape, 1500)
+    store = tfo.convert((coords, values), tmp_path / "s.zarr", shape=shape, chunk_nnz=256, max_block_nnz=100)
+    tensor = tfo.encode_coo(coords, values, shape)
+    bufs = BatchBuffers(store, store.nchunks)
+    decoded = fill_batch(store, range(store.nchunks), bufs, delta=False)
+    R = int(rng.choice([1, 5, 16]))
+    for mode in range(nmodes):
+        samples = draw_samples(rng, coords, shape, mode, 60)
+        Hw = rng.standard_normal((samples.shape[0], R))
+        want = brute_force(coords, values, shape, mode, samples, Hw)
+        assert np.abs(want).sum() > 0      # some samples hit fibers
+        # dense reference of the same quantity
+        X = np.zeros(shape)
+        X[tuple(coords.T)] = values
+        dense = np.zeros_like(want)
+        for s in range(samples.shape[0]):
+            idx = list(samples[s])
+            idx[mode] = slice(None)
+            dense += np.outer(X[tuple(idx)], Hw[s])
+        np.testing.assert_allclose(want, dense, rtol=1e-12, atol=1e-12)
+
+        got_scan = np.zeros_like(want)
+        sampled_mttkrp_items(tensor_items(tensor), tensor.layout, mode, samples, Hw, got_scan)
+        index = FiberIndex.build(decoded, store.layout, mode)
+        got_index = np.zeros_like(want)
+        sampled_mttkrp_items(decoded, store.layout, mode, samples, Hw, got_index, index=index)
+        got_stream = np.zeros_like(want)
+        table = SampleTable.build(sample_keys(samples, shape, mode))
+        for items in stream_batches(store, 0, store.nchunks, batch_nnz=512):
+            sampled_mttkrp_items(items, store.layout, mode, samples, Hw, got_stream, table=table)
+        for got in (got_scan, got_index, got_stream):
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_fibers_themselves_with_identity_rows(tmp_path, rng):
+    """With Hw the identity, column s of the output is sample s's fiber."""
+    shape = (9, 11, 7)
+    coords, values = random_coo(rng, shape, 300)
+    X = np.zeros(shape)
+    X[tuple(coords.T)] = values
+    store = tfo.convert((coords, values), tmp_path / "s.zarr", shape=shape, chunk_nnz=64)
+    samples = draw_samples(rng, coords, shape, 1, 20)
+    out = np.zeros((shape[1], samples.shape[0]))
+    for items in stream_batches(store, 0, store.nchunks):
+        sampled_mttkrp_items(items, store.layout, 1, samples, np.eye(samples.shape[0]), out)
+    for s in range(samples.shape[0]):
+        np.testing.assert_array_equal(out[:, s], X[samples[s, 0], :, samples[s, 2]])
+
+
+def test_wrapped_keys_are_verified(tmp_path, rng):
+    """Other modes of 2^22 x 2^22 x 2^22: keys wrap modulo 2^64, so mode-1 indices 2^20 apart
+    collide; hits must be checked against the sample's coordinates."""
+    shape = (3, 1 << 22, 1 << 22, 1 << 22)
+    assert not exact_keys(shape, 0)
+    coords, values = random_coo(rng, shape, 400)
+    coords[:, 1] %= 1 << 20          # room for a twin 2^20 above
+    coords = np.unique(coords, axis=0)
+    values = rng.standard_normal(coords.shape[0])
+    real = coords[:30].copy()
+    real[:, 0] = 0
+    twins = real.copy()
+    twins[:, 1] += 1 << 20           # the same keys as the real fibers, no nonzeros of their own
+    assert (sample_keys(twins, shape, 0) == sample_keys(real, shape, 0)).all()
+    samples = np.concatenate([twins, real])      # twins first: found first without the check
+    Hw = rng.standard_normal((samples.shape[0], 3))
+    want = brute_force(coords, values, shape, 0, samples, Hw)
+    store = tfo.convert((coords, values), tmp_path / "s.zarr", shape=shape, chunk_nnz=128)
+    assert store.shape == shape
+    got = np.zeros((shape[0], 3))
+    for items in stream_batches(store, 0, store.nchunks):
+        sampled_mttkrp_items(items, store.layout, 0, samples, Hw, got)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="63 bits"):
+        bufs = BatchBuffers(store, store.nchunks)
+        FiberIndex.build(fill_batch(store, range(store.nchunks), bufs, delta=False), store.layout, 0)
+
+
+def test_bad_arguments(tmp_path, rng):
+    shape = (5, 6, 7)
+    coords, values = random_coo(rng, shape, 50)
+    tensor = tfo.encode_coo(coords, values, shape)
+    samples = draw_samples(rng, coords, shape, 0, 4)
+    with pytest.raises(ValueError, match="Hw must be"):
+        sampled_mttkrp_items(tensor_items(tensor), tensor.layout, 0, samples, np.ones((1, 2)), np.zeros((5, 2)))
+    store = tfo.convert((coords, values), tmp_path / "s.zarr", shape=shape)
+    bufs = BatchBuffers(store, store.nchunks)
+    index = FiberIndex.build(fill_batch(store, range(store.nchunks), bufs, delta=False), store.layout, 1)
+    with pytest.raises(ValueError, match="for mode 1"):
+        sampled_mttkrp_items(tensor_items(tensor), tensor.layout, 0, samples, np.ones((len(samples), 2)),
+                             np.zeros((5, 2)), index=index)
