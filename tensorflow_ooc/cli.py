@@ -208,6 +208,7 @@ def cmd_cpd(args: argparse.Namespace) -> int:
         result = cp_als(store, args.rank, scheduler=args.scheduler, max_iters=args.max_iters, tol=args.tol,
                         seed=args.seed, dtype=args.dtype, checkpoint=checkpoint, resume=args.resume,
                         callback=progress, execution=args.execution, out=out, overwrite=True, device=args.device,
+                        method=args.method, samples=args.samples, fit_every=args.fit_every,
                         device_options=DeviceOptions(conflict=args.conflict, streams=args.streams,
                                                      device_memory_limit=args.device_memory_limit))
     bar.close()
@@ -216,7 +217,8 @@ def cmd_cpd(args: argparse.Namespace) -> int:
     # the first iteration of a process also compiles (or loads) the kernels: reported apart
     steady = new[1:] or new
     per_it = sum(h["seconds"] for h in steady) / max(1, len(steady))
-    print(f"CP-ALS rank {args.rank} on {store.path} ({store.nnz:,} nonzeros, {result.params['execution']} execution "
+    how = "" if args.method == "exact" else f", {args.method} sampling of {args.samples:,} rows"
+    print(f"CP-ALS rank {args.rank}{how} on {store.path} ({store.nnz:,} nonzeros, {result.params['execution']} execution "
           f"on {result.params['device']}, "
           f"{'in this process' if result.params.get('scheduler') == 'inline' else 'Dask graph'})")
     print(f"  fit            {result.fit:.6f} after {result.iterations} iterations")
@@ -227,8 +229,12 @@ def cmd_cpd(args: argparse.Namespace) -> int:
     if steady:
         parts = {k: sum(sum(h[k]) if isinstance(h[k], list) else h[k] for h in steady) / len(steady)
                  for k in ("mttkrp_seconds", "update_seconds", "other_seconds")}
-        print(f"  of which       MTTKRP {parts['mttkrp_seconds']:.3f} s, updates {parts['update_seconds']:.3f} s, "
+        what = "MTTKRP" if args.method == "exact" else "sampled MTTKRP (+ exact for the fit)"
+        print(f"  of which       {what} {parts['mttkrp_seconds']:.3f} s, updates {parts['update_seconds']:.3f} s, "
               f"scheduling and transfers {parts['other_seconds']:.3f} s")
+        if args.method != "exact":
+            draw = sum(sum(h.get("sampling_seconds", [])) for h in steady) / len(steady)
+            print(f"                 drawing samples {draw:.3f} s")
     print(f"  result         {out}")
     print(f"  checkpoint     {checkpoint}")
     return 0
@@ -537,6 +543,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--device-memory-limit", type=parse_size, default=None,
                    help="device memory a GPU task may use, e.g. 8GiB (default 80%% of free device memory); "
                         "tensors larger than this are streamed in batches")
+    d.add_argument("--method", choices=["exact", "sts", "arls-lev", "arls-lev-hybrid"], default="exact",
+                   help="least-squares solves: exact (full MTTKRP), or randomized by sampling rows of the "
+                        "Khatri-Rao product: sts = exact leverage scores (STS-CP), arls-lev = product of the "
+                        "factors' leverage scores (CP-ARLS-LEV), arls-lev-hybrid = the same with rows of "
+                        "probability >= 1/SAMPLES taken deterministically (default exact)")
+    d.add_argument("--samples", type=_positive_int, default=65536,
+                   help="randomized methods: Khatri-Rao rows drawn per mode and iteration (default 65536)")
+    d.add_argument("--fit-every", type=_positive_int, default=None,
+                   help="randomized methods: evaluate the fit (one exact MTTKRP) every N iterations and at the "
+                        "last (default 1 up to 2^24 nonzeros, else 5)")
     d.add_argument("--checkpoint", help="checkpoint file (default OUT.checkpoint.npz)")
     d.add_argument("--resume", action="store_true", help="continue from the checkpoint if it exists")
     d.add_argument("--overwrite", action="store_true",

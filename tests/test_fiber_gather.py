@@ -129,3 +129,31 @@ def test_bad_arguments(tmp_path, rng):
     with pytest.raises(ValueError, match="for mode 1"):
         sampled_mttkrp_items(tensor_items(tensor), tensor.layout, 0, samples, np.ones((len(samples), 2)),
                              np.zeros((5, 2)), index=index)
+
+
+def test_sums_do_not_depend_on_the_thread_count(tmp_path, rng):
+    import numba
+
+    shape = (50, 40, 30)
+    coords, values = random_coo(rng, shape, 20_000)
+    store = tfo.convert((coords, values), tmp_path / "s.zarr", shape=shape, chunk_nnz=2048)
+    bufs = BatchBuffers(store, store.nchunks)
+    decoded = fill_batch(store, range(store.nchunks), bufs, delta=False)
+    index = FiberIndex.build(decoded, store.layout, 0)
+    samples = draw_samples(rng, coords, shape, 0, 600)
+    Hw = rng.standard_normal((samples.shape[0], 16))
+    got = {}
+    old = numba.get_num_threads()
+    try:
+        for threads in (1, 2):
+            numba.set_num_threads(threads)
+            a, b = np.zeros((shape[0], 16)), np.zeros((shape[0], 16))
+            sampled_mttkrp_items(decoded, store.layout, 0, samples, Hw, a, index=index)
+            for items in stream_batches(store, 0, store.nchunks):
+                sampled_mttkrp_items(items, store.layout, 0, samples, Hw, b)
+            got[threads] = (a, b)
+    finally:
+        numba.set_num_threads(old)
+    np.testing.assert_array_equal(got[1][0], got[2][0])
+    np.testing.assert_array_equal(got[1][1], got[2][1])
+    np.testing.assert_allclose(got[1][0], brute_force(coords, values, shape, 0, samples, Hw), rtol=1e-10, atol=1e-10)

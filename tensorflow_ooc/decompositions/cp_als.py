@@ -16,9 +16,13 @@ from ..execution.inline import INLINE_MAX_NNZ, is_inline
 from ..store import Store, open_store, paths
 from . import updates as U
 from .checkpoint import read_checkpoint, write_checkpoint
+from .randomized import check_method, draw_samples, with_trees
 from .result import CPResult, arrange, fingerprint
 
 log = logging.getLogger(__name__)
+
+# randomized methods evaluate the fit (one exact MTTKRP) every iteration up to this size by default
+FIT_EVERY_ITERATION_NNZ = 1 << 24
 
 
 def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None = None, max_iters: int = 50,
@@ -26,8 +30,17 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
            dtype: str = "float64", checkpoint: str | os.PathLike | None = None, resume: bool = False,
            callback: Callable[[dict], None] | None = None, execution: str = "auto", checkpoint_every: int = 1,
            scheduler: str | None = None, partitions: int | None = None, out: str | os.PathLike | None = None,
-           overwrite: bool = False, device: str = "auto", device_options: DeviceOptions | None = None) -> CPResult:
+           overwrite: bool = False, device: str = "auto", device_options: DeviceOptions | None = None,
+           method: str = "exact", samples: int = 65536, fit_every: int | None = None) -> CPResult:
     """Rank-``rank`` CP decomposition of a sparse tensor store by alternating least squares.
+
+    Each iteration solves, mode by mode, ``A_n = argmin || A_n (odot_{m != n} A_m)^T - X_(n) ||``.
+    ``method="exact"`` solves it through the full MTTKRP (Algorithm 1 of seed 001); the randomized
+    methods solve a sketch of it (seed 000, chapter 3): ``samples`` rows of the Khatri-Rao product
+    drawn by their exact leverage scores (``"sts"``, STS-CP: a segment tree per factor, O(R^2 log I)
+    per draw), or by the product of the factors' leverage scores (``"arls-lev"``, CP-ARLS-LEV;
+    ``"arls-lev-hybrid"`` also takes every row of probability >= 1/samples deterministically). The
+    sampled right-hand side needs only the nonzeros of the sampled fibers.
 
     Parameters
     ----------
@@ -62,6 +75,16 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
         cluster has them. On GPU workers with CuPy the mode updates run on the device too.
     device_options : DeviceOptions, optional
         GPU kernel and streaming settings (conflict resolution, streams, device memory limit).
+    method : {"exact", "sts", "arls-lev", "arls-lev-hybrid"}
+        How each least-squares problem is solved (above). Randomized methods run on CPU workers.
+    samples : int
+        Khatri-Rao rows drawn per mode and iteration by the randomized methods (J; default 2^16).
+    fit_every : int, optional
+        Randomized methods: evaluate the fit (exactly, by the inner-product identity, which costs
+        one full MTTKRP) every this many iterations and at the last; default every iteration up to
+        2^24 nonzeros, else every 5th. They stop when the best fit of the last 3 evaluations
+        improves on the best before by less than ``tol``. The exact method evaluates it every
+        iteration at no extra cost.
 
     Returns
     -------
@@ -76,15 +99,25 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
     >>> r = tfo.cp_als(s, 3, seed=1, max_iters=30)   # doctest: +SKIP
     >>> r.fit > 0.9                                   # doctest: +SKIP
     True
+    >>> r = tfo.cp_als(s, 3, seed=1, method="sts", samples=4096)   # doctest: +SKIP
     """
     store = store if isinstance(store, Store) else open_store(store)
     if rank < 1:
         raise ValueError(f"rank must be >= 1, got {rank}")
     if dtype not in ("float64", "float32"):
         raise ValueError(f"dtype must be 'float64' or 'float32', got {dtype!r}")
+    check_method(method, samples)
+    randomized = method != "exact"
+    if randomized and device == "gpu":
+        raise ValueError(f"method={method!r} runs on CPU workers; use device='cpu' or 'auto'")
+    if fit_every is not None and int(fit_every) < 1:
+        raise ValueError(f"fit_every must be >= 1, got {fit_every}")
+    fit_every = int(fit_every) if fit_every is not None else (1 if store.nnz <= FIT_EVERY_ITERATION_NNZ else 5)
     N, shape = store.nmodes, store.shape
     params = {"rank": int(rank), "max_iters": int(max_iters), "tol": float(tol), "seed": seed, "dtype": dtype,
-              "init": init if isinstance(init, str) else "given"}
+              "init": init if isinstance(init, str) else "given", "method": method}
+    if randomized:
+        params.update(samples=int(samples), fit_every=fit_every)
     input_fp = fingerprint(store)
     normX2 = float(store.meta["norm_sq"])
     normX = math.sqrt(normX2)
@@ -92,9 +125,12 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
 
     if client is None and scheduler is None and device != "gpu" and store.nnz <= INLINE_MAX_NNZ:
         scheduler = "inline"      # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
+    if randomized:
+        device = "cpu"
     with get_client(client, scheduler, device=device) as c:
         graph = MTTKRPGraph(c, store.path, execution=execution, partitions=partitions, device=device,
-                            device_options=device_options, rank=rank, dtype=dtype)
+                            device_options=device_options, rank=rank, dtype=dtype,
+                            samples=int(samples) if randomized else 0)
         params["execution"] = graph.execution
         params["in_place_updates"] = graph.in_place
         if graph.memory_plan is not None:
@@ -109,6 +145,7 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
                 raise ValueError(f"{checkpoint}: checkpoint is for another store or rank; remove it or drop resume")
             F = c.submit(U.stack, state.factors, dtype, state.weights, pure=False)
             start, fit, history, weights = state.iteration + 1, state.fit, list(state.history), state.weights
+            sample_entropy = state.params.get("sample_entropy")
             log.info("resuming from %s after iteration %d (fit %.6f)", checkpoint, state.iteration + 1, fit)
         else:
             if isinstance(init, str):
@@ -120,9 +157,19 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
                     raise ValueError(f"init must hold {N} matrices of shapes {[(s, rank) for s in shape]}")
                 F = c.submit(U.stack, [np.asarray(a) for a in init], dtype, pure=False)
             start, fit, history, weights = 0, 0.0, [], np.ones(rank)
+            sample_entropy = None
         if graph.device == "gpu":
             F = c.submit(U.on_device, F, pure=False, **on_cluster)
         params["resumed_after"] = start
+        if randomized:
+            # one entropy per run, kept in checkpoints: a resumed run draws what the first would have
+            if sample_entropy is None:
+                sample_entropy = int(np.random.SeedSequence(seed).entropy) % 2**63 if seed is not None else \
+                    int(np.random.SeedSequence().entropy) % 2**63
+            params["sample_entropy"] = int(sample_entropy)
+            if method == "sts":
+                F = c.submit(with_trees, F, pure=False, **on_cluster)
+        evaluated = [h["fit"] for h in history if h.get("fit_evaluated", True)]
         # bytes read from the store per iteration (for monitoring): a streaming pass reads every
         # compressed chunk once per mode; in memory, the partitions were read once, before the first
         # iteration of this run, and are counted there
@@ -139,9 +186,18 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
         for iteration in range(start, max_iters):
             t_iter = time.time()
             fit_old = fit
+            evaluate = not randomized or (iteration + 1) % fit_every == 0 or iteration + 1 == max_iters
             for n in range(N):
-                # MTTKRP graph, then the update (fused into one task when there is one partition)
-                F = graph.mode_update(F, n, U.update_mode, iteration == 0, n == N - 1, graph.in_place)
+                if not randomized:
+                    # MTTKRP graph, then the update (fused into one task when there is one partition)
+                    F = graph.mode_update(F, n, U.update_mode, iteration == 0, n == N - 1, graph.in_place)
+                    continue
+                # draw beside the state, gather the sampled fibers, solve the sketched problem; the
+                # last mode of an evaluated iteration also runs the exact MTTKRP for the fit
+                S = c.submit(draw_samples, F, n, method, samples, (params["sample_entropy"], iteration, n),
+                             pure=False, **on_cluster)
+                F = graph.sampled_mode_update(F, S, n, U.update_mode, evaluate and n == N - 1, iteration == 0,
+                                              n == N - 1, graph.in_place)
             sm = c.submit(U.summary, F, pure=False).result()
             weights = sm.weights
             # per-mode seconds from the update tasks' finish times (worker clocks)
@@ -152,20 +208,34 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
             for g in sm.grams:
                 H *= g
             norm_model2 = float(weights @ H @ weights)
-            iprod = float((sm.inner * weights).sum())
-            fit = 1 - math.sqrt(abs(normX2 + norm_model2 - 2 * iprod)) / normX if normX > 0 else 0.0
+            if evaluate:
+                iprod = float((sm.inner * weights).sum())
+                fit = 1 - math.sqrt(abs(normX2 + norm_model2 - 2 * iprod)) / normX if normX > 0 else 0.0
+                evaluated.append(fit)
             seconds = time.time() - t_iter
             mttkrp_s = [sm.timings[n][0] for n in range(N)]
             update_s = [sm.timings[n][1] for n in range(N)]
-            record = {"iteration": iteration + 1, "fit": fit, "fit_change": abs(fit - fit_old), "seconds": seconds,
+            sampling_s = [sm.sampling.get(n, 0.0) for n in range(N)] if randomized else [0.0] * N
+            record = {"iteration": iteration + 1, "fit": fit, "fit_change": abs(fit - fit_old) if evaluate else 0.0,
+                      "fit_evaluated": evaluate, "seconds": seconds,
                       "mode_seconds": mode_seconds, "mttkrp_seconds": mttkrp_s, "update_seconds": update_s,
-                      "other_seconds": max(0.0, seconds - sum(mttkrp_s) - sum(update_s)),
+                      "other_seconds": max(0.0, seconds - sum(mttkrp_s) - sum(update_s) - sum(sampling_s)
+                                           - (sm.fit_seconds if randomized and evaluate else 0.0)),
                       "nnz_per_s": store.nnz * N / seconds,
                       "bytes_read": chunk_bytes * N if streamed else (chunk_bytes if iteration == start else 0)}
+            if randomized:
+                # mttkrp_seconds are the sampled MTTKRPs; fit_seconds the exact one of the fit
+                record["sampling_seconds"] = sampling_s
+                record["fit_seconds"] = sm.fit_seconds if evaluate else 0.0
             history.append(record)
             log.info("iteration %d: fit %.6f (change %.2e), %.3f s", iteration + 1, fit, record["fit_change"], seconds,
                      extra={"iteration": iteration + 1})     # a field of its own in JSON logs
-            done = iteration > 0 and abs(fit - fit_old) < tol
+            if randomized:
+                # sketched solves make the fit noisy: stop when the best of the last 3 evaluations
+                # does not beat the best before them by tol (seed 000, section 3.6.9)
+                done = tol > 0 and evaluate and len(evaluated) > 3 and max(evaluated[-3:]) - max(evaluated[:-3]) < tol
+            else:
+                done = iteration > 0 and abs(fit - fit_old) < tol
             if checkpoint and (done or (iteration + 1) % checkpoint_every == 0 or iteration + 1 == max_iters):
                 t_ck = time.time()
                 c.submit(write_checkpoint, checkpoint, c.submit(U.on_host, F, pure=False), weights, iteration, fit,

@@ -43,6 +43,10 @@ class CPState(StackedFactors):
         self.inner = np.zeros(self.rank)
         self.finished: dict[int, float] = {}
         self.timings: dict[int, tuple[float, float]] = {}   # mode -> (MTTKRP seconds, update seconds)
+        self.sampling: dict[int, float] = {}                # mode -> seconds drawing its samples
+        self.fit_seconds = 0.0      # randomized CP: the exact MTTKRP run for the last fit evaluation
+        # randomized CP (STS-CP): each mode's leverage-score segment tree, rebuilt after its update
+        self.trees: list | None = None
 
     @classmethod
     def of(cls, factors: StackedFactors) -> "CPState":
@@ -72,7 +76,8 @@ def solve_normal(V: Any, M: Any) -> Any:
 
 
 def update_mode(state: CPState, partials: Partial | Sequence[Partial], mode: int, first_iteration: bool,
-                last_mode: bool, in_place: bool = False) -> CPState:
+                last_mode: bool, in_place: bool = False, sketch: Any = None,
+                exact: Sequence[Partial] | None = None) -> CPState:
     """One mode update of Algorithm 1 (lines 3-6), as one task: V = Hadamard product of the other
     modes' Grams; A = M V^+ with M the MTTKRP (the last partials of its reduction, summed here);
     columns normalized by their 2-norm on the first iteration and max-norm (at least 1) after, as
@@ -84,26 +89,60 @@ def update_mode(state: CPState, partials: Partial | Sequence[Partial], mode: int
     the worker) the new rows overwrite the old ones in ``state``'s own factor array, solved a
     block of rows at a time; the returned state shares that array. Earlier futures of the state
     then see the new rows, so a lost worker is resumed from the checkpoint rather than recomputed.
+
+    Randomized CP-ALS passes the ``sketch`` (a :class:`~tensorflow_ooc.kernels.krp_sampler.SampleSet`):
+    M is then the *sampled* MTTKRP and V the sketch's Gram ``sum_s w_s h_s h_s^T``, the normal
+    equations of the sampled least-squares problem. The inner-product terms of the fit come from
+    ``exact``, the exact MTTKRP partials of the last mode, when the fit is evaluated (else NaN).
+    Where the state keeps leverage-score trees (STS-CP), the updated mode's tree is rebuilt.
     """
     t0 = time.perf_counter()
     parts = [partials] if isinstance(partials, Partial) else list(partials)
+    V = None if sketch is None else sketch.gram().astype(state.dtype)
+    inner_parts = parts if sketch is None else (list(exact) if exact is not None else None)
     with _BLAS.limit(limits=1, user_api="blas"):
         if in_place and is_numpy_array(state.data):
-            out = _update_mode_in_place(state, parts, mode, first_iteration, last_mode)
+            out = _update_mode_in_place(state, parts, mode, first_iteration, last_mode, V, inner_parts)
         else:
-            out = _update_mode(state, parts, mode, first_iteration, last_mode)
-    out.timings = {**state.timings, mode: (max(p.seconds for p in parts), time.perf_counter() - t0)}
+            out = _update_mode(state, parts, mode, first_iteration, last_mode, V, inner_parts)
+        if state.trees is not None:
+            from ..kernels.krp_sampler import build_tree
+
+            out.trees = list(state.trees)
+            out.trees[mode] = build_tree(to_host(out.views[mode]))
+    seconds = max(p.seconds for p in parts)
+    out.timings = {**state.timings, mode: (seconds, time.perf_counter() - t0)}
+    out.sampling = {**state.sampling, mode: getattr(sketch, "seconds", 0.0)} if sketch is not None \
+        else dict(state.sampling)
+    out.fit_seconds = max((p.seconds for p in exact), default=0.0) if (sketch is not None and exact) else 0.0
     return out
 
 
-def _update_mode(state: CPState, parts: list[Partial], mode: int, first_iteration: bool, last_mode: bool
-                 ) -> CPState:
-    xp = array_namespace(state.data)
-    R = state.rank
-    V = xp.ones((R, R), dtype=state.data.dtype)
+def _normal_matrix(state: CPState, mode: int, V: Any, xp: Any = np) -> Any:
+    """V of the normal equations: given (a sketch's Gram), or the Hadamard product of the other
+    modes' Grams."""
+    if V is not None:
+        return xp.asarray(V)
+    V = xp.ones((state.rank, state.rank), dtype=state.data.dtype)
     for m, g in enumerate(state.grams):
         if m != mode:
             V = V * g
+    return V
+
+
+def _inner(A: Any, parts: Sequence[Partial] | None, last_mode: bool, previous: np.ndarray) -> np.ndarray:
+    if not last_mode:
+        return previous
+    if parts is None:
+        return np.full(A.shape[1], np.nan)
+    return inner_terms(A, parts)
+
+
+def _update_mode(state: CPState, parts: list[Partial], mode: int, first_iteration: bool, last_mode: bool,
+                 V: Any = None, inner_parts: Sequence[Partial] | None = None) -> CPState:
+    xp = array_namespace(state.data)
+    R = state.rank
+    V = _normal_matrix(state, mode, V, xp)
     M = xp.asarray(full_rows(parts, state.shape[mode]))
     A = solve_normal(V, M)
     if first_iteration:
@@ -113,11 +152,12 @@ def _update_mode(state: CPState, parts: list[Partial], mode: int, first_iteratio
     if not bool(xp.all(weights == 0)):
         A = A / xp.where(weights == 0, xp.asarray(1, dtype=A.dtype), weights)
     out = CPState(state.shape, R, state.dtype, xp.asarray(state.data, copy=True), grams=state.grams)
+    out.trees = state.trees
     out.views[mode][...] = A
     out.grams[mode] = A.T @ A
     out.weights = to_host(weights).astype(np.float64)
     out.finished = {**state.finished, mode: time.time()}
-    out.inner = inner_terms(out.views[mode], parts) if last_mode else state.inner
+    out.inner = _inner(out.views[mode], inner_parts, last_mode, state.inner)
     return out
 
 
@@ -125,14 +165,11 @@ UPDATE_BLOCK_ROWS = 1 << 16
 
 
 def _update_mode_in_place(state: CPState, parts: list[Partial], mode: int, first_iteration: bool,
-                          last_mode: bool) -> CPState:
+                          last_mode: bool, V: Any = None, inner_parts: Sequence[Partial] | None = None) -> CPState:
     """:func:`_update_mode` writing A into the mode's rows of ``state.data``, a block at a time:
     beyond the state and the MTTKRP it needs two (block x R) temporaries."""
     R = state.rank
-    V = np.ones((R, R), dtype=state.data.dtype)
-    for m, g in enumerate(state.grams):
-        if m != mode:
-            V = V * g
+    V = _normal_matrix(state, mode, V)
     # one partial: its rows are M's only nonzero rows, solved where they are (no (I_n x R) sum)
     if len(parts) == 1:
         lo, M = parts[0].lo, parts[0].rows
@@ -165,9 +202,10 @@ def _update_mode_in_place(state: CPState, parts: list[Partial], mode: int, first
     grams = list(state.grams)
     grams[mode] = A.T @ A
     out = CPState(state.shape, R, state.dtype, state.data, grams=grams)
+    out.trees = state.trees
     out.weights = weights.astype(np.float64)
     out.finished = {**state.finished, mode: time.time()}
-    out.inner = inner_terms(A, parts) if last_mode else state.inner
+    out.inner = _inner(A, inner_parts, last_mode, state.inner)
     return out
 
 
@@ -191,11 +229,13 @@ class Summary:
     inner: np.ndarray
     finished: dict[int, float]
     timings: dict[int, tuple[float, float]]
+    sampling: dict[int, float]
+    fit_seconds: float
 
 
 def summary(state: CPState) -> Summary:
     return Summary(state.weights, [to_host(g) for g in state.grams], state.inner, dict(state.finished),
-                   dict(state.timings))
+                   dict(state.timings), dict(state.sampling), state.fit_seconds)
 
 
 def inner_terms(A: Any, partials: Sequence[Partial]) -> np.ndarray:
@@ -217,6 +257,7 @@ def _with_arrays(state: CPState, data: Any, grams: list) -> CPState:
     out = CPState(state.shape, state.rank, state.dtype, data, grams=grams)
     out.weights, out.inner, out.finished, out.timings = state.weights, state.inner, dict(state.finished), \
         dict(state.timings)
+    out.sampling, out.trees = dict(state.sampling), state.trees
     return out
 
 

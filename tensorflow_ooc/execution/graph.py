@@ -31,7 +31,7 @@ from .inline import is_inline
 from .memory_plan import MemoryPlan, candidates, choose
 from .partitions import Partition, plan_partitions
 from .stream import batch_nnz_for
-from .tasks import combine, load_partition, mttkrp_partition
+from .tasks import combine, load_partition, mttkrp_partition, sampled_partition
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,16 @@ def _mttkrp_then(update: Callable, source, factors, mode: int, threads: int, bat
     partial = mttkrp_partition(source, factors, mode, threads, batch_nnz=batch_nnz, device=device,
                                device_options=device_options, max_private_bytes=max_private_bytes)
     return update(factors, [partial], mode, *args)
+
+
+def _sampled_then(update: Callable, source, factors, samples, mode: int, threads: int, batch_nnz: int,
+                  exact: bool, max_private_bytes: int, args: tuple):
+    """One task: a partition's sampled MTTKRP (and with ``exact`` its exact MTTKRP, for the fit),
+    then ``update`` (see :meth:`MTTKRPGraph.sampled_mode_update`)."""
+    partial = sampled_partition(source, samples, mode, threads, batch_nnz)
+    full = [mttkrp_partition(source, factors, mode, threads, batch_nnz=batch_nnz,
+                             max_private_bytes=max_private_bytes)] if exact else None
+    return update(factors, [partial], mode, *args, sketch=samples, exact=full)
 
 
 def _device_limit(device_options) -> int:
@@ -84,11 +94,14 @@ class MTTKRPGraph:
     rank, dtype : int and str, optional
         The CP rank and factor dtype: with a rank, CPU graphs follow the worker memory plan
         (``self.memory_plan``; :class:`~.memory_plan.MemoryPlanError` when nothing fits).
+    samples : int
+        Randomized CP-ALS: Khatri-Rao rows drawn per mode (the plan counts its samplers and indexes).
     """
 
     def __init__(self, client: Client, path: str, *, execution: str = "auto", partitions: int | None = None,
                  split_every: int = DEFAULT_SPLIT_EVERY, max_partition_nnz: int = 1 << 26, device: str = "cpu",
-                 device_options: object | None = None, rank: int | None = None, dtype: str = "float64") -> None:
+                 device_options: object | None = None, rank: int | None = None, dtype: str = "float64",
+                 samples: int = 0) -> None:
         if execution not in EXECUTION_MODES:
             raise ValueError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
         self.client = client
@@ -127,7 +140,8 @@ class MTTKRPGraph:
         self.max_private_bytes = DEFAULT_MAX_PRIVATE_BYTES
         self.memory_plan: MemoryPlan | None = None
         if rank is not None and self.device == "cpu":
-            self.memory_plan = self._plan_memory(client, res, int(rank), np.dtype(dtype).itemsize, execution)
+            self.memory_plan = self._plan_memory(client, res, int(rank), np.dtype(dtype).itemsize, execution,
+                                                 int(samples))
             execution = self.memory_plan.execution
             self.batch_nnz = min(self.batch_nnz, self.memory_plan.batch_nnz)
             self.max_private_bytes = self.memory_plan.max_private_bytes
@@ -150,7 +164,8 @@ class MTTKRPGraph:
             if not is_inline(client):
                 wait(self.data)
 
-    def _plan_memory(self, client: Client, res: dict, rank: int, itemsize: int, execution: str) -> MemoryPlan:
+    def _plan_memory(self, client: Client, res: dict, rank: int, itemsize: int, execution: str,
+                     samples: int = 0) -> MemoryPlan:
         """The worker memory plan for a rank-``rank`` CP-ALS. In-memory executions keep this graph's
         partitions (capped so one decoded partition stays small); streaming ones take one partition
         per Dask thread, uncapped (a streaming task holds one batch, not its partition), so a
@@ -171,7 +186,8 @@ class MTTKRPGraph:
                 worker_nnz=per_worker * max((p.nnz for p in parts), default=0), chunk_nnz=self.store.chunk_nnz,
                 value_itemsize=self.store.value_dtype.itemsize, tasks=max(1, min(threads, per_worker)),
                 partitions_per_mode=len(parts), workers=nworkers, baseline=baseline,
-                limit=min(limits) if all(limits) else None, execution=mode, split_every=self.split_every)
+                limit=min(limits) if all(limits) else None, execution=mode, split_every=self.split_every,
+                samples=samples)
             plans += found
             parts_of.update({id(p): parts for p in found})
         plan = choose(plans, f"a rank-{rank} CP-ALS of {self.path}")
@@ -206,6 +222,24 @@ class MTTKRPGraph:
                                       **self.placement)
         return self.client.submit(update, factors, self.partials(factors, mode), mode, *args, pure=False,
                                   **self.placement)
+
+    def sampled_mode_update(self, factors: Future, samples: Future, mode: int, update: Callable, exact: bool,
+                            *args) -> Future:
+        """Randomized CP-ALS: submit the mode-``mode`` sampled MTTKRP of the drawn ``samples``
+        (with ``exact`` also the exact MTTKRP, whose inner products give the fit), then
+        ``update(factors, partials, mode, *args, sketch=samples, exact=exact_partials)``; one task
+        when there is one partition. Runs on CPU workers."""
+        sources = self.sources()
+        if len(sources) == 1:
+            return self.client.submit(_sampled_then, update, sources[0], factors, samples, mode, self.numba_threads,
+                                      self.batch_nnz, exact, self.max_private_bytes, args, pure=False,
+                                      **self.placement)
+        partials = [self.client.submit(sampled_partition, src, samples, mode, self.numba_threads,
+                                       batch_nnz=self.batch_nnz, pure=False, **self.placement)
+                    for src in sources]
+        full = self.partials(factors, mode) if exact else None
+        return self.client.submit(update, factors, self.reduce(partials, last=True), mode, *args, sketch=samples,
+                                  exact=full, pure=False, **self.placement)
 
     def mttkrp(self, factors: Future, mode: int) -> Future:
         """Submit the mode-``mode`` MTTKRP; returns the future of the reduced :class:`Partial`."""

@@ -17,6 +17,9 @@ Before anything runs, the plan adds up the bytes the busiest worker holds at onc
 ``data``       decoded partitions kept in memory, or the streaming batch buffers
 ``buckets``    the row-owned tiles' buckets (20 bytes a nonzero, a bounded group at a time)
 ``transfer``   a state arriving from another worker while the previous one is still held
+``sampling``   randomized CP-ALS: the STS-CP segment trees (at most one factor's size each), two
+               sample sets (multi-indices and weighted Khatri-Rao rows), and for in-memory
+               partitions the per-mode fiber indexes (24 bytes a nonzero and mode)
 ============== ==================================================================================
 
 and chooses, from fastest to leanest, the first execution whose peak stays under the usable
@@ -122,7 +125,8 @@ def usable_fraction() -> float:
 
 def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: int, chunk_nnz: int,
                tasks: int, partitions_per_mode: int, workers: int, baseline: int, limit: int | None,
-               value_itemsize: int = 8, execution: str = "auto", split_every: int = 4) -> list[MemoryPlan]:
+               value_itemsize: int = 8, execution: str = "auto", split_every: int = 4,
+               samples: int = 0) -> list[MemoryPlan]:
     """Every execution :func:`choose` may take, fastest first, each with its peak terms.
 
     Parameters
@@ -137,6 +141,7 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
     baseline : the worker's resident bytes before the run.
     limit : the worker's memory limit in bytes (None or 0: unlimited).
     execution : "auto", "in-memory" or "streaming": the executions to consider.
+    samples : Khatri-Rao rows drawn per mode by randomized CP-ALS (0: exact CP-ALS).
     """
     S = sum(shape) * rank * itemsize
     out_rows = max(shape) * rank * itemsize
@@ -171,6 +176,8 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
             "data": int(data),
             "buckets": tasks * 20 * min(OWNED_GROUP_NNZ, call_nnz),
             "transfer": S if workers > 1 else 0,
+            "sampling": 0 if not samples else
+            S + 2 * samples * (len(shape) + rank + 1) * 8 + (worker_nnz * 24 * len(shape) if mode == "in-memory" else 0),
         }
         plans.append(MemoryPlan(mode, in_place, batch_nnz, bound, terms, limit or None, usable_fraction()))
     return plans

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..format import BitLayout
 from ..kernels import StackedFactors, WorkItems, run_items
+from ..kernels.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
 from ..kernels.mttkrp import numba_threads
 from ..kernels.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..store import Store, open_store
@@ -40,10 +41,13 @@ class PartitionData:
     part: Partition
     layout: BitLayout
     items: WorkItems
+    # randomized CP: per mode, the nonzeros sorted by their other coordinates (built on first use)
+    fiber_index: dict[int, FiberIndex] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
-        return int(self.items.index.nbytes + self.items.values.nbytes)
+        return int(self.items.index.nbytes + self.items.values.nbytes
+                   + sum(f.nbytes for f in self.fiber_index.values()))
 
 
 @dataclass
@@ -120,6 +124,37 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
             store = cached_store(path)
             for items in stream_batches(store, part.chunk_lo, part.chunk_hi, batch_nnz, read_ahead):
                 run_items(items, store.layout, factors, mode, out, max_private_bytes=max_private_bytes, out_lo=lo)
+    return Partial(lo, out, time.perf_counter() - t0)
+
+
+def sampled_partition(source: PartitionData | tuple[str, Partition], samples, mode: int, threads: int = 1,
+                      batch_nnz: int = BATCH_NNZ) -> Partial:
+    """Mode-``mode`` *sampled* MTTKRP of one partition for randomized CP-ALS:
+    ``sum_s w_s X[fiber of sample s] h_s`` over the drawn ``samples`` (a
+    :class:`~tensorflow_ooc.kernels.krp_sampler.SampleSet`). Decoded partitions look fibers up in
+    a per-mode :class:`~tensorflow_ooc.kernels.fiber_gather.FiberIndex` kept beside them; streamed
+    ones join the samples' hash table against every batch."""
+    t0 = time.perf_counter()
+    part = source.part if isinstance(source, PartitionData) else source[1]
+    lo, hi = part.row_lo[mode], part.row_hi[mode]
+    R = samples.rows.shape[1]
+    out = np.zeros((hi - lo + 1, R), dtype=samples.rows.dtype)
+    Hw = samples.weights[:, None] * samples.rows
+    with numba_threads(threads):
+        if isinstance(source, PartitionData):
+            index = None
+            if exact_keys(source.layout.shape, mode):
+                index = source.fiber_index.get(mode)
+                if index is None:
+                    index = source.fiber_index[mode] = FiberIndex.build(source.items, source.layout, mode)
+            sampled_mttkrp_items(source.items, source.layout, mode, samples.coords, Hw, out, lo, index=index)
+        else:
+            path, part = source
+            store = cached_store(path)
+            table = SampleTable.build(sample_keys(samples.coords, store.shape, mode))
+            for items in stream_batches(store, part.chunk_lo, part.chunk_hi, batch_nnz,
+                                        read_ahead_pays(threads * _worker_threads())):
+                sampled_mttkrp_items(items, store.layout, mode, samples.coords, Hw, out, lo, table=table)
     return Partial(lo, out, time.perf_counter() - t0)
 
 

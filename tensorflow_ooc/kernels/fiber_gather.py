@@ -9,12 +9,16 @@ The sketched least-squares solve of mode ``j`` (seed 000, section 3.3.3) keeps o
 so fibers never need to be formed: every nonzero whose other coordinates equal a sample adds its
 value times that sample's row into its mode-j row. Two ways to find those nonzeros:
 
-- **scan** (streamed chunks, the hash join): one pass over the work items, each nonzero's other
+- **scan** (streamed chunks, the hash join): a pass over the work items, each nonzero's other
   coordinates looked up in an open-addressing hash table of the sample keys. O(nnz) probes, but no
-  factor rows are read, so a pass costs a fraction of an MTTKRP.
+  factor rows are read, so a pass costs a fraction of an MTTKRP (two passes over a batch: count,
+  then fill, so the matches land in a deterministic order).
 - **index** (decoded partitions kept in memory): once per partition and mode, the nonzeros' keys
   sorted with their mode-j row and value (:class:`FiberIndex`); each sample then finds its fiber
   by binary search: O(S log nnz + fiber nonzeros) per solve, independent of the tensor's size.
+
+Either way the matches (row, sample, value) form a list in a fixed order, summed row by row in
+that order (:func:`accumulate_matches`): results are the same for any thread count.
 
 A key is the mixed-radix number of a nonzero's coordinates in the other modes. When the product of
 the other modes' lengths exceeds 2^63 the keys wrap (a hash); the scan then checks a hit's
@@ -30,7 +34,6 @@ import numpy as np
 
 from ..format import BitLayout
 from ..format.bits import pext
-from .atomics import atomic_add
 from .plan import WorkItems
 
 _HASH_MULT = np.uint64(0x9E3779B97F4A7C15)
@@ -99,11 +102,32 @@ def _fill_table(keys, slot_key, slot_id, shift):
         slot_id[h] = s
 
 
+@nb.njit(nogil=True, cache=True)
+def _probe(key, c, mode, verify, slot_key, slot_id, table_shift, sample_coords):
+    """The sample whose key (and, with ``verify``, coordinates) a nonzero's match, or -1."""
+    tmask = slot_key.shape[0] - 1
+    h = _home(key, table_shift)
+    while slot_id[h] >= 0:
+        if slot_key[h] == key:
+            sid = slot_id[h]
+            if verify:
+                for m in range(c.shape[0]):
+                    if m != mode and c[m] != sample_coords[sid, m]:
+                        sid = -1
+            if sid >= 0:
+                return sid
+        h = (h + 1) & tmask
+    return -1
+
+
 @nb.njit(parallel=True, nogil=True, cache=True)
-def sampled_scan(index, values, item_start, item_end, item_base, item_prev, shift, mask, delta, mode, strides,
-                 verify, slot_key, slot_id, table_shift, sample_coords, Hw, out_flat, out_lo):
-    """Add the sampled MTTKRP of work items into ``out_flat`` (rows ``out_lo ..`` of mode ``mode``,
-    row-major), finding each nonzero's sample by hash lookup.
+def scan_matches(index, values, item_start, item_end, item_base, item_prev, shift, mask, delta, mode, strides,
+                 verify, slot_key, slot_id, table_shift, sample_coords, offsets, m_row, m_sid, m_val):
+    """Find the nonzeros of work items that lie in a sampled fiber, by hash lookup of their key.
+
+    With ``offsets`` None-like (length 0) it only counts; else writes the matches of item ``k``
+    to positions ``offsets[k] ..`` of ``m_row`` (mode-``mode`` index), ``m_sid`` (sample) and
+    ``m_val`` (value), in the items' order: a deterministic list, whatever the thread count.
 
     Parameters
     ----------
@@ -116,15 +140,20 @@ def sampled_scan(index, values, item_start, item_end, item_base, item_prev, shif
     verify : bool                compare a hit's coordinates with ``sample_coords`` (wrapped keys)
     slot_key, slot_id, table_shift : the :class:`SampleTable`
     sample_coords : int64 (S, N) the samples' multi-indices
-    Hw : float (S, R)            weighted Khatri-Rao row of each sample
-    out_flat : float (rows * R,) output, updated with atomic adds (fibers of two samples may share rows)
+    offsets : int64 (K + 1,) or (0,)   first match position of each item (counting pass: empty)
+    m_row, m_sid, m_val : outputs (filling pass)
+
+    Returns int64 (K,): matches per item.
     """
     N = item_base.shape[1]
-    R = Hw.shape[1]
-    tmask = slot_key.shape[0] - 1
-    for k in nb.prange(item_start.shape[0]):
+    K = item_start.shape[0]
+    counts = np.zeros(K, dtype=np.int64)
+    fill = offsets.shape[0] > 0
+    for k in nb.prange(K):
         c = np.empty(N, dtype=np.int64)
         word = item_prev[k]
+        pos = offsets[k] if fill else 0
+        n = 0
         for i in range(item_start[k], item_end[k]):
             if delta:
                 word += index[i]
@@ -138,23 +167,78 @@ def sampled_scan(index, values, item_start, item_end, item_base, item_prev, shif
                 else:
                     c[m] = item_base[k, m] + np.int64((x >> np.uint64(shift[m])) & mask[m])
                 key += np.uint64(c[m]) * strides[m]
-            h = _home(key, table_shift)
-            sid = -1
-            while slot_id[h] >= 0:
-                if slot_key[h] == key:
-                    sid = slot_id[h]
-                    if verify:
-                        for m in range(N):
-                            if m != mode and c[m] != sample_coords[sid, m]:
-                                sid = -1
-                    if sid >= 0:
-                        break
-                h = (h + 1) & tmask
+            sid = _probe(key, c, mode, verify, slot_key, slot_id, table_shift, sample_coords)
             if sid >= 0:
-                v = values[i]
-                base = (c[mode] - out_lo) * R
-                for r in range(R):
-                    atomic_add(out_flat, base + r, v * Hw[sid, r])
+                if fill:
+                    m_row[pos + n] = c[mode]
+                    m_sid[pos + n] = sid
+                    m_val[pos + n] = values[i]
+                n += 1
+        counts[k] = n
+    return counts
+
+
+@nb.njit(cache=True)
+def _fiber_ranges(keys, skeys):
+    """int64 (S + 1,) match offsets and (S,) first positions of each sample's run in ``keys``."""
+    S = skeys.shape[0]
+    first = np.empty(S, dtype=np.int64)
+    offsets = np.zeros(S + 1, dtype=np.int64)
+    for s in range(S):
+        lo = np.searchsorted(keys, skeys[s], side="left")
+        hi = np.searchsorted(keys, skeys[s], side="right")
+        first[s] = lo
+        offsets[s + 1] = offsets[s] + (hi - lo)
+    return offsets, first
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _index_matches(rows, vals, first, offsets, m_row, m_sid, m_val):
+    """Copy each sample's fiber run of a :class:`FiberIndex` to its segment of the match list."""
+    for s in nb.prange(first.shape[0]):
+        base = offsets[s]
+        for e in range(offsets[s + 1] - base):
+            m_row[base + e] = rows[first[s] + e]
+            m_sid[base + e] = s
+            m_val[base + e] = vals[first[s] + e]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def accumulate_matches(m_row, m_sid, m_val, Hw, out, out_lo):
+    """``out[row - out_lo] += val * Hw[sid]`` for every match, each row summed in list order.
+
+    A counting sort by row (sequential, stable) groups the matches; rows are then summed in
+    parallel, each by one thread in the list's order, so the result does not depend on the
+    thread count (atomic adds would make it depend on timing).
+
+    Parameters
+    ----------
+    m_row : int64 (M,)      mode-j index of each match (inside ``out_lo .. out_lo + rows - 1``)
+    m_sid : int64 (M,)      its sample
+    m_val : float (M,)      its value
+    Hw : float (S, R)       weighted Khatri-Rao row of each sample
+    out : float (rows, R)   output rows ``out_lo ..``
+    """
+    M = m_row.shape[0]
+    rows, R = out.shape
+    start = np.zeros(rows + 1, dtype=np.int64)
+    for e in range(M):
+        start[m_row[e] - out_lo + 1] += 1
+    for i in range(rows):
+        start[i + 1] += start[i]
+    order = np.empty(M, dtype=np.int64)
+    nxt = start[:-1].copy()
+    for e in range(M):
+        i = m_row[e] - out_lo
+        order[nxt[i]] = e
+        nxt[i] += 1
+    for i in nb.prange(rows):
+        for p in range(start[i], start[i + 1]):
+            e = order[p]
+            v = m_val[e]
+            s = m_sid[e]
+            for r in range(R):
+                out[i, r] += v * Hw[s, r]
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -173,28 +257,6 @@ def _index_entries(index, values, item_start, item_end, item_base, shift, mask, 
                     key += np.uint64(c) * strides[m]
             keys[i] = key
             vals[i] = values[i]
-
-
-@nb.njit(parallel=True, nogil=True, cache=True)
-def sampled_indexed(keys, rows, vals, skeys, Hw, out_flat, out_lo):
-    """Add the sampled MTTKRP into ``out_flat`` from a :class:`FiberIndex`.
-
-    Parameters
-    ----------
-    keys : uint64 (nnz,) sorted; rows : int64 (nnz,); vals : float (nnz,)   the index
-    skeys : uint64 (S,)          the samples' keys (exact keys only)
-    Hw : float (S, R)            weighted Khatri-Rao row of each sample
-    out_flat, out_lo : as in :func:`sampled_scan`
-    """
-    R = Hw.shape[1]
-    for s in nb.prange(skeys.shape[0]):
-        lo = np.searchsorted(keys, skeys[s], side="left")
-        hi = np.searchsorted(keys, skeys[s], side="right")
-        for e in range(lo, hi):
-            v = vals[e]
-            base = (rows[e] - out_lo) * R
-            for r in range(R):
-                atomic_add(out_flat, base + r, v * Hw[s, r])
 
 
 @dataclass
@@ -244,13 +306,25 @@ def sampled_mttkrp_items(items: WorkItems, layout: BitLayout, mode: int, coords:
     if index is not None:
         if index.mode != mode:
             raise ValueError(f"the fiber index is for mode {index.mode}, not {mode}")
-        skeys = sample_keys(coords, layout.shape, mode)
-        sampled_indexed(index.keys, index.rows, index.vals, skeys, Hw, out.reshape(-1), out_lo)
-        return
-    if table is None:
-        table = SampleTable.build(sample_keys(coords, layout.shape, mode))
-    mask = layout.pext_masks if items.delta else layout.field_mask
-    sampled_scan(items.index, items.values, items.start, items.end, items.base, items.prev,
-                 layout.field_shift, mask, items.delta, mode, key_strides(layout.shape, mode),
-                 not exact_keys(layout.shape, mode), table.slot_key, table.slot_id, table.shift,
-                 np.ascontiguousarray(coords, dtype=np.int64), Hw, out.reshape(-1), out_lo)
+        offsets, first = _fiber_ranges(index.keys, sample_keys(coords, layout.shape, mode))
+        m_row, m_sid, m_val = _match_buffers(int(offsets[-1]), index.vals.dtype)
+        _index_matches(index.rows, index.vals, first, offsets, m_row, m_sid, m_val)
+    else:
+        if table is None:
+            table = SampleTable.build(sample_keys(coords, layout.shape, mode))
+        mask = layout.pext_masks if items.delta else layout.field_mask
+        coords = np.ascontiguousarray(coords, dtype=np.int64)
+        args = (items.index, items.values, items.start, items.end, items.base, items.prev, layout.field_shift, mask,
+                items.delta, mode, key_strides(layout.shape, mode), not exact_keys(layout.shape, mode),
+                table.slot_key, table.slot_id, table.shift, coords)
+        empty_i, empty_f = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=items.values.dtype)
+        counts = scan_matches(*args, np.zeros(0, dtype=np.int64), empty_i, empty_i, empty_f)
+        offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        m_row, m_sid, m_val = _match_buffers(int(offsets[-1]), items.values.dtype)
+        scan_matches(*args, offsets, m_row, m_sid, m_val)
+    accumulate_matches(m_row, m_sid, m_val, Hw, out, out_lo)
+
+
+def _match_buffers(n: int, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n, dtype=dtype)

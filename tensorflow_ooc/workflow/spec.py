@@ -187,6 +187,12 @@ class DecomposeStep(_Step):
     device_memory_limit: Size | None = None
     checkpoint_every: PositiveInt = 1
     partitions: PositiveInt | None = None
+    method: Literal["exact", "sts", "arls-lev", "arls-lev-hybrid"] = Field(
+        "exact", description="exact CP-ALS, or randomized least-squares solves from sampled Khatri-Rao rows: "
+                             "sts (exact leverage scores), arls-lev, arls-lev-hybrid")
+    samples: PositiveInt = Field(65536, description="randomized methods: rows drawn per mode and iteration")
+    fit_every: PositiveInt | None = Field(None, description="randomized methods: evaluate the fit every N "
+                                                            "iterations (default 1 up to 2^24 nonzeros, else 5)")
     scheduler: Literal["auto", "inline", "cluster"] = Field(
         "auto", description="auto: in the driver for tensors of at most 2^20 nonzeros, on the cluster above; "
                             "inline: always in the driver; cluster: always as Dask graphs on the cluster")

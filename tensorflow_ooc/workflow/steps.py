@@ -320,7 +320,8 @@ def run_decompose(ctx: StepContext) -> dict:
 
     store = open_input_store(ctx.step.inputs["input"])
     out = ctx.step.outputs["out"]
-    device = m.device or ctx.default_device
+    # randomized methods run on CPU workers (any worker of a GPU cluster runs them)
+    device = m.device or ("cpu" if m.method != "exact" else ctx.default_device)
     # init: random, a warm start from the previous result at 'previous' (default out), or a result
     init: Any = "random"
     warm = m.warm_start_location()
@@ -366,7 +367,8 @@ def run_decompose(ctx: StepContext) -> dict:
     result = cp_als(store, m.rank, client=client, scheduler=scheduler, max_iters=m.max_iters, tol=m.tol,
                     init=init, seed=m.seed, dtype=m.dtype, checkpoint=checkpoint, resume=resume, callback=progress,
                     execution=m.execution, checkpoint_every=m.checkpoint_every, partitions=m.partitions, out=out,
-                    overwrite=True, device=device, device_options=opts)
+                    overwrite=True, device=device, device_options=opts, method=m.method, samples=m.samples,
+                    fit_every=m.fit_every)
     wall = time.perf_counter() - t0
     loc.remove(checkpoint)      # the result is published: the checkpoint has served
     new = result.history[result.params.get("resumed_after", 0):]
@@ -374,7 +376,7 @@ def run_decompose(ctx: StepContext) -> dict:
     per_it = sum(h["seconds"] for h in steady) / max(1, len(steady))
     metrics = {"fit": result.fit, "iterations": result.iterations, "iterations_this_run": len(new),
                "seconds_per_iteration": per_it, "first_iteration_seconds": new[0]["seconds"] if new else None,
-               "nnz": store.nnz, "rank": m.rank, "execution": result.params.get("execution"),
+               "nnz": store.nnz, "rank": m.rank, "method": m.method, "execution": result.params.get("execution"),
                "device": result.params.get("device"), "scheduler": result.params.get("scheduler"),
                "nnz_modes_per_second": store.nnz * store.nmodes / max(per_it, 1e-12), "wall_seconds": wall,
                "input_store": store.path, "warm_start": warm if not isinstance(init, str) else None}

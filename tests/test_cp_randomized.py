@@ -1,0 +1,134 @@
+"""Randomized CP-ALS (STS-CP, CP-ARLS-LEV) on BLCO stores, in process and over Dask."""
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+import tensorflow_ooc as tfo
+from tensorflow_ooc import synthetic
+from tensorflow_ooc.cli import main as cli_main
+
+
+@pytest.fixture(scope="module")
+def client():
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as c:
+        yield c
+
+
+def fresh_seed() -> int:
+    return int(np.random.default_rng().integers(1 << 30))
+
+
+def test_sts_reaches_planted_rank8_without_noise(tmp_path):
+    p = synthetic.planted_cp((40, 50, 60), 8, 30_000, seed=fresh_seed())
+    store = tfo.convert((p.coords, p.values), tmp_path / "p.zarr", shape=p.shape)
+    fits = []
+    for s in (1, 2, 3):
+        r = tfo.cp_als(store, 8, seed=s, method="sts", samples=1 << 12, max_iters=150, tol=1e-9)
+        fits.append(r.fit)
+        if r.fit >= 0.99:
+            break
+    assert max(fits) >= 0.99, fits
+    assert r.params["method"] == "sts" and r.params["samples"] == 4096
+    h = r.history[-1]
+    assert h["fit_evaluated"] and len(h["sampling_seconds"]) == 3
+
+
+def test_sts_within_two_percent_of_exact_from_the_same_start(tmp_path):
+    """Heavy-tailed nonzeros over a planted rank-8 model (supports heavy-tailed too), R = 16."""
+    shape = (400, 300, 200)
+    p = synthetic.planted_cp(shape, 8, 60_000, noise=0.1, seed=fresh_seed())
+    coords, values = synthetic.heavy_tailed(shape, 60_000, seed=fresh_seed())
+    store = tfo.convert((np.concatenate([p.coords, coords]), np.concatenate([p.values, values * p.values.mean()])),
+                        tmp_path / "h.zarr", shape=shape, duplicates="sum")
+    init = [np.random.default_rng(fresh_seed()).random((s, 16)) for s in shape]
+    exact = tfo.cp_als(store, 16, init=init, max_iters=20, tol=0)
+    sts = tfo.cp_als(store, 16, init=init, max_iters=20, tol=0, method="sts", seed=fresh_seed())
+    assert exact.iterations == sts.iterations == 20 and sts.params["samples"] == 65536
+    assert abs(sts.fit - exact.fit) <= 0.02 * exact.fit, (sts.fit, exact.fit)
+
+
+@pytest.mark.parametrize("nmodes", [3, 4, 5, 6])
+def test_every_method_and_order_fits_a_planted_tensor(tmp_path, nmodes):
+    shape = (14, 12, 10, 9, 8, 7)[:nmodes]
+    p = synthetic.planted_cp(shape, 3, 6_000, seed=fresh_seed())
+    store = tfo.convert((p.coords, p.values), tmp_path / "p.zarr", shape=p.shape)
+    exact = max(tfo.cp_als(store, 3, seed=s, max_iters=60, tol=1e-9).fit for s in (1, 2))
+    for method in ("sts", "arls-lev", "arls-lev-hybrid"):
+        r = max((tfo.cp_als(store, 3, seed=s, max_iters=60, tol=1e-9, method=method, samples=2048)
+                 for s in (1, 2)), key=lambda r: r.fit)
+        assert r.fit >= exact - 0.05, (method, r.fit, exact)
+        assert [f.shape for f in r.factors] == [(n, 3) for n in shape]
+
+
+@pytest.mark.parametrize("execution", ["streaming", "in-memory"])
+def test_dask_graph_matches_in_process_run(tmp_path, client, execution):
+    p = synthetic.planted_cp((30, 25, 20, 15), 4, 8_000, noise=0.05, seed=fresh_seed())
+    store = tfo.convert((p.coords, p.values), tmp_path / "p.zarr", shape=p.shape, chunk_nnz=1024)
+    kw = dict(seed=7, max_iters=6, tol=0, method="sts", samples=3000)
+    inline = tfo.cp_als(store, 4, scheduler="inline", **kw)
+    graph = tfo.cp_als(store, 4, client=client, execution=execution, partitions=3, **kw)
+    assert graph.params["scheduler"] == "dask" and graph.params["execution"] == execution
+    # the same draws (seeded per iteration and mode); sums differ only in their order
+    assert abs(graph.fit - inline.fit) < 1e-8
+    for a, b in zip(graph.factors, inline.factors):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
+
+
+def test_fit_every_and_stopping(tmp_path):
+    p = synthetic.planted_cp((30, 30, 30), 3, 5_000, seed=fresh_seed())
+    store = tfo.convert((p.coords, p.values), tmp_path / "p.zarr", shape=p.shape)
+    r = tfo.cp_als(store, 3, seed=1, method="arls-lev", samples=1000, max_iters=7, tol=0, fit_every=3)
+    assert [h["fit_evaluated"] for h in r.history] == [False, False, True, False, False, True, True]
+    assert r.history[0]["fit"] == 0.0 and r.history[2]["fit"] > 0
+    assert r.history[3]["fit"] == r.history[2]["fit"]         # carried until the next evaluation
+    r = tfo.cp_als(store, 3, seed=1, method="sts", samples=1000, max_iters=200, tol=1e-3)
+    assert r.iterations < 200                                  # the best-of-last-3 rule stopped it
+
+
+def test_same_seed_same_result_and_resume(tmp_path):
+    p = synthetic.planted_cp((25, 30, 35), 4, 6_000, noise=0.1, seed=fresh_seed())
+    store = tfo.convert((p.coords, p.values), tmp_path / "p.zarr", shape=p.shape)
+    kw = dict(seed=5, tol=0, method="sts", samples=2000)
+    full = tfo.cp_als(store, 4, max_iters=8, **kw)
+    again = tfo.cp_als(store, 4, max_iters=8, **kw)
+    assert full.fit == again.fit
+    ck = tmp_path / "ck.npz"
+    tfo.cp_als(store, 4, max_iters=4, checkpoint=ck, **kw)
+    resumed = tfo.cp_als(store, 4, max_iters=8, checkpoint=ck, resume=True, **kw)
+    assert resumed.params["resumed_after"] == 4 and resumed.iterations == 8
+    assert abs(resumed.fit - full.fit) < 1e-10
+    for a, b in zip(resumed.factors, full.factors):
+        np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-10)
+    other = tfo.cp_als(store, 4, max_iters=8, **{**kw, "seed": 6})
+    assert other.fit != full.fit
+
+
+def test_bad_arguments(tmp_path):
+    p = synthetic.planted_cp((10, 10, 10), 2, 500, seed=fresh_seed())
+    store = tfo.convert((p.coords, p.values), tmp_path / "p.zarr", shape=p.shape)
+    with pytest.raises(ValueError, match="method must be one of"):
+        tfo.cp_als(store, 2, method="sketchy")
+    with pytest.raises(ValueError, match="samples must be >= 1"):
+        tfo.cp_als(store, 2, method="sts", samples=0)
+    with pytest.raises(ValueError, match="fit_every must be >= 1"):
+        tfo.cp_als(store, 2, method="sts", fit_every=0)
+    with pytest.raises(ValueError, match="runs on CPU workers"):
+        tfo.cp_als(store, 2, method="sts", device="gpu")
+
+
+def test_cli_method_and_samples(tmp_path, capsys):
+    p = synthetic.planted_cp((20, 25, 30), 3, 4_000, seed=fresh_seed())
+    store = tfo.convert((p.coords, p.values), tmp_path / "p.zarr", shape=p.shape)
+    out = tmp_path / "r.zarr"
+    code = cli_main(["cpd", str(store.path), "--rank", "3", "--method", "sts", "--samples", "1500", "--max-iters", "5",
+                     "--fit-every", "2", "--out", str(out), "-q"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "sts sampling of 1,500 rows" in text and "drawing samples" in text
+    r = tfo.load_result(out)
+    assert r.params["method"] == "sts" and r.params["fit_every"] == 2 and r.iterations == 5
+    with pytest.raises(SystemExit) as e:
+        cli_main(["cpd", str(store.path), "--rank", "3", "--method", "nope"])
+    assert e.value.code == 2
