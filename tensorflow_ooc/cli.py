@@ -525,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", help="result store (default STORE.cp-rR.zarr)")
     d.add_argument("--scheduler", help="address of an existing Dask scheduler; 'embedded' for the in-process Dask "
                                        "cluster (dashboard link logged); 'inline' to run in this process without "
-                                       "Dask (default: inline up to 2^20 nonzeros, embedded above)")
+                                       "Dask (default: inline up to 2^24 nonzeros, embedded above)")
     d.add_argument("--max-iters", type=_positive_int, default=50, help="iterations at most (default 50)")
     d.add_argument("--tol", type=float, default=1e-5, help="stop when the fit changes by less (default 1e-5)")
     d.add_argument("--seed", type=int, default=None, help="seed of the random initial factors")

@@ -50,7 +50,7 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
         Number of components R.
     client : distributed.Client, optional
         Cluster to run on. Default: an embedded in-process LocalCluster (dashboard link logged),
-        or the scheduler at ``scheduler``; tensors of at most ``INLINE_MAX_NNZ`` (2^20) nonzeros run
+        or the scheduler at ``scheduler``; tensors of at most ``INLINE_MAX_NNZ`` (2^24) nonzeros run
         the same task functions directly in this process, without Dask, whose per-task cost would
         dominate their iterations (``scheduler="embedded"`` keeps the LocalCluster and dashboard).
     scheduler : str, optional

@@ -194,7 +194,7 @@ class DecomposeStep(_Step):
     fit_every: PositiveInt | None = Field(None, description="randomized methods: evaluate the fit every N "
                                                             "iterations (default 1 up to 2^24 nonzeros, else 5)")
     scheduler: Literal["auto", "inline", "cluster"] = Field(
-        "auto", description="auto: in the driver for tensors of at most 2^20 nonzeros, on the cluster above; "
+        "auto", description="auto: in the driver for tensors of at most 2^24 nonzeros, on the cluster above; "
                             "inline: always in the driver; cluster: always as Dask graphs on the cluster")
 
     @field_validator("device_memory_limit")
