@@ -170,6 +170,7 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
             if method == "sts":
                 F = c.submit(with_trees, F, pure=False, **on_cluster)
         evaluated = [h["fit"] for h in history if h.get("fit_evaluated", True)]
+        empty_seen: dict[int, int] = {}
         # bytes read from the store per iteration (for monitoring): a streaming pass reads every
         # compressed chunk once per mode; in memory, the partitions were read once, before the first
         # iteration of this run, and are counted there
@@ -227,6 +228,13 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
                 # mttkrp_seconds are the sampled MTTKRPs; fit_seconds the exact one of the fit
                 record["sampling_seconds"] = sampling_s
                 record["fit_seconds"] = sm.fit_seconds if evaluate else 0.0
+                kept = [n for n in range(N) if sm.empty_sketches.get(n, 0) > empty_seen.get(n, 0)]
+                empty_seen = dict(sm.empty_sketches)
+                if kept:
+                    record["kept_modes"] = kept
+                    log.warning("iteration %d: no sampled fiber of mode(s) %s held a nonzero, so those factors "
+                                "were kept; the tensor is too sparse for %d samples (raise samples)",
+                                iteration + 1, kept, samples)
             history.append(record)
             log.info("iteration %d: fit %.6f (change %.2e), %.3f s", iteration + 1, fit, record["fit_change"], seconds,
                      extra={"iteration": iteration + 1})     # a field of its own in JSON logs

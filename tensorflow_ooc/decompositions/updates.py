@@ -45,6 +45,8 @@ class CPState(StackedFactors):
         self.timings: dict[int, tuple[float, float]] = {}   # mode -> (MTTKRP seconds, update seconds)
         self.sampling: dict[int, float] = {}                # mode -> seconds drawing its samples
         self.fit_seconds = 0.0      # randomized CP: the exact MTTKRP run for the last fit evaluation
+        # randomized CP: per mode, how often its update was skipped (no sampled fiber had a nonzero)
+        self.empty_sketches: dict[int, int] = {}
         # randomized CP (STS-CP): each mode's leverage-score segment tree, rebuilt after its update
         self.trees: list | None = None
 
@@ -98,6 +100,8 @@ def update_mode(state: CPState, partials: Partial | Sequence[Partial], mode: int
     """
     t0 = time.perf_counter()
     parts = [partials] if isinstance(partials, Partial) else list(partials)
+    if sketch is not None and not any(bool(np.any(p.rows)) for p in parts):
+        return _keep_mode(state, parts, mode, last_mode, exact, sketch, t0)
     V = None if sketch is None else sketch.gram().astype(state.dtype)
     inner_parts = parts if sketch is None else (list(exact) if exact is not None else None)
     with _BLAS.limit(limits=1, user_api="blas"):
@@ -115,6 +119,21 @@ def update_mode(state: CPState, partials: Partial | Sequence[Partial], mode: int
     out.sampling = {**state.sampling, mode: getattr(sketch, "seconds", 0.0)} if sketch is not None \
         else dict(state.sampling)
     out.fit_seconds = max((p.seconds for p in exact), default=0.0) if (sketch is not None and exact) else 0.0
+    return out
+
+
+def _keep_mode(state: CPState, parts: list[Partial], mode: int, last_mode: bool, exact: Sequence[Partial] | None,
+               sketch: Any, t0: float) -> CPState:
+    """No sampled fiber held a nonzero (too few samples for a very sparse tensor): the sketched
+    right-hand side is zero and would zero the factor. Keep the mode's factor instead, and count
+    it in ``empty_sketches`` so the driver can say so."""
+    out = _with_arrays(state, state.data, list(state.grams))
+    out.finished = {**state.finished, mode: time.time()}
+    out.inner = _inner(state.views[mode], list(exact) if exact is not None else None, last_mode, state.inner)
+    out.timings = {**state.timings, mode: (max(p.seconds for p in parts), time.perf_counter() - t0)}
+    out.sampling = {**state.sampling, mode: getattr(sketch, "seconds", 0.0)}
+    out.fit_seconds = max((p.seconds for p in exact), default=0.0) if exact else 0.0
+    out.empty_sketches = {**state.empty_sketches, mode: state.empty_sketches.get(mode, 0) + 1}
     return out
 
 
@@ -152,7 +171,7 @@ def _update_mode(state: CPState, parts: list[Partial], mode: int, first_iteratio
     if not bool(xp.all(weights == 0)):
         A = A / xp.where(weights == 0, xp.asarray(1, dtype=A.dtype), weights)
     out = CPState(state.shape, R, state.dtype, xp.asarray(state.data, copy=True), grams=state.grams)
-    out.trees = state.trees
+    out.trees, out.empty_sketches = state.trees, state.empty_sketches
     out.views[mode][...] = A
     out.grams[mode] = A.T @ A
     out.weights = to_host(weights).astype(np.float64)
@@ -202,7 +221,7 @@ def _update_mode_in_place(state: CPState, parts: list[Partial], mode: int, first
     grams = list(state.grams)
     grams[mode] = A.T @ A
     out = CPState(state.shape, R, state.dtype, state.data, grams=grams)
-    out.trees = state.trees
+    out.trees, out.empty_sketches = state.trees, state.empty_sketches
     out.weights = weights.astype(np.float64)
     out.finished = {**state.finished, mode: time.time()}
     out.inner = _inner(A, inner_parts, last_mode, state.inner)
@@ -231,11 +250,12 @@ class Summary:
     timings: dict[int, tuple[float, float]]
     sampling: dict[int, float]
     fit_seconds: float
+    empty_sketches: dict[int, int]
 
 
 def summary(state: CPState) -> Summary:
     return Summary(state.weights, [to_host(g) for g in state.grams], state.inner, dict(state.finished),
-                   dict(state.timings), dict(state.sampling), state.fit_seconds)
+                   dict(state.timings), dict(state.sampling), state.fit_seconds, dict(state.empty_sketches))
 
 
 def inner_terms(A: Any, partials: Sequence[Partial]) -> np.ndarray:
@@ -258,6 +278,7 @@ def _with_arrays(state: CPState, data: Any, grams: list) -> CPState:
     out.weights, out.inner, out.finished, out.timings = state.weights, state.inner, dict(state.finished), \
         dict(state.timings)
     out.sampling, out.trees = dict(state.sampling), state.trees
+    out.fit_seconds, out.empty_sketches = state.fit_seconds, state.empty_sketches
     return out
 
 
