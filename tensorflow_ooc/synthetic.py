@@ -581,14 +581,13 @@ def planted_cp(shape: Sequence[int], rank: int, nnz: int, *, noise: float = 0.0,
     per = max(1.0, nnz / rank)
     sizes = [1] * N
     # grow supports mode by mode (short modes saturate) until a component holds ~nnz/rank cells
-    for _ in range(64):
+    grew = True
+    while grew:      # ends: every size is bounded by its mode's length
         grew = False
         for n in range(N):
             if sizes[n] < shape[n] and math.prod(sizes) * (sizes[n] + 1) / sizes[n] <= per:
                 sizes[n] += 1
                 grew = True
-        if not grew:
-            break
     factors = [np.zeros((L, rank)) for L in shape]
     boxes = []
     for r in range(rank):
