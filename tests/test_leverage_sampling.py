@@ -191,7 +191,7 @@ def test_build_tree_node_grams(rng, rank):
                 span = 1 << (depth - d)
                 first_leaf = (v - (2**d - 1)) * span
                 rows = U[min(first_leaf * F, nrows):min((first_leaf + span) * F, nrows)]
-                np.testing.assert_allclose(t.grams[v], rows.T @ rows, rtol=1e-12, atol=1e-12)
+                np.testing.assert_allclose(t.node_gram(v), rows.T @ rows, rtol=1e-12, atol=1e-12)
             np.testing.assert_allclose(t.gram, U.T @ U, rtol=1e-12, atol=1e-12)
 
 
