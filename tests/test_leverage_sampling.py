@@ -350,3 +350,21 @@ def test_sts_tree_mismatch_and_sample_set_gram(rng):
     s = SampleSet(mode=0, coords=np.zeros((2, 3), dtype=np.int64), weights=np.array([1.0, 2.0]),
                   rows=np.array([[1.0, 0.0, 2.0], [0.0, 1.0, 1.0]]), draws=3)
     np.testing.assert_array_equal(s.gram(), [[1, 0, 2], [0, 2, 2], [2, 2, 6]])
+
+
+def test_large_factors_get_longer_leaves_and_the_plan_counts_them(monkeypatch, rng):
+    import tensorflow_ooc.kernels.krp_sampler as ks
+
+    U = rng.standard_normal((5000, 4))
+    small = build_tree(U)
+    assert small.nbytes == ks.tree_nbytes(5000, 4)
+    monkeypatch.setattr(ks, "LARGE_FACTOR_BYTES", 1000)
+    large = build_tree(U)
+    assert large.nbytes == ks.tree_nbytes(5000, 4)
+    assert 4 * small.nbytes >= large.nbytes * 3.5 and large.leaf_rows >= 8 * 4
+    for v in (0, 1, large.nleaves - 1):
+        lo = (v - (large.nleaves - 1)) * large.leaf_rows if v >= large.nleaves - 1 else None
+        if lo is not None:
+            seg = U[lo:lo + large.leaf_rows]
+            np.testing.assert_allclose(large.node_gram(v), seg.T @ seg, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(large.gram, U.T @ U, rtol=1e-10)

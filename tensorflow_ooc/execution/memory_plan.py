@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import dask
 
 from ..errors import TfoocError
+from ..kernels.krp_sampler import tree_nbytes
 from ..kernels.mttkrp_owned import GROUP_NNZ as OWNED_GROUP_NNZ
 from ..kernels.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
 from .stream import BATCH_NNZ
@@ -177,7 +178,8 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
             "buckets": tasks * 20 * min(OWNED_GROUP_NNZ, call_nnz),
             "transfer": S if workers > 1 else 0,
             "sampling": 0 if not samples else
-            S + 2 * samples * (len(shape) + rank + 1) * 8 + (worker_nnz * 24 * len(shape) if mode == "in-memory" else 0),
+            sum(tree_nbytes(n, rank) for n in shape) + 2 * samples * (len(shape) + rank + 1) * 8
+            + (worker_nnz * 24 * len(shape) if mode == "in-memory" else 0),
         }
         plans.append(MemoryPlan(mode, in_place, batch_nnz, bound, terms, limit or None, usable_fraction()))
     return plans
