@@ -33,16 +33,15 @@ from pathlib import Path
 
 import numpy as np
 
-import tensorflow_ooc as tfo
-from tensorflow_ooc import synthetic
+sys.path.insert(0, str(Path(__file__).parent))
+
+import tensorflow_ooc as tfo  # noqa: E402
+from peers.external import steady  # noqa: E402
+from tensorflow_ooc import synthetic  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 METHODS = ("exact", "arls-lev", "arls-lev-hybrid", "sts")
 SHAPES = {"uber": (183, 24, 1140, 1717), "nell2": (12092, 9184, 28818)}
-
-
-def steady(xs: list[float]) -> float:
-    return float(np.median(xs[1:] if len(xs) > 1 else xs))
 
 
 def ensure_store(name: str, nnz: int, args) -> tfo.Store:

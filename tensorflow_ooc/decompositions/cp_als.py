@@ -164,8 +164,7 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
         if randomized:
             # one entropy per run, kept in checkpoints: a resumed run draws what the first would have
             if sample_entropy is None:
-                sample_entropy = int(np.random.SeedSequence(seed).entropy) % 2**63 if seed is not None else \
-                    int(np.random.SeedSequence().entropy) % 2**63
+                sample_entropy = int(np.random.SeedSequence(seed).entropy) % 2**63   # seed None: fresh entropy
             params["sample_entropy"] = int(sample_entropy)
             if method == "sts":
                 F = c.submit(with_trees, F, pure=False, **on_cluster)
@@ -216,18 +215,18 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
             seconds = time.time() - t_iter
             mttkrp_s = [sm.timings[n][0] for n in range(N)]
             update_s = [sm.timings[n][1] for n in range(N)]
-            sampling_s = [sm.sampling.get(n, 0.0) for n in range(N)] if randomized else [0.0] * N
+            sampling_s = [sm.sampling.get(n, 0.0) for n in range(N)]      # all 0 for exact CP-ALS
             record = {"iteration": iteration + 1, "fit": fit, "fit_change": abs(fit - fit_old) if evaluate else 0.0,
                       "fit_evaluated": evaluate, "seconds": seconds,
                       "mode_seconds": mode_seconds, "mttkrp_seconds": mttkrp_s, "update_seconds": update_s,
                       "other_seconds": max(0.0, seconds - sum(mttkrp_s) - sum(update_s) - sum(sampling_s)
-                                           - (sm.fit_seconds if randomized and evaluate else 0.0)),
+                                           - sm.fit_seconds),
                       "nnz_per_s": store.nnz * N / seconds,
                       "bytes_read": chunk_bytes * N if streamed else (chunk_bytes if iteration == start else 0)}
             if randomized:
                 # mttkrp_seconds are the sampled MTTKRPs; fit_seconds the exact one of the fit
                 record["sampling_seconds"] = sampling_s
-                record["fit_seconds"] = sm.fit_seconds if evaluate else 0.0
+                record["fit_seconds"] = sm.fit_seconds     # 0 unless this iteration evaluated the fit
                 kept = [n for n in range(N) if sm.empty_sketches.get(n, 0) > empty_seen.get(n, 0)]
                 empty_seen = dict(sm.empty_sketches)
                 if kept:

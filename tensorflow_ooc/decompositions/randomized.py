@@ -42,8 +42,7 @@ def draw_samples(state: CPState, mode: int, method: str, draws: int, seed: Seque
     factors = [to_host(v) for v in state.views]
     rng = np.random.default_rng(np.random.SeedSequence([int(x) for x in seed]))
     if method == "sts":
-        trees = state.trees if state.trees is not None else [build_tree(f) for f in factors]
-        out = sts_sample(factors, trees, mode, int(draws), rng)
+        out = sts_sample(factors, state.trees, mode, int(draws), rng)     # builds trees it is not given
     elif method in ("arls-lev", "arls-lev-hybrid"):
         out = arls_lev_sample(factors, mode, int(draws), rng, hybrid=method == "arls-lev-hybrid")
     else:

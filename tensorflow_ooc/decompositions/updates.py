@@ -13,6 +13,7 @@ from threadpoolctl import ThreadpoolController
 
 from ..execution.tasks import Partial
 from ..kernels import StackedFactors
+from ..kernels.krp_sampler import build_tree
 
 
 # The update's dense algebra is tiny (R x R factorizations, I x R solves). Multi-threaded BLAS
@@ -100,39 +101,33 @@ def update_mode(state: CPState, partials: Partial | Sequence[Partial], mode: int
     """
     t0 = time.perf_counter()
     parts = [partials] if isinstance(partials, Partial) else list(partials)
-    if sketch is not None and not any(bool(np.any(p.rows)) for p in parts):
-        return _keep_mode(state, parts, mode, last_mode, exact, sketch, t0)
-    V = None if sketch is None else sketch.gram().astype(state.dtype)
     inner_parts = parts if sketch is None else (list(exact) if exact is not None else None)
-    with _BLAS.limit(limits=1, user_api="blas"):
-        if in_place and is_numpy_array(state.data):
-            out = _update_mode_in_place(state, parts, mode, first_iteration, last_mode, V, inner_parts)
-        else:
-            out = _update_mode(state, parts, mode, first_iteration, last_mode, V, inner_parts)
-        if state.trees is not None:
-            from ..kernels.krp_sampler import build_tree
-
-            out.trees = list(state.trees)
-            out.trees[mode] = build_tree(to_host(out.views[mode]))
-    seconds = max(p.seconds for p in parts)
-    out.timings = {**state.timings, mode: (seconds, time.perf_counter() - t0)}
+    if sketch is not None and not any(bool(np.any(p.rows)) for p in parts):
+        out = _keep_mode(state, mode, last_mode, inner_parts)
+    else:
+        V = None if sketch is None else sketch.gram().astype(state.dtype)
+        with _BLAS.limit(limits=1, user_api="blas"):
+            if in_place and is_numpy_array(state.data):
+                out = _update_mode_in_place(state, parts, mode, first_iteration, last_mode, V, inner_parts)
+            else:
+                out = _update_mode(state, parts, mode, first_iteration, last_mode, V, inner_parts)
+            if state.trees is not None:
+                out.trees = list(state.trees)
+                out.trees[mode] = build_tree(to_host(out.views[mode]))
+    out.timings = {**state.timings, mode: (max(p.seconds for p in parts), time.perf_counter() - t0)}
     out.sampling = {**state.sampling, mode: getattr(sketch, "seconds", 0.0)} if sketch is not None \
         else dict(state.sampling)
     out.fit_seconds = max((p.seconds for p in exact), default=0.0) if (sketch is not None and exact) else 0.0
     return out
 
 
-def _keep_mode(state: CPState, parts: list[Partial], mode: int, last_mode: bool, exact: Sequence[Partial] | None,
-               sketch: Any, t0: float) -> CPState:
+def _keep_mode(state: CPState, mode: int, last_mode: bool, inner_parts: Sequence[Partial] | None) -> CPState:
     """No sampled fiber held a nonzero (too few samples for a very sparse tensor): the sketched
     right-hand side is zero and would zero the factor. Keep the mode's factor instead, and count
     it in ``empty_sketches`` so the driver can say so."""
     out = _with_arrays(state, state.data, list(state.grams))
     out.finished = {**state.finished, mode: time.time()}
-    out.inner = _inner(state.views[mode], list(exact) if exact is not None else None, last_mode, state.inner)
-    out.timings = {**state.timings, mode: (max(p.seconds for p in parts), time.perf_counter() - t0)}
-    out.sampling = {**state.sampling, mode: getattr(sketch, "seconds", 0.0)}
-    out.fit_seconds = max((p.seconds for p in exact), default=0.0) if exact else 0.0
+    out.inner = _inner(state.views[mode], inner_parts, last_mode, state.inner)
     out.empty_sketches = {**state.empty_sketches, mode: state.empty_sketches.get(mode, 0) + 1}
     return out
 
