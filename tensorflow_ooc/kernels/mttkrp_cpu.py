@@ -19,6 +19,8 @@ Inputs are trusted: indices must decode inside the factor matrices (the store va
 
 from __future__ import annotations
 
+import threading
+
 import numba as nb
 import numpy as np
 
@@ -33,24 +35,141 @@ from .prefetch import prefetch_row
 PREFETCH_DISTANCE = 16
 PREFETCH_MIN_BYTES = 256 << 20
 
-# Ranks compiled with the rank as a constant. For 8 and 16 a constant rank makes LLVM unroll the
-# rank loop completely and vectorize it worse than the run-time loop (uber-shaped, mode 2, rank 16:
-# 0.036 s constant vs 0.019 s run-time; rank 8: 0.025 vs 0.022), so those ranks take the run-time
-# kernel; at 32 and 64 both forms measure the same and the constant form is kept.
-SPECIALIZED_RANKS = (32, 64)
+# Ranks compiled with the rank as a constant (common ones; others take the run-time rank).
+# With SLP vectorization on, the constant form is faster at every rank measured: one process,
+# uber-shaped, all modes, 1 thread, CPU seconds: R8 1.05x, R16 1.2x, R25 1.27x, R64 1.12x over
+# the run-time rank; against the kernels before generation (array of rows, run-time rank except
+# 32 and 64) 1.27x (R8), 1.49x (R16), 1.48x (R25), 1.31x (R32), 1.15x (R64). Above 32 the gain
+# is small and the unrolled run kernel takes several times longer to compile, so 50 and 64 run
+# the run-time form.
+SPECIALIZED_RANKS = (8, 10, 16, 20, 25, 32)
 
 
-@nb.njit(inline="always")
-def _flush(acc, R, row, is_private, shift_row, priv_buf, out_flat, out_lo):
-    """Write one run's sum: into the private rows, or atomically into the output."""
-    if is_private:
-        dest = shift_row + row
-        for r in range(R):
-            priv_buf[dest, r] += acc[r]
+def _field(x: str, j: str, delta: bool) -> str:
+    """Source of one mode's in-block index from word ``x``: a ``pext`` of the ALTO word for
+    ``delta`` kernels, one shift and mask of the re-encoded index otherwise (uint64 throughout, so
+    the factor-row indices need no negative-index check)."""
+    return f"pext({x}, m{j})" if delta else f"(({x} >> s{j}) & m{j})"
+
+
+def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, prefetch: bool) -> str:
+    """Python source of one kernel (``kind`` "direct" or "runs"), written out for its order so
+    that each other mode's shift, mask and factor row is a scalar that stays in a register, and,
+    for a fixed rank, the run accumulator is R scalars the SLP vectorizer packs into vector
+    registers (an accumulator array lives in memory: a store-to-load chain per nonzero)."""
+    others = range(1, nmodes)
+    PF = PREFETCH_DISTANCE if prefetch else 0
+    RC = rank_const
+    L = []
+    add = L.append
+    if kind == "direct":
+        add(f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
+            "mode, rank, todo, priv_row, priv_rows, priv_buf):")
     else:
-        base = (row - out_lo) * R
-        for r in range(R):
-            atomic_add(out_flat, base + r, acc[r])
+        add(f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
+            "mode, rank, todo, private, priv_row, priv_rows, priv_buf, out_flat, out_lo):")
+    add(f"    R = {RC}" if RC else "    R = rank")
+    # the other modes in the order mode+1, mode+2, ... (mod N): a product does not care
+    add(f"    st = np.uint64(shift[mode]); mt = np.uint64(mask[mode])")
+    for j in others:
+        add(f"    o{j} = (mode + {j}) % {nmodes}")
+        add(f"    s{j} = np.uint64(shift[o{j}]); m{j} = np.uint64(mask[o{j}])")
+    add("    zero = F[0, 0] * 0")
+    add("    for t in nb.prange(todo.shape[0]):")
+    add("        k = todo[t]")
+    add("        first = priv_row[k]")
+    add("        for j in range(first, first + priv_rows[k]):")
+    add("            for r in range(R):")
+    add("                priv_buf[j, r] = 0")
+    if kind == "direct":
+        add("        sr = np.uint64(first - item_lo[k, mode] + item_base[k, mode])")
+    else:
+        add("        is_private = private[k]")
+        # private rows are relative to the item's buffer, atomic ones to the output block; uint64
+        # wraps, so a negative offset plus the field still lands on the right row
+        add("        if is_private:")
+        add("            sr = np.uint64(first - item_lo[k, mode] + item_base[k, mode])")
+        add("        else:")
+        add("            sr = np.uint64(item_base[k, mode] - out_lo)")
+    for j in others:
+        add(f"        b{j} = np.uint64(item_base[k, o{j}] + offs[o{j}])")
+    add("        word = item_prev[k]")
+    add("        end = item_end[k]")
+    if PF:
+        add("        ahead = word")
+        if delta:
+            add(f"        for i in range(item_start[k], min(end, item_start[k] + {PF})):")
+            add("            ahead += index[i]")
+    if kind == "runs":
+        # no row is 2**64 - 1: the sentinel for "no run yet"
+        add("        current = ~np.uint64(0)")
+        if RC:
+            for r in range(RC):
+                add(f"        a{r} = zero")
+        else:
+            add("        acc = np.zeros(R, dtype=F.dtype)")
+    add("        for i in range(item_start[k], end):")
+    if PF:
+        add(f"            if i + {PF} < end:")
+        if delta:
+            add(f"                ahead += index[i + {PF}]")
+            add("                xa = ahead")
+        else:
+            add(f"                xa = index[i + {PF}]")
+        for j in others:
+            add(f"                prefetch_row(F, np.int64(b{j} + {_field('xa', str(j), delta)}))")
+    if delta:
+        add("            word += index[i]")
+        add("            x = word")
+    else:
+        add("            x = index[i]")
+    add(f"            d = sr + {_field('x', 't', delta)}")
+    for j in others:
+        add(f"            r{j} = b{j} + {_field('x', str(j), delta)}")
+    add("            v = values[i]")
+    prod = lambda r: " * ".join(["v"] + [f"F[r{j}, {r}]" for j in others])   # noqa: E731
+    if kind == "direct":
+        add("            for r in range(R):")
+        add(f"                priv_buf[d, r] += {prod('r')}")
+    else:
+        add("            if d != current:")
+        add("                if current != ~np.uint64(0):")
+        _flush_source(add, "                    ", RC)
+        add("                current = d")
+        if RC:
+            for r in range(RC):
+                add(f"            a{r} += {prod(r)}")
+        else:
+            add("            for r in range(R):")
+            add(f"                acc[r] += {prod('r')}")
+        add("        if current != ~np.uint64(0):")
+        _flush_source(add, "            ", RC)
+    return "\n".join(L) + "\n"
+
+
+def _flush_source(add, pad: str, RC: int) -> None:
+    """Write one run's sum into the private rows, or atomically into the output, and reset it."""
+    add(f"{pad}if is_private:")
+    if RC:
+        for r in range(RC):
+            add(f"{pad}    priv_buf[current, {r}] += a{r}")
+    else:
+        add(f"{pad}    for r in range(R):")
+        add(f"{pad}        priv_buf[current, r] += acc[r]")
+    add(f"{pad}else:")
+    add(f"{pad}    base = np.int64(current) * R")
+    if RC:
+        for r in range(RC):
+            add(f"{pad}    atomic_add(out_flat, base + {r}, a{r})")
+    else:
+        add(f"{pad}    for r in range(R):")
+        add(f"{pad}        atomic_add(out_flat, base + r, acc[r])")
+    if RC:
+        for r in range(RC):
+            add(f"{pad}a{r} = zero")
+    else:
+        add(f"{pad}for r in range(R):")
+        add(f"{pad}    acc[r] = 0")
 
 
 def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = False):
@@ -60,181 +179,87 @@ def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = F
     summed along each item from ``item_prev`` and split into modes with one BMI2 ``pext`` per mode.
     That spares the reader a re-encoding pass per chunk and mode (about a third of its work).
 
-    Two kernels, each over its own list of items: one adds every nonzero straight into private
-    rows, one sums runs first (private or atomic). Keeping the hot loops apart keeps their bodies
-    simple; numba loses vectorization when one prange body holds both (5-8x slower here).
-    The decode loop is written out in both on purpose: moving it into an inlined helper that
-    takes the item's base row as a view measured 5-10x slower.
+    Two kernels, each over its own list of items: ``direct_items`` adds every nonzero straight into
+    private rows; ``run_items`` sums runs of one target row first, then writes once per run into
+    private rows (``private[k]``) or with atomic adds into ``out_flat``, the output rows
+    ``out_lo ..`` of the target mode, row-major. Keeping the hot loops apart keeps their bodies
+    simple; numba loses vectorization when one prange body holds both.
+
+    The source is generated per order (see ``_source``) and compiled with this file as its file
+    name, in this module, under a name unique to the variant, so numba's on-disk cache keys each
+    variant apart and drops them all when this file changes.
+
+    Parameters (both kernels)
+    -------------------------
+    index : uint64 (nnz,)              re-encoded BLCO indices; for ``delta`` kernels the Delta
+                                       differences of the low ALTO words
+    values : float (nnz,)              nonzero values
+    item_start, item_end : int64 (K,)  nonzero range of each work item
+    item_base : int64 (K, N)           block base coordinates of each item
+    item_prev : uint64 (K,)            ``delta`` kernels: the ALTO word before each item's first
+                                       nonzero (0 where a chunk starts); ignored otherwise
+    item_lo : int64 (K, N)             smallest index per mode inside each item
+    shift : int64 (N,), mask : uint64 (N,)   BLCO field layout; ``delta`` kernels take the
+                                       per-mode ``pext`` masks of the ALTO word in ``mask``
+    F : float (sum_m I_m, R) C array   stacked factor matrices
+    offs : int64 (N,)                  first row of each mode's factor in F
+    mode : int                         target mode
+    rank : int                         R (ignored when compiled for a fixed rank)
+    todo : int64 (T,)                  the items to process
+    priv_row, priv_rows : int64 (K,)   item k owns rows priv_row[k] .. + priv_rows[k] of priv_buf;
+                                       index i of the target mode goes to row priv_row[k] + i - lo
+    priv_buf : float (P, R)            private accumulators (zeroed here)
     """
-    NM1 = nmodes - 1
-    DELTA = bool(delta)
-    PF = PREFETCH_DISTANCE if prefetch else 0
+    tag = f"n{nmodes}_r{rank_const}_d{int(bool(delta))}_p{int(bool(prefetch))}"
+    # executed in this module's namespace: numba rebuilds a cached kernel's globals by importing
+    # the module its function names
+    scope = globals()
+    kernels = []
+    for kind in ("direct", "runs"):
+        name = f"{kind}_items_{tag}"
+        code = compile(_source(name, kind, nmodes, rank_const, bool(delta), bool(prefetch)), __file__, "exec")
+        exec(code, scope)
+        kernels.append(SLPKernel(nb.njit(parallel=True, nogil=True, cache=True)(scope[name])))
+    return tuple(kernels)
 
-    @nb.njit(parallel=True, nogil=True, cache=True)
-    def direct_items(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, mode,
-                     rank, todo, priv_row, priv_rows, priv_buf):
-        """Private items without run accumulation: every nonzero adds into its private row.
 
-        Parameters
-        ----------
-        index : uint64 (nnz,)              re-encoded BLCO indices; for ``delta`` kernels the Delta
-                                           differences of the low ALTO words
-        values : float (nnz,)              nonzero values
-        item_start, item_end : int64 (K,)  nonzero range of each work item
-        item_base : int64 (K, N)           block base coordinates of each item
-        item_prev : uint64 (K,)            ``delta`` kernels: the ALTO word before each item's first
-                                           nonzero (0 where a chunk starts); ignored otherwise
-        item_lo : int64 (K, N)             smallest index per mode inside each item
-        shift : int64 (N,), mask : uint64 (N,)   BLCO field layout; ``delta`` kernels take the
-                                           per-mode ``pext`` masks of the ALTO word in ``mask``
-        F : float (sum_m I_m, R) C array   stacked factor matrices
-        offs : int64 (N,)                  first row of each mode's factor in F
-        mode : int                         target mode
-        rank : int                         R (ignored when compiled for a fixed rank)
-        todo : int64 (T,)                  the items to process
-        priv_row, priv_rows : int64 (K,)   item k owns rows priv_row[k] .. + priv_rows[k] of priv_buf;
-                                           index i of the target mode goes to row priv_row[k] + i - lo
-        priv_buf : float (P, R)            private accumulators (zeroed here)
+class SLPKernel:
+    """A numba kernel compiled with LLVM's SLP vectorizer on (numba leaves it off by default).
 
-        The rank loop indexes ``[row, r]`` with the row formed once per nonzero, which keeps
-        numba's negative-index check out of the vectorized loop; no short-circuit ``and``/``or``
-        in the body for the same reason.
-        """
-        R = rank_const if rank_const > 0 else rank
-        for t in nb.prange(todo.shape[0]):
-            k = todo[t]
-            first = priv_row[k]
-            for j in range(first, first + priv_rows[k]):
-                for r in range(R):
-                    priv_buf[j, r] = 0
-            shift_row = first - item_lo[k, mode]
-            rows = np.empty(NM1, dtype=np.int64)
-            word = item_prev[k]
-            end = item_end[k]
-            ahead = word
-            if DELTA and PF > 0:
-                for i in range(item_start[k], min(end, item_start[k] + PF)):
-                    ahead += index[i]
-            for i in range(item_start[k], end):
-                if PF > 0:
-                    if i + PF < end:
-                        if DELTA:
-                            ahead += index[i + PF]
-                            xa = ahead
-                        else:
-                            xa = index[i + PF]
-                        for m in range(NM1 + 1):
-                            if m != mode:
-                                if DELTA:
-                                    ca = item_base[k, m] + np.int64(pext(xa, mask[m]))
-                                else:
-                                    ca = item_base[k, m] + np.int64((xa >> np.uint64(shift[m])) & mask[m])
-                                prefetch_row(F, offs[m] + ca)
-                if DELTA:
-                    word += index[i]
-                    x = word
-                else:
-                    x = index[i]
-                target = 0
-                j = 0
-                for m in range(NM1 + 1):
-                    if DELTA:
-                        c = item_base[k, m] + np.int64(pext(x, mask[m]))
-                    else:
-                        c = item_base[k, m] + np.int64((x >> np.uint64(shift[m])) & mask[m])
-                    if m == mode:
-                        target = c
-                    else:
-                        rows[j] = offs[m] + c
-                        j += 1
-                v = values[i]
-                dest = shift_row + target
-                for r in range(R):
-                    p = v
-                    for q in range(NM1):
-                        p *= F[rows[q], r]
-                    priv_buf[dest, r] += p
+    The fixed-rank kernels' per-rank scalars only become vector code through SLP: without it the
+    rank-16 run accumulator compiles to 16 scalar multiply chains (about 2x slower here). The
+    switch is numba's global setting, so it is turned on only while this kernel compiles (or
+    loads from the cache) for a new argument type, under a lock.
+    """
 
-    @nb.njit(parallel=True, nogil=True, cache=True)
-    def run_items(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, mode,
-                  rank, todo, private, priv_row, priv_rows, priv_buf, out_flat, out_lo):
-        """Items that sum runs of one target row in a local vector, then write once per run:
-        into private rows (``private[k]``) or with atomic adds into ``out_flat``, the output rows
-        ``out_lo ..`` of the target mode, row-major. Other parameters as in ``direct_items``."""
-        R = rank_const if rank_const > 0 else rank
-        for t in nb.prange(todo.shape[0]):
-            k = todo[t]
-            is_private = private[k]
-            first = priv_row[k]
-            for j in range(first, first + priv_rows[k]):
-                for r in range(R):
-                    priv_buf[j, r] = 0
-            shift_row = first - item_lo[k, mode]
-            rows = np.empty(NM1, dtype=np.int64)
-            acc = np.zeros(R, dtype=F.dtype)
-            current = -1
-            word = item_prev[k]
-            end = item_end[k]
-            ahead = word
-            if DELTA and PF > 0:
-                for i in range(item_start[k], min(end, item_start[k] + PF)):
-                    ahead += index[i]
-            for i in range(item_start[k], end):
-                if PF > 0:
-                    if i + PF < end:
-                        if DELTA:
-                            ahead += index[i + PF]
-                            xa = ahead
-                        else:
-                            xa = index[i + PF]
-                        for m in range(NM1 + 1):
-                            if m != mode:
-                                if DELTA:
-                                    ca = item_base[k, m] + np.int64(pext(xa, mask[m]))
-                                else:
-                                    ca = item_base[k, m] + np.int64((xa >> np.uint64(shift[m])) & mask[m])
-                                prefetch_row(F, offs[m] + ca)
-                if DELTA:
-                    word += index[i]
-                    x = word
-                else:
-                    x = index[i]
-                target = 0
-                j = 0
-                for m in range(NM1 + 1):
-                    if DELTA:
-                        c = item_base[k, m] + np.int64(pext(x, mask[m]))
-                    else:
-                        c = item_base[k, m] + np.int64((x >> np.uint64(shift[m])) & mask[m])
-                    if m == mode:
-                        target = c
-                    else:
-                        rows[j] = offs[m] + c
-                        j += 1
-                if target != current:
-                    if current >= 0:
-                        _flush(acc, R, current, is_private, shift_row, priv_buf, out_flat, out_lo)
-                    current = target
-                    for r in range(R):
-                        acc[r] = 0
-                v = values[i]
-                for r in range(R):
-                    p = v
-                    for q in range(NM1):
-                        p *= F[rows[q], r]
-                    acc[r] += p
-            if current >= 0:
-                _flush(acc, R, current, is_private, shift_row, priv_buf, out_flat, out_lo)
+    _lock = threading.Lock()
 
-    return direct_items, run_items
+    def __init__(self, dispatcher) -> None:
+        self.dispatcher = dispatcher
+        self._ready: set = set()
+
+    def __call__(self, *args):
+        key = tuple(a.dtype.char if isinstance(a, np.ndarray) else type(a) for a in args)
+        if key not in self._ready:
+            sig = tuple(nb.typeof(a) for a in args)
+            with SLPKernel._lock:
+                old = nb.core.config.SLP_VECTORIZE
+                nb.core.config.SLP_VECTORIZE = 1
+                try:
+                    self.dispatcher.compile(sig)
+                finally:
+                    nb.core.config.SLP_VECTORIZE = old
+            self._ready.add(key)
+        return self.dispatcher(*args)
 
 
 _KERNELS: dict[tuple[int, int, bool, bool], object] = {}
 
 
 def kernel_for(nmodes: int, rank: int, delta: bool = False, prefetch: bool = False):
-    """The compiled kernels for this order, rank and index encoding (constant-rank code for 32 and
-    64); ``prefetch`` kernels prefetch factor rows ahead (for factors far larger than the caches)."""
+    """The compiled kernels ``(direct_items, run_items)`` for this order, rank and index encoding
+    (fixed-rank code for ``SPECIALIZED_RANKS``); ``prefetch`` kernels prefetch factor rows ahead
+    (for factors far larger than the caches)."""
     key = (nmodes, rank if rank in SPECIALIZED_RANKS else 0, bool(delta), bool(prefetch))
     if key not in _KERNELS:
         _KERNELS[key] = _build(*key)
