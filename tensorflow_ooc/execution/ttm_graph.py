@@ -1,0 +1,227 @@
+"""Per-mode TTM-chain task graphs over a store: partition tasks, then a tree reduction by merge.
+
+Tucker HOOI needs, for every mode ``n``, ``Y = X x_{m != n} U_m^T``: semi-sparse, one dense row
+of ``prod_{m != n} J_m`` entries per non-empty mode-``n`` slice. It is a sum over nonzeros, so
+each partition's chunks give a partial ``Y`` (rows for the slices its nonzeros touch) and the
+partials are merged (row union, blocks summed) by a fixed-order tree reduction, as MTTKRP
+partials are in :mod:`.graph`.
+
+The partitions and execution modes are those of the MTTKRP graph: ``in-memory`` decodes each
+partition's nonzeros into COO once and keeps them on a worker (the TTM kernels keep their
+per-mode sort or unfolding beside them, so it is made once per run); ``streaming`` reads the
+partition's chunks on every pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+from distributed import Client, Future, wait
+
+from ..kernels.ttm import SemiSparse, TTMLayouts, merge, merge_many, ttm_chain
+from ..store import open_store
+from .cluster import resolve_device, worker_resources
+from .graph import DEFAULT_SPLIT_EVERY, EXECUTION_MODES, IN_MEMORY_FRACTION
+from .inline import is_inline
+from .partitions import Partition, plan_partitions
+from .stream import BATCH_NNZ, batch_nnz_for
+from .tasks import cached_store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CooPartition:
+    """A partition's nonzeros decoded to COO and kept in worker memory (in-memory execution), as
+    a :class:`~tensorflow_ooc.kernels.ttm.TTMLayouts`: the sorted layout of each mode is built on
+    the first pass and reused by every later iteration."""
+
+    part: Partition
+    layouts: TTMLayouts
+
+
+@dataclass
+class TTMPartial:
+    """A partial (or reduced) ``Y`` of one mode; the seconds of the slowest partition task that
+    went into it (the TTM time the history reports) and, of those, the seconds its kernels spent
+    building layouts (sorting, done once per mode in memory, on every pass when streaming)."""
+
+    y: SemiSparse
+    seconds: float = 0.0
+    layout_seconds: float = 0.0
+
+
+def decoded_bytes(nnz: int, nmodes: int) -> int:
+    """Worker memory of decoded in-memory partitions at most: COO (``8 (N + 1)`` bytes a nonzero)
+    and one sorted layout per mode (columns, values, fiber index and pointers: at most
+    ``8 (N + 2)`` bytes a nonzero each)."""
+    return int(nnz) * 8 * ((nmodes + 1) + nmodes * (nmodes + 2))
+
+
+def read_coo(path: str, chunk_lo: int, chunk_hi: int) -> TTMLayouts:
+    """Nonzeros of chunks ``[chunk_lo, chunk_hi)``, validated against the store's chunk range
+    table as they are read (so damaged data never reaches a kernel)."""
+    store = cached_store(path)
+    chunks = [store.read_chunk(c) for c in range(chunk_lo, chunk_hi)]
+    if chunks:
+        coords = np.concatenate([ch.coords(store.layout) for ch in chunks])
+        values = np.concatenate([ch.values for ch in chunks])
+    else:
+        coords, values = np.zeros((0, store.nmodes), dtype=np.int64), np.zeros(0, dtype=store.value_dtype)
+    return TTMLayouts(coords, values, store.shape, validate=False)
+
+
+def load_coo_partition(path: str, part: Partition) -> CooPartition:
+    """Read and decode a partition (kept on the worker)."""
+    return CooPartition(part, read_coo(path, part.chunk_lo, part.chunk_hi))
+
+
+def ttm_partition(source: CooPartition | tuple[str, Partition], factors: Sequence[np.ndarray | None], mode: int,
+                  threads: int = 1, batch_nnz: int = BATCH_NNZ, kernel: str | None = None,
+                  device: str = "cpu") -> TTMPartial:
+    """``X_p x_{m != mode} U_m^T`` of one partition ``X_p``: from its decoded layouts (in-memory)
+    or by streaming its chunks, about ``batch_nnz`` nonzeros at a time, the batches' results
+    merged (streaming). With ``device="gpu"`` the sparse TTM that starts each chain runs on this
+    worker's GPU."""
+    t0 = time.perf_counter()
+    stats: dict = {}
+    if isinstance(source, CooPartition):
+        y = ttm_chain(source.layouts, factors, mode, kernel=kernel, device=device, threads=threads, stats=stats)
+        layout_s = stats["layout_seconds"]
+    else:
+        path, part = source
+        store = cached_store(path)
+        per = max(1, int(batch_nnz) // store.chunk_nnz)
+        y, layout_s = None, 0.0
+        for c in range(part.chunk_lo, part.chunk_hi, per):
+            yb = ttm_chain(read_coo(path, c, min(part.chunk_hi, c + per)), factors, mode, kernel=kernel,
+                           device=device, threads=threads, stats=stats)
+            layout_s += stats["layout_seconds"]
+            y = yb if y is None else merge(y, yb)
+        if y is None:        # partitions always hold chunks; an empty result keeps the types total
+            y = ttm_chain(read_coo(path, 0, 0), factors, mode, kernel=kernel, threads=threads)
+    return TTMPartial(y, time.perf_counter() - t0, layout_s)
+
+
+def merge_partials(*partials: TTMPartial) -> TTMPartial:
+    """Merge partials (row union, blocks summed) in the order given."""
+    y = merge_many([p.y for p in partials]) if len(partials) > 1 else partials[0].y
+    return TTMPartial(y, max(p.seconds for p in partials), max(p.layout_seconds for p in partials))
+
+
+def _ttm_then(update: Callable, source, state, mode: int, threads: int, batch_nnz: int, kernel: str | None,
+              device: str, args: tuple):
+    """One task: a partition's TTM chain, then ``update`` on it (see :meth:`TTMGraph.mode_update`)."""
+    partial = ttm_partition(source, state.chain_factors(mode), mode, threads, batch_nnz, kernel, device)
+    return update(state, [partial], mode, *args)
+
+
+class TTMGraph:
+    """Builds and submits TTM-chain graphs for one store on one Dask cluster.
+
+    Parameters
+    ----------
+    client : distributed.Client (or the in-process client of :mod:`.inline`)
+    path : str
+        Store path or URL (workers open it themselves).
+    execution : {"auto", "streaming", "in-memory"}
+        ``auto``: in-memory when the decoded partitions and their layouts (:func:`decoded_bytes`)
+        take at most half of the cluster's worker memory, else streaming.
+    partitions : int, optional
+        Partition tasks per mode (default one per Dask thread, more when one would exceed
+        ``max_partition_nnz``).
+    kernel : str, optional
+        TTM kernel passed to :func:`~tensorflow_ooc.kernels.ttm.ttm_chain` (default: its selector).
+    device : {"cpu", "gpu", "auto"}
+        Where partition tasks run: "gpu" on the cluster's GPU workers (one partition per GPU), whose
+        sparse TTMs then run on the device (:func:`~tensorflow_ooc.kernels.ttm.ttm_chain`'s ``device``);
+        "auto" does so when the cluster has real GPUs.
+    """
+
+    def __init__(self, client: Client, path: str, *, execution: str = "auto", partitions: int | None = None,
+                 split_every: int = DEFAULT_SPLIT_EVERY, max_partition_nnz: int = 1 << 26,
+                 kernel: str | None = None, device: str = "cpu") -> None:
+        if execution not in EXECUTION_MODES:
+            raise ValueError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
+        self.client = client
+        self.path = str(path)
+        self.store = open_store(self.path)
+        self.split_every = max(2, int(split_every))
+        self.kernel = kernel
+        res = worker_resources(client)
+        if not res:
+            raise RuntimeError("the Dask cluster has no workers")
+        self.device, gpu_addrs = resolve_device(client, device)
+        self.placement: dict = {}
+        if self.device == "gpu":
+            res = {a: r for a, r in res.items() if a in gpu_addrs}
+            info = client.scheduler_info()["workers"]
+            if all(info[a].get("resources", {}).get("GPU") for a in gpu_addrs):
+                self.placement = {"resources": {"GPU": 1}}
+            else:
+                self.placement = {"workers": gpu_addrs, "allow_other_workers": False}
+        self.numba_threads = min(r["numba_threads"] for r in res.values())
+        dask_threads = sum(r["dask_threads"] for r in res.values())
+        default_parts = len(gpu_addrs) if self.device == "gpu" else dask_threads
+        self.parts: list[Partition] = plan_partitions(self.store, partitions or default_parts, max_partition_nnz)
+        limits = [r["memory_limit"] for r in res.values()]
+        budget = sum(limits) if all(limits) else None
+        self.batch_nnz = batch_nnz_for(min(limits) if all(limits) else None)
+        decoded = decoded_bytes(self.store.nnz, self.store.nmodes)
+        if execution == "auto":
+            execution = "in-memory" if budget is None or decoded <= IN_MEMORY_FRACTION * budget else "streaming"
+        self.execution = execution
+        self.data: list[Future] | None = None
+        log.info("TTM graph: %d partitions on %s, %s execution (decoded %.1f MiB, worker memory %s), %d numba threads "
+                 "per task", len(self.parts), self.device, execution, decoded / 2**20,
+                 "unlimited" if budget is None else f"{budget / 2**20:.0f} MiB", self.numba_threads)
+        if execution == "in-memory":
+            key = f"tfooc-coo-partition-{self.store.meta['store_id']}-{self.device}-{len(self.parts)}"
+            self.data = [client.submit(load_coo_partition, self.path, p, key=f"{key}-{p.id}", **self.placement)
+                         for p in self.parts]
+            if not is_inline(client):
+                wait(self.data)
+
+    def sources(self) -> Sequence:
+        return self.data if self.data is not None else [(self.path, p) for p in self.parts]
+
+    def partials(self, state: Future, mode: int) -> list[Future]:
+        """Submit the mode-``mode`` TTM chain up to the last level of its reduction (at most
+        ``split_every`` futures of :class:`TTMPartial`, which the consumer merges)."""
+        parts = [self.client.submit(_ttm_partition_of, src, state, mode, self.numba_threads, self.batch_nnz,
+                                    self.kernel, self.device, pure=False, **self.placement)
+                 for src in self.sources()]
+        return self.reduce(parts, last=True)
+
+    def mode_update(self, state: Future, mode: int, update: Callable, *args) -> Future:
+        """Submit the mode-``mode`` TTM chain followed by ``update(state, partials, mode, *args)``;
+        one task when there is one partition (the in-process default). Returns ``update``'s future."""
+        sources = self.sources()
+        if len(sources) == 1:
+            return self.client.submit(_ttm_then, update, sources[0], state, mode, self.numba_threads, self.batch_nnz,
+                                      self.kernel, self.device, args, pure=False, **self.placement)
+        return self.client.submit(update, state, self.partials(state, mode), mode, *args, pure=False)
+
+    def reduce(self, futures: list[Future], last: bool = False) -> list[Future]:
+        """Tree reduction by :func:`merge_partials` with fan-in ``split_every`` (fixed order, so
+        sums are reproducible), down to one future, or with ``last`` to the last level."""
+        level = list(futures)
+        while len(level) > (self.split_every if last else 1):
+            level = [self.client.submit(merge_partials, *level[i:i + self.split_every], pure=False)
+                     if len(level[i:i + self.split_every]) > 1 else level[i]
+                     for i in range(0, len(level), self.split_every)]
+        return level
+
+    def release(self) -> None:
+        """Drop decoded partitions from worker memory."""
+        self.data = None
+
+
+def _ttm_partition_of(source, state, mode: int, threads: int, batch_nnz: int, kernel: str | None,
+                      device: str) -> TTMPartial:
+    """:func:`ttm_partition` with the factors of a model state (what the graph passes around)."""
+    return ttm_partition(source, state.chain_factors(mode), mode, threads, batch_nnz, kernel, device)
