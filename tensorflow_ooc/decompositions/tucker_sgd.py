@@ -1,0 +1,354 @@
+"""FastTuckerPlus tensor completion on a BLCO store (seed 003, Algorithm 3).
+
+The FastTucker model approximates an entry by ``xhat = sum_r prod_n (A^(n) B^(n))[i_n, r]``:
+factors ``A^(n)`` (I_n x J_n) and a Tucker core that is the Kruskal tensor of the core factors
+``B^(n)`` (J_n x R). FastTuckerPlus trains it by two alternating non-convex SGD passes per epoch:
+
+1. factor pass: batches Psi of ``batch`` entries drawn uniformly (a seeded permutation of the
+   training entries per epoch); every factor row of a batch moves at once, from one shared
+   ``C_Psi^(n) = A_Psi^(n) B^(n)`` (the matrixized rule 14), learning rate ``lr_factors`` and
+   regularization ``reg_factors``;
+2. core pass: the core gradient accumulated over all training entries, then one step of every
+   ``B^(n)`` (Algorithm 5), learning rate ``lr_core``, regularization ``reg_core``.
+
+Both passes run as partition tasks of the store (:mod:`tensorflow_ooc.execution.completion`) on
+Dask, or in this process for small stores, with tree reductions of the row moves and of the core
+gradients. After every epoch the test RMSE and MAE are measured on held-out entries.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+from distributed import Client
+
+from ..execution import get_client
+from ..execution import completion as T
+from ..execution.cluster import resolve_device, worker_resources
+from ..execution.graph import DEFAULT_SPLIT_EVERY
+from ..execution.inline import INLINE_MAX_NNZ, is_inline
+from ..execution.partitions import plan_partitions
+from ..store import Store, open_store, paths
+from .fasttucker_result import CompletionError, FastTuckerResult
+from .result import fingerprint
+
+log = logging.getLogger(__name__)
+
+MAX_PARTITION_NNZ = 1 << 24
+MAX_BACKOFFS = 6          # halvings of the learning rates after diverged epochs before giving up
+
+
+def _check_rate(name: str, value: float, positive: bool) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise CompletionError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(v) or (v <= 0 if positive else v < 0):
+        raise CompletionError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+    return v
+
+
+def _check_ranks(ranks: int | Sequence[int], core_rank: int, shape: tuple[int, ...], where: str) -> tuple[int, ...]:
+    N = len(shape)
+    if np.ndim(ranks) == 0:
+        ranks = [ranks] * N
+    ranks = list(ranks)
+    if len(ranks) != N:
+        raise CompletionError(f"ranks: {len(ranks)} given for the {N} modes of {where}")
+    out = []
+    for n, (j, L) in enumerate(zip(ranks, shape)):
+        if isinstance(j, bool) or not isinstance(j, (int, np.integer)) or j < 1:
+            raise CompletionError(f"ranks: the rank of mode {n} must be an integer >= 1, got {j!r}")
+        if j > L:
+            raise CompletionError(f"ranks: the rank {j} of mode {n} exceeds its length {L} in {where}")
+        out.append(int(j))
+    if isinstance(core_rank, bool) or not isinstance(core_rank, (int, np.integer)) or core_rank < 1:
+        raise CompletionError(f"core_rank must be an integer >= 1, got {core_rank!r}")
+    return tuple(out)
+
+
+def _tree(client, futures: list, fn: Callable, split_every: int) -> list:
+    """Tree reduction with ``fn`` down to at most ``split_every`` futures, in fixed order, as
+    :meth:`tensorflow_ooc.execution.MTTKRPGraph.reduce` does (the consumer sums the last level)."""
+    level = list(futures)
+    while len(level) > split_every:
+        level = [client.submit(fn, *level[i:i + split_every], pure=False) if len(level[i:i + split_every]) > 1
+                 else level[i] for i in range(0, len(level), split_every)]
+    return level
+
+
+def initial_state(shape: tuple[int, ...], ranks: tuple[int, ...], core_rank: int, mean_square: float,
+                  seed: int | None) -> T.FastTuckerState:
+    """Seeded random model whose predictions have about the data's mean square: factor entries
+    N(0, 1/J_n), core factor entries N(0, s^2) with ``R s^(2N) = mean_square``."""
+    N = len(shape)
+    J = max(ranks)
+    rng = np.random.default_rng(seed)
+    offsets = np.concatenate([[0], np.cumsum(shape)[:-1]]).astype(np.int64)
+    A = np.zeros((int(sum(shape)), J))
+    B = np.zeros((N, J, core_rank))
+    s = (max(mean_square, 1e-12) / core_rank) ** (1.0 / (2 * N))
+    for n, (L, j) in enumerate(zip(shape, ranks)):
+        A[offsets[n]:offsets[n] + L, :j] = rng.standard_normal((L, j)) / math.sqrt(j)
+        B[n, :j, :] = s * rng.standard_normal((j, core_rank))
+    return T.FastTuckerState(A, B, offsets, tuple(shape), tuple(ranks))
+
+
+def tucker_sgd(store: Store | str | os.PathLike, ranks: int | Sequence[int], core_rank: int, *,
+               test: Store | str | os.PathLike | None = None, test_fraction: float | None = None, epochs: int = 50,
+               batch: int = 64, lr_factors: float = 0.01, lr_core: float = 0.3, reg_factors: float = 0.01,
+               reg_core: float = 0.01, seed: int | None = 0, client: Client | None = None, patience: int | None = 5,
+               progress: bool = True, out: str | os.PathLike | None = None, overwrite: bool = False,
+               threads: int | None = None, device: str = "cpu", scheduler: str | None = None,
+               partitions: int | None = None, lr_decay: float = 0.0,
+               callback: Callable[[dict], None] | None = None) -> FastTuckerResult:
+    """FastTucker tensor completion of a sparse store by FastTuckerPlus (seed 003, Algorithm 3).
+
+    Fits ``x[i_1..i_N] ~ sum_r prod_n (A^(n) B^(n))[i_n, r]`` to the observed entries: factors
+    ``A^(n)`` (I_n x J_n), core factors ``B^(n)`` (J_n x R). Each epoch runs the factor pass (all
+    rows of a batch of ``batch`` uniformly drawn entries updated at once from one shared
+    ``C^(n) = A^(n) B^(n)``) and then the core pass (one step along the core gradient accumulated
+    over all training entries), then measures the test RMSE and MAE. The model of the epoch with
+    the lowest test RMSE is returned.
+
+    Parameters
+    ----------
+    store : Store or path
+        Training entries (a BLCO store; see :func:`tensorflow_ooc.convert`).
+    ranks : int or sequence of int
+        Factor ranks J_n (one for every mode, or one per mode), each in 1..I_n.
+    core_rank : int
+        R, the rank of the Kruskal core.
+    test : Store or path, optional
+        Test entries (same shape, disjoint from the training entries: checked).
+    test_fraction : float, optional
+        Instead of ``test``: hold out this fraction of the store's entries, chosen by a hash of
+        the coordinates and ``seed`` (the same split for the same seed; no entry in both sets).
+    epochs : int
+        Most epochs to run.
+    batch : int
+        M, entries per batch of the factor pass (the GPU kernel takes batches of 16).
+    lr_factors, lr_core : float
+        Learning rates gamma_A, gamma_B. The values are scaled to unit mean square for training
+        (and the model scaled back), so the rates do not depend on the data's scale. An epoch whose
+        training RMSE is not finite or grows 4-fold is redone from its start at half the rates,
+        which stay halved (logged; each epoch's ``rate_factor`` is in the history), at most 6 times.
+    lr_decay : float
+        Rates of epoch ``t`` (from 0) are divided by ``1 + lr_decay * t``.
+    reg_factors, reg_core : float
+        Regularization lambda_A, lambda_B.
+    seed : int, optional
+        Seeds the initial model, the batches and the test split.
+    client : distributed.Client, optional
+        Cluster to run on; default: this process for stores up to 2^24 entries (or
+        ``scheduler``), else the embedded LocalCluster.
+    patience : int or None
+        Stop when the test RMSE has not improved for this many epochs (None: run all epochs).
+    progress : bool
+        Show a tqdm progress bar with the test RMSE and MAE.
+    out : path, optional
+        Write the result to this Zarr result store (refused if it exists, unless ``overwrite``).
+    threads : int, optional
+        numba threads per partition task. Parallel factor passes write rows without
+        synchronization (as the seed's GPU warps); ``threads=1`` makes a run reproducible.
+    device : {"cpu", "gpu", "auto"}
+        Where the partition tasks run their kernels.
+    scheduler, partitions : as for :func:`tensorflow_ooc.cp_als`.
+    callback : callable, optional
+        Called with each epoch's history record.
+
+    Returns
+    -------
+    FastTuckerResult
+
+    Examples
+    --------
+    >>> import tensorflow_ooc as tfo
+    >>> from tensorflow_ooc import synthetic
+    >>> p = synthetic.planted_fasttucker((60, 50, 40), 4, 4, 30000, noise=0.05, seed=0)
+    >>> s = tfo.convert((p.coords, p.values), "memory://doc-fasttucker", shape=p.shape)
+    >>> r = tfo.tucker_sgd(s, 4, 4, test_fraction=0.1, epochs=20, seed=1, progress=False)   # doctest: +SKIP
+    >>> r.test_rmse < 3 * p.noise_std                                                        # doctest: +SKIP
+    True
+    """
+    store = store if isinstance(store, Store) else open_store(store)
+    shape, N = tuple(int(x) for x in store.shape), store.nmodes
+    ranks = _check_ranks(ranks, core_rank, shape, store.path)
+    core_rank = int(core_rank)
+    if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1:
+        raise CompletionError(f"epochs must be an integer >= 1, got {epochs!r}")
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise CompletionError(f"batch must be an integer >= 1, got {batch!r}")
+    lr_factors = _check_rate("lr_factors", lr_factors, True)
+    lr_core = _check_rate("lr_core", lr_core, True)
+    lr_decay = _check_rate("lr_decay", lr_decay, False)
+    reg_factors = _check_rate("reg_factors", reg_factors, False)
+    reg_core = _check_rate("reg_core", reg_core, False)
+    if patience is not None and (isinstance(patience, bool) or int(patience) != patience or patience < 1):
+        raise CompletionError(f"patience must be an integer >= 1 or None, got {patience!r}")
+    if device not in ("cpu", "gpu", "auto"):
+        raise CompletionError(f"device must be 'cpu', 'gpu' or 'auto', got {device!r}")
+    if test is not None and test_fraction is not None:
+        raise CompletionError("give either test (a test store) or test_fraction, not both")
+    if test_fraction is not None:
+        test_fraction = _check_rate("test_fraction", test_fraction, True)
+        if test_fraction >= 1:
+            raise CompletionError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    test_store = None
+    if test is not None:
+        test_store = test if isinstance(test, Store) else open_store(test)
+        if test_store.nmodes != N:
+            raise CompletionError(f"test set {test_store.path} has {test_store.nmodes} modes, the training store {N}")
+        if test_store.nnz == 0:
+            raise CompletionError(f"test set {test_store.path} has no entries")
+        maxs = test_store.chunk_ranges[1].max(axis=0)
+        for n in range(N):
+            if int(maxs[n]) >= shape[n]:
+                raise CompletionError(f"test set {test_store.path}: index {int(maxs[n])} of mode {n} lies outside "
+                                      f"the training shape {shape} (0-based indices 0..{shape[n] - 1})")
+    if store.nnz == 0:
+        raise CompletionError(f"{store.path} has no entries")
+    if out is not None and paths.exists(str(out)) and not overwrite:
+        raise CompletionError(f"{out}: exists; pass overwrite=True to replace the result")
+    if test_store is not None and test_store.meta.get("store_id") == store.meta.get("store_id"):
+        raise CompletionError(f"the test set {test_store.path} is the training store itself")
+
+    params = {"ranks": list(ranks), "core_rank": core_rank, "epochs": int(epochs), "batch": int(batch),
+              "lr_factors": lr_factors, "lr_core": lr_core, "lr_decay": lr_decay, "reg_factors": reg_factors,
+              "reg_core": reg_core,
+              "seed": seed, "patience": patience, "test": None if test_store is None else str(test_store.path),
+              "test_fraction": test_fraction, "algorithm": "FastTuckerPlus"}
+    split_seed = int(np.random.SeedSequence(seed).entropy if seed is None else seed)
+    params["split_seed"] = split_seed       # seed None: the drawn one, to reproduce the split and batches
+    input_fp = fingerprint(store)
+    if client is None and scheduler is None and device != "gpu" and store.nnz <= INLINE_MAX_NNZ:
+        scheduler = "inline"
+
+    with get_client(client, scheduler, device=device) as c:
+        dev = "cpu" if device == "cpu" else resolve_device(c, device)[0]
+        res = worker_resources(c) if not is_inline(c) else None
+        dask_threads = sum(r["dask_threads"] for r in res.values()) if res else 1
+        if threads is None and res:
+            threads = min(r["numba_threads"] for r in res.values())
+        n_parts = partitions or dask_threads
+        parts = plan_partitions(store, n_parts, MAX_PARTITION_NNZ)
+        offsets = np.concatenate([[0], np.cumsum(shape)[:-1]]).astype(np.int64)
+        # values scaled to unit mean square, so the learning rates mean the same for any data scale
+        mean_square = float(store.meta["norm_sq"]) / store.nnz
+        scale = 1.0 / math.sqrt(mean_square) if mean_square > 0 else 1.0
+        sources = [c.submit(T.load_observed, store.path, p, offsets, test_fraction or 0.0, split_seed, False, scale,
+                            pure=False) for p in parts]
+        test_sources = list(sources) if test_store is None else \
+            [c.submit(T.load_observed, test_store.path, p, offsets, 0.0, 0, True, scale, pure=False)
+             for p in plan_partitions(test_store, n_parts, MAX_PARTITION_NNZ)]
+        if test_store is not None:
+            keys = [c.submit(_test_keys, s, shape, pure=False) for s in test_sources]
+            test_keys = np.unique(np.concatenate([k.result() for k in keys]))
+            overlap = sum(c.submit(T.count_overlap, s, test_keys, shape, pure=False).result() for s in sources)
+            if overlap:
+                raise CompletionError(f"the test set {test_store.path} overlaps the training store {store.path}: "
+                                      f"{overlap} entries are in both")
+        counts = [c.submit(_train_test_counts, s, pure=False).result() for s in sources]
+        n_train = sum(a for a, _ in counts)
+        n_test = sum(b for _, b in counts) if test_store is None else test_store.nnz
+        if n_train == 0:
+            raise CompletionError(f"{store.path}: no training entries left after holding out the test set")
+        if n_test == 0:
+            log.warning("no test entries: the test RMSE is not measured and early stopping is off")
+        state = c.submit(initial_state, shape, ranks, core_rank, 1.0, seed, pure=False)
+        params.update(n_train=int(n_train), n_test=int(n_test), value_scale=scale, partitions=len(parts), device=dev,
+                      scheduler="inline" if is_inline(c) else "dask", threads=threads)
+        log.info("FastTuckerPlus: %d training and %d test entries, %d partitions on %s", n_train, n_test,
+                 len(parts), dev)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=int(epochs), desc="fasttucker+", unit="epoch", leave=False)
+        history: list[dict] = []
+        best = (math.inf, 0, None)
+        stale = 0
+        split = DEFAULT_SPLIT_EVERY
+        try:
+            epoch, backoff, last_train = 0, 1.0, math.inf
+            while epoch < int(epochs):
+                t0 = time.perf_counter()
+                rate = backoff / (1.0 + lr_decay * epoch)
+                before = state
+                moves = [c.submit(T.factor_pass_partition, s, state, split_seed, epoch, int(batch), lr_factors * rate,
+                                  reg_factors, threads, dev, pure=False) for s in sources]
+                state = c.submit(T.apply_moves, state, *_tree(c, moves, T.combine_moves, split), pure=False)
+                grads = [c.submit(T.core_gradient_partition, s, state, threads, dev, pure=False) for s in sources]
+                state = c.submit(T.apply_core, state, lr_core * rate, reg_core,
+                                 *_tree(c, grads, T.combine_gradients, split), pure=False)
+                t_test = time.perf_counter()
+                errs = [c.submit(T.test_errors_partition, s, state, threads, pure=False) for s in test_sources]
+                err = c.submit(T.combine_errors, *_tree(c, errs, T.combine_errors, split), pure=False).result()
+                info = c.submit(T.state_info, state, pure=False).result()
+                now = time.perf_counter()
+                rmse = math.sqrt(err.sse / err.n) / scale if err.n else float("nan")
+                mae = err.sae / err.n / scale if err.n else float("nan")
+                record = {"epoch": epoch + 1, "test_rmse": rmse, "test_mae": mae,
+                          "train_rmse": math.sqrt(info["train_sse"] / max(info["train_n"], 1)) / scale,
+                          "factor_seconds": info["factor_seconds"], "core_seconds": info["core_seconds"],
+                          "test_seconds": now - t_test, "seconds": now - t0}
+                if not math.isfinite(record["train_rmse"]) or record["train_rmse"] > 4 * last_train:
+                    # SGD on this non-convex model can blow up when a step overshoots (a sample of
+                    # large curvature): redo the epoch from its start at half the rates
+                    if backoff < 2.0 ** -MAX_BACKOFFS:
+                        raise CompletionError(f"epoch {epoch + 1}: the model diverged even at 2^-{MAX_BACKOFFS} of "
+                                              f"the learning rates; lower lr_factors ({lr_factors}) or lr_core "
+                                              f"({lr_core})")
+                    backoff /= 2
+                    state = before
+                    log.warning("epoch %d diverged (training RMSE %.3g): redone at %g x the learning rates", epoch + 1,
+                                record["train_rmse"], backoff)
+                    continue
+                record["rate_factor"] = rate
+                last_train = min(last_train, record["train_rmse"])
+                epoch += 1
+                history.append(record)
+                log.debug("epoch %d: test RMSE %.6g, MAE %.6g, %.3f s", epoch, rmse, mae, record["seconds"])
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(test_rmse=f"{rmse:.5g}", test_mae=f"{mae:.5g}", s=f"{record['seconds']:.2f}")
+                if callback is not None:
+                    callback(record)
+                if not err.n:
+                    best = (math.inf, epoch, state)
+                    continue
+                if rmse < best[0] * (1 - 1e-6):
+                    best, stale = (rmse, epoch, state), 0
+                else:
+                    stale += 1
+                    if patience is not None and stale >= patience:
+                        log.info("early stop after epoch %d: no better test RMSE for %d epochs", epoch, patience)
+                        break
+            final = best[2].result() if best[2] is not None else state.result()
+            final_epoch = best[1] if best[2] is not None else len(history)
+        finally:
+            if bar is not None:
+                bar.close()
+        del sources, test_sources, state, best
+    kept = history[final_epoch - 1]
+    core_factors = [np.array(final.core_factor(n)) for n in range(N)]
+    core_factors[0] /= scale          # back to the data's scale
+    result = FastTuckerResult([np.array(final.factor(n)) for n in range(N)], core_factors, kept["test_rmse"],
+                              kept["test_mae"], len(history), final_epoch, history, params, input_fp)
+    if out is not None:
+        result.save(out, overwrite=overwrite)
+        log.info("result written to %s", out)
+    return result
+
+
+def _test_keys(data: T.ObservedPartition, shape: tuple[int, ...]) -> np.ndarray:
+    return T.entry_keys(data.test_coords, shape)
+
+
+def _train_test_counts(data: T.ObservedPartition) -> tuple[int, int]:
+    return int(data.coords.shape[0]), int(data.test_coords.shape[0])
