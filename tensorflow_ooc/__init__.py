@@ -12,7 +12,16 @@ encode_coo(coords, values, shape) -> BLCOTensor
 mttkrp(tensor, factors, mode) -> ndarray
     MTTKRP for any mode of a store (streamed through the fast chunk reader) or in-memory BLCO tensor.
 cp_als(store, rank, ...) -> CPResult
-    CP-ALS as iterated Dask graph reductions (embedded LocalCluster by default).
+    CP-ALS as iterated Dask graph reductions (embedded LocalCluster by default), of a BLCO store or
+    of a dense Zarr, Dask or NumPy array (streamed chunk by chunk).
+open_dense(array) -> DenseArray
+    A dense tensor (Zarr array path or URL, Dask or NumPy array) as CP-ALS reads it, validated.
+ttm(tensor, matrix, mode) -> SemiSparse, ttm_chain(tensor, matrices, skip) -> SemiSparse
+    Sparse tensor times matrix (and all modes but one), kernel chosen by tensor features.
+tucker_hooi(store, ranks, ...) -> TuckerResult
+    Tucker HOOI of a store: semi-sparse TTM chains over Dask partitions, pyttb's tucker_als conventions.
+tucker_sgd(store, ranks, core_rank, ...) -> FastTuckerResult
+    FastTuckerPlus tensor completion by SGD: test RMSE/MAE per epoch, ``result.predict(coords)``.
 synthetic
     Heavy-tailed and planted low-rank test tensors.
 """
@@ -27,10 +36,19 @@ from .format import BitLayout, BLCOTensor, encode_coo  # noqa: E402
 from .ingest import convert  # noqa: E402
 from .execution.stream import mttkrp  # noqa: E402
 from .decompositions import CPResult, cp_als, load_result  # noqa: E402
+from .decompositions import CompletionError, FastTuckerResult, load_fasttucker_result, tucker_sgd  # noqa: E402
 from .store import Store, open_store  # noqa: E402
+from .store.dense import DenseArray, open_dense  # noqa: E402
+from .errors import DenseArrayError  # noqa: E402
+from .kernels.ttm import SemiSparse, ttm, ttm_chain  # noqa: E402
+from .decompositions import TuckerResult, load_tucker, tucker_hooi  # noqa: E402
 
 __all__ = [
     "BitLayout", "BLCOTensor", "CPResult", "cp_als", "load_result", "CorruptStoreError", "DuplicateError", "EmptyTensorError", "ForeignStoreError",
     "IncompleteStoreError", "IndexRangeError", "IngestError", "NonFiniteValueError", "ParseError", "ShapeError",
     "Store", "StoreError", "StoreExistsError", "TfoocError", "__version__", "convert", "encode_coo", "mttkrp", "open_store",
+    "SemiSparse", "ttm", "ttm_chain",
+    "TuckerResult", "load_tucker", "tucker_hooi",
+    "DenseArray", "DenseArrayError", "open_dense",
+    "CompletionError", "FastTuckerResult", "load_fasttucker_result", "tucker_sgd",
 ]

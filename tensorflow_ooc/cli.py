@@ -65,6 +65,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from . import synthetic
     from .ingest import AltoRunSource, BatchSource, convert
 
+    if args.dense:
+        return _generate_dense(args)
     shape, nnz = args.shape, args.nnz
     if args.like:
         pshape, pnnz = synthetic.PRESETS[args.like]
@@ -119,6 +121,49 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _generate_dense(args: argparse.Namespace) -> int:
+    """``generate --dense SHAPE``: a planted rank-R dense Zarr array, written chunk by chunk, and
+    its true factors beside it (OUT.factors.npz), as the sparse planted generator does."""
+    import numpy as np
+
+    from . import synthetic
+
+    out = str(args.out).rstrip("/")
+    if out.endswith(".tns") or out.endswith(".tns.gz"):
+        raise ValueError(f"{out}: a dense tensor is written as a Zarr array; give a directory path or URL")
+    if args.chunks is not None and len(args.chunks) != len(args.dense):
+        raise ValueError(f"--chunks has {len(args.chunks)} lengths for a tensor of order {len(args.dense)}")
+    t0 = time.perf_counter()
+    log.info("generating a planted rank-%d dense tensor shaped %s (noise %g) -> %s", args.rank, args.dense,
+             args.noise, out)
+    weights, factors = synthetic.write_planted_dense(out, args.dense, args.rank, noise=args.noise, seed=args.seed,
+                                                     chunks=args.chunks, dtype=args.dtype, codec=args.codec,
+                                                     overwrite=args.overwrite, progress=not args.quiet)
+    factors_path = out + ".factors.npz"
+    np.savez(factors_path, weights=weights, **{f"factor{n}": f for n, f in enumerate(factors)})
+    log.info("true factors written to %s; wrote %s in %.1f s", factors_path, out, time.perf_counter() - t0)
+    print(out)
+    return 0
+
+
+def _format_dense_info(info: dict) -> str:
+    lines = [
+        f"array        {info['path']}  ({info['kind']})",
+        f"shape        {' x '.join(map(str, info['shape']))}  (order {info['order']}, {info['dtype']})",
+        f"chunks       {' x '.join(map(str, info['chunks']))}  ({info['nchunks']:,} chunks of "
+        f"{info['chunk_bytes']:,} bytes at most)",
+        f"bytes        {info['bytes']:,}" + (f"  ({info['bytes_on_disk']:,} on disk, compressors "
+                                              f"{', '.join(info['compressors']) or 'none'})"
+                                              if "bytes_on_disk" in info else ""),
+    ]
+    if "norm" in info:
+        lines.append(f"norm         {info['norm']:.6g}")
+    if "planted" in info:
+        p = info["planted"]
+        lines.append(f"planted      rank {p['rank']}, noise {p['noise']:g}, seed {p['seed']}")
+    return "\n".join(lines)
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     from .ingest import convert
 
@@ -169,7 +214,12 @@ def _format_info(info: dict) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from .store import open_store
+    from .store.dense import is_dense_array, open_dense
 
+    if is_dense_array(args.store):
+        info = open_dense(args.store).info()
+        print(json.dumps(info, indent=2) if args.json else _format_dense_info(info))
+        return 0
     info = open_store(args.store).info()
     print(json.dumps(info, indent=2) if args.json else _format_info(info))
     return 0
@@ -179,12 +229,13 @@ def cmd_cpd(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from .decompositions import cp_als
+    from .decompositions.cp_als import open_input
     from .execution import DeviceOptions
-    from .store import open_store
-
     from .store import paths
+    from .store.dense import DenseArray
 
-    store = open_store(args.store)
+    store = open_input(args.store)      # a BLCO store or a dense Zarr array
+    entries, entry = ("entries", "entry") if isinstance(store, DenseArray) else ("nonzeros", "nonzero")
     out = args.out or f"{str(args.store).rstrip('/')}.cp-r{args.rank}.zarr"
     checkpoint = args.checkpoint or f"{out}.checkpoint.npz"
     if paths.exists(out) and not (args.overwrite or args.resume):
@@ -218,14 +269,15 @@ def cmd_cpd(args: argparse.Namespace) -> int:
     steady = new[1:] or new
     per_it = sum(h["seconds"] for h in steady) / max(1, len(steady))
     how = "" if args.method == "exact" else f", {args.method} sampling of {args.samples:,} rows"
-    print(f"CP-ALS rank {args.rank}{how} on {store.path} ({store.nnz:,} nonzeros, {result.params['execution']} execution "
+    print(f"CP-ALS rank {args.rank}{how} on {store.path} ({store.nnz:,} {entries}, "
+          f"{result.params['execution']} execution "
           f"on {result.params['device']}, "
           f"{'in this process' if result.params.get('scheduler') == 'inline' else 'Dask graph'})")
     print(f"  fit            {result.fit:.6f} after {result.iterations} iterations")
     if new:
         print(f"  first iter     {new[0]['seconds']:.3f} s  (includes kernel compilation or cache loading)")
     print(f"  per iteration  {per_it:.3f} s  steady state ({store.nnz * store.nmodes / max(per_it, 1e-12) / 1e6:.1f} "
-          f"M nonzero-modes/s; {len(new)} iterations in this run, {wall:.1f} s wall)")
+          f"M {entry}-modes/s; {len(new)} iterations in this run, {wall:.1f} s wall)")
     if steady:
         parts = {k: sum(sum(h[k]) if isinstance(h[k], list) else h[k] for h in steady) / len(steady)
                  for k in ("mttkrp_seconds", "update_seconds", "other_seconds")}
@@ -237,6 +289,50 @@ def cmd_cpd(args: argparse.Namespace) -> int:
             print(f"                 drawing samples {draw:.3f} s")
     print(f"  result         {out}")
     print(f"  checkpoint     {checkpoint}")
+    return 0
+
+
+def parse_ranks(text: str) -> tuple[int, ...]:
+    """'8,8,8' or '8' -> factor ranks."""
+    try:
+        ranks = tuple(int(s) for s in re.split(r"[x,\s]+", text.strip()) if s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not ranks: {text!r} (example: 8,8,8)") from None
+    if not ranks or any(r < 1 for r in ranks):
+        raise argparse.ArgumentTypeError(f"not ranks: {text!r}: every rank must be >= 1")
+    return ranks
+
+
+def cmd_complete(args: argparse.Namespace) -> int:
+    from .decompositions import tucker_sgd
+    from .store import open_store, paths
+
+    store = open_store(args.store)
+    out = args.out or f"{str(args.store).rstrip('/')}.fasttucker-r{args.core_rank}.zarr"
+    if paths.exists(out) and not args.overwrite:
+        raise FileExistsError(f"{out} holds an earlier result; pass --out NEW to keep it or --overwrite to replace it")
+    ranks = args.ranks[0] if len(args.ranks) == 1 else args.ranks
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    t0 = time.perf_counter()
+    with logging_redirect_tqdm(loggers=[logging.getLogger("tensorflow_ooc")]):
+        rates = {k: getattr(args, k) for k in ("lr_factors", "lr_core", "lr_decay", "reg_factors", "reg_core")}
+        fraction = args.test_fraction if args.test is not None or args.test_fraction is not None else 0.1
+        result = tucker_sgd(store, ranks, args.core_rank, test=args.test,
+                            test_fraction=None if args.test is not None else fraction, epochs=args.epochs,
+                            batch=args.batch, seed=args.seed, patience=args.patience, **rates, progress=not args.quiet, out=out, overwrite=args.overwrite,
+                            scheduler=args.scheduler, device=args.device, threads=args.threads)
+    wall = time.perf_counter() - t0
+    h = result.history
+    steady = h[1:] or h
+    print(f"FastTuckerPlus completion of {store.path} (ranks {','.join(map(str, result.ranks))}, core rank "
+          f"{result.core_rank}; {result.params['n_train']:,} training, {result.params['n_test']:,} test entries)")
+    print(f"  test RMSE      {result.test_rmse:.6g} (MAE {result.test_mae:.6g}) at epoch {result.best_epoch} "
+          f"of {result.epochs}")
+    print(f"  per epoch      {sum(r['seconds'] for r in steady) / len(steady):.3f} s steady state: factor pass "
+          f"{sum(r['factor_seconds'] for r in steady) / len(steady):.3f} s, core pass "
+          f"{sum(r['core_seconds'] for r in steady) / len(steady):.3f} s ({wall:.1f} s wall)")
+    print(f"  result         {out}")
     return 0
 
 
@@ -392,7 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], **kw)
 
 
-    g = add("generate", help="write a synthetic sparse tensor (.tns, .tns.gz or a store)",
+    g = add("generate", help="write a synthetic sparse tensor (.tns, .tns.gz or a store), or with --dense a planted "
+                             "dense Zarr array",
                        description="Write a synthetic sparse tensor: heavy-tailed slice sizes like real data, "
                                    "or a planted low-rank CP model on such a support. The output kind follows "
                                    "the name: *.tns, *.tns.gz (text, 1-based) or anything else (a BLCO store).")
@@ -415,6 +512,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out-of-core", action="store_true",
                    help="write a store through on-disk buckets even when the tensor fits in memory")
     g.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    g.add_argument("--dense", type=parse_shape, metavar="SHAPE",
+                   help="write a planted rank-RANK dense Zarr array of this shape instead (OUT is the array's path "
+                        "or URL; true factors in OUT.factors.npz); --noise is then the noise's norm relative to "
+                        "the model's (0.01 = 1 %%)")
+    g.add_argument("--chunks", type=parse_shape, help="--dense: chunk shape (default about 8 MiB chunks)")
+    g.add_argument("--dtype", choices=["float64", "float32"], default="float64", help="--dense: value dtype")
+    g.add_argument("--codec", choices=["none", "zstd"], default="none",
+                   help="--dense: chunk compression (default none: noisy floats barely compress, and decompressing "
+                        "them would bound a streamed CP-ALS)")
     g.set_defaults(func=cmd_generate)
 
     c = add("convert", help="convert a .tns/.tns.gz file to a BLCO Zarr store",
@@ -441,10 +547,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--overwrite", action="store_true", help="replace an existing store")
     c.set_defaults(func=cmd_convert)
 
-    i = add("info", help="describe a store",
+    i = add("info", help="describe a store or a dense Zarr array",
                        description="Validate a store and print its shape, nonzeros, blocks, chunks, bytes on "
                                    "disk, compression ratio and per-mode statistics.")
-    i.add_argument("store", help="store path or URL")
+    i.add_argument("store", help="store path or URL, or a dense Zarr array (shape, chunks, dtype, bytes)")
     i.add_argument("--json", action="store_true", help="print JSON instead of a table")
     i.set_defaults(func=cmd_info)
 
@@ -517,10 +623,10 @@ def build_parser() -> argparse.ArgumentParser:
     cn.set_defaults(func=cmd_cancel)
 
     d = add("cpd", help="CP decomposition (CP-ALS) of a store on Dask",
-                       description="Rank-R CP-ALS of a BLCO store as iterated Dask graph reductions: on an embedded "
+                       description="Rank-R CP-ALS of a BLCO store (or a dense Zarr array) as iterated Dask graph reductions: on an embedded "
                                    "in-process cluster (dashboard link logged) or on --scheduler. Writes a Zarr "
                                    "result store and a checkpoint every iteration; --resume continues from it.")
-    d.add_argument("store", help="input BLCO store (path or URL)")
+    d.add_argument("store", help="input BLCO store, or a dense Zarr array of order 3-6 (path or URL)")
     d.add_argument("--rank", type=_positive_int, required=True, help="number of components R")
     d.add_argument("--out", help="result store (default STORE.cp-rR.zarr)")
     d.add_argument("--scheduler", help="address of an existing Dask scheduler; 'embedded' for the in-process Dask "
@@ -558,6 +664,46 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--overwrite", action="store_true",
                    help="replace an existing result at OUT (without it, an existing result is an error)")
     d.set_defaults(func=cmd_cpd)
+
+    t = add("complete", help="tensor completion (FastTuckerPlus SGD) of a store",
+            description="Fit a FastTucker model (factors A_n of I_n x J_n, a core that is the Kruskal tensor of "
+                        "B_n, J_n x R) to the observed entries of STORE by FastTuckerPlus (seed 003, Algorithm 3): "
+                        "per epoch a factor pass over uniformly drawn batches and a core pass by the accumulated "
+                        "gradient. The test RMSE and MAE are measured every epoch on a held-out fraction of STORE "
+                        "or on a separate test store; the model of the best epoch is written to OUT.",
+            epilog="Exit status: 0 done, 2 bad input (ranks, rates, a test set that overlaps STORE or lies outside "
+                   "its shape; nothing is written).")
+    t.add_argument("store", help="training entries: a BLCO store (path or URL)")
+    t.add_argument("--ranks", type=parse_ranks, required=True, help="factor ranks J_n, e.g. 8,8,8 (or one for all)")
+    t.add_argument("--core-rank", type=_positive_int, required=True, help="rank R of the Kruskal core")
+    tt = t.add_mutually_exclusive_group()
+    tt.add_argument("--test", help="test entries: a store of the same shape, disjoint from STORE")
+    tt.add_argument("--test-fraction", type=float, default=None,
+                    help="hold out this fraction of STORE's entries as the test set (seeded; default 0.1 "
+                         "when --test is not given)")
+    t.add_argument("--epochs", type=_positive_int, default=50, help="epochs at most (default 50)")
+    t.add_argument("--batch", type=_positive_int, default=64, help="entries per batch of the factor pass (default 64)")
+    t.add_argument("--lr-factors", type=float, default=0.01, help="learning rate of the factors (default 0.01)")
+    t.add_argument("--lr-core", type=float, default=0.3, help="learning rate of the core (default 0.3)")
+    t.add_argument("--lr-decay", type=float, default=0.0,
+                   help="rates of epoch t divided by 1 + DECAY * t (default 0: constant)")
+    t.add_argument("--reg-factors", type=float, default=0.01, help="regularization of the factors (default 0.01)")
+    t.add_argument("--reg-core", type=float, default=0.01, help="regularization of the core (default 0.01)")
+    t.add_argument("--patience", type=_positive_int, default=5,
+                   help="stop when the test RMSE has not improved for this many epochs (default 5)")
+    t.add_argument("--seed", type=int, default=0, help="seed of the initial model, the batches and the split (default 0)")
+    t.add_argument("--threads", type=_positive_int, default=None,
+                   help="numba threads per task (1: reproducible; default all)")
+    t.add_argument("--device", choices=["cpu", "gpu", "auto"], default="cpu", help="where the kernels run (default cpu)")
+    t.add_argument("--scheduler", help="address of a Dask scheduler, 'embedded' or 'inline' (default: inline up to "
+                                       "2^24 entries, embedded above)")
+    t.add_argument("--out", help="result store (default STORE.fasttucker-rR.zarr)")
+    t.add_argument("--overwrite", action="store_true", help="replace an existing result at OUT")
+    t.set_defaults(func=cmd_complete)
+
+    from .tucker_cli import add_tucker_command
+
+    add_tucker_command(add)      # tfooc tucker (Tucker HOOI)
     return p
 
 

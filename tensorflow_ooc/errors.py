@@ -75,3 +75,13 @@ class CorruptStoreError(StoreError):
 
 class StoreExistsError(StoreError, FileExistsError):
     """The destination store already exists and overwrite was not requested."""
+
+
+class DenseArrayError(TfoocError, ValueError):
+    """A dense input array cannot be decomposed (its order, dtype or shape), or a dense CP-ALS
+    parameter does not suit it (a rank above what the dense kernel supports)."""
+
+
+class DecompositionError(TfoocError, ValueError):
+    """A decomposition's parameters do not suit the tensor (ranks, initial factors, options), or
+    a checkpoint to resume from belongs to another tensor or other parameters."""

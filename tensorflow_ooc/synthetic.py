@@ -725,3 +725,202 @@ def write_tns(path: str | os.PathLike, batches, *, one_based: bool = True, heade
             os.remove(tmp)
         raise
     return total
+
+
+# --- planted dense tensors -------------------------------------------------------------------------
+
+@dataclass
+class PlantedDense:
+    """A dense tensor that is a known rank-R CP model plus Gaussian noise.
+
+    ``tensor = sum_r weights[r] * factors[0][:, r] o ... o factors[N-1][:, r] + E`` with
+    ``||E|| = noise * ||model||`` (in expectation): ``noise=0.01`` is 1 % noise.
+    """
+
+    tensor: np.ndarray
+    weights: np.ndarray
+    factors: list[np.ndarray]
+    noise: float
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(f.shape[0] for f in self.factors)
+
+
+def planted_dense_factors(shape: Sequence[int], rank: int, seed: int | None = None
+                          ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Unit weights and standard normal factors (well conditioned with high probability)."""
+    rng = np.random.default_rng(seed)
+    return np.ones(rank), [rng.standard_normal((int(s), rank)) for s in shape]
+
+
+def _dense_model(weights: np.ndarray, factors: Sequence[np.ndarray]) -> np.ndarray:
+    letters = "abcdefgh"[: len(factors)]
+    return np.einsum(",".join(f"{c}r" for c in letters) + ",r->" + letters, *factors, weights, optimize=True)
+
+
+def _model_norm_sq(weights: np.ndarray, factors: Sequence[np.ndarray]) -> float:
+    H = np.outer(weights, weights)
+    for f in factors:
+        H = H * (f.T @ f)
+    return float(H.sum())
+
+
+def planted_dense(shape: Sequence[int], rank: int, *, noise: float = 0.0, seed: int | None = None,
+                  dtype: str = "float64") -> PlantedDense:
+    """A planted rank-``rank`` dense tensor in memory (see :class:`PlantedDense`).
+
+    Examples
+    --------
+    >>> p = planted_dense((4, 5, 6), 2, noise=0.01, seed=0)
+    >>> p.tensor.shape, len(p.factors)
+    ((4, 5, 6), 2)
+    """
+    weights, factors = planted_dense_factors(shape, rank, seed)
+    X = _dense_model(weights, factors)
+    if noise:
+        rng = np.random.default_rng(None if seed is None else [int(seed), 1])
+        sigma = noise * math.sqrt(_model_norm_sq(weights, factors) / X.size)
+        X += sigma * rng.standard_normal(X.shape)
+    return PlantedDense(X.astype(dtype, copy=False), weights, factors, float(noise))
+
+
+def write_planted_dense(path: str | os.PathLike, shape: Sequence[int], rank: int, *, noise: float = 0.0,
+                        seed: int | None = 0, chunks: Sequence[int] | None = None, dtype: str = "float64",
+                        codec: str = "none", overwrite: bool = False, progress: bool = False
+                        ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Write a planted rank-``rank`` dense tensor (:class:`PlantedDense`) to a Zarr v3 array at
+    ``path``, one chunk at a time (an array larger than memory is fine), atomically for local
+    paths. The array's ``tensorflow_ooc`` attributes record the planted model's parameters and the
+    written tensor's ||X||^2. Returns the true ``(weights, factors)``.
+
+    ``codec="none"`` stores chunks uncompressed: noisy float64 values shrink by about 4 % under
+    Zarr's default zstd, whose decompression (about 0.3 GB/s a core) would then bound a streamed
+    CP-ALS; ``codec="zstd"`` takes Zarr's default compressor.
+
+    Examples
+    --------
+    >>> w, f = write_planted_dense("memory://doc-dense.zarr", (6, 7, 8), 2, noise=0.01)
+    >>> import zarr; zarr.open_array("memory://doc-dense.zarr").shape
+    (6, 7, 8)
+    """
+    import zarr
+
+    from .errors import StoreExistsError
+    from .store import paths
+
+    shape = tuple(int(s) for s in shape)
+    if codec not in ("none", "zstd"):
+        raise ValueError(f"codec must be 'none' or 'zstd', got {codec!r}")
+    if chunks is None:
+        # about 8 MiB chunks: whole trailing modes, the leading ones cut
+        chunks, budget = [], (8 << 20) // np.dtype(dtype).itemsize
+        for s in reversed(shape):
+            c = max(1, min(s, budget))
+            chunks.insert(0, c)
+            budget = max(1, budget // c)
+    chunks = tuple(int(c) for c in chunks)
+    weights, factors = planted_dense_factors(shape, rank, seed)
+    sigma = noise * math.sqrt(_model_norm_sq(weights, factors) / math.prod(shape)) if noise else 0.0
+    final = str(path)
+    if paths.exists(final) and not overwrite:
+        raise StoreExistsError(f"{final}: exists; pass overwrite=True to replace it")
+    if paths.is_url(final) and paths.exists(final):
+        paths.remove(final)
+    staging = paths.staging_path(final)
+    from tqdm.auto import tqdm
+
+    try:
+        arr = zarr.create_array(staging, shape=shape, chunks=chunks, dtype=dtype, zarr_format=3, overwrite=True,
+                                **({"compressors": None} if codec == "none" else {}))
+        grid = [range(0, s, c) for s, c in zip(shape, chunks)]
+        norm_sq = 0.0
+        for k, origin in enumerate(tqdm(list(np.ndindex(*[len(g) for g in grid])), desc="generate", unit="chunk",
+                                        disable=not progress, leave=False)):
+            lo = [g[i] for g, i in zip(grid, origin)]
+            sl = tuple(slice(l, min(s, l + c)) for l, s, c in zip(lo, shape, chunks))
+            block = _dense_model(weights, [f[s] for f, s in zip(factors, sl)])
+            if sigma:
+                block += sigma * np.random.default_rng([0 if seed is None else int(seed), 2, k]).standard_normal(
+                    block.shape)
+            block = block.astype(dtype, copy=False)
+            norm_sq += float(np.vdot(block, block))
+            arr[sl] = block
+        arr.attrs["tensorflow_ooc"] = {"kind": "planted-dense", "norm_sq": norm_sq,
+                                       "planted": {"rank": int(rank), "noise": float(noise), "seed": seed},
+                                       "codec": codec}
+        paths.publish(staging, final, overwrite)
+    except BaseException:
+        if not paths.is_url(final):
+            paths.remove(staging)
+        raise
+    return weights, factors
+
+
+@dataclass
+class PlantedFastTucker:
+    """Observed entries of a known FastTucker model (seed 003): ``values = clean + noise`` with
+    ``clean = sum_r prod_n (factors[n] @ core_factors[n])[coords[:, n], r]``; ``noise_std`` is the
+    standard deviation of the added Gaussian noise."""
+
+    coords: np.ndarray
+    values: np.ndarray
+    clean: np.ndarray
+    factors: list[np.ndarray]
+    core_factors: list[np.ndarray]
+    noise_std: float
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(f.shape[0] for f in self.factors)
+
+
+def planted_fasttucker(shape: Sequence[int], ranks: int | Sequence[int], core_rank: int, nnz: int, *,
+                       noise: float = 0.0, seed: int | None = None, decay: float = 1.0) -> PlantedFastTucker:
+    """``nnz`` distinct entries, uniform over the tensor, of a random FastTucker model.
+
+    Factors are standard normal, core factors normal with variance ``1 / J_n`` (so every
+    ``C^(n) = A^(n) B^(n)`` has unit-variance entries) and the first scaled by ``1 / sqrt(R)``, so
+    the values have about unit variance; with ``decay < 1`` component ``r`` of the Kruskal core is
+    scaled by ``decay**r`` (a decaying spectrum, as real data have). ``noise`` adds Gaussian noise of
+    that standard deviation relative to the clean values' standard deviation.
+
+    Examples
+    --------
+    >>> from tensorflow_ooc import synthetic
+    >>> p = synthetic.planted_fasttucker((30, 20, 10), 4, 4, 2000, noise=0.05, seed=0)
+    >>> p.coords.shape, round(p.noise_std / p.clean.std(), 2)
+    ((2000, 3), 0.05)
+    """
+    shape = tuple(int(x) for x in shape)
+    N = len(shape)
+    J = [int(ranks)] * N if np.ndim(ranks) == 0 else [int(j) for j in ranks]
+    total = math.prod(shape)
+    if not 0 < nnz <= total:
+        raise ValueError(f"nnz must be in 1..{total} for shape {shape}, got {nnz}")
+    rng = np.random.default_rng(seed)
+    factors = [rng.standard_normal((L, j)) for L, j in zip(shape, J)]
+    core = [rng.standard_normal((j, core_rank)) / math.sqrt(j) for j in J]
+    core[0] /= math.sqrt(core_rank)
+    core[0] *= float(decay) ** np.arange(core_rank)
+    # distinct uniform entries: draw, drop repeats, top up (few rounds unless nnz ~ the whole tensor)
+    if total < 2**62:
+        keys = np.zeros(0, np.int64)
+        while keys.shape[0] < nnz:
+            keys = np.unique(np.concatenate([keys, rng.integers(0, total, size=int((nnz - keys.shape[0]) * 1.1) + 16)]))
+        keys = rng.choice(keys, size=nnz, replace=False) if keys.shape[0] > nnz else keys
+        coords = np.stack(np.unravel_index(keys, shape), axis=1).astype(np.int64)
+    else:
+        coords = np.zeros((0, N), np.int64)
+        while coords.shape[0] < nnz:
+            extra = np.stack([rng.integers(0, L, size=int((nnz - coords.shape[0]) * 1.1) + 16) for L in shape], axis=1)
+            coords = np.unique(np.concatenate([coords, extra]), axis=0)
+        coords = coords[rng.choice(coords.shape[0], size=nnz, replace=False)]
+    coords = coords[rng.permutation(nnz)]
+    prod = np.ones((nnz, core_rank))
+    for n in range(N):
+        prod *= (factors[n] @ core[n])[coords[:, n]]
+    clean = prod.sum(axis=1)
+    noise_std = float(noise * clean.std())
+    values = clean + noise_std * rng.standard_normal(nnz)
+    return PlantedFastTucker(coords, values, clean, factors, core, noise_std)

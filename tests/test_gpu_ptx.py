@@ -48,3 +48,23 @@ def test_hardware_path_uses_warp_intrinsics_and_atomics(rows):
             assert not {"shfl", "match", "vote"} & set(r["intrinsics"]), r
     orders = {int(r["variant"].split()[1][2:]) for r in mttkrp}
     assert orders == set(range(3, 9))
+
+
+def test_ttm_kernels_are_registered(rows):
+    ttm = {r["variant"]: r for r in rows if r["variant"].startswith("ttm")}
+    assert {v.rsplit(" ", 1)[0] for v in ttm} == {"ttm fiber", "ttm coo"}
+    for name, r in ttm.items():
+        if name.startswith("ttm coo"):     # one atomic add per (nonzero, column)
+            assert {"atom", "red"} & set(r["intrinsics"]), r
+        else:                              # a fiber's sums stay in registers: no atomics
+            assert not {"atom", "red", "shfl", "match"} & set(r["intrinsics"]), r
+
+
+def test_fasttucker_kernels_assemble_with_atomic_updates(rows):
+    """FastTuckerPlus (seed 003): the factor and core kernels of orders 3-5 and 32-wide tiles; both
+    add their results with atomics (row moves, the core gradient)."""
+    ft = [r for r in rows if r["variant"].startswith("fasttucker")]
+    assert {r["variant"].split()[1] for r in ft} == {"factor", "core"}
+    assert len(ft) == 2 * 4 * 2
+    for r in ft:
+        assert "atom" in r["intrinsics"] or "red" in r["intrinsics"], r

@@ -11,9 +11,12 @@ from typing import Callable, Sequence
 import numpy as np
 from distributed import Client
 
+from ..errors import DenseArrayError
 from ..execution import DeviceOptions, MTTKRPGraph, get_client
+from ..execution.dense_graph import DenseMTTKRPGraph
 from ..execution.inline import INLINE_MAX_NNZ, is_inline
 from ..store import Store, open_store, paths
+from ..store.dense import DenseArray, is_dense_array, open_dense
 from . import updates as U
 from .checkpoint import read_checkpoint, write_checkpoint
 from .randomized import check_method, draw_samples, with_trees
@@ -25,14 +28,14 @@ log = logging.getLogger(__name__)
 FIT_EVERY_ITERATION_NNZ = 1 << 24
 
 
-def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None = None, max_iters: int = 50,
-           tol: float = 1e-5, init: str | Sequence[np.ndarray] = "random", seed: int | None = None,
+def cp_als(store: Store | DenseArray | str | os.PathLike | np.ndarray, rank: int, *, client: Client | None = None,
+           max_iters: int = 50, tol: float = 1e-5, init: str | Sequence[np.ndarray] = "random", seed: int | None = None,
            dtype: str = "float64", checkpoint: str | os.PathLike | None = None, resume: bool = False,
            callback: Callable[[dict], None] | None = None, execution: str = "auto", checkpoint_every: int = 1,
            scheduler: str | None = None, partitions: int | None = None, out: str | os.PathLike | None = None,
            overwrite: bool = False, device: str = "auto", device_options: DeviceOptions | None = None,
            method: str = "exact", samples: int = 65536, fit_every: int | None = None) -> CPResult:
-    """Rank-``rank`` CP decomposition of a sparse tensor store by alternating least squares.
+    """Rank-``rank`` CP decomposition of a sparse store or a dense array by alternating least squares.
 
     Each iteration solves, mode by mode, ``A_n = argmin || A_n (odot_{m != n} A_m)^T - X_(n) ||``.
     ``method="exact"`` solves it through the full MTTKRP (Algorithm 1 of seed 001); the randomized
@@ -44,8 +47,14 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
 
     Parameters
     ----------
-    store : Store or path
-        A BLCO store (see :func:`tensorflow_ooc.convert`).
+    store : Store, path, or dense array
+        A BLCO store (see :func:`tensorflow_ooc.convert`), or a dense tensor of order 3 to 6: a
+        Zarr array (path or fsspec URL, or a ``zarr.Array``), a Dask array or a NumPy array. A
+        dense array is read a stored chunk at a time (Dask blocks; slabs of a NumPy array): each
+        partition task runs the dense MTTKRP kernel (:mod:`tensorflow_ooc.kernels.dense_mttkrp`)
+        on whole chunks, so a Zarr array larger than the workers' memory is streamed. Its values
+        are checked (NaN, Inf) in the pass that computes ||X||^2, before the first iteration.
+        Dense inputs take ``method="exact"`` only.
     rank : int
         Number of components R.
     client : distributed.Client, optional
@@ -100,14 +109,21 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
     >>> r.fit > 0.9                                   # doctest: +SKIP
     True
     >>> r = tfo.cp_als(s, 3, seed=1, method="sts", samples=4096)   # doctest: +SKIP
+    >>> X = synthetic.planted_dense((20, 30, 40), 3, seed=0).tensor   # a dense NumPy array
+    >>> tfo.cp_als(X, 3, seed=1, max_iters=50).fit > 0.99              # doctest: +SKIP
+    True
     """
-    store = store if isinstance(store, Store) else open_store(store)
+    store = open_input(store)
+    dense = isinstance(store, DenseArray)
     if rank < 1:
         raise ValueError(f"rank must be >= 1, got {rank}")
     if dtype not in ("float64", "float32"):
         raise ValueError(f"dtype must be 'float64' or 'float32', got {dtype!r}")
     check_method(method, samples)
     randomized = method != "exact"
+    if dense and randomized:
+        raise DenseArrayError(f"{store.path}: method={method!r} samples fibers of a sparse store; a dense "
+                              f"array takes method='exact'")
     if randomized and device == "gpu":
         raise ValueError(f"method={method!r} runs on CPU workers; use device='cpu' or 'auto'")
     if fit_every is not None and int(fit_every) < 1:
@@ -118,9 +134,6 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
               "init": init if isinstance(init, str) else "given", "method": method}
     if randomized:
         params.update(samples=int(samples), fit_every=fit_every)
-    input_fp = fingerprint(store)
-    normX2 = float(store.meta["norm_sq"])
-    normX = math.sqrt(normX2)
     checkpoint = None if checkpoint is None else str(checkpoint)
 
     if client is None and scheduler is None and device != "gpu" and store.nnz <= INLINE_MAX_NNZ:
@@ -128,9 +141,10 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
     if randomized:
         device = "cpu"
     with get_client(client, scheduler, device=device) as c:
-        graph = MTTKRPGraph(c, store.path, execution=execution, partitions=partitions, device=device,
-                            device_options=device_options, rank=rank, dtype=dtype,
-                            samples=int(samples) if randomized else 0)
+        graph_of = DenseMTTKRPGraph if dense else MTTKRPGraph
+        graph = graph_of(c, store if dense else store.path, execution=execution, partitions=partitions,
+                         device=device, device_options=device_options, rank=rank, dtype=dtype,
+                         samples=int(samples) if randomized else 0)
         params["execution"] = graph.execution
         params["in_place_updates"] = graph.in_place
         if graph.memory_plan is not None:
@@ -138,6 +152,13 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
         params["device"] = graph.device
         params["scheduler"] = "inline" if is_inline(c) else "dask"
         on_cluster = graph.placement     # update tasks run where the MTTKRP partials are made
+        if dense:
+            # ||X||^2 and the NaN/Inf check in one pass over the chunks, before anything is written
+            store.set_norm_sq(graph.scan())
+            params["input_kind"] = f"dense {store.kind} array"
+        input_fp = fingerprint(store)
+        normX2 = float(store.meta["norm_sq"])
+        normX = math.sqrt(normX2)
         # --- initial state: fresh, or from the last checkpoint ---------------------------------------
         state = read_checkpoint(checkpoint) if (resume and checkpoint) else None
         if state is not None:
@@ -173,7 +194,7 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
         # bytes read from the store per iteration (for monitoring): a streaming pass reads every
         # compressed chunk once per mode; in memory, the partitions were read once, before the first
         # iteration of this run, and are counted there
-        chunk_bytes = _chunk_bytes(store)
+        chunk_bytes = store.stored_bytes() if dense else _chunk_bytes(store)
         streamed = graph.execution == "streaming"
 
         # --- Algorithm 1 -----------------------------------------------------------------------------
@@ -265,6 +286,16 @@ def cp_als(store: Store | str | os.PathLike, rank: int, *, client: Client | None
         result.save(out, overwrite=overwrite)
         log.info("result written to %s", out)
     return result
+
+
+def open_input(x: Store | DenseArray | str | os.PathLike | np.ndarray) -> Store | DenseArray:
+    """The CP-ALS input: a BLCO store, or a dense array (a Zarr array path, URL or ``zarr.Array``,
+    a Dask array, a NumPy array) as a :class:`~tensorflow_ooc.store.dense.DenseArray`."""
+    if isinstance(x, (Store, DenseArray)):
+        return x
+    if isinstance(x, (str, os.PathLike)):
+        return open_dense(x) if is_dense_array(x) else open_store(x)
+    return open_dense(x)
 
 
 def _chunk_bytes(store: Store) -> int:

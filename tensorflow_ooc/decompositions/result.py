@@ -6,13 +6,16 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
 
 from ..errors import StoreError
 from ..store import Store, paths
+
+if TYPE_CHECKING:
+    from .tucker_result import TuckerResult
 
 RESULT_FORMAT = "cp-result"
 RESULT_VERSION = 1
@@ -108,13 +111,18 @@ class CPResult:
         return final
 
 
-def load_result(path: str | os.PathLike) -> CPResult:
-    """Read a result store written by :meth:`CPResult.save`."""
+def load_result(path: str | os.PathLike) -> CPResult | TuckerResult:
+    """Read a result store written by :meth:`CPResult.save` (or a Tucker result, as
+    :func:`~tensorflow_ooc.decompositions.tucker_result.load_tucker` reads it)."""
     path = str(path)
     if not paths.exists(path):
         raise StoreError(f"{path}: no such result")
     root = zarr.open_group(path, mode="r")
     meta: Any = dict(root.attrs).get("tensorflow_ooc")
+    if isinstance(meta, dict) and meta.get("format") == "tucker-result":
+        from .tucker_result import load_tucker
+
+        return load_tucker(path)
     if not isinstance(meta, dict) or meta.get("format") != RESULT_FORMAT:
         raise StoreError(f"{path}: not a tensorflow_ooc CP result")
     if meta.get("complete") is not True:

@@ -105,8 +105,7 @@ class MTTKRPGraph:
         if execution not in EXECUTION_MODES:
             raise ValueError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
         self.client = client
-        self.path = str(path)
-        self.store = open_store(self.path)
+        self.path, self.store = self._open(path)
         self.split_every = max(2, int(split_every))
         res = worker_resources(client)
         if not res:
@@ -129,7 +128,7 @@ class MTTKRPGraph:
         # On GPU workers one partition per GPU: a device runs one task's batches over its streams.
         n_parts = partitions or (len(gpu_addrs) if self.device == "gpu" else dask_threads)
         self.n_parts = n_parts
-        self.parts: list[Partition] = plan_partitions(self.store, n_parts, max_partition_nnz)
+        self.parts: list[Partition] = self._partitions(n_parts, max_partition_nnz)
         decoded = sum(p.decoded_bytes(self.store.nmodes) for p in self.parts)
         limits = [r["memory_limit"] for r in res.values()]
         budget = sum(limits) if all(limits) else None
@@ -157,12 +156,26 @@ class MTTKRPGraph:
                  "device" if self.device == "gpu" else "worker",
                  "unlimited" if budget is None else f"{budget / 2**20:.0f} MiB", self.numba_threads)
         if execution == "in-memory":
-            self.data = [client.submit(load_partition, self.path, p, self.device, device_options,
-                                       key=f"tfooc-partition-{self.store.meta['store_id']}-{self.device}-{p.id}",
-                                       **self.placement)
-                         for p in self.parts]
+            self.data = [self._load(p) for p in self.parts]
             if not is_inline(client):
                 wait(self.data)
+
+    def _open(self, path) -> tuple[str, object]:
+        """The input's path and its opened form (here a BLCO store; see the dense graph)."""
+        return str(path), open_store(str(path))
+
+    def _partitions(self, n_parts: int, max_partition_nnz: int | None) -> list:
+        return plan_partitions(self.store, n_parts, max_partition_nnz)
+
+    def _load(self, part) -> Future:
+        """Submit the task that holds ``part`` in worker (or device) memory for in-memory execution."""
+        return self.client.submit(load_partition, self.path, part, self.device, self.device_options,
+                                  key=f"tfooc-partition-{self.store.meta['store_id']}-{self.device}-{part.id}",
+                                  **self.placement)
+
+    def _source_ref(self):
+        """What a streaming partition task is given to read its partition from (the store path)."""
+        return self.path
 
     def _plan_memory(self, client: Client, res: dict, rank: int, itemsize: int, execution: str,
                      samples: int = 0) -> MemoryPlan:
@@ -195,7 +208,10 @@ class MTTKRPGraph:
         return plan
 
     def sources(self) -> Sequence:
-        return self.data if self.data is not None else [(self.path, p) for p in self.parts]
+        if self.data is not None:
+            return self.data
+        ref = self._source_ref()
+        return [(ref, p) for p in self.parts]
 
     def partials(self, factors: Future, mode: int) -> list[Future]:
         """Submit the mode-``mode`` MTTKRP up to the last level of its reduction: at most

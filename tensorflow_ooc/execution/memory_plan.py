@@ -197,3 +197,43 @@ def choose(plans: list[MemoryPlan], what: str = "the CP-ALS worker") -> MemoryPl
         f"({floor.required_limit / 1e9:.2f} GB); give the workers more memory (e.g. "
         f"LocalCluster(memory_limit='{math.ceil(floor.required_limit / 1e8) / 10:.1f}GB')), use fewer threads per "
         f"worker, or a lower rank", floor.required_limit, floor)
+
+
+def dense_candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_bytes: int, chunk_bytes: int,
+                     chunk_shape: tuple[int, ...], tasks: int, kernel_threads: int, partitions_per_mode: int, workers: int,
+                     baseline: int, limit: int | None, execution: str = "auto",
+                     split_every: int = 4) -> list[MemoryPlan]:
+    """:func:`candidates` for a dense array, whose partitions are whole stored chunks.
+
+    The terms are those of the sparse plan, except ``data``: in memory, the worker's chunks cast to
+    the factors' dtype (``worker_bytes``); streamed, per task two chunks in the factors' dtype (the
+    one computed on and the one read ahead) and the stored chunk being decoded (``chunk_bytes``
+    each: the largest chunk in the factors' dtype). ``private`` is the dense kernel's working set
+    per task: the factor rows a chunk touches, stacked (sum of ``chunk_shape`` x R), and a chunk's
+    rows of the target mode by R per kernel thread. A dense plan has no batches or buckets to make
+    leaner; its floor is one chunk in flight per task.
+    """
+    S = sum(shape) * rank * itemsize
+    out_rows = max(shape) * rank * itemsize
+    modes = ["in-memory", "streaming"] if execution == "auto" else [execution]
+    plans = []
+    for in_place in (False, True):
+        for mode in modes:
+            data = worker_bytes if mode == "in-memory" else tasks * 3 * chunk_bytes
+            terms = {
+                "baseline": int(baseline),
+                "kernels": KERNEL_CODE_BYTES,
+                "factors": S,
+                "state_copy": 0 if in_place else S,
+                "outputs": (max(tasks, min(partitions_per_mode, split_every)) if partitions_per_mode > 1 else tasks)
+                * out_rows,
+                "reduction": out_rows if partitions_per_mode > 1 else 0,
+                "update": (min(UPDATE_BLOCK_ROWS, max(shape)) * rank * itemsize * 2) if in_place else 2 * out_rows,
+                "private": tasks * (kernel_threads * max(chunk_shape) + sum(chunk_shape)) * rank * itemsize,
+                "data": int(data),
+                "transfer": S if workers > 1 else 0,
+            }
+            plans.append(MemoryPlan(mode, in_place, 0, 0, terms, limit or None, usable_fraction()))
+    order = {("in-memory", False): 0, ("in-memory", True): 1, ("streaming", False): 2, ("streaming", True): 3}
+    plans.sort(key=lambda p: order[(p.execution, p.in_place)])
+    return plans

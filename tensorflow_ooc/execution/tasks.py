@@ -106,7 +106,12 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
                      max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES) -> Partial:
     """Mode-``mode`` MTTKRP of one partition, from decoded data (in-memory mode) or by streaming
     its chunks from the store in batches (streaming mode); with ``device="gpu"`` on this worker's
-    GPU (:mod:`tensorflow_ooc.execution.device_stream`)."""
+    GPU (:mod:`tensorflow_ooc.execution.device_stream`). Dense partitions go to the dense kernels
+    (:func:`~tensorflow_ooc.execution.dense_tasks.dense_mttkrp_partition`)."""
+    from .dense_tasks import DensePartition, DensePartitionData, dense_mttkrp_partition
+
+    if isinstance(source, DensePartitionData) or (isinstance(source, tuple) and isinstance(source[1], DensePartition)):
+        return dense_mttkrp_partition(source, factors, mode, threads, read_ahead, device, device_options)
     t0 = time.perf_counter()
     lo_hi = source.part if isinstance(source, (PartitionData, DevicePartitionData)) else source[1]
     lo, hi = lo_hi.row_lo[mode], lo_hi.row_hi[mode]

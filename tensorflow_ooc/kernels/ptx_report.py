@@ -67,6 +67,15 @@ def variants() -> list[tuple[str, object, object]]:
                     types.void(types.Array(ft, 3, "C"), types.Array(ft, 2, "C"))))
     for name, (fn, sig) in kernel_sources().items():
         out.append((f"decode {name}", fn, sig))
+    from .ttm_gpu import ptx_variants as ttm_variants
+
+    out.extend(ttm_variants())
+    from .dense_mttkrp_gpu import ptx_variants as dense_variants
+
+    out.extend(dense_variants())
+    from .fasttucker_gpu import ptx_variants as fasttucker_variants
+
+    out.extend(fasttucker_variants())
     return out
 
 

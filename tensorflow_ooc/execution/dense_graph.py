@@ -1,0 +1,105 @@
+"""MTTKRP task graphs over a dense array: the sparse graph's machinery with dense partitions.
+
+:class:`DenseMTTKRPGraph` is :class:`~tensorflow_ooc.execution.graph.MTTKRPGraph` with its input
+hooks replaced: partitions are ranges of whole stored chunks
+(:func:`~tensorflow_ooc.execution.dense_tasks.plan_dense_partitions`), in-memory execution holds
+them on the workers in the factors' dtype, streaming execution hands each task the array itself
+(a Zarr array travels as its path; a NumPy or Dask array is scattered to the cluster once), and
+the worker memory plan counts dense chunk buffers
+(:func:`~tensorflow_ooc.execution.memory_plan.dense_candidates`). The partition tasks, the tree
+reduction and the fused mode updates are the sparse graph's own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from distributed import Client, Future
+
+from ..store.dense import DenseArray, combine_scans
+from .dense_tasks import (
+    DensePartition,
+    load_dense_partition,
+    partition_scans,
+    plan_dense_partitions,
+)
+from .graph import MTTKRPGraph, _rss
+from .inline import is_inline
+from .memory_plan import MemoryPlan, choose, dense_candidates
+
+
+class DenseMTTKRPGraph(MTTKRPGraph):
+    """MTTKRP graphs for one dense array (a :class:`~tensorflow_ooc.store.dense.DenseArray`).
+
+    Takes the arguments of :class:`~tensorflow_ooc.execution.graph.MTTKRPGraph`, with the dense
+    array in place of the store path; ``max_partition_nnz`` bounds a partition's entries.
+    :meth:`scan` makes the validation pass (||X||^2, NaN and Inf) over the same partitions.
+    """
+
+    def __init__(self, client: Client, dense: DenseArray, *, dtype: str = "float64", **kwargs) -> None:
+        self.dense = dense
+        self.dtype = np.dtype(dtype)
+        self._ref = None
+        super().__init__(client, dense, dtype=dtype, **kwargs)
+
+    def _open(self, path) -> tuple[str, DenseArray]:
+        return self.dense.path, self.dense
+
+    def _partitions(self, n_parts: int, max_partition_nnz: int | None) -> list[DensePartition]:
+        cap = None if max_partition_nnz is None else max_partition_nnz * self.dtype.itemsize
+        return plan_dense_partitions(self.dense, n_parts, self.dtype.itemsize, cap)
+
+    def _source_ref(self):
+        """The array as partition tasks receive it: itself for a Zarr array (pickled as its path)
+        or in this process; a NumPy or Dask array is scattered once, not sent with every task."""
+        if self._ref is None:
+            if self.dense.kind == "zarr" or is_inline(self.client):
+                self._ref = self.dense
+            else:
+                self._ref = self.client.scatter(self.dense, broadcast=True, hash=False)
+        return self._ref
+
+    def _load(self, part: DensePartition) -> Future:
+        return self.client.submit(load_dense_partition, self._source_ref(), part, self.dtype.name,
+                                  key=f"tfooc-dense-partition-{self.dense.meta['store_id']}-{self.dtype.name}-"
+                                      f"{part.id}-of-{len(self.parts)}",
+                                  **self.placement)
+
+    def _plan_memory(self, client: Client, res: dict, rank: int, itemsize: int, execution: str,
+                     samples: int = 0) -> MemoryPlan:
+        """The worker memory plan (:func:`~.memory_plan.dense_candidates`): in-memory with this
+        graph's partitions, or streaming with one partition per Dask thread."""
+        baseline = max(client.run(_rss).values(), default=0)
+        nworkers = len(res)
+        limits = [r["memory_limit"] for r in res.values()]
+        threads = min(r["dask_threads"] for r in res.values())
+        chunk_bytes = math.prod(self.dense.chunk_shape) * itemsize
+        plans: list[MemoryPlan] = []
+        parts_of: dict[int, list[DensePartition]] = {}
+        options = [("in-memory", self.parts),
+                   ("streaming", plan_dense_partitions(self.dense, self.n_parts, itemsize))]
+        for mode, parts in options:
+            if execution not in ("auto", mode):
+                continue
+            per_worker = math.ceil(len(parts) / nworkers)
+            found = dense_candidates(
+                shape=tuple(self.dense.shape), rank=rank, itemsize=itemsize,
+                worker_bytes=per_worker * max((p.decoded_bytes() for p in parts), default=0),
+                chunk_bytes=chunk_bytes, chunk_shape=self.dense.chunk_shape,
+                tasks=max(1, min(threads, per_worker)), kernel_threads=self.numba_threads,
+                partitions_per_mode=len(parts), workers=nworkers, baseline=baseline,
+                limit=min(limits) if all(limits) else None, execution=mode, split_every=self.split_every)
+            plans += found
+            parts_of.update({id(p): parts for p in found})
+        plan = choose(plans, f"a rank-{rank} CP-ALS of {self.path}")
+        self.parts = parts_of[id(plan)]
+        return plan
+
+    def scan(self) -> float:
+        """||X||^2, checking every entry is finite: one pass over the partitions (their chunks
+        already in memory, or streamed one at a time); raises
+        :class:`~tensorflow_ooc.errors.NonFiniteValueError` naming the array and the first bad index."""
+        futures = [self.client.submit(partition_scans, src, pure=False, **self.placement) for src in self.sources()]
+        scans = [s for f in futures for s in f.result()]
+        return combine_scans(self.dense, scans)
