@@ -286,6 +286,9 @@ def test_run_keeps_the_best_epoch_saves_and_loads(small, tmp_path):
     for a, b in zip(back.factors + back.core_factors, r.factors + r.core_factors):
         np.testing.assert_array_equal(a, b)
     assert back.history == r.history and back.best_epoch == r.best_epoch
+    assert isinstance(tfo.load_result(tmp_path / "r.zarr"), tfo.FastTuckerResult)   # the one reader of result stores
+    with pytest.raises(tfo.TfoocError, match="not a tensorflow_ooc CP result"):
+        tfo.load_result(store.path)
     r.save_npz(tmp_path / "r.npz")
     with np.load(tmp_path / "r.npz") as z:
         np.testing.assert_array_equal(z["core_factor1"], r.core_factors[1])

@@ -34,18 +34,17 @@ class Checkpoint:
     input: dict
 
 
-def write_checkpoint(path: str, factors: StackedFactors, weights: np.ndarray, iteration: int, fit: float,
-                     history: list[dict], params: dict, input_fp: dict) -> str:
-    """Write atomically (temporary name, then rename). Runs on a worker."""
-    meta = json.dumps({"version": CHECKPOINT_VERSION, "iteration": iteration, "fit": fit, "history": history,
-                       "params": params, "input": input_fp, "shape": list(factors.shape)})
+def write_npz_atomic(path: str, arrays: dict[str, np.ndarray], meta: dict) -> str:
+    """``arrays`` and the JSON ``meta`` as one ``.npz``, written under a temporary name and renamed
+    over ``path`` (local or fsspec URL)."""
+    blob = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     fs, p = fsspec.core.url_to_fs(path)
     parent = os.path.dirname(p)
     if parent:
         fs.makedirs(parent, exist_ok=True)
     tmp = f"{p}.tmp-{uuid.uuid4().hex[:8]}"
     with fs.open(tmp, "wb") as f:
-        np.savez(f, factors=factors.data, weights=weights, meta=np.frombuffer(meta.encode(), dtype=np.uint8))
+        np.savez(f, **arrays, meta=blob)
     if isinstance(fs, LocalFileSystem):
         os.replace(tmp, p)  # atomic on POSIX
     else:
@@ -53,20 +52,43 @@ def write_checkpoint(path: str, factors: StackedFactors, weights: np.ndarray, it
     return path
 
 
-def read_checkpoint(path: str) -> Checkpoint | None:
-    """The checkpoint at ``path``, or None if there is none."""
+def read_npz(path: str, fmt: str | None = None, what: str = "") -> tuple[dict[str, np.ndarray], dict] | None:
+    """The arrays and meta of a checkpoint written by :func:`write_npz_atomic`, None if there is
+    none; with ``fmt``, a checkpoint whose meta names another format is refused."""
     fs, p = fsspec.core.url_to_fs(path)
     if not fs.exists(p):
         return None
     try:
         with fs.open(p, "rb") as f:
             z = np.load(f)
-            data, weights = z["factors"], z["weights"]
+            arrays = {k: z[k] for k in z.files if k != "meta"}
             meta = json.loads(bytes(z["meta"]).decode())
     except Exception as exc:
         raise StoreError(f"{path}: unreadable checkpoint ({exc})") from exc
+    if fmt is not None and meta.get("format") != fmt:
+        raise StoreError(f"{path}: not a {what} checkpoint")
     if meta.get("version") != CHECKPOINT_VERSION:
         raise StoreError(f"{path}: checkpoint version {meta.get('version')} is not supported")
+    return arrays, meta
+
+
+def write_checkpoint(path: str, factors: StackedFactors, weights: np.ndarray, iteration: int, fit: float,
+                     history: list[dict], params: dict, input_fp: dict) -> str:
+    """Write atomically (temporary name, then rename). Runs on a worker."""
+    return write_npz_atomic(path, {"factors": factors.data, "weights": weights},
+                            {"version": CHECKPOINT_VERSION, "iteration": iteration, "fit": fit, "history": history,
+                             "params": params, "input": input_fp, "shape": list(factors.shape)})
+
+
+def read_checkpoint(path: str) -> Checkpoint | None:
+    """The checkpoint at ``path``, or None if there is none."""
+    got = read_npz(path)
+    if got is None:
+        return None
+    arrays, meta = got
+    if "factors" not in arrays or "weights" not in arrays:
+        raise StoreError(f"{path}: not a CP-ALS checkpoint")
+    data = arrays["factors"]
     factors = StackedFactors(meta["shape"], data.shape[1], data.dtype, np.ascontiguousarray(data))
-    return Checkpoint(meta["iteration"], factors, weights, meta["fit"], meta["history"], meta["params"],
+    return Checkpoint(meta["iteration"], factors, arrays["weights"], meta["fit"], meta["history"], meta["params"],
                       meta["input"])

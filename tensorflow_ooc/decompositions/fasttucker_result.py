@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
-import zarr
 
-from ..errors import StoreError, TfoocError
-from ..store import paths
+from ..errors import TfoocError
+from .result_store import read_result_store, write_result_store
 
 FASTTUCKER_FORMAT = "fasttucker-result"
 FASTTUCKER_VERSION = 1
@@ -118,29 +115,11 @@ class FastTuckerResult:
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> str:
         """Write a Zarr result store (atomically for local paths). Returns its path."""
-        final = str(path)
-        if paths.exists(final) and not overwrite:
-            raise StoreError(f"{final}: exists; pass overwrite=True to replace the result")
-        if paths.is_url(final) and paths.exists(final):
-            paths.remove(final)
-        staging = paths.staging_path(final)
-        try:
-            root = zarr.open_group(staging, mode="w", zarr_format=3)
-            for name, a in self.to_numpy().items():
-                a = np.ascontiguousarray(a)
-                root.create_array(name, data=a, chunks=(min(a.shape[0], 1 << 16), a.shape[1]))
-            root.attrs.put({"tensorflow_ooc": {
-                "format": FASTTUCKER_FORMAT, "format_version": FASTTUCKER_VERSION,
-                "test_rmse": _json_float(self.test_rmse), "test_mae": _json_float(self.test_mae),
-                "epochs": int(self.epochs), "best_epoch": int(self.best_epoch), "history": self.history,
-                "params": self.params, "input": self.input, "nmodes": len(self.factors),
-                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "complete": True}})
-            paths.publish(staging, final, overwrite)
-        except BaseException:
-            if not paths.is_url(final):
-                paths.remove(staging)
-            raise
-        return final
+        return write_result_store(path, self.to_numpy(), {
+            "format": FASTTUCKER_FORMAT, "format_version": FASTTUCKER_VERSION,
+            "test_rmse": _json_float(self.test_rmse), "test_mae": _json_float(self.test_mae),
+            "epochs": int(self.epochs), "best_epoch": int(self.best_epoch), "history": self.history,
+            "params": self.params, "input": self.input, "nmodes": len(self.factors)}, overwrite)
 
 
 def _json_float(x: float) -> float | None:
@@ -149,15 +128,7 @@ def _json_float(x: float) -> float | None:
 
 def load_fasttucker_result(path: str | os.PathLike) -> FastTuckerResult:
     """Read a result store written by :meth:`FastTuckerResult.save`."""
-    path = str(path)
-    if not paths.exists(path):
-        raise StoreError(f"{path}: no such result")
-    root = zarr.open_group(path, mode="r")
-    meta: Any = dict(root.attrs).get("tensorflow_ooc")
-    if not isinstance(meta, dict) or meta.get("format") != FASTTUCKER_FORMAT:
-        raise StoreError(f"{path}: not a tensorflow_ooc FastTucker result")
-    if meta.get("complete") is not True:
-        raise StoreError(f"{path}: the result was not completely written")
+    root, meta = read_result_store(path, FASTTUCKER_FORMAT, "FastTucker")
     n = int(meta["nmodes"])
     nan = float("nan")
     return FastTuckerResult([root[f"factor{i}"][...] for i in range(n)],

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
-import zarr
 
-from ..errors import StoreError
-from ..store import Store, paths
+from ..store import Store
+from .result_store import read_result_store, result_format, write_result_store
 
 if TYPE_CHECKING:
+    from .fasttucker_result import FastTuckerResult
     from .tucker_result import TuckerResult
 
 RESULT_FORMAT = "cp-result"
@@ -87,46 +86,27 @@ class CPResult:
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> str:
         """Write a Zarr result store (atomically for local paths). Returns its path."""
-        final = str(path)
-        if paths.exists(final) and not overwrite:
-            raise StoreError(f"{final}: exists; pass overwrite=True to replace the result")
-        if paths.is_url(final) and paths.exists(final):
-            paths.remove(final)
-        staging = paths.staging_path(final)
-        try:
-            root = zarr.open_group(staging, mode="w", zarr_format=3)
-            root.create_array("weights", data=np.asarray(self.weights))
-            for n, f in enumerate(self.factors):
-                root.create_array(f"factor{n}", data=np.ascontiguousarray(f), chunks=(min(f.shape[0], 1 << 16), f.shape[1]))
-            root.attrs.put({"tensorflow_ooc": {
-                "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "fit": float(self.fit),
-                "iterations": int(self.iterations), "history": self.history, "params": self.params,
-                "input": self.input, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "complete": True}})
-            paths.publish(staging, final, overwrite)
-        except BaseException:
-            if not paths.is_url(final):
-                paths.remove(staging)
-            raise
-        return final
+        arrays = {"weights": np.asarray(self.weights), **{f"factor{n}": f for n, f in enumerate(self.factors)}}
+        return write_result_store(path, arrays, {
+            "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "fit": float(self.fit),
+            "iterations": int(self.iterations), "history": self.history, "params": self.params,
+            "input": self.input}, overwrite)
 
 
-def load_result(path: str | os.PathLike) -> CPResult | TuckerResult:
-    """Read a result store written by :meth:`CPResult.save` (or a Tucker result, as
-    :func:`~tensorflow_ooc.decompositions.tucker_result.load_tucker` reads it)."""
-    path = str(path)
-    if not paths.exists(path):
-        raise StoreError(f"{path}: no such result")
-    root = zarr.open_group(path, mode="r")
-    meta: Any = dict(root.attrs).get("tensorflow_ooc")
-    if isinstance(meta, dict) and meta.get("format") == "tucker-result":
+def load_result(path: str | os.PathLike) -> CPResult | TuckerResult | FastTuckerResult:
+    """Read a result store: a CP result written by :meth:`CPResult.save`, or a Tucker or
+    FastTucker result (as :func:`~tensorflow_ooc.decompositions.tucker_result.load_tucker` and
+    :func:`~tensorflow_ooc.decompositions.fasttucker_result.load_fasttucker_result` read them)."""
+    root, meta = result_format(path)
+    if meta["format"] == "tucker-result":
         from .tucker_result import load_tucker
 
         return load_tucker(path)
-    if not isinstance(meta, dict) or meta.get("format") != RESULT_FORMAT:
-        raise StoreError(f"{path}: not a tensorflow_ooc CP result")
-    if meta.get("complete") is not True:
-        raise StoreError(f"{path}: the result was not completely written")
+    if meta["format"] == "fasttucker-result":
+        from .fasttucker_result import load_fasttucker_result
+
+        return load_fasttucker_result(path)
+    root, meta = read_result_store(path, RESULT_FORMAT, "CP")
     n = len(meta["input"]["shape"]) if meta.get("input") else len([k for k in root.array_keys() if k.startswith("factor")])
     factors = [root[f"factor{i}"][...] for i in range(n)]
     return CPResult(root["weights"][...], factors, meta["fit"], meta["iterations"], meta["history"], meta["params"],

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
-import zarr
 
-from ..errors import StoreError
-from ..store import paths
+from .result_store import read_result_store, write_result_store
 
 RESULT_FORMAT = "tucker-result"
 RESULT_VERSION = 1
@@ -79,42 +75,15 @@ class TuckerResult:
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> str:
         """Write a Zarr result store (atomically for local paths). Returns its path."""
-        final = str(path)
-        if paths.exists(final) and not overwrite:
-            raise StoreError(f"{final}: exists; pass overwrite=True to replace the result")
-        if paths.is_url(final) and paths.exists(final):
-            paths.remove(final)
-        staging = paths.staging_path(final)
-        try:
-            root = zarr.open_group(staging, mode="w", zarr_format=3)
-            root.create_array("core", data=np.ascontiguousarray(self.core))
-            for n, f in enumerate(self.factors):
-                root.create_array(f"factor{n}", data=np.ascontiguousarray(f),
-                                  chunks=(max(1, min(f.shape[0], 1 << 16)), f.shape[1]))
-            root.attrs.put({"tensorflow_ooc": {
-                "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "fit": float(self.fit),
-                "iterations": int(self.iterations), "history": self.history, "params": self.params,
-                "input": self.input, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "complete": True}})
-            paths.publish(staging, final, overwrite)
-        except BaseException:
-            if not paths.is_url(final):
-                paths.remove(staging)
-            raise
-        return final
+        return write_result_store(path, self.to_numpy(), {
+            "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "fit": float(self.fit),
+            "iterations": int(self.iterations), "history": self.history, "params": self.params,
+            "input": self.input}, overwrite)
 
 
 def load_tucker(path: str | os.PathLike) -> TuckerResult:
     """Read a result store written by :meth:`TuckerResult.save`."""
-    path = str(path)
-    if not paths.exists(path):
-        raise StoreError(f"{path}: no such result")
-    root = zarr.open_group(path, mode="r")
-    meta: Any = dict(root.attrs).get("tensorflow_ooc")
-    if not isinstance(meta, dict) or meta.get("format") != RESULT_FORMAT:
-        raise StoreError(f"{path}: not a tensorflow_ooc Tucker result")
-    if meta.get("complete") is not True:
-        raise StoreError(f"{path}: the result was not completely written")
+    root, meta = read_result_store(path, RESULT_FORMAT, "Tucker")
     core = root["core"][...]
     factors = [root[f"factor{n}"][...] for n in range(core.ndim)]
     return TuckerResult(core, factors, meta["fit"], meta["iterations"], meta["history"], meta["params"],

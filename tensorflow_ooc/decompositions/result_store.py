@@ -1,0 +1,84 @@
+"""Zarr result stores shared by every decomposition: written atomically, read back only when complete.
+
+A result store is a Zarr group holding the model's arrays and, in its attributes under
+``tensorflow_ooc``, the format name and version, the run's summary (fit or errors, iterations,
+history, parameters, the input's fingerprint) and ``complete: true``, set last. Local stores are
+written to a staging directory and renamed into place, so a crash never leaves a store that opens
+as a result.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+import zarr
+
+from ..errors import StoreError
+from ..store import paths
+
+# rows per chunk of a factor matrix in a result store
+ROWS_PER_CHUNK = 1 << 16
+
+
+def write_result_store(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict, overwrite: bool = False
+                       ) -> str:
+    """Write ``arrays`` and ``meta`` (which names the ``format``) as a result store; returns its path.
+
+    Raises :class:`StoreError` if ``path`` exists and ``overwrite`` is false.
+    """
+    final = str(path)
+    if paths.exists(final) and not overwrite:
+        raise StoreError(f"{final}: exists; pass overwrite=True to replace the result")
+    if paths.is_url(final) and paths.exists(final):
+        paths.remove(final)
+    staging = paths.staging_path(final)
+    try:
+        root = zarr.open_group(staging, mode="w", zarr_format=3)
+        for name, a in arrays.items():
+            a = np.ascontiguousarray(a)
+            chunks = (max(1, min(a.shape[0], ROWS_PER_CHUNK)), *a.shape[1:]) if a.ndim == 2 else None
+            root.create_array(name, data=a, **({"chunks": chunks} if chunks else {}))
+        root.attrs.put({"tensorflow_ooc": {**meta, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                           "complete": True}})
+        paths.publish(staging, final, overwrite)
+    except BaseException:
+        if not paths.is_url(final):
+            paths.remove(staging)
+        raise
+    return final
+
+
+def _open(path: str) -> tuple[zarr.Group, Any]:
+    if not paths.exists(path):
+        raise StoreError(f"{path}: no such result")
+    try:
+        root = zarr.open_group(path, mode="r")
+    except Exception as exc:
+        raise StoreError(f"{path}: not a Zarr group ({exc})") from exc
+    return root, dict(root.attrs).get("tensorflow_ooc")
+
+
+def _complete(path: str, meta: dict) -> None:
+    if meta.get("complete") is not True:
+        raise StoreError(f"{path}: the result was not completely written")
+
+
+def result_format(path: str | os.PathLike) -> tuple[zarr.Group, dict]:
+    """Open a complete result store of any format: its group and its ``tensorflow_ooc`` metadata."""
+    root, meta = _open(str(path))
+    if not isinstance(meta, dict) or "format" not in meta:
+        raise StoreError(f"{path}: not a tensorflow_ooc result")
+    _complete(str(path), meta)
+    return root, meta
+
+
+def read_result_store(path: str | os.PathLike, fmt: str, what: str) -> tuple[zarr.Group, dict]:
+    """Open a complete result store of format ``fmt`` (``what`` names it in errors)."""
+    root, meta = _open(str(path))
+    if not isinstance(meta, dict) or meta.get("format") != fmt:
+        raise StoreError(f"{path}: not a tensorflow_ooc {what} result")
+    _complete(str(path), meta)
+    return root, meta
