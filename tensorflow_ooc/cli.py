@@ -622,7 +622,7 @@ def build_parser() -> argparse.ArgumentParser:
     cn.add_argument("--timeout", type=float, default=None, help="seconds to wait at most with --wait")
     cn.set_defaults(func=cmd_cancel)
 
-    d = add("cpd", help="CP decomposition (CP-ALS) of a store on Dask",
+    d = add("cpd", help="CP decomposition (CP-ALS) of a store or a dense array on Dask",
                        description="Rank-R CP-ALS of a BLCO store (or a dense Zarr array) as iterated Dask graph reductions: on an embedded "
                                    "in-process cluster (dashboard link logged) or on --scheduler. Writes a Zarr "
                                    "result store and a checkpoint every iteration; --resume continues from it.")

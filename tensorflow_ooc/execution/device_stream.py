@@ -27,7 +27,7 @@ import numpy as np
 
 from ..format import BitLayout, BLCOTensor
 from ..kernels import StackedFactors, WorkItems
-from ..kernels.gpu_device import cuda, default_device_memory_limit, require_gpu, sm_count
+from ..kernels.gpu_device import cuda, default_device_memory_limit, require_gpu, simulator_enabled, sm_count
 from ..kernels.gpu_plan import DEFAULT_COPIES, TileTable, choose_conflict, copies_for, device_tiles
 from ..store import Store
 from .stream import BATCH_NNZ, BatchBuffers, fill_batch
@@ -48,6 +48,8 @@ class DeviceOptions:
     streams : CUDA streams (and buffer sets) for out-of-memory streaming.
     device_memory_limit : bytes the task may use on the device (default: a fraction of free memory).
     batch_nnz : largest streamed batch.
+    decode_threads : threads per block of the decode kernels (None: 256 on hardware, 32 in the
+        simulator, which runs a Python thread per CUDA thread and then starts 8x fewer).
     """
 
     conflict: str = "auto"
@@ -59,7 +61,7 @@ class DeviceOptions:
     streams: int = DEFAULT_STREAMS
     device_memory_limit: int | None = None
     batch_nnz: int = BATCH_NNZ
-    decode_threads: int = 256
+    decode_threads: int | None = None
 
     def memory_limit(self) -> int:
         return int(self.device_memory_limit) if self.device_memory_limit else default_device_memory_limit()
@@ -210,7 +212,7 @@ def decode_on_device(batch: DeviceBatch, layout: BitLayout, opts: DeviceOptions)
     t = batch.tiles
     if t is None or t.ntiles == 0:
         return
-    tpb = opts.decode_threads
+    tpb = opts.decode_threads or (32 if simulator_enabled() else 256)
     sums_k, prefix_k, decode_k = decode_kernels(tpb)
     d = batch.d_tiles
     s = batch.stream
