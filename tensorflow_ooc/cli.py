@@ -225,18 +225,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_cpd(args: argparse.Namespace) -> int:
-    from tqdm.auto import tqdm
-
-    from .decompositions import cp_als
-    from .decompositions.cp_als import open_input
-    from .execution import DeviceOptions
+def run_outputs(args: argparse.Namespace, tag: str) -> tuple[str, str]:
+    """The result store and checkpoint paths of a decomposition command (``--out``, default
+    ``STORE.<tag>.zarr``; ``--checkpoint``, default beside it), refusing to replace an earlier
+    result without ``--overwrite`` or ``--resume``; a fresh ``--overwrite`` run drops the old
+    checkpoint so it never resumes from the old run's state."""
     from .store import paths
-    from .store.dense import DenseArray
 
-    store = open_input(args.store)      # a BLCO store or a dense Zarr array
-    entries, entry = ("entries", "entry") if isinstance(store, DenseArray) else ("nonzeros", "nonzero")
-    out = args.out or f"{str(args.store).rstrip('/')}.cp-r{args.rank}.zarr"
+    out = args.out or f"{str(args.store).rstrip('/')}.{tag}.zarr"
     checkpoint = args.checkpoint or f"{out}.checkpoint.npz"
     if paths.exists(out) and not (args.overwrite or args.resume):
         # an earlier result and its checkpoint would be replaced without a word: refuse, as
@@ -244,13 +240,36 @@ def cmd_cpd(args: argparse.Namespace) -> int:
         raise FileExistsError(f"{out} holds the result of an earlier run; pass --out NEW to keep it, --overwrite "
                               f"to replace it, or --resume to continue from its checkpoint")
     if args.overwrite and not args.resume and paths.exists(checkpoint):
-        paths.remove(checkpoint)     # a fresh run must not resume later from the old run's state
-    bar = tqdm(total=args.max_iters, desc="cp-als", unit="it", disable=args.quiet, leave=False)
+        paths.remove(checkpoint)
+    return out, checkpoint
+
+
+def iteration_bar(args: argparse.Namespace, desc: str):
+    """A progress bar over ``--max-iters`` iterations and the callback that moves it (fit, change,
+    seconds per iteration from each history record)."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=args.max_iters, desc=desc, unit="it", disable=args.quiet, leave=False)
 
     def progress(record: dict) -> None:
         bar.n = record["iteration"]
         bar.set_postfix(fit=f"{record['fit']:.6f}", dfit=f"{record['fit_change']:.1e}",
                         s_per_it=f"{record['seconds']:.3f}")
+
+    return bar, progress
+
+
+def cmd_cpd(args: argparse.Namespace) -> int:
+
+    from .decompositions import cp_als
+    from .decompositions.cp_als import open_input
+    from .execution import DeviceOptions
+    from .store.dense import DenseArray
+
+    store = open_input(args.store)      # a BLCO store or a dense Zarr array
+    entries, entry = ("entries", "entry") if isinstance(store, DenseArray) else ("nonzeros", "nonzero")
+    out, checkpoint = run_outputs(args, f"cp-r{args.rank}")
+    bar, progress = iteration_bar(args, "cp-als")
 
     from tqdm.contrib.logging import logging_redirect_tqdm
 

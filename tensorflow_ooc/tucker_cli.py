@@ -23,27 +23,16 @@ def parse_ranks(text: str) -> tuple[int, ...]:
 
 
 def cmd_tucker(args: argparse.Namespace) -> int:
-    from tqdm.auto import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
+    from .cli import iteration_bar, run_outputs
     from .decompositions.tucker_hooi import check_ranks, tucker_hooi
-    from .store import open_store, paths
+    from .store import open_store
 
     store = open_store(args.store)
     ranks = check_ranks(args.ranks[0] if len(args.ranks) == 1 else args.ranks, store.shape)
-    out = args.out or f"{str(args.store).rstrip('/')}.tucker-{'x'.join(map(str, ranks))}.zarr"
-    checkpoint = args.checkpoint or f"{out}.checkpoint.npz"
-    if paths.exists(out) and not (args.overwrite or args.resume):
-        raise FileExistsError(f"{out} holds the result of an earlier run; pass --out NEW to keep it, --overwrite "
-                              f"to replace it, or --resume to continue from its checkpoint")
-    if args.overwrite and not args.resume and paths.exists(checkpoint):
-        paths.remove(checkpoint)     # a fresh run must not resume later from the old run's state
-    bar = tqdm(total=args.max_iters, desc="tucker-hooi", unit="it", disable=args.quiet, leave=False)
-
-    def progress(record: dict) -> None:
-        bar.n = record["iteration"]
-        bar.set_postfix(fit=f"{record['fit']:.6f}", dfit=f"{record['fit_change']:.1e}",
-                        s_per_it=f"{record['seconds']:.3f}")
+    out, checkpoint = run_outputs(args, f"tucker-{'x'.join(map(str, ranks))}")
+    bar, progress = iteration_bar(args, "tucker-hooi")
 
     t0 = time.perf_counter()
     with logging_redirect_tqdm(loggers=[logging.getLogger("tensorflow_ooc")]):

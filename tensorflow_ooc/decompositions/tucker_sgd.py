@@ -30,7 +30,7 @@ from distributed import Client
 from ..execution import get_client
 from ..execution import completion as T
 from ..execution.cluster import resolve_device, worker_resources
-from ..execution.graph import DEFAULT_SPLIT_EVERY
+from ..execution.graph import DEFAULT_SPLIT_EVERY, tree_reduce
 from ..execution.inline import INLINE_MAX_NNZ, is_inline
 from ..execution.partitions import plan_partitions
 from ..store import Store, open_store, paths
@@ -70,16 +70,6 @@ def _check_ranks(ranks: int | Sequence[int], core_rank: int, shape: tuple[int, .
     if isinstance(core_rank, bool) or not isinstance(core_rank, (int, np.integer)) or core_rank < 1:
         raise CompletionError(f"core_rank must be an integer >= 1, got {core_rank!r}")
     return tuple(out)
-
-
-def _tree(client, futures: list, fn: Callable, split_every: int) -> list:
-    """Tree reduction with ``fn`` down to at most ``split_every`` futures, in fixed order, as
-    :meth:`tensorflow_ooc.execution.MTTKRPGraph.reduce` does (the consumer sums the last level)."""
-    level = list(futures)
-    while len(level) > split_every:
-        level = [client.submit(fn, *level[i:i + split_every], pure=False) if len(level[i:i + split_every]) > 1
-                 else level[i] for i in range(0, len(level), split_every)]
-    return level
 
 
 def initial_state(shape: tuple[int, ...], ranks: tuple[int, ...], core_rank: int, mean_square: float,
@@ -282,13 +272,13 @@ def tucker_sgd(store: Store | str | os.PathLike, ranks: int | Sequence[int], cor
                 before = state
                 moves = [c.submit(T.factor_pass_partition, s, state, split_seed, epoch, int(batch), lr_factors * rate,
                                   reg_factors, threads, dev, pure=False) for s in sources]
-                state = c.submit(T.apply_moves, state, *_tree(c, moves, T.combine_moves, split), pure=False)
+                state = c.submit(T.apply_moves, state, *tree_reduce(c, moves, T.combine_moves, split, last=True), pure=False)
                 grads = [c.submit(T.core_gradient_partition, s, state, threads, dev, pure=False) for s in sources]
                 state = c.submit(T.apply_core, state, lr_core * rate, reg_core,
-                                 *_tree(c, grads, T.combine_gradients, split), pure=False)
+                                 *tree_reduce(c, grads, T.combine_gradients, split, last=True), pure=False)
                 t_test = time.perf_counter()
                 errs = [c.submit(T.test_errors_partition, s, state, threads, pure=False) for s in test_sources]
-                err = c.submit(T.combine_errors, *_tree(c, errs, T.combine_errors, split), pure=False).result()
+                err = c.submit(T.combine_errors, *tree_reduce(c, errs, T.combine_errors, split, last=True), pure=False).result()
                 info = c.submit(T.state_info, state, pure=False).result()
                 now = time.perf_counter()
                 rmse = math.sqrt(err.sse / err.n) / scale if err.n else float("nan")

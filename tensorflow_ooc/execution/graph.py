@@ -70,6 +70,18 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
+def tree_reduce(client: Client, futures: list[Future], fn: Callable, split_every: int, last: bool = False
+                ) -> list[Future]:
+    """Tree reduction of ``futures`` by ``fn`` with fan-in ``split_every``, in a fixed order (so
+    sums are reproducible), down to one future, or with ``last`` to the last level (at most
+    ``split_every`` futures, for the consumer to combine)."""
+    level = list(futures)
+    while len(level) > (split_every if last else 1):
+        level = [client.submit(fn, *level[i:i + split_every], pure=False) if len(level[i:i + split_every]) > 1
+                 else level[i] for i in range(0, len(level), split_every)]
+    return level
+
+
 class MTTKRPGraph:
     """Builds and submits MTTKRP graphs for one store on one Dask cluster.
 
@@ -262,14 +274,9 @@ class MTTKRPGraph:
         return self.reduce(self.partials(factors, mode))[0]
 
     def reduce(self, futures: list[Future], last: bool = False) -> list[Future]:
-        """Tree reduction with fan-in ``split_every`` (fixed order, so sums are reproducible),
+        """Tree reduction by :func:`~tensorflow_ooc.execution.tasks.combine` (see :func:`tree_reduce`),
         down to one future, or with ``last`` to the last level (at most ``split_every``)."""
-        level = list(futures)
-        while len(level) > (self.split_every if last else 1):
-            level = [self.client.submit(combine, *level[i:i + self.split_every], pure=False)
-                     if len(level[i:i + self.split_every]) > 1 else level[i]
-                     for i in range(0, len(level), self.split_every)]
-        return level
+        return tree_reduce(self.client, futures, combine, self.split_every, last)
 
     def release(self) -> None:
         """Drop decoded partitions from worker memory."""

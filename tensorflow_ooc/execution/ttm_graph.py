@@ -25,7 +25,7 @@ from distributed import Client, Future, wait
 from ..kernels.ttm import SemiSparse, TTMLayouts, merge, merge_many, ttm_chain
 from ..store import open_store
 from .cluster import resolve_device, worker_resources
-from .graph import DEFAULT_SPLIT_EVERY, EXECUTION_MODES, IN_MEMORY_FRACTION
+from .graph import DEFAULT_SPLIT_EVERY, EXECUTION_MODES, IN_MEMORY_FRACTION, tree_reduce
 from .inline import is_inline
 from .partitions import Partition, plan_partitions
 from .stream import BATCH_NNZ, batch_nnz_for
@@ -207,14 +207,9 @@ class TTMGraph:
         return self.client.submit(update, state, self.partials(state, mode), mode, *args, pure=False)
 
     def reduce(self, futures: list[Future], last: bool = False) -> list[Future]:
-        """Tree reduction by :func:`merge_partials` with fan-in ``split_every`` (fixed order, so
-        sums are reproducible), down to one future, or with ``last`` to the last level."""
-        level = list(futures)
-        while len(level) > (self.split_every if last else 1):
-            level = [self.client.submit(merge_partials, *level[i:i + self.split_every], pure=False)
-                     if len(level[i:i + self.split_every]) > 1 else level[i]
-                     for i in range(0, len(level), self.split_every)]
-        return level
+        """Tree reduction by :func:`merge_partials` (see :func:`~tensorflow_ooc.execution.graph.tree_reduce`),
+        down to one future, or with ``last`` to the last level."""
+        return tree_reduce(self.client, futures, merge_partials, self.split_every, last)
 
     def release(self) -> None:
         """Drop decoded partitions from worker memory."""
