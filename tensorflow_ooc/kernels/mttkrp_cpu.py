@@ -24,9 +24,10 @@ import threading
 import numba as nb
 import numpy as np
 
-from ..format.bits import pext
-from .atomics import atomic_add
-from .prefetch import prefetch_row
+# used by the generated kernels, which run in this module's namespace (see _build)
+from ..format.bits import pext  # noqa: F401
+from .atomics import atomic_add  # noqa: F401
+from .prefetch import prefetch_row  # noqa: F401
 
 # Kernels for factor matrices far larger than the caches prefetch the factor rows of the nonzero
 # PREFETCH_DISTANCE ahead. Amazon-shaped (1 GiB of factors, 5 M nonzeros, rank 16, mostly atomic
@@ -70,7 +71,7 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
             "mode, rank, todo, private, priv_row, priv_rows, priv_buf, out_flat, out_lo):")
     add(f"    R = {RC}" if RC else "    R = rank")
     # the other modes in the order mode+1, mode+2, ... (mod N): a product does not care
-    add(f"    st = np.uint64(shift[mode]); mt = np.uint64(mask[mode])")
+    add("    st = np.uint64(shift[mode]); mt = np.uint64(mask[mode])")
     for j in others:
         add(f"    o{j} = (mode + {j}) % {nmodes}")
         add(f"    s{j} = np.uint64(shift[o{j}]); m{j} = np.uint64(mask[o{j}])")
