@@ -25,7 +25,7 @@ import numba as nb
 import numpy as np
 
 # used by the generated kernels, which run in this module's namespace (see _build)
-from ..format.bits import pext  # noqa: F401
+from ..format.bits import HAS_BMI2, pext  # noqa: F401
 from .atomics import atomic_add  # noqa: F401
 from .prefetch import prefetch_row  # noqa: F401
 
@@ -47,10 +47,16 @@ SPECIALIZED_RANKS = (8, 10, 16, 20, 25, 32)
 
 
 def _field(x: str, j: str, delta: bool) -> str:
-    """Source of one mode's in-block index from word ``x``: a ``pext`` of the ALTO word for
-    ``delta`` kernels, one shift and mask of the re-encoded index otherwise (uint64 throughout, so
-    the factor-row indices need no negative-index check)."""
-    return f"pext({x}, m{j})" if delta else f"(({x} >> s{j}) & m{j})"
+    """Source of one mode's in-block index from word ``x``: a ``pext`` with that mode's mask
+    (uint64 throughout, so the factor-row indices need no negative-index check).
+
+    ``delta`` kernels extract from the ALTO word; the others from the re-encoded index, where a
+    mode's field is contiguous, so the mask is the field mask shifted into place. One ``pext``
+    replaces a shift and an ``and`` and keeps one value per mode in a register instead of two:
+    one process, all modes, 1 thread, kernel CPU time against shift-and-mask: uber R16 1.14x,
+    chicago R16 1.12x, nips R16 1.08x, uber/nips R32 1.05x. Without BMI2 (where ``pext`` is a
+    loop) the re-encoded index is split by shift and mask."""
+    return f"pext({x}, m{j})" if delta or HAS_BMI2 else f"(({x} >> s{j}) & m{j})"
 
 
 def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, prefetch: bool) -> str:
@@ -75,6 +81,10 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
     for j in others:
         add(f"    o{j} = (mode + {j}) % {nmodes}")
         add(f"    s{j} = np.uint64(shift[o{j}]); m{j} = np.uint64(mask[o{j}])")
+        if HAS_BMI2 and not delta:
+            add(f"    m{j} = m{j} << s{j}")
+    if HAS_BMI2 and not delta:
+        add("    mt = mt << st")
     add("    zero = F[0, 0] * 0")
     add("    for t in nb.prange(todo.shape[0]):")
     add("        k = todo[t]")
