@@ -149,14 +149,21 @@ def test_streamed_reads_equal_zarr_reads(tmp_path, rng):
         zarr.create_array(path, shape=X.shape, chunks=(4, 4, 7), dtype="float64", zarr_format=3, **kw)[...] = X
         d = open_dense(path)
         buffer = np.empty(math.prod(d.chunk_shape))
-        raw = 0
+        raw = mapped = 0
         for c in range(d.nchunks):
             lo, shp = d.chunk_box(c)
             raw += d._raw_chunk_file(c) is not None
+            want = X[tuple(slice(a, a + b) for a, b in zip(lo, shp))]
             got = d.read_chunk(c, buffer)
-            assert np.array_equal(got, X[tuple(slice(a, a + b) for a, b in zip(lo, shp))])
+            assert np.array_equal(got, want)
+            view = d.map_chunk(c)                # the file mapped in place of a read, edges too
+            if view is not None:
+                mapped += 1
+                assert view.shape == want.shape and np.array_equal(view, want)
         assert raw == (9 if codec == "none" else 0)       # every chunk of the 3 x 3 grid, edges too
+        assert mapped == (8 if codec == "none" else 0)    # all but the fill-value chunk
     for codec, message in (("none", "a chunk file of 100 bytes"), ("zstd", r"chunk \[0, 1, 0\] could not be read")):
+        # the streamed pass maps raw chunk files: a short one is refused before it is mapped
         with open(os.path.join(str(tmp_path / f"{codec}.zarr"), "c", "0", "1", "0"), "r+b") as f:
             f.truncate(100)
         with pytest.raises(tfo.CorruptStoreError, match=message):

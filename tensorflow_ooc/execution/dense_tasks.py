@@ -107,23 +107,37 @@ def partition_scans(source: DensePartitionData | tuple[DenseArray, DensePartitio
     if isinstance(source, DensePartitionData):
         return source.scans
     dense, part = source
-    buffer = np.empty(math.prod(dense.chunk_shape), dtype=dense.dtype)
-    return [scan_chunk(dense, c, dense.read_chunk(c, buffer)) for c in range(part.chunk_lo, part.chunk_hi)]
+    buffer = None
+    scans = []
+    for c in range(part.chunk_lo, part.chunk_hi):
+        block = dense.map_chunk(c)
+        if block is None:
+            if buffer is None:
+                buffer = np.empty(math.prod(dense.chunk_shape), dtype=dense.dtype)
+            block = dense.read_chunk(c, buffer)
+        scans.append(scan_chunk(dense, c, block))
+    return scans
 
 
 def _streamed_blocks(dense: DenseArray, part: DensePartition, dtype: np.dtype, read_ahead: bool
                      ) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
-    """The partition's chunks one at a time, decoded into reused buffers (two with read-ahead:
-    the next chunk is read and decompressed in a background thread while the caller computes on
-    the current one); a block stays valid until the caller asks for the next but one."""
+    """The partition's chunks one at a time: mapped from their files where they are raw
+    (:meth:`DenseArray.map_chunk`, no copy), otherwise decoded into reused buffers (two with
+    read-ahead: the next chunk is read and decompressed in a background thread while the caller
+    computes on the current one); a block stays valid until the caller asks for the next but one."""
     chunks = range(part.chunk_lo, part.chunk_hi)
     ahead = read_ahead and len(chunks) > 1
     n = math.prod(dense.chunk_shape)
-    buffers = [np.empty(n, dtype=dense.dtype) for _ in range(2 if ahead else 1)]
+    buffers: list[np.ndarray] = []
 
     def read(i: int) -> tuple[tuple[int, ...], np.ndarray]:
         c = chunks[i]
-        return dense.chunk_box(c)[0], _as_kernel_block(dense.read_chunk(c, buffers[i % len(buffers)]), dtype)
+        block = dense.map_chunk(c)
+        if block is None:
+            while len(buffers) < (2 if ahead else 1):     # allocated only if a chunk needs reading
+                buffers.append(np.empty(n, dtype=dense.dtype))
+            block = dense.read_chunk(c, buffers[i % len(buffers)])
+        return dense.chunk_box(c)[0], _as_kernel_block(block, dtype)
 
     if not ahead:
         for i in range(len(chunks)):

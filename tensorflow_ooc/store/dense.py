@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import mmap
 import os
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -172,6 +173,40 @@ class DenseArray:
                 self.zarr_array.get_basic_selection(sl, out=NDBuffer.from_numpy_array(view))
             return view
         return np.asarray(self.zarr_array[sl])
+
+    def map_chunk(self, c: int) -> np.ndarray | None:
+        """Chunk ``c``'s values mapped read-only from its file, without a copy, or None where the
+        chunk is not a raw file (a compressed or remote array, a missing chunk of fill values) or
+        mapping is not available (not a POSIX system).
+
+        Mapping replaces the one copy a read makes (page cache to buffer), which on a streamed
+        pass of an uncompressed array is most of the cost outside the kernel: 1.95 GiB of 5 MiB
+        chunk files took 0.27 s to read into a reused buffer and 0.03 s to map and touch every
+        page. The mapping is released when the last array viewing it goes. Stores are written
+        once (atomically) and then only read, so the file cannot shrink under the mapping."""
+        raw = self._raw_chunk_file(c) if self.kind == "zarr" else None
+        if raw is None or not hasattr(mmap, "MAP_PRIVATE"):
+            return None
+        lo, shp = self.chunk_box(c)
+        try:
+            fd = os.open(raw, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            want = math.prod(self.chunk_shape) * self.dtype.itemsize
+            if size != want:
+                raise CorruptStoreError(f"{raw}: a chunk file of {size:,} bytes where {want:,} were expected")
+            # private and writable (copy-on-write, never written) so that the kernels see the
+            # writable arrays they are compiled for: a read-only array is another numba type and
+            # would compile every kernel again (seconds). Not MAP_POPULATE: on a private writable
+            # mapping it faults pages in for writing, which copies them.
+            mapped = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        full = np.frombuffer(mapped, dtype=self.dtype).reshape(self.chunk_shape)
+        # an edge chunk is stored at the full chunk shape: its box is a (strided) view
+        return full if tuple(shp) == self.chunk_shape else full[tuple(slice(0, s) for s in shp)]
 
     def _raw_chunk_file(self, c: int) -> str | None:
         """The file holding chunk ``c`` as raw native-endian C-ordered values, when it does: a
