@@ -535,7 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write a planted rank-RANK dense Zarr array of this shape instead (OUT is the array's path "
                         "or URL; true factors in OUT.factors.npz); --noise is then the noise's norm relative to "
                         "the model's (0.01 = 1 %%)")
-    g.add_argument("--chunks", type=parse_shape, help="--dense: chunk shape (default about 8 MiB chunks)")
+    g.add_argument("--chunks", type=parse_shape, help="--dense: chunk shape (default: chunks of at most 8 MiB, whole trailing modes, the leading ones cut into equal pieces)")
     g.add_argument("--dtype", choices=["float64", "float32"], default="float64", help="--dense: value dtype")
     g.add_argument("--codec", choices=["none", "zstd"], default="none",
                    help="--dense: chunk compression (default none: noisy floats barely compress, and decompressing "
