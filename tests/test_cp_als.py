@@ -145,3 +145,23 @@ def test_small_tensors_run_inline_with_the_same_result(tmp_path, rng, client):
         assert r.params["execution"] == execution and abs(r.fit - dask.fit) < 1e-12
     resumed = tfo.cp_als(store, 4, seed=2, max_iters=7, tol=0, checkpoint=ck, resume=True)
     assert resumed.iterations == 7 and resumed.params["resumed_after"] == 5
+
+
+def test_update_helpers_match_numpy(rng):
+    """The update's column max-norm kernel and its inverse-and-GEMM solve against NumPy, float64 and
+    float32, with a zero-row factor and a singular normal matrix (pseudo-inverse)."""
+    from tensorflow_ooc.decompositions.updates import solve_normal
+    from tensorflow_ooc.kernels.column_scale import column_max_abs
+
+    for dtype in (np.float64, np.float32):
+        A = rng.standard_normal((int(rng.integers(1, 300)), 7)).astype(dtype)
+        assert np.array_equal(column_max_abs(A), np.abs(A).max(axis=0).astype(np.float64))
+        assert np.array_equal(column_max_abs(A[:0]), np.zeros(7))
+    B = rng.standard_normal((40, 5))
+    V = B.T @ B
+    M = rng.standard_normal((123, 5))
+    out = np.empty_like(M)
+    assert solve_normal(V, M, out=out) is out
+    np.testing.assert_allclose(out, np.linalg.solve(V, M.T).T, rtol=1e-10, atol=1e-12)
+    V[:, 2] = V[2, :] = 0.0                  # singular: the pseudo-inverse's least-norm answer
+    np.testing.assert_allclose(solve_normal(V, M), M @ np.linalg.pinv(V), rtol=1e-10, atol=1e-12)

@@ -13,6 +13,7 @@ from threadpoolctl import ThreadpoolController
 
 from ..execution.tasks import Partial
 from ..kernels import StackedFactors
+from ..kernels.column_scale import column_max_abs
 from ..kernels.krp_sampler import build_tree
 
 
@@ -56,16 +57,27 @@ class CPState(StackedFactors):
         return cls(factors.shape, factors.rank, factors.dtype, factors.data)
 
 
-def solve_normal(V: Any, M: Any) -> Any:
-    """A = M V^+ for the symmetric R x R Hadamard product of Grams V: Cholesky (LAPACK potrf and
-    potrs, M^T passed without a copy) when V is positive definite, else the pseudo-inverse
-    (rank-deficient or zero Grams). Device arrays use their namespace's Cholesky factor and
-    solve, with the pseudo-inverse where the factor has non-finite entries (CuPy does not raise)."""
+def normal_inverse(V: np.ndarray) -> np.ndarray:
+    """V^+ for the symmetric R x R Hadamard product of Grams V: by its Cholesky factor when V is
+    positive definite, else the pseudo-inverse (rank-deficient or zero Grams)."""
+    try:
+        return cho_solve(cho_factor(V, lower=True, check_finite=False), np.eye(V.shape[0], dtype=V.dtype),
+                         check_finite=False)
+    except np.linalg.LinAlgError:
+        return np.linalg.pinv(V)
+
+
+def solve_normal(V: Any, M: Any, out: np.ndarray | None = None) -> Any:
+    """A = M V^+ for the symmetric R x R Hadamard product of Grams V (into ``out`` if given, for
+    NumPy arrays).
+
+    NumPy: V^+ from V's Cholesky factor (:func:`normal_inverse`), then one GEMM. Solving the I
+    right-hand sides with the factor instead (LAPACK potrs, a triangular solve of R rows by I
+    columns) ran at 4 GFLOP/s: 1.77 ms against 0.28 ms for 14,036 x 16, with results equal to
+    7e-16. Device arrays use their namespace's Cholesky factor and solve, with the
+    pseudo-inverse where the factor has non-finite entries (CuPy does not raise)."""
     if is_numpy_array(M):
-        try:
-            return cho_solve(cho_factor(V, lower=True, check_finite=False), M.T, check_finite=False).T
-        except np.linalg.LinAlgError:
-            return M @ np.linalg.pinv(V)
+        return np.matmul(M, normal_inverse(np.asarray(V)).astype(M.dtype, copy=False), out=out)
     xp = array_namespace(M)
     A = None
     try:
@@ -158,6 +170,8 @@ def _update_mode(state: CPState, parts: list[Partial], mode: int, first_iteratio
     R = state.rank
     V = _normal_matrix(state, mode, V, xp)
     M = xp.asarray(full_rows(parts, state.shape[mode]))
+    if is_numpy_array(M):
+        return _update_mode_numpy(state, M, V, mode, first_iteration, last_mode, inner_parts)
     A = solve_normal(V, M)
     if first_iteration:
         weights = xp.sqrt(xp.sum(A * A, axis=0))
@@ -172,6 +186,33 @@ def _update_mode(state: CPState, parts: list[Partial], mode: int, first_iteratio
     out.weights = to_host(weights).astype(np.float64)
     out.finished = {**state.finished, mode: time.time()}
     out.inner = _inner(out.views[mode], inner_parts, last_mode, state.inner)
+    return out
+
+
+def _update_mode_numpy(state: CPState, M: np.ndarray, V: np.ndarray, mode: int, first_iteration: bool,
+                       last_mode: bool, inner_parts: Sequence[Partial] | None) -> CPState:
+    """:func:`_update_mode` for NumPy states, written for the few passes it makes over the I x R
+    rows (a nips-shaped update of 14,036 rows at R = 16 took 3.7 ms, a seventh of its MTTKRP):
+    the solve's GEMM writes straight into the new state's rows, the column weights come from the
+    Gram's diagonal (2-norms) or one row-major pass (max-norms), the rows are scaled in place,
+    and the new Gram is the old one scaled instead of another product."""
+    out = CPState(state.shape, state.rank, state.dtype, np.array(state.data, copy=True), grams=state.grams)
+    out.trees, out.empty_sketches = state.trees, state.empty_sketches
+    A = out.views[mode]
+    solve_normal(V, M, out=A)
+    G = A.T @ A
+    if first_iteration:
+        weights = np.sqrt(np.maximum(np.diag(G), 0.0)).astype(np.float64)
+    else:
+        weights = np.maximum(column_max_abs(A), 1.0)
+    if not (weights == 0).all():
+        scale = 1 / np.where(weights == 0, 1, weights)
+        A *= scale.astype(A.dtype)
+        G = G * np.outer(scale, scale).astype(G.dtype)
+    out.grams[mode] = G
+    out.weights = weights.astype(np.float64)
+    out.finished = {**state.finished, mode: time.time()}
+    out.inner = _inner(A, inner_parts, last_mode, state.inner)
     return out
 
 
