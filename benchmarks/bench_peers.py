@@ -15,7 +15,9 @@ CP-ALS iterations with ``--threads`` threads:
 - ours: ``cp_als(store, R)`` through the embedded default, steady-state seconds per iteration
   (the median over iterations 2.., the rule used for every tool; the first, which loads or
   compiles the kernels, is reported apart); all-mode MTTKRP of the in-memory tensor
-  (``encode_coo``) and of the store (``mttkrp(store, ...)``), median of ``--repeat``;
+  (``encode_coo``) and of the store (``mttkrp(store, ...)``), median of ``--repeat``, for the
+  default store and for the same tensor stored with ``compression="none"`` ("raw": streamed by
+  mapping its chunks);
 - ALTO, SPLATT: their own per-iteration and MTTKRP timers (see ``peers/alto.py`` and
   ``peers/splatt.py`` for what each one times);
 - GenTen: best CP-ALS iteration and fastest MTTKRP method (``peers/genten.py``).
@@ -93,11 +95,17 @@ def tensor_files(name: str, workdir: Path, seed: int) -> tuple[Path, Path, np.nd
         t0 = time.perf_counter()
         synthetic.write_tns(tns, [(coords, values)], one_based=True)
         print(f"  wrote {tns} ({tns.stat().st_size / 2**20:.0f} MiB, {time.perf_counter() - t0:.1f} s)")
-    try:
-        tfo.open_store(store_path)
-    except Exception:
-        tfo.convert((coords, values), store_path, shape=shape, overwrite=True)
+    for path, compression in ((store_path, "fast"), (raw_path(store_path), "none")):
+        try:
+            tfo.open_store(path)
+        except Exception:
+            tfo.convert((coords, values), path, shape=shape, overwrite=True, compression=compression)
     return tns, store_path, coords, values, tuple(shape)
+
+
+def raw_path(store_path: Path) -> Path:
+    """The same tensor's store written with compression "none" (streamed by mapping its chunks)."""
+    return store_path.with_name(store_path.stem + "-raw.zarr")
 
 
 def _median(fn, repeat: int) -> float:
@@ -121,7 +129,9 @@ def ours(store_path: Path, coords, values, shape, rank: int, iters: int, repeat:
     factors = [np.random.default_rng(n).random((s, rank)) for n, s in enumerate(shape)]
     mem = _median(lambda: [tfo.mttkrp(tensor, factors, n) for n in range(len(shape))], repeat)
     strm = _median(lambda: [tfo.mttkrp(store, factors, n) for n in range(len(shape))], repeat)
-    return {"cp_als_s": per_it, "first_iter_s": r.history[0]["seconds"], "fit": r.fit,
+    raw = tfo.open_store(raw_path(store_path))
+    strm_raw = _median(lambda: [tfo.mttkrp(raw, factors, n) for n in range(len(shape))], repeat)
+    return {"mttkrp_raw_store_s": strm_raw, "raw_store_vs_in_memory": mem / strm_raw, "cp_als_s": per_it, "first_iter_s": r.history[0]["seconds"], "fit": r.fit,
             "execution": r.params.get("execution"), "iterations": r.iterations,
             "outside_mttkrp_share": 1 - mttkrp_it / per_it, "mttkrp_in_memory_s": mem, "mttkrp_store_s": strm,
             "store_vs_in_memory": mem / strm}
@@ -181,7 +191,7 @@ def table(out: dict) -> None:
     print("\nseconds per CP-ALS iteration (steady state) and all-mode MTTKRP; ratio = ours / peer (< 1: ours faster)")
     head = (f"{'tensor':<9}{'R':>3}{'ours cpd':>9}{'ALTO':>8}{'xALTO':>7}{'SPLATT':>8}{'xSPL':>6}{'GenTen':>8}{'xGT':>6}"
             f"{' |':>3}{'ours mttkrp':>12}{'ALTO':>8}{'xALTO':>7}{'SPLATT':>8}{'xSPL':>6}{'GenTen':>8}"
-            f"{' |':>3}{'store':>7}{'st/mem':>7}{'outside':>8}{'1st it':>7}")
+            f"{' |':>3}{'store':>7}{'st/mem':>7}{'raw st':>7}{'raw/mem':>8}{'outside':>8}{'1st it':>7}")
     print(head)
 
     def f(v, w=8, p=3):
@@ -203,6 +213,7 @@ def table(out: dict) -> None:
               f"{f(r['cp_als_vs_genten'], 6, 2)}{' |':>3}{f(o['mttkrp_in_memory_s'], 12)}{f(a.get('mttkrp_s'))}"
               f"{f(r['mttkrp_vs_alto'], 7, 2)}{f(s.get('mttkrp_s'))}{f(r['mttkrp_vs_splatt'], 6, 2)}"
               f"{f(g.get('mttkrp_s'))}{' |':>3}{f(o['mttkrp_store_s'], 7)}{o['store_vs_in_memory'] * 100:>6.0f}%"
+              f"{f(o['mttkrp_raw_store_s'], 7)}{o['raw_store_vs_in_memory'] * 100:>7.0f}%"
               f"{o['outside_mttkrp_share'] * 100:>7.0f}%{f(o['first_iter_s'], 7, 2)}")
     print("fits after the last iteration (different starts, so they differ):")
     for row in out["rows"]:

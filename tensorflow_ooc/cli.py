@@ -554,9 +554,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="repeated coordinates: fail (default), add the values, or keep the last")
     c.add_argument("--chunk-nnz", type=_positive_int, help="nonzeros per stored chunk (default 1048576)")
     c.add_argument("--max-block-nnz", type=_positive_int, help="largest BLCO block (default 16777216)")
-    c.add_argument("--compression", choices=["fast", "small"], default="fast",
-                   help="chunk compression: fast (default; zstd-1 index, lz4 values) decodes quickly, which "
-                        "streaming CP-ALS feels on every mode; small (zstd-3) makes the smallest stores")
+    c.add_argument("--compression", choices=["fast", "small", "none"], default="fast",
+                   help="chunk compression: fast (default; lz4 index and values) decodes quickly, which "
+                        "streaming CP-ALS feels on every mode; small (zstd-3) makes the smallest stores; none "
+                        "stores raw chunks with their checksums (about 1/3 larger than fast), which streaming "
+                        "maps instead of decoding: for stores streamed many times from a fast local disk")
     c.add_argument("--memory-limit", type=parse_size,
                    help="peak memory of the conversion, e.g. 512MB (default: half the available memory)")
     c.add_argument("--workers", type=_positive_int, help="parallel parse tasks (default: cores)")

@@ -27,6 +27,9 @@ def test_generate_convert_info(tmp_path):
     r = tfooc("convert", tns, tmp_path / "small.zarr", "--compression", "small")
     assert r.returncode == 0, r.stderr
     assert json.loads(tfooc("info", tmp_path / "small.zarr", "--json").stdout)["compression"] == "small"
+    r = tfooc("convert", tns, tmp_path / "raw.zarr", "--compression", "none")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(tfooc("info", tmp_path / "raw.zarr", "--json").stdout)["compression"] == "none"
     r = tfooc("convert", tns, tmp_path / "bad.zarr", "--compression", "gzip")
     assert r.returncode != 0 and "invalid choice" in r.stderr and not (tmp_path / "bad.zarr").exists()
 

@@ -288,7 +288,7 @@ def test_amazon_shape_store_needs_block_keys_and_mttkrp_matches_numpy(tmp_path, 
 
 # --- direct chunk writes --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("compression", ["fast", "small"])
+@pytest.mark.parametrize("compression", ["fast", "small", "none"])
 @pytest.mark.parametrize("values", ["uniform", "count"])
 def test_direct_chunk_writes_are_the_bytes_zarr_writes(tmp_path, rng, compression, values, monkeypatch):
     from tensorflow_ooc.store import writer

@@ -16,10 +16,11 @@ from conftest import random_coo
 SHAPE = (30, 40, 50)
 
 
-@pytest.fixture
-def store_path(tmp_path, rng):
+@pytest.fixture(params=["fast", "none"])
+def store_path(tmp_path, rng, request):
+    """A store of compressed chunks, or of raw ones (compression "none", which streaming maps)."""
     coords, values = random_coo(rng, SHAPE, 1000)
-    tfo.convert((coords, values), tmp_path / "a.zarr", shape=SHAPE, chunk_nnz=200)
+    tfo.convert((coords, values), tmp_path / "a.zarr", shape=SHAPE, chunk_nnz=200, compression=request.param)
     return tmp_path / "a.zarr"
 
 
@@ -102,3 +103,28 @@ def test_absent_chunks_and_stores_without_the_table_still_open(tmp_path):
     shutil.rmtree(tmp_path / "z.zarr" / "chunks" / "crc_values")
     old = tfo.open_store(tmp_path / "z.zarr")
     assert old.chunk_checksums is None and old.to_coo()[1].tolist() == [2.0]
+
+
+@pytest.mark.parametrize("name", ["alto", "values"])
+def test_raw_chunk_damaged_in_place_refused_mapped_or_read(tmp_path, rng, name):
+    """Compression "none": streaming maps the raw chunks once they are profiled, with the same
+    results as in memory; a flipped byte inside a raw chunk then fails its CRC32C."""
+    from tensorflow_ooc.execution.stream import _mapped_items, release_buffers
+
+    coords, values = random_coo(rng, SHAPE, 1000)
+    s = tfo.convert((coords, values), tmp_path / "r.zarr", shape=SHAPE, chunk_nnz=200, compression="none")
+    assert s.mappable and not tfo.convert((coords, values), tmp_path / "f.zarr", shape=SHAPE).mappable
+    factors = [rng.random((n, 3)) for n in SHAPE]
+    t = tfo.encode_coo(coords, values, SHAPE)
+    for _ in range(2):       # the first pass reads and profiles every chunk, the second maps them
+        for m in range(3):
+            np.testing.assert_allclose(tfo.mttkrp(s, factors, m), tfo.mttkrp(t, factors, m), rtol=1e-12, atol=1e-12)
+    assert all(_mapped_items(s, c) is not None for c in range(s.nchunks))
+    with open(chunk(tmp_path / "r.zarr", name, 2), "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0x40]))
+    release_buffers()
+    with pytest.raises(CorruptStoreError, match="chunk 2: CRC32C checksum mismatch"):
+        tfo.mttkrp(s, factors, 0)

@@ -1,5 +1,7 @@
 """The streaming read path: chunk files, fused re-encoding, delta kernels, cached validation."""
 
+import mmap
+
 import numba as nb
 import numpy as np
 import pytest
@@ -72,7 +74,7 @@ def test_decode_alto_equals_table_reencode(rng, nmodes):
             np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("compression", ["fast", "small"])
+@pytest.mark.parametrize("compression", ["fast", "small", "none"])
 def test_chunk_files_match_zarr(tmp_path, rng, compression):
     shape = (50, 60, 70, 80)
     coords, values = random_coo(rng, shape, 5500)
@@ -132,6 +134,33 @@ def test_streamed_mttkrp_every_mode_against_einsum(tmp_path, rng, nmodes, delta,
             assert items.delta == delta
             run_items(items, s.layout, F, mode, out)
         assert rel_err(out, dense_mttkrp(shape, coords, values, factors, mode)) < 1e-12, mode
+
+
+@pytest.mark.skipif(not HAS_BMI2, reason="mapped chunks feed the delta kernels, which need BMI2")
+@pytest.mark.parametrize("nmodes", [3, 4, 5])
+def test_mapped_raw_chunks_every_mode_against_einsum(tmp_path, rng, nmodes):
+    """Compression "none": the first pass reads and validates each chunk, later passes map them
+    (no copy, one batch per chunk); both equal the dense reference."""
+    shape = tuple(int(s) for s in rng.integers(2, 13, nmodes))
+    coords, values = random_coo(rng, shape, 900)
+    s = tfo.convert((coords, values), tmp_path / "s.zarr", chunk_nnz=128, max_block_nnz=90, compression="none")
+    rank = int(rng.choice([3, 16]))
+    factors = [rng.standard_normal((n, rank)) for n in shape]
+    F = StackedFactors.from_list(factors)
+    for sweep in range(2):
+        for mode in range(nmodes):
+            out = np.zeros((shape[mode], rank))
+            batches = 0
+            for items in stream_batches(s, 0, s.nchunks):
+                base = items.index
+                while isinstance(base, np.ndarray):
+                    base = base.base
+                mapped = isinstance(getattr(base, "obj", base), mmap.mmap)     # frombuffer keeps a memoryview
+                assert mapped == (sweep == 1 or mode > 0), (sweep, mode)
+                run_items(items, s.layout, F, mode, out)
+                batches += 1
+            assert batches == s.nchunks
+            assert rel_err(out, dense_mttkrp(shape, coords, values, factors, mode)) < 1e-12, (sweep, mode)
 
 
 def test_zarr_read_path_fallback(tmp_path, rng, monkeypatch):

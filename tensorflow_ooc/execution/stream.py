@@ -148,6 +148,20 @@ def release_buffers() -> None:
         _PROFILES.clear()
 
 
+def _mapped_items(store: Store, c: int) -> WorkItems | None:
+    """Work items of chunk ``c`` straight from its mapped files (a store written with compression
+    "none"), for the ``delta`` kernels; None if the chunk cannot be mapped or was never profiled
+    (its first read re-encodes and validates it through the buffers)."""
+    enc = store.view_encoded(c)
+    if enc is None or not enc.alto_is_delta:
+        return None
+    prof = _cached_profile(store, enc)
+    if prof is None:
+        return None
+    return WorkItems(enc.alto, enc.values, prof.start, prof.end, prof.base, prof.lo, prof.hi, prof.changes,
+                     prev=prof.prev, delta=True)
+
+
 def _fill_chunk(store: Store, c: int, bufs: BatchBuffers, pos: int, delta: bool) -> ChunkProfile:
     """Chunk ``c`` into the batch buffers at ``pos``; its work-item profile."""
     slot = slice(pos, pos + store.chunk_nnz)
@@ -215,6 +229,20 @@ def stream_batches(store: Store, chunk_lo: int, chunk_hi: int, batch_nnz: int = 
     time. With ``read_ahead`` the next batch is filled in a background thread while the caller
     computes on the current one; a batch stays valid until the caller asks for the next but one.
     The default reads ahead where :func:`read_ahead_pays` for numba's current thread count."""
+    if DELTA_KERNELS and store.mappable:
+        # uncompressed chunks are used where they lie, one batch per chunk: nothing to read ahead
+        for c in range(chunk_lo, chunk_hi):
+            items = _mapped_items(store, c)
+            if items is None:      # first sight of the chunk: read, validate and profile it
+                bufs = _take_buffers(store, 1)
+                try:
+                    items = fill_batch(store, range(c, c + 1), bufs)
+                    yield items
+                finally:
+                    _give_buffers(bufs)
+            else:
+                yield items
+        return
     if read_ahead is None:
         read_ahead = read_ahead_pays(numba.get_num_threads())
     per = max(1, batch_nnz // store.chunk_nnz)

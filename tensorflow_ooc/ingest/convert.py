@@ -311,9 +311,11 @@ def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | Non
         does not fit the memory budget.
     sort_nnz : int, optional
         Out of core: most nonzeros sorted in memory at once (default: from the memory budget).
-    compression : {"fast", "small"}
+    compression : {"fast", "small", "none"}
         Chunk compression profile: "fast" (default) decodes quickly, which streaming MTTKRP feels
-        on every mode; "small" makes the smallest stores (see ``tensorflow_ooc.store.codecs``).
+        on every mode; "small" makes the smallest stores; "none" stores raw chunks (with their
+        checksums), which streaming maps from the page cache instead of decoding (see
+        ``tensorflow_ooc.store.codecs``).
 
     Returns
     -------

@@ -219,6 +219,34 @@ class Store:
             raise _fail(self.path, f"chunk {c}: {exc}") from exc
         except Exception as exc:
             raise _fail(self.path, f"chunk {c}: cannot decode ({exc})") from exc
+        return self._encoded(c, alto, values)
+
+    @property
+    def mappable(self) -> bool:
+        """Whether :meth:`view_encoded` can hand out chunks without a copy (a local store written
+        with compression "none")."""
+        alto_files, value_files = self._chunk_files
+        return alto_files.raw and value_files.raw and alto_files.local_root is not None
+
+    def view_encoded(self, c: int) -> EncodedChunk | None:
+        """Chunk ``c`` as :meth:`read_encoded` gives it, but mapped from its files instead of copied
+        into buffers (checksums and positions checked the same way); None unless the store is
+        :attr:`mappable` and both of the chunk's files exist."""
+        if not 0 <= c < self.nchunks:
+            raise IndexError(f"chunk {c} out of range (store has {self.nchunks})")
+        if not self.mappable:
+            return None
+        alto_files, value_files = self._chunk_files
+        try:
+            alto = alto_files.view(c)
+            values = value_files.view(c)
+        except ChunkDecodeError as exc:
+            raise _fail(self.path, f"chunk {c}: {exc}") from exc
+        if alto is None or values is None:
+            return None
+        return self._encoded(c, alto, values)
+
+    def _encoded(self, c: int, alto, values) -> EncodedChunk:
         self.check_chunk_position(c, "alto", alto.checksum)
         self.check_chunk_position(c, "values", values.checksum)
         start = c * self.chunk_nnz

@@ -52,12 +52,12 @@ class DirectChunkWriter:
 
     Zarr's write path spent about three times the encoding work itself (chunk copies, async
     dispatch); this applies the same codec chain (Delta on uint64, little-endian bytes, Blosc,
-    CRC32C) with the same parameters and writes the file Zarr would: the bytes are identical, so
+    CRC32C, or no Blosc for compression "none") with the same parameters and writes the file Zarr would: the bytes are identical, so
     Zarr and :class:`~tensorflow_ooc.store.chunk_files.ChunkFiles` read them as before (a test
     compares them). ``for_array`` returns None for any other chain or a non-local store.
     """
 
-    def __init__(self, array: zarr.Array, root: Path, delta: bool, blosc: numcodecs.Blosc) -> None:
+    def __init__(self, array: zarr.Array, root: Path, delta: bool, blosc: numcodecs.Blosc | None) -> None:
         self.array = array
         self.root = root
         self.delta = delta
@@ -79,9 +79,11 @@ class DirectChunkWriter:
         delta = bool(codecs) and _is_delta(codecs[0])
         rest = codecs[1:] if delta else codecs
         dtype = np.dtype(array.dtype)
-        if not (len(rest) == 3 and isinstance(rest[0], BytesCodec) and isinstance(rest[1], BloscCodec)
-                and isinstance(rest[2], Crc32cCodec) and dtype.byteorder in "<=|"
-                and (rest[0].endian is None or rest[0].endian.value == "little")):
+        little = bool(rest) and isinstance(rest[0], BytesCodec) and dtype.byteorder in "<=|" \
+            and (rest[0].endian is None or rest[0].endian.value == "little")
+        if little and len(rest) == 2 and isinstance(rest[1], Crc32cCodec):     # compression "none"
+            return cls(array, Path(array.store.root), delta, None)
+        if not (little and len(rest) == 3 and isinstance(rest[1], BloscCodec) and isinstance(rest[2], Crc32cCodec)):
             return None
         b = rest[1]
         shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[b.shuffle.value]
@@ -100,7 +102,7 @@ class DirectChunkWriter:
             d = np.empty_like(data)
             _delta_u8(data, d)
             data = d
-        body = self.blosc.encode(data)
+        body = self.blosc.encode(data) if self.blosc is not None else data.view(np.uint8).tobytes()
         key = self.array.metadata.chunk_key_encoding.encode_chunk_key((c,))
         path = self.root / (f"{self.array.path}/{key}" if self.array.path else key)
         if path.parent not in self._dirs:
@@ -283,7 +285,8 @@ class StoreWriter:
     def _values_array(self, sample: np.ndarray | None):
         if self.values is None:
             codecs = value_codecs(self.value_dtype, self.compression, sample)
-            self.values_shuffle = codecs["compressors"][0].shuffle.value
+            first = codecs["compressors"][0]
+            self.values_shuffle = first.shuffle.value if hasattr(first, "shuffle") else "none"
             self.values = self.root.create_array("values", shape=(self.capacity,), chunks=(self.chunk_nnz,),
                                                  dtype=self.value_dtype, fill_value=0, **codecs)
         return self.values

@@ -144,7 +144,7 @@ class ConvertStep(_Step):
     duplicates: Literal["error", "sum", "last"] = "error"
     chunk_nnz: PositiveInt | None = None
     max_block_nnz: PositiveInt | None = None
-    compression: Literal["fast", "small"] = "fast"
+    compression: Literal["fast", "small", "none"] = "fast"
     memory_limit: Size | None = None
 
     @field_validator("memory_limit")
