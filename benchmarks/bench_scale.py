@@ -79,7 +79,7 @@ class Sampler:
         self._t.join()
 
 
-def generate(store: Path, nnz: int, seed: int) -> dict:
+def generate(store: Path, nnz: int, seed: int, compression: str = "fast") -> dict:
     """``tfooc generate`` a store; rate, peak temporary bytes beside it, bytes per nonzero."""
     parent = store.parent
 
@@ -89,7 +89,7 @@ def generate(store: Path, nnz: int, seed: int) -> dict:
     t0 = time.perf_counter()
     with Sampler(temp_bytes, 0.5) as temp:
         subprocess.run(TFOOC + ["generate", "-q", "--like", "amazon", "--nnz", str(nnz), "--seed", str(seed),
-                                "--overwrite", str(store)], check=True)
+                                "--compression", compression, "--overwrite", str(store)], check=True)
     secs = time.perf_counter() - t0
     s = tfo.open_store(store)
     size = _dir_bytes(store)
@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=65536, help="randomized methods: rows drawn per mode")
     ap.add_argument("--fit-every", type=int, default=None, help="randomized methods: fit evaluated every N")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compression", choices=["fast", "small", "none"], default="fast",
+                    help="the store's compression (none: raw chunks, mapped when streamed)")
     ap.add_argument("--alto", help="ALTO cpd executable, 128-bit index build")
     ap.add_argument("--splatt", help="SPLATT splatt executable")
     ap.add_argument("--peer-max-nnz", type=float, default=450e6, help="largest size the peers are run on")
@@ -174,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         nnz = int(size)
         store = work / f"amazon-{nnz}.zarr"
         print(f"amazon-shaped, {nnz:,} nonzeros: generate", flush=True)
-        row = {"nnz_requested": nnz, "generate": generate(store, nnz, args.seed)}
+        row = {"nnz_requested": nnz, "compression": args.compression,
+               "generate": generate(store, nnz, args.seed, args.compression)}
         for method in args.methods:
             print(f"  CP-ALS R{args.rank} ({method}) under a {args.worker_memory} worker", flush=True)
             key = "cp_als" if method == "exact" else f"cp_als_{method}"

@@ -110,11 +110,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         src = AltoRunSource(gen.runs(with_values=False), shape, nnz, values_of=gen.values_of,
                             name="synthetic generator")
         convert(src, out, overwrite=args.overwrite, progress=not args.quiet, memory_limit=args.memory_limit,
-                tmp_dir=args.tmp_dir, out_of_core=args.out_of_core or None)
+                tmp_dir=args.tmp_dir, out_of_core=args.out_of_core or None, compression=args.compression)
     else:
         src = BatchSource(counted(batches), len(shape), shape, nnz, name="synthetic generator")
         convert(src, out, shape=shape, overwrite=args.overwrite, progress=False, memory_limit=args.memory_limit,
-                tmp_dir=args.tmp_dir, out_of_core=args.out_of_core or None)
+                tmp_dir=args.tmp_dir, out_of_core=args.out_of_core or None, compression=args.compression)
     bar.close()
     log.info("wrote %s in %.1f s", out, time.perf_counter() - t0)
     print(out)
@@ -531,6 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out-of-core", action="store_true",
                    help="write a store through on-disk buckets even when the tensor fits in memory")
     g.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    g.add_argument("--compression", choices=["fast", "small", "none"], default="fast",
+                   help="sparse store: chunk compression, as for convert (default fast)")
     g.add_argument("--dense", type=parse_shape, metavar="SHAPE",
                    help="write a planted rank-RANK dense Zarr array of this shape instead (OUT is the array's path "
                         "or URL; true factors in OUT.factors.npz); --noise is then the noise's norm relative to "
