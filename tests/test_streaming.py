@@ -137,10 +137,11 @@ def test_streamed_mttkrp_every_mode_against_einsum(tmp_path, rng, nmodes, delta,
 
 
 @pytest.mark.skipif(not HAS_BMI2, reason="mapped chunks feed the delta kernels, which need BMI2")
-@pytest.mark.parametrize("nmodes", [3, 4, 5])
-def test_mapped_raw_chunks_every_mode_against_einsum(tmp_path, rng, nmodes):
+@pytest.mark.parametrize("nmodes,map_chunks", [(3, True), (4, True), (5, True), (4, False)])
+def test_mapped_raw_chunks_every_mode_against_einsum(tmp_path, rng, nmodes, map_chunks):
     """Compression "none": the first pass reads and validates each chunk, later passes map them
-    (no copy, one batch per chunk); both equal the dense reference."""
+    (no copy, one batch per chunk), or copy them into batches without ``map_chunks``; all equal
+    the dense reference."""
     shape = tuple(int(s) for s in rng.integers(2, 13, nmodes))
     coords, values = random_coo(rng, shape, 900)
     s = tfo.convert((coords, values), tmp_path / "s.zarr", chunk_nnz=128, max_block_nnz=90, compression="none")
@@ -151,15 +152,17 @@ def test_mapped_raw_chunks_every_mode_against_einsum(tmp_path, rng, nmodes):
         for mode in range(nmodes):
             out = np.zeros((shape[mode], rank))
             batches = 0
-            for items in stream_batches(s, 0, s.nchunks):
+            for items in stream_batches(s, 0, s.nchunks, batch_nnz=128 if map_chunks else 300,
+                                        map_chunks=map_chunks):
                 base = items.index
                 while isinstance(base, np.ndarray):
                     base = base.base
                 mapped = isinstance(getattr(base, "obj", base), mmap.mmap)     # frombuffer keeps a memoryview
-                assert mapped == (sweep == 1 or mode > 0), (sweep, mode)
+                assert mapped == (map_chunks and (sweep == 1 or mode > 0)), (sweep, mode)
                 run_items(items, s.layout, F, mode, out)
                 batches += 1
-            assert batches == s.nchunks
+            # copied: the first batch is one chunk (nothing to overlap its read with), then two each
+            assert batches == (s.nchunks if map_chunks else 1 + -(-(s.nchunks - 1) // 2))
             assert rel_err(out, dense_mttkrp(shape, coords, values, factors, mode)) < 1e-12, (sweep, mode)
 
 

@@ -19,7 +19,7 @@ from ..kernels.mttkrp import numba_threads
 from ..kernels.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..store import Store, open_store
 from .partitions import Partition
-from .stream import BATCH_NNZ, BatchBuffers, fill_batch, read_ahead_pays, stream_batches
+from .stream import BATCH_NNZ, MAP_MAX_OUTPUT_BYTES, BatchBuffers, fill_batch, read_ahead_pays, stream_batches
 
 _STORES: dict[str, Store] = {}
 _STORES_LOCK = threading.Lock()
@@ -127,7 +127,8 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
         else:
             path, part = source
             store = cached_store(path)
-            for items in stream_batches(store, part.chunk_lo, part.chunk_hi, batch_nnz, read_ahead):
+            for items in stream_batches(store, part.chunk_lo, part.chunk_hi, batch_nnz, read_ahead,
+                                        map_chunks=out.nbytes <= MAP_MAX_OUTPUT_BYTES):
                 run_items(items, store.layout, factors, mode, out, max_private_bytes=max_private_bytes, out_lo=lo)
     return Partial(lo, out, time.perf_counter() - t0)
 

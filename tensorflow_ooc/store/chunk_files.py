@@ -170,6 +170,12 @@ class ChunkFiles:
         """Chunk ``c`` into ``out`` (at least ``chunk_len`` elements of the array's dtype)."""
         start = c * self.chunk_len
         n = min(self.array.shape[0], start + self.chunk_len) - start
+        if self.raw and self.local_root is not None:
+            # a copy of the mapped chunk (batches of several chunks; the CRC32C as for view)
+            mapped = self.view(c)
+            if mapped is not None:
+                out[:n] = mapped.data
+                return ChunkRead(out[:n], self.delta, mapped.checksum)
         raw = self._bytes(c) if self.fast else None
         if raw is None:
             out[:n] = self.array[start:start + n]
