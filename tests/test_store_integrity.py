@@ -120,6 +120,8 @@ def test_raw_chunk_damaged_in_place_refused_mapped_or_read(tmp_path, rng, name):
         for m in range(3):
             np.testing.assert_allclose(tfo.mttkrp(s, factors, m), tfo.mttkrp(t, factors, m), rtol=1e-12, atol=1e-12)
     assert all(_mapped_items(s, c) is not None for c in range(s.nchunks))
+    # the mappings are kept between passes, and a kept one is dropped when its file changes
+    assert all(files._kept == s.nchunks for files in s._chunk_files)
     with open(chunk(tmp_path / "r.zarr", name, 2), "r+b") as f:
         f.seek(100)
         byte = f.read(1)

@@ -150,11 +150,11 @@ def release_buffers() -> None:
         _PROFILES.clear()
 
 
-def _mapped_items(store: Store, c: int) -> WorkItems | None:
+def _mapped_items(store: Store, c: int, keep_nnz: int = 0) -> WorkItems | None:
     """Work items of chunk ``c`` straight from its mapped files (a store written with compression
     "none"), for the ``delta`` kernels; None if the chunk cannot be mapped or was never profiled
     (its first read re-encodes and validates it through the buffers)."""
-    enc = store.view_encoded(c)
+    enc = store.view_encoded(c, keep_nnz)
     if enc is None or not enc.alto_is_delta:
         return None
     prof = _cached_profile(store, enc)
@@ -240,7 +240,8 @@ def stream_batches(store: Store, chunk_lo: int, chunk_hi: int, batch_nnz: int = 
     if DELTA_KERNELS and map_chunks and store.mappable:
         # uncompressed chunks are used where they lie, one batch per chunk: nothing to read ahead
         for c in range(chunk_lo, chunk_hi):
-            items = _mapped_items(store, c)
+            # mappings kept between passes fill at most what two batch buffers would hold
+            items = _mapped_items(store, c, 2 * batch_nnz)
             if items is None:      # first sight of the chunk: read, validate and profile it
                 bufs = _take_buffers(store, 1)
                 try:

@@ -228,18 +228,19 @@ class Store:
         alto_files, value_files = self._chunk_files
         return alto_files.raw and value_files.raw and alto_files.local_root is not None
 
-    def view_encoded(self, c: int) -> EncodedChunk | None:
+    def view_encoded(self, c: int, keep_nnz: int = 0) -> EncodedChunk | None:
         """Chunk ``c`` as :meth:`read_encoded` gives it, but mapped from its files instead of copied
         into buffers (checksums and positions checked the same way); None unless the store is
-        :attr:`mappable` and both of the chunk's files exist."""
+        :attr:`mappable` and both of the chunk's files exist. Mappings of up to ``keep_nnz``
+        nonzeros are kept for later calls (see :meth:`ChunkFiles.view`)."""
         if not 0 <= c < self.nchunks:
             raise IndexError(f"chunk {c} out of range (store has {self.nchunks})")
         if not self.mappable:
             return None
         alto_files, value_files = self._chunk_files
         try:
-            alto = alto_files.view(c)
-            values = value_files.view(c)
+            alto = alto_files.view(c, keep_nnz)
+            values = value_files.view(c, keep_nnz)
         except ChunkDecodeError as exc:
             raise _fail(self.path, f"chunk {c}: {exc}") from exc
         if alto is None or values is None:
