@@ -24,9 +24,9 @@ from .dense_tasks import (
     partition_scans,
     plan_dense_partitions,
 )
-from .graph import MTTKRPGraph, _rss
+from .graph import MTTKRPGraph
 from .inline import is_inline
-from .memory_plan import MemoryPlan, choose, dense_candidates
+from .memory_plan import MemoryPlan, dense_candidates
 
 
 class DenseMTTKRPGraph(MTTKRPGraph):
@@ -66,35 +66,16 @@ class DenseMTTKRPGraph(MTTKRPGraph):
                                       f"{part.id}-of-{len(self.parts)}",
                                   **self.placement)
 
-    def _plan_memory(self, client: Client, res: dict, rank: int, itemsize: int, execution: str,
-                     samples: int = 0) -> MemoryPlan:
-        """The worker memory plan (:func:`~.memory_plan.dense_candidates`): in-memory with this
-        graph's partitions, or streaming with one partition per Dask thread."""
-        baseline = max(client.run(_rss).values(), default=0)
-        nworkers = len(res)
-        limits = [r["memory_limit"] for r in res.values()]
-        threads = min(r["dask_threads"] for r in res.values())
-        chunk_bytes = math.prod(self.dense.chunk_shape) * itemsize
-        plans: list[MemoryPlan] = []
-        parts_of: dict[int, list[DensePartition]] = {}
-        options = [("in-memory", self.parts),
-                   ("streaming", plan_dense_partitions(self.dense, self.n_parts, itemsize))]
-        for mode, parts in options:
-            if execution not in ("auto", mode):
-                continue
-            per_worker = math.ceil(len(parts) / nworkers)
-            found = dense_candidates(
-                shape=tuple(self.dense.shape), rank=rank, itemsize=itemsize,
-                worker_bytes=per_worker * max((p.decoded_bytes() for p in parts), default=0),
-                chunk_bytes=chunk_bytes, chunk_shape=self.dense.chunk_shape,
-                tasks=max(1, min(threads, per_worker)), kernel_threads=self.numba_threads,
-                partitions_per_mode=len(parts), workers=nworkers, baseline=baseline,
-                limit=min(limits) if all(limits) else None, execution=mode, split_every=self.split_every)
-            plans += found
-            parts_of.update({id(p): parts for p in found})
-        plan = choose(plans, f"a rank-{rank} CP-ALS of {self.path}")
-        self.parts = parts_of[id(plan)]
-        return plan
+    def _streaming_parts(self, itemsize: int) -> list[DensePartition]:
+        """One partition per Dask thread, cut at whole chunks."""
+        return plan_dense_partitions(self.dense, self.n_parts, itemsize)
+
+    def _candidates(self, parts: list[DensePartition], per_worker: int, samples: int, **common) -> list[MemoryPlan]:
+        """The dense memory plans (:func:`~.memory_plan.dense_candidates`) of one execution."""
+        return dense_candidates(shape=tuple(self.dense.shape),
+                                worker_bytes=per_worker * max((p.decoded_bytes() for p in parts), default=0),
+                                chunk_bytes=math.prod(self.dense.chunk_shape) * common["itemsize"],
+                                chunk_shape=self.dense.chunk_shape, kernel_threads=self.numba_threads, **common)
 
     def scan(self) -> float:
         """||X||^2, checking every entry is finite: one pass over the partitions (their chunks

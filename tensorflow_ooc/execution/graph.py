@@ -200,24 +200,32 @@ class MTTKRPGraph:
         limits = [r["memory_limit"] for r in res.values()]
         threads = min(r["dask_threads"] for r in res.values())
         plans: list[MemoryPlan] = []
-        parts_of: dict[int, list[Partition]] = {}
-        options = [("in-memory", self.parts), ("streaming", plan_partitions(self.store, self.n_parts, None))]
-        for mode, parts in options:
+        parts_of: dict[int, list] = {}
+        for mode in ("in-memory", "streaming"):
             if execution not in ("auto", mode):
                 continue
+            parts = self.parts if mode == "in-memory" else self._streaming_parts(itemsize)
             per_worker = math.ceil(len(parts) / nworkers)
-            found = candidates(
-                shape=tuple(self.store.shape), rank=rank, itemsize=itemsize,
-                worker_nnz=per_worker * max((p.nnz for p in parts), default=0), chunk_nnz=self.store.chunk_nnz,
-                value_itemsize=self.store.value_dtype.itemsize, tasks=max(1, min(threads, per_worker)),
-                partitions_per_mode=len(parts), workers=nworkers, baseline=baseline,
-                limit=min(limits) if all(limits) else None, execution=mode, split_every=self.split_every,
-                samples=samples)
+            found = self._candidates(parts, per_worker, samples, rank=rank, itemsize=itemsize,
+                                     tasks=max(1, min(threads, per_worker)), partitions_per_mode=len(parts),
+                                     workers=nworkers, baseline=baseline, limit=min(limits) if all(limits) else None,
+                                     execution=mode, split_every=self.split_every)
             plans += found
             parts_of.update({id(p): parts for p in found})
         plan = choose(plans, f"a rank-{rank} CP-ALS of {self.path}")
         self.parts = parts_of[id(plan)]
         return plan
+
+    def _streaming_parts(self, itemsize: int) -> list:
+        """The partitions of a streaming execution: one per Dask thread, uncapped."""
+        return plan_partitions(self.store, self.n_parts, None)
+
+    def _candidates(self, parts: list, per_worker: int, samples: int, **common) -> list[MemoryPlan]:
+        """The memory plans of one execution with these partitions (``common``: the arguments every
+        plan takes, see :func:`~.memory_plan.candidates`)."""
+        return candidates(shape=tuple(self.store.shape), worker_nnz=per_worker * max((p.nnz for p in parts), default=0),
+                          chunk_nnz=self.store.chunk_nnz, value_itemsize=self.store.value_dtype.itemsize,
+                          samples=samples, **common)
 
     def sources(self) -> Sequence:
         if self.data is not None:

@@ -124,6 +124,29 @@ def usable_fraction() -> float:
     return min(fractions, default=0.95)
 
 
+# fastest first: in memory before streamed, a second factor copy before in-place updates
+_ORDER = {("in-memory", False): 0, ("in-memory", True): 1, ("streaming", False): 2, ("streaming", True): 3}
+
+
+def _state_terms(shape: tuple[int, ...], rank: int, itemsize: int, tasks: int, partitions_per_mode: int,
+                 split_every: int, baseline: int, in_place: bool) -> dict[str, int]:
+    """The terms sparse and dense plans share: the worker's baseline and kernels, the model state
+    (and its copy unless updates are in place), the MTTKRP outputs and their reduction, and the
+    update's working set."""
+    S = sum(shape) * rank * itemsize
+    out_rows = max(shape) * rank * itemsize
+    return {
+        "baseline": int(baseline),
+        "kernels": KERNEL_CODE_BYTES,
+        "factors": S,
+        "state_copy": 0 if in_place else S,
+        "outputs": (max(tasks, min(partitions_per_mode, split_every)) if partitions_per_mode > 1 else tasks)
+        * out_rows,
+        "reduction": out_rows if partitions_per_mode > 1 else 0,
+        "update": (min(UPDATE_BLOCK_ROWS, max(shape)) * rank * itemsize * 2) if in_place else 2 * out_rows,
+    }
+
+
 def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: int, chunk_nnz: int,
                tasks: int, partitions_per_mode: int, workers: int, baseline: int, limit: int | None,
                value_itemsize: int = 8, execution: str = "auto", split_every: int = 4,
@@ -145,14 +168,12 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
     samples : Khatri-Rao rows drawn per mode by randomized CP-ALS (0: exact CP-ALS).
     """
     S = sum(shape) * rank * itemsize
-    out_rows = max(shape) * rank * itemsize
     modes = ["in-memory", "streaming"] if execution == "auto" else [execution]
     options = [(m, False, BATCH_NNZ, DEFAULT_MAX_PRIVATE_BYTES) for m in modes]
     options += [(m, True, BATCH_NNZ, DEFAULT_MAX_PRIVATE_BYTES) for m in modes]
     if "streaming" in modes:
         options.append(("streaming", True, LEAN_BATCH_NNZ, LEAN_PRIVATE_BYTES))
-    order = {("in-memory", False): 0, ("in-memory", True): 1, ("streaming", False): 2, ("streaming", True): 3}
-    options.sort(key=lambda o: (order[(o[0], o[1])], -o[2]))
+    options.sort(key=lambda o: (_ORDER[(o[0], o[1])], -o[2]))
     plans = []
     for mode, in_place, batch_nnz, bound in options:
         private = bound
@@ -165,14 +186,7 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
         call_nnz = worker_nnz if mode == "in-memory" else min(worker_nnz, per_batch)
         private = min(private, call_nnz * PRIVATE_REUSE * rank * itemsize)
         terms = {
-            "baseline": int(baseline),
-            "kernels": KERNEL_CODE_BYTES,
-            "factors": S,
-            "state_copy": 0 if in_place else S,
-            "outputs": (max(tasks, min(partitions_per_mode, split_every)) if partitions_per_mode > 1 else tasks)
-            * out_rows,
-            "reduction": out_rows if partitions_per_mode > 1 else 0,
-            "update": (min(UPDATE_BLOCK_ROWS, max(shape)) * rank * itemsize * 2) if in_place else 2 * out_rows,
+            **_state_terms(shape, rank, itemsize, tasks, partitions_per_mode, split_every, baseline, in_place),
             "private": tasks * private,
             "data": int(data),
             "buckets": tasks * 20 * min(OWNED_GROUP_NNZ, call_nnz),
@@ -214,26 +228,17 @@ def dense_candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker
     leaner; its floor is one chunk in flight per task.
     """
     S = sum(shape) * rank * itemsize
-    out_rows = max(shape) * rank * itemsize
     modes = ["in-memory", "streaming"] if execution == "auto" else [execution]
     plans = []
     for in_place in (False, True):
         for mode in modes:
             data = worker_bytes if mode == "in-memory" else tasks * 3 * chunk_bytes
             terms = {
-                "baseline": int(baseline),
-                "kernels": KERNEL_CODE_BYTES,
-                "factors": S,
-                "state_copy": 0 if in_place else S,
-                "outputs": (max(tasks, min(partitions_per_mode, split_every)) if partitions_per_mode > 1 else tasks)
-                * out_rows,
-                "reduction": out_rows if partitions_per_mode > 1 else 0,
-                "update": (min(UPDATE_BLOCK_ROWS, max(shape)) * rank * itemsize * 2) if in_place else 2 * out_rows,
+                **_state_terms(shape, rank, itemsize, tasks, partitions_per_mode, split_every, baseline, in_place),
                 "private": tasks * (kernel_threads * max(chunk_shape) + sum(chunk_shape)) * rank * itemsize,
                 "data": int(data),
                 "transfer": S if workers > 1 else 0,
             }
             plans.append(MemoryPlan(mode, in_place, 0, 0, terms, limit or None, usable_fraction()))
-    order = {("in-memory", False): 0, ("in-memory", True): 1, ("streaming", False): 2, ("streaming", True): 3}
-    plans.sort(key=lambda p: order[(p.execution, p.in_place)])
+    plans.sort(key=lambda p: _ORDER[(p.execution, p.in_place)])
     return plans
