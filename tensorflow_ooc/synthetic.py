@@ -826,14 +826,10 @@ def write_planted_dense(path: str | os.PathLike, shape: Sequence[int], rank: int
     weights, factors = planted_dense_factors(shape, rank, seed)
     sigma = noise * math.sqrt(_model_norm_sq(weights, factors) / math.prod(shape)) if noise else 0.0
     final = str(path)
-    if paths.exists(final) and not overwrite:
-        raise StoreExistsError(f"{final}: exists; pass overwrite=True to replace it")
-    if paths.is_url(final) and paths.exists(final):
-        paths.remove(final)
-    staging = paths.staging_path(final)
     from tqdm.auto import tqdm
 
-    try:
+    with paths.staged(final, overwrite, StoreExistsError(f"{final}: exists; pass overwrite=True to replace it")
+                      ) as staging:
         arr = zarr.create_array(staging, shape=shape, chunks=chunks, dtype=dtype, zarr_format=3, overwrite=True,
                                 **({"compressors": None} if codec == "none" else {}))
         grid = [range(0, s, c) for s, c in zip(shape, chunks)]
@@ -852,11 +848,6 @@ def write_planted_dense(path: str | os.PathLike, shape: Sequence[int], rank: int
         arr.attrs["tensorflow_ooc"] = {"kind": "planted-dense", "norm_sq": norm_sq,
                                        "planted": {"rank": int(rank), "noise": float(noise), "seed": seed},
                                        "codec": codec}
-        paths.publish(staging, final, overwrite)
-    except BaseException:
-        if not paths.is_url(final):
-            paths.remove(staging)
-        raise
     return weights, factors
 
 

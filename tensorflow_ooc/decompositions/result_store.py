@@ -30,12 +30,8 @@ def write_result_store(path: str | os.PathLike, arrays: dict[str, np.ndarray], m
     Raises :class:`StoreError` if ``path`` exists and ``overwrite`` is false.
     """
     final = str(path)
-    if paths.exists(final) and not overwrite:
-        raise StoreError(f"{final}: exists; pass overwrite=True to replace the result")
-    if paths.is_url(final) and paths.exists(final):
-        paths.remove(final)
-    staging = paths.staging_path(final)
-    try:
+    with paths.staged(final, overwrite, StoreError(f"{final}: exists; pass overwrite=True to replace the result")
+                      ) as staging:
         root = zarr.open_group(staging, mode="w", zarr_format=3)
         for name, a in arrays.items():
             a = np.ascontiguousarray(a)
@@ -43,11 +39,6 @@ def write_result_store(path: str | os.PathLike, arrays: dict[str, np.ndarray], m
             root.create_array(name, data=a, **({"chunks": chunks} if chunks else {}))
         root.attrs.put({"tensorflow_ooc": {**meta, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                            "complete": True}})
-        paths.publish(staging, final, overwrite)
-    except BaseException:
-        if not paths.is_url(final):
-            paths.remove(staging)
-        raise
     return final
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import fsspec
 
@@ -70,6 +72,27 @@ def publish(staging: str, final: str | os.PathLike, overwrite: bool) -> None:
         remove(trash)
     else:
         os.replace(staging, dest)
+
+
+@contextmanager
+def staged(final: str | os.PathLike, overwrite: bool, exists_error: Exception) -> Iterator[str]:
+    """Write a whole store or array at ``final``: yields the staging path to write to, published
+    at ``final`` when the block ends and removed (locally) when it raises, so that a half-written
+    result never opens as valid. ``exists_error`` is raised, before anything is written, when
+    ``final`` exists and ``overwrite`` is false; an existing URL is removed first (no rename)."""
+    final = str(final)
+    if exists(final) and not overwrite:
+        raise exists_error
+    if is_url(final) and exists(final):
+        remove(final)
+    staging = staging_path(final)
+    try:
+        yield staging
+        publish(staging, final, overwrite)
+    except BaseException:
+        if not is_url(final):
+            remove(staging)
+        raise
 
 
 def disk_bytes(path: str | os.PathLike) -> int:
