@@ -35,14 +35,19 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
+def _positive_ints(text: str, refusal: str, example: str, rule: str) -> tuple[int, ...]:
+    """'8,8,8', '183x24' or '8' -> positive integers; ``refusal`` starts the error message."""
     try:
-        shape = tuple(int(s) for s in re.split(r"[x,\s]+", text.strip()) if s)
+        values = tuple(int(s) for s in re.split(r"[x,\s]+", text.strip()) if s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a shape: {text!r} (example: 183,24,1140,1717)") from None
-    if not shape or any(s < 1 for s in shape):
-        raise argparse.ArgumentTypeError(f"not a shape: {text!r}: mode lengths must be >= 1")
-    return shape
+        raise argparse.ArgumentTypeError(f"{refusal}: {text!r} (example: {example})") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{refusal}: {text!r}: {rule}")
+    return values
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    return _positive_ints(text, "not a shape", "183,24,1140,1717", "mode lengths must be >= 1")
 
 
 def parse_skew(text: str) -> float | tuple[float, ...]:
@@ -313,13 +318,7 @@ def cmd_cpd(args: argparse.Namespace) -> int:
 
 def parse_ranks(text: str) -> tuple[int, ...]:
     """'8,8,8' or '8' -> factor ranks."""
-    try:
-        ranks = tuple(int(s) for s in re.split(r"[x,\s]+", text.strip()) if s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not ranks: {text!r} (example: 8,8,8)") from None
-    if not ranks or any(r < 1 for r in ranks):
-        raise argparse.ArgumentTypeError(f"not ranks: {text!r}: every rank must be >= 1")
-    return ranks
+    return _positive_ints(text, "not ranks", "8,8,8", "every rank must be >= 1")
 
 
 def cmd_complete(args: argparse.Namespace) -> int:
