@@ -11,6 +11,22 @@ if not shutil.which("nvidia-smi"):
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 
+@pytest.fixture(scope="module")
+def client():
+    """An in-process one-worker, one-thread Dask cluster, shared by a test module's tests."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as c:
+        yield c
+
+
+def fixed(K):
+    """A pyttb ktensor in canonical form (components sorted by weight, signs fixed), for comparing."""
+    K.arrange()
+    return K.fixsigns()
+
+
 @pytest.fixture
 def rng():
     """Fresh random inputs every run; the seed is printed on failure for reproduction."""

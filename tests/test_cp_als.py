@@ -2,24 +2,11 @@
 
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc import synthetic
 
-from conftest import random_coo
-
-
-@pytest.fixture(scope="module")
-def client():
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster) as c:
-        yield c
-
-
-def fixed(K):
-    K.arrange()
-    return K.fixsigns()
+from conftest import fixed, random_coo
 
 
 @pytest.mark.parametrize("shape", [(30, 40, 50), (12, 15, 9, 7)])

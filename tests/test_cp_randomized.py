@@ -2,18 +2,10 @@
 
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc import synthetic
 from tensorflow_ooc.cli import main as cli_main
-
-
-@pytest.fixture(scope="module")
-def client():
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster) as c:
-        yield c
 
 
 def fresh_seed() -> int:

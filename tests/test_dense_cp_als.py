@@ -17,17 +17,7 @@ from tensorflow_ooc import synthetic
 from tensorflow_ooc.cli import main
 from tensorflow_ooc.execution.memory_plan import choose, dense_candidates
 
-
-@pytest.fixture(scope="module")
-def client():
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster) as c:
-        yield c
-
-
-def fixed(K):
-    K.arrange()
-    return K.fixsigns()
+from conftest import fixed
 
 
 def to_zarr(path, X, chunks):
