@@ -346,30 +346,21 @@ def _cpals_peers(args, ctx, tmp: Path) -> dict:
 
 def _peak_rss_while(client, fn):
     """``fn()``, sampling the client's worker processes' resident memory every 20 ms; (result, peak)."""
-    import threading
-
     import psutil
 
+    from peers.common import Sampler
+
     procs = [psutil.Process(p) for p in client.run(os.getpid).values()]
-    peak = [0]
-    stop = threading.Event()
 
-    def watch():
-        while not stop.is_set():
-            for p in procs:
-                try:
-                    peak[0] = max(peak[0], p.memory_info().rss)
-                except psutil.NoSuchProcess:
-                    pass
-            time.sleep(0.02)
+    def rss(p) -> int:
+        try:
+            return p.memory_info().rss
+        except psutil.NoSuchProcess:
+            return 0
 
-    w = threading.Thread(target=watch, daemon=True)
-    w.start()
-    try:
-        return fn(), peak[0]
-    finally:
-        stop.set()
-        w.join()
+    with Sampler(lambda: max((rss(p) for p in procs), default=0)) as peak:
+        result = fn()
+    return result, peak.peak
 
 
 def _cpals_ooc(args, tmp: Path) -> dict:

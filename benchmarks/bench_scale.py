@@ -28,7 +28,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -37,6 +36,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).parent))
 
 import tensorflow_ooc as tfo  # noqa: E402
+from peers.common import Sampler  # noqa: E402
 from peers.external import steady  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -52,31 +52,6 @@ def _dir_bytes(path: Path) -> int:
             except OSError:
                 pass
     return total
-
-
-class Sampler:
-    """Polls a value in a thread and keeps its maximum."""
-
-    def __init__(self, fn, period: float = 0.02) -> None:
-        self.fn, self.period, self.peak = fn, period, 0
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.peak = max(self.peak, int(self.fn()))
-            except Exception:
-                pass
-            self._stop.wait(self.period)
-
-    def __enter__(self) -> "Sampler":
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._t.join()
 
 
 def generate(store: Path, nnz: int, seed: int, compression: str = "fast") -> dict:

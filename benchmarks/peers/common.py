@@ -1,5 +1,6 @@
 """Inputs every peer shares (factor matrices, a NumPy reference MTTKRP) and the plumbing to run C/C++
-peers in-process (capturing their fd-level output, temporary environment variables)."""
+peers in-process (capturing their fd-level output, temporary environment variables), and the
+sampler the benchmarks measure peak memory and disk with."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import ctypes
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -145,3 +147,28 @@ def _temporary_env(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+class Sampler:
+    """Polls a value in a thread and keeps its maximum."""
+
+    def __init__(self, fn, period: float = 0.02) -> None:
+        self.fn, self.period, self.peak = fn, period, 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, int(self.fn()))
+            except Exception:
+                pass
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> "Sampler":
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._t.join()
