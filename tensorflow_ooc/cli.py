@@ -334,7 +334,8 @@ def cmd_complete(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     with logging_redirect_tqdm(loggers=[logging.getLogger("tensorflow_ooc")]):
-        rates = {k: getattr(args, k) for k in ("lr_factors", "lr_core", "lr_decay", "reg_factors", "reg_core")}
+        rates = {k: getattr(args, k) for k in ("lr_factors", "lr_core", "lr_decay", "reg_factors", "reg_core", "step",
+                                                "rebalance")}
         fraction = args.test_fraction if args.test is not None or args.test_fraction is not None else 0.1
         result = tucker_sgd(store, ranks, args.core_rank, test=args.test,
                             test_fraction=None if args.test is not None else fraction, epochs=args.epochs,
@@ -705,12 +706,20 @@ def build_parser() -> argparse.ArgumentParser:
                          "when --test is not given)")
     t.add_argument("--epochs", type=_positive_int, default=50, help="epochs at most (default 50)")
     t.add_argument("--batch", type=_positive_int, default=64, help="entries per batch of the factor pass (default 64)")
-    t.add_argument("--lr-factors", type=float, default=0.01, help="learning rate of the factors (default 0.01)")
+    t.add_argument("--step", choices=["normalized", "plain"], default="normalized",
+                   help="factor steps: 'normalized' divides a sample's moves by the squared norm of its gradient "
+                        "(normalized LMS; default), 'plain' is the seed's rule 14")
+    t.add_argument("--lr-factors", type=float, default=None,
+                   help="factor rate: the step fraction in (0, 2) of normalized steps (default 0.3), or the "
+                        "learning rate of plain steps (default 0.01)")
     t.add_argument("--lr-core", type=float, default=0.3, help="learning rate of the core (default 0.3)")
-    t.add_argument("--lr-decay", type=float, default=0.0,
-                   help="rates of epoch t divided by 1 + DECAY * t (default 0: constant)")
-    t.add_argument("--reg-factors", type=float, default=0.01, help="regularization of the factors (default 0.01)")
-    t.add_argument("--reg-core", type=float, default=0.01, help="regularization of the core (default 0.01)")
+    t.add_argument("--lr-decay", type=float, default=None,
+                   help="rates of epoch t divided by 1 + DECAY * t (default 0.05 with normalized steps, 0 with plain)")
+    t.add_argument("--no-rebalance", dest="rebalance", action="store_false",
+                   help="do not reset the model's gauge after every epoch (orthonormal core-factor rows, columns of "
+                        "equal scale in every mode; same predictions)")
+    t.add_argument("--reg-factors", type=float, default=0.001, help="regularization of the factors (default 0.001)")
+    t.add_argument("--reg-core", type=float, default=0.001, help="regularization of the core (default 0.001)")
     t.add_argument("--patience", type=_positive_int, default=5,
                    help="stop when the test RMSE has not improved for this many epochs (default 5)")
     t.add_argument("--seed", type=int, default=0, help="seed of the initial model, the batches and the split (default 0)")

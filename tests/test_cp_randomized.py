@@ -48,12 +48,19 @@ def test_every_method_and_order_fits_a_planted_tensor(tmp_path, nmodes):
     store = tfo.convert((p.coords, p.values), tmp_path / "p.zarr", shape=p.shape)
     exact = max(tfo.cp_als(store, 3, seed=s, max_iters=60, tol=1e-9).fit for s in (1, 2))
     for method in ("sts", "arls-lev", "arls-lev-hybrid"):
-        r = max((tfo.cp_als(store, 3, seed=s, max_iters=60, tol=1e-9, method=method, samples=4096)
-                 for s in (1, 2, 3)), key=lambda r: r.fit)
         # CP-ARLS-LEV's product distribution needs ~R^(N-1) draws per solve (seed 000, 3.2.2) and
         # at 5-6 modes can stall in a worse optimum; STS-CP must keep up at every order
         floor = exact - 0.05 if (method == "sts" or nmodes <= 4) else 0.5 * exact
-        assert r.fit >= floor, (method, r.fit, exact)
+        # Exact ALS too sits in swamps (fit flat near 0.47-0.8 for 20+ iterations) from ~15% of
+        # random starts at order 6; a fixed iteration count (tol=0) lets a run leave one, where the
+        # randomized stopping rule would stop in it, and a few starts make a miss ~1e-5 likely
+        fits = []
+        for s in range(1, 6):
+            r = tfo.cp_als(store, 3, seed=s, max_iters=60, tol=0, method=method, samples=4096)
+            fits.append(r.fit)
+            if r.fit >= floor:
+                break
+        assert r.fit >= floor, (method, fits, exact)
         assert [f.shape for f in r.factors] == [(n, 3) for n in shape]
 
 

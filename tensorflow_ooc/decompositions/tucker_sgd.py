@@ -91,12 +91,12 @@ def initial_state(shape: tuple[int, ...], ranks: tuple[int, ...], core_rank: int
 
 def tucker_sgd(store: Store | str | os.PathLike, ranks: int | Sequence[int], core_rank: int, *,
                test: Store | str | os.PathLike | None = None, test_fraction: float | None = None, epochs: int = 50,
-               batch: int = 64, lr_factors: float = 0.01, lr_core: float = 0.3, reg_factors: float = 0.01,
-               reg_core: float = 0.01, seed: int | None = 0, client: Client | None = None, patience: int | None = 5,
+               batch: int = 64, lr_factors: float | None = None, lr_core: float = 0.3, reg_factors: float = 0.001,
+               reg_core: float = 0.001, seed: int | None = 0, client: Client | None = None, patience: int | None = 5,
                progress: bool = True, out: str | os.PathLike | None = None, overwrite: bool = False,
                threads: int | None = None, device: str = "cpu", scheduler: str | None = None,
-               partitions: int | None = None, lr_decay: float = 0.0,
-               callback: Callable[[dict], None] | None = None) -> FastTuckerResult:
+               partitions: int | None = None, lr_decay: float | None = None, step: str = "normalized",
+               rebalance: bool = True, callback: Callable[[dict], None] | None = None) -> FastTuckerResult:
     """FastTucker tensor completion of a sparse store by FastTuckerPlus (seed 003, Algorithm 3).
 
     Fits ``x[i_1..i_N] ~ sum_r prod_n (A^(n) B^(n))[i_n, r]`` to the observed entries: factors
@@ -123,13 +123,31 @@ def tucker_sgd(store: Store | str | os.PathLike, ranks: int | Sequence[int], cor
         Most epochs to run.
     batch : int
         M, entries per batch of the factor pass (the GPU kernel takes batches of 16).
-    lr_factors, lr_core : float
-        Learning rates gamma_A, gamma_B. The values are scaled to unit mean square for training
-        (and the model scaled back), so the rates do not depend on the data's scale. An epoch whose
-        training RMSE is not finite or grows 4-fold is redone from its start at half the rates,
-        which stay halved (logged; each epoch's ``rate_factor`` is in the history), at most 6 times.
-    lr_decay : float
-        Rates of epoch ``t`` (from 0) are divided by ``1 + lr_decay * t``.
+    step : {"normalized", "plain"}
+        Factor steps. ``"plain"`` is the seed's rule 14: every row of a sample moves by
+        ``lr_factors * (e * g - reg A)``. ``"normalized"`` (the default) divides a sample's moves by
+        ``|g|^2`` over all its rows (normalized LMS): to first order each step then removes the
+        fraction ``lr_factors`` of the sample's error, whatever the scale of the other modes'
+        rows, so no sample overshoots and one rate suits every tensor. On planted models
+        (300 x 200 x 50, J = R = 8, 5 % noise) it reaches 1.04-1.06 x the noise level in 50
+        epochs, where plain steps sit on plateaus of 2-3 x.
+    lr_factors : float, optional
+        The factor rate: the step fraction in (0, 2) of normalized steps (default 0.3), gamma_A
+        of plain steps (default 0.01).
+    lr_core : float
+        Learning rate gamma_B of the core step. The values are scaled to unit mean square for
+        training (and the model scaled back), so the rates do not depend on the data's scale. An
+        epoch whose training RMSE is not finite or grows 4-fold is redone from its start at half
+        the rates, which stay halved (logged; each epoch's ``rate_factor`` is in the history), at
+        most 6 times.
+    lr_decay : float, optional
+        Rates of epoch ``t`` (from 0) are divided by ``1 + lr_decay * t`` (default 0.05 with
+        normalized steps, which start large; 0 with plain steps).
+    rebalance : bool
+        After every epoch, put the model in its best-conditioned gauge (same predictions; see
+        :func:`tensorflow_ooc.execution.completion.rebalance_gauge`): orthonormal core-factor rows
+        and columns of equal scale in every mode. Without it SGD slows to a crawl whenever the
+        parametrization drifts ill-conditioned.
     reg_factors, reg_core : float
         Regularization lambda_A, lambda_B.
     seed : int, optional
@@ -174,9 +192,17 @@ def tucker_sgd(store: Store | str | os.PathLike, ranks: int | Sequence[int], cor
         raise CompletionError(f"epochs must be an integer >= 1, got {epochs!r}")
     if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
         raise CompletionError(f"batch must be an integer >= 1, got {batch!r}")
+    if step not in ("normalized", "plain"):
+        raise CompletionError(f"step must be 'normalized' or 'plain', got {step!r}")
+    normalized = step == "normalized"
+    if lr_factors is None:
+        lr_factors = 0.3 if normalized else 0.01
     lr_factors = _check_rate("lr_factors", lr_factors, True)
+    if normalized and lr_factors >= 2:
+        raise CompletionError(f"lr_factors of normalized steps is the fraction of a sample's error each step "
+                              f"removes and must be in (0, 2), got {lr_factors}")
     lr_core = _check_rate("lr_core", lr_core, True)
-    lr_decay = _check_rate("lr_decay", lr_decay, False)
+    lr_decay = _check_rate("lr_decay", (0.05 if normalized else 0.0) if lr_decay is None else lr_decay, False)
     reg_factors = _check_rate("reg_factors", reg_factors, False)
     reg_core = _check_rate("reg_core", reg_core, False)
     if patience is not None and (isinstance(patience, bool) or int(patience) != patience or patience < 1):
@@ -210,7 +236,7 @@ def tucker_sgd(store: Store | str | os.PathLike, ranks: int | Sequence[int], cor
 
     params = {"ranks": list(ranks), "core_rank": core_rank, "epochs": int(epochs), "batch": int(batch),
               "lr_factors": lr_factors, "lr_core": lr_core, "lr_decay": lr_decay, "reg_factors": reg_factors,
-              "reg_core": reg_core,
+              "reg_core": reg_core, "step": step, "rebalance": bool(rebalance),
               "seed": seed, "patience": patience, "test": None if test_store is None else str(test_store.path),
               "test_fraction": test_fraction, "algorithm": "FastTuckerPlus"}
     split_seed = int(np.random.SeedSequence(seed).entropy if seed is None else seed)
@@ -271,11 +297,12 @@ def tucker_sgd(store: Store | str | os.PathLike, ranks: int | Sequence[int], cor
                 rate = backoff / (1.0 + lr_decay * epoch)
                 before = state
                 moves = [c.submit(T.factor_pass_partition, s, state, split_seed, epoch, int(batch), lr_factors * rate,
-                                  reg_factors, threads, dev, pure=False) for s in sources]
+                                  reg_factors, threads, dev, normalized, pure=False) for s in sources]
                 state = c.submit(T.apply_moves, state, *tree_reduce(c, moves, T.combine_moves, split, last=True), pure=False)
                 grads = [c.submit(T.core_gradient_partition, s, state, threads, dev, pure=False) for s in sources]
                 state = c.submit(T.apply_core, state, lr_core * rate, reg_core,
-                                 *tree_reduce(c, grads, T.combine_gradients, split, last=True), pure=False)
+                                 *tree_reduce(c, grads, T.combine_gradients, split, last=True),
+                                 rebalance=bool(rebalance), pure=False)
                 t_test = time.perf_counter()
                 errs = [c.submit(T.test_errors_partition, s, state, threads, pure=False) for s in test_sources]
                 err = c.submit(T.combine_errors, *tree_reduce(c, errs, T.combine_errors, split, last=True), pure=False).result()

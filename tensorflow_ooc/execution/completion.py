@@ -150,9 +150,11 @@ def epoch_order(n: int, seed: int, epoch: int, part_id: int) -> np.ndarray:
 
 
 def factor_pass_partition(data: ObservedPartition, state: FastTuckerState, seed: int, epoch: int, batch: int,
-                          lr: float, reg: float, threads: int | None = None, device: str = "cpu") -> RowMoves:
+                          lr: float, reg: float, threads: int | None = None, device: str = "cpu",
+                          normalized: bool = False) -> RowMoves:
     """A partition's share of the epoch's factor pass, from ``state`` (not modified): the moves of
-    the rows it touched. ``threads``: numba threads (1 makes the pass reproducible)."""
+    the rows it touched. ``threads``: numba threads (1 makes the pass reproducible);
+    ``normalized``: normalized steps (:func:`~tensorflow_ooc.kernels.fasttucker_cpu.factor_pass`)."""
     t0 = time.perf_counter()
     n = data.coords.shape[0]
     if n == 0:
@@ -161,7 +163,8 @@ def factor_pass_partition(data: ObservedPartition, state: FastTuckerState, seed:
     if device == "gpu":
         from ..kernels.fasttucker_gpu import factor_pass_gpu
 
-        A = factor_pass_gpu(data.coords, data.values, order, state.offsets, state.A, state.B, lr, reg)
+        A = factor_pass_gpu(data.coords, data.values, order, state.offsets, state.A, state.B, lr, reg,
+                            normalized=normalized)
         sse = float("nan")
     else:
         A = state.A.copy()
@@ -169,7 +172,7 @@ def factor_pass_partition(data: ObservedPartition, state: FastTuckerState, seed:
             import numba
 
             sse = float(K.factor_pass(data.coords, data.values, order, state.offsets, A, state.B, int(batch),
-                                      float(lr), float(reg), numba.get_num_threads()))
+                                      float(lr), float(reg), numba.get_num_threads(), bool(normalized)))
     moves = A[data.rows] - state.A[data.rows]
     return RowMoves(data.rows, moves, np.ones(data.rows.shape[0], np.int64), sse, n, time.perf_counter() - t0)
 
@@ -226,16 +229,59 @@ def combine_gradients(*parts: CoreGradient) -> CoreGradient:
     return CoreGradient(grad, sum(p.sse for p in parts), sum(p.n for p in parts), max(p.seconds for p in parts))
 
 
-def apply_core(state: FastTuckerState, lr: float, reg: float, *parts: CoreGradient) -> FastTuckerState:
-    """One core step, the seed's Algorithm 5 line 31: ``B -= lr (grad / |Omega| + reg B)``."""
+def apply_core(state: FastTuckerState, lr: float, reg: float, *parts: CoreGradient,
+               rebalance: bool = False) -> FastTuckerState:
+    """One core step, the seed's Algorithm 5 line 31: ``B -= lr (grad / |Omega| + reg B)``; then,
+    with ``rebalance``, the model's gauge reset by :func:`rebalance_gauge` (same predictions)."""
     t0 = time.perf_counter()
     total = combine_gradients(*parts) if len(parts) > 1 else parts[0]
     B = state.B - lr * (total.grad / max(total.n, 1) + reg * state.B)
     for n, J in enumerate(state.ranks):
         B[n, J:, :] = 0.0
+    A = state.A
+    if rebalance:
+        A, B = rebalance_gauge(A, B, state.offsets, state.shape, state.ranks)
     info = dict(state.info, core_seconds=total.seconds + time.perf_counter() - t0, train_sse=total.sse,
                 train_n=total.n)
-    return FastTuckerState(state.A, B, state.offsets, state.shape, state.ranks, info)
+    return FastTuckerState(A, B, state.offsets, state.shape, state.ranks, info)
+
+
+def rebalance_gauge(A: np.ndarray, B: np.ndarray, offsets: np.ndarray, shape: tuple[int, ...],
+                    ranks: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The same model in its best-conditioned gauge: new ``(A, B)`` with every ``A^(n) B^(n)``
+    unchanged up to rounding, except for a per-column scaling that leaves the Kruskal core's
+    products (and so every prediction) unchanged.
+
+    The FastTucker model only depends on ``C^(n) = A^(n) B^(n)`` and on the products over modes of
+    their columns, so ``A^(n) M``, ``M^-1 B^(n)`` and column scalings whose product over modes is
+    one give the same predictions. SGD is not invariant to that gauge: a badly conditioned
+    ``B^(n)`` or one mode's columns much larger than another's slow the factor steps down to a
+    crawl (plateaus several times the noise level for tens of epochs on planted models). So:
+
+    1. column ``r`` of every ``C^(n)`` is scaled to the geometric mean over modes of their RMS;
+    2. with ``B^(n) diag(alpha^(n)) = U S V^T`` (thin SVD), ``A^(n) <- A^(n) U S`` and
+       ``B^(n) <- V^T``: orthonormal core-factor rows, so a factor step moves ``C^(n)`` as a step
+       on ``C^(n)`` itself would. Rows past ``min(J_n, R)`` become zero; they never change a
+       prediction (``C^(n)`` has rank at most ``min(J_n, R)``).
+    """
+    A_new, B_new = A.copy(), np.zeros_like(B)
+    N, R = len(shape), B.shape[2]
+    rms = np.empty((N, R))
+    for n in range(N):
+        o, L, J = int(offsets[n]), int(shape[n]), int(ranks[n])
+        C = A[o:o + L, :J] @ B[n, :J]
+        rms[n] = np.sqrt(np.einsum("ir,ir->r", C, C) / L)
+    live = (rms > 1e-150).all(axis=0)    # a column zero in some mode predicts nothing: left as is
+    target = np.exp(np.log(np.where(live, rms, 1.0)).mean(axis=0))
+    for n in range(N):
+        o, L, J = int(offsets[n]), int(shape[n]), int(ranks[n])
+        alpha = np.where(live, target / np.where(live, rms[n], 1.0), 1.0)
+        U, S, Vt = np.linalg.svd(B[n, :J] * alpha, full_matrices=False)
+        k = S.shape[0]
+        A_new[o:o + L, :J] = 0.0
+        A_new[o:o + L, :k] = A[o:o + L, :J] @ (U * S)
+        B_new[n, :k, :] = Vt
+    return A_new, B_new
 
 
 def state_info(state: FastTuckerState) -> dict:

@@ -19,6 +19,10 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+# added to |g|^2 in the normalized step: with the values scaled to unit mean square, it only
+# matters for samples whose prediction hardly depends on their rows (a nearly dead model)
+NORMALIZED_DELTA = 1e-3
+
 
 @nb.njit(cache=True, inline="always")
 def _batch_products(coords, order, lo, hi, offsets, A, B, rows, C):
@@ -52,13 +56,19 @@ def _others(C, s, n, d):
 
 
 @nb.njit(cache=True, parallel=True)
-def factor_pass(coords, values, order, offsets, A, B, batch, lr, reg, groups):
+def factor_pass(coords, values, order, offsets, A, B, batch, lr, reg, groups, normalized=False):
     """One factor pass of FastTuckerPlus over the batches ``order[b*batch:(b+1)*batch]``.
 
     Per batch Psi (the seed's matrixized rule 14): ``C_Psi^(n) = A_Psi^(n) B^(n)`` for all modes
     from the rows as they are when the batch starts, ``e = x_Psi - xhat_Psi``, then every row of the
     batch moves by ``lr * (e * (D_Psi^(n) B^(n)T) - reg * A_Psi^(n))``. A row that occurs twice in
     one batch gets both moves (added), as the per-sample rule 12 applied to the batch's loss would.
+
+    ``normalized``: sample ``s``'s moves are divided by ``|g_s|^2 + NORMALIZED_DELTA``, with
+    ``g_s = (d^(n) B^(n)T)_n`` the gradient of its prediction with respect to all its rows (the
+    normalized LMS step). To first order the step then removes the fraction ``lr`` of the
+    sample's error whatever the scale of the other modes' rows, where the plain step's reach
+    grows with ``|g_s|^2`` and overshoots on samples of large curvature (0 < lr < 2 is stable).
 
     Batches are split into ``groups`` contiguous runs processed in parallel, and rows are written
     without synchronization between groups (Hogwild, as the seed's warps do): a group may read a
@@ -74,8 +84,9 @@ def factor_pass(coords, values, order, offsets, A, B, batch, lr, reg, groups):
     A : (sum I_n, J) float64       stacked factors, updated in place
     B : (N, J, R) float64          core factors (read only)
     batch : int                    M, entries per batch
-    lr, reg : float                gamma_A and lambda_A
+    lr, reg : float                gamma_A and lambda_A (the step fraction with ``normalized``)
     groups : int                   parallel runs of batches
+    normalized : bool              normalized (NLMS) steps instead of the seed's plain ones
 
     Returns
     -------
@@ -113,6 +124,7 @@ def factor_pass(coords, values, order, offsets, A, B, batch, lr, reg, groups):
                 local += err[s] * err[s]
             # all moves from the batch-start rows first, then the writes (matrixized form)
             for s in range(m):
+                g2 = 0.0
                 for n in range(N):
                     _others(C, s, n, d)
                     row = rows[s, n]
@@ -120,7 +132,12 @@ def factor_pass(coords, values, order, offsets, A, B, batch, lr, reg, groups):
                         acc = 0.0
                         for r in range(R):
                             acc += d[r] * B[n, j, r]
-                        delta[s, n, j] = lr * (err[s] * acc - reg * A[row, j])
+                        g2 += acc * acc
+                        delta[s, n, j] = err[s] * acc - reg * A[row, j]
+                step = lr / (g2 + NORMALIZED_DELTA) if normalized else lr
+                for n in range(N):
+                    for j in range(J):
+                        delta[s, n, j] *= step
             for s in range(m):
                 for n in range(N):
                     row = rows[s, n]

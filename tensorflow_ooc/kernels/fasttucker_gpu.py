@@ -12,8 +12,9 @@ Per batch (shared memory per warp: the batch's ``A_Psi`` rows, its ``C_Psi``, th
   1. lanes load the batch's rows of every mode (the seed's ``A_Psi^(n)``);
   2. ``C_Psi^(n) = A_Psi^(n) B^(n)`` (tile product), shared by every mode's ``D_Psi^(n)``;
   3. ``xhat = C_Psi^(1) . D_Psi^(1)``, ``e = x - xhat`` (lanes 0-15, one sample each);
-  4. factor kernel: ``A_Psi^(n) += lr (e * (D_Psi^(n) B^(n)T) - reg A_Psi^(n))`` (tile product), the
-     moves added to global memory by atomic adds: a row two samples of one batch share gets both
+  4. factor kernel: ``G = D_Psi^(n) B^(n)T`` (tile product, kept in shared memory), the sample's
+     step (``lr``, or ``lr / (|g_s|^2 + delta)`` when normalized), then
+     ``A_Psi^(n) += step (e * G - reg A_Psi^(n))``, the moves added to global memory by atomic adds: a row two samples of one batch share gets both
      moves, as on the CPU, and warps read rows without synchronization (Hogwild, as the seed);
      core kernel: each lane accumulates its fixed share of ``E_Psi^(n)T D_Psi^(n)`` with
      ``E = e * A_Psi`` (tile product) in registers over all its batches, and adds it to the
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .fasttucker_cpu import NORMALIZED_DELTA
 from .gpu_device import cuda
 from .warp_exchange import default_exchange, warp_exchange
 
@@ -69,7 +71,7 @@ class FastTuckerConfig:
 
     @property
     def warp_shared_bytes(self) -> int:
-        return 4 * TILE * self.nmodes * (self.jp + self.rp) + 8 * TILE * self.nmodes + 4 * TILE
+        return 4 * TILE * self.nmodes * (2 * self.jp + self.rp) + 8 * TILE * self.nmodes + 8 * TILE
 
     @property
     def block_warps(self) -> int:
@@ -87,7 +89,7 @@ _KERNELS: dict[FastTuckerConfig, tuple] = {}
 def kernel_sources(cfg: FastTuckerConfig):
     """The (factor kernel, core-gradient kernel) Python functions of ``cfg``, not yet compiled.
 
-    Factor kernel ``(coords, values, order, offsets, A, B, J, lr, reg)``; core kernel
+    Factor kernel ``(coords, values, order, offsets, A, B, J, lr, reg, normalized)``; core kernel
     ``(coords, values, order, offsets, A, B, J, grad)``: ``coords`` (n, N) int64, ``values`` (n,)
     float32, ``order`` (n,) int64 (the epoch's permutation), ``offsets`` (N,) int64, ``A``
     (rows, jp) float32, ``B`` (N, jp, rp) float32, ``J`` the unpadded rank, ``grad`` (N, jp, rp)
@@ -147,14 +149,16 @@ def kernel_sources(cfg: FastTuckerConfig):
                 prod *= Ct[k, s, r]
         return prod
 
-    def factor_kernel(coords, values, order, offsets, A, B, J, lr, reg):
+    def factor_kernel(coords, values, order, offsets, A, B, J, lr, reg, normalized):
         rows_all = cuda.shared.array((WARPS, N, TILE), np.int64)
         A_all = cuda.shared.array((WARPS, N, TILE, JP), np.float32)
         C_all = cuda.shared.array((WARPS, N, TILE, RP), np.float32)
+        G_all = cuda.shared.array((WARPS, N, TILE, JP), np.float32)
         e_all = cuda.shared.array((WARPS, TILE), np.float32)
+        step_all = cuda.shared.array((WARPS, TILE), np.float32)
         lane = cuda.threadIdx.x % 32
         w = cuda.threadIdx.x // 32
-        rows, At, Ct, err = rows_all[w], A_all[w], C_all[w], e_all[w]
+        rows, At, Ct, G, err, step = rows_all[w], A_all[w], C_all[w], G_all[w], e_all[w], step_all[w]
         n_batches = (order.shape[0] + TILE - 1) // TILE
         n_warps = cuda.gridDim.x * WARPS
         # every warp of the block runs the same number of rounds (sync_tile may be a block barrier)
@@ -168,13 +172,29 @@ def kernel_sources(cfg: FastTuckerConfig):
                     n = idx // (TILE * JP)
                     s = (idx // JP) % TILE
                     j = idx % JP
-                    row = rows[n, s]
-                    if row >= 0 and j < J:
+                    acc = f32(0.0)
+                    if rows[n, s] >= 0 and j < J:
                         # (D_Psi^(n) B^(n)T)[s, j] as a tensor-core tile: fp16 inputs, fp32 sum
-                        acc = f32(0.0)
                         for r in range(RP):
                             acc += f32(f16(others(Ct, n, s, r))) * f32(f16(B[n, j, r]))
-                        cuda.atomic.add(A, (row, j), lr * (err[s] * acc - reg * At[n, s, j]))
+                    G[n, s, j] = acc
+            sync_tile()
+            if active and lane < TILE:
+                # the sample's step: plain, or normalized by |g|^2 over all its rows (as on CPUs)
+                g2 = f32(0.0)
+                for n in range(N):
+                    for j in range(JP):
+                        g2 += G[n, lane, j] * G[n, lane, j]
+                step[lane] = lr / (g2 + f32(NORMALIZED_DELTA)) if normalized else lr
+            sync_tile()
+            if active:
+                for idx in range(lane, N * TILE * JP, 32):
+                    n = idx // (TILE * JP)
+                    s = (idx // JP) % TILE
+                    j = idx % JP
+                    row = rows[n, s]
+                    if row >= 0 and j < J:
+                        cuda.atomic.add(A, (row, j), step[s] * (err[s] * G[n, s, j] - reg * At[n, s, j]))
             sync_tile()
 
     def core_kernel(coords, values, order, offsets, A, B, J, grad):
@@ -235,7 +255,7 @@ def ptx_signatures(cfg: FastTuckerConfig):
     f1 = types.Array(float32, 1, "C")
     f2 = types.Array(float32, 2, "C")
     f3 = types.Array(float32, 3, "C")
-    return (types.void(i2, f1, i1, i1, f2, f3, int64, float32, float32),
+    return (types.void(i2, f1, i1, i1, f2, f3, int64, float32, float32, types.boolean),
             types.void(i2, f1, i1, i1, f2, f3, int64, f3))
 
 
@@ -280,10 +300,11 @@ def pad_model(A: np.ndarray, B: np.ndarray, cfg: FastTuckerConfig) -> tuple[np.n
 
 
 def factor_pass_gpu(coords: np.ndarray, values: np.ndarray, order: np.ndarray, offsets: np.ndarray,
-                    A: np.ndarray, B: np.ndarray, lr: float, reg: float, *, exchange: str | None = None,
-                    warps: int = 0, max_blocks: int | None = None) -> np.ndarray:
+                    A: np.ndarray, B: np.ndarray, lr: float, reg: float, *, normalized: bool = False,
+                    exchange: str | None = None, warps: int = 0, max_blocks: int | None = None) -> np.ndarray:
     """One factor pass on the GPU (batches of 16 in ``order``); returns the new stacked factors
-    (float64, unpadded). Host arrays in, host arrays out: the device copies live for the call."""
+    (float64, unpadded). Host arrays in, host arrays out: the device copies live for the call.
+    ``normalized``: the normalized step of :func:`.fasttucker_cpu.factor_pass`."""
     N, J, R = B.shape
     cfg = FastTuckerConfig.for_ranks(N, J, R, exchange, warps)
     fk, _ = kernels(cfg)
@@ -292,7 +313,7 @@ def factor_pass_gpu(coords: np.ndarray, values: np.ndarray, order: np.ndarray, o
     fk[_grid(cfg, order.shape[0], max_blocks), 32 * cfg.block_warps](
         cuda.to_device(np.ascontiguousarray(coords, np.int64)), cuda.to_device(np.asarray(values, np.float32)),
         cuda.to_device(np.ascontiguousarray(order, np.int64)), cuda.to_device(np.asarray(offsets, np.int64)),
-        d_A, cuda.to_device(Bp), np.int64(J), np.float32(lr), np.float32(reg))
+        d_A, cuda.to_device(Bp), np.int64(J), np.float32(lr), np.float32(reg), bool(normalized))
     return d_A.copy_to_host()[:, :J].astype(np.float64)
 
 
