@@ -385,6 +385,9 @@ def test_partition_moves_average_rows_several_partitions_touched(rng):
     (dict(reg_factors=-1.0), "reg_factors"),
     (dict(test_fraction=1.5), "test_fraction"),
     (dict(epochs=0), "epochs"),
+    (dict(step="adam"), "step must be"),
+    (dict(lr_factors=2.5), "in \\(0, 2\\)"),
+    (dict(lr_decay=-0.1), "lr_decay"),
 ])
 def test_bad_arguments_are_refused_before_anything_is_written(small, tmp_path, kwargs, match):
     _, store, _ = small
@@ -428,7 +431,7 @@ def test_cli_complete(small, tmp_path, capsys):
     _, store, _ = small
     _, help_text, _ = tfooc(capsys, "complete", "--help")
     for flag in ("--ranks", "--core-rank", "--test", "--test-fraction", "--epochs", "--batch", "--lr-factors",
-                 "--lr-core", "--reg-factors", "--reg-core", "--seed", "--out"):
+                 "--lr-core", "--reg-factors", "--reg-core", "--seed", "--out", "--step", "--no-rebalance"):
         assert flag in help_text
     out = tmp_path / "cli.zarr"
     code, _, err = tfooc(capsys, "complete", store.path, "--ranks", "3,3,3", "--core-rank", "3", "--lr-factors", "nan",
@@ -447,6 +450,13 @@ def test_cli_complete(small, tmp_path, capsys):
     assert "test RMSE" in stdout and out.exists()
     r = tfo.load_fasttucker_result(out)
     assert r.params["test_fraction"] == 0.2 and r.epochs == 3
+    assert r.params["step"] == "normalized" and r.params["rebalance"] and r.params["lr_factors"] == 0.3
+    code, _, err = tfooc(capsys, "-q", "complete", store.path, "--ranks", "3", "--core-rank", "3", "--epochs", "2",
+                         "--step", "plain", "--no-rebalance", "--out", out, "--overwrite")
+    assert code == 0, err
+    r = tfo.load_fasttucker_result(out)
+    assert r.params["step"] == "plain" and not r.params["rebalance"] and r.params["lr_factors"] == 0.01
+    assert r.params["lr_decay"] == 0.0
 
 
 def test_readme_completion_example_runs(tmp_path, monkeypatch):
