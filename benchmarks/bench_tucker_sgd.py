@@ -185,7 +185,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reg", type=float, default=0.001, help="FastTuckerPlus regularization (default 0.001)")
     ap.add_argument("--baseline-reg", type=float, default=0.01, help="Algorithm 1's regularization (default 0.01)")
     ap.add_argument("--baseline-batch", type=int, default=16, help="Algorithm 1's batch size (default 16)")
-    ap.add_argument("--baseline-lr-factors", type=float, default=None,
+    ap.add_argument("--baseline-lr-factors", type=float, default=0.08,
                     help="Algorithm 1's factor rate on batch-averaged gradients (default 0.08: tuned "
                          "at --quick size; 0.16 diverges)")
     ap.add_argument("--baseline-lr-core", type=float, default=None,
@@ -216,7 +216,7 @@ def main(argv=None) -> int:
     # the same scaled problem and initial model as tucker_sgd (values scaled to unit mean square)
     scale = plus.params["value_scale"]
     state = initial_state(shape, (J,) * 3, R, 1.0, args.seed)
-    lr_a = args.baseline_lr_factors or 0.08
+    lr_a = args.baseline_lr_factors
     lr_b = args.baseline_lr_core or 0.4 * args.lr_core * args.baseline_batch / data.coords.shape[0]
     rng = np.random.default_rng(args.seed)
     base = []

@@ -334,12 +334,12 @@ def cmd_complete(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     with logging_redirect_tqdm(loggers=[logging.getLogger("tensorflow_ooc")]):
-        rates = {k: getattr(args, k) for k in ("lr_factors", "lr_core", "lr_decay", "reg_factors", "reg_core", "step",
-                                                "rebalance")}
+        training = {k: getattr(args, k) for k in ("lr_factors", "lr_core", "lr_decay", "reg_factors", "reg_core",
+                                                   "step", "rebalance")}
         fraction = args.test_fraction if args.test is not None or args.test_fraction is not None else 0.1
         result = tucker_sgd(store, ranks, args.core_rank, test=args.test,
                             test_fraction=None if args.test is not None else fraction, epochs=args.epochs,
-                            batch=args.batch, seed=args.seed, patience=args.patience, **rates, progress=not args.quiet, out=out, overwrite=args.overwrite,
+                            batch=args.batch, seed=args.seed, patience=args.patience, **training, progress=not args.quiet, out=out, overwrite=args.overwrite,
                             scheduler=args.scheduler, device=args.device, threads=args.threads)
     wall = time.perf_counter() - t0
     h = result.history

@@ -202,7 +202,9 @@ def tucker_sgd(store: Store | str | os.PathLike, ranks: int | Sequence[int], cor
         raise CompletionError(f"lr_factors of normalized steps is the fraction of a sample's error each step "
                               f"removes and must be in (0, 2), got {lr_factors}")
     lr_core = _check_rate("lr_core", lr_core, True)
-    lr_decay = _check_rate("lr_decay", (0.05 if normalized else 0.0) if lr_decay is None else lr_decay, False)
+    if lr_decay is None:
+        lr_decay = 0.05 if normalized else 0.0
+    lr_decay = _check_rate("lr_decay", lr_decay, False)
     reg_factors = _check_rate("reg_factors", reg_factors, False)
     reg_core = _check_rate("reg_core", reg_core, False)
     if patience is not None and (isinstance(patience, bool) or int(patience) != patience or patience < 1):

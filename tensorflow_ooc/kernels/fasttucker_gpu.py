@@ -14,8 +14,9 @@ Per batch (shared memory per warp: the batch's ``A_Psi`` rows, its ``C_Psi``, th
   3. ``xhat = C_Psi^(1) . D_Psi^(1)``, ``e = x - xhat`` (lanes 0-15, one sample each);
   4. factor kernel: ``G = D_Psi^(n) B^(n)T`` (tile product, kept in shared memory), the sample's
      step (``lr``, or ``lr / (|g_s|^2 + delta)`` when normalized), then
-     ``A_Psi^(n) += step (e * G - reg A_Psi^(n))``, the moves added to global memory by atomic adds: a row two samples of one batch share gets both
-     moves, as on the CPU, and warps read rows without synchronization (Hogwild, as the seed);
+     ``A_Psi^(n) += step (e * G - reg A_Psi^(n))``, the moves added to global memory by atomic
+     adds: a row two samples of one batch share gets both moves, as on the CPU, and warps read
+     rows without synchronization (Hogwild, as the seed);
      core kernel: each lane accumulates its fixed share of ``E_Psi^(n)T D_Psi^(n)`` with
      ``E = e * A_Psi`` (tile product) in registers over all its batches, and adds it to the
      global gradient once at the end (the seed's line 27, atomicAdd).
