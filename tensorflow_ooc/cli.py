@@ -62,6 +62,13 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _nonnegative_int(text: str) -> int:
+    v = int(float(text))
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
 # --- commands -------------------------------------------------------------------------------------
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -335,7 +342,7 @@ def cmd_complete(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with logging_redirect_tqdm(loggers=[logging.getLogger("tensorflow_ooc")]):
         training = {k: getattr(args, k) for k in ("lr_factors", "lr_core", "lr_decay", "reg_factors", "reg_core",
-                                                   "step", "rebalance")}
+                                                   "step", "rebalance", "revive_epochs")}
         fraction = args.test_fraction if args.test is not None or args.test_fraction is not None else 0.1
         result = tucker_sgd(store, ranks, args.core_rank, test=args.test,
                             test_fraction=None if args.test is not None else fraction, epochs=args.epochs,
@@ -718,6 +725,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-rebalance", dest="rebalance", action="store_false",
                    help="do not reset the model's gauge after every epoch (orthonormal core-factor rows, columns of "
                         "equal scale in every mode; same predictions)")
+    t.add_argument("--revive-epochs", type=_nonnegative_int, default=10,
+                   help="for this many first epochs, restart a component SGD has lost (strength under 5%% of the "
+                        "median) as the best rank-1 fit of the training residual; 0: never (default 10)")
     t.add_argument("--reg-factors", type=float, default=0.001, help="regularization of the factors (default 0.001)")
     t.add_argument("--reg-core", type=float, default=0.001, help="regularization of the core (default 0.001)")
     t.add_argument("--patience", type=_positive_int, default=5,

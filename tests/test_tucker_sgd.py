@@ -388,6 +388,8 @@ def test_partition_moves_average_rows_several_partitions_touched(rng):
     (dict(step="adam"), "step must be"),
     (dict(lr_factors=2.5), "in \\(0, 2\\)"),
     (dict(lr_decay=-0.1), "lr_decay"),
+    (dict(revive_epochs=-1), "revive_epochs"),
+    (dict(revive_epochs=2.5), "revive_epochs"),
 ])
 def test_bad_arguments_are_refused_before_anything_is_written(small, tmp_path, kwargs, match):
     _, store, _ = small
@@ -431,7 +433,8 @@ def test_cli_complete(small, tmp_path, capsys):
     _, store, _ = small
     _, help_text, _ = tfooc(capsys, "complete", "--help")
     for flag in ("--ranks", "--core-rank", "--test", "--test-fraction", "--epochs", "--batch", "--lr-factors",
-                 "--lr-core", "--reg-factors", "--reg-core", "--seed", "--out", "--step", "--no-rebalance"):
+                 "--lr-core", "--reg-factors", "--reg-core", "--seed", "--out", "--step", "--no-rebalance",
+                 "--revive-epochs"):
         assert flag in help_text
     out = tmp_path / "cli.zarr"
     code, _, err = tfooc(capsys, "complete", store.path, "--ranks", "3,3,3", "--core-rank", "3", "--lr-factors", "nan",
@@ -451,11 +454,13 @@ def test_cli_complete(small, tmp_path, capsys):
     r = tfo.load_fasttucker_result(out)
     assert r.params["test_fraction"] == 0.2 and r.epochs == 3
     assert r.params["step"] == "normalized" and r.params["rebalance"] and r.params["lr_factors"] == 0.3
+    assert r.params["revive_epochs"] == 10
     code, _, err = tfooc(capsys, "-q", "complete", store.path, "--ranks", "3", "--core-rank", "3", "--epochs", "2",
-                         "--step", "plain", "--no-rebalance", "--out", out, "--overwrite")
+                         "--step", "plain", "--no-rebalance", "--revive-epochs", "0", "--out", out, "--overwrite")
     assert code == 0, err
     r = tfo.load_fasttucker_result(out)
     assert r.params["step"] == "plain" and not r.params["rebalance"] and r.params["lr_factors"] == 0.01
+    assert r.params["revive_epochs"] == 0
     assert r.params["lr_decay"] == 0.0
 
 
@@ -475,26 +480,26 @@ def test_readme_completion_example_runs(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------ planted convergence ---
 
 def test_planted_model_is_recovered_near_the_noise_level(rng):
-    """300 x 200 x 50, 200 k observed entries of a planted FastTucker model (J = R = 4) with 5 %
-    noise, fitted with J = R = 8 (the issue's ranks), 90/10 split, 50 epochs, default settings.
+    """The issue's case: 300 x 200 x 50, 200 k observed entries of a planted FastTucker model
+    (J = R = 8) with 5 % noise, fitted at J = R = 8, 90/10 split, 50 epochs, default settings.
 
-    Measured over 30 fresh (model, start) pairs: 1.05-1.14 x the noise (median 1.09), so this
-    asserts 1.25 x; one run of about 50 ended above it (a component that dies in the first
-    epochs: its gradient vanishes with the square of its scale), so a second start is allowed.
-    The issue's planted J = R = 8 model reaches 1.2 x in about 70 % of pairs (median 1.07 x) and
-    the rest end at 1.7-3.3 x, so that case is not asserted here (see the note of issue 13)."""
-    p = synthetic.planted_fasttucker((300, 200, 50), 4, 4, 200_000, noise=0.05, seed=int(rng.integers(2**31)))
+    Measured over 120 fresh (model, start) pairs with the lost-component restart: a median of
+    1.06 x the noise, 4 runs above 1.2 x (swamps: two components that share one planted one for
+    tens of epochs; without the restart 10-14 of 30 ended at 1.6-3.3 x). So a run may take
+    up to three starts to get under 1.2 x, as a user would restart."""
+    p = synthetic.planted_fasttucker((300, 200, 50), 8, 8, 200_000, noise=0.05, seed=int(rng.integers(2**31)))
     store = tfo.convert((p.coords, p.values), f"memory://planted-{rng.integers(2**62)}", shape=p.shape)
-    for _ in range(2):
+    for _ in range(3):
         r = tfo.tucker_sgd(store, 8, 8, test_fraction=0.1, epochs=50, seed=int(rng.integers(2**31)), progress=False,
                            patience=None)
-        if r.test_rmse < 1.25 * p.noise_std:
+        if r.test_rmse < 1.2 * p.noise_std:
             break
     ratios = [round(h["test_rmse"] / p.noise_std, 3) for h in r.history]
-    print("test RMSE / noise by epoch:", ratios)
+    print("test RMSE / noise by epoch:", ratios, "restarts:", [h["revived"] for h in r.history if "revived" in h])
     assert r.params["n_test"] == pytest.approx(20_000, rel=0.05)
     assert r.params["step"] == "normalized" and r.params["rebalance"] and r.params["lr_factors"] == 0.3
-    assert r.test_rmse < 1.25 * p.noise_std, ratios
+    assert r.params["revive_epochs"] == 10
+    assert r.test_rmse < 1.2 * p.noise_std, ratios
     assert r.test_rmse < r.history[0]["test_rmse"], ratios     # still learning after the first epoch
 
 
