@@ -32,7 +32,7 @@ def test_every_mode_against_einsum(rng, nmodes, rank):
     factors = [rng.standard_normal((s, rank)) for s in shape]
     for mode in range(nmodes):
         ref = dense_mttkrp(shape, coords, values, factors, mode)
-        for conflict in ("auto", "private", "atomic", "owned"):
+        for conflict in ("auto", "private", "atomic", "owned", "threads"):
             got = tfo.mttkrp(t, factors, mode, conflict=conflict)
             assert got.shape == (shape[mode], rank)
             assert rel_err(got, ref) < 1e-12, (mode, conflict)
@@ -156,10 +156,66 @@ def test_prefetching_kernels_against_einsum(tmp_path, rng, monkeypatch, nmodes):
     store = tfo.convert((coords, values), tmp_path / "t.zarr", chunk_nnz=64)   # several streamed batches
     for mode in range(nmodes):
         ref = dense_mttkrp(shape, coords, values, factors, mode)
-        for conflict in ("auto", "private", "atomic", "owned"):
+        for conflict in ("auto", "private", "atomic", "owned", "threads"):
             assert rel_err(tfo.mttkrp(tensor, factors, mode, conflict=conflict), ref) < 1e-12
         assert rel_err(tfo.mttkrp(store, factors, mode), ref) < 1e-12
     assert any(key[3] for key in cpu._KERNELS)          # the prefetching kernels were the ones run
+
+
+@pytest.mark.parametrize("nmodes", [3, 4, 5, 6])
+def test_per_thread_outputs_against_einsum(tmp_path, rng, monkeypatch, nmodes):
+    """Per-thread whole outputs (ALTO's scheme for long modes): chosen by "auto" in the partition
+    task, in memory and streamed (kept over the batches of a pass, merged once), and forced with
+    conflict="threads" over a store's chunks; 1 and 2 threads."""
+    import importlib
+
+    from tensorflow_ooc.execution.partitions import plan_partitions
+    from tensorflow_ooc.execution.tasks import load_partition, mttkrp_partition
+    from tensorflow_ooc.kernels import StackedFactors
+
+    K = importlib.import_module("tensorflow_ooc.kernels.mttkrp")
+    monkeypatch.setattr(K, "THREAD_OUTPUT_MIN_ROWS", 1)
+    monkeypatch.setattr(K, "THREAD_OUTPUT_NNZ_PER_ROW", 0.0)
+    shape = tuple(int(rng.integers(5, 40 if nmodes < 5 else 9)) for _ in range(nmodes))
+    coords, values = random_coo(rng, shape, int(rng.integers(300, 1500)))
+    rank = int(rng.choice([2, 16, 32]))
+    factors = [rng.standard_normal((s, rank)) for s in shape]
+    tensor = tfo.encode_coo(coords, values, shape, max_block_nnz=250)
+    store = tfo.convert((coords, values), tmp_path / "t.zarr", chunk_nnz=128)
+    stacked = StackedFactors.from_list(factors, np.float64)
+    part = plan_partitions(store, 1)[0]
+    used = []
+    real = K.ThreadOutputs.buffers
+    monkeypatch.setattr(K.ThreadOutputs, "buffers", lambda self: used.append(1) or real(self))
+    for mode in range(nmodes):
+        ref = dense_mttkrp(shape, coords, values, factors, mode)
+        for threads in (1, 2):
+            assert rel_err(tfo.mttkrp(tensor, factors, mode, conflict="threads", threads=threads), ref) < 1e-12
+            assert rel_err(tfo.mttkrp(store, factors, mode, conflict="threads", threads=threads), ref) < 1e-12
+            for source in (load_partition(store.path, part), (store.path, part)):
+                got = mttkrp_partition(source, stacked, mode, threads, batch_nnz=256)
+                full = np.zeros_like(ref)
+                full[got.lo:got.lo + got.rows.shape[0]] = got.rows
+                assert rel_err(full, ref) < 1e-12, (mode, threads, type(source))
+    assert used                                          # the partition tasks took per-thread outputs
+
+
+def test_memory_plan_offers_per_thread_outputs_first():
+    """With two kernel threads each execution is first planned with a private bound that holds a
+    second copy of the longest output; a limit too small for it falls back to the default bound."""
+    from tensorflow_ooc.execution.memory_plan import candidates, choose
+    from tensorflow_ooc.kernels.plan import DEFAULT_MAX_PRIVATE_BYTES
+
+    shape = (4_000_000, 100_000, 50_000)
+    args = dict(shape=shape, rank=16, itemsize=8, worker_nnz=50_000_000, chunk_nnz=1 << 20, tasks=1,
+                partitions_per_mode=1, workers=1, baseline=300 << 20, execution="streaming")
+    roomy = 4_000_000 * 16 * 8
+    plans = candidates(limit=None, kernel_threads=2, **args)
+    assert plans[0].max_private_bytes == roomy and "per-thread outputs" in plans[0].name
+    assert choose(plans, "t").max_private_bytes == roomy
+    tight = candidates(limit=int(plans[0].peak / 0.7) - (64 << 20), kernel_threads=2, **args)
+    assert choose(tight, "t").max_private_bytes == DEFAULT_MAX_PRIVATE_BYTES
+    assert all(p.max_private_bytes <= DEFAULT_MAX_PRIVATE_BYTES for p in candidates(limit=None, kernel_threads=1, **args))
 
 
 @pytest.mark.parametrize("nmodes", [3, 4, 5, 6])

@@ -225,7 +225,7 @@ class MTTKRPGraph:
         plan takes, see :func:`~.memory_plan.candidates`)."""
         return candidates(shape=tuple(self.store.shape), worker_nnz=per_worker * max((p.nnz for p in parts), default=0),
                           chunk_nnz=self.store.chunk_nnz, value_itemsize=self.store.value_dtype.itemsize,
-                          samples=samples, **common)
+                          samples=samples, kernel_threads=self.numba_threads, **common)
 
     def sources(self) -> Sequence:
         if self.data is not None:

@@ -34,6 +34,10 @@ and the pickling's own copy then pushes it past ``terminate``; and below ``pause
 4. streaming, in-place updates;
 5. streaming, in-place, lean: small batches and a small private bound (more atomic adds).
 
+With more than one kernel thread, each of 1-4 is first tried with a private bound that holds a
+per-thread copy of the longest mode's output (the kernels then give long modes per-thread
+outputs, :class:`~tensorflow_ooc.kernels.mttkrp.ThreadOutputs`, instead of row-owned tiles).
+
 Below the floor (the leanest peak) it refuses with :class:`MemoryPlanError`, which gives the
 figures and the smallest worker limit that works.
 """
@@ -97,7 +101,9 @@ class MemoryPlan:
     @property
     def name(self) -> str:
         lean = self.batch_nnz == LEAN_BATCH_NNZ and self.max_private_bytes == LEAN_PRIVATE_BYTES
-        return f"{self.execution}, {'in-place' if self.in_place else 'copying'} updates" + (", lean" if lean else "")
+        roomy = self.max_private_bytes > DEFAULT_MAX_PRIVATE_BYTES
+        return (f"{self.execution}, {'in-place' if self.in_place else 'copying'} updates" + (", lean" if lean else "")
+                + (", per-thread outputs" if roomy else ""))
 
     def describe(self) -> str:
         terms = ", ".join(f"{k} {_mib(v)}" for k, v in self.terms.items() if v)
@@ -150,7 +156,7 @@ def _state_terms(shape: tuple[int, ...], rank: int, itemsize: int, tasks: int, p
 def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: int, chunk_nnz: int,
                tasks: int, partitions_per_mode: int, workers: int, baseline: int, limit: int | None,
                value_itemsize: int = 8, execution: str = "auto", split_every: int = 4,
-               samples: int = 0) -> list[MemoryPlan]:
+               samples: int = 0, kernel_threads: int = 1) -> list[MemoryPlan]:
     """Every execution :func:`choose` may take, fastest first, each with its peak terms.
 
     Parameters
@@ -166,14 +172,21 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
     limit : the worker's memory limit in bytes (None or 0: unlimited).
     execution : "auto", "in-memory" or "streaming": the executions to consider.
     samples : Khatri-Rao rows drawn per mode by randomized CP-ALS (0: exact CP-ALS).
+    kernel_threads : numba threads per task: with more than one, each execution is first tried
+        with a private bound that holds per-thread copies of the longest mode's output
+        (:class:`~tensorflow_ooc.kernels.mttkrp.ThreadOutputs`, faster than row-owned tiles on
+        long modes), then with the default bound.
     """
     S = sum(shape) * rank * itemsize
     modes = ["in-memory", "streaming"] if execution == "auto" else [execution]
-    options = [(m, False, BATCH_NNZ, DEFAULT_MAX_PRIVATE_BYTES) for m in modes]
-    options += [(m, True, BATCH_NNZ, DEFAULT_MAX_PRIVATE_BYTES) for m in modes]
+    bounds = [DEFAULT_MAX_PRIVATE_BYTES]
+    roomy = (max(1, int(kernel_threads)) - 1) * max(shape) * rank * itemsize
+    if roomy > DEFAULT_MAX_PRIVATE_BYTES:
+        bounds.insert(0, roomy)
+    options = [(m, ip, BATCH_NNZ, b) for ip in (False, True) for m in modes for b in bounds]
     if "streaming" in modes:
         options.append(("streaming", True, LEAN_BATCH_NNZ, LEAN_PRIVATE_BYTES))
-    options.sort(key=lambda o: (_ORDER[(o[0], o[1])], -o[2]))
+    options.sort(key=lambda o: (_ORDER[(o[0], o[1])], -o[2], -o[3]))
     plans = []
     for mode, in_place, batch_nnz, bound in options:
         private = bound
@@ -184,7 +197,8 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
             per_batch = max(1, batch_nnz // max(chunk_nnz, 1)) * chunk_nnz
             data = tasks * (2 * per_batch * (8 + value_itemsize) + chunk_nnz * 8)
         call_nnz = worker_nnz if mode == "in-memory" else min(worker_nnz, per_batch)
-        private = min(private, call_nnz * PRIVATE_REUSE * rank * itemsize)
+        # per-thread outputs are kept over a pass's batches: the whole bound, whatever the batch
+        private = private if 0 < roomy <= bound else min(private, call_nnz * PRIVATE_REUSE * rank * itemsize)
         terms = {
             **_state_terms(shape, rank, itemsize, tasks, partitions_per_mode, split_every, baseline, in_place),
             "private": tasks * private,

@@ -10,12 +10,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numba as nb
 import numpy as np
 
 from ..format import BitLayout
 from ..kernels import StackedFactors, WorkItems, run_items
 from ..kernels.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
-from ..kernels.mttkrp import numba_threads
+from ..kernels.mttkrp import ThreadOutputs, numba_threads
 from ..kernels.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..store import Store, open_store
 from .partitions import Partition
@@ -122,14 +123,21 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
     if read_ahead is None:
         read_ahead = read_ahead_pays(threads * _worker_threads())
     with numba_threads(threads):
+        T = nb.get_num_threads()
+        nnz = source.items.nnz.sum() if isinstance(source, PartitionData) else lo_hi.nnz
+        shared = ThreadOutputs(out, T) if ThreadOutputs.pays(out, int(nnz), T, max_private_bytes) else None
         if isinstance(source, PartitionData):
-            run_items(source.items, source.layout, factors, mode, out, max_private_bytes=max_private_bytes, out_lo=lo)
+            run_items(source.items, source.layout, factors, mode, out, max_private_bytes=max_private_bytes, out_lo=lo,
+                      thread_outputs=shared)
         else:
             path, part = source
             store = cached_store(path)
             for items in stream_batches(store, part.chunk_lo, part.chunk_hi, batch_nnz, read_ahead,
                                         map_chunks=out.nbytes <= MAP_MAX_OUTPUT_BYTES):
-                run_items(items, store.layout, factors, mode, out, max_private_bytes=max_private_bytes, out_lo=lo)
+                run_items(items, store.layout, factors, mode, out, max_private_bytes=max_private_bytes, out_lo=lo,
+                          thread_outputs=shared)
+        if shared is not None:
+            shared.merge()
     return Partial(lo, out, time.perf_counter() - t0)
 
 

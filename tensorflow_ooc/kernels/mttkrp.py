@@ -13,7 +13,7 @@ import numpy as np
 from ..format import BitLayout, BLCOTensor
 from ..store import Chunk, Store
 from .factors import StackedFactors
-from .mttkrp_cpu import PREFETCH_MIN_BYTES, kernel_for, merge_private
+from .mttkrp_cpu import PREFETCH_MIN_BYTES, kernel_for, merge_private, merge_thread_buffers
 from .mttkrp_owned import run_owned
 from .plan import DEFAULT_MAX_PRIVATE_BYTES, ConflictPlan, WorkItems, plan_conflicts, work_items
 
@@ -21,6 +21,11 @@ MERGE_TILE = 256
 SCRATCH_KEEP_BYTES = 64 << 20
 # atomic items' nonzeros from which row-owned tiles replace atomic adds (see mttkrp_owned)
 OWNED_MIN_NNZ = 1 << 16
+# per-thread whole outputs (ThreadOutputs) for outputs of at least this many rows, where a call
+# has at least THREAD_OUTPUT_NNZ_PER_ROW nonzeros per row of the extra outputs (their zeroing
+# and merging then cost less than the row-owned tiles' bucketing and lost locality)
+THREAD_OUTPUT_MIN_ROWS = 1 << 18
+THREAD_OUTPUT_NNZ_PER_ROW = 2.0
 
 _SCRATCH = threading.local()
 
@@ -49,6 +54,39 @@ def numba_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         nb.set_num_threads(old)
+
+
+class ThreadOutputs:
+    """Whole per-thread outputs for the items without private accumulators (ALTO's per-thread
+    output for long modes): thread ``g`` of a call adds a contiguous, nonzero-balanced share of
+    those items, in ALTO order, into ``out`` (``g = 0``) or its own zeroed copy, with plain
+    stores. Unlike row-owned tiles (:mod:`.mttkrp_owned`) nothing is bucketed, and every mode's
+    rows keep the ALTO order's locality. Kept across the batches of one pass (allocated at the
+    first use); :meth:`merge` adds the copies into ``out`` once at the end. Sums depend on the
+    thread count, as atomic adds' do."""
+
+    def __init__(self, out: np.ndarray, threads: int) -> None:
+        self.out = out
+        self.threads = max(1, int(threads))
+        self.bufs: np.ndarray | None = None
+
+    @staticmethod
+    def pays(out: np.ndarray, nnz: int, threads: int, max_bytes: int) -> bool:
+        """Whether a pass of ``nnz`` nonzeros into ``out`` should use them: a long output, the
+        copies within ``max_bytes``, and enough nonzeros per copied row."""
+        extra = max(0, int(threads) - 1)
+        return (extra > 0 and out.shape[0] >= THREAD_OUTPUT_MIN_ROWS and extra * out.nbytes <= max_bytes
+                and nnz >= THREAD_OUTPUT_NNZ_PER_ROW * extra * out.shape[0])
+
+    def buffers(self) -> np.ndarray:
+        if self.bufs is None:
+            self.bufs = np.zeros((self.threads - 1,) + self.out.shape, dtype=self.out.dtype)
+        return self.bufs
+
+    def merge(self) -> None:
+        if self.bufs is not None and self.bufs.shape[0]:
+            merge_thread_buffers(self.out, self.bufs)
+        self.bufs = None
 
 
 def tensor_items(tensor: BLCOTensor) -> WorkItems:
@@ -97,16 +135,27 @@ def check_factors(factors: Sequence[np.ndarray] | StackedFactors, shape: Sequenc
 
 
 def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode: int, out: np.ndarray,
-              conflict: str = "auto", max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES, out_lo: int = 0
-              ) -> ConflictPlan:
+              conflict: str = "auto", max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES, out_lo: int = 0,
+              thread_outputs: ThreadOutputs | None = None) -> ConflictPlan:
     """Add the MTTKRP of ``items`` into ``out``, which holds target rows ``out_lo ..``
-    (all rows the items touch must be inside); returns the conflict plan used."""
+    (all rows the items touch must be inside); returns the conflict plan used. With
+    ``thread_outputs`` (for ``out``; ``conflict`` "auto" or "threads") the items without a private
+    accumulator go to per-thread outputs instead of row-owned tiles or atomic adds; the caller
+    merges them after its last call."""
     R = out.shape[1]
-    plan = plan_conflicts(items, mode, R, out.dtype.itemsize, conflict, max_private_bytes)
+    own_outputs = conflict == "threads" and thread_outputs is None
+    if own_outputs:
+        thread_outputs = ThreadOutputs(out, nb.get_num_threads())
+    # with per-thread outputs every item adds there: private accumulators over an item's interval
+    # of a long mode cost more to zero and merge than the item's nonzeros (20 M Amazon-shaped,
+    # the longer two modes: 2.9 s with them, 1.6 s without)
+    threads_plan = conflict == "threads" or (conflict == "auto" and thread_outputs is not None)
+    plan = plan_conflicts(items, mode, R, out.dtype.itemsize, "threads" if threads_plan else conflict,
+                          max_private_bytes)
     if items.nitems == 0:
         return plan
     priv_buf = private_scratch(max(1, int(plan.size.sum())), R, out.dtype)
-    direct, runs = kernel_for(layout.nmodes, R, items.delta, factors.data.nbytes > PREFETCH_MIN_BYTES)
+    direct, runs, threads_k = kernel_for(layout.nmodes, R, items.delta, factors.data.nbytes > PREFETCH_MIN_BYTES)
     mask = layout.pext_masks if items.delta else layout.field_mask
     common = (items.index, items.values, items.start, items.end, items.base, items.prev, items.lo,
               layout.field_shift, mask, factors.data, factors.offsets, mode, R)
@@ -114,15 +163,25 @@ def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode
     shared = ~plan.private
     # items without a private accumulator: row-owned tiles instead of atomic adds, unless atomics
     # are asked for or too few nonzeros need them to pay for bucketing
-    owned = conflict == "owned" or (conflict == "auto" and
-                                    int((items.end - items.start)[shared].sum()) >= OWNED_MIN_NNZ)
-    todo_runs = np.flatnonzero(plan.runs & plan.private) if owned else np.flatnonzero(plan.runs)
+    threaded = threads_plan and bool(shared.any())
+    owned = not threaded and (conflict == "owned" or (conflict == "auto" and
+                                                      int((items.end - items.start)[shared].sum()) >= OWNED_MIN_NNZ))
+    todo_runs = np.flatnonzero(plan.runs & plan.private) if owned or threaded else np.flatnonzero(plan.runs)
     if todo_direct.size:
         direct(*common, todo_direct, plan.offset, plan.size, priv_buf)
     if todo_runs.size:
         runs(*common, todo_runs, plan.private, plan.offset, plan.size, priv_buf, out.reshape(-1), out_lo)
     if owned and shared.any():
         run_owned(items, layout, factors, mode, out, out_lo, np.flatnonzero(shared))
+    if threaded:
+        todo = np.flatnonzero(shared)
+        bufs = thread_outputs.buffers()
+        cum = np.cumsum((items.end - items.start)[todo])
+        cuts = np.searchsorted(cum, cum[-1] * np.arange(1, bufs.shape[0] + 1) / (bufs.shape[0] + 1), side="right")
+        bounds = np.concatenate([[0], cuts, [todo.shape[0]]]).astype(np.int64)
+        threads_k(*common, todo, bounds, out, bufs, out_lo)
+        if own_outputs:
+            thread_outputs.merge()
     if plan.private.any():
         merge_private(out, out_lo, plan.private, plan.offset, items.lo, items.hi, mode, priv_buf, MERGE_TILE)
     return plan
@@ -147,8 +206,10 @@ def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk | WorkItems], factors: Se
         Overwritten with the result.
     threads : int, optional
         Numba threads for this call (default: the numba setting).
-    conflict : {"auto", "private", "atomic"}
-        Conflict resolution; "auto" follows the heuristic in :mod:`tensorflow_ooc.kernels.plan`.
+    conflict : {"auto", "private", "atomic", "owned", "threads"}
+        Conflict resolution; "auto" follows the heuristic in :mod:`tensorflow_ooc.kernels.plan`
+        and gives long outputs per-thread copies (:class:`ThreadOutputs`) where they fit
+        ``max_private_bytes`` and pay; "owned": row-owned tiles; "threads": per-thread copies.
     max_private_bytes : int
         Bound on the private accumulators' memory.
     stats : dict, optional
@@ -187,13 +248,19 @@ def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk | WorkItems], factors: Se
         out[...] = 0
     summary = {"items": 0, "private_items": 0, "atomic_items": 0, "run_items": 0, "private_bytes": 0}
     with numba_threads(threads):
+        nnz = int(getattr(tensor, "nnz", 0))
+        T = nb.get_num_threads()
+        shared = ThreadOutputs(out, T) if conflict == "threads" or (
+            conflict == "auto" and ThreadOutputs.pays(out, nnz, T, max_private_bytes)) else None
         parts = [tensor_items(tensor)] if chunks is None else \
             (c if isinstance(c, WorkItems) else chunk_items(c, layout) for c in chunks)
         for items in parts:
-            plan = run_items(items, layout, A, mode, out, conflict, max_private_bytes).summary()
+            plan = run_items(items, layout, A, mode, out, conflict, max_private_bytes, thread_outputs=shared).summary()
             for k in ("items", "private_items", "atomic_items", "run_items"):
                 summary[k] += plan[k]
             summary["private_bytes"] = max(summary["private_bytes"], plan["private_bytes"])
+        if shared is not None:
+            shared.merge()
     if stats is not None:
         stats.update(summary, mode=mode, strategy=conflict)
     return out
@@ -213,6 +280,6 @@ def compile_kernels(nmodes: int = 3, ranks: Sequence[int] = (8, 16, 32, 64, 7), 
     for dtype in dtypes:
         for R in ranks:
             A = [np.ones((3, R), dtype=dtype) for _ in range(nmodes)]
-            for conflict in ("private", "atomic"):
+            for conflict in ("private", "atomic", "threads"):
                 mttkrp(t, A, 0, conflict=conflict)
     return time.perf_counter() - t0

@@ -72,6 +72,9 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
     if kind == "direct":
         add(f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
             "mode, rank, todo, priv_row, priv_rows, priv_buf):")
+    elif kind == "threads":
+        add(f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
+            "mode, rank, todo, bounds, out, bufs, out_lo):")
     else:
         add(f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
             "mode, rank, todo, private, priv_row, priv_rows, priv_buf, out_flat, out_lo):")
@@ -86,13 +89,23 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
     if HAS_BMI2 and not delta:
         add("    mt = mt << st")
     add("    zero = F[0, 0] * 0")
-    add("    for t in nb.prange(todo.shape[0]):")
-    add("        k = todo[t]")
-    add("        first = priv_row[k]")
-    add("        for j in range(first, first + priv_rows[k]):")
-    add("            for r in range(R):")
-    add("                priv_buf[j, r] = 0")
-    if kind == "direct":
+    if kind == "threads":
+        # thread g's contiguous share of the items adds into its own full-height buffer (the
+        # first into ``out`` itself); the 2-space levels keep the item body below at 8 spaces
+        add("    for g in nb.prange(bounds.shape[0] - 1):")
+        add("      priv_buf = out if g == 0 else bufs[g - 1]")
+        add("      for t in range(bounds[g], bounds[g + 1]):")
+        add("        k = todo[t]")
+    else:
+        add("    for t in nb.prange(todo.shape[0]):")
+        add("        k = todo[t]")
+        add("        first = priv_row[k]")
+        add("        for j in range(first, first + priv_rows[k]):")
+        add("            for r in range(R):")
+        add("                priv_buf[j, r] = 0")
+    if kind == "threads":
+        add("        sr = np.uint64(item_base[k, mode] - out_lo)")
+    elif kind == "direct":
         add("        sr = np.uint64(first - item_lo[k, mode] + item_base[k, mode])")
     else:
         add("        is_private = private[k]")
@@ -139,7 +152,7 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
         add(f"            r{j} = b{j} + {_field('x', str(j), delta)}")
     add("            v = values[i]")
     prod = lambda r: " * ".join(["v"] + [f"F[r{j}, {r}]" for j in others])   # noqa: E731
-    if kind == "direct":
+    if kind in ("direct", "threads"):
         add("            for r in range(R):")
         add(f"                priv_buf[d, r] += {prod('r')}")
     else:
@@ -190,11 +203,15 @@ def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = F
     summed along each item from ``item_prev`` and split into modes with one BMI2 ``pext`` per mode.
     That spares the reader a re-encoding pass per chunk and mode (about a third of its work).
 
-    Two kernels, each over its own list of items: ``direct_items`` adds every nonzero straight into
-    private rows; ``run_items`` sums runs of one target row first, then writes once per run into
-    private rows (``private[k]``) or with atomic adds into ``out_flat``, the output rows
-    ``out_lo ..`` of the target mode, row-major. Keeping the hot loops apart keeps their bodies
-    simple; numba loses vectorization when one prange body holds both.
+    Three kernels, each over its own list of items: ``direct_items`` adds every nonzero straight
+    into private rows; ``run_items`` sums runs of one target row first, then writes once per run
+    into private rows (``private[k]``) or with atomic adds into ``out_flat``, the output rows
+    ``out_lo ..`` of the target mode, row-major; ``threads_items`` gives each thread a contiguous
+    share of the items (``todo[bounds[g]:bounds[g + 1]]``, in ALTO order, so the rows of every mode
+    keep the order's locality) and a whole output of its own: ``out`` for the first, ``bufs[g - 1]``
+    for the others (ALTO's per-thread outputs for long modes; the caller sums them). Keeping the
+    hot loops apart keeps their bodies simple; numba loses vectorization when one prange body
+    holds both.
 
     The source is generated per order (see ``_source``) and compiled with this file as its file
     name, in this module, under a name unique to the variant, so numba's on-disk cache keys each
@@ -226,7 +243,7 @@ def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = F
     # the module its function names
     scope = globals()
     kernels = []
-    for kind in ("direct", "runs"):
+    for kind in ("direct", "runs", "threads"):
         name = f"{kind}_items_{tag}"
         code = compile(_source(name, kind, nmodes, rank_const, bool(delta), bool(prefetch)), __file__, "exec")
         exec(code, scope)
@@ -268,7 +285,7 @@ _KERNELS: dict[tuple[int, int, bool, bool], object] = {}
 
 
 def kernel_for(nmodes: int, rank: int, delta: bool = False, prefetch: bool = False):
-    """The compiled kernels ``(direct_items, run_items)`` for this order, rank and index encoding
+    """The compiled kernels ``(direct_items, run_items, threads_items)`` for this order, rank and index encoding
     (fixed-rank code for ``SPECIALIZED_RANKS``); ``prefetch`` kernels prefetch factor rows ahead
     (for factors far larger than the caches)."""
     key = (nmodes, rank if rank in SPECIALIZED_RANKS else 0, bool(delta), bool(prefetch))
@@ -298,6 +315,16 @@ def merge_private(out, out_lo, private, priv_row, item_lo, item_hi, mode, priv_b
                 dst = row - out_lo
                 for r in range(R):
                     out[dst, r] += priv_buf[src, r]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def merge_thread_buffers(out, bufs):
+    """``out += sum_g bufs[g]``, rows split over the threads (the buffers in a fixed order)."""
+    nrows, R = out.shape
+    for i in nb.prange(nrows):
+        for g in range(bufs.shape[0]):
+            for r in range(R):
+                out[i, r] += bufs[g, i, r]
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)

@@ -30,7 +30,7 @@ ITEM_NNZ = 1 << 16
 PRIVATE_REUSE = 4
 RUN_LENGTH_MIN = 2.0
 DEFAULT_MAX_PRIVATE_BYTES = 256 << 20
-STRATEGIES = ("auto", "private", "atomic", "owned")
+STRATEGIES = ("auto", "private", "atomic", "owned", "threads")
 
 
 @dataclass
@@ -120,7 +120,7 @@ def plan_conflicts(items: WorkItems, mode: int, rank: int, itemsize: int, strate
         raise ValueError(f"conflict must be one of {STRATEGIES}, got {strategy!r}")
     rows = np.maximum(items.hi[:, mode] - items.lo[:, mode] + 1, 0)
     cost = rows * rank * itemsize
-    if strategy in ("atomic", "owned"):
+    if strategy in ("atomic", "owned", "threads"):
         private = np.zeros(items.nitems, dtype=bool)
     elif strategy == "private":
         private = np.ones(items.nitems, dtype=bool)
