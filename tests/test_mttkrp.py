@@ -215,7 +215,8 @@ def test_memory_plan_offers_per_thread_outputs_first():
     assert choose(plans, "t").max_private_bytes == roomy
     tight = candidates(limit=int(plans[0].peak / 0.7) - (64 << 20), kernel_threads=2, **args)
     assert choose(tight, "t").max_private_bytes == DEFAULT_MAX_PRIVATE_BYTES
-    assert all(p.max_private_bytes <= DEFAULT_MAX_PRIVATE_BYTES for p in candidates(limit=None, kernel_threads=1, **args))
+    one_thread = candidates(limit=None, kernel_threads=1, **args)
+    assert all(p.max_private_bytes <= DEFAULT_MAX_PRIVATE_BYTES for p in one_thread)
 
 
 @pytest.mark.parametrize("nmodes", [3, 4, 5, 6])
