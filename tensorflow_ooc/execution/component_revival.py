@@ -15,7 +15,8 @@ residual (the numerators alone, normalized): from a random start the row solves 
 crawl (a planted rank-1 term on 6000 entries of a 4-way tensor: 41 % of it explained after 30
 sweeps; after 3 power sweeps, all of it in 4 row-solve sweeps). Even so some starts end in
 spurious local minima of this sparse rank-1 problem, so ``STARTS`` fits run side by side through
-the same passes and the best is kept.
+the same passes (fewer where the columns of all starts would pass ``STARTS_MAX_BYTES``) and the
+best is kept.
 
 The fit is kept only if it takes away at least ``MIN_GAIN`` of the residual's squared sum and at
 least ``NOISE_GAIN_FACTOR`` times what a rank-1 term fitted to pure noise would (its ``sum I_n``
@@ -43,6 +44,7 @@ WEAK_FRACTION = 0.05
 POWER_SWEEPS = 3
 SWEEPS = 5
 STARTS = 8
+STARTS_MAX_BYTES = 64 << 20    # the columns of all starts travel to every partition task
 MIN_GAIN = 0.01
 NOISE_GAIN_FACTOR = 4.0
 
@@ -131,7 +133,8 @@ def revive_component(client, sources: list, state, r: int, shape: tuple[int, ...
     below the bar (see the module's docstring)."""
     resid = [client.submit(residual_partition, s, state, pure=False) for s in sources]
     rng = np.random.default_rng([int(seed) % 2**63, 0x5EED, int(r)])
-    cols = rng.standard_normal((int(sum(shape)), STARTS))
+    starts = max(1, min(STARTS, STARTS_MAX_BYTES // (8 * int(sum(shape)))))
+    cols = rng.standard_normal((int(sum(shape)), starts))
     for sweep in range(POWER_SWEEPS + SWEEPS):
         for n in range(len(shape)):
             sums = [client.submit(row_sums_partition, s, e, cols, offsets, n, shape[n], pure=False)
