@@ -19,6 +19,8 @@ from tensorflow_ooc.decompositions import updates as U
 from tensorflow_ooc.execution.memory_plan import MemoryPlanError, candidates, choose
 from tensorflow_ooc.execution.tasks import Partial
 
+from conftest import random_coo
+
 AMAZON = (4_821_207, 1_774_269, 1_805_187)
 
 
@@ -166,3 +168,44 @@ def test_cli_below_the_floor_exits_2(tmp_path, rng, capsys):
     err = capsys.readouterr().err
     assert "needs a worker memory limit of at least" in err
     assert not (tmp_path / "r.zarr").exists()
+
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_lent_target_rows_serve_as_a_thread_copy(tmp_path, rng, monkeypatch, streamed):
+    """In-place CP-ALS on one-task workers lends the target mode's factor rows to the MTTKRP as
+    the second thread's output copy: the plan counts no copy for it, and a mode update (MTTKRP,
+    then the in-place update) with the rows lent equals one without, every mode."""
+    import importlib
+
+    from tensorflow_ooc.execution.graph import _mttkrp_then
+    from tensorflow_ooc.execution.partitions import plan_partitions
+    from tensorflow_ooc.execution.tasks import load_partition
+    from tensorflow_ooc.kernels.plan import DEFAULT_MAX_PRIVATE_BYTES
+
+    K = importlib.import_module("tensorflow_ooc.kernels.mttkrp")    # the module, not tfo.mttkrp
+    plans = _plans(None, kernel_threads=2, lend_target=True)
+    assert all(p.max_private_bytes <= DEFAULT_MAX_PRIVATE_BYTES for p in plans if p.in_place)
+    assert any(p.max_private_bytes > DEFAULT_MAX_PRIVATE_BYTES for p in plans if not p.in_place)
+    monkeypatch.setattr(K, "THREAD_OUTPUT_MIN_ROWS", 1)
+    monkeypatch.setattr(K, "THREAD_OUTPUT_NNZ_PER_ROW", 0.0)
+    lent = []
+    real = K.ThreadOutputs.buffers
+    monkeypatch.setattr(K.ThreadOutputs, "buffers", lambda self: lent.append(self.scratch is not None) or real(self))
+    shape = (40, 30, 20)
+    coords, values = random_coo(rng, shape, 3000)
+    store = tfo.convert((coords, values), tmp_path / "t.zarr", shape=shape, chunk_nnz=512)
+    part = plan_partitions(store, 1)[0]
+    source = (store.path, part) if streamed else load_partition(store.path, part)
+    state = U.random_factors(shape, 8, 5, "float64")
+    for mode in range(3):
+        a = U.CPState(shape, 8, np.float64, state.data.copy(), grams=list(state.grams))
+        b = U.CPState(shape, 8, np.float64, state.data.copy(), grams=list(state.grams))
+        args = (mode == 0, mode == 2, True)
+        new_a = _mttkrp_then(U.update_mode, source, a, mode, 2, 1024, "cpu", None, DEFAULT_MAX_PRIVATE_BYTES, args,
+                             False)
+        new_b = _mttkrp_then(U.update_mode, source, b, mode, 2, 1024, "cpu", None, DEFAULT_MAX_PRIVATE_BYTES, args,
+                             True)
+        np.testing.assert_allclose(new_b.data, new_a.data, rtol=1e-12, atol=1e-14)
+        state = new_a
+    assert True in lent and False in lent            # both paths ran (buffers() is asked once a batch)

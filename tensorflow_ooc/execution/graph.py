@@ -41,10 +41,11 @@ DEFAULT_SPLIT_EVERY = 4
 
 
 def _mttkrp_then(update: Callable, source, factors, mode: int, threads: int, batch_nnz: int, device: str,
-                 device_options, max_private_bytes: int, args: tuple):
+                 device_options, max_private_bytes: int, args: tuple, lend_target: bool = False):
     """One task: a partition's MTTKRP, then ``update`` on it (see :meth:`MTTKRPGraph.mode_update`)."""
     partial = mttkrp_partition(source, factors, mode, threads, batch_nnz=batch_nnz, device=device,
-                               device_options=device_options, max_private_bytes=max_private_bytes)
+                               device_options=device_options, max_private_bytes=max_private_bytes,
+                               lend_target=lend_target)
     return update(factors, [partial], mode, *args)
 
 
@@ -149,6 +150,7 @@ class MTTKRPGraph:
             budget = sum(dev_limits.values())
         self.batch_nnz = batch_nnz_for(min(limits) if all(limits) else None)
         self.max_private_bytes = DEFAULT_MAX_PRIVATE_BYTES
+        self._one_task_per_worker = all(r["dask_threads"] == 1 for r in res.values())
         self.memory_plan: MemoryPlan | None = None
         if rank is not None and self.device == "cpu":
             self.memory_plan = self._plan_memory(client, res, int(rank), np.dtype(dtype).itemsize, execution,
@@ -162,6 +164,10 @@ class MTTKRPGraph:
             execution = "in-memory" if fits else "streaming"
         self.execution = execution
         self.in_place = bool(self.memory_plan and self.memory_plan.in_place)
+        # exact CP-ALS mode updates may lend the target mode's factor rows to the MTTKRP as a
+        # per-thread output copy (ThreadOutputs) when the update overwrites them in place and no
+        # other task on the worker can read them meanwhile
+        self.lend_target = self.in_place and self._one_task_per_worker
         self.data: list[Future] | None = None
         log.info("MTTKRP graph: %d partitions on %s, %s execution (decoded %.1f MiB, %s memory %s), "
                  "%d numba threads per task", len(self.parts), self.device, execution, decoded / 2**20,
@@ -209,7 +215,8 @@ class MTTKRPGraph:
             found = self._candidates(parts, per_worker, samples, rank=rank, itemsize=itemsize,
                                      tasks=max(1, min(threads, per_worker)), partitions_per_mode=len(parts),
                                      workers=nworkers, baseline=baseline, limit=min(limits) if all(limits) else None,
-                                     execution=mode, split_every=self.split_every)
+                                     execution=mode, split_every=self.split_every,
+                                     lend_target=self._one_task_per_worker)
             plans += found
             parts_of.update({id(p): parts for p in found})
         plan = choose(plans, f"a rank-{rank} CP-ALS of {self.path}")
@@ -233,13 +240,13 @@ class MTTKRPGraph:
         ref = self._source_ref()
         return [(ref, p) for p in self.parts]
 
-    def partials(self, factors: Future, mode: int) -> list[Future]:
+    def partials(self, factors: Future, mode: int, lend_target: bool = False) -> list[Future]:
         """Submit the mode-``mode`` MTTKRP up to the last level of its reduction: at most
         ``split_every`` futures of :class:`Partial`, which the consumer sums (the CP-ALS update
-        does, saving one task hop per mode)."""
+        does, saving one task hop per mode). ``lend_target``: see ``mttkrp_partition``."""
         partials = [self.client.submit(mttkrp_partition, src, factors, mode, self.numba_threads,
                                        batch_nnz=self.batch_nnz, max_private_bytes=self.max_private_bytes,
-                                       device=self.device,
+                                       lend_target=lend_target, device=self.device,
                                        device_options=self.device_options, pure=False, **self.placement)
                     for src in self.sources()]
         return self.reduce(partials, last=True)
@@ -254,9 +261,10 @@ class MTTKRPGraph:
         if len(sources) == 1:
             return self.client.submit(_mttkrp_then, update, sources[0], factors, mode, self.numba_threads,
                                       self.batch_nnz, self.device, self.device_options, self.max_private_bytes,
-                                      args, pure=False,
+                                      args, self.lend_target, pure=False,
                                       **self.placement)
-        return self.client.submit(update, factors, self.partials(factors, mode), mode, *args, pure=False,
+        return self.client.submit(update, factors, self.partials(factors, mode, self.lend_target), mode, *args,
+                                  pure=False,
                                   **self.placement)
 
     def sampled_mode_update(self, factors: Future, samples: Future, mode: int, update: Callable, exact: bool,

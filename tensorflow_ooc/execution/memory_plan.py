@@ -37,6 +37,9 @@ and the pickling's own copy then pushes it past ``terminate``; and below ``pause
 With more than one kernel thread, each of 1-4 is first tried with a private bound that holds a
 per-thread copy of the longest mode's output (the kernels then give long modes per-thread
 outputs, :class:`~tensorflow_ooc.kernels.mttkrp.ThreadOutputs`, instead of row-owned tiles).
+In-place executions with one task per worker lend the target mode's factor rows as one copy
+(the MTTKRP does not read them and the update overwrites them), so with two kernel threads
+per-thread outputs cost them nothing beyond the default bound.
 
 Below the floor (the leanest peak) it refuses with :class:`MemoryPlanError`, which gives the
 figures and the smallest worker limit that works.
@@ -51,6 +54,7 @@ import dask
 
 from ..errors import TfoocError
 from ..kernels.krp_sampler import tree_nbytes
+from ..kernels.mttkrp import ThreadOutputs
 from ..kernels.mttkrp_owned import GROUP_NNZ as OWNED_GROUP_NNZ
 from ..kernels.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
 from .stream import BATCH_NNZ
@@ -156,7 +160,7 @@ def _state_terms(shape: tuple[int, ...], rank: int, itemsize: int, tasks: int, p
 def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: int, chunk_nnz: int,
                tasks: int, partitions_per_mode: int, workers: int, baseline: int, limit: int | None,
                value_itemsize: int = 8, execution: str = "auto", split_every: int = 4,
-               samples: int = 0, kernel_threads: int = 1) -> list[MemoryPlan]:
+               samples: int = 0, kernel_threads: int = 1, lend_target: bool = False) -> list[MemoryPlan]:
     """Every execution :func:`choose` may take, fastest first, each with its peak terms.
 
     Parameters
@@ -176,14 +180,19 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
         with a private bound that holds per-thread copies of the longest mode's output
         (:class:`~tensorflow_ooc.kernels.mttkrp.ThreadOutputs`, faster than row-owned tiles on
         long modes), then with the default bound.
+    lend_target : one task at a time per worker: in-place executions lend the target mode's
+        factor rows as one of those copies, so they need one copy fewer.
     """
     S = sum(shape) * rank * itemsize
     modes = ["in-memory", "streaming"] if execution == "auto" else [execution]
-    bounds = [DEFAULT_MAX_PRIVATE_BYTES]
-    roomy = (max(1, int(kernel_threads)) - 1) * max(shape) * rank * itemsize
-    if roomy > DEFAULT_MAX_PRIVATE_BYTES:
-        bounds.insert(0, roomy)
-    options = [(m, ip, BATCH_NNZ, b) for ip in (False, True) for m in modes for b in bounds]
+    out_bytes = max(shape) * rank * itemsize
+
+    def bounds(in_place: bool) -> list[int]:
+        copies = ThreadOutputs.extra_copies(kernel_threads, scratch=in_place and lend_target)
+        roomy = copies * out_bytes
+        return [roomy, DEFAULT_MAX_PRIVATE_BYTES] if roomy > DEFAULT_MAX_PRIVATE_BYTES else [DEFAULT_MAX_PRIVATE_BYTES]
+
+    options = [(m, ip, BATCH_NNZ, b) for ip in (False, True) for m in modes for b in bounds(ip)]
     if "streaming" in modes:
         options.append(("streaming", True, LEAN_BATCH_NNZ, LEAN_PRIVATE_BYTES))
     options.sort(key=lambda o: (_ORDER[(o[0], o[1])], -o[2], -o[3]))
@@ -198,7 +207,8 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
             data = tasks * (2 * per_batch * (8 + value_itemsize) + chunk_nnz * 8)
         call_nnz = worker_nnz if mode == "in-memory" else min(worker_nnz, per_batch)
         # per-thread outputs are kept over a pass's batches: the whole bound, whatever the batch
-        private = private if 0 < roomy <= bound else min(private, call_nnz * PRIVATE_REUSE * rank * itemsize)
+        roomy = bound > DEFAULT_MAX_PRIVATE_BYTES
+        private = private if roomy else min(private, call_nnz * PRIVATE_REUSE * rank * itemsize)
         terms = {
             **_state_terms(shape, rank, itemsize, tasks, partitions_per_mode, split_every, baseline, in_place),
             "private": tasks * private,

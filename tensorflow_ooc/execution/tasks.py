@@ -104,11 +104,16 @@ def _worker_threads() -> int:
 def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Partition], factors: StackedFactors,
                      mode: int, threads: int = 1, read_ahead: bool | None = None, batch_nnz: int = BATCH_NNZ,
                      device: str = "cpu", device_options: object | None = None,
-                     max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES) -> Partial:
+                     max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES, lend_target: bool = False) -> Partial:
     """Mode-``mode`` MTTKRP of one partition, from decoded data (in-memory mode) or by streaming
     its chunks from the store in batches (streaming mode); with ``device="gpu"`` on this worker's
     GPU (:mod:`tensorflow_ooc.execution.device_stream`). Dense partitions go to the dense kernels
-    (:func:`~tensorflow_ooc.execution.dense_tasks.dense_mttkrp_partition`)."""
+    (:func:`~tensorflow_ooc.execution.dense_tasks.dense_mttkrp_partition`).
+
+    ``lend_target``: the target mode's rows of ``factors`` may be overwritten (CP-ALS with
+    in-place updates and one task at a time per worker: the MTTKRP does not read them and the
+    update overwrites them next); they then serve as a per-thread output copy
+    (:class:`~tensorflow_ooc.kernels.mttkrp.ThreadOutputs`)."""
     from .dense_tasks import DensePartition, DensePartitionData, dense_mttkrp_partition
 
     if isinstance(source, DensePartitionData) or (isinstance(source, tuple) and isinstance(source[1], DensePartition)):
@@ -125,7 +130,10 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
     with numba_threads(threads):
         T = nb.get_num_threads()
         nnz = source.items.nnz.sum() if isinstance(source, PartitionData) else lo_hi.nnz
-        shared = ThreadOutputs(out, T) if ThreadOutputs.pays(out, int(nnz), T, max_private_bytes) else None
+        lend = bool(lend_target)
+        shared = None
+        if ThreadOutputs.pays(out, int(nnz), T, max_private_bytes, scratch=lend):
+            shared = ThreadOutputs(out, T, factors.views[mode][lo:hi + 1] if lend else None)
         if isinstance(source, PartitionData):
             run_items(source.items, source.layout, factors, mode, out, max_private_bytes=max_private_bytes, out_lo=lo,
                       thread_outputs=shared)

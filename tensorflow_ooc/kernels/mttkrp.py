@@ -63,30 +63,52 @@ class ThreadOutputs:
     stores. Unlike row-owned tiles (:mod:`.mttkrp_owned`) nothing is bucketed, and every mode's
     rows keep the ALTO order's locality. Kept across the batches of one pass (allocated at the
     first use); :meth:`merge` adds the copies into ``out`` once at the end. Sums depend on the
-    thread count, as atomic adds' do."""
+    thread count, as atomic adds' do.
 
-    def __init__(self, out: np.ndarray, threads: int) -> None:
+    ``scratch``, an array of ``out``'s shape the caller may overwrite (CP-ALS with in-place
+    updates lends the target mode's own factor rows, which the MTTKRP does not read and the
+    update then overwrites), serves as the second thread's copy, so two threads need no memory
+    beyond ``out``."""
+
+    def __init__(self, out: np.ndarray, threads: int, scratch: np.ndarray | None = None) -> None:
         self.out = out
         self.threads = max(1, int(threads))
+        self.scratch = scratch
+        self.first: np.ndarray | None = None
         self.bufs: np.ndarray | None = None
 
     @staticmethod
-    def pays(out: np.ndarray, nnz: int, threads: int, max_bytes: int) -> bool:
-        """Whether a pass of ``nnz`` nonzeros into ``out`` should use them: a long output, the
-        copies within ``max_bytes``, and enough nonzeros per copied row."""
-        extra = max(0, int(threads) - 1)
-        return (extra > 0 and out.shape[0] >= THREAD_OUTPUT_MIN_ROWS and extra * out.nbytes <= max_bytes
-                and nnz >= THREAD_OUTPUT_NNZ_PER_ROW * extra * out.shape[0])
+    def extra_copies(threads: int, scratch: bool = False) -> int:
+        """Copies to allocate for ``threads`` threads (the first is lent with ``scratch``)."""
+        return max(0, int(threads) - 1 - (1 if scratch else 0))
 
-    def buffers(self) -> np.ndarray:
+    @staticmethod
+    def pays(out: np.ndarray, nnz: int, threads: int, max_bytes: int, scratch: bool = False) -> bool:
+        """Whether a pass of ``nnz`` nonzeros into ``out`` should use them: a long output, the
+        allocated copies within ``max_bytes``, and enough nonzeros per copied row."""
+        copies = max(0, int(threads) - 1)
+        return (copies > 0 and out.shape[0] >= THREAD_OUTPUT_MIN_ROWS
+                and ThreadOutputs.extra_copies(threads, scratch) * out.nbytes <= max_bytes
+                and nnz >= THREAD_OUTPUT_NNZ_PER_ROW * copies * out.shape[0])
+
+    def buffers(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(first, rest)``: the second thread's copy and the others' (zeroed at first use)."""
         if self.bufs is None:
-            self.bufs = np.zeros((self.threads - 1,) + self.out.shape, dtype=self.out.dtype)
-        return self.bufs
+            shape, dtype = self.out.shape, self.out.dtype
+            if self.threads < 2:
+                self.first = np.zeros((0, shape[1]), dtype)
+            elif self.scratch is not None:
+                self.first = self.scratch
+                self.first[...] = 0
+            else:
+                self.first = np.zeros(shape, dtype)
+            self.bufs = np.zeros((max(0, self.threads - 2),) + shape, dtype)
+        return self.first, self.bufs
 
     def merge(self) -> None:
-        if self.bufs is not None and self.bufs.shape[0]:
-            merge_thread_buffers(self.out, self.bufs)
-        self.bufs = None
+        if self.bufs is not None and self.threads > 1:
+            merge_thread_buffers(self.out, self.first, self.bufs)
+        self.first = self.bufs = None
 
 
 def tensor_items(tensor: BLCOTensor) -> WorkItems:
@@ -175,11 +197,12 @@ def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode
         run_owned(items, layout, factors, mode, out, out_lo, np.flatnonzero(shared))
     if threaded:
         todo = np.flatnonzero(shared)
-        bufs = thread_outputs.buffers()
+        first, bufs = thread_outputs.buffers()
+        T = thread_outputs.threads
         cum = np.cumsum((items.end - items.start)[todo])
-        cuts = np.searchsorted(cum, cum[-1] * np.arange(1, bufs.shape[0] + 1) / (bufs.shape[0] + 1), side="right")
+        cuts = np.searchsorted(cum, cum[-1] * np.arange(1, T) / T, side="right")
         bounds = np.concatenate([[0], cuts, [todo.shape[0]]]).astype(np.int64)
-        threads_k(*common, todo, bounds, out, bufs, out_lo)
+        threads_k(*common, todo, bounds, out, first, bufs, out_lo)
         if own_outputs:
             thread_outputs.merge()
     if plan.private.any():

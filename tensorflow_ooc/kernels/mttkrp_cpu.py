@@ -74,7 +74,7 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
             "mode, rank, todo, priv_row, priv_rows, priv_buf):")
     elif kind == "threads":
         add(f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
-            "mode, rank, todo, bounds, out, bufs, out_lo):")
+            "mode, rank, todo, bounds, out, first, bufs, out_lo):")
     else:
         add(f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
             "mode, rank, todo, private, priv_row, priv_rows, priv_buf, out_flat, out_lo):")
@@ -93,7 +93,7 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
         # thread g's contiguous share of the items adds into its own full-height buffer (the
         # first into ``out`` itself); the 2-space levels keep the item body below at 8 spaces
         add("    for g in nb.prange(bounds.shape[0] - 1):")
-        add("      priv_buf = out if g == 0 else bufs[g - 1]")
+        add("      priv_buf = out if g == 0 else (first if g == 1 else bufs[g - 2])")
         add("      for t in range(bounds[g], bounds[g + 1]):")
         add("        k = todo[t]")
     else:
@@ -208,8 +208,9 @@ def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = F
     into private rows (``private[k]``) or with atomic adds into ``out_flat``, the output rows
     ``out_lo ..`` of the target mode, row-major; ``threads_items`` gives each thread a contiguous
     share of the items (``todo[bounds[g]:bounds[g + 1]]``, in ALTO order, so the rows of every mode
-    keep the order's locality) and a whole output of its own: ``out`` for the first, ``bufs[g - 1]``
-    for the others (ALTO's per-thread outputs for long modes; the caller sums them). Keeping the
+    keep the order's locality) and a whole output of its own: ``out`` for the first, ``first``
+    for the second, ``bufs[g - 2]`` for the others (ALTO's per-thread outputs for long modes; the
+    caller sums them). Keeping the
     hot loops apart keeps their bodies simple; numba loses vectorization when one prange body
     holds both.
 
@@ -318,10 +319,12 @@ def merge_private(out, out_lo, private, priv_row, item_lo, item_hi, mode, priv_b
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def merge_thread_buffers(out, bufs):
-    """``out += sum_g bufs[g]``, rows split over the threads (the buffers in a fixed order)."""
+def merge_thread_buffers(out, first, bufs):
+    """``out += first + sum_g bufs[g]``, rows split over the threads (a fixed order of addition)."""
     nrows, R = out.shape
     for i in nb.prange(nrows):
+        for r in range(R):
+            out[i, r] += first[i, r]
         for g in range(bufs.shape[0]):
             for r in range(R):
                 out[i, r] += bufs[g, i, r]
