@@ -150,7 +150,9 @@ class MTTKRPGraph:
             budget = sum(dev_limits.values())
         self.batch_nnz = batch_nnz_for(min(limits) if all(limits) else None)
         self.max_private_bytes = DEFAULT_MAX_PRIVATE_BYTES
-        self._one_task_per_worker = all(r["dask_threads"] == 1 for r in res.values())
+        # one worker running one task at a time: workers of one process may share a state object
+        # (in-process transfers pass it by reference), so lending needs a single worker
+        self._one_task_at_a_time = len(res) == 1 and all(r["dask_threads"] == 1 for r in res.values())
         self.memory_plan: MemoryPlan | None = None
         if rank is not None and self.device == "cpu":
             self.memory_plan = self._plan_memory(client, res, int(rank), np.dtype(dtype).itemsize, execution,
@@ -166,8 +168,8 @@ class MTTKRPGraph:
         self.in_place = bool(self.memory_plan and self.memory_plan.in_place)
         # exact CP-ALS mode updates may lend the target mode's factor rows to the MTTKRP as a
         # per-thread output copy (ThreadOutputs) when the update overwrites them in place and no
-        # other task on the worker can read them meanwhile
-        self.lend_target = self.in_place and self._one_task_per_worker
+        # other task can read them meanwhile
+        self.lend_target = self.in_place and self._one_task_at_a_time
         self.data: list[Future] | None = None
         log.info("MTTKRP graph: %d partitions on %s, %s execution (decoded %.1f MiB, %s memory %s), "
                  "%d numba threads per task", len(self.parts), self.device, execution, decoded / 2**20,
@@ -216,7 +218,7 @@ class MTTKRPGraph:
                                      tasks=max(1, min(threads, per_worker)), partitions_per_mode=len(parts),
                                      workers=nworkers, baseline=baseline, limit=min(limits) if all(limits) else None,
                                      execution=mode, split_every=self.split_every,
-                                     lend_target=self._one_task_per_worker)
+                                     lend_target=self._one_task_at_a_time)
             plans += found
             parts_of.update({id(p): parts for p in found})
         plan = choose(plans, f"a rank-{rank} CP-ALS of {self.path}")

@@ -37,9 +37,9 @@ and the pickling's own copy then pushes it past ``terminate``; and below ``pause
 With more than one kernel thread, each of 1-4 is first tried with a private bound that holds a
 per-thread copy of the longest mode's output (the kernels then give long modes per-thread
 outputs, :class:`~tensorflow_ooc.kernels.mttkrp.ThreadOutputs`, instead of row-owned tiles).
-In-place executions with one task per worker lend the target mode's factor rows as one copy
-(the MTTKRP does not read them and the update overwrites them), so with two kernel threads
-per-thread outputs cost them nothing beyond the default bound.
+In-place executions on one worker running one task at a time lend the target mode's factor
+rows as one copy (the MTTKRP does not read them and the update overwrites them), so with two
+kernel threads per-thread outputs cost them nothing beyond the default bound.
 
 Below the floor (the leanest peak) it refuses with :class:`MemoryPlanError`, which gives the
 figures and the smallest worker limit that works.
@@ -180,8 +180,8 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
         with a private bound that holds per-thread copies of the longest mode's output
         (:class:`~tensorflow_ooc.kernels.mttkrp.ThreadOutputs`, faster than row-owned tiles on
         long modes), then with the default bound.
-    lend_target : one task at a time per worker: in-place executions lend the target mode's
-        factor rows as one of those copies, so they need one copy fewer.
+    lend_target : one worker running one task at a time: in-place executions lend the target
+        mode's factor rows as one of those copies, so they need one copy fewer.
     """
     S = sum(shape) * rank * itemsize
     modes = ["in-memory", "streaming"] if execution == "auto" else [execution]

@@ -111,8 +111,8 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
     (:func:`~tensorflow_ooc.execution.dense_tasks.dense_mttkrp_partition`).
 
     ``lend_target``: the target mode's rows of ``factors`` may be overwritten (CP-ALS with
-    in-place updates and one task at a time per worker: the MTTKRP does not read them and the
-    update overwrites them next); they then serve as a per-thread output copy
+    in-place updates on one worker running one task at a time: the MTTKRP does not read them and
+    the update overwrites them next); they then serve as a per-thread output copy
     (:class:`~tensorflow_ooc.kernels.mttkrp.ThreadOutputs`)."""
     from .dense_tasks import DensePartition, DensePartitionData, dense_mttkrp_partition
 
