@@ -162,6 +162,17 @@ def test_prefetching_kernels_against_einsum(tmp_path, rng, monkeypatch, nmodes):
     assert any(key[3] for key in cpu._KERNELS)          # the prefetching kernels were the ones run
 
 
+def _blocked_tensor_and_store(tmp_path, rng, nmodes):
+    """A random tensor of several blocks and its store of several chunks, with random factors."""
+    shape = tuple(int(rng.integers(5, 40 if nmodes < 5 else 9)) for _ in range(nmodes))
+    coords, values = random_coo(rng, shape, int(rng.integers(300, 1500)))
+    rank = int(rng.choice([2, 16, 32]))
+    factors = [rng.standard_normal((s, rank)) for s in shape]
+    tensor = tfo.encode_coo(coords, values, shape, max_block_nnz=250)
+    store = tfo.convert((coords, values), tmp_path / "t.zarr", chunk_nnz=128)
+    return shape, coords, values, factors, tensor, store
+
+
 @pytest.mark.parametrize("nmodes", [3, 4, 5, 6])
 def test_per_thread_outputs_against_einsum(tmp_path, rng, monkeypatch, nmodes):
     """Per-thread whole outputs (ALTO's scheme for long modes): chosen by "auto" in the partition
@@ -176,12 +187,7 @@ def test_per_thread_outputs_against_einsum(tmp_path, rng, monkeypatch, nmodes):
     K = importlib.import_module("tensorflow_ooc.kernels.mttkrp")
     monkeypatch.setattr(K, "THREAD_OUTPUT_MIN_ROWS", 1)
     monkeypatch.setattr(K, "THREAD_OUTPUT_NNZ_PER_ROW", 0.0)
-    shape = tuple(int(rng.integers(5, 40 if nmodes < 5 else 9)) for _ in range(nmodes))
-    coords, values = random_coo(rng, shape, int(rng.integers(300, 1500)))
-    rank = int(rng.choice([2, 16, 32]))
-    factors = [rng.standard_normal((s, rank)) for s in shape]
-    tensor = tfo.encode_coo(coords, values, shape, max_block_nnz=250)
-    store = tfo.convert((coords, values), tmp_path / "t.zarr", chunk_nnz=128)
+    shape, coords, values, factors, tensor, store = _blocked_tensor_and_store(tmp_path, rng, nmodes)
     stacked = StackedFactors.from_list(factors, np.float64)
     part = plan_partitions(store, 1)[0]
     used = []
@@ -228,12 +234,7 @@ def test_row_owned_tiles_against_einsum(tmp_path, rng, monkeypatch, nmodes):
     owned = importlib.import_module("tensorflow_ooc.kernels.mttkrp_owned")
     monkeypatch.setattr(owned, "GROUP_NNZ", 97)          # several bucket groups
     monkeypatch.setattr(owned, "TILE_BYTES", 64)         # many small tiles
-    shape = tuple(int(rng.integers(5, 40 if nmodes < 5 else 9)) for _ in range(nmodes))
-    coords, values = random_coo(rng, shape, int(rng.integers(300, 1500)))
-    rank = int(rng.choice([2, 16, 32]))
-    factors = [rng.standard_normal((s, rank)) for s in shape]
-    tensor = tfo.encode_coo(coords, values, shape, max_block_nnz=250)
-    store = tfo.convert((coords, values), tmp_path / "t.zarr", chunk_nnz=128)
+    shape, coords, values, factors, tensor, store = _blocked_tensor_and_store(tmp_path, rng, nmodes)
     for mode in range(nmodes):
         ref = dense_mttkrp(shape, coords, values, factors, mode)
         one = tfo.mttkrp(tensor, factors, mode, conflict="owned", threads=1)
