@@ -155,7 +155,8 @@ def tucker_sgd(store: Store | str | os.PathLike, ranks: int | Sequence[int], cor
         its gradient vanishes with it, so it never comes back) is restarted as the best rank-1 fit
         of the training residual (:mod:`tensorflow_ooc.execution.component_revival`; logged, and in
         the epoch's history record as ``revived``). 0 turns it off. On planted 300 x 200 x 50
-        models at J = R = 8 it takes the runs that end above 1.2 x the noise from 14 of 30 to none.
+        models at J = R = 8 it takes the runs that end above 1.2 x the noise from 10-14 of 30 to
+        4 of 120 (``benchmarks/bench_fasttucker_convergence.py``).
     reg_factors, reg_core : float
         Regularization lambda_A, lambda_B.
     seed : int, optional

@@ -95,11 +95,11 @@ def combine_row_sums(*parts: RowSums) -> RowSums:
 
 
 def sse_partition(data: ObservedPartition, resid: np.ndarray, cols: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """``[sum e^2, sum (e - fit_s)^2 for each fit s]`` over a partition's training entries."""
+    """``[entries, sum e^2, sum (e - fit_s)^2 for each fit s]`` over a partition's training entries."""
     if data.coords.shape[0] == 0:
-        return np.zeros(1 + cols.shape[1])
+        return np.zeros(2 + cols.shape[1])
     before, after = rank1_sse(data.coords, resid, cols, offsets)
-    return np.concatenate([[before], after])
+    return np.concatenate([[data.coords.shape[0], before], after])
 
 
 def replace_component(state: FastTuckerState, r: int, cols: np.ndarray, rebalance: bool) -> FastTuckerState:
@@ -148,11 +148,11 @@ def revive_component(client, sources: list, state, r: int, shape: tuple[int, ...
             else:
                 cols[o:o + shape[n]] = np.divide(total.num, total.den, out=np.zeros_like(total.num),
                                                  where=total.den > 0)
-    sse = sum(client.submit(sse_partition, s, e, cols, offsets, pure=False).result() for s, e in zip(sources, resid))
-    best = int(np.argmin(sse[1:]))
+    sums = [client.submit(sse_partition, s, e, cols, offsets, pure=False) for s, e in zip(sources, resid)]
+    n_entries, before, *after = sum(f.result() for f in sums)
+    best = int(np.argmin(after))
     cols = cols[:, best]
-    gain = 1.0 - float(sse[1 + best]) / float(sse[0]) if sse[0] > 0 else 0.0
-    n_entries = sum(client.submit(len, e, pure=False).result() for e in resid)
-    if gain < max(MIN_GAIN, NOISE_GAIN_FACTOR * sum(shape) / max(n_entries, 1)):
+    gain = 1.0 - float(after[best]) / float(before) if before > 0 else 0.0
+    if gain < max(MIN_GAIN, NOISE_GAIN_FACTOR * sum(shape) / max(int(n_entries), 1)):
         return state, gain
     return client.submit(replace_component, state, r, cols, rebalance, pure=False), gain

@@ -71,9 +71,7 @@ class DenseMTTKRPGraph(MTTKRPGraph):
         return plan_dense_partitions(self.dense, self.n_parts, itemsize)
 
     def _candidates(self, parts: list[DensePartition], per_worker: int, samples: int, **common) -> list[MemoryPlan]:
-        """The dense memory plans (:func:`~.memory_plan.dense_candidates`) of one execution (dense
-        partitions never lend factor rows to their kernels)."""
-        common.pop("lend_target", None)
+        """The dense memory plans (:func:`~.memory_plan.dense_candidates`) of one execution."""
         return dense_candidates(shape=tuple(self.dense.shape),
                                 worker_bytes=per_worker * max((p.decoded_bytes() for p in parts), default=0),
                                 chunk_bytes=math.prod(self.dense.chunk_shape) * common["itemsize"],

@@ -217,8 +217,7 @@ class MTTKRPGraph:
             found = self._candidates(parts, per_worker, samples, rank=rank, itemsize=itemsize,
                                      tasks=max(1, min(threads, per_worker)), partitions_per_mode=len(parts),
                                      workers=nworkers, baseline=baseline, limit=min(limits) if all(limits) else None,
-                                     execution=mode, split_every=self.split_every,
-                                     lend_target=self._one_task_at_a_time)
+                                     execution=mode, split_every=self.split_every)
             plans += found
             parts_of.update({id(p): parts for p in found})
         plan = choose(plans, f"a rank-{rank} CP-ALS of {self.path}")
@@ -234,7 +233,8 @@ class MTTKRPGraph:
         plan takes, see :func:`~.memory_plan.candidates`)."""
         return candidates(shape=tuple(self.store.shape), worker_nnz=per_worker * max((p.nnz for p in parts), default=0),
                           chunk_nnz=self.store.chunk_nnz, value_itemsize=self.store.value_dtype.itemsize,
-                          samples=samples, kernel_threads=self.numba_threads, **common)
+                          samples=samples, kernel_threads=self.numba_threads,
+                          lend_target=self._one_task_at_a_time, **common)
 
     def sources(self) -> Sequence:
         if self.data is not None:

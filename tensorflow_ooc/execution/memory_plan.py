@@ -188,9 +188,9 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
     out_bytes = max(shape) * rank * itemsize
 
     def bounds(in_place: bool) -> list[int]:
-        copies = ThreadOutputs.extra_copies(kernel_threads, scratch=in_place and lend_target)
-        roomy = copies * out_bytes
-        return [roomy, DEFAULT_MAX_PRIVATE_BYTES] if roomy > DEFAULT_MAX_PRIVATE_BYTES else [DEFAULT_MAX_PRIVATE_BYTES]
+        copy_bytes = ThreadOutputs.extra_copies(kernel_threads, scratch=in_place and lend_target) * out_bytes
+        return [copy_bytes, DEFAULT_MAX_PRIVATE_BYTES] if copy_bytes > DEFAULT_MAX_PRIVATE_BYTES \
+            else [DEFAULT_MAX_PRIVATE_BYTES]
 
     options = [(m, ip, BATCH_NNZ, b) for ip in (False, True) for m in modes for b in bounds(ip)]
     if "streaming" in modes:

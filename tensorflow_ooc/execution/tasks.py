@@ -10,7 +10,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import numba as nb
 import numpy as np
 
 from ..format import BitLayout
@@ -128,12 +127,9 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
     if read_ahead is None:
         read_ahead = read_ahead_pays(threads * _worker_threads())
     with numba_threads(threads):
-        T = nb.get_num_threads()
         nnz = source.items.nnz.sum() if isinstance(source, PartitionData) else lo_hi.nnz
-        lend = bool(lend_target)
-        shared = None
-        if ThreadOutputs.pays(out, int(nnz), T, max_private_bytes, scratch=lend):
-            shared = ThreadOutputs(out, T, factors.views[mode][lo:hi + 1] if lend else None)
+        shared = ThreadOutputs.for_pass(out, int(nnz), max_private_bytes,
+                                        scratch=factors.views[mode][lo:hi + 1] if lend_target else None)
         if isinstance(source, PartitionData):
             run_items(source.items, source.layout, factors, mode, out, max_private_bytes=max_private_bytes, out_lo=lo,
                       thread_outputs=shared)

@@ -91,6 +91,16 @@ class ThreadOutputs:
                 and ThreadOutputs.extra_copies(threads, scratch) * out.nbytes <= max_bytes
                 and nnz >= THREAD_OUTPUT_NNZ_PER_ROW * copies * out.shape[0])
 
+    @classmethod
+    def for_pass(cls, out: np.ndarray, nnz: int, max_bytes: int, force: bool = False,
+                 scratch: np.ndarray | None = None) -> "ThreadOutputs | None":
+        """Per-thread outputs for a pass of ``nnz`` nonzeros into ``out`` on this call's numba
+        threads where they pay (:meth:`pays`) or are asked for (``force``), else None."""
+        threads = nb.get_num_threads()
+        if force or cls.pays(out, nnz, threads, max_bytes, scratch=scratch is not None):
+            return cls(out, threads, scratch)
+        return None
+
     def buffers(self) -> tuple[np.ndarray, np.ndarray]:
         """``(first, rest)``: the second thread's copy and the others' (zeroed at first use)."""
         if self.bufs is None:
@@ -271,10 +281,10 @@ def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk | WorkItems], factors: Se
         out[...] = 0
     summary = {"items": 0, "private_items": 0, "atomic_items": 0, "run_items": 0, "private_bytes": 0}
     with numba_threads(threads):
-        nnz = int(getattr(tensor, "nnz", 0))
-        T = nb.get_num_threads()
-        shared = ThreadOutputs(out, T) if conflict == "threads" or (
-            conflict == "auto" and ThreadOutputs.pays(out, nnz, T, max_private_bytes)) else None
+        shared = None
+        if conflict in ("auto", "threads"):
+            shared = ThreadOutputs.for_pass(out, int(getattr(tensor, "nnz", 0)), max_private_bytes,
+                                            force=conflict == "threads")
         parts = [tensor_items(tensor)] if chunks is None else \
             (c if isinstance(c, WorkItems) else chunk_items(c, layout) for c in chunks)
         for items in parts:

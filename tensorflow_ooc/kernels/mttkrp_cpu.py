@@ -96,6 +96,7 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
         add("      priv_buf = out if g == 0 else (first if g == 1 else bufs[g - 2])")
         add("      for t in range(bounds[g], bounds[g + 1]):")
         add("        k = todo[t]")
+        add("        sr = np.uint64(item_base[k, mode] - out_lo)")
     else:
         add("    for t in nb.prange(todo.shape[0]):")
         add("        k = todo[t]")
@@ -103,11 +104,9 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
         add("        for j in range(first, first + priv_rows[k]):")
         add("            for r in range(R):")
         add("                priv_buf[j, r] = 0")
-    if kind == "threads":
-        add("        sr = np.uint64(item_base[k, mode] - out_lo)")
-    elif kind == "direct":
+    if kind == "direct":
         add("        sr = np.uint64(first - item_lo[k, mode] + item_base[k, mode])")
-    else:
+    elif kind == "runs":
         add("        is_private = private[k]")
         # private rows are relative to the item's buffer, atomic ones to the output block; uint64
         # wraps, so a negative offset plus the field still lands on the right row
@@ -210,9 +209,8 @@ def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = F
     share of the items (``todo[bounds[g]:bounds[g + 1]]``, in ALTO order, so the rows of every mode
     keep the order's locality) and a whole output of its own: ``out`` for the first, ``first``
     for the second, ``bufs[g - 2]`` for the others (ALTO's per-thread outputs for long modes; the
-    caller sums them). Keeping the
-    hot loops apart keeps their bodies simple; numba loses vectorization when one prange body
-    holds both.
+    caller sums them). Keeping the hot loops apart keeps their bodies simple; numba loses
+    vectorization when one prange body holds both.
 
     The source is generated per order (see ``_source``) and compiled with this file as its file
     name, in this module, under a name unique to the variant, so numba's on-disk cache keys each
@@ -286,9 +284,9 @@ _KERNELS: dict[tuple[int, int, bool, bool], object] = {}
 
 
 def kernel_for(nmodes: int, rank: int, delta: bool = False, prefetch: bool = False):
-    """The compiled kernels ``(direct_items, run_items, threads_items)`` for this order, rank and index encoding
-    (fixed-rank code for ``SPECIALIZED_RANKS``); ``prefetch`` kernels prefetch factor rows ahead
-    (for factors far larger than the caches)."""
+    """The compiled kernels ``(direct_items, run_items, threads_items)`` for this order, rank and
+    index encoding (fixed-rank code for ``SPECIALIZED_RANKS``); ``prefetch`` kernels prefetch
+    factor rows ahead (for factors far larger than the caches)."""
     key = (nmodes, rank if rank in SPECIALIZED_RANKS else 0, bool(delta), bool(prefetch))
     if key not in _KERNELS:
         _KERNELS[key] = _build(*key)
