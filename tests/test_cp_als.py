@@ -138,12 +138,16 @@ def test_update_helpers_match_numpy(rng):
     """The update's column max-norm kernel and its inverse-and-GEMM solve against NumPy, float64 and
     float32, with a zero-row factor and a singular normal matrix (pseudo-inverse)."""
     from tensorflow_ooc.decompositions.updates import solve_normal
-    from tensorflow_ooc.kernels.column_scale import column_max_abs
+    from tensorflow_ooc.kernels.column_scale import STAT_BLOCK_ROWS, column_max_abs, column_sum_squares
 
     for dtype in (np.float64, np.float32):
-        A = rng.standard_normal((int(rng.integers(1, 300)), 7)).astype(dtype)
-        assert np.array_equal(column_max_abs(A), np.abs(A).max(axis=0).astype(np.float64))
+        # sizes inside one row block and across several (the blocks run on numba's threads)
+        for n in (int(rng.integers(1, 300)), int(rng.integers(2, 4) * STAT_BLOCK_ROWS + rng.integers(1, 999))):
+            A = rng.standard_normal((n, 7)).astype(dtype)
+            assert np.array_equal(column_max_abs(A), np.abs(A).max(axis=0).astype(np.float64))
+            np.testing.assert_allclose(column_sum_squares(A), (A.astype(np.float64) ** 2).sum(axis=0), rtol=1e-12)
         assert np.array_equal(column_max_abs(A[:0]), np.zeros(7))
+        assert np.array_equal(column_sum_squares(A[:0]), np.zeros(7))
     B = rng.standard_normal((40, 5))
     V = B.T @ B
     M = rng.standard_normal((123, 5))

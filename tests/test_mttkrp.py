@@ -242,3 +242,61 @@ def test_row_owned_tiles_against_einsum(tmp_path, rng, monkeypatch, nmodes):
         assert rel_err(one, ref) < 1e-12
         np.testing.assert_array_equal(one, two)          # the sum order does not follow the threads
         assert rel_err(tfo.mttkrp(store, factors, mode, conflict="owned"), ref) < 1e-12
+
+
+def test_factor_storage_and_outputs_start_on_a_page(rng):
+    """Factor stacks, their copies and MTTKRP outputs start on a page, so rows of rank 8/16/32
+    float64 start on cache lines (NumPy's own arrays start 16 bytes past one); contents and shapes
+    are those asked for, empty ones included."""
+    from tensorflow_ooc.kernels import StackedFactors
+    from tensorflow_ooc.kernels.factors import ALIGN_BYTES, aligned_copy, aligned_empty, aligned_zeros
+
+    shape = tuple(int(s) for s in rng.integers(1, 40, size=3))
+    factors = [rng.random((s, 16)) for s in shape]
+    stacked = StackedFactors.from_list(factors)
+    assert stacked.data.ctypes.data % ALIGN_BYTES == 0
+    assert all(np.array_equal(v, f) for v, f in zip(stacked.views, factors))
+    for dtype in (np.float64, np.float32, np.uint8):
+        z = aligned_zeros((int(rng.integers(0, 50)), 3), dtype)
+        assert z.ctypes.data % ALIGN_BYTES == 0 and z.dtype == dtype and z.flags.c_contiguous and not z.any()
+        assert aligned_empty(int(rng.integers(0, 50)), dtype).ctypes.data % ALIGN_BYTES == 0
+    c = aligned_copy(factors[0][::2])
+    assert c.ctypes.data % ALIGN_BYTES == 0 and np.array_equal(c, factors[0][::2]) and c.flags.c_contiguous
+    out = tfo.mttkrp(tfo.encode_coo(np.zeros((1, 3), dtype=np.int64), np.ones(1), shape), factors, 0)
+    assert out.ctypes.data % ALIGN_BYTES == 0
+
+
+def test_kept_output_buffer_is_handed_out_only_when_free(tmp_path, rng, monkeypatch):
+    """A partition task's output comes from the process's kept buffer once nothing refers to the
+    previous one, zeroed; while a partial still holds it, a fresh array; results stay exact."""
+    from tensorflow_ooc.execution import output_buffers
+    from tensorflow_ooc.execution.partitions import plan_partitions
+    from tensorflow_ooc.execution.tasks import mttkrp_partition
+    from tensorflow_ooc.kernels import StackedFactors
+
+    monkeypatch.setattr(output_buffers, "KEEP_MIN_BYTES", 0)
+    output_buffers.release_outputs()
+    shape, coords, values, factors, tensor, store = _blocked_tensor_and_store(tmp_path, rng, 3)
+    stacked = StackedFactors.from_list(factors, np.float64)
+    part = plan_partitions(store, 1)[0]
+
+    def check(got, mode):
+        full = np.zeros((shape[mode], factors[0].shape[1]))
+        full[got.lo:got.lo + got.rows.shape[0]] = got.rows
+        assert rel_err(full, dense_mttkrp(shape, coords, values, factors, mode)) < 1e-12
+
+    first = mttkrp_partition((store.path, part), stacked, 0, 1, batch_nnz=256)
+    kept = output_buffers._KEPT[0].ctypes.data
+    assert first.rows.ctypes.data == kept
+    held = mttkrp_partition((store.path, part), stacked, 1, 1, batch_nnz=256)
+    assert held.rows.ctypes.data != kept                 # ``first`` still holds the kept buffer
+    check(first, 0)
+    check(held, 1)
+    del first, held
+    for mode in (2, 0):                                  # free again: reused, and zeroed each time
+        got = mttkrp_partition((store.path, part), stacked, mode, 1, batch_nnz=256)
+        assert got.rows.ctypes.data == kept
+        check(got, mode)
+        del got
+    output_buffers.release_outputs()
+    assert not output_buffers._KEPT

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import StoreError
 from ..kernels import StackedFactors
+from ..kernels.factors import aligned_copy
 
 CHECKPOINT_VERSION = 1
 
@@ -89,6 +90,6 @@ def read_checkpoint(path: str) -> Checkpoint | None:
     if "factors" not in arrays or "weights" not in arrays:
         raise StoreError(f"{path}: not a CP-ALS checkpoint")
     data = arrays["factors"]
-    factors = StackedFactors(meta["shape"], data.shape[1], data.dtype, np.ascontiguousarray(data))
+    factors = StackedFactors(meta["shape"], data.shape[1], data.dtype, aligned_copy(data))
     return Checkpoint(meta["iteration"], factors, arrays["weights"], meta["fit"], meta["history"], meta["params"],
                       meta["input"])

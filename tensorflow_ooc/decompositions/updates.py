@@ -13,7 +13,8 @@ from threadpoolctl import ThreadpoolController
 
 from ..execution.tasks import Partial
 from ..kernels import StackedFactors
-from ..kernels.column_scale import column_max_abs
+from ..kernels.factors import aligned_copy
+from ..kernels.column_scale import column_max_abs, column_sum_squares
 from ..kernels.krp_sampler import build_tree
 
 
@@ -200,7 +201,7 @@ def _update_mode_numpy(state: CPState, M: np.ndarray, V: np.ndarray, mode: int, 
     checkpoint: a Gram scaled from the unnormalized product differs in the last bits, and a run
     resumed from a checkpoint then drifted from the uninterrupted one (a fit of 1 against
     1 - 2e-8 on an exactly fitted planted model)."""
-    out = CPState(state.shape, state.rank, state.dtype, np.array(state.data, copy=True), grams=state.grams)
+    out = CPState(state.shape, state.rank, state.dtype, aligned_copy(state.data), grams=state.grams)
     out.trees, out.empty_sketches = state.trees, state.empty_sketches
     A = out.views[mode]
     solve_normal(V, M, out=A)
@@ -217,13 +218,11 @@ def _update_mode_numpy(state: CPState, M: np.ndarray, V: np.ndarray, mode: int, 
     return out
 
 
-UPDATE_BLOCK_ROWS = 1 << 16
-
 
 def _update_mode_in_place(state: CPState, parts: list[Partial], mode: int, first_iteration: bool,
                           last_mode: bool, V: Any = None, inner_parts: Sequence[Partial] | None = None) -> CPState:
-    """:func:`_update_mode` writing A into the mode's rows of ``state.data``, a block at a time:
-    beyond the state and the MTTKRP it needs two (block x R) temporaries."""
+    """:func:`_update_mode` writing A into the mode's rows of ``state.data``: beyond the state and
+    the MTTKRP it needs no (I_n x R) temporary."""
     R = state.rank
     V = _normal_matrix(state, mode, V)
     # one partial: its rows are M's only nonzero rows, solved where they are (no (I_n x R) sum)
@@ -234,27 +233,16 @@ def _update_mode_in_place(state: CPState, parts: list[Partial], mode: int, first
     A = state.views[mode]
     A[:lo] = 0
     A[lo + M.shape[0]:] = 0
-    try:
-        cho = cho_factor(V, lower=True, check_finite=False)
-        pinv = None
-    except np.linalg.LinAlgError:
-        cho, pinv = None, np.linalg.pinv(V)
-    nrows = M.shape[0]
-    sumsq = np.zeros(R)
-    maxabs = np.zeros(R)
-    for i in range(0, nrows, UPDATE_BLOCK_ROWS):
-        j = min(nrows, i + UPDATE_BLOCK_ROWS)
-        blk = cho_solve(cho, M[i:j].T, check_finite=False).T if cho is not None else M[i:j] @ pinv
-        A[lo + i:lo + j] = blk
-        if first_iteration:
-            sumsq += np.einsum("ir,ir->r", blk, blk)
-        else:
-            np.maximum(maxabs, np.abs(blk).max(axis=0, initial=0), out=maxabs)
-    weights = np.sqrt(sumsq) if first_iteration else np.maximum(maxabs, 1.0)
+    # one GEMM into A's rows, as solve_normal does (a potrs over 4.8 M right-hand sides took 1.8 s
+    # against 0.09 s), and one row-major pass for the column statistics
+    rows = A[lo:lo + M.shape[0]]
+    np.matmul(M, normal_inverse(np.asarray(V)).astype(M.dtype, copy=False), out=rows)
+    if first_iteration:
+        weights = np.sqrt(column_sum_squares(rows))
+    else:
+        weights = np.maximum(column_max_abs(rows), 1.0)
     if not (weights == 0).all():
-        scale = (1 / np.where(weights == 0, 1, weights)).astype(A.dtype)
-        for i in range(lo, lo + nrows, UPDATE_BLOCK_ROWS):
-            A[i:min(lo + nrows, i + UPDATE_BLOCK_ROWS)] *= scale
+        rows *= (1 / np.where(weights == 0, 1, weights)).astype(A.dtype)
     grams = list(state.grams)
     grams[mode] = A.T @ A
     out = CPState(state.shape, R, state.dtype, state.data, grams=grams)

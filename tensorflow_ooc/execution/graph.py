@@ -29,6 +29,7 @@ from .cluster import resolve_device, worker_resources
 from ..kernels.plan import DEFAULT_MAX_PRIVATE_BYTES
 from .inline import is_inline
 from .memory_plan import MemoryPlan, candidates, choose
+from .output_buffers import release_outputs
 from .partitions import Partition, plan_partitions
 from .stream import batch_nnz_for
 from .tasks import combine, load_partition, mttkrp_partition, sampled_partition
@@ -300,3 +301,7 @@ class MTTKRPGraph:
         """Drop decoded partitions from worker memory."""
         # dropping the futures releases the data; an explicit cancel races with running tasks
         self.data = None
+        try:
+            self.client.run(release_outputs)
+        except Exception as exc:    # a worker lost at the end keeps nothing anyway
+            log.debug("could not release kept output buffers: %s", exc)

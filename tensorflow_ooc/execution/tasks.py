@@ -18,6 +18,7 @@ from ..kernels.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_k
 from ..kernels.mttkrp import ThreadOutputs, numba_threads
 from ..kernels.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..store import Store, open_store
+from .output_buffers import zeroed_output
 from .partitions import Partition
 from .stream import BATCH_NNZ, MAP_MAX_OUTPUT_BYTES, BatchBuffers, fill_batch, read_ahead_pays, stream_batches
 
@@ -123,7 +124,7 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
     if device == "gpu" or isinstance(source, DevicePartitionData):
         rows = _mttkrp_partition_gpu(source, factors, mode, lo, hi - lo + 1, device_options)
         return Partial(lo, rows, time.perf_counter() - t0)
-    out = np.zeros((hi - lo + 1, factors.rank), dtype=factors.dtype)
+    out = zeroed_output((hi - lo + 1, factors.rank), factors.dtype)
     if read_ahead is None:
         read_ahead = read_ahead_pays(threads * _worker_threads())
     with numba_threads(threads):

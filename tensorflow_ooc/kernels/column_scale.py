@@ -11,7 +11,10 @@ import numba as nb
 import numpy as np
 
 
-@nb.njit(nogil=True, cache=True)
+STAT_BLOCK_ROWS = 1 << 14
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
 def column_max_abs(A: np.ndarray) -> np.ndarray:
     """Largest |A[i, r]| of each column r of the C-ordered float array ``A`` (I, R); 0 where I = 0.
 
@@ -24,10 +27,44 @@ def column_max_abs(A: np.ndarray) -> np.ndarray:
     float64 (R,)
     """
     n, R = A.shape
+    nblocks = (n + STAT_BLOCK_ROWS - 1) // STAT_BLOCK_ROWS
+    part = np.zeros((nblocks, R))
+    for b in nb.prange(nblocks):
+        for i in range(b * STAT_BLOCK_ROWS, min(n, (b + 1) * STAT_BLOCK_ROWS)):
+            for r in range(R):
+                x = abs(A[i, r])
+                if x > part[b, r]:
+                    part[b, r] = x
     out = np.zeros(R)
-    for i in range(n):
+    for b in range(nblocks):
         for r in range(R):
-            x = abs(A[i, r])
-            if x > out[r]:
-                out[r] = x
+            out[r] = max(out[r], part[b, r])
+    return out
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def column_sum_squares(A: np.ndarray) -> np.ndarray:
+    """Sum of A[i, r]**2 over i for each column r of the C-ordered float array ``A`` (I, R),
+    accumulated in float64 in a fixed order of blocks (the same result for any thread count).
+
+    Parameters
+    ----------
+    A : float32 or float64 (I, R), C-contiguous
+
+    Returns
+    -------
+    float64 (R,)
+    """
+    n, R = A.shape
+    nblocks = (n + STAT_BLOCK_ROWS - 1) // STAT_BLOCK_ROWS
+    part = np.zeros((nblocks, R))
+    for b in nb.prange(nblocks):
+        for i in range(b * STAT_BLOCK_ROWS, min(n, (b + 1) * STAT_BLOCK_ROWS)):
+            for r in range(R):
+                x = np.float64(A[i, r])
+                part[b, r] += x * x
+    out = np.zeros(R)
+    for b in range(nblocks):
+        for r in range(R):
+            out[r] += part[b, r]
     return out

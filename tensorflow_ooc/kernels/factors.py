@@ -2,9 +2,44 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
+
+# NumPy's allocations start 16 bytes past a cache line, so a 128-byte row (rank 16 in float64)
+# spans three lines instead of two. MTTKRP on factors far larger than the caches fetches every
+# line of each nonzero's rows: Amazon-shaped, 86 M nonzeros, one mode, 1 thread, 4.5 s with
+# NumPy's placement against 2.9 s with rows on cache lines. Factor matrices and MTTKRP outputs
+# therefore start on a page.
+ALIGN_BYTES = 4096
+
+
+def _aligned(shape: Sequence[int] | int, dtype: Any, alloc) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(s) for s in shape)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = alloc(nbytes + ALIGN_BYTES, dtype=np.uint8)
+    off = (-raw.ctypes.data) % ALIGN_BYTES
+    return raw[off:off + nbytes].view(dtype).reshape(shape)
+
+
+def aligned_empty(shape: Sequence[int] | int, dtype: Any = np.float64) -> np.ndarray:
+    """An uninitialized C-ordered array whose first element starts on a page (so the rows of a
+    rank-8, 16, 32 ... float64 matrix each start on a cache line)."""
+    return _aligned(shape, dtype, np.empty)
+
+
+def aligned_zeros(shape: Sequence[int] | int, dtype: Any = np.float64) -> np.ndarray:
+    """:func:`aligned_empty`, zeroed (pages the OS zeroes lazily, as ``np.zeros``)."""
+    return _aligned(shape, dtype, np.zeros)
+
+
+def aligned_copy(a: np.ndarray) -> np.ndarray:
+    """A C-ordered copy of ``a`` in an :func:`aligned_empty` array."""
+    out = aligned_empty(np.shape(a), np.asarray(a).dtype)
+    out[...] = a
+    return out
 
 
 class StackedFactors:
@@ -27,7 +62,7 @@ class StackedFactors:
         self.offsets = np.concatenate([[0], np.cumsum(self.shape)[:-1]]).astype(np.int64)
         total = int(sum(self.shape))
         if data is None:
-            data = np.zeros((total, self.rank), dtype=dtype)
+            data = aligned_zeros((total, self.rank), dtype)
         if data.shape != (total, self.rank) or not data.flags.c_contiguous:
             raise ValueError(f"stacked factor data must be C-contiguous with shape {(total, self.rank)}")
         self.data = data

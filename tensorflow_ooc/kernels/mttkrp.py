@@ -12,7 +12,7 @@ import numpy as np
 
 from ..format import BitLayout, BLCOTensor
 from ..store import Chunk, Store
-from .factors import StackedFactors
+from .factors import StackedFactors, aligned_empty, aligned_zeros
 from .mttkrp_cpu import PREFETCH_MIN_BYTES, kernel_for, merge_private, merge_thread_buffers
 from .mttkrp_owned import run_owned
 from .plan import DEFAULT_MAX_PRIVATE_BYTES, ConflictPlan, WorkItems, plan_conflicts, work_items
@@ -36,10 +36,10 @@ def private_scratch(rows: int, rank: int, dtype: Any) -> np.ndarray:
     kernels once per batch, and fresh allocations of that size are page-faulted in every time."""
     nbytes = rows * rank * np.dtype(dtype).itemsize
     if nbytes > SCRATCH_KEEP_BYTES:
-        return np.empty((rows, rank), dtype=dtype)
+        return aligned_empty((rows, rank), dtype)
     buf = getattr(_SCRATCH, "buf", None)
     if buf is None or buf.nbytes < nbytes:
-        buf = _SCRATCH.buf = np.empty(max(nbytes, 1 << 20), dtype=np.uint8)
+        buf = _SCRATCH.buf = aligned_empty(max(nbytes, 1 << 20), np.uint8)
     return buf[:nbytes].view(dtype).reshape(rows, rank)
 
 
@@ -111,8 +111,8 @@ class ThreadOutputs:
                 self.first = self.scratch
                 self.first[...] = 0
             else:
-                self.first = np.zeros(shape, dtype)
-            self.bufs = np.zeros((max(0, self.threads - 2),) + shape, dtype)
+                self.first = aligned_zeros(shape, dtype)
+            self.bufs = aligned_zeros((max(0, self.threads - 2),) + shape, dtype)
         return self.first, self.bufs
 
     def merge(self) -> None:
@@ -273,7 +273,7 @@ def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk | WorkItems], factors: Se
     A = check_factors(factors, shape, mode)
     R = A.rank
     if out is None:
-        out = np.zeros((shape[mode], R), dtype=A.dtype)
+        out = aligned_zeros((shape[mode], R), A.dtype)
     else:
         if out.shape != (shape[mode], R) or out.dtype != A.dtype or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous {A.dtype} array of shape {(shape[mode], R)}, "

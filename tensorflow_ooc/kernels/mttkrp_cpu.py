@@ -141,6 +141,8 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
             add(f"                xa = index[i + {PF}]")
         for j in others:
             add(f"                prefetch_row(F, np.int64(b{j} + {_field('xa', str(j), delta)}))")
+        if kind == "threads":
+            add(f"                prefetch_row(priv_buf, np.int64(sr + {_field('xa', 't', delta)}))")
     if delta:
         add("            word += index[i]")
         add("            x = word")
