@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 import dask
 
 from ..errors import TfoocError
+from ..kernels.column_scale import STAT_BLOCK_ROWS
 from ..kernels.krp_sampler import tree_nbytes
 from ..kernels.mttkrp import ThreadOutputs
 from ..kernels.mttkrp_owned import GROUP_NNZ as OWNED_GROUP_NNZ
@@ -61,7 +62,6 @@ from .stream import BATCH_NNZ
 
 LEAN_BATCH_NNZ = 1 << 18
 LEAN_PRIVATE_BYTES = 16 << 20
-UPDATE_BLOCK_ROWS = 1 << 16
 KERNEL_CODE_BYTES = 96 << 20     # measured: a fresh worker grew 74 MiB running its first CP-ALS
 ESTIMATE_MARGIN = 1.10    # allocator fragmentation and small temporaries the terms leave out
 DEFAULT_USABLE = 0.70
@@ -153,7 +153,8 @@ def _state_terms(shape: tuple[int, ...], rank: int, itemsize: int, tasks: int, p
         "outputs": (max(tasks, min(partitions_per_mode, split_every)) if partitions_per_mode > 1 else tasks)
         * out_rows,
         "reduction": out_rows if partitions_per_mode > 1 else 0,
-        "update": (min(UPDATE_BLOCK_ROWS, max(shape)) * rank * itemsize * 2) if in_place else 2 * out_rows,
+        # in place: one GEMM into the factor's own rows and per-block column statistics
+        "update": (-(-max(shape) // STAT_BLOCK_ROWS) * rank * 8) if in_place else 2 * out_rows,
     }
 
 
