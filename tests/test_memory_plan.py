@@ -51,8 +51,11 @@ def test_plan_order_and_choice():
 def test_more_tasks_and_workers_need_more():
     one = _plans(None)[-1]
     two = _plans(None, tasks=2, partitions_per_mode=2, workers=2)[-1]
-    assert two.terms["outputs"] == 2 * one.terms["outputs"]
-    assert two.terms["reduction"] > 0 and two.terms["transfer"] == two.terms["factors"]
+    # two partials of its own, and the sum of its slice of the reduce-scatter (half an output)
+    assert two.terms["outputs"] == 2 * one.terms["outputs"] + -(-one.terms["outputs"] // 2)
+    assert two.terms["reduction"] == one.terms["outputs"] and two.terms["transfer"] == two.terms["factors"]
+    tree = _plans(None, tasks=1, partitions_per_mode=8, workers=1)[-1]      # one worker: a tree of 4
+    assert tree.terms["outputs"] == 4 * one.terms["outputs"] and tree.terms["reduction"] == one.terms["outputs"]
 
 
 def test_below_the_floor_names_the_figures():
@@ -71,7 +74,7 @@ def _state(rng, shape, R):
 
 
 @pytest.mark.parametrize("first", [True, False])
-@pytest.mark.parametrize("split", ["whole", "offset", "several"])
+@pytest.mark.parametrize("split", ["whole", "offset", "several", "slices"])
 def test_in_place_update_equals_copying(rng, first, split):
     shape, R = (70, 90, 50, 40), int(rng.integers(2, 9))
     for mode in range(len(shape)):
@@ -84,6 +87,9 @@ def test_in_place_update_equals_copying(rng, first, split):
             M[:7] = 0
             M[I - 3:] = 0
             parts = [Partial(7, M[7:I - 3].copy(), 0.0)]
+        elif split == "slices":   # a reduce-scatter's disjoint slices, out of order, one empty, a gap
+            M[12:15] = 0
+            parts = [Partial(15, M[15:].copy(), 0.0), Partial(5, M[5:5], 0.0), Partial(0, M[:12].copy(), 0.0)]
         else:
             parts = [Partial(0, M[:30].copy(), 0.0), Partial(20, M[20:].copy(), 0.0)]
             M = M.copy()
@@ -209,3 +215,49 @@ def test_lent_target_rows_serve_as_a_thread_copy(tmp_path, rng, monkeypatch, str
         np.testing.assert_allclose(new_b.data, new_a.data, rtol=1e-12, atol=1e-14)
         state = new_a
     assert True in lent and False in lent            # both paths ran (buffers() is asked once a batch)
+
+
+@pytest.mark.parametrize("nmodes", [3, 4])
+def test_partials_are_reduce_scattered_over_workers(tmp_path, rng, nmodes):
+    """With several workers each one sums one row slice of every partition's partial: the update
+    receives disjoint slices (one output's worth), computed on different workers, whose union is
+    the MTTKRP (against einsum); CP-ALS through them matches a one-worker run."""
+    from distributed import wait
+
+    from tensorflow_ooc.execution import MTTKRPGraph
+    from tensorflow_ooc.kernels import StackedFactors
+    from test_mttkrp import dense_mttkrp
+
+    shape = tuple(int(s) for s in rng.integers(20, 40, size=nmodes))
+    coords, values = random_coo(rng, shape, 6000)
+    store = tfo.convert((coords, values), tmp_path / "x.zarr", chunk_nnz=500)
+    factors = [rng.random((s, 5)) for s in shape]
+    seed = int(rng.integers(2**31))
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as one, \
+            Client(one) as c1:
+        reference = tfo.cp_als(store, 4, client=c1, seed=seed, max_iters=6, tol=0)
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        graph = MTTKRPGraph(client, store.path, partitions=6, execution="streaming")
+        assert graph.scatter_reduce
+        F = client.scatter(StackedFactors.from_list(factors), broadcast=True)
+        for mode in range(nmodes):
+            futures = graph.partials(F, mode)
+            assert len(futures) == 3
+            wait(futures)
+            where = {next(iter(ws)) for ws in client.who_has(futures).values()}
+            assert len(where) == 3                       # each slice summed on its own worker
+            got = client.gather(futures)
+            spans = sorted((p.lo, p.lo + p.rows.shape[0]) for p in got)
+            assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:]))       # disjoint
+            full = np.zeros((shape[mode], 5))
+            for p in got:
+                assert p.rows.shape[0] < shape[mode]
+                full[p.lo:p.lo + p.rows.shape[0]] += p.rows
+            ref = dense_mttkrp(shape, coords, values, factors, mode)
+            assert np.abs(full - ref).max() <= 1e-12 * np.abs(ref).max()
+        graph.release()
+        spread = tfo.cp_als(store, 4, client=client, seed=seed, max_iters=6, tol=0, partitions=6)
+    assert abs(spread.fit - reference.fit) < 1e-9
+    for a, b in zip(spread.factors, reference.factors):
+        np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-9)

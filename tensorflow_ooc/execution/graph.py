@@ -32,7 +32,7 @@ from .memory_plan import MemoryPlan, candidates, choose
 from .output_buffers import release_outputs
 from .partitions import Partition, plan_partitions
 from .stream import batch_nnz_for
-from .tasks import combine, load_partition, mttkrp_partition, sampled_partition
+from .tasks import combine, load_partition, mttkrp_partition, row_slice, sampled_partition
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +171,8 @@ class MTTKRPGraph:
         # per-thread output copy (ThreadOutputs) when the update overwrites them in place and no
         # other task can read them meanwhile
         self.lend_target = self.in_place and self._one_task_at_a_time
+        # several CPU workers: partials are reduce-scattered instead of tree-reduced onto one
+        self.scatter_reduce = len(res) > 1 and self.device == "cpu"
         self.data: list[Future] | None = None
         log.info("MTTKRP graph: %d partitions on %s, %s execution (decoded %.1f MiB, %s memory %s), "
                  "%d numba threads per task", len(self.parts), self.device, execution, decoded / 2**20,
@@ -252,7 +254,23 @@ class MTTKRPGraph:
                                        lend_target=lend_target, device=self.device,
                                        device_options=self.device_options, pure=False, **self.placement)
                     for src in self.sources()]
+        if self.scatter_reduce and len(partials) > 1:
+            return self.reduce_scatter(partials, self.store.shape[mode])
         return self.reduce(partials, last=True)
+
+    def reduce_scatter(self, futures: list[Future], nrows: int) -> list[Future]:
+        """Sum ``futures`` (partials of an ``nrows``-row output) as disjoint row slices, one per
+        worker: each partial is cut where it lies (views) and worker k sums slice k of all of
+        them, so no worker gathers whole partials; the consumer receives the slices, one output's
+        worth in all. Slices follow the partials' order, so sums are reproducible."""
+        workers = sorted(self.resources)
+        W = len(workers)
+        bounds = [nrows * k // W for k in range(W + 1)]
+        out = []
+        for k, addr in enumerate(workers):
+            pieces = [self.client.submit(row_slice, f, bounds[k], bounds[k + 1], pure=False) for f in futures]
+            out.append(self.client.submit(combine, *pieces, pure=False, workers=[addr], allow_other_workers=True))
+        return out
 
     def mode_update(self, factors: Future, mode: int, update: Callable, *args) -> Future:
         """Submit the mode-``mode`` MTTKRP followed by ``update(factors, partials, mode, *args)``.

@@ -139,20 +139,27 @@ _ORDER = {("in-memory", False): 0, ("in-memory", True): 1, ("streaming", False):
 
 
 def _state_terms(shape: tuple[int, ...], rank: int, itemsize: int, tasks: int, partitions_per_mode: int,
-                 split_every: int, baseline: int, in_place: bool) -> dict[str, int]:
+                 split_every: int, baseline: int, in_place: bool, workers: int = 1) -> dict[str, int]:
     """The terms sparse and dense plans share: the worker's baseline and kernels, the model state
     (and its copy unless updates are in place), the MTTKRP outputs and their reduction, and the
-    update's working set."""
+    update's working set. One worker sums its partials in a tree (up to ``split_every`` at once
+    and their sum); several reduce-scatter them (``MTTKRPGraph.reduce_scatter``): a worker holds
+    its own tasks' partials and its slice's sum, and the update's worker all slices, one output."""
     S = sum(shape) * rank * itemsize
     out_rows = max(shape) * rank * itemsize
+    if partitions_per_mode <= 1:
+        outputs, reduction = tasks * out_rows, 0
+    elif workers > 1:
+        outputs, reduction = tasks * out_rows + -(-out_rows // workers), out_rows
+    else:
+        outputs, reduction = max(tasks, min(partitions_per_mode, split_every)) * out_rows, out_rows
     return {
         "baseline": int(baseline),
         "kernels": KERNEL_CODE_BYTES,
         "factors": S,
         "state_copy": 0 if in_place else S,
-        "outputs": (max(tasks, min(partitions_per_mode, split_every)) if partitions_per_mode > 1 else tasks)
-        * out_rows,
-        "reduction": out_rows if partitions_per_mode > 1 else 0,
+        "outputs": outputs,
+        "reduction": reduction,
         # in place: one GEMM into the factor's own rows and per-block column statistics
         "update": (-(-max(shape) // STAT_BLOCK_ROWS) * rank * 8) if in_place else 2 * out_rows,
     }
@@ -211,7 +218,8 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
         roomy = bound > DEFAULT_MAX_PRIVATE_BYTES
         private = private if roomy else min(private, call_nnz * PRIVATE_REUSE * rank * itemsize)
         terms = {
-            **_state_terms(shape, rank, itemsize, tasks, partitions_per_mode, split_every, baseline, in_place),
+            **_state_terms(shape, rank, itemsize, tasks, partitions_per_mode, split_every, baseline, in_place,
+                              workers),
             "private": tasks * private,
             "data": int(data),
             "buckets": tasks * 20 * min(OWNED_GROUP_NNZ, call_nnz),
@@ -259,7 +267,8 @@ def dense_candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker
         for mode in modes:
             data = worker_bytes if mode == "in-memory" else tasks * 3 * chunk_bytes
             terms = {
-                **_state_terms(shape, rank, itemsize, tasks, partitions_per_mode, split_every, baseline, in_place),
+                **_state_terms(shape, rank, itemsize, tasks, partitions_per_mode, split_every, baseline, in_place,
+                              workers),
                 "private": tasks * (kernel_threads * max(chunk_shape) + sum(chunk_shape)) * rank * itemsize,
                 "data": int(data),
                 "transfer": S if workers > 1 else 0,

@@ -187,11 +187,22 @@ def _mttkrp_partition_gpu(source, factors: StackedFactors, mode: int, lo: int, r
     return mttkrp_stream(cached_store(path), part.chunk_lo, part.chunk_hi, factors, mode, lo, rows, opts)
 
 
+def row_slice(partial: Partial, lo: int, hi: int) -> Partial:
+    """The rows ``lo .. hi - 1`` of ``partial`` that it has (a view; no rows where they do not
+    meet), for a reduce-scatter: each worker then sums one slice of every partial."""
+    a, b = max(lo, partial.lo), min(hi, partial.lo + partial.rows.shape[0])
+    if b <= a:
+        return Partial(lo, partial.rows[:0], partial.seconds)
+    return Partial(a, partial.rows[a - partial.lo:b - partial.lo], partial.seconds)
+
+
 def combine(*partials: Partial) -> Partial:
-    """Sum partials into one covering the union of their row ranges."""
-    lo = min(p.lo for p in partials)
-    hi = max(p.lo + p.rows.shape[0] for p in partials)
+    """Sum partials into one covering the union of their row ranges (partials without rows add
+    nothing to it)."""
+    some = [p for p in partials if p.rows.shape[0]] or list(partials[:1])
+    lo = min(p.lo for p in some)
+    hi = max(p.lo + p.rows.shape[0] for p in some)
     out = np.zeros((hi - lo, partials[0].rows.shape[1]), dtype=partials[0].rows.dtype)
-    for p in partials:
+    for p in some:
         out[p.lo - lo:p.lo - lo + p.rows.shape[0]] += p.rows
     return Partial(lo, out, max(p.seconds for p in partials))
