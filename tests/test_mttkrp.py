@@ -285,15 +285,17 @@ def test_kept_output_buffer_is_handed_out_only_when_free(tmp_path, rng, monkeypa
         full[got.lo:got.lo + got.rows.shape[0]] = got.rows
         assert rel_err(full, dense_mttkrp(shape, coords, values, factors, mode)) < 1e-12
 
-    first = mttkrp_partition((store.path, part), stacked, 0, 1, batch_nnz=256)
+    # the longest mode first: its buffer then holds every other mode's output
+    modes = sorted(range(3), key=lambda m: -shape[m])
+    first = mttkrp_partition((store.path, part), stacked, modes[0], 1, batch_nnz=256)
     kept = output_buffers._KEPT[0].ctypes.data
     assert first.rows.ctypes.data == kept
-    held = mttkrp_partition((store.path, part), stacked, 1, 1, batch_nnz=256)
+    held = mttkrp_partition((store.path, part), stacked, modes[1], 1, batch_nnz=256)
     assert held.rows.ctypes.data != kept                 # ``first`` still holds the kept buffer
-    check(first, 0)
-    check(held, 1)
+    check(first, modes[0])
+    check(held, modes[1])
     del first, held
-    for mode in (2, 0):                                  # free again: reused, and zeroed each time
+    for mode in (modes[2], modes[0]):                    # free again: reused, and zeroed each time
         got = mttkrp_partition((store.path, part), stacked, mode, 1, batch_nnz=256)
         assert got.rows.ctypes.data == kept
         check(got, mode)
