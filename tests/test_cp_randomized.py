@@ -9,7 +9,9 @@ from tensorflow_ooc.cli import main as cli_main
 
 
 def fresh_seed() -> int:
-    return int(np.random.default_rng().integers(1 << 30))
+    seed = int(np.random.default_rng().integers(1 << 30))
+    print("planted-tensor seed =", seed)     # shown with a failure, to reproduce it
+    return seed
 
 
 def test_sts_reaches_planted_rank8_without_noise(tmp_path):

@@ -257,9 +257,11 @@ def test_factor_storage_and_outputs_start_on_a_page(rng):
     assert stacked.data.ctypes.data % ALIGN_BYTES == 0
     assert all(np.array_equal(v, f) for v, f in zip(stacked.views, factors))
     for dtype in (np.float64, np.float32, np.uint8):
-        z = aligned_zeros((int(rng.integers(0, 50)), 3), dtype)
-        assert z.ctypes.data % ALIGN_BYTES == 0 and z.dtype == dtype and z.flags.c_contiguous and not z.any()
-        assert aligned_empty(int(rng.integers(0, 50)), dtype).ctypes.data % ALIGN_BYTES == 0
+        n = int(rng.integers(1, 50))
+        z = aligned_zeros((n, 3), dtype)
+        assert z.ctypes.data % ALIGN_BYTES == 0 and z.dtype == dtype and z.shape == (n, 3) and not z.any()
+        assert z.flags.c_contiguous and aligned_empty(n, dtype).ctypes.data % ALIGN_BYTES == 0
+        assert aligned_zeros((0, 3), dtype).shape == (0, 3) and aligned_empty(0, dtype).shape == (0,)
     c = aligned_copy(factors[0][::2])
     assert c.ctypes.data % ALIGN_BYTES == 0 and np.array_equal(c, factors[0][::2]) and c.flags.c_contiguous
     out = tfo.mttkrp(tfo.encode_coo(np.zeros((1, 3), dtype=np.int64), np.ones(1), shape), factors, 0)

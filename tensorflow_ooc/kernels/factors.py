@@ -19,6 +19,8 @@ def _aligned(shape: Sequence[int] | int, dtype: Any, alloc) -> np.ndarray:
     dtype = np.dtype(dtype)
     shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(s) for s in shape)
     nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:         # nothing to place (NumPy gives empty views a pointer of its own)
+        return alloc(shape, dtype=dtype)
     raw = alloc(nbytes + ALIGN_BYTES, dtype=np.uint8)
     off = (-raw.ctypes.data) % ALIGN_BYTES
     return raw[off:off + nbytes].view(dtype).reshape(shape)
