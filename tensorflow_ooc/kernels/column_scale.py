@@ -15,6 +15,28 @@ STAT_BLOCK_ROWS = 1 << 14
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
+def _column_stats(A: np.ndarray, squares: bool) -> np.ndarray:
+    """Per column of ``A`` (I, R): the largest |A[i, r]|, or with ``squares`` the sum of
+    A[i, r]**2 in float64. Blocks of ``STAT_BLOCK_ROWS`` rows run on numba's threads and are
+    combined in a fixed order, so the result does not depend on the thread count."""
+    n, R = A.shape
+    nblocks = (n + STAT_BLOCK_ROWS - 1) // STAT_BLOCK_ROWS
+    part = np.zeros((nblocks, R))
+    for b in nb.prange(nblocks):
+        for i in range(b * STAT_BLOCK_ROWS, min(n, (b + 1) * STAT_BLOCK_ROWS)):
+            for r in range(R):
+                x = np.float64(A[i, r])
+                if squares:
+                    part[b, r] += x * x
+                elif abs(x) > part[b, r]:
+                    part[b, r] = abs(x)
+    out = np.zeros(R)
+    for b in range(nblocks):
+        for r in range(R):
+            out[r] = out[r] + part[b, r] if squares else max(out[r], part[b, r])
+    return out
+
+
 def column_max_abs(A: np.ndarray) -> np.ndarray:
     """Largest |A[i, r]| of each column r of the C-ordered float array ``A`` (I, R); 0 where I = 0.
 
@@ -26,23 +48,9 @@ def column_max_abs(A: np.ndarray) -> np.ndarray:
     -------
     float64 (R,)
     """
-    n, R = A.shape
-    nblocks = (n + STAT_BLOCK_ROWS - 1) // STAT_BLOCK_ROWS
-    part = np.zeros((nblocks, R))
-    for b in nb.prange(nblocks):
-        for i in range(b * STAT_BLOCK_ROWS, min(n, (b + 1) * STAT_BLOCK_ROWS)):
-            for r in range(R):
-                x = abs(A[i, r])
-                if x > part[b, r]:
-                    part[b, r] = x
-    out = np.zeros(R)
-    for b in range(nblocks):
-        for r in range(R):
-            out[r] = max(out[r], part[b, r])
-    return out
+    return _column_stats(A, False)
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
 def column_sum_squares(A: np.ndarray) -> np.ndarray:
     """Sum of A[i, r]**2 over i for each column r of the C-ordered float array ``A`` (I, R),
     accumulated in float64 in a fixed order of blocks (the same result for any thread count).
@@ -55,16 +63,4 @@ def column_sum_squares(A: np.ndarray) -> np.ndarray:
     -------
     float64 (R,)
     """
-    n, R = A.shape
-    nblocks = (n + STAT_BLOCK_ROWS - 1) // STAT_BLOCK_ROWS
-    part = np.zeros((nblocks, R))
-    for b in nb.prange(nblocks):
-        for i in range(b * STAT_BLOCK_ROWS, min(n, (b + 1) * STAT_BLOCK_ROWS)):
-            for r in range(R):
-                x = np.float64(A[i, r])
-                part[b, r] += x * x
-    out = np.zeros(R)
-    for b in range(nblocks):
-        for r in range(R):
-            out[r] += part[b, r]
-    return out
+    return _column_stats(A, True)

@@ -131,12 +131,11 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
                 add(f"        a{r} = zero")
         else:
             add("        acc = np.zeros(R, dtype=F.dtype)")
-    if PF:
-        add("        for i in range(item_start[k], end):")
-    else:
+    if not PF:
         # an unsigned index: numba emits no negative-index fix-up for index[i] and values[i]
         add("        for i in range(np.uint64(item_start[k]), np.uint64(end)):")
-    if PF:
+    else:
+        add("        for i in range(item_start[k], end):")
         add(f"            if i + {PF} < end:")
         if delta:
             add(f"                ahead += index[i + {PF}]")
