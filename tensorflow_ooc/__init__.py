@@ -28,6 +28,10 @@ synthetic
 
 __version__ = "0.1.0"
 
+from .cpu_target import configure_numba_target  # noqa: E402  (before anything compiles a kernel)
+
+configure_numba_target()
+
 from .errors import (  # noqa: E402
     CorruptStoreError, DuplicateError, EmptyTensorError, ForeignStoreError, IncompleteStoreError, IndexRangeError,
     IngestError, NonFiniteValueError, ParseError, ShapeError, StoreError, StoreExistsError, TfoocError,

@@ -1,0 +1,59 @@
+"""Numba's CPU target: let LLVM use 512-bit vectors on CPUs with AVX-512.
+
+LLVM tunes Intel AVX-512 CPUs (Skylake-X through Sapphire Rapids) with ``prefer-256-bit``: it
+vectorizes with ymm registers only, because early AVX-512 parts lowered their clock for zmm code.
+The MTTKRP kernels are bound by instruction count, not clock: a rank-16 float64 row is two zmm
+registers against four ymm, and the uber-shaped all-mode MTTKRP runs 25-30 % faster with zmm
+(benchmarks/KERNELS.md). Numba reads its target features once, from ``NUMBA_CPU_FEATURES``,
+when its first kernel compiles, so this must run before any kernel is compiled; the package
+imports it first. Worker processes inherit the environment variable.
+
+Left alone when the user has set ``NUMBA_CPU_NAME`` or ``NUMBA_CPU_FEATURES`` (their choice, e.g. a
+portable cache), when the host has no AVX-512, or when ``TFOOC_CPU_VECTOR_BITS=256``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+log = logging.getLogger(__name__)
+
+WIDE_VECTORS_FEATURE = "-prefer-256-bit"
+
+
+def wide_vector_features(host_features: str) -> str | None:
+    """The feature string that lifts the 256-bit preference, or None where it has no effect.
+
+    ``host_features`` is LLVM's comma-separated ``+name``/``-name`` list for the host CPU.
+    """
+    if "+avx512f" not in host_features.split(","):
+        return None
+    return f"{host_features},{WIDE_VECTORS_FEATURE}"
+
+
+def configure_numba_target(environ: dict[str, str] = os.environ) -> str | None:
+    """Set ``NUMBA_CPU_FEATURES`` for 512-bit vectors where it helps; return what was set.
+
+    A no-op (returns None) under the conditions in the module docstring.
+    """
+    if environ.get("NUMBA_CPU_NAME") or environ.get("NUMBA_CPU_FEATURES"):
+        return None
+    if environ.get("TFOOC_CPU_VECTOR_BITS", "512").strip() == "256":
+        return None
+    try:
+        import llvmlite.binding as llvm
+        host = llvm.get_host_cpu_features().flatten()
+    except Exception:  # noqa: BLE001 - an llvmlite that cannot say leaves numba's defaults
+        return None
+    features = wide_vector_features(host)
+    if features is None:
+        return None
+    environ["NUMBA_CPU_FEATURES"] = features
+    if "numba" in sys.modules:
+        # numba was imported before us: re-read the setting; it holds if nothing has compiled yet.
+        from numba.core import config
+        config.reload_config()
+    log.debug("numba target: 512-bit vectors (%s)", WIDE_VECTORS_FEATURE)
+    return features
