@@ -14,6 +14,7 @@ from tensorflow_ooc.kernels.krp_sampler import (
     PINV_RTOL,
     SampleSet,
     build_tree,
+    marginal_mode,
     sts_sample,
 )
 
@@ -133,6 +134,27 @@ def test_sts_draws_follow_exact_leverage_scores(case):
         perturbed[k0][-1] = perturbed[k0][0]
         A2, _ = explicit_krp(perturbed, mode)
         assert chi2_pvalue(counts, exact_leverage(A2)) < 1e-6, (shape, rank, deficient, mode)
+
+
+@pytest.mark.parametrize("case", [0, 3, 6])
+def test_sts_tree_walks_alone_follow_exact_leverage_scores(case):
+    """``marginal=False``: every mode drawn by tree walks, the first one too (the default draws
+    the first mode from its marginal, which the test above covers)."""
+    shape, rank, deficient = STS_CASES[case]
+    rng = np.random.default_rng(3100 + case)
+    factors = make_factors(rng, shape, rank, deficient)
+    for mode in range(len(shape)):
+        s = sts_sample(factors, None, mode, J_STAT, seed=5000 + 10 * case + mode, marginal=False)
+        A, _ = explicit_krp(factors, mode)
+        assert chi2_pvalue(cell_counts(s, factors, A.shape[0]), exact_leverage(A)) > 1e-3, (shape, mode)
+
+
+def test_marginal_mode_saves_the_most_walk_work():
+    # J draws walk log2(leaves) + 1 levels; the marginal costs one pass over the factor's rows
+    assert marginal_mode([1000, 30000], [8, 256], 65536) == 1
+    assert marginal_mode([30000, 1000], [256, 8], 65536) == 0
+    assert marginal_mode([5_000_000, 8_000_000], [1 << 15, 1 << 16], 4096) is None
+    assert marginal_mode([5_000_000, 900], [1 << 15, 4], 4096) == 1
 
 
 @pytest.mark.parametrize("shape,rank", [((5, 6, 4), 3), ((1, 4, 7), 5), ((3, 1, 9, 2), 4), ((2,) * 8, 3),

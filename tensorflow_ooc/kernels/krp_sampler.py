@@ -16,7 +16,9 @@ splits that into a mixture of rank-one distributions, drawn in two stages:
    query vector ``h * V[:, u]``, by a walk down the tree and a scan of the rows of one leaf.
 
 Each draw costs ``O(R^2 log I_k)`` per mode. The trees hold about ``I R`` floats per factor and are
-rebuilt (:func:`build_tree`, ``O(I R^2)``) whenever the factor changes.
+rebuilt (:func:`build_tree`, ``O(I R^2)``) whenever the factor changes. The first mode drawn has
+no history, so its draws share one distribution: it is computed for every row at once
+(``O(I R^2)``, :func:`marginal_mode`) and drawn by inverse CDF, without walks.
 
 All draws of a mode walk the trees together, level by level (:func:`_walk`): the draws at one node
 are a contiguous group, and the masses ``q^T M_v q`` of a group come from matrix products (the
@@ -857,6 +859,34 @@ def krp_rows(factors: Sequence[np.ndarray], coords: np.ndarray, exclude: int) ->
 # public API
 
 
+def marginal_mode(rows: Sequence[int], leaves: Sequence[int], J: int) -> int | None:
+    """Which of the sampled modes (by position) to draw first from its whole marginal, or None.
+
+    The first mode drawn has no history (``h = 1``): every draw has the same distribution,
+    ``p(t) ~ U[t] G_> U[t]^T``, which one matrix product over the factor gives for every row
+    (``I R^2``) where the tree walks cost ``J R^2`` per level. The mode that saves the most walk
+    work goes first; none where every factor is longer than the draws' walks (a factor of
+    millions of rows against a few thousand draws)."""
+    saving = [J * (int(P).bit_length() + 1) - int(I) for I, P in zip(rows, leaves)]
+    best = int(np.argmax(saving))
+    return best if saving[best] > 0 else None
+
+
+def _draw_marginal(U: np.ndarray, M: np.ndarray, uniforms: np.ndarray, out: np.ndarray) -> None:
+    """Draw ``out[j]`` from ``p(t) ~ U[t] M U[t]^T`` (``M`` symmetric PSD) by inverse CDF with
+    ``uniforms[j]``; rows of zero mass are never drawn."""
+    mass = np.empty(U.shape[0])
+    row_quadforms(U, M, mass)
+    np.maximum(mass, 0.0, out=mass)
+    cdf = np.cumsum(mass)
+    if not cdf[-1] > 0.0:
+        raise RuntimeError("leverage sampling of a mode broke down numerically (zero total mass)")
+    # side="right" skips rows whose mass is zero (their cdf equals the previous row's); a target
+    # rounded up to the total lands past the end and goes to the last row with mass
+    last = int(np.flatnonzero(mass > 0.0)[-1])
+    np.minimum(np.searchsorted(cdf, uniforms * cdf[-1], side="right"), last, out=out)
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
@@ -917,7 +947,7 @@ def _eigen_tree(lam: np.ndarray, V: np.ndarray, Gk: np.ndarray) -> tuple[np.ndar
 
 
 def sts_sample(factors: Sequence[np.ndarray], trees: Sequence[RowTree | None] | None, exclude: int, J: int,
-               seed: Any = None) -> SampleSet:
+               seed: Any = None, marginal: bool = True) -> SampleSet:
     """Draw ``J`` rows of the Khatri-Rao product of all factors except ``exclude`` from its exact
     leverage-score distribution (STS-CP, Algorithm 6, memory-saving loop order).
 
@@ -935,6 +965,9 @@ def sts_sample(factors: Sequence[np.ndarray], trees: Sequence[RowTree | None] | 
         Number of draws.
     seed : int, None, numpy SeedSequence or Generator
         Source of the uniforms; with a fixed seed the result is identical for any thread count.
+    marginal : bool
+        Draw the mode chosen by :func:`marginal_mode` first, from its marginal over all rows
+        (same distribution, no tree walks); False walks the trees for every mode.
 
     Returns
     -------
@@ -981,6 +1014,10 @@ def sts_sample(factors: Sequence[np.ndarray], trees: Sequence[RowTree | None] | 
         h = np.ones((J, R))
         idx = np.zeros((J, N), dtype=np.int64)
         out = np.empty(J, dtype=np.int64)
+        first = marginal_mode([factors[k].shape[0] for k in ks], [trees[k].nleaves for k in ks], J) \
+            if marginal else None
+        if first is not None:
+            ks = [ks[first]] + ks[:first] + ks[first + 1:]
         for pos, k in enumerate(ks):
             after = np.ones((R, R))
             for k2 in ks[pos + 1:]:
@@ -988,6 +1025,11 @@ def sts_sample(factors: Sequence[np.ndarray], trees: Sequence[RowTree | None] | 
             lam, V = np.linalg.eigh(Gp * after)
             lam = np.maximum(lam, 0.0)
             V = np.ascontiguousarray(V)
+            if pos == 0 and first is not None:
+                _draw_marginal(factors[k], (V * lam) @ V.T, rng.random(J), out)
+                h *= factors[k][out]
+                idx[:, k] = out
+                continue
             E, P1 = _eigen_tree(lam, V, trees[k].gram)
             uniforms = rng.random((J, 2))
             tree = trees[k]
