@@ -171,3 +171,20 @@ def test_resumed_run_is_bit_identical_to_the_uninterrupted_one(tmp_path, rng):
     resumed = tfo.cp_als(s, 3, max_iters=30, tol=0, seed=seed, checkpoint=tmp_path / "c.npz", resume=True)
     assert resumed.fit == whole.fit
     assert all(np.array_equal(a, b) for a, b in zip(resumed.factors, whole.factors))
+
+
+def test_given_factors_are_scattered_not_embedded_in_the_graph(tmp_path, rng, client):
+    """A long mode's initial rows (here 12 MB) reach the workers by scatter: Dask warns about (and
+    copies) task graphs of over 10 MB. The same start gives the same result inline and on Dask."""
+    import warnings
+
+    shape = (800_000, 6, 5)
+    coords, values = random_coo(rng, shape, 2000)
+    store = tfo.convert((coords, values), tmp_path / "s.zarr", shape=shape)
+    init = [rng.random((s, 2)) for s in shape]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*large graph.*")
+        dask = tfo.cp_als(store, 2, client=client, init=init, max_iters=2, tol=0)
+    inline = tfo.cp_als(store, 2, init=init, max_iters=2, tol=0, scheduler="inline")
+    assert dask.params["scheduler"] == "dask" and inline.params["scheduler"] == "inline"
+    assert abs(dask.fit - inline.fit) < 1e-12

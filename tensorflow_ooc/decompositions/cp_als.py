@@ -164,7 +164,9 @@ def cp_als(store: Store | DenseArray | str | os.PathLike | np.ndarray, rank: int
         if state is not None:
             if state.input["store_id"] != input_fp["store_id"] or state.params.get("rank") != rank:
                 raise ValueError(f"{checkpoint}: checkpoint is for another store or rank; remove it or drop resume")
-            F = c.submit(U.stack, state.factors, dtype, state.weights, pure=False)
+            # scattered, not embedded in the graph: Dask warns about (and copies) graphs of
+            # tens of MB, which a long factor's rows make
+            F = c.submit(U.stack, c.scatter(state.factors, hash=False), dtype, state.weights, pure=False)
             start, fit, history, weights = state.iteration + 1, state.fit, list(state.history), state.weights
             sample_entropy = state.params.get("sample_entropy")
             log.info("resuming from %s after iteration %d (fit %.6f)", checkpoint, state.iteration + 1, fit)
@@ -176,7 +178,7 @@ def cp_als(store: Store | DenseArray | str | os.PathLike | np.ndarray, rank: int
             else:
                 if len(init) != N or any(np.shape(a) != (shape[n], rank) for n, a in enumerate(init)):
                     raise ValueError(f"init must hold {N} matrices of shapes {[(s, rank) for s in shape]}")
-                F = c.submit(U.stack, [np.asarray(a) for a in init], dtype, pure=False)
+                F = c.submit(U.stack, c.scatter([np.asarray(a) for a in init], hash=False), dtype, pure=False)
             start, fit, history, weights = 0, 0.0, [], np.ones(rank)
             sample_entropy = None
         if graph.device == "gpu":

@@ -226,7 +226,9 @@ def tucker_hooi(store: Store | str | os.PathLike, ranks: int | Sequence[int], *,
         params["scheduler"] = "inline" if is_inline(c) else "dask"
         # --- initial state: fresh, or from the last checkpoint -----------------------------------
         if state0 is not None:
-            S = c.submit(T.given_init, shape, ranks, state0.factors, state0.core, pure=False)
+            # factors scattered, not embedded: Dask warns about (and copies) graphs of tens of MB
+            S = c.submit(T.given_init, shape, ranks, c.scatter(list(state0.factors), hash=False), state0.core,
+                         pure=False)
             start, fit, history = state0.iteration + 1, state0.fit, list(state0.history)
             svd_entropy = state0.params.get("svd_entropy")
             log.info("resuming from %s after iteration %d (fit %.6f)", checkpoint, start, fit)
@@ -236,7 +238,8 @@ def tucker_hooi(store: Store | str | os.PathLike, ranks: int | Sequence[int], *,
             elif init == "nvecs":
                 S = c.submit(T.nvecs_init, store.path, shape, ranks, pure=False)
             else:
-                S = c.submit(T.given_init, shape, ranks, init, pure=False)
+                given = [None if a is None else np.asarray(a) for a in init]
+                S = c.submit(T.given_init, shape, ranks, c.scatter(given, hash=False), pure=False)
             start, fit, history, svd_entropy = 0, 0.0, [], None
         if svd_entropy is None:
             # one entropy per run, kept in checkpoints: a resumed run draws the test vectors the

@@ -57,6 +57,11 @@ class InlineClient:
                **kwargs: Any) -> InlineFuture:
         return InlineFuture(fn(*_resolve(list(args)), **{k: _resolve(v) for k, v in kwargs.items()}))
 
+    def scatter(self, data: Any, hash: bool = True, **kwargs: Any) -> Any:
+        if isinstance(data, (list, tuple)):
+            return type(data)(InlineFuture(v) for v in data)
+        return InlineFuture(data)
+
     def run(self, fn: Callable, *args: Any, workers: Any = None, **kwargs: Any) -> dict:
         return {INLINE_ADDRESS: fn(*args, **kwargs)}
 
