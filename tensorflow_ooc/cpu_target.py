@@ -4,7 +4,7 @@ LLVM tunes Intel AVX-512 CPUs (Skylake-X through Sapphire Rapids) with ``prefer-
 vectorizes with ymm registers only, because early AVX-512 parts lowered their clock for zmm code.
 The MTTKRP kernels are bound by instruction count, not clock: a rank-16 float64 row is two zmm
 registers against four ymm, and the uber-shaped all-mode MTTKRP runs 25-30 % faster with zmm
-(benchmarks/KERNELS.md). Numba reads its target features once, from ``NUMBA_CPU_FEATURES``,
+(docs/KERNELS.md). Numba reads its target features once, from ``NUMBA_CPU_FEATURES``,
 when its first kernel compiles, so this must run before any kernel is compiled; the package
 imports it first. Worker processes inherit the environment variable.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import MutableMapping
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def wide_vector_features(host_features: str) -> str | None:
     return f"{host_features},{WIDE_VECTORS_FEATURE}"
 
 
-def configure_numba_target(environ: dict[str, str] = os.environ) -> str | None:
+def configure_numba_target(environ: MutableMapping[str, str] = os.environ) -> str | None:
     """Set ``NUMBA_CPU_FEATURES`` for 512-bit vectors where it helps; return what was set.
 
     A no-op (returns None) under the conditions in the module docstring.

@@ -1028,15 +1028,15 @@ def sts_sample(factors: Sequence[np.ndarray], trees: Sequence[RowTree | None] | 
             if pos == 0 and first is not None:
                 _draw_marginal(factors[k], (V * lam) @ V.T, rng.random(J), out)
                 h *= factors[k][out]
-                idx[:, k] = out
-                continue
-            E, P1 = _eigen_tree(lam, V, trees[k].gram)
-            uniforms = rng.random((J, 2))
-            tree = trees[k]
-            _sts_draw_mode(factors[k], tree.grams, tree.nleaves, tree.leaf_rows, E, P1, lam, V, h, uniforms, out)
-            if np.any(out < 0):
-                raise RuntimeError(f"leverage sampling of mode {k} broke down numerically "
-                                   f"({int(np.sum(out < 0))} of {J} draws)")
+            else:
+                E, P1 = _eigen_tree(lam, V, trees[k].gram)
+                uniforms = rng.random((J, 2))
+                tree = trees[k]
+                _sts_draw_mode(factors[k], tree.grams, tree.nleaves, tree.leaf_rows, E, P1, lam, V, h, uniforms,
+                               out)
+                if np.any(out < 0):
+                    raise RuntimeError(f"leverage sampling of mode {k} broke down numerically "
+                                       f"({int(np.sum(out < 0))} of {J} draws)")
             idx[:, k] = out
 
         coords, counts = unique_rows(idx)
