@@ -4,8 +4,8 @@ The executable is built by the user outside this repository (ALTO's Makefile wit
 OpenBLAS needs a few fixes; a 64-bit-index build aborts on tensors needing more than 64 index
 bits, for which a 128-bit build is needed) and passed by path.
 
-- CP-ALS: ``cpd -i X.tns -l ALS -r R -m N -e 0 -x SEED`` (``-e 0``: never stop early, which
-  upstream rejects until patched) prints per iteration
+- CP-ALS: ``cpd -i X.tns -l ALS -r R -m N -e 1e-300 -x SEED`` (never stop early: upstream
+  rejects ``-e 0``, and no fit changes by less than 1e-300 in N iterations) prints per iteration
   ``it: k  fit: f  fit-delta: d  time(for MTTKRP): T s (M s)``: the iteration's seconds and its
   MTTKRP seconds summed over modes, from ALTO's own timers (file reading and conversion to ALTO
   are outside).
@@ -31,7 +31,7 @@ def index_bits(shape) -> int:
 def cp_als(exe: str, tns: Path, rank: int, iters: int, threads: int, seed: int = 1, mttkrp: bool = True) -> dict:
     """CP-ALS and (with ``mttkrp``) all-mode MTTKRP seconds of ALTO on ``tns`` (a run of the
     executable for each)."""
-    text, wall = run([exe, "-i", tns, "-l", "ALS", "-r", rank, "-m", iters, "-e", "0", "-x", seed], threads)
+    text, wall = run([exe, "-i", tns, "-l", "ALS", "-r", rank, "-m", iters, "-e", "1e-300", "-x", seed], threads)
     per_iter = floats(IT_LINE, text, 4)
     mttkrp_per_iter = floats(IT_LINE, text, 5)
     fits = floats(IT_LINE, text, 2)
