@@ -14,8 +14,8 @@ CP-ALS iterations with ``--threads`` threads:
 
 - ours: ``cp_als(store, R)`` through the embedded default, steady-state seconds per iteration
   (the median over iterations 2.., the rule used for every tool; the first, which loads or
-  compiles the kernels, is reported apart); all-mode MTTKRP of the in-memory tensor
-  (``encode_coo``) and of the store (``mttkrp(store, ...)``), median of ``--repeat``, for the
+  compiles the kernels, is reported apart); all-mode MTTKRP (factors given as one
+  ``StackedFactors``, as CP-ALS keeps them) of the in-memory tensor (``encode_coo``) and of the store (``mttkrp(store, ...)``), median of ``--repeat``, for the
   default store and for the same tensor stored with ``compression="none"`` ("raw": streamed by
   mapping its chunks); and streaming CP-ALS (``execution="streaming"``) on both stores, as a share
   of the embedded default's (in-memory) throughput ("cpd st" and "raw");
@@ -127,7 +127,8 @@ def ours(store_path: Path, coords, values, shape, rank: int, iters: int, repeat:
     per_it = steady([h["seconds"] for h in r.history])
     mttkrp_it = steady([sum(h["mttkrp_seconds"]) for h in r.history])
     tensor = tfo.encode_coo(coords, values, shape)
-    factors = [np.random.default_rng(n).random((s, rank)) for n, s in enumerate(shape)]
+    # stacked once, as CP-ALS keeps its factors (a list would be restacked by every call)
+    factors = tfo.StackedFactors.from_list([np.random.default_rng(n).random((s, rank)) for n, s in enumerate(shape)])
     mem = _median(lambda: [tfo.mttkrp(tensor, factors, n) for n in range(len(shape))], repeat)
     strm = _median(lambda: [tfo.mttkrp(store, factors, n) for n in range(len(shape))], repeat)
     raw = tfo.open_store(raw_path(store_path))

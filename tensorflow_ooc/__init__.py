@@ -11,6 +11,8 @@ encode_coo(coords, values, shape) -> BLCOTensor
     BLCO construction in memory.
 mttkrp(tensor, factors, mode) -> ndarray
     MTTKRP for any mode of a store (streamed through the fast chunk reader) or in-memory BLCO tensor.
+StackedFactors(shape, rank)
+    Factor matrices in one array, as the MTTKRP kernels read them (a list is stacked per call).
 cp_als(store, rank, ...) -> CPResult
     CP-ALS as iterated Dask graph reductions (embedded LocalCluster by default), of a BLCO store or
     of a dense Zarr, Dask or NumPy array (streamed chunk by chunk).
@@ -39,6 +41,7 @@ from .errors import (  # noqa: E402
 from .format import BitLayout, BLCOTensor, encode_coo  # noqa: E402
 from .ingest import convert  # noqa: E402
 from .execution.stream import mttkrp  # noqa: E402
+from .kernels.factors import StackedFactors  # noqa: E402
 from .decompositions import CPResult, cp_als, load_result  # noqa: E402
 from .decompositions import CompletionError, FastTuckerResult, load_fasttucker_result, tucker_sgd  # noqa: E402
 from .store import Store, open_store  # noqa: E402
@@ -51,6 +54,7 @@ __all__ = [
     "BitLayout", "BLCOTensor", "CPResult", "cp_als", "load_result", "CorruptStoreError", "DuplicateError", "EmptyTensorError", "ForeignStoreError",
     "IncompleteStoreError", "IndexRangeError", "IngestError", "NonFiniteValueError", "ParseError", "ShapeError",
     "Store", "StoreError", "StoreExistsError", "TfoocError", "__version__", "convert", "encode_coo", "mttkrp", "open_store",
+    "StackedFactors",
     "SemiSparse", "ttm", "ttm_chain",
     "TuckerResult", "load_tucker", "tucker_hooi",
     "DenseArray", "DenseArrayError", "open_dense",
