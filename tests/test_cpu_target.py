@@ -7,7 +7,9 @@ import sys
 import llvmlite.binding as llvm
 import pytest
 
-from tensorflow_ooc.cpu_target import WIDE_VECTORS_FEATURE, configure_numba_target, wide_vector_features
+from tensorflow_ooc.cpu_target import (
+    NARROW_VECTORS_FEATURE, WIDE_VECTORS_FEATURE, configure_numba_target, wide_vector_features,
+)
 
 HOST_FEATURES = llvm.get_host_cpu_features().flatten()
 HOST_AVX512 = "+avx512f" in HOST_FEATURES.split(",")
@@ -16,19 +18,23 @@ HOST_AVX512 = "+avx512f" in HOST_FEATURES.split(",")
 def test_wide_vectors_only_with_avx512():
     assert wide_vector_features("+sse2,+avx2,-avx512f") is None
     assert wide_vector_features("+sse2,+avx2,+avx512f") == f"+sse2,+avx2,+avx512f,{WIDE_VECTORS_FEATURE}"
+    assert wide_vector_features("+sse2,+avx2,+avx512f", 256) == f"+sse2,+avx2,+avx512f,{NARROW_VECTORS_FEATURE}"
+    assert wide_vector_features("+sse2,+avx2,-avx512f", 256) is None
 
 
-def test_user_settings_and_opt_out_are_left_alone():
-    for env in ({"NUMBA_CPU_NAME": "generic"}, {"NUMBA_CPU_FEATURES": "+sse2"}, {"TFOOC_CPU_VECTOR_BITS": "256"}):
+def test_user_settings_are_left_alone_and_256_bits_can_be_asked_for():
+    for env in ({"NUMBA_CPU_NAME": "generic"}, {"NUMBA_CPU_FEATURES": "+sse2"},
+                {"NUMBA_CPU_FEATURES": "+sse2", "TFOOC_CPU_VECTOR_BITS": "256"}):
         environ = dict(env)
         assert configure_numba_target(environ) is None
         assert environ == env
-    environ = {}
-    got = configure_numba_target(environ)
-    if HOST_AVX512:
-        assert got == environ["NUMBA_CPU_FEATURES"] and got.endswith(WIDE_VECTORS_FEATURE)
-    else:
-        assert got is None and environ == {}
+    for env, feature in (({}, WIDE_VECTORS_FEATURE), ({"TFOOC_CPU_VECTOR_BITS": "256"}, NARROW_VECTORS_FEATURE)):
+        environ = dict(env)
+        got = configure_numba_target(environ)
+        if HOST_AVX512:
+            assert got == environ["NUMBA_CPU_FEATURES"] and got.endswith(feature)
+        else:
+            assert got is None and environ == env
 
 
 _PROBE = """
