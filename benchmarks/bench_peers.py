@@ -15,8 +15,9 @@ CP-ALS iterations with ``--threads`` threads:
 - ours: ``cp_als(store, R)`` through the embedded default, steady-state seconds per iteration
   (the median over iterations 2.., the rule used for every tool; the first, which loads or
   compiles the kernels, is reported apart); all-mode MTTKRP (factors given as one
-  ``StackedFactors``, as CP-ALS keeps them) of the in-memory tensor (``encode_coo``) and of the store (``mttkrp(store, ...)``), median of ``--repeat``, for the
-  default store and for the same tensor stored with ``compression="none"`` ("raw": streamed by
+  ``StackedFactors``, as CP-ALS keeps them) of the in-memory tensor (``encode_coo``) and of the
+  store (``mttkrp(store, ...)``), median of ``--repeat``, for the default store and for the
+  same tensor stored with ``compression="none"`` ("raw": streamed by
   mapping its chunks); and streaming CP-ALS (``execution="streaming"``) on both stores, as a share
   of the embedded default's (in-memory) throughput ("cpd st" and "raw");
 - ALTO, SPLATT: their own per-iteration and MTTKRP timers (see ``peers/alto.py`` and

@@ -27,7 +27,7 @@ WIDE_VECTORS_FEATURE = "-prefer-256-bit"
 NARROW_VECTORS_FEATURE = "+prefer-256-bit"
 
 
-def wide_vector_features(host_features: str, bits: int = 512) -> str | None:
+def vector_width_features(host_features: str, bits: int = 512) -> str | None:
     """The feature string for ``bits``-wide vectors (512: lift the 256-bit preference; 256: ask
     for it), or None where it has no effect (no AVX-512).
 
@@ -39,7 +39,8 @@ def wide_vector_features(host_features: str, bits: int = 512) -> str | None:
 
 
 def configure_numba_target(environ: MutableMapping[str, str] = os.environ) -> str | None:
-    """Set ``NUMBA_CPU_FEATURES`` for 512-bit vectors where it helps; return what was set.
+    """Set ``NUMBA_CPU_FEATURES`` for 512-bit vectors (256-bit with ``TFOOC_CPU_VECTOR_BITS=256``)
+    on AVX-512 hosts; return what was set.
 
     A no-op (returns None) under the conditions in the module docstring.
     """
@@ -51,7 +52,7 @@ def configure_numba_target(environ: MutableMapping[str, str] = os.environ) -> st
         host = llvm.get_host_cpu_features().flatten()
     except Exception:  # noqa: BLE001 - an llvmlite that cannot say leaves numba's defaults
         return None
-    features = wide_vector_features(host, bits)
+    features = vector_width_features(host, bits)
     if features is None:
         return None
     environ["NUMBA_CPU_FEATURES"] = features

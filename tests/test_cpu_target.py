@@ -8,7 +8,7 @@ import llvmlite.binding as llvm
 import pytest
 
 from tensorflow_ooc.cpu_target import (
-    NARROW_VECTORS_FEATURE, WIDE_VECTORS_FEATURE, configure_numba_target, wide_vector_features,
+    NARROW_VECTORS_FEATURE, WIDE_VECTORS_FEATURE, configure_numba_target, vector_width_features,
 )
 
 HOST_FEATURES = llvm.get_host_cpu_features().flatten()
@@ -16,10 +16,10 @@ HOST_AVX512 = "+avx512f" in HOST_FEATURES.split(",")
 
 
 def test_wide_vectors_only_with_avx512():
-    assert wide_vector_features("+sse2,+avx2,-avx512f") is None
-    assert wide_vector_features("+sse2,+avx2,+avx512f") == f"+sse2,+avx2,+avx512f,{WIDE_VECTORS_FEATURE}"
-    assert wide_vector_features("+sse2,+avx2,+avx512f", 256) == f"+sse2,+avx2,+avx512f,{NARROW_VECTORS_FEATURE}"
-    assert wide_vector_features("+sse2,+avx2,-avx512f", 256) is None
+    assert vector_width_features("+sse2,+avx2,-avx512f") is None
+    assert vector_width_features("+sse2,+avx2,+avx512f") == f"+sse2,+avx2,+avx512f,{WIDE_VECTORS_FEATURE}"
+    assert vector_width_features("+sse2,+avx2,+avx512f", 256) == f"+sse2,+avx2,+avx512f,{NARROW_VECTORS_FEATURE}"
+    assert vector_width_features("+sse2,+avx2,-avx512f", 256) is None
 
 
 def test_user_settings_are_left_alone_and_256_bits_can_be_asked_for():

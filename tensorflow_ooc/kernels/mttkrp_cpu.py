@@ -93,8 +93,8 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
         # a fixed rank addresses rows in 1-D views: row i starts at i * R, a shift or a constant
         # multiply, where a 2-D index multiplies by the run-time row stride and keeps each
         # array's stride in a register (the loop then ran out of registers and reloaded them
-        # from the stack). Zen 5, 2 threads, all-mode R16: uber 17.7 -> 15.7 ms, chicago 29.3
-        # -> 26.8, nips 20.8 -> 19.5 (no gain measured on an Intel Rocket Lake, none lost).
+        # from the stack). Zen 5, 2 threads, all-mode R16: uber 17.7 -> 15.8 ms, chicago 29.3
+        # -> 26.3, nips 20.8 -> 19.9 (docs/KERNELS.md, "Row addressing").
         add("    Ff = F.reshape(F.size)")
         if kind != "threads":
             add("    Pb = priv_buf.reshape(priv_buf.size)")
