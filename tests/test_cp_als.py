@@ -158,6 +158,29 @@ def test_update_helpers_match_numpy(rng):
     np.testing.assert_allclose(solve_normal(V, M), M @ np.linalg.pinv(V), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("order", [3, 4, 6])
+def test_normal_inverse_of_grams_matches_numpy(rng, order):
+    """The update's V^+ kernel (Hadamard product of the other modes' Grams, Cholesky inverse) against
+    NumPy's inverse for every mode; a given V; a zero Gram (V singular: NumPy's pseudo-inverse)."""
+    from tensorflow_ooc.kernels.normal_equations import normal_inverse_of
+
+    R = int(rng.integers(2, 20))
+    grams = [(lambda B: B.T @ B)(rng.standard_normal((R + int(rng.integers(1, 30)), R))) for _ in range(order)]
+    for mode in range(order):
+        V = np.ones((R, R))
+        for m, g in enumerate(grams):
+            if m != mode:
+                V *= g
+        np.testing.assert_allclose(normal_inverse_of(grams, mode), np.linalg.inv(V), rtol=1e-8, atol=1e-12)
+        np.testing.assert_allclose(normal_inverse_of(None, mode, V), np.linalg.inv(V), rtol=1e-8, atol=1e-12)
+    zero = [g.copy() for g in grams]
+    zero[1][:, 0] = zero[1][0, :] = 0.0
+    V = np.ones((R, R))
+    for g in zero[1:]:
+        V *= g
+    np.testing.assert_allclose(normal_inverse_of(zero, 0), np.linalg.pinv(V), rtol=1e-8, atol=1e-12)
+
+
 def test_resumed_run_is_bit_identical_to_the_uninterrupted_one(tmp_path, rng):
     """The state carried between updates equals what a resume rebuilds from the checkpoint, to the
     last bit (Grams recomputed from the normalized factors), so resuming changes nothing; on an
