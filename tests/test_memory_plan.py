@@ -33,8 +33,12 @@ def _plans(limit, **kw):
 
 def test_plan_order_and_choice():
     plans = _plans(None)
-    assert [(p.execution, p.in_place) for p in plans[:4]] == [
-        ("in-memory", False), ("in-memory", True), ("streaming", False), ("streaming", True)]
+    kinds = list(dict.fromkeys((p.execution, p.in_place, p.mode_copies) for p in plans))
+    assert kinds[:6] == [("in-memory", False, True), ("in-memory", False, False), ("in-memory", True, True),
+                         ("in-memory", True, False), ("streaming", False, False), ("streaming", True, False)]
+    # mode-sorted copies: one more copy of the nonzeros (index + value) per mode, in memory only
+    assert plans[0].terms["mode_copies"] == 86_000_000 * 16 * len(AMAZON)
+    assert all(not p.mode_copies for p in _plans(None, samples=1 << 16))    # randomized CP: none
     assert choose(plans) is plans[0]                       # no limit: the fastest
     peaks = [p.peak for p in plans]
     assert peaks[-1] == min(peaks)                          # the last is the leanest

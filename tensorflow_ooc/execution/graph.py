@@ -192,8 +192,11 @@ class MTTKRPGraph:
 
     def _load(self, part) -> Future:
         """Submit the task that holds ``part`` in worker (or device) memory for in-memory execution."""
-        return self.client.submit(load_partition, self.path, part, self.device, self.device_options,
-                                  key=f"tfooc-partition-{self.store.meta['store_id']}-{self.device}-{part.id}",
+        copies = bool(self.memory_plan and self.memory_plan.mode_copies)
+        return self.client.submit(load_partition, self.path, part, self.device, self.device_options, copies,
+                                  self.numba_threads,
+                                  key=f"tfooc-partition-{self.store.meta['store_id']}-{self.device}-{part.id}"
+                                      + ("-sorted" if copies else ""),
                                   **self.placement)
 
     def _source_ref(self):

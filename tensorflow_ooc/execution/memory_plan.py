@@ -15,6 +15,8 @@ Before anything runs, the plan adds up the bytes the busiest worker holds at onc
                where a kernel call has too few nonzeros to use it (a private work item spans at
                most ``PRIVATE_REUSE`` rows per nonzero)
 ``data``       decoded partitions kept in memory, or the streaming batch buffers
+``mode_copies`` in-memory partitions' mode-sorted copies, one per mode (the runs kernel sums
+               each target row's nonzeros in registers; :mod:`~tensorflow_ooc.kernels.mode_order`)
 ``buckets``    the row-owned tiles' buckets (20 bytes a nonzero, a bounded group at a time)
 ``transfer``   a state arriving from another worker while the previous one is still held
 ``sampling``   randomized CP-ALS: the STS-CP segment trees (at most one factor's size each), two
@@ -33,6 +35,9 @@ and the pickling's own copy then pushes it past ``terminate``; and below ``pause
 3. streaming, copying updates;
 4. streaming, in-place updates;
 5. streaming, in-place, lean: small batches and a small private bound (more atomic adds).
+
+In-memory executions (exact CP-ALS) are first tried with mode-sorted copies of the partitions,
+then without: the copies are speed, bought with one more copy of the nonzeros per mode.
 
 With more than one kernel thread, each of 1-4 is first tried with a private bound that holds a
 per-thread copy of the longest mode's output (the kernels then give long modes per-thread
@@ -87,6 +92,7 @@ class MemoryPlan:
     terms: dict[str, int] = field(default_factory=dict)
     limit: int | None = None             # the worker's memory limit (None: unlimited)
     usable_fraction: float = DEFAULT_USABLE
+    mode_copies: bool = False            # in-memory partitions keep mode-sorted copies
 
     @property
     def peak(self) -> int:
@@ -107,7 +113,7 @@ class MemoryPlan:
         lean = self.batch_nnz == LEAN_BATCH_NNZ and self.max_private_bytes == LEAN_PRIVATE_BYTES
         roomy = self.max_private_bytes > DEFAULT_MAX_PRIVATE_BYTES
         return (f"{self.execution}, {'in-place' if self.in_place else 'copying'} updates" + (", lean" if lean else "")
-                + (", per-thread outputs" if roomy else ""))
+                + (", per-thread outputs" if roomy else "") + (", mode-sorted copies" if self.mode_copies else ""))
 
     def describe(self) -> str:
         terms = ", ".join(f"{k} {_mib(v)}" for k, v in self.terms.items() if v)
@@ -116,7 +122,8 @@ class MemoryPlan:
                 f"of worker limit {lim} (usable {self.usable_fraction:.0%})")
 
     def as_dict(self) -> dict:
-        return {"execution": self.execution, "in_place": self.in_place, "batch_nnz": self.batch_nnz,
+        return {"execution": self.execution, "in_place": self.in_place, "mode_copies": self.mode_copies,
+                "batch_nnz": self.batch_nnz,
                 "max_private_bytes": self.max_private_bytes, "terms": dict(self.terms), "peak": self.peak,
                 "limit": self.limit, "required_limit": self.required_limit}
 
@@ -200,12 +207,15 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
         return [copy_bytes, DEFAULT_MAX_PRIVATE_BYTES] if copy_bytes > DEFAULT_MAX_PRIVATE_BYTES \
             else [DEFAULT_MAX_PRIVATE_BYTES]
 
-    options = [(m, ip, BATCH_NNZ, b) for ip in (False, True) for m in modes for b in bounds(ip)]
+    # mode-sorted copies: in-memory exact CP-ALS only (randomized CP reads the ALTO-ordered items)
+    copies = (True, False) if not samples else (False,)
+    options = [(m, ip, BATCH_NNZ, b, mc) for ip in (False, True) for m in modes for b in bounds(ip)
+               for mc in (copies if m == "in-memory" else (False,))]
     if "streaming" in modes:
-        options.append(("streaming", True, LEAN_BATCH_NNZ, LEAN_PRIVATE_BYTES))
-    options.sort(key=lambda o: (_ORDER[(o[0], o[1])], -o[2], -o[3]))
+        options.append(("streaming", True, LEAN_BATCH_NNZ, LEAN_PRIVATE_BYTES, False))
+    options.sort(key=lambda o: (_ORDER[(o[0], o[1])], not o[4], -o[2], -o[3]))
     plans = []
-    for mode, in_place, batch_nnz, bound in options:
+    for mode, in_place, batch_nnz, bound, mode_copies in options:
         private = bound
         if mode == "in-memory":
             data = worker_nnz * (8 + value_itemsize) + (worker_nnz // 65536 + 1) * (5 * len(shape) + 2) * 8
@@ -222,13 +232,15 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
                               workers),
             "private": tasks * private,
             "data": int(data),
+            "mode_copies": worker_nnz * (8 + value_itemsize) * len(shape) if mode_copies else 0,
             "buckets": tasks * 20 * min(OWNED_GROUP_NNZ, call_nnz),
             "transfer": S if workers > 1 else 0,
             "sampling": 0 if not samples else
             sum(tree_nbytes(n, rank) for n in shape) + 2 * samples * (len(shape) + rank + 1) * 8
             + (worker_nnz * 24 * len(shape) if mode == "in-memory" else 0),
         }
-        plans.append(MemoryPlan(mode, in_place, batch_nnz, bound, terms, limit or None, usable_fraction()))
+        plans.append(MemoryPlan(mode, in_place, batch_nnz, bound, terms, limit or None, usable_fraction(),
+                                mode_copies))
     return plans
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from ..format import BitLayout
 from ..kernels import StackedFactors, WorkItems, run_items
 from ..kernels.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
+from ..kernels.mode_order import mode_sorted
 from ..kernels.mttkrp import ThreadOutputs, numba_threads
 from ..kernels.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..store import Store, open_store
@@ -44,11 +45,15 @@ class PartitionData:
     items: WorkItems
     # randomized CP: per mode, the nonzeros sorted by their other coordinates (built on first use)
     fiber_index: dict[int, FiberIndex] = field(default_factory=dict)
+    # exact CP-ALS where the memory plan has room: per mode, the items sorted by that mode's index
+    # (absent where the copy would not pay; kernels/mode_order.py)
+    mode_items: dict[int, WorkItems] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
         return int(self.items.index.nbytes + self.items.values.nbytes
-                   + sum(f.nbytes for f in self.fiber_index.values()))
+                   + sum(f.nbytes for f in self.fiber_index.values())
+                   + sum(m.index.nbytes + m.values.nbytes for m in self.mode_items.values()))
 
 
 @dataclass
@@ -75,10 +80,11 @@ class DevicePartitionData:
         return int(self.batch.index.nbytes + self.batch.values.nbytes)
 
 
-def load_partition(path: str, part: Partition, device: str = "cpu", device_options: object | None = None
-                   ) -> PartitionData | DevicePartitionData:
+def load_partition(path: str, part: Partition, device: str = "cpu", device_options: object | None = None,
+                   mode_copies: bool = False, threads: int | None = None) -> PartitionData | DevicePartitionData:
     """Read and decode a partition's chunks into one set of work items (kept on the worker), or
-    with ``device="gpu"`` into device memory (decoded on the device)."""
+    with ``device="gpu"`` into device memory (decoded on the device). ``mode_copies``: also keep
+    a mode-sorted copy of the items for each mode where it pays (sorted on ``threads`` numba threads)."""
     store = cached_store(path)
     if device == "gpu":
         from .device_stream import DeviceOptions, resident_batch
@@ -88,7 +94,14 @@ def load_partition(path: str, part: Partition, device: str = "cpu", device_optio
         return DevicePartitionData(part, store.layout, batch)
     bufs = BatchBuffers(store, part.chunk_hi - part.chunk_lo)
     items = fill_batch(store, range(part.chunk_lo, part.chunk_hi), bufs, delta=False)
-    return PartitionData(part, store.layout, items)
+    data = PartitionData(part, store.layout, items)
+    if mode_copies:
+        with numba_threads(threads):
+            for m in range(store.layout.nmodes):
+                copy = mode_sorted(items, store.layout, m)
+                if copy is not None:
+                    data.mode_items[m] = copy
+    return data
 
 
 def _worker_threads() -> int:
@@ -129,11 +142,14 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
         read_ahead = read_ahead_pays(threads * _worker_threads())
     with numba_threads(threads):
         nnz = source.items.nnz.sum() if isinstance(source, PartitionData) else lo_hi.nnz
-        shared = ThreadOutputs.for_pass(out, int(nnz), max_private_bytes,
-                                        scratch=factors.views[mode][lo:hi + 1] if lend_target else None)
+        # a mode-sorted copy's runs go to the runs kernel, not to per-thread outputs
+        sorted_items = source.mode_items.get(mode) if isinstance(source, PartitionData) else None
+        shared = None if sorted_items is not None else \
+            ThreadOutputs.for_pass(out, int(nnz), max_private_bytes,
+                                   scratch=factors.views[mode][lo:hi + 1] if lend_target else None)
         if isinstance(source, PartitionData):
-            run_items(source.items, source.layout, factors, mode, out, max_private_bytes=max_private_bytes, out_lo=lo,
-                      thread_outputs=shared)
+            run_items(sorted_items if sorted_items is not None else source.items, source.layout, factors, mode, out,
+                      max_private_bytes=max_private_bytes, out_lo=lo, thread_outputs=shared)
         else:
             path, part = source
             store = cached_store(path)

@@ -15,6 +15,7 @@ from ..store import Chunk, Store
 from .factors import StackedFactors, aligned_empty, aligned_zeros
 from .mttkrp_cpu import PREFETCH_MIN_BYTES, kernel_for, merge_private, merge_thread_buffers
 from .mttkrp_owned import run_owned
+from .mode_order import copies_fit, mode_sorted
 from .plan import DEFAULT_MAX_PRIVATE_BYTES, ConflictPlan, WorkItems, plan_conflicts, work_items
 
 MERGE_TILE = 256
@@ -121,14 +122,21 @@ class ThreadOutputs:
         self.first = self.bufs = None
 
 
-def tensor_items(tensor: BLCOTensor) -> WorkItems:
-    """Work items of an in-memory BLCO tensor, computed once and kept on the tensor."""
+def tensor_items(tensor: BLCOTensor, mode: int | None = None) -> WorkItems:
+    """Work items of an in-memory BLCO tensor, computed once and kept on the tensor; with
+    ``mode``, its mode-sorted copy where that pays and fits the free memory
+    (:mod:`~tensorflow_ooc.kernels.mode_order`), made on first use and kept too."""
     cached = getattr(tensor, "_work_items", None)
     if cached is None:
         b = tensor.blocks
         cached = work_items(tensor.index, tensor.values, b.start, b.start + b.count, b.base, tensor.layout)
         tensor._work_items = cached
-    return cached
+    if mode is None:
+        return cached
+    copies = tensor.__dict__.setdefault("_mode_items", {})
+    if mode not in copies:
+        copies[mode] = mode_sorted(cached, tensor.layout, mode) if copies_fit(cached, tensor.layout.nmodes) else None
+    return copies[mode] if copies[mode] is not None else cached
 
 
 def chunk_items(chunk: Chunk, layout: BitLayout) -> WorkItems:
@@ -187,7 +195,8 @@ def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode
     if items.nitems == 0:
         return plan
     priv_buf = private_scratch(max(1, int(plan.size.sum())), R, out.dtype)
-    direct, runs, threads_k = kernel_for(layout.nmodes, R, items.delta, factors.data.nbytes > PREFETCH_MIN_BYTES)
+    direct, runs, runs_atomic, threads_k = kernel_for(layout.nmodes, R, items.delta,
+                                                      factors.data.nbytes > PREFETCH_MIN_BYTES)
     mask = layout.pext_masks if items.delta else layout.field_mask
     common = (items.index, items.values, items.start, items.end, items.base, items.prev, items.lo,
               layout.field_shift, mask, factors.data, factors.offsets, mode, R)
@@ -198,11 +207,14 @@ def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode
     threaded = threads_plan and bool(shared.any())
     owned = not threaded and (conflict == "owned" or (conflict == "auto" and
                                                       int((items.end - items.start)[shared].sum()) >= OWNED_MIN_NNZ))
-    todo_runs = np.flatnonzero(plan.runs & plan.private) if owned or threaded else np.flatnonzero(plan.runs)
+    todo_runs = np.flatnonzero(plan.runs & plan.private)
+    todo_atomic = np.flatnonzero(plan.runs & ~plan.private) if not (owned or threaded) else todo_runs[:0]
     if todo_direct.size:
         direct(*common, todo_direct, plan.offset, plan.size, priv_buf)
     if todo_runs.size:
-        runs(*common, todo_runs, plan.private, plan.offset, plan.size, priv_buf, out.reshape(-1), out_lo)
+        runs(*common, todo_runs, plan.offset, plan.size, priv_buf)
+    if todo_atomic.size:
+        runs_atomic(*common, todo_atomic, out.reshape(-1), out_lo)
     if owned and shared.any():
         run_owned(items, layout, factors, mode, out, out_lo, np.flatnonzero(shared))
     if threaded:
@@ -281,11 +293,14 @@ def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk | WorkItems], factors: Se
         out[...] = 0
     summary = {"items": 0, "private_items": 0, "atomic_items": 0, "run_items": 0, "private_bytes": 0}
     with numba_threads(threads):
+        # an in-memory tensor: its mode-sorted items where kept (their runs go to the runs kernel,
+        # not to per-thread outputs)
+        whole = tensor_items(tensor, mode if conflict == "auto" else None) if chunks is None else None
         shared = None
-        if conflict in ("auto", "threads"):
+        if conflict in ("auto", "threads") and not (whole is not None and whole.sorted_mode == mode):
             shared = ThreadOutputs.for_pass(out, int(getattr(tensor, "nnz", 0)), max_private_bytes,
                                             force=conflict == "threads")
-        parts = [tensor_items(tensor)] if chunks is None else \
+        parts = [whole] if chunks is None else \
             (c if isinstance(c, WorkItems) else chunk_items(c, layout) for c in chunks)
         for items in parts:
             plan = run_items(items, layout, A, mode, out, conflict, max_private_bytes, thread_outputs=shared).summary()

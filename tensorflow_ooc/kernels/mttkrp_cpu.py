@@ -60,7 +60,7 @@ def _field(x: str, j: str, delta: bool) -> str:
 
 
 def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, prefetch: bool) -> str:
-    """Python source of one kernel (``kind`` "direct" or "runs"), written out for its order so
+    """Python source of one kernel (``kind`` "direct", "runs", "runs_atomic" or "threads"), written out for its order so
     that each other mode's shift, mask and factor row is a scalar that stays in a register, and,
     for a fixed rank, the run accumulator is R scalars the SLP vectorizer packs into vector
     registers (an accumulator array lives in memory: a store-to-load chain per nonzero)."""
@@ -69,7 +69,7 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
     RC = rank_const
     L = []
     add = L.append
-    if kind == "direct":
+    if kind in ("direct", "runs"):
         add(f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
             "mode, rank, todo, priv_row, priv_rows, priv_buf):")
     elif kind == "threads":
@@ -77,7 +77,7 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
             "mode, rank, todo, bounds, out, first, bufs, out_lo):")
     else:
         add(f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
-            "mode, rank, todo, private, priv_row, priv_rows, priv_buf, out_flat, out_lo):")
+            "mode, rank, todo, out_flat, out_lo):")
     add(f"    R = {RC}" if RC else "    R = rank")
     # the other modes in the order mode+1, mode+2, ... (mod N): a product does not care
     add("    st = np.uint64(shift[mode]); mt = np.uint64(mask[mode])")
@@ -96,7 +96,7 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
         # from the stack). Zen 5, 2 threads, all-mode R16: uber 17.7 -> 15.8 ms, chicago 29.3
         # -> 26.3, nips 20.8 -> 19.9 (docs/KERNELS.md, "Row addressing").
         add("    Ff = F.reshape(F.size)")
-        if kind != "threads":
+        if kind in ("direct", "runs"):
             add("    Pb = priv_buf.reshape(priv_buf.size)")
     if kind == "threads":
         # thread g's contiguous share of the items adds into its own full-height buffer (the
@@ -108,6 +108,12 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
         add("      for t in range(bounds[g], bounds[g + 1]):")
         add("        k = todo[t]")
         add("        sr = np.uint64(item_base[k, mode] - out_lo)")
+    elif kind == "runs_atomic":
+        add("    for t in nb.prange(todo.shape[0]):")
+        add("        k = todo[t]")
+        # rows relative to the output block; uint64 wraps, so a negative offset plus the field
+        # still lands on the right row
+        add("        sr = np.uint64(item_base[k, mode] - out_lo)")
     else:
         add("    for t in nb.prange(todo.shape[0]):")
         add("        k = todo[t]")
@@ -115,16 +121,7 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
         add("        for j in range(first, first + priv_rows[k]):")
         add("            for r in range(R):")
         add("                priv_buf[j, r] = 0")
-    if kind == "direct":
         add("        sr = np.uint64(first - item_lo[k, mode] + item_base[k, mode])")
-    elif kind == "runs":
-        add("        is_private = private[k]")
-        # private rows are relative to the item's buffer, atomic ones to the output block; uint64
-        # wraps, so a negative offset plus the field still lands on the right row
-        add("        if is_private:")
-        add("            sr = np.uint64(first - item_lo[k, mode] + item_base[k, mode])")
-        add("        else:")
-        add("            sr = np.uint64(item_base[k, mode] - out_lo)")
     for j in others:
         add(f"        b{j} = np.uint64(item_base[k, o{j}] + offs[o{j}])")
     add("        word = item_prev[k]")
@@ -134,7 +131,7 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
         if delta:
             add(f"        for i in range(item_start[k], min(end, item_start[k] + {PF})):")
             add("            ahead += index[i]")
-    if kind == "runs":
+    if kind in ("runs", "runs_atomic"):
         # no row is 2**64 - 1: the sentinel for "no run yet"
         add("        current = ~np.uint64(0)")
         if RC:
@@ -188,7 +185,7 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
     else:
         add("            if d != current:")
         add("                if current != ~np.uint64(0):")
-        _flush_source(add, "                    ", RC)
+        _flush_source(add, "                    ", RC, kind == "runs_atomic")
         add("                current = d")
         if RC:
             for r in range(RC):
@@ -197,28 +194,31 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
             add("            for r in range(R):")
             add(f"                acc[r] += {prod('r')}")
         add("        if current != ~np.uint64(0):")
-        _flush_source(add, "            ", RC)
+        _flush_source(add, "            ", RC, kind == "runs_atomic")
     return "\n".join(L) + "\n"
 
 
-def _flush_source(add, pad: str, RC: int) -> None:
-    """Write one run's sum into the private rows, or atomically into the output, and reset it."""
-    add(f"{pad}if is_private:")
-    if RC:
-        add(f"{pad}    cq = current * np.uint64({RC})")
-        for r in range(RC):
-            add(f"{pad}    Pb[cq + np.uint64({r})] += a{r}")
+def _flush_source(add, pad: str, RC: int, atomic: bool) -> None:
+    """Write one run's sum into the item's private rows, or (``atomic``) with atomic adds into the
+    output, and reset it. The two are separate kernels: with both branches in one loop the
+    atomic adds need the run's sum as R scalars, and LLVM then unpacked the vector accumulator
+    into scalars at every nonzero (18 extra instructions each at rank 16)."""
+    if not atomic:
+        if RC:
+            add(f"{pad}cq = current * np.uint64({RC})")
+            for r in range(RC):
+                add(f"{pad}Pb[cq + np.uint64({r})] += a{r}")
+        else:
+            add(f"{pad}for r in range(R):")
+            add(f"{pad}    priv_buf[current, r] += acc[r]")
     else:
-        add(f"{pad}    for r in range(R):")
-        add(f"{pad}        priv_buf[current, r] += acc[r]")
-    add(f"{pad}else:")
-    add(f"{pad}    base = np.int64(current) * R")
-    if RC:
-        for r in range(RC):
-            add(f"{pad}    atomic_add(out_flat, base + {r}, a{r})")
-    else:
-        add(f"{pad}    for r in range(R):")
-        add(f"{pad}        atomic_add(out_flat, base + r, acc[r])")
+        add(f"{pad}base = np.int64(current) * R")
+        if RC:
+            for r in range(RC):
+                add(f"{pad}atomic_add(out_flat, base + {r}, a{r})")
+        else:
+            add(f"{pad}for r in range(R):")
+            add(f"{pad}    atomic_add(out_flat, base + r, acc[r])")
     if RC:
         for r in range(RC):
             add(f"{pad}a{r} = zero")
@@ -234,10 +234,11 @@ def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = F
     summed along each item from ``item_prev`` and split into modes with one BMI2 ``pext`` per mode.
     That spares the reader a re-encoding pass per chunk and mode (about a third of its work).
 
-    Three kernels, each over its own list of items: ``direct_items`` adds every nonzero straight
-    into private rows; ``run_items`` sums runs of one target row first, then writes once per run
-    into private rows (``private[k]``) or with atomic adds into ``out_flat``, the output rows
-    ``out_lo ..`` of the target mode, row-major; ``threads_items`` gives each thread a contiguous
+    Four kernels, each over its own list of items: ``direct_items`` adds every nonzero straight
+    into private rows; ``runs_items`` sums runs of one target row in registers first, then adds
+    each run once into private rows; ``runs_atomic_items`` does so with atomic adds into
+    ``out_flat``, the output rows ``out_lo ..`` of the target mode, row-major (runs are long in
+    mode-sorted items, :mod:`~tensorflow_ooc.kernels.mode_order`); ``threads_items`` gives each thread a contiguous
     share of the items (``todo[bounds[g]:bounds[g + 1]]``, in ALTO order, so the rows of every mode
     keep the order's locality) and a whole output of its own: ``out`` for the first, ``first``
     for the second, ``bufs[g - 2]`` for the others (ALTO's per-thread outputs for long modes; the
@@ -248,7 +249,7 @@ def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = F
     name, in this module, under a name unique to the variant, so numba's on-disk cache keys each
     variant apart and drops them all when this file changes.
 
-    Parameters (both kernels)
+    Parameters (all kernels)
     -------------------------
     index : uint64 (nnz,)              re-encoded BLCO indices; for ``delta`` kernels the Delta
                                        differences of the low ALTO words
@@ -268,13 +269,15 @@ def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = F
     priv_row, priv_rows : int64 (K,)   item k owns rows priv_row[k] .. + priv_rows[k] of priv_buf;
                                        index i of the target mode goes to row priv_row[k] + i - lo
     priv_buf : float (P, R)            private accumulators (zeroed here)
+    out_flat : float (rows * R,)       ``runs_atomic``: the output block, row-major
+    out_lo : int                       first target row held by ``out_flat`` (or ``out``)
     """
     tag = f"n{nmodes}_r{rank_const}_d{int(bool(delta))}_p{int(bool(prefetch))}"
     # executed in this module's namespace: numba rebuilds a cached kernel's globals by importing
     # the module its function names
     scope = globals()
     kernels = []
-    for kind in ("direct", "runs", "threads"):
+    for kind in ("direct", "runs", "runs_atomic", "threads"):
         name = f"{kind}_items_{tag}"
         code = compile(_source(name, kind, nmodes, rank_const, bool(delta), bool(prefetch)), __file__, "exec")
         exec(code, scope)
@@ -316,7 +319,7 @@ _KERNELS: dict[tuple[int, int, bool, bool], object] = {}
 
 
 def kernel_for(nmodes: int, rank: int, delta: bool = False, prefetch: bool = False):
-    """The compiled kernels ``(direct_items, run_items, threads_items)`` for this order, rank and
+    """The compiled kernels ``(direct_items, runs_items, runs_atomic_items, threads_items)`` for this order, rank and
     index encoding (fixed-rank code for ``SPECIALIZED_RANKS``); ``prefetch`` kernels prefetch
     factor rows ahead (for factors far larger than the caches)."""
     key = (nmodes, rank if rank in SPECIALIZED_RANKS else 0, bool(delta), bool(prefetch))

@@ -47,6 +47,7 @@ class WorkItems:
     changes: np.ndarray   # int64 (K, N) target-row changes along the item, per mode
     prev: np.ndarray | None = None   # uint64 (K,) with ``delta``: ALTO word before each item
     delta: bool = False   # ``index`` holds Delta differences of low ALTO words (streamed chunks)
+    sorted_mode: int = -1  # each item's nonzeros are sorted by this mode's index (-1: ALTO order)
 
     def __post_init__(self) -> None:
         if self.prev is None:

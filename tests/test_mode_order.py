@@ -1,0 +1,104 @@
+"""Mode-sorted work items (kernels/mode_order.py): a stable sort of each item by one mode's index,
+and MTTKRP on them (the runs kernels) against a dense einsum, every mode, orders 3-6."""
+
+import numpy as np
+import pytest
+
+import tensorflow_ooc as tfo
+from tensorflow_ooc.kernels import StackedFactors, tensor_items
+from tensorflow_ooc.kernels.mode_order import mode_sorted
+from tensorflow_ooc.kernels.mttkrp import run_items
+
+from conftest import random_coo
+from test_mttkrp import dense_mttkrp, rel_err
+
+
+def _field(index, layout, mode):
+    return (index >> np.uint64(layout.field_shift[mode])) & np.uint64(layout.field_mask[mode])
+
+
+@pytest.mark.parametrize("nmodes", [3, 4, 5, 6])
+def test_each_item_is_stably_sorted_by_the_mode(rng, nmodes):
+    shape = tuple(int(s) for s in rng.integers(3, 40 if nmodes < 5 else 9, nmodes))
+    coords, values = random_coo(rng, shape, 3000)
+    t = tfo.encode_coo(coords, values, shape, max_block_nnz=700)
+    items = tensor_items(t)
+    for mode in range(nmodes):
+        s = mode_sorted(items, t.layout, mode, run_min=0)
+        assert s.sorted_mode == mode and s.nitems == items.nitems
+        np.testing.assert_array_equal(s.lo, items.lo)
+        np.testing.assert_array_equal(s.hi, items.hi)
+        for a, b in zip(items.start.tolist(), items.end.tolist()):
+            order = np.argsort(_field(items.index[a:b], t.layout, mode), kind="stable")
+            np.testing.assert_array_equal(s.index[a:b], items.index[a:b][order])
+            np.testing.assert_array_equal(s.values[a:b], items.values[a:b][order])
+        # a run per distinct target row and item
+        fields = _field(s.index, t.layout, mode)
+        for k, (a, b) in enumerate(zip(items.start.tolist(), items.end.tolist())):
+            assert s.changes[k, mode] == np.unique(fields[a:b]).size
+
+
+@pytest.mark.parametrize("nmodes", [3, 4, 5, 6])
+@pytest.mark.parametrize("rank", [1, 7, 16, 33])
+def test_mttkrp_on_sorted_items_against_einsum(rng, nmodes, rank):
+    shape = tuple(int(s) for s in rng.integers(2, 13 if nmodes < 6 else 7, nmodes))
+    coords, values = random_coo(rng, shape, 1500)
+    t = tfo.encode_coo(coords, values, shape, max_block_nnz=500)
+    factors = [rng.standard_normal((s, rank)) for s in shape]
+    stacked = StackedFactors.from_list(factors)
+    for mode in range(nmodes):
+        ref = dense_mttkrp(shape, coords, values, factors, mode)
+        s = mode_sorted(tensor_items(t), t.layout, mode, run_min=0)
+        for conflict in ("auto", "private", "atomic"):
+            out = np.zeros((shape[mode], rank))
+            plan = run_items(s, t.layout, stacked, mode, out, conflict=conflict)
+            assert plan.runs.all()                      # sorted items: every item sums runs
+            assert rel_err(out, ref) < 1e-12, (mode, conflict)
+
+
+def test_public_mttkrp_keeps_copies_only_where_runs_pay(rng):
+    """Mode 0 is long (runs of about one nonzero), modes 1 and 2 short: only they get copies, and
+    every mode's result still equals the reference."""
+    shape = (20_000, 4, 5)
+    coords, values = random_coo(rng, shape, 20_000)
+    t = tfo.encode_coo(coords, values, shape)
+    factors = [rng.standard_normal((s, 16)) for s in shape]
+    for mode in range(3):
+        got = tfo.mttkrp(t, factors, mode)
+        assert rel_err(got, dense_mttkrp(shape, coords, values, factors, mode)) < 1e-12
+    assert t._mode_items[0] is None
+    assert t._mode_items[1].sorted_mode == 1 and t._mode_items[2].sorted_mode == 2
+
+
+def test_partition_with_mode_copies_matches_without(tmp_path, rng):
+    from tensorflow_ooc.execution.partitions import plan_partitions
+    from tensorflow_ooc.execution.tasks import load_partition, mttkrp_partition
+
+    shape = (30, 8, 400, 6)
+    coords, values = random_coo(rng, shape, 30_000)
+    store = tfo.convert((coords, values), tmp_path / "t.zarr", shape=shape, chunk_nnz=4096)
+    part = plan_partitions(store, 1, None)[0]
+    plain = load_partition(store.path, part)
+    copies = load_partition(store.path, part, mode_copies=True, threads=2)
+    assert not plain.mode_items and set(copies.mode_items) <= set(range(4)) and copies.mode_items
+    assert copies.nbytes > plain.nbytes
+    factors = StackedFactors.from_list([rng.standard_normal((s, 16)) for s in shape])
+    for mode in range(4):
+        a = mttkrp_partition(plain, factors, mode, threads=2)
+        b = mttkrp_partition(copies, factors, mode, threads=2)
+        ref = dense_mttkrp(shape, coords, values, factors.views, mode)
+        assert rel_err(a.rows, ref[a.lo:a.lo + a.rows.shape[0]]) < 1e-12
+        assert rel_err(b.rows, ref[b.lo:b.lo + b.rows.shape[0]]) < 1e-12
+
+
+def test_cp_als_in_memory_uses_mode_copies(tmp_path, rng):
+    shape = (40, 6, 300)
+    coords, values = random_coo(rng, shape, 20_000)
+    store = tfo.convert((coords, values), tmp_path / "t.zarr", shape=shape, chunk_nnz=4096)
+    r = tfo.cp_als(store, 5, seed=1, max_iters=6, tol=0, execution="in-memory")
+    assert r.params["memory_plan"]["mode_copies"]
+    s = tfo.cp_als(store, 5, seed=1, max_iters=6, tol=0, execution="streaming")
+    assert not s.params["memory_plan"]["mode_copies"]
+    assert abs(r.fit - s.fit) < 1e-10
+    for a, b in zip(r.factors, s.factors):
+        np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-10)
