@@ -7,7 +7,7 @@ import pytest
 import tensorflow_ooc as tfo
 from tensorflow_ooc.kernels import StackedFactors, tensor_items
 from tensorflow_ooc.kernels.mode_order import mode_sorted
-from tensorflow_ooc.kernels.mttkrp import run_items
+from tensorflow_ooc.kernels.mttkrp import ThreadOutputs, numba_threads, run_items
 
 from conftest import random_coo
 from test_mttkrp import dense_mttkrp, rel_err
@@ -54,6 +54,15 @@ def test_mttkrp_on_sorted_items_against_einsum(rng, nmodes, rank):
             plan = run_items(s, t.layout, stacked, mode, out, conflict=conflict)
             assert plan.runs.all()                      # sorted items: every item sums runs
             assert rel_err(out, ref) < 1e-12, (mode, conflict)
+        # runs into per-thread whole outputs (runs_threads kernel), 1-3 threads
+        for threads in (1, 2, 3):
+            with numba_threads(threads):
+                out = np.zeros((shape[mode], rank))
+                shared = ThreadOutputs(out, threads)
+                plan = run_items(s, t.layout, stacked, mode, out, thread_outputs=shared)
+                shared.merge()
+            assert not plan.private.any()
+            assert rel_err(out, ref) < 1e-12, (mode, threads)
 
 
 def test_public_mttkrp_keeps_copies_only_where_runs_pay(rng):
@@ -68,6 +77,25 @@ def test_public_mttkrp_keeps_copies_only_where_runs_pay(rng):
         assert rel_err(got, dense_mttkrp(shape, coords, values, factors, mode)) < 1e-12
     assert t._mode_items[0] is None
     assert t._mode_items[1].sorted_mode == 1 and t._mode_items[2].sorted_mode == 2
+
+
+def test_sorted_items_take_per_thread_outputs_only_where_they_move_less(rng):
+    from tensorflow_ooc.kernels.plan import work_items
+
+    shape = (50, 6, 7)
+    coords, values = random_coo(rng, shape, 2100)
+    t = tfo.encode_coo(coords, values, shape)
+    s = mode_sorted(tensor_items(t), t.layout, 0, run_min=0)
+    out = np.zeros((50, 16))
+    with numba_threads(2):
+        # one item spanning the mode's 50 rows: its private rows (50) are fewer than 2 copies (100)
+        assert ThreadOutputs.for_sorted(out, s, 0, 1 << 30) is None
+        # the same nonzeros cut into many items: their intervals add up past two whole outputs
+        b = t.blocks
+        small = work_items(t.index, t.values, b.start, b.start + b.count, b.base, t.layout, item_nnz=64)
+        shared = ThreadOutputs.for_sorted(out, mode_sorted(small, t.layout, 0, run_min=0), 0, 1 << 30)
+        assert shared is not None and shared.threads == 2
+        assert ThreadOutputs.for_sorted(out, mode_sorted(small, t.layout, 0, run_min=0), 0, 0) is None  # bound
 
 
 def test_partition_with_mode_copies_matches_without(tmp_path, rng):

@@ -142,11 +142,12 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
         read_ahead = read_ahead_pays(threads * _worker_threads())
     with numba_threads(threads):
         nnz = source.items.nnz.sum() if isinstance(source, PartitionData) else lo_hi.nnz
-        # a mode-sorted copy's runs go to the runs kernel, not to per-thread outputs
         sorted_items = source.mode_items.get(mode) if isinstance(source, PartitionData) else None
-        shared = None if sorted_items is not None else \
-            ThreadOutputs.for_pass(out, int(nnz), max_private_bytes,
-                                   scratch=factors.views[mode][lo:hi + 1] if lend_target else None)
+        scratch = factors.views[mode][lo:hi + 1] if lend_target else None
+        if sorted_items is not None:
+            shared = ThreadOutputs.for_sorted(out, sorted_items, mode, max_private_bytes, scratch=scratch)
+        else:
+            shared = ThreadOutputs.for_pass(out, int(nnz), max_private_bytes, scratch=scratch)
         if isinstance(source, PartitionData):
             run_items(sorted_items if sorted_items is not None else source.items, source.layout, factors, mode, out,
                       max_private_bytes=max_private_bytes, out_lo=lo, thread_outputs=shared)

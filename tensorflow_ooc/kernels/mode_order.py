@@ -9,8 +9,10 @@ instead (an experiment without the writes) ran 10.3 ms for all modes against 17.
 Sorting an item's nonzeros by the target mode's index (stably, so each row's nonzeros keep
 their ALTO order) makes each target row one run: the runs kernel sums it in registers and adds
 it once. The item keeps its nonzeros, so the other modes' rows stay within the item's intervals
-and mostly in cache. All-mode MTTKRP, R16, 2 threads, best of 7 (``benchmarks/bench_mttkrp.py``
-has the command): uber 17.1 -> 15.5 ms, chicago 27.6 -> 20.8 ms, nips 20.2 -> 19.1 ms.
+and mostly in cache. All-mode in-memory MTTKRP, R16, 2 threads, best of 7, ALTO order against
+sorted copies (with per-thread outputs where they move less, ``ThreadOutputs.for_sorted``): uber
+15.6 -> 13.9 ms, nips 19.4 -> 15.8 ms, chicago 25.5 -> 18.0 ms (docs/KERNELS.md; the
+``benchmarks/bench_mttkrp.py`` table shows both).
 
 The price is memory: one copy of the indices and values per mode that pays, kept beside the
 ALTO-ordered items (the streaming path and randomized CP read those). In-memory CP-ALS keeps them

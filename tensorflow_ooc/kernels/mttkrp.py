@@ -102,6 +102,23 @@ class ThreadOutputs:
             return cls(out, threads, scratch)
         return None
 
+    @classmethod
+    def for_sorted(cls, out: np.ndarray, items: WorkItems, mode: int, max_bytes: int,
+                   scratch: np.ndarray | None = None) -> "ThreadOutputs | None":
+        """Per-thread outputs for mode-sorted ``items`` (:mod:`.mode_order`) where they move fewer
+        bytes than the items' private accumulators would: each thread's runs then add straight into
+        its own whole output, zeroed and merged once, instead of every item zeroing and merging
+        its interval. Nips-shaped (3.1 M nonzeros, items spanning 10-13 MiB of private rows per
+        mode), R16, 2 threads: 18.4 -> 15.9 ms for all modes; uber 14.4 -> 14.2, chicago 19.1 ->
+        18.7. None where the copies would exceed ``max_bytes`` or move more."""
+        threads = nb.get_num_threads()
+        rows = np.maximum(items.hi[:, mode] - items.lo[:, mode] + 1, 0)
+        private = int(rows.sum()) * out.shape[1] * out.itemsize
+        if (threads * out.nbytes < private
+                and cls.extra_copies(threads, scratch is not None) * out.nbytes <= max_bytes):
+            return cls(out, threads, scratch)
+        return None
+
     def buffers(self) -> tuple[np.ndarray, np.ndarray]:
         """``(first, rest)``: the second thread's copy and the others' (zeroed at first use)."""
         if self.bufs is None:
@@ -195,8 +212,8 @@ def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode
     if items.nitems == 0:
         return plan
     priv_buf = private_scratch(max(1, int(plan.size.sum())), R, out.dtype)
-    direct, runs, runs_atomic, threads_k = kernel_for(layout.nmodes, R, items.delta,
-                                                      factors.data.nbytes > PREFETCH_MIN_BYTES)
+    direct, runs, runs_atomic, threads_k, runs_threads = kernel_for(layout.nmodes, R, items.delta,
+                                                                    factors.data.nbytes > PREFETCH_MIN_BYTES)
     mask = layout.pext_masks if items.delta else layout.field_mask
     common = (items.index, items.values, items.start, items.end, items.base, items.prev, items.lo,
               layout.field_shift, mask, factors.data, factors.offsets, mode, R)
@@ -224,7 +241,8 @@ def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode
         cum = np.cumsum((items.end - items.start)[todo])
         cuts = np.searchsorted(cum, cum[-1] * np.arange(1, T) / T, side="right")
         bounds = np.concatenate([[0], cuts, [todo.shape[0]]]).astype(np.int64)
-        threads_k(*common, todo, bounds, out, first, bufs, out_lo)
+        # mode-sorted items sum each target row's run in registers first
+        (runs_threads if items.sorted_mode == mode else threads_k)(*common, todo, bounds, out, first, bufs, out_lo)
         if own_outputs:
             thread_outputs.merge()
     if plan.private.any():
@@ -297,7 +315,9 @@ def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk | WorkItems], factors: Se
         # not to per-thread outputs)
         whole = tensor_items(tensor, mode if conflict == "auto" else None) if chunks is None else None
         shared = None
-        if conflict in ("auto", "threads") and not (whole is not None and whole.sorted_mode == mode):
+        if whole is not None and whole.sorted_mode == mode:
+            shared = ThreadOutputs.for_sorted(out, whole, mode, max_private_bytes)
+        elif conflict in ("auto", "threads"):
             shared = ThreadOutputs.for_pass(out, int(getattr(tensor, "nnz", 0)), max_private_bytes,
                                             force=conflict == "threads")
         parts = [whole] if chunks is None else \

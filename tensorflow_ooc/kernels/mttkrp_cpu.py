@@ -60,7 +60,8 @@ def _field(x: str, j: str, delta: bool) -> str:
 
 
 def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, prefetch: bool) -> str:
-    """Python source of one kernel (``kind`` "direct", "runs", "runs_atomic" or "threads"), written out for its order so
+    """Python source of one kernel (``kind`` "direct", "runs", "runs_atomic", "threads" or
+    "runs_threads"), written out for its order so
     that each other mode's shift, mask and factor row is a scalar that stays in a register, and,
     for a fixed rank, the run accumulator is R scalars the SLP vectorizer packs into vector
     registers (an accumulator array lives in memory: a store-to-load chain per nonzero)."""
@@ -72,7 +73,7 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
     if kind in ("direct", "runs"):
         add(f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
             "mode, rank, todo, priv_row, priv_rows, priv_buf):")
-    elif kind == "threads":
+    elif kind in ("threads", "runs_threads"):
         add(f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
             "mode, rank, todo, bounds, out, first, bufs, out_lo):")
     else:
@@ -98,7 +99,7 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
         add("    Ff = F.reshape(F.size)")
         if kind in ("direct", "runs"):
             add("    Pb = priv_buf.reshape(priv_buf.size)")
-    if kind == "threads":
+    if kind in ("threads", "runs_threads"):
         # thread g's contiguous share of the items adds into its own full-height buffer (the
         # first into ``out`` itself); the 2-space levels keep the item body below at 8 spaces
         add("    for g in nb.prange(bounds.shape[0] - 1):")
@@ -131,7 +132,7 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
         if delta:
             add(f"        for i in range(item_start[k], min(end, item_start[k] + {PF})):")
             add("            ahead += index[i]")
-    if kind in ("runs", "runs_atomic"):
+    if kind in ("runs", "runs_atomic", "runs_threads"):
         # no row is 2**64 - 1: the sentinel for "no run yet"
         add("        current = ~np.uint64(0)")
         if RC:
@@ -277,7 +278,7 @@ def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = F
     # the module its function names
     scope = globals()
     kernels = []
-    for kind in ("direct", "runs", "runs_atomic", "threads"):
+    for kind in ("direct", "runs", "runs_atomic", "threads", "runs_threads"):
         name = f"{kind}_items_{tag}"
         code = compile(_source(name, kind, nmodes, rank_const, bool(delta), bool(prefetch)), __file__, "exec")
         exec(code, scope)
