@@ -350,4 +350,11 @@ def compile_kernels(nmodes: int = 3, ranks: Sequence[int] = (8, 16, 32, 64, 7), 
             A = [np.ones((3, R), dtype=dtype) for _ in range(nmodes)]
             for conflict in ("private", "atomic", "threads"):
                 mttkrp(t, A, 0, conflict=conflict)
+            # the runs kernels, as mode-sorted items use them: private rows, atomics, per-thread outputs
+            F = StackedFactors.from_list(A)
+            items = mode_sorted(tensor_items(t), t.layout, 0, run_min=0)
+            for conflict in ("private", "atomic"):
+                run_items(items, t.layout, F, 0, np.zeros((3, R), dtype), conflict=conflict)
+            out = np.zeros((3, R), dtype)
+            run_items(items, t.layout, F, 0, out, thread_outputs=ThreadOutputs(out, nb.get_num_threads()))
     return time.perf_counter() - t0
