@@ -199,6 +199,17 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
     return "\n".join(L) + "\n"
 
 
+def _each_rank(add, pad: str, RC: int, fixed: str, loop: str) -> None:
+    """One line per rank index for a fixed rank (``fixed`` with ``{r}`` filled in), else a loop
+    over the run-time rank around ``loop``."""
+    if RC:
+        for r in range(RC):
+            add(pad + fixed.format(r=r))
+    else:
+        add(f"{pad}for r in range(R):")
+        add(f"{pad}    {loop}")
+
+
 def _flush_source(add, pad: str, RC: int, atomic: bool) -> None:
     """Write one run's sum into the item's private rows, or (``atomic``) with atomic adds into the
     output, and reset it. The two are separate kernels: with both branches in one loop the
@@ -207,25 +218,11 @@ def _flush_source(add, pad: str, RC: int, atomic: bool) -> None:
     if not atomic:
         if RC:
             add(f"{pad}cq = current * np.uint64({RC})")
-            for r in range(RC):
-                add(f"{pad}Pb[cq + np.uint64({r})] += a{r}")
-        else:
-            add(f"{pad}for r in range(R):")
-            add(f"{pad}    priv_buf[current, r] += acc[r]")
+        _each_rank(add, pad, RC, "Pb[cq + np.uint64({r})] += a{r}", "priv_buf[current, r] += acc[r]")
     else:
         add(f"{pad}base = np.int64(current) * R")
-        if RC:
-            for r in range(RC):
-                add(f"{pad}atomic_add(out_flat, base + {r}, a{r})")
-        else:
-            add(f"{pad}for r in range(R):")
-            add(f"{pad}    atomic_add(out_flat, base + r, acc[r])")
-    if RC:
-        for r in range(RC):
-            add(f"{pad}a{r} = zero")
-    else:
-        add(f"{pad}for r in range(R):")
-        add(f"{pad}    acc[r] = 0")
+        _each_rank(add, pad, RC, "atomic_add(out_flat, base + {r}, a{r})", "atomic_add(out_flat, base + r, acc[r])")
+    _each_rank(add, pad, RC, "a{r} = zero", "acc[r] = 0")
 
 
 def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = False):
