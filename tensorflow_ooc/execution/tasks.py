@@ -143,11 +143,8 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
     with numba_threads(threads):
         nnz = source.items.nnz.sum() if isinstance(source, PartitionData) else lo_hi.nnz
         sorted_items = source.mode_items.get(mode) if isinstance(source, PartitionData) else None
-        scratch = factors.views[mode][lo:hi + 1] if lend_target else None
-        if sorted_items is not None:
-            shared = ThreadOutputs.for_sorted(out, sorted_items, mode, max_private_bytes, scratch=scratch)
-        else:
-            shared = ThreadOutputs.for_pass(out, int(nnz), max_private_bytes, scratch=scratch)
+        shared = ThreadOutputs.for_items(out, sorted_items, mode, int(nnz), max_private_bytes,
+                                         scratch=factors.views[mode][lo:hi + 1] if lend_target else None)
         if isinstance(source, PartitionData):
             run_items(sorted_items if sorted_items is not None else source.items, source.layout, factors, mode, out,
                       max_private_bytes=max_private_bytes, out_lo=lo, thread_outputs=shared)

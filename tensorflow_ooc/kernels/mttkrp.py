@@ -119,6 +119,15 @@ class ThreadOutputs:
             return cls(out, threads, scratch)
         return None
 
+    @classmethod
+    def for_items(cls, out: np.ndarray, items: WorkItems | None, mode: int, nnz: int, max_bytes: int,
+                  force: bool = False, scratch: np.ndarray | None = None) -> "ThreadOutputs | None":
+        """:meth:`for_sorted` where ``items`` are sorted by ``mode``, else :meth:`for_pass` for a pass
+        of ``nnz`` nonzeros (``items`` None: the pass's items are not known yet, e.g. streamed)."""
+        if items is not None and items.sorted_mode == mode:
+            return cls.for_sorted(out, items, mode, max_bytes, scratch=scratch)
+        return cls.for_pass(out, nnz, max_bytes, force=force, scratch=scratch)
+
     def buffers(self) -> tuple[np.ndarray, np.ndarray]:
         """``(first, rest)``: the second thread's copy and the others' (zeroed at first use)."""
         if self.bufs is None:
@@ -311,15 +320,12 @@ def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk | WorkItems], factors: Se
         out[...] = 0
     summary = {"items": 0, "private_items": 0, "atomic_items": 0, "run_items": 0, "private_bytes": 0}
     with numba_threads(threads):
-        # an in-memory tensor: its mode-sorted items where kept (their runs go to the runs kernel,
-        # not to per-thread outputs)
+        # an in-memory tensor: its mode-sorted items where kept (runs kernels)
         whole = tensor_items(tensor, mode if conflict == "auto" else None) if chunks is None else None
         shared = None
-        if whole is not None and whole.sorted_mode == mode:
-            shared = ThreadOutputs.for_sorted(out, whole, mode, max_private_bytes)
-        elif conflict in ("auto", "threads"):
-            shared = ThreadOutputs.for_pass(out, int(getattr(tensor, "nnz", 0)), max_private_bytes,
-                                            force=conflict == "threads")
+        if conflict in ("auto", "threads"):
+            shared = ThreadOutputs.for_items(out, whole, mode, int(getattr(tensor, "nnz", 0)), max_private_bytes,
+                                             force=conflict == "threads")
         parts = [whole] if chunks is None else \
             (c if isinstance(c, WorkItems) else chunk_items(c, layout) for c in chunks)
         for items in parts:
