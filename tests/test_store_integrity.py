@@ -16,11 +16,16 @@ from conftest import random_coo
 SHAPE = (30, 40, 50)
 
 
-@pytest.fixture(params=["fast", "none"])
+@pytest.fixture(params=["fast", "fast-counts", "none"])
 def store_path(tmp_path, rng, request):
-    """A store of compressed chunks, or of raw ones (compression "none", which streaming maps)."""
+    """A store of compressed chunks (with random float values, which the default profile stores
+    raw and streaming maps, or with counts, compressed too), or of raw ones (compression "none",
+    which streaming maps)."""
     coords, values = random_coo(rng, SHAPE, 1000)
-    tfo.convert((coords, values), tmp_path / "a.zarr", shape=SHAPE, chunk_nnz=200, compression=request.param)
+    if request.param == "fast-counts":
+        values = rng.integers(1, 5, values.shape[0]).astype(np.float64)
+    tfo.convert((coords, values), tmp_path / "a.zarr", shape=SHAPE, chunk_nnz=200,
+                compression=request.param.split("-")[0])
     return tmp_path / "a.zarr"
 
 

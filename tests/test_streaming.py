@@ -95,13 +95,21 @@ def test_chunk_files_match_zarr(tmp_path, rng, compression):
 
 def test_values_codec_follows_the_data(tmp_path, rng):
     coords, _ = random_coo(rng, (40, 50, 60), 4000)
-    a = tfo.convert((coords, rng.random(len(coords))), tmp_path / "a.zarr")
-    b = tfo.convert((coords, rng.integers(1, 5, len(coords)).astype(np.float64)), tmp_path / "b.zarr")
-    assert a.meta["values_shuffle"] == "noshuffle"    # random floats barely compress
-    assert b.meta["values_shuffle"] == "shuffle"      # counts do
-    for s in (a, b):
+    floats, counts = rng.random(len(coords)), rng.integers(1, 5, len(coords)).astype(np.float64)
+    a = tfo.convert((coords, floats), tmp_path / "a.zarr", chunk_nnz=1000)
+    b = tfo.convert((coords, counts), tmp_path / "b.zarr", chunk_nnz=1000)
+    # a tensor of fewer chunks keeps them compressed: its one stored chunk would be mostly padding
+    c = tfo.convert((coords, floats), tmp_path / "c.zarr", chunk_nnz=2000)
+    assert c.meta["values_shuffle"] != "none" and not c.values_mappable
+    # random floats barely compress: stored as they are, and streamed mapped where they lie
+    assert a.meta["values_shuffle"] == "none" and a.values_mappable and not a.mappable
+    assert b.meta["values_shuffle"] == "shuffle" and not b.values_mappable      # counts do compress
+    for s, v in ((a, floats), (b, counts)):
         got_c, got_v = s.to_coo()
-        assert got_c.shape[0] == len(coords)
+        order = np.lexsort(coords.T[::-1])
+        got = np.lexsort(got_c.T[::-1])
+        np.testing.assert_array_equal(got_c[got], coords[order])
+        np.testing.assert_array_equal(got_v[got], v[order])
 
 
 def test_memory_url_store_streams(rng):
@@ -120,19 +128,36 @@ def test_memory_url_store_streams(rng):
 @pytest.mark.parametrize("nmodes", [3, 4, 5, 6])
 @pytest.mark.parametrize("delta", [True, False] if HAS_BMI2 else [False])
 @pytest.mark.parametrize("read_ahead", [True, False])
-def test_streamed_mttkrp_every_mode_against_einsum(tmp_path, rng, nmodes, delta, read_ahead, monkeypatch):
+@pytest.mark.parametrize("counts", [False, True])
+def test_streamed_mttkrp_every_mode_against_einsum(tmp_path, rng, nmodes, delta, read_ahead, counts, monkeypatch):
+    """Default ("fast") stores: random float values are stored raw and, with the delta kernels,
+    mapped one chunk per batch while the index is decompressed; counts are compressed and
+    decompressed into batches of several chunks."""
     monkeypatch.setattr(stream, "DELTA_KERNELS", delta)
-    shape = tuple(int(s) for s in rng.integers(2, 13 if nmodes < 6 else 7, nmodes))
+    # at least 512 cells: four chunks or more, which uncompressed values need
+    low = {3: 8, 4: 5, 5: 4, 6: 3}[nmodes]
+    shape = tuple(int(s) for s in rng.integers(low, 13 if nmodes < 6 else 7, nmodes))
     coords, values = random_coo(rng, shape, 900)
+    if counts:
+        values = rng.integers(1, 4, values.shape[0]).astype(np.float64)
     s = tfo.convert((coords, values), tmp_path / "s.zarr", chunk_nnz=128, max_block_nnz=90)
+    assert s.values_mappable != counts
     rank = int(rng.choice([3, 16, 32]))
     factors = [rng.standard_normal((n, rank)) for n in shape]
     F = StackedFactors.from_list(factors)
     for mode in range(nmodes):
         out = np.zeros((shape[mode], rank))
+        batches = 0
         for items in stream_batches(s, 0, s.nchunks, batch_nnz=300, read_ahead=read_ahead):
             assert items.delta == delta
+            base = items.values
+            while isinstance(base, np.ndarray):
+                base = base.base
+            mapped = isinstance(getattr(base, "obj", base), mmap.mmap)
+            assert mapped == (delta and not counts)
             run_items(items, s.layout, F, mode, out)
+            batches += 1
+        assert batches == (s.nchunks if delta and not counts else 1 + -(-(s.nchunks - 1) // 2))
         assert rel_err(out, dense_mttkrp(shape, coords, values, factors, mode)) < 1e-12, mode
 
 

@@ -6,6 +6,10 @@ small next to the kernel. Three things keep it small:
 - chunks are decompressed straight into reusable batch buffers (``Store.read_encoded``) and,
   on CPUs with BMI2, left as the Delta filter's differences, which the ``delta`` kernels decode
   themselves (elsewhere the prefix sum is fused with re-encoding, ``format.decode_alto``);
+  uncompressed arrays are not copied at all but used where they lie, mapped: whole chunks of
+  "none" stores, the values of "fast" stores whose values barely compress;
+- where no core is left for a background reader, the reader decodes with every core the
+  kernel uses, between kernel calls (``chunk_files.decompress``);
 - a chunk's work-item profile (item boundaries and per-mode index intervals) is computed and
   validated against the store's chunk range table the first time a worker reads the chunk, then
   cached under the chunk's CRC32C: later passes that read the same bytes reuse it. Different
@@ -20,6 +24,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Iterator
 
 import numba
@@ -164,12 +169,15 @@ def _mapped_items(store: Store, c: int, keep_nnz: int = 0) -> WorkItems | None:
                      prev=prof.prev, delta=True)
 
 
-def _fill_chunk(store: Store, c: int, bufs: BatchBuffers, pos: int, delta: bool) -> ChunkProfile:
-    """Chunk ``c`` into the batch buffers at ``pos``; its work-item profile."""
+def _fill_chunk(store: Store, c: int, bufs: BatchBuffers, pos: int, delta: bool,
+                map_values: bool = False, keep_nnz: int = 0, decode_threads: int = 1) -> tuple[ChunkProfile, np.ndarray]:
+    """Chunk ``c`` into the batch buffers at ``pos`` (its values mapped instead, where
+    ``map_values`` and the store allows); its work-item profile and its values."""
     slot = slice(pos, pos + store.chunk_nnz)
     # stored words before re-encoding: needed on a chunk's first read, or always without BMI2
     scratch = _SCRATCH.get(store.chunk_nnz)
-    enc = store.read_encoded(c, bufs.index[slot] if delta else scratch, bufs.values[slot])
+    enc = store.read_encoded(c, bufs.index[slot] if delta else scratch, bufs.values[slot], map_values, keep_nnz,
+                             decode_threads)
     n = enc.n
     index = bufs.index[pos:pos + n]
     if delta and not enc.alto_is_delta:      # Zarr's own read path: absolute words
@@ -182,23 +190,32 @@ def _fill_chunk(store: Store, c: int, bufs: BatchBuffers, pos: int, delta: bool)
         prof = profile_chunk(store, enc, decoded, bits)
     elif not delta:
         decode_alto(enc.alto, store.layout, index, enc.alto_is_delta)
-    return prof
+    return prof, enc.values
 
 
-def fill_batch(store: Store, chunk_ids: range, bufs: BatchBuffers, delta: bool | None = None) -> WorkItems:
+def fill_batch(store: Store, chunk_ids: range, bufs: BatchBuffers, delta: bool | None = None,
+               map_values: bool = False, keep_nnz: int = 0, decode_threads: int = 1) -> WorkItems:
     """Read, decode and profile ``chunk_ids`` into ``bufs``; their work items, batch positions.
 
     With ``delta`` (default: where the CPU has BMI2) the index buffer receives the stored Delta
     differences as they come out of the decompressor, for the ``delta`` kernels; else it receives
     re-encoded BLCO indices. A chunk is fully re-encoded and validated only the first time a
-    process sees its bytes.
+    process sees its bytes. With ``map_values`` (one chunk only) the items' values are the
+    chunk's mapped values where the store keeps them uncompressed (see
+    :meth:`Store.read_encoded`). ``decode_threads`` threads decompress each chunk.
     """
     delta = DELTA_KERNELS if delta is None else bool(delta)
+    if map_values and len(chunk_ids) != 1:
+        raise ValueError("map_values reads one chunk per batch")
     parts = []
     pos = 0
+    values = bufs.values
     for c in chunk_ids:
-        parts.append((pos, _fill_chunk(store, c, bufs, pos, delta)))
+        prof, values = _fill_chunk(store, c, bufs, pos, delta, map_values, keep_nnz, decode_threads)
+        parts.append((pos, prof))
         pos += min(store.nnz, (c + 1) * store.chunk_nnz) - c * store.chunk_nnz
+    if not map_values:
+        values = bufs.values
     N = store.nmodes
 
     def cat(name: str, shift: bool = False) -> np.ndarray:
@@ -208,7 +225,7 @@ def fill_batch(store: Store, chunk_ids: range, bufs: BatchBuffers, delta: bool |
         return np.zeros((0, N) if name in ("base", "lo", "hi", "changes") else 0,
                         dtype=np.uint64 if name == "prev" else np.int64)
 
-    return WorkItems(bufs.index[:pos], bufs.values[:pos], cat("start", True), cat("end", True), cat("base"),
+    return WorkItems(bufs.index[:pos], values[:pos], cat("start", True), cat("end", True), cat("base"),
                      cat("lo"), cat("hi"), cat("changes"), prev=cat("prev"), delta=delta)
 
 
@@ -254,7 +271,13 @@ def stream_batches(store: Store, chunk_lo: int, chunk_hi: int, batch_nnz: int = 
         return
     if read_ahead is None:
         read_ahead = read_ahead_pays(numba.get_num_threads())
-    per = max(1, batch_nnz // store.chunk_nnz)
+    # values stored uncompressed ("fast" stores of values that barely compress) are used where
+    # they lie, one batch per chunk; only the index is decompressed
+    map_values = DELTA_KERNELS and map_chunks and store.values_mappable
+    per = 1 if map_values else max(1, batch_nnz // store.chunk_nnz)
+    # read in turn with the kernel, decoding takes every core the kernel uses
+    fill = partial(fill_batch, map_values=map_values, keep_nnz=2 * batch_nnz,
+                   decode_threads=1 if read_ahead else numba.get_num_threads())
     # the first batch is read before any compute can overlap it, so it is one chunk
     first = min(chunk_hi, chunk_lo + 1)
     groups = [range(chunk_lo, first)] if chunk_hi > chunk_lo else []
@@ -265,15 +288,15 @@ def stream_batches(store: Store, chunk_lo: int, chunk_hi: int, batch_nnz: int = 
     try:
         if not read_ahead or len(groups) == 1:
             for g in groups:
-                yield fill_batch(store, g, bufs[0])
+                yield fill(store, g, bufs[0])
             return
         bufs.append(_take_buffers(store, per))
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfooc-read-ahead") as pool:
-            pending = pool.submit(fill_batch, store, groups[0], bufs[0])
+            pending = pool.submit(fill, store, groups[0], bufs[0])
             for i in range(1, len(groups)):
                 items = pending.result()
                 # the buffer filled now was last used two batches ago: the caller is done with it
-                pending = pool.submit(fill_batch, store, groups[i], bufs[i % 2])
+                pending = pool.submit(fill, store, groups[i], bufs[i % 2])
                 yield items
             yield pending.result()
     finally:

@@ -10,11 +10,14 @@ Two profiles (the ``compression`` option of ``convert``), measured on 2^20-nonze
 nell2- and uber-shaped benchmark tensors:
 
 - ``"fast"`` (default): index lz4 level 1 in 1 MiB Blosc blocks (uber-shaped: 2.0 B per nonzero,
-  1.0 ms to decode a 2^20-nonzero chunk, where zstd level 1 took 1.7 B and 1.8 ms), values lz4
-  (~2 ms). Streaming MTTKRP decodes every chunk once per mode, so decode speed is throughput.
-  Values that shuffle + lz4 shrinks by less than 15 % on the first chunk (random floats: 7.0
-  of 8 bytes) drop the shuffle: lz4 then stores their blocks as they are and decodes them at
-  memory-copy speed (0.8 ms instead of 2.3 ms a chunk), while zero padding still vanishes.
+  1.0 ms to decode a 2^20-nonzero chunk, where zstd level 1 took 1.7 B and 1.8 ms), values
+  shuffle + lz4 (~2 ms). Streaming MTTKRP decodes every chunk once per mode, so decode speed is
+  throughput. Values that shuffle + lz4 does not shrink to at most half on the first chunk
+  (random floats: 6.3 of 8 bytes) are stored uncompressed instead: decoding them cost 2.6 ns a
+  nonzero, more than the mode's kernel (about 1 ns), to save a fifth of their bytes, and
+  uncompressed chunks are used where they lie in the page cache (mapped, as with ``"none"``).
+  Read from a disk at 2 GB/s, 8 raw bytes take 4 ns, and a compressed copy only wins below
+  about a third of the size. Counts and other repetitive values stay compressed.
 - ``"small"``: zstd level 3 for both, 1 MiB blocks: the smallest stores, values decode about
   twice as slowly. For archives and slow disks.
 - ``"none"``: no compressor, only the CRC32C (the index keeps its Delta filter): 16 bytes per
@@ -76,21 +79,26 @@ def index_codecs(compression: str = DEFAULT_COMPRESSION) -> dict:
     return {"filters": [delta], "compressors": [_blosc(cname, level), Crc32cCodec()]}
 
 
-NOSHUFFLE_RATIO = 0.85
+VALUES_RAW_RATIO = 0.5
+# Zarr stores the last chunk whole: uncompressed values of a tensor of fewer chunks than this
+# would be mostly padding, and such tensors are not streamed anyway
+VALUES_RAW_MIN_CHUNKS = 4
 
 
-def value_codecs(dtype: np.dtype, compression: str = DEFAULT_COMPRESSION, sample: np.ndarray | None = None) -> dict:
+def value_codecs(dtype: np.dtype, compression: str = DEFAULT_COMPRESSION, sample: np.ndarray | None = None,
+                 chunks: int | None = None) -> dict:
     """Codecs of the values array; with the "fast" profile, a ``sample`` (the first chunk) that
-    compresses poorly drops the byte shuffle."""
+    shuffle + lz4 shrinks to more than ``VALUES_RAW_RATIO`` of its bytes is stored uncompressed,
+    unless the array will have fewer than ``VALUES_RAW_MIN_CHUNKS`` ``chunks``."""
     cname, level = COMPRESSIONS[check_compression(compression)][1]
     if cname is None:
         return {"compressors": [Crc32cCodec()]}
     itemsize = np.dtype(dtype).itemsize
-    if compression == "fast" and sample is not None and sample.size:
+    if compression == "fast" and sample is not None and sample.size and (chunks or 0) >= VALUES_RAW_MIN_CHUNKS:
         probe = numcodecs.Blosc(cname=cname, clevel=level, shuffle=numcodecs.Blosc.SHUFFLE, blocksize=BLOCK_BYTES)
         data = np.ascontiguousarray(sample, dtype=dtype)
-        if len(probe.encode(data)) > NOSHUFFLE_RATIO * data.nbytes:
-            return {"compressors": [_blosc(cname, level, itemsize, "noshuffle"), Crc32cCodec()]}
+        if len(probe.encode(data)) > VALUES_RAW_RATIO * data.nbytes:
+            return {"compressors": [Crc32cCodec()]}
     return {"compressors": [_blosc(cname, level, itemsize), Crc32cCodec()]}
 
 

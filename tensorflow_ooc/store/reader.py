@@ -204,17 +204,26 @@ class Store:
     def _chunk_files(self) -> tuple[ChunkFiles, ChunkFiles]:
         return ChunkFiles(self.root["alto"]), ChunkFiles(self.root["values"])
 
-    def read_encoded(self, c: int, alto_out: np.ndarray, values_out: np.ndarray) -> EncodedChunk:
+    def read_encoded(self, c: int, alto_out: np.ndarray, values_out: np.ndarray, map_values: bool = False,
+                     keep_nnz: int = 0, decode_threads: int = 1) -> EncodedChunk:
         """Chunk ``c`` decompressed into the caller's buffers (each at least ``chunk_nnz`` long),
         still ALTO-coded: the fast path for streaming, where re-encoding is fused with the Delta
         filter's prefix sum. Checksums are verified; index ranges are not (callers validate the
-        re-encoded chunk with :meth:`check_chunk_range`)."""
+        re-encoded chunk with :meth:`check_chunk_range`).
+
+        With ``map_values`` the values are mapped where they lie instead, where the store is
+        :attr:`values_mappable` (mappings of up to ``keep_nnz`` values are kept, as in
+        :meth:`view_encoded`); a chunk that cannot be mapped still goes to ``values_out``.
+        ``decode_threads`` threads decompress (for callers that leave the other cores idle
+        meanwhile)."""
         if not 0 <= c < self.nchunks:
             raise IndexError(f"chunk {c} out of range (store has {self.nchunks})")
         alto_files, value_files = self._chunk_files
         try:
-            alto = alto_files.read(c, alto_out)
-            values = value_files.read(c, values_out)
+            alto = alto_files.read(c, alto_out, decode_threads)
+            values = value_files.view(c, keep_nnz) if map_values else None
+            if values is None:
+                values = value_files.read(c, values_out, decode_threads)
         except ChunkDecodeError as exc:
             raise _fail(self.path, f"chunk {c}: {exc}") from exc
         except Exception as exc:
@@ -227,6 +236,14 @@ class Store:
         with compression "none")."""
         alto_files, value_files = self._chunk_files
         return alto_files.raw and value_files.raw and alto_files.local_root is not None
+
+    @property
+    def values_mappable(self) -> bool:
+        """Whether :meth:`read_encoded` can map the values instead of copying them (a local store
+        whose values are stored uncompressed: compression "none", or "fast" with values that
+        barely compress)."""
+        value_files = self._chunk_files[1]
+        return value_files.raw and value_files.local_root is not None
 
     def view_encoded(self, c: int, keep_nnz: int = 0) -> EncodedChunk | None:
         """Chunk ``c`` as :meth:`read_encoded` gives it, but mapped from its files instead of copied

@@ -284,7 +284,7 @@ class StoreWriter:
 
     def _values_array(self, sample: np.ndarray | None):
         if self.values is None:
-            codecs = value_codecs(self.value_dtype, self.compression, sample)
+            codecs = value_codecs(self.value_dtype, self.compression, sample, -(-self.capacity // self.chunk_nnz))
             first = codecs["compressors"][0]
             self.values_shuffle = first.shuffle.value if hasattr(first, "shuffle") else "none"
             self.values = self.root.create_array("values", shape=(self.capacity,), chunks=(self.chunk_nnz,),
