@@ -8,7 +8,7 @@ from tensorflow_ooc.errors import IndexRangeError, NonFiniteValueError, ShapeErr
 from tensorflow_ooc.kernels import ttm_cpu
 from tensorflow_ooc.kernels.gpu_device import gpu_unavailable
 from tensorflow_ooc.kernels.ttm import KERNELS, TTMLayouts, ttm_chain_coo
-from tensorflow_ooc.kernels.ttm_layout import SemiSparse, merge, merge_many
+from tensorflow_ooc.kernels.ttm_layout import merge, merge_many
 from tensorflow_ooc.kernels.ttm_select import FEATURES, features, load_tree, predict, select_kernel
 
 from conftest import random_coo
