@@ -13,8 +13,8 @@ nell2- and uber-shaped benchmark tensors:
   1.0 ms to decode a 2^20-nonzero chunk, where zstd level 1 took 1.7 B and 1.8 ms), values
   shuffle + lz4 (~2 ms). Streaming MTTKRP decodes every chunk once per mode, so decode speed is
   throughput. Values that shuffle + lz4 does not shrink to at most half on the first chunk
-  (random floats: 6.3 of 8 bytes) are stored uncompressed instead: decoding them cost 2.6 ns a
-  nonzero, more than the mode's kernel (about 1 ns), to save a fifth of their bytes, and
+  (random floats: 6.3 of 8 bytes) are stored uncompressed instead: reading them compressed cost
+  2.6 ns a nonzero per pass, more than the mode's kernel (about 1 ns), to save a fifth, and
   uncompressed chunks are used where they lie in the page cache (mapped, as with ``"none"``).
   Read from a disk at 2 GB/s, 8 raw bytes take 4 ns, and a compressed copy only wins below
   about a third of the size. Counts and other repetitive values stay compressed.
@@ -80,21 +80,28 @@ def index_codecs(compression: str = DEFAULT_COMPRESSION) -> dict:
 
 
 VALUES_RAW_RATIO = 0.5
-# Zarr stores the last chunk whole: uncompressed values of a tensor of fewer chunks than this
-# would be mostly padding, and such tensors are not streamed anyway
-VALUES_RAW_MIN_CHUNKS = 4
+# Zarr stores the last chunk whole, padding included: uncompressed values are kept only where
+# that padding adds at most this fraction of the values' size (small tensors are not streamed)
+VALUES_RAW_MAX_PADDING = 0.25
+
+
+def value_padding(nnz: int, chunk_nnz: int) -> float:
+    """The zero padding of the last chunk, as a fraction of ``nnz`` values."""
+    nnz = max(1, int(nnz))
+    return (-(-nnz // chunk_nnz) * chunk_nnz - nnz) / nnz
 
 
 def value_codecs(dtype: np.dtype, compression: str = DEFAULT_COMPRESSION, sample: np.ndarray | None = None,
-                 chunks: int | None = None) -> dict:
+                 padding: float = 0.0) -> dict:
     """Codecs of the values array; with the "fast" profile, a ``sample`` (the first chunk) that
     shuffle + lz4 shrinks to more than ``VALUES_RAW_RATIO`` of its bytes is stored uncompressed,
-    unless the array will have fewer than ``VALUES_RAW_MIN_CHUNKS`` ``chunks``."""
+    unless the last chunk's ``padding`` (:func:`value_padding`) exceeds
+    ``VALUES_RAW_MAX_PADDING``."""
     cname, level = COMPRESSIONS[check_compression(compression)][1]
     if cname is None:
         return {"compressors": [Crc32cCodec()]}
     itemsize = np.dtype(dtype).itemsize
-    if compression == "fast" and sample is not None and sample.size and (chunks or 0) >= VALUES_RAW_MIN_CHUNKS:
+    if compression == "fast" and sample is not None and sample.size and padding <= VALUES_RAW_MAX_PADDING:
         probe = numcodecs.Blosc(cname=cname, clevel=level, shuffle=numcodecs.Blosc.SHUFFLE, blocksize=BLOCK_BYTES)
         data = np.ascontiguousarray(sample, dtype=dtype)
         if len(probe.encode(data)) > VALUES_RAW_RATIO * data.nbytes:

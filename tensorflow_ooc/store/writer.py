@@ -28,7 +28,8 @@ from ..format import BitLayout, BlockTable, block_table
 from ..format.linearize import chunk_minmax
 from . import paths
 from .chunk_files import ChunkFiles
-from .codecs import DEFAULT_COMPRESSION, check_compression, index_codecs, quiet_numcodecs, table_codecs, value_codecs
+from .codecs import (DEFAULT_COMPRESSION, check_compression, index_codecs, quiet_numcodecs, table_codecs, value_codecs,
+                     value_padding)
 from .metadata import FORMAT_NAME, FORMAT_VERSION, META_KEY
 
 log = logging.getLogger(__name__)
@@ -284,7 +285,9 @@ class StoreWriter:
 
     def _values_array(self, sample: np.ndarray | None):
         if self.values is None:
-            codecs = value_codecs(self.value_dtype, self.compression, sample, -(-self.capacity // self.chunk_nnz))
+            # the capacity bounds the nonzeros from above: the padding is at least this
+            codecs = value_codecs(self.value_dtype, self.compression, sample,
+                                  value_padding(self.capacity, self.chunk_nnz))
             first = codecs["compressors"][0]
             self.values_shuffle = first.shuffle.value if hasattr(first, "shuffle") else "none"
             self.values = self.root.create_array("values", shape=(self.capacity,), chunks=(self.chunk_nnz,),
