@@ -82,7 +82,7 @@ def index_codecs(compression: str = DEFAULT_COMPRESSION) -> dict:
 VALUES_RAW_RATIO = 0.5
 # Zarr stores the last chunk whole, padding included: uncompressed values are kept only where
 # that padding adds at most this fraction of the values' size (small tensors are not streamed)
-VALUES_RAW_MAX_PADDING = 0.25
+VALUES_RAW_MAX_PADDING = 0.5
 
 
 def value_padding(nnz: int, chunk_nnz: int) -> float:
