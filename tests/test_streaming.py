@@ -21,6 +21,14 @@ from conftest import random_coo
 from test_mttkrp import dense_mttkrp, rel_err
 
 
+def _is_mapped(array):
+    """Whether ``array`` is a view of a memory-mapped file (``frombuffer`` keeps a memoryview)."""
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(getattr(base, "obj", base), mmap.mmap)
+
+
 def _random_shape(rng, nmodes):
     return tuple(int(s) for s in rng.integers(2, 300 if nmodes < 5 else 40, nmodes))
 
@@ -152,11 +160,7 @@ def test_streamed_mttkrp_every_mode_against_einsum(tmp_path, rng, nmodes, delta,
         batches = 0
         for items in stream_batches(s, 0, s.nchunks, batch_nnz=300, read_ahead=read_ahead):
             assert items.delta == delta
-            base = items.values
-            while isinstance(base, np.ndarray):
-                base = base.base
-            mapped = isinstance(getattr(base, "obj", base), mmap.mmap)
-            assert mapped == (delta and not counts)
+            assert _is_mapped(items.values) == (delta and not counts)
             run_items(items, s.layout, F, mode, out)
             batches += 1
         assert batches == (s.nchunks if delta and not counts else 1 + -(-(s.nchunks - 1) // 2))
@@ -181,11 +185,7 @@ def test_mapped_raw_chunks_every_mode_against_einsum(tmp_path, rng, nmodes, map_
             batches = 0
             for items in stream_batches(s, 0, s.nchunks, batch_nnz=128 if map_chunks else 300,
                                         map_chunks=map_chunks):
-                base = items.index
-                while isinstance(base, np.ndarray):
-                    base = base.base
-                mapped = isinstance(getattr(base, "obj", base), mmap.mmap)     # frombuffer keeps a memoryview
-                assert mapped == (map_chunks and (sweep == 1 or mode > 0)), (sweep, mode)
+                assert _is_mapped(items.index) == (map_chunks and (sweep == 1 or mode > 0)), (sweep, mode)
                 run_items(items, s.layout, F, mode, out)
                 batches += 1
             # copied: the first batch is one chunk (nothing to overlap its read with), then two each

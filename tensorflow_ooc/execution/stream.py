@@ -211,11 +211,11 @@ def fill_batch(store: Store, chunk_ids: range, bufs: BatchBuffers, delta: bool |
     pos = 0
     values = bufs.values
     for c in chunk_ids:
-        prof, values = _fill_chunk(store, c, bufs, pos, delta, map_values, keep_nnz, decode_threads)
+        prof, chunk_values = _fill_chunk(store, c, bufs, pos, delta, map_values, keep_nnz, decode_threads)
+        if map_values:
+            values = chunk_values
         parts.append((pos, prof))
         pos += min(store.nnz, (c + 1) * store.chunk_nnz) - c * store.chunk_nnz
-    if not map_values:
-        values = bufs.values
     N = store.nmodes
 
     def cat(name: str, shift: bool = False) -> np.ndarray:
