@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+import tensorflow_ooc.kernels.krp_sampler as ks
 from tensorflow_ooc.kernels.arls_lev import arls_lev_sample
 from tensorflow_ooc.kernels.krp_sampler import (
     PINV_RTOL,
@@ -136,10 +137,14 @@ def test_sts_draws_follow_exact_leverage_scores(case):
         assert chi2_pvalue(counts, exact_leverage(A2)) < 1e-6, (shape, rank, deficient, mode)
 
 
+@pytest.mark.parametrize("stage1", ["walk", "by_history"])
 @pytest.mark.parametrize("case", [0, 3, 6])
-def test_sts_tree_walks_alone_follow_exact_leverage_scores(case):
+def test_sts_tree_walks_alone_follow_exact_leverage_scores(case, stage1, monkeypatch):
     """``marginal=False``: every mode drawn by tree walks, the first one too (the default draws
-    the first mode from its marginal, which the test above covers)."""
+    the first mode from its marginal, which the test above covers); the eigen-component of every
+    draw by walking the stage-1 tree, or from its history's whole component distribution (the
+    default picks per mode by cost)."""
+    monkeypatch.setattr(ks, "STAGE1_BY_HISTORY", 0.0 if stage1 == "walk" else np.inf)
     shape, rank, deficient = STS_CASES[case]
     rng = np.random.default_rng(3100 + case)
     factors = make_factors(rng, shape, rank, deficient)
@@ -375,8 +380,6 @@ def test_sts_tree_mismatch_and_sample_set_gram(rng):
 
 
 def test_large_factors_get_longer_leaves_and_the_plan_counts_them(monkeypatch, rng):
-    import tensorflow_ooc.kernels.krp_sampler as ks
-
     U = rng.standard_normal((5000, 4))
     small = build_tree(U)
     assert small.nbytes == ks.tree_nbytes(5000, 4)

@@ -20,6 +20,11 @@ rebuilt (:func:`build_tree`, ``O(I R^2)``) whenever the factor changes. The firs
 no history, so its draws share one distribution: it is computed for every row at once
 (``O(I R^2)``, :func:`marginal_mode`) and drawn by inverse CDF, without walks.
 
+Draws repeat rows (65536 draws on nell2-shaped factors hold about 2 k distinct rows of a mode), so
+each draw's history is an index into the distinct histories: stage 1 is computed once per history
+for all components (:func:`_components_by_history`) where that is cheaper than the walks, and
+draws of one query share its products in the walks and leaf scans.
+
 All draws of a mode walk the trees together, level by level (:func:`_walk`): the draws at one node
 are a contiguous group, and the masses ``q^T M_v q`` of a group come from matrix products (the
 group's query rows times the node matrix) instead of one matrix-vector product per draw, so each
@@ -55,14 +60,24 @@ PINV_RTOL = 1e-12
 
 _BELOW_ONE = float(np.nextafter(1.0, 0.0))
 
+# Stage 1 (the eigen-component) is drawn from each distinct history's whole distribution
+# (2 R^3 flops a history) where D R <= STAGE1_BY_HISTORY J (log2 P1 + 1), D distinct histories,
+# else by J walks of the stage-1 tree (about 2 R^2 (log2 P1 + 1) flops a draw).
+STAGE1_BY_HISTORY = 1.0
+
 # Draws per matrix product of the batched walk (at most; fewer where R is large, see
-# _GEMM_SERIAL_MNK): enough for the product to run near the speed of a large one.
+# _DRAW_GEMM_MNK): enough for the product to run near the speed of a large one.
 _CHUNK = 256
 
 # OpenBLAS runs a gemm of m * n * k at or below this on the calling thread alone (interface/gemm.c:
-# SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD, 65536 * 4): the products of the draw kernels stay
+# SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD, 65536 * 4): the products of row_quadforms stay
 # at or below it, so each runs on one thread with a fixed per-element arithmetic.
 _GEMM_SERIAL_MNK = 262144
+
+# Largest product of the draw kernels (_walk, _scan_leaves). sts_sample runs them with BLAS
+# limited to one thread, so they may exceed OpenBLAS's threshold; 4x it: 104 -> 256 draws a
+# product at R = 50, walks 1.4x faster.
+_DRAW_GEMM_MNK = 1 << 20
 
 # The process's BLAS libraries, for running sts_sample's small dense algebra on one thread.
 _BLAS = ThreadpoolController()
@@ -444,20 +459,47 @@ def _child_groups(gnode, gstart, gend, ng, glefts, tmp):
     return ng2
 
 
+@nb.njit(nogil=True, cache=True)
+def _chunk_queries(src, s, n, Q, qrow, scale, which, buf, slot):
+    """The distinct query vectors ``Q[qrow[j]] * scale[which[j]]`` of the draws ``j = src[s + i]``,
+    ``i < n`` (draws of one query adjacent), into ``buf[:nu]``; ``slot[i]``: the row of draw ``i``'s
+    query. Returns ``nu``."""
+    R = Q.shape[1]
+    nu = 0
+    pq = -1
+    pw = -1
+    for i in range(n):
+        j = src[s + i]
+        q = qrow[j]
+        w = which[j]
+        if nu == 0 or q != pq or w != pw:
+            sc = scale[w]
+            for a in range(R):
+                buf[nu, a] = Q[q, a] * sc[a]
+            nu += 1
+            pq = q
+            pw = w
+        slot[i] = nu - 1
+    return nu
+
+
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _walk(nodes, P, nvalid, Q, scale, which, x, fail, perm, gnode, gstart, gend):
+def _walk(nodes, P, nvalid, Q, qrow, scale, which, order, x, fail, perm, gnode, gstart, gend):
     """Walk every draw from the root of a tree of node matrices to a leaf by inversion sampling,
     all draws level by level.
 
     Parameters
     ----------
     nodes : float64 (2P-1, R, R)   node matrices (heap layout); a node's mass for draw ``j`` is
-                                   ``Q[j] nodes[v] Q[j]^T``
+                                   ``q_j nodes[v] q_j^T``
     P : int                        leaves (a power of two)
     nvalid : int                   leaves ``>= nvalid`` are padding (zero mass)
-    Q, scale, which                the query vector of draw ``j`` is ``Q[j] * scale[which[j]]``
-                                   (float64 (J, R), float64 (K, R), int64 (J,)); formed where it is
-                                   read, so the (J, R) queries are never stored
+    Q, qrow, scale, which          the query vector of draw ``j`` is
+                                   ``q_j = Q[qrow[j]] * scale[which[j]]`` (float64 (D, R), int64
+                                   (J,), float64 (K, R), int64 (J,)); formed where it is read, so
+                                   the (J, R) queries are never stored
+    order : int64 (J,)             the draws in an order where draws of one query (equal ``qrow``
+                                   and ``which``) are adjacent
     x : float64 (J,)               uniform of every draw in [0, 1); rescaled in place to a uniform
                                    position inside the mass of the leaf reached
     fail : bool (J,)               set where the walk broke down (zero root mass, or both children
@@ -479,17 +521,22 @@ def _walk(nodes, P, nvalid, Q, scale, which, x, fail, perm, gnode, gstart, gend)
     one per chunk of at most ``ch`` draws, the chunks in parallel: a product reuses the node's
     matrix over the chunk, where one draw at a time reads a node matrix per level from memory
     and evaluates it with matrix-vector arithmetic. Each group then splits stably into its
-    children's groups. The chunks depend only on the groups, and every product stays under
-    OpenBLAS's threading threshold (one thread, its per-element arithmetic fixed), so the result
-    does not depend on the thread count.
+    children's groups. The chunks depend only on the groups, and every product runs on one BLAS
+    thread (sts_sample limits BLAS to one; its per-element arithmetic fixed), so the result does
+    not depend on the thread count.
+
+    Draws of one query stay adjacent inside a group (the splits are stable), so a chunk's product
+    has one row per distinct query (:func:`_chunk_queries`): leverage draws repeat histories (on
+    nell2-shaped factors 65536 draws have about 11 k distinct queries), and the draws of a query
+    share its masses at every node they share.
     """
-    J, R = Q.shape
-    ch = max(1, min(_CHUNK, _GEMM_SERIAL_MNK // (R * R)))
+    J = qrow.shape[0]
+    R = Q.shape[1]
+    ch = max(1, min(_CHUNK, _DRAW_GEMM_MNK // (R * R)))
     m = np.zeros(J)  # zeros: pages touched here, not first by parallel threads (contention)
     right = np.zeros(J, dtype=np.bool_)
     perms = np.zeros((2, J), dtype=np.int64)  # the order at this level and at the next
-    for j in range(J):
-        perms[0, j] = j
+    perms[0, :] = order
     k = 0
     tmp = np.empty((3, gnode.shape[0]), dtype=np.int64)
     ng = 1
@@ -508,16 +555,13 @@ def _walk(nodes, P, nvalid, Q, scale, which, x, fail, perm, gnode, gstart, gend)
         s0 = cs[c]
         n0 = ce[c] - s0
         buf0 = np.empty((n0, R))
-        T0 = np.empty((n0, R))
+        slot0 = np.empty(n0, dtype=np.int64)
+        nu0 = _chunk_queries(perms[0], s0, n0, Q, qrow, scale, which, buf0, slot0)
+        T0 = np.empty((nu0, R))
+        np.dot(buf0[:nu0], M0, T0)
         for i in range(n0):
             j0 = perms[0, s0 + i]
-            sc0 = scale[which[j0]]
-            for a in range(R):
-                buf0[i, a] = Q[j0, a] * sc0[a]
-        np.dot(buf0, M0, T0)
-        for i in range(n0):
-            j0 = perms[0, s0 + i]
-            m[j0] = _rowdot(T0[i], buf0[i])
+            m[j0] = _rowdot(T0[slot0[i]], buf0[slot0[i]])
             if not m[j0] > 0.0:
                 fail[j0] = True
 
@@ -539,23 +583,26 @@ def _walk(nodes, P, nvalid, Q, scale, which, x, fail, perm, gnode, gstart, gend)
             s1 = cs[c]
             n1 = ce[c] - s1
             buf = np.empty((n1, R))
-            T = np.empty((n1, off + R))
-            for i in range(n1):
-                jq = src[s1 + i]
-                sc = scale[which[jq]]
-                for a in range(R):
-                    buf[i, a] = Q[jq, a] * sc[a]
-            np.dot(buf, M0 if root else nodes[2 * v + 1], T)
+            slot = np.empty(n1, dtype=np.int64)
+            nu = _chunk_queries(src, s1, n1, Q, qrow, scale, which, buf, slot)
+            T = np.empty((nu, off + R))
+            np.dot(buf[:nu], M0 if root else nodes[2 * v + 1], T)
+            mroot = np.empty(nu)
+            mleft = np.empty(nu)
+            for u in range(nu):
+                if root:
+                    mroot[u] = _rowdot(T[u, :R], buf[u])
+                mleft[u] = max(_rowdot(T[u, off:], buf[u]), 0.0)
             nl = 0
             for i in range(n1):
                 j1 = src[s1 + i]
                 if root:
-                    m[j1] = _rowdot(T[i, :R], buf[i])
+                    m[j1] = mroot[slot[i]]
                     if not m[j1] > 0.0:
                         fail[j1] = True
                 go_right = False
                 if not fail[j1]:
-                    mL = max(_rowdot(T[i, off:], buf[i]), 0.0)
+                    mL = mleft[slot[i]]
                     mR = 0.0 if padded_right else max(m[j1] - mL, 0.0)
                     tot = mL + mR
                     if not tot > 0.0:
@@ -589,14 +636,14 @@ def _walk(nodes, P, nvalid, Q, scale, which, x, fail, perm, gnode, gstart, gend)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _scan_leaves(U, P, F, Q, scale, which, x, fail, perm, gnode, gstart, gend, ng, out):
+def _scan_leaves(U, P, F, Q, qrow, scale, which, x, fail, perm, gnode, gstart, gend, ng, out):
     """The row of every draw inside the leaf its walk reached (:func:`_pick` over
-    ``q_i = (U[i] . Q[j] * scale[which[j]])^2``); -1 for failed draws and leaves of zero total.
+    ``q_i = (U[i] . Q[qrow[j]] * scale[which[j]])^2``); -1 for failed draws and leaves of zero total.
 
-    The dot products of the draws at a leaf with its rows are one matrix product per chunk of
-    draws (under OpenBLAS's threading threshold, as in :func:`_walk`)."""
+    The dot products of the distinct queries at a leaf with its rows are one matrix product per
+    chunk of draws (on one BLAS thread, as in :func:`_walk`)."""
     I, R = U.shape
-    ch = max(1, min(_CHUNK, _GEMM_SERIAL_MNK // (R * F)))
+    ch = max(1, min(_CHUNK, _DRAW_GEMM_MNK // (R * F)))
     cs, ce, cg = _split_groups(gstart, gend, ng, ch)
     for c in nb.prange(cs.shape[0]):
         lo = min((gnode[cg[c]] - (P - 1)) * F, I)
@@ -608,22 +655,20 @@ def _scan_leaves(U, P, F, Q, scale, which, x, fail, perm, gnode, gstart, gend, n
                 out[perm[s + i]] = -1
             continue
         buf = np.empty((n, R))
-        S = np.empty((n, hi - lo))
-        for i in range(n):
-            j = perm[s + i]
-            sc = scale[which[j]]
-            for a in range(R):
-                buf[i, a] = Q[j, a] * sc[a]
-        np.dot(buf, U[lo:hi].T, S)
+        slot = np.empty(n, dtype=np.int64)
+        nu = _chunk_queries(perm, s, n, Q, qrow, scale, which, buf, slot)
+        S = np.empty((nu, hi - lo))
+        np.dot(buf[:nu], U[lo:hi].T, S)
+        for u in range(nu):
+            Su = S[u]
+            for r in range(hi - lo):
+                Su[r] = Su[r] * Su[r]
         for i in range(n):
             j = perm[s + i]
             if fail[j]:
                 out[j] = -1
                 continue
-            Si = S[i]
-            for r in range(hi - lo):
-                Si[r] = Si[r] * Si[r]
-            out[j] = _pick(Si, x[j], lo)
+            out[j] = _pick(S[slot[i]], x[j], lo)
 
 
 @nb.njit(nogil=True, cache=True)
@@ -651,7 +696,42 @@ def _failed(out):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _sts_draw_mode(U, grams, P, F, E, P1, lam, V, h, uniforms, out):
+def _components_by_history(Hd, lam, V, Gk, hid, x, comp, fail):
+    """Stage 1 from each distinct history's whole component distribution: for history ``h``,
+    ``p(u) ~ lam_u (h * V[:, u]) G_k (h * V[:, u])^T`` for every ``u`` at once (``Y = diag(h) V``,
+    then ``lam * colsum(Y * (G_k Y))``, ``2 R^3`` flops), then every draw ``j`` by inversion of
+    its history's masses with ``x[j]`` (:func:`_pick`); ``fail[j]`` where they are all zero.
+
+    Draws repeat histories (65536 nell2-shaped draws have about 2 k distinct first rows), and
+    one history's distribution then costs less than walking the stage-1 tree for its draws."""
+    D, R = Hd.shape
+    masses = np.empty((D, R))
+    for d in nb.prange(D):
+        Y = np.empty((R, R))
+        T = np.empty((R, R))
+        for a in range(R):
+            ha = Hd[d, a]
+            for u in range(R):
+                Y[a, u] = ha * V[a, u]
+        np.dot(Gk, Y, T)
+        for u in range(R):
+            masses[d, u] = 0.0
+        for a in range(R):
+            for u in range(R):
+                masses[d, u] += Y[a, u] * T[a, u]
+        for u in range(R):
+            masses[d, u] = max(lam[u] * masses[d, u], 0.0)
+    for j in nb.prange(hid.shape[0]):
+        u = _pick(masses[hid[j]], x[j], 0)
+        if u < 0:
+            fail[j] = True
+            comp[j] = 0
+        else:
+            comp[j] = u
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _sts_draw_mode(U, grams, P, F, E, P1, lam, V, Hd, hid, by_history, uniforms, out):
     """All draws of one sampled mode (the memory-saving loop order of Algorithm 6).
 
     Parameters
@@ -662,19 +742,24 @@ def _sts_draw_mode(U, grams, P, F, E, P1, lam, V, h, uniforms, out):
                                          ``(sum over components u below v of lam_u V[:,u] V[:,u]^T) * G_k``
     P1 : int                             stage-1 leaves (power of two >= R; leaf u is component u)
     lam : float64 (R,), V : float64 (R, R)   eigenpairs of ``G_>k`` (lam clipped at 0)
-    h : float64 (J, R)                   history vectors; row ``j`` is multiplied by the row drawn
+    Hd : float64 (D, R)                  the distinct history vectors (Hadamard products of the rows
+                                         drawn so far)
+    hid : int64 (J,)                     the history of each draw
+    by_history : bool                    stage 1 from each history's whole component distribution
+                                         (:func:`_components_by_history`), else by walking ``E``
     uniforms : float64 (J, 2)            pre-drawn uniforms (stage 1, stage 2) of every sample
     out : int64 (J,)                     row drawn for each sample, -1 where both the fast and the
                                          careful walk broke down (rounding; not expected)
 
-    Stage 1 draws every sample's eigen-component ``u`` of ``G_>k`` from the tree ``E``; stage 2
-    its row from the factor's tree with query ``h_j * V[:, u]``, then inside the leaf reached
-    (:func:`_walk`, :func:`_scan_leaves`). Samples whose walk broke down in rounding are drawn
-    again, one at a time, with the careful walk (both children's masses from their own matrices)
-    and the same uniforms. Samples read only their own uniforms, so the result is the same for
-    any thread count.
+    Stage 1 draws every sample's eigen-component ``u`` of ``G_>k``; stage 2 its row from the
+    factor's tree with query ``Hd[hid[j]] * V[:, u]``, then inside the leaf reached
+    (:func:`_walk`, :func:`_scan_leaves`), draws of one query sharing its products. Samples whose
+    walk broke down in rounding are drawn again, one at a time, with the careful walk (both
+    children's masses from their own matrices) and the same uniforms. Samples read only their
+    own uniforms, so the result is the same for any thread count.
     """
-    J, R = h.shape
+    J = hid.shape[0]
+    R = Hd.shape[1]
     I = U.shape[0]
     x = np.zeros(J)
     fail = np.zeros(J, dtype=np.bool_)
@@ -683,27 +768,30 @@ def _sts_draw_mode(U, grams, P, F, E, P1, lam, V, h, uniforms, out):
     gnode = np.empty(cap, dtype=np.int64)
     gstart = np.empty(cap, dtype=np.int64)
     gend = np.empty(cap, dtype=np.int64)
-    x[:] = uniforms[:, 0]
     comp = np.zeros(J, dtype=np.int64)
-    ng = _walk(E, P1, R, h, np.ones((1, R)), comp, x, fail, perm, gnode, gstart, gend)
-    _components(P1, ng, perm, gnode, gstart, gend, comp)
+    if by_history:
+        _components_by_history(Hd, lam, V, grams[0], hid, uniforms[:, 0], comp, fail)
+    else:
+        x[:] = uniforms[:, 0]
+        ng = _walk(E, P1, R, Hd, hid, np.ones((1, R)), comp, np.argsort(hid, kind="mergesort"), x, fail, perm,
+                   gnode, gstart, gend)
+        _components(P1, ng, perm, gnode, gstart, gend, comp)
     for j in nb.prange(J):
         if not lam[comp[j]] > 0.0:
             fail[j] = True
-    # stage 2: the query of draw j is h[j] * V[:, comp[j]]
+    # stage 2: the query of draw j is Hd[hid[j]] * V[:, comp[j]]
     VT = np.ascontiguousarray(V.T)
     x[:] = uniforms[:, 1]
-    ng = _walk(grams, P, (I + F - 1) // F, h, VT, comp, x, fail, perm, gnode, gstart, gend)
-    _scan_leaves(U, P, F, h, VT, comp, x, fail, perm, gnode, gstart, gend, ng, out)
+    key = np.empty(J, dtype=np.int64)
+    for j in nb.prange(J):
+        key[j] = hid[j] * R + comp[j]
+    ng = _walk(grams, P, (I + F - 1) // F, Hd, hid, VT, comp, np.argsort(key, kind="mergesort"), x, fail, perm,
+               gnode, gstart, gend)
+    _scan_leaves(U, P, F, Hd, hid, VT, comp, x, fail, perm, gnode, gstart, gend, ng, out)
     bad = _failed(out)
     for b in nb.prange(bad.shape[0]):
         jb = bad[b]
-        out[jb] = _draw_row_careful(U, grams, P, F, E, P1, lam, V, h[jb], uniforms[jb, 0], uniforms[jb, 1])
-    for j2 in nb.prange(J):
-        row = out[j2]
-        if row >= 0:
-            for a2 in range(R):
-                h[j2, a2] *= U[row, a2]
+        out[jb] = _draw_row_careful(U, grams, P, F, E, P1, lam, V, Hd[hid[jb]], uniforms[jb, 0], uniforms[jb, 1])
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -887,6 +975,19 @@ def _draw_marginal(U: np.ndarray, M: np.ndarray, uniforms: np.ndarray, out: np.n
     np.minimum(np.searchsorted(cdf, uniforms * cdf[-1], side="right"), last, out=out)
 
 
+def _extend_histories(Hd: np.ndarray, hid: np.ndarray, U: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct histories after drawing ``rows`` of ``U``: ``Hd[hid[j]] * U[rows[j]]`` for every
+    draw ``j``, as distinct vectors and each draw's index into them."""
+    I = U.shape[0]
+    if hid.shape[0] * I < 2**62:
+        pairs, inv = np.unique(hid * I + rows, return_inverse=True)
+        old, new = pairs // I, pairs % I
+    else:
+        pairs, inv = np.unique(np.stack([hid, rows], axis=1), axis=0, return_inverse=True)
+        old, new = pairs[:, 0], pairs[:, 1]
+    return Hd[old] * U[new], inv.reshape(-1).astype(np.int64)
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
@@ -1011,7 +1112,10 @@ def sts_sample(factors: Sequence[np.ndarray], trees: Sequence[RowTree | None] | 
             raise ValueError(f"the Khatri-Rao product of modes {ks} is zero (no row has nonzero leverage)")
 
         rng = np.random.default_rng(seed)
-        h = np.ones((J, R))
+        # the history of every draw (the Hadamard product of its rows drawn so far) as an index
+        # into the distinct histories: draws repeat rows, and draws of one history share work
+        Hd = np.ones((1, R))
+        hid = np.zeros(J, dtype=np.int64)
         idx = np.zeros((J, N), dtype=np.int64)
         out = np.empty(J, dtype=np.int64)
         first = marginal_mode([factors[k].shape[0] for k in ks], [trees[k].nleaves for k in ks], J) \
@@ -1027,17 +1131,19 @@ def sts_sample(factors: Sequence[np.ndarray], trees: Sequence[RowTree | None] | 
             V = np.ascontiguousarray(V)
             if pos == 0 and first is not None:
                 _draw_marginal(factors[k], (V * lam) @ V.T, rng.random(J), out)
-                h *= factors[k][out]
             else:
                 E, P1 = _eigen_tree(lam, V, trees[k].gram)
                 uniforms = rng.random((J, 2))
                 tree = trees[k]
-                _sts_draw_mode(factors[k], tree.grams, tree.nleaves, tree.leaf_rows, E, P1, lam, V, h, uniforms,
-                               out)
+                by_history = Hd.shape[0] * R <= STAGE1_BY_HISTORY * J * int(P1).bit_length()
+                _sts_draw_mode(factors[k], tree.grams, tree.nleaves, tree.leaf_rows, E, P1, lam, V, Hd, hid,
+                               by_history, uniforms, out)
                 if np.any(out < 0):
                     raise RuntimeError(f"leverage sampling of mode {k} broke down numerically "
                                        f"({int(np.sum(out < 0))} of {J} draws)")
             idx[:, k] = out
+            if pos + 1 < len(ks):
+                Hd, hid = _extend_histories(Hd, hid, factors[k], out)
 
         coords, counts = unique_rows(idx)
         rows = krp_rows(factors, coords, exclude)
