@@ -8,6 +8,7 @@ import tensorflow_ooc as tfo
 from tensorflow_ooc.execution.stream import BatchBuffers, fill_batch, stream_batches
 from tensorflow_ooc.kernels.fiber_gather import (
     FiberIndex,
+    _fiber_ranges,
     SampleTable,
     exact_keys,
     sample_keys,
@@ -69,8 +70,25 @@ def test_sampled_mttkrp_in_memory_and_streamed(tmp_path, rng, nmodes):
         table = SampleTable.build(sample_keys(samples, shape, mode))
         for items in stream_batches(store, 0, store.nchunks, batch_nnz=512):
             sampled_mttkrp_items(items, store.layout, mode, samples, Hw, got_stream, table=table)
-        for got in (got_scan, got_index, got_stream):
+        # samples in another order than the samplers' (sorted) one: searched by bisection
+        got_reversed = np.zeros_like(want)
+        sampled_mttkrp_items(decoded, store.layout, mode, samples[::-1], Hw[::-1], got_reversed, index=index)
+        for got in (got_scan, got_index, got_stream, got_reversed):
             np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_fiber_ranges_against_searchsorted(rng, ordered):
+    """Runs of many sample keys (several search blocks, hits and misses, runs of every length)
+    in a sorted key array, against numpy's bisection."""
+    keys = np.sort(rng.integers(0, 5000, 40000).astype(np.uint64))
+    skeys = np.unique(rng.integers(0, 5100, 3000).astype(np.uint64))
+    if not ordered:
+        skeys = rng.permutation(skeys)
+    offsets, first = _fiber_ranges(keys, skeys)
+    lo, hi = np.searchsorted(keys, skeys, "left"), np.searchsorted(keys, skeys, "right")
+    np.testing.assert_array_equal(first, lo)
+    np.testing.assert_array_equal(np.diff(offsets), hi - lo)
 
 
 def test_fibers_themselves_with_identity_rows(tmp_path, rng):

@@ -27,6 +27,7 @@ coordinates against the sample's, and the index is not used (:func:`exact_keys`)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numba as nb
@@ -178,29 +179,119 @@ def scan_matches(index, values, item_start, item_end, item_base, item_prev, shif
     return counts
 
 
-@nb.njit(cache=True)
-def _fiber_ranges(keys, skeys):
-    """int64 (S + 1,) match offsets and (S,) first positions of each sample's run in ``keys``."""
-    S = skeys.shape[0]
-    first = np.empty(S, dtype=np.int64)
-    offsets = np.zeros(S + 1, dtype=np.int64)
-    for s in range(S):
-        lo = np.searchsorted(keys, skeys[s], side="left")
-        hi = np.searchsorted(keys, skeys[s], side="right")
-        first[s] = lo
-        offsets[s + 1] = offsets[s] + (hi - lo)
-    return offsets, first
+@nb.njit(nogil=True, cache=True)
+def _run_at(keys, key, pos):
+    """``(lo, hi)``: the run of ``key`` in the sorted ``keys``, searched from ``pos`` on (every key
+    before ``pos`` is smaller) by doubling steps, then bisection inside the last step."""
+    n = keys.shape[0]
+    step = 1
+    while pos + step <= n and keys[pos + step - 1] < key:
+        step *= 2
+    lo = pos + step // 2 + np.searchsorted(keys[pos + step // 2:min(pos + step, n)], key, side="left")
+    step = 1
+    while lo + step <= n and keys[lo + step - 1] <= key:
+        step *= 2
+    hi = lo + step // 2 + np.searchsorted(keys[lo + step // 2:min(lo + step, n)], key, side="right")
+    return lo, hi
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _index_matches(rows, vals, first, offsets, m_row, m_sid, m_val):
-    """Copy each sample's fiber run of a :class:`FiberIndex` to its segment of the match list."""
-    for s in nb.prange(first.shape[0]):
-        base = offsets[s]
-        for e in range(offsets[s + 1] - base):
-            m_row[base + e] = rows[first[s] + e]
-            m_sid[base + e] = s
-            m_val[base + e] = vals[first[s] + e]
+def _fiber_ranges(keys, skeys):
+    """int64 (S + 1,) match offsets and (S,) first positions of each sample's run in ``keys``.
+
+    Sample keys in strictly increasing order (the samplers' lexicographic order) are searched in blocks,
+    each sample from the end of the one before: fibers of nearby samples lie close together in the
+    index, so most searches stay within a few cache lines. Any other order: a bisection each."""
+    S = skeys.shape[0]
+    first = np.empty(S, dtype=np.int64)
+    count = np.empty(S, dtype=np.int64)
+    ordered = True
+    for s in range(1, S):
+        if skeys[s] <= skeys[s - 1]:
+            ordered = False
+            break
+    block = 1024
+    for blk in nb.prange((S + block - 1) // block):
+        pos = 0
+        for s in range(blk * block, min(S, (blk + 1) * block)):
+            if ordered and s > blk * block:
+                lo, hi = _run_at(keys, skeys[s], pos)
+            else:
+                lo = np.searchsorted(keys, skeys[s], side="left")
+                hi = np.searchsorted(keys, skeys[s], side="right")
+            first[s] = lo
+            count[s] = hi - lo
+            pos = hi
+    offsets = np.zeros(S + 1, dtype=np.int64)
+    for s in range(S):
+        offsets[s + 1] = offsets[s] + count[s]
+    return offsets, first
+
+
+@nb.njit(nogil=True, cache=True)
+def _balanced_splits(offsets, parts):
+    """``parts + 1`` sample boundaries cutting the runs ``offsets`` into parts of about equal
+    match counts."""
+    S = offsets.shape[0] - 1
+    cut = np.empty(parts + 1, dtype=np.int64)
+    cut[0] = 0
+    for c in range(1, parts):
+        cut[c] = min(S, max(cut[c - 1], np.searchsorted(offsets, offsets[S] * c // parts, side="left")))
+    cut[parts] = S
+    return cut
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _row_sorted_runs(rows, vals, first, offsets, out_lo, nrows, parts):
+    """The matches of a :class:`FiberIndex` lookup sorted by their mode-``j`` row, stably (per row
+    in sample order, each sample's fiber in index order): ``(start, sid, val)`` with the matches of
+    row ``out_lo + i`` at ``start[i] .. start[i + 1] - 1``.
+
+    A counting sort by contiguous parts of the samples, in parallel: per-part row histograms, then
+    each part scatters its matches behind those of the parts before it. The order is that of a
+    sequential counting sort, so it does not depend on ``parts`` (the thread count)."""
+    S = first.shape[0]
+    M = offsets[S]
+    cut = _balanced_splits(offsets, parts)
+    hist = np.zeros((parts, nrows + 1), dtype=np.int64)
+    for c in nb.prange(parts):
+        h = hist[c]
+        for s in range(cut[c], cut[c + 1]):
+            for e in range(first[s], first[s] + offsets[s + 1] - offsets[s]):
+                h[rows[e] - out_lo] += 1
+    start = np.zeros(nrows + 1, dtype=np.int64)
+    acc = 0
+    for i in range(nrows):
+        start[i] = acc
+        for c in range(parts):
+            n = hist[c, i]
+            hist[c, i] = acc
+            acc += n
+    start[nrows] = acc
+    sid = np.empty(M, dtype=np.int64)
+    val = np.empty(M, dtype=vals.dtype)
+    for c in nb.prange(parts):
+        nxt = hist[c]
+        for s in range(cut[c], cut[c + 1]):
+            for e in range(first[s], first[s] + offsets[s + 1] - offsets[s]):
+                i = rows[e] - out_lo
+                sid[nxt[i]] = s
+                val[nxt[i]] = vals[e]
+                nxt[i] += 1
+    return start, sid, val
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _rows_times(start, sid, val, Hw, out):
+    """``out[i] += sum val[p] * Hw[sid[p]]`` over ``p`` in ``start[i] .. start[i + 1] - 1``, each
+    row by one thread in that order."""
+    R = out.shape[1]
+    for i in nb.prange(out.shape[0]):
+        for p in range(start[i], start[i + 1]):
+            v = val[p]
+            h = Hw[sid[p]]
+            for r in range(R):
+                out[i, r] += v * h[r]
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -286,8 +377,55 @@ class FiberIndex:
         vals = np.zeros(nnz, dtype=items.values.dtype)
         _index_entries(items.index, items.values, items.start, items.end, items.base, layout.field_shift,
                        layout.field_mask, mode, key_strides(layout.shape, mode), keys, rows, vals)
+        order, keys = stable_key_order(keys, math.prod(s for m, s in enumerate(layout.shape) if m != mode))
+        _gather_pair(rows, vals, order)
+        return cls(mode, keys, rows, vals)
+
+
+def stable_key_order(keys: np.ndarray, key_space: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.argsort(keys, kind="stable")`` for uint64 ``keys`` below ``key_space``, and the keys in
+    that order.
+
+    Where a key and a position fit in 64 bits together, each key is joined with its position
+    below it and the joined words sorted by value (numpy's vectorized sort of unsigned integers):
+    the words are distinct, so their order is the stable order of the keys. 20 M nell2-shaped
+    keys: 0.3 s against 2.6 s for the stable argsort."""
+    n = keys.shape[0]
+    pbits = max(1, (n - 1).bit_length())
+    if (max(1, key_space) - 1).bit_length() + pbits > 64:
         order = np.argsort(keys, kind="stable")
-        return cls(mode, keys[order], rows[order], vals[order])
+        return order, keys[order]
+    joined = np.sort(_join_positions(keys, pbits))
+    return _split_positions(joined, pbits)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _join_positions(keys, pbits):
+    out = np.empty(keys.shape[0], dtype=np.uint64)
+    for i in nb.prange(keys.shape[0]):
+        out[i] = (keys[i] << np.uint64(pbits)) | np.uint64(i)
+    return out
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _split_positions(joined, pbits):
+    order = np.empty(joined.shape[0], dtype=np.int64)
+    keys = np.empty(joined.shape[0], dtype=np.uint64)
+    mask = np.uint64((1 << pbits) - 1)
+    for i in nb.prange(joined.shape[0]):
+        order[i] = np.int64(joined[i] & mask)
+        keys[i] = joined[i] >> np.uint64(pbits)
+    return order, keys
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _gather_pair(a, b, order):
+    """``a[:] = a[order]; b[:] = b[order]`` (one parallel pass, through copies)."""
+    a0 = a.copy()
+    b0 = b.copy()
+    for i in nb.prange(order.shape[0]):
+        a[i] = a0[order[i]]
+        b[i] = b0[order[i]]
 
 
 def sampled_mttkrp_items(items: WorkItems, layout: BitLayout, mode: int, coords: np.ndarray, Hw: np.ndarray,
@@ -307,8 +445,10 @@ def sampled_mttkrp_items(items: WorkItems, layout: BitLayout, mode: int, coords:
         if index.mode != mode:
             raise ValueError(f"the fiber index is for mode {index.mode}, not {mode}")
         offsets, first = _fiber_ranges(index.keys, sample_keys(coords, layout.shape, mode))
-        m_row, m_sid, m_val = _match_buffers(int(offsets[-1]), index.vals.dtype)
-        _index_matches(index.rows, index.vals, first, offsets, m_row, m_sid, m_val)
+        start, sid, val = _row_sorted_runs(index.rows, index.vals, first, offsets, out_lo, out.shape[0],
+                                           nb.get_num_threads())
+        _rows_times(start, sid, val, Hw, out)
+        return
     else:
         if table is None:
             table = SampleTable.build(sample_keys(coords, layout.shape, mode))
