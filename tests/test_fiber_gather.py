@@ -9,6 +9,7 @@ from tensorflow_ooc.execution.stream import BatchBuffers, fill_batch, stream_bat
 from tensorflow_ooc.kernels.fiber_gather import (
     FiberIndex,
     _fiber_ranges,
+    _row_sorted_runs,
     SampleTable,
     exact_keys,
     sample_keys,
@@ -175,3 +176,21 @@ def test_sums_do_not_depend_on_the_thread_count(tmp_path, rng):
     np.testing.assert_array_equal(got[1][0], got[2][0])
     np.testing.assert_array_equal(got[1][1], got[2][1])
     np.testing.assert_allclose(got[1][0], brute_force(coords, values, shape, 0, samples, Hw), rtol=1e-10, atol=1e-10)
+
+
+def test_row_sort_of_index_runs_does_not_depend_on_the_parts(rng):
+    """The parallel counting sort by row gives the sequential order (rows in order; inside a row,
+    samples in order, each fiber in index order) for any number of parts."""
+    nrows, out_lo = 37, 5
+    rows = rng.integers(out_lo, out_lo + nrows, 4000)
+    vals = rng.standard_normal(4000)
+    lengths = rng.integers(0, 40, 150)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    first = rng.integers(0, 4000 - 40, 150)
+    order = [(rows[f + e] - out_lo, s, vals[f + e]) for s, f in enumerate(first) for e in range(lengths[s])]
+    order.sort(key=lambda m: m[0])           # stable: sample order, then index order, inside a row
+    for parts in (1, 2, 3, 7):
+        start, sid, val = _row_sorted_runs(rows, vals, first, offsets, out_lo, nrows, parts)
+        np.testing.assert_array_equal(np.diff(start), np.bincount([m[0] for m in order], minlength=nrows))
+        np.testing.assert_array_equal(sid, [m[1] for m in order])
+        np.testing.assert_array_equal(val, [m[2] for m in order])

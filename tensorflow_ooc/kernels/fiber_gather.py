@@ -259,15 +259,20 @@ def _row_sorted_runs(rows, vals, first, offsets, out_lo, nrows, parts):
         for s in range(cut[c], cut[c + 1]):
             for e in range(first[s], first[s] + offsets[s + 1] - offsets[s]):
                 h[rows[e] - out_lo] += 1
+    # row starts, then each part's first position in every row (rows in order, parts in order
+    # inside a row), by contiguous passes over the histograms
     start = np.zeros(nrows + 1, dtype=np.int64)
-    acc = 0
+    for c in range(parts):
+        for i in range(nrows):
+            start[i + 1] += hist[c, i]
     for i in range(nrows):
-        start[i] = acc
-        for c in range(parts):
+        start[i + 1] += start[i]
+    run = start[:nrows].copy()
+    for c in range(parts):
+        for i in range(nrows):
             n = hist[c, i]
-            hist[c, i] = acc
-            acc += n
-    start[nrows] = acc
+            hist[c, i] = run[i]
+            run[i] += n
     sid = np.empty(M, dtype=np.int64)
     val = np.empty(M, dtype=vals.dtype)
     for c in nb.prange(parts):
@@ -445,8 +450,9 @@ def sampled_mttkrp_items(items: WorkItems, layout: BitLayout, mode: int, coords:
         if index.mode != mode:
             raise ValueError(f"the fiber index is for mode {index.mode}, not {mode}")
         offsets, first = _fiber_ranges(index.keys, sample_keys(coords, layout.shape, mode))
-        start, sid, val = _row_sorted_runs(index.rows, index.vals, first, offsets, out_lo, out.shape[0],
-                                           nb.get_num_threads())
+        # one histogram of the output rows per part: no more parts than the matches fill
+        parts = max(1, min(nb.get_num_threads(), 4 * int(offsets[-1]) // max(1, out.shape[0])))
+        start, sid, val = _row_sorted_runs(index.rows, index.vals, first, offsets, out_lo, out.shape[0], parts)
         _rows_times(start, sid, val, Hw, out)
         return
     else:
