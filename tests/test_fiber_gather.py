@@ -14,6 +14,7 @@ from tensorflow_ooc.kernels.fiber_gather import (
     exact_keys,
     sample_keys,
     sampled_mttkrp_items,
+    stable_key_order,
 )
 from tensorflow_ooc.kernels.mttkrp import tensor_items
 
@@ -194,3 +195,13 @@ def test_row_sort_of_index_runs_does_not_depend_on_the_parts(rng):
         np.testing.assert_array_equal(np.diff(start), np.bincount([m[0] for m in order], minlength=nrows))
         np.testing.assert_array_equal(sid, [m[1] for m in order])
         np.testing.assert_array_equal(val, [m[2] for m in order])
+
+
+@pytest.mark.parametrize("key_space", [1000, 2**62])
+def test_stable_key_order_is_the_stable_argsort(rng, key_space):
+    """Keys joined with their positions (small key space) or the stable argsort (where key and
+    position need more than 64 bits): the stable order and the sorted keys, ties included."""
+    keys = rng.integers(0, 1000, 50000).astype(np.uint64)
+    order, sorted_keys = stable_key_order(keys, key_space)
+    np.testing.assert_array_equal(order, np.argsort(keys, kind="stable"))
+    np.testing.assert_array_equal(sorted_keys, np.sort(keys))
