@@ -15,10 +15,11 @@ value times that sample's row into its mode-j row. Two ways to find those nonzer
   then fill, so the matches land in a deterministic order).
 - **index** (decoded partitions kept in memory): once per partition and mode, the nonzeros' keys
   sorted with their mode-j row and value (:class:`FiberIndex`); each sample then finds its fiber
-  by binary search: O(S log nnz + fiber nonzeros) per solve, independent of the tensor's size.
+  by a search (from the previous sample's fiber, samples in key order): O(S log nnz + fiber
+  nonzeros) per solve at most, independent of the tensor's size.
 
-Either way the matches (row, sample, value) form a list in a fixed order, summed row by row in
-that order (:func:`accumulate_matches`): results are the same for any thread count.
+Either way the matches (row, sample, value) come in a fixed order, are sorted by row stably and
+summed row by row in that order (:func:`_rows_times`): results are the same for any thread count.
 
 A key is the mixed-radix number of a nonzero's coordinates in the other modes. When the product of
 the other modes' lengths exceeds 2^63 the keys wrap (a hash); the scan then checks a hit's
@@ -299,42 +300,32 @@ def _rows_times(start, sid, val, Hw, out):
                 out[i, r] += v * h[r]
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def accumulate_matches(m_row, m_sid, m_val, Hw, out, out_lo):
-    """``out[row - out_lo] += val * Hw[sid]`` for every match, each row summed in list order.
-
-    A counting sort by row (sequential, stable) groups the matches; rows are then summed in
-    parallel, each by one thread in the list's order, so the result does not depend on the
-    thread count (atomic adds would make it depend on timing).
+@nb.njit(nogil=True, cache=True)
+def _row_sorted_matches(m_row, m_sid, m_val, out_lo, nrows):
+    """A match list sorted by its mode-``j`` row, stably (a sequential counting sort): ``(start,
+    sid, val)`` as :func:`_row_sorted_runs` gives them, each row's matches in list order.
 
     Parameters
     ----------
-    m_row : int64 (M,)      mode-j index of each match (inside ``out_lo .. out_lo + rows - 1``)
+    m_row : int64 (M,)      mode-j index of each match (inside ``out_lo .. out_lo + nrows - 1``)
     m_sid : int64 (M,)      its sample
     m_val : float (M,)      its value
-    Hw : float (S, R)       weighted Khatri-Rao row of each sample
-    out : float (rows, R)   output rows ``out_lo ..``
     """
     M = m_row.shape[0]
-    rows, R = out.shape
-    start = np.zeros(rows + 1, dtype=np.int64)
+    start = np.zeros(nrows + 1, dtype=np.int64)
     for e in range(M):
         start[m_row[e] - out_lo + 1] += 1
-    for i in range(rows):
+    for i in range(nrows):
         start[i + 1] += start[i]
-    order = np.empty(M, dtype=np.int64)
+    sid = np.empty(M, dtype=np.int64)
+    val = np.empty(M, dtype=m_val.dtype)
     nxt = start[:-1].copy()
     for e in range(M):
         i = m_row[e] - out_lo
-        order[nxt[i]] = e
+        sid[nxt[i]] = m_sid[e]
+        val[nxt[i]] = m_val[e]
         nxt[i] += 1
-    for i in nb.prange(rows):
-        for p in range(start[i], start[i + 1]):
-            e = order[p]
-            v = m_val[e]
-            s = m_sid[e]
-            for r in range(R):
-                out[i, r] += v * Hw[s, r]
+    return start, sid, val
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -454,8 +445,6 @@ def sampled_mttkrp_items(items: WorkItems, layout: BitLayout, mode: int, coords:
         # one histogram of the output rows per part: no more parts than the matches fill
         parts = max(1, min(nb.get_num_threads(), 4 * int(offsets[-1]) // max(1, out.shape[0])))
         start, sid, val = _row_sorted_runs(index.rows, index.vals, first, offsets, out_lo, out.shape[0], parts)
-        _rows_times(start, sid, val, Hw, out)
-        return
     else:
         if table is None:
             table = SampleTable.build(sample_keys(coords, layout.shape, mode))
@@ -470,7 +459,9 @@ def sampled_mttkrp_items(items: WorkItems, layout: BitLayout, mode: int, coords:
         np.cumsum(counts, out=offsets[1:])
         m_row, m_sid, m_val = _match_buffers(int(offsets[-1]), items.values.dtype)
         scan_matches(*args, offsets, m_row, m_sid, m_val)
-    accumulate_matches(m_row, m_sid, m_val, Hw, out, out_lo)
+        start, sid, val = _row_sorted_matches(m_row, m_sid, m_val, out_lo, out.shape[0])
+    # each row summed by one thread in its sorted order: the same sums for any thread count
+    _rows_times(start, sid, val, Hw, out)
 
 
 def _match_buffers(n: int, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
