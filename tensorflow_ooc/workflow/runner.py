@@ -11,7 +11,7 @@ cluster (``tfooc submit``, see :mod:`tensorflow_ooc.workflow.submit`), and does 
    fingerprint (:mod:`~tensorflow_ooc.workflow.fingerprint`), else run it
    (:mod:`~tensorflow_ooc.workflow.steps`) and record the outputs' fingerprints;
 4. the record ends ``done`` (exit 0), ``failed`` (1), ``cancelled`` (1) or ``skipped`` (3: every
-   step was up to date).
+   step was up to date, or ran and found nothing new, as an append whose files were all ingested).
 
 A failed or killed run resumes where it stopped: finished steps are up to date and skipped, and
 CP-ALS continues from its checkpoint (kept per step fingerprint under ``ROOT/.tfooc/checkpoints``).
@@ -265,14 +265,18 @@ def execute(workflow: Workflow, *, run_id: str | None = None, client: Any = None
             metrics = run_step(ctx)
             for o in st.outputs.values():
                 index.write(o, fp, st.name, run_id)
-            ran += 1
+            # a step that looked and found nothing new (an append whose files were all ingested
+            # before) changed no output: it counts as skipped, so such a run ends skipped (exit 3)
+            nothing_new = bool(metrics.pop("nothing_new", False))
+            ran += 0 if nothing_new else 1
             seconds = time.time() - t0
             merged = {**srec.metrics, **metrics}
-            rec.step(st.name, save=False, state="done", finished_at=now_iso(), seconds=round(seconds, 3),
-                     metrics=merged, message=None)
+            rec.step(st.name, save=False, state="skipped" if nothing_new else "done", finished_at=now_iso(),
+                     seconds=round(seconds, 3), metrics=merged,
+                     message="nothing new (every input was processed before)" if nothing_new else None)
             rec.update(current_step=None)
-            rec.event("step-finished", f"{st.name}: done in {seconds:.1f} s", step=st.name, seconds=seconds,
-                      metrics=merged)
+            rec.event("step-finished", f"{st.name}: " + ("nothing new" if nothing_new else "done")
+                      + f" in {seconds:.1f} s", step=st.name, seconds=seconds, metrics=merged)
         current = None
         state = "done" if ran else "skipped"
     except RunCancelled as exc:

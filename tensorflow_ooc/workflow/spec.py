@@ -67,7 +67,7 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-PositiveInt = Annotated[int, Field(ge=1)]
+PositiveInt = Annotated[int, Field(ge=1, le=2**62)]
 Size = Union[int, str]
 
 
@@ -96,7 +96,7 @@ class GenerateStep(_Step):
     nnz: PositiveInt | None = None
     model: Literal["heavy-tailed", "planted"] = "heavy-tailed"
     rank: PositiveInt = 8
-    noise: Annotated[float, Field(ge=0)] = 0.0
+    noise: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
     skew: float | list[float] | None = None
     values: Literal["uniform", "count", "normal"] = "uniform"
     seed: int = 0
@@ -132,13 +132,19 @@ class GenerateStep(_Step):
 class ConvertStep(_Step):
     """Convert ``.tns`` files into a BLCO store: one file, a glob, or a folder (``*.tns``,
     ``*.tns.gz``). With ``append: true`` the output is a versioned store: each run adds the files
-    not seen before to the latest version's nonzeros and writes the next version."""
+    whose content was not ingested before (sha256 of the bytes, whatever the file's time or name)
+    to the latest version's nonzeros and writes the next version. A file whose content changed
+    under a name already ingested is an error unless ``on_changed`` says otherwise: ``append``
+    adds its new content as new data (the old content stays), ``replace-version`` rebuilds the
+    next version from every ingested file as it is now (the changed file's new content instead
+    of its old; each other ingested content must still be there, under any name)."""
 
     kind: Literal["convert"]
     input: str
     out: str
     append: bool = False
     keep_versions: PositiveInt | None = None
+    on_changed: Literal["error", "replace-version", "append"] = "error"
     shape: list[PositiveInt] | None = None
     zero_based: bool = False
     duplicates: Literal["error", "sum", "last"] = "error"
@@ -156,6 +162,8 @@ class ConvertStep(_Step):
     def _versions(self) -> ConvertStep:
         if self.keep_versions is not None and not self.append:
             raise ValueError("'keep_versions' is only for append: true")
+        if "on_changed" in self.model_fields_set and not self.append:
+            raise ValueError("'on_changed' is only for append: true")
         return self
 
     def input_fields(self) -> dict[str, str]:
@@ -175,7 +183,7 @@ class DecomposeStep(_Step):
     out: str
     rank: PositiveInt
     max_iters: PositiveInt = 50
-    tol: Annotated[float, Field(ge=0)] = 1e-5
+    tol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1e-5
     seed: int | None = 0
     init: str = "random"
     previous: str | None = None
@@ -236,8 +244,8 @@ class EvaluateStep(_Step):
     tensor: str | None = None
     reference: str | None = None
     out: str | None = None
-    min_fit: float | None = None
-    min_fms: Annotated[float, Field(ge=0, le=1)] | None = None
+    min_fit: Annotated[float, Field(allow_inf_nan=False)] | None = None
+    min_fms: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
 
     @model_validator(mode="after")
     def _needs(self) -> EvaluateStep:

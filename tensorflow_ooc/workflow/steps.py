@@ -9,6 +9,7 @@ mistake for finished work.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -222,42 +223,194 @@ def run_convert(ctx: StepContext) -> dict:
     return _append_version(ctx, m, files, out, one_based, args)
 
 
+def file_sha256(location: str) -> str:
+    """sha256 of a file's bytes, streamed (a ``.tns.gz`` is hashed as stored, compressed)."""
+    h = hashlib.sha256()
+    fs, p = loc.fs_of(location)
+    with fs.open(p, "rb") as f:
+        while True:
+            block = f.read(1 << 20)
+            if not block:
+                break
+            h.update(block)
+    return h.hexdigest()
+
+
+def _short(digest: str | None) -> str:
+    return (digest or "unknown")[:12]
+
+
+def _changed_error(ctx: StepContext, changed: list[tuple[dict, dict]]) -> InputError:
+    lines = []
+    for rec, key in changed:
+        if rec.get("sha256"):
+            what = (f"sha256 {_short(rec['sha256'])}... ({rec['size']} bytes) when ingested in version "
+                    f"{rec.get('version', '?')}, now sha256 {_short(key['sha256'])}... ({key['size']} bytes)")
+        else:
+            what = (f"size/time {rec['size']} bytes / {rec['time']} when ingested (recorded before content hashes "
+                    f"were kept), now {key['size']} bytes / {key['time']}: its content may have changed")
+        lines.append(f"{key['location']}: {what}")
+    return InputError(
+        f"step {ctx.step.name!r}: {len(changed)} already-ingested file(s) changed since they were ingested: "
+        + "; ".join(lines) + ". Their old content is in the tensor already. Put the original back and add "
+        "corrections as a new file, or set 'on_changed' on the step: 'append' adds the new content as new data "
+        "(the old stays), 'replace-version' rebuilds the next version with the file's new content instead of its "
+        "old one")
+
+
+def _classify(ctx: StepContext, files: list[str], records: list[dict]) -> tuple[list[dict], list, list, bool]:
+    """Sort the input files by content against the ingested ``records`` (oldest first).
+
+    Returns (new file keys, [(record, key)] of changed files, keys of every current file with its
+    hash, whether a legacy record got its hash). A file is unchanged when its location has a
+    record with the same sha256 (whatever its time), a duplicate when its content was ingested
+    under another name (a rename or a copy) or comes twice in this batch; both are never appended.
+    """
+    current: dict[str, dict] = {}
+    for r in records:
+        current[r["location"]] = r                      # the last ingestion of each location counts
+    known = {r["sha256"]: r for r in records if r.get("sha256")}
+    new: list[dict] = []
+    changed: list[tuple[dict, dict]] = []
+    keys: list[dict] = []
+    batch: dict[str, str] = {}
+    migrated = False
+    for f in files:
+        ctx.check_cancel()
+        key = _file_key(f)
+        key["sha256"] = file_sha256(f)
+        keys.append(key)
+        rec = current.get(f)
+        if rec is not None:
+            if rec.get("sha256") is None and (rec.get("size"), rec.get("time")) == (key["size"], key["time"]):
+                rec["sha256"] = key["sha256"]            # a record from before hashes: kept from now on
+                known.setdefault(key["sha256"], rec)
+                migrated = True
+                continue
+            if rec.get("sha256") != key["sha256"]:
+                changed.append((rec, key))
+            continue
+        same = known.get(key["sha256"])
+        if same is not None:
+            ctx.log(f"{f}: same content as {same['location']} (ingested in version {same.get('version', '?')}): "
+                    "not appended again")
+            continue
+        if key["sha256"] in batch:
+            ctx.log(f"{f}: same content as {batch[key['sha256']]} in this batch: appended once")
+            continue
+        batch[key["sha256"]] = f
+        new.append(key)
+    return new, changed, keys, migrated
+
+
+def _rebuild_sources(ctx: StepContext, records: list[dict], changed: list[tuple[dict, dict]],
+                     keys: list[dict], number: int) -> tuple[list[str], list[dict]]:
+    """replace-version: the files the next version is rebuilt from, in ingestion order, and the new
+    records. Every ingested content must still be there (under any name); a changed file's
+    records are replaced by one record of its new content, at the place of its first ingestion."""
+    by_hash: dict[str, str] = {}
+    for k in keys:
+        by_hash.setdefault(k["sha256"], k["location"])
+    new_key = {key["location"]: key for _, key in changed}
+    sources: list[str] = []
+    out: list[dict] = []
+    done: set[str] = set()
+    missing = []
+    for r in records:
+        if r["location"] in new_key:
+            if r["location"] not in done:
+                done.add(r["location"])
+                k = new_key[r["location"]]
+                sources.append(k["location"])
+                out.append({**k, "version": number, "replaced": r.get("sha256")})
+            continue
+        here = by_hash.get(r.get("sha256") or "")
+        if here is None:
+            missing.append(f"{r['location']} (version {r.get('version', '?')}, sha256 {_short(r.get('sha256'))}...)")
+            continue
+        sources.append(here)
+        out.append(r)
+    if missing:
+        raise InputError(f"step {ctx.step.name!r}: on_changed: replace-version rebuilds the tensor from every "
+                         f"ingested file, but {len(missing)} of them are no longer in {ctx.step.inputs['input']} "
+                         f"with their ingested content: {', '.join(missing)}. Put them back, or use on_changed: "
+                         "append")
+    return sources, out
+
+
 def _append_version(ctx: StepContext, m: ConvertStep, files: list[str], out: str, one_based: bool,
                     args: dict) -> dict:
-    """Append the files not in the latest version to its nonzeros, as the next version."""
+    """Append the files whose content is not in the latest version to its nonzeros, as the next
+    version (see :class:`~tensorflow_ooc.workflow.spec.ConvertStep` for changed files)."""
     versions = read_versions(out)
     latest = versions["versions"][-1] if versions["versions"] else None
-    seen = {(f["location"], f["size"], f["time"]) for f in (latest["files"] if latest else [])}
-    keys = [_file_key(f) for f in files]
-    new = [k for k in keys if (k["location"], k["size"], k["time"]) not in seen]
-    if not new:
+    records = [dict(r) for r in (latest["files"] if latest else [])]
+    new, changed, keys, migrated = _classify(ctx, files, records)
+    number = (latest["version"] + 1) if latest else 1
+    replace = False
+    if changed:
+        if m.on_changed == "error":
+            raise _changed_error(ctx, changed)
+        names = ", ".join(key["location"] for _, key in changed)
+        if m.on_changed == "append":
+            for rec, key in changed:
+                if any(r.get("sha256") == key["sha256"] for r in records) or \
+                        any(k["sha256"] == key["sha256"] for k in new):
+                    ctx.log(f"{key['location']} changed, but its new content was ingested already: not appended")
+                    continue
+                new.append({**key, "changed_from": rec.get("sha256")})
+            ctx.log(f"changed since ingested, appended as new data (on_changed: append): {names}")
+        else:
+            replace = True
+            ctx.log(f"changed since ingested, the next version is rebuilt with their new content "
+                    f"(on_changed: replace-version): {names}")
+    if not new and not replace:
         if latest is None:
             raise InputError(f"{ctx.step.inputs['input']}: no .tns or .tns.gz files yet, and {out} has no version")
-        ctx.log(f"no new files: {out} stays at version {latest['version']}")
-        return {"version": latest["version"], "new_files": 0, "nnz": latest["nnz"], "shape": latest["shape"]}
+        if migrated:
+            # records from before content hashes: keep the hashes now, so a later touch is recognized
+            latest["files"] = records
+            loc.write_text(loc.child(out, VERSIONS_FILE), json.dumps(versions, indent=1))
+        ctx.log(f"no new content: {out} stays at version {latest['version']}")
+        return {"version": latest["version"], "new_files": 0, "nnz": latest["nnz"], "shape": latest["shape"],
+                "nothing_new": True}
+    for k in new:
+        k["version"] = number
     old = open_store(loc.child(out, latest["path"])) if latest else None
-    need, est = _files_shape([k["location"] for k in new], one_based)
+    if replace:
+        rebuilt, kept = _rebuild_sources(ctx, records, changed, keys, number)
+        texts = rebuilt + [k["location"] for k in new]
+        what = f"rebuilt from {len(texts)} file(s)"
+        file_records = kept + new
+    else:
+        texts = [k["location"] for k in new]
+        what = f"previous nonzeros + {len(new)} new file(s)"
+        file_records = records + new
+    need, est = _files_shape(texts, one_based)
+    # the shape never shrinks: a warm start cannot drop rows
     shape = _grow(need, m.shape, old.shape if old else None)
     if old is not None and tuple(shape) != tuple(old.shape):
         grown = [f"mode {n}: {a} -> {b}" for n, (a, b) in enumerate(zip(old.shape, shape)) if a != b]
         ctx.log("the tensor grows: " + ", ".join(grown))
 
     def batches() -> Iterator:
-        if old is not None:
+        if old is not None and not replace:
             for ch in old.iter_chunks():
                 yield ch.coords(old.layout), ch.values
-        yield from _text_batches([k["location"] for k in new], one_based, shape)
+        yield from _text_batches(texts, one_based, shape)
 
-    number = (latest["version"] + 1) if latest else 1
     name = f"v{number:06d}.zarr"
     target = loc.child(out, name)
-    src = BatchSource(_cancellable(batches(), ctx), len(shape), shape, est + (old.nnz if old else 0),
-                      name=f"{out} version {number}: previous nonzeros + {len(new)} new file(s)")
+    src = BatchSource(_cancellable(batches(), ctx), len(shape), shape,
+                      est + (old.nnz if old is not None and not replace else 0),
+                      name=f"{out} version {number}: {what}")
     store = convert(src, target, shape=shape, overwrite=True, **args)
     entry = {"version": number, "path": name, "nnz": store.nnz, "shape": list(store.shape),
-             "files": (latest["files"] if latest else []) + new, "new_files": [k["location"] for k in new],
+             "files": file_records, "new_files": [k["location"] for k in new],
              "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "run_id": ctx.recorder.record.run_id}
+    if replace:
+        entry["replaced_files"] = [key["location"] for _, key in changed]
     versions["versions"].append(entry)
     dropped = []
     if m.keep_versions is not None:
@@ -267,10 +420,13 @@ def _append_version(ctx: StepContext, m: ConvertStep, files: list[str], out: str
     loc.write_text(loc.child(out, VERSIONS_FILE), json.dumps(versions, indent=1))
     for d in dropped:
         loc.remove(loc.child(out, d["path"]))
-    ctx.log(f"version {number} of {out}: {store.nnz:,} nonzeros ({len(new)} new file(s)), shape "
+    ctx.log(f"version {number} of {out}: {store.nnz:,} nonzeros ({what}), shape "
             f"{'x'.join(map(str, store.shape))}" + (f"; dropped versions {[d['version'] for d in dropped]}"
                                                      if dropped else ""))
-    return {"version": number, "new_files": len(new), "nnz": store.nnz, "shape": list(store.shape)}
+    metrics = {"version": number, "new_files": len(new), "nnz": store.nnz, "shape": list(store.shape)}
+    if changed:
+        metrics["changed_files"] = [key["location"] for _, key in changed]
+    return metrics
 
 
 # --- decompose ----------------------------------------------------------------------------------------
