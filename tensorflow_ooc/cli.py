@@ -388,7 +388,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace):
     from .workflow import load_spec
 
-    return load_spec(args.spec, storage=args.storage)
+    return load_spec(args.spec, storage=args.storage, allow_paths=getattr(args, "allow_paths", None))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -596,6 +596,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     exits = ("Exit status: 0 done, 1 failed, 2 bad spec or input (nothing started), 3 skipped because every "
              "step was up to date.")
+    allow_help = ("a folder or URL besides the storage root that the spec may read and write (repeatable; also "
+                  "$TFOOC_ALLOW_PATHS, os.pathsep-separated, and allow_paths in $TFOOC_CONFIG or "
+                  "~/.config/tfooc/config.yaml). A spec's own allow_paths can only pick folders inside these")
     r = add("run", help="run a workflow spec in the foreground",
             description="Run a workflow spec (YAML; see workflows/README.md) in this process: steps in dependency "
                         "order, each skipped when its outputs exist with matching input fingerprints; a failed "
@@ -606,6 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--scheduler", default=None,
                    help="run step graphs on this Dask scheduler, or 'embedded' / 'gpu' (default: the spec's cluster)")
     r.add_argument("--force", action="store_true", help="run every step even when up to date")
+    r.add_argument("--allow-path", dest="allow_paths", action="append", default=None, metavar="PATH",
+                   help=allow_help)
     r.set_defaults(func=cmd_run)
 
     sb = add("submit", help="submit a workflow spec to a Dask cluster and return its run id",
@@ -618,6 +623,8 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--scheduler", required=True, help="Dask scheduler address, e.g. tcp://host:8786")
     sb.add_argument("--storage", default=None, help=storage_help)
     sb.add_argument("--force", action="store_true", help="run every step even when up to date")
+    sb.add_argument("--allow-path", dest="allow_paths", action="append", default=None, metavar="PATH",
+                    help=allow_help)
     sb.set_defaults(func=cmd_submit)
 
     st = add("status", help="list runs, or show one run",

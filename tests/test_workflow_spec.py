@@ -87,6 +87,15 @@ def test_bad_spec_names_file_line_field_and_exits_2(tmp_path, rng, capsys, case)
     assert not (storage / ".tfooc").exists() and sorted(p.name for p in storage.iterdir()) == []
 
 
+@pytest.fixture(autouse=True)
+def _no_operator_settings(tmp_path, monkeypatch):
+    # what the operator allows comes from the command line, the environment and a config file:
+    # none of this machine's leaks into the tests
+    monkeypatch.delenv("TFOOC_ALLOW_PATHS", raising=False)
+    monkeypatch.delenv("TFOOC_CONFIG", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-config"))
+
+
 def test_allow_paths_admits_outside_locations_and_all_problems_are_listed(tmp_path, rng):
     storage, extra = tmp_path / "storage", tmp_path / "published"
     storage.mkdir()
@@ -102,8 +111,16 @@ def test_allow_paths_admits_outside_locations_and_all_problems_are_listed(tmp_pa
     path.write_text(text)
     with pytest.raises(SpecError, match="outside the storage root"):
         load_spec(path, storage=str(storage))
+    # the operator allows the folder: a spec without allow_paths may use it
+    wf = load_spec(path, storage=str(storage), allow_paths=[str(extra)])
+    assert wf.step("export").outputs["out"] == str(extra / "factors.npz")
+    # a spec's allow_paths alone does not widen its sandbox
     path.write_text(f"allow_paths: [{extra}]\n" + text)
-    wf = load_spec(path, storage=str(storage))
+    err = _error(path, storage)
+    assert (err.problems[0].line, err.problems[0].field) == (1, "allow_paths.0"), str(err)
+    assert "not inside a folder the operator allows" in err.problems[0].message
+    # inside what the operator allows (here its parent), the spec's entry is accepted
+    wf = load_spec(path, storage=str(storage), allow_paths=[str(tmp_path)])
     assert [s.name for s in wf.steps] == ["generate", "convert", "decompose", "export"]
     assert wf.step("export").outputs["out"] == str(extra / "factors.npz")
     assert wf.step("decompose").deps == ["convert"]

@@ -20,6 +20,7 @@ CP-ALS continues from its checkpoint (kept per step fingerprint under ``ROOT/.tf
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 import traceback
@@ -27,7 +28,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InputError, LockError, RunCancelled, SpecError
+from .errors import InputError, LockError, Problem, RunCancelled, SpecError
 from .fingerprint import OutputIndex, location_fingerprint, step_fingerprint
 from .lock import OutputLocks
 from .records import (
@@ -43,12 +44,66 @@ from .records import (
     now_iso,
     parse_iso,
 )
-from .spec import Workflow
+from .spec import Workflow, confined, real_location
 from .steps import StepContext, run_step
 
 log = logging.getLogger("tensorflow_ooc.workflow")
 
 EXIT_BAD_SPEC = 2
+CLUSTER_CONNECT_TIMEOUT = 5.0      # seconds to reach a scheduler address before the run starts
+
+
+def _tcp_target(address: str) -> tuple[str, int] | None:
+    """(host, port) of a scheduler address reached over TCP (``tcp://``, ``tls://``, ``ws://``,
+    ``wss://`` or ``host:port``); None for ``embedded``, ``gpu``, ``inline`` and the others."""
+    if address in ("embedded", "gpu", "inline", "auto"):
+        return None
+    if "://" not in address:
+        address = "tcp://" + address
+    proto, rest = address.split("://", 1)
+    if proto not in ("tcp", "tls", "ws", "wss"):
+        return None
+    rest = rest.split("/", 1)[0]
+    if rest.startswith("["):                        # [IPv6]:port
+        host, _, port = rest[1:].partition("]")
+        port = port.lstrip(":")
+    else:
+        host, _, port = rest.rpartition(":") if ":" in rest else (rest, "", "")
+    try:
+        return host, int(port) if port else 8786
+    except ValueError:
+        return None
+
+
+def check_cluster(workflow: Workflow, cluster: str | None = None, timeout: float = CLUSTER_CONNECT_TIMEOUT) -> None:
+    """Refuse a run whose scheduler address cannot be reached, before anything runs.
+
+    A decompose step of a small tensor runs in the driver and never contacts the cluster, so an
+    address nobody answers at would otherwise pass unnoticed. ``cluster`` is the command line's
+    override (``--scheduler``), else the spec's ``cluster`` is checked.
+
+    Raises
+    ------
+    SpecError
+        Naming the address and the field (``cluster`` with its line, or ``--scheduler``).
+    """
+    address = cluster or workflow.spec.cluster
+    target = _tcp_target(address)
+    if target is None:
+        return
+    try:
+        # a plain TCP connect (the scheduler logs, at INFO, a connection closed before its handshake)
+        socket.create_connection(target, timeout=timeout).close()
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        message = (f"the Dask scheduler at {address} cannot be reached ({why}; tried {target[0]}:{target[1]} "
+                   f"for at most {timeout:g} s): start it or fix the address, or use 'embedded' to run in this "
+                   "process; nothing was started")
+        if cluster:
+            problem = Problem(None, "--scheduler", message)
+        else:
+            problem = Problem(workflow.source.line(("cluster",)), "cluster", message)
+        raise SpecError(workflow.path, [problem]) from None
 
 
 @dataclass
@@ -160,6 +215,8 @@ def execute(workflow: Workflow, *, run_id: str | None = None, client: Any = None
     -------
     RunOutcome
     """
+    if client is None:
+        check_cluster(workflow, cluster)     # an unreachable scheduler: a SpecError, nothing started
     cluster = cluster or workflow.spec.cluster
     runs = RunStore(workflow.root)
     index = OutputIndex(workflow.root)
@@ -261,6 +318,12 @@ def execute(workflow: Workflow, *, run_id: str | None = None, client: Any = None
             rec.update(current_step=st.name)
             rec.event("step-started", f"{st.name}: running {st.kind} (" + ("; ".join(sorted(set(stale))) or "forced") + ")",
                       step=st.name, kind=st.kind)
+            # the spec was checked when loaded; a symbolic link made since must not lead out either
+            for role, where in st.outputs.items():
+                if not confined(where, workflow.allowed):
+                    raise InputError(f"step {st.name!r}: output {role} {where} now resolves to "
+                                     f"{real_location(where)}, outside the storage root {workflow.root} and the "
+                                     "allowed paths: refused")
             ctx = StepContext(workflow, st, fp, rec, handle.client_for, handle.default_device)
             metrics = run_step(ctx)
             for o in st.outputs.values():

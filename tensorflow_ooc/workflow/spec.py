@@ -13,8 +13,9 @@ A spec names a storage root, a cluster and a set of steps::
 YAML is read with PyYAML's safe loader (no tags that construct Python objects, so no code runs).
 Errors name the spec file, the line and the dotted field and say what was expected; unknown keys
 are errors. After the models, :func:`load_spec` checks the workflow as a whole: every path inside
-the storage root (or an ``allow_paths`` entry), step references, one writer per output, inputs
-that exist or are made by a step, and no dependency cycles. A spec that passes starts nothing
+the storage root or a folder the operator allows (symbolic links resolved; a spec's own
+``allow_paths`` can only narrow what the operator allows), step references, one writer per
+output, inputs that exist or are made by a step, and no dependency cycles. A spec that passes starts nothing
 by itself: :mod:`tensorflow_ooc.workflow.runner` runs it.
 """
 
@@ -496,6 +497,7 @@ class Workflow:
     allowed: list[str]
     steps: list[PlannedStep]
     sha256: str
+    operator_allowed: list[str] = field(default_factory=list)   # what the operator allows (a submit passes it on)
 
     @property
     def path(self) -> str:
@@ -510,6 +512,77 @@ class Workflow:
 
 def default_storage() -> str:
     return os.environ.get("TFOOC_STORAGE", "storage")
+
+
+ALLOW_ENV = "TFOOC_ALLOW_PATHS"
+CONFIG_ENV = "TFOOC_CONFIG"
+
+
+def config_path() -> str:
+    """The operator's config file: ``$TFOOC_CONFIG``, else ``$XDG_CONFIG_HOME/tfooc/config.yaml``
+    (``~/.config/tfooc/config.yaml``)."""
+    if os.environ.get(CONFIG_ENV):
+        return os.path.abspath(os.path.expanduser(os.environ[CONFIG_ENV]))
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "tfooc", "config.yaml")
+
+
+def _config_allow_paths() -> list[tuple[str, str]]:
+    """``allow_paths`` of the operator's config file ([] when there is none; ``$TFOOC_CONFIG``
+    naming a missing file is an error)."""
+    path = config_path()
+    if not os.path.exists(path):
+        if os.environ.get(CONFIG_ENV):
+            raise SpecError(path, [Problem(None, None, f"no such config file (${CONFIG_ENV})")])
+        return []
+    with open(path, encoding="utf-8") as f:
+        if not f.read().strip():
+            return []
+    src = read_source(path)
+    unknown = [k for k in src.data if k != "allow_paths"]
+    problems = [Problem(src.line((k,)), str(k), "unknown key (expected: allow_paths)") for k in unknown]
+    entries = src.data.get("allow_paths") or []
+    if not isinstance(entries, list):
+        problems.append(Problem(src.line(("allow_paths",)), "allow_paths", "expected a list of folders or URLs"))
+        entries = []
+    out = []
+    for i, e in enumerate(entries):
+        if not isinstance(e, str) or not (loc.is_url(e) or os.path.isabs(os.path.expanduser(e))):
+            problems.append(Problem(src.line(("allow_paths", i)), f"allow_paths.{i}",
+                                    f"expected an absolute path or a URL, got {e!r}"))
+            continue
+        out.append((loc.normalize(e), f"{path}, line {src.line(('allow_paths', i))}"))
+    if problems:
+        raise SpecError(path, problems)
+    return out
+
+
+def operator_allow_paths(allow_paths: list[str] | tuple[str, ...] | None = None, *,
+                         environment: bool = True) -> list[tuple[str, str]]:
+    """Folders or URLs besides the storage root that the operator lets specs use, each with where
+    it was given: ``allow_paths`` (``tfooc run/submit --allow-path``), and with ``environment``
+    also ``$TFOOC_ALLOW_PATHS`` (``os.pathsep``-separated) and ``allow_paths`` in the config file
+    (:func:`config_path`). A spec never widens this: its own ``allow_paths`` may only pick folders
+    inside these (or inside the storage root)."""
+    out = [(loc.normalize(a), "--allow-path") for a in (allow_paths or ()) if str(a).strip()]
+    if environment:
+        env = os.environ.get(ALLOW_ENV, "")
+        out += [(loc.normalize(a), f"${ALLOW_ENV}") for a in env.split(os.pathsep) if a.strip()]
+        out += _config_allow_paths()
+    seen: set[str] = set()
+    return [(a, w) for a, w in out if not (a in seen or seen.add(a))]
+
+
+def real_location(location: str) -> str:
+    """Where a location really is: local paths with every symbolic link resolved (as far as the
+    path exists), URLs as they are."""
+    return location if loc.is_url(location) else os.path.realpath(location)
+
+
+def confined(location: str, allowed: list[str]) -> bool:
+    """Is ``location``, symbolic links resolved, inside one of the ``allowed`` roots (also resolved)?"""
+    real = real_location(location)
+    return any(loc.is_under(real, real_location(a)) for a in allowed)
 
 
 def _resolve(raw: str, root: str) -> str:
@@ -552,18 +625,39 @@ def _find_cycle(order: list[str], deps: dict[str, list[str]]) -> list[str] | Non
     return None
 
 
-def plan(spec: Spec, src: Source, storage: str | None = None) -> Workflow:
-    """Resolve locations, check confinement, references, inputs and cycles; order the steps."""
+def plan(spec: Spec, src: Source, storage: str | None = None,
+         operator: list[tuple[str, str]] | None = None) -> Workflow:
+    """Resolve locations, check confinement, references, inputs and cycles; order the steps.
+
+    ``operator``: the folders the operator allows besides the storage root, each with where it was
+    given (:func:`operator_allow_paths`). The spec's ``allow_paths`` can only narrow them: each
+    entry must be inside one of them or inside the storage root, and a spec that lists any may use
+    only those (and the storage root); a spec without ``allow_paths`` may use all of them. Every
+    location is checked with its symbolic links resolved.
+    """
     problems: list[Problem] = []
     root_raw = storage or spec.storage or default_storage()
     root = loc.normalize(root_raw)
-    allowed = [root]
+    operator = list(operator or [])
+    granted_by_operator = [root] + [a for a, _ in operator]
+    picked = []
     for i, extra in enumerate(spec.allow_paths):
         if not (loc.is_url(extra) or os.path.isabs(os.path.expanduser(extra))):
             problems.append(Problem(src.line(("allow_paths", i)), f"allow_paths.{i}",
                                     f"expected an absolute path or a URL, got {extra!r}"))
             continue
-        allowed.append(loc.normalize(extra))
+        extra = loc.normalize(extra)
+        if not confined(extra, granted_by_operator):
+            given = "; ".join([f"{root} (the storage root)"] + [f"{a} ({w})" for a, w in operator])
+            real = real_location(extra)
+            problems.append(Problem(src.line(("allow_paths", i)), f"allow_paths.{i}",
+                                    f"{extra}{f' (really {real})' if real != extra else ''} is not inside a "
+                                    f"folder the operator allows ({given}): a spec can only narrow its sandbox. "
+                                    f"The operator allows more with tfooc run/submit --allow-path PATH, "
+                                    f"${ALLOW_ENV}, or allow_paths in {config_path()}"))
+            continue
+        picked.append(extra)
+    allowed = [root] + (picked if spec.allow_paths else [a for a, _ in operator])
     names = list(spec.steps)
     planned: list[PlannedStep] = []
     writers: dict[str, str] = {}
@@ -574,11 +668,18 @@ def plan(spec: Spec, src: Source, storage: str | None = None) -> Workflow:
             for role, raw in fields.items():
                 where = ("steps", name, role)
                 location = _resolve(raw, root)
-                if not any(loc.is_under(location, a) for a in allowed):
+                if not confined(location, allowed):
                     what = "output" if side == "out" else "input"
-                    problems.append(Problem(src.line(where), _display(where),
-                                            f"{what} {location} is outside the storage root {root} (add the folder "
-                                            f"to 'allow_paths' to use it)"))
+                    real = real_location(location)
+                    others = f" and the allowed paths {', '.join(allowed[1:])}" if allowed[1:] else ""
+                    if any(loc.is_under(location, a) for a in allowed):
+                        why = (f"{what} {location} goes through a symbolic link to {real}, outside the storage "
+                               f"root {root}{others}")
+                    else:
+                        why = (f"{what} {location} is outside the storage root {root}{others} (the operator can "
+                               f"allow its folder: tfooc run/submit --allow-path FOLDER, ${ALLOW_ENV}, or "
+                               f"allow_paths in {config_path()})")
+                    problems.append(Problem(src.line(where), _display(where), why))
                     continue
                 if side == "out":
                     if loc.has_glob(location):
@@ -648,11 +749,13 @@ def plan(spec: Spec, src: Source, storage: str | None = None) -> Workflow:
                 break
     name = spec.name or os.path.splitext(os.path.basename(src.path))[0].replace(".yaml", "") or "workflow"
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", name)
-    return Workflow(spec, src, name, root, allowed, order, hashlib.sha256(src.text.encode()).hexdigest())
+    return Workflow(spec, src, name, root, allowed, order, hashlib.sha256(src.text.encode()).hexdigest(),
+                    [a for a, _ in operator])
 
 
 def load_spec(path: str | os.PathLike | None = None, *, text: str | None = None,
-              storage: str | None = None) -> Workflow:
+              storage: str | None = None, allow_paths: list[str] | tuple[str, ...] | None = None,
+              operator_config: bool = True) -> Workflow:
     """Read, validate and plan a spec.
 
     Parameters
@@ -664,6 +767,13 @@ def load_spec(path: str | os.PathLike | None = None, *, text: str | None = None,
     storage : str, optional
         Storage root overriding the spec's ``storage`` (default: the spec's, else
         ``$TFOOC_STORAGE``, else ``./storage``).
+    allow_paths : list of str, optional
+        Folders or URLs besides the storage root that the operator lets the spec use (``tfooc run
+        --allow-path``). The spec's own ``allow_paths`` can only pick folders inside these.
+    operator_config : bool
+        Also take the operator's ``$TFOOC_ALLOW_PATHS`` and the config file's ``allow_paths``
+        (:func:`operator_allow_paths`); False uses ``allow_paths`` alone (a submitted driver gets
+        the list the submitting command used).
 
     Returns
     -------
@@ -674,6 +784,7 @@ def load_spec(path: str | os.PathLike | None = None, *, text: str | None = None,
     SpecError
         Naming the file, line and field of every problem found.
     """
+    operator = operator_allow_paths(allow_paths, environment=operator_config)
     src = read_source(path, text)
     spec = validate_source(src)
-    return plan(spec, src, storage)
+    return plan(spec, src, storage, operator)

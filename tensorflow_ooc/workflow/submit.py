@@ -35,8 +35,12 @@ def driver_key(run_id: str) -> str:
     return f"tfooc-run-{run_id}"
 
 
-def driver_task(spec_text: str, spec_path: str, storage: str, run_id: str, force: bool = False) -> int:
-    """The workflow driver, as a Dask task. Returns the run's exit code."""
+def driver_task(spec_text: str, spec_path: str, storage: str, run_id: str, force: bool = False,
+                allow_paths: list[str] | None = None) -> int:
+    """The workflow driver, as a Dask task. Returns the run's exit code.
+
+    ``allow_paths``: what the operator allowed where the run was submitted (the worker's own
+    environment and config file are not consulted then)."""
     from distributed import get_client, rejoin, secede
 
     lib = logging.getLogger("tensorflow_ooc")
@@ -46,7 +50,8 @@ def driver_task(spec_text: str, spec_path: str, storage: str, run_id: str, force
     try:
         client = get_client()
         try:
-            workflow = load_spec(spec_path, text=spec_text, storage=storage)
+            workflow = load_spec(spec_path, text=spec_text, storage=storage, allow_paths=allow_paths,
+                                 operator_config=allow_paths is None)
         except SpecError as exc:      # an input that existed at submission is gone, for example
             runs = RunStore(storage)
             return spec_failure(runs, runs.read(run_id), exc).exit_code
@@ -89,7 +94,7 @@ def submit(workflow: Workflow, scheduler: str, *, force: bool = False, timeout: 
         runs.write_spec(run_id, workflow.source.text)
         runs.write(record)
         fut = client.submit(driver_task, workflow.source.text, workflow.path, workflow.root, run_id, force,
-                            key=driver_key(run_id), pure=False)
+                            list(workflow.operator_allowed), key=driver_key(run_id), pure=False)
         fire_and_forget(fut)
         # the submission travels on the client's batched stream: make sure the scheduler has it
         # before this client (and possibly the whole process) goes away
