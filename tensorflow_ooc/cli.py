@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -55,17 +56,64 @@ def parse_skew(text: str) -> float | tuple[float, ...]:
     return vals[0] if len(vals) == 1 else vals
 
 
-def _positive_int(text: str) -> int:
-    v = int(float(text))
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+#: the largest count (rank, iterations, samples, ...) a command takes; the memory plan judges
+#: what fits, this only keeps numbers in the range integers are computed in
+MAX_COUNT = 2**62
+
+
+def _count(text: str, low: int) -> int:
+    """An integer >= ``low`` written as '16', '1e3' or '1_000'; NaN, infinities and fractions are
+    refused here, at parse time, rather than truncated or passed on."""
+    try:
+        v = int(text)
+    except ValueError:
+        try:
+            f = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not math.isfinite(f) or f != int(f):
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        v = int(f)
+    if v < low or v > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be an integer in [{low}, 2^62], got {text}")
     return v
 
 
+def _positive_int(text: str) -> int:
+    return _count(text, 1)
+
+
 def _nonnegative_int(text: str) -> int:
-    v = int(float(text))
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return _count(text, 0)
+
+
+def _tolerance(text: str) -> float:
+    """A finite number >= 0 (``--tol``): NaN, infinities and negative numbers are refused."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return v
+
+
+def _finite_float(text: str) -> float:
+    """A finite number (rates, regularization): NaN and infinities are refused at parse time."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return v
+
+
+def _fraction(text: str) -> float:
+    """A number strictly between 0 and 1 (``--test-fraction``)."""
+    v = _finite_float(text)
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {text}")
     return v
 
 
@@ -251,6 +299,13 @@ def run_outputs(args: argparse.Namespace, tag: str) -> tuple[str, str]:
         # cp_als(out=...) does, and say how to go on
         raise FileExistsError(f"{out} holds the result of an earlier run; pass --out NEW to keep it, --overwrite "
                               f"to replace it, or --resume to continue from its checkpoint")
+    if args.resume and not paths.exists(checkpoint):
+        raise FileNotFoundError(f"--resume: there is no checkpoint at {checkpoint} to continue from; run without "
+                                f"--resume to start afresh, or give --checkpoint PATH")
+    if paths.exists(checkpoint) and not (args.overwrite or args.resume):
+        # a run that stopped before writing its result left this: starting afresh would replace it
+        raise FileExistsError(f"{checkpoint} holds the checkpoint of an earlier run that did not finish; pass "
+                              f"--resume to continue it, or --overwrite to start over and replace it")
     if args.overwrite and not args.resume and paths.exists(checkpoint):
         paths.remove(checkpoint)
     return out, checkpoint
@@ -286,14 +341,14 @@ def cmd_cpd(args: argparse.Namespace) -> int:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     t0 = time.perf_counter()
-    with logging_redirect_tqdm(loggers=[logging.getLogger("tensorflow_ooc")]):
+    # the bar is closed (its line cleared) on errors too, before the one error line
+    with bar, logging_redirect_tqdm(loggers=[logging.getLogger("tensorflow_ooc")]):
         result = cp_als(store, args.rank, scheduler=args.scheduler, max_iters=args.max_iters, tol=args.tol,
                         seed=args.seed, dtype=args.dtype, checkpoint=checkpoint, resume=args.resume,
                         callback=progress, execution=args.execution, out=out, overwrite=True, device=args.device,
                         method=args.method, samples=args.samples, fit_every=args.fit_every,
                         device_options=DeviceOptions(conflict=args.conflict, streams=args.streams,
                                                      device_memory_limit=args.device_memory_limit))
-    bar.close()
     wall = time.perf_counter() - t0
     new = result.history[result.params.get("resumed_after", 0):]
     # the first iteration of a process also compiles (or loads) the kernels: reported apart
@@ -305,11 +360,15 @@ def cmd_cpd(args: argparse.Namespace) -> int:
           f"on {result.params['device']}, "
           f"{'in this process' if result.params.get('scheduler') == 'inline' else 'Dask graph'})")
     print(f"  fit            {result.fit:.6f} after {result.iterations} iterations")
-    if new:
+    if not new:
+        # nothing ran: no time per iteration, no throughput to report
+        print(f"  this run       no iterations: the checkpoint had already reached --max-iters "
+              f"{args.max_iters} or converged ({wall:.1f} s wall)")
+    else:
         print(f"  first iter     {new[0]['seconds']:.3f} s  (includes kernel compilation or cache loading)")
-    print(f"  per iteration  {per_it:.3f} s  steady state ({store.nnz * store.nmodes / max(per_it, 1e-12) / 1e6:.1f} "
-          f"M {entry}-modes/s; {len(new)} iterations in this run, {wall:.1f} s wall)")
-    if steady:
+        print(f"  per iteration  {per_it:.3f} s  steady state ({store.nnz * store.nmodes / max(per_it, 1e-12) / 1e6:.1f} "
+              f"M {entry}-modes/s; {len(new)} iterations in this run, {wall:.1f} s wall)")
+    if new and steady:
         parts = {k: sum(sum(h[k]) if isinstance(h[k], list) else h[k] for h in steady) / len(steady)
                  for k in ("mttkrp_seconds", "update_seconds", "other_seconds")}
         what = "MTTKRP" if args.method == "exact" else "sampled MTTKRP (+ exact for the fit)"
@@ -480,11 +539,20 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 # --- parser -----------------------------------------------------------------------------------------
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one error line: ``tfooc: error: cpd: argument --tol: ...`` and a
+    pointer to ``--help`` (exit 2), the same form every other bad input gets."""
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("tfooc").strip()
+        where = f"{command}: " if command else ""
+        self.exit(EXIT_BAD_INPUT, f"tfooc: error: {where}{message} (see '{self.prog} --help')\n")
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .synthetic import PRESETS, VALUE_KINDS
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="tfooc",
         description="Out-of-core sparse tensor decomposition on BLCO Zarr stores.",
         epilog="Exit status: 0 on success, 2 on bad input (the message names the file, line or field), "
@@ -526,7 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kind", choices=["heavy-tailed", "planted"], default="heavy-tailed",
                    help="heavy-tailed support with random values, or planted CP (default heavy-tailed)")
     g.add_argument("--rank", type=_positive_int, default=8, help="rank of the planted model (default 8)")
-    g.add_argument("--noise", type=float, default=0.0, help="planted: noise std relative to the values' std")
+    g.add_argument("--noise", type=_tolerance, default=0.0, help="planted: noise std relative to the values' std")
     g.add_argument("--skew", type=parse_skew, default=1.6,
                    help="power-law exponent per mode (1 = uniform; one value or one per mode; default 1.6)")
     g.add_argument("--values", choices=VALUE_KINDS, default="uniform",
@@ -637,7 +705,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="print the record(s) as JSON")
     st.add_argument("--all", action="store_true", help="list every run, not only the latest 20")
     st.add_argument("--wait", action="store_true", help="wait until RUN ends; exit with its exit status")
-    st.add_argument("--timeout", type=float, default=None, help="seconds to wait at most with --wait")
+    st.add_argument("--timeout", type=_tolerance, default=None, help="seconds to wait at most with --wait")
     st.set_defaults(func=cmd_status)
 
     lg = add("logs", help="print a run's events",
@@ -656,7 +724,7 @@ def build_parser() -> argparse.ArgumentParser:
     cn.add_argument("run", help="run id (or a unique prefix)")
     cn.add_argument("--storage", default=str(DEFAULT_STORAGE), help="storage root (default ./storage or $TFOOC_STORAGE)")
     cn.add_argument("--wait", action="store_true", help="wait until the run has stopped")
-    cn.add_argument("--timeout", type=float, default=None, help="seconds to wait at most with --wait")
+    cn.add_argument("--timeout", type=_tolerance, default=None, help="seconds to wait at most with --wait")
     cn.set_defaults(func=cmd_cancel)
 
     d = add("cpd", help="CP decomposition (CP-ALS) of a store or a dense array on Dask",
@@ -670,7 +738,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "cluster (dashboard link logged); 'inline' to run in this process without "
                                        "Dask (default: inline up to 2^24 nonzeros, embedded above)")
     d.add_argument("--max-iters", type=_positive_int, default=50, help="iterations at most (default 50)")
-    d.add_argument("--tol", type=float, default=1e-5, help="stop when the fit changes by less (default 1e-5)")
+    d.add_argument("--tol", type=_tolerance, default=1e-5, help="stop when the fit changes by less (default 1e-5)")
     d.add_argument("--seed", type=int, default=None, help="seed of the random initial factors")
     d.add_argument("--dtype", choices=["float64", "float32"], default="float64", help="factor precision")
     d.add_argument("--execution", choices=["auto", "streaming", "in-memory"], default="auto",
@@ -715,7 +783,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--core-rank", type=_positive_int, required=True, help="rank R of the Kruskal core")
     tt = t.add_mutually_exclusive_group()
     tt.add_argument("--test", help="test entries: a store of the same shape, disjoint from STORE")
-    tt.add_argument("--test-fraction", type=float, default=None,
+    tt.add_argument("--test-fraction", type=_fraction, default=None,
                     help="hold out this fraction of STORE's entries as the test set (seeded; default 0.1 "
                          "when --test is not given)")
     t.add_argument("--epochs", type=_positive_int, default=50, help="epochs at most (default 50)")
@@ -723,11 +791,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--step", choices=["normalized", "plain"], default="normalized",
                    help="factor steps: 'normalized' divides a sample's moves by the squared norm of its gradient "
                         "(normalized LMS; default), 'plain' is the seed's rule 14")
-    t.add_argument("--lr-factors", type=float, default=None,
+    t.add_argument("--lr-factors", type=_finite_float, default=None,
                    help="factor rate: the step fraction in (0, 2) of normalized steps (default 0.3), or the "
                         "learning rate of plain steps (default 0.01)")
-    t.add_argument("--lr-core", type=float, default=0.3, help="learning rate of the core (default 0.3)")
-    t.add_argument("--lr-decay", type=float, default=None,
+    t.add_argument("--lr-core", type=_finite_float, default=0.3, help="learning rate of the core (default 0.3)")
+    t.add_argument("--lr-decay", type=_finite_float, default=None,
                    help="rates of epoch t divided by 1 + DECAY * t (default 0.05 with normalized steps, 0 with plain)")
     t.add_argument("--no-rebalance", dest="rebalance", action="store_false",
                    help="do not reset the model's gauge after every epoch (orthonormal core-factor rows, columns of "
@@ -735,8 +803,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--revive-epochs", type=_nonnegative_int, default=10,
                    help="for this many first epochs, restart a component SGD has lost (strength under 5%% of the "
                         "median) as the best rank-1 fit of the training residual; 0: never (default 10)")
-    t.add_argument("--reg-factors", type=float, default=0.001, help="regularization of the factors (default 0.001)")
-    t.add_argument("--reg-core", type=float, default=0.001, help="regularization of the core (default 0.001)")
+    t.add_argument("--reg-factors", type=_finite_float, default=0.001, help="regularization of the factors (default 0.001)")
+    t.add_argument("--reg-core", type=_finite_float, default=0.001, help="regularization of the core (default 0.001)")
     t.add_argument("--patience", type=_positive_int, default=5,
                    help="stop when the test RMSE has not improved for this many epochs (default 5)")
     t.add_argument("--seed", type=int, default=0, help="seed of the initial model, the batches and the split (default 0)")
@@ -763,7 +831,8 @@ def _setup_logging(quiet: bool, verbose: bool, log_format: str = "text") -> None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .errors import TfoocError
+    from .disk import disk_full_error, is_disk_full
+    from .errors import DiskFullError, TfoocError
 
     import dask
 
@@ -777,9 +846,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         with dask.config.set(tls_config(args.tls_ca_file, args.tls_cert, args.tls_key)):
             check_scheduler_address(getattr(args, "scheduler", None))
             return int(args.func(args) or 0)
+    except DiskFullError as exc:       # not bad input: the command may succeed once there is space
+        print(f"tfooc: error: {exc}", file=sys.stderr)
+        return 1
     except (TfoocError, ValueError, FileExistsError, FileNotFoundError, TypeError) as exc:
         print(f"tfooc: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        print(f"tfooc: error: {disk_full_error(exc, None)}", file=sys.stderr)     # a write no site translated
+        return 1
     except KeyboardInterrupt:
         print("tfooc: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

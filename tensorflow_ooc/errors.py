@@ -49,6 +49,11 @@ class NonFiniteValueError(IngestError):
     """A value is NaN or infinite."""
 
 
+class ValueRangeError(IngestError):
+    """A value is finite but outside what float64 arithmetic on it can hold: its square overflows
+    (so ||X||^2 and the fit would be infinite or NaN) or it is subnormal (its square is 0)."""
+
+
 class DuplicateError(IngestError):
     """The input holds the same coordinate more than once and duplicates="error"."""
 
@@ -85,3 +90,63 @@ class DenseArrayError(TfoocError, ValueError):
 class DecompositionError(TfoocError, ValueError):
     """A decomposition's parameters do not suit the tensor (ranks, initial factors, options), or
     a checkpoint to resume from belongs to another tensor or other parameters."""
+
+
+class DiskFullError(TfoocError, OSError):
+    """A write ran out of disk space (ENOSPC) or disk quota (EDQUOT).
+
+    Raised by :func:`tensorflow_ooc.disk.disk_full_error` at the write sites (store chunks and
+    metadata, conversion buckets, checkpoints, result stores, workflow records) once what the
+    failed write left behind is removed. The message names the file and the bytes still needed.
+
+    Attributes
+    ----------
+    path : str
+        The file or store whose write failed (the published name, not a temporary one).
+    needed : int or None
+        Bytes still needed: at least the failed write, and the estimated rest of the output.
+    total : int or None
+        Estimated bytes of the whole output, when known.
+    free : int or None
+        Free bytes on that file system when the write failed (None: unknown, e.g. a URL).
+    """
+
+    def __init__(self, path: str, needed: int | None = None, total: int | None = None, free: int | None = None,
+                 errno_: int | None = None) -> None:
+        import errno as _errno
+
+        self.path = str(path)
+        self.needed = None if needed is None else int(needed)
+        self.total = None if total is None else int(total)
+        self.free = None if free is None else int(free)
+        code = _errno.ENOSPC if errno_ is None else int(errno_)
+        what = "disk quota exceeded" if code == getattr(_errno, "EDQUOT", -1) else "no space left on device"
+        figures = []
+        if self.needed is not None:
+            figures.append(f"needs about {format_bytes(self.needed)} more" if self.total is not None
+                           and self.total > self.needed else f"needs about {format_bytes(self.needed)}")
+        if self.total is not None and self.total > (self.needed or 0):
+            figures.append(f"about {format_bytes(self.total)} in all")
+        if self.free is not None:
+            figures.append(f"{format_bytes(self.free)} free")
+        self.message = f"{what} writing {self.path}" + (f" ({', '.join(figures)})" if figures else "")
+        OSError.__init__(self, code, self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):
+        # rebuilt from its fields when it crosses processes (a checkpoint written on a Dask worker)
+        return (type(self), (self.path, self.needed, self.total, self.free, self.errno))
+
+
+def format_bytes(n: int) -> str:
+    """``12.3 MB``, ``512 bytes`` (decimal units, as ``df -H``)."""
+    n = int(n)
+    if abs(n) < 1000:
+        return f"{n} bytes"
+    for unit in ("kB", "MB", "GB", "TB"):
+        n /= 1000
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}"
+    return f"{n} bytes"  # pragma: no cover

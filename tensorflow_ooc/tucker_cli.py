@@ -35,13 +35,13 @@ def cmd_tucker(args: argparse.Namespace) -> int:
     bar, progress = iteration_bar(args, "tucker-hooi")
 
     t0 = time.perf_counter()
-    with logging_redirect_tqdm(loggers=[logging.getLogger("tensorflow_ooc")]):
+    # the bar is closed (its line cleared) on errors too, before the one error line
+    with bar, logging_redirect_tqdm(loggers=[logging.getLogger("tensorflow_ooc")]):
         result = tucker_hooi(store, ranks, scheduler=args.scheduler, max_iters=args.max_iters, tol=args.tol,
                              init=args.init, seed=args.seed, svd=args.svd, kernel=args.kernel,
                              checkpoint=checkpoint, resume=args.resume, callback=progress, execution=args.execution,
                              partitions=args.partitions, device=args.device, out=out, overwrite=True,
                              progress=False)
-    bar.close()
     wall = time.perf_counter() - t0
     new = result.history[result.params.get("resumed_after", 0):]
     steady = new[1:] or new      # the first iteration also compiles kernels and sorts layouts
@@ -50,10 +50,13 @@ def cmd_tucker(args: argparse.Namespace) -> int:
           f"{result.params['execution']} execution on {result.params['device']}, "
           f"{'in this process' if result.params.get('scheduler') == 'inline' else 'Dask graph'})")
     print(f"  fit            {result.fit:.6f} after {result.iterations} iterations")
-    if new:
+    if not new:
+        print(f"  this run       no iterations: the checkpoint had already reached --max-iters "
+              f"{args.max_iters} or converged ({wall:.1f} s wall)")
+    else:
         print(f"  first iter     {new[0]['seconds']:.3f} s  (includes kernel compilation and layout sorting)")
-    print(f"  per iteration  {per_it:.3f} s  steady state ({len(new)} iterations in this run, {wall:.1f} s wall)")
-    if steady:
+        print(f"  per iteration  {per_it:.3f} s  steady state ({len(new)} iterations in this run, {wall:.1f} s wall)")
+    if new and steady:
         parts = {k: sum(sum(h[k]) if isinstance(h[k], list) else h[k] for h in steady) / len(steady)
                  for k in ("ttm_seconds", "svd_seconds", "other_seconds")}
         print(f"  of which       TTM chains {parts['ttm_seconds']:.3f} s, SVDs {parts['svd_seconds']:.3f} s "
@@ -66,7 +69,7 @@ def cmd_tucker(args: argparse.Namespace) -> int:
 
 def add_tucker_command(add: Callable[..., argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``tfooc tucker`` with the CLI's ``add`` (a subparser factory)."""
-    from .cli import _positive_int
+    from .cli import _positive_int, _tolerance
     from .kernels.ttm_select import KERNELS
 
     t = add("tucker", help="Tucker decomposition (HOOI) of a store on Dask",
@@ -87,7 +90,7 @@ def add_tucker_command(add: Callable[..., argparse.ArgumentParser]) -> argparse.
                                        "Dask (default: inline up to 2^24 nonzeros, embedded above)")
     t.add_argument("--max-iters", "--iters", dest="max_iters", type=_positive_int, default=50,
                    help="iterations at most (default 50)")
-    t.add_argument("--tol", type=float, default=1e-4,
+    t.add_argument("--tol", type=_tolerance, default=1e-4,
                    help="stop when the fit changes by less, the first iteration included, as pyttb (default 1e-4)")
     t.add_argument("--init", choices=["random", "nvecs"], default="random",
                    help="initial factors as pyttb: random = uniform [0, 1); nvecs = leading eigenvectors of "

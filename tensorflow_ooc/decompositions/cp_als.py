@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 import numpy as np
 from distributed import Client
 
-from ..errors import DenseArrayError
+from ..errors import DecompositionError, DenseArrayError
 from ..execution import DeviceOptions, MTTKRPGraph, get_client
 from ..execution.dense_graph import DenseMTTKRPGraph
 from ..execution.inline import INLINE_MAX_NNZ, is_inline
@@ -19,6 +19,7 @@ from ..store import Store, open_store, paths
 from ..store.dense import DenseArray, is_dense_array, open_dense
 from . import updates as U
 from .checkpoint import read_checkpoint, write_checkpoint
+from .model_checks import check_count, check_model, check_tensor_norm, check_tolerance
 from .randomized import check_method, draw_samples, with_trees
 from .result import CPResult, arrange, fingerprint
 
@@ -115,8 +116,9 @@ def cp_als(store: Store | DenseArray | str | os.PathLike | np.ndarray, rank: int
     """
     store = open_input(store)
     dense = isinstance(store, DenseArray)
-    if rank < 1:
-        raise ValueError(f"rank must be >= 1, got {rank}")
+    check_count("rank", rank)
+    check_count("max_iters", max_iters)
+    check_tolerance(tol)
     if dtype not in ("float64", "float32"):
         raise ValueError(f"dtype must be 'float64' or 'float32', got {dtype!r}")
     check_method(method, samples)
@@ -158,6 +160,7 @@ def cp_als(store: Store | DenseArray | str | os.PathLike | np.ndarray, rank: int
             params["input_kind"] = f"dense {store.kind} array"
         input_fp = fingerprint(store)
         normX2 = float(store.meta["norm_sq"])
+        check_tensor_norm(store.path, normX2)
         normX = math.sqrt(normX2)
         # --- initial state: fresh, or from the last checkpoint ---------------------------------------
         state = read_checkpoint(checkpoint) if (resume and checkpoint) else None
@@ -178,6 +181,9 @@ def cp_als(store: Store | DenseArray | str | os.PathLike | np.ndarray, rank: int
             else:
                 if len(init) != N or any(np.shape(a) != (shape[n], rank) for n, a in enumerate(init)):
                     raise ValueError(f"init must hold {N} matrices of shapes {[(s, rank) for s in shape]}")
+                bad = [n for n, a in enumerate(init) if not np.isfinite(np.asarray(a, dtype=np.float64)).all()]
+                if bad:
+                    raise DecompositionError(f"init: factor matrix {bad[0]} holds NaN or infinite entries")
                 F = c.submit(U.stack, c.scatter([np.asarray(a) for a in init], hash=False), dtype, pure=False)
             start, fit, history, weights = 0, 0.0, [], np.ones(rank)
             sample_entropy = None
@@ -235,6 +241,8 @@ def cp_als(store: Store | DenseArray | str | os.PathLike | np.ndarray, rank: int
                 iprod = float((sm.inner * weights).sum())
                 fit = 1 - math.sqrt(abs(normX2 + norm_model2 - 2 * iprod)) / normX if normX > 0 else 0.0
                 evaluated.append(fit)
+            # a NaN fit or an all-zero model stops the run here, naming the cause, never exit 0
+            check_model(iteration + 1, fit, weights, norm_model2, normX2)
             seconds = time.time() - t_iter
             mttkrp_s = [sm.timings[n][0] for n in range(N)]
             update_s = [sm.timings[n][1] for n in range(N)]

@@ -11,6 +11,7 @@ Before anything runs, the plan adds up the bytes the busiest worker holds at onc
 ``reduction``  the sum of several partials, when a mode has more than one partition
 ``update``     the update's working set: the solved rows, then the normalized rows (copying
                updates); a block of rows at a time (in-place updates)
+``grams``      the R x R matrices: one Gram per mode, their Hadamard product, its inverse
 ``private``    the kernels' private accumulators per task running at once: their bound, or less
                where a kernel call has too few nonzeros to use it (a private work item spans at
                most ``PRIVATE_REUSE`` rows per nonzero)
@@ -169,6 +170,10 @@ def _state_terms(shape: tuple[int, ...], rank: int, itemsize: int, tasks: int, p
         "reduction": reduction,
         # in place: one GEMM into the factor's own rows and per-block column statistics
         "update": (-(-max(shape) // STAT_BLOCK_ROWS) * rank * 8) if in_place else 2 * out_rows,
+        # R x R float64 matrices: one Gram per mode, their Hadamard product V, its inverse and the
+        # Cholesky factor. Small at usual ranks, but they grow as R^2: rank 100000 asked 74.5 GiB
+        # for the Grams alone and failed in NumPy instead of here
+        "grams": (len(shape) + 3) * rank * rank * 8,
     }
 
 

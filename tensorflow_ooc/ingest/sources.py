@@ -12,8 +12,9 @@ from typing import Any, Iterable, Iterator, Sequence
 import numba as nb
 import numpy as np
 
-from ..errors import EmptyTensorError, IndexRangeError, IngestError, NonFiniteValueError, ShapeError
+from ..errors import EmptyTensorError, IndexRangeError, IngestError, NonFiniteValueError, ShapeError, ValueRangeError
 from . import tns_reader
+from .value_range import first_out_of_range, range_problem
 
 Batch = tuple[np.ndarray, np.ndarray]
 
@@ -61,6 +62,9 @@ def validate_coo(coords: np.ndarray, values: np.ndarray, shape: Sequence[int] | 
     if values.dtype.kind == "f" and not np.isfinite(values).all():
         r = int(np.flatnonzero(~np.isfinite(values))[0])
         raise NonFiniteValueError(f"values[{offset + r}] = {values[r]} is not finite")
+    r = first_out_of_range(values)
+    if r >= 0:
+        raise ValueRangeError(f"values[{offset + r}]: {range_problem(float(values[r]))}")
 
 
 class ArraySource(Source):
@@ -216,6 +220,9 @@ class AltoRunSource(Source):
                 if values.dtype.kind == "f" and not np.isfinite(values).all():
                     r = int(np.flatnonzero(~np.isfinite(values))[0])
                     raise NonFiniteValueError(f"{self.name}: value {r} of a run is {values[r]}")
+                r = first_out_of_range(values)
+                if r >= 0:
+                    raise ValueRangeError(f"{self.name}: value {r} of run {k}: {range_problem(float(values[r]))}")
             bad = int(_first_unsorted(keys, np.uint64(self.layout.total_bits % 64)))
             if bad >= 0:
                 raise IngestError(f"{self.name}: run {k} is not ascending, or sets bits beyond the shape's "

@@ -20,6 +20,9 @@ ERR_INDEX_HIGH = 4
 ERR_NONFINITE = 5
 ERR_INDEX_OVERFLOW = 6
 
+#: largest index a line may hold (int64); mode lengths must stay below 2^63
+INDEX_MAX = 2**63 - 1
+
 _POW10 = np.array([10.0 ** k for k in range(23)], dtype=np.float64)
 
 SPACE, TAB, CR, NL, HASH = 32, 9, 13, 10, 35
@@ -80,13 +83,11 @@ def parse_tns(buf, nmodes, one_based, shape, coords, values, slow):
                     neg = buf[i] == 45
                     i += 1
                 v = np.int64(0)
-                nd = 0
                 while i < n and 48 <= buf[i] <= 57:
-                    if nd >= 18:
+                    d = np.int64(buf[i] - 48)
+                    if v > (INDEX_MAX - d) // 10:
                         return row, nslow, line, ERR_INDEX_OVERFLOW, line, col + 1
-                    v = v * 10 + (buf[i] - 48)
-                    if v > 0:
-                        nd += 1
+                    v = v * 10 + d
                     i += 1
                 if i == 0 or not (48 <= buf[i - 1] <= 57) or (i < n and not _is_sep(buf[i])):
                     return row, nslow, line, ERR_TOKEN, line, col + 1

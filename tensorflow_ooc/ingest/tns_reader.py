@@ -16,8 +16,12 @@ from typing import Callable, Iterator
 import dask
 import numpy as np
 
-from ..errors import EmptyTensorError, IndexRangeError, NonFiniteValueError, ParseError, ShapeError
+from ..errors import EmptyTensorError, IndexRangeError, NonFiniteValueError, ParseError, ShapeError, ValueRangeError
 from . import tns_parse as P
+from .value_range import first_out_of_range, range_problem
+
+#: a value whose square overflows float64, or a subnormal one (see value_range)
+ERR_VALUE_RANGE = 100
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -80,9 +84,25 @@ def parse_buffer(buf: np.ndarray, nmodes: int, one_based: bool, shape: np.ndarra
                 error = cand
             break
         values[r] = v
+    bad = first_out_of_range(values[:rows])
+    if bad >= 0:
+        ln = _line_of_row(buf, bad)
+        if error is None or ln < error[1]:
+            error = (ERR_VALUE_RANGE, ln, nmodes + 1, *_token(buf, ln, nmodes + 1))
     coords = coords[:rows]
     mx = coords.max(axis=0) if rows else np.full(nmodes, -1, dtype=np.int64)
     return ParsedPiece(coords, values[:rows], int(lines), error, int(buf.shape[0]), mx)
+
+
+def _line_of_row(buf: np.ndarray, row: int) -> int:
+    """1-based line in ``buf`` of data row ``row`` (comments and blank lines skipped); for messages."""
+    seen = -1
+    for ln, raw in enumerate(bytes(buf).split(b"\n"), start=1):
+        if raw.split(b"#", 1)[0].strip():
+            seen += 1
+            if seen == row:
+                return ln
+    return ln  # pragma: no cover - row beyond the buffer
 
 
 def _token(buf: np.ndarray, line: int, col: int) -> tuple[str, int]:
@@ -107,7 +127,8 @@ def raise_piece_error(path: str, first_line: int, nmodes: int, one_based: bool, 
         kind = "an integer index" if col <= nmodes else "a number"
         raise ParseError(f"{field}: token {tok!r} is not {kind}", **where)
     if code == P.ERR_INDEX_OVERFLOW:
-        raise IndexRangeError(f"{field}: index {tok!r} does not fit in 64 bits", **where)
+        raise IndexRangeError(f"{field}: index {tok!r} is too large: indices must be at most 2^63 - 1 "
+                              f"({P.INDEX_MAX:,})", **where)
     if code == P.ERR_INDEX_LOW:
         base = "1-based data: indices start at 1" if one_based else "0-based data: indices start at 0"
         raise IndexRangeError(f"{field}: index {tok} is out of range ({base})", **where)
@@ -116,6 +137,8 @@ def raise_piece_error(path: str, first_line: int, nmodes: int, one_based: bool, 
                               f"{int(shape[col - 1])})", **where)
     if code == P.ERR_NONFINITE:
         raise NonFiniteValueError(f"{field}: value {tok!r} is not finite", **where)
+    if code == ERR_VALUE_RANGE:
+        raise ValueRangeError(f"{field}: {range_problem(float(tok), tok)}", **where)
     raise ParseError(f"{field}: parse error {code}", **where)  # pragma: no cover
 
 

@@ -14,6 +14,8 @@ import math
 import numba as nb
 import numpy as np
 
+from ..errors import DecompositionError
+
 
 @nb.njit(cache=True, nogil=True)
 def _normal_inverse(grams, mode, V, Vinv):
@@ -87,4 +89,8 @@ def normal_inverse_of(grams: list[np.ndarray] | None, mode: int, V: np.ndarray |
     Vinv = np.empty((R, R))
     if _normal_inverse(src, m, work, Vinv):
         return Vinv
+    if not np.isfinite(work).all():
+        # NumPy's pinv would fail with "SVD did not converge", a traceback that names no cause
+        raise DecompositionError("the Hadamard product of the factors' Grams is not finite: the factors overflowed "
+                                 "float64 (initial factors or values too large); rescale the data or use another init")
     return np.linalg.pinv(work)

@@ -1,6 +1,25 @@
-"""Names and version of the store format (see docs/FORMAT.md)."""
+"""Names and version of the store format (see docs/FORMAT.md), and the metadata checksum."""
+
+from __future__ import annotations
+
+import hashlib
+import json
 
 META_KEY = "tensorflow_ooc"
 FORMAT_NAME = "blco"
 FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
+CHECKSUM_KEY = "checksum"
+
+
+def meta_checksum(meta: dict) -> str:
+    """SHA-256 of the store's metadata (every field but the checksum itself), as ``sha256:HEX``.
+
+    Chunks carry CRCs, but the fields results depend on (``norm_sq``, ``shape``, ``nnz``, the
+    layout, the counts) live in ``zarr.json`` as plain JSON: a doubled ``norm_sq`` opened as valid
+    and gave a wrong fit with exit 0. The hash is over canonical JSON (sorted keys, no spaces), and
+    floats round-trip exactly through JSON, so any edit to any field is seen at open.
+    """
+    body = {k: v for k, v in meta.items() if k != CHECKSUM_KEY}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()

@@ -16,7 +16,7 @@ from ..format import BitLayout, BlockTable, delinearize, reencode
 from ..format.linearize import field_minmax
 from . import paths
 from .chunk_files import ABSENT, UNCHECKED, ChunkDecodeError, ChunkFiles
-from .metadata import FORMAT_NAME, META_KEY, SUPPORTED_VERSIONS
+from .metadata import CHECKSUM_KEY, FORMAT_NAME, META_KEY, SUPPORTED_VERSIONS, meta_checksum
 
 
 @dataclass
@@ -397,8 +397,11 @@ def open_store(path: str | os.PathLike) -> Store:
                          f"(this build reads {list(SUPPORTED_VERSIONS)})")
     if meta.get("complete") is not True:
         raise IncompleteStoreError(f"{path}: the store was not completely written")
+    _check_meta_checksum(path, meta)
     _validate(path, root, meta)
     store = Store(path, root, meta)
+    if CHECKSUM_KEY not in meta:
+        _check_legacy_norm(store)
     if not paths.is_url(path):
         # local chunk files: every chunk's position checksum now (four bytes a chunk), so a store
         # with moved, swapped or missing chunks is refused at open rather than mid-decomposition
@@ -406,6 +409,35 @@ def open_store(path: str | os.PathLike) -> Store:
             store.check_chunk_position(c, "alto")
             store.check_chunk_position(c, "values")
     return store
+
+
+def _check_meta_checksum(path: str, meta: dict) -> None:
+    """Refuse metadata edited after the store was written (see :func:`meta_checksum`)."""
+    if CHECKSUM_KEY not in meta:
+        return
+    try:
+        expected = meta_checksum(meta)
+    except (TypeError, ValueError) as exc:   # NaN / Infinity or a non-JSON value in a field
+        raise _fail(path, f"metadata in zarr.json holds a value JSON cannot hold ({exc})") from exc
+    if meta[CHECKSUM_KEY] != expected:
+        raise _fail(path, "metadata in zarr.json does not match its checksum: it was edited or damaged after the "
+                          "store was written (the norm, shape, counts or layout results depend on can no longer be "
+                          "trusted); convert the input again")
+
+
+def _check_legacy_norm(store: Store) -> None:
+    """Stores written before the metadata checksum: ||X||^2 re-derived from the values (one pass
+    over the values array, not the indices) and compared with ``norm_sq``, the one field no
+    structural check covers."""
+    got = 0.0
+    for start in range(0, store.nnz, store.chunk_nnz):
+        v = store._read("values", start, min(store.nnz, start + store.chunk_nnz)).astype(np.float64, copy=False)
+        got += float(np.dot(v, v))
+    stated = store.meta["norm_sq"]
+    if not isinstance(stated, (int, float)) or not math.isfinite(got) \
+            or not math.isclose(float(stated), got, rel_tol=1e-9, abs_tol=0.0):
+        raise _fail(store.path, f"metadata field 'norm_sq' is {stated!r} but the values' squares sum to {got!r} "
+                                f"(a store without a metadata checksum, so its norm was re-derived)")
 
 
 def _keys_decrease(key: np.ndarray) -> bool:

@@ -11,7 +11,9 @@ their ``complete`` flag last. Any exception inside ``with StoreWriter(...)`` rem
 from __future__ import annotations
 
 import logging
+import math
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,14 +25,16 @@ import numpy as np
 import zarr
 
 from .. import __version__ as _pkg_version
-from ..errors import StoreExistsError
+from ..errors import StoreExistsError, ValueRangeError
 from ..format import BitLayout, BlockTable, block_table
 from ..format.linearize import chunk_minmax
+from ..disk import disk_full_error, free_bytes, is_disk_full
+from ..errors import DiskFullError
 from . import paths
 from .chunk_files import ChunkFiles
 from .codecs import (DEFAULT_COMPRESSION, check_compression, index_codecs, quiet_numcodecs, table_codecs, value_codecs,
                      value_padding)
-from .metadata import FORMAT_NAME, FORMAT_VERSION, META_KEY
+from .metadata import CHECKSUM_KEY, FORMAT_NAME, FORMAT_VERSION, META_KEY, meta_checksum
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +110,18 @@ class DirectChunkWriter:
         body = self.blosc.encode(data) if self.blosc is not None else data.view(np.uint8).tobytes()
         key = self.array.metadata.chunk_key_encoding.encode_chunk_key((c,))
         path = self.root / (f"{self.array.path}/{key}" if self.array.path else key)
-        if path.parent not in self._dirs:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._dirs.add(path.parent)
-        with open(path, "wb") as f:
-            f.write(body)
-            f.write(int(_crc32c(body)).to_bytes(4, "little"))
+        try:
+            if path.parent not in self._dirs:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._dirs.add(path.parent)
+            with open(path, "wb") as f:
+                f.write(body)
+                f.write(int(_crc32c(body)).to_bytes(4, "little"))
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            path.unlink(missing_ok=True)      # no half chunk stays behind
+            raise disk_full_error(exc, path, needed=len(body) + 4) from exc
 
 
 class StoreWriter:
@@ -155,13 +165,21 @@ class StoreWriter:
         self.compression = compression
         if paths.is_url(path) and paths.exists(path):
             paths.remove(path)
-        self.staging = paths.staging_path(path)
-        self.root = zarr.open_group(self.staging, mode="w", zarr_format=3)
-        cap = max(int(capacity), 1)
-        with quiet_numcodecs():
-            self.alto = self.root.create_array("alto", shape=(cap,), chunks=(self.chunk_nnz,), dtype="<u8",
-                                               fill_value=0, **index_codecs(compression))
-        self.capacity = cap
+        self.staging = None
+        self.capacity = cap = max(int(capacity), 1)
+        self.written = 0
+        try:
+            self.staging = paths.staging_path(path)
+            self.root = zarr.open_group(self.staging, mode="w", zarr_format=3)
+            with quiet_numcodecs():
+                self.alto = self.root.create_array("alto", shape=(cap,), chunks=(self.chunk_nnz,), dtype="<u8",
+                                                   fill_value=0, **index_codecs(compression))
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            if self.staging is not None:
+                paths.remove(self.staging)
+            raise self._after_abort(self._disk_full(exc)) from exc
         self.values = None        # created at the first write, when its codec can look at the data
         self.written = 0          # nonzeros flushed to the arrays
         self.received = 0         # nonzeros appended (flushed + pending)
@@ -184,13 +202,20 @@ class StoreWriter:
         if n == 0:
             return
         self._extend_blocks(block_table(keys, self.layout, self.max_block_nnz, offset=self.received))
-        self.norm_sq += float(np.dot(values.astype(np.float64, copy=False), values.astype(np.float64, copy=False)))
+        with np.errstate(over="ignore"):     # an overflowing sum is refused at commit, naming the store
+            v64 = values.astype(np.float64, copy=False)
+            self.norm_sq += float(np.dot(v64, v64))
         self.pending_keys.append(keys)
         self.pending_vals.append(np.asarray(values, dtype=self.value_dtype))
         self.pending_n += n
         self.received += n
         if self.pending_n >= self.flush_chunks * self.chunk_nnz:
-            self._flush(final=False)
+            try:
+                self._flush(final=False)
+            except OSError as exc:
+                if not is_disk_full(exc):
+                    raise
+                raise self._disk_full(exc) from exc
 
     def _extend_blocks(self, new: BlockTable) -> None:
         """Join the new batch's first block to the previous last block when they share a key."""
@@ -298,6 +323,40 @@ class StoreWriter:
 
     def commit(self) -> str:
         """Write the remaining nonzeros, the tables and the metadata; publish the store. Returns its path."""
+        try:
+            return self._commit()
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            raise self._disk_full(exc) from exc
+
+    def _disk_full(self, exc: OSError) -> DiskFullError:
+        """A disk-full error at a write: the file named under the store's published name, and the
+        bytes still needed estimated from what the nonzeros written so far took."""
+        where = self.final_path
+        inner = getattr(exc, "path", None) if isinstance(exc, DiskFullError) else None
+        if inner and self.staging and inner.startswith(self.staging):
+            where = self.final_path.rstrip("/") + inner[len(self.staging):]
+        try:
+            done = paths.disk_bytes(self.staging) if self.staging else 0
+        except OSError:
+            done = 0
+        per_nnz = done / self.written if self.written else 8 + self.value_dtype.itemsize
+        more = int(max(self.capacity - self.written, 0) * per_nnz) + 4096    # + tables and metadata
+        return DiskFullError(where, max(more, getattr(exc, "needed", None) or 0), done + more, free_bytes(where),
+                             exc.errno)
+
+    @staticmethod
+    def _after_abort(exc: DiskFullError) -> DiskFullError:
+        """Once what was written is removed: the whole store's size against the space now free."""
+        return DiskFullError(exc.path, exc.total or exc.needed, None, free_bytes(exc.path), exc.errno)
+
+    def _commit(self) -> str:
+        if not math.isfinite(self.norm_sq):
+            # each value's square is checked at ingest; their sum can still overflow
+            raise ValueRangeError(f"{self.final_path}: the sum of the squared values (||X||^2) of {self.received:,} "
+                                  f"nonzeros overflows float64 (above {sys.float_info.max:.4g}), so no fit could be "
+                                  f"computed; rescale the data")
         self._flush(final=True)
         nnz = self.written
         self.alto.resize((nnz,))
@@ -343,6 +402,7 @@ class StoreWriter:
             "source": self.attrs,
             "complete": True,
         }
+        meta[CHECKSUM_KEY] = meta_checksum(meta)
         # The flag goes in with the last metadata write: a store without it never opens.
         self.root.attrs.put({META_KEY: meta})
         try:
@@ -365,3 +425,5 @@ class StoreWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.abort()
+            if isinstance(exc, DiskFullError):
+                raise self._after_abort(exc) from exc
