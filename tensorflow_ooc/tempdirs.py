@@ -67,14 +67,18 @@ def owner_suffix() -> str:
 def make_bucket_dir(parent: str | None, target: str) -> str:
     """Create this process's bucket folder under ``parent`` (None: the system temp dir), with an
     ``owner.json`` that records pid, host, process start time and the output it is for."""
+    from .disk import disk_writes
+
     parent = parent or tempfile.gettempdir()
-    os.makedirs(parent, exist_ok=True)
     path = os.path.join(parent, f"{BUCKETS_PREFIX}{owner_suffix()}-{uuid.uuid4().hex[:8]}")
-    os.mkdir(path)
     owner = {"pid": os.getpid(), "host": host_tag(), "process_started": psutil.Process().create_time(),
              "created": time.time(), "target": str(target)}
-    with open(os.path.join(path, OWNER_FILE), "w") as f:
-        json.dump(owner, f)
+    # a full disk: no folder is left behind
+    with disk_writes(path, needed=4096, cleanup=lambda: shutil.rmtree(path, ignore_errors=True)):
+        os.makedirs(parent, exist_ok=True)
+        os.mkdir(path)
+        with open(os.path.join(path, OWNER_FILE), "w") as f:
+            json.dump(owner, f)
     return path
 
 

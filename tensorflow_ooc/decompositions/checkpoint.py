@@ -17,6 +17,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 import numpy as np
 
+from ..disk import disk_full_error, is_disk_full
 from ..errors import StoreError
 from ..kernels import StackedFactors
 from ..kernels.factors import aligned_copy
@@ -44,12 +45,24 @@ def write_npz_atomic(path: str, arrays: dict[str, np.ndarray], meta: dict) -> st
     if parent:
         fs.makedirs(parent, exist_ok=True)
     tmp = f"{p}.tmp-{uuid.uuid4().hex[:8]}"
-    with fs.open(tmp, "wb") as f:
-        np.savez(f, **arrays, meta=blob)
-    if isinstance(fs, LocalFileSystem):
-        os.replace(tmp, p)  # atomic on POSIX
-    else:
-        fs.mv(tmp, p)
+    try:
+        with fs.open(tmp, "wb") as f:
+            np.savez(f, **arrays, meta=blob)
+        if isinstance(fs, LocalFileSystem):
+            os.replace(tmp, p)  # atomic on POSIX
+        else:
+            fs.mv(tmp, p)
+    except BaseException as exc:
+        try:                    # no temporary file stays behind (on a full disk least of all)
+            if fs.exists(tmp):
+                fs.rm(tmp)
+        except Exception:
+            pass
+        if is_disk_full(exc):
+            # the whole file is needed again; the previous checkpoint, if any, is still in place
+            raise disk_full_error(exc, path, needed=sum(np.asarray(a).nbytes for a in arrays.values())
+                                  + blob.nbytes + 512 * (len(arrays) + 1)) from exc
+        raise
     return path
 
 

@@ -9,6 +9,7 @@ as a result.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from ..disk import disk_writes
 from ..errors import StoreError
 from ..store import paths
 
@@ -30,8 +32,12 @@ def write_result_store(path: str | os.PathLike, arrays: dict[str, np.ndarray], m
     Raises :class:`StoreError` if ``path`` exists and ``overwrite`` is false.
     """
     final = str(path)
-    with paths.staged(final, overwrite, StoreError(f"{final}: exists; pass overwrite=True to replace the result")
-                      ) as staging:
+    # a full disk: the staging store is removed (by ``staged``), then the error names the result,
+    # the bytes it needs (the arrays, uncompressed, and the metadata) and the space free
+    needed = sum(np.asarray(a).nbytes for a in arrays.values()) + len(json.dumps(meta, default=str)) + 4096
+    with disk_writes(final, needed=needed), \
+            paths.staged(final, overwrite, StoreError(f"{final}: exists; pass overwrite=True to replace the result")
+                         ) as staging:
         root = zarr.open_group(staging, mode="w", zarr_format=3)
         for name, a in arrays.items():
             a = np.ascontiguousarray(a)

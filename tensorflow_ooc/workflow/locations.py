@@ -19,6 +19,8 @@ from collections.abc import Iterator
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from ..disk import disk_writes
+
 GLOB_CHARS = set("*?[")
 
 
@@ -128,20 +130,28 @@ def read_text(location: str) -> str:
 
 
 def write_bytes(location: str, data: bytes) -> None:
-    """Write atomically where the file system allows it (a local rename), else in one put."""
+    """Write atomically where the file system allows it (a local rename), else in one put. A full
+    disk raises :class:`~tensorflow_ooc.errors.DiskFullError` naming the file, and leaves no
+    temporary file."""
     fs, p = fs_of(location)
     parent = posixpath.dirname(p) if not isinstance(fs, LocalFileSystem) else os.path.dirname(p)
-    if parent:
-        fs.makedirs(parent, exist_ok=True)
-    if isinstance(fs, LocalFileSystem):
-        tmp = f"{p}.tmp-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, p)   # readers never see a half-written record
-    else:
-        # object stores publish a whole object per put; other fsspec file systems are best effort
-        with fs.open(p, "wb") as f:
-            f.write(data)
+    with disk_writes(location, needed=len(data)):
+        if parent:
+            fs.makedirs(parent, exist_ok=True)
+        if isinstance(fs, LocalFileSystem):
+            tmp = f"{p}.tmp-{uuid.uuid4().hex[:8]}"
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, p)   # readers never see a half-written record
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+                raise
+        else:
+            # object stores publish a whole object per put; other fsspec file systems are best effort
+            with fs.open(p, "wb") as f:
+                f.write(data)
 
 
 def write_text(location: str, text: str) -> None:
@@ -162,8 +172,10 @@ def create_exclusive(location: str, data: bytes) -> bool:
             fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        # a full disk: no empty or torn file stays behind to look like a lock
+        with disk_writes(p, needed=len(data), cleanup=lambda: os.remove(p)):
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
         return True
     if fs.exists(p):
         return False
@@ -176,8 +188,20 @@ def append_text(location: str, text: str) -> None:
     fs, p = fs_of(location)
     if isinstance(fs, LocalFileSystem):
         os.makedirs(os.path.dirname(p), exist_ok=True)
-        with open(p, "a", encoding="utf-8") as f:
-            f.write(text)
+        data = text.encode("utf-8")
+        with disk_writes(p, needed=len(data)):
+            fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                start = os.fstat(fd).st_size
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                except OSError:
+                    os.ftruncate(fd, start)       # no torn line at the end (a full disk)
+                    raise
+            finally:
+                os.close(fd)
         return
     old = read_text(location) if fs.exists(p) else ""
     write_text(location, old + text)
