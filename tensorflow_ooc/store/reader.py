@@ -397,8 +397,10 @@ def open_store(path: str | os.PathLike) -> Store:
                          f"(this build reads {list(SUPPORTED_VERSIONS)})")
     if meta.get("complete") is not True:
         raise IncompleteStoreError(f"{path}: the store was not completely written")
-    _check_meta_checksum(path, meta)
+    # structure first, so an inconsistent field is named; then the checksum, which sees the edits
+    # that stay consistent (a doubled norm_sq, another shape of the same bit layout)
     _validate(path, root, meta)
+    _check_meta_checksum(path, meta)
     store = Store(path, root, meta)
     if CHECKSUM_KEY not in meta:
         _check_legacy_norm(store)
