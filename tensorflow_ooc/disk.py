@@ -56,7 +56,7 @@ def disk_full_error(exc: OSError, path: str | os.PathLike | None, *, needed: int
     failed write's leftovers are removed."""
     inner = exc if isinstance(exc, DiskFullError) else None
     where = inner.path if inner is not None else (str(path) if path is not None else
-                                                   getattr(exc, "filename", None) or "?")
+                                                   getattr(exc, "filename", None) or "a file it did not name")
     figures = [x for x in (needed, inner.needed if inner else None) if x is not None]
     need = max(figures) if figures else None
     totals = [x for x in (total, inner.total if inner else None) if x is not None]

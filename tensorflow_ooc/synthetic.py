@@ -711,18 +711,25 @@ def write_tns(path: str | os.PathLike, batches, *, one_based: bool = True, heade
     # host and pid in the name: if this process dies, the next run into this folder removes it
     tmp = f"{path}.partial-{owner_suffix()}"
     opener = gzip.open if path.endswith(".gz") else open
-    total = 0
+    total = piece = 0
     try:
         with opener(tmp, "wb") as f:
             if header:
                 f.write(b"".join(b"# " + line.encode() + b"\n" for line in header.splitlines()))
             for coords, values in batches:
-                f.write(format_tns(coords, values, one_based))
+                text = format_tns(coords, values, one_based)
+                piece = len(text)
+                f.write(text)
                 total += coords.shape[0]
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
+        written = os.path.getsize(tmp) if os.path.exists(tmp) else 0
         if os.path.exists(tmp):
             os.remove(tmp)
+        from .disk import disk_full_error, is_disk_full
+
+        if is_disk_full(exc):     # the file named; it needs at least what was written and the failed piece
+            raise disk_full_error(exc, path, needed=written + piece) from exc
         raise
     return total
 

@@ -193,6 +193,34 @@ def test_cpd_result_onto_a_full_disk(tiny_disk, inputs, tmp_path):
     assert (tmp_path / "cp.checkpoint.npz").exists()     # the run can be resumed once there is space
 
 
+def test_generate_tns_onto_a_full_disk(tiny_disk):
+    out = tiny_disk("200k", ["-q", "generate", "{disk}/g.tns", "--shape", "200,300,400", "--nnz", "40000"],
+                    [["store", "{disk}/g.tns"]])
+    _one_error_line(out, f"{out['disk']}/g.tns")
+    assert out["left"] == [], out["left"]          # no .partial text file
+
+
+def test_disk_full_error_crosses_processes_and_names_quota():
+    import errno
+    import pickle
+
+    from tensorflow_ooc.disk import disk_full_error, is_disk_full
+    from tensorflow_ooc.errors import DiskFullError, TfoocError
+
+    e = DiskFullError("/x/y.zarr/alto/c/3", 12_300_000, 20_000_000, 900_000)
+    assert str(e) == ("no space left on device writing /x/y.zarr/alto/c/3 (needs about 12.3 MB more, about "
+                      "20.0 MB in all, 900.0 kB free)")
+    assert isinstance(e, TfoocError) and isinstance(e, OSError) and e.errno == errno.ENOSPC and is_disk_full(e)
+    back = pickle.loads(pickle.dumps(e))          # a checkpoint written on a Dask worker process
+    assert type(back) is DiskFullError and str(back) == str(e) and back.path == e.path
+    q = disk_full_error(OSError(errno.EDQUOT, "Disk quota exceeded"), "/home/u/cp.npz", needed=2048)
+    assert str(q).startswith("disk quota exceeded writing /home/u/cp.npz (needs about 2.0 kB")
+    # an outer layer keeps the inner file and the larger figures
+    outer = disk_full_error(DiskFullError("/d/b00001.bin", 500), "/d", needed=7_000_000)
+    assert outer.path == "/d/b00001.bin" and outer.needed == 7_000_000
+    assert not is_disk_full(OSError(errno.EACCES, "denied"))
+
+
 SPEC = """\
 name: full
 steps:

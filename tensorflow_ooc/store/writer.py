@@ -124,6 +124,20 @@ class DirectChunkWriter:
             raise disk_full_error(exc, path, needed=len(body) + 4) from exc
 
 
+def _allocated_bytes(path: str) -> int:
+    """Disk space the files under ``path`` take (their allocated blocks, not their sizes: a small
+    file takes a whole block)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                st = os.stat(os.path.join(root, f))
+            except OSError:
+                continue
+            total += max(st.st_size, getattr(st, "st_blocks", 0) * 512)
+    return total
+
+
 class StoreWriter:
     """Append ALTO-sorted nonzeros to a new store.
 
@@ -337,12 +351,10 @@ class StoreWriter:
         inner = getattr(exc, "path", None) if isinstance(exc, DiskFullError) else None
         if inner and self.staging and inner.startswith(self.staging):
             where = self.final_path.rstrip("/") + inner[len(self.staging):]
-        try:
-            done = paths.disk_bytes(self.staging) if self.staging else 0
-        except OSError:
-            done = 0
+        done = _allocated_bytes(self.staging) if self.staging and not paths.is_url(self.staging) else 0
         per_nnz = done / self.written if self.written else 8 + self.value_dtype.itemsize
-        more = int(max(self.capacity - self.written, 0) * per_nnz) + 4096    # + tables and metadata
+        # + the tables and metadata: a dozen small files, a block (4 KiB) each at least
+        more = int(max(self.capacity - self.written, 0) * per_nnz) + (64 << 10)
         return DiskFullError(where, max(more, getattr(exc, "needed", None) or 0), done + more, free_bytes(where),
                              exc.errno)
 

@@ -28,6 +28,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import DiskFullError
 from .errors import InputError, LockError, Problem, RunCancelled, SpecError
 from .fingerprint import OutputIndex, location_fingerprint, step_fingerprint
 from .lock import OutputLocks
@@ -375,7 +376,10 @@ def execute(workflow: Workflow, *, run_id: str | None = None, client: Any = None
         code = EXIT_CODES[state]
         record.attempts[-1].ended_at = now_iso()
         record.attempts[-1].outcome = state
-        rec.update(state=state, exit_code=code, finished_at=now_iso(), current_step=None, error=error)
+        try:
+            rec.update(state=state, exit_code=code, finished_at=now_iso(), current_step=None, error=error)
+        except DiskFullError as exc:     # still full: the outcome is reported, the record keeps its last state
+            log.warning("could not record the run's outcome: %s", exc)
         rec.event("run-finished", f"run {run_id} {state}" + (f": {error}" if error else ""), state=state,
                   exit_code=code, level="error" if state == "failed" else "info")
     return RunOutcome(run_id, state, EXIT_CODES[state], record)
