@@ -835,8 +835,12 @@ def write_planted_dense(path: str | os.PathLike, shape: Sequence[int], rank: int
     final = str(path)
     from tqdm.auto import tqdm
 
-    with paths.staged(final, overwrite, StoreExistsError(f"{final}: exists; pass overwrite=True to replace it")
-                      ) as staging:
+    from .disk import disk_writes
+
+    # a full disk: the staging array is removed (``staged``), the error names the array and its size
+    with disk_writes(final, needed=math.prod(shape) * np.dtype(dtype).itemsize + (64 << 10)), \
+            paths.staged(final, overwrite, StoreExistsError(f"{final}: exists; pass overwrite=True to replace it")
+                         ) as staging:
         arr = zarr.create_array(staging, shape=shape, chunks=chunks, dtype=dtype, zarr_format=3, overwrite=True,
                                 **({"compressors": None} if codec == "none" else {}))
         grid = [range(0, s, c) for s, c in zip(shape, chunks)]
