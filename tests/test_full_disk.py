@@ -174,10 +174,13 @@ def test_convert_out_of_core_store_onto_a_full_disk(tiny_disk, inputs, tmp_path)
     _refused(out)
 
 
-def test_cpd_checkpoint_onto_a_full_disk(tiny_disk, inputs, tmp_path):
+@pytest.mark.parametrize("scheduler", ["inline", "embedded"])
+def test_cpd_checkpoint_onto_a_full_disk(tiny_disk, inputs, tmp_path, scheduler):
+    # embedded: the checkpoint is written by a Dask worker, which would log a failed task's traceback
     result = str(tmp_path / "cp.zarr")
     out = tiny_disk("64k", ["-q", "cpd", inputs["store"], "--rank", "16", "--max-iters", "3", "--out", result,
-                            "--checkpoint", "{disk}/cp.checkpoint.npz"], [["result", result]])
+                            "--checkpoint", "{disk}/cp.checkpoint.npz", "--scheduler", scheduler],
+                    [["result", result]])
     _one_error_line(out, f"{out['disk']}/cp.checkpoint.npz")
     assert out["left"] == [], out["left"]          # no temporary checkpoint left on the full disk
     _refused(out)

@@ -18,7 +18,7 @@ from fsspec.implementations.local import LocalFileSystem
 import numpy as np
 
 from ..disk import disk_full_error, is_disk_full
-from ..errors import StoreError
+from ..errors import DiskFullError, StoreError
 from ..kernels import StackedFactors
 from ..kernels.factors import aligned_copy
 
@@ -84,6 +84,23 @@ def read_npz(path: str, fmt: str | None = None, what: str = "") -> tuple[dict[st
     if meta.get("version") != CHECKPOINT_VERSION:
         raise StoreError(f"{path}: checkpoint version {meta.get('version')} is not supported")
     return arrays, meta
+
+
+def disk_full_returned(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` on a Dask worker, a :class:`DiskFullError` returned instead of raised:
+    a worker logs every task that raises, with its traceback, on stderr, and a full disk is to be
+    one line. The driver raises it again (:func:`raise_returned`)."""
+    try:
+        return fn(*args, **kwargs)
+    except DiskFullError as exc:
+        return exc
+
+
+def raise_returned(value):
+    """``value``, or raise it if :func:`disk_full_returned` returned an error."""
+    if isinstance(value, DiskFullError):
+        raise value
+    return value
 
 
 def write_checkpoint(path: str, factors: StackedFactors, weights: np.ndarray, iteration: int, fit: float,

@@ -18,7 +18,7 @@ from ..execution.inline import INLINE_MAX_NNZ, is_inline
 from ..store import Store, open_store, paths
 from ..store.dense import DenseArray, is_dense_array, open_dense
 from . import updates as U
-from .checkpoint import read_checkpoint, write_checkpoint
+from .checkpoint import disk_full_returned, raise_returned, read_checkpoint, write_checkpoint
 from .model_checks import check_count, check_model, check_tensor_norm, check_tolerance
 from .randomized import check_method, draw_samples, with_trees
 from .result import CPResult, arrange, fingerprint
@@ -276,8 +276,9 @@ def cp_als(store: Store | DenseArray | str | os.PathLike | np.ndarray, rank: int
                 done = iteration > 0 and abs(fit - fit_old) < tol
             if checkpoint and (done or (iteration + 1) % checkpoint_every == 0 or iteration + 1 == max_iters):
                 t_ck = time.time()
-                c.submit(write_checkpoint, checkpoint, c.submit(U.on_host, F, pure=False), weights, iteration, fit,
-                         history, params, input_fp, pure=False).result()
+                raise_returned(c.submit(disk_full_returned, write_checkpoint, checkpoint,
+                                        c.submit(U.on_host, F, pure=False), weights, iteration, fit, history, params,
+                                        input_fp, pure=False).result())
                 # after the write, so a callback that stops the run (cancel) finds this iteration saved
                 record["checkpoint_seconds"] = time.time() - t_ck
             if callback is not None:

@@ -28,6 +28,7 @@ from ..execution.ttm_graph import TTMGraph
 from ..kernels.ttm_select import KERNELS
 from ..store import Store, open_store, paths
 from . import tucker_updates as T
+from .checkpoint import disk_full_returned, raise_returned
 from .result import fingerprint
 from .tucker_checkpoint import read_tucker_checkpoint, write_tucker_checkpoint
 from .tucker_result import TuckerResult
@@ -282,8 +283,8 @@ def tucker_hooi(store: Store | str | os.PathLike, ranks: int | Sequence[int], *,
                 done = record["fit_change"] < tol       # pyttb's rule, its first iteration included
                 if checkpoint and (done or (iteration + 1) % checkpoint_every == 0 or iteration + 1 == max_iters):
                     t_ck = time.time()
-                    c.submit(write_tucker_checkpoint, checkpoint, S, iteration, fit, history, params, input_fp,
-                             pure=False).result()
+                    raise_returned(c.submit(disk_full_returned, write_tucker_checkpoint, checkpoint, S, iteration, fit,
+                                            history, params, input_fp, pure=False).result())
                     record["checkpoint_seconds"] = time.time() - t_ck
                 bar.update(1)
                 bar.set_postfix(fit=f"{fit:.6f}", dfit=f"{record['fit_change']:.1e}", s_per_it=f"{seconds:.3f}")
