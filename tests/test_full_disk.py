@@ -53,7 +53,8 @@ def _collect(disk: Path, argv: list[str], opens: list[list[str]]) -> dict:
             opened[path] = "opened"
         except Exception as exc:       # the refusal we want, or the path does not exist
             opened[path] = f"{type(exc).__name__}: {exc}"
-    return {"disk": str(disk), "rc": r.returncode, "stdout": r.stdout, "stderr": r.stderr, "left": left, "records": records,
+    return {"disk": str(disk), "rc": r.returncode, "stdout": r.stdout, "stderr": r.stderr, "left": left,
+            "records": records,
             "opened": opened, "free": shutil.disk_usage(disk).free}
 
 
