@@ -730,7 +730,7 @@ def edit_array_meta(array: str, f: Callable[[dict], None]) -> Callable[[Path], N
 def chunk(store: Path, array: str, i: int = 0) -> Path:
     c = store / array / "c"
     p = c / str(i)
-    if p.exists():
+    if p.is_file() or p.is_symlink():
         return p
     return sorted(q for q in c.rglob("*") if q.is_file())[i]
 
@@ -1178,7 +1178,7 @@ def _versions(root: Path) -> list[dict]:
     return doc["versions"] if isinstance(doc, dict) else doc
 
 
-def nightly_case(action: str) -> Callable[[Ctx], None]:
+def nightly_case(action: str, on_changed: str | None = None) -> Callable[[Ctx], None]:
     """Run a nightly-style spec, change nightly/incoming/ (touch, rename, edit, a new file), run it
     again and compare the latest version with what its files hold."""
     spec_text = """\
@@ -1191,7 +1191,7 @@ steps:
     append: true
     duplicates: sum
     keep_versions: 7
-  decompose:
+{on_changed}  decompose:
     kind: decompose
     input: nightly/tensor
     out: nightly/cp.zarr
@@ -1211,7 +1211,7 @@ steps:
         (inc / "a.tns").write_bytes(_tns_lines(a))
         (inc / "b.tns").write_bytes(_tns_lines(b))
         spec = ctx.dir / "nightly.yaml"
-        spec.write_text(spec_text)
+        spec.write_text(spec_text.replace("{on_changed}", f"    on_changed: {on_changed}\n" if on_changed else ""))
         c, outcome = ctx.run(["run", str(spec), "--storage", str(root)], ok_codes=(0,))
         if outcome is not None:
             return
@@ -1227,7 +1227,12 @@ steps:
         elif action == "rename":
             (inc / "a.tns").rename(inc / "a-renamed.tns")
         elif action == "edit":
-            (inc / "a.tns").write_bytes(_tns_lines([(*a[0][:-1], a[0][-1] + 1.0)] + a[1:]))
+            edited = [(*a[0][:-1], round(a[0][-1] + 1.0, 6))] + a[1:]
+            (inc / "a.tns").write_bytes(_tns_lines(edited))
+            if on_changed == "append":        # the new content added as new data, the old stays
+                expect = ref_parse(_tns_lines(a) + _tns_lines(b) + _tns_lines(edited), duplicates="sum")
+            elif on_changed == "replace-version":
+                expect = ref_parse(_tns_lines(edited) + _tns_lines(b), duplicates="sum")
         elif action == "new":
             n = small_rows(80, 23, (14, 9, 7))
             (inc / "n.tns").write_bytes(_tns_lines(n))
@@ -1236,18 +1241,19 @@ steps:
             shutil.copy(inc / "a.tns", inc / "a-copy.tns")
         c, outcome = ctx.run(["run", str(spec), "--storage", str(root)], ok_codes=(0, 3))
         if outcome is not None:
-            if action in ("new",):
+            if action == "new" or on_changed in ("append", "replace-version"):
                 ctx.flags.append("valid input refused")
             return
-        if action == "edit":
+        if action == "edit" and on_changed in (None, "error"):
             ctx.silent("an ingested file was edited under the same name and the run went on (exit 0)")
         v2 = _versions(root)
         latest = root / "nightly" / "tensor" / Path(v2[-1]["path"]).name
         if action == "copy":
             # the same content under a new name: not new data; summing it again doubles a.tns
             pass
-        if compare_store(ctx, latest, expect, "the second run") and action == "new" and len(v2) <= len(v1):
-            ctx.silent("a new file was not ingested")
+        if compare_store(ctx, latest, expect, "the second run") and (action == "new" or on_changed) \
+                and len(v2) <= len(v1):
+            ctx.silent("the new content was not ingested")
     return fn
 
 
@@ -1364,6 +1370,10 @@ def spec_cases() -> list[Case]:
                          ("copy", "an ingested file copied under a new name (same content: not new)"),
                          ("edit", "an ingested file edited under its name (must be an error)")]:
         out.append(Case("spec", f"nightly-{action}", f"nightly spec run twice: {desc}", nightly_case(action)))
+    for oc, desc in [("append", "the edited content added as new data, the old kept"),
+                     ("replace-version", "the next version built from the edited content instead of the old")]:
+        out.append(Case("spec", f"nightly-edit-{oc}", f"nightly spec, on_changed: {oc}, a file edited: {desc}",
+                        nightly_case("edit", oc)))
     return out
 
 
@@ -1381,9 +1391,11 @@ SPEC_TOKENS = [":", "-", "- ", "[", "]", "{", "}", ",", "&a", "*a", "!!python/ob
 
 
 def mutate(data: bytes, rng: random.Random, tokens: list[str]) -> tuple[bytes, str]:
+    """One seeded mutation: a bit flip, a random byte, a truncation, a token inserted (at a token
+    boundary or anywhere), a token replaced, a line duplicated, deleted or swapped."""
     b = bytearray(data)
-    kind = rng.choices(["flip", "byte", "truncate", "insert", "replace", "dupline", "delline"],
-                       [20, 10, 10, 25, 20, 8, 7])[0]
+    kind = rng.choices(["flip", "byte", "truncate", "insert", "insert-raw", "replace", "dupline", "delline", "swap"],
+                       [15, 6, 8, 14, 6, 33, 8, 6, 4])[0]
     if not b:
         return bytes(b), "empty"
     pos = rng.randrange(len(b))
@@ -1396,20 +1408,30 @@ def mutate(data: bytes, rng: random.Random, tokens: list[str]) -> tuple[bytes, s
     if kind == "truncate":
         return bytes(b[:pos]), f"truncate at {pos}"
     tok = rng.choice(tokens)
-    if rng.random() < 0.3:
-        tok = rng.choice([str(rng.randint(-10, 10**rng.randint(1, 25))), f"{rng.uniform(-1e6, 1e6):.{rng.randint(0, 17)}g}",
+    if rng.random() < 0.35:
+        tok = rng.choice([str(rng.randint(-10, 10**rng.randint(1, 25))), str(rng.randint(1, 9)),
+                          f"{rng.uniform(-1e6, 1e6):.{rng.randint(1, 17)}g}",
+                          f"{rng.uniform(0, 10):.6f}e{rng.randint(-330, 330)}",
                           "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 8)))])
     if kind == "insert":
+        bounds = [m.start() for m in re.finditer(rb"(?<=\s)|$", bytes(b))] or [pos]
+        at = rng.choice(bounds)
+        return bytes(b[:at]) + tok.encode() + b" " + bytes(b[at:]), f"insert {tok!r} at {at}"
+    if kind == "insert-raw":
         return bytes(b[:pos]) + tok.encode() + bytes(b[pos:]), f"insert {tok!r} at {pos}"
     if kind == "replace":
         spans = [m.span() for m in re.finditer(rb"[^\s:\[\]{},]+", bytes(b))]
         s, e = rng.choice(spans) if spans else (pos, pos)
-        return bytes(b[:s]) + tok.encode() + bytes(b[e:]), f"replace {bytes(b[s:e])!r} by {tok!r}"
+        return bytes(b[:s]) + tok.encode() + bytes(b[e:]), f"replace {bytes(b[s:e]).decode('latin-1')!r} by {tok!r}"
     lines = bytes(b).split(b"\n")
     i = rng.randrange(len(lines))
     if kind == "dupline":
-        lines.insert(i, lines[i])
+        lines.insert(rng.randrange(len(lines) + 1), lines[i])
         return b"\n".join(lines), f"duplicate line {i + 1}"
+    if kind == "swap":
+        j = rng.randrange(len(lines))
+        lines[i], lines[j] = lines[j], lines[i]
+        return b"\n".join(lines), f"swap lines {i + 1} and {j + 1}"
     del lines[i]
     return b"\n".join(lines), f"delete line {i + 1}"
 
