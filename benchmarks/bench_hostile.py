@@ -336,6 +336,8 @@ def ref_parse(data: bytes, shape: tuple[int, ...] | None = None, duplicates: str
             either.append(f"line {lineno}: value {t} whose square overflows")
         if 0 < abs(v) < TINY:
             either.append(f"line {lineno}: denormal value {t}")
+        if v == 0 and re.search(r"[1-9]", t.split("e")[0].split("E")[0]):
+            either.append(f"line {lineno}: value {t} underflows to 0")
         key = tuple(idx)
         if key in entries:
             if duplicates == "error":
@@ -603,6 +605,12 @@ def tns_cases() -> list[Case]:
         ("nul-bytes", "NUL bytes inside a line", G + b"1 2 \x00 3 1.0\n", {}),
         ("latin1", "a Latin-1 byte in a value", G + b"1 2 3 1.0\xe9\n", {}),
         ("huge-line", "a 400 kB first line (200000 columns)", huge_line, {}),
+        ("huge-comment", "a 1 MB comment line before the data (valid)", b"# " + b"x" * 1_000_000 + b"\n" + G, {}),
+        ("long-padding", "a data line padded with 100000 spaces and tabs (valid)",
+         G + b" \t" * 50_000 + b"7 6 5 1.25" + b"\t " * 50_000 + b"\n", {}),
+        ("no-final-newline", "no newline after the last line (valid)", G.rstrip(b"\n"), {}),
+        ("exponent-values", "values written 1.5E+02, -2e-3, .5, 7. (valid)",
+         _tns_lines([(*r[:-1], f) for r, f in zip(good[:4], ["1.5E+02", "-2e-3", ".5", "7."])] + good[4:]), {}),
         ("duplicates", "a repeated coordinate (duplicates=error)", G + _tns_lines([good[3]]), {}),
         ("duplicates-sum", "a repeated coordinate, --duplicates sum (valid)", G + _tns_lines([good[3]]),
          {"extra": ["--duplicates", "sum"], "duplicates": "sum"}),
@@ -990,6 +998,8 @@ def store_cases() -> list[Case]:
         ("values-json-attrs", "values array attributes edited", edit_array_meta("values", lambda d: d.__setitem__("attributes", {"x": 1})), H),
         ("junk-files", "junk files in the store root and in values/c", combo(junk("README.txt"), junk("values/c/.DS_Store")), H),
     ]
+    if os.geteuid() != 0:       # chmod does not stop root: there the directory-for-a-chunk case stands in
+        cases.append(("values-chunk-unreadable", "values chunk 1 chmod 000", lambda s: os.chmod(chunk(s, "values", 1), 0), R))
     return [Case("store", name, desc, store_case(dmg, harm), f"{harm}: {why[harm]}") for name, desc, dmg, harm in cases] + cli_cases()
 
 
@@ -1075,8 +1085,6 @@ def ref_spec(text: bytes) -> tuple[dict | None, str]:
         s = text.decode("utf-8")
     except UnicodeDecodeError:
         return None, "not UTF-8"
-    if re.search(r"(^|[\s\[{,])[&*][^\s]", s):
-        return None, "anchors or aliases"
     try:
         doc = yaml.load(s, Loader=_UniqueLoader)
     except Exception as exc:
@@ -1101,8 +1109,6 @@ def ref_spec(text: bytes) -> tuple[dict | None, str]:
         for k in ("rank", "max_iters", "chunk_nnz", "max_block_nnz", "keep_versions", "samples", "streams"):
             if k in st and (type(st[k]) is not int or not 1 <= st[k] <= 2**62):
                 return None, f"{name}.{k} = {st[k]!r}"
-        if "rank" in st and st["rank"] > 10000:
-            return None, f"{name}.rank = {st['rank']} (more than memory allows)"
         if "tol" in st and (type(st["tol"]) not in (int, float) or not st["tol"] >= 0):
             return None, f"{name}.tol = {st['tol']!r}"
         for k in ("input", "out"):
@@ -1494,6 +1500,10 @@ def fuzz_spec_case(i: int, seed: int) -> Case:
             return
         rr = root.resolve()
         for name, st in doc["steps"].items():
+            i = st.get("input")
+            p = (root / i).resolve() if not os.path.isabs(i) else Path(i).resolve()
+            if rr != p and rr not in p.parents:
+                ctx.silent(f"step {name}: input {i!r} outside the storage root was read")
             o = st.get("out")
             p = (root / o).resolve() if not os.path.isabs(o) else Path(o).resolve()
             if rr != p and rr not in p.parents:
@@ -1573,7 +1583,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=SWEEPS, action="append", help="run only this sweep (repeatable)")
     ap.add_argument("--fuzz", type=int, default=200, help="mutations of the .tns and of the spec (default 200 each)")
     ap.add_argument("--seed", type=int, default=0, help="fuzz seed (default 0)")
-    ap.add_argument("--jobs", type=int, default=1, help="cases run at once (default 1)")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                    help="cases run at once (default: 2, or 1 on one core; a full run at 1 takes about twice as long)")
     ap.add_argument("--limit", type=int, default=None, help="only the first N cases of each sweep")
     ap.add_argument("--match", default=None, help="only cases whose name contains this")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per command before it counts as a hang")
