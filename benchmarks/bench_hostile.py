@@ -1040,7 +1040,93 @@ def cli_cases() -> list[Case]:
                 check_cpd(ctx, c, res)
                 ctx.silent(f"cpd accepted {' '.join(extra)}")
         return fn
-    return [Case("store", n, f"cpd {' '.join(e)} on the valid store (must be refused)", make(e)) for n, e in bad]
+    out = [Case("store", n, f"cpd {' '.join(e)} on the valid store (must be refused)", make(e)) for n, e in bad]
+    return out + cli_flow_cases()
+
+
+THROUGHPUT = re.compile(r"([0-9.eE+]+) M nonzero-modes/s")
+
+
+def _throughput(ctx: Ctx, c: Cmd) -> None:
+    for m in THROUGHPUT.finditer(c.out + c.err):
+        if float(m.group(1)) > 1e5:        # 10^11 nonzero-modes a second: no machine does that
+            ctx.silent(f"nonsense throughput printed: {m.group(0)}")
+
+
+def cli_flow_cases() -> list[Case]:
+    """Command sequences on the valid store: resume, rerun, convert onto an existing store."""
+    def store(ctx: Ctx) -> Path:
+        return ctx.shared["store"]["store"]
+
+    def resume_without_checkpoint(ctx: Ctx) -> None:
+        res = ctx.dir / "cp.zarr"
+        c, outcome = ctx.run(["cpd", str(store(ctx)), *CPD, "--out", str(res), "--resume"])
+        if outcome is None:
+            check_cpd(ctx, c, res)
+            if not re.search(r"checkpoint", c.err, re.IGNORECASE):
+                ctx.silent("--resume without a checkpoint started afresh without saying so")
+
+    def resume_finished(ctx: Ctx) -> None:
+        res = ctx.dir / "cp.zarr"
+        c, outcome = ctx.run(["cpd", str(store(ctx)), *CPD, "--out", str(res)])
+        if outcome is not None:
+            return
+        first = check_cpd(ctx, c, res)
+        c, outcome = ctx.run(["cpd", str(store(ctx)), *CPD, "--out", str(res), "--resume"])
+        if outcome is None:
+            _throughput(ctx, c)
+            again = check_cpd(ctx, c, res)
+            if first and again and first["fit_printed"] != again["fit_printed"]:
+                ctx.silent(f"resuming a finished run changed the fit {first['fit_printed']} -> {again['fit_printed']}")
+
+    def result_exists(ctx: Ctx) -> None:
+        res = ctx.dir / "cp.zarr"
+        _, outcome = ctx.run(["cpd", str(store(ctx)), *CPD, "--out", str(res)])
+        if outcome is not None:
+            return
+        before = (res / "zarr.json").read_bytes()
+        c, outcome = ctx.run(["cpd", str(store(ctx)), *CPD, "--seed", "1", "--out", str(res)])
+        if outcome is None:
+            ctx.silent("cpd replaced an existing result without --overwrite")
+        elif (res / "zarr.json").read_bytes() != before:
+            ctx.silent("a refused cpd still changed the existing result")
+
+    def convert_onto_store(ctx: Ctx) -> None:
+        dst = ctx.dir / "s.zarr"
+        shutil.copytree(store(ctx), dst, symlinks=True)
+        before = (dst / "zarr.json").read_bytes()
+        src = ctx.dir / "other.tns"
+        src.write_bytes(_tns_lines(small_rows(50, 3, (5, 5, 5))))
+        _, outcome = ctx.run(["convert", str(src), str(dst)])
+        if outcome is None:
+            ctx.silent("convert replaced an existing store without --overwrite")
+        elif (dst / "zarr.json").read_bytes() != before:
+            ctx.silent("a refused convert still changed the existing store")
+
+    def convert_overwrite(ctx: Ctx) -> None:
+        dst = ctx.dir / "s.zarr"
+        shutil.copytree(store(ctx), dst, symlinks=True)
+        data = _tns_lines(small_rows(50, 3, (5, 5, 5)))
+        src = ctx.dir / "other.tns"
+        src.write_bytes(data)
+        _, outcome = ctx.run(["convert", str(src), str(dst), "--overwrite"])
+        if outcome is None:
+            compare_store(ctx, dst, ref_parse(data))
+        elif outcome == "clear error":
+            ctx.flags.append("valid input refused")
+
+    return [
+        Case("store", "flow-resume-no-checkpoint", "cpd --resume with no checkpoint: an error, or a warning that says it starts afresh",
+             resume_without_checkpoint),
+        Case("store", "flow-resume-finished", "cpd, then cpd --resume of the finished run (0 iterations left): same fit, no nonsense throughput",
+             resume_finished),
+        Case("store", "flow-result-exists", "cpd twice to one --out without --overwrite: the second refused, the result kept",
+             result_exists),
+        Case("store", "flow-convert-existing", "convert onto an existing store without --overwrite: refused, the store kept",
+             convert_onto_store),
+        Case("store", "flow-convert-overwrite", "convert onto an existing store with --overwrite: the new content (valid)",
+             convert_overwrite),
+    ]
 
 
 # --- sweep 3: hostile workflow specs --------------------------------------------------------------
