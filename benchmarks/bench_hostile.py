@@ -410,24 +410,26 @@ def compare_store(ctx: Ctx, store: Path, ref: Ref, who: str = "convert") -> bool
             ref_coords = [ref_coords[i] for i in keep]
             ref_vals = [ref_vals[i] for i in keep]
         else:
-            ctx.silent(f"nnz {got['nnz']}, the input has {len(ref_coords)}")
+            ctx.silent(f"{who}: nnz {got['nnz']}, the input has {len(ref_coords)}")
             return False
     if got["shape"] != tuple(ref.shape):
-        ctx.silent(f"shape {got['shape']}, the input says {tuple(ref.shape)}")
+        ctx.silent(f"{who}: shape {got['shape']}, the input says {tuple(ref.shape)}")
         return False
     gc = [tuple(int(x) for x in row) for row in got["coords"].tolist()]
     gv = got["values"].tolist()
     if len(gc) != got["nnz"]:
-        ctx.silent(f"to_coo gives {len(gc)} nonzeros, nnz says {got['nnz']}")
+        ctx.silent(f"{who}: to_coo gives {len(gc)} nonzeros, nnz says {got['nnz']}")
         return False
     a = sorted(zip(gc, gv))
     b = sorted(zip(ref_coords, ref_vals))
     for (c1, v1), (c2, v2) in zip(a, b):
         if c1 != c2:
-            ctx.silent(f"coordinate {tuple(x + 1 for x in c1)} stored, the input has {tuple(x + 1 for x in c2)} (1-based)")
+            ctx.silent(f"{who}: coordinate {tuple(x + 1 for x in c1)} stored, the input has {tuple(x + 1 for x in c2)} (1-based)")
             return False
         if not (v1 == v2 or abs(v1 - v2) <= 1e-12 * abs(v2)):
-            ctx.silent(f"value {v1!r} stored at {tuple(x + 1 for x in c1)}, the input has {v2!r}")
+            n_doubled = sum(1 for (_, x), (_, y) in zip(a, b) if x == 2 * y and y != 0)
+            ctx.silent(f"{who}: value {v1!r} stored at {tuple(x + 1 for x in c1)}, the input has {v2!r}"
+                       + (f" ({n_doubled} of {len(a)} values doubled)" if n_doubled else ""))
             return False
     return True
 
