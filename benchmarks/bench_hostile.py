@@ -1,10 +1,17 @@
 """Hostile-user sweep: bad .tns files, damaged stores, hostile workflow specs and a fuzz pass, each
 run through the real ``tfooc`` command line as a subprocess (issue 28).
 
-    .venv/bin/python benchmarks/bench_hostile.py                      # everything (~15 min, 2 cores)
+    .venv/bin/python benchmarks/bench_hostile.py                      # everything: ~600 cases, ~14 min
     .venv/bin/python benchmarks/bench_hostile.py --only tns --limit 5 # a few cases of one sweep
-    .venv/bin/python benchmarks/bench_hostile.py --only fuzz --fuzz 50 --jobs 2 --json out.json
+    .venv/bin/python benchmarks/bench_hostile.py --only store --match norm
+    .venv/bin/python benchmarks/bench_hostile.py --only fuzz --fuzz 50 --seed 3 --json out.json
     .venv/bin/python benchmarks/bench_hostile.py --list               # the case tables, nothing run
+    .venv/bin/python benchmarks/bench_hostile.py --tfooc OTHER/tfooc  # another build's CLI
+
+Run it with the project's virtual environment: the checks read stores and results in this process
+(``tensorflow_ooc.open_store`` / ``load_result``, compared with the benchmark's own parse of the
+input). Each ``tfooc`` call costs about 2 s of start-up (imports), so the full run is about 900
+calls: ~14 min with the default ``--jobs 2`` on 2 cores, about twice that with ``--jobs 1``.
 
 Every case runs in a fresh temporary directory (``TFOOC_STORAGE`` points into it), each command
 with a timeout (``--timeout``, default 120 s) and an address-space limit (``--mem-limit``, default
@@ -1716,23 +1723,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(cases)} cases")
         return 0
     base = Path(tempfile.mkdtemp(prefix="bench-hostile-"))
+    try:
+        return _run_all(cases, sweeps, args, base)
+    finally:
+        if args.keep:
+            print(f"kept {base}")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _run_all(cases: list[Case], sweeps: list[str], args: argparse.Namespace, base: Path) -> int:
     shared: dict = {"keep": args.keep}
     env = dict(os.environ, TFOOC_STORAGE=str(base / "root"))
     t0 = time.monotonic()
+    commit_start = git_commit()
     print(f"bench_hostile: {len(cases)} cases ({', '.join(sweeps)}), {args.jobs} at a time, in {base}; "
-          f"tfooc = {TFOOC}", flush=True)
+          f"tfooc = {TFOOC}; commit {commit_start}", flush=True)
     if any(c.sweep == "store" for c in cases):
         shared["store"] = prepare_store(base, env)
         for p in shared["store"]["problems"]:
             print(f"WARNING: {p}", flush=True)
     results: list[dict] = []
     done = 0
-
-    def one(c: Case) -> dict:
-        return run_case(c, base, shared)
-
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        futs = {pool.submit(one, c): c for c in cases}
+        futs = {pool.submit(run_case, c, base, shared): c for c in cases}
         for f in concurrent.futures.as_completed(futs):
             r = f.result()
             results.append(r)
@@ -1741,19 +1755,15 @@ def main(argv: list[str] | None = None) -> int:
                   + (f"  {r['why'][:110]}" if r["outcome"] not in ("ok", "clear error") else ""), flush=True)
     order = {(c.sweep, c.name): i for i, c in enumerate(cases)}
     results.sort(key=lambda r: order[(r["sweep"], r["name"])])
-    commit = git_commit()
+    commit_end = git_commit()
+    commit = commit_start if commit_end == commit_start else f"{commit_start} (tree changed to {commit_end} during the run)"
     status = report(results, sweeps, time.monotonic() - t0, commit)
     if args.json:
         Path(args.json).write_text(json.dumps({"commit": commit, "tfooc": TFOOC, "sweeps": sweeps,
-                                               "fuzz": args.fuzz, "seed": args.seed, "exit_status": status,
-                                               "cases": results}, indent=1))
+                                               "fuzz": args.fuzz, "seed": args.seed, "jobs": args.jobs,
+                                               "exit_status": status, "cases": results}, indent=1))
         print(f"wrote {args.json}")
-    if args.keep:
-        print(f"kept {base}")
-    else:
-        shutil.rmtree(base, ignore_errors=True)
     return status
-
 
 if __name__ == "__main__":
     sys.exit(main())
