@@ -238,3 +238,38 @@ def test_index_beyond_the_limit_names_it(tmp_path, index):
     tns.write_text(f"1 1 1 1.0\n2 {index} 3 2.0\n")
     line = clear_error(tfooc("convert", tns, tmp_path / "i.zarr"), "line 2", "at most 2^63 - 1")
     assert "64 bits" not in line
+
+
+# --- found by benchmarks/bench_hostile.py ------------------------------------------------------------
+
+def test_chunk_replaced_by_a_directory(tmp_path, rng):
+    """Before: IsADirectoryError traceback from tfooc info and cpd."""
+    coords, values = random_coo(rng, (15, 20, 25), 1500)
+    s = tfo.convert((coords, values), tmp_path / "d.zarr", chunk_nnz=512)
+    chunk = Path(s.path) / "values" / "c" / "2"
+    chunk.unlink()
+    chunk.mkdir()
+    with pytest.raises(CorruptStoreError, match="chunk 2"):
+        tfo.open_store(s.path)
+    clear_error(tfooc("info", s.path), "chunk 2")
+
+
+@pytest.mark.parametrize("name, text, needle", [
+    ("nul", "name: w\nsteps:\n  a: {kind: generate, out: x.tns, shape: [4, 4, 4], nnz: 10}\x00\n", "YAML"),
+    ("control", "name: w\x08\nsteps: {}\n", "YAML"),
+    ("bomb", "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+             "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+             "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n"
+             "name: w\nsteps: {}\n", "aliases expand"),
+    ("deep", "name: w\nsteps: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    ("root-itself", "name: w\nsteps:\n  g: {kind: generate, out: ., shape: [4, 4, 4], nnz: 10}\n", "storage root"),
+])
+def test_hostile_specs_are_refused(tmp_path, name, text, needle):
+    """Before: ReaderError, MemoryError and RecursionError tracebacks; an output of '.' (the
+    storage root itself) was accepted."""
+    spec = tmp_path / "w.yaml"
+    spec.write_bytes(text.encode())
+    (tmp_path / "root").mkdir()
+    r = tfooc("run", spec, "--storage", tmp_path / "root")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert needle in r.stderr, r.stderr

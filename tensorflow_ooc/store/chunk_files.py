@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,10 @@ def decompress(body: np.ndarray, dest: np.ndarray, threads: int = 1) -> None:
 
 class ChunkDecodeError(ValueError):
     """A chunk's bytes fail their checksum or do not decode to the chunk's size."""
+
+
+def _unreadable(c: int, key: str, exc: OSError) -> ChunkDecodeError:
+    return ChunkDecodeError(f"chunk {c} ({key}) cannot be read: {exc.strerror or exc}")
 
 
 @dataclass
@@ -133,6 +138,8 @@ class ChunkFiles:
                 mm = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | _MAP_POPULATE, prot=mmap.PROT_READ)
         except FileNotFoundError:
             return None, None
+        except OSError as exc:       # a directory, a FIFO, no permission: damage, named as such
+            raise _unreadable(c, key, exc) from exc
         return np.frombuffer(mm, dtype=np.uint8), version   # the array keeps the mapping alive
 
     def stored_checksum(self, c: int) -> int:
@@ -153,6 +160,8 @@ class ChunkFiles:
                     tail = os.pread(f.fileno(), 4, size - 4) if size >= 4 else b""
             except FileNotFoundError:
                 tail = None
+            except OSError as exc:
+                raise _unreadable(c, key, exc) from exc
         if tail is None:
             return ABSENT
         return int.from_bytes(tail, "little") if len(tail) == 4 else UNCHECKED
@@ -187,6 +196,8 @@ class ChunkFiles:
             st = os.stat(self.local_root / self._key(c))
         except FileNotFoundError:
             return None
+        if not stat.S_ISREG(st.st_mode):
+            raise ChunkDecodeError(f"chunk {c} ({self._key(c)}) is not a regular file")
         size = st.st_size
         if size == 0:
             return None

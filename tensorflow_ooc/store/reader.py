@@ -166,7 +166,10 @@ class Store:
         if want == UNCHECKED:
             return
         files = self._chunk_files[0 if name == "alto" else 1]
-        got = files.stored_checksum(c) if got is None else int(got)
+        try:
+            got = files.stored_checksum(c) if got is None else int(got)
+        except ChunkDecodeError as exc:
+            raise _fail(self.path, f"array '{name}', {exc}") from exc
         if got == want:
             return
         if got == ABSENT:

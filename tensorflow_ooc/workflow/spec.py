@@ -370,6 +370,32 @@ class Source:
         return line
 
 
+#: a spec is a page of settings: anything near these limits is a mistake or an attack
+MAX_SPEC_CHARS = 1 << 20
+MAX_SPEC_NODES = 100_000
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Refuse aliases that expand past :data:`MAX_SPEC_NODES` (a 'billion laughs' document is a
+    few hundred bytes whose aliases expand to 10^9 nodes: it exhausted memory while being built)."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        kids = ([n for kv in node.value for n in kv] if isinstance(node, yaml.MappingNode)
+                else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        if children_done:
+            sizes[id(node)] = 1 + sum(sizes[id(k)] for k in kids)
+            if sizes[id(node)] > MAX_SPEC_NODES:
+                raise yaml.YAMLError(f"its aliases expand to more than {MAX_SPEC_NODES:,} values (a YAML "
+                                     f"'billion laughs' document?); a workflow spec is far smaller")
+            continue
+        stack.append((node, True))
+        stack.extend((k, False) for k in kids if id(k) not in sizes)
+
+
 def read_source(path: str | os.PathLike | None = None, text: str | None = None) -> Source:
     """Read and safe-load a spec; YAML errors become a :class:`SpecError` with the line."""
     name = str(path) if path is not None else "<string>"
@@ -386,10 +412,18 @@ def read_source(path: str | os.PathLike | None = None, text: str | None = None) 
             raise SpecError(name, [Problem(None, None, "no such spec file")]) from None
         except (IsADirectoryError, UnicodeDecodeError) as exc:
             raise SpecError(name, [Problem(None, None, f"not a YAML text file ({exc})")]) from None
-    loader = yaml.SafeLoader(text)
+    if len(text) > MAX_SPEC_CHARS:
+        raise SpecError(name, [Problem(None, None, f"the spec is {len(text):,} characters long; a spec is at most "
+                                                   f"{MAX_SPEC_CHARS:,}")])
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)     # refuses control characters (a ReaderError) here already
         node = loader.get_single_node()
+        if node is not None:
+            _check_expansion(node)
         data = loader.construct_document(node) if node is not None else None
+    except RecursionError:
+        raise SpecError(name, [Problem(None, None, "the YAML is nested too deeply to be a workflow spec")]) from None
     except yaml.MarkedYAMLError as exc:
         # the context mark is where the broken construct starts (an unclosed '[' or a key missing
         # its ':'); the problem mark is where the parser gave up, often the next line or the end
@@ -403,7 +437,8 @@ def read_source(path: str | os.PathLike | None = None, text: str | None = None) 
     except yaml.YAMLError as exc:
         raise SpecError(name, [Problem(None, None, f"YAML error: {exc}")]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if node is None:
         raise SpecError(name, [Problem(1, None, "the spec is empty (expected a mapping with 'steps')")])
     if not isinstance(data, dict):
@@ -682,6 +717,13 @@ def plan(spec: Spec, src: Source, storage: str | None = None,
                     problems.append(Problem(src.line(where), _display(where), why))
                     continue
                 if side == "out":
+                    if any(real_location(location).rstrip("/") == real_location(a).rstrip("/") for a in allowed):
+                        # writing (or replacing) the root would take every other output and the
+                        # run records with it
+                        problems.append(Problem(src.line(where), _display(where),
+                                                f"output {location} is the storage root (or an allowed folder) "
+                                                f"itself; name a file or folder inside it"))
+                        continue
                     if loc.has_glob(location):
                         problems.append(Problem(src.line(where), _display(where),
                                                 f"expected one output location, got a glob {raw!r}"))
