@@ -273,3 +273,14 @@ def test_hostile_specs_are_refused(tmp_path, name, text, needle):
     r = tfooc("run", spec, "--storage", tmp_path / "root")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert needle in r.stderr, r.stderr
+
+
+def test_edited_array_codecs_are_refused(store):
+    """Before: alto's delta filter removed from its zarr.json, and tfooc info still accepted it."""
+    f = Path(store.path) / "alto" / "zarr.json"
+    doc = json.loads(f.read_text())
+    doc["codecs"] = [c for c in doc["codecs"] if "delta" not in c["name"]]
+    f.write_text(json.dumps(doc))
+    with pytest.raises(CorruptStoreError, match="Zarr metadata of its arrays"):
+        tfo.open_store(store.path)
+    clear_error(tfooc("info", store.path), "codecs")

@@ -23,3 +23,25 @@ def meta_checksum(meta: dict) -> str:
     body = {k: v for k, v in meta.items() if k != CHECKSUM_KEY}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+#: the store's arrays, whose own Zarr metadata (codecs, dtype, shape, chunks) the checksum binds too
+ARRAY_NAMES = ("alto", "values", "blocks/key", "blocks/start", "blocks/count", "blocks/base", "chunks/min",
+               "chunks/max", "chunks/crc_alto", "chunks/crc_values")
+
+
+def arrays_checksum(root) -> str:
+    """SHA-256 over the Zarr metadata of the store's arrays (``root`` a zarr Group).
+
+    Each array's ``zarr.json`` is plain JSON beside the data: removing the delta filter from
+    ``alto``'s codecs left ``tfooc info`` content (its chunks are only decoded by a pass), so the
+    codec chains, dtypes, shapes and chunk grids are bound to the store here and checked at open.
+    """
+    body = {}
+    for name in ARRAY_NAMES:
+        if name in root:
+            d = dict(root[name].metadata.to_dict())
+            d.pop("attributes", None)
+            body[name] = d
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()

@@ -16,7 +16,7 @@ from ..format import BitLayout, BlockTable, delinearize, reencode
 from ..format.linearize import field_minmax
 from . import paths
 from .chunk_files import ABSENT, UNCHECKED, ChunkDecodeError, ChunkFiles
-from .metadata import CHECKSUM_KEY, FORMAT_NAME, META_KEY, SUPPORTED_VERSIONS, meta_checksum
+from .metadata import CHECKSUM_KEY, FORMAT_NAME, META_KEY, SUPPORTED_VERSIONS, arrays_checksum, meta_checksum
 
 
 @dataclass
@@ -404,6 +404,9 @@ def open_store(path: str | os.PathLike) -> Store:
     # that stay consistent (a doubled norm_sq, another shape of the same bit layout)
     _validate(path, root, meta)
     _check_meta_checksum(path, meta)
+    if "arrays_checksum" in meta and meta["arrays_checksum"] != arrays_checksum(root):
+        raise _fail(path, "the Zarr metadata of its arrays (codecs, dtypes, shapes, chunk grids) was changed after "
+                          "the store was written; convert the input again")
     store = Store(path, root, meta)
     if CHECKSUM_KEY not in meta:
         _check_legacy_norm(store)

@@ -34,7 +34,7 @@ from . import paths
 from .chunk_files import ChunkFiles
 from .codecs import (DEFAULT_COMPRESSION, check_compression, index_codecs, quiet_numcodecs, table_codecs, value_codecs,
                      value_padding)
-from .metadata import CHECKSUM_KEY, FORMAT_NAME, FORMAT_VERSION, META_KEY, meta_checksum
+from .metadata import CHECKSUM_KEY, FORMAT_NAME, FORMAT_VERSION, META_KEY, arrays_checksum, meta_checksum
 
 log = logging.getLogger(__name__)
 
@@ -413,6 +413,7 @@ class StoreWriter:
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "source": self.attrs,
             "complete": True,
+            "arrays_checksum": arrays_checksum(self.root),
         }
         meta[CHECKSUM_KEY] = meta_checksum(meta)
         # The flag goes in with the last metadata write: a store without it never opens.
