@@ -48,9 +48,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tensorflow_ooc.kernels.dense_model import Machine, gflops, measure_machine, predict_modes  # noqa: E402
-from tensorflow_ooc.kernels.dense_mttkrp import dense_mttkrp, tile_items  # noqa: E402
-from tensorflow_ooc.kernels.dense_tile import cpu_middle_cache, dense_tile_width  # noqa: E402
+from tensorflow_ooc.kernels.dense.model import Machine, gflops, measure_machine, predict_modes  # noqa: E402
+from tensorflow_ooc.kernels.dense.cpu import dense_mttkrp, tile_items  # noqa: E402
+from tensorflow_ooc.kernels.dense.tile import cpu_middle_cache, dense_tile_width  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 SEED_SHAPES = {"A": (401, 201, 12, 501), "B": (129, 129, 129, 12, 39)}

@@ -22,7 +22,7 @@ copy bandwidth, link GB/s of the streamed pass against the pinned copy, the in-m
 throughput ratio per mode (streamed throughput / in-memory throughput, seed 001 figure 6.3), the
 model's prediction, and with --check the largest error against the CPU ``tfo.mttkrp``.
 
-The model (tensorflow_ooc/kernels/gpu_model.py) counts bytes per variant: index (8 B) + value per
+The model (tensorflow_ooc/kernels/mttkrp/gpu_model.py) counts bytes per variant: index (8 B) + value per
 nonzero; N - 1 factor rows of R x itemsize per nonzero, from no reuse (worst) to each row read
 once (best); R atomics per output flush (segment) for register-based resolution, stash flushes and
 the K-copy merge for hierarchical; for streaming the host-to-device copy, its decode passes and the
@@ -59,12 +59,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 import tensorflow_ooc as tfo  # noqa: E402
 from tensorflow_ooc import synthetic  # noqa: E402
 from tensorflow_ooc.kernels import StackedFactors  # noqa: E402
-from tensorflow_ooc.kernels import gpu_model as gm  # noqa: E402
-from tensorflow_ooc.kernels.gpu_device import gpu_unavailable, simulator_enabled  # noqa: E402
-from tensorflow_ooc.kernels.gpu_plan import DEFAULT_COPIES, device_tiles  # noqa: E402
-from tensorflow_ooc.kernels.mttkrp_gpu import lanes_for  # noqa: E402
-from tensorflow_ooc.kernels.mttkrp import tensor_items  # noqa: E402
-from tensorflow_ooc.kernels.mttkrp_gpu import DEFAULT_COARSEN, DEFAULT_WARPS  # noqa: E402
+from tensorflow_ooc.kernels.mttkrp import gpu_model as gm  # noqa: E402
+from tensorflow_ooc.kernels.gpu.device import gpu_unavailable, simulator_enabled  # noqa: E402
+from tensorflow_ooc.kernels.mttkrp.gpu_plan import DEFAULT_COPIES, device_tiles  # noqa: E402
+from tensorflow_ooc.kernels.gpu.launch import lanes_for  # noqa: E402
+from tensorflow_ooc.kernels.mttkrp.dispatch import tensor_items  # noqa: E402
+from tensorflow_ooc.kernels.mttkrp.gpu import DEFAULT_COARSEN, DEFAULT_WARPS  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_TENSORS = ("uber", "nell2")
@@ -192,7 +192,7 @@ def run_model_only(args, itemsize: int, reason: str) -> dict:
 
 def copy_bandwidth(repeats: int, nbytes: int = COPY_BYTES) -> dict:
     """Device-to-device copy (read + write counted) and pinned host<->device copies, CUDA events."""
-    from tensorflow_ooc.kernels.gpu_device import cuda
+    from tensorflow_ooc.kernels.gpu.device import cuda
 
     n = nbytes // 8
     src = cuda.to_device(np.ones(n))
@@ -226,7 +226,7 @@ def copy_bandwidth(repeats: int, nbytes: int = COPY_BYTES) -> dict:
 
 
 def _wall(fn) -> tuple[float, object]:
-    from tensorflow_ooc.kernels.gpu_device import cuda
+    from tensorflow_ooc.kernels.gpu.device import cuda
 
     cuda.synchronize()
     t0 = time.perf_counter()
@@ -238,8 +238,8 @@ def _wall(fn) -> tuple[float, object]:
 def kernel_seconds(batch, layout, F, mode: int, rows: int, opts, repeats: int) -> float:
     """Best CUDA-event time of the MTTKRP launch (+ the copies' merge, hierarchical) on a resident batch."""
     from tensorflow_ooc.execution.device_stream import DeviceMTTKRP
-    from tensorflow_ooc.kernels.gpu_device import cuda
-    from tensorflow_ooc.kernels.mttkrp_gpu import merge_kernel
+    from tensorflow_ooc.kernels.gpu.device import cuda
+    from tensorflow_ooc.kernels.mttkrp.gpu import merge_kernel
 
     e0, e1 = cuda.event(), cuda.event()
     best = float("inf")
@@ -276,7 +276,7 @@ def rel_error(got: np.ndarray, ref: np.ndarray) -> float:
 def measure_tensor(name: str, args, machine: dict, itemsize: int, workdir: Path) -> list[dict]:
     from tensorflow_ooc.execution.device_stream import (DeviceOptions, mttkrp_resident, mttkrp_stream, plan_batches,
                                                         resident_batch)
-    from tensorflow_ooc.kernels.gpu_device import sm_count
+    from tensorflow_ooc.kernels.gpu.device import sm_count
 
     dtype = np.dtype(args.dtype)
     nnz = args.nnz or synthetic.PRESETS[name][1]
@@ -414,7 +414,7 @@ def print_gpu_row(r: dict) -> None:
 
 
 def run_gpu(args, itemsize: int) -> dict:
-    from tensorflow_ooc.kernels.gpu_device import sm_count
+    from tensorflow_ooc.kernels.gpu.device import sm_count
 
     machine = copy_bandwidth(args.repeats)
     machine.update(sm_count=sm_count(), cpus=os.cpu_count(), python=platform.python_version())

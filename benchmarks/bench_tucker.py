@@ -61,9 +61,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
 from tensorflow_ooc import synthetic  # noqa: E402
-from tensorflow_ooc.kernels.ttm import (KERNELS, TTMLayouts, chain_first_mode, chain_order,  # noqa: E402
+from tensorflow_ooc.kernels.ttm.chain import (KERNELS, TTMLayouts, chain_first_mode, chain_order,  # noqa: E402
                                         compile_ttm_kernels, ttm_chain)
-from tensorflow_ooc.kernels.ttm_select import load_tree, select_kernel  # noqa: E402
+from tensorflow_ooc.kernels.ttm.select import load_tree, select_kernel  # noqa: E402
 from train_ttm_selector import time_kernels  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"

@@ -40,8 +40,8 @@ import tensorflow_ooc as tfo
 from tensorflow_ooc import synthetic
 from tensorflow_ooc.execution import completion as T
 from tensorflow_ooc.execution.partitions import plan_partitions
-from tensorflow_ooc.kernels import fasttucker_cpu as K
-from tensorflow_ooc.kernels.mttkrp import numba_threads
+from tensorflow_ooc.kernels.completion import fasttucker_cpu as K
+from tensorflow_ooc.kernels.mttkrp.dispatch import numba_threads
 
 initial_state = sys.modules["tensorflow_ooc.decompositions.tucker_sgd"].initial_state
 

@@ -11,13 +11,13 @@ with all modes but one shorter than 40), so unfoldings range from short and wide
 narrow, hypersparse to nearly dense. For every tensor, mode and rank R
 the three kernels (``coo``, ``csr``, ``fiber``) run on the same cached layout, best of
 ``--repeat`` after a warm-up; the label is the fastest. The seed's features of the unfolding
-(:func:`tensorflow_ooc.kernels.ttm_select.features`) feed a scikit-learn decision tree whose depth
+(:func:`tensorflow_ooc.kernels.ttm.select.features`) feed a scikit-learn decision tree whose depth
 and leaf size are chosen by cross-validation; each leaf answers the kernel with the least mean
 log slowdown over its training samples (cost, not votes). It is scored by nested cross-validation
 grouped by tensor (a tensor's modes and ranks are never split between training and test): the
 accuracy and the slowdown of the picked kernel against the fastest on held-out tensors, beside
 the slowdown of always running one kernel. The tree refitted on all samples is written to
-``tensorflow_ooc/kernels/ttm_selector.json`` (read without scikit-learn by ``ttm_select``);
+``tensorflow_ooc/kernels/ttm/ttm_selector.json`` (read without scikit-learn by ``ttm_select``);
 the samples and scores to ``benchmarks/results/ttm-selector-<time>.json``.
 
 Timings on a shared machine are noisy: the minimum of repeats is taken, and near-ties (within
@@ -41,9 +41,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
 from tensorflow_ooc import synthetic  # noqa: E402
-from tensorflow_ooc.kernels.mttkrp import numba_threads  # noqa: E402
-from tensorflow_ooc.kernels.ttm import KERNELS, TTMLayouts, compile_ttm_kernels, run_kernel  # noqa: E402
-from tensorflow_ooc.kernels.ttm_select import FEATURES, TREE_FILE, TREE_FILES, features  # noqa: E402
+from tensorflow_ooc.kernels.mttkrp.dispatch import numba_threads  # noqa: E402
+from tensorflow_ooc.kernels.ttm.chain import KERNELS, TTMLayouts, compile_ttm_kernels, run_kernel  # noqa: E402
+from tensorflow_ooc.kernels.ttm.select import FEATURES, TREE_FILE, TREE_FILES, features  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 TREE_PATH = Path(__file__).parent.parent / "tensorflow_ooc" / "kernels" / TREE_FILE
@@ -75,7 +75,7 @@ def training_tensors(count: int, nnz_lo: int, nnz_hi: int, seed: int):
 def device_kernels(device: str) -> tuple[str, ...]:
     """The kernels that run on ``device`` here (the GPU's ``csr`` needs CuPy)."""
     if device == "gpu":
-        from tensorflow_ooc.kernels.ttm_gpu import cupy_available
+        from tensorflow_ooc.kernels.ttm.gpu import cupy_available
 
         return KERNELS if cupy_available() else tuple(k for k in KERNELS if k != "csr")
     return KERNELS

@@ -47,7 +47,7 @@ from .decompositions import CompletionError, FastTuckerResult, load_fasttucker_r
 from .store import Store, open_store  # noqa: E402
 from .store.dense import DenseArray, open_dense  # noqa: E402
 from .errors import DenseArrayError  # noqa: E402
-from .kernels.ttm import SemiSparse, ttm, ttm_chain  # noqa: E402
+from .kernels.ttm.chain import SemiSparse, ttm, ttm_chain  # noqa: E402
 from .decompositions import TuckerResult, load_tucker, tucker_hooi  # noqa: E402
 
 __all__ = [

@@ -70,7 +70,7 @@ def cmd_tucker(args: argparse.Namespace) -> int:
 def add_tucker_command(add: Callable[..., argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``tfooc tucker`` with the CLI's ``add`` (a subparser factory)."""
     from .cli import _positive_int, _tolerance
-    from .kernels.ttm_select import KERNELS
+    from .kernels.ttm.select import KERNELS
 
     t = add("tucker", help="Tucker decomposition (HOOI) of a store on Dask",
             description="Tucker decomposition of a BLCO store by higher-order orthogonal iteration (pyttb's "

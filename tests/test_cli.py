@@ -96,7 +96,7 @@ def test_cpd_and_resume(tmp_path):
 
 def test_cpd_on_gpu_device(tmp_path):
     """``--device gpu`` runs MTTKRP on GPU workers (the CUDA simulator here, inherited from conftest)."""
-    from tensorflow_ooc.kernels.gpu_device import gpu_unavailable
+    from tensorflow_ooc.kernels.gpu.device import gpu_unavailable
 
     assert tfooc("-q", "generate", tmp_path / "s.zarr", "--shape", "6,7,5", "--nnz", "40").returncode == 0
     r = tfooc("cpd", tmp_path / "s.zarr", "--rank", "2", "--max-iters", "2", "--tol", "0", "--seed", "1",

@@ -9,8 +9,8 @@ from tensorflow_ooc import synthetic
 from tensorflow_ooc.execution import completion as T
 from tensorflow_ooc.execution import component_revival as R
 from tensorflow_ooc.execution.inline import InlineClient
-from tensorflow_ooc.kernels import fasttucker_cpu as K
-from tensorflow_ooc.kernels.rank1_residual import rank1_row_sums, rank1_sse
+from tensorflow_ooc.kernels.completion import fasttucker_cpu as K
+from tensorflow_ooc.kernels.completion.rank1_residual import rank1_row_sums, rank1_sse
 
 from conftest import random_coo
 

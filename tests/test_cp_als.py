@@ -138,7 +138,7 @@ def test_update_helpers_match_numpy(rng):
     """The update's column max-norm kernel and its inverse-and-GEMM solve against NumPy, float64 and
     float32, with a zero-row factor and a singular normal matrix (pseudo-inverse)."""
     from tensorflow_ooc.decompositions.updates import solve_normal
-    from tensorflow_ooc.kernels.column_scale import STAT_BLOCK_ROWS, column_max_abs, column_sum_squares
+    from tensorflow_ooc.kernels.update.column_scale import STAT_BLOCK_ROWS, column_max_abs, column_sum_squares
 
     for dtype in (np.float64, np.float32):
         # sizes inside one row block and across several (the blocks run on numba's threads)
@@ -162,7 +162,7 @@ def test_update_helpers_match_numpy(rng):
 def test_normal_inverse_of_grams_matches_numpy(rng, order):
     """The update's V^+ kernel (Hadamard product of the other modes' Grams, Cholesky inverse) against
     NumPy's inverse for every mode; a given V; a zero Gram (V singular: NumPy's pseudo-inverse)."""
-    from tensorflow_ooc.kernels.normal_equations import normal_inverse_of
+    from tensorflow_ooc.kernels.update.normal_equations import normal_inverse_of
 
     R = int(rng.integers(2, 20))
     grams = [(lambda B: B.T @ B)(rng.standard_normal((R + int(rng.integers(1, 30)), R))) for _ in range(order)]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from tensorflow_ooc.errors import DenseArrayError, ShapeError, TfoocError
-from tensorflow_ooc.kernels.dense_mttkrp import dense_mttkrp
-from tensorflow_ooc.kernels.dense_tile import cpu_middle_cache, dense_tile_width, eq6_width
+from tensorflow_ooc.kernels.dense.cpu import dense_mttkrp
+from tensorflow_ooc.kernels.dense.tile import cpu_middle_cache, dense_tile_width, eq6_width
 
 LETTERS = "abcdef"
 CPU_VARIANTS = [("elem", None), ("slice", None), ("tile", None), ("tile", 1), ("tile", 2), ("tile", 3)]
@@ -165,17 +165,17 @@ def test_tile_width_follows_eq6_and_is_logged(caplog):
     assert eq6_width(5, 8, 256 << 10, 32) == 4
     # modes of length one do not cap the width; the shortest longer mode does
     assert dense_tile_width((1, 300, 7, 300), 10, 8, cache_bytes=2 << 20, tiles_per_cache=1) == 7
-    from tensorflow_ooc.kernels import dense_tile
+    from tensorflow_ooc.kernels.dense import tile as dense_tile
 
     dense_tile._width.cache_clear()          # logged once per distinct call
-    with caplog.at_level(logging.INFO, logger="tensorflow_ooc.kernels.dense_tile"):
+    with caplog.at_level(logging.INFO, logger="tensorflow_ooc.kernels.dense.tile"):
         w = dense_tile_width((64, 64, 64), 16, 4)
         dense_tile_width((64, 64, 64), 16, 4)
     assert sum(f"dense TILE width {w}" in r.getMessage() for r in caplog.records) == 1
     # a GPU's middle level from its device attributes: an H100 (cc 9.0, 228 KiB shared memory per SM)
     from types import SimpleNamespace
 
-    from tensorflow_ooc.kernels.dense_tile import gpu_middle_cache
+    from tensorflow_ooc.kernels.dense.tile import gpu_middle_cache
 
     h100 = SimpleNamespace(MAX_SHARED_MEMORY_PER_MULTIPROCESSOR=228 << 10, compute_capability=(9, 0),
                            MAX_THREADS_PER_MULTIPROCESSOR=2048)
@@ -205,7 +205,7 @@ TABLE_III_WIDTH = {("A", "8480+"): 12, ("B", "8480+"): 4, ("A", "H100"): 6, ("B"
 
 
 def test_model_reproduces_table_iii_from_table_ii():
-    from tensorflow_ooc.kernels.dense_model import Machine, predict_modes
+    from tensorflow_ooc.kernels.dense.model import Machine, predict_modes
 
     for (tensor, device), rows in TABLE_III.items():
         shape = SEED_A if tensor == "A" else SEED_B
@@ -225,7 +225,7 @@ def test_model_reproduces_table_iii_from_table_ii():
 
 
 def test_model_terms_and_work_items():
-    from tensorflow_ooc.kernels.dense_model import m_0, m_0_lm, m_inf, model_flops, work_items
+    from tensorflow_ooc.kernels.dense.model import m_0, m_0_lm, m_inf, model_flops, work_items
 
     shape = (7, 5, 9)
     assert model_flops(shape, 4) == 7 * 5 * 9 * 4 * 3
@@ -236,7 +236,7 @@ def test_model_terms_and_work_items():
     assert m_0(shape, 4, 8, 315) > m_0_lm(shape, 4, 8, 315, 8) > m_inf(shape, 4, 8)
     # the CPU kernel's tiles span the innermost loop mode whole (mode 2 in C order, 0 in F order),
     # unless the target is the contiguous mode (slab kernel: tiles in every other mode)
-    from tensorflow_ooc.kernels.dense_mttkrp import tile_items
+    from tensorflow_ooc.kernels.dense.cpu import tile_items
 
     assert tile_items(shape, 0, 4) == 7 * 2
     assert tile_items(shape, 2, 4) == 9 * 2 * 2
@@ -244,7 +244,7 @@ def test_model_terms_and_work_items():
 
 
 def test_bandwidth_probe_measures_something_plausible():
-    from tensorflow_ooc.kernels.dense_model import stream_triad
+    from tensorflow_ooc.kernels.dense.model import stream_triad
 
     bw = stream_triad(8 << 20, repeats=2)
     assert 1e8 < bw < 1e13
@@ -253,7 +253,7 @@ def test_bandwidth_probe_measures_something_plausible():
 # --- GPU kernels in the CUDA simulator (tiny inputs: one Python thread per CUDA thread) ----------
 
 def _gpu_reason():
-    from tensorflow_ooc.kernels.gpu_device import gpu_unavailable
+    from tensorflow_ooc.kernels.gpu.device import gpu_unavailable
 
     return gpu_unavailable()
 
@@ -266,7 +266,7 @@ GPU_VARIANTS = [("elem", None), ("slice", None), ("tile", None), ("tile", 1), ("
 @pytest.mark.parametrize("shape,rank,dtype,order", [((3, 2, 4), 3, np.float64, "C"), ((2, 3, 1, 2), 5, np.float32, "F"),
                                                     ((2, 2, 3, 1, 2), 1, np.float64, "F"), ((2, 3, 2), 130, np.float64, "C")])
 def test_gpu_variants_match_einsum(rng, shape, rank, dtype, order):
-    from tensorflow_ooc.kernels.dense_mttkrp_gpu import dense_mttkrp_gpu
+    from tensorflow_ooc.kernels.dense.gpu import dense_mttkrp_gpu
 
     X, A = inputs(rng, shape, rank, dtype=dtype, order=order)
     tol = 1e-12 if dtype == np.float64 else 1e-5
@@ -280,8 +280,8 @@ def test_gpu_variants_match_einsum(rng, shape, rank, dtype, order):
 
 @gpu
 def test_gpu_device_arrays_and_chunks_accumulate_on_the_device(rng):
-    from tensorflow_ooc.kernels.dense_mttkrp_gpu import dense_mttkrp_gpu
-    from tensorflow_ooc.kernels.gpu_device import cuda
+    from tensorflow_ooc.kernels.dense.gpu import dense_mttkrp_gpu
+    from tensorflow_ooc.kernels.gpu.device import cuda
 
     X, A = inputs(rng, (4, 3, 2), 4)
     dA = [cuda.to_device(a) for a in A]
@@ -302,7 +302,7 @@ def test_gpu_device_arrays_and_chunks_accumulate_on_the_device(rng):
 
 @gpu
 def test_gpu_bad_inputs_raise_before_launch(rng):
-    from tensorflow_ooc.kernels.dense_mttkrp_gpu import dense_mttkrp_gpu
+    from tensorflow_ooc.kernels.dense.gpu import dense_mttkrp_gpu
 
     X, A = inputs(rng, (3, 4, 5), 2)
     with pytest.raises(DenseArrayError, match="order 2"):
@@ -315,7 +315,7 @@ def test_gpu_bad_inputs_raise_before_launch(rng):
 
 def test_contiguous_target_mode_in_several_slabs(rng):
     # R = 130 pads to 136 columns: slabs of 30 target rows, so a 40-long contiguous mode takes two
-    from tensorflow_ooc.kernels.dense_mttkrp import slab_length
+    from tensorflow_ooc.kernels.dense.cpu import slab_length
 
     assert slab_length(40, 136, 8) == 30
     for order, mode in (("C", 2), ("F", 0)):

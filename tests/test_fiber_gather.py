@@ -6,7 +6,7 @@ from conftest import random_coo
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.execution.stream import BatchBuffers, fill_batch, stream_batches
-from tensorflow_ooc.kernels.fiber_gather import (
+from tensorflow_ooc.kernels.sampling.fiber_gather import (
     FiberIndex,
     _fiber_ranges,
     _row_sorted_runs,
@@ -16,7 +16,7 @@ from tensorflow_ooc.kernels.fiber_gather import (
     sampled_mttkrp_items,
     stable_key_order,
 )
-from tensorflow_ooc.kernels.mttkrp import tensor_items
+from tensorflow_ooc.kernels.mttkrp.dispatch import tensor_items
 
 
 def draw_samples(rng, coords, shape, mode, count):

@@ -7,7 +7,7 @@ import pytest
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.execution import DeviceOptions, StreamSchedule
-from tensorflow_ooc.kernels.gpu_device import gpu_unavailable
+from tensorflow_ooc.kernels.gpu.device import gpu_unavailable
 
 from conftest import random_coo
 from test_mttkrp import dense_mttkrp, rel_err

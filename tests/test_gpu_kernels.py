@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tensorflow_ooc as tfo
-from tensorflow_ooc.kernels.gpu_device import cuda, gpu_unavailable
+from tensorflow_ooc.kernels.gpu.device import cuda, gpu_unavailable
 
 from conftest import random_coo
 from test_mttkrp import dense_mttkrp, rel_err
@@ -94,7 +94,7 @@ def test_blocks_beyond_64_bits_in_memory_and_streamed(rng, tmp_path):
 
 def test_single_nonzero_and_empty_items(rng):
     from tensorflow_ooc.kernels import tensor_items
-    from tensorflow_ooc.kernels.gpu_plan import device_tiles
+    from tensorflow_ooc.kernels.mttkrp.gpu_plan import device_tiles
 
     shape = (4, 5, 6)
     t = tfo.encode_coo(np.array([[3, 1, 5]]), np.array([2.5]), shape)
@@ -115,7 +115,7 @@ def test_single_nonzero_and_empty_items(rng):
 
 def test_shared_exchange_helpers_match_their_definition(rng):
     """The simulator runs the shared-memory forms; their results are what the intrinsics return."""
-    from tensorflow_ooc.kernels.warp_exchange import warp_exchange
+    from tensorflow_ooc.kernels.gpu.warp_exchange import warp_exchange
 
     ex = warp_exchange("shared")
     match_any, shfl_idx, scan = ex.match_any, ex.shfl_idx, ex.inclusive_scan

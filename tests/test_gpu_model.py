@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import tensorflow_ooc as tfo
-from tensorflow_ooc.kernels import gpu_model as gm
-from tensorflow_ooc.kernels.gpu_plan import device_tiles
-from tensorflow_ooc.kernels.mttkrp import tensor_items
+from tensorflow_ooc.kernels.mttkrp import gpu_model as gm
+from tensorflow_ooc.kernels.mttkrp.gpu_plan import device_tiles
+from tensorflow_ooc.kernels.mttkrp.dispatch import tensor_items
 
 SHAPE = (4, 5, 6)
 
@@ -164,7 +164,7 @@ def test_rejects_bad_arguments(bad):
 
 
 def test_stash_rows_match_kernel_config():
-    from tensorflow_ooc.kernels.mttkrp_gpu import KernelConfig
+    from tensorflow_ooc.kernels.mttkrp.gpu import KernelConfig
 
     for N, R, isz in [(3, 32, 8), (4, 32, 8), (4, 64, 4), (3, 16, 8)]:
         cfg = KernelConfig.for_rank(N, R, "hierarchical", "intrinsics", "float64" if isz == 8 else "float32")

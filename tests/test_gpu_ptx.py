@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tensorflow_ooc.kernels.gpu_device import cuda
+from tensorflow_ooc.kernels.gpu.device import cuda
 from tensorflow_ooc.kernels.ptx_report import find_ptxas
 
 pytestmark = [

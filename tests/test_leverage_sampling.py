@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-import tensorflow_ooc.kernels.krp_sampler as ks
-from tensorflow_ooc.kernels.arls_lev import arls_lev_sample
-from tensorflow_ooc.kernels.krp_sampler import (
+import tensorflow_ooc.kernels.sampling.krp_sampler as ks
+from tensorflow_ooc.kernels.sampling.arls_lev import arls_lev_sample
+from tensorflow_ooc.kernels.sampling.krp_sampler import (
     PINV_RTOL,
     SampleSet,
     build_tree,

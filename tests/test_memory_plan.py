@@ -192,9 +192,9 @@ def test_lent_target_rows_serve_as_a_thread_copy(tmp_path, rng, monkeypatch, str
     from tensorflow_ooc.execution.graph import _mttkrp_then
     from tensorflow_ooc.execution.partitions import plan_partitions
     from tensorflow_ooc.execution.tasks import load_partition
-    from tensorflow_ooc.kernels.plan import DEFAULT_MAX_PRIVATE_BYTES
+    from tensorflow_ooc.kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 
-    K = importlib.import_module("tensorflow_ooc.kernels.mttkrp")    # the module, not tfo.mttkrp
+    K = importlib.import_module("tensorflow_ooc.kernels.mttkrp.dispatch")    # the module, not tfo.mttkrp
     plans = _plans(None, kernel_threads=2, lend_target=True)
     assert all(p.max_private_bytes <= DEFAULT_MAX_PRIVATE_BYTES for p in plans if p.in_place)
     assert any(p.max_private_bytes > DEFAULT_MAX_PRIVATE_BYTES for p in plans if not p.in_place)

@@ -6,8 +6,8 @@ import pytest
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.kernels import StackedFactors, tensor_items
-from tensorflow_ooc.kernels.mode_order import mode_sorted
-from tensorflow_ooc.kernels.mttkrp import ThreadOutputs, numba_threads, run_items
+from tensorflow_ooc.kernels.mttkrp.mode_order import mode_sorted
+from tensorflow_ooc.kernels.mttkrp.dispatch import ThreadOutputs, numba_threads, run_items
 
 from conftest import random_coo
 from test_mttkrp import dense_mttkrp, rel_err
@@ -80,7 +80,7 @@ def test_public_mttkrp_keeps_copies_only_where_runs_pay(rng):
 
 
 def test_sorted_items_take_per_thread_outputs_only_where_they_move_less(rng):
-    from tensorflow_ooc.kernels.plan import work_items
+    from tensorflow_ooc.kernels.mttkrp.plan import work_items
 
     shape = (50, 6, 7)
     coords, values = random_coo(rng, shape, 2100)

@@ -147,8 +147,8 @@ def test_prefetching_kernels_against_einsum(tmp_path, rng, monkeypatch, nmodes):
     # the prefetching kernels serve factors larger than the caches; force them on small ones
     import importlib
 
-    K = importlib.import_module("tensorflow_ooc.kernels.mttkrp")
-    cpu = importlib.import_module("tensorflow_ooc.kernels.mttkrp_cpu")
+    K = importlib.import_module("tensorflow_ooc.kernels.mttkrp.dispatch")
+    cpu = importlib.import_module("tensorflow_ooc.kernels.mttkrp.cpu")
     monkeypatch.setattr(K, "PREFETCH_MIN_BYTES", -1)
     shape = tuple(int(rng.integers(3, 9)) for _ in range(nmodes))
     coords, values = random_coo(rng, shape, int(rng.integers(50, 400)))
@@ -186,7 +186,7 @@ def test_per_thread_outputs_against_einsum(tmp_path, rng, monkeypatch, nmodes):
     from tensorflow_ooc.execution.tasks import load_partition, mttkrp_partition
     from tensorflow_ooc.kernels import StackedFactors
 
-    K = importlib.import_module("tensorflow_ooc.kernels.mttkrp")
+    K = importlib.import_module("tensorflow_ooc.kernels.mttkrp.dispatch")
     monkeypatch.setattr(K, "THREAD_OUTPUT_MIN_ROWS", 1)
     monkeypatch.setattr(K, "THREAD_OUTPUT_NNZ_PER_ROW", 0.0)
     shape, coords, values, factors, tensor, store = _blocked_tensor_and_store(tmp_path, rng, nmodes)
@@ -212,7 +212,7 @@ def test_memory_plan_offers_per_thread_outputs_first():
     """With two kernel threads each execution is first planned with a private bound that holds a
     second copy of the longest output; a limit too small for it falls back to the default bound."""
     from tensorflow_ooc.execution.memory_plan import candidates, choose
-    from tensorflow_ooc.kernels.plan import DEFAULT_MAX_PRIVATE_BYTES
+    from tensorflow_ooc.kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 
     shape = (4_000_000, 100_000, 50_000)
     args = dict(shape=shape, rank=16, itemsize=8, worker_nnz=50_000_000, chunk_nnz=1 << 20, tasks=1,
@@ -233,7 +233,7 @@ def test_row_owned_tiles_against_einsum(tmp_path, rng, monkeypatch, nmodes):
     words), several item groups and many tiles, same result for 1 and 2 threads."""
     import importlib
 
-    owned = importlib.import_module("tensorflow_ooc.kernels.mttkrp_owned")
+    owned = importlib.import_module("tensorflow_ooc.kernels.mttkrp.owned")
     monkeypatch.setattr(owned, "GROUP_NNZ", 97)          # several bucket groups
     monkeypatch.setattr(owned, "TILE_BYTES", 64)         # many small tiles
     shape, coords, values, factors, tensor, store = _blocked_tensor_and_store(tmp_path, rng, nmodes)

@@ -5,11 +5,11 @@ import pytest
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.errors import IndexRangeError, NonFiniteValueError, ShapeError, TfoocError
-from tensorflow_ooc.kernels import ttm_cpu
-from tensorflow_ooc.kernels.gpu_device import gpu_unavailable
-from tensorflow_ooc.kernels.ttm import KERNELS, TTMLayouts, ttm_chain_coo
-from tensorflow_ooc.kernels.ttm_layout import merge, merge_many
-from tensorflow_ooc.kernels.ttm_select import FEATURES, features, load_tree, predict, select_kernel
+from tensorflow_ooc.kernels.ttm import cpu as ttm_cpu
+from tensorflow_ooc.kernels.gpu.device import gpu_unavailable
+from tensorflow_ooc.kernels.ttm.chain import KERNELS, TTMLayouts, ttm_chain_coo
+from tensorflow_ooc.kernels.ttm.layout import merge, merge_many
+from tensorflow_ooc.kernels.ttm.select import FEATURES, features, load_tree, predict, select_kernel
 
 from conftest import random_coo
 
@@ -214,7 +214,7 @@ def test_selector_choice_is_a_kernel_and_does_not_change_the_result(rng):
 
 def test_shipped_tree_loads_and_predicts():
     tree = load_tree()
-    assert tree is not None, "tensorflow_ooc/kernels/ttm_selector.json is not shipped"
+    assert tree is not None, "tensorflow_ooc/kernels/ttm/ttm_selector.json is not shipped"
     assert set(tree["classes"]) <= set(KERNELS) and tree["features"] == list(FEATURES)
     assert 0 <= tree["training"]["cv_accuracy"] <= 1
     assert load_tree(device="gpu") is not None     # the GPU's own tree, or the CPU's where none was trained
@@ -292,7 +292,7 @@ def test_gpu_kernels_match_cpu(rng, dtype):
 
 def test_chain_splits_large_slices(rng, monkeypatch):
     # two slices of hundreds of fibers each, cut into pieces of 8 fibers: pieces are summed per slice
-    from tensorflow_ooc.kernels import ttm as ttm_module
+    from tensorflow_ooc.kernels.ttm import chain as ttm_module
 
     monkeypatch.setattr(ttm_module, "CHAIN_MIN_PIECE", 8)
     shape = (2, 9, 10, 11)
@@ -309,8 +309,8 @@ def test_chain_splits_large_slices(rng, monkeypatch):
 
 @pytest.mark.skipif(bool(gpu_unavailable()), reason=f"GPU kernels cannot run: {gpu_unavailable()}")
 def test_gpu_selector_pick_without_cupy_falls_back(rng, monkeypatch):
-    from tensorflow_ooc.kernels import ttm as ttm_module
-    from tensorflow_ooc.kernels import ttm_gpu
+    from tensorflow_ooc.kernels.ttm import chain as ttm_module
+    from tensorflow_ooc.kernels.ttm import gpu as ttm_gpu
 
     monkeypatch.setattr(ttm_module, "select_kernel", lambda layout, rank, device="cpu": "csr")
     monkeypatch.setattr(ttm_gpu, "cupy_available", lambda: False)

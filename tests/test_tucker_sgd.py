@@ -10,7 +10,7 @@ import tensorflow_ooc as tfo
 from tensorflow_ooc import synthetic
 from tensorflow_ooc.decompositions.fasttucker_result import CompletionError
 from tensorflow_ooc.execution import completion as T
-from tensorflow_ooc.kernels import fasttucker_cpu as K
+from tensorflow_ooc.kernels.completion import fasttucker_cpu as K
 
 from conftest import random_coo
 
@@ -208,11 +208,11 @@ def test_one_thread_is_reproducible_and_predict_matches_reference(rng):
 def test_gpu_kernels_match_cpu_within_fp16_rounding(rng, normalized):
     """Under the simulator (tiny): two batches of 16 entries sharing no row, so the order in which
     warps run does not matter; inputs of the tile products are rounded to fp16, sums in fp32."""
-    from tensorflow_ooc.kernels.gpu_device import gpu_unavailable
+    from tensorflow_ooc.kernels.gpu.device import gpu_unavailable
 
     if gpu_unavailable():
         pytest.skip(gpu_unavailable())
-    from tensorflow_ooc.kernels.fasttucker_gpu import core_gradient_gpu, factor_pass_gpu
+    from tensorflow_ooc.kernels.completion.fasttucker_gpu import core_gradient_gpu, factor_pass_gpu
 
     shape = (40, 40, 40)
     A, B, off = stacked(shape, (4, 3, 4), 5, rng)
@@ -232,7 +232,7 @@ def test_gpu_kernels_match_cpu_within_fp16_rounding(rng, normalized):
 
 
 def test_gpu_config_pads_to_tiles_and_refuses_what_does_not_fit():
-    from tensorflow_ooc.kernels.fasttucker_gpu import FastTuckerConfig
+    from tensorflow_ooc.kernels.completion.fasttucker_gpu import FastTuckerConfig
 
     cfg = FastTuckerConfig.for_ranks(3, 5, 17, "shared")
     assert (cfg.jp, cfg.rp) == (16, 32)
@@ -505,7 +505,7 @@ def test_planted_model_is_recovered_near_the_noise_level(rng):
 
 def test_gpu_device_path_end_to_end(rng):
     """device="gpu" runs both passes through the warp-per-batch kernels (the simulator here)."""
-    from tensorflow_ooc.kernels.gpu_device import gpu_unavailable
+    from tensorflow_ooc.kernels.gpu.device import gpu_unavailable
 
     if gpu_unavailable():
         pytest.skip(gpu_unavailable())

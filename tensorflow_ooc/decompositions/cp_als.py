@@ -52,7 +52,7 @@ def cp_als(store: Store | DenseArray | str | os.PathLike | np.ndarray, rank: int
         A BLCO store (see :func:`tensorflow_ooc.convert`), or a dense tensor of order 3 to 6: a
         Zarr array (path or fsspec URL, or a ``zarr.Array``), a Dask array or a NumPy array. A
         dense array is read a stored chunk at a time (Dask blocks; slabs of a NumPy array): each
-        partition task runs the dense MTTKRP kernel (:mod:`tensorflow_ooc.kernels.dense_mttkrp`)
+        partition task runs the dense MTTKRP kernel (:mod:`tensorflow_ooc.kernels.dense.cpu`)
         on whole chunks, so a Zarr array larger than the workers' memory is streamed. Its values
         are checked (NaN, Inf) in the pass that computes ||X||^2, before the first iteration.
         Dense inputs take ``method="exact"`` only.

@@ -11,8 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..kernels.arls_lev import arls_lev_sample
-from ..kernels.krp_sampler import SampleSet, build_tree, sts_sample
+from ..kernels.sampling.arls_lev import arls_lev_sample
+from ..kernels.sampling.krp_sampler import SampleSet, build_tree, sts_sample
 from .updates import CPState, _with_arrays, to_host
 
 METHODS = ("exact", "sts", "arls-lev", "arls-lev-hybrid")

@@ -2,7 +2,7 @@
 
 Higher-order orthogonal iteration (De Lathauwer, De Moor & Vandewalle 2000; pyttb's and Tensor
 Toolbox's ``tucker_als``): for each mode ``n`` in turn, ``Y = X x_{m != n} U_m^T`` (the TTM chain,
-:func:`tensorflow_ooc.kernels.ttm.ttm_chain`, semi-sparse: one dense row per non-empty mode-``n``
+:func:`tensorflow_ooc.kernels.ttm.chain.ttm_chain`, semi-sparse: one dense row per non-empty mode-``n``
 slice) and ``U_n`` = the ``J_n`` leading left singular vectors of ``Y_(n)``; after the last mode
 the core ``G = U_N^T Y_(N)`` and the fit ``1 - sqrt(||X||^2 - ||G||^2) / ||X||`` (the factors
 are orthonormal, so ``||X - model||^2 = ||X||^2 - ||G||^2``; the model is never formed).
@@ -25,7 +25,7 @@ from ..execution import DEVICES, get_client
 from ..execution.graph import EXECUTION_MODES
 from ..execution.inline import INLINE_MAX_NNZ, is_inline
 from ..execution.ttm_graph import TTMGraph
-from ..kernels.ttm_select import KERNELS
+from ..kernels.ttm.select import KERNELS
 from ..store import Store, open_store, paths
 from . import tucker_updates as T
 from .checkpoint import disk_full_returned, raise_returned

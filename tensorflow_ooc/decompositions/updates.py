@@ -13,9 +13,9 @@ from threadpoolctl import ThreadpoolController
 from ..execution.tasks import Partial
 from ..kernels import StackedFactors
 from ..kernels.factors import aligned_copy
-from ..kernels.column_scale import column_max_abs, column_sum_squares
-from ..kernels.normal_equations import normal_inverse_of
-from ..kernels.krp_sampler import build_tree
+from ..kernels.update.column_scale import column_max_abs, column_sum_squares
+from ..kernels.update.normal_equations import normal_inverse_of
+from ..kernels.sampling.krp_sampler import build_tree
 
 
 # The update's dense algebra is tiny (R x R factorizations, I x R solves). Multi-threaded BLAS
@@ -63,7 +63,7 @@ def solve_normal(V: Any, M: Any, out: np.ndarray | None = None) -> Any:
     NumPy arrays).
 
     NumPy: V^+ from V's Cholesky factor
-    (:func:`~tensorflow_ooc.kernels.normal_equations.normal_inverse_of`), then one GEMM. Solving the I
+    (:func:`~tensorflow_ooc.kernels.update.normal_equations.normal_inverse_of`), then one GEMM. Solving the I
     right-hand sides with the factor instead (LAPACK potrs, a triangular solve of R rows by I
     columns) ran at 4 GFLOP/s: 1.77 ms against 0.28 ms for 14,036 x 16, with results equal to
     7e-16. Device arrays use their namespace's Cholesky factor and solve, with the
@@ -97,7 +97,7 @@ def update_mode(state: CPState, partials: Partial | Sequence[Partial], mode: int
     block of rows at a time; the returned state shares that array. Earlier futures of the state
     then see the new rows, so a lost worker is resumed from the checkpoint rather than recomputed.
 
-    Randomized CP-ALS passes the ``sketch`` (a :class:`~tensorflow_ooc.kernels.krp_sampler.SampleSet`):
+    Randomized CP-ALS passes the ``sketch`` (a :class:`~tensorflow_ooc.kernels.sampling.krp_sampler.SampleSet`):
     M is then the *sampled* MTTKRP and V the sketch's Gram ``sum_s w_s h_s h_s^T``, the normal
     equations of the sampled least-squares problem. The inner-product terms of the fit come from
     ``exact``, the exact MTTKRP partials of the last mode, when the fit is evaluated (else NaN).
@@ -221,11 +221,11 @@ def _solve_rows(A: np.ndarray, spans: list[tuple[int, int, np.ndarray]], grams: 
     their 2-norm on the first iteration and max-norm (at least 1) after, as Tensor Toolbox and
     pyttb do. Returns the weights (float64) and the new Gram A^T A.
 
-    V^+ is one numba call (:func:`~tensorflow_ooc.kernels.normal_equations.normal_inverse_of`),
+    V^+ is one numba call (:func:`~tensorflow_ooc.kernels.update.normal_equations.normal_inverse_of`),
     then one GEMM per span. Solving the I right-hand sides with V's Cholesky factor instead
     (LAPACK potrs, a triangular solve of R rows by I columns) ran at 4 GFLOP/s: 1.77 ms against
     0.28 ms for 14,036 x 16 (1.8 s against 0.09 s for 4.8 M rows). Column statistics are one
-    row-major pass (:mod:`~tensorflow_ooc.kernels.column_scale`).
+    row-major pass (:mod:`~tensorflow_ooc.kernels.update.column_scale`).
 
     The new Gram is the product of the normalized rows, as a resumed run recomputes it from its
     checkpoint: a Gram scaled from the unnormalized product differs in the last bits, and a run
@@ -308,7 +308,7 @@ def _with_arrays(state: CPState, data: Any, grams: list) -> CPState:
 def on_device(state: CPState) -> CPState:
     """The state with its factors and Grams moved to the GPU as CuPy arrays, when CuPy and a real
     device are there (GPU workers); else unchanged (the simulator, or no CuPy)."""
-    from ..kernels.gpu_device import visible_gpu_count
+    from ..kernels.gpu.device import visible_gpu_count
 
     try:
         import cupy

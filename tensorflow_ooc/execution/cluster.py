@@ -28,7 +28,7 @@ DEVICES = ("auto", "cpu", "gpu")
 
 def _gpu_probe() -> dict:
     """Run on a worker: can it run GPU kernels, and does it have a physical GPU?"""
-    from ..kernels.gpu_device import gpu_unavailable, visible_gpu_count
+    from ..kernels.gpu.device import gpu_unavailable, visible_gpu_count
 
     return {"reason": gpu_unavailable(), "physical": visible_gpu_count()}
 
@@ -62,7 +62,7 @@ def resolve_device(client: Client, device: str) -> tuple[str, list[str]]:
 def _embedded_gpu_cluster(memory_limit, dashboard_address):
     """A LocalCUDACluster (one worker per visible GPU, each with a ``GPU`` resource) when GPUs are
     visible and dask-cuda is installed; else None."""
-    from ..kernels.gpu_device import visible_gpu_count
+    from ..kernels.gpu.device import visible_gpu_count
 
     if visible_gpu_count() == 0:
         return None

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..kernels import fasttucker_cpu as K
-from ..kernels.mttkrp import numba_threads
+from ..kernels.completion import fasttucker_cpu as K
+from ..kernels.mttkrp.dispatch import numba_threads
 from .partitions import Partition
 from .tasks import cached_store
 
@@ -115,7 +115,7 @@ def _seed64(seed: int) -> np.uint64:
 def load_observed(path: str, part: Partition, offsets: np.ndarray, test_fraction: float = 0.0, split_seed: int = 0,
                   all_test: bool = False, scale: float = 1.0) -> ObservedPartition:
     """Decode a partition's chunks into coordinates and values and split off its test entries:
-    those the seeded coordinate hash (:func:`~tensorflow_ooc.kernels.fasttucker_cpu.held_out_mask`)
+    those the seeded coordinate hash (:func:`~tensorflow_ooc.kernels.completion.fasttucker_cpu.held_out_mask`)
     puts in the test set with probability ``test_fraction``, or all of them with ``all_test``.
     Values are multiplied by ``scale``."""
     store = cached_store(path)
@@ -154,14 +154,14 @@ def factor_pass_partition(data: ObservedPartition, state: FastTuckerState, seed:
                           normalized: bool = False) -> RowMoves:
     """A partition's share of the epoch's factor pass, from ``state`` (not modified): the moves of
     the rows it touched. ``threads``: numba threads (1 makes the pass reproducible);
-    ``normalized``: normalized steps (:func:`~tensorflow_ooc.kernels.fasttucker_cpu.factor_pass`)."""
+    ``normalized``: normalized steps (:func:`~tensorflow_ooc.kernels.completion.fasttucker_cpu.factor_pass`)."""
     t0 = time.perf_counter()
     n = data.coords.shape[0]
     if n == 0:
         return RowMoves(data.rows, np.zeros((0, state.A.shape[1])), np.zeros(0, np.int64))
     order = epoch_order(n, seed, epoch, data.id)
     if device == "gpu":
-        from ..kernels.fasttucker_gpu import factor_pass_gpu
+        from ..kernels.completion.fasttucker_gpu import factor_pass_gpu
 
         A = factor_pass_gpu(data.coords, data.values, order, state.offsets, state.A, state.B, lr, reg,
                             normalized=normalized)
@@ -207,7 +207,7 @@ def core_gradient_partition(data: ObservedPartition, state: FastTuckerState, thr
     if data.coords.shape[0] == 0:
         return CoreGradient(np.zeros_like(state.B), 0.0, 0)
     if device == "gpu":
-        from ..kernels.fasttucker_gpu import core_gradient_gpu
+        from ..kernels.completion.fasttucker_gpu import core_gradient_gpu
 
         grad = core_gradient_gpu(data.coords, data.values, state.offsets, state.A, state.B)
         pred = K.predict_entries(data.coords, state.offsets, state.A, state.B)

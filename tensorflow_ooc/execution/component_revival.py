@@ -9,7 +9,7 @@ J = R = 8, that happened in about a third of the runs, which then ended at 1.6-3
 The remedy: a component whose strength (the product over modes of its columns' RMS) is below
 ``WEAK_FRACTION`` of the median strength is replaced by the best rank-1 fit of the training
 residual on the observed entries, found by ``SWEEPS`` alternating row solves
-(:mod:`tensorflow_ooc.kernels.rank1_residual`), each a pass over every partition summed by a tree
+(:mod:`tensorflow_ooc.kernels.completion.rank1_residual`), each a pass over every partition summed by a tree
 reduction. They start from ``POWER_SWEEPS`` sweeps of the power method on the zero-filled
 residual (the numerators alone, normalized): from a random start the row solves alone often
 crawl (a planted rank-1 term on 6000 entries of a 4-way tensor: 41 % of it explained after 30
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels import fasttucker_cpu as K
-from ..kernels.rank1_residual import rank1_row_sums, rank1_sse
+from ..kernels.completion import fasttucker_cpu as K
+from ..kernels.completion.rank1_residual import rank1_row_sums, rank1_sse
 from .completion import FastTuckerState, ObservedPartition, rebalance_gauge
 from .graph import tree_reduce
 
@@ -83,7 +83,7 @@ class RowSums:
 def row_sums_partition(data: ObservedPartition, resid: np.ndarray, cols: np.ndarray, offsets: np.ndarray,
                        mode: int, rows: int) -> RowSums:
     """A partition's share of one mode's row solve for every fit (columns of ``cols``;
-    :func:`~tensorflow_ooc.kernels.rank1_residual.rank1_row_sums`)."""
+    :func:`~tensorflow_ooc.kernels.completion.rank1_residual.rank1_row_sums`)."""
     num, den = np.zeros((rows, cols.shape[1])), np.zeros((rows, cols.shape[1]))
     if data.coords.shape[0]:
         rank1_row_sums(data.coords, resid, cols, offsets, int(mode), num, den)

@@ -1,7 +1,7 @@
 """Dense partitions: whole stored chunks of a dense array, and the worker functions over them.
 
 A dense partition is a contiguous range of chunks (C order over the chunk grid). Its MTTKRP task
-runs the dense kernel (:func:`tensorflow_ooc.kernels.dense_mttkrp.dense_mttkrp`, the TILE variant
+runs the dense kernel (:func:`tensorflow_ooc.kernels.dense.cpu.dense_mttkrp`, the TILE variant
 inside each chunk) on one chunk at a time, adding into a partial that covers only the target-mode
 rows the partition spans; partials are tree-reduced exactly as sparse ones are
 (:func:`~tensorflow_ooc.execution.tasks.combine`). Streamed, a task holds at most two chunks (the
@@ -21,7 +21,7 @@ from typing import Iterator
 import numpy as np
 
 from ..kernels import StackedFactors
-from ..kernels.mttkrp import numba_threads
+from ..kernels.mttkrp.dispatch import numba_threads
 from ..store.dense import ChunkScan, DenseArray, scan_chunk
 from .stream import read_ahead_pays
 from .tasks import Partial, _worker_threads
@@ -158,7 +158,7 @@ def dense_mttkrp_partition(source: DensePartitionData | tuple[DenseArray, DenseP
                            device: str = "cpu", device_options: object | None = None) -> Partial:
     """Mode-``mode`` MTTKRP of one dense partition: the dense kernel on each of its chunks (held
     in memory, or streamed from the array), summed into the partition's rows of the mode; with
-    ``device="gpu"`` the GPU kernel (:func:`tensorflow_ooc.kernels.dense_mttkrp_gpu.dense_mttkrp_gpu`)."""
+    ``device="gpu"`` the GPU kernel (:func:`tensorflow_ooc.kernels.dense.gpu.dense_mttkrp_gpu`)."""
     t0 = time.perf_counter()
     part = source.part if isinstance(source, DensePartitionData) else source[1]
     lo, hi = part.row_lo[mode], part.row_hi[mode]
@@ -173,13 +173,13 @@ def dense_mttkrp_partition(source: DensePartitionData | tuple[DenseArray, DenseP
     views = factors.views
     if device == "gpu":
         from ..decompositions.updates import to_host
-        from ..kernels.dense_mttkrp_gpu import dense_mttkrp_gpu
+        from ..kernels.dense.gpu import dense_mttkrp_gpu
 
         for origin, block in blocks:
             o = origin[mode] - lo
             out[o:o + block.shape[mode]] += to_host(dense_mttkrp_gpu(block, views, mode, origin=origin))
         return Partial(lo, out, time.perf_counter() - t0)
-    from ..kernels.dense_mttkrp import dense_mttkrp
+    from ..kernels.dense.cpu import dense_mttkrp
 
     for origin, block in blocks:
         o = origin[mode] - lo

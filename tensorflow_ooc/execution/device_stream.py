@@ -2,7 +2,7 @@
 
 A partition's chunks are read by the existing fast chunk reader straight into *pinned* host
 buffers (the stored ALTO differences, no re-encoding on the host), copied to a device buffer on
-the buffer's stream, decoded there (:mod:`tensorflow_ooc.kernels.decode_gpu`) and handed to the
+the buffer's stream, decoded there (:mod:`tensorflow_ooc.kernels.mttkrp.decode_gpu`) and handed to the
 MTTKRP kernel on the same stream (seed 001 section 4.2). With S streams, S buffer sets rotate:
 while the kernel of batch b runs on its stream, the host fills and copies batch b + 1 on the next.
 A buffer set is refilled only after the event recorded behind the kernel that last read it has
@@ -27,8 +27,8 @@ import numpy as np
 
 from ..format import BitLayout, BLCOTensor
 from ..kernels import StackedFactors, WorkItems
-from ..kernels.gpu_device import cuda, default_device_memory_limit, require_gpu, simulator_enabled, sm_count
-from ..kernels.gpu_plan import DEFAULT_COPIES, TileTable, choose_conflict, copies_for, device_tiles
+from ..kernels.gpu.device import cuda, default_device_memory_limit, require_gpu, simulator_enabled, sm_count
+from ..kernels.mttkrp.gpu_plan import DEFAULT_COPIES, TileTable, choose_conflict, copies_for, device_tiles
 from ..store import Store
 from .stream import BATCH_NNZ, BatchBuffers, fill_batch
 
@@ -194,7 +194,7 @@ class DeviceBatch:
 
 @dataclass
 class DeviceTiles:
-    """A batch's tile table on the device (see :class:`tensorflow_ooc.kernels.gpu_plan.TileTable`)
+    """A batch's tile table on the device (see :class:`tensorflow_ooc.kernels.mttkrp.gpu_plan.TileTable`)
     and each work item's ALTO word before its first nonzero (``prev``)."""
 
     start: Any
@@ -207,7 +207,7 @@ class DeviceTiles:
 
 def decode_on_device(batch: DeviceBatch, layout: BitLayout, opts: DeviceOptions) -> None:
     """Stored ALTO words of ``batch`` to BLCO indices, in place, on its stream."""
-    from ..kernels.decode_gpu import decode_kernels
+    from ..kernels.mttkrp.decode_gpu import decode_kernels
 
     t = batch.tiles
     if t is None or t.ntiles == 0:
@@ -276,8 +276,9 @@ class DeviceMTTKRP:
     stats: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from ..kernels.mttkrp_gpu import KernelConfig, mttkrp_kernel, zero_fill
-        from ..kernels.warp_exchange import default_exchange
+        from ..kernels.gpu.launch import zero_fill
+        from ..kernels.mttkrp.gpu import KernelConfig, mttkrp_kernel
+        from ..kernels.gpu.warp_exchange import default_exchange
 
         require_gpu()
         R = self.factors.rank
@@ -316,7 +317,7 @@ class DeviceMTTKRP:
         """Merge the copies (hierarchical), wait for every stream, and return the output on the host."""
         cuda.synchronize()
         if self.conflict == "hierarchical":
-            from ..kernels.mttkrp_gpu import merge_kernel
+            from ..kernels.mttkrp.gpu import merge_kernel
 
             n = self.rows * self.factors.rank
             if n:
@@ -467,7 +468,7 @@ def mttkrp_gpu(tensor: Store | BLCOTensor, factors: StackedFactors | list, mode:
     array([2., 3.])
     """
     from ..kernels import tensor_items
-    from ..kernels.mttkrp import check_factors
+    from ..kernels.mttkrp.dispatch import check_factors
 
     opts = opts or DeviceOptions()
     A = check_factors(factors, tensor.shape, mode)

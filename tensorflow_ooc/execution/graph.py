@@ -26,7 +26,7 @@ from distributed import Client, Future, wait
 
 from ..store import open_store
 from .cluster import resolve_device, worker_resources
-from ..kernels.plan import DEFAULT_MAX_PRIVATE_BYTES
+from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from .inline import is_inline
 from .memory_plan import MemoryPlan, candidates, choose
 from .output_buffers import release_outputs

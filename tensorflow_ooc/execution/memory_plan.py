@@ -17,7 +17,7 @@ Before anything runs, the plan adds up the bytes the busiest worker holds at onc
                most ``PRIVATE_REUSE`` rows per nonzero)
 ``data``       decoded partitions kept in memory, or the streaming batch buffers
 ``mode_copies`` in-memory partitions' mode-sorted copies, one per mode (the runs kernel sums
-               each target row's nonzeros in registers; :mod:`~tensorflow_ooc.kernels.mode_order`)
+               each target row's nonzeros in registers; :mod:`~tensorflow_ooc.kernels.mttkrp.mode_order`)
 ``buckets``    the row-owned tiles' buckets (20 bytes a nonzero, a bounded group at a time)
 ``transfer``   a state arriving from another worker while the previous one is still held
 ``sampling``   randomized CP-ALS: the STS-CP segment trees (at most one factor's size each), two
@@ -42,7 +42,7 @@ then without: the copies are speed, bought with one more copy of the nonzeros pe
 
 With more than one kernel thread, each of 1-4 is first tried with a private bound that holds a
 per-thread copy of the longest mode's output (the kernels then give long modes per-thread
-outputs, :class:`~tensorflow_ooc.kernels.mttkrp.ThreadOutputs`, instead of row-owned tiles).
+outputs, :class:`~tensorflow_ooc.kernels.mttkrp.dispatch.ThreadOutputs`, instead of row-owned tiles).
 In-place executions on one worker running one task at a time lend the target mode's factor
 rows as one copy (the MTTKRP does not read them and the update overwrites them), so with two
 kernel threads per-thread outputs cost them nothing beyond the default bound.
@@ -59,11 +59,11 @@ from dataclasses import dataclass, field
 import dask
 
 from ..errors import TfoocError
-from ..kernels.column_scale import STAT_BLOCK_ROWS
-from ..kernels.krp_sampler import tree_nbytes
-from ..kernels.mttkrp import ThreadOutputs
-from ..kernels.mttkrp_owned import GROUP_NNZ as OWNED_GROUP_NNZ
-from ..kernels.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
+from ..kernels.update.column_scale import STAT_BLOCK_ROWS
+from ..kernels.sampling.krp_sampler import tree_nbytes
+from ..kernels.mttkrp.dispatch import ThreadOutputs
+from ..kernels.mttkrp.owned import GROUP_NNZ as OWNED_GROUP_NNZ
+from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
 from .stream import BATCH_NNZ
 
 LEAN_BATCH_NNZ = 1 << 18
@@ -198,7 +198,7 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
     samples : Khatri-Rao rows drawn per mode by randomized CP-ALS (0: exact CP-ALS).
     kernel_threads : numba threads per task: with more than one, each execution is first tried
         with a private bound that holds per-thread copies of the longest mode's output
-        (:class:`~tensorflow_ooc.kernels.mttkrp.ThreadOutputs`, faster than row-owned tiles on
+        (:class:`~tensorflow_ooc.kernels.mttkrp.dispatch.ThreadOutputs`, faster than row-owned tiles on
         long modes), then with the default bound.
     lend_target : one worker running one task at a time: in-place executions lend the target
         mode's factor rows as one of those copies, so they need one copy fewer.

@@ -252,7 +252,7 @@ def stream_batches(store: Store, chunk_lo: int, chunk_hi: int, batch_nnz: int = 
     Chunks of a store written with compression "none" are handed out where they lie, mapped, one
     batch per chunk, with ``map_chunks``; without it they are copied into batches of ``batch_nnz``
     (no decoding either), which callers ask for when the MTTKRP output is far larger than the
-    caches: its row-owned tiles (:mod:`tensorflow_ooc.kernels.mttkrp_owned`) reuse a tile once per
+    caches: its row-owned tiles (:mod:`tensorflow_ooc.kernels.mttkrp.owned`) reuse a tile once per
     batch, and one-chunk batches took an 86 M-nonzero Amazon-shaped pass from 8.3 to 10.6 s."""
     if DELTA_KERNELS and map_chunks and store.mappable:
         # uncompressed chunks are used where they lie, one batch per chunk: nothing to read ahead
@@ -311,7 +311,7 @@ def mttkrp(tensor: Store | BLCOTensor, factors, mode: int, **kwargs) -> np.ndarr
     decompressed into reusable buffers, read ahead, validated once per process and cached under
     their checksums; a store written with compression "none" mapped instead), not Zarr's generic
     read path. Keyword arguments and the result are those of
-    :func:`tensorflow_ooc.kernels.mttkrp`.
+    :func:`tensorflow_ooc.kernels.mttkrp.dispatch`.
 
     Examples
     --------

@@ -14,10 +14,10 @@ import numpy as np
 
 from ..format import BitLayout
 from ..kernels import StackedFactors, WorkItems, run_items
-from ..kernels.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
-from ..kernels.mode_order import mode_sorted
-from ..kernels.mttkrp import ThreadOutputs, numba_threads
-from ..kernels.plan import DEFAULT_MAX_PRIVATE_BYTES
+from ..kernels.sampling.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
+from ..kernels.mttkrp.mode_order import mode_sorted
+from ..kernels.mttkrp.dispatch import ThreadOutputs, numba_threads
+from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..store import Store, open_store
 from .output_buffers import zeroed_output
 from .partitions import Partition
@@ -46,7 +46,7 @@ class PartitionData:
     # randomized CP: per mode, the nonzeros sorted by their other coordinates (built on first use)
     fiber_index: dict[int, FiberIndex] = field(default_factory=dict)
     # exact CP-ALS where the memory plan has room: per mode, the items sorted by that mode's index
-    # (absent where the copy would not pay; kernels/mode_order.py)
+    # (absent where the copy would not pay; kernels/mttkrp/mode_order.py)
     mode_items: dict[int, WorkItems] = field(default_factory=dict)
 
     @property
@@ -126,7 +126,7 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
     ``lend_target``: the target mode's rows of ``factors`` may be overwritten (CP-ALS with
     in-place updates on one worker running one task at a time: the MTTKRP does not read them and
     the update overwrites them next); they then serve as a per-thread output copy
-    (:class:`~tensorflow_ooc.kernels.mttkrp.ThreadOutputs`)."""
+    (:class:`~tensorflow_ooc.kernels.mttkrp.dispatch.ThreadOutputs`)."""
     from .dense_tasks import DensePartition, DensePartitionData, dense_mttkrp_partition
 
     if isinstance(source, DensePartitionData) or (isinstance(source, tuple) and isinstance(source[1], DensePartition)):
@@ -164,8 +164,8 @@ def sampled_partition(source: PartitionData | tuple[str, Partition], samples, mo
                       batch_nnz: int = BATCH_NNZ) -> Partial:
     """Mode-``mode`` *sampled* MTTKRP of one partition for randomized CP-ALS:
     ``sum_s w_s X[fiber of sample s] h_s`` over the drawn ``samples`` (a
-    :class:`~tensorflow_ooc.kernels.krp_sampler.SampleSet`). Decoded partitions look fibers up in
-    a per-mode :class:`~tensorflow_ooc.kernels.fiber_gather.FiberIndex` kept beside them; streamed
+    :class:`~tensorflow_ooc.kernels.sampling.krp_sampler.SampleSet`). Decoded partitions look fibers up in
+    a per-mode :class:`~tensorflow_ooc.kernels.sampling.fiber_gather.FiberIndex` kept beside them; streamed
     ones join the samples' hash table against every batch."""
     t0 = time.perf_counter()
     part = source.part if isinstance(source, PartitionData) else source[1]

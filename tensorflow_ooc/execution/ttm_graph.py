@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 from distributed import Client, Future, wait
 
-from ..kernels.ttm import SemiSparse, TTMLayouts, merge, merge_many, ttm_chain
+from ..kernels.ttm.chain import SemiSparse, TTMLayouts, merge, merge_many, ttm_chain
 from ..store import open_store
 from .cluster import resolve_device, worker_resources
 from .graph import DEFAULT_SPLIT_EVERY, EXECUTION_MODES, IN_MEMORY_FRACTION, tree_reduce
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class CooPartition:
     """A partition's nonzeros decoded to COO and kept in worker memory (in-memory execution), as
-    a :class:`~tensorflow_ooc.kernels.ttm.TTMLayouts`: the sorted layout of each mode is built on
+    a :class:`~tensorflow_ooc.kernels.ttm.chain.TTMLayouts`: the sorted layout of each mode is built on
     the first pass and reused by every later iteration."""
 
     part: Partition
@@ -135,10 +135,10 @@ class TTMGraph:
         Partition tasks per mode (default one per Dask thread, more when one would exceed
         ``max_partition_nnz``).
     kernel : str, optional
-        TTM kernel passed to :func:`~tensorflow_ooc.kernels.ttm.ttm_chain` (default: its selector).
+        TTM kernel passed to :func:`~tensorflow_ooc.kernels.ttm.chain.ttm_chain` (default: its selector).
     device : {"cpu", "gpu", "auto"}
         Where partition tasks run: "gpu" on the cluster's GPU workers (one partition per GPU), whose
-        sparse TTMs then run on the device (:func:`~tensorflow_ooc.kernels.ttm.ttm_chain`'s ``device``);
+        sparse TTMs then run on the device (:func:`~tensorflow_ooc.kernels.ttm.chain.ttm_chain`'s ``device``);
         "auto" does so when the cluster has real GPUs.
     """
 

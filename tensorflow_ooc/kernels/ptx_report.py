@@ -41,8 +41,8 @@ def find_ptxas() -> str | None:
 
 def variants() -> list[tuple[str, object, object]]:
     """(name, python function, signature) for every kernel variant that the product launches."""
-    from .decode_gpu import kernel_sources
-    from .mttkrp_gpu import KernelConfig, kernel_source, merge_copies_kernel, ptx_signature
+    from .mttkrp.decode_gpu import kernel_sources
+    from .mttkrp.gpu import KernelConfig, kernel_source, merge_copies_kernel, ptx_signature
 
     out = []
     configs = []
@@ -67,13 +67,13 @@ def variants() -> list[tuple[str, object, object]]:
                     types.void(types.Array(ft, 3, "C"), types.Array(ft, 2, "C"))))
     for name, (fn, sig) in kernel_sources().items():
         out.append((f"decode {name}", fn, sig))
-    from .ttm_gpu import ptx_variants as ttm_variants
+    from .ttm.gpu import ptx_variants as ttm_variants
 
     out.extend(ttm_variants())
-    from .dense_mttkrp_gpu import ptx_variants as dense_variants
+    from .dense.gpu import ptx_variants as dense_variants
 
     out.extend(dense_variants())
-    from .fasttucker_gpu import ptx_variants as fasttucker_variants
+    from .completion.fasttucker_gpu import ptx_variants as fasttucker_variants
 
     out.extend(fasttucker_variants())
     return out
@@ -101,7 +101,7 @@ def report() -> list[dict]:
     """Compile and assemble every variant for every compute capability in ``CCS``."""
     from numba import cuda
 
-    from .gpu_device import simulator_enabled
+    from .gpu.device import simulator_enabled
 
     if simulator_enabled():
         raise RuntimeError("the CUDA simulator is enabled: unset NUMBA_ENABLE_CUDASIM to compile PTX")

@@ -21,7 +21,7 @@ Per batch (shared memory per warp: the batch's ``A_Psi`` rows, its ``C_Psi``, th
      ``E = e * A_Psi`` (tile product) in registers over all its batches, and adds it to the
      global gradient once at the end (the seed's line 27, atomicAdd).
 
-Warps of a block synchronize through the ``sync_tile`` helper of :mod:`.warp_exchange`
+Warps of a block synchronize through the ``sync_tile`` helper of :mod:`..gpu.warp_exchange`
 (``syncwarp`` on hardware, ``syncthreads`` in the simulator, which has no ``syncwarp``); every
 thread calls it the same number of times. Inputs are trusted (the orchestration validates them).
 """
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .fasttucker_cpu import NORMALIZED_DELTA
-from .gpu_device import cuda
-from .warp_exchange import default_exchange, warp_exchange
+from ..gpu.device import cuda
+from ..gpu.warp_exchange import default_exchange, warp_exchange
 
 TILE = 16                       # entries per batch and the WMMA tile edge
 SHARED_BUDGET = 44 * 1024       # static shared memory per block, under the 48 KiB limit
@@ -274,7 +274,7 @@ def ptx_variants() -> list[tuple[str, object, object]]:
 def kernels(cfg: FastTuckerConfig):
     """The compiled (factor, core) kernels of ``cfg`` (cached per process)."""
     if cuda is None:
-        from .gpu_device import require_gpu
+        from ..gpu.device import require_gpu
 
         require_gpu()
     if cfg not in _KERNELS:
@@ -284,7 +284,7 @@ def kernels(cfg: FastTuckerConfig):
 
 
 def _grid(cfg: FastTuckerConfig, n_entries: int, max_blocks: int | None) -> int:
-    from .gpu_device import sm_count
+    from ..gpu.device import sm_count
 
     n_batches = max(1, -(-n_entries // TILE))
     cap = max_blocks or 8 * sm_count()

@@ -26,8 +26,8 @@ import numba as nb
 import numpy as np
 import psutil
 
-from ..format import BitLayout
-from .mttkrp_cpu import item_profile
+from ...format import BitLayout
+from .cpu import item_profile
 from .plan import WorkItems
 
 # a mode's sorted copy is kept only where its runs average at least this many nonzeros (a

@@ -25,9 +25,9 @@ import numba as nb
 import numpy as np
 
 # used by the generated kernels, which run in this module's namespace (see _build)
-from ..format.bits import HAS_BMI2, pext  # noqa: F401
-from .atomics import atomic_add  # noqa: F401
-from .prefetch import prefetch_row  # noqa: F401
+from ...format.bits import HAS_BMI2, pext  # noqa: F401
+from ..atomics import atomic_add  # noqa: F401
+from ..prefetch import prefetch_row  # noqa: F401
 
 # Kernels for factor matrices far larger than the caches prefetch the factor rows of the nonzero
 # PREFETCH_DISTANCE ahead. Amazon-shaped (1 GiB of factors, 5 M nonzeros, rank 16, mostly atomic
@@ -236,7 +236,7 @@ def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = F
     into private rows; ``runs_items`` sums runs of one target row in registers first, then adds
     each run once into private rows; ``runs_atomic_items`` does so with atomic adds into
     ``out_flat``, the output rows ``out_lo ..`` of the target mode, row-major (runs are long in
-    mode-sorted items, :mod:`~tensorflow_ooc.kernels.mode_order`); ``threads_items`` gives each thread a contiguous
+    mode-sorted items, :mod:`~tensorflow_ooc.kernels.mttkrp.mode_order`); ``threads_items`` gives each thread a contiguous
     share of the items (``todo[bounds[g]:bounds[g + 1]]``, in ALTO order, so the rows of every mode
     keep the order's locality) and a whole output of its own: ``out`` for the first, ``first``
     for the second, ``bufs[g - 2]`` for the others (ALTO's per-thread outputs for long modes; the

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..format import BitLayout
-from .mttkrp_cpu import item_profile
+from ...format import BitLayout
+from .cpu import item_profile
 
 ITEM_NNZ = 1 << 16
 PRIVATE_REUSE = 4

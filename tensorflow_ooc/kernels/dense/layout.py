@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import DenseArrayError, ShapeError
+from ...errors import DenseArrayError, ShapeError
 
 MIN_ORDER = 3
 MAX_ORDER = 6

@@ -5,8 +5,8 @@ Convention: ``U`` of ``I_n x R`` and ``Y = X x_n U`` means
 a :class:`SemiSparse`: only the non-empty mode-``n`` fibers of ``X`` get a row.
 
 Orchestration only: validation, layouts (sorted once per mode and kept, see
-:class:`TTMLayouts`), kernel choice (:mod:`.ttm_select`) and streaming of stores; the kernels
-are in :mod:`.ttm_cpu` and :mod:`.ttm_gpu`.
+:class:`TTMLayouts`), kernel choice (:mod:`.select`) and streaming of stores; the kernels
+are in :mod:`.cpu` and :mod:`.gpu`.
 
 TTM chains
 ----------
@@ -14,7 +14,7 @@ TTM chains
 modes and sparse only in ``skip``: one row of ``prod R_m`` per non-empty slice of ``skip``. The
 first multiplication is a sparse TTM, by the mode ``m0`` whose removal leaves the fewest fibers
 (estimated as the longest mode), on a layout whose fibers are grouped by their ``skip`` slice.
-The remaining modes are applied by :func:`~.ttm_cpu.tree_accumulate`, one slice per work item
+The remaining modes are applied by :func:`~.cpu.tree_accumulate`, one slice per work item
 (a slice's fibers are contiguous, so no two work items write one row): it walks the slice's
 fibers in sorted order as a CSF tree and folds each finished subtree into its parent as
 ``U_m[i_m] (x) subtree sum``, so a coordinate prefix shared by many fibers is multiplied once.
@@ -33,13 +33,13 @@ from typing import Iterable, Sequence, Union
 import numba as nb
 import numpy as np
 
-from ..errors import NonFiniteValueError, ShapeError
-from ..format import BLCOTensor
-from ..store import Store
-from .mttkrp import numba_threads
-from .ttm_cpu import fiber_ttm, run_coo, spmm, tree_accumulate
-from .ttm_layout import ModeLayout, SemiSparse, TTMLayouts, merge, merge_many
-from .ttm_select import FALLBACK, KERNELS, select_kernel
+from ...errors import NonFiniteValueError, ShapeError
+from ...format import BLCOTensor
+from ...store import Store
+from ..mttkrp.dispatch import numba_threads
+from .cpu import fiber_ttm, run_coo, spmm, tree_accumulate
+from .layout import ModeLayout, SemiSparse, TTMLayouts, merge, merge_many
+from .select import FALLBACK, KERNELS, select_kernel
 
 DEVICES = ("cpu", "gpu")
 # chain work items: pieces per thread, and the fewest fibers worth a piece of their own
@@ -110,7 +110,7 @@ def run_kernel(layout: ModeLayout, U: np.ndarray, kernel: str, device: str = "cp
         return out
     vals = layout.vals if layout.vals.dtype == dtype else layout.vals.astype(dtype)
     if device == "gpu":
-        from .ttm_gpu import run_gpu
+        from .gpu import run_gpu
 
         run_gpu(kernel, layout, U, out)
     elif kernel == "fiber":
@@ -131,7 +131,7 @@ def _layout_and_kernel(layouts: TTMLayouts, mode: int, order: Sequence[int] | No
     t0 = time.perf_counter()
     chosen = select_kernel(lay, R, device=device) if kernel is None else kernel
     if kernel is None and device == "gpu" and chosen == "csr":
-        from .ttm_gpu import cupy_available
+        from .gpu import cupy_available
 
         if not cupy_available():     # the selector's pick needs CuPy: the fallback kernel instead
             chosen = FALLBACK
@@ -177,7 +177,7 @@ def ttm(tensor: TensorLike, matrix: np.ndarray, mode: int, *, kernel: str | None
     matrix : (I_mode, R) float array
     mode : int
     kernel : {"coo", "csr", "fiber"}, optional
-        Overrides the decision tree's choice (:mod:`tensorflow_ooc.kernels.ttm_select`).
+        Overrides the decision tree's choice (:mod:`tensorflow_ooc.kernels.ttm.select`).
     device : {"cpu", "gpu"}
         ``gpu`` runs the kernel with numba.cuda (``coo``, ``fiber``) or cuSPARSE through CuPy
         (``csr``); the result comes back to the host.

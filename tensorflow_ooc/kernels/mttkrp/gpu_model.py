@@ -4,7 +4,7 @@ For one target mode the model counts the bytes each variant moves and turns them
 with two bandwidths: the device memory (HBM) and the host link (PCIe). Variants are
 ``resident`` (the partition already lives on the device, decoded) or ``streamed`` (batches copied
 from pinned host buffers and decoded on the device, :mod:`tensorflow_ooc.execution.device_stream`),
-each with ``register`` or ``hierarchical`` conflict resolution (:mod:`.mttkrp_gpu`).
+each with ``register`` or ``hierarchical`` conflict resolution (:mod:`.gpu`).
 
 Device bytes of one mode's MTTKRP (``fi``: factor itemsize, ``vi``: value itemsize, ``R``: rank):
 
@@ -49,17 +49,17 @@ H100_HBM_GBPS = 3350.0        # H100 SXM5, HBM3: the nominal peak
 H100_LINK_GBPS = 55.0         # PCIe Gen5 x16: about 55 GB/s effective of 64 GB/s nominal per direction
 SECTOR_BYTES = 32             # DRAM/L2 access granularity of NVIDIA GPUs
 INDEX_BYTES = 8               # one uint64 BLCO index per nonzero
-DEFAULT_TILE_NNZ = 32 * 8 * 4  # 32 lanes x DEFAULT_WARPS x DEFAULT_COARSEN (mttkrp_gpu)
+DEFAULT_TILE_NNZ = 32 * 8 * 4  # 32 lanes x DEFAULT_WARPS x DEFAULT_COARSEN (gpu)
 DEFAULT_ITEM_NNZ = 1 << 16     # kernels.plan.ITEM_NNZ
-DEFAULT_COPIES = 8             # kernels.gpu_plan.DEFAULT_COPIES
+DEFAULT_COPIES = 8             # kernels.mttkrp.gpu_plan.DEFAULT_COPIES
 DEFAULT_SM_COUNT = 132         # H100 SXM
 CONFLICTS = ("hierarchical", "register")
 VARIANTS = tuple(f"{p}/{c}" for p in ("resident", "streamed") for c in CONFLICTS)
 
 
 def stash_rows_for(nmodes: int, rank: int, itemsize: int) -> int:
-    """Rows of the hierarchical kernel's shared-memory stash (:class:`.mttkrp_gpu.KernelConfig`)."""
-    from .mttkrp_gpu import KernelConfig
+    """Rows of the hierarchical kernel's shared-memory stash (:class:`.gpu.KernelConfig`)."""
+    from .gpu import KernelConfig
 
     dtype = "float32" if itemsize == 4 else "float64"
     return KernelConfig.for_rank(nmodes, rank, "hierarchical", "intrinsics", dtype).stash_rows
@@ -248,12 +248,12 @@ def item_keys(index: np.ndarray, start: np.ndarray, end: np.ndarray, base: np.nd
 def kernel_segments(keys: np.ndarray, tile_start: np.ndarray, tile_end: np.ndarray, coarsen: int = 4,
                     stash_rows: int = 0, tile_lo: np.ndarray | None = None, lanes: int = 32) -> dict:
     """Flushes of the GPU kernel for target rows ``keys`` (one per nonzero position), counted on
-    the CPU exactly as :func:`.mttkrp_gpu.mttkrp_tiles` walks them.
+    the CPU exactly as :func:`.gpu.mttkrp_tiles` walks them.
 
     A tile ``[tile_start, tile_end)`` is split into 32-nonzero sub-tiles; warp ``w`` takes sub-tiles
     ``w * coarsen .. + coarsen``. In a sub-tile the nonzeros are reordered into groups of one row,
     groups ordered by their first lane; lane group ``g`` of the computing phase (``32 / lanes``
-    groups, ``lanes`` = :func:`.mttkrp_gpu.lanes_for` of the rank) walks reordered slots
+    groups, ``lanes`` = :func:`..gpu.launch.lanes_for` of the rank) walks reordered slots
     ``g * lanes .. (g + 1) * lanes - 1`` and flushes at every row change. Its accumulator carries to
     its slots of the warp's next sub-tile, so a run continuing there adds no flush. ``keys[i]`` is
     the target row of nonzero position ``i`` (:func:`item_keys`); tiles are those of

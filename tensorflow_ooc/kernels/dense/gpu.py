@@ -19,7 +19,7 @@ most 32, so no lane idles at small ranks.
 
 Columns past R are masked, so any rank works (the chunk loop handles R > lanes * FC).
 Tile anchors use one division per loop mode per work item; no element needs a division.
-Inputs are validated on the host (:mod:`.dense_layout`) before any launch.
+Inputs are validated on the host (:mod:`.layout`) before any launch.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .dense_layout import (DenseLayout, check_call, check_finite_factors, check_out, check_variant, layout,
+from .layout import (DenseLayout, check_call, check_finite_factors, check_out, check_variant, layout,
                            stack_factors)
-from .dense_tile import dense_tile_width, gpu_middle_cache
-from .gpu_device import cuda, require_gpu
-from .mttkrp_gpu import lanes_for
+from .tile import dense_tile_width, gpu_middle_cache
+from ..gpu.device import cuda, require_gpu
+from ..gpu.launch import lanes_for
 
 THREADS = 128          # lanes x teams per block (the seed's block of (4, 32) for R >= 32)
 MAX_FC = 4             # register columns per lane and chunk
@@ -272,7 +272,7 @@ def _device_flat(block) -> tuple[Any, tuple[int, ...]]:
         return block.ravel(order="C"), tuple(range(d))
     if block.is_f_contiguous():
         return block.ravel(order="F"), tuple(range(d - 1, -1, -1))
-    from ..errors import DenseArrayError
+    from ...errors import DenseArrayError
 
     raise DenseArrayError("a device block must be C- or F-contiguous")
 
@@ -293,7 +293,7 @@ def _device_stack(factors, lay: DenseLayout, origin) -> Any:
 def dense_mttkrp_gpu(block, factors: Sequence, mode: int, *, origin: Sequence[int] | None = None, out=None,
                      variant: str = "tile", tile: int | None = None, stream=0):
     """Mode-``mode`` dense MTTKRP on the GPU; the same contract as
-    :func:`tensorflow_ooc.kernels.dense_mttkrp.dense_mttkrp`.
+    :func:`tensorflow_ooc.kernels.dense.cpu.dense_mttkrp`.
 
     ``block`` and ``factors`` may be host arrays (copied to the device) or numba device arrays.
     The result is a host array, unless ``out`` is a device array: then the contribution is added
@@ -319,7 +319,7 @@ def dense_mttkrp_gpu(block, factors: Sequence, mode: int, *, origin: Sequence[in
         origin, rank = check_call(block.shape, block.dtype, True, factors, mode, origin)
         flat, perm = _device_flat(block)
     else:
-        from .dense_mttkrp import host_flat
+        from .cpu import host_flat
 
         if not isinstance(block, np.ndarray):
             raise TypeError(f"block must be a numpy.ndarray or a device array, got {type(block).__name__}")
@@ -334,7 +334,7 @@ def dense_mttkrp_gpu(block, factors: Sequence, mode: int, *, origin: Sequence[in
         check_out(out, rows, rank, dtype)
     dev_out = out is not None and _is_device(out)
     if dev_out and not out.is_c_contiguous():
-        from ..errors import DenseArrayError
+        from ...errors import DenseArrayError
 
         raise DenseArrayError("a device out must be C-contiguous")
     if int(np.prod(shape)) == 0:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ..format.bits import pext
+from ...format.bits import pext
 
 
 def _build(nmodes: int, rank_const: int, delta: bool):

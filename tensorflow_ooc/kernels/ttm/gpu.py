@@ -1,4 +1,4 @@
-"""GPU sparse TTM kernels on a :class:`~tensorflow_ooc.kernels.ttm_layout.ModeLayout` (seed 004).
+"""GPU sparse TTM kernels on a :class:`~tensorflow_ooc.kernels.ttm.layout.ModeLayout` (seed 004).
 
 - ``fiber``: the seed's listing 2, one work item per non-empty fiber. A thread block holds
   ``rows`` fibers x ``lanes`` threads (``lanes`` = the next power of two >= R, at most 32); a
@@ -9,7 +9,7 @@
 - ``csr``: the unfolding handed to ``cupyx.scipy.sparse`` (cuSPARSE SpMM), where CuPy is installed.
 
 The layout's arrays are copied to the device once and kept in the layout's cache, like the sort
-itself. Inputs are trusted (validated by :mod:`tensorflow_ooc.kernels.ttm`).
+itself. Inputs are trusted (validated by :mod:`tensorflow_ooc.kernels.ttm.chain`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .gpu_device import cuda, require_gpu
-from .mttkrp_gpu import lanes_for, zero_fill
+from ..gpu.device import cuda, require_gpu
+from ..gpu.launch import lanes_for, zero_fill
 
 FIBER_BLOCK_THREADS = 256
 COO_BLOCK_THREADS = 256

@@ -18,7 +18,7 @@ from importlib import resources
 
 import numpy as np
 
-from .ttm_layout import ModeLayout
+from .layout import ModeLayout
 
 KERNELS = ("coo", "csr", "fiber")
 FALLBACK = "coo"
@@ -88,7 +88,7 @@ def select_kernel(layout: ModeLayout, rank: int, tree: dict | None = None, devic
     Examples
     --------
     >>> import numpy as np
-    >>> from tensorflow_ooc.kernels.ttm_layout import build_layout
+    >>> from tensorflow_ooc.kernels.ttm.layout import build_layout
     >>> lay = build_layout(np.array([[0, 1, 2], [1, 1, 0]]), np.array([2.0, 3.0]), (2, 2, 3), 1)
     >>> select_kernel(lay, 16) in KERNELS
     True

@@ -34,7 +34,7 @@ from typing import Sequence
 import numba as nb
 import numpy as np
 
-from .dense_tile import FALLBACK_L2_BYTES, cpu_caches
+from .tile import FALLBACK_L2_BYTES, cpu_caches
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import IndexRangeError, NonFiniteValueError, ShapeError
-from ..format import sort_alto
+from ...errors import IndexRangeError, NonFiniteValueError, ShapeError
+from ...format import sort_alto
 
 INT64_KEY_LIMIT = 1 << 62
 

@@ -86,12 +86,12 @@ def gpu_middle_cache(device=None) -> tuple[int, int]:
     (device attribute ``MAX_SHARED_MEMORY_PER_MULTIPROCESSOR``, rounded up to the unified L1
     size of 256 KiB on cc 9.0 / 192 KiB on cc 8.0) and the 32-lane teams resident per SM at
     ``GPU_OCCUPANCY`` (32 on an H100, as in the seed)."""
-    from .gpu_device import simulator_enabled
+    from ..gpu.device import simulator_enabled
 
     if device is None and simulator_enabled():
         return 256 << 10, 32
     if device is None:
-        from .gpu_device import cuda
+        from ..gpu.device import cuda
 
         device = cuda.get_current_device()
     smem = int(getattr(device, "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR", 228 << 10))

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
-from ..format import BitLayout
-from ..format.bits import pext
-from .plan import WorkItems
+from ...format import BitLayout
+from ...format.bits import pext
+from ..mttkrp.plan import WorkItems
 
 _HASH_MULT = np.uint64(0x9E3779B97F4A7C15)
 
@@ -134,7 +134,7 @@ def scan_matches(index, values, item_start, item_end, item_base, item_prev, shif
     Parameters
     ----------
     index, values, item_start, item_end, item_base, item_prev : the work items (see
-        :class:`~tensorflow_ooc.kernels.plan.WorkItems`); with ``delta`` the index holds Delta
+        :class:`~tensorflow_ooc.kernels.mttkrp.plan.WorkItems`); with ``delta`` the index holds Delta
         differences of ALTO words, split into modes with ``pext`` by ``mask``, else BLCO fields
         ``(x >> shift[m]) & mask[m]``
     mode : int                   target mode j

@@ -10,17 +10,17 @@ from typing import Any, Iterable, Iterator, Sequence
 import numba as nb
 import numpy as np
 
-from ..format import BitLayout, BLCOTensor
-from ..store import Chunk, Store
-from .factors import StackedFactors, aligned_empty, aligned_zeros
-from .mttkrp_cpu import PREFETCH_MIN_BYTES, kernel_for, merge_private, merge_thread_buffers
-from .mttkrp_owned import run_owned
+from ...format import BitLayout, BLCOTensor
+from ...store import Chunk, Store
+from ..factors import StackedFactors, aligned_empty, aligned_zeros
+from .cpu import PREFETCH_MIN_BYTES, kernel_for, merge_private, merge_thread_buffers
+from .owned import run_owned
 from .mode_order import copies_fit, mode_sorted
 from .plan import DEFAULT_MAX_PRIVATE_BYTES, ConflictPlan, WorkItems, plan_conflicts, work_items
 
 MERGE_TILE = 256
 SCRATCH_KEEP_BYTES = 64 << 20
-# atomic items' nonzeros from which row-owned tiles replace atomic adds (see mttkrp_owned)
+# atomic items' nonzeros from which row-owned tiles replace atomic adds (see owned)
 OWNED_MIN_NNZ = 1 << 16
 # per-thread whole outputs (ThreadOutputs) for outputs of at least this many rows, where a call
 # has at least THREAD_OUTPUT_NNZ_PER_ROW nonzeros per row of the extra outputs (their zeroing
@@ -61,7 +61,7 @@ class ThreadOutputs:
     """Whole per-thread outputs for the items without private accumulators (ALTO's per-thread
     output for long modes): thread ``g`` of a call adds a contiguous, nonzero-balanced share of
     those items, in ALTO order, into ``out`` (``g = 0``) or its own zeroed copy, with plain
-    stores. Unlike row-owned tiles (:mod:`.mttkrp_owned`) nothing is bucketed, and every mode's
+    stores. Unlike row-owned tiles (:mod:`.owned`) nothing is bucketed, and every mode's
     rows keep the ALTO order's locality. Kept across the batches of one pass (allocated at the
     first use); :meth:`merge` adds the copies into ``out`` once at the end. Sums depend on the
     thread count, as atomic adds' do.
@@ -151,7 +151,7 @@ class ThreadOutputs:
 def tensor_items(tensor: BLCOTensor, mode: int | None = None) -> WorkItems:
     """Work items of an in-memory BLCO tensor, computed once and kept on the tensor; with
     ``mode``, its mode-sorted copy where that pays and fits the free memory
-    (:mod:`~tensorflow_ooc.kernels.mode_order`), made on first use and kept too."""
+    (:mod:`~tensorflow_ooc.kernels.mttkrp.mode_order`), made on first use and kept too."""
     cached = getattr(tensor, "_work_items", None)
     if cached is None:
         b = tensor.blocks
@@ -279,7 +279,7 @@ def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk | WorkItems], factors: Se
     threads : int, optional
         Numba threads for this call (default: the numba setting).
     conflict : {"auto", "private", "atomic", "owned", "threads"}
-        Conflict resolution; "auto" follows the heuristic in :mod:`tensorflow_ooc.kernels.plan`
+        Conflict resolution; "auto" follows the heuristic in :mod:`tensorflow_ooc.kernels.mttkrp.plan`
         and gives long outputs per-thread copies (:class:`ThreadOutputs`) where they fit
         ``max_private_bytes`` and pay; "owned": row-owned tiles; "threads": per-thread copies.
     max_private_bytes : int
@@ -346,7 +346,7 @@ def compile_kernels(nmodes: int = 3, ranks: Sequence[int] = (8, 16, 32, 64, 7), 
 
     Benchmarks call this first so JIT time is reported apart from kernel timings.
     """
-    from ..format import encode_coo
+    from ...format import encode_coo
 
     t0 = time.perf_counter()
     shape = (3,) * nmodes

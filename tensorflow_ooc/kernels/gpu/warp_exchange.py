@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from .gpu_device import cuda, simulator_enabled
+from .device import cuda, simulator_enabled
 
 FULL_MASK = 0xFFFFFFFF
 EXCHANGES = ("intrinsics", "shared")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .gpu_device import cuda
+from ..gpu.device import cuda
 
 DECODE_THREADS = 256
 _KERNELS: dict[tuple[str, int], object] = {}

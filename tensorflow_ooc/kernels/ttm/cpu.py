@@ -1,4 +1,4 @@
-"""CPU sparse TTM kernels on a :class:`~tensorflow_ooc.kernels.ttm_layout.ModeLayout` (seed 004).
+"""CPU sparse TTM kernels on a :class:`~tensorflow_ooc.kernels.ttm.layout.ModeLayout` (seed 004).
 
 Three families, as in the seed:
 
@@ -10,7 +10,7 @@ Three families, as in the seed:
 - ``fiber``: one work item per non-empty fiber, its row summed in place. Balanced by fibers: the
   best when fibers are many and alike, the worst when a few fibers hold most nonzeros.
 
-:func:`tree_accumulate` applies the rest of a TTM chain (see :mod:`tensorflow_ooc.kernels.ttm`).
+:func:`tree_accumulate` applies the rest of a TTM chain (see :mod:`tensorflow_ooc.kernels.ttm.chain`).
 Inputs are trusted: the orchestration validates shapes and indices before these run.
 """
 

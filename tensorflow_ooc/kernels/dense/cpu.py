@@ -19,14 +19,14 @@ block touches, stacked row-major, and the output).
   elements measured slower (R = 32, one thread, GFMA/s, rows of w -> whole rows: 61x41x12x66
   5.0 -> 7.9 at w = 12 and 2.2 -> 8.6 at w = 4; 30x30x30x8x12 6.4 -> 6.5 and 2.9 -> 6.8). A work
   item sums its tile in locals and adds that sum into row ``i_k`` of ``G`` with one atomic per
-  column, I_k (N_S / N_T) R atomics in all. ``w`` defaults to Eq. 6 (:mod:`.dense_tile`).
+  column, I_k (N_S / N_T) R atomics in all. ``w`` defaults to Eq. 6 (:mod:`.tile`).
 
 Inside a tile (and a slice) the elements are visited in memory order, row by row (a row: all
 loop indices but the innermost fixed). Per row, the product of the outer modes' factor rows is
 kept per loop level and recomputed only from the level whose index changed; along the innermost
 (contiguous) mode the row sum ``t = sum_i X[.., i] * A_inner[i, j0:j0+W]`` is formed in vector
 registers, ``W = 32`` columns at a time while that many remain, then ``COLUMN_CHUNK = 8`` (the
-seed's F consecutive columns per work item; :mod:`.dense_simd`), and ``prefix * t`` is added to
+seed's F consecutive columns per work item; :mod:`.simd`), and ``prefix * t`` is added to
 the tile's sum. That is one fused
 multiply-add per element and column instead of the seed's ``d - 1`` multiplies and one add (the
 model flop count f = N R d is still the one reported). The stacked factor copy has its columns
@@ -38,7 +38,7 @@ cache line; there :func:`slab_kernel` runs instead: a work item is a tile (width
 other mode) times a slab of consecutive target indices, each tile row streams ``X[.., n0:n1]``
 contiguously into a private (slab x R) block, added into the output once per item (atomically
 unless one tile covers the other modes, as for SLICE; the update runs in vector registers,
-:func:`.dense_simd.axpy_rows`). 133x67x4x167, R = 32, one thread: that mode 0.174 -> 0.019 s
+:func:`.simd.axpy_rows`). 133x67x4x167, R = 32, one thread: that mode 0.174 -> 0.019 s
 (SLICE), 0.080 -> 0.028 s (TILE); the other modes take 0.010-0.017 s.
 
 Work items are grouped into ``prange`` iterations so scratch space is allocated once per group;
@@ -54,11 +54,11 @@ from typing import Sequence
 import numba as nb
 import numpy as np
 
-from .atomics import atomic_add
-from .dense_simd import axpy_rows, row_dot8, row_dot32
-from .dense_layout import (DenseLayout, check_call, check_finite_factors, check_out, check_variant, layout,
+from ..atomics import atomic_add
+from .simd import axpy_rows, row_dot8, row_dot32
+from .layout import (DenseLayout, check_call, check_finite_factors, check_out, check_variant, layout,
                            memory_order, stack_factors)
-from .dense_tile import dense_tile_width
+from .tile import dense_tile_width
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ def slab_kernel(flat, shp, st, k, loop, F, offs, rank, width, slab, ngroups, ato
     product ``P`` of all ``d - 1`` factor rows comes from the per-level prefixes, and the row's
     contiguous elements ``X[.., n0:n1]`` add ``X[.., n] * P`` into a private (slab, R') block: the
     tensor streams contiguously and each cache line is used whole, where per-slice tiles would read
-    one element of every line (:func:`.dense_simd.axpy_rows` does the row update). The block is added into ``out`` rows ``n0 .. n1`` at the end: with
+    one element of every line (:func:`.simd.axpy_rows` does the row update). The block is added into ``out`` rows ``n0 .. n1`` at the end: with
     atomics when a mode has more than one tile, plainly when one tile covers the loop modes (SLICE).
     Other parameters as in :func:`tile_kernel`.
     """

@@ -14,7 +14,7 @@ import math
 import numba as nb
 import numpy as np
 
-from ..errors import DecompositionError
+from ...errors import DecompositionError
 
 
 @nb.njit(cache=True, nogil=True)

@@ -1,7 +1,7 @@
 """GPU MTTKRP kernels on BLCO tiles (numba.cuda; seed 001 chapter 5, figure 5.1).
 
 One thread block processes one *tile*: a contiguous run of re-encoded BLCO indices inside one
-block of the format (so one base per tile; :func:`tensorflow_ooc.kernels.gpu_plan.device_tiles`).
+block of the format (so one base per tile; :func:`tensorflow_ooc.kernels.mttkrp.gpu_plan.device_tiles`).
 Its ``WARPS`` warps take consecutive 32-nonzero sub-tiles, ``COARSEN`` each (thread coarsening).
 
 Processing phase, per 32-nonzero sub-tile (steps 1-3):
@@ -25,7 +25,7 @@ Computing phase (steps 4-7):
     ``block % K``), and :func:`merge_copies_kernel` adds the copies into the output once
     (section 5.1). Rows past the stash window go to the block's copy directly.
 
-The heuristic that chooses between them is :func:`tensorflow_ooc.kernels.gpu_plan.choose_conflict`.
+The heuristic that chooses between them is :func:`tensorflow_ooc.kernels.mttkrp.gpu_plan.choose_conflict`.
 Inputs are trusted: indices must decode inside the factor matrices and the output (the store and
 the batch planner validate them before launch).
 """
@@ -38,8 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from .gpu_device import cuda, simulator_enabled
-from .warp_exchange import warp_exchange
+from ..gpu.device import cuda
+from ..gpu.launch import lanes_for
+from ..gpu.warp_exchange import warp_exchange
 
 CONFLICTS = ("hierarchical", "register")
 DEFAULT_WARPS = 8
@@ -114,14 +115,6 @@ class KernelConfig:
     def shared_bytes(self) -> int:
         """Static shared memory of the kernel (the register variant keeps a one-row stash)."""
         return self.phase_shared_bytes + max(1, self.stash_rows) * self.stash_cols * self.itemsize + 16
-
-
-def lanes_for(rank: int) -> int:
-    """Lanes per nonzero in the computing phase: the next power of two >= R, at most 32."""
-    lanes = 1
-    while lanes < min(int(rank), 32):
-        lanes *= 2
-    return lanes
 
 
 def rank_chunks_for(rank: int) -> int:
@@ -286,13 +279,6 @@ def _make(cfg: KernelConfig):
     return mttkrp_tiles
 
 
-def zero_kernel(flat):
-    """flat[:] = 0 on the device (outputs and copies are zeroed there, not copied over the link)."""
-    i = cuda.grid(1)
-    if i < flat.shape[0]:
-        flat[i] = 0
-
-
 def merge_copies_kernel(copies, out):
     """out[i, r] += sum over k of copies[k, i, r] (step 7 of figure 5.1); one thread per entry."""
     e = cuda.grid(1)
@@ -309,7 +295,6 @@ def merge_copies_kernel(copies, out):
 
 _KERNELS: dict[KernelConfig, Any] = {}
 _MERGE = None
-_ZERO = None
 
 
 def kernel_source(cfg: KernelConfig):
@@ -322,22 +307,6 @@ def mttkrp_kernel(cfg: KernelConfig):
     if cfg not in _KERNELS:
         _KERNELS[cfg] = cuda.jit(_make(cfg))
     return _KERNELS[cfg]
-
-
-def zero_fill(array, stream=0) -> None:
-    """Zero a C-contiguous device array on ``stream``."""
-    global _ZERO
-    if _ZERO is None:
-        _ZERO = cuda.jit(zero_kernel)
-    flat = array.reshape(array.size)
-    if not flat.shape[0]:
-        return
-    if simulator_enabled():
-        # the simulator runs a Python thread per CUDA thread: a grid over a 10^7-row output would
-        # take hours there, while a host copy of zeros is instant (semantics are the same)
-        flat.copy_to_device(np.zeros(flat.shape[0], dtype=flat.dtype), stream=stream)
-        return
-    _ZERO[(flat.shape[0] + 255) // 256, 256, stream](flat)
 
 
 def merge_kernel():
