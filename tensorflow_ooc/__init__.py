@@ -28,7 +28,7 @@ synthetic
     Heavy-tailed and planted low-rank test tensors.
 """
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: E402
 
 from .cpu_target import configure_numba_target  # noqa: E402  (before anything compiles a kernel)
 
@@ -49,6 +49,9 @@ from .store.dense import DenseArray, open_dense  # noqa: E402
 from .errors import DenseArrayError  # noqa: E402
 from .kernels.ttm.chain import SemiSparse, ttm, ttm_chain  # noqa: E402
 from .decompositions import TuckerResult, load_tucker, tucker_hooi  # noqa: E402
+# the dashboard page on every embedded cluster and submission: monitoring registers itself with
+# the lower stages' hooks when it is loaded (they never import it)
+from . import monitoring  # noqa: E402, F401
 
 __all__ = [
     "BitLayout", "BLCOTensor", "CPResult", "cp_als", "load_result", "CorruptStoreError", "DuplicateError", "EmptyTensorError", "ForeignStoreError",

@@ -119,7 +119,7 @@ def test_update_on_the_array_api_path_equals_the_numpy_fast_path(rng, monkeypatc
     """The device (CuPy) update runs the array-API branch of ``update_mode``; here it runs with
     NumPy's array-API namespace and must equal the LAPACK fast path, Cholesky or pseudo-inverse."""
     from tensorflow_ooc.decompositions import updates as U
-    from tensorflow_ooc.execution.tasks import Partial
+    from tensorflow_ooc.execution.partials import Partial
     from tensorflow_ooc.kernels import StackedFactors
 
     shape, R = (7, 9, 5), 4

@@ -17,7 +17,7 @@ import tensorflow_ooc as tfo
 from tensorflow_ooc import cli
 from tensorflow_ooc.decompositions import updates as U
 from tensorflow_ooc.execution.memory_plan import MemoryPlanError, candidates, choose
-from tensorflow_ooc.execution.tasks import Partial
+from tensorflow_ooc.execution.partials import Partial
 
 from conftest import random_coo
 

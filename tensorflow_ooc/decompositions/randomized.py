@@ -13,7 +13,8 @@ import numpy as np
 
 from ..kernels.sampling.arls_lev import arls_lev_sample
 from ..kernels.sampling.krp_sampler import SampleSet, build_tree, sts_sample
-from .updates import CPState, _with_arrays, to_host
+from ..execution.partials import to_host
+from .updates import CPState, _with_arrays
 
 METHODS = ("exact", "sts", "arls-lev", "arls-lev-hybrid")
 

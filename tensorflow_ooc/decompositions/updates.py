@@ -10,7 +10,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 from threadpoolctl import ThreadpoolController
 
-from ..execution.tasks import Partial
+from ..execution.partials import Partial, to_host
 from ..kernels import StackedFactors
 from ..kernels.factors import aligned_copy
 from ..kernels.update.column_scale import column_max_abs, column_sum_squares
@@ -24,11 +24,6 @@ from ..kernels.sampling.krp_sampler import build_tree
 # 3.3 M nonzeros, R16: 0.148 s with threaded BLAS, 0.070 s with one BLAS thread, MTTKRP itself
 # 0.122 s vs 0.058 s). Mode updates therefore run BLAS on one thread.
 _BLAS = ThreadpoolController()
-
-
-def to_host(x: Any) -> np.ndarray:
-    """A NumPy copy (or view) of a NumPy or device (CuPy) array."""
-    return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
 
 
 class CPState(StackedFactors):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 from distributed import Client, LocalCluster
 
@@ -126,11 +126,16 @@ def get_client(client: Client | None = None, scheduler: str | None = None, *, pr
         cluster.close()
 
 
-def _monitor(client: Client) -> None:
-    """The tfooc page and metrics on the scheduler's dashboard (:mod:`tensorflow_ooc.monitoring`)."""
-    from ..monitoring import attach
+#: Called with the client of every embedded cluster started here. The monitoring stage, a layer
+#: above, adds its dashboard page and metrics through it (``tensorflow_ooc.monitoring``, loaded by
+#: the package root), so execution never imports upward.
+ON_EMBEDDED_CLUSTER: list[Callable[[Client], object]] = []
 
-    attach(client)
+
+def _monitor(client: Client) -> None:
+    """Run the embedded-cluster hooks (the tfooc page and metrics on the scheduler's dashboard)."""
+    for hook in ON_EMBEDDED_CLUSTER:
+        hook(client)
 
 
 def worker_resources(client: Client) -> dict:

@@ -24,7 +24,7 @@ from ..kernels import StackedFactors
 from ..kernels.mttkrp.dispatch import numba_threads
 from ..store.dense import ChunkScan, DenseArray, scan_chunk
 from .stream import read_ahead_pays
-from .tasks import Partial, _worker_threads
+from .partials import Partial, to_host, worker_threads
 
 # entries per kernel thread below which a chunk's MTTKRP runs on fewer threads
 PARALLEL_MIN_ENTRIES = 1 << 15
@@ -168,11 +168,10 @@ def dense_mttkrp_partition(source: DensePartitionData | tuple[DenseArray, DenseP
         blocks: Iterator = iter(source.blocks)
     else:
         if read_ahead is None:
-            read_ahead = read_ahead_pays(threads * _worker_threads())
+            read_ahead = read_ahead_pays(threads * worker_threads())
         blocks = _streamed_blocks(source[0], part, dtype, read_ahead)
     views = factors.views
     if device == "gpu":
-        from ..decompositions.updates import to_host
         from ..kernels.dense.gpu import dense_mttkrp_gpu
 
         for origin, block in blocks:

@@ -20,6 +20,7 @@ from ..kernels.mttkrp.dispatch import ThreadOutputs, numba_threads
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..store import Store, open_store
 from .output_buffers import zeroed_output
+from .partials import Partial, worker_threads
 from .partitions import Partition
 from .stream import BATCH_NNZ, MAP_MAX_OUTPUT_BYTES, BatchBuffers, fill_batch, read_ahead_pays, stream_batches
 
@@ -54,16 +55,6 @@ class PartitionData:
         return int(self.items.index.nbytes + self.items.values.nbytes
                    + sum(f.nbytes for f in self.fiber_index.values())
                    + sum(m.index.nbytes + m.values.nbytes for m in self.mode_items.values()))
-
-
-@dataclass
-class Partial:
-    """Rows ``lo .. lo + len(rows) - 1`` of a mode's MTTKRP, and the seconds of the slowest
-    partition task that went into it (the MTTKRP time the history reports)."""
-
-    lo: int
-    rows: np.ndarray
-    seconds: float = 0.0
 
 
 @dataclass
@@ -104,16 +95,6 @@ def load_partition(path: str, part: Partition, device: str = "cpu", device_optio
     return data
 
 
-def _worker_threads() -> int:
-    """Tasks this process may run at once: the Dask worker's thread count (1 outside a worker)."""
-    try:
-        from distributed import get_worker
-
-        return max(1, int(get_worker().state.nthreads))
-    except (ImportError, ValueError, AttributeError):
-        return 1
-
-
 def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Partition], factors: StackedFactors,
                      mode: int, threads: int = 1, read_ahead: bool | None = None, batch_nnz: int = BATCH_NNZ,
                      device: str = "cpu", device_options: object | None = None,
@@ -139,7 +120,7 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
         return Partial(lo, rows, time.perf_counter() - t0)
     out = zeroed_output((hi - lo + 1, factors.rank), factors.dtype)
     if read_ahead is None:
-        read_ahead = read_ahead_pays(threads * _worker_threads())
+        read_ahead = read_ahead_pays(threads * worker_threads())
     with numba_threads(threads):
         nnz = source.items.nnz.sum() if isinstance(source, PartitionData) else lo_hi.nnz
         sorted_items = source.mode_items.get(mode) if isinstance(source, PartitionData) else None
@@ -186,7 +167,7 @@ def sampled_partition(source: PartitionData | tuple[str, Partition], samples, mo
             store = cached_store(path)
             table = SampleTable.build(sample_keys(samples.coords, store.shape, mode))
             for items in stream_batches(store, part.chunk_lo, part.chunk_hi, batch_nnz,
-                                        read_ahead_pays(threads * _worker_threads())):
+                                        read_ahead_pays(threads * worker_threads())):
                 sampled_mttkrp_items(items, store.layout, mode, samples.coords, Hw, out, lo, table=table)
     return Partial(lo, out, time.perf_counter() - t0)
 

@@ -24,7 +24,7 @@ import numcodecs
 import numpy as np
 import zarr
 
-from .. import __version__ as _pkg_version
+from ..version import __version__ as _pkg_version
 from ..errors import StoreExistsError, ValueRangeError
 from ..format import BitLayout, BlockTable, block_table
 from ..format.linearize import chunk_minmax
