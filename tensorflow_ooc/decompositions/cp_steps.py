@@ -1,0 +1,235 @@
+"""The pieces of the CP-ALS loop (seed 001 chapter 2, Algorithm 1; seed 000 chapter 3), each a small
+function that :func:`~tensorflow_ooc.decompositions.cp_als.cp_als` calls in order: argument checks,
+the MTTKRP graph, the initial state (fresh or resumed), the per-mode steps (exact and randomized),
+the fit, the history record, the convergence test, the checkpoint write and the final factors.
+
+The per-mode steps submit tasks and return the future of the next model state at once: a whole
+iteration is submitted before the driver reads anything (see ``cp_als``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import NamedTuple, Sequence
+
+import numpy as np
+from distributed import Client, Future
+
+from ..errors import DecompositionError, DenseArrayError
+from ..execution import DeviceOptions, MTTKRPGraph
+from ..execution.dense_graph import DenseMTTKRPGraph
+from ..execution.inline import is_inline
+from ..store import Store, paths
+from ..store.dense import DenseArray
+from . import updates as U
+from .checkpoint import disk_full_returned, raise_returned, read_checkpoint, write_checkpoint
+from .model_checks import check_count, check_tolerance
+from .randomized import check_method, draw_samples
+
+# CP-ALS's messages keep the logger name users filter on, whichever module sends them
+log = logging.getLogger(__package__ + ".cp_als")
+
+# randomized methods evaluate the fit (one exact MTTKRP) every iteration up to this size by default
+FIT_EVERY_ITERATION_NNZ = 1 << 24
+
+
+def check_arguments(store: Store | DenseArray, rank: int, max_iters: int, tol: float, dtype: str, method: str,
+                    samples: int, device: str, fit_every: int | None) -> int:
+    """Refuse bad arguments before anything is allocated; returns the ``fit_every`` to use."""
+    dense = isinstance(store, DenseArray)
+    check_count("rank", rank)
+    check_count("max_iters", max_iters)
+    check_tolerance(tol)
+    if dtype not in ("float64", "float32"):
+        raise ValueError(f"dtype must be 'float64' or 'float32', got {dtype!r}")
+    check_method(method, samples)
+    randomized = method != "exact"
+    if dense and randomized:
+        raise DenseArrayError(f"{store.path}: method={method!r} samples fibers of a sparse store; a dense "
+                              f"array takes method='exact'")
+    if randomized and device == "gpu":
+        raise ValueError(f"method={method!r} runs on CPU workers; use device='cpu' or 'auto'")
+    if fit_every is not None and int(fit_every) < 1:
+        raise ValueError(f"fit_every must be >= 1, got {fit_every}")
+    return int(fit_every) if fit_every is not None else (1 if store.nnz <= FIT_EVERY_ITERATION_NNZ else 5)
+
+
+def open_graph(c: Client, store: Store | DenseArray, params: dict, *, execution: str, partitions: int | None,
+               device: str, device_options: DeviceOptions | None, rank: int, dtype: str,
+               samples: int) -> MTTKRPGraph:
+    """The MTTKRP graph of a sparse store or a dense array; records its choices in ``params``. A dense
+    array's ||X||^2 is computed here."""
+    dense = isinstance(store, DenseArray)
+    graph_of = DenseMTTKRPGraph if dense else MTTKRPGraph
+    graph = graph_of(c, store if dense else store.path, execution=execution, partitions=partitions,
+                     device=device, device_options=device_options, rank=rank, dtype=dtype, samples=samples)
+    params["execution"] = graph.execution
+    params["in_place_updates"] = graph.in_place
+    if graph.memory_plan is not None:
+        params["memory_plan"] = graph.memory_plan.as_dict()
+    params["device"] = graph.device
+    params["scheduler"] = "inline" if is_inline(c) else "dask"
+    if dense:
+        # ||X||^2 and the NaN/Inf check in one pass over the chunks, before anything is written
+        store.set_norm_sq(graph.scan())
+        params["input_kind"] = f"dense {store.kind} array"
+    return graph
+
+
+class InitialState(NamedTuple):
+    F: Future                   # the model state (factors, Grams, weights) on the cluster
+    start: int                  # first iteration to run (0-based)
+    fit: float
+    history: list[dict]
+    weights: np.ndarray
+    sample_entropy: int | None  # a resumed randomized run's entropy, else None
+
+
+def initial_state(c: Client, checkpoint: str | None, input_fp: dict, init: str | Sequence[np.ndarray],
+                  shape: Sequence[int], rank: int, seed: int | None, dtype: str) -> InitialState:
+    """Algorithm 1, line 1: the factors to start from. From ``checkpoint`` when it is given and
+    exists (it must be for the same store and rank), else fresh: random from ``seed``, or ``init``'s
+    matrices (their shapes checked, NaN and Inf refused)."""
+    state = read_checkpoint(checkpoint) if checkpoint else None
+    if state is not None:
+        if state.input["store_id"] != input_fp["store_id"] or state.params.get("rank") != rank:
+            raise ValueError(f"{checkpoint}: checkpoint is for another store or rank; remove it or drop resume")
+        # scattered, not embedded in the graph: Dask warns about (and copies) graphs of
+        # tens of MB, which a long factor's rows make
+        F = c.submit(U.stack, c.scatter(state.factors, hash=False), dtype, state.weights, pure=False)
+        log.info("resuming from %s after iteration %d (fit %.6f)", checkpoint, state.iteration + 1, state.fit)
+        return InitialState(F, state.iteration + 1, state.fit, list(state.history), state.weights,
+                            state.params.get("sample_entropy"))
+    N = len(shape)
+    if isinstance(init, str):
+        if init != "random":
+            raise ValueError(f"init must be 'random' or a list of factor matrices, got {init!r}")
+        F = c.submit(U.random_factors, shape, rank, seed, dtype, pure=False)
+    else:
+        if len(init) != N or any(np.shape(a) != (shape[n], rank) for n, a in enumerate(init)):
+            raise ValueError(f"init must hold {N} matrices of shapes {[(s, rank) for s in shape]}")
+        bad = [n for n, a in enumerate(init) if not np.isfinite(np.asarray(a, dtype=np.float64)).all()]
+        if bad:
+            raise DecompositionError(f"init: factor matrix {bad[0]} holds NaN or infinite entries")
+        F = c.submit(U.stack, c.scatter([np.asarray(a) for a in init], hash=False), dtype, pure=False)
+    return InitialState(F, 0, 0.0, [], np.ones(rank), None)
+
+
+def run_entropy(sample_entropy: int | None, seed: int | None) -> int:
+    """The randomized methods' sampling entropy: one per run, kept in checkpoints, so a resumed run
+    draws what the first would have."""
+    if sample_entropy is None:
+        sample_entropy = int(np.random.SeedSequence(seed).entropy) % 2**63   # seed None: fresh entropy
+    return int(sample_entropy)
+
+
+def exact_step(graph: MTTKRPGraph, nmodes: int, F: Future, n: int, iteration: int, evaluate: bool) -> Future:
+    """Algorithm 1, lines 3-6, for mode ``n``: the MTTKRP graph M = X_(n) (odot_{m != n} A_m), then
+    one update task (V = Hadamard product of the other modes' Grams, A_n = M V^+ by Cholesky,
+    columns normalized; after the last mode, the inner-product terms of the fit), fused into one
+    task when there is one partition. Its fit is exact every iteration, so ``evaluate`` is not read."""
+    return graph.mode_update(F, n, U.update_mode, iteration == 0, n == nmodes - 1, graph.in_place)
+
+
+def randomized_step(c: Client, graph: MTTKRPGraph, nmodes: int, method: str, samples: int, entropy: int,
+                    F: Future, n: int, iteration: int, evaluate: bool) -> Future:
+    """Algorithm 1, lines 3-6, sketched (seed 000, chapter 3), for mode ``n``: draw ``samples`` rows
+    of the Khatri-Rao product beside the state (STS-CP or CP-ARLS-LEV, seeded by the run's entropy,
+    the iteration and the mode), the sampled MTTKRP over the nonzeros of the sampled fibers, and the
+    update from the sketch's normal equations. With ``evaluate``, the last mode also runs the exact
+    MTTKRP, whose inner products give the fit."""
+    # draw beside the state, gather the sampled fibers, solve the sketched problem; the
+    # last mode of an evaluated iteration also runs the exact MTTKRP for the fit
+    S = c.submit(draw_samples, F, n, method, samples, (entropy, iteration, n), pure=False, **graph.placement)
+    return graph.sampled_mode_update(F, S, n, U.update_mode, evaluate and n == nmodes - 1, iteration == 0,
+                                     n == nmodes - 1, graph.in_place)
+
+
+def model_norm_sq(sm: U.Summary) -> float:
+    """||M||^2 = w^T (*_n A_n^T A_n) w, from the weights and the Grams alone."""
+    rank = len(sm.weights)
+    H = np.ones((rank, rank))
+    for g in sm.grams:
+        H *= g
+    return float(sm.weights @ H @ sm.weights)
+
+
+def model_fit(sm: U.Summary, normX2: float, norm_model2: float) -> float:
+    """fit = 1 - ||X - M|| / ||X||, without forming the model: ||X - M||^2 = ||X||^2 + ||M||^2 - 2 <X, M>,
+    where <X, M> = sum_r w_r (A_N^T M_N)_rr comes from the last mode's MTTKRP (``sm.inner``)."""
+    normX = math.sqrt(normX2)
+    iprod = float((sm.inner * sm.weights).sum())
+    return 1 - math.sqrt(abs(normX2 + norm_model2 - 2 * iprod)) / normX if normX > 0 else 0.0
+
+
+def iteration_record(iteration: int, t_iter: float, sm: U.Summary, fit: float, fit_old: float, evaluate: bool,
+                     nnz: int, bytes_read: int, randomized: bool, samples: int,
+                     empty_seen: dict[int, int]) -> dict:
+    """The history record of ``iteration`` (0-based), timed from ``t_iter``. Randomized runs add
+    their sampling times and the modes whose factor was kept (no sampled fiber held a nonzero;
+    ``empty_seen``, the counts already reported, is updated)."""
+    N = len(sm.grams)
+    seconds = time.time() - t_iter
+    # per-mode seconds from the update tasks' finish times (worker clocks)
+    ends = [t_iter] + [sm.finished[n] for n in range(N)]
+    mode_seconds = [max(0.0, ends[k + 1] - ends[k]) for k in range(N)]
+    mttkrp_s = [sm.timings[n][0] for n in range(N)]
+    update_s = [sm.timings[n][1] for n in range(N)]
+    sampling_s = [sm.sampling.get(n, 0.0) for n in range(N)]      # all 0 for exact CP-ALS
+    record = {"iteration": iteration + 1, "fit": fit, "fit_change": abs(fit - fit_old) if evaluate else 0.0,
+              "fit_evaluated": evaluate, "seconds": seconds,
+              "mode_seconds": mode_seconds, "mttkrp_seconds": mttkrp_s, "update_seconds": update_s,
+              "other_seconds": max(0.0, seconds - sum(mttkrp_s) - sum(update_s) - sum(sampling_s)
+                                   - sm.fit_seconds),
+              "nnz_per_s": nnz * N / seconds,
+              "bytes_read": bytes_read}
+    if randomized:
+        # mttkrp_seconds are the sampled MTTKRPs; fit_seconds the exact one of the fit
+        record["sampling_seconds"] = sampling_s
+        record["fit_seconds"] = sm.fit_seconds     # 0 unless this iteration evaluated the fit
+        kept = [n for n in range(N) if sm.empty_sketches.get(n, 0) > empty_seen.get(n, 0)]
+        empty_seen.clear()
+        empty_seen.update(sm.empty_sketches)
+        if kept:
+            record["kept_modes"] = kept
+            log.warning("iteration %d: no sampled fiber of mode(s) %s held a nonzero, so those factors "
+                        "were kept; the tensor is too sparse for %d samples (raise samples)",
+                        iteration + 1, kept, samples)
+    return record
+
+
+def converged(randomized: bool, tol: float, iteration: int, fit: float, fit_old: float, evaluate: bool,
+              evaluated: list[float]) -> bool:
+    """The stopping test after ``iteration``: exact CP-ALS stops when the fit changed by less than
+    ``tol``; randomized CP-ALS on its evaluated fits (``evaluated``, this run's and a resumed one's)."""
+    if randomized:
+        # sketched solves make the fit noisy: stop when the best of the last 3 evaluations
+        # does not beat the best before them by tol (seed 000, section 3.6.9)
+        return tol > 0 and evaluate and len(evaluated) > 3 and max(evaluated[-3:]) - max(evaluated[:-3]) < tol
+    return iteration > 0 and abs(fit - fit_old) < tol
+
+
+def save_checkpoint(c: Client, path: str, F: Future, weights: np.ndarray, iteration: int, fit: float,
+                    history: list[dict], params: dict, input_fp: dict) -> float:
+    """Write the state after ``iteration`` to ``path`` (atomically, by a worker: the factors live
+    there; a full disk raised here as :class:`~tensorflow_ooc.errors.DiskFullError`). Returns the
+    seconds it took."""
+    t_ck = time.time()
+    raise_returned(c.submit(disk_full_returned, write_checkpoint, path, c.submit(U.on_host, F, pure=False), weights,
+                            iteration, fit, history, params, input_fp, pure=False).result())
+    return time.time() - t_ck
+
+
+def final_factors(c: Client, F: Future, nmodes: int) -> list[np.ndarray]:
+    """The factor matrices, fetched to the driver."""
+    # mode by mode: sending the whole state at once would need a second copy of it on the worker
+    host = c.submit(U.on_host, F, pure=False)
+    return [c.submit(U.factor_rows, host, n, pure=False).result() for n in range(nmodes)]
+
+
+def chunk_bytes(store: Store) -> int:
+    """Compressed bytes of the store's chunk data (its index and value arrays)."""
+    base = str(store.path).rstrip("/")
+    return sum(paths.disk_bytes(f"{base}/{name}") for name in ("alto", "values"))
