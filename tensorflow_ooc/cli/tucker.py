@@ -1,4 +1,4 @@
-"""``tfooc tucker``: Tucker HOOI of a store from the command line (registered by :mod:`.cli`)."""
+"""``tfooc tucker``: Tucker HOOI of a store."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import logging
 import re
 import time
 from typing import Callable
+
+from .options import _positive_int, _tolerance, iteration_bar, run_outputs
 
 log = logging.getLogger("tensorflow_ooc.cli")
 
@@ -25,9 +27,8 @@ def parse_ranks(text: str) -> tuple[int, ...]:
 def cmd_tucker(args: argparse.Namespace) -> int:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from .cli import iteration_bar, run_outputs
-    from .decompositions.tucker_hooi import check_ranks, tucker_hooi
-    from .store import open_store
+    from ..decompositions.tucker_hooi import check_ranks, tucker_hooi
+    from ..store import open_store
 
     store = open_store(args.store)
     ranks = check_ranks(args.ranks[0] if len(args.ranks) == 1 else args.ranks, store.shape)
@@ -67,10 +68,9 @@ def cmd_tucker(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_tucker_command(add: Callable[..., argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """Register ``tfooc tucker`` with the CLI's ``add`` (a subparser factory)."""
-    from .cli import _positive_int, _tolerance
-    from .kernels.ttm.select import KERNELS
+def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+    """Register ``tucker`` with the CLI's ``add`` (a subparser factory)."""
+    from ..kernels.ttm.select import KERNELS
 
     t = add("tucker", help="Tucker decomposition (HOOI) of a store on Dask",
             description="Tucker decomposition of a BLCO store by higher-order orthogonal iteration (pyttb's "
@@ -114,4 +114,3 @@ def add_tucker_command(add: Callable[..., argparse.ArgumentParser]) -> argparse.
     t.add_argument("--overwrite", action="store_true",
                    help="replace an existing result at OUT (without it, an existing result is an error)")
     t.set_defaults(func=cmd_tucker)
-    return t

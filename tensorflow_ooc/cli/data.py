@@ -1,0 +1,255 @@
+"""``tfooc generate``, ``tfooc convert`` and ``tfooc info``: writing, converting and describing tensors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Callable
+
+from .options import _positive_int, _tolerance, log, parse_shape, parse_size, parse_skew
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .. import synthetic
+    from ..ingest import AltoRunSource, BatchSource, convert
+
+    if args.dense:
+        return _generate_dense(args)
+    shape, nnz = args.shape, args.nnz
+    if args.like:
+        pshape, pnnz = synthetic.PRESETS[args.like]
+        shape = shape or pshape
+        nnz = nnz or pnnz
+    if shape is None or nnz is None:
+        raise ValueError("give --shape and --nnz, or --like NAME")
+    out = str(args.out)
+    text = out.endswith(".tns") or out.endswith(".tns.gz")
+    t0 = time.perf_counter()
+    header = f"tensorflow_ooc synthetic {args.kind} tensor, shape {','.join(map(str, shape))}, seed {args.seed}"
+    if args.kind == "planted":
+        planted = synthetic.planted_cp(shape, args.rank, nnz, noise=args.noise, seed=args.seed, skew=args.skew)
+        batches = iter([(planted.coords, planted.values)])
+        factors_path = (out[:-7] if out.endswith(".tns.gz") else out[:-4] if text else out.rstrip("/")) + ".factors.npz"
+        np.savez(factors_path, weights=planted.weights, **{f"factor{n}": f for n, f in enumerate(planted.factors)})
+        log.info("true factors written to %s", factors_path)
+        nnz = planted.coords.shape[0]
+        gen = None
+    else:
+        gen = synthetic.HeavyTailedGenerator(shape, nnz, skew=args.skew, seed=args.seed, values=args.values)
+        batches = synthetic.iter_heavy_tailed(shape, nnz, skew=args.skew, seed=args.seed, values=args.values)
+    from tqdm.auto import tqdm
+
+    # a store from the heavy-tailed generator gets convert's own bars (generate/partition, merge+write)
+    bar = tqdm(total=nnz, desc="generate", unit="nz", unit_scale=True, leave=False,
+               disable=args.quiet or (gen is not None and not text))
+
+    def counted(it, axis=0):
+        for c, v in it:
+            bar.update(c.shape[axis])
+            yield c, v
+
+    log.info("generating %s nonzeros of a %s tensor shaped %s -> %s", f"{nnz:,}", args.kind, shape, out)
+    if text:
+        if os.path.exists(out) and not args.overwrite:
+            raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+        synthetic.write_tns(out, counted(batches), one_based=not args.zero_based, header=header)
+    elif gen is not None:
+        # sorted ALTO runs straight into the store: merged, not sorted; values recomputed, not spilled
+        src = AltoRunSource(gen.runs(with_values=False), shape, nnz, values_of=gen.values_of,
+                            name="synthetic generator")
+        convert(src, out, overwrite=args.overwrite, progress=not args.quiet, memory_limit=args.memory_limit,
+                tmp_dir=args.tmp_dir, out_of_core=args.out_of_core or None, compression=args.compression)
+    else:
+        src = BatchSource(counted(batches), len(shape), shape, nnz, name="synthetic generator")
+        convert(src, out, shape=shape, overwrite=args.overwrite, progress=False, memory_limit=args.memory_limit,
+                tmp_dir=args.tmp_dir, out_of_core=args.out_of_core or None, compression=args.compression)
+    bar.close()
+    log.info("wrote %s in %.1f s", out, time.perf_counter() - t0)
+    print(out)
+    return 0
+
+
+def _generate_dense(args: argparse.Namespace) -> int:
+    """``generate --dense SHAPE``: a planted rank-R dense Zarr array, written chunk by chunk, and
+    its true factors beside it (OUT.factors.npz), as the sparse planted generator does."""
+    import numpy as np
+
+    from .. import synthetic
+
+    out = str(args.out).rstrip("/")
+    if out.endswith(".tns") or out.endswith(".tns.gz"):
+        raise ValueError(f"{out}: a dense tensor is written as a Zarr array; give a directory path or URL")
+    if args.chunks is not None and len(args.chunks) != len(args.dense):
+        raise ValueError(f"--chunks has {len(args.chunks)} lengths for a tensor of order {len(args.dense)}")
+    t0 = time.perf_counter()
+    log.info("generating a planted rank-%d dense tensor shaped %s (noise %g) -> %s", args.rank, args.dense,
+             args.noise, out)
+    weights, factors = synthetic.write_planted_dense(out, args.dense, args.rank, noise=args.noise, seed=args.seed,
+                                                     chunks=args.chunks, dtype=args.dtype, codec=args.codec,
+                                                     overwrite=args.overwrite, progress=not args.quiet)
+    factors_path = out + ".factors.npz"
+    np.savez(factors_path, weights=weights, **{f"factor{n}": f for n, f in enumerate(factors)})
+    log.info("true factors written to %s; wrote %s in %.1f s", factors_path, out, time.perf_counter() - t0)
+    print(out)
+    return 0
+
+
+def _format_dense_info(info: dict) -> str:
+    lines = [
+        f"array        {info['path']}  ({info['kind']})",
+        f"shape        {' x '.join(map(str, info['shape']))}  (order {info['order']}, {info['dtype']})",
+        f"chunks       {' x '.join(map(str, info['chunks']))}  ({info['nchunks']:,} chunks of "
+        f"{info['chunk_bytes']:,} bytes at most)",
+        f"bytes        {info['bytes']:,}" + (f"  ({info['bytes_on_disk']:,} on disk, compressors "
+                                              f"{', '.join(info['compressors']) or 'none'})"
+                                              if "bytes_on_disk" in info else ""),
+    ]
+    if "norm" in info:
+        lines.append(f"norm         {info['norm']:.6g}")
+    if "planted" in info:
+        p = info["planted"]
+        lines.append(f"planted      rank {p['rank']}, noise {p['noise']:g}, seed {p['seed']}")
+    return "\n".join(lines)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from ..ingest import convert
+
+    t0 = time.perf_counter()
+    store = convert(args.input, args.store, shape=args.shape, one_based=not args.zero_based,
+                    duplicates=args.duplicates, chunk_nnz=args.chunk_nnz, max_block_nnz=args.max_block_nnz,
+                    memory_limit=args.memory_limit, overwrite=args.overwrite, progress=not args.quiet,
+                    workers=args.workers, tmp_dir=args.tmp_dir, compression=args.compression,
+                    out_of_core=args.out_of_core or None)
+    dt = time.perf_counter() - t0
+    print(f"{store.path}: {store.nnz:,} nonzeros, shape {'x'.join(map(str, store.shape))}, "
+          f"{store.nblocks} blocks, {store.nchunks} chunks, {dt:.2f} s ({store.nnz / dt / 1e6:.2f} M nonzeros/s)")
+    return 0
+
+
+def _chunk_text(info: dict) -> str:
+    """Chunks and how full they are: ``chunk_nnz`` is the capacity of a chunk, not its size (a
+    9.5 k-nonzero store is one chunk of 9.5 k nonzeros, with room for 1 M)."""
+    n, cap, nnz = info["chunks"], info["chunk_nnz"], info["nnz"]
+    if n <= 1:
+        held = f"{nnz:,} nonzeros" if n == 1 else "empty"
+        return f"{n:,}  ({held}; capacity {cap:,} nonzeros per chunk, {info['compression']})"
+    last = nnz - (n - 1) * cap
+    return (f"{n:,}  ({cap:,} nonzeros each, the last {last:,}; {info['compression']})" if last != cap
+            else f"{n:,}  ({cap:,} nonzeros each, {info['compression']})")
+
+
+def _format_info(info: dict) -> str:
+    lines = [
+        f"store        {info['path']}  (BLCO format v{info['format_version']})",
+        f"shape        {' x '.join(map(str, info['shape']))}",
+        f"nonzeros     {info['nnz']:,}  (density {info['density']:.3g}, values {info['value_dtype']})",
+        f"norm         {info['norm']:.6g}",
+        f"blocks       {info['blocks']:,}  (nonzeros per block {info['block_nnz_min']:,} .. {info['block_nnz_max']:,})",
+        f"chunks       {_chunk_text(info)}",
+        f"on disk      {info['bytes_on_disk']:,} bytes = {info['bytes_per_nnz']:.2f} bytes/nonzero, "
+        f"{100 * info['compression_ratio']:.1f} % of raw COO ({info['raw_coo_bytes']:,} bytes)",
+        f"index bits   {info['layout']['total_bits']} ({info['layout']['index_bits']} per nonzero, "
+        f"{info['layout']['total_bits'] - info['layout']['index_bits']} in block keys)",
+        "",
+        f"{'mode':>4} {'length':>12} {'bits':>5} {'key bits':>8} {'chunk span mean':>16} {'chunk span max':>15}",
+    ]
+    for m in info["modes"]:
+        lines.append(f"{m['mode']:>4} {m['length']:>12,} {m['bits']:>5} {m['key_bits']:>8} "
+                     f"{m['chunk_index_span_mean']:>16,.1f} {m['chunk_index_span_max']:>15,}")
+    return "\n".join(lines)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from ..store import open_store
+    from ..store.dense import is_dense_array, open_dense
+
+    if is_dense_array(args.store):
+        info = open_dense(args.store).info()
+        print(json.dumps(info, indent=2) if args.json else _format_dense_info(info))
+        return 0
+    info = open_store(args.store).info()
+    print(json.dumps(info, indent=2) if args.json else _format_info(info))
+    return 0
+
+
+
+def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+    """Register ``generate``, ``convert`` and ``info`` with the CLI's ``add`` (a subparser factory)."""
+    from ..synthetic import PRESETS, VALUE_KINDS
+
+    g = add("generate", help="write a synthetic sparse tensor (.tns, .tns.gz or a store), or with --dense a planted "
+                             "dense Zarr array",
+                       description="Write a synthetic sparse tensor: heavy-tailed slice sizes like real data, "
+                                   "or a planted low-rank CP model on such a support. The output kind follows "
+                                   "the name: *.tns, *.tns.gz (text, 1-based) or anything else (a BLCO store).")
+    g.add_argument("out", help="output path: FILE.tns, FILE.tns.gz, or a store path / URL")
+    g.add_argument("--like", choices=sorted(PRESETS), help="shape and nonzero count of a FROSTT-like tensor")
+    g.add_argument("--shape", type=parse_shape, help="mode lengths, e.g. 183,24,1140,1717 (overrides --like)")
+    g.add_argument("--nnz", type=_positive_int, help="number of nonzeros (overrides --like; 1e6 style allowed)")
+    g.add_argument("--kind", choices=["heavy-tailed", "planted"], default="heavy-tailed",
+                   help="heavy-tailed support with random values, or planted CP (default heavy-tailed)")
+    g.add_argument("--rank", type=_positive_int, default=8, help="rank of the planted model (default 8)")
+    g.add_argument("--noise", type=_tolerance, default=0.0, help="planted: noise std relative to the values' std")
+    g.add_argument("--skew", type=parse_skew, default=1.6,
+                   help="power-law exponent per mode (1 = uniform; one value or one per mode; default 1.6)")
+    g.add_argument("--values", choices=VALUE_KINDS, default="uniform",
+                   help="value distribution for heavy-tailed tensors (default uniform in (0, 1])")
+    g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    g.add_argument("--zero-based", action="store_true", help="write 0-based indices to .tns (default 1-based)")
+    g.add_argument("--memory-limit", type=parse_size, help="peak memory when writing a store directly")
+    g.add_argument("--tmp-dir", help="directory for out-of-core buckets when writing a store (default: beside it)")
+    g.add_argument("--out-of-core", action="store_true",
+                   help="write a store through on-disk buckets even when the tensor fits in memory")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    g.add_argument("--compression", choices=["fast", "small", "none"], default="fast",
+                   help="sparse store: chunk compression, as for convert (default fast)")
+    g.add_argument("--dense", type=parse_shape, metavar="SHAPE",
+                   help="write a planted rank-RANK dense Zarr array of this shape instead (OUT is the array's path "
+                        "or URL; true factors in OUT.factors.npz); --noise is then the noise's norm relative to "
+                        "the model's (0.01 = 1 %%)")
+    g.add_argument("--chunks", type=parse_shape,
+                   help="--dense: chunk shape (default: chunks of at most 8 MiB, whole trailing modes, the leading "
+                        "ones cut into equal pieces)")
+    g.add_argument("--dtype", choices=["float64", "float32"], default="float64", help="--dense: value dtype")
+    g.add_argument("--codec", choices=["none", "zstd"], default="none",
+                   help="--dense: chunk compression (default none: noisy floats barely compress, and decompressing "
+                        "them would bound a streamed CP-ALS)")
+    g.set_defaults(func=cmd_generate)
+
+    c = add("convert", help="convert a .tns/.tns.gz file to a BLCO Zarr store",
+                       description="Convert a FROSTT .tns or .tns.gz file into a BLCO Zarr store (local path or "
+                                   "fsspec URL). Inputs larger than --memory-limit are converted out of core. "
+                                   "Nothing is left at STORE if conversion fails.")
+    c.add_argument("input", help="input .tns or .tns.gz file (gzip detected by content)")
+    c.add_argument("store", help="output store: a local path or an fsspec URL")
+    c.add_argument("--shape", type=parse_shape, help="mode lengths (default: max index per mode)")
+    c.add_argument("--zero-based", action="store_true", help="indices start at 0 (default: 1, as in FROSTT)")
+    c.add_argument("--duplicates", choices=["error", "sum", "last"], default="error",
+                   help="repeated coordinates: fail (default), add the values, or keep the last")
+    c.add_argument("--chunk-nnz", type=_positive_int, help="nonzeros per stored chunk (default 1048576)")
+    c.add_argument("--max-block-nnz", type=_positive_int, help="largest BLCO block (default 16777216)")
+    c.add_argument("--compression", choices=["fast", "small", "none"], default="fast",
+                   help="chunk compression: fast (default; lz4 index and values) decodes quickly, which "
+                        "streaming CP-ALS feels on every mode; small (zstd-3) makes the smallest stores; none "
+                        "stores raw chunks with their checksums (about 1/3 larger than fast), which streaming "
+                        "maps instead of decoding: for stores streamed many times from a fast local disk")
+    c.add_argument("--memory-limit", type=parse_size,
+                   help="peak memory of the conversion, e.g. 512MB (default: half the available memory)")
+    c.add_argument("--workers", type=_positive_int, help="parallel parse tasks (default: cores)")
+    c.add_argument("--tmp-dir", help="directory for out-of-core buckets (default: beside the store)")
+    c.add_argument("--out-of-core", action="store_true",
+                   help="convert through on-disk buckets even when the input fits in memory")
+    c.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    c.set_defaults(func=cmd_convert)
+
+    i = add("info", help="describe a store or a dense Zarr array",
+                       description="Validate a store and print its shape, nonzeros, blocks, chunks, bytes on "
+                                   "disk, compression ratio and per-mode statistics.")
+    i.add_argument("store", help="store path or URL, or a dense Zarr array (shape, chunks, dtype, bytes)")
+    i.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    i.set_defaults(func=cmd_info)

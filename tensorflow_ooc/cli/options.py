@@ -1,0 +1,165 @@
+"""The CLI's shared option types, exit codes, error-line parser, result paths and progress bar."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import re
+from pathlib import Path
+
+log = logging.getLogger("tensorflow_ooc.cli")
+
+DEFAULT_STORAGE = Path(os.environ.get("TFOOC_STORAGE", "storage"))
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'512MB', '2GiB', '1000000' -> bytes."""
+    m = _SIZE.match(text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 512MB, 2GiB, 1000000)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _positive_ints(text: str, refusal: str, example: str, rule: str) -> tuple[int, ...]:
+    """'8,8,8', '183x24' or '8' -> positive integers; ``refusal`` starts the error message."""
+    try:
+        values = tuple(int(s) for s in re.split(r"[x,\s]+", text.strip()) if s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{refusal}: {text!r} (example: {example})") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{refusal}: {text!r}: {rule}")
+    return values
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    return _positive_ints(text, "not a shape", "183,24,1140,1717", "mode lengths must be >= 1")
+
+
+def parse_skew(text: str) -> float | tuple[float, ...]:
+    vals = tuple(float(s) for s in text.split(","))
+    return vals[0] if len(vals) == 1 else vals
+
+
+#: the largest count (rank, iterations, samples, ...) a command takes; the memory plan judges
+#: what fits, this only keeps numbers in the range integers are computed in
+MAX_COUNT = 2**62
+
+
+def _count(text: str, low: int) -> int:
+    """An integer >= ``low`` written as '16', '1e3' or '1_000'; NaN, infinities and fractions are
+    refused here, at parse time, rather than truncated or passed on."""
+    try:
+        v = int(text)
+    except ValueError:
+        try:
+            f = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not math.isfinite(f) or f != int(f):
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        v = int(f)
+    if v < low or v > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be an integer in [{low}, 2^62], got {text}")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    return _count(text, 1)
+
+
+def _nonnegative_int(text: str) -> int:
+    return _count(text, 0)
+
+
+def _tolerance(text: str) -> float:
+    """A finite number >= 0 (``--tol``): NaN, infinities and negative numbers are refused."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return v
+
+
+def _finite_float(text: str) -> float:
+    """A finite number (rates, regularization): NaN and infinities are refused at parse time."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return v
+
+
+def _fraction(text: str) -> float:
+    """A number strictly between 0 and 1 (``--test-fraction``)."""
+    v = _finite_float(text)
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {text}")
+    return v
+
+
+def run_outputs(args: argparse.Namespace, tag: str) -> tuple[str, str]:
+    """The result store and checkpoint paths of a decomposition command (``--out``, default
+    ``STORE.<tag>.zarr``; ``--checkpoint``, default beside it), refusing to replace an earlier
+    result without ``--overwrite`` or ``--resume``; a fresh ``--overwrite`` run drops the old
+    checkpoint so it never resumes from the old run's state."""
+    from ..store import paths
+
+    out = args.out or f"{str(args.store).rstrip('/')}.{tag}.zarr"
+    checkpoint = args.checkpoint or f"{out}.checkpoint.npz"
+    if paths.exists(out) and not (args.overwrite or args.resume):
+        # an earlier result and its checkpoint would be replaced without a word: refuse, as
+        # cp_als(out=...) does, and say how to go on
+        raise FileExistsError(f"{out} holds the result of an earlier run; pass --out NEW to keep it, --overwrite "
+                              f"to replace it, or --resume to continue from its checkpoint")
+    if args.resume and not paths.exists(checkpoint):
+        raise FileNotFoundError(f"--resume: there is no checkpoint at {checkpoint} to continue from; run without "
+                                f"--resume to start afresh, or give --checkpoint PATH")
+    if paths.exists(checkpoint) and not (args.overwrite or args.resume):
+        # a run that stopped before writing its result left this: starting afresh would replace it
+        raise FileExistsError(f"{checkpoint} holds the checkpoint of an earlier run that did not finish; pass "
+                              f"--resume to continue it, or --overwrite to start over and replace it")
+    if args.overwrite and not args.resume and paths.exists(checkpoint):
+        paths.remove(checkpoint)
+    return out, checkpoint
+
+
+def iteration_bar(args: argparse.Namespace, desc: str):
+    """A progress bar over ``--max-iters`` iterations and the callback that moves it (fit, change,
+    seconds per iteration from each history record)."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=args.max_iters, desc=desc, unit="it", disable=args.quiet, leave=False)
+
+    def progress(record: dict) -> None:
+        bar.n = record["iteration"]
+        bar.set_postfix(fit=f"{record['fit']:.6f}", dfit=f"{record['fit_change']:.1e}",
+                        s_per_it=f"{record['seconds']:.3f}")
+
+    return bar, progress
+
+
+def parse_ranks(text: str) -> tuple[int, ...]:
+    """'8,8,8' or '8' -> factor ranks."""
+    return _positive_ints(text, "not ranks", "8,8,8", "every rank must be >= 1")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one error line: ``tfooc: error: cpd: argument --tol: ...`` and a
+    pointer to ``--help`` (exit 2), the same form every other bad input gets."""
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("tfooc").strip()
+        where = f"{command}: " if command else ""
+        self.exit(EXIT_BAD_INPUT, f"tfooc: error: {where}{message} (see '{self.prog} --help')\n")
