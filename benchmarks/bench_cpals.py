@@ -88,24 +88,39 @@ def section_overhead(tmp: Path, args) -> dict:
         in_mem += t[1:]
         t, fits["streaming"] = dask_iterations(store, args.rank, args.iters + 1, 1, "streaming")
         stream += t[1:]
-    res = {"tensor": args.large, "nnz": store.nnz, "rank": args.rank, "rounds": args.rounds,
-           "direct_s": min(direct), "in_memory_s": min(in_mem), "streaming_s": min(stream),
-           "direct_median_s": float(np.median(direct)), "in_memory_median_s": float(np.median(in_mem)),
-           "streaming_median_s": float(np.median(stream)),
-           "overhead_ratio": min(in_mem) / min(direct), "streaming_vs_in_memory": min(in_mem) / min(stream),
-           "overhead_ratio_median": float(np.median(in_mem) / np.median(direct)),
-           "streaming_vs_in_memory_median": float(np.median(in_mem) / np.median(stream)),
-           "all": {"direct": direct, "in_memory": in_mem, "streaming": stream},
-           "fit_equal": abs(fits["in-memory"] - fits["streaming"])}
-    print(f"\nDask overhead and execution modes: {args.large}-shaped, {store.nnz:,} nonzeros, rank {args.rank}, "
-          f"{args.rounds} rounds x {args.iters} iterations (after one warm-up each)")
-    print(f"{'':>8}{'direct kernels s/it':>20}{'embedded in-memory':>20}{'embedded streaming':>20}{'overhead':>10}"
-          f"{'stream/in-mem thr.':>20}")
+    res = {
+        "tensor": args.large,
+        "nnz": store.nnz,
+        "rank": args.rank,
+        "rounds": args.rounds,
+        "direct_s": min(direct),
+        "in_memory_s": min(in_mem),
+        "streaming_s": min(stream),
+        "direct_median_s": float(np.median(direct)),
+        "in_memory_median_s": float(np.median(in_mem)),
+        "streaming_median_s": float(np.median(stream)),
+        "overhead_ratio": min(in_mem) / min(direct),
+        "streaming_vs_in_memory": min(in_mem) / min(stream),
+        "overhead_ratio_median": float(np.median(in_mem) / np.median(direct)),
+        "streaming_vs_in_memory_median": float(np.median(in_mem) / np.median(stream)),
+        "all": {"direct": direct, "in_memory": in_mem, "streaming": stream},
+        "fit_equal": abs(fits["in-memory"] - fits["streaming"]),
+    }
+    print(
+        f"\nDask overhead and execution modes: {args.large}-shaped, {store.nnz:,} nonzeros, rank {args.rank}, "
+        f"{args.rounds} rounds x {args.iters} iterations (after one warm-up each)"
+    )
+    print(
+        f"{'':>8}{'direct kernels s/it':>20}{'embedded in-memory':>20}{'embedded streaming':>20}{'overhead':>10}"
+        f"{'stream/in-mem thr.':>20}"
+    )
     for tag, sfx in (("best", "_s"), ("median", "_median_s")):
         ratio = res["overhead_ratio" + ("" if tag == "best" else "_median")]
         thr = res["streaming_vs_in_memory" + ("" if tag == "best" else "_median")]
-        print(f"{tag:>8}{res['direct' + sfx]:>20.3f}{res['in_memory' + sfx]:>20.3f}{res['streaming' + sfx]:>20.3f}"
-              f"{ratio:>10.2f}{100 * thr:>19.0f}%")
+        print(
+            f"{tag:>8}{res['direct' + sfx]:>20.3f}{res['in_memory' + sfx]:>20.3f}{res['streaming' + sfx]:>20.3f}"
+            f"{ratio:>10.2f}{100 * thr:>19.0f}%"
+        )
     return res
 
 
@@ -120,8 +135,12 @@ def section_peers(tmp: Path, args) -> dict:
     res = {"tensor": args.small, "nnz": store.nnz, "rank": args.rank, "ours_s": ours, "ours_fit": r.fit}
     try:
         g = P.genten_cp_als(coords, values, store.shape, args.rank, iters=args.iters + 1, init=init, method="fastest")
-        res.update(genten_s=g["seconds_per_iter"], genten_method=g.get("method"), genten_fit=g.get("fit"),
-                   genten_ratio=g["seconds_per_iter"] / ours)
+        res.update(
+            genten_s=g["seconds_per_iter"],
+            genten_method=g.get("method"),
+            genten_fit=g.get("fit"),
+            genten_ratio=g["seconds_per_iter"] / ours,
+        )
     except Exception as exc:
         res["genten_error"] = repr(exc)
     try:
@@ -150,8 +169,12 @@ def section_ooc(tmp: Path, args) -> dict:
     decoded = store.nnz * 16
     peaks: dict[int, int] = {}
     stop = threading.Event()
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, memory_limit=budget,
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, memory_limit=budget, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         pids = list(client.run(os.getpid).values())
 
         def watch():
@@ -171,15 +194,29 @@ def section_ooc(tmp: Path, args) -> dict:
         secs = time.perf_counter() - t0
         stop.set()
         w.join()
-    res = {"nnz": store.nnz, "decoded_bytes": decoded, "worker_budget": budget, "ratio": decoded / budget,
-           "execution": r.params["execution"], "iterations": r.iterations, "seconds": secs,
-           "seconds_per_iter": [h["seconds"] for h in r.history], "fit": r.fit, "store_build_s": build,
-           "peak_rss": {str(k): v for k, v in peaks.items()}, "under_budget": all(v < budget for v in peaks.values())}
-    print(f"\nOut of core: {store.nnz:,} nonzeros, decoded {decoded / 2**30:.2f} GiB = {res['ratio']:.1f}x the "
-          f"{args.worker_memory_mb} MiB worker limit, rank 16, 3 iterations ({r.params['execution']})")
+    res = {
+        "nnz": store.nnz,
+        "decoded_bytes": decoded,
+        "worker_budget": budget,
+        "ratio": decoded / budget,
+        "execution": r.params["execution"],
+        "iterations": r.iterations,
+        "seconds": secs,
+        "seconds_per_iter": [h["seconds"] for h in r.history],
+        "fit": r.fit,
+        "store_build_s": build,
+        "peak_rss": {str(k): v for k, v in peaks.items()},
+        "under_budget": all(v < budget for v in peaks.values()),
+    }
+    print(
+        f"\nOut of core: {store.nnz:,} nonzeros, decoded {decoded / 2**30:.2f} GiB = {res['ratio']:.1f}x the "
+        f"{args.worker_memory_mb} MiB worker limit, rank 16, 3 iterations ({r.params['execution']})"
+    )
     print(f"{'s/iteration':>12}{'peak worker RSS MiB':>21}{'limit MiB':>10}{'under':>7}")
-    print(f"{np.mean(res['seconds_per_iter']):>12.2f}{max(peaks.values()) / 2**20:>21.0f}{args.worker_memory_mb:>10}"
-          f"{str(res['under_budget']):>7}")
+    print(
+        f"{np.mean(res['seconds_per_iter']):>12.2f}{max(peaks.values()) / 2**20:>21.0f}{args.worker_memory_mb:>10}"
+        f"{str(res['under_budget']):>7}"
+    )
     return res
 
 

@@ -13,7 +13,8 @@ ELEM, SLICE and TILE (Eq. 6 width) with the seed's model beside each (T_0, T_0,L
 f = N R d and the traffic terms of section IV-B, with tau_f, tau_m and l measured in this run);
 then the tile-width sweep at R = 32 in the form of the seed's Table IV, the model's T_0,LM
 throughput beside each width (on CPUs a tile is ``w`` wide in every mode but the target and the
-innermost one, which it spans whole; see kernels/dense_mttkrp.py). Throughput is the seed's unit, gflops = f / t / 2^30. ELEM runs for
+innermost one, which it spans whole; see kernels/dense/cpu.py). Throughput is the seed's unit, gflops = f / t /
+2^30. ELEM runs for
 R <= 32 only (one atomic per element and column: the seed leaves it out on CPUs as well).
 Every variant's result is checked against SLICE's. JIT compilation is excluded.
 
@@ -34,6 +35,7 @@ benchmarks/results/dense-<time>.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -48,15 +50,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tensorflow_ooc.kernels.dense.model import Machine, gflops, measure_machine, predict_modes  # noqa: E402
 from tensorflow_ooc.kernels.dense.cpu import dense_mttkrp, tile_items  # noqa: E402
+from tensorflow_ooc.kernels.dense.model import Machine, gflops, measure_machine, predict_modes  # noqa: E402
 from tensorflow_ooc.kernels.dense.tile import cpu_middle_cache, dense_tile_width  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 SEED_SHAPES = {"A": (401, 201, 12, 501), "B": (129, 129, 129, 12, 39)}
 FULL_BYTES = 0.7e9
 QUICK_BYTES = 4e6
-WIDTHS = (2, 4, 6, 8, 10, 12, 14)       # the seed's Table IV sweep
+WIDTHS = (2, 4, 6, 8, 10, 12, 14)  # the seed's Table IV sweep
 ELEM_MAX_RANK = 32
 
 
@@ -105,12 +107,13 @@ def warm_up() -> float:
 
 # --- section: kernels ------------------------------------------------------------------------------
 
+
 def _modes_time(X, factors, variant, tile, repeat):
     """Best time per mode and the mode-averaged time; the outputs for checking."""
     times, outs = [], []
     for k in range(X.ndim):
         outs.append(dense_mttkrp(X, factors, k, variant=variant, tile=tile))
-        times.append(best_time(lambda: dense_mttkrp(X, factors, k, variant=variant, tile=tile), repeat))
+        times.append(best_time(functools.partial(dense_mttkrp, X, factors, k, variant=variant, tile=tile), repeat))
     return times, outs
 
 
@@ -123,21 +126,30 @@ def _check(outs, ref, label):
 
 def _model_row(shape, rank, variant, machine, width, measured):
     items = None
-    if variant == "tile":   # the tile sums the CPU kernel writes (rows of a tile are whole)
+    if variant == "tile":  # the tile sums the CPU kernel writes (rows of a tile are whole)
         items = [tile_items(shape, k, width) for k in range(len(shape))]
     pred = predict_modes(shape, rank, 8, variant, machine, width, items)
     f = pred["flops"]
-    return {"T": measured, "gflops": gflops(f, measured), "T_0": pred["T_0"], "T_0_lm": pred["T_0_lm"],
-            "T_inf": pred["T_inf"], "gflops_0_lm": gflops(f, pred["T_0_lm"]), "gflops_inf": gflops(f, pred["T_inf"]),
-            "T_over_T_0_lm": measured / pred["T_0_lm"]}
+    return {
+        "T": measured,
+        "gflops": gflops(f, measured),
+        "T_0": pred["T_0"],
+        "T_0_lm": pred["T_0_lm"],
+        "T_inf": pred["T_inf"],
+        "gflops_0_lm": gflops(f, pred["T_0_lm"]),
+        "gflops_inf": gflops(f, pred["T_inf"]),
+        "T_over_T_0_lm": measured / pred["T_0_lm"],
+    }
 
 
 def section_kernels(args, ctx) -> dict:
     machine: Machine = ctx["machine"]
     out = {"variants": [], "widths": []}
     print("\n== kernels: mode-averaged MTTKRP, model beside each (gflops = f/t/2^30; T in s) ==")
-    hdr = (f"{'tensor':<22}{'R':>5} {'variant':<10}{'w':>4}{'T':>9}{'gflops':>8}{'T_0':>9}{'T_0,LM':>9}"
-           f"{'T_inf':>9}{'T/T_0,LM':>9}")
+    hdr = (
+        f"{'tensor':<22}{'R':>5} {'variant':<10}{'w':>4}{'T':>9}{'gflops':>8}{'T_0':>9}{'T_0,LM':>9}"
+        f"{'T_inf':>9}{'T/T_0,LM':>9}"
+    )
     print(hdr)
     for name, X in ctx["tensors"].items():
         rng = np.random.default_rng(3)
@@ -153,19 +165,24 @@ def section_kernels(args, ctx) -> dict:
                 t, o = _modes_time(X, factors, variant, tile, rep)
                 _check(o, ref, f"{name} R={R} {variant}")
                 runs.append((variant, tile, t, o))
-            for variant, tile, t, _ in runs:
+            for variant, _tile, t, _ in runs:
                 w = width if variant == "tile" else None
                 row = _model_row(X.shape, R, variant, machine, w, float(np.mean(t)))
-                row.update({"tensor": name, "shape": list(X.shape), "rank": R, "variant": variant, "width": w,
-                            "mode_times": t})
+                row.update(
+                    {"tensor": name, "shape": list(X.shape), "rank": R, "variant": variant, "width": w, "mode_times": t}
+                )
                 out["variants"].append(row)
                 label = f"{name} {'x'.join(map(str, X.shape))}"
-                print(f"{label:<22}{R:>5} {variant:<10}{w if w else '-':>4}{row['T']:>9.4f}{row['gflops']:>8.2f}"
-                      f"{row['T_0']:>9.4f}{row['T_0_lm']:>9.4f}{row['T_inf']:>9.4f}{row['T_over_T_0_lm']:>9.2f}",
-                      flush=True)
+                print(
+                    f"{label:<22}{R:>5} {variant:<10}{w if w else '-':>4}{row['T']:>9.4f}{row['gflops']:>8.2f}"
+                    f"{row['T_0']:>9.4f}{row['T_0_lm']:>9.4f}{row['T_inf']:>9.4f}{row['T_over_T_0_lm']:>9.2f}",
+                    flush=True,
+                )
     R = 32
-    print(f"\n== kernels: TILE width sweep at R = {R} (the seed's Table IV), gflops averaged over modes; "
-          "model T_0,LM gflops in brackets; * = Eq. 6 width ==")
+    print(
+        f"\n== kernels: TILE width sweep at R = {R} (the seed's Table IV), gflops averaged over modes; "
+        "model T_0,LM gflops in brackets; * = Eq. 6 width =="
+    )
     names = list(ctx["tensors"])
     print(f"{'width':>6}" + "".join(f"{n + ' ' + 'x'.join(map(str, ctx['tensors'][n].shape)):>30}" for n in names))
     sweep = {n: {} for n in names}
@@ -208,15 +225,34 @@ def add_cpals_arguments(ap: argparse.ArgumentParser) -> None:
     """The ``cpals`` section's options; unset ones take the full or ``--quick`` size (CPALS_DEFAULTS)."""
     ap.add_argument("--cpals-ranks", nargs="+", type=int, default=None, help="cpals: ranks against peers (32 500)")
     ap.add_argument("--cpals-iters", type=int, default=None, help="cpals: CP-ALS iterations per run (5; quick 3)")
-    ap.add_argument("--cpals-worker-mb", type=int, default=None,
-                    help="cpals: worker memory limit of the out-of-core run, MiB (1024; quick 600)")
-    ap.add_argument("--cpals-ooc-factor", type=float, default=None,
-                    help="cpals: out-of-core array bytes / worker limit (4.2; quick 4.0)")
-    ap.add_argument("--cpals-ooc-rank", type=int, default=None, help="cpals: rank of the out-of-core run (32; quick 16)")
-    ap.add_argument("--cpals-codec", choices=["none", "zstd"], default="none",
-                    help="cpals: compression of the out-of-core Zarr array (default none)")
-    ap.add_argument("--cpals-parts", nargs="+", choices=["peers", "ooc"], default=["peers", "ooc"],
-                    help="cpals: which parts to run (default both)")
+    ap.add_argument(
+        "--cpals-worker-mb",
+        type=int,
+        default=None,
+        help="cpals: worker memory limit of the out-of-core run, MiB (1024; quick 600)",
+    )
+    ap.add_argument(
+        "--cpals-ooc-factor",
+        type=float,
+        default=None,
+        help="cpals: out-of-core array bytes / worker limit (4.2; quick 4.0)",
+    )
+    ap.add_argument(
+        "--cpals-ooc-rank", type=int, default=None, help="cpals: rank of the out-of-core run (32; quick 16)"
+    )
+    ap.add_argument(
+        "--cpals-codec",
+        choices=["none", "zstd"],
+        default="none",
+        help="cpals: compression of the out-of-core Zarr array (default none)",
+    )
+    ap.add_argument(
+        "--cpals-parts",
+        nargs="+",
+        choices=["peers", "ooc"],
+        default=["peers", "ooc"],
+        help="cpals: which parts to run (default both)",
+    )
 
 
 def _cpals_opt(args, name: str):
@@ -269,18 +305,35 @@ def _cpals_child(tool: str, npy: str, rank: int, iters: int, seed: int) -> dict:
         wall = time.perf_counter() - t0
         steady = [h["seconds"] for h in r.history[1:]] or [r.history[0]["seconds"]]
         # steady state: the first iteration also loads the kernels from numba's cache (reported apart)
-        out = {"s_per_iter": float(np.mean(steady)), "first_iter_s": r.history[0]["seconds"],
-               "wall_s": wall, "fit": r.fit, "execution": r.params["execution"]}
+        out = {
+            "s_per_iter": float(np.mean(steady)),
+            "first_iter_s": r.history[0]["seconds"],
+            "wall_s": wall,
+            "fit": r.fit,
+            "execution": r.params["execution"],
+        }
     elif tool == "tensorly":
         tl.set_backend("numpy")
-        cp = parafac(X, rank, n_iter_max=iters, init=CPTensor((np.ones(rank), [a.copy() for a in init])), tol=0,
-                     normalize_factors=False)
+        cp = parafac(
+            X,
+            rank,
+            n_iter_max=iters,
+            init=CPTensor((np.ones(rank), [a.copy() for a in init])),
+            tol=0,
+            normalize_factors=False,
+        )
         wall = time.perf_counter() - t0
         out = {"s_per_iter": wall / iters, "wall_s": wall}
         weights, factors = np.asarray(cp.weights), [np.asarray(f) for f in cp.factors]
     else:
-        K, _, info = pyttb.cp_als(pyttb.tensor(X, copy=False), rank, maxiters=iters, stoptol=0,
-                                  init=pyttb.ktensor([a.copy() for a in init]), printitn=0)
+        K, _, info = pyttb.cp_als(
+            pyttb.tensor(X, copy=False),
+            rank,
+            maxiters=iters,
+            stoptol=0,
+            init=pyttb.ktensor([a.copy() for a in init]),
+            printitn=0,
+        )
         wall = time.perf_counter() - t0
         out = {"s_per_iter": wall / iters, "wall_s": wall, "fit": float(info["fit"])}
     out["peak_beyond_tensor"] = _peak_rss() - rss0
@@ -304,7 +357,7 @@ def _cpals_run(tool: str, npy: str, rank: int, iters: int, seed: int) -> dict:
     with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
         try:
             return pool.submit(_cpals_child, tool, npy, rank, iters, seed).result()
-        except Exception as exc:     # a peer that fails (out of memory) is reported, not fatal
+        except Exception as exc:  # a peer that fails (out of memory) is reported, not fatal
             return {"error": f"{type(exc).__name__}: {exc}"}
 
 
@@ -322,14 +375,19 @@ def _cpals_peers(args, ctx, tmp: Path) -> dict:
             for tool in ("tensorflow_ooc", "tensorly", "pyttb"):
                 need = cpals_krp_bytes(X.shape, rank) if tool != "tensorflow_ooc" else 0
                 if need > 0.8 * avail:
-                    row[tool] = {"skipped": f"cannot hold it: its Khatri-Rao product and unfolding need about "
-                                            f"{need / 2**30:.1f} GiB beyond the tensor, {avail / 2**30:.1f} GiB "
-                                            f"are available", "estimated_peak_beyond_tensor": need}
+                    row[tool] = {
+                        "skipped": f"cannot hold it: its Khatri-Rao product and unfolding need about "
+                        f"{need / 2**30:.1f} GiB beyond the tensor, {avail / 2**30:.1f} GiB "
+                        f"are available",
+                        "estimated_peak_beyond_tensor": need,
+                    }
                     continue
                 row[tool] = _cpals_run(tool, npy, rank, iters, 1)
             rows.append(row)
-    print(f"\nDense CP-ALS against TensorLy (parafac, NumPy backend) and pyttb (cp_als): {iters} iterations from "
-          f"the same initial factors; peak = resident memory beyond the tensor, a fresh process per run")
+    print(
+        f"\nDense CP-ALS against TensorLy (parafac, NumPy backend) and pyttb (cp_als): {iters} iterations from "
+        f"the same initial factors; peak = resident memory beyond the tensor, a fresh process per run"
+    )
     print(f"{'tensor':<7}{'shape':<22}{'R':>5}  {'tool':<16}{'s/iter':>9}{'peak MiB':>10}{'fit':>9}{'ours/peer':>11}")
     for row in rows:
         ours = row["tensorflow_ooc"].get("s_per_iter")
@@ -347,7 +405,6 @@ def _cpals_peers(args, ctx, tmp: Path) -> dict:
 def _peak_rss_while(client, fn):
     """``fn()``, sampling the client's worker processes' resident memory every 20 ms; (result, peak)."""
     import psutil
-
     from peers.common import Sampler
 
     procs = [psutil.Process(p) for p in client.run(os.getpid).values()]
@@ -377,30 +434,55 @@ def _cpals_ooc(args, tmp: Path) -> dict:
     t0 = time.perf_counter()
     synthetic.write_planted_dense(path, shape, 10, noise=0.01, seed=0, codec=args.cpals_codec, overwrite=True)
     nbytes = math.prod(shape) * 8
-    res: dict = {"shape": list(shape), "bytes": nbytes, "worker_limit": limit, "ratio": nbytes / limit, "rank": R,
-                 "codec": args.cpals_codec, "write_s": time.perf_counter() - t0}
+    res: dict = {
+        "shape": list(shape),
+        "bytes": nbytes,
+        "worker_limit": limit,
+        "ratio": nbytes / limit,
+        "rank": R,
+        "codec": args.cpals_codec,
+        "write_s": time.perf_counter() - t0,
+    }
     # one single-threaded worker process each: with the limit (the plan streams), and without (in memory)
     for label, mem in (("out of core", limit), ("in memory", 0)):
-        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, memory_limit=mem,
-                          dashboard_address=None) as cluster, Client(cluster) as client:
-            r, peak = _peak_rss_while(client, lambda: tfo.cp_als(path, R, client=client, seed=1, max_iters=iters,
-                                                                   tol=0))
+        with (
+            LocalCluster(
+                n_workers=1, threads_per_worker=1, processes=True, memory_limit=mem, dashboard_address=None
+            ) as cluster,
+            Client(cluster) as client,
+        ):
+            r, peak = _peak_rss_while(
+                client, lambda: tfo.cp_als(path, R, client=client, seed=1, max_iters=iters, tol=0)
+            )
         steady = [h["seconds"] for h in r.history[1:]] or [r.history[0]["seconds"]]
-        res[label] = {"execution": r.params["execution"], "s_per_iter": float(np.mean(steady)),
-                      "seconds_per_iter": [h["seconds"] for h in r.history], "fit": r.fit, "peak_rss": peak,
-                      "under_limit": (peak < limit) if mem else None, "memory_plan": r.params.get("memory_plan")}
+        res[label] = {
+            "execution": r.params["execution"],
+            "s_per_iter": float(np.mean(steady)),
+            "seconds_per_iter": [h["seconds"] for h in r.history],
+            "fit": r.fit,
+            "peak_rss": peak,
+            "under_limit": (peak < limit) if mem else None,
+            "memory_plan": r.params.get("memory_plan"),
+        }
     ooc, inm = res["out of core"], res["in memory"]
     res["throughput_vs_in_memory"] = inm["s_per_iter"] / ooc["s_per_iter"]
-    print(f"\nDense CP-ALS out of core: {'x'.join(map(str, shape))} float64 ({args.cpals_codec} codec) = "
-          f"{nbytes / 2**30:.2f} GiB = {res['ratio']:.1f}x the {limit_mb} MiB worker limit, rank {R}, {iters} iterations, "
-          f"steady-state s/iteration")
+    print(
+        f"\nDense CP-ALS out of core: {'x'.join(map(str, shape))} float64 ({args.cpals_codec} codec) = "
+        f"{nbytes / 2**30:.2f} GiB = {res['ratio']:.1f}x the {limit_mb} MiB worker limit, "
+        f"rank {R}, {iters} iterations, "
+        f"steady-state s/iteration"
+    )
     print(f"{'run':<13}{'execution':<12}{'s/iter':>9}{'peak worker RSS MiB':>21}{'limit MiB':>11}{'fit':>9}")
     for label in ("out of core", "in memory"):
         x = res[label]
-        print(f"{label:<13}{x['execution']:<12}{x['s_per_iter']:>9.3f}{x['peak_rss'] / 2**20:>21.0f}"
-              f"{(str(limit_mb) if label == 'out of core' else 'none'):>11}{x['fit']:>9.4f}")
-    print(f"out-of-core throughput {res['throughput_vs_in_memory']:.2f}x in-memory (target >= 0.7); "
-          f"peak worker RSS under the limit: {ooc['under_limit']}")
+        print(
+            f"{label:<13}{x['execution']:<12}{x['s_per_iter']:>9.3f}{x['peak_rss'] / 2**20:>21.0f}"
+            f"{(str(limit_mb) if label == 'out of core' else 'none'):>11}{x['fit']:>9.4f}"
+        )
+    print(
+        f"out-of-core throughput {res['throughput_vs_in_memory']:.2f}x in-memory (target >= 0.7); "
+        f"peak worker RSS under the limit: {ooc['under_limit']}"
+    )
     return res
 
 
@@ -439,14 +521,28 @@ def main(argv: list[str] | None = None) -> int:
     jit = warm_up()
     machine = measure_machine(quick=args.quick)
     l2, sharing = cpu_middle_cache()
-    info = {"cpus": os.cpu_count(), "numba_threads": nb.get_num_threads(), "python": platform.python_version(),
-            "l2_bytes": l2, "l2_sharing": sharing, **machine.as_dict()}
-    print(f"machine: {info['cpus']} cpus, {info['numba_threads']} numba threads, L2 {l2 >> 10} KiB; "
-          f"tau_f {machine.tau_f / 1e9:.1f} GFLOP/s (GEMM), tau_m {machine.tau_m / 1e9:.1f} GB/s (triad), "
-          f"l = {machine.l:.1f}; JIT/cache load {jit:.1f} s (excluded)")
+    info = {
+        "cpus": os.cpu_count(),
+        "numba_threads": nb.get_num_threads(),
+        "python": platform.python_version(),
+        "l2_bytes": l2,
+        "l2_sharing": sharing,
+        **machine.as_dict(),
+    }
+    print(
+        f"machine: {info['cpus']} cpus, {info['numba_threads']} numba threads, L2 {l2 >> 10} KiB; "
+        f"tau_f {machine.tau_f / 1e9:.1f} GFLOP/s (GEMM), tau_m {machine.tau_m / 1e9:.1f} GB/s (triad), "
+        f"l = {machine.l:.1f}; JIT/cache load {jit:.1f} s (excluded)"
+    )
     ctx = {"machine": machine, "tensors": tensors(args.tensors, args.quick), "info": info}
-    results = {"machine": info, "jit_s": jit, "quick": args.quick, "argv": sys.argv[1:] if argv is None else argv,
-               "shapes": {n: list(x.shape) for n, x in ctx["tensors"].items()}, "sections": {}}
+    results = {
+        "machine": info,
+        "jit_s": jit,
+        "quick": args.quick,
+        "argv": sys.argv[1:] if argv is None else argv,
+        "shapes": {n: list(x.shape) for n, x in ctx["tensors"].items()},
+        "sections": {},
+    }
     for name in args.sections:
         results["sections"][name] = SECTIONS[name](args, ctx)
     RESULTS.mkdir(exist_ok=True)

@@ -42,35 +42,62 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(seed)
     rows = []
     t_all = time.perf_counter()
-    print(f"planted 300 x 200 x 50, J = R = {args.planted_rank}, 200,000 entries, 5 % noise; fitted at "
-          f"J = R = {args.rank}, {args.epochs} epochs, revive_epochs {args.revive_epochs}; pairs from seed {seed}")
+    print(
+        f"planted 300 x 200 x 50, J = R = {args.planted_rank}, 200,000 entries, 5 % noise; fitted at "
+        f"J = R = {args.rank}, {args.epochs} epochs, revive_epochs {args.revive_epochs}; pairs from seed {seed}"
+    )
     print("| pair | final test RMSE / noise | best | epochs to < bar | restarts (epoch: component) | s |")
     print("|---|---|---|---|---|---|")
     for k in range(args.pairs):
-        p = synthetic.planted_fasttucker((300, 200, 50), args.planted_rank, args.planted_rank, 200_000, noise=0.05,
-                                         seed=int(rng.integers(2**31)))
+        p = synthetic.planted_fasttucker(
+            (300, 200, 50), args.planted_rank, args.planted_rank, 200_000, noise=0.05, seed=int(rng.integers(2**31))
+        )
         store = tfo.convert((p.coords, p.values), f"memory://convergence-{seed}-{k}", shape=p.shape)
         t0 = time.perf_counter()
-        r = tfo.tucker_sgd(store, args.rank, args.rank, test_fraction=0.1, epochs=args.epochs,
-                           seed=int(rng.integers(2**31)), progress=False, patience=None,
-                           revive_epochs=args.revive_epochs)
+        r = tfo.tucker_sgd(
+            store,
+            args.rank,
+            args.rank,
+            test_fraction=0.1,
+            epochs=args.epochs,
+            seed=int(rng.integers(2**31)),
+            progress=False,
+            patience=None,
+            revive_epochs=args.revive_epochs,
+        )
         ratios = [h["test_rmse"] / p.noise_std for h in r.history]
-        restarts = [(h["epoch"], h["revived"]["component"]) for h in r.history
-                    if "revived" in h and h["revived"]["kept"]]
+        restarts = [
+            (h["epoch"], h["revived"]["component"]) for h in r.history if "revived" in h and h["revived"]["kept"]
+        ]
         reach = next((e + 1 for e, x in enumerate(ratios) if x < args.bar), None)
-        row = {"pair": k, "final": ratios[-1], "best": min(ratios), "epochs_to_bar": reach, "restarts": restarts,
-               "seconds": time.perf_counter() - t0}
+        row = {
+            "pair": k,
+            "final": ratios[-1],
+            "best": min(ratios),
+            "epochs_to_bar": reach,
+            "restarts": restarts,
+            "seconds": time.perf_counter() - t0,
+        }
         rows.append(row)
-        print(f"| {k} | {row['final']:.3f} | {row['best']:.3f} | {reach if reach else '-'} | "
-              f"{', '.join(f'{e}: {c}' for e, c in restarts) or '-'} | {row['seconds']:.1f} |", flush=True)
+        print(
+            f"| {k} | {row['final']:.3f} | {row['best']:.3f} | {reach if reach else '-'} | "
+            f"{', '.join(f'{e}: {c}' for e, c in restarts) or '-'} | {row['seconds']:.1f} |",
+            flush=True,
+        )
     final = np.array([r["final"] for r in rows])
     above = int((final >= args.bar).sum())
-    print(f"{above} of {len(rows)} pairs end at or above {args.bar} x the noise; median {np.median(final):.3f}, "
-          f"max {final.max():.3f} ({time.perf_counter() - t_all:.0f} s)")
+    print(
+        f"{above} of {len(rows)} pairs end at or above {args.bar} x the noise; median {np.median(final):.3f}, "
+        f"max {final.max():.3f} ({time.perf_counter() - t_all:.0f} s)"
+    )
     out = Path(args.json) if args.json else RESULTS / f"fasttucker-convergence-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"seed": seed, "args": vars(args), "above_bar": above, "median": float(np.median(final)),
-                               "pairs": rows}, indent=1))
+    out.write_text(
+        json.dumps(
+            {"seed": seed, "args": vars(args), "above_bar": above, "median": float(np.median(final)), "pairs": rows},
+            indent=1,
+        )
+    )
     print(f"JSON: {out}")
     return 0
 

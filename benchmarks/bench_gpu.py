@@ -44,6 +44,7 @@ Writes JSON to --json or benchmarks/results/gpu-<time>.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -59,12 +60,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 import tensorflow_ooc as tfo  # noqa: E402
 from tensorflow_ooc import synthetic  # noqa: E402
 from tensorflow_ooc.kernels import StackedFactors  # noqa: E402
-from tensorflow_ooc.kernels.mttkrp import gpu_model as gm  # noqa: E402
 from tensorflow_ooc.kernels.gpu.device import gpu_unavailable, simulator_enabled  # noqa: E402
-from tensorflow_ooc.kernels.mttkrp.gpu_plan import DEFAULT_COPIES, device_tiles  # noqa: E402
 from tensorflow_ooc.kernels.gpu.launch import lanes_for  # noqa: E402
+from tensorflow_ooc.kernels.mttkrp import gpu_model as gm  # noqa: E402
 from tensorflow_ooc.kernels.mttkrp.dispatch import tensor_items  # noqa: E402
 from tensorflow_ooc.kernels.mttkrp.gpu import DEFAULT_COARSEN, DEFAULT_WARPS  # noqa: E402
+from tensorflow_ooc.kernels.mttkrp.gpu_plan import DEFAULT_COPIES, device_tiles  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_TENSORS = ("uber", "nell2")
@@ -90,6 +91,7 @@ def no_gpu_reason() -> str:
 
 # --- the data and its segment counts (CPU) -------------------------------------------------------------
 
+
 def make_tensor(name: str, nnz: int, dtype: np.dtype, seed: int = 11):
     shape, _ = synthetic.PRESETS[name]
     coords, _ = synthetic.heavy_tailed(shape, nnz, seed=seed)
@@ -109,21 +111,50 @@ def segment_profile(tensor, ranks, itemsize: int) -> dict:
         changes = gm.segments_from_changes(items.changes, mode)
         for R in ranks:
             stash = gm.stash_rows_for(lay.nmodes, R, itemsize)
-            k = gm.kernel_segments(keys, tiles.start, tiles.end, coarsen=DEFAULT_COARSEN, stash_rows=stash,
-                                   tile_lo=tiles.lo[:, mode], lanes=lanes_for(R))
-            out[(R, mode)] = {**k, "alto_changes": changes, "stash_rows": stash, "items": items.nitems,
-                              "sample_nnz": tensor.nnz}
+            k = gm.kernel_segments(
+                keys,
+                tiles.start,
+                tiles.end,
+                coarsen=DEFAULT_COARSEN,
+                stash_rows=stash,
+                tile_lo=tiles.lo[:, mode],
+                lanes=lanes_for(R),
+            )
+            out[(R, mode)] = {
+                **k,
+                "alto_changes": changes,
+                "stash_rows": stash,
+                "items": items.nitems,
+                "sample_nnz": tensor.nnz,
+            }
     return out
 
 
-def model_for(shape, nnz: int, R: int, mode: int, prof: dict, itemsize: int, bw: float, link: float, sm: int,
-              copies: int = DEFAULT_COPIES) -> dict:
+def model_for(
+    shape,
+    nnz: int,
+    R: int,
+    mode: int,
+    prof: dict,
+    itemsize: int,
+    bw: float,
+    link: float,
+    sm: int,
+    copies: int = DEFAULT_COPIES,
+) -> dict:
     """The model's four variants for one mode, the sample's counts scaled to ``nnz``."""
     scale = nnz / prof["sample_nnz"]
     seg = min(float(nnz), max(1.0, prof["segments"] * scale))
-    kw = dict(itemsize=itemsize, bandwidth_GBps=bw, link_GBps=link, copies=copies, stash_rows=prof["stash_rows"],
-              stash_segments=min(seg, prof["stash_segments"] * scale), block_rows=prof["block_rows"] * scale,
-              tile_nnz=TILE_NNZ)
+    kw = dict(
+        itemsize=itemsize,
+        bandwidth_GBps=bw,
+        link_GBps=link,
+        copies=copies,
+        stash_rows=prof["stash_rows"],
+        stash_segments=min(seg, prof["stash_segments"] * scale),
+        block_rows=prof["block_rows"] * scale,
+        tile_nnz=TILE_NNZ,
+    )
     if scale == 1:
         kw.update(tiles=prof["tiles"], items=prof["items"])
     pred = gm.predict_all(shape, nnz, R, mode, seg, sm_count=sm, **kw)
@@ -133,8 +164,10 @@ def model_for(shape, nnz: int, R: int, mode: int, prof: dict, itemsize: int, bw:
 
 # --- model-only output ---------------------------------------------------------------------------------
 
-MODEL_HEADER = (f"{'tensor':<8}{'R':>4}{'mode':>5}{'rows':>7}{'auto':>6}{'seg/nz':>8}{'chg/nz':>8}{'B/nz':>11}"
-                f"{'res-hier ms':>14}{'res-reg ms':>14}{'str-hier ms':>14}{'str-reg ms':>14}{'str/res':>11}")
+MODEL_HEADER = (
+    f"{'tensor':<8}{'R':>4}{'mode':>5}{'rows':>7}{'auto':>6}{'seg/nz':>8}{'chg/nz':>8}{'B/nz':>11}"
+    f"{'res-hier ms':>14}{'res-reg ms':>14}{'str-hier ms':>14}{'str-reg ms':>14}{'str/res':>11}"
+)
 
 
 def _short(conflict: str) -> str:
@@ -149,22 +182,29 @@ def print_model_row(name: str, R: int, mode: int, pred: dict) -> None:
     auto = pred["auto"]
     r = pred[f"resident/{auto}"]
     bpn = f"{r['device_bytes_best'] / r['nnz']:.0f}/{r['device_bytes_worst'] / r['nnz']:.0f}"
-    print(f"{name:<8}{R:>4}{mode:>5}{r['rows']:>7}{_short(auto):>6}{r['segments_per_nnz']:>8.3f}"
-          f"{pred['alto_changes_per_nnz']:>8.3f}{bpn:>11}"
-          f"{_ms(pred['resident/hierarchical']):>14}{_ms(pred['resident/register']):>14}"
-          f"{_ms(pred['streamed/hierarchical']):>14}{_ms(pred['streamed/register']):>14}"
-          f"{pred['streamed_over_resident_best']:>6.2f}/{pred['streamed_over_resident_worst']:.2f}", flush=True)
+    print(
+        f"{name:<8}{R:>4}{mode:>5}{r['rows']:>7}{_short(auto):>6}{r['segments_per_nnz']:>8.3f}"
+        f"{pred['alto_changes_per_nnz']:>8.3f}{bpn:>11}"
+        f"{_ms(pred['resident/hierarchical']):>14}{_ms(pred['resident/register']):>14}"
+        f"{_ms(pred['streamed/hierarchical']):>14}{_ms(pred['streamed/register']):>14}"
+        f"{pred['streamed_over_resident_best']:>6.2f}/{pred['streamed_over_resident_worst']:.2f}",
+        flush=True,
+    )
 
 
 def run_model_only(args, itemsize: int, reason: str) -> dict:
     bw = args.bandwidth or gm.H100_HBM_GBPS
     link = args.link or gm.H100_LINK_GBPS
     sm = gm.DEFAULT_SM_COUNT
-    print(f"model: device {bw:g} GB/s, link {link:g} GB/s, {sm} SMs for the auto heuristic, "
-          f"{np.dtype(args.dtype).name}; predictions only, nothing here is measured")
-    print("ms: predicted best/worst (factor rows read once / every nonzero reads its rows); B/nz: device bytes per "
-          "nonzero, resident, auto; seg/nz: kernel flushes per nonzero; chg/nz: ALTO-order row changes; "
-          "str/res: streamed over in-memory throughput, auto, best/worst")
+    print(
+        f"model: device {bw:g} GB/s, link {link:g} GB/s, {sm} SMs for the auto heuristic, "
+        f"{np.dtype(args.dtype).name}; predictions only, nothing here is measured"
+    )
+    print(
+        "ms: predicted best/worst (factor rows read once / every nonzero reads its rows); B/nz: device bytes per "
+        "nonzero, resident, auto; seg/nz: kernel flushes per nonzero; chg/nz: ALTO-order row changes; "
+        "str/res: streamed over in-memory throughput, auto, best/worst"
+    )
     print(MODEL_HEADER)
     rows = []
     for name in args.tensor:
@@ -180,15 +220,34 @@ def run_model_only(args, itemsize: int, reason: str) -> dict:
             for mode in range(len(shape)):
                 pred = model_for(shape, nnz, R, mode, prof[(R, mode)], itemsize, bw, link, sm)
                 print_model_row(name, R, mode, pred)
-                rows.append({"tensor": name, "shape": list(shape), "nnz": nnz, "sample_nnz": sample, "rank": R,
-                             "mode": mode, "profile": prof[(R, mode)], "profile_s": prof_s, "predicted": pred,
-                             "measured": None})
-    return {"gpu": False, "reason": reason, "bandwidth_GBps": bw, "link_GBps": link, "sm_count": sm,
-            "bandwidth_source": "--bandwidth" if args.bandwidth else "default (H100 SXM HBM3)",
-            "link_source": "--link" if args.link else "default (PCIe Gen5 x16, effective)", "rows": rows}
+                rows.append(
+                    {
+                        "tensor": name,
+                        "shape": list(shape),
+                        "nnz": nnz,
+                        "sample_nnz": sample,
+                        "rank": R,
+                        "mode": mode,
+                        "profile": prof[(R, mode)],
+                        "profile_s": prof_s,
+                        "predicted": pred,
+                        "measured": None,
+                    }
+                )
+    return {
+        "gpu": False,
+        "reason": reason,
+        "bandwidth_GBps": bw,
+        "link_GBps": link,
+        "sm_count": sm,
+        "bandwidth_source": "--bandwidth" if args.bandwidth else "default (H100 SXM HBM3)",
+        "link_source": "--link" if args.link else "default (PCIe Gen5 x16, effective)",
+        "rows": rows,
+    }
 
 
 # --- measurements (GPU only) ---------------------------------------------------------------------------
+
 
 def copy_bandwidth(repeats: int, nbytes: int = COPY_BYTES) -> dict:
     """Device-to-device copy (read + write counted) and pinned host<->device copies, CUDA events."""
@@ -220,9 +279,14 @@ def copy_bandwidth(repeats: int, nbytes: int = COPY_BYTES) -> dict:
     dev = cuda.get_current_device()
     name = getattr(dev, "name", "unknown")
     name = name.decode() if isinstance(name, bytes) else str(name)
-    return {"device": name, "compute_capability": list(getattr(dev, "compute_capability", ())), "copy_bytes": nbytes,
-            "d2d_GBps": 2 * nbytes / d2d / 1e9, "h2d_pinned_GBps": nbytes / h2d / 1e9,
-            "d2h_pinned_GBps": nbytes / d2h / 1e9}
+    return {
+        "device": name,
+        "compute_capability": list(getattr(dev, "compute_capability", ())),
+        "copy_bytes": nbytes,
+        "d2d_GBps": 2 * nbytes / d2d / 1e9,
+        "h2d_pinned_GBps": nbytes / h2d / 1e9,
+        "d2h_pinned_GBps": nbytes / d2h / 1e9,
+    }
 
 
 def _wall(fn) -> tuple[float, object]:
@@ -244,7 +308,7 @@ def kernel_seconds(batch, layout, F, mode: int, rows: int, opts, repeats: int) -
     e0, e1 = cuda.event(), cuda.event()
     best = float("inf")
     for _ in range(max(1, repeats)):
-        run = DeviceMTTKRP(layout, F, mode, 0, rows, opts)     # fresh zeroed output and copies
+        run = DeviceMTTKRP(layout, F, mode, 0, rows, opts)  # fresh zeroed output and copies
         cuda.synchronize()
         e0.record(batch.stream)
         run.launch(batch)
@@ -274,8 +338,13 @@ def rel_error(got: np.ndarray, ref: np.ndarray) -> float:
 
 
 def measure_tensor(name: str, args, machine: dict, itemsize: int, workdir: Path) -> list[dict]:
-    from tensorflow_ooc.execution.device_stream import (DeviceOptions, mttkrp_resident, mttkrp_stream, plan_batches,
-                                                        resident_batch)
+    from tensorflow_ooc.execution.device_stream import (
+        DeviceOptions,
+        mttkrp_resident,
+        mttkrp_stream,
+        plan_batches,
+        resident_batch,
+    )
     from tensorflow_ooc.kernels.gpu.device import sm_count
 
     dtype = np.dtype(args.dtype)
@@ -285,8 +354,9 @@ def measure_tensor(name: str, args, machine: dict, itemsize: int, workdir: Path)
     gen_s = time.perf_counter() - t0
     tensor = tfo.encode_coo(coords, values, shape)
     t0 = time.perf_counter()
-    store = tfo.convert((coords, values), workdir / f"{name}.zarr", shape=shape, chunk_nnz=args.chunk_nnz,
-                        overwrite=True)
+    store = tfo.convert(
+        (coords, values), workdir / f"{name}.zarr", shape=shape, chunk_nnz=args.chunk_nnz, overwrite=True
+    )
     convert_s = time.perf_counter() - t0
     del coords
     t0 = time.perf_counter()
@@ -300,9 +370,12 @@ def measure_tensor(name: str, args, machine: dict, itemsize: int, workdir: Path)
     first_load_s, batch = _wall(lambda: resident_batch(store, 0, store.nchunks, base_opts, TILE_NNZ))
     del batch
     load_s, batch = _wall(lambda: resident_batch(store, 0, store.nchunks, base_opts, TILE_NNZ))
-    print(f"{name}: shape {shape}, {tensor.nnz:,} nnz, {store.nchunks} chunks of {store.chunk_nnz:,}; generate "
-          f"{gen_s:.1f} s, convert {convert_s:.1f} s, segment counts {prof_s:.1f} s, resident load {load_s:.3f} s "
-          f"(first, with decode JIT: {first_load_s:.2f} s)", flush=True)
+    print(
+        f"{name}: shape {shape}, {tensor.nnz:,} nnz, {store.nchunks} chunks of {store.chunk_nnz:,}; generate "
+        f"{gen_s:.1f} s, convert {convert_s:.1f} s, segment counts {prof_s:.1f} s, resident load {load_s:.3f} s "
+        f"(first, with decode JIT: {first_load_s:.2f} s)",
+        flush=True,
+    )
     rows_out = []
     for R in args.rank:
         rng = np.random.default_rng(R)
@@ -314,20 +387,31 @@ def measure_tensor(name: str, args, machine: dict, itemsize: int, workdir: Path)
             rows = shape[mode]
             ref = tfo.mttkrp(tensor, F64, mode) if args.check else None
             limit = args.device_memory_limit or stream_limit(store, rows, R, args.streams, args.stream_batches)
-            row = {"tensor": name, "shape": list(shape), "nnz": tensor.nnz, "rank": R, "mode": mode, "rows": rows,
-                   "dtype": dtype.name, "chunks": store.nchunks, "chunk_nnz": store.chunk_nnz,
-                   "stream_device_memory_limit": limit, "resident_load_s": load_s,
-                   "resident_first_load_s": first_load_s, "variants": {}}
+            row = {
+                "tensor": name,
+                "shape": list(shape),
+                "nnz": tensor.nnz,
+                "rank": R,
+                "mode": mode,
+                "rows": rows,
+                "dtype": dtype.name,
+                "chunks": store.nchunks,
+                "chunk_nnz": store.chunk_nnz,
+                "stream_device_memory_limit": limit,
+                "resident_load_s": load_s,
+                "resident_first_load_s": first_load_s,
+                "variants": {},
+            }
             for conflict in CONFLICTS:
                 v = row["variants"][conflict] = {}
                 opts = DeviceOptions(conflict=conflict, streams=args.streams)
                 try:
                     st: dict = {}
-                    v["resident_first_call_s"], _ = _wall(
-                        lambda: mttkrp_resident(batch, store.layout, F, mode, 0, rows, opts, st))
+                    resident = functools.partial(mttkrp_resident, batch, store.layout, F, mode, 0, rows, opts, st)
+                    v["resident_first_call_s"], _ = _wall(resident)
                     calls = []
                     for _ in range(args.repeats):
-                        t, got = _wall(lambda: mttkrp_resident(batch, store.layout, F, mode, 0, rows, opts, st))
+                        t, got = _wall(resident)
                         calls.append(t)
                     v["resident_call_s"] = min(calls)
                     v["resident_kernel_s"] = kernel_seconds(batch, store.layout, F, mode, rows, opts, args.repeats)
@@ -335,19 +419,18 @@ def measure_tensor(name: str, args, machine: dict, itemsize: int, workdir: Path)
                     v["resident_copies"] = st.get("copies")
                     if ref is not None:
                         v["resident_max_rel_err"] = rel_error(got, ref)
-                except Exception as exc:   # one variant failing must not hide the others
+                except Exception as exc:  # one variant failing must not hide the others
                     v["resident_error"] = repr(exc)
                 sopts = DeviceOptions(conflict=conflict, streams=args.streams, device_memory_limit=limit)
                 try:
                     per, S = plan_batches(store, 0, store.nchunks, rows, F, mode, sopts)
-                    v["stream_plan"] = {"chunks_per_batch": per, "streams": S,
-                                        "batches": -(-store.nchunks // per)}
+                    v["stream_plan"] = {"chunks_per_batch": per, "streams": S, "batches": -(-store.nchunks // per)}
                     st = {}
-                    v["stream_first_call_s"], _ = _wall(
-                        lambda: mttkrp_stream(store, 0, store.nchunks, F, mode, 0, rows, sopts, st))
+                    streamed = functools.partial(mttkrp_stream, store, 0, store.nchunks, F, mode, 0, rows, sopts, st)
+                    v["stream_first_call_s"], _ = _wall(streamed)
                     calls = []
                     for _ in range(args.repeats):
-                        t, got = _wall(lambda: mttkrp_stream(store, 0, store.nchunks, F, mode, 0, rows, sopts, st))
+                        t, got = _wall(streamed)
                         calls.append(t)
                     v["stream_s"] = min(calls)
                     v["stream_stats"] = dict(st)
@@ -384,10 +467,12 @@ def derive(row: dict, machine: dict) -> None:
     row["max_rel_err"] = max(errs) if errs else None
 
 
-GPU_HEADER = (f"{'tensor':<8}{'R':>4}{'mode':>5}{'rows':>7}{'auto':>6}"
-              f"{'res-h ms':>10}{'res-r ms':>10}{'res-a ms':>10}{'kern-a ms':>10}{'GB/s':>7}{'%cp':>5}"
-              f"{'str-h ms':>10}{'str-r ms':>10}{'str-a ms':>10}{'link%':>6}{'str/res':>8}"
-              f"{'model ms':>10}{'xmodel':>8}{'maxrelerr':>10}")
+GPU_HEADER = (
+    f"{'tensor':<8}{'R':>4}{'mode':>5}{'rows':>7}{'auto':>6}"
+    f"{'res-h ms':>10}{'res-r ms':>10}{'res-a ms':>10}{'kern-a ms':>10}{'GB/s':>7}{'%cp':>5}"
+    f"{'str-h ms':>10}{'str-r ms':>10}{'str-a ms':>10}{'link%':>6}{'str/res':>8}"
+    f"{'model ms':>10}{'xmodel':>8}{'maxrelerr':>10}"
+)
 
 
 def print_gpu_row(r: dict) -> None:
@@ -406,11 +491,14 @@ def print_gpu_row(r: dict) -> None:
     model = r["predicted"][f"resident/{auto}"]["predicted_best_s"]
     xm = f"{a['kernel_over_model_best']:>8.1f}" if "kernel_over_model_best" in a else f"{'-':>8}"
     err = f"{r['max_rel_err']:>10.1e}" if r.get("max_rel_err") is not None else f"{'-':>10}"
-    print(f"{r['tensor']:<8}{r['rank']:>4}{r['mode']:>5}{r['rows']:>7}{_short(auto):>6}"
-          f"{ms('hierarchical', 'resident_call_s')}{ms('register', 'resident_call_s')}{ms('auto', 'resident_call_s')}"
-          f"{ms('auto', 'resident_kernel_s')}{gbs}"
-          f"{ms('hierarchical', 'stream_s')}{ms('register', 'stream_s')}{ms('auto', 'stream_s')}{lk}{ratio}"
-          f"{model * 1e3:>10.3f}{xm}{err}", flush=True)
+    print(
+        f"{r['tensor']:<8}{r['rank']:>4}{r['mode']:>5}{r['rows']:>7}{_short(auto):>6}"
+        f"{ms('hierarchical', 'resident_call_s')}{ms('register', 'resident_call_s')}{ms('auto', 'resident_call_s')}"
+        f"{ms('auto', 'resident_kernel_s')}{gbs}"
+        f"{ms('hierarchical', 'stream_s')}{ms('register', 'stream_s')}{ms('auto', 'stream_s')}{lk}{ratio}"
+        f"{model * 1e3:>10.3f}{xm}{err}",
+        flush=True,
+    )
 
 
 def run_gpu(args, itemsize: int) -> dict:
@@ -418,17 +506,23 @@ def run_gpu(args, itemsize: int) -> dict:
 
     machine = copy_bandwidth(args.repeats)
     machine.update(sm_count=sm_count(), cpus=os.cpu_count(), python=platform.python_version())
-    print(f"device: {machine['device']} (cc {machine['compute_capability']}, {machine['sm_count']} SMs); measured "
-          f"copy {machine['d2d_GBps']:.0f} GB/s device-to-device (read + write), "
-          f"{machine['h2d_pinned_GBps']:.1f} GB/s pinned host-to-device, {machine['d2h_pinned_GBps']:.1f} GB/s back")
+    print(
+        f"device: {machine['device']} (cc {machine['compute_capability']}, {machine['sm_count']} SMs); measured "
+        f"copy {machine['d2d_GBps']:.0f} GB/s device-to-device (read + write), "
+        f"{machine['h2d_pinned_GBps']:.1f} GB/s pinned host-to-device, {machine['d2h_pinned_GBps']:.1f} GB/s back"
+    )
     bw = args.bandwidth or machine["d2d_GBps"]
     link = args.link or machine["h2d_pinned_GBps"]
-    print(f"model: device {bw:.0f} GB/s ({'--bandwidth' if args.bandwidth else 'measured copy'}), link {link:.1f} GB/s "
-          f"({'--link' if args.link else 'measured pinned copy'})")
-    print("res-*: in-memory call (output alloc + kernel + merge + copy back), best of --repeats; kern-a: kernels "
-          "only (CUDA events), auto; GB/s, %cp: minimal model traffic / kern-a, and % of the copy bandwidth; "
-          "str-*: streamed call; link%: streamed link bytes / time, % of the pinned copy; str/res: streamed / "
-          "in-memory throughput (auto); model ms: predicted kernels, best case; xmodel: kern-a / model")
+    print(
+        f"model: device {bw:.0f} GB/s ({'--bandwidth' if args.bandwidth else 'measured copy'}), link {link:.1f} GB/s "
+        f"({'--link' if args.link else 'measured pinned copy'})"
+    )
+    print(
+        "res-*: in-memory call (output alloc + kernel + merge + copy back), best of --repeats; kern-a: kernels "
+        "only (CUDA events), auto; GB/s, %cp: minimal model traffic / kern-a, and % of the copy bandwidth; "
+        "str-*: streamed call; link%: streamed link bytes / time, % of the pinned copy; str/res: streamed / "
+        "in-memory throughput (auto); model ms: predicted kernels, best case; xmodel: kern-a / model"
+    )
     print(GPU_HEADER)
     rows = []
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
@@ -439,35 +533,75 @@ def run_gpu(args, itemsize: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tensor", "--tensors", nargs="+", default=list(DEFAULT_TENSORS),
-                    choices=sorted(synthetic.PRESETS), help="synthetic shapes (default: uber nell2)")
+    ap.add_argument(
+        "--tensor",
+        "--tensors",
+        nargs="+",
+        default=list(DEFAULT_TENSORS),
+        choices=sorted(synthetic.PRESETS),
+        help="synthetic shapes (default: uber nell2)",
+    )
     ap.add_argument("--rank", "--ranks", nargs="+", type=int, default=[32], help="ranks (default 32)")
     ap.add_argument("--dtype", default="float64", choices=["float64", "float32"], help="factor and value dtype")
-    ap.add_argument("--repeats", type=lambda s: max(1, int(s)), default=5,
-                    help="timed calls per measurement; the best is kept (default 5)")
-    ap.add_argument("--check", action="store_true",
-                    help="compare every GPU result with the CPU tfo.mttkrp (float64 reference): max |gpu - cpu| / "
-                         "max |cpu| per mode")
+    ap.add_argument(
+        "--repeats",
+        type=lambda s: max(1, int(s)),
+        default=5,
+        help="timed calls per measurement; the best is kept (default 5)",
+    )
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="compare every GPU result with the CPU tfo.mttkrp (float64 reference): max |gpu - cpu| / "
+        "max |cpu| per mode",
+    )
     ap.add_argument("--streams", type=int, default=8, help="CUDA streams for the streamed runs (default 8)")
-    ap.add_argument("--device-memory-limit", type=parse_bytes, default=None, metavar="BYTES",
-                    help="device memory limit of the streamed runs, e.g. 512M (default: per mode, just enough for "
-                         "--stream-batches batches over the streams, so every pass streams)")
-    ap.add_argument("--stream-batches", type=int, default=16,
-                    help="batches per streamed pass the default limit aims at (default 16)")
+    ap.add_argument(
+        "--device-memory-limit",
+        type=parse_bytes,
+        default=None,
+        metavar="BYTES",
+        help="device memory limit of the streamed runs, e.g. 512M (default: per mode, just enough for "
+        "--stream-batches batches over the streams, so every pass streams)",
+    )
+    ap.add_argument(
+        "--stream-batches",
+        type=int,
+        default=16,
+        help="batches per streamed pass the default limit aims at (default 16)",
+    )
     ap.add_argument("--chunk-nnz", type=int, default=1 << 18, help="nonzeros per stored chunk (default 262144)")
-    ap.add_argument("--nnz", type=int, default=None,
-                    help="nonzeros of each tensor: generated and measured on a GPU, modelled with --model-only "
-                         "(default: the preset's, uber 3,309,490, nell2 20,000,000)")
-    ap.add_argument("--sample-nnz", type=int, default=DEFAULT_SAMPLE_NNZ,
-                    help="--model-only: nonzeros generated to count segments, scaled to --nnz; 0: all "
-                         f"(default {DEFAULT_SAMPLE_NNZ:,}; an upper estimate of the full tensor's segments)")
+    ap.add_argument(
+        "--nnz",
+        type=int,
+        default=None,
+        help="nonzeros of each tensor: generated and measured on a GPU, modelled with --model-only "
+        "(default: the preset's, uber 3,309,490, nell2 20,000,000)",
+    )
+    ap.add_argument(
+        "--sample-nnz",
+        type=int,
+        default=DEFAULT_SAMPLE_NNZ,
+        help="--model-only: nonzeros generated to count segments, scaled to --nnz; 0: all "
+        f"(default {DEFAULT_SAMPLE_NNZ:,}; an upper estimate of the full tensor's segments)",
+    )
     ap.add_argument("--model-only", action="store_true", help="print the model's predictions only; no GPU needed")
-    ap.add_argument("--bandwidth", type=float, default=None, metavar="GB/s",
-                    help=f"device memory bandwidth for the model (default: the copy bandwidth measured on the GPU; "
-                         f"without one {gm.H100_HBM_GBPS:g} GB/s, H100 SXM HBM3)")
-    ap.add_argument("--link", type=float, default=None, metavar="GB/s",
-                    help=f"host link bandwidth for the model (default: the pinned copy measured on the GPU; without "
-                         f"one {gm.H100_LINK_GBPS:g} GB/s, PCIe Gen5 x16 effective)")
+    ap.add_argument(
+        "--bandwidth",
+        type=float,
+        default=None,
+        metavar="GB/s",
+        help=f"device memory bandwidth for the model (default: the copy bandwidth measured on the GPU; "
+        f"without one {gm.H100_HBM_GBPS:g} GB/s, H100 SXM HBM3)",
+    )
+    ap.add_argument(
+        "--link",
+        type=float,
+        default=None,
+        metavar="GB/s",
+        help=f"host link bandwidth for the model (default: the pinned copy measured on the GPU; without "
+        f"one {gm.H100_LINK_GBPS:g} GB/s, PCIe Gen5 x16 effective)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="output path (default benchmarks/results/gpu-<time>.json)")
     ap.add_argument("--workdir", default=None, help="directory for the temporary stores (default: the system tmp)")
     args = ap.parse_args(argv)
@@ -481,8 +615,10 @@ def main(argv: list[str] | None = None) -> int:
         out = run_model_only(args, itemsize, reason)
     else:
         out = run_gpu(args, itemsize)
-    out.update(args={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-               time=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    out.update(
+        args={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        time=time.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
     path = args.json or RESULTS / f"gpu-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2, default=_jsonable))

@@ -71,9 +71,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,10 +89,11 @@ FIT = re.compile(r"\bfit\s+(\S+)")
 TFOOC = str(REPO / ".venv" / "bin" / "tfooc")
 TIMEOUT = 120.0
 MEM_LIMIT = 6 << 30
-READ_LOCK = threading.Lock()       # the in-process store reader (numba, zarr) one case at a time
+READ_LOCK = threading.Lock()  # the in-process store reader (numba, zarr) one case at a time
 
 
 # --- running commands -----------------------------------------------------------------------------
+
 
 @dataclass
 class Cmd:
@@ -107,27 +108,42 @@ class Cmd:
         return " ".join(self.argv)
 
     def json(self) -> dict:
-        return {"argv": self.argv, "rc": self.rc, "seconds": round(self.seconds, 2),
-                "timed_out": self.timed_out, "stdout": self.out[-4000:], "stderr": self.err[-4000:]}
+        return {
+            "argv": self.argv,
+            "rc": self.rc,
+            "seconds": round(self.seconds, 2),
+            "timed_out": self.timed_out,
+            "stdout": self.out[-4000:],
+            "stderr": self.err[-4000:],
+        }
 
 
 # the address-space limit is set by a tiny exec wrapper, not by preexec_fn (unsafe with threads)
-_LIMIT_EXEC = ("import os, sys\n"
-               "try:\n"
-               "    import resource\n"
-               "    n = int(sys.argv[1])\n"
-               "    resource.setrlimit(resource.RLIMIT_AS, (n, n))\n"
-               "except (ImportError, ValueError, OSError):\n"
-               "    pass\n"
-               "os.execv(sys.argv[2], sys.argv[2:])\n")
+_LIMIT_EXEC = (
+    "import os, sys\n"
+    "try:\n"
+    "    import resource\n"
+    "    n = int(sys.argv[1])\n"
+    "    resource.setrlimit(resource.RLIMIT_AS, (n, n))\n"
+    "except (ImportError, ValueError, OSError):\n"
+    "    pass\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 
 
 def tfooc(args: list[str], cwd: Path, env: dict, timeout: float | None = None) -> Cmd:
     """Run ``tfooc -q ARGS`` in its own process group; on timeout the whole group is killed."""
     argv = [sys.executable, "-I", "-S", "-c", _LIMIT_EXEC, str(MEM_LIMIT), TFOOC, "-q", *map(str, args)]
     t0 = time.monotonic()
-    p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, start_new_session=True)
+    p = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         out, err = p.communicate(timeout=timeout or TIMEOUT)
         timed_out = False
@@ -138,8 +154,14 @@ def tfooc(args: list[str], cwd: Path, env: dict, timeout: float | None = None) -
             pass
         out, err = p.communicate()
         timed_out = True
-    return Cmd(["tfooc", *map(str, args)], p.returncode, out.decode("utf-8", "replace"),
-               err.decode("utf-8", "replace"), time.monotonic() - t0, timed_out)
+    return Cmd(
+        ["tfooc", *map(str, args)],
+        p.returncode,
+        out.decode("utf-8", "replace"),
+        err.decode("utf-8", "replace"),
+        time.monotonic() - t0,
+        timed_out,
+    )
 
 
 def classify(c: Cmd, ok_codes: tuple[int, ...] = (0,)) -> tuple[str | None, str]:
@@ -173,18 +195,20 @@ def nonfinite_in(text: str) -> str | None:
 
 # --- cases ----------------------------------------------------------------------------------------
 
+
 @dataclass
 class Case:
     sweep: str
     name: str
     desc: str
     fn: Callable[["Ctx"], None]
-    why: str = ""                  # store: why an identical result is (or is not) acceptable
+    why: str = ""  # store: why an identical result is (or is not) acceptable
 
 
 @dataclass
 class Ctx:
     """What one case does and finds: its folder, environment, commands and verdicts."""
+
     case: Case
     dir: Path
     env: dict
@@ -222,18 +246,29 @@ def run_case(case: Case, base: Path, shared: dict) -> dict:
     env.pop("TFOOC_ALLOW_PATHS", None)
     env.setdefault("PYTHONUNBUFFERED", "1")
     ctx = Ctx(case, d, env)
-    ctx.shared = shared            # type: ignore[attr-defined]
+    ctx.shared = shared  # type: ignore[attr-defined]
     (d / "root").mkdir()
     t0 = time.monotonic()
     try:
         case.fn(ctx)
-    except Exception as exc:       # a bug in the benchmark's own check, or an unreadable result
-        ctx.verdicts.append(("silent" if ctx.cmds and all(c.rc == 0 for c in ctx.cmds) else "traceback",
-                             f"benchmark check raised {type(exc).__name__}: {exc}"[:300]))
+    except Exception as exc:  # a bug in the benchmark's own check, or an unreadable result
+        ctx.verdicts.append(
+            (
+                "silent" if ctx.cmds and all(c.rc == 0 for c in ctx.cmds) else "traceback",
+                f"benchmark check raised {type(exc).__name__}: {exc}"[:300],
+            )
+        )
     outcome, why = ctx.outcome()
-    res = {"sweep": case.sweep, "name": case.name, "desc": case.desc, "outcome": outcome, "why": why,
-           "flags": ctx.flags, "seconds": round(time.monotonic() - t0, 2),
-           "commands": [c.json() for c in ctx.cmds]}
+    res = {
+        "sweep": case.sweep,
+        "name": case.name,
+        "desc": case.desc,
+        "outcome": outcome,
+        "why": why,
+        "flags": ctx.flags,
+        "seconds": round(time.monotonic() - t0, 2),
+        "commands": [c.json() for c in ctx.cmds],
+    }
     if case.why:
         res["identical_result"] = case.why
     if not shared.get("keep"):
@@ -243,7 +278,7 @@ def run_case(case: Case, base: Path, shared: dict) -> dict:
 
 # --- reference .tns parser ------------------------------------------------------------------------
 
-TINY = 2.2250738585072014e-308     # smallest normal float64
+TINY = 2.2250738585072014e-308  # smallest normal float64
 SQ_MAX = math.sqrt(sys.float_info.max)
 INDEX_RE = re.compile(r"^[0-9]+$")
 INDEX_MAYBE = re.compile(r"^\+[0-9]+$|^[0-9]+\.0*$")
@@ -254,9 +289,10 @@ VALUE_RE = re.compile(r"^[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$"
 class Ref:
     """What a .tns text means: ``status`` 'valid' (must convert to exactly this), 'invalid' (must be
     refused) or 'either' (a clear refusal or exactly this)."""
+
     status: str
     reason: str = ""
-    coords: list[tuple[int, ...]] = field(default_factory=list)      # 0-based
+    coords: list[tuple[int, ...]] = field(default_factory=list)  # 0-based
     values: list[float] = field(default_factory=list)
     shape: tuple[int, ...] = ()
 
@@ -300,7 +336,7 @@ def ref_parse(data: bytes, shape: tuple[int, ...] | None = None, duplicates: str
             return Ref("invalid", f"line {lineno}: not UTF-8")
         if "#" in line:
             either.append(f"line {lineno}: '#' after data")
-            line = line[:line.index("#")]
+            line = line[: line.index("#")]
             if not line.strip():
                 continue
         tokens = re.split(r"[ \t]+", line.strip(" \t"))
@@ -371,7 +407,7 @@ def ref_parse(data: bytes, shape: tuple[int, ...] | None = None, duplicates: str
         either.append("more than 64 index bits")
     vals = [entries[k] for k in order]
     ref = Ref("either" if either else "valid", "; ".join(either[:3]), order, vals, inferred)
-    if any(math.isinf(v) for v in vals):          # duplicates summed past the float range
+    if any(math.isinf(v) for v in vals):  # duplicates summed past the float range
         return Ref("invalid", "a summed value overflows")
     if ref.norm() > sys.float_info.max or not math.isfinite(ref.norm()):
         return Ref("either", "the norm itself overflows float64")
@@ -380,25 +416,35 @@ def ref_parse(data: bytes, shape: tuple[int, ...] | None = None, duplicates: str
 
 # --- reading a store in this process (for the check only) -----------------------------------------
 
+
 def read_store(path: Path) -> dict:
     import numpy as np
 
     import tensorflow_ooc as tfo
+
     with READ_LOCK:
         st = tfo.open_store(str(path))
         coords, values = st.to_coo()
-        return {"shape": tuple(int(s) for s in st.shape), "nnz": int(st.nnz),
-                "coords": np.asarray(coords, dtype=np.int64), "values": np.asarray(values, dtype=np.float64)}
+        return {
+            "shape": tuple(int(s) for s in st.shape),
+            "nnz": int(st.nnz),
+            "coords": np.asarray(coords, dtype=np.int64),
+            "values": np.asarray(values, dtype=np.float64),
+        }
 
 
 def read_result(path: Path) -> dict:
     import numpy as np
 
     import tensorflow_ooc as tfo
+
     with READ_LOCK:
         r = tfo.load_result(str(path))
-        return {"fit": float(r.fit), "weights": np.asarray(r.weights, dtype=np.float64),
-                "factors": [np.asarray(f, dtype=np.float64) for f in r.factors]}
+        return {
+            "fit": float(r.fit),
+            "weights": np.asarray(r.weights, dtype=np.float64),
+            "factors": [np.asarray(f, dtype=np.float64) for f in r.factors],
+        }
 
 
 def compare_store(ctx: Ctx, store: Path, ref: Ref, who: str = "convert") -> bool:
@@ -412,7 +458,7 @@ def compare_store(ctx: Ctx, store: Path, ref: Ref, who: str = "convert") -> bool
     ref_coords = list(ref.coords)
     if got["nnz"] != len(ref_coords):
         zeros = [i for i, v in enumerate(ref_vals) if v == 0.0]
-        if zeros and got["nnz"] == len(ref_coords) - len(zeros):       # explicit zeros dropped: fine
+        if zeros and got["nnz"] == len(ref_coords) - len(zeros):  # explicit zeros dropped: fine
             keep = [i for i, v in enumerate(ref_vals) if v != 0.0]
             ref_coords = [ref_coords[i] for i in keep]
             ref_vals = [ref_vals[i] for i in keep]
@@ -431,12 +477,17 @@ def compare_store(ctx: Ctx, store: Path, ref: Ref, who: str = "convert") -> bool
     b = sorted(zip(ref_coords, ref_vals))
     for (c1, v1), (c2, v2) in zip(a, b):
         if c1 != c2:
-            ctx.silent(f"{who}: coordinate {tuple(x + 1 for x in c1)} stored, the input has {tuple(x + 1 for x in c2)} (1-based)")
+            ctx.silent(
+                f"{who}: coordinate {tuple(x + 1 for x in c1)} stored, "
+                f"the input has {tuple(x + 1 for x in c2)} (1-based)"
+            )
             return False
         if not (v1 == v2 or abs(v1 - v2) <= 1e-12 * abs(v2)):
             n_doubled = sum(1 for (_, x), (_, y) in zip(a, b) if x == 2 * y and y != 0)
-            ctx.silent(f"{who}: value {v1!r} stored at {tuple(x + 1 for x in c1)}, the input has {v2!r}"
-                       + (f" ({n_doubled} of {len(a)} values doubled)" if n_doubled else ""))
+            ctx.silent(
+                f"{who}: value {v1!r} stored at {tuple(x + 1 for x in c1)}, the input has {v2!r}"
+                + (f" ({n_doubled} of {len(a)} values doubled)" if n_doubled else "")
+            )
             return False
     return True
 
@@ -477,6 +528,7 @@ def check_cpd(ctx: Ctx, c: Cmd, result: Path) -> dict | None:
         ctx.silent(f"cpd exited 0 but its result does not load: {type(exc).__name__}: {exc}"[:300])
         return None
     import numpy as np
+
     if not np.isfinite(r["weights"]).all() or not all(np.isfinite(f).all() for f in r["factors"]):
         ctx.silent("cpd: the model holds NaN or inf")
     elif not np.any(r["weights"]) or any(not np.any(f) for f in r["factors"]):
@@ -490,6 +542,7 @@ CPD = ["--rank", "2", "--max-iters", "3", "--seed", "0", "--scheduler", "inline"
 
 # --- sweep 1: bad .tns files ----------------------------------------------------------------------
 
+
 def _tns_lines(rows: list[tuple]) -> bytes:
     return "".join(" ".join(str(x) for x in r) + "\n" for r in rows).encode()
 
@@ -502,10 +555,16 @@ def small_rows(n: int = 60, seed: int = 5, shape=(7, 6, 5)) -> list[tuple]:
     return [(*k, v) for k, v in seen.items()]
 
 
-def tns_case(data: bytes | None, extra: list[str] = (), shape: tuple | None = None,
-             make: Callable[[Path], Path] | None = None, expect: str | None = None,
-             duplicates: str = "error") -> Callable[[Ctx], None]:
+def tns_case(
+    data: bytes | None,
+    extra: list[str] = (),
+    shape: tuple | None = None,
+    make: Callable[[Path], Path] | None = None,
+    expect: str | None = None,
+    duplicates: str = "error",
+) -> Callable[[Ctx], None]:
     """convert FILE STORE; where it succeeds, the content, info --json and cpd are checked."""
+
     def fn(ctx: Ctx) -> None:
         if make is not None:
             src = make(ctx.dir)
@@ -542,6 +601,7 @@ def tns_case(data: bytes | None, extra: list[str] = (), shape: tuple | None = No
         c, outcome = ctx.run(["cpd", str(store), *CPD, "--out", str(res)])
         if outcome is None:
             check_cpd(ctx, c, res)
+
     return fn
 
 
@@ -578,11 +638,21 @@ def tns_cases() -> list[Case]:
         ("valid", "the valid 60-nonzero file (control)", G, {}),
         ("valid-gzip", "the valid file gzip-compressed", gzip.compress(G), {}),
         ("valid-crlf", "CRLF line endings (valid)", G.replace(b"\n", b"\r\n"), {}),
-        ("valid-tabs", "mixed tabs and spaces, leading and trailing blanks (valid)",
-         b"".join((b"\t" if i % 2 else b"  ") + ln.replace(b" ", b" \t ", 1) + b" \t\n"
-                  for i, ln in enumerate(G.splitlines())), {}),
-        ("valid-comments", "comment lines and blank lines between data (valid)",
-         b"# header\n\n" + G.replace(b"\n", b"\n# c\n\n", 3), {}),
+        (
+            "valid-tabs",
+            "mixed tabs and spaces, leading and trailing blanks (valid)",
+            b"".join(
+                (b"\t" if i % 2 else b"  ") + ln.replace(b" ", b" \t ", 1) + b" \t\n"
+                for i, ln in enumerate(G.splitlines())
+            ),
+            {},
+        ),
+        (
+            "valid-comments",
+            "comment lines and blank lines between data (valid)",
+            b"# header\n\n" + G.replace(b"\n", b"\n# c\n\n", 3),
+            {},
+        ),
         ("valid-shape", "a --shape larger than the indices (valid)", G, {"shape": (9, 9, 9)}),
         ("cols-short", "a line with one column too few", G + b"1 2 3.5\n", {}),
         ("cols-long", "a line with one column too many", G + b"1 2 3 4 5.5\n", {}),
@@ -597,8 +667,12 @@ def tns_cases() -> list[Case]:
         ("value-1e300", "a value 1e300 (finite, its square overflows)", with_first((*first[:-1], "1e300")), {}),
         ("value-all-1e300", "every value 1e300", _tns_lines([(*r[:-1], "1e300") for r in good]), {}),
         ("value-1e-310", "a denormal value 1e-310", with_first((*first[:-1], "1e-310")), {}),
-        ("value-all-4.9e-324", "every value 4.9e-324 (the smallest denormal)",
-         _tns_lines([(*r[:-1], "4.9e-324") for r in good]), {}),
+        (
+            "value-all-4.9e-324",
+            "every value 4.9e-324 (the smallest denormal)",
+            _tns_lines([(*r[:-1], "4.9e-324") for r in good]),
+            {},
+        ),
         ("index-zero", "index 0 in 1-based data", with_first((0, *first[1:])), {}),
         ("index-negative", "index -1", with_first((-1, *first[1:])), {}),
         ("index-2^60", "index 2^60", with_first((2**60, *first[1:])), {}),
@@ -616,14 +690,26 @@ def tns_cases() -> list[Case]:
         ("latin1", "a Latin-1 byte in a value", G + b"1 2 3 1.0\xe9\n", {}),
         ("huge-line", "a 400 kB first line (200000 columns)", huge_line, {}),
         ("huge-comment", "a 1 MB comment line before the data (valid)", b"# " + b"x" * 1_000_000 + b"\n" + G, {}),
-        ("long-padding", "a data line padded with 100000 spaces and tabs (valid)",
-         G + b" \t" * 50_000 + b"7 6 5 1.25" + b"\t " * 50_000 + b"\n", {}),
+        (
+            "long-padding",
+            "a data line padded with 100000 spaces and tabs (valid)",
+            G + b" \t" * 50_000 + b"7 6 5 1.25" + b"\t " * 50_000 + b"\n",
+            {},
+        ),
         ("no-final-newline", "no newline after the last line (valid)", G.rstrip(b"\n"), {}),
-        ("exponent-values", "values written 1.5E+02, -2e-3, .5, 7. (valid)",
-         _tns_lines([(*r[:-1], f) for r, f in zip(good[:4], ["1.5E+02", "-2e-3", ".5", "7."])] + good[4:]), {}),
+        (
+            "exponent-values",
+            "values written 1.5E+02, -2e-3, .5, 7. (valid)",
+            _tns_lines([(*r[:-1], f) for r, f in zip(good[:4], ["1.5E+02", "-2e-3", ".5", "7."])] + good[4:]),
+            {},
+        ),
         ("duplicates", "a repeated coordinate (duplicates=error)", G + _tns_lines([good[3]]), {}),
-        ("duplicates-sum", "a repeated coordinate, --duplicates sum (valid)", G + _tns_lines([good[3]]),
-         {"extra": ["--duplicates", "sum"], "duplicates": "sum"}),
+        (
+            "duplicates-sum",
+            "a repeated coordinate, --duplicates sum (valid)",
+            G + _tns_lines([good[3]]),
+            {"extra": ["--duplicates", "sum"], "duplicates": "sum"},
+        ),
         ("single-nonzero", "one nonzero (valid)", _tns_lines([good[0]]), {}),
         ("zero-value", "explicit zero values (valid; kept or dropped)", G + b"7 6 5 0.0\n", {}),
         ("index-plus", "an index written +3", with_first(("+3", *first[1:])), {}),
@@ -636,13 +722,13 @@ def tns_cases() -> list[Case]:
     out = []
     for name, desc, data, kw in cases:
         make = kw.get("make")
-        fn = tns_case(data, kw.get("extra", []), kw.get("shape"), make, kw.get("expect"),
-                      kw.get("duplicates", "error"))
+        fn = tns_case(data, kw.get("extra", []), kw.get("shape"), make, kw.get("expect"), kw.get("duplicates", "error"))
         out.append(Case("tns", name, desc, fn))
     return out
 
 
 # --- sweep 2: damaged stores ----------------------------------------------------------------------
+
 
 def base_store_rows() -> list[tuple]:
     r = random.Random(11)
@@ -674,7 +760,9 @@ def prepare_store(base: Path, env: dict) -> dict:
     true = ref.norm()
     problems = []
     if abs(base_info["norm"] - true) > 1e-9 * true or base_info["nnz"] != 3000:
-        problems.append(f"the undamaged store's info is wrong: norm {base_info['norm']} (true {true}), nnz {base_info['nnz']}")
+        problems.append(
+            f"the undamaged store's info is wrong: norm {base_info['norm']} (true {true}), nnz {base_info['nnz']}"
+        )
     result = read_result(d / "cp.zarr")
     result["fit_printed"] = FIT.search(cpd.out).group(1)
     return {"store": store, "info": base_info, "cpd": result, "problems": problems, "norm": true}
@@ -685,8 +773,15 @@ INFO_IGNORE = {"path", "bytes_on_disk", "bytes_per_nnz", "compression_ratio"}
 
 # damage that only decoding the chunks can reveal (chunk files, their checksums, how they decode):
 # info, which reads metadata and the block/chunk tables but no chunk, need not notice it
-DATA_DAMAGE = ("alto-chunk", "values-chunk", "values-doubled", "values-nan", "values-halves", "chunks-crc-",
-               "alto-json-codecs")
+DATA_DAMAGE = (
+    "alto-chunk",
+    "values-chunk",
+    "values-doubled",
+    "values-nan",
+    "values-halves",
+    "chunks-crc-",
+    "alto-json-codecs",
+)
 
 
 def store_case(name: str, damage: Callable[[Path], None], harm: str) -> Callable[[Ctx], None]:
@@ -699,6 +794,7 @@ def store_case(name: str, damage: Callable[[Path], None], harm: str) -> Callable
 
     def fn(ctx: Ctx) -> None:
         import numpy as np
+
         sh = ctx.shared["store"]
         store = ctx.dir / "s.zarr"
         shutil.copytree(sh["store"], store, symlinks=True)
@@ -720,18 +816,27 @@ def store_case(name: str, damage: Callable[[Path], None], harm: str) -> Callable
             r = check_cpd(ctx, c, res)
             b = sh["cpd"]
             if r is not None:
-                same = (r["fit_printed"] == b["fit_printed"] and r["weights"].shape == b["weights"].shape
-                        and np.allclose(r["weights"], b["weights"], rtol=1e-9, atol=0)
-                        and abs(r["fit"] - b["fit"]) <= 1e-9 * max(abs(b["fit"]), 1e-300))
+                same = (
+                    r["fit_printed"] == b["fit_printed"]
+                    and r["weights"].shape == b["weights"].shape
+                    and np.allclose(r["weights"], b["weights"], rtol=1e-9, atol=0)
+                    and abs(r["fit"] - b["fit"]) <= 1e-9 * max(abs(b["fit"]), 1e-300)
+                )
                 if not same:
-                    differs.append(f"cpd fit {r['fit_printed']} weights {np.round(r['weights'], 4).tolist()} "
-                                   f"(undamaged: fit {b['fit_printed']} weights {np.round(b['weights'], 4).tolist()})")
+                    differs.append(
+                        f"cpd fit {r['fit_printed']} weights {np.round(r['weights'], 4).tolist()} "
+                        f"(undamaged: fit {b['fit_printed']} weights {np.round(b['weights'], 4).tolist()})"
+                    )
         if differs:
             ctx.silent("; ".join(differs))
         elif harm == "must-refuse" and (outcome2 is None or (outcome is None and not data_only)):
-            who = " and ".join(w for w, o in (("info", outcome), ("cpd", outcome2)) if o is None
-                               and (w == "cpd" or not data_only))
-            ctx.silent(f"{who} accepted the damaged store (same results as undamaged) although this damage must be refused")
+            who = " and ".join(
+                w for w, o in (("info", outcome), ("cpd", outcome2)) if o is None and (w == "cpd" or not data_only)
+            )
+            ctx.silent(
+                f"{who} accepted the damaged store (same results as undamaged) although this damage must be refused"
+            )
+
     return fn
 
 
@@ -745,6 +850,7 @@ def edit_attrs(f: Callable[[dict], None]) -> Callable[[Path], None]:
         doc, a = _meta(store)
         f(a)
         (store / "zarr.json").write_text(json.dumps(doc, indent=2))
+
     return damage
 
 
@@ -754,6 +860,7 @@ def edit_array_meta(array: str, f: Callable[[dict], None]) -> Callable[[Path], N
         doc = json.loads(p.read_text())
         f(doc)
         p.write_text(json.dumps(doc, indent=2))
+
     return damage
 
 
@@ -771,6 +878,7 @@ def flip_byte(array: str, i: int, where: float = 0.5) -> Callable[[Path], None]:
         b = bytearray(p.read_bytes())
         b[int(len(b) * where)] ^= 0x10
         p.write_bytes(bytes(b))
+
     return damage
 
 
@@ -779,6 +887,7 @@ def truncate(array: str, i: int) -> Callable[[Path], None]:
         p = chunk(store, array, i)
         b = p.read_bytes()
         p.write_bytes(b[: len(b) // 2])
+
     return damage
 
 
@@ -786,6 +895,7 @@ def delete(rel: str) -> Callable[[Path], None]:
     def damage(store: Path) -> None:
         p = store / rel
         shutil.rmtree(p) if p.is_dir() else p.unlink()
+
     return damage
 
 
@@ -795,6 +905,7 @@ def swap(array: str, i: int, j: int) -> Callable[[Path], None]:
         da, db = a.read_bytes(), b.read_bytes()
         a.write_bytes(db)
         b.write_bytes(da)
+
     return damage
 
 
@@ -802,6 +913,7 @@ def zero_fill(array: str, i: int) -> Callable[[Path], None]:
     def damage(store: Path) -> None:
         p = chunk(store, array, i)
         p.write_bytes(bytes(p.stat().st_size))
+
     return damage
 
 
@@ -823,12 +935,13 @@ def _crc_table() -> list[int]:
     return t
 
 
-_crc32c.table = _crc_table()           # type: ignore[attr-defined]
+_crc32c.table = _crc_table()  # type: ignore[attr-defined]
 
 
 def values_rewrite(f: Callable[[bytearray], None], i: int = 1) -> Callable[[Path], None]:
     """Change an uncompressed values chunk and fix its zarr crc32c, so that only a checksum kept
     by the store itself can notice (as a buggy writer or a careful adversary would)."""
+
     def damage(store: Path) -> None:
         p = chunk(store, "values", i)
         b = bytearray(p.read_bytes())
@@ -837,29 +950,33 @@ def values_rewrite(f: Callable[[bytearray], None], i: int = 1) -> Callable[[Path
             raise RuntimeError("values chunk is not raw + crc32c: this damage needs compression=fast on random values")
         f(payload)
         p.write_bytes(bytes(payload) + _crc32c(bytes(payload)).to_bytes(4, "little"))
+
     return damage
 
 
 def _double_first(p: bytearray) -> None:
     import struct
+
     v = struct.unpack_from("<d", p, 0)[0]
     struct.pack_into("<d", p, 0, v * 2)
 
 
 def _nan_first(p: bytearray) -> None:
     import struct
+
     struct.pack_into("<d", p, 8, float("nan"))
 
 
 def _swap_halves(p: bytearray) -> None:
     h = len(p) // 2 // 8 * 8
-    p[:] = p[h:2 * h] + p[:h] + p[2 * h:]
+    p[:] = p[h : 2 * h] + p[:h] + p[2 * h :]
 
 
 def combo(*ds: Callable[[Path], None]) -> Callable[[Path], None]:
     def damage(store: Path) -> None:
         for d in ds:
             d(store)
+
     return damage
 
 
@@ -868,6 +985,7 @@ def junk(rel: str, data: bytes = b"junk") -> Callable[[Path], None]:
         p = store / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
+
     return damage
 
 
@@ -880,6 +998,7 @@ def truncate_text(rel: str) -> Callable[[Path], None]:
         p = store / rel
         t = p.read_bytes()
         p.write_bytes(t[: len(t) // 2])
+
     return damage
 
 
@@ -888,6 +1007,7 @@ def chunk_to_dir(array: str, i: int) -> Callable[[Path], None]:
         p = chunk(store, array, i)
         p.unlink()
         p.mkdir()
+
     return damage
 
 
@@ -896,6 +1016,7 @@ def chunk_symlink(array: str, i: int, j: int) -> Callable[[Path], None]:
         p, q = chunk(store, array, i), chunk(store, array, j)
         p.unlink()
         p.symlink_to(q.name)
+
     return damage
 
 
@@ -903,12 +1024,14 @@ def remove_key(*keys: str) -> Callable[[dict], None]:
     def f(a: dict) -> None:
         for k in keys:
             a.pop(k, None)
+
     return f
 
 
 def setk(key: str, value: Any) -> Callable[[dict], None]:
     def f(a: dict) -> None:
         a[key] = value(a[key]) if callable(value) else value
+
     return f
 
 
@@ -920,7 +1043,7 @@ def store_cases() -> list[Case]:
     R, H, D = "must-refuse", "harmless", "rederivable"
     why = {
         R: "must be refused: the metadata or data the results depend on no longer match; an identical "
-           "result means the damage went unnoticed (a different result is silent either way)",
+        "result means the damage went unnoticed (a different result is silent either way)",
         H: "cannot change a result (descriptive field or junk outside the arrays): identical results are ok",
         D: "the reader may re-derive what was removed from the data: identical results are ok",
     }
@@ -948,10 +1071,30 @@ def store_cases() -> list[Case]:
         ("shape-mode-dropped", "the last mode dropped from shape", edit_attrs(sh(lambda s: s[:-1])), R),
         ("shape-modes-swapped", "shape[0] and shape[1] swapped", edit_attrs(sh(lambda s: [s[1], s[0], *s[2:]])), R),
         ("nmodes", "nmodes = 5", edit_attrs(setk("nmodes", 5)), R),
-        ("layout-shift-swapped", "layout field_shift of modes 0 and 1 swapped",
-         edit_attrs(layout(lambda L: L.__setitem__("field_shift", [L["field_shift"][1], L["field_shift"][0], *L["field_shift"][2:]]))), R),
-        ("layout-bits", "layout mode_bits[0] - 1", edit_attrs(layout(lambda L: L["mode_bits"].__setitem__(0, L["mode_bits"][0] - 1))), R),
-        ("layout-order", "layout order 'alto-msb-roundrobin'", edit_attrs(layout(lambda L: L.__setitem__("order", "alto-msb-roundrobin"))), R),
+        (
+            "layout-shift-swapped",
+            "layout field_shift of modes 0 and 1 swapped",
+            edit_attrs(
+                layout(
+                    lambda L: L.__setitem__(
+                        "field_shift", [L["field_shift"][1], L["field_shift"][0], *L["field_shift"][2:]]
+                    )
+                )
+            ),
+            R,
+        ),
+        (
+            "layout-bits",
+            "layout mode_bits[0] - 1",
+            edit_attrs(layout(lambda L: L["mode_bits"].__setitem__(0, L["mode_bits"][0] - 1))),
+            R,
+        ),
+        (
+            "layout-order",
+            "layout order 'alto-msb-roundrobin'",
+            edit_attrs(layout(lambda L: L.__setitem__("order", "alto-msb-roundrobin"))),
+            R,
+        ),
         ("layout-removed", "layout removed", edit_attrs(remove_key("layout")), R),
         ("nblocks", "nblocks = 2", edit_attrs(setk("nblocks", 2)), R),
         ("nchunks-less", "nchunks = 5", edit_attrs(setk("nchunks", 5)), R),
@@ -969,11 +1112,24 @@ def store_cases() -> list[Case]:
         ("created-at", "created_at edited", edit_attrs(setk("created_at", "1999-01-01T00:00:00Z")), H),
         ("source-removed", "source removed", edit_attrs(remove_key("source")), H),
         ("checksum-removed", "checksum removed (data intact)", edit_attrs(remove_key("checksum")), D),
-        ("checksum-wrong", "checksum replaced by another sha256", edit_attrs(setk("checksum", "sha256:" + "0" * 64)), R),
-        ("checksum-removed-norm-doubled", "checksum removed and norm_sq doubled",
-         edit_attrs(lambda a: (a.pop("checksum", None), a.__setitem__("norm_sq", a["norm_sq"] * 2))), R),
-        ("attrs-removed", "the tensorflow_ooc attributes removed",
-         lambda s: (lambda doc: ((s / "zarr.json").write_text(json.dumps({**doc, "attributes": {}}))))(_meta(s)[0]), R),
+        (
+            "checksum-wrong",
+            "checksum replaced by another sha256",
+            edit_attrs(setk("checksum", "sha256:" + "0" * 64)),
+            R,
+        ),
+        (
+            "checksum-removed-norm-doubled",
+            "checksum removed and norm_sq doubled",
+            edit_attrs(lambda a: (a.pop("checksum", None), a.__setitem__("norm_sq", a["norm_sq"] * 2))),
+            R,
+        ),
+        (
+            "attrs-removed",
+            "the tensorflow_ooc attributes removed",
+            lambda s: (lambda doc: (s / "zarr.json").write_text(json.dumps({**doc, "attributes": {}})))(_meta(s)[0]),
+            R,
+        ),
         ("root-json-truncated", "root zarr.json cut in half (invalid JSON)", truncate_text("zarr.json"), R),
         ("root-json-empty", "root zarr.json empty", write_text("zarr.json", ""), R),
         ("root-json-list", "root zarr.json is []", write_text("zarr.json", "[]"), R),
@@ -991,50 +1147,128 @@ def store_cases() -> list[Case]:
         ("values-chunks-swapped", "values chunks 0 and 1 swapped (each with its valid crc)", swap("values", 0, 1), R),
         ("values-chunk-zeroed", "values chunk 2 overwritten with zero bytes", zero_fill("values", 2), R),
         ("values-chunk-dir", "values chunk 2 replaced by a directory", chunk_to_dir("values", 2), R),
-        ("values-doubled-crc-fixed", "a value doubled, the chunk's crc32c recomputed", values_rewrite(_double_first), R),
+        (
+            "values-doubled-crc-fixed",
+            "a value doubled, the chunk's crc32c recomputed",
+            values_rewrite(_double_first),
+            R,
+        ),
         ("values-nan-crc-fixed", "a value set to NaN, the chunk's crc32c recomputed", values_rewrite(_nan_first), R),
-        ("values-halves-swapped-crc-fixed", "a values chunk's halves swapped, crc32c recomputed", values_rewrite(_swap_halves), R),
+        (
+            "values-halves-swapped-crc-fixed",
+            "a values chunk's halves swapped, crc32c recomputed",
+            values_rewrite(_swap_halves),
+            R,
+        ),
         ("values-extra-chunk", "an extra values chunk 6 beyond the array", junk("values/c/6", b"\x00" * 4004), H),
         # block and chunk tables
         ("blocks-count-deleted", "blocks/count chunk deleted", delete("blocks/count/c/0"), R),
         ("blocks-count-flipped", "a byte flipped in blocks/count", flip_byte("blocks/count", 0, 0.6), R),
         ("blocks-start-deleted", "blocks/start chunk deleted", delete("blocks/start/c/0"), R),
         ("blocks-removed", "the blocks group removed", delete("blocks"), R),
-        ("chunks-crc-values-deleted", "chunks/crc_values chunk deleted (data intact)", delete("chunks/crc_values/c/0"), D),
-        ("chunks-crc-alto-flipped", "a byte flipped in chunks/crc_alto (data intact)", flip_byte("chunks/crc_alto", 0, 0.6), R),
+        (
+            "chunks-crc-values-deleted",
+            "chunks/crc_values chunk deleted (data intact)",
+            delete("chunks/crc_values/c/0"),
+            D,
+        ),
+        (
+            "chunks-crc-alto-flipped",
+            "a byte flipped in chunks/crc_alto (data intact)",
+            flip_byte("chunks/crc_alto", 0, 0.6),
+            R,
+        ),
         ("chunks-min-flipped", "a byte flipped in chunks/min", flip_byte("chunks/min", 0, 0.6), R),
         ("chunks-max-deleted", "chunks/max chunk deleted", lambda s: chunk(s, "chunks/max", 0).unlink(), R),
         ("chunks-removed", "the chunks group removed", delete("chunks"), R),
         # array-level zarr.json
-        ("alto-json-shape", "alto array shape 2999", edit_array_meta("alto", lambda d: d.__setitem__("shape", [d["shape"][0] - 1])), R),
-        ("alto-json-dtype", "alto data_type uint32", edit_array_meta("alto", lambda d: d.__setitem__("data_type", "uint32")), R),
-        ("alto-json-codecs", "alto codecs: delta filter removed",
-         edit_array_meta("alto", lambda d: d.__setitem__("codecs", [c for c in d["codecs"] if "delta" not in c["name"]])), R),
+        (
+            "alto-json-shape",
+            "alto array shape 2999",
+            edit_array_meta("alto", lambda d: d.__setitem__("shape", [d["shape"][0] - 1])),
+            R,
+        ),
+        (
+            "alto-json-dtype",
+            "alto data_type uint32",
+            edit_array_meta("alto", lambda d: d.__setitem__("data_type", "uint32")),
+            R,
+        ),
+        (
+            "alto-json-codecs",
+            "alto codecs: delta filter removed",
+            edit_array_meta(
+                "alto", lambda d: d.__setitem__("codecs", [c for c in d["codecs"] if "delta" not in c["name"]])
+            ),
+            R,
+        ),
         ("alto-json-invalid", "alto zarr.json cut in half", truncate_text("alto/zarr.json"), R),
-        ("values-json-dtype", "values data_type float32", edit_array_meta("values", lambda d: d.__setitem__("data_type", "float32")), R),
-        ("values-json-chunk-shape", "values chunk_shape 400",
-         edit_array_meta("values", lambda d: d["chunk_grid"]["configuration"].__setitem__("chunk_shape", [400])), R),
-        ("values-json-fill-deleted", "values fill_value 1.0 and chunk 4 deleted",
-         combo(edit_array_meta("values", lambda d: d.__setitem__("fill_value", 1.0)), delete("values/c/4")), R),
+        (
+            "values-json-dtype",
+            "values data_type float32",
+            edit_array_meta("values", lambda d: d.__setitem__("data_type", "float32")),
+            R,
+        ),
+        (
+            "values-json-chunk-shape",
+            "values chunk_shape 400",
+            edit_array_meta("values", lambda d: d["chunk_grid"]["configuration"].__setitem__("chunk_shape", [400])),
+            R,
+        ),
+        (
+            "values-json-fill-deleted",
+            "values fill_value 1.0 and chunk 4 deleted",
+            combo(edit_array_meta("values", lambda d: d.__setitem__("fill_value", 1.0)), delete("values/c/4")),
+            R,
+        ),
         ("values-json-deleted", "values zarr.json deleted", delete("values/zarr.json"), R),
-        ("values-json-attrs", "values array attributes edited", edit_array_meta("values", lambda d: d.__setitem__("attributes", {"x": 1})), H),
-        ("junk-files", "junk files in the store root and in values/c", combo(junk("README.txt"), junk("values/c/.DS_Store")), H),
+        (
+            "values-json-attrs",
+            "values array attributes edited",
+            edit_array_meta("values", lambda d: d.__setitem__("attributes", {"x": 1})),
+            H,
+        ),
+        (
+            "junk-files",
+            "junk files in the store root and in values/c",
+            combo(junk("README.txt"), junk("values/c/.DS_Store")),
+            H,
+        ),
     ]
-    if os.geteuid() != 0:       # chmod does not stop root: there the directory-for-a-chunk case stands in
-        cases.append(("values-chunk-unreadable", "values chunk 1 chmod 000", lambda s: os.chmod(chunk(s, "values", 1), 0), R))
-    return [Case("store", name, desc, store_case(name, dmg, harm),
-                 f"{harm}: {why[harm]}" + (" (chunk data: cpd must notice; info need not read chunks)"
-                                           if name.startswith(DATA_DAMAGE) and harm == R else ""))
-            for name, desc, dmg, harm in cases] + cli_cases()
+    if os.geteuid() != 0:  # chmod does not stop root: there the directory-for-a-chunk case stands in
+        cases.append(
+            ("values-chunk-unreadable", "values chunk 1 chmod 000", lambda s: os.chmod(chunk(s, "values", 1), 0), R)
+        )
+    return [
+        Case(
+            "store",
+            name,
+            desc,
+            store_case(name, dmg, harm),
+            f"{harm}: {why[harm]}"
+            + (
+                " (chunk data: cpd must notice; info need not read chunks)"
+                if name.startswith(DATA_DAMAGE) and harm == R
+                else ""
+            ),
+        )
+        for name, desc, dmg, harm in cases
+    ] + cli_cases()
 
 
 def cli_cases() -> list[Case]:
     """CLI numbers on the valid store: each must be refused at parse time (or by the memory plan)."""
     bad = [
-        ("cli-tol-nan", ["--tol", "nan"]), ("cli-tol-inf", ["--tol", "inf"]), ("cli-tol-negative", ["--tol", "-1"]),
-        ("cli-tol-1e309", ["--tol", "1e309"]), ("cli-rank-0", ["--rank", "0"]), ("cli-rank-negative", ["--rank", "-2"]),
-        ("cli-rank-100000", ["--rank", "100000"]), ("cli-rank-2^62", ["--rank", str(2**62)]),
-        ("cli-max-iters-0", ["--max-iters", "0"]), ("cli-max-iters-negative", ["--max-iters", "-3"]),
+        ("cli-tol-nan", ["--tol", "nan"]),
+        ("cli-tol-inf", ["--tol", "inf"]),
+        ("cli-tol-negative", ["--tol", "-1"]),
+        ("cli-tol-1e309", ["--tol", "1e309"]),
+        ("cli-rank-0", ["--rank", "0"]),
+        ("cli-rank-negative", ["--rank", "-2"]),
+        ("cli-rank-100000", ["--rank", "100000"]),
+        ("cli-rank-2^62", ["--rank", str(2**62)]),
+        ("cli-max-iters-0", ["--max-iters", "0"]),
+        ("cli-max-iters-negative", ["--max-iters", "-3"]),
         ("cli-samples-0", ["--method", "sts", "--samples", "0"]),
     ]
 
@@ -1045,13 +1279,15 @@ def cli_cases() -> list[Case]:
                 if extra[i] in args:
                     args[args.index(extra[i]) + 1] = extra[i + 1]
                 else:
-                    args += extra[i:i + 2]
+                    args += extra[i : i + 2]
             res = ctx.dir / "cp.zarr"
             c, outcome = ctx.run(["cpd", str(ctx.shared["store"]["store"]), *args, "--out", str(res)])
             if outcome is None:
                 check_cpd(ctx, c, res)
                 ctx.silent(f"cpd accepted {' '.join(extra)}")
+
         return fn
+
     out = [Case("store", n, f"cpd {' '.join(e)} on the valid store (must be refused)", make(e)) for n, e in bad]
     return out + cli_flow_cases()
 
@@ -1061,12 +1297,13 @@ THROUGHPUT = re.compile(r"([0-9.eE+]+) M nonzero-modes/s")
 
 def _throughput(ctx: Ctx, c: Cmd) -> None:
     for m in THROUGHPUT.finditer(c.out + c.err):
-        if float(m.group(1)) > 1e5:        # 10^11 nonzero-modes a second: no machine does that
+        if float(m.group(1)) > 1e5:  # 10^11 nonzero-modes a second: no machine does that
             ctx.silent(f"nonsense throughput printed: {m.group(0)}")
 
 
 def cli_flow_cases() -> list[Case]:
     """Command sequences on the valid store: resume, rerun, convert onto an existing store."""
+
     def store(ctx: Ctx) -> Path:
         return ctx.shared["store"]["store"]
 
@@ -1128,16 +1365,36 @@ def cli_flow_cases() -> list[Case]:
             ctx.flags.append("valid input refused")
 
     return [
-        Case("store", "flow-resume-no-checkpoint", "cpd --resume with no checkpoint: an error, or a warning that says it starts afresh",
-             resume_without_checkpoint),
-        Case("store", "flow-resume-finished", "cpd, then cpd --resume of the finished run (0 iterations left): same fit, no nonsense throughput",
-             resume_finished),
-        Case("store", "flow-result-exists", "cpd twice to one --out without --overwrite: the second refused, the result kept",
-             result_exists),
-        Case("store", "flow-convert-existing", "convert onto an existing store without --overwrite: refused, the store kept",
-             convert_onto_store),
-        Case("store", "flow-convert-overwrite", "convert onto an existing store with --overwrite: the new content (valid)",
-             convert_overwrite),
+        Case(
+            "store",
+            "flow-resume-no-checkpoint",
+            "cpd --resume with no checkpoint: an error, or a warning that says it starts afresh",
+            resume_without_checkpoint,
+        ),
+        Case(
+            "store",
+            "flow-resume-finished",
+            "cpd, then cpd --resume of the finished run (0 iterations left): same fit, no nonsense throughput",
+            resume_finished,
+        ),
+        Case(
+            "store",
+            "flow-result-exists",
+            "cpd twice to one --out without --overwrite: the second refused, the result kept",
+            result_exists,
+        ),
+        Case(
+            "store",
+            "flow-convert-existing",
+            "convert onto an existing store without --overwrite: refused, the store kept",
+            convert_onto_store,
+        ),
+        Case(
+            "store",
+            "flow-convert-overwrite",
+            "convert onto an existing store with --overwrite: the new content (valid)",
+            convert_overwrite,
+        ),
     ]
 
 
@@ -1162,11 +1419,47 @@ steps:
 
 SPEC_KEYS_TOP = {"version", "name", "description", "storage", "allow_paths", "cluster", "steps"}
 SPEC_KEYS = {
-    "convert": {"kind", "after", "description", "input", "out", "append", "keep_versions", "shape", "zero_based",
-                "duplicates", "chunk_nnz", "max_block_nnz", "compression", "memory_limit"},
-    "decompose": {"kind", "after", "description", "input", "out", "rank", "max_iters", "tol", "seed", "init",
-                  "previous", "dtype", "execution", "device", "conflict", "streams", "device_memory_limit",
-                  "checkpoint_every", "partitions", "method", "samples", "fit_every", "scheduler"},
+    "convert": {
+        "kind",
+        "after",
+        "description",
+        "input",
+        "out",
+        "append",
+        "keep_versions",
+        "shape",
+        "zero_based",
+        "duplicates",
+        "chunk_nnz",
+        "max_block_nnz",
+        "compression",
+        "memory_limit",
+    },
+    "decompose": {
+        "kind",
+        "after",
+        "description",
+        "input",
+        "out",
+        "rank",
+        "max_iters",
+        "tol",
+        "seed",
+        "init",
+        "previous",
+        "dtype",
+        "execution",
+        "device",
+        "conflict",
+        "streams",
+        "device_memory_limit",
+        "checkpoint_every",
+        "partitions",
+        "method",
+        "samples",
+        "fit_every",
+        "scheduler",
+    },
 }
 
 
@@ -1176,6 +1469,7 @@ class _UniqueLoader(__import__("yaml").SafeLoader):
 
 def _unique_mapping(loader, node, deep=False):
     import yaml
+
     keys = set()
     for k, _ in node.value:
         key = loader.construct_object(k, deep=deep)
@@ -1192,6 +1486,7 @@ def ref_spec(text: bytes) -> tuple[dict | None, str]:
     """The reference loader: safe YAML without duplicate keys or aliases, the keys and ranges of
     the steps this benchmark uses. (None, why) when the spec must be refused."""
     import yaml
+
     try:
         s = text.decode("utf-8")
     except UnicodeDecodeError:
@@ -1244,11 +1539,15 @@ def files_outside(d: Path, root: Path, allowed: set[Path]) -> list[str]:
     return out
 
 
-def spec_case(text: str | bytes | Callable[[Ctx], str], must: str = "refuse",
-              setup: Callable[[Ctx], None] | None = None,
-              check: Callable[[Ctx, Cmd], None] | None = None) -> Callable[[Ctx], None]:
+def spec_case(
+    text: str | bytes | Callable[[Ctx], str],
+    must: str = "refuse",
+    setup: Callable[[Ctx], None] | None = None,
+    check: Callable[[Ctx, Cmd], None] | None = None,
+) -> Callable[[Ctx], None]:
     """must: 'refuse' (exit 0 is silent), 'run' (exit 0 checked: outputs inside the root, nothing
     outside), 'either' (a clear refusal or a correct run)."""
+
     def fn(ctx: Ctx) -> None:
         root = ctx.dir / "root"
         (root / "in.tns").write_bytes(_tns_lines(small_rows(200, 7, (12, 9, 7))))
@@ -1271,6 +1570,7 @@ def spec_case(text: str | bytes | Callable[[Ctx], str], must: str = "refuse",
             ctx.silent("the spec was accepted (exit 0) although it must be refused")
         if check:
             check(ctx, c)
+
     return fn
 
 
@@ -1346,7 +1646,7 @@ steps:
         elif action == "edit":
             edited = [(*a[0][:-1], round(a[0][-1] + 1.0, 6))] + a[1:]
             (inc / "a.tns").write_bytes(_tns_lines(edited))
-            if on_changed == "append":        # the new content added as new data, the old stays
+            if on_changed == "append":  # the new content added as new data, the old stays
                 expect = ref_parse(_tns_lines(a) + _tns_lines(b) + _tns_lines(edited), duplicates="sum")
             elif on_changed == "replace-version":
                 expect = ref_parse(_tns_lines(edited) + _tns_lines(b), duplicates="sum")
@@ -1368,9 +1668,13 @@ steps:
         if action == "copy":
             # the same content under a new name: not new data; summing it again doubles a.tns
             pass
-        if compare_store(ctx, latest, expect, "the second run") and (action == "new" or on_changed) \
-                and len(v2) <= len(v1):
+        if (
+            compare_store(ctx, latest, expect, "the second run")
+            and (action == "new" or on_changed)
+            and len(v2) <= len(v1)
+        ):
             ctx.silent("the new content was not ingested")
+
     return fn
 
 
@@ -1406,7 +1710,14 @@ def spec_cases() -> list[Case]:
         ("yaml-empty", "an empty file", "", "refuse", None, None),
         ("yaml-list", "a list instead of a mapping", "- convert\n- decompose\n", "refuse", None, None),
         ("yaml-scalar", "a bare scalar", "hello\n", "refuse", None, None),
-        ("not-utf8", "a Latin-1 byte in a comment and a value", (B + "# caf\xe9\n").encode("latin-1"), "either", None, None),
+        (
+            "not-utf8",
+            "a Latin-1 byte in a comment and a value",
+            (B + "# caf\xe9\n").encode("latin-1"),
+            "either",
+            None,
+            None,
+        ),
         ("nul-byte", "a NUL byte", B.encode() + b"\x00\n", "refuse", None, None),
         ("unknown-top-key", "an unknown top-level key", B + "colour: blue\n", "refuse", None, None),
         ("unknown-step-key", "rank misspelt ranks", sub("rank: 2", "ranks: 2"), "refuse", None, None),
@@ -1417,7 +1728,14 @@ def spec_cases() -> list[Case]:
         ("rank-bool", "rank: true", sub("rank: 2", "rank: true"), "refuse", None, None),
         ("rank-zero", "rank: 0", sub("rank: 2", "rank: 0"), "refuse", None, None),
         ("rank-negative", "rank: -3", sub("rank: 2", "rank: -3"), "refuse", None, None),
-        ("rank-huge", "rank: 100000 (the memory plan must refuse it)", sub("rank: 2", "rank: 100000"), "refuse", None, None),
+        (
+            "rank-huge",
+            "rank: 100000 (the memory plan must refuse it)",
+            sub("rank: 2", "rank: 100000"),
+            "refuse",
+            None,
+            None,
+        ),
         ("rank-bignum", "rank: 10^30", sub("rank: 2", "rank: 1000000000000000000000000000000"), "refuse", None, None),
         ("tol-nan", "tol: .nan", sub("seed: 0", "seed: 0\n    tol: .nan"), "refuse", None, None),
         ("tol-inf", "tol: .inf", sub("seed: 0", "seed: 0\n    tol: .inf"), "refuse", None, None),
@@ -1425,40 +1743,161 @@ def spec_cases() -> list[Case]:
         ("tol-1e400", "tol: 1e400 (parses as inf)", sub("seed: 0", "seed: 0\n    tol: 1.0e+400"), "refuse", None, None),
         ("max-iters-zero", "max_iters: 0", sub("max_iters: 3", "max_iters: 0"), "refuse", None, None),
         ("chunk-nnz-zero", "chunk_nnz: 0", sub("out: t.zarr", "out: t.zarr\n    chunk_nnz: 0"), "refuse", None, None),
-        ("memory-limit-word", "memory_limit: lots", sub("out: t.zarr", "out: t.zarr\n    memory_limit: lots"), "refuse", None, None),
-        ("keep-versions-no-append", "keep_versions without append", sub("out: t.zarr", "out: t.zarr\n    keep_versions: 2"), "refuse", None, None),
+        (
+            "memory-limit-word",
+            "memory_limit: lots",
+            sub("out: t.zarr", "out: t.zarr\n    memory_limit: lots"),
+            "refuse",
+            None,
+            None,
+        ),
+        (
+            "keep-versions-no-append",
+            "keep_versions without append",
+            sub("out: t.zarr", "out: t.zarr\n    keep_versions: 2"),
+            "refuse",
+            None,
+            None,
+        ),
         ("version-2", "version: 2", "version: 2\n" + B, "refuse", None, None),
         ("steps-empty", "steps: {}", "name: x\nsteps: {}\n", "refuse", None, None),
         ("step-name-slash", "a step named a/b", sub("  decompose:\n", "  a/b:\n"), "refuse", None, None),
         ("duplicate-keys", "rank given twice", sub("rank: 2", "rank: 2\n    rank: 3"), "refuse", None, None),
-        ("duplicate-steps", "the step name convert given twice", B + "  convert:\n    kind: convert\n    input: in.tns\n    out: u.zarr\n", "refuse", None, None),
+        (
+            "duplicate-steps",
+            "the step name convert given twice",
+            B + "  convert:\n    kind: convert\n    input: in.tns\n    out: u.zarr\n",
+            "refuse",
+            None,
+            None,
+        ),
         ("two-writers", "two steps write one output", sub("out: cp.zarr", "out: t.zarr"), "refuse", None, None),
-        ("after-cycle", "steps after each other", sub("kind: convert", "kind: convert\n    after: [decompose]"), "refuse", None, None),
-        ("after-self", "a step after itself", sub("kind: decompose", "kind: decompose\n    after: [decompose]"), "refuse", None, None),
-        ("after-unknown", "after an unknown step", sub("kind: decompose", "kind: decompose\n    after: [nosuch]"), "refuse", None, None),
-        ("input-missing", "an input that does not exist", sub("input: in.tns", "input: nosuch.tns"), "refuse", None, None),
+        (
+            "after-cycle",
+            "steps after each other",
+            sub("kind: convert", "kind: convert\n    after: [decompose]"),
+            "refuse",
+            None,
+            None,
+        ),
+        (
+            "after-self",
+            "a step after itself",
+            sub("kind: decompose", "kind: decompose\n    after: [decompose]"),
+            "refuse",
+            None,
+            None,
+        ),
+        (
+            "after-unknown",
+            "after an unknown step",
+            sub("kind: decompose", "kind: decompose\n    after: [nosuch]"),
+            "refuse",
+            None,
+            None,
+        ),
+        (
+            "input-missing",
+            "an input that does not exist",
+            sub("input: in.tns", "input: nosuch.tns"),
+            "refuse",
+            None,
+            None,
+        ),
         ("out-dotdot", "out: ../escape.zarr", sub("out: cp.zarr", "out: ../escape.zarr"), "refuse", None, None),
-        ("out-absolute", "out: an absolute path outside the root", lambda ctx: sub("out: cp.zarr", f"out: {outside(ctx)}/cp.zarr"), "refuse", None, None),
+        (
+            "out-absolute",
+            "out: an absolute path outside the root",
+            lambda ctx: sub("out: cp.zarr", f"out: {outside(ctx)}/cp.zarr"),
+            "refuse",
+            None,
+            None,
+        ),
         ("out-root-itself", "out: . (the storage root itself)", sub("out: cp.zarr", "out: ."), "refuse", None, None),
-        ("out-symlink-escape", "out through a symlink inside the root to a folder outside",
-         sub("out: cp.zarr", "out: link/cp.zarr"), "refuse", symlink_setup, None),
-        ("input-symlink-escape", "input through a symlink inside the root to a file outside",
-         sub("input: in.tns", "input: link/in.tns"), "refuse",
-         lambda ctx: (symlink_setup(ctx), shutil.copy(ctx.dir / "root" / "in.tns", ctx.dir / "outside" / "in.tns")), None),
-        ("allow-paths-root", "allow_paths: [/] and an output outside the root",
-         lambda ctx: "allow_paths: [/]\n" + sub("out: cp.zarr", f"out: {outside(ctx)}/cp.zarr"), "refuse", None, None),
-        ("allow-paths-only", "allow_paths: [/] alone (a spec cannot widen its sandbox)", "allow_paths: [/]\n" + B, "refuse", None, None),
-        ("storage-in-spec", "storage: pointing outside (--storage wins)", lambda ctx: f"storage: {outside(ctx)}\n" + B, "run", None, outputs_inside),
-        ("cluster-closed-port", f"cluster: tcp://127.0.0.1:{port} (nothing listens)", f"cluster: tcp://127.0.0.1:{port}\n" + B,
-         "either", None, cluster_check),
+        (
+            "out-symlink-escape",
+            "out through a symlink inside the root to a folder outside",
+            sub("out: cp.zarr", "out: link/cp.zarr"),
+            "refuse",
+            symlink_setup,
+            None,
+        ),
+        (
+            "input-symlink-escape",
+            "input through a symlink inside the root to a file outside",
+            sub("input: in.tns", "input: link/in.tns"),
+            "refuse",
+            lambda ctx: (symlink_setup(ctx), shutil.copy(ctx.dir / "root" / "in.tns", ctx.dir / "outside" / "in.tns")),
+            None,
+        ),
+        (
+            "allow-paths-root",
+            "allow_paths: [/] and an output outside the root",
+            lambda ctx: "allow_paths: [/]\n" + sub("out: cp.zarr", f"out: {outside(ctx)}/cp.zarr"),
+            "refuse",
+            None,
+            None,
+        ),
+        (
+            "allow-paths-only",
+            "allow_paths: [/] alone (a spec cannot widen its sandbox)",
+            "allow_paths: [/]\n" + B,
+            "refuse",
+            None,
+            None,
+        ),
+        (
+            "storage-in-spec",
+            "storage: pointing outside (--storage wins)",
+            lambda ctx: f"storage: {outside(ctx)}\n" + B,
+            "run",
+            None,
+            outputs_inside,
+        ),
+        (
+            "cluster-closed-port",
+            f"cluster: tcp://127.0.0.1:{port} (nothing listens)",
+            f"cluster: tcp://127.0.0.1:{port}\n" + B,
+            "either",
+            None,
+            cluster_check,
+        ),
         ("cluster-garbage", "cluster: not-a-cluster", "cluster: not-a-cluster\n" + B, "refuse", None, None),
-        ("python-tag", "!!python/object/apply:os.system (must not run)",
-         B + '  evil:\n    kind: export\n    result: !!python/object/apply:os.system ["touch PWNED"]\n    format: npz\n    out: e.npz\n', "refuse", None, None),
-        ("python-name-tag", "!!python/name:os.system", sub("rank: 2", "rank: !!python/name:os.system"), "refuse", None, None),
+        (
+            "python-tag",
+            "!!python/object/apply:os.system (must not run)",
+            B
+            + '  evil:\n    kind: export\n    result: !!python/object/apply:os.system ["touch PWNED"]\n'
+            + "    format: npz\n    out: e.npz\n",
+            "refuse",
+            None,
+            None,
+        ),
+        (
+            "python-name-tag",
+            "!!python/name:os.system",
+            sub("rank: 2", "rank: !!python/name:os.system"),
+            "refuse",
+            None,
+            None,
+        ),
         ("yaml-bomb-top", "billion laughs: 9 levels of aliases under unknown keys", bomb(9) + B, "refuse", None, None),
-        ("yaml-bomb-after", "billion laughs inside a step's 'after'",
-         bomb(9) + sub("kind: decompose", "kind: decompose\n    after: *b8"), "refuse", None, None),
-        ("yaml-deep-nesting", "10000 nested lists", B + "  x: " + "[" * 10000 + "]" * 10000 + "\n", "refuse", None, None),
+        (
+            "yaml-bomb-after",
+            "billion laughs inside a step's 'after'",
+            bomb(9) + sub("kind: decompose", "kind: decompose\n    after: *b8"),
+            "refuse",
+            None,
+            None,
+        ),
+        (
+            "yaml-deep-nesting",
+            "10000 nested lists",
+            B + "  x: " + "[" * 10000 + "]" * 10000 + "\n",
+            "refuse",
+            None,
+            None,
+        ),
         ("huge-key", "a 2 MB key", B + "k" * 2_000_000 + ": 1\n", "refuse", None, None),
         ("spec-is-directory", "the spec path is a directory", None, "refuse", None, None),
         ("spec-missing", "the spec file does not exist", None, "refuse", None, None),
@@ -1466,53 +1905,162 @@ def spec_cases() -> list[Case]:
     out = []
     for name, desc, text, must, setup, check in cases:
         if name == "spec-is-directory":
+
             def fn(ctx: Ctx) -> None:
                 (ctx.dir / "spec.yaml").mkdir()
-                _, outcome = ctx.run(["run", str(ctx.dir / "spec.yaml"), "--storage", str(ctx.dir / "root")], ok_codes=(0, 3))
+                _, outcome = ctx.run(
+                    ["run", str(ctx.dir / "spec.yaml"), "--storage", str(ctx.dir / "root")], ok_codes=(0, 3)
+                )
                 if outcome is None:
                     ctx.silent("a directory was run as a spec")
+
             out.append(Case("spec", name, desc, fn))
             continue
         if name == "spec-missing":
+
             def fn2(ctx: Ctx) -> None:
-                _, outcome = ctx.run(["run", str(ctx.dir / "nosuch.yaml"), "--storage", str(ctx.dir / "root")], ok_codes=(0, 3))
+                _, outcome = ctx.run(
+                    ["run", str(ctx.dir / "nosuch.yaml"), "--storage", str(ctx.dir / "root")], ok_codes=(0, 3)
+                )
                 if outcome is None:
                     ctx.silent("a missing spec ran")
+
             out.append(Case("spec", name, desc, fn2))
             continue
         out.append(Case("spec", name, desc, spec_case(text, must, setup, check)))
-    for action, desc in [("new", "a new file dropped in (control: appended once, values summed)"),
-                         ("touch", "an ingested file touched (must not be appended again)"),
-                         ("rename", "an ingested file renamed (same content: not new)"),
-                         ("copy", "an ingested file copied under a new name (same content: not new)"),
-                         ("edit", "an ingested file edited under its name (must be an error)")]:
+    for action, desc in [
+        ("new", "a new file dropped in (control: appended once, values summed)"),
+        ("touch", "an ingested file touched (must not be appended again)"),
+        ("rename", "an ingested file renamed (same content: not new)"),
+        ("copy", "an ingested file copied under a new name (same content: not new)"),
+        ("edit", "an ingested file edited under its name (must be an error)"),
+    ]:
         out.append(Case("spec", f"nightly-{action}", f"nightly spec run twice: {desc}", nightly_case(action)))
-    for oc, desc in [("append", "the edited content added as new data, the old kept"),
-                     ("replace-version", "the next version built from the edited content instead of the old")]:
-        out.append(Case("spec", f"nightly-edit-{oc}", f"nightly spec, on_changed: {oc}, a file edited: {desc}",
-                        nightly_case("edit", oc)))
+    for oc, desc in [
+        ("append", "the edited content added as new data, the old kept"),
+        ("replace-version", "the next version built from the edited content instead of the old"),
+    ]:
+        out.append(
+            Case(
+                "spec",
+                f"nightly-edit-{oc}",
+                f"nightly spec, on_changed: {oc}, a file edited: {desc}",
+                nightly_case("edit", oc),
+            )
+        )
     return out
 
 
 # --- sweep 4: fuzz --------------------------------------------------------------------------------
 
-TNS_TOKENS = ["nan", "NaN", "inf", "-inf", "Infinity", "1e300", "1e200", "-1e300", "1e400", "-1", "0", "-0",
-              "1e-310", "4.9e-324", "2.5", "+3", "3.0", "0x10", "1_000", "18446744073709551616",
-              "9223372036854775807", "1152921504606846976", "4294967296", "99999999999", "abc", "foo",
-              "#", "\t", "\r", "\r\n", "\n", " ", "\x00", "\xe9", "é", "\x0b", "1 2", "1.0.0", "--", "e5"]
-SPEC_TOKENS = [":", "-", "- ", "[", "]", "{", "}", ",", "&a", "*a", "!!python/object/apply:os.system [touch PWNED]",
-               "!!str", "|", ">", "#", "%YAML 1.1", "@", "`", '"', "'", "?", "\t", "\n", "---", "...", "~", "null",
-               "true", "false", "yes", "no", ".nan", ".inf", "-.inf", "1e300", "-1", "0", "1e400",
-               "99999999999999999999", "0x10", "2.5", "../", "/", "/etc", "..", "kind", "rank", "allow_paths: [/]",
-               "cluster: tcp://127.0.0.1:9", "steps", "out", "input", "after: [convert]", "after: [decompose]"]
+TNS_TOKENS = [
+    "nan",
+    "NaN",
+    "inf",
+    "-inf",
+    "Infinity",
+    "1e300",
+    "1e200",
+    "-1e300",
+    "1e400",
+    "-1",
+    "0",
+    "-0",
+    "1e-310",
+    "4.9e-324",
+    "2.5",
+    "+3",
+    "3.0",
+    "0x10",
+    "1_000",
+    "18446744073709551616",
+    "9223372036854775807",
+    "1152921504606846976",
+    "4294967296",
+    "99999999999",
+    "abc",
+    "foo",
+    "#",
+    "\t",
+    "\r",
+    "\r\n",
+    "\n",
+    " ",
+    "\x00",
+    "\xe9",
+    "é",
+    "\x0b",
+    "1 2",
+    "1.0.0",
+    "--",
+    "e5",
+]
+SPEC_TOKENS = [
+    ":",
+    "-",
+    "- ",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    "&a",
+    "*a",
+    "!!python/object/apply:os.system [touch PWNED]",
+    "!!str",
+    "|",
+    ">",
+    "#",
+    "%YAML 1.1",
+    "@",
+    "`",
+    '"',
+    "'",
+    "?",
+    "\t",
+    "\n",
+    "---",
+    "...",
+    "~",
+    "null",
+    "true",
+    "false",
+    "yes",
+    "no",
+    ".nan",
+    ".inf",
+    "-.inf",
+    "1e300",
+    "-1",
+    "0",
+    "1e400",
+    "99999999999999999999",
+    "0x10",
+    "2.5",
+    "../",
+    "/",
+    "/etc",
+    "..",
+    "kind",
+    "rank",
+    "allow_paths: [/]",
+    "cluster: tcp://127.0.0.1:9",
+    "steps",
+    "out",
+    "input",
+    "after: [convert]",
+    "after: [decompose]",
+]
 
 
 def mutate(data: bytes, rng: random.Random, tokens: list[str]) -> tuple[bytes, str]:
     """One seeded mutation: a bit flip, a random byte, a truncation, a token inserted (at a token
     boundary or anywhere), a token replaced, a line duplicated, deleted or swapped."""
     b = bytearray(data)
-    kind = rng.choices(["flip", "byte", "truncate", "insert", "insert-raw", "replace", "dupline", "delline", "swap"],
-                       [15, 6, 8, 14, 6, 33, 8, 6, 4])[0]
+    kind = rng.choices(
+        ["flip", "byte", "truncate", "insert", "insert-raw", "replace", "dupline", "delline", "swap"],
+        [15, 6, 8, 14, 6, 33, 8, 6, 4],
+    )[0]
     if not b:
         return bytes(b), "empty"
     pos = rng.randrange(len(b))
@@ -1526,10 +2074,15 @@ def mutate(data: bytes, rng: random.Random, tokens: list[str]) -> tuple[bytes, s
         return bytes(b[:pos]), f"truncate at {pos}"
     tok = rng.choice(tokens)
     if rng.random() < 0.35:
-        tok = rng.choice([str(rng.randint(-10, 10**rng.randint(1, 25))), str(rng.randint(1, 9)),
-                          f"{rng.uniform(-1e6, 1e6):.{rng.randint(1, 17)}g}",
-                          f"{rng.uniform(0, 10):.6f}e{rng.randint(-330, 330)}",
-                          "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 8)))])
+        tok = rng.choice(
+            [
+                str(rng.randint(-10, 10 ** rng.randint(1, 25))),
+                str(rng.randint(1, 9)),
+                f"{rng.uniform(-1e6, 1e6):.{rng.randint(1, 17)}g}",
+                f"{rng.uniform(0, 10):.6f}e{rng.randint(-330, 330)}",
+                "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 8))),
+            ]
+        )
     if kind == "insert":
         bounds = [m.start() for m in re.finditer(rb"(?<=\s)|$", bytes(b))] or [pos]
         at = rng.choice(bounds)
@@ -1581,6 +2134,7 @@ def fuzz_tns_case(i: int, seed: int) -> Case:
             c, outcome = ctx.run(["info", str(store), "--json"])
             if outcome is None:
                 check_info(ctx, c, ref)
+
     return Case("fuzz", f"tns-{i:03d}", "; ".join(what), fn)
 
 
@@ -1621,6 +2175,7 @@ def fuzz_spec_case(i: int, seed: int) -> Case:
                 ctx.silent(f"step {name}: output {o!r} outside the storage root")
             elif not p.exists():
                 ctx.silent(f"step {name}: output {o!r} does not exist after exit 0")
+
     return Case("fuzz", f"spec-{i:03d}", "; ".join(what), fn)
 
 
@@ -1629,6 +2184,7 @@ def fuzz_cases(n: int, seed: int) -> list[Case]:
 
 
 # --- report ---------------------------------------------------------------------------------------
+
 
 def first_lines(r: dict, n: int = 4) -> list[str]:
     lines = []
@@ -1640,7 +2196,7 @@ def first_lines(r: dict, n: int = 4) -> list[str]:
         head = [f"$ {' '.join(c['argv'][:2])} ... -> rc {c['rc']}{' (timeout)' if c['timed_out'] else ''}"]
         if "Traceback (most recent call last)" in c["stderr"]:
             head.append("  " + _exception_line(c["stderr"]))
-        head += ["  " + ln[:200] for ln in (err[:n - 2] if err else outl[:n - 2])]
+        head += ["  " + ln[:200] for ln in (err[: n - 2] if err else outl[: n - 2])]
         lines += head
     return lines[: n + 4]
 
@@ -1673,16 +2229,26 @@ def report(results: list[dict], sweeps: list[str], wall: float, commit: str) -> 
         for r in refused:
             print(f"  {r['sweep']}/{r['name']}: {r['desc'][:100]}: {r['why'][:200]}")
     status = 0 if tot["silent"] == tot["traceback"] == tot["hang"] == 0 and not refused else 1
-    print(f"\nTOTAL {len(results)} cases: " + ", ".join(f"{tot[o]} {o}" for o in OUTCOMES)
-          + f"; {len(refused)} valid inputs refused -> exit {status}")
+    print(
+        f"\nTOTAL {len(results)} cases: "
+        + ", ".join(f"{tot[o]} {o}" for o in OUTCOMES)
+        + f"; {len(refused)} valid inputs refused -> exit {status}"
+    )
     return status
 
 
 def git_commit() -> str:
     try:
-        h = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "tensorflow_ooc"],
-                               cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
+        h = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "tensorflow_ooc"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
         return h + (f" + {len(dirty.splitlines())} uncommitted package files" if dirty else "")
     except OSError:
         return "unknown"
@@ -1690,12 +2256,18 @@ def git_commit() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     global TFOOC, TIMEOUT, MEM_LIMIT
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--only", choices=SWEEPS, action="append", help="run only this sweep (repeatable)")
     ap.add_argument("--fuzz", type=int, default=200, help="mutations of the .tns and of the spec (default 200 each)")
     ap.add_argument("--seed", type=int, default=0, help="fuzz seed (default 0)")
-    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                    help="cases run at once (default: 2, or 1 on one core; a full run at 1 takes about twice as long)")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="cases run at once (default: 2, or 1 on one core; a full run at 1 takes about twice as long)",
+    )
     ap.add_argument("--limit", type=int, default=None, help="only the first N cases of each sweep")
     ap.add_argument("--match", default=None, help="only cases whose name contains this")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per command before it counts as a hang")
@@ -1712,8 +2284,12 @@ def main(argv: list[str] | None = None) -> int:
     TIMEOUT = args.timeout
     MEM_LIMIT = int(args.mem_limit * (1 << 30))
     sweeps = args.only or list(SWEEPS)
-    makers = {"tns": tns_cases, "store": store_cases, "spec": spec_cases,
-              "fuzz": lambda: fuzz_cases(args.fuzz, args.seed)}
+    makers = {
+        "tns": tns_cases,
+        "store": store_cases,
+        "spec": spec_cases,
+        "fuzz": lambda: fuzz_cases(args.fuzz, args.seed),
+    }
     cases: list[Case] = []
     for s in sweeps:
         cs = makers[s]()
@@ -1740,8 +2316,11 @@ def _run_all(cases: list[Case], sweeps: list[str], args: argparse.Namespace, bas
     env = dict(os.environ, TFOOC_STORAGE=str(base / "root"))
     t0 = time.monotonic()
     commit_start = git_commit()
-    print(f"bench_hostile: {len(cases)} cases ({', '.join(sweeps)}), {args.jobs} at a time, in {base}; "
-          f"tfooc = {TFOOC}; commit {commit_start}", flush=True)
+    print(
+        f"bench_hostile: {len(cases)} cases ({', '.join(sweeps)}), {args.jobs} at a time, in {base}; "
+        f"tfooc = {TFOOC}; commit {commit_start}",
+        flush=True,
+    )
     if any(c.sweep == "store" for c in cases):
         shared["store"] = prepare_store(base, env)
         for p in shared["store"]["problems"]:
@@ -1754,19 +2333,37 @@ def _run_all(cases: list[Case], sweeps: list[str], args: argparse.Namespace, bas
             r = f.result()
             results.append(r)
             done += 1
-            print(f"  [{done:4d}/{len(cases)}] {r['outcome']:11s} {r['sweep']}/{r['name']} ({r['seconds']:.1f} s)"
-                  + (f"  {r['why'][:110]}" if r["outcome"] not in ("ok", "clear error") else ""), flush=True)
+            print(
+                f"  [{done:4d}/{len(cases)}] {r['outcome']:11s} {r['sweep']}/{r['name']} ({r['seconds']:.1f} s)"
+                + (f"  {r['why'][:110]}" if r["outcome"] not in ("ok", "clear error") else ""),
+                flush=True,
+            )
     order = {(c.sweep, c.name): i for i, c in enumerate(cases)}
     results.sort(key=lambda r: order[(r["sweep"], r["name"])])
     commit_end = git_commit()
-    commit = commit_start if commit_end == commit_start else f"{commit_start} (tree changed to {commit_end} during the run)"
+    commit = (
+        commit_start if commit_end == commit_start else f"{commit_start} (tree changed to {commit_end} during the run)"
+    )
     status = report(results, sweeps, time.monotonic() - t0, commit)
     if args.json:
-        Path(args.json).write_text(json.dumps({"commit": commit, "tfooc": TFOOC, "sweeps": sweeps,
-                                               "fuzz": args.fuzz, "seed": args.seed, "jobs": args.jobs,
-                                               "exit_status": status, "cases": results}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "commit": commit,
+                    "tfooc": TFOOC,
+                    "sweeps": sweeps,
+                    "fuzz": args.fuzz,
+                    "seed": args.seed,
+                    "jobs": args.jobs,
+                    "exit_status": status,
+                    "cases": results,
+                },
+                indent=1,
+            )
+        )
         print(f"wrote {args.json}")
     return status
+
 
 if __name__ == "__main__":
     sys.exit(main())

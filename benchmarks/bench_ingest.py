@@ -11,6 +11,7 @@ store <= 30 % of raw COO bytes; out-of-core peak RSS under the 512 MB limit.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -54,8 +55,17 @@ def bench_construction(name: str, repeat: int) -> dict:
     t2 = time.perf_counter()
     block_table(keys, layout, 1 << 24)
     t3 = time.perf_counter()
-    return {"tensor": name, "shape": shape, "nnz": len(coords), "bits": layout.total_bits,
-            "seconds": total, "all_seconds": times, "linearize_s": t1 - t0, "sort_s": t2 - t1, "block_s": t3 - t2}
+    return {
+        "tensor": name,
+        "shape": shape,
+        "nnz": len(coords),
+        "bits": layout.total_bits,
+        "seconds": total,
+        "all_seconds": times,
+        "linearize_s": t1 - t0,
+        "sort_s": t2 - t1,
+        "block_s": t3 - t2,
+    }
 
 
 def bench_parse(tmp: Path, repeat: int) -> list[dict]:
@@ -66,9 +76,18 @@ def bench_parse(tmp: Path, repeat: int) -> list[dict]:
         synthetic.write_tns(path, synthetic.iter_heavy_tailed(shape, nnz, seed=3))
         size = path.stat().st_size
         store = tmp / "parse.zarr"
-        secs, times = best(lambda: tfo.convert(path, store, overwrite=True), repeat)
-        out.append({"input": path.name, "bytes": size, "nnz": nnz, "seconds": secs, "all_seconds": times,
-                    "nnz_per_s": nnz / secs, "mb_per_s": size / secs / 1e6})
+        secs, times = best(functools.partial(tfo.convert, path, store, overwrite=True), repeat)
+        out.append(
+            {
+                "input": path.name,
+                "bytes": size,
+                "nnz": nnz,
+                "seconds": secs,
+                "all_seconds": times,
+                "nnz_per_s": nnz / secs,
+                "mb_per_s": size / secs / 1e6,
+            }
+        )
     return out
 
 
@@ -81,9 +100,17 @@ def bench_bytes(tmp: Path) -> list[dict]:
         for kind, values in (("random float64", rng.random(len(coords))), ("integer counts", counts)):
             s = tfo.convert((coords, values), tmp / "bytes.zarr", overwrite=True)
             info = s.info()
-            out.append({"tensor": name, "values": kind, "nnz": s.nnz, "bytes_on_disk": info["bytes_on_disk"],
-                        "bytes_per_nnz": info["bytes_per_nnz"], "raw_bytes_per_nnz": 8 * len(shape) + 8,
-                        "ratio": info["compression_ratio"]})
+            out.append(
+                {
+                    "tensor": name,
+                    "values": kind,
+                    "nnz": s.nnz,
+                    "bytes_on_disk": info["bytes_on_disk"],
+                    "bytes_per_nnz": info["bytes_per_nnz"],
+                    "raw_bytes_per_nnz": 8 * len(shape) + 8,
+                    "ratio": info["compression_ratio"],
+                }
+            )
     return out
 
 
@@ -93,14 +120,42 @@ def bench_ooc(tmp: Path, gigabytes: float, limit_mb: int) -> dict:
     nnz = int(gigabytes * 1e9 / bytes_per_line)
     path = tmp / "big.tns"
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "tensorflow_ooc.cli", "-q", "generate", str(path), "--shape",
-                    ",".join(map(str, shape)), "--nnz", str(nnz), "--seed", "6"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tensorflow_ooc.cli",
+            "-q",
+            "generate",
+            str(path),
+            "--shape",
+            ",".join(map(str, shape)),
+            "--nnz",
+            str(nnz),
+            "--seed",
+            "6",
+        ],
+        check=True,
+    )
     gen_s = time.perf_counter() - t0
     written = nnz
     size = path.stat().st_size
     store = tmp / "big.zarr"
-    cmd = [sys.executable, "-m", "tensorflow_ooc.cli", "-q", "convert", str(path), str(store),
-           "--shape", ",".join(map(str, shape)), "--memory-limit", f"{limit_mb}MB", "--tmp-dir", str(tmp)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tensorflow_ooc.cli",
+        "-q",
+        "convert",
+        str(path),
+        str(store),
+        "--shape",
+        ",".join(map(str, shape)),
+        "--memory-limit",
+        f"{limit_mb}MB",
+        "--tmp-dir",
+        str(tmp),
+    ]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = _poll_peak_rss(proc)
@@ -110,9 +165,17 @@ def bench_ooc(tmp: Path, gigabytes: float, limit_mb: int) -> dict:
         raise RuntimeError(err)
     s = tfo.open_store(store)
     assert s.nnz == written, (s.nnz, written)
-    return {"input_bytes": size, "nnz": written, "generate_s": gen_s, "seconds": secs, "nnz_per_s": written / secs,
-            "mb_per_s": size / secs / 1e6, "memory_limit_mb": limit_mb, "peak_rss_mb": peak / 1e6,
-            "store_bytes": s.disk_bytes()}
+    return {
+        "input_bytes": size,
+        "nnz": written,
+        "generate_s": gen_s,
+        "seconds": secs,
+        "nnz_per_s": written / secs,
+        "mb_per_s": size / secs / 1e6,
+        "memory_limit_mb": limit_mb,
+        "peak_rss_mb": peak / 1e6,
+        "store_bytes": s.disk_bytes(),
+    }
 
 
 def _poll_peak_rss(proc: subprocess.Popen, every: float = 0.02) -> int:
@@ -156,9 +219,15 @@ def main() -> None:
         tfo.convert(p, Path(d) / "w.zarr")
     jit_s = time.perf_counter() - t0
 
-    result: dict = {"machine": {"cpus": os.cpu_count(), "numba_threads": numba.get_num_threads(),
-                                "python": platform.python_version(), "copy_GBps": copy_bandwidth()},
-                    "jit_and_first_call_s": jit_s}
+    result: dict = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "numba_threads": numba.get_num_threads(),
+            "python": platform.python_version(),
+            "copy_GBps": copy_bandwidth(),
+        },
+        "jit_and_first_call_s": jit_s,
+    }
     with tempfile.TemporaryDirectory(dir=args.tmp) as d:
         tmp = Path(d)
         if not args.only_ooc:
@@ -176,25 +245,34 @@ def main() -> None:
     print("BLCO construction from in-memory COO (encode + sort + block), best of", args.repeat)
     print(f"{'tensor':<10}{'nnz':>12}{'bits':>6}{'total s':>10}{'linearize':>11}{'sort':>8}{'block':>8}")
     for r in result["construction"]:
-        print(f"{r['tensor']:<10}{r['nnz']:>12,}{r['bits']:>6}{r['seconds']:>10.3f}{r['linearize_s']:>11.3f}"
-              f"{r['sort_s']:>8.3f}{r['block_s']:>8.3f}")
+        print(
+            f"{r['tensor']:<10}{r['nnz']:>12,}{r['bits']:>6}{r['seconds']:>10.3f}{r['linearize_s']:>11.3f}"
+            f"{r['sort_s']:>8.3f}{r['block_s']:>8.3f}"
+        )
     print("\n.tns -> store, end to end, best of", args.repeat)
     print(f"{'input':<14}{'MB':>8}{'nnz':>12}{'s':>8}{'M nnz/s':>9}{'MB/s':>8}")
     for r in result["parse"]:
-        print(f"{r['input']:<14}{r['bytes'] / 1e6:>8.1f}{r['nnz']:>12,}{r['seconds']:>8.2f}"
-              f"{r['nnz_per_s'] / 1e6:>9.2f}{r['mb_per_s']:>8.1f}")
+        print(
+            f"{r['input']:<14}{r['bytes'] / 1e6:>8.1f}{r['nnz']:>12,}{r['seconds']:>8.2f}"
+            f"{r['nnz_per_s'] / 1e6:>9.2f}{r['mb_per_s']:>8.1f}"
+        )
     print("\nbytes on disk per nonzero")
     print(f"{'tensor':<10}{'values':<16}{'nnz':>12}{'B/nnz':>8}{'raw B/nnz':>10}{'% of raw':>9}")
     for r in result["bytes"]:
-        print(f"{r['tensor']:<10}{r['values']:<16}{r['nnz']:>12,}{r['bytes_per_nnz']:>8.2f}"
-              f"{r['raw_bytes_per_nnz']:>10}{100 * r['ratio']:>9.1f}")
+        print(
+            f"{r['tensor']:<10}{r['values']:<16}{r['nnz']:>12,}{r['bytes_per_nnz']:>8.2f}"
+            f"{r['raw_bytes_per_nnz']:>10}{100 * r['ratio']:>9.1f}"
+        )
     if "ooc" in result:
         r = result["ooc"]
         print("\nout-of-core .tns -> store (subprocess, tfooc convert --memory-limit)")
-        print(f"{'GB':>6}{'nnz':>14}{'s':>8}{'M nnz/s':>9}{'MB/s':>7}{'limit MB':>9}{'peak RSS MB':>12}"
-              f"{'generate s':>11}")
-        print(f"{r['input_bytes'] / 1e9:>6.2f}{r['nnz']:>14,}{r['seconds']:>8.1f}{r['nnz_per_s'] / 1e6:>9.2f}"
-              f"{r['mb_per_s']:>7.1f}{r['memory_limit_mb']:>9}{r['peak_rss_mb']:>12.0f}{r['generate_s']:>11.1f}")
+        print(
+            f"{'GB':>6}{'nnz':>14}{'s':>8}{'M nnz/s':>9}{'MB/s':>7}{'limit MB':>9}{'peak RSS MB':>12}{'generate s':>11}"
+        )
+        print(
+            f"{r['input_bytes'] / 1e9:>6.2f}{r['nnz']:>14,}{r['seconds']:>8.1f}{r['nnz_per_s'] / 1e6:>9.2f}"
+            f"{r['mb_per_s']:>7.1f}{r['memory_limit_mb']:>9}{r['peak_rss_mb']:>12.0f}{r['generate_s']:>11.1f}"
+        )
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"ingest-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2, default=str))

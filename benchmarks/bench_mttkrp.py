@@ -18,6 +18,7 @@ benchmarks/results/mttkrp-<time>.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -42,6 +43,7 @@ GENTEN_METHODS = ["Atomic", "Perm", "Duplicated", "Default", "All-Atomic", "All-
 
 
 # --- machine characteristics, measured in this run ---------------------------------------------------
+
 
 @nb.njit(parallel=True, cache=True)
 def _par_copy(dst, src, reps):
@@ -93,8 +95,15 @@ def machine() -> dict:
     flops = 2 * 64 * iters * out.shape[0] / t
     if not np.isfinite(out).all():
         raise RuntimeError("FMA probe diverged")
-    return {"copy_GBps": dram / 1e9, "l2_copy_GBps": l2 / 1e9, "l2_ratio": l2 / dram, "fma_GFLOPs": flops / 1e9,
-            "threads": threads, "cpus": os.cpu_count(), "python": platform.python_version()}
+    return {
+        "copy_GBps": dram / 1e9,
+        "l2_copy_GBps": l2 / 1e9,
+        "l2_ratio": l2 / dram,
+        "fma_GFLOPs": flops / 1e9,
+        "threads": threads,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
 
 
 def model(nnz: int, shape, R: int, mode: int, m: dict) -> dict:
@@ -106,11 +115,17 @@ def model(nnz: int, shape, R: int, mode: int, m: dict) -> dict:
     m_inf = stream + 8 * R * sum(shape)
     m_0lm = stream + out_bytes + 8 * nnz * R * (N - 1) / m["l2_ratio"]
     tau_f, tau_m = m["fma_GFLOPs"] * 1e9, m["copy_GBps"] * 1e9
-    return {"flops": f, "m_inf": m_inf, "m_0lm": m_0lm, "T_inf": f / tau_f + m_inf / tau_m,
-            "T_0lm": f / tau_f + m_0lm / tau_m}
+    return {
+        "flops": f,
+        "m_inf": m_inf,
+        "m_0lm": m_0lm,
+        "T_inf": f / tau_f + m_inf / tau_m,
+        "T_0lm": f / tau_f + m_0lm / tau_m,
+    }
 
 
 # --- the benchmark -------------------------------------------------------------------------------------
+
 
 def _zeroed(out: np.ndarray) -> np.ndarray:
     out[...] = 0
@@ -137,31 +152,48 @@ def bench_tensor(name: str, ranks, repeat: int, peers: bool, m: dict, threads: i
         per_mode, stats, alto = [], [], []
         for mode in range(len(shape)):
             st = {}
-            per_mode.append(_best(lambda: tfo.mttkrp(tensor, F, mode, out=outs[mode], stats=st), repeat))
+            per_mode.append(_best(functools.partial(tfo.mttkrp, tensor, F, mode, out=outs[mode], stats=st), repeat))
             stats.append(st)
             # the same kernels on the ALTO-ordered items, without the mode-sorted copies
-            alto.append(_best(lambda: run_items(tensor_items(tensor), tensor.layout, F, mode, _zeroed(outs[mode])),
-                              repeat))
+            alto.append(
+                _best(
+                    lambda mode=mode, F=F, outs=outs: run_items(
+                        tensor_items(tensor), tensor.layout, F, mode, _zeroed(outs[mode])
+                    ),
+                    repeat,
+                )
+            )
         total = sum(per_mode)
         mods = [model(len(values), shape, R, k, m) for k in range(len(shape))]
         floor = sum(x["T_0lm"] for x in mods)
         row = {
-            "tensor": name, "shape": shape, "nnz": len(values), "rank": R, "threads": threads,
-            "generate_s": gen_s, "blco_build_s": build_s, "plan_s": plan_s,
-            "per_mode_s": per_mode, "all_mode_s": total, "alto_order_all_mode_s": sum(alto),
-            "alto_order_per_mode_s": alto, "mode_sorted": [tensor_items(tensor, k).sorted_mode == k
-                                                          for k in range(len(shape))],
+            "tensor": name,
+            "shape": shape,
+            "nnz": len(values),
+            "rank": R,
+            "threads": threads,
+            "generate_s": gen_s,
+            "blco_build_s": build_s,
+            "plan_s": plan_s,
+            "per_mode_s": per_mode,
+            "all_mode_s": total,
+            "alto_order_all_mode_s": sum(alto),
+            "alto_order_per_mode_s": alto,
+            "mode_sorted": [tensor_items(tensor, k).sorted_mode == k for k in range(len(shape))],
             "nnz_modes_per_s": len(values) * len(shape) / total,
             "GBps_min_traffic": sum(x["m_inf"] for x in mods) / total / 1e9,
             "pct_copy_bw": 100 * sum(x["m_inf"] for x in mods) / total / 1e9 / m["copy_GBps"],
             "GFLOPs": sum(x["flops"] for x in mods) / total / 1e9,
-            "model_floor_s": floor, "over_floor": total / floor,
+            "model_floor_s": floor,
+            "over_floor": total / floor,
             "mode_imbalance": max(per_mode) / min(per_mode),
-            "conflict": [{k: s[k] for k in ("private_items", "atomic_items", "run_items", "private_bytes")}
-                         for s in stats],
+            "conflict": [
+                {k: s[k] for k in ("private_items", "atomic_items", "run_items", "private_bytes")} for s in stats
+            ],
         }
         if peers:
             import peers as P
+
             try:
                 # duplicated/all-mode methods keep a copy of the output per thread: 10^7-row modes
                 # need gigabytes per copy, so very long modes get the atomic and permuted kernels only
@@ -183,9 +215,11 @@ def bench_tensor(name: str, ranks, repeat: int, peers: bool, m: dict, threads: i
     return rows
 
 
-HEADER = (f"{'tensor':<12}{'R':>3}{'nnz':>12}{'all-mode s':>11}{'ALTO-order':>11}{'per-mode s':>34}{'Mnz*m/s':>9}"
-          f"{'GB/s':>7}"
-          f"{'%copy':>6}{'/floor':>7}{'imbal':>6}{'GenTen s':>9}{'xGT':>6}{'pyttb s':>9}{'xPT':>7}")
+HEADER = (
+    f"{'tensor':<12}{'R':>3}{'nnz':>12}{'all-mode s':>11}{'ALTO-order':>11}{'per-mode s':>34}{'Mnz*m/s':>9}"
+    f"{'GB/s':>7}"
+    f"{'%copy':>6}{'/floor':>7}{'imbal':>6}{'GenTen s':>9}{'xGT':>6}{'pyttb s':>9}{'xPT':>7}"
+)
 
 
 def print_row(r: dict, header: bool) -> None:
@@ -194,10 +228,13 @@ def print_row(r: dict, header: bool) -> None:
     pm = " ".join(f"{s:.4f}" for s in r["per_mode_s"])
     g = f"{r['genten_s']:>9.3f}{r['genten_ratio']:>6.1f}" if "genten_s" in r else f"{'-':>9}{'-':>6}"
     p = f"{r['pyttb_s']:>9.2f}{r['pyttb_ratio']:>7.0f}" if "pyttb_s" in r else f"{'-':>9}{'-':>7}"
-    print(f"{r['tensor']:<12}{r['rank']:>3}{r['nnz']:>12,}{r['all_mode_s']:>11.4f}{r['alto_order_all_mode_s']:>11.4f}"
-          f"{pm:>34}"
-          f"{r['nnz_modes_per_s'] / 1e6:>9.0f}{r['GBps_min_traffic']:>7.1f}{r['pct_copy_bw']:>6.0f}"
-          f"{r['over_floor']:>7.1f}{r['mode_imbalance']:>6.2f}{g}{p}", flush=True)
+    print(
+        f"{r['tensor']:<12}{r['rank']:>3}{r['nnz']:>12,}{r['all_mode_s']:>11.4f}{r['alto_order_all_mode_s']:>11.4f}"
+        f"{pm:>34}"
+        f"{r['nnz_modes_per_s'] / 1e6:>9.0f}{r['GBps_min_traffic']:>7.1f}{r['pct_copy_bw']:>6.0f}"
+        f"{r['over_floor']:>7.1f}{r['mode_imbalance']:>6.2f}{g}{p}",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -207,17 +244,25 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-peers", action="store_true", help="skip GenTen and pyttb")
-    ap.add_argument("--pyttb-modes", type=int, default=1,
-                    help="pyttb is ~100x slower: time this many modes and scale to all (default 1)")
+    ap.add_argument(
+        "--pyttb-modes",
+        type=int,
+        default=1,
+        help="pyttb is ~100x slower: time this many modes and scale to all (default 1)",
+    )
     args = ap.parse_args()
     nb.set_num_threads(args.threads)
     m = machine()
     jit = compile_kernels(nmodes=3, ranks=args.ranks) + compile_kernels(nmodes=4, ranks=args.ranks)
-    print(f"machine: {m['cpus']} cpus, {m['threads']} numba threads, copy {m['copy_GBps']:.1f} GB/s, "
-          f"L2 copy {m['l2_copy_GBps']:.0f} GB/s, FMA {m['fma_GFLOPs']:.1f} GFLOP/s; JIT/cache load {jit:.1f} s "
-          "(excluded)")
-    print("GB/s: minimal traffic (index+value+factors once) / time; /floor: time over the T_0,LM model; "
-          "imbal: slowest/fastest mode; xGT, xPT: peer time / ours")
+    print(
+        f"machine: {m['cpus']} cpus, {m['threads']} numba threads, copy {m['copy_GBps']:.1f} GB/s, "
+        f"L2 copy {m['l2_copy_GBps']:.0f} GB/s, FMA {m['fma_GFLOPs']:.1f} GFLOP/s; JIT/cache load {jit:.1f} s "
+        "(excluded)"
+    )
+    print(
+        "GB/s: minimal traffic (index+value+factors once) / time; /floor: time over the T_0,LM model; "
+        "imbal: slowest/fastest mode; xGT, xPT: peer time / ours"
+    )
     print(HEADER)
     rows = []
     for name in args.tensors:

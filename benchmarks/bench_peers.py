@@ -57,10 +57,11 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from peers.external import steady  # noqa: E402
+
 import tensorflow_ooc as tfo  # noqa: E402
 from tensorflow_ooc import synthetic  # noqa: E402
 from tensorflow_ooc.kernels import compile_kernels  # noqa: E402
-from peers.external import steady  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 SUITE = ("uber", "nips", "chicago")
@@ -74,8 +75,9 @@ def _git_commit(path: str | None) -> str | None:
         for cand in (d, d.parent / f"{d.name}-src", d.parent / "ALTO-src", d.parent / "splatt-src"):
             if (cand / ".git").exists():
                 try:
-                    out = subprocess.run(["git", "-C", str(cand), "rev-parse", "HEAD"], capture_output=True,
-                                         text=True, timeout=10)
+                    out = subprocess.run(
+                        ["git", "-C", str(cand), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+                    )
                 except (OSError, subprocess.SubprocessError):
                     return None
                 return out.stdout.strip() or None
@@ -139,13 +141,23 @@ def ours(store_path: Path, coords, values, shape, rank: int, iters: int, repeat:
     for label, s in (("fast", store), ("raw", raw)):
         h = tfo.cp_als(s, rank, seed=seed, max_iters=iters, tol=0, execution="streaming").history
         streamed[label] = steady([x["seconds"] for x in h])
-    return {"mttkrp_raw_store_s": strm_raw, "raw_store_vs_in_memory": mem / strm_raw,
-            "cp_als_streaming_s": streamed["fast"], "cp_als_streaming_raw_s": streamed["raw"],
-            "streaming_vs_in_memory": per_it / streamed["fast"], "streaming_raw_vs_in_memory": per_it / streamed["raw"],
-            "cp_als_s": per_it, "first_iter_s": r.history[0]["seconds"], "fit": r.fit,
-            "execution": r.params.get("execution"), "iterations": r.iterations,
-            "outside_mttkrp_share": 1 - mttkrp_it / per_it, "mttkrp_in_memory_s": mem, "mttkrp_store_s": strm,
-            "store_vs_in_memory": mem / strm}
+    return {
+        "mttkrp_raw_store_s": strm_raw,
+        "raw_store_vs_in_memory": mem / strm_raw,
+        "cp_als_streaming_s": streamed["fast"],
+        "cp_als_streaming_raw_s": streamed["raw"],
+        "streaming_vs_in_memory": per_it / streamed["fast"],
+        "streaming_raw_vs_in_memory": per_it / streamed["raw"],
+        "cp_als_s": per_it,
+        "first_iter_s": r.history[0]["seconds"],
+        "fit": r.fit,
+        "execution": r.params.get("execution"),
+        "iterations": r.iterations,
+        "outside_mttkrp_share": 1 - mttkrp_it / per_it,
+        "mttkrp_in_memory_s": mem,
+        "mttkrp_store_s": strm,
+        "store_vs_in_memory": mem / strm,
+    }
 
 
 def run_peer(name: str, fn, *args, **kwargs) -> dict:
@@ -163,11 +175,16 @@ def bench(args) -> dict:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     jit = sum(compile_kernels(n, tuple(args.ranks)) for n in (3, 4))
-    out: dict = {"args": vars(args), "jit_s": jit, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                                               "processor": platform.processor()},
-                 "peers": {"alto": {"path": args.alto, "commit": _git_commit(args.alto)},
-                           "splatt": {"path": args.splatt, "commit": _git_commit(args.splatt)}},
-                 "rows": []}
+    out: dict = {
+        "args": vars(args),
+        "jit_s": jit,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "processor": platform.processor()},
+        "peers": {
+            "alto": {"path": args.alto, "commit": _git_commit(args.alto)},
+            "splatt": {"path": args.splatt, "commit": _git_commit(args.splatt)},
+        },
+        "rows": [],
+    }
     for name in args.tensors:
         print(f"{name}:")
         tns, store_path, coords, values, shape = tensor_files(name, workdir, args.seed)
@@ -183,13 +200,28 @@ def bench(args) -> dict:
                 row["splatt"] = run_peer("SPLATT", splatt.cp_als, args.splatt, tns, rank, args.iters, args.threads)
             if not args.no_genten:
                 print(f"  rank {rank}: GenTen", flush=True)
-                g = run_peer("GenTen", P.genten_cp_als, coords, values, shape, rank, iters=args.iters,
-                             threads=args.threads, method="fastest")
-                m = run_peer("GenTen", P.genten_mttkrp, coords, values, shape, rank, threads=args.threads,
-                             iters=args.iters)
-                row["genten"] = {"cp_als_s": g.get("seconds_per_iter"), "fit": g.get("fit"),
-                                 "method": g.get("method"), "mttkrp_s": m.get("seconds"),
-                                 "mttkrp_method": m.get("method"), **({"error": g["error"]} if "error" in g else {})}
+                g = run_peer(
+                    "GenTen",
+                    P.genten_cp_als,
+                    coords,
+                    values,
+                    shape,
+                    rank,
+                    iters=args.iters,
+                    threads=args.threads,
+                    method="fastest",
+                )
+                m = run_peer(
+                    "GenTen", P.genten_mttkrp, coords, values, shape, rank, threads=args.threads, iters=args.iters
+                )
+                row["genten"] = {
+                    "cp_als_s": g.get("seconds_per_iter"),
+                    "fit": g.get("fit"),
+                    "method": g.get("method"),
+                    "mttkrp_s": m.get("seconds"),
+                    "mttkrp_method": m.get("method"),
+                    **({"error": g["error"]} if "error" in g else {}),
+                }
             out["rows"].append(row)
     return out
 
@@ -200,10 +232,12 @@ def _ratio(a, b) -> float | None:
 
 def table(out: dict) -> None:
     print("\nseconds per CP-ALS iteration (steady state) and all-mode MTTKRP; ratio = ours / peer (< 1: ours faster)")
-    head = (f"{'tensor':<9}{'R':>3}{'ours cpd':>9}{'ALTO':>8}{'xALTO':>7}{'SPLATT':>8}{'xSPL':>6}{'GenTen':>8}{'xGT':>6}"
-            f"{' |':>3}{'ours mttkrp':>12}{'ALTO':>8}{'xALTO':>7}{'SPLATT':>8}{'xSPL':>6}{'GenTen':>8}"
-            f"{' |':>3}{'store':>7}{'st/mem':>7}{'raw st':>7}{'raw/mem':>8}{'cpd st':>7}{'raw':>5}"
-            f"{'outside':>8}{'1st it':>7}")
+    head = (
+        f"{'tensor':<9}{'R':>3}{'ours cpd':>9}{'ALTO':>8}{'xALTO':>7}{'SPLATT':>8}{'xSPL':>6}{'GenTen':>8}{'xGT':>6}"
+        f"{' |':>3}{'ours mttkrp':>12}{'ALTO':>8}{'xALTO':>7}{'SPLATT':>8}{'xSPL':>6}{'GenTen':>8}"
+        f"{' |':>3}{'store':>7}{'st/mem':>7}{'raw st':>7}{'raw/mem':>8}{'cpd st':>7}{'raw':>5}"
+        f"{'outside':>8}{'1st it':>7}"
+    )
     print(head)
 
     def f(v, w=8, p=3):
@@ -220,19 +254,24 @@ def table(out: dict) -> None:
             "mttkrp_vs_splatt": _ratio(o["mttkrp_in_memory_s"], s.get("mttkrp_s")),
         }
         r = row["ratios"]
-        print(f"{row['tensor']:<9}{row['rank']:>3}{f(o['cp_als_s'], 9)}{f(a.get('cp_als_s'))}{f(r['cp_als_vs_alto'], 7, 2)}"
-              f"{f(s.get('cp_als_s'))}{f(r['cp_als_vs_splatt'], 6, 2)}{f(g.get('cp_als_s'))}"
-              f"{f(r['cp_als_vs_genten'], 6, 2)}{' |':>3}{f(o['mttkrp_in_memory_s'], 12)}{f(a.get('mttkrp_s'))}"
-              f"{f(r['mttkrp_vs_alto'], 7, 2)}{f(s.get('mttkrp_s'))}{f(r['mttkrp_vs_splatt'], 6, 2)}"
-              f"{f(g.get('mttkrp_s'))}{' |':>3}{f(o['mttkrp_store_s'], 7)}{o['store_vs_in_memory'] * 100:>6.0f}%"
-              f"{f(o['mttkrp_raw_store_s'], 7)}{o['raw_store_vs_in_memory'] * 100:>7.0f}%"
-              f"{o['streaming_vs_in_memory'] * 100:>6.0f}%{o['streaming_raw_vs_in_memory'] * 100:>4.0f}%"
-              f"{o['outside_mttkrp_share'] * 100:>7.0f}%{f(o['first_iter_s'], 7, 2)}")
+        print(
+            f"{row['tensor']:<9}{row['rank']:>3}{f(o['cp_als_s'], 9)}{f(a.get('cp_als_s'))}"
+            f"{f(r['cp_als_vs_alto'], 7, 2)}"
+            f"{f(s.get('cp_als_s'))}{f(r['cp_als_vs_splatt'], 6, 2)}{f(g.get('cp_als_s'))}"
+            f"{f(r['cp_als_vs_genten'], 6, 2)}{' |':>3}{f(o['mttkrp_in_memory_s'], 12)}{f(a.get('mttkrp_s'))}"
+            f"{f(r['mttkrp_vs_alto'], 7, 2)}{f(s.get('mttkrp_s'))}{f(r['mttkrp_vs_splatt'], 6, 2)}"
+            f"{f(g.get('mttkrp_s'))}{' |':>3}{f(o['mttkrp_store_s'], 7)}{o['store_vs_in_memory'] * 100:>6.0f}%"
+            f"{f(o['mttkrp_raw_store_s'], 7)}{o['raw_store_vs_in_memory'] * 100:>7.0f}%"
+            f"{o['streaming_vs_in_memory'] * 100:>6.0f}%{o['streaming_raw_vs_in_memory'] * 100:>4.0f}%"
+            f"{o['outside_mttkrp_share'] * 100:>7.0f}%{f(o['first_iter_s'], 7, 2)}"
+        )
     print("fits after the last iteration (different starts, so they differ):")
     for row in out["rows"]:
         fits = {k: row[k].get("fit") for k in ("ours", "alto", "splatt", "genten") if k in row}
-        print(f"  {row['tensor']:<9}R{row['rank']:<3}" + "  ".join(f"{k} {v:.6f}" for k, v in fits.items()
-                                                              if isinstance(v, float)))
+        print(
+            f"  {row['tensor']:<9}R{row['rank']:<3}"
+            + "  ".join(f"{k} {v:.6f}" for k, v in fits.items() if isinstance(v, float))
+        )
     for k in ("alto", "splatt"):
         p = out["peers"][k]
         print(f"{k}: {p['path'] or 'not given (skipped)'}" + (f", commit {p['commit']}" if p.get("commit") else ""))
@@ -249,8 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for every tool")
     ap.add_argument("--repeat", type=int, default=7, help="our MTTKRP timings: median of this many")
     ap.add_argument("--seed", type=int, default=21)
-    ap.add_argument("--workdir", default=str(Path(__file__).parent / "results" / "peer-data"),
-                    help="where the .tns files and stores are kept between runs")
+    ap.add_argument(
+        "--workdir",
+        default=str(Path(__file__).parent / "results" / "peer-data"),
+        help="where the .tns files and stores are kept between runs",
+    )
     args = ap.parse_args(argv)
     for k in ("alto", "splatt"):
         p = getattr(args, k)

@@ -39,8 +39,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import tensorflow_ooc as tfo  # noqa: E402
 from peers.external import steady  # noqa: E402
+
+import tensorflow_ooc as tfo  # noqa: E402
 from tensorflow_ooc import synthetic  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -66,13 +67,16 @@ def one_run(store: tfo.Store, rank: int, method: str, init: list[np.ndarray], ar
     kw = {} if method == "exact" else {"method": method, "samples": args.samples, "fit_every": args.fit_every}
     r = tfo.cp_als(store, rank, init=init, max_iters=args.iters, tol=0, seed=args.seed, execution=execution, **kw)
     hs = r.history
-    return {"fit": r.fit,
-            "round_s": steady([h["seconds"] - h.get("fit_seconds", 0.0) for h in hs]),
-            "draw_s": steady([sum(h.get("sampling_seconds", [0.0])) for h in hs]),
-            "mttkrp_s": steady([sum(h["mttkrp_seconds"]) for h in hs]),
-            "fit_eval_s": max([h.get("fit_seconds", 0.0) for h in hs], default=0.0),
-            "execution": r.params["execution"], "scheduler": r.params["scheduler"],
-            "fits": [h["fit"] for h in hs if h.get("fit_evaluated", True)]}
+    return {
+        "fit": r.fit,
+        "round_s": steady([h["seconds"] - h.get("fit_seconds", 0.0) for h in hs]),
+        "draw_s": steady([sum(h.get("sampling_seconds", [0.0])) for h in hs]),
+        "mttkrp_s": steady([sum(h["mttkrp_seconds"]) for h in hs]),
+        "fit_eval_s": max([h.get("fit_seconds", 0.0) for h in hs], default=0.0),
+        "execution": r.params["execution"],
+        "scheduler": r.params["scheduler"],
+        "fits": [h["fit"] for h in hs if h.get("fit_evaluated", True)],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,36 +108,54 @@ def main(argv: list[str] | None = None) -> int:
                 init = [rng.random((s, rank)) for s in store.shape]
                 for m in methods:
                     runs[m].append(one_run(store, rank, m, init, args, "auto"))
-                print(f"  R{rank} trial {trial + 1}: " + ", ".join(f"{m} {runs[m][-1]['fit']:.4f}" for m in methods),
-                      flush=True)
+                print(
+                    f"  R{rank} trial {trial + 1}: " + ", ".join(f"{m} {runs[m][-1]['fit']:.4f}" for m in methods),
+                    flush=True,
+                )
             streamed = {}
             if args.streaming:
                 init = [np.random.default_rng([args.seed, rank, 99]).random((s, rank)) for s in store.shape]
                 streamed = {m: one_run(store, rank, m, init, args, "streaming") for m in methods}
             for m in methods:
                 fits = np.array([r["fit"] for r in runs[m]])
-                rows.append({"tensor": name, "nnz": store.nnz, "rank": rank, "method": m, "trials": runs[m],
-                             "fit_mean": float(fits.mean()), "fit_std": float(fits.std()),
-                             "round_s": float(np.median([r["round_s"] for r in runs[m]])),
-                             "draw_s": float(np.median([r["draw_s"] for r in runs[m]])),
-                             "mttkrp_s": float(np.median([r["mttkrp_s"] for r in runs[m]])),
-                             "execution": runs[m][0]["execution"], "streamed": streamed.get(m)})
+                rows.append(
+                    {
+                        "tensor": name,
+                        "nnz": store.nnz,
+                        "rank": rank,
+                        "method": m,
+                        "trials": runs[m],
+                        "fit_mean": float(fits.mean()),
+                        "fit_std": float(fits.std()),
+                        "round_s": float(np.median([r["round_s"] for r in runs[m]])),
+                        "draw_s": float(np.median([r["draw_s"] for r in runs[m]])),
+                        "mttkrp_s": float(np.median([r["mttkrp_s"] for r in runs[m]])),
+                        "execution": runs[m][0]["execution"],
+                        "streamed": streamed.get(m),
+                    }
+                )
     print("\nFit after", args.iters, "rounds, mean +- std over", args.trials, "trials (Table 3.4 form)")
     print(f"{'tensor':>8}{'R':>4}" + "".join(f"{m:>20}" for m in methods))
     for name in args.tensors:
         for rank in args.ranks:
             sel = {r["method"]: r for r in rows if r["tensor"] == name and r["rank"] == rank}
-            print(f"{name:>8}{rank:>4}" + "".join(f"{sel[m]['fit_mean']:>12.4f} +-{sel[m]['fit_std']:.4f}"
-                                                  for m in methods))
+            print(
+                f"{name:>8}{rank:>4}"
+                + "".join(f"{sel[m]['fit_mean']:>12.4f} +-{sel[m]['fit_std']:.4f}" for m in methods)
+            )
     print("\nSeconds per ALS round, steady median, fit evaluation left out (Table 3.2 form)")
-    print(f"{'tensor':>8}{'R':>4}{'method':>17}{'s/round':>9}{'draw s':>8}{'(s)MTTKRP s':>12}{'x exact':>8}"
-          f"{'streamed s':>11}{'x exact':>8}")
+    print(
+        f"{'tensor':>8}{'R':>4}{'method':>17}{'s/round':>9}{'draw s':>8}{'(s)MTTKRP s':>12}{'x exact':>8}"
+        f"{'streamed s':>11}{'x exact':>8}"
+    )
     for r in rows:
         ex = next(x for x in rows if x["tensor"] == r["tensor"] and x["rank"] == r["rank"] and x["method"] == "exact")
         st, exs = r["streamed"], ex["streamed"]
-        stream = (f"{st['round_s']:>11.3f}{st['round_s'] / exs['round_s']:>8.2f}" if st and exs else f"{'-':>11}{'-':>8}")
-        print(f"{r['tensor']:>8}{r['rank']:>4}{r['method']:>17}{r['round_s']:>9.3f}{r['draw_s']:>8.3f}"
-              f"{r['mttkrp_s']:>12.3f}{r['round_s'] / ex['round_s']:>8.2f}{stream}")
+        stream = f"{st['round_s']:>11.3f}{st['round_s'] / exs['round_s']:>8.2f}" if st and exs else f"{'-':>11}{'-':>8}"
+        print(
+            f"{r['tensor']:>8}{r['rank']:>4}{r['method']:>17}{r['round_s']:>9.3f}{r['draw_s']:>8.3f}"
+            f"{r['mttkrp_s']:>12.3f}{r['round_s'] / ex['round_s']:>8.2f}{stream}"
+        )
     print("\nTargets")
     for name in args.tensors:
         for rank in args.ranks:
@@ -143,9 +165,12 @@ def main(argv: list[str] | None = None) -> int:
             ratio = sel["sts"]["fit_mean"] / sel["exact"]["fit_mean"]
             beats = all(sel["sts"]["fit_mean"] >= sel[m]["fit_mean"] for m in sel if m.startswith("arls"))
             speed = sel["sts"]["round_s"] / sel["exact"]["round_s"]
-            print(f"{name:>8} R{rank}: STS fit / exact {ratio:.3f}" + (" (>= 0.97 at R50)" if rank == 50 else "")
-                  + f"; STS >= ARLS-LEV: {beats}; STS s/round / exact {speed:.2f}"
-                  + (" (<= 0.25 on nell2)" if name == "nell2" else ""))
+            print(
+                f"{name:>8} R{rank}: STS fit / exact {ratio:.3f}"
+                + (" (>= 0.97 at R50)" if rank == 50 else "")
+                + f"; STS >= ARLS-LEV: {beats}; STS s/round / exact {speed:.2f}"
+                + (" (<= 0.25 on nell2)" if name == "nell2" else "")
+            )
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"randomized-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2, default=str))

@@ -35,9 +35,10 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import tensorflow_ooc as tfo  # noqa: E402
 from peers.common import Sampler  # noqa: E402
 from peers.external import steady  # noqa: E402
+
+import tensorflow_ooc as tfo  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 TFOOC = [sys.executable, "-m", "tensorflow_ooc.cli"]
@@ -63,43 +64,90 @@ def generate(store: Path, nnz: int, seed: int, compression: str = "fast") -> dic
 
     t0 = time.perf_counter()
     with Sampler(temp_bytes, 0.5) as temp:
-        subprocess.run(TFOOC + ["generate", "-q", "--like", "amazon", "--nnz", str(nnz), "--seed", str(seed),
-                                "--compression", compression, "--overwrite", str(store)], check=True)
+        subprocess.run(
+            TFOOC
+            + [
+                "generate",
+                "-q",
+                "--like",
+                "amazon",
+                "--nnz",
+                str(nnz),
+                "--seed",
+                str(seed),
+                "--compression",
+                compression,
+                "--overwrite",
+                str(store),
+            ],
+            check=True,
+        )
     secs = time.perf_counter() - t0
     s = tfo.open_store(store)
     size = _dir_bytes(store)
-    return {"seconds": secs, "nnz": s.nnz, "rate_nnz_per_s": s.nnz / secs, "peak_temp_bytes": temp.peak,
-            "store_bytes": size, "bytes_per_nnz": size / s.nnz, "temp_vs_store": temp.peak / size}
+    return {
+        "seconds": secs,
+        "nnz": s.nnz,
+        "rate_nnz_per_s": s.nnz / secs,
+        "peak_temp_bytes": temp.peak,
+        "store_bytes": size,
+        "bytes_per_nnz": size / s.nnz,
+        "temp_vs_store": temp.peak / size,
+    }
 
 
-def cp_als_limited(store: Path, rank: int, iters: int, memory: str, seed: int, method: str = "exact",
-                   samples: int = 65536, fit_every: int | None = None, dtype: str = "float64") -> dict:
+def cp_als_limited(
+    store: Path,
+    rank: int,
+    iters: int,
+    memory: str,
+    seed: int,
+    method: str = "exact",
+    samples: int = 65536,
+    fit_every: int | None = None,
+    dtype: str = "float64",
+) -> dict:
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, memory_limit=memory,
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, memory_limit=memory, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         pid = next(iter(client.run(os.getpid).values()))
         proc = psutil.Process(pid)
         t0 = time.perf_counter()
         with Sampler(lambda: proc.memory_info().rss) as rss:
             try:
                 kw = {} if method == "exact" else {"method": method, "samples": samples, "fit_every": fit_every}
-                r = tfo.cp_als(tfo.open_store(store), rank, client=client, max_iters=iters, tol=0, seed=seed,
-                               dtype=dtype, **kw)
+                r = tfo.cp_als(
+                    tfo.open_store(store), rank, client=client, max_iters=iters, tol=0, seed=seed, dtype=dtype, **kw
+                )
             except Exception as exc:
                 return {"error": f"{type(exc).__name__}: {exc}", "peak_rss": rss.peak}
         wall = time.perf_counter() - t0
         restarts = len(cluster.scheduler.workers) != 1 or next(iter(client.run(os.getpid).values())) != pid
     per_iter = [h["seconds"] for h in r.history]
-    return {"seconds_per_iter": steady(per_iter), "per_iter": per_iter, "fit": r.fit, "wall_s": wall,
-            "peak_rss": rss.peak, "limit": memory, "worker_restarted": bool(restarts),
-            "plan": r.params.get("memory_plan"), "execution": r.params.get("execution"),
-            "in_place": r.params.get("in_place_updates"),
-            "mttkrp_s": [steady([h["mttkrp_seconds"][n] for h in r.history]) for n in range(3)],
-            "update_s": [steady([h["update_seconds"][n] for h in r.history]) for n in range(3)],
-            "method": method, "samples": samples if method != "exact" else None,
-            "sampling_s": [steady([h.get("sampling_seconds", [0.0] * 3)[n] for h in r.history]) for n in range(3)],
-            "fit_s": [h.get("fit_seconds", 0.0) for h in r.history], "fits": [h["fit"] for h in r.history]}
+    return {
+        "seconds_per_iter": steady(per_iter),
+        "per_iter": per_iter,
+        "fit": r.fit,
+        "wall_s": wall,
+        "peak_rss": rss.peak,
+        "limit": memory,
+        "worker_restarted": bool(restarts),
+        "plan": r.params.get("memory_plan"),
+        "execution": r.params.get("execution"),
+        "in_place": r.params.get("in_place_updates"),
+        "mttkrp_s": [steady([h["mttkrp_seconds"][n] for h in r.history]) for n in range(3)],
+        "update_s": [steady([h["update_seconds"][n] for h in r.history]) for n in range(3)],
+        "method": method,
+        "samples": samples if method != "exact" else None,
+        "sampling_s": [steady([h.get("sampling_seconds", [0.0] * 3)[n] for h in r.history]) for n in range(3)],
+        "fit_s": [h.get("fit_seconds", 0.0) for h in r.history],
+        "fits": [h["fit"] for h in r.history],
+    }
 
 
 def peers(store: Path, args) -> dict:
@@ -112,7 +160,7 @@ def peers(store: Path, args) -> dict:
         c, v = tfo.open_store(store).to_coo()
         from tensorflow_ooc import synthetic
 
-        synthetic.write_tns(tns, [(c[i:i + (1 << 24)], v[i:i + (1 << 24)]) for i in range(0, len(c), 1 << 24)])
+        synthetic.write_tns(tns, [(c[i : i + (1 << 24)], v[i : i + (1 << 24)]) for i in range(0, len(c), 1 << 24)])
         del c, v
         out["tns_write_s"] = time.perf_counter() - t0
     for name, mod, exe in (("alto", alto, args.alto), ("splatt", splatt, args.splatt)):
@@ -132,15 +180,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--worker-memory", default="4GB")
-    ap.add_argument("--methods", nargs="+", default=["exact"],
-                    choices=["exact", "sts", "arls-lev", "arls-lev-hybrid"], help="CP-ALS methods to run")
+    ap.add_argument(
+        "--methods",
+        nargs="+",
+        default=["exact"],
+        choices=["exact", "sts", "arls-lev", "arls-lev-hybrid"],
+        help="CP-ALS methods to run",
+    )
     ap.add_argument("--samples", type=int, default=65536, help="randomized methods: rows drawn per mode")
     ap.add_argument("--fit-every", type=int, default=None, help="randomized methods: fit evaluated every N")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", choices=["float64", "float32"], default="float64",
-                    help="our factor matrices' dtype (float32 halves the factor rows' cache misses)")
-    ap.add_argument("--compression", choices=["fast", "small", "none"], default="fast",
-                    help="the store's compression (none: raw chunks, mapped when streamed)")
+    ap.add_argument(
+        "--dtype",
+        choices=["float64", "float32"],
+        default="float64",
+        help="our factor matrices' dtype (float32 halves the factor rows' cache misses)",
+    )
+    ap.add_argument(
+        "--compression",
+        choices=["fast", "small", "none"],
+        default="fast",
+        help="the store's compression (none: raw chunks, mapped when streamed)",
+    )
     ap.add_argument("--alto", help="ALTO cpd executable, 128-bit index build")
     ap.add_argument("--splatt", help="SPLATT splatt executable")
     ap.add_argument("--peer-max-nnz", type=float, default=450e6, help="largest size the peers are run on")
@@ -154,13 +215,26 @@ def main(argv: list[str] | None = None) -> int:
         nnz = int(size)
         store = work / f"amazon-{nnz}.zarr"
         print(f"amazon-shaped, {nnz:,} nonzeros: generate", flush=True)
-        row = {"nnz_requested": nnz, "compression": args.compression, "dtype": args.dtype,
-               "generate": generate(store, nnz, args.seed, args.compression)}
+        row = {
+            "nnz_requested": nnz,
+            "compression": args.compression,
+            "dtype": args.dtype,
+            "generate": generate(store, nnz, args.seed, args.compression),
+        }
         for method in args.methods:
             print(f"  CP-ALS R{args.rank} ({method}) under a {args.worker_memory} worker", flush=True)
             key = "cp_als" if method == "exact" else f"cp_als_{method}"
-            row[key] = cp_als_limited(store, args.rank, args.iters, args.worker_memory, args.seed, method,
-                                      args.samples, args.fit_every, args.dtype)
+            row[key] = cp_als_limited(
+                store,
+                args.rank,
+                args.iters,
+                args.worker_memory,
+                args.seed,
+                method,
+                args.samples,
+                args.fit_every,
+                args.dtype,
+            )
         if (args.alto or args.splatt) and nnz <= args.peer_max_nnz:
             print("  peers", flush=True)
             row["peers"] = peers(store, args)
@@ -170,31 +244,48 @@ def main(argv: list[str] | None = None) -> int:
             tns = store.with_suffix(".tns")
             if tns.exists():
                 tns.unlink()
-    print(f"\n{'nnz':>14}{'gen M/s':>9}{'temp/store':>11}{'B/nnz':>7}{'ours s/it':>10}{'peak RSS':>10}{'limit':>7}"
-          f"{'plan':>30}{'ALTO':>8}{'SPLATT':>8}{'xALTO':>7}{'xSPL':>6}")
+    print(
+        f"\n{'nnz':>14}{'gen M/s':>9}{'temp/store':>11}{'B/nnz':>7}{'ours s/it':>10}{'peak RSS':>10}{'limit':>7}"
+        f"{'plan':>30}{'ALTO':>8}{'SPLATT':>8}{'xALTO':>7}{'xSPL':>6}"
+    )
     for row in rows:
         g, c, p = row["generate"], row.get("cp_als", {}), row.get("peers", {})
         a, s = p.get("alto", {}).get("cp_als_s"), p.get("splatt", {}).get("cp_als_s")
         ours = c.get("seconds_per_iter")
-        plan = (f"{c['execution']}, {'in-place' if c['in_place'] else 'copying'}" if "execution" in c
-                else c.get("error", "")[:28])
+        plan = (
+            f"{c['execution']}, {'in-place' if c['in_place'] else 'copying'}"
+            if "execution" in c
+            else c.get("error", "")[:28]
+        )
 
         def fmt(x, w, p=2):
             return f"{x:>{w}.{p}f}" if isinstance(x, (int, float)) else f"{'-':>{w}}"
-        print(f"{g['nnz']:>14,}{g['rate_nnz_per_s'] / 1e6:>9.2f}{g['temp_vs_store']:>11.2f}{g['bytes_per_nnz']:>7.1f}"
-              f"{fmt(ours, 10)}{c.get('peak_rss', 0) / 2**30:>9.2f}G{args.worker_memory:>7}{plan:>30}"
-              f"{fmt(a, 8)}{fmt(s, 8)}{fmt(ours / a if ours and a else None, 7)}{fmt(ours / s if ours and s else None, 6)}")
-    randomized = [(row["generate"]["nnz"], m, row[f"cp_als_{m}"]) for row in rows for m in args.methods
-                  if m != "exact" and f"cp_als_{m}" in row]
+
+        print(
+            f"{g['nnz']:>14,}{g['rate_nnz_per_s'] / 1e6:>9.2f}{g['temp_vs_store']:>11.2f}{g['bytes_per_nnz']:>7.1f}"
+            f"{fmt(ours, 10)}{c.get('peak_rss', 0) / 2**30:>9.2f}G{args.worker_memory:>7}{plan:>30}"
+            f"{fmt(a, 8)}{fmt(s, 8)}{fmt(ours / a if ours and a else None, 7)}"
+            f"{fmt(ours / s if ours and s else None, 6)}"
+        )
+    randomized = [
+        (row["generate"]["nnz"], m, row[f"cp_als_{m}"])
+        for row in rows
+        for m in args.methods
+        if m != "exact" and f"cp_als_{m}" in row
+    ]
     if randomized:
-        print(f"\n{'nnz':>14}{'method':>17}{'s/it':>8}{'of it: fit s':>13}{'draw s':>8}{'gather s':>9}{'fit':>9}"
-              f"{'peak RSS':>10}")
+        print(
+            f"\n{'nnz':>14}{'method':>17}{'s/it':>8}{'of it: fit s':>13}{'draw s':>8}{'gather s':>9}{'fit':>9}"
+            f"{'peak RSS':>10}"
+        )
         for nnz, m, c in randomized:
             if "error" in c:
                 print(f"{nnz:>14,}{m:>17}  {c['error'][:80]}")
                 continue
-            print(f"{nnz:>14,}{m:>17}{c['seconds_per_iter']:>8.2f}{max(c['fit_s']):>13.2f}{sum(c['sampling_s']):>8.2f}"
-                  f"{sum(c['mttkrp_s']):>9.2f}{c['fit']:>9.5f}{c['peak_rss'] / 2**30:>9.2f}G")
+            print(
+                f"{nnz:>14,}{m:>17}{c['seconds_per_iter']:>8.2f}{max(c['fit_s']):>13.2f}{sum(c['sampling_s']):>8.2f}"
+                f"{sum(c['mttkrp_s']):>9.2f}{c['fit']:>9.5f}{c['peak_rss'] / 2**30:>9.2f}G"
+            )
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"scale-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2, default=str))

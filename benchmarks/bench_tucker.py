@@ -60,11 +60,18 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
-from tensorflow_ooc import synthetic  # noqa: E402
-from tensorflow_ooc.kernels.ttm.chain import (KERNELS, TTMLayouts, chain_first_mode, chain_order,  # noqa: E402
-                                        compile_ttm_kernels, ttm_chain)
-from tensorflow_ooc.kernels.ttm.select import load_tree, select_kernel  # noqa: E402
 from train_ttm_selector import time_kernels  # noqa: E402
+
+from tensorflow_ooc import synthetic  # noqa: E402
+from tensorflow_ooc.kernels.ttm.chain import (  # noqa: E402
+    KERNELS,
+    TTMLayouts,
+    chain_first_mode,
+    chain_order,
+    compile_ttm_kernels,
+    ttm_chain,
+)
+from tensorflow_ooc.kernels.ttm.select import load_tree, select_kernel  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 TTM_TENSORS = ("uber", "nips", "chicago", "vast")
@@ -94,17 +101,30 @@ def section_ttm(args) -> dict:
             U = rng.standard_normal((shape[mode], args.rank))
             secs = time_kernels(lay, U, args.repeat, args.min_seconds, args.device)
             pick = select_kernel(lay, args.rank, device=args.device)
-            if pick not in secs:       # the GPU's csr without CuPy: ttm() runs the fallback
+            if pick not in secs:  # the GPU's csr without CuPy: ttm() runs the fallback
                 pick = "coo"
             best = min(secs, key=secs.get)
             flops = 2.0 * nnz * args.rank
-            rows.append({"tensor": name, "shape": list(shape), "nnz": nnz, "mode": mode, "rank": args.rank,
-                         "fibers": lay.nfibers, "sort_seconds": lay.sort_seconds, "seconds": secs,
-                         "gflops": {k: flops / t / 1e9 for k, t in secs.items()}, "pick": pick, "best": best,
-                         "pick_gflops": flops / secs[pick] / 1e9, "slowdown": secs[pick] / secs[best]})
+            rows.append(
+                {
+                    "tensor": name,
+                    "shape": list(shape),
+                    "nnz": nnz,
+                    "mode": mode,
+                    "rank": args.rank,
+                    "fibers": lay.nfibers,
+                    "sort_seconds": lay.sort_seconds,
+                    "seconds": secs,
+                    "gflops": {k: flops / t / 1e9 for k, t in secs.items()},
+                    "pick": pick,
+                    "best": best,
+                    "pick_gflops": flops / secs[pick] / 1e9,
+                    "slowdown": secs[pick] / secs[best],
+                }
+            )
         mats = [rng.standard_normal((s, args.chain_rank)) for s in shape]
         for skip in range(len(shape)):
-            ttm_chain(X, mats, skip, device=args.device)       # sorts this skip's layout
+            ttm_chain(X, mats, skip, device=args.device)  # sorts this skip's layout
             best_run = None
             for _ in range(max(1, args.repeat)):
                 st = {}
@@ -112,41 +132,65 @@ def section_ttm(args) -> dict:
                 ttm_chain(X, mats, skip, device=args.device, stats=st)
                 st["seconds"] = time.perf_counter() - t0
                 best_run = st if best_run is None or st["seconds"] < best_run["seconds"] else best_run
-            chains.append({"tensor": name, "skip": skip, "rank": args.chain_rank, "seconds": best_run["seconds"],
-                           "first_ttm_seconds": best_run["kernel_seconds"], "kernel": best_run["kernel"],
-                           "kronecker_seconds": best_run["chain_seconds"], "fibers": best_run["fibers"],
-                           "sort_seconds": X.layout(chain_first_mode(shape, skip),
-                                                    chain_order(shape, skip)).sort_seconds})
+            chains.append(
+                {
+                    "tensor": name,
+                    "skip": skip,
+                    "rank": args.chain_rank,
+                    "seconds": best_run["seconds"],
+                    "first_ttm_seconds": best_run["kernel_seconds"],
+                    "kernel": best_run["kernel"],
+                    "kronecker_seconds": best_run["chain_seconds"],
+                    "fibers": best_run["fibers"],
+                    "sort_seconds": X.layout(chain_first_mode(shape, skip), chain_order(shape, skip)).sort_seconds,
+                }
+            )
     picks_best = [r["pick"] == r["best"] for r in rows]
     sl = np.array([r["slowdown"] for r in rows])
-    summary = {"selection_accuracy": float(np.mean(picks_best)), "within_10pct": float(np.mean(sl <= 1.10)),
-               "geomean_slowdown": float(np.exp(np.log(sl).mean())), "max_slowdown": float(sl.max()),
-               "tree_trained": None if tree is None else tree.get("training", {}).get("command"), "jit_seconds": jit}
+    summary = {
+        "selection_accuracy": float(np.mean(picks_best)),
+        "within_10pct": float(np.mean(sl <= 1.10)),
+        "geomean_slowdown": float(np.exp(np.log(sl).mean())),
+        "max_slowdown": float(sl.max()),
+        "tree_trained": None if tree is None else tree.get("training", {}).get("command"),
+        "jit_seconds": jit,
+    }
     where = "GPU" if args.device == "gpu" else f"{nb.get_num_threads()} threads"
-    lines = [f"TTM, R = {args.rank}, {where}, nonzeros x {args.fraction:g} of the FROSTT sizes",
-             f"{'tensor':8s} {'mode':>4s} {'nnz':>9s} {'fibers':>9s} {'sort s':>7s} "
-             + " ".join(f"{k + ' GF/s':>10s}" for k in KERNELS) + f" {'pick':>6s} {'pick GF/s':>10s} {'slowdown':>8s}"]
+    lines = [
+        f"TTM, R = {args.rank}, {where}, nonzeros x {args.fraction:g} of the FROSTT sizes",
+        f"{'tensor':8s} {'mode':>4s} {'nnz':>9s} {'fibers':>9s} {'sort s':>7s} "
+        + " ".join(f"{k + ' GF/s':>10s}" for k in KERNELS)
+        + f" {'pick':>6s} {'pick GF/s':>10s} {'slowdown':>8s}",
+    ]
     for r in rows:
-        lines.append(f"{r['tensor']:8s} {r['mode']:4d} {r['nnz']:9d} {r['fibers']:9d} {r['sort_seconds']:7.3f} "
-                     + " ".join(f"{r['gflops'].get(k, float('nan')):10.2f}" for k in KERNELS)
-                     + f" {r['pick']:>6s} {r['pick_gflops']:10.2f} {r['slowdown']:8.2f}")
-    lines.append(f"selector: picked the fastest in {summary['selection_accuracy']:.0%} of modes, within 10 % in "
-                 f"{summary['within_10pct']:.0%}; slowdown against the fastest geomean "
-                 f"{summary['geomean_slowdown']:.3f}, max {summary['max_slowdown']:.2f}")
+        lines.append(
+            f"{r['tensor']:8s} {r['mode']:4d} {r['nnz']:9d} {r['fibers']:9d} {r['sort_seconds']:7.3f} "
+            + " ".join(f"{r['gflops'].get(k, float('nan')):10.2f}" for k in KERNELS)
+            + f" {r['pick']:>6s} {r['pick_gflops']:10.2f} {r['slowdown']:8.2f}"
+        )
+    lines.append(
+        f"selector: picked the fastest in {summary['selection_accuracy']:.0%} of modes, within 10 % in "
+        f"{summary['within_10pct']:.0%}; slowdown against the fastest geomean "
+        f"{summary['geomean_slowdown']:.3f}, max {summary['max_slowdown']:.2f}"
+    )
     lines.append("")
     lines.append(f"TTM chain (all modes but one), R = {args.chain_rank}")
-    lines.append(f"{'tensor':8s} {'skip':>4s} {'seconds':>8s} {'first TTM':>9s} {'kernel':>6s} {'Kronecker':>9s} "
-                 f"{'fibers':>9s} {'sort s':>7s}")
+    lines.append(
+        f"{'tensor':8s} {'skip':>4s} {'seconds':>8s} {'first TTM':>9s} {'kernel':>6s} {'Kronecker':>9s} "
+        f"{'fibers':>9s} {'sort s':>7s}"
+    )
     for c in chains:
-        lines.append(f"{c['tensor']:8s} {c['skip']:4d} {c['seconds']:8.4f} {c['first_ttm_seconds']:9.4f} "
-                     f"{c['kernel']:>6s} {c['kronecker_seconds']:9.4f} {c['fibers']:9d} {c['sort_seconds']:7.3f}")
+        lines.append(
+            f"{c['tensor']:8s} {c['skip']:4d} {c['seconds']:8.4f} {c['first_ttm_seconds']:9.4f} "
+            f"{c['kernel']:>6s} {c['kronecker_seconds']:9.4f} {c['fibers']:9d} {c['sort_seconds']:7.3f}"
+        )
     return {"rows": rows, "chains": chains, "summary": summary, "table": "\n".join(lines)}
 
 
 HOOI_UBER = ((183, 24, 1140, 1717), 3_309_490)
 # pyttb and TensorLy run in a child process each (a peer that runs out of memory or time cannot
 # take the benchmark down); the child reads the tensor and the initial factors from an .npz
-_HOOI_PEER = r'''
+_HOOI_PEER = r"""
 import json, sys, time
 import numpy as np
 tool, path, iters = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -176,7 +220,7 @@ try:
     print(json.dumps({"status": "ok", "seconds_per_iteration": dt / iters, "fit": fit}))
 except MemoryError:
     print(json.dumps({"status": "out of memory (MemoryError)"}))
-'''
+"""
 
 
 def _uber_scaled(scale: float) -> tuple[tuple[int, ...], int]:
@@ -203,12 +247,17 @@ def _run_hooi_peer(tool: str, npz: Path, iters: int, timeout: float, budget: flo
     import resource
     import subprocess
 
-    def limit() -> None:        # a peer that asks for more than the budget gets MemoryError, not the OOM killer
+    def limit() -> None:  # a peer that asks for more than the budget gets MemoryError, not the OOM killer
         resource.setrlimit(resource.RLIMIT_AS, (int(budget), int(budget)))
 
     try:
-        p = subprocess.run([sys.executable, "-c", _HOOI_PEER, tool, str(npz), str(iters)], capture_output=True,
-                           text=True, timeout=timeout, preexec_fn=limit)
+        p = subprocess.run(
+            [sys.executable, "-c", _HOOI_PEER, tool, str(npz), str(iters)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            preexec_fn=limit,
+        )
     except subprocess.TimeoutExpired:
         return {"status": f"did not finish {iters} iterations within {timeout:.0f} s"}
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
@@ -217,16 +266,19 @@ def _run_hooi_peer(tool: str, npz: Path, iters: int, timeout: float, budget: flo
     if p.returncode == -9:
         return {"status": "out of memory (killed)"}
     err = (p.stderr.strip().splitlines() or ["?"])[-1]
-    return {"status": "out of memory" if "MemoryError" in p.stderr or "Unable to allocate" in p.stderr
-            else f"failed: {err[:200]}"}
+    return {
+        "status": "out of memory"
+        if "MemoryError" in p.stderr or "Unable to allocate" in p.stderr
+        else f"failed: {err[:200]}"
+    }
 
 
 def section_hooi(args) -> dict:
     """Tucker HOOI seconds per iteration against pyttb's tucker_als and TensorLy's tucker."""
     import psutil
+    from peers.external import steady
 
     import tensorflow_ooc as tfo
-    from peers.external import steady
 
     scales = (0.25, 0.125) if args.quick else (1.0, 0.5, 0.25, 0.125)
     iters = args.hooi_iters or (4 if args.quick else 6)
@@ -242,25 +294,44 @@ def section_hooi(args) -> dict:
         nnz = int(values.shape[0])
         rng = np.random.default_rng(args.seed)
         init = [None] + [rng.random((s, j)) for s, j in zip(shape[1:], ranks[1:])]
-        store = tfo.convert((coords, values), work / f"uber-x{scale:g}-s{args.seed}.zarr", shape=shape,
-                            overwrite=True, progress=False)
+        store = tfo.convert(
+            (coords, values), work / f"uber-x{scale:g}-s{args.seed}.zarr", shape=shape, overwrite=True, progress=False
+        )
         r = tfo.tucker_hooi(store, ranks, init=init, max_iters=iters, tol=0, progress=False)
         h = r.history
-        row = {"tensor": f"uber x{scale:g}", "shape": list(shape), "nnz": nnz, "ranks": ranks,
-               "ours": {"seconds_per_iteration": steady([x["seconds"] for x in h]), "fit": r.fit,
-                        "first_iteration_seconds": h[0]["seconds"],
-                        "ttm_seconds": steady([sum(x["ttm_seconds"]) for x in h]),
-                        "svd_seconds": steady([sum(x["svd_seconds"]) for x in h]),
-                        "layout_seconds": sum(h[0]["layout_seconds"]), "svd_methods": h[-1]["svd_methods"],
-                        "execution": r.params["execution"], "scheduler": r.params["scheduler"]}}
+        row = {
+            "tensor": f"uber x{scale:g}",
+            "shape": list(shape),
+            "nnz": nnz,
+            "ranks": ranks,
+            "ours": {
+                "seconds_per_iteration": steady([x["seconds"] for x in h]),
+                "fit": r.fit,
+                "first_iteration_seconds": h[0]["seconds"],
+                "ttm_seconds": steady([sum(x["ttm_seconds"]) for x in h]),
+                "svd_seconds": steady([sum(x["svd_seconds"]) for x in h]),
+                "layout_seconds": sum(h[0]["layout_seconds"]),
+                "svd_methods": h[-1]["svd_methods"],
+                "execution": r.params["execution"],
+                "scheduler": r.params["scheduler"],
+            },
+        }
         npz = work / f"uber-x{scale:g}-s{args.seed}.npz"
-        np.savez(npz, coords=coords, values=values.astype(np.float64), shape=np.array(shape), ranks=np.array(ranks),
-                 **{f"init{n}": init[n] for n in range(1, len(shape))})
+        np.savez(
+            npz,
+            coords=coords,
+            values=values.astype(np.float64),
+            shape=np.array(shape),
+            ranks=np.array(ranks),
+            **{f"init{n}": init[n] for n in range(1, len(shape))},
+        )
         for tool, peer_iters in (("pyttb", min(iters, 2)), ("tensorly", min(iters, 2))):
             need = _peer_bytes(tool, shape, ranks)
             if need > budget:
-                row[tool] = {"status": f"out of memory (needs about {need / 2**30:.0f} GiB, "
-                                       f"{budget / 2**30:.0f} GiB allowed)", "estimated_bytes": need}
+                row[tool] = {
+                    "status": f"out of memory (needs about {need / 2**30:.0f} GiB, {budget / 2**30:.0f} GiB allowed)",
+                    "estimated_bytes": need,
+                }
             else:
                 row[tool] = _run_hooi_peer(tool, npz, peer_iters, args.peer_timeout, budget)
                 row[tool]["estimated_bytes"] = need
@@ -273,30 +344,42 @@ def section_hooi(args) -> dict:
         print(f"  hooi: {row['tensor']} done", flush=True)
     done = [r for r in rows if "speedup" in r["pyttb"]]
     largest = max(done, key=lambda r: r["nnz"]) if done else None
-    summary = {"largest_pyttb_tensor": largest and largest["tensor"],
-               "speedup_vs_pyttb": largest and largest["pyttb"]["speedup"],
-               "target_20x_met": bool(largest and largest["pyttb"]["speedup"] >= 20)}
+    summary = {
+        "largest_pyttb_tensor": largest and largest["tensor"],
+        "speedup_vs_pyttb": largest and largest["pyttb"]["speedup"],
+        "target_20x_met": bool(largest and largest["pyttb"]["speedup"] >= 20),
+    }
 
     def cell(d: dict) -> str:
         if "seconds_per_iteration" not in d:
             return f"{d['status'][:44]:>44s}"
-        return (f"{d['seconds_per_iteration']:9.3f} s {d['speedup']:6.1f}x fit {d['fit']:.5f} "
-                f"({d['ours_fit_after_as_many']:.5f})")[:44].rjust(44)
+        return (
+            f"{d['seconds_per_iteration']:9.3f} s {d['speedup']:6.1f}x fit {d['fit']:.5f} "
+            f"({d['ours_fit_after_as_many']:.5f})"
+        )[:44].rjust(44)
 
-    lines = [f"Tucker HOOI, ranks {args.hooi_rank} per mode, {nb.get_num_threads()} threads; uber-shaped heavy-tailed "
-             f"tensors (modes but the hours scaled, uber's density); s/it steady (median after the first)",
-             f"{'tensor':11s} {'nnz':>9s} {'ours s/it':>9s} {'TTM s':>7s} {'SVD s':>6s} {'ours fit':>8s} "
-             f"{'pyttb tucker_als: s/it, ours faster by, fit':>44s} {'TensorLy tucker (dense input)':>44s}"]
+    lines = [
+        f"Tucker HOOI, ranks {args.hooi_rank} per mode, {nb.get_num_threads()} threads; uber-shaped heavy-tailed "
+        f"tensors (modes but the hours scaled, uber's density); s/it steady (median after the first)",
+        f"{'tensor':11s} {'nnz':>9s} {'ours s/it':>9s} {'TTM s':>7s} {'SVD s':>6s} {'ours fit':>8s} "
+        f"{'pyttb tucker_als: s/it, ours faster by, fit':>44s} {'TensorLy tucker (dense input)':>44s}",
+    ]
     for r in rows:
         o = r["ours"]
-        lines.append(f"{r['tensor']:11s} {r['nnz']:9d} {o['seconds_per_iteration']:9.3f} {o['ttm_seconds']:7.3f} "
-                     f"{o['svd_seconds']:6.3f} {o['fit']:8.4f} {cell(r['pyttb'])} {cell(r['tensorly'])}")
-    lines.append("peer fits after their 2 iterations, ours after as many in brackets (pyttb starts from our "
-                 "initial factors; TensorLy from its own)")
+        lines.append(
+            f"{r['tensor']:11s} {r['nnz']:9d} {o['seconds_per_iteration']:9.3f} {o['ttm_seconds']:7.3f} "
+            f"{o['svd_seconds']:6.3f} {o['fit']:8.4f} {cell(r['pyttb'])} {cell(r['tensorly'])}"
+        )
+    lines.append(
+        "peer fits after their 2 iterations, ours after as many in brackets (pyttb starts from our "
+        "initial factors; TensorLy from its own)"
+    )
     if largest:
-        lines.append(f"largest tensor pyttb completed: {largest['tensor']} ({largest['nnz']:,} nonzeros): ours "
-                     f"{largest['pyttb']['speedup']:.1f}x faster per iteration (target >= 20x: "
-                     f"{'met' if summary['target_20x_met'] else 'not met'})")
+        lines.append(
+            f"largest tensor pyttb completed: {largest['tensor']} ({largest['nnz']:,} nonzeros): ours "
+            f"{largest['pyttb']['speedup']:.1f}x faster per iteration (target >= 20x: "
+            f"{'met' if summary['target_20x_met'] else 'not met'})"
+        )
     return {"rows": rows, "summary": summary, "table": "\n".join(lines)}
 
 
@@ -305,15 +388,23 @@ SECTIONS: dict[str, Callable] = {"ttm": section_ttm, "hooi": section_hooi}
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sections", type=lambda s: s.split(","), default=list(SECTIONS),
-                    help=f"comma-separated, of {sorted(SECTIONS)} (default: all)")
+    ap.add_argument(
+        "--sections",
+        type=lambda s: s.split(","),
+        default=list(SECTIONS),
+        help=f"comma-separated, of {sorted(SECTIONS)} (default: all)",
+    )
     ap.add_argument("--quick", action="store_true", help=f"nonzeros x {QUICK_FRACTION} (shapes kept), fewer repeats")
     ap.add_argument("--tensors", type=lambda s: s.split(","), default=list(TTM_TENSORS))
     ap.add_argument("--fraction", type=float, help="fraction of the FROSTT nonzero counts (default 1, quick 1/32)")
     ap.add_argument("--rank", type=int, default=16, help="TTM matrix columns (default 16)")
     ap.add_argument("--chain-rank", type=int, default=8, help="per-mode rank of the TTM chain (default 8)")
-    ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
-                    help="ttm: run the kernels on this device (gpu: numba.cuda, cuSPARSE through CuPy)")
+    ap.add_argument(
+        "--device",
+        choices=("cpu", "gpu"),
+        default="cpu",
+        help="ttm: run the kernels on this device (gpu: numba.cuda, cuSPARSE through CuPy)",
+    )
     ap.add_argument("--repeat", type=int, help="timed rounds at the least (default 5, quick 3)")
     ap.add_argument("--min-seconds", type=float, default=0.03, help="rounds go on until each kernel ran this long")
     ap.add_argument("--threads", type=int, help="numba threads (set before numba loads)")
@@ -322,16 +413,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hooi-iters", type=int, help="hooi: our iterations (default 6, quick 4; peers run 2)")
     ap.add_argument("--peer-timeout", type=float, default=600, help="hooi: seconds a peer may take (default 600)")
     ap.add_argument("--peer-memory", type=float, help="hooi: bytes a peer may use (default 60%% of available memory)")
-    ap.add_argument("--workdir", help="hooi: where the tensors' stores are written (default benchmarks/results/tucker-data)")
+    ap.add_argument(
+        "--workdir", help="hooi: where the tensors' stores are written (default benchmarks/results/tucker-data)"
+    )
     args = ap.parse_args(argv)
     bad = [s for s in args.sections if s not in SECTIONS]
     if bad:
         ap.error(f"unknown sections {bad}; known: {sorted(SECTIONS)}")
     args.fraction = args.fraction or (QUICK_FRACTION if args.quick else 1.0)
     args.repeat = args.repeat or (3 if args.quick else 5)
-    out = {"command": " ".join(["python", "benchmarks/bench_tucker.py"] + (argv if argv is not None else sys.argv[1:])),
-           "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-           "threads": nb.get_num_threads(), "quick": args.quick}
+    out = {
+        "command": " ".join(["python", "benchmarks/bench_tucker.py"] + (argv if argv is not None else sys.argv[1:])),
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "threads": nb.get_num_threads(),
+        "quick": args.quick,
+    }
     for name in args.sections:
         res = SECTIONS[name](args)
         print(res["table"], flush=True)

@@ -50,6 +50,7 @@ RESULTS = Path(__file__).parent / "results"
 
 # --------------------------------------------------------------- baseline: Algorithm 1 -------
 
+
 @nb.njit(cache=True, inline="always")
 def _c_row(A, B, row, n, out):
     J = A.shape[1]
@@ -150,8 +151,9 @@ def fasttucker_epoch(data, state, rng, batch, lr_a, lr_b, reg_a, reg_b):
         by_row = perm[np.argsort(data.coords[perm, n], kind="stable")].astype(np.int64)
         row_ptr = np.zeros(state.shape[n] + 1, np.int64)
         np.cumsum(np.bincount(data.coords[:, n], minlength=state.shape[n]), out=row_ptr[1:])
-        fasttucker_factor_mode(data.coords, data.values, by_row, row_ptr, state.offsets, state.A, state.B, n,
-                               batch, lr_a, reg_a)
+        fasttucker_factor_mode(
+            data.coords, data.values, by_row, row_ptr, state.offsets, state.A, state.B, n, batch, lr_a, reg_a
+        )
     t1 = time.perf_counter()
     for n in range(N):
         order = rng.permutation(data.coords.shape[0]).astype(np.int64)
@@ -166,6 +168,7 @@ def test_rmse(data, state) -> float:
 
 # ------------------------------------------------------------------------------ main --------
 
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="200 k entries of a 300 x 200 x 50 tensor")
@@ -174,23 +177,39 @@ def main(argv=None) -> int:
     ap.add_argument("--rank", type=int, default=8, help="J = R of the fits (default 8)")
     ap.add_argument("--planted-rank", type=int, default=8, help="J = R of the planted model (default 8)")
     ap.add_argument("--lr-decay", type=float, default=0.05, help="both methods: rate / (1 + decay * epoch)")
-    ap.add_argument("--plus-step", choices=["normalized", "plain"], default="normalized",
-                    help="FastTuckerPlus factor steps (default normalized, the package's default)")
+    ap.add_argument(
+        "--plus-step",
+        choices=["normalized", "plain"],
+        default="normalized",
+        help="FastTuckerPlus factor steps (default normalized, the package's default)",
+    )
     ap.add_argument("--epochs", type=int, default=None, help="epochs of each method (default 20; --quick 15)")
     ap.add_argument("--threads", type=int, default=None, help="numba threads for both methods (default all)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr-factors", type=float, default=None,
-                    help="FastTuckerPlus factor rate (default: the package's, 0.3 normalized, 0.01 plain)")
+    ap.add_argument(
+        "--lr-factors",
+        type=float,
+        default=None,
+        help="FastTuckerPlus factor rate (default: the package's, 0.3 normalized, 0.01 plain)",
+    )
     ap.add_argument("--lr-core", type=float, default=0.3)
     ap.add_argument("--reg", type=float, default=0.001, help="FastTuckerPlus regularization (default 0.001)")
     ap.add_argument("--baseline-reg", type=float, default=0.01, help="Algorithm 1's regularization (default 0.01)")
     ap.add_argument("--baseline-batch", type=int, default=16, help="Algorithm 1's batch size (default 16)")
-    ap.add_argument("--baseline-lr-factors", type=float, default=0.08,
-                    help="Algorithm 1's factor rate on batch-averaged gradients (default 0.08: tuned "
-                         "at --quick size; 0.16 diverges)")
-    ap.add_argument("--baseline-lr-core", type=float, default=None,
-                    help="Algorithm 1's core rate per batch (default 0.4 x lr-core x batch / |Omega|: its "
-                         "batches move B about 0.4x as far per epoch as FastTuckerPlus's one step; tuned at --quick)")
+    ap.add_argument(
+        "--baseline-lr-factors",
+        type=float,
+        default=0.08,
+        help="Algorithm 1's factor rate on batch-averaged gradients (default 0.08: tuned "
+        "at --quick size; 0.16 diverges)",
+    )
+    ap.add_argument(
+        "--baseline-lr-core",
+        type=float,
+        default=None,
+        help="Algorithm 1's core rate per batch (default 0.4 x lr-core x batch / |Omega|: its "
+        "batches move B about 0.4x as far per epoch as FastTuckerPlus's one step; tuned at --quick)",
+    )
     ap.add_argument("--json", default=None, help="JSON output (default benchmarks/results/tucker-sgd-<time>.json)")
     args = ap.parse_args(argv)
     nnz = args.nnz or (200_000 if args.quick else 10_000_000)
@@ -205,14 +224,28 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         store = tfo.convert((p.coords, p.values), f"{tmp}/planted.zarr", shape=shape)
         # FastTuckerPlus through the package (partition tasks, in this process for <= 2^24 entries)
-        plus = tfo.tucker_sgd(store, J, R, test_fraction=0.1, epochs=epochs, seed=args.seed, progress=False,
-                              patience=None, lr_factors=args.lr_factors, lr_core=args.lr_core,
-                              reg_factors=args.reg, reg_core=args.reg, threads=threads, lr_decay=args.lr_decay,
-                              step=args.plus_step)
+        plus = tfo.tucker_sgd(
+            store,
+            J,
+            R,
+            test_fraction=0.1,
+            epochs=epochs,
+            seed=args.seed,
+            progress=False,
+            patience=None,
+            lr_factors=args.lr_factors,
+            lr_core=args.lr_core,
+            reg_factors=args.reg,
+            reg_core=args.reg,
+            threads=threads,
+            lr_decay=args.lr_decay,
+            step=args.plus_step,
+        )
         # the baseline on the same split (the same hash) and the same initial model
         offsets = np.concatenate([[0], np.cumsum(shape)[:-1]]).astype(np.int64)
-        data = T.load_observed(store.path, plan_partitions(store, 1)[0], offsets, 0.1, args.seed, False,
-                               plus.params["value_scale"])
+        data = T.load_observed(
+            store.path, plan_partitions(store, 1)[0], offsets, 0.1, args.seed, False, plus.params["value_scale"]
+        )
     # the same scaled problem and initial model as tucker_sgd (values scaled to unit mean square)
     scale = plus.params["value_scale"]
     state = initial_state(shape, (J,) * 3, R, 1.0, args.seed)
@@ -223,8 +256,9 @@ def main(argv=None) -> int:
     with numba_threads(threads):
         for epoch in range(epochs):
             rate = 1.0 / (1.0 + args.lr_decay * epoch)
-            fs, cs = fasttucker_epoch(data, state, rng, args.baseline_batch, lr_a * rate, lr_b * rate,
-                                      args.baseline_reg, args.baseline_reg)
+            fs, cs = fasttucker_epoch(
+                data, state, rng, args.baseline_batch, lr_a * rate, lr_b * rate, args.baseline_reg, args.baseline_reg
+            )
             rmse = test_rmse(data, state) / scale
             if not math.isfinite(rmse):
                 print(f"baseline diverged at epoch {epoch + 1}; lower --baseline-lr-factors / --baseline-lr-core")
@@ -232,41 +266,54 @@ def main(argv=None) -> int:
             base.append({"epoch": epoch + 1, "factor_seconds": fs, "core_seconds": cs, "test_rmse": rmse})
 
     def steady(hist, key):
-        h = hist[1:] or hist      # the first epoch also compiles the kernels
+        h = hist[1:] or hist  # the first epoch also compiles the kernels
         return sum(r[key] for r in h) / max(len(h), 1)
 
     summary = {}
     for name, hist in (("FastTuckerPlus", plus.history), ("FastTucker (Alg. 1)", base)):
         f, c = steady(hist, "factor_seconds"), steady(hist, "core_seconds")
-        summary[name] = {"factor_s": f, "core_s": c, "epoch_s": f + c,
-                         "final_test_rmse": hist[-1]["test_rmse"] if hist else float("nan"),
-                         "best_test_rmse": min((r["test_rmse"] for r in hist), default=float("nan"))}
+        summary[name] = {
+            "factor_s": f,
+            "core_s": c,
+            "epoch_s": f + c,
+            "final_test_rmse": hist[-1]["test_rmse"] if hist else float("nan"),
+            "best_test_rmse": min((r["test_rmse"] for r in hist), default=float("nan")),
+        }
     sp = summary["FastTucker (Alg. 1)"]["epoch_s"] / max(summary["FastTuckerPlus"]["epoch_s"], 1e-12)
-    print(f"planted FastTucker {shape}, J = R = {args.planted_rank} fitted at J = R = {J}, {nnz:,} entries "
-          f"(5 % noise, std {p.noise_std:.4g}), "
-          f"90/10 split, {threads} numba threads, {epochs} epochs; generated in {gen_s:.1f} s")
+    print(
+        f"planted FastTucker {shape}, J = R = {args.planted_rank} fitted at J = R = {J}, {nnz:,} entries "
+        f"(5 % noise, std {p.noise_std:.4g}), "
+        f"90/10 split, {threads} numba threads, {epochs} epochs; generated in {gen_s:.1f} s"
+    )
     print("| method | factor pass s/epoch | core pass s/epoch | epoch s | final test RMSE | best test RMSE |")
     print("|---|---|---|---|---|---|")
     for name, s in summary.items():
-        print(f"| {name} | {s['factor_s']:.3f} | {s['core_s']:.3f} | {s['epoch_s']:.3f} | "
-              f"{s['final_test_rmse']:.4f} | {s['best_test_rmse']:.4f} |")
+        print(
+            f"| {name} | {s['factor_s']:.3f} | {s['core_s']:.3f} | {s['epoch_s']:.3f} | "
+            f"{s['final_test_rmse']:.4f} | {s['best_test_rmse']:.4f} |"
+        )
     print(f"FastTuckerPlus speedup per epoch: {sp:.2f}x (target >= 2x at the same final test RMSE)")
     restarts = [r["revived"] for r in plus.history if "revived" in r]
     revive_s = sum(r.get("revive_seconds", 0.0) for r in plus.history)
     summary["FastTuckerPlus"].update(restarts=restarts, revive_seconds=revive_s)
-    print(f"FastTuckerPlus lost-component checks and restarts (first {plus.params['revive_epochs']} epochs): "
-          f"{revive_s:.2f} s in all, {len(restarts)} restarts {restarts}")
+    print(
+        f"FastTuckerPlus lost-component checks and restarts (first {plus.params['revive_epochs']} epochs): "
+        f"{revive_s:.2f} s in all, {len(restarts)} restarts {restarts}"
+    )
     target = summary["FastTucker (Alg. 1)"]["final_test_rmse"]
     reach = next((r["epoch"] for r in plus.history if r["test_rmse"] <= target), None)
     summary["FastTuckerPlus"]["epochs_to_baseline_final_rmse"] = reach
     if reach is not None and base:
         # steady-state epochs (the first epoch of each also compiles or loads its kernels)
-        t_plus = reach * summary["FastTuckerPlus"]["epoch_s"] + sum(r.get("revive_seconds", 0.0)
-                                                                    for r in plus.history[:reach])
+        t_plus = reach * summary["FastTuckerPlus"]["epoch_s"] + sum(
+            r.get("revive_seconds", 0.0) for r in plus.history[:reach]
+        )
         t_base = len(base) * summary["FastTucker (Alg. 1)"]["epoch_s"]
         summary["FastTuckerPlus"]["seconds_to_baseline_final_rmse"] = t_plus
-        print(f"FastTuckerPlus reaches the baseline's final test RMSE {target:.4f} after {reach} epochs: "
-              f"{t_plus:.2f} s against {t_base:.2f} s ({t_base / max(t_plus, 1e-12):.1f}x)")
+        print(
+            f"FastTuckerPlus reaches the baseline's final test RMSE {target:.4f} after {reach} epochs: "
+            f"{t_plus:.2f} s against {t_base:.2f} s ({t_base / max(t_plus, 1e-12):.1f}x)"
+        )
     else:
         print(f"FastTuckerPlus does not reach the baseline's final test RMSE {target:.4f} in {epochs} epochs")
     print("test RMSE by epoch:")
@@ -278,13 +325,32 @@ def main(argv=None) -> int:
         print(f"| {e + 1} | {a:.4f} | {b:.4f} |")
     out = Path(args.json) if args.json else RESULTS / f"tucker-sgd-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"shape": shape, "nnz": nnz, "rank": J, "planted_rank": args.planted_rank,
-                               "threads": threads, "epochs": epochs,
-                               "quick": bool(args.quick), "noise_std": p.noise_std, "summary": summary,
-                               "speedup_per_epoch": sp, "plus_history": plus.history, "baseline_history": base,
-                               "baseline_rates": {"lr_factors": lr_a, "lr_core": lr_b, "batch": args.baseline_batch,
-                                                  "reg": args.baseline_reg},
-                               "plus_params": plus.params}, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "shape": shape,
+                "nnz": nnz,
+                "rank": J,
+                "planted_rank": args.planted_rank,
+                "threads": threads,
+                "epochs": epochs,
+                "quick": bool(args.quick),
+                "noise_std": p.noise_std,
+                "summary": summary,
+                "speedup_per_epoch": sp,
+                "plus_history": plus.history,
+                "baseline_history": base,
+                "baseline_rates": {
+                    "lr_factors": lr_a,
+                    "lr_core": lr_b,
+                    "batch": args.baseline_batch,
+                    "reg": args.baseline_reg,
+                },
+                "plus_params": plus.params,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {out}")
     return 0
 

@@ -81,8 +81,9 @@ def device_kernels(device: str) -> tuple[str, ...]:
     return KERNELS
 
 
-def time_kernels(layout, U: np.ndarray, repeat: int, min_seconds: float = MIN_SECONDS,
-                 device: str = "cpu") -> dict[str, float]:
+def time_kernels(
+    layout, U: np.ndarray, repeat: int, min_seconds: float = MIN_SECONDS, device: str = "cpu"
+) -> dict[str, float]:
     """Best time of each kernel. The kernels take turns, round by round, so a busy spell of the
     shared machine slows all of them alike; rounds go on past ``repeat`` until each kernel has
     run ``min_seconds`` in all (at most ``MAX_ROUNDS``), so microsecond kernels get many tries
@@ -123,11 +124,22 @@ def collect(args) -> list[dict]:
                     if key in samples:
                         old = samples[key]["seconds"]
                         times = {k: min(times[k], old[k]) for k in times}
-                    samples[key] = {"tensor": name, "shape": list(shape), "nnz": int(values.shape[0]), "mode": mode,
-                                    "rank": R, "features": features(layout, R), "seconds": times,
-                                    "sort_seconds": layout.sort_seconds, "best": min(times, key=times.get)}
-            print(f"pass {p + 1} {name:18s} {str(shape):40s} nnz={values.shape[0]:>8d}  best: "
-                  + " ".join(s["best"] for s in samples.values() if s["tensor"] == name), flush=True)
+                    samples[key] = {
+                        "tensor": name,
+                        "shape": list(shape),
+                        "nnz": int(values.shape[0]),
+                        "mode": mode,
+                        "rank": R,
+                        "features": features(layout, R),
+                        "seconds": times,
+                        "sort_seconds": layout.sort_seconds,
+                        "best": min(times, key=times.get),
+                    }
+            print(
+                f"pass {p + 1} {name:18s} {str(shape):40s} nnz={values.shape[0]:>8d}  best: "
+                + " ".join(s["best"] for s in samples.values() if s["tensor"] == name),
+                flush=True,
+            )
     return list(samples.values())
 
 
@@ -137,9 +149,13 @@ def slowdowns(samples: list[dict], picks: list[str]) -> np.ndarray:
 
 def summary(samples: list[dict], picks: list[str]) -> dict:
     sl = slowdowns(samples, picks)
-    return {"accuracy": float(np.mean([p == s["best"] for s, p in zip(samples, picks)])),
-            "within_10pct": float(np.mean(sl <= TIE)), "mean_slowdown": float(sl.mean()),
-            "geomean_slowdown": float(np.exp(np.log(sl).mean())), "max_slowdown": float(sl.max())}
+    return {
+        "accuracy": float(np.mean([p == s["best"] for s, p in zip(samples, picks)])),
+        "within_10pct": float(np.mean(sl <= TIE)),
+        "mean_slowdown": float(sl.mean()),
+        "geomean_slowdown": float(np.exp(np.log(sl).mean())),
+        "max_slowdown": float(sl.max()),
+    }
 
 
 def leaf_kernels(clf, X: np.ndarray, log_slow: np.ndarray) -> dict[int, int]:
@@ -156,15 +172,14 @@ def fit(samples: list[dict], folds: int, seed: int):
 
     X = np.array([[s["features"][f] for f in FEATURES] for s in samples])
     y = np.array([s["best"] for s in samples])
-    log_slow = np.log([[s["seconds"].get(k, np.inf) / s["seconds"][s["best"]] for k in KERNELS]
-                       for s in samples])
+    log_slow = np.log([[s["seconds"].get(k, np.inf) / s["seconds"][s["best"]] for k in KERNELS] for s in samples])
     groups = np.array([s["tensor"] for s in samples])
     grid = {"max_depth": [1, 2, 3, 4, 5, 6], "min_samples_leaf": [1, 3, 6]}
     n_groups = len(set(groups))
     folds = max(2, min(folds, n_groups))
 
     def search(Xtr, ytr, gtr):
-        if len(set(gtr)) < 2:       # too few tensors to cross-validate the depth
+        if len(set(gtr)) < 2:  # too few tensors to cross-validate the depth
             params = {"max_depth": 3, "min_samples_leaf": 1}
             return DecisionTreeClassifier(random_state=seed, **params).fit(Xtr, ytr), params
         inner = max(2, min(folds, len(set(gtr))))
@@ -185,10 +200,16 @@ def fit(samples: list[dict], folds: int, seed: int):
 def export_tree(clf, answers: dict[int, int], training: dict) -> dict:
     t = clf.tree_
     leaf_class = [answers.get(node, 0) for node in range(t.node_count)]
-    return {"features": list(FEATURES), "classes": list(KERNELS),
-            "left": [int(x) for x in t.children_left], "right": [int(x) for x in t.children_right],
-            "feature": [int(x) for x in t.feature], "threshold": [float(x) for x in t.threshold],
-            "leaf_class": leaf_class, "training": training}
+    return {
+        "features": list(FEATURES),
+        "classes": list(KERNELS),
+        "left": [int(x) for x in t.children_left],
+        "right": [int(x) for x in t.children_right],
+        "feature": [int(x) for x in t.feature],
+        "threshold": [float(x) for x in t.threshold],
+        "leaf_class": leaf_class,
+        "training": training,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,8 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--passes", type=int, default=2, help="timing passes over the whole set, best kept (default 2)")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--threads", type=int, help="numba threads (default: numba's)")
-    ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
-                    help="time the kernels on this device; gpu writes the GPU's tree file")
+    ap.add_argument(
+        "--device",
+        choices=("cpu", "gpu"),
+        default="cpu",
+        help="time the kernels on this device; gpu writes the GPU's tree file",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-write-tree", action="store_true", help=f"do not overwrite {TREE_PATH.name}")
     ap.add_argument("--from-results", help="refit on the samples of an earlier results JSON (no timing)")
@@ -228,25 +253,43 @@ def main(argv: list[str] | None = None) -> int:
     timed = [k for k in KERNELS if all(k in s["seconds"] for s in samples)]
     baselines = {k: summary(samples, [k] * len(samples)) for k in timed}
     counts = {k: sum(s["best"] == k for s in samples) for k in timed}
-    training = {"cv_accuracy": held_out["accuracy"], "held_out": held_out, "always": baselines, "best_counts": counts,
-                "samples": len(samples), "tensors": args.tensors, "params": params, "quick": args.quick,
-                "passes": getattr(args, "passes", None), "device": getattr(args, "device", "cpu"),
-                "threads": nb.get_num_threads() if args.threads is None else args.threads,
-                "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-                "load_average_after": os.getloadavg(),
-                "command": " ".join(["python", "benchmarks/train_ttm_selector.py"] + (argv or sys.argv[1:]))}
+    training = {
+        "cv_accuracy": held_out["accuracy"],
+        "held_out": held_out,
+        "always": baselines,
+        "best_counts": counts,
+        "samples": len(samples),
+        "tensors": args.tensors,
+        "params": params,
+        "quick": args.quick,
+        "passes": getattr(args, "passes", None),
+        "device": getattr(args, "device", "cpu"),
+        "threads": nb.get_num_threads() if args.threads is None else args.threads,
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "load_average_after": os.getloadavg(),
+        "command": " ".join(["python", "benchmarks/train_ttm_selector.py"] + (argv or sys.argv[1:])),
+    }
     tree = export_tree(clf, answers, training)
 
-    print(f"\n{len(samples)} samples from {args.tensors} tensors ({collect_s:.0f} s timing, JIT {jit:.1f} s); "
-          f"fastest: {counts}; tree {params}, {sum(1 for x in tree['left'] if x == -1)} leaves")
+    print(
+        f"\n{len(samples)} samples from {args.tensors} tensors ({collect_s:.0f} s timing, JIT {jit:.1f} s); "
+        f"fastest: {counts}; tree {params}, {sum(1 for x in tree['left'] if x == -1)} leaves"
+    )
     print(f"{'':22s} {'accuracy':>9s} {'within10%':>9s} {'mean slow':>9s} {'geo slow':>9s} {'max slow':>9s}")
     for label, row in [("tree (held-out, nested CV)", held_out)] + [(f"always {k}", v) for k, v in baselines.items()]:
-        print(f"{label:22s} {row['accuracy']:9.3f} {row['within_10pct']:9.3f} {row['mean_slowdown']:9.3f} "
-              f"{row['geomean_slowdown']:9.3f} {row['max_slowdown']:9.2f}")
+        print(
+            f"{label:22s} {row['accuracy']:9.3f} {row['within_10pct']:9.3f} {row['mean_slowdown']:9.3f} "
+            f"{row['geomean_slowdown']:9.3f} {row['max_slowdown']:9.2f}"
+        )
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"ttm-selector-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"training": training, "tree": tree, "samples": samples,
-                               "held_out_picks": [str(p) for p in picks]}, indent=1))
+    out.write_text(
+        json.dumps(
+            {"training": training, "tree": tree, "samples": samples, "held_out_picks": [str(p) for p in picks]},
+            indent=1,
+        )
+    )
     print(f"wrote {out}")
     if not args.no_write_tree:
         path = TREE_PATH.parent / TREE_FILES[args.device]

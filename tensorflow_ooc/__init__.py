@@ -28,38 +28,88 @@ synthetic
     Heavy-tailed and planted low-rank test tensors.
 """
 
-from .version import __version__  # noqa: E402
-
-from .cpu_target import configure_numba_target  # noqa: E402  (before anything compiles a kernel)
+# numba's CPU target is set before anything compiles a kernel
+from .cpu_target import configure_numba_target
+from .version import __version__
 
 configure_numba_target()
 
-from .errors import (  # noqa: E402
-    CorruptStoreError, DuplicateError, EmptyTensorError, ForeignStoreError, IncompleteStoreError, IndexRangeError,
-    IngestError, NonFiniteValueError, ParseError, ShapeError, StoreError, StoreExistsError, TfoocError,
-)
-from .format import BitLayout, BLCOTensor, encode_coo  # noqa: E402
-from .ingest import convert  # noqa: E402
-from .execution.stream import mttkrp  # noqa: E402
-from .kernels.factors import StackedFactors  # noqa: E402
-from .decompositions import CPResult, cp_als, load_result  # noqa: E402
-from .decompositions import CompletionError, FastTuckerResult, load_fasttucker_result, tucker_sgd  # noqa: E402
-from .store import Store, open_store  # noqa: E402
-from .store.dense import DenseArray, open_dense  # noqa: E402
-from .errors import DenseArrayError  # noqa: E402
-from .kernels.ttm.chain import SemiSparse, ttm, ttm_chain  # noqa: E402
-from .decompositions import TuckerResult, load_tucker, tucker_hooi  # noqa: E402
 # the dashboard page on every embedded cluster and submission: monitoring registers itself with
 # the lower stages' hooks when it is loaded (they never import it)
-from . import monitoring  # noqa: E402, F401
+from . import monitoring  # noqa: F401
+from .decompositions import (
+    CompletionError,
+    CPResult,
+    FastTuckerResult,
+    TuckerResult,
+    cp_als,
+    load_fasttucker_result,
+    load_result,
+    load_tucker,
+    tucker_hooi,
+    tucker_sgd,
+)
+from .errors import (
+    CorruptStoreError,
+    DenseArrayError,
+    DuplicateError,
+    EmptyTensorError,
+    ForeignStoreError,
+    IncompleteStoreError,
+    IndexRangeError,
+    IngestError,
+    NonFiniteValueError,
+    ParseError,
+    ShapeError,
+    StoreError,
+    StoreExistsError,
+    TfoocError,
+)
+from .execution.stream import mttkrp
+from .format import BitLayout, BLCOTensor, encode_coo
+from .ingest import convert
+from .kernels.factors import StackedFactors
+from .kernels.ttm.chain import SemiSparse, ttm, ttm_chain
+from .store import Store, open_store
+from .store.dense import DenseArray, open_dense
 
 __all__ = [
-    "BitLayout", "BLCOTensor", "CPResult", "cp_als", "load_result", "CorruptStoreError", "DuplicateError", "EmptyTensorError", "ForeignStoreError",
-    "IncompleteStoreError", "IndexRangeError", "IngestError", "NonFiniteValueError", "ParseError", "ShapeError",
-    "Store", "StoreError", "StoreExistsError", "TfoocError", "__version__", "convert", "encode_coo", "mttkrp", "open_store",
+    "BitLayout",
+    "BLCOTensor",
+    "CPResult",
+    "cp_als",
+    "load_result",
+    "CorruptStoreError",
+    "DuplicateError",
+    "EmptyTensorError",
+    "ForeignStoreError",
+    "IncompleteStoreError",
+    "IndexRangeError",
+    "IngestError",
+    "NonFiniteValueError",
+    "ParseError",
+    "ShapeError",
+    "Store",
+    "StoreError",
+    "StoreExistsError",
+    "TfoocError",
+    "__version__",
+    "convert",
+    "encode_coo",
+    "mttkrp",
+    "open_store",
     "StackedFactors",
-    "SemiSparse", "ttm", "ttm_chain",
-    "TuckerResult", "load_tucker", "tucker_hooi",
-    "DenseArray", "DenseArrayError", "open_dense",
-    "CompletionError", "FastTuckerResult", "load_fasttucker_result", "tucker_sgd",
+    "SemiSparse",
+    "ttm",
+    "ttm_chain",
+    "TuckerResult",
+    "load_tucker",
+    "tucker_hooi",
+    "DenseArray",
+    "DenseArrayError",
+    "open_dense",
+    "CompletionError",
+    "FastTuckerResult",
+    "load_fasttucker_result",
+    "tucker_sgd",
 ]

@@ -49,6 +49,7 @@ def configure_numba_target(environ: MutableMapping[str, str] = os.environ) -> st
     bits = 256 if environ.get("TFOOC_CPU_VECTOR_BITS", "512").strip() == "256" else 512
     try:
         import llvmlite.binding as llvm
+
         host = llvm.get_host_cpu_features().flatten()
     except Exception:  # noqa: BLE001 - an llvmlite that cannot say leaves numba's defaults
         return None
@@ -59,6 +60,7 @@ def configure_numba_target(environ: MutableMapping[str, str] = os.environ) -> st
     if "numba" in sys.modules:
         # numba was imported before us: re-read the setting; it holds if nothing has compiled yet.
         from numba.core import config
+
         config.reload_config()
     log.debug("numba target: %d-bit vectors (%s)", bits, features.rsplit(",", 1)[-1])
     return features

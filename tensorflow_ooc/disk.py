@@ -33,7 +33,7 @@ def free_bytes(path: str | os.PathLike) -> int | None:
     p = str(path)
     if "://" in p and not p.startswith("file://"):
         return None
-    p = os.path.abspath(p[len("file://"):] if p.startswith("file://") else p)
+    p = os.path.abspath(p[len("file://") :] if p.startswith("file://") else p)
     while p and not os.path.exists(p):
         parent = os.path.dirname(p)
         if parent == p:
@@ -45,8 +45,9 @@ def free_bytes(path: str | os.PathLike) -> int | None:
         return None
 
 
-def disk_full_error(exc: OSError, path: str | os.PathLike | None, *, needed: int | None = None,
-                    total: int | None = None) -> DiskFullError:
+def disk_full_error(
+    exc: OSError, path: str | os.PathLike | None, *, needed: int | None = None, total: int | None = None
+) -> DiskFullError:
     """A :class:`DiskFullError` for the disk-full ``exc`` (check :func:`is_disk_full` first).
 
     ``path``: the file or store being written (ignored when ``exc`` already is a
@@ -55,8 +56,11 @@ def disk_full_error(exc: OSError, path: str | os.PathLike | None, *, needed: int
     given and the inner figures are kept; free space is measured now, so call this after the
     failed write's leftovers are removed."""
     inner = exc if isinstance(exc, DiskFullError) else None
-    where = inner.path if inner is not None else (str(path) if path is not None else
-                                                   getattr(exc, "filename", None) or "a file it did not name")
+    where = (
+        inner.path
+        if inner is not None
+        else (str(path) if path is not None else getattr(exc, "filename", None) or "a file it did not name")
+    )
     figures = [x for x in (needed, inner.needed if inner else None) if x is not None]
     need = max(figures) if figures else None
     totals = [x for x in (total, inner.total if inner else None) if x is not None]
@@ -67,8 +71,13 @@ def disk_full_error(exc: OSError, path: str | os.PathLike | None, *, needed: int
 
 
 @contextmanager
-def disk_writes(path: str | os.PathLike, *, needed: int | Callable[[], int | None] | None = None,
-                total: int | None = None, cleanup: Callable[[], None] | None = None) -> Iterator[None]:
+def disk_writes(
+    path: str | os.PathLike,
+    *,
+    needed: int | Callable[[], int | None] | None = None,
+    total: int | None = None,
+    cleanup: Callable[[], None] | None = None,
+) -> Iterator[None]:
     """Within the block, a disk-full ``OSError`` runs ``cleanup`` (errors in it ignored) and
     becomes a :class:`DiskFullError` for ``path`` (``needed`` may be a callable, evaluated then)."""
     try:

@@ -111,8 +111,14 @@ class DiskFullError(TfoocError, OSError):
         Free bytes on that file system when the write failed (None: unknown, e.g. a URL).
     """
 
-    def __init__(self, path: str, needed: int | None = None, total: int | None = None, free: int | None = None,
-                 errno_: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        needed: int | None = None,
+        total: int | None = None,
+        free: int | None = None,
+        errno_: int | None = None,
+    ) -> None:
         import errno as _errno
 
         self.path = str(path)
@@ -123,8 +129,11 @@ class DiskFullError(TfoocError, OSError):
         what = "disk quota exceeded" if code == getattr(_errno, "EDQUOT", -1) else "no space left on device"
         figures = []
         if self.needed is not None:
-            figures.append(f"needs about {format_bytes(self.needed)} more" if self.total is not None
-                           and self.total > self.needed else f"needs about {format_bytes(self.needed)}")
+            figures.append(
+                f"needs about {format_bytes(self.needed)} more"
+                if self.total is not None and self.total > self.needed
+                else f"needs about {format_bytes(self.needed)}"
+            )
         if self.total is not None and self.total > (self.needed or 0):
             figures.append(f"about {format_bytes(self.total)} in all")
         if self.free is not None:

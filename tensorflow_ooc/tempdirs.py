@@ -71,8 +71,13 @@ def make_bucket_dir(parent: str | None, target: str) -> str:
 
     parent = parent or tempfile.gettempdir()
     path = os.path.join(parent, f"{BUCKETS_PREFIX}{owner_suffix()}-{uuid.uuid4().hex[:8]}")
-    owner = {"pid": os.getpid(), "host": host_tag(), "process_started": psutil.Process().create_time(),
-             "created": time.time(), "target": str(target)}
+    owner = {
+        "pid": os.getpid(),
+        "host": host_tag(),
+        "process_started": psutil.Process().create_time(),
+        "created": time.time(),
+        "target": str(target),
+    }
     # a full disk: no folder is left behind
     with disk_writes(path, needed=4096, cleanup=lambda: shutil.rmtree(path, ignore_errors=True)):
         os.makedirs(parent, exist_ok=True)
@@ -87,11 +92,11 @@ class StaleEntry:
     """A temporary file or folder left by some run, and what was done about it."""
 
     path: str
-    kind: str          # "buckets", "partial" or "old"
+    kind: str  # "buckets", "partial" or "old"
     host: str | None
     pid: int | None
     nbytes: int
-    action: str        # "removed" or "kept"
+    action: str  # "removed" or "kept"
     reason: str
 
 
@@ -189,9 +194,12 @@ def clean_stale(directory: str | os.PathLike | None, *, legacy_age: float = LEGA
             if pid is None:
                 age = time.time() - _newest_mtime(path)
                 stale = age > legacy_age
-                reason = (f"no owner recorded and nothing in it changed for {age / 3600:.1f} h" if stale else
-                          f"no owner recorded and it changed {age:.0f} s ago (removed once unchanged for "
-                          f"{legacy_age / 3600:.1f} h)")
+                reason = (
+                    f"no owner recorded and nothing in it changed for {age / 3600:.1f} h"
+                    if stale
+                    else f"no owner recorded and it changed {age:.0f} s ago (removed once unchanged for "
+                    f"{legacy_age / 3600:.1f} h)"
+                )
             else:
                 stale, reason = _owner_state(host, pid, started, path)
             nbytes = _size(path)
@@ -205,7 +213,12 @@ def clean_stale(directory: str | os.PathLike | None, *, legacy_age: float = LEGA
                 path.unlink(missing_ok=True)
             log.warning("removed stale %s %s (%s MiB): %s", _LABELS[kind], path, f"{nbytes / 2**20:,.1f}", reason)
         elif reason != "owned by this process":
-            log.warning("kept %s %s (%s MiB): %s; remove it by hand if that run is gone", _LABELS[kind], path,
-                        f"{nbytes / 2**20:,.1f}", reason)
+            log.warning(
+                "kept %s %s (%s MiB): %s; remove it by hand if that run is gone",
+                _LABELS[kind],
+                path,
+                f"{nbytes / 2**20:,.1f}",
+                reason,
+            )
         found.append(entry)
     return found

@@ -16,8 +16,10 @@ def client():
     """An in-process one-worker, one-thread Dask cluster, shared by a test module's tests."""
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster) as c:
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as c,
+    ):
         yield c
 
 

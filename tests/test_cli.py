@@ -8,8 +8,13 @@ import pytest
 
 
 def tfooc(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "tensorflow_ooc.cli", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "tensorflow_ooc.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 def test_generate_convert_info(tmp_path):
@@ -37,19 +42,35 @@ def test_generate_convert_info(tmp_path):
 def test_generate_store_and_planted(tmp_path):
     r = tfooc("-q", "generate", tmp_path / "s.zarr", "--shape", "20x30x40", "--nnz", "5000")
     assert r.returncode == 0, r.stderr
-    r = tfooc("-q", "generate", tmp_path / "p.tns", "--kind", "planted", "--shape", "20,30,40", "--nnz", "3000",
-              "--rank", "4", "--noise", "0.05")
+    r = tfooc(
+        "-q",
+        "generate",
+        tmp_path / "p.tns",
+        "--kind",
+        "planted",
+        "--shape",
+        "20,30,40",
+        "--nnz",
+        "3000",
+        "--rank",
+        "4",
+        "--noise",
+        "0.05",
+    )
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "p.factors.npz").exists()
     assert tfooc("-q", "convert", tmp_path / "p.tns", tmp_path / "p.zarr").returncode == 0
 
 
-@pytest.mark.parametrize("content, message", [
-    ("1 1 1 1.0\n1 1\n", "line 2: expected 4 columns"),
-    ("1 1 1 1.0\n0 1 1 1.0\n", "line 2: column 1: index 0 is out of range"),
-    ("1 1 1 nan\n", "line 1: column 4: value 'nan' is not finite"),
-    ("", "empty"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("1 1 1 1.0\n1 1\n", "line 2: expected 4 columns"),
+        ("1 1 1 1.0\n0 1 1 1.0\n", "line 2: column 1: index 0 is out of range"),
+        ("1 1 1 nan\n", "line 1: column 4: value 'nan' is not finite"),
+        ("", "empty"),
+    ],
+)
 def test_bad_input_one_line_nonzero_exit(tmp_path, content, message):
     (tmp_path / "bad.tns").write_text(content)
     r = tfooc("-q", "convert", tmp_path / "bad.tns", tmp_path / "bad.zarr")
@@ -71,23 +92,59 @@ def test_bad_arguments_and_stores(tmp_path):
 def test_help_is_complete(cmd):
     r = tfooc(*cmd, "--help")
     assert r.returncode == 0 and "usage: tfooc" in r.stdout
-    for opt in {"convert": ["--memory-limit", "--duplicates", "--zero-based", "--shape", "--chunk-nnz",
-                            "--max-block-nnz", "--overwrite"],
-                "generate": ["--like", "--kind", "--rank", "--noise", "--skew", "--values", "--seed"]}.get(
-                    cmd[0] if cmd else "", []):
+    for opt in {
+        "convert": [
+            "--memory-limit",
+            "--duplicates",
+            "--zero-based",
+            "--shape",
+            "--chunk-nnz",
+            "--max-block-nnz",
+            "--overwrite",
+        ],
+        "generate": ["--like", "--kind", "--rank", "--noise", "--skew", "--values", "--seed"],
+    }.get(cmd[0] if cmd else "", []):
         assert opt in r.stdout
 
 
 def test_cpd_and_resume(tmp_path):
     assert tfooc("-q", "generate", tmp_path / "s.zarr", "--shape", "20,30,40", "--nnz", "6000").returncode == 0
-    r = tfooc("cpd", tmp_path / "s.zarr", "--rank", "3", "--max-iters", "4", "--tol", "0", "--seed", "1",
-              "--out", tmp_path / "r.zarr", "--scheduler", "embedded")
+    r = tfooc(
+        "cpd",
+        tmp_path / "s.zarr",
+        "--rank",
+        "3",
+        "--max-iters",
+        "4",
+        "--tol",
+        "0",
+        "--seed",
+        "1",
+        "--out",
+        tmp_path / "r.zarr",
+        "--scheduler",
+        "embedded",
+    )
     assert r.returncode == 0, r.stderr
     assert "fit" in r.stdout and "per iteration" in r.stdout and str(tmp_path / "r.zarr") in r.stdout
     assert "first iter" in r.stdout and "of which       MTTKRP" in r.stdout
     assert "dashboard at" in r.stderr
-    r2 = tfooc("-q", "cpd", tmp_path / "s.zarr", "--rank", "3", "--max-iters", "6", "--tol", "0", "--seed", "1",
-               "--out", tmp_path / "r.zarr", "--resume")
+    r2 = tfooc(
+        "-q",
+        "cpd",
+        tmp_path / "s.zarr",
+        "--rank",
+        "3",
+        "--max-iters",
+        "6",
+        "--tol",
+        "0",
+        "--seed",
+        "1",
+        "--out",
+        tmp_path / "r.zarr",
+        "--resume",
+    )
     assert r2.returncode == 0, r2.stderr
     assert "after 6 iterations" in r2.stdout and "2 iterations in this run" in r2.stdout
     bad = tfooc("cpd", tmp_path / "s.zarr", "--rank", "0")
@@ -99,9 +156,28 @@ def test_cpd_on_gpu_device(tmp_path):
     from tensorflow_ooc.kernels.gpu.device import gpu_unavailable
 
     assert tfooc("-q", "generate", tmp_path / "s.zarr", "--shape", "6,7,5", "--nnz", "40").returncode == 0
-    r = tfooc("cpd", tmp_path / "s.zarr", "--rank", "2", "--max-iters", "2", "--tol", "0", "--seed", "1",
-              "--device", "gpu", "--conflict", "register", "--streams", "2", "--execution", "streaming",
-              "--device-memory-limit", "64MiB")
+    r = tfooc(
+        "cpd",
+        tmp_path / "s.zarr",
+        "--rank",
+        "2",
+        "--max-iters",
+        "2",
+        "--tol",
+        "0",
+        "--seed",
+        "1",
+        "--device",
+        "gpu",
+        "--conflict",
+        "register",
+        "--streams",
+        "2",
+        "--execution",
+        "streaming",
+        "--device-memory-limit",
+        "64MiB",
+    )
     if gpu_unavailable():
         assert r.returncode != 0 and "no Dask worker can run GPU kernels" in r.stderr
     else:

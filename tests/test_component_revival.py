@@ -4,6 +4,7 @@ and over several partitions on a Dask cluster), and when it does nothing."""
 
 import numpy as np
 import pytest
+from conftest import random_coo
 
 from tensorflow_ooc import synthetic
 from tensorflow_ooc.execution import completion as T
@@ -11,8 +12,6 @@ from tensorflow_ooc.execution import component_revival as R
 from tensorflow_ooc.execution.inline import InlineClient
 from tensorflow_ooc.kernels.completion import fasttucker_cpu as K
 from tensorflow_ooc.kernels.completion.rank1_residual import rank1_row_sums, rank1_sse
-
-from conftest import random_coo
 
 
 @pytest.mark.parametrize("N", [3, 4, 5, 6])
@@ -24,7 +23,7 @@ def test_rank1_row_sums_and_sse_match_numpy(rng, N):
     offsets = np.concatenate([[0], np.cumsum(shape)[:-1]]).astype(np.int64)
     S = 3
     cols = rng.standard_normal((sum(shape), S))
-    parts = [cols[offsets[n]:offsets[n] + shape[n]][coords[:, n]] for n in range(N)]     # (n, S) each
+    parts = [cols[offsets[n] : offsets[n] + shape[n]][coords[:, n]] for n in range(N)]  # (n, S) each
     for mode in range(N):
         num, den = np.zeros((shape[mode], S)), np.zeros((shape[mode], S))
         rank1_row_sums(coords, resid, cols, offsets, mode, num, den)
@@ -35,7 +34,7 @@ def test_rank1_row_sums_and_sse_match_numpy(rng, N):
         np.testing.assert_allclose(num, ref_num, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(den, ref_den, rtol=1e-12, atol=1e-12)
     before, after = rank1_sse(coords, resid, cols, offsets)
-    assert before == pytest.approx((resid ** 2).sum(), rel=1e-12)
+    assert before == pytest.approx((resid**2).sum(), rel=1e-12)
     np.testing.assert_allclose(after, ((resid[:, None] - np.prod(parts, axis=0)) ** 2).sum(axis=0), rtol=1e-12)
 
 
@@ -47,8 +46,8 @@ def planted_state(p, ranks, R_):
     A = np.zeros((sum(shape), J))
     B = np.zeros((len(shape), J, R_))
     for n, (f, b) in enumerate(zip(p.factors, p.core_factors)):
-        A[offsets[n]:offsets[n] + shape[n], :f.shape[1]] = f
-        B[n, :b.shape[0]] = b
+        A[offsets[n] : offsets[n] + shape[n], : f.shape[1]] = f
+        B[n, : b.shape[0]] = b
     return T.FastTuckerState(A, B, offsets, shape, tuple(ranks)), offsets, shape
 
 
@@ -57,8 +56,16 @@ def partitions(p, k):
     out = []
     for i, idx in enumerate(np.array_split(np.arange(p.coords.shape[0]), k)):
         c = np.ascontiguousarray(p.coords[idx], np.int64)
-        out.append(T.ObservedPartition(i, c, np.ascontiguousarray(p.clean[idx]), T._stacked_rows(c, np.zeros(1)),
-                                       np.zeros((0, c.shape[1]), np.int64), np.zeros(0)))
+        out.append(
+            T.ObservedPartition(
+                i,
+                c,
+                np.ascontiguousarray(p.clean[idx]),
+                T._stacked_rows(c, np.zeros(1)),
+                np.zeros((0, c.shape[1]), np.int64),
+                np.zeros(0),
+            )
+        )
     return out
 
 
@@ -73,16 +80,25 @@ def test_a_removed_component_is_found_and_refitted_from_the_residual(rng, N, J):
     state, offsets, shape = planted_state(p, [J] * N, R_)
     lost = int(rng.integers(R_))
     B = state.B.copy()
-    B[:, :, lost] *= 1e-4        # a component SGD has lost: each mode's column 1e-4 of its size
+    B[:, :, lost] *= 1e-4  # a component SGD has lost: each mode's column 1e-4 of its size
     broken = T.FastTuckerState(state.A, B, offsets, shape, state.ranks)
     strengths = R.component_strengths(broken)
     assert R.weakest_lost_component(strengths) == lost
-    assert R.weakest_lost_component(np.array([1.0, 0.5, 0.2, 0.06])) is None     # above 5 % of the median
+    assert R.weakest_lost_component(np.array([1.0, 0.5, 0.2, 0.06])) is None  # above 5 % of the median
     assert R.weakest_lost_component(np.array([1.0, 0.5, 0.2, 0.01])) == 3
     c = InlineClient()
     sources = [c.submit(lambda x: x, part) for part in partitions(p, 3)]
-    new, gain = R.revive_component(c, sources, c.submit(lambda x: x, broken), lost, shape, offsets,
-                                   seed=int(rng.integers(2**31)), rebalance=True, split=2)
+    new, gain = R.revive_component(
+        c,
+        sources,
+        c.submit(lambda x: x, broken),
+        lost,
+        shape,
+        offsets,
+        seed=int(rng.integers(2**31)),
+        rebalance=True,
+        split=2,
+    )
     new = new.result()
     pred = K.predict_entries(np.ascontiguousarray(p.coords, np.int64), offsets, new.A, new.B)
     before = K.predict_entries(np.ascontiguousarray(p.coords, np.int64), offsets, broken.A, broken.B)
@@ -125,11 +141,14 @@ def test_restart_over_partitions_on_a_dask_cluster(rng):
     broken = T.FastTuckerState(state.A, B, offsets, shape, state.ranks)
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as cl, \
-            Client(cl) as client:
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as cl,
+        Client(cl) as client,
+    ):
         sources = client.scatter(partitions(p, 5))
-        new, gain = R.revive_component(client, sources, client.scatter(broken), 1, shape, offsets, seed=3,
-                                       rebalance=True, split=2)
+        new, gain = R.revive_component(
+            client, sources, client.scatter(broken), 1, shape, offsets, seed=3, rebalance=True, split=2
+        )
         new = new.result()
     pred = K.predict_entries(np.ascontiguousarray(p.coords, np.int64), offsets, new.A, new.B)
     before = K.predict_entries(np.ascontiguousarray(p.coords, np.int64), offsets, broken.A, broken.B)

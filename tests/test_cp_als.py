@@ -2,11 +2,10 @@
 
 import numpy as np
 import pytest
+from conftest import fixed, random_coo
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc import synthetic
-
-from conftest import fixed, random_coo
 
 
 @pytest.mark.parametrize("shape", [(30, 40, 50), (12, 15, 9, 7)])
@@ -20,11 +19,10 @@ def test_matches_pyttb_from_identical_init(tmp_path, rng, client, shape, executi
     init = [rng.random((s, R)) for s in shape]
     ours = tfo.cp_als(store, R, client=client, init=init, max_iters=10, tol=0, execution=execution)
     X = pyttb.sptensor(coords, values.reshape(-1, 1), shape)
-    ref, _, out = pyttb.cp_als(X, R, maxiters=10, stoptol=0, init=pyttb.ktensor([a.copy() for a in init]),
-                               printitn=0)
+    ref, _, out = pyttb.cp_als(X, R, maxiters=10, stoptol=0, init=pyttb.ktensor([a.copy() for a in init]), printitn=0)
     assert ours.iterations == 10
     assert abs(ours.fit - out["fit"]) < 1e-8
-    for h in ours.history:                # per-mode seconds from the pipelined iteration
+    for h in ours.history:  # per-mode seconds from the pipelined iteration
         assert len(h["mode_seconds"]) == len(shape) and min(h["mode_seconds"]) >= 0
         assert sum(h["mode_seconds"]) <= h["seconds"] + 1e-3
     a, b = fixed(ours.to_pyttb()), fixed(ref)
@@ -58,12 +56,15 @@ def test_result_store_and_exports(tmp_path, rng, client):
     store = tfo.convert((coords, values), tmp_path / "x.zarr")
     r = tfo.cp_als(store, 3, client=client, seed=7, max_iters=5, out=tmp_path / "res.zarr")
     back = tfo.load_result(tmp_path / "res.zarr")
-    assert np.array_equal(back.weights, r.weights) and all(np.array_equal(a, b) for a, b in zip(back.factors, r.factors))
+    assert np.array_equal(back.weights, r.weights) and all(
+        np.array_equal(a, b) for a, b in zip(back.factors, r.factors)
+    )
     assert back.input["store_id"] == store.meta["store_id"] and len(back.history) == r.iterations
     assert {"fit", "seconds", "mode_seconds"} <= set(back.history[0])
     full = r.full()
     assert np.allclose(r.to_pyttb().full().data, full)
     import tensorly
+
     assert np.allclose(tensorly.cp_to_tensor(r.to_tensorly()), full)
     r.save_npz(tmp_path / "r.npz")
     z = np.load(tmp_path / "r.npz")
@@ -154,7 +155,7 @@ def test_update_helpers_match_numpy(rng):
     out = np.empty_like(M)
     assert solve_normal(V, M, out=out) is out
     np.testing.assert_allclose(out, np.linalg.solve(V, M.T).T, rtol=1e-10, atol=1e-12)
-    V[:, 2] = V[2, :] = 0.0                  # singular: the pseudo-inverse's least-norm answer
+    V[:, 2] = V[2, :] = 0.0  # singular: the pseudo-inverse's least-norm answer
     np.testing.assert_allclose(solve_normal(V, M), M @ np.linalg.pinv(V), rtol=1e-10, atol=1e-12)
 
 

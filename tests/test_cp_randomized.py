@@ -10,7 +10,7 @@ from tensorflow_ooc.cli import main as cli_main
 
 def fresh_seed() -> int:
     seed = int(np.random.default_rng().integers(1 << 30))
-    print("planted-tensor seed =", seed)     # shown with a failure, to reproduce it
+    print("planted-tensor seed =", seed)  # shown with a failure, to reproduce it
     return seed
 
 
@@ -34,8 +34,12 @@ def test_sts_within_two_percent_of_exact_from_the_same_start(tmp_path):
     shape = (400, 300, 200)
     p = synthetic.planted_cp(shape, 8, 60_000, noise=0.1, seed=fresh_seed())
     coords, values = synthetic.heavy_tailed(shape, 60_000, seed=fresh_seed())
-    store = tfo.convert((np.concatenate([p.coords, coords]), np.concatenate([p.values, values * p.values.mean()])),
-                        tmp_path / "h.zarr", shape=shape, duplicates="sum")
+    store = tfo.convert(
+        (np.concatenate([p.coords, coords]), np.concatenate([p.values, values * p.values.mean()])),
+        tmp_path / "h.zarr",
+        shape=shape,
+        duplicates="sum",
+    )
     init = [np.random.default_rng(fresh_seed()).random((s, 16)) for s in shape]
     exact = tfo.cp_als(store, 16, init=init, max_iters=20, tol=0)
     sts = tfo.cp_als(store, 16, init=init, max_iters=20, tol=0, method="sts", seed=fresh_seed())
@@ -94,9 +98,9 @@ def test_fit_every_and_stopping(tmp_path):
     r = tfo.cp_als(store, 3, seed=1, method="arls-lev", samples=1000, max_iters=7, tol=0, fit_every=3)
     assert [h["fit_evaluated"] for h in r.history] == [False, False, True, False, False, True, True]
     assert r.history[0]["fit"] == 0.0 and r.history[2]["fit"] > 0
-    assert r.history[3]["fit"] == r.history[2]["fit"]         # carried until the next evaluation
+    assert r.history[3]["fit"] == r.history[2]["fit"]  # carried until the next evaluation
     r = tfo.cp_als(store, 3, seed=1, method="sts", samples=1000, max_iters=200, tol=1e-3)
-    assert r.iterations < 200                                  # the best-of-last-3 rule stopped it
+    assert r.iterations < 200  # the best-of-last-3 rule stopped it
 
 
 def test_same_seed_same_result_and_resume(tmp_path):
@@ -134,8 +138,25 @@ def test_cli_method_and_samples(tmp_path, capsys):
     p = synthetic.planted_cp((20, 25, 30), 3, 4_000, seed=fresh_seed())
     store = tfo.convert((p.coords, p.values), tmp_path / "p.zarr", shape=p.shape)
     out = tmp_path / "r.zarr"
-    code = cli_main(["cpd", str(store.path), "--rank", "3", "--method", "sts", "--samples", "1500", "--max-iters", "5",
-                     "--fit-every", "2", "--out", str(out), "-q"])
+    code = cli_main(
+        [
+            "cpd",
+            str(store.path),
+            "--rank",
+            "3",
+            "--method",
+            "sts",
+            "--samples",
+            "1500",
+            "--max-iters",
+            "5",
+            "--fit-every",
+            "2",
+            "--out",
+            str(out),
+            "-q",
+        ]
+    )
     assert code == 0
     text = capsys.readouterr().out
     assert "sts sampling of 1,500 rows" in text and "drawing samples" in text

@@ -8,7 +8,10 @@ import llvmlite.binding as llvm
 import pytest
 
 from tensorflow_ooc.cpu_target import (
-    NARROW_VECTORS_FEATURE, WIDE_VECTORS_FEATURE, configure_numba_target, vector_width_features,
+    NARROW_VECTORS_FEATURE,
+    WIDE_VECTORS_FEATURE,
+    configure_numba_target,
+    vector_width_features,
 )
 
 HOST_FEATURES = llvm.get_host_cpu_features().flatten()
@@ -23,8 +26,11 @@ def test_wide_vectors_only_with_avx512():
 
 
 def test_user_settings_are_left_alone_and_256_bits_can_be_asked_for():
-    for env in ({"NUMBA_CPU_NAME": "generic"}, {"NUMBA_CPU_FEATURES": "+sse2"},
-                {"NUMBA_CPU_FEATURES": "+sse2", "TFOOC_CPU_VECTOR_BITS": "256"}):
+    for env in (
+        {"NUMBA_CPU_NAME": "generic"},
+        {"NUMBA_CPU_FEATURES": "+sse2"},
+        {"NUMBA_CPU_FEATURES": "+sse2", "TFOOC_CPU_VECTOR_BITS": "256"},
+    ):
         environ = dict(env)
         assert configure_numba_target(environ) is None
         assert environ == env

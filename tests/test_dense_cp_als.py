@@ -10,14 +10,13 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
+from conftest import fixed
 from distributed import Client, LocalCluster
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc import synthetic
 from tensorflow_ooc.cli import main
 from tensorflow_ooc.execution.memory_plan import choose, dense_candidates
-
-from conftest import fixed
 
 
 def to_zarr(path, X, chunks):
@@ -29,8 +28,9 @@ def to_zarr(path, X, chunks):
 def assert_same_as_pyttb(ours, X, init, R, iters=10):
     import pyttb
 
-    ref, _, out = pyttb.cp_als(pyttb.tensor(X.copy()), R, maxiters=iters, stoptol=0,
-                               init=pyttb.ktensor([a.copy() for a in init]), printitn=0)
+    ref, _, out = pyttb.cp_als(
+        pyttb.tensor(X.copy()), R, maxiters=iters, stoptol=0, init=pyttb.ktensor([a.copy() for a in init]), printitn=0
+    )
     assert ours.iterations == iters
     assert abs(ours.fit - out["fit"]) < 1e-8
     a, b = fixed(ours.to_pyttb()), fixed(ref)
@@ -70,8 +70,9 @@ def test_gpu_workers_take_dense_partitions(tmp_path, rng, client):
     X = rng.random(shape)
     path = to_zarr(tmp_path / "x.zarr", X, (2, 4, 3))
     init = [rng.random((s, R)) for s in shape]
-    gpu = tfo.cp_als(path, R, client=client, init=init, max_iters=2, tol=0, device="gpu", execution="streaming",
-                     partitions=2)
+    gpu = tfo.cp_als(
+        path, R, client=client, init=init, max_iters=2, tol=0, device="gpu", execution="streaming", partitions=2
+    )
     cpu = tfo.cp_als(X, R, init=init, max_iters=2, tol=0)
     assert gpu.params["device"] == "gpu"
     assert abs(gpu.fit - cpu.fit) < 1e-12
@@ -84,8 +85,9 @@ def test_planted_rank5_with_noise_recovered(tmp_path, rng):
     random starts land in swamps on a fair share of planted tensors, which says nothing of ours."""
     p = synthetic.planted_dense((30, 40, 50), 5, noise=0.01, seed=int(rng.integers(1 << 30)))
     X = p.tensor
-    init = [np.linalg.svd(np.moveaxis(X, n, 0).reshape(X.shape[n], -1), full_matrices=False)[0][:, :5]
-            for n in range(3)]
+    init = [
+        np.linalg.svd(np.moveaxis(X, n, 0).reshape(X.shape[n], -1), full_matrices=False)[0][:, :5] for n in range(3)
+    ]
     path = to_zarr(tmp_path / "p.zarr", X, (10, 40, 25))
     r = tfo.cp_als(path, 5, init=init, max_iters=200, tol=1e-9, execution="streaming")
     assert r.fit >= 0.98
@@ -104,13 +106,14 @@ def test_numpy_dask_zarr_inputs_agree(tmp_path, rng, client):
         "numpy C": tfo.cp_als(X, R, init=init, max_iters=6, tol=0),
         "numpy F": tfo.cp_als(np.asfortranarray(X), R, init=init, max_iters=6, tol=0),
         "dask": tfo.cp_als(da.from_array(X, chunks=(5, 9, 7)), R, init=init, max_iters=6, tol=0),
-        "dask on cluster": tfo.cp_als(da.from_array(X, chunks=(5, 9, 7)), R, client=client, init=init,
-                                      max_iters=6, tol=0, partitions=2),
-        "numpy streamed on cluster": tfo.cp_als(X, R, client=client, init=init, max_iters=6, tol=0,
-                                                execution="streaming", partitions=2),
+        "dask on cluster": tfo.cp_als(
+            da.from_array(X, chunks=(5, 9, 7)), R, client=client, init=init, max_iters=6, tol=0, partitions=2
+        ),
+        "numpy streamed on cluster": tfo.cp_als(
+            X, R, client=client, init=init, max_iters=6, tol=0, execution="streaming", partitions=2
+        ),
         "zarr": tfo.cp_als(to_zarr(tmp_path / "a.zarr", X, (4, 9, 5)), R, init=init, max_iters=6, tol=0),
-        "zarr.Array": tfo.cp_als(zarr.open_array(str(tmp_path / "a.zarr"), mode="r"), R, init=init, max_iters=6,
-                                 tol=0),
+        "zarr.Array": tfo.cp_als(zarr.open_array(str(tmp_path / "a.zarr"), mode="r"), R, init=init, max_iters=6, tol=0),
     }
     ref = runs.pop("numpy C")
     for name, r in runs.items():
@@ -132,7 +135,7 @@ def test_streamed_reads_equal_zarr_reads(tmp_path, rng):
     from tensorflow_ooc.store.dense import open_dense
 
     X = rng.standard_normal((10, 9, 7))
-    X[:4, :4, :] = 0.0                       # chunk (0, 0, 0): all fill value, not written
+    X[:4, :4, :] = 0.0  # chunk (0, 0, 0): all fill value, not written
     for codec in ("none", "zstd"):
         path = str(tmp_path / f"{codec}.zarr")
         kw = {"compressors": None} if codec == "none" else {}
@@ -146,12 +149,12 @@ def test_streamed_reads_equal_zarr_reads(tmp_path, rng):
             want = X[tuple(slice(a, a + b) for a, b in zip(lo, shp))]
             got = d.read_chunk(c, buffer)
             assert np.array_equal(got, want)
-            view = d.map_chunk(c)                # the file mapped in place of a read, edges too
+            view = d.map_chunk(c)  # the file mapped in place of a read, edges too
             if view is not None:
                 mapped += 1
                 assert view.shape == want.shape and np.array_equal(view, want)
-        assert raw == (9 if codec == "none" else 0)       # every chunk of the 3 x 3 grid, edges too
-        assert mapped == (8 if codec == "none" else 0)    # all but the fill-value chunk
+        assert raw == (9 if codec == "none" else 0)  # every chunk of the 3 x 3 grid, edges too
+        assert mapped == (8 if codec == "none" else 0)  # all but the fill-value chunk
     for codec, message in (("none", "a chunk file of 100 bytes"), ("zstd", r"chunk \[0, 1, 0\] could not be read")):
         # the streamed pass maps raw chunk files: a short one is refused before it is mapped
         with open(os.path.join(str(tmp_path / f"{codec}.zarr"), "c", "0", "1", "0"), "r+b") as f:
@@ -169,8 +172,18 @@ def test_checkpoint_resume_result_store(tmp_path, rng, client):
     straight = tfo.cp_als(path, R, init=init, max_iters=8, tol=0)
     first = tfo.cp_als(path, R, init=init, max_iters=5, tol=0, checkpoint=ck)
     assert first.iterations == 5 and ck.exists()
-    resumed = tfo.cp_als(path, R, client=client, init=init, max_iters=8, tol=0, checkpoint=ck, resume=True,
-                         out=tmp_path / "res.zarr", execution="streaming")
+    resumed = tfo.cp_als(
+        path,
+        R,
+        client=client,
+        init=init,
+        max_iters=8,
+        tol=0,
+        checkpoint=ck,
+        resume=True,
+        out=tmp_path / "res.zarr",
+        execution="streaming",
+    )
     assert resumed.params["resumed_after"] == 5 and resumed.iterations == 8
     assert abs(resumed.fit - straight.fit) < 1e-12
     for a, b in zip(resumed.factors, straight.factors):
@@ -191,10 +204,20 @@ def test_checkpoint_resume_result_store(tmp_path, rng, client):
 def test_memory_plan_streams_an_array_four_times_the_headroom():
     """The dense plan: an array 4x the worker's limit is streamed, and the streaming peak (two chunks
     and one being decoded per task) fits; one 16x smaller is held in memory."""
-    shape, R, itemsize = (800, 1000, 1250), 32, 8            # 8 GB
+    shape, R, itemsize = (800, 1000, 1250), 32, 8  # 8 GB
     chunk = 100 * 100 * 125 * itemsize
-    base = dict(shape=shape, rank=R, itemsize=itemsize, chunk_bytes=chunk, chunk_shape=(100, 100, 125), tasks=1,
-                kernel_threads=2, partitions_per_mode=1, workers=1, baseline=200 << 20)
+    base = dict(
+        shape=shape,
+        rank=R,
+        itemsize=itemsize,
+        chunk_bytes=chunk,
+        chunk_shape=(100, 100, 125),
+        tasks=1,
+        kernel_threads=2,
+        partitions_per_mode=1,
+        workers=1,
+        baseline=200 << 20,
+    )
     array = math.prod(shape) * itemsize
     limit = array // 4
     plan = choose(dense_candidates(worker_bytes=array, limit=limit, **base))
@@ -216,7 +239,7 @@ def test_out_of_core_on_cluster_under_memory_limit(tmp_path, rng):
         usable_fraction,
     )
 
-    shape, chunks, R = (64, 128, 512), (8, 16, 512), 4           # 32 MiB of float64, 512 KiB chunks
+    shape, chunks, R = (64, 128, 512), (8, 16, 512), 4  # 32 MiB of float64, 512 KiB chunks
     X = rng.standard_normal(shape)
     path = to_zarr(tmp_path / "big.zarr", X, chunks)
     init = [rng.random((s, R)) for s in shape]
@@ -224,8 +247,10 @@ def test_out_of_core_on_cluster_under_memory_limit(tmp_path, rng):
     array_bytes = X.nbytes
     del X
     headroom = array_bytes // 4
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster) as c:
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as c,
+    ):
         baseline = psutil.Process().memory_info().rss
         limit = int(((baseline + KERNEL_CODE_BYTES) * ESTIMATE_MARGIN + headroom) / usable_fraction())
         # the limit the scheduler reports to the plan, and the one the worker enforces
@@ -245,14 +270,17 @@ def test_out_of_core_on_cluster_under_memory_limit(tmp_path, rng):
     assert abs(r.fit - ref.fit) < 1e-12
 
 
-@pytest.mark.parametrize("make,problem", [
-    (lambda rng: rng.random((4, 5, 6)), None),
-    (lambda rng: rng.random((40, 50)), "order 2"),
-    (lambda rng: rng.random((2,) * 7), "order 7"),
-    (lambda rng: rng.random((4, 5, 6)) + 1j, "not a real numeric"),
-    (lambda rng: rng.random((4, 5, 6)) > 0.5, "not a real numeric"),
-    (lambda rng: np.zeros((4, 0, 6)), "empty"),
-])
+@pytest.mark.parametrize(
+    "make,problem",
+    [
+        (lambda rng: rng.random((4, 5, 6)), None),
+        (lambda rng: rng.random((40, 50)), "order 2"),
+        (lambda rng: rng.random((2,) * 7), "order 7"),
+        (lambda rng: rng.random((4, 5, 6)) + 1j, "not a real numeric"),
+        (lambda rng: rng.random((4, 5, 6)) > 0.5, "not a real numeric"),
+        (lambda rng: np.zeros((4, 0, 6)), "empty"),
+    ],
+)
 def test_bad_arrays_refused(rng, tmp_path, make, problem):
     X = make(rng)
     if problem is None:
@@ -269,8 +297,11 @@ def test_nonfinite_zarr_refused_before_anything_is_written(tmp_path, rng, bad):
     idx = tuple(int(rng.integers(s)) for s in X.shape)
     X[idx] = bad
     path = to_zarr(tmp_path / "x.zarr", X, (3, 5, 4))
-    with pytest.raises(tfo.NonFiniteValueError, match=r"1 NaN or infinite entries \(the first at index "
-                       + str(list(idx)).replace("[", r"\[").replace("]", r"\]")) as e:
+    with pytest.raises(
+        tfo.NonFiniteValueError,
+        match=r"1 NaN or infinite entries \(the first at index "
+        + str(list(idx)).replace("[", r"\[").replace("]", r"\]"),
+    ) as e:
         tfo.cp_als(path, 2, out=tmp_path / "r.zarr", checkpoint=tmp_path / "c.npz", execution="streaming")
     assert path in str(e.value)
     assert sorted(os.listdir(tmp_path)) == ["x.zarr"]
@@ -299,8 +330,26 @@ def test_rank_beyond_memory_refused_naming_the_array(tmp_path, rng):
 
 def test_cli_generate_info_cpd_dense(tmp_path, capsys):
     arr = str(tmp_path / "d.zarr")
-    assert main(["generate", arr, "--dense", "20,24,30", "--rank", "5", "--noise", "0.01", "--chunks", "8,24,16",
-                 "--seed", "3", "-q"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                arr,
+                "--dense",
+                "20,24,30",
+                "--rank",
+                "5",
+                "--noise",
+                "0.01",
+                "--chunks",
+                "8,24,16",
+                "--seed",
+                "3",
+                "-q",
+            ]
+        )
+        == 0
+    )
     truth = np.load(arr + ".factors.npz")
     assert truth["factor2"].shape == (30, 5)
     z = zarr.open_array(arr, mode="r")
@@ -311,7 +360,7 @@ def test_cli_generate_info_cpd_dense(tmp_path, capsys):
     assert info["shape"] == [20, 24, 30] and info["chunks"] == [8, 24, 16] and info["nchunks"] == 6
     assert info["bytes"] == 20 * 24 * 30 * 8 and info["planted"]["rank"] == 5
     assert math.isclose(info["norm"], float(np.linalg.norm(z[...])), rel_tol=1e-9)
-    assert info["compressors"] == []                 # uncompressed by default
+    assert info["compressors"] == []  # uncompressed by default
     assert main(["info", arr]) == 0
     assert "20 x 24 x 30" in capsys.readouterr().out
     packed = str(tmp_path / "z.zarr")
@@ -349,7 +398,7 @@ def test_readme_dense_example_runs(tmp_path, monkeypatch):
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("### Dense tensors"):]
+    section = readme[readme.index("### Dense tensors") :]
     block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     (tmp_path / "dense_example.py").write_text(block)
     monkeypatch.chdir(tmp_path)

@@ -51,7 +51,9 @@ def inputs(rng, shape, rank, dtype=np.float64, order="C"):
     return X, A
 
 
-@pytest.mark.parametrize("shape,rank", [((5, 4, 6), 7), ((4, 3, 5, 6), 33), ((3, 4, 2, 3, 5), 1), ((2, 3, 2, 2, 3, 2), 9)])
+@pytest.mark.parametrize(
+    "shape,rank", [((5, 4, 6), 7), ((4, 3, 5, 6), 33), ((3, 4, 2, 3, 5), 1), ((2, 3, 2, 2, 3, 2), 9)]
+)
 @pytest.mark.parametrize("order", ["C", "F"])
 def test_every_variant_and_mode_matches_einsum(rng, shape, rank, order):
     X, A = inputs(rng, shape, rank, order=order)
@@ -65,7 +67,7 @@ def test_every_variant_and_mode_matches_einsum(rng, shape, rank, order):
 
 @pytest.mark.parametrize("shape,tile", [((7, 5, 9), 4), ((11, 3, 7, 5), 2), ((9, 10, 7), 6), ((5, 6, 7), 50)])
 def test_widths_that_do_not_divide_the_modes(rng, shape, tile):
-    X, A = inputs(rng, shape, 70)     # two 32-column chunks and an 8-column one
+    X, A = inputs(rng, shape, 70)  # two 32-column chunks and an 8-column one
     for mode in range(len(shape)):
         assert relerr(dense_mttkrp(X, A, mode, tile=tile), reference(X, A, mode)) < 1e-12, mode
 
@@ -115,7 +117,7 @@ def test_chunks_with_origin_accumulate_to_the_whole(rng, variant, tile):
                     lo = (i0, j0, k0, 0)
                     hi = (i1, j1, k1, 4)
                     chunk = np.array(X[i0:i1, j0:j1, k0:k1], order="F" if (i0 + j0) % 2 else "C")
-                    view = G[lo[mode]:hi[mode]]
+                    view = G[lo[mode] : hi[mode]]
                     back = dense_mttkrp(chunk, A, mode, origin=lo, out=view, variant=variant, tile=tile)
                     assert back is view
         assert relerr(G, reference(X, A, mode)) < 1e-12, mode
@@ -167,7 +169,7 @@ def test_tile_width_follows_eq6_and_is_logged(caplog):
     assert dense_tile_width((1, 300, 7, 300), 10, 8, cache_bytes=2 << 20, tiles_per_cache=1) == 7
     from tensorflow_ooc.kernels.dense import tile as dense_tile
 
-    dense_tile._width.cache_clear()          # logged once per distinct call
+    dense_tile._width.cache_clear()  # logged once per distinct call
     with caplog.at_level(logging.INFO, logger="tensorflow_ooc.kernels.dense.tile"):
         w = dense_tile_width((64, 64, 64), 16, 4)
         dense_tile_width((64, 64, 64), 16, 4)
@@ -177,8 +179,9 @@ def test_tile_width_follows_eq6_and_is_logged(caplog):
 
     from tensorflow_ooc.kernels.dense.tile import gpu_middle_cache
 
-    h100 = SimpleNamespace(MAX_SHARED_MEMORY_PER_MULTIPROCESSOR=228 << 10, compute_capability=(9, 0),
-                           MAX_THREADS_PER_MULTIPROCESSOR=2048)
+    h100 = SimpleNamespace(
+        MAX_SHARED_MEMORY_PER_MULTIPROCESSOR=228 << 10, compute_capability=(9, 0), MAX_THREADS_PER_MULTIPROCESSOR=2048
+    )
     assert gpu_middle_cache(h100) == (256 << 10, 32)
     assert dense_tile_width(SEED_B, 32, 8, *gpu_middle_cache(h100)) == 4
     size, sharing = cpu_middle_cache()
@@ -200,7 +203,7 @@ TABLE_III = {
     ("B", "H100"): {"elem": (0.356, 0.105, 0.007), "slice": (0.286, 0.035, 0.007), "tile": (0.304, 0.052, 0.007)},
 }
 # tile widths of Table III's TILE rows (Table IV's optimum on the GPU, the shortest mode / Eq. 6
-# on the CPU); the table counts N / w tile sums (see kernels/dense_model.py)
+# on the CPU); the table counts N / w tile sums (see kernels/dense/model.py)
 TABLE_III_WIDTH = {("A", "8480+"): 12, ("B", "8480+"): 4, ("A", "H100"): 6, ("B", "H100"): 4}
 
 
@@ -210,7 +213,7 @@ def test_model_reproduces_table_iii_from_table_ii():
     for (tensor, device), rows in TABLE_III.items():
         shape = SEED_A if tensor == "A" else SEED_B
         tf, tm, l = TABLE_II[device]
-        machine = Machine(tau_f=tf * 1e12, tau_m=tm * 1024.0 ** 4, l=l)
+        machine = Machine(tau_f=tf * 1e12, tau_m=tm * 1024.0**4, l=l)
         N = float(np.prod(shape))
         for variant, printed in rows.items():
             items = None
@@ -232,7 +235,7 @@ def test_model_terms_and_work_items():
     assert m_inf(shape, 4, 8) == 8 * (315 + 4 * 21)
     assert work_items(shape, 0, "elem") == 315
     assert work_items(shape, 1, "slice") == 5
-    assert work_items(shape, 0, "tile", 4) == 7 * 2 * 3        # clipped tiles are counted
+    assert work_items(shape, 0, "tile", 4) == 7 * 2 * 3  # clipped tiles are counted
     assert m_0(shape, 4, 8, 315) > m_0_lm(shape, 4, 8, 315, 8) > m_inf(shape, 4, 8)
     # the CPU kernel's tiles span the innermost loop mode whole (mode 2 in C order, 0 in F order),
     # unless the target is the contiguous mode (slab kernel: tiles in every other mode)
@@ -252,6 +255,7 @@ def test_bandwidth_probe_measures_something_plausible():
 
 # --- GPU kernels in the CUDA simulator (tiny inputs: one Python thread per CUDA thread) ----------
 
+
 def _gpu_reason():
     from tensorflow_ooc.kernels.gpu.device import gpu_unavailable
 
@@ -263,8 +267,15 @@ GPU_VARIANTS = [("elem", None), ("slice", None), ("tile", None), ("tile", 1), ("
 
 
 @gpu
-@pytest.mark.parametrize("shape,rank,dtype,order", [((3, 2, 4), 3, np.float64, "C"), ((2, 3, 1, 2), 5, np.float32, "F"),
-                                                    ((2, 2, 3, 1, 2), 1, np.float64, "F"), ((2, 3, 2), 130, np.float64, "C")])
+@pytest.mark.parametrize(
+    "shape,rank,dtype,order",
+    [
+        ((3, 2, 4), 3, np.float64, "C"),
+        ((2, 3, 1, 2), 5, np.float32, "F"),
+        ((2, 2, 3, 1, 2), 1, np.float64, "F"),
+        ((2, 3, 2), 130, np.float64, "C"),
+    ],
+)
 def test_gpu_variants_match_einsum(rng, shape, rank, dtype, order):
     from tensorflow_ooc.kernels.dense.gpu import dense_mttkrp_gpu
 

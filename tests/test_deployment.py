@@ -51,7 +51,9 @@ def test_compose_services_commands_volumes():
     assert services["tfooc"]["entrypoint"] == ["tfooc"] and services["tfooc"]["profiles"] == ["cli"]
 
     prom = services["prometheus"]
-    assert prom["profiles"] == ["prometheus"] and "./prometheus.yml:/etc/prometheus/prometheus.yml:ro" in prom["volumes"]
+    assert (
+        prom["profiles"] == ["prometheus"] and "./prometheus.yml:/etc/prometheus/prometheus.yml:ro" in prom["volumes"]
+    )
     scrape = yaml.safe_load((DOCKER / "prometheus.yml").read_text())["scrape_configs"]
     (job,) = [j for j in scrape if j["job_name"] == "dask-scheduler"]
     assert job["metrics_path"] == "/metrics" and job["static_configs"][0]["targets"] == [f"scheduler:{dash}"]
@@ -59,18 +61,19 @@ def test_compose_services_commands_volumes():
     # the preload's own options parse as Dask will parse them (click), and dask's CLIs know the rest
     from tensorflow_ooc.monitoring import dask_setup
 
-    argv = cmd[cmd.index("tensorflow_ooc.monitoring") + 1:]
+    argv = cmd[cmd.index("tensorflow_ooc.monitoring") + 1 :]
     assert dask_setup.make_context("dask_setup", list(argv)).params == {"tfooc_storage": ("/data",)}
-    for role, command in (("scheduler", cmd[:cmd.index("--preload")]), ("worker", services["worker-1"]["command"])):
-        helptext = subprocess.run([sys.executable, "-m", "dask", role, "--help"], capture_output=True, text=True,
-                                  timeout=60, check=True).stdout
+    for role, command in (("scheduler", cmd[: cmd.index("--preload")]), ("worker", services["worker-1"]["command"])):
+        helptext = subprocess.run(
+            [sys.executable, "-m", "dask", role, "--help"], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
         for opt in (a for a in command if a.startswith("--")):
             assert opt in helptext, f"dask {role} has no option {opt}"
 
     dockerfile = (DOCKER / "Dockerfile").read_text()
     assert "pip install" in dockerfile and 'ENTRYPOINT ["tfooc"]' in dockerfile and "EXPOSE 8786 8787" in dockerfile
     deps = (ROOT / "pyproject.toml").read_text()
-    assert '"bokeh' in deps and '"prometheus_client' in deps          # dashboard and /metrics in the image
+    assert '"bokeh' in deps and '"prometheus_client' in deps  # dashboard and /metrics in the image
 
 
 SPEC = """\
@@ -96,13 +99,20 @@ def test_tls_cluster_runs_workflow_and_refuses_clients_without_certificates(tmp_
     from distributed import Client, LocalCluster
     from distributed.security import Security
 
-    sec = Security.temporary()          # a fresh CA and certificate, in memory
+    sec = Security.temporary()  # a fresh CA and certificate, in memory
     ca, cert, key = _pem_files(sec, tmp_path, "cluster")
     spec = tmp_path / "secure.yaml"
     spec.write_text(SPEC)
     root = str(tmp_path / "storage")
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, protocol="tls://", security=sec,
-                      host="127.0.0.1", dashboard_address=None) as cluster:
+    with LocalCluster(
+        n_workers=1,
+        threads_per_worker=1,
+        processes=True,
+        protocol="tls://",
+        security=sec,
+        host="127.0.0.1",
+        dashboard_address=None,
+    ) as cluster:
         addr = cluster.scheduler_address
         assert addr.startswith("tls://")
         tls = ["--tls-ca-file", ca, "--tls-cert", cert, "--tls-key", key]
@@ -129,19 +139,23 @@ def test_tls_cluster_runs_workflow_and_refuses_clients_without_certificates(tmp_
 
         # the scheduler refuses a client whose certificate another CA signed ...
         other = Security.temporary()
-        stranger = Security(tls_ca_file=sec.tls_ca_file, tls_client_cert=other.tls_client_cert,
-                            tls_client_key=other.tls_client_key, require_encryption=True)
+        stranger = Security(
+            tls_ca_file=sec.tls_ca_file,
+            tls_client_cert=other.tls_client_cert,
+            tls_client_key=other.tls_client_key,
+            require_encryption=True,
+        )
         with pytest.raises((OSError, TimeoutError)), contextlib.redirect_stderr(io.StringIO()):
             Client(addr, security=stranger, timeout="3s")
         # ... and one with no certificate at all (a bare TLS connection that trusts its CA)
-        host, port = addr[len("tls://"):].rsplit(":", 1)
+        host, port = addr[len("tls://") :].rsplit(":", 1)
         ctx = ssl.create_default_context(cafile=ca)
         ctx.check_hostname = False
         with socket.create_connection((host, int(port)), timeout=10) as raw:
             try:
                 with ctx.wrap_socket(raw) as s:
                     s.sendall(b"\0" * 8)
-                    refused = s.recv(1) == b""          # closed without a word
+                    refused = s.recv(1) == b""  # closed without a word
             except (ssl.SSLError, ConnectionError):
                 refused = True
         assert refused

@@ -9,12 +9,11 @@ import time
 
 import numpy as np
 import pytest
+from conftest import random_coo
 from distributed import Client, LocalCluster
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.decompositions import read_checkpoint
-
-from conftest import random_coo
 
 CHILD = """
 import sys, time
@@ -28,8 +27,9 @@ def test_sigkill_driver_then_resume(tmp_path, rng):
     coords, values = random_coo(rng, (30, 35, 40), 6000)
     store = tfo.convert((coords, values), tmp_path / "x.zarr", chunk_nnz=1500)
     ck = tmp_path / "ck.npz"
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(store.path), str(ck)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(store.path), str(ck)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 300
     try:
         while time.time() < deadline:
@@ -45,8 +45,10 @@ def test_sigkill_driver_then_resume(tmp_path, rng):
             proc.kill()
     killed_at = read_checkpoint(str(ck)).iteration
     assert 3 <= killed_at < 9
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         resumed = tfo.cp_als(store, 4, client=client, seed=3, max_iters=10, tol=0, checkpoint=ck, resume=True)
         full = tfo.cp_als(store, 4, client=client, seed=3, max_iters=10, tol=0)
     assert resumed.iterations == 10 and resumed.history[0]["iteration"] == 1
@@ -59,8 +61,10 @@ def test_sigkill_driver_then_resume(tmp_path, rng):
 def test_worker_killed_mid_run(tmp_path, rng, execution):
     coords, values = random_coo(rng, (40, 45, 50), 20_000)
     store = tfo.convert((coords, values), tmp_path / "x.zarr", chunk_nnz=2000)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         reference = tfo.cp_als(store, 4, client=client, seed=5, max_iters=8, tol=0, execution=execution)
         pids = client.run(os.getpid)
         victim = sorted(pids.values())[0]
@@ -73,8 +77,9 @@ def test_worker_killed_mid_run(tmp_path, rng, execution):
         box = {}
 
         def run():
-            box["result"] = tfo.cp_als(store, 4, client=client, seed=5, max_iters=8, tol=0, execution=execution,
-                                       callback=slow)
+            box["result"] = tfo.cp_als(
+                store, 4, client=client, seed=5, max_iters=8, tol=0, execution=execution, callback=slow
+            )
 
         t = threading.Thread(target=run)
         t.start()

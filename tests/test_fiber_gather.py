@@ -6,17 +6,17 @@ from conftest import random_coo
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.execution.stream import BatchBuffers, fill_batch, stream_batches
+from tensorflow_ooc.kernels.mttkrp.dispatch import tensor_items
 from tensorflow_ooc.kernels.sampling.fiber_gather import (
     FiberIndex,
+    SampleTable,
     _fiber_ranges,
     _row_sorted_runs,
-    SampleTable,
     exact_keys,
     sample_keys,
     sampled_mttkrp_items,
     stable_key_order,
 )
-from tensorflow_ooc.kernels.mttkrp.dispatch import tensor_items
 
 
 def draw_samples(rng, coords, shape, mode, count):
@@ -52,7 +52,7 @@ def test_sampled_mttkrp_in_memory_and_streamed(tmp_path, rng, nmodes):
         samples = draw_samples(rng, coords, shape, mode, 60)
         Hw = rng.standard_normal((samples.shape[0], R))
         want = brute_force(coords, values, shape, mode, samples, Hw)
-        assert np.abs(want).sum() > 0      # some samples hit fibers
+        assert np.abs(want).sum() > 0  # some samples hit fibers
         # dense reference of the same quantity
         X = np.zeros(shape)
         X[tuple(coords.T)] = values
@@ -114,15 +114,15 @@ def test_wrapped_keys_are_verified(tmp_path, rng):
     shape = (3, 1 << 22, 1 << 22, 1 << 22)
     assert not exact_keys(shape, 0)
     coords, values = random_coo(rng, shape, 400)
-    coords[:, 1] %= 1 << 20          # room for a twin 2^20 above
+    coords[:, 1] %= 1 << 20  # room for a twin 2^20 above
     coords = np.unique(coords, axis=0)
     values = rng.standard_normal(coords.shape[0])
     real = coords[:30].copy()
     real[:, 0] = 0
     twins = real.copy()
-    twins[:, 1] += 1 << 20           # the same keys as the real fibers, no nonzeros of their own
+    twins[:, 1] += 1 << 20  # the same keys as the real fibers, no nonzeros of their own
     assert (sample_keys(twins, shape, 0) == sample_keys(real, shape, 0)).all()
-    samples = np.concatenate([twins, real])      # twins first: found first without the check
+    samples = np.concatenate([twins, real])  # twins first: found first without the check
     Hw = rng.standard_normal((samples.shape[0], 3))
     want = brute_force(coords, values, shape, 0, samples, Hw)
     store = tfo.convert((coords, values), tmp_path / "s.zarr", shape=shape, chunk_nnz=128)
@@ -147,8 +147,9 @@ def test_bad_arguments(tmp_path, rng):
     bufs = BatchBuffers(store, store.nchunks)
     index = FiberIndex.build(fill_batch(store, range(store.nchunks), bufs, delta=False), store.layout, 1)
     with pytest.raises(ValueError, match="for mode 1"):
-        sampled_mttkrp_items(tensor_items(tensor), tensor.layout, 0, samples, np.ones((len(samples), 2)),
-                             np.zeros((5, 2)), index=index)
+        sampled_mttkrp_items(
+            tensor_items(tensor), tensor.layout, 0, samples, np.ones((len(samples), 2)), np.zeros((5, 2)), index=index
+        )
 
 
 def test_sums_do_not_depend_on_the_thread_count(tmp_path, rng):
@@ -189,7 +190,7 @@ def test_row_sort_of_index_runs_does_not_depend_on_the_parts(rng):
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     first = rng.integers(0, 4000 - 40, 150)
     order = [(rows[f + e] - out_lo, s, vals[f + e]) for s, f in enumerate(first) for e in range(lengths[s])]
-    order.sort(key=lambda m: m[0])           # stable: sample order, then index order, inside a row
+    order.sort(key=lambda m: m[0])  # stable: sample order, then index order, inside a row
     for parts in (1, 2, 3, 7):
         start, sid, val = _row_sorted_runs(rows, vals, first, offsets, out_lo, nrows, parts)
         np.testing.assert_array_equal(np.diff(start), np.bincount([m[0] for m in order], minlength=nrows))

@@ -2,14 +2,13 @@
 
 import numpy as np
 import pytest
+from conftest import random_coo, sort_rows
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tensorflow_ooc.errors import DuplicateError, ShapeError
 from tensorflow_ooc.format import BitLayout, alto_words, encode_coo
 from tensorflow_ooc.format.linearize import chunk_minmax, coords_from_words
-
-from conftest import random_coo, sort_rows
 
 
 def reference_alto(coord, shape):
@@ -67,12 +66,15 @@ def test_round_trip_and_alto_order(t, max_block):
         assert (out_c[s:e] >= lo).all() and (out_c[s:e] < np.array(hi, dtype=object)).all()
 
 
-@pytest.mark.parametrize("shape", [
-    (2**31, 2**31, 2**30, 7),          # 95 bits
-    (2**40, 2**40, 2**40),             # 120 bits
-    (2**33, 2**33),                    # 66 bits
-    (3, 2**62, 5, 2**60),              # 126 bits, unequal
-])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2**31, 2**31, 2**30, 7),  # 95 bits
+        (2**40, 2**40, 2**40),  # 120 bits
+        (2**33, 2**33),  # 66 bits
+        (3, 2**62, 5, 2**60),  # 126 bits, unequal
+    ],
+)
 def test_shapes_beyond_64_bits(rng, shape):
     layout = BitLayout(shape)
     assert 65 <= layout.total_bits <= 127
@@ -111,7 +113,7 @@ def test_alto_range_spans_compact_interval(rng):
     coords, values = random_coo(rng, shape, 200_000)
     c, _ = encode_coo(coords, values, shape).to_coo()
     run = 2000
-    spans = np.array([c[s:s + run].max(axis=0) - c[s:s + run].min(axis=0) + 1 for s in range(0, len(c) - run, run)])
+    spans = np.array([c[s : s + run].max(axis=0) - c[s : s + run].min(axis=0) + 1 for s in range(0, len(c) - run, run)])
     # 2000 of 200k nonzeros (1 %) of a 512^3 box: a compact sub-box has volume ~ 1 % of the cells,
     # so about 512 * 0.01**(1/3) ~ 110 per mode; a mode-major sort would span all 512 in two modes.
     assert np.median(spans.prod(axis=1)) < 0.05 * 512**3
@@ -119,8 +121,9 @@ def test_alto_range_spans_compact_interval(rng):
     # the top bit spans 256 (half the mode), so the per-mode median is 128 or 256, never 512
     assert (np.median(spans, axis=0) <= 256).all()
     lex = sort_rows(coords, values)[0]
-    lex_spans = np.array([lex[s:s + run].max(axis=0) - lex[s:s + run].min(axis=0) + 1
-                          for s in range(0, len(lex) - run, run)])
+    lex_spans = np.array(
+        [lex[s : s + run].max(axis=0) - lex[s : s + run].min(axis=0) + 1 for s in range(0, len(lex) - run, run)]
+    )
     assert np.median(lex_spans[:, 1:], axis=0).min() > 500
 
 
@@ -128,11 +131,13 @@ def test_chunk_minmax_matches_decoded(rng):
     for shape in [(183, 24, 1140, 1717), (2**31, 2**31, 2**30, 7)]:
         layout = BitLayout(shape)
         coords, _ = random_coo(rng, shape, 50_000)
-        keys = np.sort(alto_words(coords, layout)[0]).reshape(1, -1) if layout.nwords == 1 else alto_words(coords, layout)
+        keys = (
+            np.sort(alto_words(coords, layout)[0]).reshape(1, -1) if layout.nwords == 1 else alto_words(coords, layout)
+        )
         dec = coords_from_words(keys, layout)
         mn, mx = chunk_minmax(keys, layout, 4096)
         for k in range(mn.shape[0]):
-            part = dec[k * 4096:(k + 1) * 4096]
+            part = dec[k * 4096 : (k + 1) * 4096]
             assert np.array_equal(mn[k], part.min(axis=0)) and np.array_equal(mx[k], part.max(axis=0))
 
 

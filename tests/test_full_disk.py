@@ -18,7 +18,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve()
@@ -27,14 +26,20 @@ REPO = HERE.parent.parent
 
 def _cli(args: list[str], cwd: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "tensorflow_ooc.cli", *args], capture_output=True, text=True,
-                          timeout=600, cwd=cwd, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "tensorflow_ooc.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+        env=env,
+    )
 
 
 def _collect(disk: Path, argv: list[str], opens: list[list[str]]) -> dict:
     """Run ``tfooc argv`` ("{disk}" replaced), then list what is left on the disk and try to open
     ``opens`` ([kind, path]: kind "store" or "result")."""
-    fill = lambda s: s.replace("{disk}", str(disk))      # noqa: E731
+    fill = lambda s: s.replace("{disk}", str(disk))  # noqa: E731
     r = _cli([fill(a) for a in argv])
     left = sorted(str(p.relative_to(disk)) for p in disk.rglob("*"))
     records = [json.loads(p.read_text()) for p in disk.rglob("record.json") if ".tfooc" in p.parts]
@@ -51,16 +56,22 @@ def _collect(disk: Path, argv: list[str], opens: list[list[str]]) -> dict:
 
                 load_result(path)
             opened[path] = "opened"
-        except Exception as exc:       # the refusal we want, or the path does not exist
+        except Exception as exc:  # the refusal we want, or the path does not exist
             opened[path] = f"{type(exc).__name__}: {exc}"
-    return {"disk": str(disk), "rc": r.returncode, "stdout": r.stdout, "stderr": r.stderr, "left": left,
-            "records": records,
-            "opened": opened, "free": shutil.disk_usage(disk).free}
+    return {
+        "disk": str(disk),
+        "rc": r.returncode,
+        "stdout": r.stdout,
+        "stderr": r.stderr,
+        "left": left,
+        "records": records,
+        "opened": opened,
+        "free": shutil.disk_usage(disk).free,
+    }
 
 
 def _mount(disk: Path, size: str) -> None:
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], check=True,
-                   capture_output=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], check=True, capture_output=True)
 
 
 def _can_mount_here(tmp: Path) -> bool:
@@ -79,8 +90,10 @@ def _can_mount_here(tmp: Path) -> bool:
 def _can_unshare() -> bool:
     if not shutil.which("unshare"):
         return False
-    r = subprocess.run(["unshare", "-rm", "sh", "-c", "d=$(mktemp -d) && mount -t tmpfs -o size=64k tmpfs $d "
-                        "&& umount $d; rmdir $d"], capture_output=True)
+    r = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", "d=$(mktemp -d) && mount -t tmpfs -o size=64k tmpfs $d && umount $d; rmdir $d"],
+        capture_output=True,
+    )
     return r.returncode == 0
 
 
@@ -104,8 +117,13 @@ def tiny_disk(tmp_path_factory):
             finally:
                 subprocess.run(["umount", str(disk)], check=False)
         spec = json.dumps({"disk": str(disk), "size": size, "argv": argv, "opens": list(opens)})
-        r = subprocess.run(["unshare", "-rm", sys.executable, str(HERE), spec], capture_output=True, text=True,
-                           timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})
+        r = subprocess.run(
+            ["unshare", "-rm", sys.executable, str(HERE), spec],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -145,10 +163,13 @@ def _refused(out: dict) -> None:
 
 
 def test_convert_in_memory_onto_a_full_disk(tiny_disk, inputs):
-    out = tiny_disk("200k", ["-q", "convert", inputs["tns"], "{disk}/out.zarr", "--chunk-nnz", "4096"],
-                    [["store", "{disk}/out.zarr"]])
+    out = tiny_disk(
+        "200k",
+        ["-q", "convert", inputs["tns"], "{disk}/out.zarr", "--chunk-nnz", "4096"],
+        [["store", "{disk}/out.zarr"]],
+    )
     line = _one_error_line(out, f"{out['disk']}/out.zarr")
-    assert out["left"] == [], out["left"]          # no staging store, no half chunk
+    assert out["left"] == [], out["left"]  # no staging store, no half chunk
     _refused(out)
     # the store's size is named, against the space free once the partial store is gone
     assert "MB" in line or "kB" in line
@@ -156,10 +177,13 @@ def test_convert_in_memory_onto_a_full_disk(tiny_disk, inputs):
 
 def test_convert_out_of_core_with_buckets_on_a_full_disk(tiny_disk, inputs):
     store = str(inputs["dir"] / "ooc.zarr")
-    out = tiny_disk("128k", ["-q", "convert", inputs["tns"], store, "--chunk-nnz", "4096", "--out-of-core",
-                             "--tmp-dir", "{disk}/tmp"], [["store", store]])
+    out = tiny_disk(
+        "128k",
+        ["-q", "convert", inputs["tns"], store, "--chunk-nnz", "4096", "--out-of-core", "--tmp-dir", "{disk}/tmp"],
+        [["store", store]],
+    )
     _one_error_line(out, f"{out['disk']}/tmp/.tfooc-buckets-")
-    assert [p for p in out["left"] if p != "tmp"] == [], out["left"]      # the bucket folder is gone
+    assert [p for p in out["left"] if p != "tmp"] == [], out["left"]  # the bucket folder is gone
     _refused(out)
     assert not os.path.exists(store)
 
@@ -167,11 +191,24 @@ def test_convert_out_of_core_with_buckets_on_a_full_disk(tiny_disk, inputs):
 def test_convert_out_of_core_store_onto_a_full_disk(tiny_disk, inputs, tmp_path):
     # out of core, buckets on a roomy disk, the store on the small one: the merge+write phase fills it
     buckets = tmp_path / "buckets"
-    out = tiny_disk("200k", ["-q", "convert", inputs["tns"], "{disk}/ooc.zarr", "--chunk-nnz", "4096",
-                             "--out-of-core", "--tmp-dir", str(buckets)], [["store", "{disk}/ooc.zarr"]])
+    out = tiny_disk(
+        "200k",
+        [
+            "-q",
+            "convert",
+            inputs["tns"],
+            "{disk}/ooc.zarr",
+            "--chunk-nnz",
+            "4096",
+            "--out-of-core",
+            "--tmp-dir",
+            str(buckets),
+        ],
+        [["store", "{disk}/ooc.zarr"]],
+    )
     _one_error_line(out, f"{out['disk']}/ooc.zarr")
     assert out["left"] == [], out["left"]
-    assert list(buckets.iterdir()) == []           # the bucket folder is removed too
+    assert list(buckets.iterdir()) == []  # the bucket folder is removed too
     _refused(out)
 
 
@@ -179,29 +216,62 @@ def test_convert_out_of_core_store_onto_a_full_disk(tiny_disk, inputs, tmp_path)
 def test_cpd_checkpoint_onto_a_full_disk(tiny_disk, inputs, tmp_path, scheduler):
     # embedded: the checkpoint is written by a Dask worker, which would log a failed task's traceback
     result = str(tmp_path / "cp.zarr")
-    out = tiny_disk("64k", ["-q", "cpd", inputs["store"], "--rank", "16", "--max-iters", "3", "--out", result,
-                            "--checkpoint", "{disk}/cp.checkpoint.npz", "--scheduler", scheduler],
-                    [["result", result]])
+    out = tiny_disk(
+        "64k",
+        [
+            "-q",
+            "cpd",
+            inputs["store"],
+            "--rank",
+            "16",
+            "--max-iters",
+            "3",
+            "--out",
+            result,
+            "--checkpoint",
+            "{disk}/cp.checkpoint.npz",
+            "--scheduler",
+            scheduler,
+        ],
+        [["result", result]],
+    )
     _one_error_line(out, f"{out['disk']}/cp.checkpoint.npz")
-    assert out["left"] == [], out["left"]          # no temporary checkpoint left on the full disk
+    assert out["left"] == [], out["left"]  # no temporary checkpoint left on the full disk
     _refused(out)
 
 
 def test_cpd_result_onto_a_full_disk(tiny_disk, inputs, tmp_path):
-    out = tiny_disk("48k", ["-q", "cpd", inputs["store"], "--rank", "16", "--max-iters", "2", "--out",
-                            "{disk}/cp.zarr", "--checkpoint", str(tmp_path / "cp.checkpoint.npz")],
-                    [["result", "{disk}/cp.zarr"]])
+    out = tiny_disk(
+        "48k",
+        [
+            "-q",
+            "cpd",
+            inputs["store"],
+            "--rank",
+            "16",
+            "--max-iters",
+            "2",
+            "--out",
+            "{disk}/cp.zarr",
+            "--checkpoint",
+            str(tmp_path / "cp.checkpoint.npz"),
+        ],
+        [["result", "{disk}/cp.zarr"]],
+    )
     _one_error_line(out, f"{out['disk']}/cp.zarr")
-    assert out["left"] == [], out["left"]          # no staging result store
+    assert out["left"] == [], out["left"]  # no staging result store
     _refused(out)
-    assert (tmp_path / "cp.checkpoint.npz").exists()     # the run can be resumed once there is space
+    assert (tmp_path / "cp.checkpoint.npz").exists()  # the run can be resumed once there is space
 
 
 def test_generate_tns_onto_a_full_disk(tiny_disk):
-    out = tiny_disk("200k", ["-q", "generate", "{disk}/g.tns", "--shape", "200,300,400", "--nnz", "40000"],
-                    [["store", "{disk}/g.tns"]])
+    out = tiny_disk(
+        "200k",
+        ["-q", "generate", "{disk}/g.tns", "--shape", "200,300,400", "--nnz", "40000"],
+        [["store", "{disk}/g.tns"]],
+    )
     _one_error_line(out, f"{out['disk']}/g.tns")
-    assert out["left"] == [], out["left"]          # no .partial text file
+    assert out["left"] == [], out["left"]  # no .partial text file
 
 
 def test_disk_full_error_crosses_processes_and_names_quota():
@@ -212,10 +282,12 @@ def test_disk_full_error_crosses_processes_and_names_quota():
     from tensorflow_ooc.errors import DiskFullError, TfoocError
 
     e = DiskFullError("/x/y.zarr/alto/c/3", 12_300_000, 20_000_000, 900_000)
-    assert str(e) == ("no space left on device writing /x/y.zarr/alto/c/3 (needs about 12.3 MB more, about "
-                      "20.0 MB in all, 900.0 kB free)")
+    assert str(e) == (
+        "no space left on device writing /x/y.zarr/alto/c/3 (needs about 12.3 MB more, about "
+        "20.0 MB in all, 900.0 kB free)"
+    )
     assert isinstance(e, TfoocError) and isinstance(e, OSError) and e.errno == errno.ENOSPC and is_disk_full(e)
-    back = pickle.loads(pickle.dumps(e))          # a checkpoint written on a Dask worker process
+    back = pickle.loads(pickle.dumps(e))  # a checkpoint written on a Dask worker process
     assert type(back) is DiskFullError and str(back) == str(e) and back.path == e.path
     q = disk_full_error(OSError(errno.EDQUOT, "Disk quota exceeded"), "/home/u/cp.npz", needed=2048)
     assert str(q).startswith("disk quota exceeded writing /home/u/cp.npz (needs about 2.0 kB")
@@ -253,7 +325,7 @@ def test_workflow_run_on_a_full_storage_root(tiny_disk, tmp_path):
     assert "no space left on device" in record["steps"]["generate"]["error"]
 
 
-if __name__ == "__main__":          # the scenario inside a user and mount namespace (unshare -rm)
+if __name__ == "__main__":  # the scenario inside a user and mount namespace (unshare -rm)
     job = json.loads(sys.argv[1])
     disk = Path(job["disk"])
     _mount(disk, job["size"])

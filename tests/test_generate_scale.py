@@ -53,12 +53,13 @@ def with_threads(n, fn):
 
 # --- building blocks ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("total_bits", [5, 35, 64, 65, 80, 130])
 def test_sort_keys_matches_lexsort(rng, total_bits):
     for n in (0, 1, 31, 1000, 200_000):
         keys = random_keys(rng, n, total_bits)
         if n > 10:
-            keys[:, n // 2:n // 2 + 5] = keys[:, :5]  # repeats
+            keys[:, n // 2 : n // 2 + 5] = keys[:, :5]  # repeats
         assert np.array_equal(sort_keys(keys.copy(), total_bits), lexsorted(keys))
 
 
@@ -83,15 +84,15 @@ def test_pdep_matches_portable(rng):
 def test_merge_runs_is_a_stable_merge(rng, nwords):
     n = 60_000
     keys = np.zeros((nwords, n), dtype=np.uint64)
-    keys[0] = rng.integers(0, 5000, n)            # many repeats across runs
+    keys[0] = rng.integers(0, 5000, n)  # many repeats across runs
     if nwords > 1:
         keys[1:] = rng.integers(0, 3, (nwords - 1, n))
     bounds = np.unique(np.concatenate([[0, n], rng.integers(0, n, int(rng.integers(2, 40)))]))
     for r in range(len(bounds) - 1):
         s, e = bounds[r], bounds[r + 1]
         keys[:, s:e] = lexsorted(keys[:, s:e])
-    values = np.arange(n, dtype=np.float64)   # the position: shows the order of equal keys
-    order = np.lexsort(keys)                   # stable: equal keys keep run order
+    values = np.arange(n, dtype=np.float64)  # the position: shows the order of equal keys
+    order = np.lexsort(keys)  # stable: equal keys keep run order
     for threads in (1, 2):
         k, v = with_threads(threads, lambda: merge_runs(keys, bounds, values))
         assert np.array_equal(k, keys[:, order]) and np.array_equal(v, values[order])
@@ -102,6 +103,7 @@ def test_merge_runs_is_a_stable_merge(rng, nwords):
 
 
 # --- the generator ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("shape", [AMAZON, (50, 40, 30), (183, 24, 1140, 1717), (2**40, 3, 2**40)])
 def test_generator_same_tensor_whatever_the_thread_count(rng, shape):
@@ -119,9 +121,9 @@ def test_generator_same_tensor_whatever_the_thread_count(rng, shape):
     layout = BitLayout(shape)
     coords = coords_from_words(k2, layout)
     assert coords.shape == (nnz, len(shape))
-    assert len(np.unique(coords, axis=0)) == nnz                       # distinct across batches
+    assert len(np.unique(coords, axis=0)) == nnz  # distinct across batches
     assert (coords >= 0).all() and (coords < np.array(shape)).all()
-    for k, _ in parts:                                                 # each batch a sorted run
+    for k, _ in parts:  # each batch a sorted run
         assert np.array_equal(k, lexsorted(k))
     assert np.array_equal(alto_words(coords, layout), k2)
     assert (v2 > 0).all() and (v2 <= 1).all()
@@ -141,6 +143,7 @@ def test_values_are_a_function_of_the_cell(rng):
 
 
 # --- conversion of sorted runs -------------------------------------------------------------------
+
 
 def _generated(shape, nnz, seed, batch_nnz=4000):
     g = synthetic.HeavyTailedGenerator(shape, nnz, seed=seed, batch_nnz=batch_nnz)
@@ -162,7 +165,7 @@ def test_runs_convert_like_coordinates(tmp_path, rng, out_of_core):
     rc, rv = ref.to_coo()
     assert np.array_equal(c, rc) and np.array_equal(v, rv)
     assert s.nnz == nnz and s.info()["blocks"] == ref.info()["blocks"]
-    assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]    # no temporaries left
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no temporaries left
 
 
 def test_runs_with_values_and_duplicates_across_runs(tmp_path):
@@ -175,15 +178,20 @@ def test_runs_with_values_and_duplicates_across_runs(tmp_path):
     for ooc in (False, True):
         with pytest.raises(DuplicateError, match=r"\(2, 3, 4\)"):
             tfo.convert(AltoRunSource(iter(runs), layout.shape, 5), tmp_path / f"e{ooc}.zarr", out_of_core=ooc)
-        s = tfo.convert(AltoRunSource(iter(runs), layout.shape, 5), tmp_path / f"s{ooc}.zarr", duplicates="sum",
-                        out_of_core=ooc, sort_nnz=1024)
+        s = tfo.convert(
+            AltoRunSource(iter(runs), layout.shape, 5),
+            tmp_path / f"s{ooc}.zarr",
+            duplicates="sum",
+            out_of_core=ooc,
+            sort_nnz=1024,
+        )
         c, v = s.to_coo()
         assert s.nnz == 4 and dict(zip(map(tuple, c.tolist()), v.tolist()))[(2, 3, 4)] == 18.0
 
 
 def test_bad_runs_are_refused(tmp_path):
     layout = BitLayout((10, 10, 10))
-    keys = alto_words(np.array([[1, 1, 1], [0, 0, 0]]), layout)   # descending
+    keys = alto_words(np.array([[1, 1, 1], [0, 0, 0]]), layout)  # descending
     with pytest.raises(IngestError, match="not ascending"):
         tfo.convert(AltoRunSource(iter([(keys, np.ones(2))]), layout.shape, 2), tmp_path / "a.zarr")
     with pytest.raises(IngestError, match="needs values_of"):
@@ -194,6 +202,7 @@ def test_bad_runs_are_refused(tmp_path):
 
 
 # --- temporary disk ----------------------------------------------------------------------------
+
 
 class DirPeak:
     """Polls the bytes of temporary entries (bucket folders, staging stores) under a folder."""
@@ -240,7 +249,10 @@ def test_generate_out_of_core_temp_disk_below_store(tmp_path, caplog):
     assert spilled < 1.5 * store.info()["bytes_per_nnz"]
     assert 0 < peak.peak <= 1.5 * paths.disk_bytes(out)
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]
-    print(f"spilled {spilled:.2f} B/nnz, peak {peak.peak / store.nnz:.2f} B/nnz, store {store.info()['bytes_per_nnz']:.2f}")
+    print(
+        f"spilled {spilled:.2f} B/nnz, peak {peak.peak / store.nnz:.2f} B/nnz, "
+        f"store {store.info()['bytes_per_nnz']:.2f}"
+    )
 
 
 def test_text_convert_out_of_core_temp_disk(tmp_path):
@@ -254,6 +266,7 @@ def test_text_convert_out_of_core_temp_disk(tmp_path):
 
 
 # --- more than 64 index bits ------------------------------------------------------------------
+
 
 def test_amazon_shape_store_needs_block_keys_and_mttkrp_matches_numpy(tmp_path, rng):
     """Amazon's shape needs 65 index bits: generate -> store (out of core) -> MTTKRP every mode,
@@ -269,8 +282,9 @@ def test_amazon_shape_store_needs_block_keys_and_mttkrp_matches_numpy(tmp_path, 
     o1, o2 = np.lexsort(coords.T), np.lexsort(ref_coords.T)
     assert np.array_equal(coords[o1], ref_coords[o2]) and np.array_equal(values[o1], ref_values[o2])
     # a bucketed copy of the same tensor agrees chunk for chunk
-    ooc = tfo.convert(store.to_coo(), tmp_path / "ooc.zarr", shape=AMAZON, out_of_core=True, sort_nnz=1024,
-                      chunk_nnz=512)
+    ooc = tfo.convert(
+        store.to_coo(), tmp_path / "ooc.zarr", shape=AMAZON, out_of_core=True, sort_nnz=1024, chunk_nnz=512
+    )
     assert ooc.info()["blocks"] >= 2
     rank = 3
     factors = [rng.random((L, rank)) for L in AMAZON]
@@ -288,13 +302,13 @@ def test_amazon_shape_store_needs_block_keys_and_mttkrp_matches_numpy(tmp_path, 
 
 # --- direct chunk writes --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("compression", ["fast", "small", "none"])
 @pytest.mark.parametrize("values", ["uniform", "count"])
 def test_direct_chunk_writes_are_the_bytes_zarr_writes(tmp_path, rng, compression, values, monkeypatch):
     from tensorflow_ooc.store import writer
 
-    coords, vals = synthetic.heavy_tailed((183, 24, 1140, 1717), 10_000, seed=int(rng.integers(1 << 30)),
-                                          values=values)
+    coords, vals = synthetic.heavy_tailed((183, 24, 1140, 1717), 10_000, seed=int(rng.integers(1 << 30)), values=values)
     a = tfo.convert((coords, vals), tmp_path / "direct.zarr", chunk_nnz=2048, compression=compression)
     monkeypatch.setattr(writer.DirectChunkWriter, "for_array", classmethod(lambda cls, arr: None))
     b = tfo.convert((coords, vals), tmp_path / "zarr.zarr", chunk_nnz=2048, compression=compression)
@@ -302,12 +316,14 @@ def test_direct_chunk_writes_are_the_bytes_zarr_writes(tmp_path, rng, compressio
         files = sorted(os.listdir(tmp_path / "zarr.zarr" / name / "c"))
         assert len(files) == 5 and files == sorted(os.listdir(tmp_path / "direct.zarr" / name / "c"))
         for f in files:
-            assert (tmp_path / "direct.zarr" / name / "c" / f).read_bytes() == \
-                (tmp_path / "zarr.zarr" / name / "c" / f).read_bytes()
+            assert (tmp_path / "direct.zarr" / name / "c" / f).read_bytes() == (
+                tmp_path / "zarr.zarr" / name / "c" / f
+            ).read_bytes()
     assert np.array_equal(zarr.open_group(a.path)["chunks/crc_alto"][:], zarr.open_group(b.path)["chunks/crc_alto"][:])
 
 
 # --- stale temporaries of killed runs ------------------------------------------------------------
+
 
 def dead_pid():
     p = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -339,8 +355,9 @@ def test_stale_bucket_folder_of_a_dead_run_is_removed_on_the_next_run(tmp_path, 
     # a live owner started before its folder: an active conversion, kept
     live = tmp_path / f".tfooc-buckets-{tempdirs.host_tag()}-{live_pid}-beef0001"
     live.mkdir()
-    (live / tempdirs.OWNER_FILE).write_text(json.dumps({"pid": live_pid, "host": tempdirs.host_tag(),
-                                                        "process_started": time.time() + 60}))
+    (live / tempdirs.OWNER_FILE).write_text(
+        json.dumps({"pid": live_pid, "host": tempdirs.host_tag(), "process_started": time.time() + 60})
+    )
     elsewhere = fake_bucket_dir(tmp_path, 4242, host="otherhost")
     assert main(["-q", "generate", str(tmp_path / "t.zarr"), "--shape", "30,40,50", "--nnz", "500"]) == 0
     assert not dead.exists()
@@ -402,9 +419,11 @@ def test_write_tns_partial_name_and_cleanup(tmp_path):
 def test_killed_generate_leaves_folder_that_next_run_removes(tmp_path):
     """A real run killed mid-way (SIGKILL) leaves its bucket folder; the next one removes it."""
     out = tmp_path / "g.zarr"
-    code = ("import sys; from tensorflow_ooc.cli import main; "
-            f"sys.exit(main(['-q', 'generate', {str(out)!r}, '--like', 'amazon', '--nnz', '2e7', "
-            "'--memory-limit', '700MB']))")
+    code = (
+        "import sys; from tensorflow_ooc.cli import main; "
+        f"sys.exit(main(['-q', 'generate', {str(out)!r}, '--like', 'amazon', '--nnz', '2e7', "
+        "'--memory-limit', '700MB']))"
+    )
     p = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "NUMBA_NUM_THREADS": "1"})
     try:
         deadline = time.time() + 120
@@ -429,13 +448,16 @@ def test_generated_store_is_the_same_with_one_or_two_threads(tmp_path):
     """End to end, in fresh processes: the chunks of an out-of-core generated store are
     byte-identical whatever NUMBA_NUM_THREADS is."""
     for threads in (1, 2):
-        code = ("import sys; from tensorflow_ooc.cli import main; "
-                f"sys.exit(main(['-q', 'generate', {str(tmp_path / f't{threads}.zarr')!r}, '--like', 'amazon', "
-                "'--nnz', '200000', '--seed', '11', '--out-of-core']))")
+        code = (
+            "import sys; from tensorflow_ooc.cli import main; "
+            f"sys.exit(main(['-q', 'generate', {str(tmp_path / f't{threads}.zarr')!r}, '--like', 'amazon', "
+            "'--nnz', '200000', '--seed', '11', '--out-of-core']))"
+        )
         subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "NUMBA_NUM_THREADS": str(threads)})
     for name in ("alto", "values"):
         files = sorted(os.listdir(tmp_path / "t1.zarr" / name / "c"))
         assert files and files == sorted(os.listdir(tmp_path / "t2.zarr" / name / "c"))
         for f in files:
-            assert (tmp_path / "t1.zarr" / name / "c" / f).read_bytes() == \
-                (tmp_path / "t2.zarr" / name / "c" / f).read_bytes()
+            assert (tmp_path / "t1.zarr" / name / "c" / f).read_bytes() == (
+                tmp_path / "t2.zarr" / name / "c" / f
+            ).read_bytes()

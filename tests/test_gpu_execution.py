@@ -4,13 +4,12 @@ Without a GPU the device code runs in numba's CUDA simulator (tiny inputs)."""
 
 import numpy as np
 import pytest
+from conftest import random_coo
+from test_mttkrp import dense_mttkrp, rel_err
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.execution import DeviceOptions, StreamSchedule
 from tensorflow_ooc.kernels.gpu.device import gpu_unavailable
-
-from conftest import random_coo
-from test_mttkrp import dense_mttkrp, rel_err
 
 needs_gpu = pytest.mark.skipif(bool(gpu_unavailable()), reason=f"GPU kernels cannot run: {gpu_unavailable()}")
 SMALL = dict(warps=1, coarsen=2, decode_threads=32, copies=2)
@@ -48,7 +47,7 @@ def _small_limit(store, rank, rows, chunks_per_stream, streams, copies):
 def test_streaming_with_more_batches_than_buffers_equals_resident(rng, tmp_path, nmodes):
     from tensorflow_ooc.execution import mttkrp_gpu
 
-    shape = tuple(int(s) for s in rng.integers(6, 30, nmodes))     # at least 216 cells: 150 nonzeros fit
+    shape = tuple(int(s) for s in rng.integers(6, 30, nmodes))  # at least 216 cells: 150 nonzeros fit
     coords, values = random_coo(rng, shape, 150)
     store = tfo.convert((coords, values), tmp_path / "s.zarr", shape=shape, chunk_nnz=32)
     t = tfo.encode_coo(coords, values, shape)
@@ -58,8 +57,7 @@ def test_streaming_with_more_batches_than_buffers_equals_resident(rng, tmp_path,
     for mode in range(nmodes):
         limit = _small_limit(store, R, shape[mode], 1, 2, SMALL["copies"])
         stats = {}
-        streamed = mttkrp_gpu(store, factors, mode, DeviceOptions(**SMALL, streams=2, device_memory_limit=limit),
-                              stats)
+        streamed = mttkrp_gpu(store, factors, mode, DeviceOptions(**SMALL, streams=2, device_memory_limit=limit), stats)
         assert stats["batches"] == 5 and stats["streams"] == 2 and stats["batches"] > stats["streams"]
         resident = mttkrp_gpu(t, factors, mode, DeviceOptions(**SMALL))
         assert rel_err(streamed, resident) < 1e-12
@@ -85,8 +83,16 @@ def test_cp_als_on_gpu_matches_cpu(rng, tmp_path):
     store = tfo.convert((coords, values), tmp_path / "cp.zarr", shape=shape, chunk_nnz=64)
     init = [rng.random((s, 3)) for s in shape]
     cpu = tfo.cp_als(store, 3, init=init, max_iters=5, tol=0, device="cpu")
-    gpu = tfo.cp_als(store, 3, init=init, max_iters=5, tol=0, device="gpu", execution="in-memory",
-                     device_options=DeviceOptions(**SMALL))
+    gpu = tfo.cp_als(
+        store,
+        3,
+        init=init,
+        max_iters=5,
+        tol=0,
+        device="gpu",
+        execution="in-memory",
+        device_options=DeviceOptions(**SMALL),
+    )
     assert gpu.params["device"] == "gpu" and cpu.params["device"] == "cpu"
     assert gpu.iterations == cpu.iterations == 5
     assert abs(gpu.fit - cpu.fit) < 1e-10
@@ -124,7 +130,7 @@ def test_update_on_the_array_api_path_equals_the_numpy_fast_path(rng, monkeypatc
 
     shape, R = (7, 9, 5), 4
     state = U.CPState.of(StackedFactors.from_list([rng.random((s, R)) for s in shape]))
-    if deficient:   # a zero column: V has a zero pivot, every Cholesky fails, the pseudo-inverse is used
+    if deficient:  # a zero column: V has a zero pivot, every Cholesky fails, the pseudo-inverse is used
         for v in state.views:
             v[:, 1] = 0
         state.grams = [v.T @ v for v in state.views]

@@ -6,12 +6,11 @@ runs one Python thread per CUDA thread: inputs are tiny and thread blocks are on
 
 import numpy as np
 import pytest
+from conftest import random_coo
+from test_mttkrp import dense_mttkrp, rel_err
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.kernels.gpu.device import cuda, gpu_unavailable
-
-from conftest import random_coo
-from test_mttkrp import dense_mttkrp, rel_err
 
 pytestmark = pytest.mark.skipif(bool(gpu_unavailable()), reason=f"GPU kernels cannot run: {gpu_unavailable()}")
 
@@ -32,9 +31,20 @@ def mttkrp_gpu(*args, **kw):
 
 
 # orders 3-5 x ranks 1, 8, 16, 33, each with one dtype (pairwise cover of float32/float64)
-CASES = [(3, 1, "float64"), (3, 8, "float32"), (3, 16, "float64"), (3, 33, "float32"),
-         (4, 1, "float32"), (4, 8, "float64"), (4, 16, "float32"), (4, 33, "float64"),
-         (5, 1, "float64"), (5, 8, "float32"), (5, 16, "float64"), (5, 33, "float32")]
+CASES = [
+    (3, 1, "float64"),
+    (3, 8, "float32"),
+    (3, 16, "float64"),
+    (3, 33, "float32"),
+    (4, 1, "float32"),
+    (4, 8, "float64"),
+    (4, 16, "float32"),
+    (4, 33, "float64"),
+    (5, 1, "float64"),
+    (5, 8, "float32"),
+    (5, 16, "float64"),
+    (5, 33, "float32"),
+]
 
 
 @pytest.mark.parametrize("nmodes,rank,dtype", CASES)
@@ -77,7 +87,7 @@ def test_heuristic_short_and_long_target_modes(rng, monkeypatch):
 
 
 def test_blocks_beyond_64_bits_in_memory_and_streamed(rng, tmp_path):
-    shape = (1 << 22, 1 << 21, 1 << 22)              # 65 index bits: block keys
+    shape = (1 << 22, 1 << 21, 1 << 22)  # 65 index bits: block keys
     assert tfo.BitLayout(shape).key_bits_total > 0
     coords, values = random_coo(rng, shape, 50)
     t = tfo.encode_coo(coords, values, shape, max_block_nnz=16)

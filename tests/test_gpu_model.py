@@ -7,8 +7,8 @@ import pytest
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.kernels.mttkrp import gpu_model as gm
-from tensorflow_ooc.kernels.mttkrp.gpu_plan import device_tiles
 from tensorflow_ooc.kernels.mttkrp.dispatch import tensor_items
+from tensorflow_ooc.kernels.mttkrp.gpu_plan import device_tiles
 
 SHAPE = (4, 5, 6)
 
@@ -16,25 +16,27 @@ SHAPE = (4, 5, 6)
 def small(**kw):
     args = dict(shape=SHAPE, nnz=10, rank=4, mode=0, segments=3, bandwidth_GBps=1.0, link_GBps=1.0, tiles=1, items=1)
     args.update(kw)
-    return gm.predict(args.pop("shape"), args.pop("nnz"), args.pop("rank"), args.pop("mode"), args.pop("segments"),
-                      **args)
+    return gm.predict(
+        args.pop("shape"), args.pop("nnz"), args.pop("rank"), args.pop("mode"), args.pop("segments"), **args
+    )
 
 
 # --- hand-computed cases ---------------------------------------------------------------------------
+
 
 def test_resident_register_by_hand():
     p = small()
     # 10 nonzeros x (8 B index + 8 B value); rows of 4 x 8 B = 32 B, one sector
     assert p["bytes"]["nonzeros"] == 160
-    assert p["bytes"]["factors_worst"] == 10 * 2 * 32          # two other modes per nonzero
-    assert p["bytes"]["factors_best"] == (5 + 6) * 32          # each row of modes 1 and 2 once
-    assert p["bytes"]["output"] == 3 * 4 * 8                    # three flushes of R atomics
+    assert p["bytes"]["factors_worst"] == 10 * 2 * 32  # two other modes per nonzero
+    assert p["bytes"]["factors_best"] == (5 + 6) * 32  # each row of modes 1 and 2 once
+    assert p["bytes"]["output"] == 3 * 4 * 8  # three flushes of R atomics
     assert p["bytes"]["merge"] == p["bytes"]["decode"] == p["bytes"]["h2d_write"] == 0
-    assert p["device_bytes"] == p["device_bytes_worst"] == 160 + 640 + 96   # cache_hit defaults to 0
+    assert p["device_bytes"] == p["device_bytes_worst"] == 160 + 640 + 96  # cache_hit defaults to 0
     assert p["device_bytes_best"] == 160 + 352 + 96
     assert p["global_atomics"] == 12 and p["shared_atomics"] == 0
     assert p["link_bytes"] == 0
-    assert p["setup_link_bytes"] == 4 * 32 * 2                  # zeroed output up, result down
+    assert p["setup_link_bytes"] == 4 * 32 * 2  # zeroed output up, result down
     assert p["predicted_s"] == pytest.approx(896e-9)
     assert p["predicted_best_s"] == pytest.approx(608e-9)
     assert p["predicted_call_s"] == pytest.approx(896e-9 + 256e-9)
@@ -56,7 +58,7 @@ def test_resident_hierarchical_by_hand():
     assert p["bytes"]["merge"] == (2 + 2) * 4 * 32
     assert p["device_bytes"] == 160 + 640 + 64 + 512
     assert p["global_atomics"] == 8 and p["shared_atomics"] == 8
-    assert p["setup_link_bytes"] == 4 * 32 * (2 + 2)            # output + 2 copies up, result down
+    assert p["setup_link_bytes"] == 4 * 32 * (2 + 2)  # output + 2 copies up, result down
     assert p["copies"] == 2 and p["stash_rows"] == 2
 
 
@@ -64,7 +66,7 @@ def test_hierarchical_defaults():
     # stash bigger than the mode: every segment lands in shared memory
     p = small(conflict="hierarchical", copies=1, stash_rows=64)
     assert p["shared_atomics"] == 3 * 4
-    assert p["bytes"]["output"] == min(3, 1 * 4) * 32               # block_rows upper bound = stash segments
+    assert p["bytes"]["output"] == min(3, 1 * 4) * 32  # block_rows upper bound = stash segments
     # default stash from the kernel configuration
     assert small(conflict="hierarchical")["stash_rows"] == gm.stash_rows_for(3, 4, 8)
 
@@ -80,7 +82,7 @@ def test_streamed_register_by_hand():
 
 
 def test_sector_rounding_and_float32():
-    assert small(rank=3)["bytes"]["factors_worst"] == 10 * 2 * 32             # 24 B rows read as 32
+    assert small(rank=3)["bytes"]["factors_worst"] == 10 * 2 * 32  # 24 B rows read as 32
     assert small(rank=3, sector=1)["bytes"]["factors_worst"] == 10 * 2 * 24
     p = small(itemsize=4, rank=8)
     assert p["bytes"]["nonzeros"] == 10 * 12
@@ -96,6 +98,7 @@ def test_link_bound():
 
 # --- monotonicity and ordering ---------------------------------------------------------------------
 
+
 def random_case(rng):
     shape = tuple(int(x) for x in rng.integers(2, 5000, rng.integers(3, 6)))
     nnz = int(rng.integers(1, 10**7))
@@ -109,8 +112,13 @@ def test_streamed_never_beats_resident(rng, conflict):
     for _ in range(50):
         shape, nnz, mode, seg = random_case(rng)
         R = int(rng.choice([1, 8, 16, 32, 64, 100]))
-        kw = dict(conflict=conflict, cache_hit=float(rng.random()), itemsize=int(rng.choice([4, 8])),
-                  bandwidth_GBps=float(rng.uniform(100, 5000)), link_GBps=float(rng.uniform(5, 100)))
+        kw = dict(
+            conflict=conflict,
+            cache_hit=float(rng.random()),
+            itemsize=int(rng.choice([4, 8])),
+            bandwidth_GBps=float(rng.uniform(100, 5000)),
+            link_GBps=float(rng.uniform(5, 100)),
+        )
         r = gm.predict(shape, nnz, R, mode, seg, **kw)
         s = gm.predict(shape, nnz, R, mode, seg, streamed=True, **kw)
         assert s["device_bytes"] > r["device_bytes"]
@@ -128,14 +136,14 @@ def test_monotone(variant):
     def t(nnz=10**6, rank=32, seg=2 * 10**5, **kw):
         return gm.predict((183, 24, 1140, 1717), nnz, rank, 2, seg, **{**base, **kw})["predicted_s"]
 
-    assert t(nnz=2 * 10**6, seg=4 * 10**5) > t()                 # more nonzeros
-    assert t(rank=64) > t() > t(rank=16)                          # wider rows
+    assert t(nnz=2 * 10**6, seg=4 * 10**5) > t()  # more nonzeros
+    assert t(rank=64) > t() > t(rank=16)  # wider rows
     assert t(cache_hit=0.0) > t(cache_hit=0.5) > t(cache_hit=1.0)  # more reuse
     assert t(bandwidth_GBps=1000) > t(bandwidth_GBps=3000)
     if conflict == "register":
-        assert t(seg=4 * 10**5) > t()                             # more flushes
+        assert t(seg=4 * 10**5) > t()  # more flushes
     assert t(itemsize=8) > t(itemsize=4)
-    if streamed:                                                  # link-bound: never faster with a slower link
+    if streamed:  # link-bound: never faster with a slower link
         assert t(link_GBps=10) > t(link_GBps=100) >= t()
 
 
@@ -151,13 +159,24 @@ def test_hierarchical_cheaper_for_short_modes():
 def test_predict_all():
     out = gm.predict_all((183, 24, 1140, 1717), 10**6, 32, 1, 10**5)
     assert set(gm.VARIANTS) <= set(out)
-    assert out["auto"] == "hierarchical"                           # 24 rows < 132 SMs
+    assert out["auto"] == "hierarchical"  # 24 rows < 132 SMs
     assert gm.predict_all((183, 24, 1140, 1717), 10**6, 32, 2, 10**5)["auto"] == "register"
     assert 0 < out["streamed_over_resident_best"] <= 1 and 0 < out["streamed_over_resident_worst"] <= 1
 
 
-@pytest.mark.parametrize("bad", [dict(mode=3), dict(rank=0), dict(cache_hit=1.5), dict(conflict="x"),
-                                 dict(segments=11), dict(segments=0), dict(itemsize=2), dict(bandwidth_GBps=0)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(mode=3),
+        dict(rank=0),
+        dict(cache_hit=1.5),
+        dict(conflict="x"),
+        dict(segments=11),
+        dict(segments=0),
+        dict(itemsize=2),
+        dict(bandwidth_GBps=0),
+    ],
+)
 def test_rejects_bad_arguments(bad):
     with pytest.raises(ValueError):
         small(**bad)
@@ -173,6 +192,7 @@ def test_stash_rows_match_kernel_config():
 
 # --- segment counts --------------------------------------------------------------------------------
 
+
 def walk_reference(keys, ts, te, coarsen, stash_rows, lanes=32, tile_lo=None):
     """The kernel's walk, written out: per warp, per 32-nonzero sub-tile, rows reordered in
     first-lane order; lane group g walks reordered slots g*lanes .. (g+1)*lanes - 1 with its own
@@ -187,7 +207,7 @@ def walk_reference(keys, ts, te, coarsen, stash_rows, lanes=32, tile_lo=None):
                 first = start + (w * coarsen + c) * 32
                 if first >= end:
                     break
-                sub = keys[first:min(first + 32, end)].tolist()
+                sub = keys[first : min(first + 32, end)].tolist()
                 slots = [r for g in dict.fromkeys(sub) for r in sub if r == g]
                 for i, row in enumerate(slots):
                     g = i // lanes
@@ -216,8 +236,8 @@ def test_kernel_segments_by_hand():
 def test_kernel_segments_match_walk(rng, coarsen, lanes):
     for _ in range(5):
         n = int(rng.integers(1, 3000))
-        keys = np.sort(rng.integers(0, int(rng.integers(1, 50)), n))           # long runs
-        keys = np.where(rng.random(n) < 0.2, rng.integers(0, 50, n), keys)   # broken here and there
+        keys = np.sort(rng.integers(0, int(rng.integers(1, 50)), n))  # long runs
+        keys = np.where(rng.random(n) < 0.2, rng.integers(0, 50, n), keys)  # broken here and there
         cuts = np.unique(np.concatenate([[0, n], rng.integers(0, n, 5)]))
         tile = 32 * 2 * coarsen
         ts, te = [], []
@@ -229,8 +249,7 @@ def test_kernel_segments_match_walk(rng, coarsen, lanes):
         lo = np.array([keys[a:b].min() for a, b in zip(ts, te)])
         got = gm.kernel_segments(keys, ts, te, coarsen=coarsen, stash_rows=10, tile_lo=lo, lanes=lanes)
         assert (got["segments"], got["stash_segments"]) == walk_reference(keys, ts, te, coarsen, 10, lanes, lo)
-        assert got["block_rows"] == sum(len(set(keys[a:b][keys[a:b] - w < 10].tolist()))
-                                        for a, b, w in zip(ts, te, lo))
+        assert got["block_rows"] == sum(len(set(keys[a:b][keys[a:b] - w < 10].tolist())) for a, b, w in zip(ts, te, lo))
 
 
 def test_item_keys_and_changes_on_a_tensor(rng):

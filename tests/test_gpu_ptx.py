@@ -22,8 +22,13 @@ def rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("ptx") / "ptx.json"
     # a separate process: this one may run the CUDA simulator, which cannot compile PTX
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
-    res = subprocess.run([sys.executable, "-m", "tensorflow_ooc.kernels.ptx_report", "--json", str(out)],
-                         capture_output=True, text=True, env=env, timeout=900)
+    res = subprocess.run(
+        [sys.executable, "-m", "tensorflow_ooc.kernels.ptx_report", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
     return json.loads(out.read_text())
 
@@ -44,7 +49,7 @@ def test_hardware_path_uses_warp_intrinsics_and_atomics(rows):
         assert {"atom", "red"} & set(r["intrinsics"]), r
         if r["variant"].endswith("intrinsics"):
             assert {"shfl", "match"} <= set(r["intrinsics"]), r
-        else:   # the shared-memory form (the simulator's) has no warp intrinsics
+        else:  # the shared-memory form (the simulator's) has no warp intrinsics
             assert not {"shfl", "match", "vote"} & set(r["intrinsics"]), r
     orders = {int(r["variant"].split()[1][2:]) for r in mttkrp}
     assert orders == set(range(3, 9))
@@ -54,9 +59,9 @@ def test_ttm_kernels_are_registered(rows):
     ttm = {r["variant"]: r for r in rows if r["variant"].startswith("ttm")}
     assert {v.rsplit(" ", 1)[0] for v in ttm} == {"ttm fiber", "ttm coo"}
     for name, r in ttm.items():
-        if name.startswith("ttm coo"):     # one atomic add per (nonzero, column)
+        if name.startswith("ttm coo"):  # one atomic add per (nonzero, column)
             assert {"atom", "red"} & set(r["intrinsics"]), r
-        else:                              # a fiber's sums stay in registers: no atomics
+        else:  # a fiber's sums stay in registers: no atomics
             assert not {"atom", "red", "shfl", "match"} & set(r["intrinsics"]), r
 
 

@@ -5,13 +5,18 @@ import os
 
 import numpy as np
 import pytest
+from conftest import random_coo, sort_rows
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc import synthetic
-from tensorflow_ooc.errors import (DuplicateError, EmptyTensorError, IndexRangeError, NonFiniteValueError,
-                                   ParseError, ShapeError)
-
-from conftest import random_coo, sort_rows
+from tensorflow_ooc.errors import (
+    DuplicateError,
+    EmptyTensorError,
+    IndexRangeError,
+    NonFiniteValueError,
+    ParseError,
+    ShapeError,
+)
 
 
 def write_lines(path, lines, gz=False):
@@ -42,7 +47,7 @@ def test_tns_round_trip_exact_values(tmp_path, rng, gz, nmodes):
     shape = tuple(int(s) for s in rng.integers(2, 60, nmodes))
     coords, values = random_coo(rng, shape, 3000)
     values = values * 10.0 ** rng.integers(-30, 30, len(values))  # exercise the slow float path too
-    values[::7] = np.round(values[::7], 3)                          # and the fast one
+    values[::7] = np.round(values[::7], 3)  # and the fast one
     lines = ["# a FROSTT-style header", ""] + tns_text(coords, values)
     path = write_lines(tmp_path / ("t.tns.gz" if gz else "t.tns"), lines, gz)
     s = tfo.convert(path, tmp_path / "t.zarr", shape=shape)
@@ -51,14 +56,21 @@ def test_tns_round_trip_exact_values(tmp_path, rng, gz, nmodes):
 
 
 def test_tns_formatting_variants(tmp_path):
-    lines = ["# comment", "   ", "1\t2   3 1.5", "  2 1 1 -2e-3  # trailing comment", "3 3 3 +4.", "1 1 2 .5\r",
-             "2 2 2 1E2", "3 1 2 -0.0"]
+    lines = [
+        "# comment",
+        "   ",
+        "1\t2   3 1.5",
+        "  2 1 1 -2e-3  # trailing comment",
+        "3 3 3 +4.",
+        "1 1 2 .5\r",
+        "2 2 2 1E2",
+        "3 1 2 -0.0",
+    ]
     path = write_lines(tmp_path / "t.tns", lines)
     s = tfo.convert(path, tmp_path / "t.zarr")
     assert s.shape == (3, 3, 3)
     got = dict(zip(map(tuple, s.to_coo()[0].tolist()), s.to_coo()[1].tolist()))
-    assert got == {(0, 1, 2): 1.5, (1, 0, 0): -2e-3, (2, 2, 2): 4.0, (0, 0, 1): 0.5, (1, 1, 1): 100.0,
-                   (2, 0, 1): -0.0}
+    assert got == {(0, 1, 2): 1.5, (1, 0, 0): -2e-3, (2, 2, 2): 4.0, (0, 0, 1): 0.5, (1, 1, 1): 100.0, (2, 0, 1): -0.0}
 
 
 def test_zero_based_and_shape_inference(tmp_path, rng):
@@ -73,6 +85,7 @@ def test_parallel_pieces_match_serial(tmp_path, rng):
     coords, values = random_coo(rng, (300, 200, 100, 50), 20_000)
     path = write_lines(tmp_path / "p.tns", tns_text(coords, values))
     from tensorflow_ooc.ingest import TextSource
+
     src = TextSource(path, piece_bytes=4096, workers=2)
     pieces = list(src.pieces(None))
     assert len(pieces) > 50
@@ -82,6 +95,7 @@ def test_parallel_pieces_match_serial(tmp_path, rng):
 
 
 # --- every in-memory source ----------------------------------------------------------------------
+
 
 def test_sources_sparse_scipy_pyttb(tmp_path, rng):
     import pyttb
@@ -103,15 +117,18 @@ def test_sources_sparse_scipy_pyttb(tmp_path, rng):
     assert_store_equals(s, np.stack([coo.row, coo.col], 1).astype(np.int64), coo.data)
 
 
-@pytest.mark.parametrize("bad, error, match", [
-    ((np.array([[0, -1, 2]]), np.array([1.0])), IndexRangeError, r"coords\[0, 1\] = -1 is negative"),
-    ((np.array([[0, 1, 2], [0, 1, 9]]), np.array([1.0, 2.0])), IndexRangeError, r"coords\[1, 2\] = 9 is beyond"),
-    ((np.array([[0, 1, 2]]), np.array([np.nan])), NonFiniteValueError, r"values\[0\]"),
-    ((np.array([[0, 1, 2]]), np.array([1.0, 2.0])), ShapeError, "one entry per row"),
-    ((np.array([0, 1, 2]), np.array([1.0])), ShapeError, "2-D"),
-    ((np.zeros((0, 3), np.int64), np.zeros(0)), EmptyTensorError, "no nonzeros"),
-    ((np.array([[0.5, 1, 2]]), np.array([1.0])), ShapeError, "integers"),
-])
+@pytest.mark.parametrize(
+    "bad, error, match",
+    [
+        ((np.array([[0, -1, 2]]), np.array([1.0])), IndexRangeError, r"coords\[0, 1\] = -1 is negative"),
+        ((np.array([[0, 1, 2], [0, 1, 9]]), np.array([1.0, 2.0])), IndexRangeError, r"coords\[1, 2\] = 9 is beyond"),
+        ((np.array([[0, 1, 2]]), np.array([np.nan])), NonFiniteValueError, r"values\[0\]"),
+        ((np.array([[0, 1, 2]]), np.array([1.0, 2.0])), ShapeError, "one entry per row"),
+        ((np.array([0, 1, 2]), np.array([1.0])), ShapeError, "2-D"),
+        ((np.zeros((0, 3), np.int64), np.zeros(0)), EmptyTensorError, "no nonzeros"),
+        ((np.array([[0.5, 1, 2]]), np.array([1.0])), ShapeError, "integers"),
+    ],
+)
 def test_bad_arrays(tmp_path, bad, error, match):
     with pytest.raises(error, match=match):
         tfo.convert(bad, tmp_path / "x.zarr", shape=(3, 3, 3))
@@ -119,6 +136,7 @@ def test_bad_arrays(tmp_path, bad, error, match):
 
 
 # --- bad text input: one test each, each names file and line, none leaves a store -------------------
+
 
 def _bad(tmp_path, lines, error, match, gz=False, **kw):
     path = write_lines(tmp_path / ("bad.tns.gz" if gz else "bad.tns"), lines, gz)
@@ -129,7 +147,9 @@ def _bad(tmp_path, lines, error, match, gz=False, **kw):
 
 
 def test_wrong_column_count(tmp_path):
-    e = _bad(tmp_path, ["1 1 1 1.0", "# c", "2 2 2 2.0", "3 3 3.0"], ParseError, r"bad\.tns, line 4: expected 4 columns")
+    e = _bad(
+        tmp_path, ["1 1 1 1.0", "# c", "2 2 2 2.0", "3 3 3.0"], ParseError, r"bad\.tns, line 4: expected 4 columns"
+    )
     assert e.line == 4 and e.path.endswith("bad.tns")
     _bad(tmp_path, ["1 1 1 1.0", "2 2 2 2 2.0"], ParseError, r"line 2: expected 4 columns .* found 5")
     _bad(tmp_path, ["1 1 1 1.0", "2 2 2"], ParseError, r"line 2: expected 4 columns .* found 3")
@@ -152,8 +172,12 @@ def test_negative_index(tmp_path):
 
 @pytest.mark.parametrize("token", ["nan", "NaN", "inf", "-Infinity", "1e999"])
 def test_nan_inf(tmp_path, token):
-    _bad(tmp_path, ["1 1 1 1.0", "2 2 2 3.0", f"1 2 1 {token}"], NonFiniteValueError,
-         rf"line 3: column 4: value '{token}' is not finite")
+    _bad(
+        tmp_path,
+        ["1 1 1 1.0", "2 2 2 3.0", f"1 2 1 {token}"],
+        NonFiniteValueError,
+        rf"line 3: column 4: value '{token}' is not finite",
+    )
 
 
 def test_empty_file(tmp_path):
@@ -162,8 +186,13 @@ def test_empty_file(tmp_path):
 
 
 def test_index_beyond_given_shape(tmp_path):
-    _bad(tmp_path, ["1 1 1 1.0", "4 1 1 2.0"], IndexRangeError, r"line 2: column 1: index 4 is beyond the given shape",
-         shape=(3, 3, 3))
+    _bad(
+        tmp_path,
+        ["1 1 1 1.0", "4 1 1 2.0"],
+        IndexRangeError,
+        r"line 2: column 1: index 4 is beyond the given shape",
+        shape=(3, 3, 3),
+    )
     _bad(tmp_path, ["1 1 1 1.0"], ShapeError, "4 modes but the file's lines have 3", shape=(3, 3, 3, 3))
 
 
@@ -186,6 +215,7 @@ def test_error_line_numbers_across_pieces(tmp_path, rng):
     lines[15_321] = "1 2 three 4.0"
     path = write_lines(tmp_path / "big.tns", lines)
     from tensorflow_ooc.ingest import TextSource
+
     with pytest.raises(ParseError, match=r"line 15322: column 3: token 'three'"):
         list(TextSource(path, piece_bytes=8192).batches(None))
 
@@ -202,6 +232,7 @@ def test_duplicates_in_text(tmp_path):
 
 # --- out of core -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("shape", [(183, 24, 1140, 1717), (2**31, 2**31, 2**30, 7), (5, 3000, 7)])
 def test_out_of_core_matches_in_memory(tmp_path, rng, shape):
     coords, _ = synthetic.heavy_tailed(shape, 30_000, skew=2.5, seed=int(rng.integers(1 << 30)))
@@ -210,8 +241,9 @@ def test_out_of_core_matches_in_memory(tmp_path, rng, shape):
     path.write_bytes(synthetic.format_tns(coords, values))
     ref = tfo.convert(path, tmp_path / "mem.zarr", shape=shape, chunk_nnz=1000, max_block_nnz=3000)
     # tiny sort capacity: many buckets, skewed ones split again on lower bits
-    ooc = tfo.convert(path, tmp_path / "ooc.zarr", shape=shape, chunk_nnz=1000, max_block_nnz=3000,
-                      out_of_core=True, sort_nnz=700)
+    ooc = tfo.convert(
+        path, tmp_path / "ooc.zarr", shape=shape, chunk_nnz=1000, max_block_nnz=3000, out_of_core=True, sort_nnz=700
+    )
     a, b = ref.to_coo(), ooc.to_coo()
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])  # identical, in ALTO order
     assert np.array_equal(ref.blocks.start, ooc.blocks.start) and np.array_equal(ref.blocks.base, ooc.blocks.base)

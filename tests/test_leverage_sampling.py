@@ -162,8 +162,9 @@ def test_marginal_mode_saves_the_most_walk_work():
     assert marginal_mode([5_000_000, 900], [1 << 15, 4], 4096) == 1
 
 
-@pytest.mark.parametrize("shape,rank", [((5, 6, 4), 3), ((1, 4, 7), 5), ((3, 1, 9, 2), 4), ((2,) * 8, 3),
-                                        ((40, 3, 30), 1)])
+@pytest.mark.parametrize(
+    "shape,rank", [((5, 6, 4), 3), ((1, 4, 7), 5), ((3, 1, 9, 2), 4), ((2,) * 8, 3), ((40, 3, 30), 1)]
+)
 def test_sts_probabilities_weights_rows(rng, shape, rank):
     factors = [rng.standard_normal((s, rank)) for s in shape]
     trees = [build_tree(f, leaf_rows=int(rng.integers(1, 5))) for f in factors]
@@ -217,7 +218,7 @@ def test_build_tree_node_grams(rng, rank):
                 d = (v + 1).bit_length() - 1
                 span = 1 << (depth - d)
                 first_leaf = (v - (2**d - 1)) * span
-                rows = U[min(first_leaf * F, nrows):min((first_leaf + span) * F, nrows)]
+                rows = U[min(first_leaf * F, nrows) : min((first_leaf + span) * F, nrows)]
                 np.testing.assert_allclose(t.node_gram(v), rows.T @ rows, rtol=1e-12, atol=1e-12)
             np.testing.assert_allclose(t.gram, U.T @ U, rtol=1e-12, atol=1e-12)
 
@@ -232,10 +233,14 @@ def test_reproducible_for_any_thread_count(rng):
         for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
             numba.set_num_threads(threads)
             trees = [build_tree(f) for f in factors]
-            runs.append([sts_sample(factors, trees, 1, 5000, seed),
-                         sts_sample(factors, None, 1, 5000, np.random.SeedSequence(seed)),
-                         arls_lev_sample(factors, 0, 5000, seed, hybrid=True),
-                         arls_lev_sample(factors, 2, 5000, np.random.default_rng(seed))])
+            runs.append(
+                [
+                    sts_sample(factors, trees, 1, 5000, seed),
+                    sts_sample(factors, None, 1, 5000, np.random.SeedSequence(seed)),
+                    arls_lev_sample(factors, 0, 5000, seed, hybrid=True),
+                    arls_lev_sample(factors, 2, 5000, np.random.default_rng(seed)),
+                ]
+            )
     finally:
         numba.set_num_threads(saved)
     for a, b in zip(*runs):
@@ -273,8 +278,10 @@ def product_probs(factors, mode):
     return A, probs
 
 
-@pytest.mark.parametrize("shape,rank,J", [((5, 6, 4), 3, 50), ((9, 4, 3, 6), 2, 200), ((3, 40, 50), 4, 3000),
-                                          ((6, 2, 3), 2, 4096), ((5, 40), 3, 20)])
+@pytest.mark.parametrize(
+    "shape,rank,J",
+    [((5, 6, 4), 3, 50), ((9, 4, 3, 6), 2, 200), ((3, 40, 50), 4, 3000), ((6, 2, 3), 2, 4096), ((5, 40), 3, 20)],
+)
 def test_arls_lev_hybrid_deterministic_rows(rng, shape, rank, J):
     factors = [rng.standard_normal((s, rank)) for s in shape]
     for mode in range(len(shape)):
@@ -374,8 +381,13 @@ def test_sts_tree_mismatch_and_sample_set_gram(rng):
     factors = [rng.standard_normal((s, 3)) for s in (4, 5, 6)]
     with pytest.raises(ValueError, match="tree of mode 2"):
         sts_sample(factors, [None, build_tree(factors[1]), build_tree(factors[1])], 0, 10, 0)
-    s = SampleSet(mode=0, coords=np.zeros((2, 3), dtype=np.int64), weights=np.array([1.0, 2.0]),
-                  rows=np.array([[1.0, 0.0, 2.0], [0.0, 1.0, 1.0]]), draws=3)
+    s = SampleSet(
+        mode=0,
+        coords=np.zeros((2, 3), dtype=np.int64),
+        weights=np.array([1.0, 2.0]),
+        rows=np.array([[1.0, 0.0, 2.0], [0.0, 1.0, 1.0]]),
+        draws=3,
+    )
     np.testing.assert_array_equal(s.gram(), [[1, 0, 2], [0, 2, 2], [2, 2, 6]])
 
 
@@ -390,6 +402,6 @@ def test_large_factors_get_longer_leaves_and_the_plan_counts_them(monkeypatch, r
     for v in (0, 1, large.nleaves - 1):
         lo = (v - (large.nleaves - 1)) * large.leaf_rows if v >= large.nleaves - 1 else None
         if lo is not None:
-            seg = U[lo:lo + large.leaf_rows]
+            seg = U[lo : lo + large.leaf_rows]
             np.testing.assert_allclose(large.node_gram(v), seg.T @ seg, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(large.gram, U.T @ U, rtol=1e-10)

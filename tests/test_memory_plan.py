@@ -11,6 +11,7 @@ import time
 import numpy as np
 import psutil
 import pytest
+from conftest import random_coo
 from distributed import Client, LocalCluster
 
 import tensorflow_ooc as tfo
@@ -19,14 +20,22 @@ from tensorflow_ooc.decompositions import updates as U
 from tensorflow_ooc.execution.memory_plan import MemoryPlanError, candidates, choose
 from tensorflow_ooc.execution.partials import Partial
 
-from conftest import random_coo
-
 AMAZON = (4_821_207, 1_774_269, 1_805_187)
 
 
 def _plans(limit, **kw):
-    args = dict(shape=AMAZON, rank=16, itemsize=8, worker_nnz=86_000_000, chunk_nnz=1 << 20, tasks=1,
-                partitions_per_mode=1, workers=1, baseline=200 << 20, limit=limit)
+    args = dict(
+        shape=AMAZON,
+        rank=16,
+        itemsize=8,
+        worker_nnz=86_000_000,
+        chunk_nnz=1 << 20,
+        tasks=1,
+        partitions_per_mode=1,
+        workers=1,
+        baseline=200 << 20,
+        limit=limit,
+    )
     args.update(kw)
     return candidates(**args)
 
@@ -34,18 +43,24 @@ def _plans(limit, **kw):
 def test_plan_order_and_choice():
     plans = _plans(None)
     kinds = list(dict.fromkeys((p.execution, p.in_place, p.mode_copies) for p in plans))
-    assert kinds[:6] == [("in-memory", False, True), ("in-memory", False, False), ("in-memory", True, True),
-                         ("in-memory", True, False), ("streaming", False, False), ("streaming", True, False)]
+    assert kinds[:6] == [
+        ("in-memory", False, True),
+        ("in-memory", False, False),
+        ("in-memory", True, True),
+        ("in-memory", True, False),
+        ("streaming", False, False),
+        ("streaming", True, False),
+    ]
     # mode-sorted copies: one more copy of the nonzeros (index + value) per mode, in memory only
     assert plans[0].terms["mode_copies"] == 86_000_000 * 16 * len(AMAZON)
-    assert all(not p.mode_copies for p in _plans(None, samples=1 << 16))    # randomized CP: none
-    assert choose(plans) is plans[0]                       # no limit: the fastest
+    assert all(not p.mode_copies for p in _plans(None, samples=1 << 16))  # randomized CP: none
+    assert choose(plans) is plans[0]  # no limit: the fastest
     peaks = [p.peak for p in plans]
-    assert peaks[-1] == min(peaks)                          # the last is the leanest
+    assert peaks[-1] == min(peaks)  # the last is the leanest
     for limit in (4 << 30, 8 << 30, 16 << 30):
         p = choose(_plans(limit))
         assert p.peak <= p.usable_fraction * limit
-        faster = _plans(limit)[:_plans(limit).index(p)] if p in _plans(limit) else []
+        faster = _plans(limit)[: _plans(limit).index(p)] if p in _plans(limit) else []
         assert all(not q.fits for q in faster)
     # factors of an Amazon-shaped rank-16 model are ~1 GiB: the 4 GB run must be in place
     p4 = choose(_plans(4 * 10**9))
@@ -58,7 +73,7 @@ def test_more_tasks_and_workers_need_more():
     # two partials of its own, and the sum of its slice of the reduce-scatter (half an output)
     assert two.terms["outputs"] == 2 * one.terms["outputs"] + -(-one.terms["outputs"] // 2)
     assert two.terms["reduction"] == one.terms["outputs"] and two.terms["transfer"] == two.terms["factors"]
-    tree = _plans(None, tasks=1, partitions_per_mode=8, workers=1)[-1]      # one worker: a tree of 4
+    tree = _plans(None, tasks=1, partitions_per_mode=8, workers=1)[-1]  # one worker: a tree of 4
     assert tree.terms["outputs"] == 4 * one.terms["outputs"] and tree.terms["reduction"] == one.terms["outputs"]
 
 
@@ -87,11 +102,11 @@ def test_in_place_update_equals_copying(rng, first, split):
         M = rng.standard_normal((I, R)) * 5
         if split == "whole":
             parts = [Partial(0, M.copy(), 0.0)]
-        elif split == "offset":   # one partial covering rows 7..I-4 (the rest of M is zero)
+        elif split == "offset":  # one partial covering rows 7..I-4 (the rest of M is zero)
             M[:7] = 0
-            M[I - 3:] = 0
-            parts = [Partial(7, M[7:I - 3].copy(), 0.0)]
-        elif split == "slices":   # a reduce-scatter's disjoint slices, out of order, one empty, a gap
+            M[I - 3 :] = 0
+            parts = [Partial(7, M[7 : I - 3].copy(), 0.0)]
+        elif split == "slices":  # a reduce-scatter's disjoint slices, out of order, one empty, a gap
             M[12:15] = 0
             parts = [Partial(15, M[15:].copy(), 0.0), Partial(5, M[5:5], 0.0), Partial(0, M[:12].copy(), 0.0)]
         else:
@@ -102,7 +117,7 @@ def test_in_place_update_equals_copying(rng, first, split):
         a = U.update_mode(copy_in, parts, mode, first, mode == len(shape) - 1, in_place=False)
         b_in = U.CPState(shape, R, np.float64, base.data.copy())
         b = U.update_mode(b_in, parts, mode, first, mode == len(shape) - 1, in_place=True)
-        assert b.data is b_in.data                          # no second copy of the factors
+        assert b.data is b_in.data  # no second copy of the factors
         np.testing.assert_allclose(b.data, a.data, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(b.weights, a.weights, rtol=1e-10)
         np.testing.assert_allclose(b.grams[mode], a.grams[mode], rtol=1e-10, atol=1e-12)
@@ -148,19 +163,30 @@ def test_worker_just_above_the_floor_stays_under_its_limit(tmp_path, rng):
     # in one process nothing recomputes earlier states: the unconstrained reference updates in place too
     assert reference.params["in_place_updates"]
     # probe the floor on a worker with an unreachable limit, then start one just above it
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, memory_limit="400MB",
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, memory_limit="400MB", dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         with pytest.raises(MemoryPlanError) as err:
             tfo.cp_als(store, 16, client=client, seed=3, max_iters=2, tol=0)
     floor = err.value.required_limit
     limit = int(floor * 1.03)
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, memory_limit=limit,
-                      dashboard_address=None) as cluster, Client(cluster) as client:
-        result, peak = _run_watched(cluster, client, lambda: tfo.cp_als(store, 16, client=client, seed=3,
-                                                                          max_iters=2, tol=0))
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, memory_limit=limit, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        result, peak = _run_watched(
+            cluster, client, lambda: tfo.cp_als(store, 16, client=client, seed=3, max_iters=2, tol=0)
+        )
         restarts = len(cluster.scheduler.workers)
-    print(f"floor {floor >> 20} MiB, limit {limit >> 20} MiB, plan {result.params['memory_plan']['peak'] >> 20} MiB, "
-          f"peak worker RSS {peak >> 20} MiB")
+    print(
+        f"floor {floor >> 20} MiB, limit {limit >> 20} MiB, plan {result.params['memory_plan']['peak'] >> 20} MiB, "
+        f"peak worker RSS {peak >> 20} MiB"
+    )
     assert result.params["in_place_updates"]
     assert restarts == 1
     assert 0 < peak < limit, f"peak worker RSS {peak >> 20} MiB over its limit {limit >> 20} MiB"
@@ -171,15 +197,27 @@ def test_worker_just_above_the_floor_stays_under_its_limit(tmp_path, rng):
 
 def test_cli_below_the_floor_exits_2(tmp_path, rng, capsys):
     store = _long_mode_store(tmp_path, rng)
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, memory_limit="400MB",
-                      dashboard_address=None) as cluster:
-        code = cli.main(["cpd", str(store.path), "--rank", "16", "--max-iters", "1", "--scheduler",
-                         cluster.scheduler_address, "--out", str(tmp_path / "r.zarr")])
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=True, memory_limit="400MB", dashboard_address=None
+    ) as cluster:
+        code = cli.main(
+            [
+                "cpd",
+                str(store.path),
+                "--rank",
+                "16",
+                "--max-iters",
+                "1",
+                "--scheduler",
+                cluster.scheduler_address,
+                "--out",
+                str(tmp_path / "r.zarr"),
+            ]
+        )
     assert code == 2
     err = capsys.readouterr().err
     assert "needs a worker memory limit of at least" in err
     assert not (tmp_path / "r.zarr").exists()
-
 
 
 @pytest.mark.parametrize("streamed", [False, True])
@@ -194,7 +232,7 @@ def test_lent_target_rows_serve_as_a_thread_copy(tmp_path, rng, monkeypatch, str
     from tensorflow_ooc.execution.tasks import load_partition
     from tensorflow_ooc.kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 
-    K = importlib.import_module("tensorflow_ooc.kernels.mttkrp.dispatch")    # the module, not tfo.mttkrp
+    K = importlib.import_module("tensorflow_ooc.kernels.mttkrp.dispatch")  # the module, not tfo.mttkrp
     plans = _plans(None, kernel_threads=2, lend_target=True)
     assert all(p.max_private_bytes <= DEFAULT_MAX_PRIVATE_BYTES for p in plans if p.in_place)
     assert any(p.max_private_bytes > DEFAULT_MAX_PRIVATE_BYTES for p in plans if not p.in_place)
@@ -213,13 +251,15 @@ def test_lent_target_rows_serve_as_a_thread_copy(tmp_path, rng, monkeypatch, str
         a = U.CPState(shape, 8, np.float64, state.data.copy(), grams=list(state.grams))
         b = U.CPState(shape, 8, np.float64, state.data.copy(), grams=list(state.grams))
         args = (mode == 0, mode == 2, True)
-        new_a = _mttkrp_then(U.update_mode, source, a, mode, 2, 1024, "cpu", None, DEFAULT_MAX_PRIVATE_BYTES, args,
-                             False)
-        new_b = _mttkrp_then(U.update_mode, source, b, mode, 2, 1024, "cpu", None, DEFAULT_MAX_PRIVATE_BYTES, args,
-                             True)
+        new_a = _mttkrp_then(
+            U.update_mode, source, a, mode, 2, 1024, "cpu", None, DEFAULT_MAX_PRIVATE_BYTES, args, False
+        )
+        new_b = _mttkrp_then(
+            U.update_mode, source, b, mode, 2, 1024, "cpu", None, DEFAULT_MAX_PRIVATE_BYTES, args, True
+        )
         np.testing.assert_allclose(new_b.data, new_a.data, rtol=1e-12, atol=1e-14)
         state = new_a
-    assert True in lent and False in lent            # both paths ran (buffers() is asked once a batch)
+    assert True in lent and False in lent  # both paths ran (buffers() is asked once a batch)
 
 
 @pytest.mark.parametrize("nmodes", [3, 4])
@@ -228,21 +268,25 @@ def test_partials_are_reduce_scattered_over_workers(tmp_path, rng, nmodes):
     receives disjoint slices (one output's worth), computed on different workers, whose union is
     the MTTKRP (against einsum); CP-ALS through them matches a one-worker run."""
     from distributed import wait
+    from test_mttkrp import dense_mttkrp
 
     from tensorflow_ooc.execution import MTTKRPGraph
     from tensorflow_ooc.kernels import StackedFactors
-    from test_mttkrp import dense_mttkrp
 
     shape = tuple(int(s) for s in rng.integers(20, 40, size=nmodes))
     coords, values = random_coo(rng, shape, 6000)
     store = tfo.convert((coords, values), tmp_path / "x.zarr", chunk_nnz=500)
     factors = [rng.random((s, 5)) for s in shape]
     seed = int(rng.integers(2**31))
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as one, \
-            Client(one) as c1:
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as one,
+        Client(one) as c1,
+    ):
         reference = tfo.cp_als(store, 4, client=c1, seed=seed, max_iters=6, tol=0)
-    with LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         graph = MTTKRPGraph(client, store.path, partitions=6, execution="streaming")
         assert graph.scatter_reduce
         F = client.scatter(StackedFactors.from_list(factors), broadcast=True)
@@ -251,14 +295,14 @@ def test_partials_are_reduce_scattered_over_workers(tmp_path, rng, nmodes):
             assert len(futures) == 3
             wait(futures)
             where = {next(iter(ws)) for ws in client.who_has(futures).values()}
-            assert len(where) == 3                       # each slice summed on its own worker
+            assert len(where) == 3  # each slice summed on its own worker
             got = client.gather(futures)
             spans = sorted((p.lo, p.lo + p.rows.shape[0]) for p in got)
-            assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:]))       # disjoint
+            assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:]))  # disjoint
             full = np.zeros((shape[mode], 5))
             for p in got:
                 assert p.rows.shape[0] < shape[mode]
-                full[p.lo:p.lo + p.rows.shape[0]] += p.rows
+                full[p.lo : p.lo + p.rows.shape[0]] += p.rows
             ref = dense_mttkrp(shape, coords, values, factors, mode)
             assert np.abs(full - ref).max() <= 1e-12 * np.abs(ref).max()
         graph.release()

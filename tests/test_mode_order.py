@@ -1,16 +1,15 @@
-"""Mode-sorted work items (kernels/mode_order.py): a stable sort of each item by one mode's index,
+"""Mode-sorted work items (kernels/mttkrp/mode_order.py): a stable sort of each item by one mode's index,
 and MTTKRP on them (the runs kernels) against a dense einsum, every mode, orders 3-6."""
 
 import numpy as np
 import pytest
+from conftest import random_coo
+from test_mttkrp import dense_mttkrp, rel_err
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.kernels import StackedFactors, tensor_items
-from tensorflow_ooc.kernels.mttkrp.mode_order import mode_sorted
 from tensorflow_ooc.kernels.mttkrp.dispatch import ThreadOutputs, numba_threads, run_items
-
-from conftest import random_coo
-from test_mttkrp import dense_mttkrp, rel_err
+from tensorflow_ooc.kernels.mttkrp.mode_order import mode_sorted
 
 
 def _field(index, layout, mode):
@@ -52,7 +51,7 @@ def test_mttkrp_on_sorted_items_against_einsum(rng, nmodes, rank):
         for conflict in ("auto", "private", "atomic"):
             out = np.zeros((shape[mode], rank))
             plan = run_items(s, t.layout, stacked, mode, out, conflict=conflict)
-            assert plan.runs.all()                      # sorted items: every item sums runs
+            assert plan.runs.all()  # sorted items: every item sums runs
             assert rel_err(out, ref) < 1e-12, (mode, conflict)
         # runs into per-thread whole outputs (runs_threads kernel), 1-3 threads
         for threads in (1, 2, 3):
@@ -115,8 +114,8 @@ def test_partition_with_mode_copies_matches_without(tmp_path, rng):
         a = mttkrp_partition(plain, factors, mode, threads=2)
         b = mttkrp_partition(copies, factors, mode, threads=2)
         ref = dense_mttkrp(shape, coords, values, factors.views, mode)
-        assert rel_err(a.rows, ref[a.lo:a.lo + a.rows.shape[0]]) < 1e-12
-        assert rel_err(b.rows, ref[b.lo:b.lo + b.rows.shape[0]]) < 1e-12
+        assert rel_err(a.rows, ref[a.lo : a.lo + a.rows.shape[0]]) < 1e-12
+        assert rel_err(b.rows, ref[b.lo : b.lo + b.rows.shape[0]]) < 1e-12
 
 
 def test_cp_als_in_memory_uses_mode_copies(tmp_path, rng):

@@ -43,8 +43,8 @@ def test_json_log_lines_carry_run_step_iteration(tmp_path, capsys):
     # the option is global: before the command or after it
     assert main(["run", str(spec), "--storage", str(tmp_path / "s"), "--log-format", "json"]) == 0
     out, err = capsys.readouterr()
-    run_id = out.split()[1].rstrip(":")                     # "run RUN_ID: done in ..."
-    lines = [json.loads(s) for s in rendered(err)]          # every line is one JSON object
+    run_id = out.split()[1].rstrip(":")  # "run RUN_ID: done in ..."
+    lines = [json.loads(s) for s in rendered(err)]  # every line is one JSON object
     assert lines and all({"time", "level", "logger", "message"} <= set(d) for d in lines)
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", d["time"]) for d in lines)
     run_lines = [d for d in lines if d.get("run_id") == run_id]
@@ -54,7 +54,7 @@ def test_json_log_lines_carry_run_step_iteration(tmp_path, capsys):
     assert all(d["run_id"] == run_id and d["step"] == "decompose" and d["level"] == "INFO" for d in iterations)
 
     assert main(["--log-format", "json", "status", "--storage", str(tmp_path / "s"), "nope"]) == 2
-    assert capsys.readouterr().err.startswith("tfooc: error: no run 'nope'")   # errors stay one plain line
+    assert capsys.readouterr().err.startswith("tfooc: error: no run 'nope'")  # errors stay one plain line
 
 
 def test_log_lines_do_not_interleave_with_bars(tmp_path, capsys):
@@ -73,8 +73,12 @@ def test_log_lines_do_not_interleave_with_bars(tmp_path, capsys):
     assert logged >= 3
 
     # the same with JSON lines: each rendered line is a bar or a whole JSON object
-    assert main(["--log-format", "json", "generate", str(tmp_path / "h.zarr"), "--shape", "300,200,100",
-                 "--nnz", "300000"]) == 0
+    assert (
+        main(
+            ["--log-format", "json", "generate", str(tmp_path / "h.zarr"), "--shape", "300,200,100", "--nnz", "300000"]
+        )
+        == 0
+    )
     lines = rendered(capsys.readouterr().err)
     objs = [json.loads(s) for s in lines if not BAR.search(s)]
     assert len(objs) >= 3 and all(s.startswith("{") for s in lines if not BAR.search(s))

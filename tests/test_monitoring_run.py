@@ -35,9 +35,11 @@ steps:
               scheduler: cluster, execution: streaming}
 """
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed "
-                                    "(Debian: apt-get install chromium); the browser checks of /tfooc need it")
-SCREENSHOT = os.environ.get("TFOOC_SCREENSHOT")     # also keep the screenshot here (a path), if set
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="headless Chromium not installed (Debian: apt-get install chromium); the browser checks of /tfooc need it",
+)
+SCREENSHOT = os.environ.get("TFOOC_SCREENSHOT")  # also keep the screenshot here (a path), if set
 
 
 def _until(predicate, timeout=120.0, what="condition", every=0.2):
@@ -57,8 +59,17 @@ def _get(url: str) -> str:
 
 
 def _chromium(*args: str, timeout: float = 90) -> str:
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
-           "--no-first-run", "--virtual-time-budget=4000", *args]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        "--no-first-run",
+        "--virtual-time-budget=4000",
+        *args,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
@@ -106,16 +117,56 @@ def served(tmp_path_factory):
 
 def _serve(tmp, root, sched_file, env, procs, logs):
     try:
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address",
-             "127.0.0.1:0", "--scheduler-file", str(sched_file), "--preload", "tensorflow_ooc.monitoring",
-             "--tfooc-storage", root], env=env, stdout=logs[0], stderr=subprocess.STDOUT))
-        info = _until(lambda: sched_file.exists() and json.loads(sched_file.read_text() or "{}"), 60,
-                      "the scheduler file")
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "dask", "worker", "--scheduler-file", str(sched_file), "--nthreads", "1",
-             "--nworkers", "1", "--memory-limit", "2GiB", "--no-dashboard"],
-            env=env, stdout=logs[1], stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "dask",
+                    "scheduler",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    "0",
+                    "--dashboard-address",
+                    "127.0.0.1:0",
+                    "--scheduler-file",
+                    str(sched_file),
+                    "--preload",
+                    "tensorflow_ooc.monitoring",
+                    "--tfooc-storage",
+                    root,
+                ],
+                env=env,
+                stdout=logs[0],
+                stderr=subprocess.STDOUT,
+            )
+        )
+        info = _until(
+            lambda: sched_file.exists() and json.loads(sched_file.read_text() or "{}"), 60, "the scheduler file"
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "dask",
+                    "worker",
+                    "--scheduler-file",
+                    str(sched_file),
+                    "--nthreads",
+                    "1",
+                    "--nworkers",
+                    "1",
+                    "--memory-limit",
+                    "2GiB",
+                    "--no-dashboard",
+                ],
+                env=env,
+                stdout=logs[1],
+                stderr=subprocess.STDOUT,
+            )
+        )
         base = f"http://127.0.0.1:{info['services']['dashboard']}"
         _until(lambda: json.loads(_get(base + "/json/counts.json"))["workers"] >= 1, 60, "the worker")
         spec = tmp / "monitored.yaml"
@@ -124,8 +175,14 @@ def _serve(tmp, root, sched_file, env, procs, logs):
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()) as out:
             assert main(["submit", str(spec), "--scheduler", info["address"], "--storage", root]) == 0
         run_id = out.getvalue().strip()
-        yield {"base": base, "address": info["address"], "root": root, "run_id": run_id, "log": err.getvalue(),
-               "tmp": tmp}
+        yield {
+            "base": base,
+            "address": info["address"],
+            "root": root,
+            "run_id": run_id,
+            "log": err.getvalue(),
+            "tmp": tmp,
+        }
         rec = RunStore(root).read(run_id)
         if not rec.final:
             main(["cancel", run_id, "--storage", root, "--wait", "--timeout", "60"])
@@ -151,7 +208,7 @@ def test_submit_log_links_the_page(served):
     assert f"{served['base']}/tfooc" in served["log"]
     page = _get(served["base"] + "/tfooc")
     assert "<title>tfooc runs</title>" in page
-    status = _get(served["base"] + "/status")          # the Dask dashboard, with bokeh, and our tab in its navbar
+    status = _get(served["base"] + "/status")  # the Dask dashboard, with bokeh, and our tab in its navbar
     assert "Dask needs bokeh" not in status and 'href="tfooc"' in status
 
 
@@ -177,10 +234,10 @@ def test_page_during_run_in_chromium(served):
     block = next(a for a in dom.having("step-plots") if a["data-step"] == "decompose")
     n = int(block["data-iterations"])
     fit_points = dom.having("pt-fit")
-    assert n >= 3 and len(fit_points) == n                      # one point per iteration done
+    assert n >= 3 and len(fit_points) == n  # one point per iteration done
     assert [int(p["data-iteration"]) for p in fit_points] == list(range(1, n + 1))
     assert len(dom.having("pt-nnz-per-s")) == n and len(dom.having("pt-bytes-read")) == n
-    assert len(dom.having("bar-mode")) == 3 * n                 # seconds of each of the 3 modes, per iteration
+    assert len(dom.having("bar-mode")) == 3 * n  # seconds of each of the 3 modes, per iteration
     # the plotted values are the run's: its iteration events (written before they reach the page)
     events = _iteration_events(served["root"], served["run_id"])
     for p in fit_points:
@@ -188,8 +245,8 @@ def test_page_during_run_in_chromium(served):
     cum = 0
     for p in dom.having("pt-bytes-read"):
         cum += events[int(p["data-iteration"])]["bytes_read"]
-        assert float(p["data-value"]) == cum > 0               # streaming: every chunk read per mode
-    assert _progress(served) >= n                               # the run was still going
+        assert float(p["data-value"]) == cum > 0  # streaming: every chunk read per mode
+    assert _progress(served) >= n  # the run was still going
 
 
 def test_metrics_during_run(served):
@@ -200,10 +257,13 @@ def test_metrics_during_run(served):
     run = served["run_id"]
 
     def samples(family, name=None, **labels):
-        return [s for s in fams[family].samples if (name is None or s.name == name)
-                and all(s.labels.get(k) == v for k, v in labels.items())]
+        return [
+            s
+            for s in fams[family].samples
+            if (name is None or s.name == name) and all(s.labels.get(k) == v for k, v in labels.items())
+        ]
 
-    assert "dask_scheduler_workers" in fams                       # Dask's own metrics, same endpoint
+    assert "dask_scheduler_workers" in fams  # Dask's own metrics, same endpoint
     assert fams["tfooc_iterations"].type == "counter"
     (it,) = samples("tfooc_iterations", "tfooc_iterations_total", run_id=run, step="decompose")
     assert it.value >= 2

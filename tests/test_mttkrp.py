@@ -4,11 +4,10 @@ import string
 
 import numpy as np
 import pytest
+from conftest import random_coo
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.kernels import plan_conflicts, tensor_items
-
-from conftest import random_coo
 
 
 def dense_mttkrp(shape, coords, values, factors, mode):
@@ -25,8 +24,7 @@ def rel_err(a, b):
 
 # rank 32 (compiled apart, like 16) on orders 3 and 4 only: each order's kernels at a fixed rank
 # take CI 20-25 s to compile, and the generator is the one rank 16 checks on every order
-@pytest.mark.parametrize("nmodes,rank", [(n, r) for n in (3, 4, 5, 6) for r in (1, 7, 16, 33, 64)]
-                         + [(3, 32), (4, 32)])
+@pytest.mark.parametrize("nmodes,rank", [(n, r) for n in (3, 4, 5, 6) for r in (1, 7, 16, 33, 64)] + [(3, 32), (4, 32)])
 def test_every_mode_against_einsum(rng, nmodes, rank):
     shape = tuple(int(s) for s in rng.integers(2, 13 if nmodes < 6 else 7, nmodes))
     coords, values = random_coo(rng, shape, 800)
@@ -155,13 +153,13 @@ def test_prefetching_kernels_against_einsum(tmp_path, rng, monkeypatch, nmodes):
     rank = int(rng.choice([3, 16, 32]))
     factors = [rng.standard_normal((s, rank)) for s in shape]
     tensor = tfo.encode_coo(coords, values, shape)
-    store = tfo.convert((coords, values), tmp_path / "t.zarr", chunk_nnz=64)   # several streamed batches
+    store = tfo.convert((coords, values), tmp_path / "t.zarr", chunk_nnz=64)  # several streamed batches
     for mode in range(nmodes):
         ref = dense_mttkrp(shape, coords, values, factors, mode)
         for conflict in ("auto", "private", "atomic", "owned", "threads"):
             assert rel_err(tfo.mttkrp(tensor, factors, mode, conflict=conflict), ref) < 1e-12
         assert rel_err(tfo.mttkrp(store, factors, mode), ref) < 1e-12
-    assert any(key[3] for key in cpu._KERNELS)          # the prefetching kernels were the ones run
+    assert any(key[3] for key in cpu._KERNELS)  # the prefetching kernels were the ones run
 
 
 def _blocked_tensor_and_store(tmp_path, rng, nmodes):
@@ -203,9 +201,9 @@ def test_per_thread_outputs_against_einsum(tmp_path, rng, monkeypatch, nmodes):
             for source in (load_partition(store.path, part), (store.path, part)):
                 got = mttkrp_partition(source, stacked, mode, threads, batch_nnz=256)
                 full = np.zeros_like(ref)
-                full[got.lo:got.lo + got.rows.shape[0]] = got.rows
+                full[got.lo : got.lo + got.rows.shape[0]] = got.rows
                 assert rel_err(full, ref) < 1e-12, (mode, threads, type(source))
-    assert used                                          # the partition tasks took per-thread outputs
+    assert used  # the partition tasks took per-thread outputs
 
 
 def test_memory_plan_offers_per_thread_outputs_first():
@@ -215,8 +213,18 @@ def test_memory_plan_offers_per_thread_outputs_first():
     from tensorflow_ooc.kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 
     shape = (4_000_000, 100_000, 50_000)
-    args = dict(shape=shape, rank=16, itemsize=8, worker_nnz=50_000_000, chunk_nnz=1 << 20, tasks=1,
-                partitions_per_mode=1, workers=1, baseline=300 << 20, execution="streaming")
+    args = dict(
+        shape=shape,
+        rank=16,
+        itemsize=8,
+        worker_nnz=50_000_000,
+        chunk_nnz=1 << 20,
+        tasks=1,
+        partitions_per_mode=1,
+        workers=1,
+        baseline=300 << 20,
+        execution="streaming",
+    )
     roomy = 4_000_000 * 16 * 8
     plans = candidates(limit=None, kernel_threads=2, **args)
     assert plans[0].max_private_bytes == roomy and "per-thread outputs" in plans[0].name
@@ -234,15 +242,15 @@ def test_row_owned_tiles_against_einsum(tmp_path, rng, monkeypatch, nmodes):
     import importlib
 
     owned = importlib.import_module("tensorflow_ooc.kernels.mttkrp.owned")
-    monkeypatch.setattr(owned, "GROUP_NNZ", 97)          # several bucket groups
-    monkeypatch.setattr(owned, "TILE_BYTES", 64)         # many small tiles
+    monkeypatch.setattr(owned, "GROUP_NNZ", 97)  # several bucket groups
+    monkeypatch.setattr(owned, "TILE_BYTES", 64)  # many small tiles
     shape, coords, values, factors, tensor, store = _blocked_tensor_and_store(tmp_path, rng, nmodes)
     for mode in range(nmodes):
         ref = dense_mttkrp(shape, coords, values, factors, mode)
         one = tfo.mttkrp(tensor, factors, mode, conflict="owned", threads=1)
         two = tfo.mttkrp(tensor, factors, mode, conflict="owned", threads=2)
         assert rel_err(one, ref) < 1e-12
-        np.testing.assert_array_equal(one, two)          # the sum order does not follow the threads
+        np.testing.assert_array_equal(one, two)  # the sum order does not follow the threads
         assert rel_err(tfo.mttkrp(store, factors, mode, conflict="owned"), ref) < 1e-12
 
 
@@ -286,7 +294,7 @@ def test_kept_output_buffer_is_handed_out_only_when_free(tmp_path, rng, monkeypa
 
     def check(got, mode):
         full = np.zeros((shape[mode], factors[0].shape[1]))
-        full[got.lo:got.lo + got.rows.shape[0]] = got.rows
+        full[got.lo : got.lo + got.rows.shape[0]] = got.rows
         assert rel_err(full, dense_mttkrp(shape, coords, values, factors, mode)) < 1e-12
 
     # the longest mode first: its buffer then holds every other mode's output
@@ -295,11 +303,11 @@ def test_kept_output_buffer_is_handed_out_only_when_free(tmp_path, rng, monkeypa
     kept = output_buffers._KEPT[0].ctypes.data
     assert first.rows.ctypes.data == kept
     held = mttkrp_partition((store.path, part), stacked, modes[1], 1, batch_nnz=256)
-    assert held.rows.ctypes.data != kept                 # ``first`` still holds the kept buffer
+    assert held.rows.ctypes.data != kept  # ``first`` still holds the kept buffer
     check(first, modes[0])
     check(held, modes[1])
     del first, held
-    for mode in (modes[2], modes[0]):                    # free again: reused, and zeroed each time
+    for mode in (modes[2], modes[0]):  # free again: reused, and zeroed each time
         got = mttkrp_partition((store.path, part), stacked, mode, 1, batch_nnz=256)
         assert got.rows.ctypes.data == kept
         check(got, mode)

@@ -10,16 +10,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import random_coo
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.errors import CorruptStoreError, DecompositionError, StoreExistsError, ValueRangeError
 
-from conftest import random_coo
-
 
 def tfooc(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "tensorflow_ooc.cli", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "tensorflow_ooc.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 def clear_error(r, *needles):
@@ -48,13 +52,17 @@ def _edit_meta(path, fn):
 
 # --- store metadata --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("edit", [
-    lambda m: m.update(norm_sq=m["norm_sq"] * 2),
-    lambda m: m.update(norm_sq=m["norm_sq"] * (1 + 1e-12)),
-    lambda m: m.update(created_by="someone else"),
-    lambda m: m.update(store_id="0" * 32),
-    lambda m: m.update(checksum="sha256:" + "0" * 64),
-])
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: m.update(norm_sq=m["norm_sq"] * 2),
+        lambda m: m.update(norm_sq=m["norm_sq"] * (1 + 1e-12)),
+        lambda m: m.update(created_by="someone else"),
+        lambda m: m.update(store_id="0" * 32),
+        lambda m: m.update(checksum="sha256:" + "0" * 64),
+    ],
+)
 def test_edited_metadata_is_refused(store, edit):
     """Before: a doubled norm_sq opened as valid and gave a wrong fit with exit 0."""
     path = store.path
@@ -72,7 +80,7 @@ def test_store_without_checksum_has_its_norm_rederived(store):
     path = Path(store.path)
     norm_sq = store.meta["norm_sq"]
     _edit_meta(path, lambda m: m.pop("checksum"))
-    assert math.isclose(tfo.open_store(path).norm() ** 2, norm_sq, rel_tol=1e-12)     # a legacy store opens
+    assert math.isclose(tfo.open_store(path).norm() ** 2, norm_sq, rel_tol=1e-12)  # a legacy store opens
     _edit_meta(path, lambda m: m.update(norm_sq=norm_sq * 2))
     with pytest.raises(CorruptStoreError, match="norm_sq"):
         tfo.open_store(path)
@@ -83,8 +91,17 @@ def test_store_without_checksum_has_its_norm_rederived(store):
 
 # --- values float64 cannot square ------------------------------------------------------------------
 
-@pytest.mark.parametrize("value, what", [("1e200", "too large"), ("1e300", "too large"), ("-2e154", "too large"),
-                                         ("1e-310", "subnormal"), ("4.9e-324", "subnormal")])
+
+@pytest.mark.parametrize(
+    "value, what",
+    [
+        ("1e200", "too large"),
+        ("1e300", "too large"),
+        ("-2e154", "too large"),
+        ("1e-310", "subnormal"),
+        ("4.9e-324", "subnormal"),
+    ],
+)
 def test_values_whose_squares_float64_cannot_hold(tmp_path, value, what):
     """Before: 1e200 gave norm_sq Infinity (invalid JSON) and fit nan with exit 0; 1e-310 gave
     norm_sq 0 and an all-zero model with exit 0."""
@@ -122,7 +139,7 @@ def test_nan_fit_or_all_zero_model_stops_the_run(store):
     nan_init = [np.full((s, 2), np.nan) for s in shape]
     with pytest.raises(DecompositionError, match="init: factor matrix 0 holds NaN"):
         tfo.cp_als(store, 2, init=nan_init, max_iters=3)
-    huge_init = [np.full((s, 2), 1e120) for s in shape]       # Grams overflow: 1e240 * rows * 1e240
+    huge_init = [np.full((s, 2), 1e120) for s in shape]  # Grams overflow: 1e240 * rows * 1e240
     with pytest.raises(DecompositionError, match="not finite|NaN"):
         tfo.cp_als(store, 2, init=huge_init, max_iters=3)
     zero_init = [np.zeros((s, 2)) for s in shape]
@@ -139,27 +156,30 @@ def test_all_zero_tensor_is_refused(tmp_path):
 
 # --- numbers at parse time -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args, needle", [
-    (["cpd", "S", "--rank", "2", "--tol", "nan"], "--tol"),
-    (["cpd", "S", "--rank", "2", "--tol", "inf"], "--tol"),
-    (["cpd", "S", "--rank", "2", "--tol", "-1"], "--tol"),
-    (["cpd", "S", "--rank", "2", "--tol", "1e309"], "--tol"),
-    (["cpd", "S", "--rank", "2.5"], "--rank"),
-    (["cpd", "S", "--rank", "nan"], "--rank"),
-    (["cpd", "S", "--rank", "2", "--max-iters", "1e309"], "--max-iters"),
-    (["cpd", "S", "--rank", "2", "--samples", "0"], "--samples"),
-    (["tucker", "S", "--ranks", "2", "--tol", "nan"], "--tol"),
-    (["complete", "S", "--ranks", "2", "--core-rank", "2", "--lr-core", "nan"], "--lr-core"),
-    (["complete", "S", "--ranks", "2", "--core-rank", "2", "--test-fraction", "1.5"], "--test-fraction"),
-])
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["cpd", "S", "--rank", "2", "--tol", "nan"], "--tol"),
+        (["cpd", "S", "--rank", "2", "--tol", "inf"], "--tol"),
+        (["cpd", "S", "--rank", "2", "--tol", "-1"], "--tol"),
+        (["cpd", "S", "--rank", "2", "--tol", "1e309"], "--tol"),
+        (["cpd", "S", "--rank", "2.5"], "--rank"),
+        (["cpd", "S", "--rank", "nan"], "--rank"),
+        (["cpd", "S", "--rank", "2", "--max-iters", "1e309"], "--max-iters"),
+        (["cpd", "S", "--rank", "2", "--samples", "0"], "--samples"),
+        (["tucker", "S", "--ranks", "2", "--tol", "nan"], "--tol"),
+        (["complete", "S", "--ranks", "2", "--core-rank", "2", "--lr-core", "nan"], "--lr-core"),
+        (["complete", "S", "--ranks", "2", "--core-rank", "2", "--test-fraction", "1.5"], "--test-fraction"),
+    ],
+)
 def test_numbers_are_checked_at_parse_time(store, args, needle):
     r = tfooc(*[store.path if a == "S" else a for a in args])
     clear_error(r, needle)
 
 
 def test_api_refuses_bad_numbers(store):
-    for kw in ({"tol": float("nan")}, {"tol": -1.0}, {"tol": float("inf")}, {"max_iters": 0},
-               {"max_iters": 2.5}):
+    for kw in ({"tol": float("nan")}, {"tol": -1.0}, {"tol": float("inf")}, {"max_iters": 0}, {"max_iters": 2.5}):
         with pytest.raises(DecompositionError):
             tfo.cp_als(store, 2, **kw)
     with pytest.raises(DecompositionError, match="rank"):
@@ -176,14 +196,17 @@ def test_huge_rank_is_judged_by_the_memory_plan(store):
 def test_spec_refuses_non_finite_tol(tmp_path, store):
     for tol in (".nan", ".inf", "-1.0"):
         spec = tmp_path / "w.yaml"
-        spec.write_text(f"name: w\nsteps:\n  d:\n    kind: decompose\n    input: {store.path}\n"
-                        f"    out: r.zarr\n    rank: 2\n    tol: {tol}\n")
+        spec.write_text(
+            f"name: w\nsteps:\n  d:\n    kind: decompose\n    input: {store.path}\n"
+            f"    out: r.zarr\n    rank: 2\n    tol: {tol}\n"
+        )
         r = tfooc("run", spec, "--storage", tmp_path)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert "tol" in r.stderr and "line 8" in r.stderr, r.stderr
 
 
 # --- refuse early ----------------------------------------------------------------------------------
+
 
 def test_convert_onto_an_existing_store_refuses_before_reading(tmp_path, store):
     """Before: the whole input was parsed first (12.8 s for 193 MB), then a parse or duplicate
@@ -206,7 +229,7 @@ def test_resume_without_checkpoint_and_unfinished_checkpoint(tmp_path, store):
     assert not out.exists()
     r = tfooc("-q", "cpd", store.path, "--rank", "2", "--max-iters", "3", "--tol", "0", "--seed", "1", "--out", out)
     assert r.returncode == 0, r.stderr
-    shutil.rmtree(out)                 # as if the run died before writing its result
+    shutil.rmtree(out)  # as if the run died before writing its result
     ck = tmp_path / "r.zarr.checkpoint.npz"
     before = ck.read_bytes()
     clear_error(tfooc("cpd", store.path, "--rank", "2", "--out", out), "did not finish", "--resume", str(ck))
@@ -220,6 +243,7 @@ def test_resume_without_checkpoint_and_unfinished_checkpoint(tmp_path, store):
 
 
 # --- index limits ----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("index", [2**60, 2**62, 2**63 - 2])
 def test_indices_up_to_the_real_limit_are_read(tmp_path, index):
@@ -242,6 +266,7 @@ def test_index_beyond_the_limit_names_it(tmp_path, index):
 
 # --- found by benchmarks/bench_hostile.py ------------------------------------------------------------
 
+
 def test_chunk_replaced_by_a_directory(tmp_path, rng):
     """Before: IsADirectoryError traceback from tfooc info and cpd."""
     coords, values = random_coo(rng, (15, 20, 25), 1500)
@@ -254,16 +279,23 @@ def test_chunk_replaced_by_a_directory(tmp_path, rng):
     clear_error(tfooc("info", s.path), "chunk 2")
 
 
-@pytest.mark.parametrize("name, text, needle", [
-    ("nul", "name: w\nsteps:\n  a: {kind: generate, out: x.tns, shape: [4, 4, 4], nnz: 10}\x00\n", "YAML"),
-    ("control", "name: w\x08\nsteps: {}\n", "YAML"),
-    ("bomb", "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
-             "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
-             "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n"
-             "name: w\nsteps: {}\n", "aliases expand"),
-    ("deep", "name: w\nsteps: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
-    ("root-itself", "name: w\nsteps:\n  g: {kind: generate, out: ., shape: [4, 4, 4], nnz: 10}\n", "storage root"),
-])
+@pytest.mark.parametrize(
+    "name, text, needle",
+    [
+        ("nul", "name: w\nsteps:\n  a: {kind: generate, out: x.tns, shape: [4, 4, 4], nnz: 10}\x00\n", "YAML"),
+        ("control", "name: w\x08\nsteps: {}\n", "YAML"),
+        (
+            "bomb",
+            "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+            "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+            "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n"
+            "name: w\nsteps: {}\n",
+            "aliases expand",
+        ),
+        ("deep", "name: w\nsteps: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+        ("root-itself", "name: w\nsteps:\n  g: {kind: generate, out: ., shape: [4, 4, 4], nnz: 10}\n", "storage root"),
+    ],
+)
 def test_hostile_specs_are_refused(tmp_path, name, text, needle):
     """Before: ReaderError, MemoryError and RecursionError tracebacks; an output of '.' (the
     storage root itself) was accepted."""

@@ -8,13 +8,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from conftest import random_coo, sort_rows
 
 import tensorflow_ooc as tfo
-from tensorflow_ooc.errors import (CorruptStoreError, ForeignStoreError, IncompleteStoreError, StoreError,
-                                   StoreExistsError)
+from tensorflow_ooc.errors import (
+    CorruptStoreError,
+    ForeignStoreError,
+    IncompleteStoreError,
+    StoreError,
+    StoreExistsError,
+)
 from tensorflow_ooc.ingest import BatchSource
-
-from conftest import random_coo, sort_rows
 
 
 def assert_same_tensor(store, coords, values):
@@ -63,6 +67,7 @@ def test_float32_values_kept(tmp_path, rng):
 
 def test_compression_beats_raw(tmp_path, rng):
     from tensorflow_ooc import synthetic
+
     coords, _ = synthetic.heavy_tailed((183, 24, 1140, 1717), 200_000, seed=int(rng.integers(1000)))
     values = rng.random(len(coords))
     s = tfo.convert((coords, values), tmp_path / "c.zarr")
@@ -74,7 +79,7 @@ def _failing_batches(coords, values, fail_after):
     for i in range(0, len(coords), 100):
         if i >= fail_after:
             raise RuntimeError("simulated crash while reading input")
-        yield coords[i:i + 100], values[i:i + 100]
+        yield coords[i : i + 100], values[i : i + 100]
 
 
 @pytest.mark.parametrize("out_of_core", [False, True])
@@ -88,6 +93,7 @@ def test_failure_mid_write_leaves_nothing(tmp_path, rng, out_of_core):
 
 def test_failure_in_writer_leaves_nothing(tmp_path, rng, monkeypatch):
     from tensorflow_ooc.store import writer as W
+
     coords, values = random_coo(rng, (50, 60, 70), 5000)
 
     def boom(self):
@@ -124,18 +130,21 @@ def _edit_meta(path: Path, fn):
     meta_file.write_text(json.dumps(doc))
 
 
-@pytest.mark.parametrize("edit, error, match", [
-    (lambda m: m.update(format_version=99), StoreError, "version 99"),
-    (lambda m: m.update(complete=False), IncompleteStoreError, "not completely written"),
-    (lambda m: m.pop("complete"), IncompleteStoreError, "not completely written"),
-    (lambda m: m.update(shape=[40, 50, 6000]), CorruptStoreError, "layout"),
-    (lambda m: m.update(nnz=2999), CorruptStoreError, "nchunks|shape"),
-    (lambda m: m.update(nblocks=3), CorruptStoreError, "blocks"),
-    (lambda m: m.update(chunk_nnz=500), CorruptStoreError, "nchunks|chunks"),
-    (lambda m: m.update(max_block_nnz=10), CorruptStoreError, "block table"),
-    (lambda m: m.pop("norm_sq"), CorruptStoreError, "norm_sq"),
-    (lambda m: m.update(format="coo"), ForeignStoreError, "not a tensorflow_ooc store"),
-])
+@pytest.mark.parametrize(
+    "edit, error, match",
+    [
+        (lambda m: m.update(format_version=99), StoreError, "version 99"),
+        (lambda m: m.update(complete=False), IncompleteStoreError, "not completely written"),
+        (lambda m: m.pop("complete"), IncompleteStoreError, "not completely written"),
+        (lambda m: m.update(shape=[40, 50, 6000]), CorruptStoreError, "layout"),
+        (lambda m: m.update(nnz=2999), CorruptStoreError, "nchunks|shape"),
+        (lambda m: m.update(nblocks=3), CorruptStoreError, "blocks"),
+        (lambda m: m.update(chunk_nnz=500), CorruptStoreError, "nchunks|chunks"),
+        (lambda m: m.update(max_block_nnz=10), CorruptStoreError, "block table"),
+        (lambda m: m.pop("norm_sq"), CorruptStoreError, "norm_sq"),
+        (lambda m: m.update(format="coo"), ForeignStoreError, "not a tensorflow_ooc store"),
+    ],
+)
 def test_corrupt_metadata_refused(good_store, edit, error, match):
     _edit_meta(good_store, edit)
     with pytest.raises(error, match=match):
@@ -144,6 +153,7 @@ def test_corrupt_metadata_refused(good_store, edit, error, match):
 
 def test_missing_array_refused(good_store):
     import shutil
+
     shutil.rmtree(good_store / "blocks" / "count")
     with pytest.raises(CorruptStoreError, match="blocks/count"):
         tfo.open_store(good_store)
@@ -197,6 +207,7 @@ def test_partial_directory_never_opens(tmp_path, rng):
     """A writer killed before commit leaves only a hidden staging directory, which is not a store."""
     from tensorflow_ooc.format import BitLayout, alto_words, sort_alto
     from tensorflow_ooc.store import StoreWriter
+
     coords, values = random_coo(rng, (10, 20, 30), 500)
     layout = BitLayout((10, 20, 30))
     keys, vals = sort_alto(alto_words(coords, layout), values.copy(), layout.total_bits)

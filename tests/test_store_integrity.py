@@ -8,11 +8,10 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import random_coo
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.errors import CorruptStoreError
-
-from conftest import random_coo
 
 SHAPE = (30, 40, 50)
 
@@ -25,8 +24,9 @@ def store_path(tmp_path, rng, request):
     coords, values = random_coo(rng, SHAPE, 1000)
     if request.param == "fast-counts":
         values = rng.integers(1, 5, values.shape[0]).astype(np.float64)
-    tfo.convert((coords, values), tmp_path / "a.zarr", shape=SHAPE, chunk_nnz=200,
-                compression=request.param.split("-")[0])
+    tfo.convert(
+        (coords, values), tmp_path / "a.zarr", shape=SHAPE, chunk_nnz=200, compression=request.param.split("-")[0]
+    )
     return tmp_path / "a.zarr"
 
 
@@ -93,7 +93,7 @@ def test_url_store_checks_positions_when_reading(rng):
 
     tfo.convert((coords, values), "memory://integrity-url", shape=SHAPE, chunk_nnz=200)
     fsspec.filesystem("memory").rm("/integrity-url/values/c/1")
-    s = tfo.open_store("memory://integrity-url")       # URL stores are checked per chunk read
+    s = tfo.open_store("memory://integrity-url")  # URL stores are checked per chunk read
     with pytest.raises(CorruptStoreError, match="chunk 1 of 'values' is missing"):
         s.to_coo()
 
@@ -131,7 +131,7 @@ def test_raw_chunk_damaged_in_place_refused_mapped_or_read(tmp_path, rng, name):
     assert s.mappable and not tfo.convert((coords, values), tmp_path / "f.zarr", shape=SHAPE).mappable
     factors = [rng.random((n, 3)) for n in SHAPE]
     t = tfo.encode_coo(coords, values, SHAPE)
-    for _ in range(2):       # the first pass reads and profiles every chunk, the second maps them
+    for _ in range(2):  # the first pass reads and profiles every chunk, the second maps them
         for m in range(3):
             np.testing.assert_allclose(tfo.mttkrp(s, factors, m), tfo.mttkrp(t, factors, m), rtol=1e-12, atol=1e-12)
     assert all(_mapped_items(s, c) is not None for c in range(s.nchunks))

@@ -6,6 +6,8 @@ import numba as nb
 import numpy as np
 import pytest
 import zarr
+from conftest import random_coo
+from test_mttkrp import dense_mttkrp, rel_err
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.errors import CorruptStoreError
@@ -16,9 +18,6 @@ from tensorflow_ooc.format.bits import HAS_BMI2, _pext_bmi2, _pext_portable
 from tensorflow_ooc.format.linearize import _decode_alto_pext, _decode_alto_table
 from tensorflow_ooc.kernels import StackedFactors, run_items
 from tensorflow_ooc.store.chunk_files import ChunkFiles
-
-from conftest import random_coo
-from test_mttkrp import dense_mttkrp, rel_err
 
 
 def _is_mapped(array):
@@ -55,7 +54,7 @@ def test_pext_portable_and_bmi2_agree_with_reference(rng):
     impls = [_pext_portable] + ([_pext_bmi2] if HAS_BMI2 else [])
     for impl in impls:
         got = np.empty_like(xs)
-        _pext_all(nb.njit(lambda x, m: impl(x, m)), xs, masks, got)
+        _pext_all(nb.njit(lambda x, m: impl(x, m)), xs, masks, got)  # noqa: B023 (compiled and run in this iteration)
         np.testing.assert_array_equal(got, ref)
 
 
@@ -70,13 +69,15 @@ def test_decode_alto_equals_table_reencode(rng, nmodes):
     bits = decode_alto(low, layout, got)
     np.testing.assert_array_equal(got, want)
     assert bits == int(np.bitwise_or.reduce(low))
-    deltas = np.diff(low, prepend=np.uint64(0))         # the Delta filter's form, first value absolute
+    deltas = np.diff(low, prepend=np.uint64(0))  # the Delta filter's form, first value absolute
     got[:] = 0
     decode_alto(deltas, layout, got, is_delta=True)
     np.testing.assert_array_equal(got, want)
-    for fn, args in ((_decode_alto_table, (layout.reencode_table, layout.index_nbytes)),
-                     (_decode_alto_pext, (layout.pext_masks, layout.field_shift)) if HAS_BMI2 else (None, None)):
-        if fn is not None:                               # both implementations, whatever this CPU picks
+    for fn, args in (
+        (_decode_alto_table, (layout.reencode_table, layout.index_nbytes)),
+        (_decode_alto_pext, (layout.pext_masks, layout.field_shift)) if HAS_BMI2 else (None, None),
+    ):
+        if fn is not None:  # both implementations, whatever this CPU picks
             got[:] = 0
             fn(deltas, True, *args, got)
             np.testing.assert_array_equal(got, want)
@@ -93,9 +94,9 @@ def test_chunk_files_match_zarr(tmp_path, rng, compression):
         files = ChunkFiles(g[name])
         assert files.fast
         out = np.empty(s.chunk_nnz, dtype=g[name].dtype)
-        for c in range(s.nchunks):            # the last chunk is partial
+        for c in range(s.nchunks):  # the last chunk is partial
             got = files.read(c, out)
-            want = g[name][c * s.chunk_nnz:(c + 1) * s.chunk_nnz]
+            want = g[name][c * s.chunk_nnz : (c + 1) * s.chunk_nnz]
             data = np.cumsum(got.data, dtype=np.uint64) if got.is_delta else got.data
             np.testing.assert_array_equal(data, want)
             assert got.is_delta == (name == "alto")
@@ -112,7 +113,7 @@ def test_values_codec_follows_the_data(tmp_path, rng):
     assert c.meta["values_shuffle"] != "none" and not c.values_mappable
     # random floats barely compress: stored as they are, and streamed mapped where they lie
     assert a.meta["values_shuffle"] == "none" and a.values_mappable and not a.mappable
-    assert b.meta["values_shuffle"] == "shuffle" and not b.values_mappable      # counts do compress
+    assert b.meta["values_shuffle"] == "shuffle" and not b.values_mappable  # counts do compress
     for s, v in ((a, floats), (b, counts)):
         got_c, got_v = s.to_coo()
         order = np.lexsort(coords.T[::-1])
@@ -183,8 +184,7 @@ def test_mapped_raw_chunks_every_mode_against_einsum(tmp_path, rng, nmodes, map_
         for mode in range(nmodes):
             out = np.zeros((shape[mode], rank))
             batches = 0
-            for items in stream_batches(s, 0, s.nchunks, batch_nnz=128 if map_chunks else 300,
-                                        map_chunks=map_chunks):
+            for items in stream_batches(s, 0, s.nchunks, batch_nnz=128 if map_chunks else 300, map_chunks=map_chunks):
                 assert _is_mapped(items.index) == (map_chunks and (sweep == 1 or mode > 0)), (sweep, mode)
                 run_items(items, s.layout, F, mode, out)
                 batches += 1
@@ -203,7 +203,7 @@ def test_zarr_read_path_fallback(tmp_path, rng, monkeypatch):
         monkeypatch.setattr(f, "fast", False)
     factors = [rng.standard_normal((n, 4)) for n in shape]
     F = StackedFactors.from_list(factors)
-    for delta in ([True, False] if HAS_BMI2 else [False]):
+    for delta in [True, False] if HAS_BMI2 else [False]:
         monkeypatch.setattr(stream, "DELTA_KERNELS", delta)
         stream.release_buffers()
         for mode in range(3):
@@ -239,7 +239,7 @@ def _rewrite_alto_chunk(store_path, c, deltas):
     g = zarr.open_group(str(store_path), mode="r+")
     arr = g["alto"]
     n = arr.chunks[0]
-    arr[c * n:c * n + deltas.shape[0]] = np.cumsum(deltas, dtype=np.uint64)
+    arr[c * n : c * n + deltas.shape[0]] = np.cumsum(deltas, dtype=np.uint64)
     g["chunks/crc_alto"][c] = ChunkFiles(arr).stored_checksum(c)
 
 
@@ -248,7 +248,7 @@ def test_changed_chunk_is_validated_again(tmp_path, rng):
     chunk rewritten with indices outside the range table never reaches the kernels."""
     s = _store(tmp_path, rng)
     stream.release_buffers()
-    list(stream_batches(s, 0, s.nchunks))            # first pass: validated and cached
+    list(stream_batches(s, 0, s.nchunks))  # first pass: validated and cached
     words = s.root["alto"][1000:2000]
     bigger = words.copy()
     bigger[-1] = np.uint64(int(words.max()) | ((1 << s.layout.index_bits) - 1))  # the largest index in range
@@ -289,6 +289,7 @@ def test_bad_compression_name(tmp_path, rng):
 
 def test_batch_size_follows_worker_memory():
     from tensorflow_ooc.execution.stream import BATCH_NNZ, batch_nnz_for
+
     assert batch_nnz_for(None) == BATCH_NNZ == batch_nnz_for(64 << 30)
     small = 450 << 20
     assert 2 * 16 * batch_nnz_for(small) <= small / 8 and batch_nnz_for(small) > 1 << 20

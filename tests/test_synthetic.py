@@ -14,7 +14,7 @@ def test_heavy_tailed_distinct_in_bounds(rng, shape):
     coords = np.concatenate([c for c, _ in parts])
     values = np.concatenate([v for _, v in parts])
     assert coords.shape == (20_000, len(shape))
-    assert len(np.unique(coords, axis=0)) == 20_000          # no duplicates across batches
+    assert len(np.unique(coords, axis=0)) == 20_000  # no duplicates across batches
     assert (coords >= 0).all() and (coords < np.array(shape)).all()
     assert (values > 0).all() and (values <= 1).all()
     again = list(synthetic.iter_heavy_tailed(shape, 20_000, seed=seed, batch_nnz=3000))

@@ -2,16 +2,15 @@
 
 import numpy as np
 import pytest
+from conftest import random_coo
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.errors import IndexRangeError, NonFiniteValueError, ShapeError, TfoocError
-from tensorflow_ooc.kernels.ttm import cpu as ttm_cpu
 from tensorflow_ooc.kernels.gpu.device import gpu_unavailable
+from tensorflow_ooc.kernels.ttm import cpu as ttm_cpu
 from tensorflow_ooc.kernels.ttm.chain import KERNELS, TTMLayouts, ttm_chain_coo
 from tensorflow_ooc.kernels.ttm.layout import merge, merge_many
 from tensorflow_ooc.kernels.ttm.select import FEATURES, features, load_tree, predict, select_kernel
-
-from conftest import random_coo
 
 
 def dense_of(shape, coords, values):
@@ -217,7 +216,7 @@ def test_shipped_tree_loads_and_predicts():
     assert tree is not None, "tensorflow_ooc/kernels/ttm/ttm_selector.json is not shipped"
     assert set(tree["classes"]) <= set(KERNELS) and tree["features"] == list(FEATURES)
     assert 0 <= tree["training"]["cv_accuracy"] <= 1
-    assert load_tree(device="gpu") is not None     # the GPU's own tree, or the CPU's where none was trained
+    assert load_tree(device="gpu") is not None  # the GPU's own tree, or the CPU's where none was trained
     leaves = [i for i, left in enumerate(tree["left"]) if left == -1]
     assert leaves and all(tree["right"][i] == -1 for i in leaves)
     # every leaf is reachable: a feature vector at each side of each split

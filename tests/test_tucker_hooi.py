@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import random_coo
 from distributed import Client, LocalCluster
 from scipy.linalg import subspace_angles
 
@@ -14,15 +15,15 @@ from tensorflow_ooc.cli import main
 from tensorflow_ooc.decompositions import tucker_updates as T
 from tensorflow_ooc.errors import DecompositionError, TfoocError
 
-from conftest import random_coo
-
 SHAPES = {3: (14, 11, 9), 4: (10, 8, 7, 6), 5: (7, 6, 5, 5, 4)}
 
 
 @pytest.fixture(scope="module")
 def client():
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster) as c:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as c,
+    ):
         yield c
 
 
@@ -56,8 +57,9 @@ def test_matches_pyttb_tucker_als_from_identical_init(tmp_path, rng, order):
     ranks = random_ranks(rng, shape)
     init = [None] + [rng.random((s, j)) for s, j in zip(shape[1:], ranks[1:])]
     X = sptensor(coords, values, shape)
-    ref, _, out = pyttb.tucker_als(X, ranks, stoptol=0, maxiters=3, init=[None if a is None else a.copy()
-                                                                          for a in init], printitn=0)
+    ref, _, out = pyttb.tucker_als(
+        X, ranks, stoptol=0, maxiters=3, init=[None if a is None else a.copy() for a in init], printitn=0
+    )
     ours = tfo.tucker_hooi(store, ranks, init=init, max_iters=3, tol=0)
     assert ours.iterations == 3 and len(ours.history) == 3
     assert abs(ours.fit - out["fit"]) < 1e-8
@@ -75,14 +77,15 @@ def test_matches_pyttb_tucker_als_from_identical_init(tmp_path, rng, order):
     assert h["svd_methods"] == ["gram"] * order
 
     # pyttb's stopping rule (fit change below tol, the first iteration included)
-    ref, _, out = pyttb.tucker_als(X, ranks, stoptol=1e-3, maxiters=40,
-                                   init=[None if a is None else a.copy() for a in init], printitn=0)
+    ref, _, out = pyttb.tucker_als(
+        X, ranks, stoptol=1e-3, maxiters=40, init=[None if a is None else a.copy() for a in init], printitn=0
+    )
     ours = tfo.tucker_hooi(store, ranks, init=init, max_iters=40, tol=1e-3)
     assert ours.iterations == out["iters"] + 1
     assert abs(ours.fit - out["fit"]) < 1e-8
 
 
-@pytest.mark.filterwarnings("ignore::numpy.exceptions.ComplexWarning")   # pyttb's nvecs returns complex vectors
+@pytest.mark.filterwarnings("ignore::numpy.exceptions.ComplexWarning")  # pyttb's nvecs returns complex vectors
 def test_random_and_nvecs_init_as_pyttb(tmp_path, rng, monkeypatch):
     import pyttb
 
@@ -154,10 +157,10 @@ def test_randomized_svd_run_matches_gram(tmp_path, rng):
 
 def test_empty_slices_and_rank_above_rank_of_unfolding(tmp_path, rng):
     shape = (12, 9, 8)
-    coords, values = random_coo(rng, (5, 9, 8), 150)          # slices 5..11 of mode 0 are empty
+    coords, values = random_coo(rng, (5, 9, 8), 150)  # slices 5..11 of mode 0 are empty
     store = tfo.convert((coords, values), tmp_path / "x.zarr", shape=shape)
     r = tfo.tucker_hooi(store, (3, 3, 3), seed=1, max_iters=3, tol=0)
-    assert np.abs(r.factors[0][5:]).max() == 0                  # rows of empty slices are zero
+    assert np.abs(r.factors[0][5:]).max() == 0  # rows of empty slices are zero
     assert r.history[-1]["nonempty_slices"][0] == 5
     # ranks above the rank of Y_(n): mode 0 asks for 7 > 5 non-empty slices, mode 2 for 5 > 2 x 2
     # columns of Y_(2): orthonormal completions, and the fit is still that of the model
@@ -177,11 +180,13 @@ def test_streamed_and_partitioned_equal_in_memory(tmp_path, rng, client, order):
     ranks = random_ranks(rng, shape)
     base = tfo.tucker_hooi(store, ranks, seed=3, max_iters=3, tol=0)
     assert base.params["scheduler"] == "inline" and base.params["execution"] == "in-memory"
-    runs = [tfo.tucker_hooi(store, ranks, seed=3, max_iters=3, tol=0, execution="streaming", partitions=3,
-                            scheduler="inline"),
-            tfo.tucker_hooi(store, ranks, seed=3, max_iters=3, tol=0, client=client, partitions=5),
-            tfo.tucker_hooi(store, ranks, seed=3, max_iters=3, tol=0, client=client, partitions=7,
-                            execution="streaming")]
+    runs = [
+        tfo.tucker_hooi(
+            store, ranks, seed=3, max_iters=3, tol=0, execution="streaming", partitions=3, scheduler="inline"
+        ),
+        tfo.tucker_hooi(store, ranks, seed=3, max_iters=3, tol=0, client=client, partitions=5),
+        tfo.tucker_hooi(store, ranks, seed=3, max_iters=3, tol=0, client=client, partitions=7, execution="streaming"),
+    ]
     assert runs[1].params["scheduler"] == "dask" and runs[1].params["partitions"] == 5
     assert runs[2].params["execution"] == "streaming"
     assert runs[2].history[-1]["bytes_read"] > 0 and runs[1].history[-1]["bytes_read"] == 0
@@ -200,8 +205,9 @@ def test_checkpoint_resume_gives_the_same_result(tmp_path, rng, client):
     full = tfo.tucker_hooi(store, (3, 2, 4), seed=2, max_iters=6, tol=0)
     part = tfo.tucker_hooi(store, (3, 2, 4), seed=2, max_iters=3, tol=0, checkpoint=ck)
     assert ck.exists() and part.iterations == 3
-    resumed = tfo.tucker_hooi(store, (3, 2, 4), seed=2, max_iters=6, tol=0, checkpoint=ck, resume=True,
-                              client=client, partitions=2)
+    resumed = tfo.tucker_hooi(
+        store, (3, 2, 4), seed=2, max_iters=6, tol=0, checkpoint=ck, resume=True, client=client, partitions=2
+    )
     assert resumed.params["resumed_after"] == 3 and resumed.iterations == 6
     assert [h["iteration"] for h in resumed.history] == list(range(1, 7))
     assert abs(resumed.fit - full.fit) < 1e-12
@@ -247,17 +253,26 @@ def test_bad_input_is_refused_and_nothing_written(tmp_path, rng):
     coords, values = random_coo(rng, shape, 60)
     store = tfo.convert((coords, values), tmp_path / "x.zarr", shape=shape)
     out, ck = tmp_path / "r.zarr", tmp_path / "ck.npz"
-    bad = [({"ranks": (2, 2)}, "order 3"), ({"ranks": (2, 2, 2, 2)}, "order 3"), ({"ranks": (2, 0, 2)}, "mode 1"),
-           ({"ranks": (2, 6, 2)}, r"mode 1 is 6; it must lie in 1\.\.5"), ({"ranks": (2, 2.5, 2)}, "mode 1"),
-           ({"ranks": "abc"}, "mode 0 must be an integer"), ({"ranks": None}, "one integer per mode"),
-           ({"ranks": 2, "init": "hosvd"}, "init must be one of"),
-           ({"ranks": 2, "init": [None, np.ones((5, 3)), np.ones((4, 2))]}, r"mode 1 has shape \(5, 3\)"),
-           ({"ranks": 2, "init": [None, np.full((5, 2), np.nan), np.ones((4, 2))]}, "mode 1 holds NaN"),
-           ({"ranks": 2, "init": [np.ones((6, 2))] * 2}, "init holds 2 matrices"),
-           ({"ranks": 2, "svd": "qr"}, "svd must be"), ({"ranks": 2, "max_iters": 0}, "max_iters"),
-           ({"ranks": 2, "tol": float("nan")}, "tol"), ({"ranks": 2, "execution": "disk"}, "execution"),
-           ({"ranks": 2, "kernel": "dense"}, "kernel must be"), ({"ranks": 2, "device": "tpu"}, "device must be"),
-           ({"ranks": 2, "seed": 1.5}, "seed must be")]
+    bad = [
+        ({"ranks": (2, 2)}, "order 3"),
+        ({"ranks": (2, 2, 2, 2)}, "order 3"),
+        ({"ranks": (2, 0, 2)}, "mode 1"),
+        ({"ranks": (2, 6, 2)}, r"mode 1 is 6; it must lie in 1\.\.5"),
+        ({"ranks": (2, 2.5, 2)}, "mode 1"),
+        ({"ranks": "abc"}, "mode 0 must be an integer"),
+        ({"ranks": None}, "one integer per mode"),
+        ({"ranks": 2, "init": "hosvd"}, "init must be one of"),
+        ({"ranks": 2, "init": [None, np.ones((5, 3)), np.ones((4, 2))]}, r"mode 1 has shape \(5, 3\)"),
+        ({"ranks": 2, "init": [None, np.full((5, 2), np.nan), np.ones((4, 2))]}, "mode 1 holds NaN"),
+        ({"ranks": 2, "init": [np.ones((6, 2))] * 2}, "init holds 2 matrices"),
+        ({"ranks": 2, "svd": "qr"}, "svd must be"),
+        ({"ranks": 2, "max_iters": 0}, "max_iters"),
+        ({"ranks": 2, "tol": float("nan")}, "tol"),
+        ({"ranks": 2, "execution": "disk"}, "execution"),
+        ({"ranks": 2, "kernel": "dense"}, "kernel must be"),
+        ({"ranks": 2, "device": "tpu"}, "device must be"),
+        ({"ranks": 2, "seed": 1.5}, "seed must be"),
+    ]
     for kwargs, match in bad:
         with pytest.raises(DecompositionError, match=match):
             tfo.tucker_hooi(store, out=out, checkpoint=ck, **kwargs)
@@ -272,17 +287,54 @@ def test_cli(tmp_path, rng, capsys):
     coords, values = random_coo(rng, shape, 200)
     store = tfo.convert((coords, values), tmp_path / "x.zarr", shape=shape)
     out = tmp_path / "t.zarr"
-    assert main(["tucker", str(store.path), "--ranks", "3,2,3", "--iters", "4", "--tol", "0", "--seed", "1",
-                 "--out", str(out), "-q"]) == 0
+    assert (
+        main(
+            [
+                "tucker",
+                str(store.path),
+                "--ranks",
+                "3,2,3",
+                "--iters",
+                "4",
+                "--tol",
+                "0",
+                "--seed",
+                "1",
+                "--out",
+                str(out),
+                "-q",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "fit" in text and str(out) in text
     r = tfo.load_tucker(out)
     assert r.ranks == (3, 2, 3) and r.iterations == 4
     ref = tfo.tucker_hooi(store, (3, 2, 3), seed=1, max_iters=4, tol=0)
     assert abs(r.fit - ref.fit) < 1e-12
-    assert main(["tucker", str(store.path), "--ranks", "3,2,3", "--out", str(out), "-q"]) == 2   # exists
-    assert main(["tucker", str(store.path), "--ranks", "3,2,3", "--iters", "6", "--tol", "0", "--seed", "1",
-                 "--out", str(out), "--resume", "-q"]) == 0
+    assert main(["tucker", str(store.path), "--ranks", "3,2,3", "--out", str(out), "-q"]) == 2  # exists
+    assert (
+        main(
+            [
+                "tucker",
+                str(store.path),
+                "--ranks",
+                "3,2,3",
+                "--iters",
+                "6",
+                "--tol",
+                "0",
+                "--seed",
+                "1",
+                "--out",
+                str(out),
+                "--resume",
+                "-q",
+            ]
+        )
+        == 0
+    )
     assert tfo.load_tucker(out).iterations == 6
     for ranks in ("3,2", "3,9,3", "0"):
         assert main(["tucker", str(store.path), "--ranks", ranks, "--out", str(tmp_path / "bad.zarr"), "-q"]) == 2
@@ -295,14 +347,29 @@ def test_cli(tmp_path, rng, capsys):
         main(["tucker", "--help"])
     assert e.value.code == 0
     helptext = capsys.readouterr().out
-    for opt in ("--ranks", "--iters", "--tol", "--init", "--seed", "--svd", "--kernel", "--execution", "--out",
-                "--checkpoint", "--resume", "--overwrite", "--scheduler", "--partitions", "--device"):
+    for opt in (
+        "--ranks",
+        "--iters",
+        "--tol",
+        "--init",
+        "--seed",
+        "--svd",
+        "--kernel",
+        "--execution",
+        "--out",
+        "--checkpoint",
+        "--resume",
+        "--overwrite",
+        "--scheduler",
+        "--partitions",
+        "--device",
+    ):
         assert opt in helptext
 
 
 def test_readme_tucker_example_runs(tmp_path, monkeypatch):
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("### Tucker decomposition"):]
+    section = readme[readme.index("### Tucker decomposition") :]
     block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert "tucker_hooi" in block
     script = tmp_path / "tucker_example.py"
@@ -316,11 +383,21 @@ def test_gpu_workers_equal_cpu(tmp_path, rng, client):
     # one partition, as the simulator's kernels are not safe to run from two threads at once
     shape = (6, 5, 4)
     coords, values = random_coo(rng, shape, 40)
-    store = tfo.convert((coords, values), tmp_path / "x.zarr", shape=shape, chunk_nnz=16)   # 3 chunks
+    store = tfo.convert((coords, values), tmp_path / "x.zarr", shape=shape, chunk_nnz=16)  # 3 chunks
     base = tfo.tucker_hooi(store, 2, seed=4, max_iters=2, tol=0)
     for kernel in ("fiber", "coo"):
-        r = tfo.tucker_hooi(store, 2, seed=4, max_iters=2, tol=0, client=client, device="gpu", kernel=kernel,
-                            partitions=1, execution="streaming")
+        r = tfo.tucker_hooi(
+            store,
+            2,
+            seed=4,
+            max_iters=2,
+            tol=0,
+            client=client,
+            device="gpu",
+            kernel=kernel,
+            partitions=1,
+            execution="streaming",
+        )
         assert r.params["device"] == "gpu" and r.params["partitions"] == 1
         assert abs(r.fit - base.fit) < 1e-12
         for a, b in zip(r.factors, base.factors):

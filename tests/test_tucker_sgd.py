@@ -3,8 +3,10 @@ against NumPy references, the GPU kernels under the simulator, the decomposition
 model, the train/test split, results and bad input."""
 
 import math
+
 import numpy as np
 import pytest
+from conftest import random_coo
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc import synthetic
@@ -12,10 +14,8 @@ from tensorflow_ooc.decompositions.fasttucker_result import CompletionError
 from tensorflow_ooc.execution import completion as T
 from tensorflow_ooc.kernels.completion import fasttucker_cpu as K
 
-from conftest import random_coo
-
-
 # ---------------------------------------------------------------- NumPy references (float64) ---
+
 
 def stacked(shape, ranks, R, rng, scale=0.7):
     """Random stacked model (A, B, offsets) with zero padding past each mode's rank."""
@@ -25,7 +25,7 @@ def stacked(shape, ranks, R, rng, scale=0.7):
     A = np.zeros((sum(shape), J))
     B = np.zeros((N, J, R))
     for n, (L, j) in enumerate(zip(shape, ranks)):
-        A[offsets[n]:offsets[n] + L, :j] = scale * rng.standard_normal((L, j))
+        A[offsets[n] : offsets[n] + L, :j] = scale * rng.standard_normal((L, j))
         B[n, :j] = scale * rng.standard_normal((j, R))
     return A, B, offsets
 
@@ -42,7 +42,7 @@ def loss(coords, values, A, B, offsets, reg_a, reg_b):
     """The seed's objective, halved: 1/2 sum e^2 + reg_a/2 sum_samples sum_n |a|^2 + reg_b/2 sum |B|^2."""
     e = values - predict_ref(coords, A, B, offsets)
     rows = coords + offsets[None, :]
-    return 0.5 * (e ** 2).sum() + 0.5 * reg_a * (A[rows] ** 2).sum() + 0.5 * reg_b * (B ** 2).sum()
+    return 0.5 * (e**2).sum() + 0.5 * reg_a * (A[rows] ** 2).sum() + 0.5 * reg_b * (B**2).sum()
 
 
 def per_sample_updates(coords, values, order, A, B, offsets, lr, reg, normalized=False):
@@ -70,6 +70,7 @@ def distinct_entries(rng, shape, m):
 
 
 # ------------------------------------------------------------------ gradients and updates ---
+
 
 @pytest.mark.parametrize("N", [3, 4, 5])
 def test_factor_moves_are_the_loss_gradient(rng, N):
@@ -145,8 +146,9 @@ def test_matrixized_batch_equals_per_sample_updates_without_repeated_indices(rng
     K.factor_pass(coords, values, np.arange(M, dtype=np.int64), off, got, B, M, lr, 0.0, 1, normalized)
     single = [A.copy(), A.copy()]
     for k in range(2):
-        K.factor_pass(coords[k:k + 1], values[k:k + 1], np.zeros(1, np.int64), off, single[k], B, 1, lr, 0.0, 1,
-                      normalized)
+        K.factor_pass(
+            coords[k : k + 1], values[k : k + 1], np.zeros(1, np.int64), off, single[k], B, 1, lr, 0.0, 1, normalized
+        )
     row = off[0] + coords[0, 0]
     np.testing.assert_allclose(got[row], A[row] + (single[0][row] - A[row]) + (single[1][row] - A[row]), rtol=1e-12)
 
@@ -170,9 +172,9 @@ def test_normalized_step_removes_the_rate_fraction_of_the_error_at_any_scale(rng
 
 def test_gauge_rebalance_keeps_every_prediction_and_conditions_the_core(rng):
     shape = (30, 20, 25, 15)
-    ranks = (5, 2, 4, 5)                  # J_n above, below and at R
+    ranks = (5, 2, 4, 5)  # J_n above, below and at R
     A, B, off = stacked(shape, ranks, 4, rng)
-    B[0] *= 50.0                          # badly scaled, badly conditioned gauge
+    B[0] *= 50.0  # badly scaled, badly conditioned gauge
     B[1, :, 0] *= 1e-3
     A2, B2 = T.rebalance_gauge(A, B, off, shape, ranks)
     coords, _ = random_coo(rng, shape, 300)
@@ -181,10 +183,10 @@ def test_gauge_rebalance_keeps_every_prediction_and_conditions_the_core(rng):
     rms = []
     for n, (L, J) in enumerate(zip(shape, ranks)):
         k = min(J, 4)
-        np.testing.assert_allclose(B2[n, :k] @ B2[n, :k].T, np.eye(k), atol=1e-12)   # orthonormal rows
-        assert not B2[n, k:].any() and not A2[off[n]:off[n] + L, k:].any()
-        C = A2[off[n]:off[n] + L] @ B2[n]
-        rms.append(np.sqrt((C ** 2).mean(axis=0)))
+        np.testing.assert_allclose(B2[n, :k] @ B2[n, :k].T, np.eye(k), atol=1e-12)  # orthonormal rows
+        assert not B2[n, k:].any() and not A2[off[n] : off[n] + L, k:].any()
+        C = A2[off[n] : off[n] + L] @ B2[n]
+        rms.append(np.sqrt((C**2).mean(axis=0)))
     np.testing.assert_allclose(np.array(rms), np.broadcast_to(rms[0], (4, 4)), rtol=1e-10)  # equal column scales
 
 
@@ -203,6 +205,7 @@ def test_one_thread_is_reproducible_and_predict_matches_reference(rng):
 
 
 # ------------------------------------------------------------------------------- GPU kernels ---
+
 
 @pytest.mark.parametrize("normalized", [False, True])
 def test_gpu_kernels_match_cpu_within_fp16_rounding(rng, normalized):
@@ -242,6 +245,7 @@ def test_gpu_config_pads_to_tiles_and_refuses_what_does_not_fit():
 
 # ------------------------------------------------------------- decomposition, split, results ---
 
+
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """A small planted FastTucker store (two partitions' worth of chunks) and its model."""
@@ -266,7 +270,7 @@ def test_split_is_seeded_and_disjoint(small):
         return train, test
 
     train, test = split(5)
-    keys = lambda c: set(map(tuple, c.tolist()))   # noqa: E731
+    keys = lambda c: set(map(tuple, c.tolist()))  # noqa: E731
     assert not keys(train) & keys(test)
     assert keys(train) | keys(test) == keys(p.coords)
     assert 0.06 < test.shape[0] / p.coords.shape[0] < 0.14
@@ -298,8 +302,14 @@ def test_predict_matches_the_dense_model(rng, N):
     shape = tuple(int(x) for x in rng.integers(3, 6, N))
     ranks = tuple(int(rng.integers(1, L + 1)) for L in shape)
     R = int(rng.integers(1, 4))
-    res = tfo.FastTuckerResult([rng.standard_normal((L, j)) for L, j in zip(shape, ranks)],
-                               [rng.standard_normal((j, R)) for j in ranks], 0.0, 0.0, 0, 0)
+    res = tfo.FastTuckerResult(
+        [rng.standard_normal((L, j)) for L, j in zip(shape, ranks)],
+        [rng.standard_normal((j, R)) for j in ranks],
+        0.0,
+        0.0,
+        0,
+        0,
+    )
     dense = dense_reference(res.factors, res.core_factors)
     coords = np.stack(np.unravel_index(np.arange(dense.size), shape), axis=1)
     np.testing.assert_allclose(res.predict(coords), dense.ravel(), rtol=1e-12, atol=1e-12)
@@ -311,8 +321,18 @@ def test_predict_matches_the_dense_model(rng, N):
 def test_run_keeps_the_best_epoch_saves_and_loads(small, tmp_path):
     p, store, _ = small
     seen = []
-    r = tfo.tucker_sgd(store, 3, 3, test_fraction=0.2, epochs=6, seed=2, progress=True, out=tmp_path / "r.zarr",
-                       callback=seen.append, threads=1)
+    r = tfo.tucker_sgd(
+        store,
+        3,
+        3,
+        test_fraction=0.2,
+        epochs=6,
+        seed=2,
+        progress=True,
+        out=tmp_path / "r.zarr",
+        callback=seen.append,
+        threads=1,
+    )
     assert len(seen) == len(r.history) == r.epochs == 6
     for h in r.history:
         assert {"test_rmse", "test_mae", "train_rmse", "factor_seconds", "core_seconds"} <= set(h)
@@ -322,7 +342,7 @@ def test_run_keeps_the_best_epoch_saves_and_loads(small, tmp_path):
     # the kept model's test error is the recorded one
     mask = K.held_out_mask(p.coords, np.uint64(2), 0.2)
     err = p.values[mask] - r.predict(p.coords[mask])
-    assert math.sqrt(np.mean(err ** 2)) == pytest.approx(r.test_rmse, rel=1e-9)
+    assert math.sqrt(np.mean(err**2)) == pytest.approx(r.test_rmse, rel=1e-9)
     assert np.mean(np.abs(err)) == pytest.approx(r.test_mae, rel=1e-9)
     # reproducible with one thread
     again = tfo.tucker_sgd(store, 3, 3, test_fraction=0.2, epochs=6, seed=2, progress=False, threads=1)
@@ -331,7 +351,7 @@ def test_run_keeps_the_best_epoch_saves_and_loads(small, tmp_path):
     for a, b in zip(back.factors + back.core_factors, r.factors + r.core_factors):
         np.testing.assert_array_equal(a, b)
     assert back.history == r.history and back.best_epoch == r.best_epoch
-    assert isinstance(tfo.load_result(tmp_path / "r.zarr"), tfo.FastTuckerResult)   # the one reader of result stores
+    assert isinstance(tfo.load_result(tmp_path / "r.zarr"), tfo.FastTuckerResult)  # the one reader of result stores
     with pytest.raises(tfo.TfoocError, match="not a tensorflow_ooc CP result"):
         tfo.load_result(store.path)
     r.save_npz(tmp_path / "r.npz")
@@ -343,17 +363,20 @@ def test_user_test_store_and_dask_partitions(small, tmp_path):
     """A separate test store, on an embedded Dask cluster with several partitions (tree reductions)."""
     p, _, _ = small
     n = p.coords.shape[0]
-    train = tfo.convert((p.coords[: n - 300], p.values[: n - 300]), str(tmp_path / "tr.zarr"), shape=p.shape,
-                        chunk_nnz=512)
-    test = tfo.convert((p.coords[n - 300:], p.values[n - 300:]), str(tmp_path / "te.zarr"), shape=p.shape)
+    train = tfo.convert(
+        (p.coords[: n - 300], p.values[: n - 300]), str(tmp_path / "tr.zarr"), shape=p.shape, chunk_nnz=512
+    )
+    test = tfo.convert((p.coords[n - 300 :], p.values[n - 300 :]), str(tmp_path / "te.zarr"), shape=p.shape)
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as cl, \
-            Client(cl) as client:
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as cl,
+        Client(cl) as client,
+    ):
         r = tfo.tucker_sgd(train, 3, 3, test=test, epochs=4, seed=0, progress=False, client=client, partitions=6)
     assert r.params["partitions"] == 6 and r.params["n_test"] == 300 and r.params["n_train"] == n - 300
-    err = p.values[n - 300:] - r.predict(p.coords[n - 300:])
-    assert math.sqrt(np.mean(err ** 2)) == pytest.approx(r.test_rmse, rel=1e-9)
+    err = p.values[n - 300 :] - r.predict(p.coords[n - 300 :])
+    assert math.sqrt(np.mean(err**2)) == pytest.approx(r.test_rmse, rel=1e-9)
     assert r.history[-1]["test_rmse"] < r.history[0]["test_rmse"]
 
 
@@ -370,27 +393,31 @@ def test_partition_moves_average_rows_several_partitions_touched(rng):
     want[9] += m2.moves[1]
     want[3] += (m1.moves[1] + m2.moves[0] + m3.moves[0]) / 3
     np.testing.assert_allclose(new, want, rtol=1e-14)
-    assert np.array_equal(state.A, A)          # the input state is not modified
+    assert np.array_equal(state.A, A)  # the input state is not modified
 
 
 # ----------------------------------------------------------------------------- bad input ---
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(ranks=(3, 25, 3)), "exceeds its length 20"),
-    (dict(ranks=(0, 3, 3)), "must be an integer >= 1"),
-    (dict(ranks=(3, 3)), "2 given for the 3 modes"),
-    (dict(core_rank=0), "core_rank"),
-    (dict(lr_factors=float("nan")), "lr_factors"),
-    (dict(lr_core=float("nan")), "lr_core"),
-    (dict(reg_factors=-1.0), "reg_factors"),
-    (dict(test_fraction=1.5), "test_fraction"),
-    (dict(epochs=0), "epochs"),
-    (dict(step="adam"), "step must be"),
-    (dict(lr_factors=2.5), "in \\(0, 2\\)"),
-    (dict(lr_decay=-0.1), "lr_decay"),
-    (dict(revive_epochs=-1), "revive_epochs"),
-    (dict(revive_epochs=2.5), "revive_epochs"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(ranks=(3, 25, 3)), "exceeds its length 20"),
+        (dict(ranks=(0, 3, 3)), "must be an integer >= 1"),
+        (dict(ranks=(3, 3)), "2 given for the 3 modes"),
+        (dict(core_rank=0), "core_rank"),
+        (dict(lr_factors=float("nan")), "lr_factors"),
+        (dict(lr_core=float("nan")), "lr_core"),
+        (dict(reg_factors=-1.0), "reg_factors"),
+        (dict(test_fraction=1.5), "test_fraction"),
+        (dict(epochs=0), "epochs"),
+        (dict(step="adam"), "step must be"),
+        (dict(lr_factors=2.5), "in \\(0, 2\\)"),
+        (dict(lr_decay=-0.1), "lr_decay"),
+        (dict(revive_epochs=-1), "revive_epochs"),
+        (dict(revive_epochs=2.5), "revive_epochs"),
+    ],
+)
 def test_bad_arguments_are_refused_before_anything_is_written(small, tmp_path, kwargs, match):
     _, store, _ = small
     args = dict(ranks=3, core_rank=3, test_fraction=0.1, epochs=2, progress=False, out=tmp_path / "out.zarr")
@@ -417,13 +444,14 @@ def test_bad_test_sets_are_refused(small, tmp_path):
 
 # -------------------------------------------------------------------------- CLI and README ---
 
+
 def tfooc(capsys, *args):
     """Run the CLI in this process (its imports are paid once); returns (status, stdout, stderr)."""
     from tensorflow_ooc.cli import main
 
     try:
         code = main([str(a) for a in args])
-    except SystemExit as exc:          # argparse: --help and usage errors
+    except SystemExit as exc:  # argparse: --help and usage errors
         code = exc.code
     out = capsys.readouterr()
     return code, out.out, out.err
@@ -432,32 +460,92 @@ def tfooc(capsys, *args):
 def test_cli_complete(small, tmp_path, capsys):
     _, store, _ = small
     _, help_text, _ = tfooc(capsys, "complete", "--help")
-    for flag in ("--ranks", "--core-rank", "--test", "--test-fraction", "--epochs", "--batch", "--lr-factors",
-                 "--lr-core", "--reg-factors", "--reg-core", "--seed", "--out", "--step", "--no-rebalance",
-                 "--revive-epochs"):
+    for flag in (
+        "--ranks",
+        "--core-rank",
+        "--test",
+        "--test-fraction",
+        "--epochs",
+        "--batch",
+        "--lr-factors",
+        "--lr-core",
+        "--reg-factors",
+        "--reg-core",
+        "--seed",
+        "--out",
+        "--step",
+        "--no-rebalance",
+        "--revive-epochs",
+    ):
         assert flag in help_text
     out = tmp_path / "cli.zarr"
-    code, _, err = tfooc(capsys, "complete", store.path, "--ranks", "3,3,3", "--core-rank", "3", "--lr-factors", "nan",
-                         "--out", out)
+    code, _, err = tfooc(
+        capsys, "complete", store.path, "--ranks", "3,3,3", "--core-rank", "3", "--lr-factors", "nan", "--out", out
+    )
     # refused at parse time now, naming the option as given (the API names its keyword, above)
     assert code == 2 and "--lr-factors" in err and "tfooc: error:" in err and not out.exists()
     code, _, err = tfooc(capsys, "complete", store.path, "--ranks", "3,30,3", "--core-rank", "3", "--out", out)
     assert code == 2 and "exceeds" in err and not out.exists()
     code, _, err = tfooc(capsys, "complete", store.path, "--ranks", "3,a", "--core-rank", "3")
     assert code == 2 and "not ranks" in err
-    code, _, err = tfooc(capsys, "complete", store.path, "--ranks", "3", "--core-rank", "3", "--test", store.path,
-                         "--test-fraction", "0.1")
+    code, _, err = tfooc(
+        capsys,
+        "complete",
+        store.path,
+        "--ranks",
+        "3",
+        "--core-rank",
+        "3",
+        "--test",
+        store.path,
+        "--test-fraction",
+        "0.1",
+    )
     assert code == 2 and "not allowed with" in err
-    code, stdout, err = tfooc(capsys, "-q", "complete", store.path, "--ranks", "3", "--core-rank", "3", "--epochs", "3",
-                              "--test-fraction", "0.2", "--seed", "4", "--out", out)
+    code, stdout, err = tfooc(
+        capsys,
+        "-q",
+        "complete",
+        store.path,
+        "--ranks",
+        "3",
+        "--core-rank",
+        "3",
+        "--epochs",
+        "3",
+        "--test-fraction",
+        "0.2",
+        "--seed",
+        "4",
+        "--out",
+        out,
+    )
     assert code == 0, err
     assert "test RMSE" in stdout and out.exists()
     r = tfo.load_fasttucker_result(out)
     assert r.params["test_fraction"] == 0.2 and r.epochs == 3
     assert r.params["step"] == "normalized" and r.params["rebalance"] and r.params["lr_factors"] == 0.3
     assert r.params["revive_epochs"] == 10
-    code, _, err = tfooc(capsys, "-q", "complete", store.path, "--ranks", "3", "--core-rank", "3", "--epochs", "2",
-                         "--step", "plain", "--no-rebalance", "--revive-epochs", "0", "--out", out, "--overwrite")
+    code, _, err = tfooc(
+        capsys,
+        "-q",
+        "complete",
+        store.path,
+        "--ranks",
+        "3",
+        "--core-rank",
+        "3",
+        "--epochs",
+        "2",
+        "--step",
+        "plain",
+        "--no-rebalance",
+        "--revive-epochs",
+        "0",
+        "--out",
+        out,
+        "--overwrite",
+    )
     assert code == 0, err
     r = tfo.load_fasttucker_result(out)
     assert r.params["step"] == "plain" and not r.params["rebalance"] and r.params["lr_factors"] == 0.01
@@ -480,6 +568,7 @@ def test_readme_completion_example_runs(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------ planted convergence ---
 
+
 def test_planted_model_is_recovered_near_the_noise_level(rng):
     """The issue's case: 300 x 200 x 50, 200 k observed entries of a planted FastTucker model
     (J = R = 8) with 5 % noise, fitted at J = R = 8, 90/10 split, 50 epochs, default settings.
@@ -491,8 +580,9 @@ def test_planted_model_is_recovered_near_the_noise_level(rng):
     p = synthetic.planted_fasttucker((300, 200, 50), 8, 8, 200_000, noise=0.05, seed=int(rng.integers(2**31)))
     store = tfo.convert((p.coords, p.values), f"memory://planted-{rng.integers(2**62)}", shape=p.shape)
     for _ in range(3):
-        r = tfo.tucker_sgd(store, 8, 8, test_fraction=0.1, epochs=50, seed=int(rng.integers(2**31)), progress=False,
-                           patience=None)
+        r = tfo.tucker_sgd(
+            store, 8, 8, test_fraction=0.1, epochs=50, seed=int(rng.integers(2**31)), progress=False, patience=None
+        )
         if r.test_rmse < 1.2 * p.noise_std:
             break
     ratios = [round(h["test_rmse"] / p.noise_std, 3) for h in r.history]
@@ -501,7 +591,7 @@ def test_planted_model_is_recovered_near_the_noise_level(rng):
     assert r.params["step"] == "normalized" and r.params["rebalance"] and r.params["lr_factors"] == 0.3
     assert r.params["revive_epochs"] == 10
     assert r.test_rmse < 1.2 * p.noise_std, ratios
-    assert r.test_rmse < r.history[0]["test_rmse"], ratios     # still learning after the first epoch
+    assert r.test_rmse < r.history[0]["test_rmse"], ratios  # still learning after the first epoch
 
 
 def test_gpu_device_path_end_to_end(rng):
@@ -512,9 +602,10 @@ def test_gpu_device_path_end_to_end(rng):
         pytest.skip(gpu_unavailable())
     p = synthetic.planted_fasttucker((20, 16, 12), 3, 3, 120, noise=0.05, seed=int(rng.integers(2**31)))
     store = tfo.convert((p.coords, p.values), f"memory://gpu-{rng.integers(2**62)}", shape=p.shape)
-    r = tfo.tucker_sgd(store, 3, 3, test_fraction=0.25, epochs=1, seed=3, progress=False, device="gpu",
-                       scheduler="inline")
+    r = tfo.tucker_sgd(
+        store, 3, 3, test_fraction=0.25, epochs=1, seed=3, progress=False, device="gpu", scheduler="inline"
+    )
     assert r.params["device"] == "gpu" and math.isfinite(r.test_rmse)
     mask = K.held_out_mask(p.coords, np.uint64(3), 0.25)
     err = p.values[mask] - r.predict(p.coords[mask])
-    assert math.sqrt(np.mean(err ** 2)) == pytest.approx(r.test_rmse, rel=1e-6)
+    assert math.sqrt(np.mean(err**2)) == pytest.approx(r.test_rmse, rel=1e-6)

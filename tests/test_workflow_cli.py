@@ -21,10 +21,10 @@ def test_cpd_twice_without_out_refuses_and_says_how_to_proceed(tmp_path, rng, ca
     assert main(args + ["--seed", "7"]) == 2
     err = capsys.readouterr().err
     assert default_out in err and "--out" in err and "--overwrite" in err and "--resume" in err
-    assert tfo.load_result(default_out).history == first.history         # untouched
+    assert tfo.load_result(default_out).history == first.history  # untouched
     assert main(args + ["--seed", "7", "--overwrite"]) == 0
     assert tfo.load_result(default_out).params["seed"] == 7
-    assert main(args + ["--max-iters", "5", "--resume"]) == 0             # continuing is not overwriting
+    assert main(args + ["--max-iters", "5", "--resume"]) == 0  # continuing is not overwriting
     assert tfo.load_result(default_out).iterations == 5
 
 

@@ -47,8 +47,13 @@ def cluster():
 
 
 def _spec(tmp_path, rng, iters):
-    params = {"shape": ", ".join(str(int(rng.integers(15, 30))) for _ in range(3)), "nnz": int(rng.integers(1500, 3000)),
-              "rank": int(rng.integers(2, 4)), "seed": int(rng.integers(1 << 30)), "iters": iters}
+    params = {
+        "shape": ", ".join(str(int(rng.integers(15, 30))) for _ in range(3)),
+        "nnz": int(rng.integers(1500, 3000)),
+        "rank": int(rng.integers(2, 4)),
+        "seed": int(rng.integers(1 << 30)),
+        "iters": iters,
+    }
     path = tmp_path / "cluster.yaml"
     path.write_text(SPEC.format(**params))
     return path, params
@@ -74,8 +79,9 @@ def _iteration(storage, run_id):
 
 def _reference_fit(storage, params):
     """The same CP-ALS without interruption, in this process."""
-    r = tfo.cp_als(storage / "t.zarr", params["rank"], seed=params["seed"], max_iters=params["iters"], tol=0,
-                   scheduler="inline")
+    r = tfo.cp_als(
+        storage / "t.zarr", params["rank"], seed=params["seed"], max_iters=params["iters"], tol=0, scheduler="inline"
+    )
     return r.fit
 
 
@@ -83,9 +89,23 @@ def test_submit_returns_at_once_and_records_outlive_the_cluster(tmp_path, rng, c
     path, params = _spec(tmp_path, rng, iters=60)
     storage = tmp_path / "storage"
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as first:
-        r = subprocess.run([sys.executable, "-m", "tensorflow_ooc.cli", "submit", str(path), "--scheduler",
-                            first.scheduler_address, "--storage", str(storage)], capture_output=True, text=True,
-                           timeout=300, env={**os.environ, **ENV})
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tensorflow_ooc.cli",
+                "submit",
+                str(path),
+                "--scheduler",
+                first.scheduler_address,
+                "--storage",
+                str(storage),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, **ENV},
+        )
         assert r.returncode == 0, r.stderr
         run_id = r.stdout.strip()
         # the command has exited; the run is still going on the cluster
@@ -130,8 +150,7 @@ def test_lock_cancel_and_resume_from_the_checkpoint(tmp_path, rng, cluster, caps
     stopped = rec.steps["decompose"].progress["iteration"]
     assert 4 <= stopped < params["iters"]
     # run it again: the generator is up to date, CP-ALS continues from its checkpoint
-    resumed = wait(str(storage), submit(load_spec(path, storage=str(storage)), cluster.scheduler_address),
-                   timeout=120)
+    resumed = wait(str(storage), submit(load_spec(path, storage=str(storage)), cluster.scheduler_address), timeout=120)
     assert resumed.state == "done", resumed.error
     dec = resumed.steps["decompose"]
     assert resumed.steps["generate"].state == "skipped"
@@ -164,9 +183,23 @@ def test_sigkill_of_the_worker_running_the_driver(tmp_path, rng, cluster):
 def test_sigkill_of_a_foreground_driver_then_rerun_takes_over(tmp_path, rng, cluster):
     path, params = _spec(tmp_path, rng, iters=100)
     storage = tmp_path / "storage"
-    proc = subprocess.Popen([sys.executable, "-m", "tensorflow_ooc.cli", "-q", "run", str(path), "--scheduler",
-                             cluster.scheduler_address, "--storage", str(storage)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, **ENV})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorflow_ooc.cli",
+            "-q",
+            "run",
+            str(path),
+            "--scheduler",
+            cluster.scheduler_address,
+            "--storage",
+            str(storage),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **ENV},
+    )
     try:
         runs = RunStore(str(storage))
         run_id = _until(lambda: (runs.list() or [None])[0] and runs.list()[0].run_id, what="the run's record")
@@ -178,12 +211,12 @@ def test_sigkill_of_a_foreground_driver_then_rerun_takes_over(tmp_path, rng, clu
         if proc.poll() is None:
             proc.kill()
     killed = runs.read(run_id)
-    assert killed.state == "running"         # nobody closed it...
+    assert killed.state == "running"  # nobody closed it...
     _until(lambda: runs.read(run_id).display_state() == "lost", timeout=30, what="the heartbeat to go stale")
     again = execute(load_spec(path, storage=str(storage)), cluster=cluster.scheduler_address)
     assert again.state == "done", again.record.error
     assert again.record.took_over == [run_id]
-    closed = runs.read(run_id)                # ...until the next run took its outputs over
+    closed = runs.read(run_id)  # ...until the next run took its outputs over
     assert closed.state == "failed" and closed.error.startswith("lost:") and again.run_id in closed.error
     assert closed.steps["decompose"].state == "failed" and "interrupted" in closed.steps["decompose"].error
     dec = again.record.steps["decompose"]

@@ -121,7 +121,7 @@ def test_touch_rename_and_copies_are_not_appended_again(nightly, rng, capsys):
     shutil.copy(inc / "day2.tns", inc / "day2-copy.tns")
     assert _run(spec, storage) == 0
     v = _versions(storage)
-    assert len(v) == 2 and len(v[-1]["new_files"]) == 1       # the first by name: day2-copy.tns
+    assert len(v) == 2 and len(v[-1]["new_files"]) == 1  # the first by name: day2-copy.tns
     _assert_same(_latest(storage), _sum(day1, day2))
 
 
@@ -143,7 +143,11 @@ def test_touch_in_the_shipped_nightly_flow_publishes_nothing(tmp_path, rng):
     assert two.exit_code == 3, two.record.error
     assert two.record.steps["ingest"].state == "skipped" and two.record.steps["ingest"].metrics["new_files"] == 0
     assert {n: s.state for n, s in two.record.steps.items()} == {
-        "ingest": "skipped", "decompose": "skipped", "evaluate": "skipped", "publish": "skipped"}
+        "ingest": "skipped",
+        "decompose": "skipped",
+        "evaluate": "skipped",
+        "publish": "skipped",
+    }
     assert (storage / "nightly" / "published" / "factors.npz").stat().st_mtime_ns == published
     versions = json.loads((storage / "nightly" / "tensor" / "versions.json").read_text())["versions"]
     assert len(versions) == 1
@@ -157,8 +161,8 @@ def test_edited_file_is_an_error_naming_it(nightly, rng, capsys):
     inc = storage / "incoming"
     day1 = _random_file(rng, inc / "day1.tns")
     assert _run(spec, storage) == 0
-    _random_file(rng, inc / "day1.tns")             # new content under the ingested name
-    _random_file(rng, inc / "day2.tns")             # and a genuinely new file in the same batch
+    _random_file(rng, inc / "day1.tns")  # new content under the ingested name
+    _random_file(rng, inc / "day2.tns")  # and a genuinely new file in the same batch
     capsys.readouterr()
     code = _run(spec, storage)
     err = capsys.readouterr().err
@@ -249,9 +253,12 @@ def test_store_from_before_content_hashes(nightly, rng, capsys):
     _assert_same(_latest(storage), day1)
 
 
-@pytest.mark.parametrize("extra, field, message", [
-    ("\n    on_changed: sometimes", "steps.ingest.on_changed", "expected 'error', 'replace-version' or 'append'"),
-])
+@pytest.mark.parametrize(
+    "extra, field, message",
+    [
+        ("\n    on_changed: sometimes", "steps.ingest.on_changed", "expected 'error', 'replace-version' or 'append'"),
+    ],
+)
 def test_on_changed_is_validated(nightly, extra, field, message):
     storage, setup = nightly
     spec = setup(extra)
@@ -259,7 +266,8 @@ def test_on_changed_is_validated(nightly, extra, field, message):
         load_spec(spec, storage=str(storage))
     p = info.value.problems[0]
     assert p.field == field and message in p.message and p.line == 9, str(info.value)
-    spec.write_text(spec.read_text().replace("on_changed: sometimes", "on_changed: append")
-                    .replace("append: true", "append: false"))
+    spec.write_text(
+        spec.read_text().replace("on_changed: sometimes", "on_changed: append").replace("append: true", "append: false")
+    )
     with pytest.raises(SpecError, match="'on_changed' is only for append: true"):
         load_spec(spec, storage=str(storage))

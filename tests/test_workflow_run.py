@@ -54,9 +54,13 @@ steps:
 
 
 def _write(tmp_path, rng, rank=None, extra=""):
-    params = {"shape": ", ".join(str(int(rng.integers(15, 40))) for _ in range(3)),
-              "nnz": int(rng.integers(2000, 5000)), "rank": rank or int(rng.integers(2, 5)),
-              "seed": int(rng.integers(1 << 30)), "extra": extra}
+    params = {
+        "shape": ", ".join(str(int(rng.integers(15, 40))) for _ in range(3)),
+        "nnz": int(rng.integers(2000, 5000)),
+        "rank": rank or int(rng.integers(2, 5)),
+        "seed": int(rng.integers(1 << 30)),
+        "extra": extra,
+    }
     path = tmp_path / "small.yaml"
     path.write_text(SPEC.format(**params))
     return path, params
@@ -103,12 +107,21 @@ def test_run_done_then_skipped_then_only_changes_rerun(tmp_path, rng, capsys):
     assert set(_states(second).values()) == {"skipped"}
 
     # a new rank reruns the decomposition and what reads it, not the generator or the converter
-    path.write_text(path.read_text().replace(f"rank: {params['rank']}\n    max_iters",
-                                             f"rank: {params['rank'] + 1}\n    max_iters"))
+    path.write_text(
+        path.read_text().replace(f"rank: {params['rank']}\n    max_iters", f"rank: {params['rank'] + 1}\n    max_iters")
+    )
     assert main(["run", str(path), "--storage", str(storage), "-q"]) == 0
     third = runs.list()[0]
-    assert _states(third) == {"generate": "skipped", "convert": "skipped", "decompose": "done",
-                              "evaluate": "done", "npz": "done", "pyttb": "done", "tensorly": "done", "zarr": "done"}
+    assert _states(third) == {
+        "generate": "skipped",
+        "convert": "skipped",
+        "decompose": "done",
+        "evaluate": "done",
+        "npz": "done",
+        "pyttb": "done",
+        "tensorly": "done",
+        "zarr": "done",
+    }
     assert tfo.load_result(storage / "t.cp.zarr").rank == params["rank"] + 1
 
     # an output replaced behind the workflow's back is rewritten; --force reruns everything
@@ -128,7 +141,7 @@ def test_failed_run_resumes_from_its_last_finished_step(tmp_path, rng, capsys):
     failed = runs.list()[0]
     assert failed.state == "failed" and failed.exit_code == 1 and "min_fit 1.5" in failed.error
     assert _states(failed)["evaluate"] == "failed" and _states(failed)["npz"] == "not run"
-    assert "fit" in failed.steps["evaluate"].metrics        # the failing numbers are kept
+    assert "fit" in failed.steps["evaluate"].metrics  # the failing numbers are kept
     assert f"tfooc logs {failed.run_id}" in err and not (storage / "t.evaluation.json").exists()
     assert any(e["event"] == "error" and "StepFailed" in e["message"] for e in runs.events(failed.run_id))
     path.write_text(path.read_text().replace("\n    min_fit: 1.5", "\n    min_fit: 0.0"))
@@ -166,8 +179,8 @@ def test_nightly_appends_versions_and_warm_starts_with_grown_rows(tmp_path, rng)
     wf = load_spec(path, storage=str(storage))
     one = execute(wf)
     assert one.exit_code == 0 and one.record.steps["ingest"].metrics["version"] == 1
-    assert one.record.steps["decompose"].metrics["warm_start"] is None      # no previous result yet
-    assert execute(load_spec(path, storage=str(storage))).exit_code == 3    # nothing new: skipped
+    assert one.record.steps["decompose"].metrics["warm_start"] is None  # no previous result yet
+    assert execute(load_spec(path, storage=str(storage))).exit_code == 3  # nothing new: skipped
     synthetic.write_tns(incoming / "day2.tns", [(p.coords[grow], np.round(p.values[grow], 6))])
     two = execute(load_spec(path, storage=str(storage)))
     assert two.exit_code == 0, two.record.error

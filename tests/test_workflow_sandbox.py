@@ -146,7 +146,7 @@ def test_a_bad_operator_config_is_an_error(tmp_path, dirs, monkeypatch):
 def _dead_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]          # closed again: nothing listens there
+        return s.getsockname()[1]  # closed again: nothing listens there
 
 
 def test_an_unreachable_cluster_is_refused_before_anything_runs(tmp_path, dirs, capsys):
@@ -166,7 +166,7 @@ def test_an_unreachable_cluster_is_refused_before_anything_runs(tmp_path, dirs, 
 
 def test_a_reachable_cluster_address_passes_the_check(tmp_path, dirs):
     storage, _ = dirs
-    with socket.socket() as server:        # something listens: the step (run in the driver) goes on
+    with socket.socket() as server:  # something listens: the step (run in the driver) goes on
         server.bind(("127.0.0.1", 0))
         server.listen()
         path = _spec(tmp_path, head=f"\ncluster: tcp://127.0.0.1:{server.getsockname()[1]}")

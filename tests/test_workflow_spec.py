@@ -48,30 +48,74 @@ def _line_of(path, needle):
     return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
 
 
-@pytest.mark.parametrize("case", ["yaml", "type", "unknown-kind", "unknown-key", "missing-input", "outside-root",
-                                  "cycle", "unknown-after", "duplicate-key"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "yaml",
+        "type",
+        "unknown-kind",
+        "unknown-key",
+        "missing-input",
+        "outside-root",
+        "cycle",
+        "unknown-after",
+        "duplicate-key",
+    ],
+)
 def test_bad_spec_names_file_line_field_and_exits_2(tmp_path, rng, capsys, case):
     storage = tmp_path / "storage"
     storage.mkdir()
     good = _spec(tmp_path, rng).read_text()
     edits = {
         "yaml": (good.replace("    rank: 3", "    rank: [3"), "rank: [3", None, "YAML error"),
-        "type": (good.replace("rank: 3", "rank: three"), "rank: three", "steps.decompose.rank",
-                 "expected a valid integer, got 'three'"),
-        "unknown-kind": (good.replace("kind: convert", "kind: convrt"), "kind: convrt", "steps.convert.kind",
-                         "unknown step kind 'convrt' (expected one of: generate, convert"),
-        "unknown-key": (good.replace("    rank: 3", "    rank: 3\n    ranks: 4"), "ranks: 4",
-                        "steps.decompose.ranks", "unknown key (expected one of:"),
-        "missing-input": (good.replace("input: t.tns", "input: elsewhere.tns"), "input: elsewhere.tns",
-                          "steps.convert.input", "missing input"),
-        "outside-root": (good.replace("out: t.cp.zarr", f"out: {tmp_path}/outside.cp.zarr"), "outside.cp.zarr",
-                         "steps.decompose.out", "outside the storage root"),
-        "cycle": (good.replace("out: t.tns", "out: t.tns\n    after: [decompose]"), "  generate:",
-                  "steps.generate", "cyclic dependency: generate -> decompose -> convert -> generate"),
-        "unknown-after": (good.replace("out: t.tns", "out: t.tns\n    after: [nowhere]"), "after: [nowhere]",
-                          "steps.generate.after.0", "unknown step 'nowhere'"),
-        "duplicate-key": (good.replace("    rank: 3", "    rank: 3\n    rank: 4"), "rank: 4",
-                          "steps.decompose.rank", "duplicate key"),
+        "type": (
+            good.replace("rank: 3", "rank: three"),
+            "rank: three",
+            "steps.decompose.rank",
+            "expected a valid integer, got 'three'",
+        ),
+        "unknown-kind": (
+            good.replace("kind: convert", "kind: convrt"),
+            "kind: convrt",
+            "steps.convert.kind",
+            "unknown step kind 'convrt' (expected one of: generate, convert",
+        ),
+        "unknown-key": (
+            good.replace("    rank: 3", "    rank: 3\n    ranks: 4"),
+            "ranks: 4",
+            "steps.decompose.ranks",
+            "unknown key (expected one of:",
+        ),
+        "missing-input": (
+            good.replace("input: t.tns", "input: elsewhere.tns"),
+            "input: elsewhere.tns",
+            "steps.convert.input",
+            "missing input",
+        ),
+        "outside-root": (
+            good.replace("out: t.cp.zarr", f"out: {tmp_path}/outside.cp.zarr"),
+            "outside.cp.zarr",
+            "steps.decompose.out",
+            "outside the storage root",
+        ),
+        "cycle": (
+            good.replace("out: t.tns", "out: t.tns\n    after: [decompose]"),
+            "  generate:",
+            "steps.generate",
+            "cyclic dependency: generate -> decompose -> convert -> generate",
+        ),
+        "unknown-after": (
+            good.replace("out: t.tns", "out: t.tns\n    after: [nowhere]"),
+            "after: [nowhere]",
+            "steps.generate.after.0",
+            "unknown step 'nowhere'",
+        ),
+        "duplicate-key": (
+            good.replace("    rank: 3", "    rank: 3\n    rank: 4"),
+            "rank: 4",
+            "steps.decompose.rank",
+            "duplicate key",
+        ),
     }
     text, needle, field, message = edits[case]
     path = tmp_path / f"{case}.yaml"
@@ -100,13 +144,16 @@ def test_allow_paths_admits_outside_locations_and_all_problems_are_listed(tmp_pa
     storage, extra = tmp_path / "storage", tmp_path / "published"
     storage.mkdir()
     extra.mkdir()
-    text = _spec(tmp_path, rng).read_text() + f"""\
+    text = (
+        _spec(tmp_path, rng).read_text()
+        + f"""\
   export:
     kind: export
     result: t.cp.zarr
     format: npz
     out: {extra}/factors.npz
 """
+    )
     path = tmp_path / "s.yaml"
     path.write_text(text)
     with pytest.raises(SpecError, match="outside the storage root"):
@@ -150,4 +197,4 @@ def test_shipped_specs_validate(tmp_path):
     assert [s.kind for s in q.steps] == ["generate", "convert", "decompose", "evaluate", "export"]
     n = load_spec(WORKFLOWS / "nightly.yaml", storage=str(tmp_path))
     assert n.step("decompose").model.init == "previous" and n.step("ingest").model.append
-    assert n.step("publish").deps == ["evaluate", "decompose"]     # explicit, then by path
+    assert n.step("publish").deps == ["evaluate", "decompose"]  # explicit, then by path

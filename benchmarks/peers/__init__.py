@@ -11,6 +11,18 @@ from .genten import GENTEN_ALL_METHODS, GENTEN_CP_ALS_METHODS, GENTEN_MODE_METHO
 from .pyttb_peer import pyttb_cp_als, pyttb_mttkrp
 from .verify import FIT_TOL, verify, verify_cp_als
 
-__all__ = ["FACTOR_SEED", "FIT_TOL", "GENTEN_ALL_METHODS", "GENTEN_CP_ALS_METHODS", "GENTEN_MODE_METHODS",
-           "genten_cp_als", "genten_mttkrp", "numpy_mttkrp", "pyttb_cp_als", "pyttb_mttkrp", "random_factors",
-           "verify", "verify_cp_als"]
+__all__ = [
+    "FACTOR_SEED",
+    "FIT_TOL",
+    "GENTEN_ALL_METHODS",
+    "GENTEN_CP_ALS_METHODS",
+    "GENTEN_MODE_METHODS",
+    "genten_cp_als",
+    "genten_mttkrp",
+    "numpy_mttkrp",
+    "pyttb_cp_als",
+    "pyttb_mttkrp",
+    "random_factors",
+    "verify",
+    "verify_cp_als",
+]

@@ -21,7 +21,9 @@ from pathlib import Path
 
 from .external import floats, one, run, steady
 
-IT_LINE = r"^it:\s*(\d+)\s+fit:\s*(\S+)\s+fit-delta:\s*(\S+)\s+time\(for MTTKRP\):\s*([0-9.eE+-]+) s \(([0-9.eE+-]+) s\)"
+IT_LINE = (
+    r"^it:\s*(\d+)\s+fit:\s*(\S+)\s+fit-delta:\s*(\S+)\s+time\(for MTTKRP\):\s*([0-9.eE+-]+) s \(([0-9.eE+-]+) s\)"
+)
 
 
 def index_bits(shape) -> int:
@@ -37,8 +39,14 @@ def cp_als(exe: str, tns: Path, rank: int, iters: int, threads: int, seed: int =
     fits = floats(IT_LINE, text, 2)
     if len(per_iter) != iters:
         raise RuntimeError(f"ALTO ran {len(per_iter)} iterations, not {iters}: {text.strip()[-300:]}")
-    out = {"cp_als_s": steady(per_iter), "per_iter": per_iter, "cp_als_mttkrp_s": steady(mttkrp_per_iter),
-           "fit": fits[-1], "wall_s": wall, "threads": threads}
+    out = {
+        "cp_als_s": steady(per_iter),
+        "per_iter": per_iter,
+        "cp_als_mttkrp_s": steady(mttkrp_per_iter),
+        "fit": fits[-1],
+        "wall_s": wall,
+        "threads": threads,
+    }
     if not mttkrp:
         return out
     mtext, _ = run([exe, "-i", tns, "-l", "ALS", "-r", rank, "-m", iters, "-x", seed, "-p"], threads)

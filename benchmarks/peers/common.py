@@ -21,6 +21,7 @@ FACTOR_SEED = 0
 
 # --- shared inputs -------------------------------------------------------------------------------------
 
+
 def random_factors(shape: Sequence[int], rank: int, seed: int = FACTOR_SEED) -> list[np.ndarray]:
     """Factor matrices shared by all peers.
 
@@ -84,20 +85,21 @@ def _check_tensor(coords: Any, values: Any, shape: Sequence[int]) -> tuple[np.nd
     return coords, values, shape
 
 
-def _check_init(init: Sequence[np.ndarray] | None, shape: tuple[int, ...], rank: int,
-                seed: int) -> list[np.ndarray]:
+def _check_init(init: Sequence[np.ndarray] | None, shape: tuple[int, ...], rank: int, seed: int) -> list[np.ndarray]:
     """C-contiguous float64 copies of the initial factors, or :func:`random_factors` when ``init`` is None."""
     if init is None:
         return random_factors(shape, rank, seed)
     factors = [np.array(f, dtype=np.float64, order="C", copy=True) for f in init]
     if len(factors) != len(shape) or any(f.shape != (s, rank) for f, s in zip(factors, shape)):
-        raise ValueError(f"init must be {len(shape)} matrices of shapes {[(s, rank) for s in shape]}, "
-                         f"got {[f.shape for f in factors]}")
+        raise ValueError(
+            f"init must be {len(shape)} matrices of shapes {[(s, rank) for s in shape]}, "
+            f"got {[f.shape for f in factors]}"
+        )
     return factors
 
 
-
 # --- capturing C-level output --------------------------------------------------------------------------
+
 
 class _Captured:
     """Text written to file descriptors 1 and 2 inside :func:`_capture_output` (set on exit)."""

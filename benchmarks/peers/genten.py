@@ -71,8 +71,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import (FACTOR_SEED, _capture_output, _check_init, _check_tensor, _temporary_env,
-                     random_factors)
+from .common import FACTOR_SEED, _capture_output, _check_init, _check_tensor, _temporary_env, random_factors
 
 GENTEN_MODE_METHODS = ("Atomic", "Duplicated", "Single", "Perm", "OrigKokkos", "RowBased", "Phan", "Default")
 """``MTTKRP_Method`` values, tried with CP-ALS. RowBased and Phan are GenTen's dense-tensor kernels
@@ -121,8 +120,12 @@ def _load_genten(threads: int, wait_policy: str | None = None) -> Any:
     """
     if _GENTEN["module"] is not None:
         if _GENTEN["requested_threads"] is not None and threads != _GENTEN["requested_threads"]:
-            warnings.warn(f"GenTen was initialised with {_GENTEN['requested_threads']} threads in this process; "
-                          f"it cannot change to {threads}", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"GenTen was initialised with {_GENTEN['requested_threads']} threads in this process; "
+                f"it cannot change to {threads}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         return _GENTEN["module"]
     if "pygenten" in sys.modules:  # imported by someone else: its thread count stands; read it from the runs
         _GENTEN["module"] = sys.modules["pygenten"]
@@ -222,8 +225,7 @@ def _genten_solve(gt: Any, X: Any, factors: Sequence[np.ndarray], family: str, m
         try:
             if family == "mode":
                 # tol > 0 is required; 1e-300 never stops early, so all iters iterations run.
-                M, M0, info = gt.cp_als(X, init=u0, tol=1e-300,
-                                        mttkrp_method=getattr(gt, "Mttkrp" + method), **common)
+                M, M0, info = gt.cp_als(X, init=u0, tol=1e-300, mttkrp_method=getattr(gt, "Mttkrp" + method), **common)
             else:
                 M, M0, info = gt.cp_opt(X, init=u0, mttkrp_all_method=getattr(gt, "MttkrpAll" + method), **common)
         except Exception as exc:  # unsupported method on this build, bad parameters, ...
@@ -234,8 +236,10 @@ def _genten_solve(gt: Any, X: Any, factors: Sequence[np.ndarray], family: str, m
         del u0
         return {"error": _genten_error(failure, log)}
     # Copy everything needed out of GenTen objects, then free them (Kokkos must outlive them).
-    entries = [(int(e.iteration), float(e.cum_mttkrp_time), float(e.cum_time), float(e.mttkrp_throughput))
-               for e in (info.getEntry(i) for i in range(info.size()))]
+    entries = [
+        (int(e.iteration), float(e.cum_mttkrp_time), float(e.cum_time), float(e.mttkrp_throughput))
+        for e in (info.getEntry(i) for i in range(info.size()))
+    ]
     rec["weights"] = np.array(M.weights, dtype=np.float64, copy=True)
     rec["factors"] = [np.array(f, dtype=np.float64, copy=True) for f in M.factor_matrices]
     del M, M0, info, u0
@@ -282,9 +286,18 @@ def _relative_difference(a: dict, b: dict) -> float:
     return max(float(np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-300)) for x, y in pairs)
 
 
-def genten_mttkrp(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], rank: int, threads: int = 2,
-                  iters: int = 3, *, methods: Sequence[str] | None = None, wait_policy: str | None = None,
-                  seed: int = FACTOR_SEED) -> dict:
+def genten_mttkrp(
+    coords: np.ndarray,
+    values: np.ndarray,
+    shape: Sequence[int],
+    rank: int,
+    threads: int = 2,
+    iters: int = 3,
+    *,
+    methods: Sequence[str] | None = None,
+    wait_policy: str | None = None,
+    seed: int = FACTOR_SEED,
+) -> dict:
     """All-mode MTTKRP time of GenTen (pygenten), fastest of its CPU methods.
 
     Every method runs one solve from the same factors (see the module docstring for how the time
@@ -331,8 +344,9 @@ def genten_mttkrp(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], 
     coords, values, shape = _check_tensor(coords, values, shape)
     gt = _load_genten(threads, wait_policy)
     factors = random_factors(shape, rank, seed)
-    wanted = list(methods) if methods is not None else (
-        [f"All-{m}" for m in GENTEN_ALL_METHODS] + list(GENTEN_MODE_METHODS))
+    wanted = (
+        list(methods) if methods is not None else ([f"All-{m}" for m in GENTEN_ALL_METHODS] + list(GENTEN_MODE_METHODS))
+    )
     # Fused all-mode methods first: a method that throws inside a timed region could otherwise
     # perturb the stacked timer tree that the all-mode times are read from.
     wanted.sort(key=lambda name: not name.startswith("All-"))
@@ -377,8 +391,15 @@ def genten_mttkrp(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], 
     if not candidates:
         raise RuntimeError(f"no GenTen MTTKRP method produced a time: {per_method}")
     _, best, method = min(candidates)
-    return {"seconds": best, "method": method, "per_method": per_method, "what": runs[method]["what"],
-            "threads": runs[method]["threads"] or threads_used, "iters": iters, "details": details}
+    return {
+        "seconds": best,
+        "method": method,
+        "per_method": per_method,
+        "what": runs[method]["what"],
+        "threads": runs[method]["threads"] or threads_used,
+        "iters": iters,
+        "details": details,
+    }
 
 
 # --- GenTen CP-ALS -------------------------------------------------------------------------------------
@@ -389,7 +410,6 @@ and matched NumPy in :func:`verify` (RowBased and Phan are dense-only). Single o
 
 NEVER_STOP_TOL = 1e-300
 """CP-ALS stopping tolerance on the fit change: GenTen needs tol > 0; this one never stops early."""
-
 
 
 def _genten_cp_als_run(gt: Any, X: Any, factors: Sequence[np.ndarray], method: str, iters: int) -> dict:
@@ -412,19 +432,30 @@ def _genten_cp_als_run(gt: Any, X: Any, factors: Sequence[np.ndarray], method: s
             # resolved) but no per-iteration line inside the timed loop. The guess is used as given
             # (scale_guess_by_norm_x=False); timings=True fences every kernel, so the timer sees
             # finished work on any backend (the OpenMP one is synchronous anyway).
-            M, M0, info = gt.cp_als(X, init=u0, rank=rank, maxiters=iters, tol=NEVER_STOP_TOL,
-                                    printitn=iters + 1, timings=True, scale_guess_by_norm_x=False,
-                                    mttkrp_method=getattr(gt, "Mttkrp" + method))
+            M, M0, info = gt.cp_als(
+                X,
+                init=u0,
+                rank=rank,
+                maxiters=iters,
+                tol=NEVER_STOP_TOL,
+                printitn=iters + 1,
+                timings=True,
+                scale_guess_by_norm_x=False,
+                mttkrp_method=getattr(gt, "Mttkrp" + method),
+            )
         except Exception as exc:  # keep only text: the traceback references GenTen objects
             failure = f"{type(exc).__name__}: {exc}".strip()
     log = out.text
     if failure is not None:
         del u0
         return {"error": _genten_error(failure, log)}
-    entries = [(int(e.iteration), float(e.cum_time), float(e.fit))
-               for e in (info.getEntry(i) for i in range(info.size()))]
-    rec: dict[str, Any] = {"weights": np.array(M.weights, dtype=np.float64, copy=True),
-                           "factors": [np.array(f, dtype=np.float64, copy=True) for f in M.factor_matrices]}
+    entries = [
+        (int(e.iteration), float(e.cum_time), float(e.fit)) for e in (info.getEntry(i) for i in range(info.size()))
+    ]
+    rec: dict[str, Any] = {
+        "weights": np.array(M.weights, dtype=np.float64, copy=True),
+        "factors": [np.array(f, dtype=np.float64, copy=True) for f in M.factor_matrices],
+    }
     del M, M0, info, u0
     # Entry 0: after the initial guess's fit (timer started); entry i: end of iteration i (after its
     # fit); then a summary entry (iteration iters + 1) that adds the final normalize/arrange.
@@ -439,14 +470,28 @@ def _genten_cp_als_run(gt: Any, X: Any, factors: Sequence[np.ndarray], method: s
         return {"error": f"PerfHistory cumulative times do not increase: {per_iter.tolist()}"}
     threads = _RE_THREADS.search(log)
     resolved = _RE_MODE_METHOD.search(log)
-    rec.update(per_iter=per_iter.tolist(), fit=cum[iters][1], resolved=resolved.group(1) if resolved else None,
-               threads=int(threads.group(1)) if threads else None)
+    rec.update(
+        per_iter=per_iter.tolist(),
+        fit=cum[iters][1],
+        resolved=resolved.group(1) if resolved else None,
+        threads=int(threads.group(1)) if threads else None,
+    )
     return rec
 
 
-def genten_cp_als(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], rank: int, iters: int = 3,
-                  threads: int = 2, init: Sequence[np.ndarray] | None = None, method: str | None = None, *,
-                  wait_policy: str | None = None, seed: int = FACTOR_SEED) -> dict:
+def genten_cp_als(
+    coords: np.ndarray,
+    values: np.ndarray,
+    shape: Sequence[int],
+    rank: int,
+    iters: int = 3,
+    threads: int = 2,
+    init: Sequence[np.ndarray] | None = None,
+    method: str | None = None,
+    *,
+    wait_policy: str | None = None,
+    seed: int = FACTOR_SEED,
+) -> dict:
     """Per-iteration time of GenTen's (pygenten's) CP-ALS, exactly ``iters`` iterations from ``init``.
 
     Times come from GenTen's own ``PerfHistory``: ``Entry.cum_time`` is GenTen's timer around its
@@ -539,10 +584,18 @@ def genten_cp_als(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], 
         raise RuntimeError(f"GenTen CP-ALS produced no time: {per_method}")
     best = min(timed, key=timed.__getitem__)
     rec = runs[best]
-    out = {"seconds_per_iter": timed[best], "mean_seconds_per_iter": float(np.mean(rec["per_iter"])),
-           "stat": "min", "per_iter": rec["per_iter"], "method": best, "resolved": rec["resolved"],
-           "fit": rec["fit"], "what": "cp_als_iteration", "threads": rec["threads"] or threads_used,
-           "iters": iters}
+    out = {
+        "seconds_per_iter": timed[best],
+        "mean_seconds_per_iter": float(np.mean(rec["per_iter"])),
+        "stat": "min",
+        "per_iter": rec["per_iter"],
+        "method": best,
+        "resolved": rec["resolved"],
+        "fit": rec["fit"],
+        "what": "cp_als_iteration",
+        "threads": rec["threads"] or threads_used,
+        "iters": iters,
+    }
     if method == "fastest":
         out["per_method"] = per_method
     return out

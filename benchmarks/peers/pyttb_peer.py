@@ -12,6 +12,7 @@ from .common import FACTOR_SEED, _check_init, _check_tensor, random_factors
 
 # --- pyttb ---------------------------------------------------------------------------------------------
 
+
 def _pyttb_warmup(ttb: Any) -> None:
     # pyttb's first MTTKRP in a process pays for lazy imports and first-use setup (0.5-10 s seen
     # here on 2 shared cores, far above the kernel itself); pay it on a tiny tensor, untimed.
@@ -19,8 +20,16 @@ def _pyttb_warmup(ttb: Any) -> None:
     S.mttkrp([np.ones((2, 2))] * 3, 0)
 
 
-def pyttb_mttkrp(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], rank: int,
-                 modes: Sequence[int] | None = None, repeat: int = 1, *, seed: int = FACTOR_SEED) -> dict:
+def pyttb_mttkrp(
+    coords: np.ndarray,
+    values: np.ndarray,
+    shape: Sequence[int],
+    rank: int,
+    modes: Sequence[int] | None = None,
+    repeat: int = 1,
+    *,
+    seed: int = FACTOR_SEED,
+) -> dict:
     """All-mode MTTKRP time of ``pyttb.sptensor.mttkrp``, measured on some modes and extrapolated.
 
     Parameters
@@ -60,12 +69,25 @@ def pyttb_mttkrp(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], r
             S.mttkrp(factors, n)
             best = min(best, time.perf_counter() - t0)
         per_mode[n] = best
-    return {"seconds": sum(per_mode.values()) / len(measured) * nd, "measured_modes": measured,
-            "per_mode": per_mode, "extrapolated": len(measured) < nd, "repeat": repeat}
+    return {
+        "seconds": sum(per_mode.values()) / len(measured) * nd,
+        "measured_modes": measured,
+        "per_mode": per_mode,
+        "extrapolated": len(measured) < nd,
+        "repeat": repeat,
+    }
 
 
-def pyttb_cp_als(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], rank: int, iters: int = 2,
-                 init: Sequence[np.ndarray] | None = None, *, seed: int = FACTOR_SEED) -> dict:
+def pyttb_cp_als(
+    coords: np.ndarray,
+    values: np.ndarray,
+    shape: Sequence[int],
+    rank: int,
+    iters: int = 2,
+    init: Sequence[np.ndarray] | None = None,
+    *,
+    seed: int = FACTOR_SEED,
+) -> dict:
     """Per-iteration time of ``pyttb.cp_als``: wall time of one call of exactly ``iters`` iterations / ``iters``.
 
     The call is ``cp_als(S, rank, maxiters=iters, stoptol=0, printitn=0, init=ktensor(init))``
@@ -100,8 +122,14 @@ def pyttb_cp_als(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], r
         raise ValueError("iters must be at least 1")
     factors = _check_init(init, shape, rank, seed)
     _pyttb_warmup(ttb)
-    ttb.cp_als(ttb.sptensor(np.array([[0, 0, 0], [1, 1, 1]]), np.array([[1.0], [2.0]]), (2, 2, 2)), 1,
-               maxiters=1, stoptol=0, printitn=0, init=ttb.ktensor([np.ones((2, 1))] * 3))
+    ttb.cp_als(
+        ttb.sptensor(np.array([[0, 0, 0], [1, 1, 1]]), np.array([[1.0], [2.0]]), (2, 2, 2)),
+        1,
+        maxiters=1,
+        stoptol=0,
+        printitn=0,
+        init=ttb.ktensor([np.ones((2, 1))] * 3),
+    )
     S = ttb.sptensor(coords, values.reshape(-1, 1), shape, copy=False)
     K = ttb.ktensor(factors)
     t0 = time.perf_counter()

@@ -24,15 +24,23 @@ ITS_BENCH = r"^\s+its =\s*(\d+) \(([0-9.eE+-]+)s\)\s*$"
 def cp_als(exe: str, tns: Path, rank: int, iters: int, threads: int, seed: int = 1, mttkrp: bool = True) -> dict:
     """CP-ALS and (with ``mttkrp``) all-mode MTTKRP seconds of SPLATT on ``tns`` (a run of the
     executable for each)."""
-    text, wall = run([exe, "cpd", tns, "-r", rank, "-i", iters, "--tol", "0", "-t", threads, "--seed", seed,
-                      "--nowrite", "-v"], threads)
+    text, wall = run(
+        [exe, "cpd", tns, "-r", rank, "-i", iters, "--tol", "0", "-t", threads, "--seed", seed, "--nowrite", "-v"],
+        threads,
+    )
     per_iter = floats(ITS_CPD, text, 2)
     if len(per_iter) != iters:
         raise RuntimeError(f"SPLATT ran {len(per_iter)} iterations, not {iters}: {text.strip()[-300:]}")
     fit = one(r"^Final fit:\s*(\S+)", text, "final fit")
     cpd_mttkrp = one(r"^\s+MTTKRP\s+([0-9.eE+-]+)s", text, "MTTKRP total")
-    out = {"cp_als_s": steady(per_iter), "per_iter": per_iter, "cp_als_mttkrp_s": cpd_mttkrp / iters, "fit": fit,
-           "wall_s": wall, "threads": threads}
+    out = {
+        "cp_als_s": steady(per_iter),
+        "per_iter": per_iter,
+        "cp_als_mttkrp_s": cpd_mttkrp / iters,
+        "fit": fit,
+        "wall_s": wall,
+        "threads": threads,
+    }
     if not mttkrp:
         return out
     btext, _ = run([exe, "bench", tns, "-a", "csf", "-r", rank, "-i", iters + 1, "-t", threads], threads)

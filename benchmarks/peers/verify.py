@@ -1,7 +1,7 @@
 """Check the in-process peers (GenTen, pyttb) against NumPy, then time them on a small tensor.
 
-    python benchmarks/peers                           # verify against NumPy, then time a small tensor
-    python benchmarks/peers --nnz 100000 --rank 16    # time a larger one as well
+python benchmarks/peers                           # verify against NumPy, then time a small tensor
+python benchmarks/peers --nnz 100000 --rank 16    # time a larger one as well
 """
 
 from __future__ import annotations
@@ -12,14 +12,26 @@ from collections.abc import Sequence
 import numpy as np
 
 from .common import numpy_mttkrp, random_factors
-from .genten import (_GENTEN, GENTEN_ALL_METHODS, GENTEN_MODE_METHODS, _genten_solve, _genten_threads,
-                     _load_genten, _relative_difference, _skip_reason, genten_cp_als, genten_mttkrp)
+from .genten import (
+    _GENTEN,
+    GENTEN_ALL_METHODS,
+    GENTEN_MODE_METHODS,
+    _genten_solve,
+    _genten_threads,
+    _load_genten,
+    _relative_difference,
+    _skip_reason,
+    genten_cp_als,
+    genten_mttkrp,
+)
 from .pyttb_peer import pyttb_cp_als, pyttb_mttkrp
 
 # --- verification and demo -----------------------------------------------------------------------------
 
-def _numpy_cp_als(coords: np.ndarray, values: np.ndarray, factors: Sequence[np.ndarray],
-                  iters: int) -> tuple[np.ndarray, list[np.ndarray]]:
+
+def _numpy_cp_als(
+    coords: np.ndarray, values: np.ndarray, factors: Sequence[np.ndarray], iters: int
+) -> tuple[np.ndarray, list[np.ndarray]]:
     """CP-ALS exactly as Genten_CpAls.cpp does it (2-norm column scaling on the first iteration,
     max-norm floored at 1 afterwards), from ``factors`` with unit weights, on top of :func:`numpy_mttkrp`."""
     U = [f.copy() for f in factors]
@@ -69,9 +81,15 @@ def verify(threads: int = 2, tol: float = 1e-10) -> dict:
     errors: dict[str, float] = {}
 
     import pyttb as ttb
+
     S = ttb.sptensor(coords, values.reshape(-1, 1), shape)
-    errors["pyttb"] = max(float(np.abs(S.mttkrp(factors, n) - numpy_mttkrp(coords, values, factors, n)).max()
-                                / np.abs(numpy_mttkrp(coords, values, factors, n)).max()) for n in range(3))
+    errors["pyttb"] = max(
+        float(
+            np.abs(S.mttkrp(factors, n) - numpy_mttkrp(coords, values, factors, n)).max()
+            / np.abs(numpy_mttkrp(coords, values, factors, n)).max()
+        )
+        for n in range(3)
+    )
 
     gt = _load_genten(threads)
     lam, U = _numpy_cp_als(coords, values, factors, iters=2)
@@ -84,10 +102,14 @@ def verify(threads: int = 2, tol: float = 1e-10) -> dict:
                 continue
             rec = _genten_solve(gt, X, factors, "mode", method, iters=2)
             if "error" not in rec:
-                errors[f"genten {method}"] = float(np.abs(_full(rec["weights"], rec["factors"]) - ref).max()
-                                                   / np.abs(ref).max())
-        fused = {m: _genten_solve(gt, X, factors, "all", m, iters=2) for m in GENTEN_ALL_METHODS
-                 if not _skip_reason(m, threads_used)}
+                errors[f"genten {method}"] = float(
+                    np.abs(_full(rec["weights"], rec["factors"]) - ref).max() / np.abs(ref).max()
+                )
+        fused = {
+            m: _genten_solve(gt, X, factors, "all", m, iters=2)
+            for m in GENTEN_ALL_METHODS
+            if not _skip_reason(m, threads_used)
+        }
     finally:
         del X
     if "error" in fused["Iterated"]:
@@ -131,8 +153,13 @@ def verify_cp_als(threads: int = 2, iters: int = 3) -> dict:
     S = ttb.sptensor(coords, values.reshape(-1, 1), shape)
     _, _, out = ttb.cp_als(S, rank, maxiters=iters, stoptol=0, printitn=0, init=ttb.ktensor(init))
     diff = abs(g["fit"] - float(out["fit"]))
-    return {"genten_fit": g["fit"], "pyttb_fit": float(out["fit"]), "abs_diff": diff, "iters": iters,
-            "agree": diff <= FIT_TOL}
+    return {
+        "genten_fit": g["fit"],
+        "pyttb_fit": float(out["fit"]),
+        "abs_diff": diff,
+        "iters": iters,
+        "agree": diff <= FIT_TOL,
+    }
 
 
 def _demo(shape: tuple[int, ...], nnz: int, rank: int, threads: int, iters: int) -> None:
@@ -142,8 +169,10 @@ def _demo(shape: tuple[int, ...], nnz: int, rank: int, threads: int, iters: int)
     values = rng.random(nnz)
     print(f"\ntensor {'x'.join(map(str, shape))}, {nnz} nonzeros, rank {rank}")
     g = genten_mttkrp(coords, values, shape, rank, threads=threads, iters=iters)
-    print(f"  GenTen: {g['seconds'] * 1e3:8.3f} ms all-mode ({g['what']}, best method {g['method']}, "
-          f"{g['threads']} threads, {iters} iterations per method)")
+    print(
+        f"  GenTen: {g['seconds'] * 1e3:8.3f} ms all-mode ({g['what']}, best method {g['method']}, "
+        f"{g['threads']} threads, {iters} iterations per method)"
+    )
     for name, v in g["per_method"].items():
         if not isinstance(v, float):
             print(f"    {name:<16}  {v}")
@@ -162,14 +191,18 @@ def _demo(shape: tuple[int, ...], nnz: int, rank: int, threads: int, iters: int)
         c = genten_cp_als(coords, values, shape, rank, iters=iters, threads=threads, init=init, method=method)
         per_iter = ", ".join(f"{s * 1e3:.3f}" for s in c["per_iter"])
         label = "GenTen default" if method is None else "GenTen fastest"
-        print(f"    {label:<16}{c['seconds_per_iter'] * 1e3:8.3f} ms  ({c['stat']} of {c['iters']} iterations "
-              f"[{per_iter}] ms, mean {c['mean_seconds_per_iter'] * 1e3:.3f}; method {c['method']}, GenTen ran "
-              f"'{c['resolved']}'; fit {c['fit']:.9f} after {c['iters']})")
+        print(
+            f"    {label:<16}{c['seconds_per_iter'] * 1e3:8.3f} ms  ({c['stat']} of {c['iters']} iterations "
+            f"[{per_iter}] ms, mean {c['mean_seconds_per_iter'] * 1e3:.3f}; method {c['method']}, GenTen ran "
+            f"'{c['resolved']}'; fit {c['fit']:.9f} after {c['iters']})"
+        )
         for name, v in c.get("per_method", {}).items():
             print(f"      {name:<14}" + (f"{v * 1e3:8.3f} ms" if isinstance(v, float) else f"  {v}"))
     q = pyttb_cp_als(coords, values, shape, rank, iters=2, init=init)
-    print(f"    {'pyttb':<16}{q['seconds_per_iter'] * 1e3:8.3f} ms  (wall time of {q['iters']} iterations / "
-          f"{q['iters']}; fit {q['fit']:.9f} after {q['iters']})")
+    print(
+        f"    {'pyttb':<16}{q['seconds_per_iter'] * 1e3:8.3f} ms  (wall time of {q['iters']} iterations / "
+        f"{q['iters']}; fit {q['fit']:.9f} after {q['iters']})"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -187,8 +220,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"  (Single and All-Single not run: single-thread kernels race with {_GENTEN['threads']} threads)")
     c = verify_cp_als(args.threads)
     verdict = "agree" if c["agree"] else f"DISAGREE beyond {FIT_TOL:g} (see verify_cp_als)"
-    print(f"CP-ALS fit after {c['iters']} iterations from the same start: GenTen {c['genten_fit']:.15f}, "
-          f"pyttb {c['pyttb_fit']:.15f}, |difference| {c['abs_diff']:.1e}: {verdict}")
+    print(
+        f"CP-ALS fit after {c['iters']} iterations from the same start: GenTen {c['genten_fit']:.15f}, "
+        f"pyttb {c['pyttb_fit']:.15f}, |difference| {c['abs_diff']:.1e}: {verdict}"
+    )
     _demo((50, 60, 70), 5000, 8, args.threads, args.iters)
     if args.nnz:
         _demo((500, 600, 700), args.nnz, args.rank, args.threads, args.iters)

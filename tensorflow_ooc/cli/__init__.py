@@ -33,10 +33,31 @@ from .tucker import cmd_tucker
 from .workflow import cmd_cancel, cmd_logs, cmd_quickstart, cmd_run, cmd_status, cmd_submit, find_quickstart_spec
 
 __all__ = [
-    "DEFAULT_STORAGE", "EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "MAX_COUNT", "build_parser", "cmd_cancel",
-    "cmd_complete", "cmd_convert", "cmd_cpd", "cmd_generate", "cmd_info", "cmd_logs", "cmd_quickstart", "cmd_run",
-    "cmd_status", "cmd_submit", "cmd_tucker", "find_quickstart_spec", "iteration_bar", "main", "parse_ranks",
-    "parse_shape", "parse_size", "parse_skew", "run_outputs",
+    "DEFAULT_STORAGE",
+    "EXIT_BAD_INPUT",
+    "EXIT_INTERRUPTED",
+    "MAX_COUNT",
+    "build_parser",
+    "cmd_cancel",
+    "cmd_complete",
+    "cmd_convert",
+    "cmd_cpd",
+    "cmd_generate",
+    "cmd_info",
+    "cmd_logs",
+    "cmd_quickstart",
+    "cmd_run",
+    "cmd_status",
+    "cmd_submit",
+    "cmd_tucker",
+    "find_quickstart_spec",
+    "iteration_bar",
+    "main",
+    "parse_ranks",
+    "parse_shape",
+    "parse_size",
+    "parse_skew",
+    "run_outputs",
 ]
 
 
@@ -47,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tfooc",
         description="Out-of-core sparse tensor decomposition on BLCO Zarr stores.",
         epilog="Exit status: 0 on success, 2 on bad input (the message names the file, line or field), "
-               "1 on internal errors, 130 when interrupted. Docs: README.md and docs/FORMAT.md.")
+        "1 on internal errors, 130 when interrupted. Docs: README.md and docs/FORMAT.md.",
+    )
     p.add_argument("--version", action="version", version=f"tfooc {__version__}")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars and only warnings in the log")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -55,28 +77,45 @@ def build_parser() -> argparse.ArgumentParser:
     # -q/-v are accepted after the subcommand too (tfooc cpd STORE -q); SUPPRESS keeps a value given
     # before the subcommand when none is given after it
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
-                        help="no progress bars and only warnings in the log")
+    common.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="no progress bars and only warnings in the log",
+    )
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
     # monitoring and deployment (tensorflow_ooc/monitoring): log format and Dask TLS, also after the subcommand
     for parser, default in ((p, None), (common, argparse.SUPPRESS)):
-        parser.add_argument("--log-format", choices=["text", "json"], default=default or "text",
-                            help="log lines as text (default) or one JSON object per line (time, level, logger, "
-                                 "message, run_id, step, iteration)")
-        parser.add_argument("--tls-ca-file", metavar="CA", default=default,
-                            help="Dask TLS: CA certificate of a tls:// scheduler (with --tls-cert, --tls-key)")
+        parser.add_argument(
+            "--log-format",
+            choices=["text", "json"],
+            default=default or "text",
+            help="log lines as text (default) or one JSON object per line (time, level, logger, "
+            "message, run_id, step, iteration)",
+        )
+        parser.add_argument(
+            "--tls-ca-file",
+            metavar="CA",
+            default=default,
+            help="Dask TLS: CA certificate of a tls:// scheduler (with --tls-cert, --tls-key)",
+        )
         parser.add_argument("--tls-cert", metavar="CERT", default=default, help="Dask TLS: this client's certificate")
-        parser.add_argument("--tls-key", metavar="KEY", default=default,
-                            help="Dask TLS: this client's private key (unless CERT holds it)")
+        parser.add_argument(
+            "--tls-key",
+            metavar="KEY",
+            default=default,
+            help="Dask TLS: this client's private key (unless CERT holds it)",
+        )
 
     def add(name: str, **kw) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], **kw)
 
-    data.add_commands(add)          # generate, convert, info
-    workflow.add_commands(add)      # quickstart, run, submit, status, logs, cancel
-    cp.add_commands(add)            # cpd
-    complete.add_commands(add)      # complete
-    tucker.add_commands(add)        # tucker (Tucker HOOI)
+    data.add_commands(add)  # generate, convert, info
+    workflow.add_commands(add)  # quickstart, run, submit, status, logs, cancel
+    cp.add_commands(add)  # cpd
+    complete.add_commands(add)  # complete
+    tucker.add_commands(add)  # tucker (Tucker HOOI)
     return p
 
 
@@ -102,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with dask.config.set(tls_config(args.tls_ca_file, args.tls_cert, args.tls_key)):
             check_scheduler_address(getattr(args, "scheduler", None))
             return int(args.func(args) or 0)
-    except DiskFullError as exc:       # not bad input: the command may succeed once there is space
+    except DiskFullError as exc:  # not bad input: the command may succeed once there is space
         print(f"tfooc: error: {exc}", file=sys.stderr)
         return 1
     except (TfoocError, ValueError, FileExistsError, FileNotFoundError, TypeError) as exc:
@@ -111,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         if not is_disk_full(exc):
             raise
-        print(f"tfooc: error: {disk_full_error(exc, None)}", file=sys.stderr)     # a write no site translated
+        print(f"tfooc: error: {disk_full_error(exc, None)}", file=sys.stderr)  # a write no site translated
         return 1
     except KeyboardInterrupt:
         print("tfooc: interrupted", file=sys.stderr)

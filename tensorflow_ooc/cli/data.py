@@ -44,8 +44,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     # a store from the heavy-tailed generator gets convert's own bars (generate/partition, merge+write)
-    bar = tqdm(total=nnz, desc="generate", unit="nz", unit_scale=True, leave=False,
-               disable=args.quiet or (gen is not None and not text))
+    bar = tqdm(
+        total=nnz,
+        desc="generate",
+        unit="nz",
+        unit_scale=True,
+        leave=False,
+        disable=args.quiet or (gen is not None and not text),
+    )
 
     def counted(it, axis=0):
         for c, v in it:
@@ -59,14 +65,32 @@ def cmd_generate(args: argparse.Namespace) -> int:
         synthetic.write_tns(out, counted(batches), one_based=not args.zero_based, header=header)
     elif gen is not None:
         # sorted ALTO runs straight into the store: merged, not sorted; values recomputed, not spilled
-        src = AltoRunSource(gen.runs(with_values=False), shape, nnz, values_of=gen.values_of,
-                            name="synthetic generator")
-        convert(src, out, overwrite=args.overwrite, progress=not args.quiet, memory_limit=args.memory_limit,
-                tmp_dir=args.tmp_dir, out_of_core=args.out_of_core or None, compression=args.compression)
+        src = AltoRunSource(
+            gen.runs(with_values=False), shape, nnz, values_of=gen.values_of, name="synthetic generator"
+        )
+        convert(
+            src,
+            out,
+            overwrite=args.overwrite,
+            progress=not args.quiet,
+            memory_limit=args.memory_limit,
+            tmp_dir=args.tmp_dir,
+            out_of_core=args.out_of_core or None,
+            compression=args.compression,
+        )
     else:
         src = BatchSource(counted(batches), len(shape), shape, nnz, name="synthetic generator")
-        convert(src, out, shape=shape, overwrite=args.overwrite, progress=False, memory_limit=args.memory_limit,
-                tmp_dir=args.tmp_dir, out_of_core=args.out_of_core or None, compression=args.compression)
+        convert(
+            src,
+            out,
+            shape=shape,
+            overwrite=args.overwrite,
+            progress=False,
+            memory_limit=args.memory_limit,
+            tmp_dir=args.tmp_dir,
+            out_of_core=args.out_of_core or None,
+            compression=args.compression,
+        )
     bar.close()
     log.info("wrote %s in %.1f s", out, time.perf_counter() - t0)
     print(out)
@@ -86,11 +110,21 @@ def _generate_dense(args: argparse.Namespace) -> int:
     if args.chunks is not None and len(args.chunks) != len(args.dense):
         raise ValueError(f"--chunks has {len(args.chunks)} lengths for a tensor of order {len(args.dense)}")
     t0 = time.perf_counter()
-    log.info("generating a planted rank-%d dense tensor shaped %s (noise %g) -> %s", args.rank, args.dense,
-             args.noise, out)
-    weights, factors = synthetic.write_planted_dense(out, args.dense, args.rank, noise=args.noise, seed=args.seed,
-                                                     chunks=args.chunks, dtype=args.dtype, codec=args.codec,
-                                                     overwrite=args.overwrite, progress=not args.quiet)
+    log.info(
+        "generating a planted rank-%d dense tensor shaped %s (noise %g) -> %s", args.rank, args.dense, args.noise, out
+    )
+    weights, factors = synthetic.write_planted_dense(
+        out,
+        args.dense,
+        args.rank,
+        noise=args.noise,
+        seed=args.seed,
+        chunks=args.chunks,
+        dtype=args.dtype,
+        codec=args.codec,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+    )
     factors_path = out + ".factors.npz"
     np.savez(factors_path, weights=weights, **{f"factor{n}": f for n, f in enumerate(factors)})
     log.info("true factors written to %s; wrote %s in %.1f s", factors_path, out, time.perf_counter() - t0)
@@ -104,9 +138,12 @@ def _format_dense_info(info: dict) -> str:
         f"shape        {' x '.join(map(str, info['shape']))}  (order {info['order']}, {info['dtype']})",
         f"chunks       {' x '.join(map(str, info['chunks']))}  ({info['nchunks']:,} chunks of "
         f"{info['chunk_bytes']:,} bytes at most)",
-        f"bytes        {info['bytes']:,}" + (f"  ({info['bytes_on_disk']:,} on disk, compressors "
-                                              f"{', '.join(info['compressors']) or 'none'})"
-                                              if "bytes_on_disk" in info else ""),
+        f"bytes        {info['bytes']:,}"
+        + (
+            f"  ({info['bytes_on_disk']:,} on disk, compressors {', '.join(info['compressors']) or 'none'})"
+            if "bytes_on_disk" in info
+            else ""
+        ),
     ]
     if "norm" in info:
         lines.append(f"norm         {info['norm']:.6g}")
@@ -120,14 +157,27 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from ..ingest import convert
 
     t0 = time.perf_counter()
-    store = convert(args.input, args.store, shape=args.shape, one_based=not args.zero_based,
-                    duplicates=args.duplicates, chunk_nnz=args.chunk_nnz, max_block_nnz=args.max_block_nnz,
-                    memory_limit=args.memory_limit, overwrite=args.overwrite, progress=not args.quiet,
-                    workers=args.workers, tmp_dir=args.tmp_dir, compression=args.compression,
-                    out_of_core=args.out_of_core or None)
+    store = convert(
+        args.input,
+        args.store,
+        shape=args.shape,
+        one_based=not args.zero_based,
+        duplicates=args.duplicates,
+        chunk_nnz=args.chunk_nnz,
+        max_block_nnz=args.max_block_nnz,
+        memory_limit=args.memory_limit,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+        workers=args.workers,
+        tmp_dir=args.tmp_dir,
+        compression=args.compression,
+        out_of_core=args.out_of_core or None,
+    )
     dt = time.perf_counter() - t0
-    print(f"{store.path}: {store.nnz:,} nonzeros, shape {'x'.join(map(str, store.shape))}, "
-          f"{store.nblocks} blocks, {store.nchunks} chunks, {dt:.2f} s ({store.nnz / dt / 1e6:.2f} M nonzeros/s)")
+    print(
+        f"{store.path}: {store.nnz:,} nonzeros, shape {'x'.join(map(str, store.shape))}, "
+        f"{store.nblocks} blocks, {store.nchunks} chunks, {dt:.2f} s ({store.nnz / dt / 1e6:.2f} M nonzeros/s)"
+    )
     return 0
 
 
@@ -139,8 +189,11 @@ def _chunk_text(info: dict) -> str:
         held = f"{nnz:,} nonzeros" if n == 1 else "empty"
         return f"{n:,}  ({held}; capacity {cap:,} nonzeros per chunk, {info['compression']})"
     last = nnz - (n - 1) * cap
-    return (f"{n:,}  ({cap:,} nonzeros each, the last {last:,}; {info['compression']})" if last != cap
-            else f"{n:,}  ({cap:,} nonzeros each, {info['compression']})")
+    return (
+        f"{n:,}  ({cap:,} nonzeros each, the last {last:,}; {info['compression']})"
+        if last != cap
+        else f"{n:,}  ({cap:,} nonzeros each, {info['compression']})"
+    )
 
 
 def _format_info(info: dict) -> str:
@@ -159,8 +212,10 @@ def _format_info(info: dict) -> str:
         f"{'mode':>4} {'length':>12} {'bits':>5} {'key bits':>8} {'chunk span mean':>16} {'chunk span max':>15}",
     ]
     for m in info["modes"]:
-        lines.append(f"{m['mode']:>4} {m['length']:>12,} {m['bits']:>5} {m['key_bits']:>8} "
-                     f"{m['chunk_index_span_mean']:>16,.1f} {m['chunk_index_span_max']:>15,}")
+        lines.append(
+            f"{m['mode']:>4} {m['length']:>12,} {m['bits']:>5} {m['key_bits']:>8} "
+            f"{m['chunk_index_span_mean']:>16,.1f} {m['chunk_index_span_max']:>15,}"
+        )
     return "\n".join(lines)
 
 
@@ -177,79 +232,128 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     """Register ``generate``, ``convert`` and ``info`` with the CLI's ``add`` (a subparser factory)."""
     from ..synthetic import PRESETS, VALUE_KINDS
 
-    g = add("generate", help="write a synthetic sparse tensor (.tns, .tns.gz or a store), or with --dense a planted "
-                             "dense Zarr array",
-                       description="Write a synthetic sparse tensor: heavy-tailed slice sizes like real data, "
-                                   "or a planted low-rank CP model on such a support. The output kind follows "
-                                   "the name: *.tns, *.tns.gz (text, 1-based) or anything else (a BLCO store).")
+    g = add(
+        "generate",
+        help="write a synthetic sparse tensor (.tns, .tns.gz or a store), or with --dense a planted dense Zarr array",
+        description="Write a synthetic sparse tensor: heavy-tailed slice sizes like real data, "
+        "or a planted low-rank CP model on such a support. The output kind follows "
+        "the name: *.tns, *.tns.gz (text, 1-based) or anything else (a BLCO store).",
+    )
     g.add_argument("out", help="output path: FILE.tns, FILE.tns.gz, or a store path / URL")
     g.add_argument("--like", choices=sorted(PRESETS), help="shape and nonzero count of a FROSTT-like tensor")
     g.add_argument("--shape", type=parse_shape, help="mode lengths, e.g. 183,24,1140,1717 (overrides --like)")
     g.add_argument("--nnz", type=_positive_int, help="number of nonzeros (overrides --like; 1e6 style allowed)")
-    g.add_argument("--kind", choices=["heavy-tailed", "planted"], default="heavy-tailed",
-                   help="heavy-tailed support with random values, or planted CP (default heavy-tailed)")
+    g.add_argument(
+        "--kind",
+        choices=["heavy-tailed", "planted"],
+        default="heavy-tailed",
+        help="heavy-tailed support with random values, or planted CP (default heavy-tailed)",
+    )
     g.add_argument("--rank", type=_positive_int, default=8, help="rank of the planted model (default 8)")
     g.add_argument("--noise", type=_tolerance, default=0.0, help="planted: noise std relative to the values' std")
-    g.add_argument("--skew", type=parse_skew, default=1.6,
-                   help="power-law exponent per mode (1 = uniform; one value or one per mode; default 1.6)")
-    g.add_argument("--values", choices=VALUE_KINDS, default="uniform",
-                   help="value distribution for heavy-tailed tensors (default uniform in (0, 1])")
+    g.add_argument(
+        "--skew",
+        type=parse_skew,
+        default=1.6,
+        help="power-law exponent per mode (1 = uniform; one value or one per mode; default 1.6)",
+    )
+    g.add_argument(
+        "--values",
+        choices=VALUE_KINDS,
+        default="uniform",
+        help="value distribution for heavy-tailed tensors (default uniform in (0, 1])",
+    )
     g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     g.add_argument("--zero-based", action="store_true", help="write 0-based indices to .tns (default 1-based)")
     g.add_argument("--memory-limit", type=parse_size, help="peak memory when writing a store directly")
     g.add_argument("--tmp-dir", help="directory for out-of-core buckets when writing a store (default: beside it)")
-    g.add_argument("--out-of-core", action="store_true",
-                   help="write a store through on-disk buckets even when the tensor fits in memory")
+    g.add_argument(
+        "--out-of-core",
+        action="store_true",
+        help="write a store through on-disk buckets even when the tensor fits in memory",
+    )
     g.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    g.add_argument("--compression", choices=["fast", "small", "none"], default="fast",
-                   help="sparse store: chunk compression, as for convert (default fast)")
-    g.add_argument("--dense", type=parse_shape, metavar="SHAPE",
-                   help="write a planted rank-RANK dense Zarr array of this shape instead (OUT is the array's path "
-                        "or URL; true factors in OUT.factors.npz); --noise is then the noise's norm relative to "
-                        "the model's (0.01 = 1 %%)")
-    g.add_argument("--chunks", type=parse_shape,
-                   help="--dense: chunk shape (default: chunks of at most 8 MiB, whole trailing modes, the leading "
-                        "ones cut into equal pieces)")
+    g.add_argument(
+        "--compression",
+        choices=["fast", "small", "none"],
+        default="fast",
+        help="sparse store: chunk compression, as for convert (default fast)",
+    )
+    g.add_argument(
+        "--dense",
+        type=parse_shape,
+        metavar="SHAPE",
+        help="write a planted rank-RANK dense Zarr array of this shape instead (OUT is the array's path "
+        "or URL; true factors in OUT.factors.npz); --noise is then the noise's norm relative to "
+        "the model's (0.01 = 1 %%)",
+    )
+    g.add_argument(
+        "--chunks",
+        type=parse_shape,
+        help="--dense: chunk shape (default: chunks of at most 8 MiB, whole trailing modes, the leading "
+        "ones cut into equal pieces)",
+    )
     g.add_argument("--dtype", choices=["float64", "float32"], default="float64", help="--dense: value dtype")
-    g.add_argument("--codec", choices=["none", "zstd"], default="none",
-                   help="--dense: chunk compression (default none: noisy floats barely compress, and decompressing "
-                        "them would bound a streamed CP-ALS)")
+    g.add_argument(
+        "--codec",
+        choices=["none", "zstd"],
+        default="none",
+        help="--dense: chunk compression (default none: noisy floats barely compress, and decompressing "
+        "them would bound a streamed CP-ALS)",
+    )
     g.set_defaults(func=cmd_generate)
 
-    c = add("convert", help="convert a .tns/.tns.gz file to a BLCO Zarr store",
-                       description="Convert a FROSTT .tns or .tns.gz file into a BLCO Zarr store (local path or "
-                                   "fsspec URL). Inputs larger than --memory-limit are converted out of core. "
-                                   "Nothing is left at STORE if conversion fails.")
+    c = add(
+        "convert",
+        help="convert a .tns/.tns.gz file to a BLCO Zarr store",
+        description="Convert a FROSTT .tns or .tns.gz file into a BLCO Zarr store (local path or "
+        "fsspec URL). Inputs larger than --memory-limit are converted out of core. "
+        "Nothing is left at STORE if conversion fails.",
+    )
     c.add_argument("input", help="input .tns or .tns.gz file (gzip detected by content)")
     c.add_argument("store", help="output store: a local path or an fsspec URL")
     c.add_argument("--shape", type=parse_shape, help="mode lengths (default: max index per mode)")
     c.add_argument("--zero-based", action="store_true", help="indices start at 0 (default: 1, as in FROSTT)")
-    c.add_argument("--duplicates", choices=["error", "sum", "last"], default="error",
-                   help="repeated coordinates: fail (default), add the values, or keep the last")
+    c.add_argument(
+        "--duplicates",
+        choices=["error", "sum", "last"],
+        default="error",
+        help="repeated coordinates: fail (default), add the values, or keep the last",
+    )
     c.add_argument("--chunk-nnz", type=_positive_int, help="nonzeros per stored chunk (default 1048576)")
     c.add_argument("--max-block-nnz", type=_positive_int, help="largest BLCO block (default 16777216)")
-    c.add_argument("--compression", choices=["fast", "small", "none"], default="fast",
-                   help="chunk compression: fast (default; lz4 index and values) decodes quickly, which "
-                        "streaming CP-ALS feels on every mode; small (zstd-3) makes the smallest stores; none "
-                        "stores raw chunks with their checksums (about 1/3 larger than fast), which streaming "
-                        "maps instead of decoding: for stores streamed many times from a fast local disk")
-    c.add_argument("--memory-limit", type=parse_size,
-                   help="peak memory of the conversion, e.g. 512MB (default: half the available memory)")
+    c.add_argument(
+        "--compression",
+        choices=["fast", "small", "none"],
+        default="fast",
+        help="chunk compression: fast (default; lz4 index and values) decodes quickly, which "
+        "streaming CP-ALS feels on every mode; small (zstd-3) makes the smallest stores; none "
+        "stores raw chunks with their checksums (about 1/3 larger than fast), which streaming "
+        "maps instead of decoding: for stores streamed many times from a fast local disk",
+    )
+    c.add_argument(
+        "--memory-limit",
+        type=parse_size,
+        help="peak memory of the conversion, e.g. 512MB (default: half the available memory)",
+    )
     c.add_argument("--workers", type=_positive_int, help="parallel parse tasks (default: cores)")
     c.add_argument("--tmp-dir", help="directory for out-of-core buckets (default: beside the store)")
-    c.add_argument("--out-of-core", action="store_true",
-                   help="convert through on-disk buckets even when the input fits in memory")
+    c.add_argument(
+        "--out-of-core", action="store_true", help="convert through on-disk buckets even when the input fits in memory"
+    )
     c.add_argument("--overwrite", action="store_true", help="replace an existing store")
     c.set_defaults(func=cmd_convert)
 
-    i = add("info", help="describe a store or a dense Zarr array",
-                       description="Validate a store and print its shape, nonzeros, blocks, chunks, bytes on "
-                                   "disk, compression ratio and per-mode statistics.")
+    i = add(
+        "info",
+        help="describe a store or a dense Zarr array",
+        description="Validate a store and print its shape, nonzeros, blocks, chunks, bytes on "
+        "disk, compression ratio and per-mode statistics.",
+    )
     i.add_argument("store", help="store path or URL, or a dense Zarr array (shape, chunks, dtype, bytes)")
     i.add_argument("--json", action="store_true", help="print JSON instead of a table")
     i.set_defaults(func=cmd_info)

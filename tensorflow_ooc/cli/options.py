@@ -16,8 +16,22 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
-          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 10**6,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 10**9,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 10**12,
+    "tb": 10**12,
+    "tib": 2**40,
+}
 
 
 def parse_size(text: str) -> int:
@@ -121,15 +135,21 @@ def run_outputs(args: argparse.Namespace, tag: str) -> tuple[str, str]:
     if paths.exists(out) and not (args.overwrite or args.resume):
         # an earlier result and its checkpoint would be replaced without a word: refuse, as
         # cp_als(out=...) does, and say how to go on
-        raise FileExistsError(f"{out} holds the result of an earlier run; pass --out NEW to keep it, --overwrite "
-                              f"to replace it, or --resume to continue from its checkpoint")
+        raise FileExistsError(
+            f"{out} holds the result of an earlier run; pass --out NEW to keep it, --overwrite "
+            f"to replace it, or --resume to continue from its checkpoint"
+        )
     if args.resume and not paths.exists(checkpoint):
-        raise FileNotFoundError(f"--resume: there is no checkpoint at {checkpoint} to continue from; run without "
-                                f"--resume to start afresh, or give --checkpoint PATH")
+        raise FileNotFoundError(
+            f"--resume: there is no checkpoint at {checkpoint} to continue from; run without "
+            f"--resume to start afresh, or give --checkpoint PATH"
+        )
     if paths.exists(checkpoint) and not (args.overwrite or args.resume):
         # a run that stopped before writing its result left this: starting afresh would replace it
-        raise FileExistsError(f"{checkpoint} holds the checkpoint of an earlier run that did not finish; pass "
-                              f"--resume to continue it, or --overwrite to start over and replace it")
+        raise FileExistsError(
+            f"{checkpoint} holds the checkpoint of an earlier run that did not finish; pass "
+            f"--resume to continue it, or --overwrite to start over and replace it"
+        )
     if args.overwrite and not args.resume and paths.exists(checkpoint):
         paths.remove(checkpoint)
     return out, checkpoint
@@ -144,8 +164,9 @@ def iteration_bar(args: argparse.Namespace, desc: str):
 
     def progress(record: dict) -> None:
         bar.n = record["iteration"]
-        bar.set_postfix(fit=f"{record['fit']:.6f}", dfit=f"{record['fit_change']:.1e}",
-                        s_per_it=f"{record['seconds']:.3f}")
+        bar.set_postfix(
+            fit=f"{record['fit']:.6f}", dfit=f"{record['fit_change']:.1e}", s_per_it=f"{record['seconds']:.3f}"
+        )
 
     return bar, progress
 

@@ -17,13 +17,18 @@ def find_quickstart_spec() -> Path:
     """``workflows/quickstart.yaml``: from ``$TFOOC_WORKFLOWS``, the source tree this package runs
     from, or the current directory."""
     candidates = [Path(os.environ["TFOOC_WORKFLOWS"]) / "quickstart.yaml"] if os.environ.get("TFOOC_WORKFLOWS") else []
-    candidates += [Path(__file__).resolve().parents[2] / "workflows" / "quickstart.yaml",
-                   Path("workflows") / "quickstart.yaml"]
+    candidates += [
+        Path(__file__).resolve().parents[2] / "workflows" / "quickstart.yaml",
+        Path("workflows") / "quickstart.yaml",
+    ]
     for c in candidates:
         if c.is_file():
             return c
-    raise FileNotFoundError("workflows/quickstart.yaml not found (looked in " + ", ".join(map(str, candidates))
-                            + "); run tfooc run PATH/TO/quickstart.yaml, or set TFOOC_WORKFLOWS")
+    raise FileNotFoundError(
+        "workflows/quickstart.yaml not found (looked in "
+        + ", ".join(map(str, candidates))
+        + "); run tfooc run PATH/TO/quickstart.yaml, or set TFOOC_WORKFLOWS"
+    )
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
@@ -36,6 +41,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 
 # --- workflows ----------------------------------------------------------------------------------------
 
+
 def _load(args: argparse.Namespace):
     from ..workflow import load_spec
 
@@ -46,13 +52,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..workflow.report import run_summary
     from ..workflow.runner import execute
 
-    workflow = _load(args)          # a bad spec raises SpecError: exit 2, nothing started
+    workflow = _load(args)  # a bad spec raises SpecError: exit 2, nothing started
     outcome = execute(workflow, cluster=args.scheduler, force=args.force)
     print(run_summary(outcome.record))
     if outcome.state == "failed":
-        print(f"tfooc: run {outcome.run_id} failed: {outcome.record.error}\n  details: tfooc logs {outcome.run_id}"
-              f" --storage {workflow.root}\n  after fixing the cause, run the spec again: finished steps are "
-              "skipped and CP-ALS resumes from its checkpoint", file=sys.stderr)
+        print(
+            f"tfooc: run {outcome.run_id} failed: {outcome.record.error}\n  details: tfooc logs {outcome.run_id}"
+            f" --storage {workflow.root}\n  after fixing the cause, run the spec again: finished steps are "
+            "skipped and CP-ALS resumes from its checkpoint",
+            file=sys.stderr,
+        )
     return outcome.exit_code
 
 
@@ -65,8 +74,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except (OSError, TimeoutError) as exc:
         print(f"tfooc: error: could not submit to {args.scheduler}: {exc}", file=sys.stderr)
         return 1
-    log.info("submitted run %s to %s; follow it with: tfooc status %s --storage %s  (or tfooc logs -f %s)",
-             run_id, args.scheduler, run_id, workflow.root, run_id)
+    log.info(
+        "submitted run %s to %s; follow it with: tfooc status %s --storage %s  (or tfooc logs -f %s)",
+        run_id,
+        args.scheduler,
+        run_id,
+        workflow.root,
+        run_id,
+    )
     print(run_id)
     return 0
 
@@ -79,8 +94,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     runs = RunStore(args.storage)
     if not args.run:
         records = runs.list(limit=None if args.all else 20)
-        print(json.dumps([json.loads(r.model_dump_json()) for r in records], indent=1) if args.json
-              else status_table(records))
+        print(
+            json.dumps([json.loads(r.model_dump_json()) for r in records], indent=1)
+            if args.json
+            else status_table(records)
+        )
         return 0
     rec = wait(args.storage, args.run, timeout=args.timeout) if args.wait else runs.read(args.run)
     print(to_json(rec) if args.json else run_summary(rec))
@@ -129,60 +147,78 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     """Register ``quickstart``, ``run``, ``submit``, ``status``, ``logs`` and ``cancel`` with the CLI's ``add``
     (a subparser factory)."""
     root_help = "storage root (default ./storage or $TFOOC_STORAGE)"
-    storage_help = ("storage root: a folder or fsspec URL (default: the spec's 'storage', else $TFOOC_STORAGE, else "
-                    "./storage)")
-    q = add("quickstart", help="the main job: tfooc run workflows/quickstart.yaml",
-            description="Run workflows/quickstart.yaml on the embedded default: generate a planted low-rank "
-                        "heavy-tailed tensor with noise (uber-shaped, 3.3 M nonzeros) as a .tns file, convert it "
-                        "to a store, decompose it with rank-16 CP-ALS, and report the fit and the factor match "
-                        "against the planted model. Steps that are up to date are skipped (exit status 3).")
+    storage_help = (
+        "storage root: a folder or fsspec URL (default: the spec's 'storage', else $TFOOC_STORAGE, else ./storage)"
+    )
+    q = add(
+        "quickstart",
+        help="the main job: tfooc run workflows/quickstart.yaml",
+        description="Run workflows/quickstart.yaml on the embedded default: generate a planted low-rank "
+        "heavy-tailed tensor with noise (uber-shaped, 3.3 M nonzeros) as a .tns file, convert it "
+        "to a store, decompose it with rank-16 CP-ALS, and report the fit and the factor match "
+        "against the planted model. Steps that are up to date are skipped (exit status 3).",
+    )
     q.add_argument("--storage", default=None, help=storage_help)
     q.add_argument("--force", action="store_true", help="run every step even when up to date")
     q.set_defaults(func=cmd_quickstart)
 
-    exits = ("Exit status: 0 done, 1 failed, 2 bad spec or input (nothing started), 3 skipped because every "
-             "step was up to date.")
-    allow_help = ("a folder or URL besides the storage root that the spec may read and write (repeatable; also "
-                  "$TFOOC_ALLOW_PATHS, os.pathsep-separated, and allow_paths in $TFOOC_CONFIG or "
-                  "~/.config/tfooc/config.yaml). A spec's own allow_paths can only pick folders inside these")
-    r = add("run", help="run a workflow spec in the foreground",
-            description="Run a workflow spec (YAML; see workflows/README.md) in this process: steps in dependency "
-                        "order, each skipped when its outputs exist with matching input fingerprints; a failed "
-                        "run resumes from its last finished step (CP-ALS from its checkpoint). Records go under "
-                        "STORAGE/.tfooc/runs.", epilog=exits)
+    exits = (
+        "Exit status: 0 done, 1 failed, 2 bad spec or input (nothing started), 3 skipped because every "
+        "step was up to date."
+    )
+    allow_help = (
+        "a folder or URL besides the storage root that the spec may read and write (repeatable; also "
+        "$TFOOC_ALLOW_PATHS, os.pathsep-separated, and allow_paths in $TFOOC_CONFIG or "
+        "~/.config/tfooc/config.yaml). A spec's own allow_paths can only pick folders inside these"
+    )
+    r = add(
+        "run",
+        help="run a workflow spec in the foreground",
+        description="Run a workflow spec (YAML; see workflows/README.md) in this process: steps in dependency "
+        "order, each skipped when its outputs exist with matching input fingerprints; a failed "
+        "run resumes from its last finished step (CP-ALS from its checkpoint). Records go under "
+        "STORAGE/.tfooc/runs.",
+        epilog=exits,
+    )
     r.add_argument("spec", help="workflow spec (YAML)")
     r.add_argument("--storage", default=None, help=storage_help)
-    r.add_argument("--scheduler", default=None,
-                   help="run step graphs on this Dask scheduler, or 'embedded' / 'gpu' (default: the spec's cluster)")
+    r.add_argument(
+        "--scheduler",
+        default=None,
+        help="run step graphs on this Dask scheduler, or 'embedded' / 'gpu' (default: the spec's cluster)",
+    )
     r.add_argument("--force", action="store_true", help="run every step even when up to date")
-    r.add_argument("--allow-path", dest="allow_paths", action="append", default=None, metavar="PATH",
-                   help=allow_help)
+    r.add_argument("--allow-path", dest="allow_paths", action="append", default=None, metavar="PATH", help=allow_help)
     r.set_defaults(func=cmd_run)
 
-    sb = add("submit", help="submit a workflow spec to a Dask cluster and return its run id",
-             description="Validate the spec here, then submit its driver as a Dask task (fire and forget) to the "
-                         "scheduler: prints the run id at once; the run goes on on the cluster after this command "
-                         "exits. Follow it with tfooc status / logs, stop it with tfooc cancel. The storage root "
-                         "must be reachable from the workers (a shared folder or an fsspec URL).",
-             epilog="Exit status: 0 submitted, 2 bad spec or input (nothing submitted), 1 scheduler unreachable.")
+    sb = add(
+        "submit",
+        help="submit a workflow spec to a Dask cluster and return its run id",
+        description="Validate the spec here, then submit its driver as a Dask task (fire and forget) to the "
+        "scheduler: prints the run id at once; the run goes on on the cluster after this command "
+        "exits. Follow it with tfooc status / logs, stop it with tfooc cancel. The storage root "
+        "must be reachable from the workers (a shared folder or an fsspec URL).",
+        epilog="Exit status: 0 submitted, 2 bad spec or input (nothing submitted), 1 scheduler unreachable.",
+    )
     sb.add_argument("spec", help="workflow spec (YAML)")
     sb.add_argument("--scheduler", required=True, help="Dask scheduler address, e.g. tcp://host:8786")
     sb.add_argument("--storage", default=None, help=storage_help)
     sb.add_argument("--force", action="store_true", help="run every step even when up to date")
-    sb.add_argument("--allow-path", dest="allow_paths", action="append", default=None, metavar="PATH",
-                    help=allow_help)
+    sb.add_argument("--allow-path", dest="allow_paths", action="append", default=None, metavar="PATH", help=allow_help)
     sb.set_defaults(func=cmd_submit)
 
-    st = add("status", help="list runs, or show one run",
-             description="Without RUN: the latest runs under the storage root. With RUN (an id or a unique prefix): "
-                         "its steps, states, times, fits, errors and outputs. A running run whose driver stopped "
-                         "heartbeating shows as lost.",
-             epilog="With --wait, the exit status is the run's: " + exits)
+    st = add(
+        "status",
+        help="list runs, or show one run",
+        description="Without RUN: the latest runs under the storage root. With RUN (an id or a unique prefix): "
+        "its steps, states, times, fits, errors and outputs. A running run whose driver stopped "
+        "heartbeating shows as lost.",
+        epilog="With --wait, the exit status is the run's: " + exits,
+    )
     st.add_argument("run", nargs="?", help="run id (or a unique prefix)")
     st.add_argument("--storage", default=str(DEFAULT_STORAGE), help=root_help)
     st.add_argument("--json", action="store_true", help="print the record(s) as JSON")
@@ -191,19 +227,25 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     st.add_argument("--timeout", type=_tolerance, default=None, help="seconds to wait at most with --wait")
     st.set_defaults(func=cmd_status)
 
-    lg = add("logs", help="print a run's events",
-             description="Print a run's events (step transitions, CP-ALS iterations, log lines, errors with "
-                         "tracebacks) from STORAGE/.tfooc/runs/RUN/events.jsonl.")
+    lg = add(
+        "logs",
+        help="print a run's events",
+        description="Print a run's events (step transitions, CP-ALS iterations, log lines, errors with "
+        "tracebacks) from STORAGE/.tfooc/runs/RUN/events.jsonl.",
+    )
     lg.add_argument("run", help="run id (or a unique prefix)")
     lg.add_argument("--storage", default=str(DEFAULT_STORAGE), help=root_help)
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
     lg.add_argument("--json", action="store_true", help="one JSON object per line")
     lg.set_defaults(func=cmd_logs)
 
-    cn = add("cancel", help="stop a run",
-             description="Ask a run to stop: a queued run is dropped from the scheduler; a running one stops "
-                         "before its next step or CP-ALS iteration (its record ends cancelled, and running the "
-                         "spec again resumes it).")
+    cn = add(
+        "cancel",
+        help="stop a run",
+        description="Ask a run to stop: a queued run is dropped from the scheduler; a running one stops "
+        "before its next step or CP-ALS iteration (its record ends cancelled, and running the "
+        "spec again resumes it).",
+    )
     cn.add_argument("run", help="run id (or a unique prefix)")
     cn.add_argument("--storage", default=str(DEFAULT_STORAGE), help=root_help)
     cn.add_argument("--wait", action="store_true", help="wait until the run has stopped")

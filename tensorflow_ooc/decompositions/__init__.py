@@ -2,12 +2,22 @@
 
 from .checkpoint import read_checkpoint
 from .cp_als import cp_als
-from .result import CPResult, load_result
 from .fasttucker_result import CompletionError, FastTuckerResult, load_fasttucker_result
-from .tucker_sgd import tucker_sgd
+from .result import CPResult, load_result
 from .tucker_hooi import tucker_hooi
 from .tucker_result import TuckerResult, load_tucker
+from .tucker_sgd import tucker_sgd
 
-__all__ = ["CPResult", "cp_als", "load_result", "read_checkpoint", "CompletionError", "FastTuckerResult",
-           "load_fasttucker_result", "tucker_sgd",
-           "TuckerResult", "load_tucker", "tucker_hooi"]
+__all__ = [
+    "CPResult",
+    "cp_als",
+    "load_result",
+    "read_checkpoint",
+    "CompletionError",
+    "FastTuckerResult",
+    "load_fasttucker_result",
+    "tucker_sgd",
+    "TuckerResult",
+    "load_tucker",
+    "tucker_hooi",
+]

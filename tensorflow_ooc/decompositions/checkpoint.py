@@ -14,8 +14,8 @@ import uuid
 from dataclasses import dataclass
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 import numpy as np
+from fsspec.implementations.local import LocalFileSystem
 
 from ..disk import disk_full_error, is_disk_full
 from ..errors import DiskFullError, StoreError
@@ -27,7 +27,7 @@ CHECKPOINT_VERSION = 1
 
 @dataclass
 class Checkpoint:
-    iteration: int            # last completed iteration (0-based)
+    iteration: int  # last completed iteration (0-based)
     factors: StackedFactors
     weights: np.ndarray
     fit: float
@@ -53,15 +53,18 @@ def write_npz_atomic(path: str, arrays: dict[str, np.ndarray], meta: dict) -> st
         else:
             fs.mv(tmp, p)
     except BaseException as exc:
-        try:                    # no temporary file stays behind (on a full disk least of all)
+        try:  # no temporary file stays behind (on a full disk least of all)
             if fs.exists(tmp):
                 fs.rm(tmp)
         except Exception:
             pass
         if is_disk_full(exc):
             # the whole file is needed again; the previous checkpoint, if any, is still in place
-            raise disk_full_error(exc, path, needed=sum(np.asarray(a).nbytes for a in arrays.values())
-                                  + blob.nbytes + 512 * (len(arrays) + 1)) from exc
+            raise disk_full_error(
+                exc,
+                path,
+                needed=sum(np.asarray(a).nbytes for a in arrays.values()) + blob.nbytes + 512 * (len(arrays) + 1),
+            ) from exc
         raise
     return path
 
@@ -103,12 +106,30 @@ def raise_returned(value):
     return value
 
 
-def write_checkpoint(path: str, factors: StackedFactors, weights: np.ndarray, iteration: int, fit: float,
-                     history: list[dict], params: dict, input_fp: dict) -> str:
+def write_checkpoint(
+    path: str,
+    factors: StackedFactors,
+    weights: np.ndarray,
+    iteration: int,
+    fit: float,
+    history: list[dict],
+    params: dict,
+    input_fp: dict,
+) -> str:
     """Write atomically (temporary name, then rename). Runs on a worker."""
-    return write_npz_atomic(path, {"factors": factors.data, "weights": weights},
-                            {"version": CHECKPOINT_VERSION, "iteration": iteration, "fit": fit, "history": history,
-                             "params": params, "input": input_fp, "shape": list(factors.shape)})
+    return write_npz_atomic(
+        path,
+        {"factors": factors.data, "weights": weights},
+        {
+            "version": CHECKPOINT_VERSION,
+            "iteration": iteration,
+            "fit": fit,
+            "history": history,
+            "params": params,
+            "input": input_fp,
+            "shape": list(factors.shape),
+        },
+    )
 
 
 def read_checkpoint(path: str) -> Checkpoint | None:
@@ -121,5 +142,6 @@ def read_checkpoint(path: str) -> Checkpoint | None:
         raise StoreError(f"{path}: not a CP-ALS checkpoint")
     data = arrays["factors"]
     factors = StackedFactors(meta["shape"], data.shape[1], data.dtype, aligned_copy(data))
-    return Checkpoint(meta["iteration"], factors, arrays["weights"], meta["fit"], meta["history"], meta["params"],
-                      meta["input"])
+    return Checkpoint(
+        meta["iteration"], factors, arrays["weights"], meta["fit"], meta["history"], meta["params"], meta["input"]
+    )

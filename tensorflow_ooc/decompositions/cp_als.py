@@ -46,13 +46,31 @@ __all__ = ["cp_als", "open_input", "FIT_EVERY_ITERATION_NNZ"]
 log = logging.getLogger(__name__)
 
 
-def cp_als(store: Store | DenseArray | str | os.PathLike | np.ndarray, rank: int, *, client: Client | None = None,
-           max_iters: int = 50, tol: float = 1e-5, init: str | Sequence[np.ndarray] = "random", seed: int | None = None,
-           dtype: str = "float64", checkpoint: str | os.PathLike | None = None, resume: bool = False,
-           callback: Callable[[dict], None] | None = None, execution: str = "auto", checkpoint_every: int = 1,
-           scheduler: str | None = None, partitions: int | None = None, out: str | os.PathLike | None = None,
-           overwrite: bool = False, device: str = "auto", device_options: DeviceOptions | None = None,
-           method: str = "exact", samples: int = 65536, fit_every: int | None = None) -> CPResult:
+def cp_als(
+    store: Store | DenseArray | str | os.PathLike | np.ndarray,
+    rank: int,
+    *,
+    client: Client | None = None,
+    max_iters: int = 50,
+    tol: float = 1e-5,
+    init: str | Sequence[np.ndarray] = "random",
+    seed: int | None = None,
+    dtype: str = "float64",
+    checkpoint: str | os.PathLike | None = None,
+    resume: bool = False,
+    callback: Callable[[dict], None] | None = None,
+    execution: str = "auto",
+    checkpoint_every: int = 1,
+    scheduler: str | None = None,
+    partitions: int | None = None,
+    out: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    device: str = "auto",
+    device_options: DeviceOptions | None = None,
+    method: str = "exact",
+    samples: int = 65536,
+    fit_every: int | None = None,
+) -> CPResult:
     """Rank-``rank`` CP decomposition of a sparse store or a dense array by alternating least squares.
 
     Each iteration solves, mode by mode, ``A_n = argmin || A_n (odot_{m != n} A_m)^T - X_(n) ||``.
@@ -135,27 +153,44 @@ def cp_als(store: Store | DenseArray | str | os.PathLike | np.ndarray, rank: int
     fit_every = check_arguments(store, rank, max_iters, tol, dtype, method, samples, device, fit_every)
     dense, randomized = isinstance(store, DenseArray), method != "exact"
     N, shape = store.nmodes, store.shape
-    params = {"rank": int(rank), "max_iters": int(max_iters), "tol": float(tol), "seed": seed, "dtype": dtype,
-              "init": init if isinstance(init, str) else "given", "method": method}
+    params = {
+        "rank": int(rank),
+        "max_iters": int(max_iters),
+        "tol": float(tol),
+        "seed": seed,
+        "dtype": dtype,
+        "init": init if isinstance(init, str) else "given",
+        "method": method,
+    }
     if randomized:
         params.update(samples=int(samples), fit_every=fit_every)
     checkpoint = None if checkpoint is None else str(checkpoint)
 
     if client is None and scheduler is None and device != "gpu" and store.nnz <= INLINE_MAX_NNZ:
-        scheduler = "inline"      # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
+        scheduler = "inline"  # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
     if randomized:
         device = "cpu"
     with get_client(client, scheduler, device=device) as c:
         # --- the graph, ||X||, and the initial state: fresh, or from the last checkpoint -------------
-        graph = open_graph(c, store, params, execution=execution, partitions=partitions, device=device,
-                           device_options=device_options, rank=rank, dtype=dtype,
-                           samples=int(samples) if randomized else 0)
+        graph = open_graph(
+            c,
+            store,
+            params,
+            execution=execution,
+            partitions=partitions,
+            device=device,
+            device_options=device_options,
+            rank=rank,
+            dtype=dtype,
+            samples=int(samples) if randomized else 0,
+        )
         input_fp = fingerprint(store)
         normX2 = float(store.meta["norm_sq"])
         check_tensor_norm(store.path, normX2)
         F, start, fit, history, weights, sample_entropy = initial_state(
-            c, checkpoint if resume else None, input_fp, init, shape, rank, seed, dtype)
-        on_cluster = graph.placement     # update tasks run where the MTTKRP partials are made
+            c, checkpoint if resume else None, input_fp, init, shape, rank, seed, dtype
+        )
+        on_cluster = graph.placement  # update tasks run where the MTTKRP partials are made
         if graph.device == "gpu":
             F = c.submit(U.on_device, F, pure=False, **on_cluster)
         params["resumed_after"] = start
@@ -194,16 +229,33 @@ def cp_als(store: Store | DenseArray | str | os.PathLike | np.ndarray, rank: int
                 evaluated.append(fit)
             # a NaN fit or an all-zero model stops the run here, naming the cause, never exit 0
             check_model(iteration + 1, fit, weights, norm_model2, normX2)
-            record = iteration_record(iteration, t_iter, sm, fit, fit_old, evaluate, store.nnz,
-                                      stored * N if streamed else (stored if iteration == start else 0),
-                                      randomized, samples, empty_seen)
+            record = iteration_record(
+                iteration,
+                t_iter,
+                sm,
+                fit,
+                fit_old,
+                evaluate,
+                store.nnz,
+                stored * N if streamed else (stored if iteration == start else 0),
+                randomized,
+                samples,
+                empty_seen,
+            )
             history.append(record)
-            log.info("iteration %d: fit %.6f (change %.2e), %.3f s", iteration + 1, fit, record["fit_change"],
-                     record["seconds"], extra={"iteration": iteration + 1})     # a field of its own in JSON logs
+            log.info(
+                "iteration %d: fit %.6f (change %.2e), %.3f s",
+                iteration + 1,
+                fit,
+                record["fit_change"],
+                record["seconds"],
+                extra={"iteration": iteration + 1},
+            )  # a field of its own in JSON logs
             done = converged(randomized, tol, iteration, fit, fit_old, evaluate, evaluated)
             if checkpoint and (done or (iteration + 1) % checkpoint_every == 0 or iteration + 1 == max_iters):
-                record["checkpoint_seconds"] = save_checkpoint(c, checkpoint, F, weights, iteration, fit, history,
-                                                               params, input_fp)
+                record["checkpoint_seconds"] = save_checkpoint(
+                    c, checkpoint, F, weights, iteration, fit, history, params, input_fp
+                )
             # after the write, so a callback that stops the run (cancel) finds this iteration saved
             if callback is not None:
                 callback(record)

@@ -35,8 +35,17 @@ log = logging.getLogger(__package__ + ".cp_als")
 FIT_EVERY_ITERATION_NNZ = 1 << 24
 
 
-def check_arguments(store: Store | DenseArray, rank: int, max_iters: int, tol: float, dtype: str, method: str,
-                    samples: int, device: str, fit_every: int | None) -> int:
+def check_arguments(
+    store: Store | DenseArray,
+    rank: int,
+    max_iters: int,
+    tol: float,
+    dtype: str,
+    method: str,
+    samples: int,
+    device: str,
+    fit_every: int | None,
+) -> int:
     """Refuse bad arguments before anything is allocated; returns the ``fit_every`` to use."""
     dense = isinstance(store, DenseArray)
     check_count("rank", rank)
@@ -47,8 +56,9 @@ def check_arguments(store: Store | DenseArray, rank: int, max_iters: int, tol: f
     check_method(method, samples)
     randomized = method != "exact"
     if dense and randomized:
-        raise DenseArrayError(f"{store.path}: method={method!r} samples fibers of a sparse store; a dense "
-                              f"array takes method='exact'")
+        raise DenseArrayError(
+            f"{store.path}: method={method!r} samples fibers of a sparse store; a dense array takes method='exact'"
+        )
     if randomized and device == "gpu":
         raise ValueError(f"method={method!r} runs on CPU workers; use device='cpu' or 'auto'")
     if fit_every is not None and int(fit_every) < 1:
@@ -56,15 +66,34 @@ def check_arguments(store: Store | DenseArray, rank: int, max_iters: int, tol: f
     return int(fit_every) if fit_every is not None else (1 if store.nnz <= FIT_EVERY_ITERATION_NNZ else 5)
 
 
-def open_graph(c: Client, store: Store | DenseArray, params: dict, *, execution: str, partitions: int | None,
-               device: str, device_options: DeviceOptions | None, rank: int, dtype: str,
-               samples: int) -> MTTKRPGraph:
+def open_graph(
+    c: Client,
+    store: Store | DenseArray,
+    params: dict,
+    *,
+    execution: str,
+    partitions: int | None,
+    device: str,
+    device_options: DeviceOptions | None,
+    rank: int,
+    dtype: str,
+    samples: int,
+) -> MTTKRPGraph:
     """The MTTKRP graph of a sparse store or a dense array; records its choices in ``params``. A dense
     array's ||X||^2 is computed here."""
     dense = isinstance(store, DenseArray)
     graph_of = DenseMTTKRPGraph if dense else MTTKRPGraph
-    graph = graph_of(c, store if dense else store.path, execution=execution, partitions=partitions,
-                     device=device, device_options=device_options, rank=rank, dtype=dtype, samples=samples)
+    graph = graph_of(
+        c,
+        store if dense else store.path,
+        execution=execution,
+        partitions=partitions,
+        device=device,
+        device_options=device_options,
+        rank=rank,
+        dtype=dtype,
+        samples=samples,
+    )
     params["execution"] = graph.execution
     params["in_place_updates"] = graph.in_place
     if graph.memory_plan is not None:
@@ -79,16 +108,24 @@ def open_graph(c: Client, store: Store | DenseArray, params: dict, *, execution:
 
 
 class InitialState(NamedTuple):
-    F: Future                   # the model state (factors, Grams, weights) on the cluster
-    start: int                  # first iteration to run (0-based)
+    F: Future  # the model state (factors, Grams, weights) on the cluster
+    start: int  # first iteration to run (0-based)
     fit: float
     history: list[dict]
     weights: np.ndarray
     sample_entropy: int | None  # a resumed randomized run's entropy, else None
 
 
-def initial_state(c: Client, checkpoint: str | None, input_fp: dict, init: str | Sequence[np.ndarray],
-                  shape: Sequence[int], rank: int, seed: int | None, dtype: str) -> InitialState:
+def initial_state(
+    c: Client,
+    checkpoint: str | None,
+    input_fp: dict,
+    init: str | Sequence[np.ndarray],
+    shape: Sequence[int],
+    rank: int,
+    seed: int | None,
+    dtype: str,
+) -> InitialState:
     """Algorithm 1, line 1: the factors to start from. From ``checkpoint`` when it is given and
     exists (it must be for the same store and rank), else fresh: random from ``seed``, or ``init``'s
     matrices (their shapes checked, NaN and Inf refused)."""
@@ -100,8 +137,9 @@ def initial_state(c: Client, checkpoint: str | None, input_fp: dict, init: str |
         # tens of MB, which a long factor's rows make
         F = c.submit(U.stack, c.scatter(state.factors, hash=False), dtype, state.weights, pure=False)
         log.info("resuming from %s after iteration %d (fit %.6f)", checkpoint, state.iteration + 1, state.fit)
-        return InitialState(F, state.iteration + 1, state.fit, list(state.history), state.weights,
-                            state.params.get("sample_entropy"))
+        return InitialState(
+            F, state.iteration + 1, state.fit, list(state.history), state.weights, state.params.get("sample_entropy")
+        )
     N = len(shape)
     if isinstance(init, str):
         if init != "random":
@@ -121,7 +159,7 @@ def run_entropy(sample_entropy: int | None, seed: int | None) -> int:
     """The randomized methods' sampling entropy: one per run, kept in checkpoints, so a resumed run
     draws what the first would have."""
     if sample_entropy is None:
-        sample_entropy = int(np.random.SeedSequence(seed).entropy) % 2**63   # seed None: fresh entropy
+        sample_entropy = int(np.random.SeedSequence(seed).entropy) % 2**63  # seed None: fresh entropy
     return int(sample_entropy)
 
 
@@ -133,8 +171,18 @@ def exact_step(graph: MTTKRPGraph, nmodes: int, F: Future, n: int, iteration: in
     return graph.mode_update(F, n, U.update_mode, iteration == 0, n == nmodes - 1, graph.in_place)
 
 
-def randomized_step(c: Client, graph: MTTKRPGraph, nmodes: int, method: str, samples: int, entropy: int,
-                    F: Future, n: int, iteration: int, evaluate: bool) -> Future:
+def randomized_step(
+    c: Client,
+    graph: MTTKRPGraph,
+    nmodes: int,
+    method: str,
+    samples: int,
+    entropy: int,
+    F: Future,
+    n: int,
+    iteration: int,
+    evaluate: bool,
+) -> Future:
     """Algorithm 1, lines 3-6, sketched (seed 000, chapter 3), for mode ``n``: draw ``samples`` rows
     of the Khatri-Rao product beside the state (STS-CP or CP-ARLS-LEV, seeded by the run's entropy,
     the iteration and the mode), the sampled MTTKRP over the nonzeros of the sampled fibers, and the
@@ -143,8 +191,9 @@ def randomized_step(c: Client, graph: MTTKRPGraph, nmodes: int, method: str, sam
     # draw beside the state, gather the sampled fibers, solve the sketched problem; the
     # last mode of an evaluated iteration also runs the exact MTTKRP for the fit
     S = c.submit(draw_samples, F, n, method, samples, (entropy, iteration, n), pure=False, **graph.placement)
-    return graph.sampled_mode_update(F, S, n, U.update_mode, evaluate and n == nmodes - 1, iteration == 0,
-                                     n == nmodes - 1, graph.in_place)
+    return graph.sampled_mode_update(
+        F, S, n, U.update_mode, evaluate and n == nmodes - 1, iteration == 0, n == nmodes - 1, graph.in_place
+    )
 
 
 def model_norm_sq(sm: U.Summary) -> float:
@@ -164,9 +213,19 @@ def model_fit(sm: U.Summary, normX2: float, norm_model2: float) -> float:
     return 1 - math.sqrt(abs(normX2 + norm_model2 - 2 * iprod)) / normX if normX > 0 else 0.0
 
 
-def iteration_record(iteration: int, t_iter: float, sm: U.Summary, fit: float, fit_old: float, evaluate: bool,
-                     nnz: int, bytes_read: int, randomized: bool, samples: int,
-                     empty_seen: dict[int, int]) -> dict:
+def iteration_record(
+    iteration: int,
+    t_iter: float,
+    sm: U.Summary,
+    fit: float,
+    fit_old: float,
+    evaluate: bool,
+    nnz: int,
+    bytes_read: int,
+    randomized: bool,
+    samples: int,
+    empty_seen: dict[int, int],
+) -> dict:
     """The history record of ``iteration`` (0-based), timed from ``t_iter``. Randomized runs add
     their sampling times and the modes whose factor was kept (no sampled fiber held a nonzero;
     ``empty_seen``, the counts already reported, is updated)."""
@@ -177,31 +236,42 @@ def iteration_record(iteration: int, t_iter: float, sm: U.Summary, fit: float, f
     mode_seconds = [max(0.0, ends[k + 1] - ends[k]) for k in range(N)]
     mttkrp_s = [sm.timings[n][0] for n in range(N)]
     update_s = [sm.timings[n][1] for n in range(N)]
-    sampling_s = [sm.sampling.get(n, 0.0) for n in range(N)]      # all 0 for exact CP-ALS
-    record = {"iteration": iteration + 1, "fit": fit, "fit_change": abs(fit - fit_old) if evaluate else 0.0,
-              "fit_evaluated": evaluate, "seconds": seconds,
-              "mode_seconds": mode_seconds, "mttkrp_seconds": mttkrp_s, "update_seconds": update_s,
-              "other_seconds": max(0.0, seconds - sum(mttkrp_s) - sum(update_s) - sum(sampling_s)
-                                   - sm.fit_seconds),
-              "nnz_per_s": nnz * N / seconds,
-              "bytes_read": bytes_read}
+    sampling_s = [sm.sampling.get(n, 0.0) for n in range(N)]  # all 0 for exact CP-ALS
+    record = {
+        "iteration": iteration + 1,
+        "fit": fit,
+        "fit_change": abs(fit - fit_old) if evaluate else 0.0,
+        "fit_evaluated": evaluate,
+        "seconds": seconds,
+        "mode_seconds": mode_seconds,
+        "mttkrp_seconds": mttkrp_s,
+        "update_seconds": update_s,
+        "other_seconds": max(0.0, seconds - sum(mttkrp_s) - sum(update_s) - sum(sampling_s) - sm.fit_seconds),
+        "nnz_per_s": nnz * N / seconds,
+        "bytes_read": bytes_read,
+    }
     if randomized:
         # mttkrp_seconds are the sampled MTTKRPs; fit_seconds the exact one of the fit
         record["sampling_seconds"] = sampling_s
-        record["fit_seconds"] = sm.fit_seconds     # 0 unless this iteration evaluated the fit
+        record["fit_seconds"] = sm.fit_seconds  # 0 unless this iteration evaluated the fit
         kept = [n for n in range(N) if sm.empty_sketches.get(n, 0) > empty_seen.get(n, 0)]
         empty_seen.clear()
         empty_seen.update(sm.empty_sketches)
         if kept:
             record["kept_modes"] = kept
-            log.warning("iteration %d: no sampled fiber of mode(s) %s held a nonzero, so those factors "
-                        "were kept; the tensor is too sparse for %d samples (raise samples)",
-                        iteration + 1, kept, samples)
+            log.warning(
+                "iteration %d: no sampled fiber of mode(s) %s held a nonzero, so those factors "
+                "were kept; the tensor is too sparse for %d samples (raise samples)",
+                iteration + 1,
+                kept,
+                samples,
+            )
     return record
 
 
-def converged(randomized: bool, tol: float, iteration: int, fit: float, fit_old: float, evaluate: bool,
-              evaluated: list[float]) -> bool:
+def converged(
+    randomized: bool, tol: float, iteration: int, fit: float, fit_old: float, evaluate: bool, evaluated: list[float]
+) -> bool:
     """The stopping test after ``iteration``: exact CP-ALS stops when the fit changed by less than
     ``tol``; randomized CP-ALS on its evaluated fits (``evaluated``, this run's and a resumed one's)."""
     if randomized:
@@ -211,14 +281,36 @@ def converged(randomized: bool, tol: float, iteration: int, fit: float, fit_old:
     return iteration > 0 and abs(fit - fit_old) < tol
 
 
-def save_checkpoint(c: Client, path: str, F: Future, weights: np.ndarray, iteration: int, fit: float,
-                    history: list[dict], params: dict, input_fp: dict) -> float:
+def save_checkpoint(
+    c: Client,
+    path: str,
+    F: Future,
+    weights: np.ndarray,
+    iteration: int,
+    fit: float,
+    history: list[dict],
+    params: dict,
+    input_fp: dict,
+) -> float:
     """Write the state after ``iteration`` to ``path`` (atomically, by a worker: the factors live
     there; a full disk raised here as :class:`~tensorflow_ooc.errors.DiskFullError`). Returns the
     seconds it took."""
     t_ck = time.time()
-    raise_returned(c.submit(disk_full_returned, write_checkpoint, path, c.submit(U.on_host, F, pure=False), weights,
-                            iteration, fit, history, params, input_fp, pure=False).result())
+    raise_returned(
+        c.submit(
+            disk_full_returned,
+            write_checkpoint,
+            path,
+            c.submit(U.on_host, F, pure=False),
+            weights,
+            iteration,
+            fit,
+            history,
+            params,
+            input_fp,
+            pure=False,
+        ).result()
+    )
     return time.time() - t_ck
 
 

@@ -104,8 +104,9 @@ class FastTuckerResult:
         return out
 
     def save_npz(self, path: str | os.PathLike) -> None:
-        np.savez(path, **self.to_numpy(), history=json.dumps(self.history), test_rmse=self.test_rmse,
-                 test_mae=self.test_mae)
+        np.savez(
+            path, **self.to_numpy(), history=json.dumps(self.history), test_rmse=self.test_rmse, test_mae=self.test_mae
+        )
 
     def to_tensorly(self):
         """A ``tensorly.tucker_tensor.TuckerTensor`` (the dense core of the Kruskal core)."""
@@ -115,11 +116,23 @@ class FastTuckerResult:
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> str:
         """Write a Zarr result store (atomically for local paths). Returns its path."""
-        return write_result_store(path, self.to_numpy(), {
-            "format": FASTTUCKER_FORMAT, "format_version": FASTTUCKER_VERSION,
-            "test_rmse": _json_float(self.test_rmse), "test_mae": _json_float(self.test_mae),
-            "epochs": int(self.epochs), "best_epoch": int(self.best_epoch), "history": self.history,
-            "params": self.params, "input": self.input, "nmodes": len(self.factors)}, overwrite)
+        return write_result_store(
+            path,
+            self.to_numpy(),
+            {
+                "format": FASTTUCKER_FORMAT,
+                "format_version": FASTTUCKER_VERSION,
+                "test_rmse": _json_float(self.test_rmse),
+                "test_mae": _json_float(self.test_mae),
+                "epochs": int(self.epochs),
+                "best_epoch": int(self.best_epoch),
+                "history": self.history,
+                "params": self.params,
+                "input": self.input,
+                "nmodes": len(self.factors),
+            },
+            overwrite,
+        )
 
 
 def _json_float(x: float) -> float | None:
@@ -131,8 +144,14 @@ def load_fasttucker_result(path: str | os.PathLike) -> FastTuckerResult:
     root, meta = read_result_store(path, FASTTUCKER_FORMAT, "FastTucker")
     n = int(meta["nmodes"])
     nan = float("nan")
-    return FastTuckerResult([root[f"factor{i}"][...] for i in range(n)],
-                            [root[f"core_factor{i}"][...] for i in range(n)],
-                            nan if meta["test_rmse"] is None else meta["test_rmse"],
-                            nan if meta["test_mae"] is None else meta["test_mae"], meta["epochs"], meta["best_epoch"],
-                            meta["history"], meta["params"], meta["input"])
+    return FastTuckerResult(
+        [root[f"factor{i}"][...] for i in range(n)],
+        [root[f"core_factor{i}"][...] for i in range(n)],
+        nan if meta["test_rmse"] is None else meta["test_rmse"],
+        nan if meta["test_mae"] is None else meta["test_mae"],
+        meta["epochs"],
+        meta["best_epoch"],
+        meta["history"],
+        meta["params"],
+        meta["input"],
+    )

@@ -36,11 +36,15 @@ def check_tolerance(tol: object, name: str = "tol") -> float:
 def check_tensor_norm(path: str, norm_sq: float) -> None:
     """Refuse a tensor whose ||X||^2 is not a positive finite number: no fit is defined for it."""
     if not math.isfinite(norm_sq):
-        raise DecompositionError(f"{path}: ||X||^2 is {norm_sq!r}: the values' squares overflow float64, so no fit "
-                                 f"can be computed; rescale the data (values must stay below about 1.34e154)")
+        raise DecompositionError(
+            f"{path}: ||X||^2 is {norm_sq!r}: the values' squares overflow float64, so no fit "
+            f"can be computed; rescale the data (values must stay below about 1.34e154)"
+        )
     if norm_sq <= 0:
-        raise DecompositionError(f"{path}: ||X||^2 is {norm_sq!r}: every value is 0 or too small for float64 squares "
-                                 f"(below about 1.5e-154), so there is nothing to fit; rescale the data")
+        raise DecompositionError(
+            f"{path}: ||X||^2 is {norm_sq!r}: every value is 0 or too small for float64 squares "
+            f"(below about 1.5e-154), so there is nothing to fit; rescale the data"
+        )
 
 
 def check_model(iteration: int, fit: float, weights: np.ndarray, norm_model_sq: float, norm_sq: float) -> None:
@@ -50,9 +54,11 @@ def check_model(iteration: int, fit: float, weights: np.ndarray, norm_model_sq: 
         raise DecompositionError(
             f"iteration {iteration}: the model became NaN or infinite (fit {fit!r}, ||model||^2 {norm_model_sq!r}, "
             f"||X||^2 {norm_sq!r}): the values are too large or too small for float64 products of the factors, "
-            f"or the initial factors hold NaN/Inf; rescale the data or use another init")
+            f"or the initial factors hold NaN/Inf; rescale the data or use another init"
+        )
     if not w.any():
         raise DecompositionError(
             f"iteration {iteration}: the model is all zero (every weight is 0): the factors' products underflow "
             f"float64 for these values (||X||^2 {norm_sq!r}), or the initial factors are zero where the tensor's "
-            f"nonzeros are; rescale the data or use another init")
+            f"nonzeros are; rescale the data or use another init"
+        )

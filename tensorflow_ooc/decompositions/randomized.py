@@ -11,9 +11,9 @@ from typing import Sequence
 
 import numpy as np
 
+from ..execution.partials import to_host
 from ..kernels.sampling.arls_lev import arls_lev_sample
 from ..kernels.sampling.krp_sampler import SampleSet, build_tree, sts_sample
-from ..execution.partials import to_host
 from .updates import CPState, _with_arrays
 
 METHODS = ("exact", "sts", "arls-lev", "arls-lev-hybrid")
@@ -43,7 +43,7 @@ def draw_samples(state: CPState, mode: int, method: str, draws: int, seed: Seque
     factors = [to_host(v) for v in state.views]
     rng = np.random.default_rng(np.random.SeedSequence([int(x) for x in seed]))
     if method == "sts":
-        out = sts_sample(factors, state.trees, mode, int(draws), rng)     # builds trees it is not given
+        out = sts_sample(factors, state.trees, mode, int(draws), rng)  # builds trees it is not given
     elif method in ("arls-lev", "arls-lev-hybrid"):
         out = arls_lev_sample(factors, mode, int(draws), rng, hybrid=method == "arls-lev-hybrid")
     else:

@@ -22,8 +22,13 @@ RESULT_VERSION = 1
 
 def fingerprint(store: Store) -> dict:
     """Identity of the input store: results and checkpoints refuse to mix stores."""
-    return {"store_id": store.meta["store_id"], "path": store.path, "shape": list(store.shape), "nnz": store.nnz,
-            "norm_sq": float(store.meta["norm_sq"])}
+    return {
+        "store_id": store.meta["store_id"],
+        "path": store.path,
+        "shape": list(store.shape),
+        "nnz": store.nnz,
+        "norm_sq": float(store.meta["norm_sq"]),
+    }
 
 
 @dataclass
@@ -87,10 +92,20 @@ class CPResult:
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> str:
         """Write a Zarr result store (atomically for local paths). Returns its path."""
         arrays = {"weights": np.asarray(self.weights), **{f"factor{n}": f for n, f in enumerate(self.factors)}}
-        return write_result_store(path, arrays, {
-            "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "fit": float(self.fit),
-            "iterations": int(self.iterations), "history": self.history, "params": self.params,
-            "input": self.input}, overwrite)
+        return write_result_store(
+            path,
+            arrays,
+            {
+                "format": RESULT_FORMAT,
+                "format_version": RESULT_VERSION,
+                "fit": float(self.fit),
+                "iterations": int(self.iterations),
+                "history": self.history,
+                "params": self.params,
+                "input": self.input,
+            },
+            overwrite,
+        )
 
 
 def load_result(path: str | os.PathLike) -> CPResult | TuckerResult | FastTuckerResult:
@@ -107,10 +122,15 @@ def load_result(path: str | os.PathLike) -> CPResult | TuckerResult | FastTucker
 
         return load_fasttucker_result(path)
     root, meta = read_result_store(path, RESULT_FORMAT, "CP")
-    n = len(meta["input"]["shape"]) if meta.get("input") else len([k for k in root.array_keys() if k.startswith("factor")])
+    n = (
+        len(meta["input"]["shape"])
+        if meta.get("input")
+        else len([k for k in root.array_keys() if k.startswith("factor")])
+    )
     factors = [root[f"factor{i}"][...] for i in range(n)]
-    return CPResult(root["weights"][...], factors, meta["fit"], meta["iterations"], meta["history"], meta["params"],
-                    meta["input"])
+    return CPResult(
+        root["weights"][...], factors, meta["fit"], meta["iterations"], meta["history"], meta["params"], meta["input"]
+    )
 
 
 def arrange(weights: np.ndarray, factors: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:

@@ -25,8 +25,9 @@ from ..store import paths
 ROWS_PER_CHUNK = 1 << 16
 
 
-def write_result_store(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict, overwrite: bool = False
-                       ) -> str:
+def write_result_store(
+    path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict, overwrite: bool = False
+) -> str:
     """Write ``arrays`` and ``meta`` (which names the ``format``) as a result store; returns its path.
 
     Raises :class:`StoreError` if ``path`` exists and ``overwrite`` is false.
@@ -35,16 +36,26 @@ def write_result_store(path: str | os.PathLike, arrays: dict[str, np.ndarray], m
     # a full disk: the staging store is removed (by ``staged``), then the error names the result,
     # the bytes it needs (the arrays, uncompressed, and the metadata) and the space free
     needed = sum(np.asarray(a).nbytes for a in arrays.values()) + len(json.dumps(meta, default=str)) + 4096
-    with disk_writes(final, needed=needed), \
-            paths.staged(final, overwrite, StoreError(f"{final}: exists; pass overwrite=True to replace the result")
-                         ) as staging:
+    with (
+        disk_writes(final, needed=needed),
+        paths.staged(
+            final, overwrite, StoreError(f"{final}: exists; pass overwrite=True to replace the result")
+        ) as staging,
+    ):
         root = zarr.open_group(staging, mode="w", zarr_format=3)
         for name, a in arrays.items():
             a = np.ascontiguousarray(a)
             chunks = (max(1, min(a.shape[0], ROWS_PER_CHUNK)), *a.shape[1:]) if a.ndim == 2 else None
             root.create_array(name, data=a, **({"chunks": chunks} if chunks else {}))
-        root.attrs.put({"tensorflow_ooc": {**meta, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                           "complete": True}})
+        root.attrs.put(
+            {
+                "tensorflow_ooc": {
+                    **meta,
+                    "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "complete": True,
+                }
+            }
+        )
     return final
 
 

@@ -20,7 +20,7 @@ CHECKPOINT_FORMAT = "tucker-checkpoint"
 
 @dataclass
 class TuckerCheckpoint:
-    iteration: int            # last completed iteration (0-based)
+    iteration: int  # last completed iteration (0-based)
     factors: list[np.ndarray]
     core: np.ndarray
     fit: float
@@ -29,12 +29,23 @@ class TuckerCheckpoint:
     input: dict
 
 
-def write_tucker_checkpoint(path: str, state: TuckerState, iteration: int, fit: float, history: list[dict],
-                            params: dict, input_fp: dict) -> str:
+def write_tucker_checkpoint(
+    path: str, state: TuckerState, iteration: int, fit: float, history: list[dict], params: dict, input_fp: dict
+) -> str:
     """Write atomically (temporary name, then rename). Runs on the worker holding ``state``."""
-    return write_npz_atomic(path, {"core": state.core, **{f"factor{n}": U for n, U in enumerate(state.factors)}},
-                            {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "iteration": iteration,
-                             "fit": fit, "history": history, "params": params, "input": input_fp})
+    return write_npz_atomic(
+        path,
+        {"core": state.core, **{f"factor{n}": U for n, U in enumerate(state.factors)}},
+        {
+            "format": CHECKPOINT_FORMAT,
+            "version": CHECKPOINT_VERSION,
+            "iteration": iteration,
+            "fit": fit,
+            "history": history,
+            "params": params,
+            "input": input_fp,
+        },
+    )
 
 
 def read_tucker_checkpoint(path: str) -> TuckerCheckpoint | None:
@@ -44,5 +55,6 @@ def read_tucker_checkpoint(path: str) -> TuckerCheckpoint | None:
         return None
     arrays, meta = got
     factors = [arrays[f"factor{n}"] for n in range(len(meta["input"]["shape"]))]
-    return TuckerCheckpoint(meta["iteration"], factors, arrays["core"], meta["fit"], meta["history"], meta["params"],
-                            meta["input"])
+    return TuckerCheckpoint(
+        meta["iteration"], factors, arrays["core"], meta["fit"], meta["history"], meta["params"], meta["input"]
+    )

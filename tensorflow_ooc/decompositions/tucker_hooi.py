@@ -49,15 +49,16 @@ def check_ranks(ranks: int | Sequence[int], shape: Sequence[int]) -> tuple[int, 
     except TypeError:
         raise DecompositionError(f"ranks must be an integer or one integer per mode, got {ranks!r}") from None
     if len(vals) != N:
-        raise DecompositionError(f"ranks {tuple(vals)} give {len(vals)} values for a tensor of order {N} "
-                                 f"(shape {tuple(shape)}): give one rank per mode")
+        raise DecompositionError(
+            f"ranks {tuple(vals)} give {len(vals)} values for a tensor of order {N} "
+            f"(shape {tuple(shape)}): give one rank per mode"
+        )
     out = []
     for n, (j, size) in enumerate(zip(vals, shape)):
         if isinstance(j, bool) or not isinstance(j, numbers.Integral):
             raise DecompositionError(f"rank of mode {n} must be an integer, got {j!r}")
         if not 1 <= int(j) <= int(size):
-            raise DecompositionError(f"rank of mode {n} is {int(j)}; it must lie in 1..{int(size)} "
-                                     f"(the mode's length)")
+            raise DecompositionError(f"rank of mode {n} is {int(j)}; it must lie in 1..{int(size)} (the mode's length)")
         out.append(int(j))
     return tuple(out)
 
@@ -84,21 +85,39 @@ def check_init(init, shape: Sequence[int], ranks: Sequence[int]) -> str | list[n
         arr = np.asarray(a, dtype=np.float64) if a is not None else None
         want = (int(shape[n]), int(ranks[n]))
         if arr is None or arr.shape != want:
-            raise DecompositionError(f"init factor of mode {n} has shape {None if arr is None else arr.shape}; "
-                                     f"expected {want} (mode length x rank)")
+            raise DecompositionError(
+                f"init factor of mode {n} has shape {None if arr is None else arr.shape}; "
+                f"expected {want} (mode length x rank)"
+            )
         if not np.isfinite(arr).all():
             raise DecompositionError(f"init factor of mode {n} holds NaN or infinite values")
         out.append(arr)
     return out
 
 
-def tucker_hooi(store: Store | str | os.PathLike, ranks: int | Sequence[int], *, client: Client | None = None,
-                max_iters: int = 50, tol: float = 1e-4, init: str | Sequence[np.ndarray | None] = "random",
-                seed: int | None = None, svd: str = "auto", kernel: str | None = None, device: str = "cpu",
-                checkpoint: str | os.PathLike | None = None, resume: bool = False, checkpoint_every: int = 1,
-                callback: Callable[[dict], None] | None = None, execution: str = "auto",
-                scheduler: str | None = None, partitions: int | None = None, out: str | os.PathLike | None = None,
-                overwrite: bool = False, progress: bool = True) -> TuckerResult:
+def tucker_hooi(
+    store: Store | str | os.PathLike,
+    ranks: int | Sequence[int],
+    *,
+    client: Client | None = None,
+    max_iters: int = 50,
+    tol: float = 1e-4,
+    init: str | Sequence[np.ndarray | None] = "random",
+    seed: int | None = None,
+    svd: str = "auto",
+    kernel: str | None = None,
+    device: str = "cpu",
+    checkpoint: str | os.PathLike | None = None,
+    resume: bool = False,
+    checkpoint_every: int = 1,
+    callback: Callable[[dict], None] | None = None,
+    execution: str = "auto",
+    scheduler: str | None = None,
+    partitions: int | None = None,
+    out: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> TuckerResult:
     """Rank-``(J_1, ..., J_N)`` Tucker decomposition of a sparse tensor store by HOOI.
 
     Each iteration updates the modes in order: ``Y = X x_{m != n} U_m^T`` by the semi-sparse TTM
@@ -203,20 +222,30 @@ def tucker_hooi(store: Store | str | os.PathLike, ranks: int | Sequence[int], *,
     checkpoint = None if checkpoint is None else str(checkpoint)
     input_fp = fingerprint(store)
     state0 = read_tucker_checkpoint(checkpoint) if (resume and checkpoint) else None
-    if state0 is not None and (state0.input["store_id"] != input_fp["store_id"]
-                               or tuple(state0.params.get("ranks", ())) != ranks):
-        raise DecompositionError(f"{checkpoint}: checkpoint is for another store or other ranks "
-                                 f"({state0.params.get('ranks')}); remove it or drop resume")
+    if state0 is not None and (
+        state0.input["store_id"] != input_fp["store_id"] or tuple(state0.params.get("ranks", ())) != ranks
+    ):
+        raise DecompositionError(
+            f"{checkpoint}: checkpoint is for another store or other ranks "
+            f"({state0.params.get('ranks')}); remove it or drop resume"
+        )
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
         raise DecompositionError(f"seed must be an integer or None, got {seed!r}")
     seed = None if seed is None else int(seed)
-    params = {"ranks": list(ranks), "max_iters": int(max_iters), "tol": float(tol), "seed": seed,
-              "init": init if isinstance(init, str) else "given", "svd": svd, "kernel": kernel}
+    params = {
+        "ranks": list(ranks),
+        "max_iters": int(max_iters),
+        "tol": float(tol),
+        "seed": seed,
+        "init": init if isinstance(init, str) else "given",
+        "svd": svd,
+        "kernel": kernel,
+    }
     normX2 = float(store.meta["norm_sq"])
     normX = math.sqrt(normX2)
 
     if client is None and scheduler is None and device != "gpu" and store.nnz <= INLINE_MAX_NNZ:
-        scheduler = "inline"      # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
+        scheduler = "inline"  # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
     from tqdm.auto import tqdm
 
     with get_client(client, scheduler, device=device) as c:
@@ -228,8 +257,9 @@ def tucker_hooi(store: Store | str | os.PathLike, ranks: int | Sequence[int], *,
         # --- initial state: fresh, or from the last checkpoint -----------------------------------
         if state0 is not None:
             # factors scattered, not embedded: Dask warns about (and copies) graphs of tens of MB
-            S = c.submit(T.given_init, shape, ranks, c.scatter(list(state0.factors), hash=False), state0.core,
-                         pure=False)
+            S = c.submit(
+                T.given_init, shape, ranks, c.scatter(list(state0.factors), hash=False), state0.core, pure=False
+            )
             start, fit, history = state0.iteration + 1, state0.fit, list(state0.history)
             svd_entropy = state0.params.get("svd_entropy")
             log.info("resuming from %s after iteration %d (fit %.6f)", checkpoint, start, fit)
@@ -250,8 +280,14 @@ def tucker_hooi(store: Store | str | os.PathLike, ranks: int | Sequence[int], *,
         params["resumed_after"] = start
         chunk_bytes = sum(paths.disk_bytes(f"{str(store.path).rstrip('/')}/{name}") for name in ("alto", "values"))
         streamed = graph.execution == "streaming"
-        bar = tqdm(total=max_iters, initial=start, desc="tucker-hooi", unit="it", leave=False,
-                   disable=None if progress else True)
+        bar = tqdm(
+            total=max_iters,
+            initial=start,
+            desc="tucker-hooi",
+            unit="it",
+            leave=False,
+            disable=None if progress else True,
+        )
 
         # A whole iteration is submitted at once: per mode the TTM partition tasks, the reduction
         # and one update task (one task in all when there is one partition), so the modes follow
@@ -269,22 +305,49 @@ def tucker_hooi(store: Store | str | os.PathLike, ranks: int | Sequence[int], *,
                 ttm_s = [sm.timings[n][0] for n in range(N)]
                 svd_s = [sm.timings[n][1] for n in range(N)]
                 layout_s = [sm.timings[n][2] for n in range(N)]
-                record = {"iteration": iteration + 1, "fit": fit, "fit_change": abs(fit - fit_old),
-                          "seconds": seconds, "mode_seconds": [max(0.0, ends[k + 1] - ends[k]) for k in range(N)],
-                          "ttm_seconds": ttm_s, "layout_seconds": layout_s, "svd_seconds": svd_s,
-                          "other_seconds": max(0.0, seconds - sum(ttm_s) - sum(svd_s)),
-                          "svd_methods": [sm.methods[n] for n in range(N)],
-                          "nonempty_slices": [sm.rows[n] for n in range(N)],
-                          "nnz_per_s": store.nnz * N / seconds,
-                          "bytes_read": chunk_bytes * N if streamed else (chunk_bytes if iteration == start else 0)}
+                record = {
+                    "iteration": iteration + 1,
+                    "fit": fit,
+                    "fit_change": abs(fit - fit_old),
+                    "seconds": seconds,
+                    "mode_seconds": [max(0.0, ends[k + 1] - ends[k]) for k in range(N)],
+                    "ttm_seconds": ttm_s,
+                    "layout_seconds": layout_s,
+                    "svd_seconds": svd_s,
+                    "other_seconds": max(0.0, seconds - sum(ttm_s) - sum(svd_s)),
+                    "svd_methods": [sm.methods[n] for n in range(N)],
+                    "nonempty_slices": [sm.rows[n] for n in range(N)],
+                    "nnz_per_s": store.nnz * N / seconds,
+                    "bytes_read": chunk_bytes * N if streamed else (chunk_bytes if iteration == start else 0),
+                }
                 history.append(record)
-                log.info("iteration %d: fit %.6f (change %.2e), %.3f s (TTM %.3f s, SVD %.3f s)", iteration + 1, fit,
-                         record["fit_change"], seconds, sum(ttm_s), sum(svd_s), extra={"iteration": iteration + 1})
-                done = record["fit_change"] < tol       # pyttb's rule, its first iteration included
+                log.info(
+                    "iteration %d: fit %.6f (change %.2e), %.3f s (TTM %.3f s, SVD %.3f s)",
+                    iteration + 1,
+                    fit,
+                    record["fit_change"],
+                    seconds,
+                    sum(ttm_s),
+                    sum(svd_s),
+                    extra={"iteration": iteration + 1},
+                )
+                done = record["fit_change"] < tol  # pyttb's rule, its first iteration included
                 if checkpoint and (done or (iteration + 1) % checkpoint_every == 0 or iteration + 1 == max_iters):
                     t_ck = time.time()
-                    raise_returned(c.submit(disk_full_returned, write_tucker_checkpoint, checkpoint, S, iteration, fit,
-                                            history, params, input_fp, pure=False).result())
+                    raise_returned(
+                        c.submit(
+                            disk_full_returned,
+                            write_tucker_checkpoint,
+                            checkpoint,
+                            S,
+                            iteration,
+                            fit,
+                            history,
+                            params,
+                            input_fp,
+                            pure=False,
+                        ).result()
+                    )
                     record["checkpoint_seconds"] = time.time() - t_ck
                 bar.update(1)
                 bar.set_postfix(fit=f"{fit:.6f}", dfit=f"{record['fit_change']:.1e}", s_per_it=f"{seconds:.3f}")

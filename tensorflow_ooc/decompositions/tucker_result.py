@@ -75,10 +75,20 @@ class TuckerResult:
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> str:
         """Write a Zarr result store (atomically for local paths). Returns its path."""
-        return write_result_store(path, self.to_numpy(), {
-            "format": RESULT_FORMAT, "format_version": RESULT_VERSION, "fit": float(self.fit),
-            "iterations": int(self.iterations), "history": self.history, "params": self.params,
-            "input": self.input}, overwrite)
+        return write_result_store(
+            path,
+            self.to_numpy(),
+            {
+                "format": RESULT_FORMAT,
+                "format_version": RESULT_VERSION,
+                "fit": float(self.fit),
+                "iterations": int(self.iterations),
+                "history": self.history,
+                "params": self.params,
+                "input": self.input,
+            },
+            overwrite,
+        )
 
 
 def load_tucker(path: str | os.PathLike) -> TuckerResult:
@@ -86,5 +96,4 @@ def load_tucker(path: str | os.PathLike) -> TuckerResult:
     root, meta = read_result_store(path, RESULT_FORMAT, "Tucker")
     core = root["core"][...]
     factors = [root[f"factor{n}"][...] for n in range(core.ndim)]
-    return TuckerResult(core, factors, meta["fit"], meta["iterations"], meta["history"], meta["params"],
-                        meta["input"])
+    return TuckerResult(core, factors, meta["fit"], meta["iterations"], meta["history"], meta["params"], meta["input"])

@@ -27,9 +27,9 @@ from typing import Callable, Sequence
 import numpy as np
 from distributed import Client
 
-from ..execution import get_client
 from ..execution import completion as T
 from ..execution import component_revival as R
+from ..execution import get_client
 from ..execution.cluster import resolve_device, worker_resources
 from ..execution.graph import DEFAULT_SPLIT_EVERY, tree_reduce
 from ..execution.inline import INLINE_MAX_NNZ, is_inline
@@ -41,7 +41,7 @@ from .result import fingerprint
 log = logging.getLogger(__name__)
 
 MAX_PARTITION_NNZ = 1 << 24
-MAX_BACKOFFS = 6          # halvings of the learning rates after diverged epochs before giving up
+MAX_BACKOFFS = 6  # halvings of the learning rates after diverged epochs before giving up
 
 
 def _check_rate(name: str, value: float, positive: bool) -> float:
@@ -73,8 +73,9 @@ def _check_ranks(ranks: int | Sequence[int], core_rank: int, shape: tuple[int, .
     return tuple(out)
 
 
-def initial_state(shape: tuple[int, ...], ranks: tuple[int, ...], core_rank: int, mean_square: float,
-                  seed: int | None) -> T.FastTuckerState:
+def initial_state(
+    shape: tuple[int, ...], ranks: tuple[int, ...], core_rank: int, mean_square: float, seed: int | None
+) -> T.FastTuckerState:
     """Seeded random model whose predictions have about the data's mean square: factor entries
     N(0, 1/J_n), core factor entries N(0, s^2) with ``R s^(2N) = mean_square``."""
     N = len(shape)
@@ -85,20 +86,40 @@ def initial_state(shape: tuple[int, ...], ranks: tuple[int, ...], core_rank: int
     B = np.zeros((N, J, core_rank))
     s = (max(mean_square, 1e-12) / core_rank) ** (1.0 / (2 * N))
     for n, (L, j) in enumerate(zip(shape, ranks)):
-        A[offsets[n]:offsets[n] + L, :j] = rng.standard_normal((L, j)) / math.sqrt(j)
+        A[offsets[n] : offsets[n] + L, :j] = rng.standard_normal((L, j)) / math.sqrt(j)
         B[n, :j, :] = s * rng.standard_normal((j, core_rank))
     return T.FastTuckerState(A, B, offsets, tuple(shape), tuple(ranks))
 
 
-def tucker_sgd(store: Store | str | os.PathLike, ranks: int | Sequence[int], core_rank: int, *,
-               test: Store | str | os.PathLike | None = None, test_fraction: float | None = None, epochs: int = 50,
-               batch: int = 64, lr_factors: float | None = None, lr_core: float = 0.3, reg_factors: float = 0.001,
-               reg_core: float = 0.001, seed: int | None = 0, client: Client | None = None, patience: int | None = 5,
-               progress: bool = True, out: str | os.PathLike | None = None, overwrite: bool = False,
-               threads: int | None = None, device: str = "cpu", scheduler: str | None = None,
-               partitions: int | None = None, lr_decay: float | None = None, step: str = "normalized",
-               rebalance: bool = True, revive_epochs: int = 10,
-               callback: Callable[[dict], None] | None = None) -> FastTuckerResult:
+def tucker_sgd(
+    store: Store | str | os.PathLike,
+    ranks: int | Sequence[int],
+    core_rank: int,
+    *,
+    test: Store | str | os.PathLike | None = None,
+    test_fraction: float | None = None,
+    epochs: int = 50,
+    batch: int = 64,
+    lr_factors: float | None = None,
+    lr_core: float = 0.3,
+    reg_factors: float = 0.001,
+    reg_core: float = 0.001,
+    seed: int | None = 0,
+    client: Client | None = None,
+    patience: int | None = 5,
+    progress: bool = True,
+    out: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    threads: int | None = None,
+    device: str = "cpu",
+    scheduler: str | None = None,
+    partitions: int | None = None,
+    lr_decay: float | None = None,
+    step: str = "normalized",
+    rebalance: bool = True,
+    revive_epochs: int = 10,
+    callback: Callable[[dict], None] | None = None,
+) -> FastTuckerResult:
     """FastTucker tensor completion of a sparse store by FastTuckerPlus (seed 003, Algorithm 3).
 
     Fits ``x[i_1..i_N] ~ sum_r prod_n (A^(n) B^(n))[i_n, r]`` to the observed entries: factors
@@ -208,8 +229,10 @@ def tucker_sgd(store: Store | str | os.PathLike, ranks: int | Sequence[int], cor
         lr_factors = 0.3 if normalized else 0.01
     lr_factors = _check_rate("lr_factors", lr_factors, True)
     if normalized and lr_factors >= 2:
-        raise CompletionError(f"lr_factors of normalized steps is the fraction of a sample's error each step "
-                              f"removes and must be in (0, 2), got {lr_factors}")
+        raise CompletionError(
+            f"lr_factors of normalized steps is the fraction of a sample's error each step "
+            f"removes and must be in (0, 2), got {lr_factors}"
+        )
     lr_core = _check_rate("lr_core", lr_core, True)
     if lr_decay is None:
         lr_decay = 0.05 if normalized else 0.0
@@ -238,8 +261,10 @@ def tucker_sgd(store: Store | str | os.PathLike, ranks: int | Sequence[int], cor
         maxs = test_store.chunk_ranges[1].max(axis=0)
         for n in range(N):
             if int(maxs[n]) >= shape[n]:
-                raise CompletionError(f"test set {test_store.path}: index {int(maxs[n])} of mode {n} lies outside "
-                                      f"the training shape {shape} (0-based indices 0..{shape[n] - 1})")
+                raise CompletionError(
+                    f"test set {test_store.path}: index {int(maxs[n])} of mode {n} lies outside "
+                    f"the training shape {shape} (0-based indices 0..{shape[n] - 1})"
+                )
     if store.nnz == 0:
         raise CompletionError(f"{store.path} has no entries")
     if out is not None and paths.exists(str(out)) and not overwrite:
@@ -247,13 +272,27 @@ def tucker_sgd(store: Store | str | os.PathLike, ranks: int | Sequence[int], cor
     if test_store is not None and test_store.meta.get("store_id") == store.meta.get("store_id"):
         raise CompletionError(f"the test set {test_store.path} is the training store itself")
 
-    params = {"ranks": list(ranks), "core_rank": core_rank, "epochs": int(epochs), "batch": int(batch),
-              "lr_factors": lr_factors, "lr_core": lr_core, "lr_decay": lr_decay, "reg_factors": reg_factors,
-              "reg_core": reg_core, "step": step, "rebalance": bool(rebalance), "revive_epochs": int(revive_epochs),
-              "seed": seed, "patience": patience, "test": None if test_store is None else str(test_store.path),
-              "test_fraction": test_fraction, "algorithm": "FastTuckerPlus"}
+    params = {
+        "ranks": list(ranks),
+        "core_rank": core_rank,
+        "epochs": int(epochs),
+        "batch": int(batch),
+        "lr_factors": lr_factors,
+        "lr_core": lr_core,
+        "lr_decay": lr_decay,
+        "reg_factors": reg_factors,
+        "reg_core": reg_core,
+        "step": step,
+        "rebalance": bool(rebalance),
+        "revive_epochs": int(revive_epochs),
+        "seed": seed,
+        "patience": patience,
+        "test": None if test_store is None else str(test_store.path),
+        "test_fraction": test_fraction,
+        "algorithm": "FastTuckerPlus",
+    }
     split_seed = int(np.random.SeedSequence(seed).entropy if seed is None else seed)
-    params["split_seed"] = split_seed       # seed None: the drawn one, to reproduce the split and batches
+    params["split_seed"] = split_seed  # seed None: the drawn one, to reproduce the split and batches
     input_fp = fingerprint(store)
     if client is None and scheduler is None and device != "gpu" and store.nnz <= INLINE_MAX_NNZ:
         scheduler = "inline"
@@ -270,18 +309,29 @@ def tucker_sgd(store: Store | str | os.PathLike, ranks: int | Sequence[int], cor
         # values scaled to unit mean square, so the learning rates mean the same for any data scale
         mean_square = float(store.meta["norm_sq"]) / store.nnz
         scale = 1.0 / math.sqrt(mean_square) if mean_square > 0 else 1.0
-        sources = [c.submit(T.load_observed, store.path, p, offsets, test_fraction or 0.0, split_seed, False, scale,
-                            pure=False) for p in parts]
-        test_sources = list(sources) if test_store is None else \
-            [c.submit(T.load_observed, test_store.path, p, offsets, 0.0, 0, True, scale, pure=False)
-             for p in plan_partitions(test_store, n_parts, MAX_PARTITION_NNZ)]
+        sources = [
+            c.submit(
+                T.load_observed, store.path, p, offsets, test_fraction or 0.0, split_seed, False, scale, pure=False
+            )
+            for p in parts
+        ]
+        test_sources = (
+            list(sources)
+            if test_store is None
+            else [
+                c.submit(T.load_observed, test_store.path, p, offsets, 0.0, 0, True, scale, pure=False)
+                for p in plan_partitions(test_store, n_parts, MAX_PARTITION_NNZ)
+            ]
+        )
         if test_store is not None:
             keys = [c.submit(_test_keys, s, shape, pure=False) for s in test_sources]
             test_keys = np.unique(np.concatenate([k.result() for k in keys]))
             overlap = sum(c.submit(T.count_overlap, s, test_keys, shape, pure=False).result() for s in sources)
             if overlap:
-                raise CompletionError(f"the test set {test_store.path} overlaps the training store {store.path}: "
-                                      f"{overlap} entries are in both")
+                raise CompletionError(
+                    f"the test set {test_store.path} overlaps the training store {store.path}: "
+                    f"{overlap} entries are in both"
+                )
         counts = [c.submit(_train_test_counts, s, pure=False).result() for s in sources]
         n_train = sum(a for a, _ in counts)
         n_test = sum(b for _, b in counts) if test_store is None else test_store.nnz
@@ -290,10 +340,18 @@ def tucker_sgd(store: Store | str | os.PathLike, ranks: int | Sequence[int], cor
         if n_test == 0:
             log.warning("no test entries: the test RMSE is not measured and early stopping is off")
         state = c.submit(initial_state, shape, ranks, core_rank, 1.0, seed, pure=False)
-        params.update(n_train=int(n_train), n_test=int(n_test), value_scale=scale, partitions=len(parts), device=dev,
-                      scheduler="inline" if is_inline(c) else "dask", threads=threads)
-        log.info("FastTuckerPlus: %d training and %d test entries, %d partitions on %s", n_train, n_test,
-                 len(parts), dev)
+        params.update(
+            n_train=int(n_train),
+            n_test=int(n_test),
+            value_scale=scale,
+            partitions=len(parts),
+            device=dev,
+            scheduler="inline" if is_inline(c) else "dask",
+            threads=threads,
+        )
+        log.info(
+            "FastTuckerPlus: %d training and %d test entries, %d partitions on %s", n_train, n_test, len(parts), dev
+        )
         bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -309,42 +367,80 @@ def tucker_sgd(store: Store | str | os.PathLike, ranks: int | Sequence[int], cor
                 t0 = time.perf_counter()
                 rate = backoff / (1.0 + lr_decay * epoch)
                 before = state
-                moves = [c.submit(T.factor_pass_partition, s, state, split_seed, epoch, int(batch), lr_factors * rate,
-                                  reg_factors, threads, dev, normalized, pure=False) for s in sources]
-                state = c.submit(T.apply_moves, state, *tree_reduce(c, moves, T.combine_moves, split, last=True), pure=False)
+                moves = [
+                    c.submit(
+                        T.factor_pass_partition,
+                        s,
+                        state,
+                        split_seed,
+                        epoch,
+                        int(batch),
+                        lr_factors * rate,
+                        reg_factors,
+                        threads,
+                        dev,
+                        normalized,
+                        pure=False,
+                    )
+                    for s in sources
+                ]
+                state = c.submit(
+                    T.apply_moves, state, *tree_reduce(c, moves, T.combine_moves, split, last=True), pure=False
+                )
                 grads = [c.submit(T.core_gradient_partition, s, state, threads, dev, pure=False) for s in sources]
-                state = c.submit(T.apply_core, state, lr_core * rate, reg_core,
-                                 *tree_reduce(c, grads, T.combine_gradients, split, last=True),
-                                 rebalance=bool(rebalance), pure=False)
+                state = c.submit(
+                    T.apply_core,
+                    state,
+                    lr_core * rate,
+                    reg_core,
+                    *tree_reduce(c, grads, T.combine_gradients, split, last=True),
+                    rebalance=bool(rebalance),
+                    pure=False,
+                )
                 t_test = time.perf_counter()
                 errs = [c.submit(T.test_errors_partition, s, state, threads, pure=False) for s in test_sources]
-                err = c.submit(T.combine_errors, *tree_reduce(c, errs, T.combine_errors, split, last=True), pure=False).result()
+                err = c.submit(
+                    T.combine_errors, *tree_reduce(c, errs, T.combine_errors, split, last=True), pure=False
+                ).result()
                 info = c.submit(T.state_info, state, pure=False).result()
                 now = time.perf_counter()
                 rmse = math.sqrt(err.sse / err.n) / scale if err.n else float("nan")
                 mae = err.sae / err.n / scale if err.n else float("nan")
-                record = {"epoch": epoch + 1, "test_rmse": rmse, "test_mae": mae,
-                          "train_rmse": math.sqrt(info["train_sse"] / max(info["train_n"], 1)) / scale,
-                          "factor_seconds": info["factor_seconds"], "core_seconds": info["core_seconds"],
-                          "test_seconds": now - t_test, "seconds": now - t0}
+                record = {
+                    "epoch": epoch + 1,
+                    "test_rmse": rmse,
+                    "test_mae": mae,
+                    "train_rmse": math.sqrt(info["train_sse"] / max(info["train_n"], 1)) / scale,
+                    "factor_seconds": info["factor_seconds"],
+                    "core_seconds": info["core_seconds"],
+                    "test_seconds": now - t_test,
+                    "seconds": now - t0,
+                }
                 if not math.isfinite(record["train_rmse"]) or record["train_rmse"] > 4 * last_train:
                     # SGD on this non-convex model can blow up when a step overshoots (a sample of
                     # large curvature): redo the epoch from its start at half the rates
-                    if backoff < 2.0 ** -MAX_BACKOFFS:
-                        raise CompletionError(f"epoch {epoch + 1}: the model diverged even at 2^-{MAX_BACKOFFS} of "
-                                              f"the learning rates; lower lr_factors ({lr_factors}) or lr_core "
-                                              f"({lr_core})")
+                    if backoff < 2.0**-MAX_BACKOFFS:
+                        raise CompletionError(
+                            f"epoch {epoch + 1}: the model diverged even at 2^-{MAX_BACKOFFS} of "
+                            f"the learning rates; lower lr_factors ({lr_factors}) or lr_core "
+                            f"({lr_core})"
+                        )
                     backoff /= 2
                     state = before
-                    log.warning("epoch %d diverged (training RMSE %.3g): redone at %g x the learning rates", epoch + 1,
-                                record["train_rmse"], backoff)
+                    log.warning(
+                        "epoch %d diverged (training RMSE %.3g): redone at %g x the learning rates",
+                        epoch + 1,
+                        record["train_rmse"],
+                        backoff,
+                    )
                     continue
                 record["rate_factor"] = rate
                 last_train = min(last_train, record["train_rmse"])
                 measured = state
                 if epoch < int(revive_epochs):
-                    state = _revive_lost_component(c, sources, state, record, shape, offsets, split_seed + epoch,
-                                                   bool(rebalance), split)
+                    state = _revive_lost_component(
+                        c, sources, state, record, shape, offsets, split_seed + epoch, bool(rebalance), split
+                    )
                 epoch += 1
                 history.append(record)
                 log.debug("epoch %d: test RMSE %.6g, MAE %.6g, %.3f s", epoch, rmse, mae, record["seconds"])
@@ -371,17 +467,35 @@ def tucker_sgd(store: Store | str | os.PathLike, ranks: int | Sequence[int], cor
         del sources, test_sources, state, best
     kept = history[final_epoch - 1]
     core_factors = [np.array(final.core_factor(n)) for n in range(N)]
-    core_factors[0] /= scale          # back to the data's scale
-    result = FastTuckerResult([np.array(final.factor(n)) for n in range(N)], core_factors, kept["test_rmse"],
-                              kept["test_mae"], len(history), final_epoch, history, params, input_fp)
+    core_factors[0] /= scale  # back to the data's scale
+    result = FastTuckerResult(
+        [np.array(final.factor(n)) for n in range(N)],
+        core_factors,
+        kept["test_rmse"],
+        kept["test_mae"],
+        len(history),
+        final_epoch,
+        history,
+        params,
+        input_fp,
+    )
     if out is not None:
         result.save(out, overwrite=overwrite)
         log.info("result written to %s", out)
     return result
 
 
-def _revive_lost_component(c, sources: list, state, record: dict, shape: tuple[int, ...], offsets: np.ndarray,
-                           seed: int, rebalance: bool, split: int):
+def _revive_lost_component(
+    c,
+    sources: list,
+    state,
+    record: dict,
+    shape: tuple[int, ...],
+    offsets: np.ndarray,
+    seed: int,
+    rebalance: bool,
+    split: int,
+):
     """``state``, or where it has lost a component, the state with that component refitted to
     the training residual (noted in ``record["revived"]``; the time, check included, is added to
     the epoch's ``seconds`` and kept as ``revive_seconds``)."""
@@ -392,9 +506,14 @@ def _revive_lost_component(c, sources: list, state, record: dict, shape: tuple[i
         new, gain = R.revive_component(c, sources, state, lost, shape, offsets, seed, rebalance, split)
         kept = new is not state
         record["revived"] = {"component": lost, "gain": gain, "kept": kept}
-        log.info("epoch %d: component %d was lost; its rank-1 refit to the residual takes %.1f %% of the residual's "
-                 "squared sum away (%s)", record["epoch"], lost, 100 * gain,
-                 "kept" if kept else "below the bar, not kept")
+        log.info(
+            "epoch %d: component %d was lost; its rank-1 refit to the residual takes %.1f %% of the residual's "
+            "squared sum away (%s)",
+            record["epoch"],
+            lost,
+            100 * gain,
+            "kept" if kept else "below the bar, not kept",
+        )
     record["revive_seconds"] = time.perf_counter() - t0
     record["seconds"] += record["revive_seconds"]
     return new

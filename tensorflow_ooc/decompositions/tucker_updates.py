@@ -57,9 +57,9 @@ class TuckerState:
     core: np.ndarray | None = None
     core_norm2: float = 0.0
     finished: dict[int, float] = field(default_factory=dict)
-    timings: dict[int, tuple[float, float, float]] = field(default_factory=dict)   # mode -> (TTM, SVD, layout s)
-    methods: dict[int, str] = field(default_factory=dict)                    # mode -> SVD method used
-    rows: dict[int, int] = field(default_factory=dict)                       # mode -> non-empty slices
+    timings: dict[int, tuple[float, float, float]] = field(default_factory=dict)  # mode -> (TTM, SVD, layout s)
+    methods: dict[int, str] = field(default_factory=dict)  # mode -> SVD method used
+    rows: dict[int, int] = field(default_factory=dict)  # mode -> non-empty slices
 
     def chain_factors(self, mode: int) -> list[np.ndarray]:
         """The factors a mode-``mode`` TTM chain multiplies by: ``factors`` with the skipped mode
@@ -82,8 +82,9 @@ class TuckerSummary:
 
 
 def summary(state: TuckerState) -> TuckerSummary:
-    return TuckerSummary(state.core_norm2, dict(state.finished), dict(state.timings), dict(state.methods),
-                         dict(state.rows))
+    return TuckerSummary(
+        state.core_norm2, dict(state.finished), dict(state.timings), dict(state.methods), dict(state.rows)
+    )
 
 
 def random_init(shape: Sequence[int], ranks: Sequence[int], seed: int | None) -> TuckerState:
@@ -95,12 +96,14 @@ def random_init(shape: Sequence[int], ranks: Sequence[int], seed: int | None) ->
     return TuckerState(tuple(shape), tuple(ranks), factors)
 
 
-def given_init(shape: Sequence[int], ranks: Sequence[int], factors: Sequence[np.ndarray | None],
-               core: np.ndarray | None = None) -> TuckerState:
+def given_init(
+    shape: Sequence[int], ranks: Sequence[int], factors: Sequence[np.ndarray | None], core: np.ndarray | None = None
+) -> TuckerState:
     """Initial state from given factors (the first may be None, as in pyttb), or from a
     checkpoint's factors and core."""
-    state = TuckerState(tuple(shape), tuple(ranks), [None if f is None else np.array(f, dtype=np.float64)
-                                                     for f in factors])
+    state = TuckerState(
+        tuple(shape), tuple(ranks), [None if f is None else np.array(f, dtype=np.float64) for f in factors]
+    )
     if core is not None:
         state.core = np.array(core, dtype=np.float64)
         state.core_norm2 = float(np.vdot(state.core, state.core))
@@ -130,8 +133,9 @@ def _rayleigh_ritz(B: np.ndarray, V: np.ndarray, k: int) -> np.ndarray:
     return Q @ Ub[:, :k]
 
 
-def leading_left_vectors(B: np.ndarray, k: int, method: str = "auto",
-                         seed: Sequence[int] = (0,)) -> tuple[np.ndarray, str]:
+def leading_left_vectors(
+    B: np.ndarray, k: int, method: str = "auto", seed: Sequence[int] = (0,)
+) -> tuple[np.ndarray, str]:
     """The ``k`` (``<= min(F, P)``) leading left singular vectors of the ``F x P`` block ``B``,
     and the method used. ``seed`` seeds the randomized range finder's test vectors."""
     F, P = B.shape
@@ -169,10 +173,10 @@ def complete_basis(U: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
     if within > 0:
         sub = U[rows, :k]
         G = rng.standard_normal((F, within))
-        for _ in range(2):        # twice is enough (Kahan-Parlett)
+        for _ in range(2):  # twice is enough (Kahan-Parlett)
             G -= sub @ (sub.T @ G)
             G, _ = np.linalg.qr(G)
-        U[rows, k:k + within] = G
+        U[rows, k : k + within] = G
         k += within
     if k < J:
         empty = np.setdiff1d(np.arange(U.shape[0]), rows)[: J - k]
@@ -180,8 +184,14 @@ def complete_basis(U: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
     return U
 
 
-def update_factor(state: TuckerState, partials: TTMPartial | Sequence[TTMPartial], mode: int, last_mode: bool,
-                  svd: str = "auto", seed: Sequence[int] = (0,)) -> TuckerState:
+def update_factor(
+    state: TuckerState,
+    partials: TTMPartial | Sequence[TTMPartial],
+    mode: int,
+    last_mode: bool,
+    svd: str = "auto",
+    seed: Sequence[int] = (0,),
+) -> TuckerState:
     """One HOOI mode update, as one task: merge the last level of the TTM reduction, take the
     leading ``J_n`` left singular vectors of ``Y_(n)`` as ``U_n`` (zero rows for empty slices),
     and after the last mode the core ``G = U_N^T Y_(N)``. Returns a new state (earlier futures
@@ -201,16 +211,24 @@ def update_factor(state: TuckerState, partials: TTMPartial | Sequence[TTMPartial
         U[rows, :k] = flip_signs(Ur)
         if k < J_n:
             U = complete_basis(U, rows, k)
-        out = TuckerState(state.shape, state.ranks, list(state.factors), state.core, state.core_norm2,
-                          {**state.finished}, {**state.timings}, {**state.methods}, {**state.rows})
+        out = TuckerState(
+            state.shape,
+            state.ranks,
+            list(state.factors),
+            state.core,
+            state.core_norm2,
+            {**state.finished},
+            {**state.timings},
+            {**state.methods},
+            {**state.rows},
+        )
         out.factors[mode] = U
         if last_mode:
-            G = U[rows].T @ B                       # J_N x prod_{m < N} J_m, C order over modes 0..N-2
+            G = U[rows].T @ B  # J_N x prod_{m < N} J_m, C order over modes 0..N-2
             out.core = np.moveaxis(G.reshape((J_n,) + tuple(state.ranks[:mode])), 0, -1).copy()
             out.core_norm2 = float(np.vdot(G, G))
     out.finished[mode] = time.time()
-    out.timings[mode] = (max(p.seconds for p in parts), time.perf_counter() - t0,
-                         max(p.layout_seconds for p in parts))
+    out.timings[mode] = (max(p.seconds for p in parts), time.perf_counter() - t0, max(p.layout_seconds for p in parts))
     out.methods[mode] = method
     out.rows[mode] = int(rows.shape[0])
     return out
@@ -225,6 +243,7 @@ def factor_of(state: TuckerState, mode: int) -> np.ndarray:
 
 
 # --- nvecs initialization -----------------------------------------------------------------------
+
 
 def nvecs(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], mode: int, rank: int) -> np.ndarray:
     """pyttb's ``sptensor.nvecs(mode, rank)``: the ``rank`` leading eigenvectors of
@@ -242,13 +261,12 @@ def nvecs(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], mode: in
         _, cols = np.unique(coords[:, others], axis=0, return_inverse=True)
         cols = cols.ravel()
         nfib = int(cols.max()) + 1
-    Xn = scipy.sparse.csr_matrix((np.asarray(values, dtype=np.float64), (coords[:, mode], cols)),
-                                 shape=(I_n, nfib))
+    Xn = scipy.sparse.csr_matrix((np.asarray(values, dtype=np.float64), (coords[:, mode], cols)), shape=(I_n, nfib))
     gram = (Xn @ Xn.T).tocsr()
     if I_n <= GRAM_MAX or rank >= I_n - 1:
         _, V = scipy.linalg.eigh(gram.toarray(), subset_by_index=(I_n - rank, I_n - 1), check_finite=False)
     else:
-        v0 = np.random.default_rng(0).standard_normal(I_n)      # ARPACK's start vector, seeded
+        v0 = np.random.default_rng(0).standard_normal(I_n)  # ARPACK's start vector, seeded
         w, V = scipy.sparse.linalg.eigsh(gram, k=rank, which="LA", v0=v0)
         V = V[:, np.argsort(w)]
     return flip_signs(np.ascontiguousarray(V[:, ::-1]))

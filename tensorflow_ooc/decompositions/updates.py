@@ -13,10 +13,9 @@ from threadpoolctl import ThreadpoolController
 from ..execution.partials import Partial, to_host
 from ..kernels import StackedFactors
 from ..kernels.factors import aligned_copy
+from ..kernels.sampling.krp_sampler import build_tree
 from ..kernels.update.column_scale import column_max_abs, column_sum_squares
 from ..kernels.update.normal_equations import normal_inverse_of
-from ..kernels.sampling.krp_sampler import build_tree
-
 
 # The update's dense algebra is tiny (R x R factorizations, I x R solves). Multi-threaded BLAS
 # gains nothing there, and its threads keep spinning after each call, taking cores from the
@@ -40,9 +39,9 @@ class CPState(StackedFactors):
         self.weights = np.ones(self.rank)
         self.inner = np.zeros(self.rank)
         self.finished: dict[int, float] = {}
-        self.timings: dict[int, tuple[float, float]] = {}   # mode -> (MTTKRP seconds, update seconds)
-        self.sampling: dict[int, float] = {}                # mode -> seconds drawing its samples
-        self.fit_seconds = 0.0      # randomized CP: the exact MTTKRP run for the last fit evaluation
+        self.timings: dict[int, tuple[float, float]] = {}  # mode -> (MTTKRP seconds, update seconds)
+        self.sampling: dict[int, float] = {}  # mode -> seconds drawing its samples
+        self.fit_seconds = 0.0  # randomized CP: the exact MTTKRP run for the last fit evaluation
         # randomized CP: per mode, how often its update was skipped (no sampled fiber had a nonzero)
         self.empty_sketches: dict[int, int] = {}
         # randomized CP (STS-CP): each mode's leverage-score segment tree, rebuilt after its update
@@ -77,9 +76,16 @@ def solve_normal(V: Any, M: Any, out: np.ndarray | None = None) -> Any:
     return A
 
 
-def update_mode(state: CPState, partials: Partial | Sequence[Partial], mode: int, first_iteration: bool,
-                last_mode: bool, in_place: bool = False, sketch: Any = None,
-                exact: Sequence[Partial] | None = None) -> CPState:
+def update_mode(
+    state: CPState,
+    partials: Partial | Sequence[Partial],
+    mode: int,
+    first_iteration: bool,
+    last_mode: bool,
+    in_place: bool = False,
+    sketch: Any = None,
+    exact: Sequence[Partial] | None = None,
+) -> CPState:
     """One mode update of Algorithm 1 (lines 3-6), as one task: V = Hadamard product of the other
     modes' Grams; A = M V^+ with M the MTTKRP (the last partials of its reduction, summed here);
     columns normalized by their 2-norm on the first iteration and max-norm (at least 1) after, as
@@ -114,8 +120,9 @@ def update_mode(state: CPState, partials: Partial | Sequence[Partial], mode: int
                 out.trees = list(state.trees)
                 out.trees[mode] = build_tree(to_host(out.views[mode]))
     out.timings = {**state.timings, mode: (max(p.seconds for p in parts), time.perf_counter() - t0)}
-    out.sampling = {**state.sampling, mode: getattr(sketch, "seconds", 0.0)} if sketch is not None \
-        else dict(state.sampling)
+    out.sampling = (
+        {**state.sampling, mode: getattr(sketch, "seconds", 0.0)} if sketch is not None else dict(state.sampling)
+    )
     out.fit_seconds = max((p.seconds for p in exact), default=0.0) if (sketch is not None and exact) else 0.0
     return out
 
@@ -151,8 +158,15 @@ def _inner(A: Any, parts: Sequence[Partial] | None, last_mode: bool, previous: n
     return inner_terms(A, parts)
 
 
-def _update_mode(state: CPState, parts: list[Partial], mode: int, first_iteration: bool, last_mode: bool,
-                 V: Any = None, inner_parts: Sequence[Partial] | None = None) -> CPState:
+def _update_mode(
+    state: CPState,
+    parts: list[Partial],
+    mode: int,
+    first_iteration: bool,
+    last_mode: bool,
+    V: Any = None,
+    inner_parts: Sequence[Partial] | None = None,
+) -> CPState:
     xp = array_namespace(state.data)
     R = state.rank
     V = _normal_matrix(state, mode, V, xp)
@@ -176,8 +190,15 @@ def _update_mode(state: CPState, parts: list[Partial], mode: int, first_iteratio
     return out
 
 
-def _update_mode_numpy(state: CPState, M: np.ndarray, V: np.ndarray | None, mode: int, first_iteration: bool,
-                       last_mode: bool, inner_parts: Sequence[Partial] | None) -> CPState:
+def _update_mode_numpy(
+    state: CPState,
+    M: np.ndarray,
+    V: np.ndarray | None,
+    mode: int,
+    first_iteration: bool,
+    last_mode: bool,
+    inner_parts: Sequence[Partial] | None,
+) -> CPState:
     """:func:`_update_mode` for NumPy states: the new rows go into a copy of the state (the
     algebra is :func:`_solve_rows`)."""
     out = CPState(state.shape, state.rank, state.dtype, aligned_copy(state.data), grams=state.grams)
@@ -189,8 +210,15 @@ def _update_mode_numpy(state: CPState, M: np.ndarray, V: np.ndarray | None, mode
     return out
 
 
-def _update_mode_in_place(state: CPState, parts: list[Partial], mode: int, first_iteration: bool,
-                          last_mode: bool, V: Any = None, inner_parts: Sequence[Partial] | None = None) -> CPState:
+def _update_mode_in_place(
+    state: CPState,
+    parts: list[Partial],
+    mode: int,
+    first_iteration: bool,
+    last_mode: bool,
+    V: Any = None,
+    inner_parts: Sequence[Partial] | None = None,
+) -> CPState:
     """:func:`_update_mode` writing A into the mode's rows of ``state.data``: beyond the state and
     the MTTKRP it needs no (I_n x R) temporary."""
     # partials with disjoint rows (one, or a reduce-scatter's slices) are solved where they are,
@@ -209,8 +237,9 @@ def _update_mode_in_place(state: CPState, parts: list[Partial], mode: int, first
     return out
 
 
-def _solve_rows(A: np.ndarray, spans: list[tuple[int, int, np.ndarray]], grams: list, mode: int, V: Any,
-                first_iteration: bool) -> tuple[np.ndarray, np.ndarray]:
+def _solve_rows(
+    A: np.ndarray, spans: list[tuple[int, int, np.ndarray]], grams: list, mode: int, V: Any, first_iteration: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """Algorithm 1, lines 4-6, into A (a mode's factor rows) for NumPy states: A = M V^+ with M
     given as row spans ``(lo, hi, rows)`` (rows outside them are zero), columns normalized by
     their 2-norm on the first iteration and max-norm (at least 1) after, as Tensor Toolbox and
@@ -253,7 +282,7 @@ def full_rows(parts: Sequence[Partial], nrows: int) -> np.ndarray:
         return p0.rows
     M = np.zeros((nrows, p0.rows.shape[1]), dtype=p0.rows.dtype)
     for p in parts:
-        M[p.lo:p.lo + p.rows.shape[0]] += p.rows
+        M[p.lo : p.lo + p.rows.shape[0]] += p.rows
     return M
 
 
@@ -272,8 +301,16 @@ class Summary:
 
 
 def summary(state: CPState) -> Summary:
-    return Summary(state.weights, [to_host(g) for g in state.grams], state.inner, dict(state.finished),
-                   dict(state.timings), dict(state.sampling), state.fit_seconds, dict(state.empty_sketches))
+    return Summary(
+        state.weights,
+        [to_host(g) for g in state.grams],
+        state.inner,
+        dict(state.finished),
+        dict(state.timings),
+        dict(state.sampling),
+        state.fit_seconds,
+        dict(state.empty_sketches),
+    )
 
 
 def inner_terms(A: Any, partials: Sequence[Partial]) -> np.ndarray:
@@ -281,20 +318,24 @@ def inner_terms(A: Any, partials: Sequence[Partial]) -> np.ndarray:
     if is_numpy_array(A):
         out = np.zeros(A.shape[1], dtype=np.float64)
         for p in partials:
-            out += np.einsum("ir,ir->r", A[p.lo:p.lo + p.rows.shape[0]], p.rows)
+            out += np.einsum("ir,ir->r", A[p.lo : p.lo + p.rows.shape[0]], p.rows)
         return out
     xp = array_namespace(A)
     out = xp.zeros(A.shape[1], dtype=xp.float64)
     for p in partials:
-        out += xp.sum(A[p.lo:p.lo + p.rows.shape[0]] * xp.asarray(p.rows), axis=0)
+        out += xp.sum(A[p.lo : p.lo + p.rows.shape[0]] * xp.asarray(p.rows), axis=0)
     return to_host(out)
 
 
 def _with_arrays(state: CPState, data: Any, grams: list) -> CPState:
     """``state`` with its factors and Grams replaced by ``data`` and ``grams`` (moved arrays)."""
     out = CPState(state.shape, state.rank, state.dtype, data, grams=grams)
-    out.weights, out.inner, out.finished, out.timings = state.weights, state.inner, dict(state.finished), \
-        dict(state.timings)
+    out.weights, out.inner, out.finished, out.timings = (
+        state.weights,
+        state.inner,
+        dict(state.finished),
+        dict(state.timings),
+    )
     out.sampling, out.trees = dict(state.sampling), state.trees
     out.fit_seconds, out.empty_sketches = state.fit_seconds, state.empty_sketches
     return out
@@ -332,7 +373,7 @@ def random_factors(shape: tuple[int, ...], rank: int, seed: int | None, dtype: s
     out = StackedFactors(shape, rank, dtype)
     for v in out.views:
         if v.dtype == np.float64:
-            rng.random(out=v)      # straight into the stack: no second copy of a long mode
+            rng.random(out=v)  # straight into the stack: no second copy of a long mode
         else:
             v[...] = rng.random(v.shape)
     return CPState.of(out)

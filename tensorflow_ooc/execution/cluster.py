@@ -54,8 +54,9 @@ def resolve_device(client: Client, device: str) -> tuple[str, list[str]]:
     if workers:
         return "gpu", workers
     if device == "gpu":
-        raise RuntimeError("device='gpu' but no Dask worker can run GPU kernels: "
-                           + "; ".join(f"{a}: {r}" for a, r in why.items()))
+        raise RuntimeError(
+            "device='gpu' but no Dask worker can run GPU kernels: " + "; ".join(f"{a}: {r}" for a, r in why.items())
+        )
     return "cpu", []
 
 
@@ -75,9 +76,16 @@ def _embedded_gpu_cluster(memory_limit, dashboard_address):
 
 
 @contextmanager
-def get_client(client: Client | None = None, scheduler: str | None = None, *, processes: bool = False,
-               n_workers: int | None = None, memory_limit: int | str | None = "auto",
-               dashboard_address: str | None = ":8787", device: str = "auto") -> Iterator[Client]:
+def get_client(
+    client: Client | None = None,
+    scheduler: str | None = None,
+    *,
+    processes: bool = False,
+    n_workers: int | None = None,
+    memory_limit: int | str | None = "auto",
+    dashboard_address: str | None = ":8787",
+    device: str = "auto",
+) -> Iterator[Client]:
     """The client to use: the one given, one connected to ``scheduler``, or a new embedded cluster.
 
     ``scheduler`` may also be "embedded" (the in-process LocalCluster, whatever the tensor) or
@@ -92,8 +100,10 @@ def get_client(client: Client | None = None, scheduler: str | None = None, *, pr
         yield client
         return
     if scheduler == "inline":
-        log.info("running in this process without Dask (small tensor, or scheduler='inline'; "
-                 "scheduler='embedded' starts the local Dask cluster and its dashboard)")
+        log.info(
+            "running in this process without Dask (small tensor, or scheduler='inline'; "
+            "scheduler='embedded' starts the local Dask cluster and its dashboard)"
+        )
         yield InlineClient()
         return
     if scheduler and scheduler != "embedded":
@@ -111,11 +121,21 @@ def get_client(client: Client | None = None, scheduler: str | None = None, *, pr
         cluster = gpu_cluster
     elif processes:
         n = n_workers or min(2, cores)
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, memory_limit=memory_limit,
-                               dashboard_address=dashboard_address)
+        cluster = LocalCluster(
+            n_workers=n,
+            threads_per_worker=1,
+            processes=True,
+            memory_limit=memory_limit,
+            dashboard_address=dashboard_address,
+        )
     else:
-        cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit=memory_limit,
-                               dashboard_address=dashboard_address)
+        cluster = LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            processes=False,
+            memory_limit=memory_limit,
+            dashboard_address=dashboard_address,
+        )
     c = Client(cluster)
     log.info("embedded Dask cluster: %d worker(s), dashboard at %s", len(cluster.workers), c.dashboard_link)
     _monitor(c)
@@ -152,6 +172,9 @@ def worker_resources(client: Client) -> dict:
     out = {}
     for addr, w in info.items():
         host = w.get("host") or addr.rsplit(":", 1)[0]
-        out[addr] = {"dask_threads": int(w.get("nthreads", 1)), "memory_limit": int(w.get("memory_limit") or 0),
-                     "numba_threads": numba_threads_for(host_threads[host], int(cores.get(addr) or 1))}
+        out[addr] = {
+            "dask_threads": int(w.get("nthreads", 1)),
+            "memory_limit": int(w.get("memory_limit") or 0),
+            "numba_threads": numba_threads_for(host_threads[host], int(cores.get(addr) or 1)),
+        }
     return out

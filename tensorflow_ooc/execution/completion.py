@@ -43,14 +43,14 @@ class FastTuckerState:
     offsets: np.ndarray
     shape: tuple[int, ...]
     ranks: tuple[int, ...]
-    info: dict = field(default_factory=dict)     # the last passes' timings and error sums
+    info: dict = field(default_factory=dict)  # the last passes' timings and error sums
 
     def factor(self, n: int) -> np.ndarray:
         o = int(self.offsets[n])
-        return self.A[o:o + self.shape[n], :self.ranks[n]]
+        return self.A[o : o + self.shape[n], : self.ranks[n]]
 
     def core_factor(self, n: int) -> np.ndarray:
-        return self.B[n, :self.ranks[n], :]
+        return self.B[n, : self.ranks[n], :]
 
 
 @dataclass
@@ -59,9 +59,9 @@ class ObservedPartition:
     the stacked rows they touch) and its held-out test entries."""
 
     id: int
-    coords: np.ndarray          # (n, N) int64
-    values: np.ndarray          # (n,) float64
-    rows: np.ndarray            # sorted unique stacked rows the training entries touch
+    coords: np.ndarray  # (n, N) int64
+    values: np.ndarray  # (n,) float64
+    rows: np.ndarray  # sorted unique stacked rows the training entries touch
     test_coords: np.ndarray
     test_values: np.ndarray
 
@@ -112,8 +112,15 @@ def _seed64(seed: int) -> np.uint64:
     return np.uint64(int(seed) % 2**64)
 
 
-def load_observed(path: str, part: Partition, offsets: np.ndarray, test_fraction: float = 0.0, split_seed: int = 0,
-                  all_test: bool = False, scale: float = 1.0) -> ObservedPartition:
+def load_observed(
+    path: str,
+    part: Partition,
+    offsets: np.ndarray,
+    test_fraction: float = 0.0,
+    split_seed: int = 0,
+    all_test: bool = False,
+    scale: float = 1.0,
+) -> ObservedPartition:
     """Decode a partition's chunks into coordinates and values and split off its test entries:
     those the seeded coordinate hash (:func:`~tensorflow_ooc.kernels.completion.fasttucker_cpu.held_out_mask`)
     puts in the test set with probability ``test_fraction``, or all of them with ``all_test``.
@@ -132,15 +139,27 @@ def load_observed(path: str, part: Partition, offsets: np.ndarray, test_fraction
         test = np.zeros(coords.shape[0], bool)
     train = ~test
     tc, tv = np.ascontiguousarray(coords[train]), np.ascontiguousarray(values[train])
-    return ObservedPartition(part.id, tc, tv, _stacked_rows(tc, offsets), np.ascontiguousarray(coords[test]),
-                             np.ascontiguousarray(values[test]))
+    return ObservedPartition(
+        part.id,
+        tc,
+        tv,
+        _stacked_rows(tc, offsets),
+        np.ascontiguousarray(coords[test]),
+        np.ascontiguousarray(values[test]),
+    )
 
 
 def in_memory_test_set(coords: np.ndarray, values: np.ndarray) -> ObservedPartition:
     """A user's test set as a source of test entries only."""
     N = coords.shape[1]
-    return ObservedPartition(-1, np.zeros((0, N), np.int64), np.zeros(0), np.zeros(0, np.int64),
-                             np.ascontiguousarray(coords, np.int64), np.ascontiguousarray(values, np.float64))
+    return ObservedPartition(
+        -1,
+        np.zeros((0, N), np.int64),
+        np.zeros(0),
+        np.zeros(0, np.int64),
+        np.ascontiguousarray(coords, np.int64),
+        np.ascontiguousarray(values, np.float64),
+    )
 
 
 def epoch_order(n: int, seed: int, epoch: int, part_id: int) -> np.ndarray:
@@ -149,9 +168,18 @@ def epoch_order(n: int, seed: int, epoch: int, part_id: int) -> np.ndarray:
     return rng.permutation(n).astype(np.int64)
 
 
-def factor_pass_partition(data: ObservedPartition, state: FastTuckerState, seed: int, epoch: int, batch: int,
-                          lr: float, reg: float, threads: int | None = None, device: str = "cpu",
-                          normalized: bool = False) -> RowMoves:
+def factor_pass_partition(
+    data: ObservedPartition,
+    state: FastTuckerState,
+    seed: int,
+    epoch: int,
+    batch: int,
+    lr: float,
+    reg: float,
+    threads: int | None = None,
+    device: str = "cpu",
+    normalized: bool = False,
+) -> RowMoves:
     """A partition's share of the epoch's factor pass, from ``state`` (not modified): the moves of
     the rows it touched. ``threads``: numba threads (1 makes the pass reproducible);
     ``normalized``: normalized steps (:func:`~tensorflow_ooc.kernels.completion.fasttucker_cpu.factor_pass`)."""
@@ -163,16 +191,30 @@ def factor_pass_partition(data: ObservedPartition, state: FastTuckerState, seed:
     if device == "gpu":
         from ..kernels.completion.fasttucker_gpu import factor_pass_gpu
 
-        A = factor_pass_gpu(data.coords, data.values, order, state.offsets, state.A, state.B, lr, reg,
-                            normalized=normalized)
+        A = factor_pass_gpu(
+            data.coords, data.values, order, state.offsets, state.A, state.B, lr, reg, normalized=normalized
+        )
         sse = float("nan")
     else:
         A = state.A.copy()
         with numba_threads(threads):
             import numba
 
-            sse = float(K.factor_pass(data.coords, data.values, order, state.offsets, A, state.B, int(batch),
-                                      float(lr), float(reg), numba.get_num_threads(), bool(normalized)))
+            sse = float(
+                K.factor_pass(
+                    data.coords,
+                    data.values,
+                    order,
+                    state.offsets,
+                    A,
+                    state.B,
+                    int(batch),
+                    float(lr),
+                    float(reg),
+                    numba.get_num_threads(),
+                    bool(normalized),
+                )
+            )
     moves = A[data.rows] - state.A[data.rows]
     return RowMoves(data.rows, moves, np.ones(data.rows.shape[0], np.int64), sse, n, time.perf_counter() - t0)
 
@@ -185,8 +227,14 @@ def combine_moves(*parts: RowMoves) -> RowMoves:
     moves = np.zeros((uniq.shape[0], J))
     np.add.at(moves, inv, np.concatenate([p.moves for p in parts]))
     count = np.bincount(inv, weights=np.concatenate([p.count for p in parts]), minlength=uniq.shape[0])
-    return RowMoves(uniq, moves, count.astype(np.int64), sum(p.sse for p in parts), sum(p.n for p in parts),
-                    max(p.seconds for p in parts))
+    return RowMoves(
+        uniq,
+        moves,
+        count.astype(np.int64),
+        sum(p.sse for p in parts),
+        sum(p.n for p in parts),
+        max(p.seconds for p in parts),
+    )
 
 
 def apply_moves(state: FastTuckerState, *parts: RowMoves) -> FastTuckerState:
@@ -200,8 +248,9 @@ def apply_moves(state: FastTuckerState, *parts: RowMoves) -> FastTuckerState:
     return FastTuckerState(A, state.B, state.offsets, state.shape, state.ranks, info)
 
 
-def core_gradient_partition(data: ObservedPartition, state: FastTuckerState, threads: int | None = None,
-                            device: str = "cpu") -> CoreGradient:
+def core_gradient_partition(
+    data: ObservedPartition, state: FastTuckerState, threads: int | None = None, device: str = "cpu"
+) -> CoreGradient:
     """The core gradient accumulated over a partition's training entries."""
     t0 = time.perf_counter()
     if data.coords.shape[0] == 0:
@@ -216,8 +265,9 @@ def core_gradient_partition(data: ObservedPartition, state: FastTuckerState, thr
         with numba_threads(threads):
             import numba
 
-            grad, sse = K.core_gradient(data.coords, data.values, state.offsets, state.A, state.B,
-                                        numba.get_num_threads())
+            grad, sse = K.core_gradient(
+                data.coords, data.values, state.offsets, state.A, state.B, numba.get_num_threads()
+            )
     return CoreGradient(grad, float(sse), int(data.coords.shape[0]), time.perf_counter() - t0)
 
 
@@ -229,8 +279,9 @@ def combine_gradients(*parts: CoreGradient) -> CoreGradient:
     return CoreGradient(grad, sum(p.sse for p in parts), sum(p.n for p in parts), max(p.seconds for p in parts))
 
 
-def apply_core(state: FastTuckerState, lr: float, reg: float, *parts: CoreGradient,
-               rebalance: bool = False) -> FastTuckerState:
+def apply_core(
+    state: FastTuckerState, lr: float, reg: float, *parts: CoreGradient, rebalance: bool = False
+) -> FastTuckerState:
     """One core step, the seed's Algorithm 5 line 31: ``B -= lr (grad / |Omega| + reg B)``; then,
     with ``rebalance``, the model's gauge reset by :func:`rebalance_gauge` (same predictions)."""
     t0 = time.perf_counter()
@@ -241,13 +292,13 @@ def apply_core(state: FastTuckerState, lr: float, reg: float, *parts: CoreGradie
     A = state.A
     if rebalance:
         A, B = rebalance_gauge(A, B, state.offsets, state.shape, state.ranks)
-    info = dict(state.info, core_seconds=total.seconds + time.perf_counter() - t0, train_sse=total.sse,
-                train_n=total.n)
+    info = dict(state.info, core_seconds=total.seconds + time.perf_counter() - t0, train_sse=total.sse, train_n=total.n)
     return FastTuckerState(A, B, state.offsets, state.shape, state.ranks, info)
 
 
-def rebalance_gauge(A: np.ndarray, B: np.ndarray, offsets: np.ndarray, shape: tuple[int, ...],
-                    ranks: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+def rebalance_gauge(
+    A: np.ndarray, B: np.ndarray, offsets: np.ndarray, shape: tuple[int, ...], ranks: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray]:
     """The same model in its best-conditioned gauge: new ``(A, B)`` with every ``A^(n) B^(n)``
     unchanged up to rounding, except for a per-column scaling that leaves the Kruskal core's
     products (and so every prediction) unchanged.
@@ -269,17 +320,17 @@ def rebalance_gauge(A: np.ndarray, B: np.ndarray, offsets: np.ndarray, shape: tu
     rms = np.empty((N, R))
     for n in range(N):
         o, L, J = int(offsets[n]), int(shape[n]), int(ranks[n])
-        C = A[o:o + L, :J] @ B[n, :J]
+        C = A[o : o + L, :J] @ B[n, :J]
         rms[n] = np.sqrt(np.einsum("ir,ir->r", C, C) / L)
-    live = (rms > 1e-150).all(axis=0)    # a column zero in some mode predicts nothing: left as is
+    live = (rms > 1e-150).all(axis=0)  # a column zero in some mode predicts nothing: left as is
     target = np.exp(np.log(np.where(live, rms, 1.0)).mean(axis=0))
     for n in range(N):
         o, L, J = int(offsets[n]), int(shape[n]), int(ranks[n])
         alpha = np.where(live, target / np.where(live, rms[n], 1.0), 1.0)
         U, S, Vt = np.linalg.svd(B[n, :J] * alpha, full_matrices=False)
         k = S.shape[0]
-        A_new[o:o + L, :J] = 0.0
-        A_new[o:o + L, :k] = A[o:o + L, :J] @ (U * S)
+        A_new[o : o + L, :J] = 0.0
+        A_new[o : o + L, :k] = A[o : o + L, :J] @ (U * S)
         B_new[n, :k, :] = Vt
     return A_new, B_new
 

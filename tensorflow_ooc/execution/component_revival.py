@@ -44,7 +44,7 @@ WEAK_FRACTION = 0.05
 POWER_SWEEPS = 3
 SWEEPS = 5
 STARTS = 8
-STARTS_MAX_BYTES = 64 << 20    # the columns of all starts travel to every partition task
+STARTS_MAX_BYTES = 64 << 20  # the columns of all starts travel to every partition task
 MIN_GAIN = 0.01
 NOISE_GAIN_FACTOR = 4.0
 
@@ -80,8 +80,9 @@ class RowSums:
     den: np.ndarray
 
 
-def row_sums_partition(data: ObservedPartition, resid: np.ndarray, cols: np.ndarray, offsets: np.ndarray,
-                       mode: int, rows: int) -> RowSums:
+def row_sums_partition(
+    data: ObservedPartition, resid: np.ndarray, cols: np.ndarray, offsets: np.ndarray, mode: int, rows: int
+) -> RowSums:
     """A partition's share of one mode's row solve for every fit (columns of ``cols``;
     :func:`~tensorflow_ooc.kernels.completion.rank1_residual.rank1_row_sums`)."""
     num, den = np.zeros((rows, cols.shape[1])), np.zeros((rows, cols.shape[1]))
@@ -108,7 +109,7 @@ def replace_component(state: FastTuckerState, r: int, cols: np.ndarray, rebalanc
     ``A^(n) = U S``, ``B^(n) = V^T``, exact when ``J_n >= R``; with ``J_n < R`` the nearest
     ``C^(n)`` of rank ``J_n`` (its truncated SVD)."""
     N = len(state.shape)
-    parts = [cols[int(state.offsets[n]):int(state.offsets[n]) + state.shape[n]] for n in range(N)]
+    parts = [cols[int(state.offsets[n]) : int(state.offsets[n]) + state.shape[n]] for n in range(N)]
     rms = np.array([np.sqrt(np.mean(p * p)) for p in parts])
     scale = np.exp(np.log(np.maximum(rms, 1e-300)).mean())
     A, B = np.zeros_like(state.A), np.zeros_like(state.B)
@@ -118,15 +119,24 @@ def replace_component(state: FastTuckerState, r: int, cols: np.ndarray, rebalanc
         C[:, r] = parts[n] * (scale / max(rms[n], 1e-300))
         U, S, Vt = np.linalg.svd(C, full_matrices=False)
         k = min(J, S.shape[0])
-        A[o:o + L, :k] = U[:, :k] * S[:k]
+        A[o : o + L, :k] = U[:, :k] * S[:k]
         B[n, :k] = Vt[:k]
     if rebalance:
         A, B = rebalance_gauge(A, B, state.offsets, state.shape, state.ranks)
     return FastTuckerState(A, B, state.offsets, state.shape, state.ranks, dict(state.info))
 
 
-def revive_component(client, sources: list, state, r: int, shape: tuple[int, ...], offsets: np.ndarray,
-                     seed: int, rebalance: bool, split: int):
+def revive_component(
+    client,
+    sources: list,
+    state,
+    r: int,
+    shape: tuple[int, ...],
+    offsets: np.ndarray,
+    seed: int,
+    rebalance: bool,
+    split: int,
+):
     """Fit component ``r`` afresh to the training residual of ``state`` (a future) over the
     partitions ``sources``; returns ``(state, gain)``: the new state (a future) and the fraction of
     the residual's squared sum the fit took away, or the old state and that fraction where it is
@@ -137,17 +147,21 @@ def revive_component(client, sources: list, state, r: int, shape: tuple[int, ...
     cols = rng.standard_normal((int(sum(shape)), starts))
     for sweep in range(POWER_SWEEPS + SWEEPS):
         for n in range(len(shape)):
-            sums = [client.submit(row_sums_partition, s, e, cols, offsets, n, shape[n], pure=False)
-                    for s, e in zip(sources, resid)]
-            total = client.submit(combine_row_sums, *tree_reduce(client, sums, combine_row_sums, split, last=True),
-                                  pure=False).result()
+            sums = [
+                client.submit(row_sums_partition, s, e, cols, offsets, n, shape[n], pure=False)
+                for s, e in zip(sources, resid)
+            ]
+            total = client.submit(
+                combine_row_sums, *tree_reduce(client, sums, combine_row_sums, split, last=True), pure=False
+            ).result()
             o = int(offsets[n])
             if sweep < POWER_SWEEPS:
                 norm = np.linalg.norm(total.num, axis=0)
-                cols[o:o + shape[n]] = total.num / np.where(norm > 0, norm, 1.0)
+                cols[o : o + shape[n]] = total.num / np.where(norm > 0, norm, 1.0)
             else:
-                cols[o:o + shape[n]] = np.divide(total.num, total.den, out=np.zeros_like(total.num),
-                                                 where=total.den > 0)
+                cols[o : o + shape[n]] = np.divide(
+                    total.num, total.den, out=np.zeros_like(total.num), where=total.den > 0
+                )
     sums = [client.submit(sse_partition, s, e, cols, offsets, pure=False) for s, e in zip(sources, resid)]
     n_entries, before, *after = sum(f.result() for f in sums)
     best = int(np.argmin(after))

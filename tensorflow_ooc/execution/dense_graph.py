@@ -61,10 +61,14 @@ class DenseMTTKRPGraph(MTTKRPGraph):
         return self._ref
 
     def _load(self, part: DensePartition) -> Future:
-        return self.client.submit(load_dense_partition, self._source_ref(), part, self.dtype.name,
-                                  key=f"tfooc-dense-partition-{self.dense.meta['store_id']}-{self.dtype.name}-"
-                                      f"{part.id}-of-{len(self.parts)}",
-                                  **self.placement)
+        return self.client.submit(
+            load_dense_partition,
+            self._source_ref(),
+            part,
+            self.dtype.name,
+            key=f"tfooc-dense-partition-{self.dense.meta['store_id']}-{self.dtype.name}-{part.id}-of-{len(self.parts)}",
+            **self.placement,
+        )
 
     def _streaming_parts(self, itemsize: int) -> list[DensePartition]:
         """One partition per Dask thread, cut at whole chunks."""
@@ -72,10 +76,14 @@ class DenseMTTKRPGraph(MTTKRPGraph):
 
     def _candidates(self, parts: list[DensePartition], per_worker: int, samples: int, **common) -> list[MemoryPlan]:
         """The dense memory plans (:func:`~.memory_plan.dense_candidates`) of one execution."""
-        return dense_candidates(shape=tuple(self.dense.shape),
-                                worker_bytes=per_worker * max((p.decoded_bytes() for p in parts), default=0),
-                                chunk_bytes=math.prod(self.dense.chunk_shape) * common["itemsize"],
-                                chunk_shape=self.dense.chunk_shape, kernel_threads=self.numba_threads, **common)
+        return dense_candidates(
+            shape=tuple(self.dense.shape),
+            worker_bytes=per_worker * max((p.decoded_bytes() for p in parts), default=0),
+            chunk_bytes=math.prod(self.dense.chunk_shape) * common["itemsize"],
+            chunk_shape=self.dense.chunk_shape,
+            kernel_threads=self.numba_threads,
+            **common,
+        )
 
     def scan(self) -> float:
         """||X||^2, checking every entry is finite: one pass over the partitions (their chunks

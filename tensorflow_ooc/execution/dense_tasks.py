@@ -23,8 +23,8 @@ import numpy as np
 from ..kernels import StackedFactors
 from ..kernels.mttkrp.dispatch import numba_threads
 from ..store.dense import ChunkScan, DenseArray, scan_chunk
-from .stream import read_ahead_pays
 from .partials import Partial, to_host, worker_threads
+from .stream import read_ahead_pays
 
 # entries per kernel thread below which a chunk's MTTKRP runs on fewer threads
 PARALLEL_MIN_ENTRIES = 1 << 15
@@ -39,18 +39,19 @@ class DensePartition:
     id: int
     chunk_lo: int
     chunk_hi: int
-    nnz: int                  # entries
+    nnz: int  # entries
     row_lo: tuple[int, ...]
-    row_hi: tuple[int, ...]   # inclusive
-    itemsize: int = 8         # bytes per entry once loaded (the factors' dtype)
+    row_hi: tuple[int, ...]  # inclusive
+    itemsize: int = 8  # bytes per entry once loaded (the factors' dtype)
 
     def decoded_bytes(self, nmodes: int = 0) -> int:
         """Memory of the partition's chunks held on a worker (in-memory execution)."""
         return self.nnz * self.itemsize
 
 
-def plan_dense_partitions(dense: DenseArray, n_parts: int, itemsize: int = 8,
-                          max_bytes: int | None = None) -> list[DensePartition]:
+def plan_dense_partitions(
+    dense: DenseArray, n_parts: int, itemsize: int = 8, max_bytes: int | None = None
+) -> list[DensePartition]:
     """Cut the chunk grid into about ``n_parts`` contiguous ranges of whole chunks (more where a
     range would hold more than ``max_bytes``)."""
     nchunks = dense.nchunks
@@ -119,8 +120,9 @@ def partition_scans(source: DensePartitionData | tuple[DenseArray, DensePartitio
     return scans
 
 
-def _streamed_blocks(dense: DenseArray, part: DensePartition, dtype: np.dtype, read_ahead: bool
-                     ) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
+def _streamed_blocks(
+    dense: DenseArray, part: DensePartition, dtype: np.dtype, read_ahead: bool
+) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
     """The partition's chunks one at a time: mapped from their files where they are raw
     (:meth:`DenseArray.map_chunk`, no copy), otherwise decoded into reused buffers (two with
     read-ahead: the next chunk is read and decompressed in a background thread while the caller
@@ -134,7 +136,7 @@ def _streamed_blocks(dense: DenseArray, part: DensePartition, dtype: np.dtype, r
         c = chunks[i]
         block = dense.map_chunk(c)
         if block is None:
-            while len(buffers) < (2 if ahead else 1):     # allocated only if a chunk needs reading
+            while len(buffers) < (2 if ahead else 1):  # allocated only if a chunk needs reading
                 buffers.append(np.empty(n, dtype=dense.dtype))
             block = dense.read_chunk(c, buffers[i % len(buffers)])
         return dense.chunk_box(c)[0], _as_kernel_block(block, dtype)
@@ -153,9 +155,15 @@ def _streamed_blocks(dense: DenseArray, part: DensePartition, dtype: np.dtype, r
         yield pending.result()
 
 
-def dense_mttkrp_partition(source: DensePartitionData | tuple[DenseArray, DensePartition],
-                           factors: StackedFactors, mode: int, threads: int = 1, read_ahead: bool | None = None,
-                           device: str = "cpu", device_options: object | None = None) -> Partial:
+def dense_mttkrp_partition(
+    source: DensePartitionData | tuple[DenseArray, DensePartition],
+    factors: StackedFactors,
+    mode: int,
+    threads: int = 1,
+    read_ahead: bool | None = None,
+    device: str = "cpu",
+    device_options: object | None = None,
+) -> Partial:
     """Mode-``mode`` MTTKRP of one dense partition: the dense kernel on each of its chunks (held
     in memory, or streamed from the array), summed into the partition's rows of the mode; with
     ``device="gpu"`` the GPU kernel (:func:`tensorflow_ooc.kernels.dense.gpu.dense_mttkrp_gpu`)."""
@@ -176,7 +184,7 @@ def dense_mttkrp_partition(source: DensePartitionData | tuple[DenseArray, DenseP
 
         for origin, block in blocks:
             o = origin[mode] - lo
-            out[o:o + block.shape[mode]] += to_host(dense_mttkrp_gpu(block, views, mode, origin=origin))
+            out[o : o + block.shape[mode]] += to_host(dense_mttkrp_gpu(block, views, mode, origin=origin))
         return Partial(lo, out, time.perf_counter() - t0)
     from ..kernels.dense.cpu import dense_mttkrp
 
@@ -185,5 +193,5 @@ def dense_mttkrp_partition(source: DensePartitionData | tuple[DenseArray, DenseP
         # a small chunk runs on one thread: starting a parallel region costs more than it saves
         # (and on a loaded machine, waiting for a descheduled thread costs milliseconds)
         with numba_threads(min(threads, max(1, block.size // PARALLEL_MIN_ENTRIES))):
-            dense_mttkrp(block, views, mode, origin=origin, out=out[o:o + block.shape[mode]])
+            dense_mttkrp(block, views, mode, origin=origin, out=out[o : o + block.shape[mode]])
     return Partial(lo, out, time.perf_counter() - t0)

@@ -69,6 +69,7 @@ class DeviceOptions:
 
 # --- the schedule ------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Step:
     """One step of a streamed pass: ``kind`` on ``batch`` with buffer set (and stream) ``slot``.
@@ -112,8 +113,9 @@ class StreamSchedule:
             elif st.kind in ("fill", "copy"):
                 prev = last_reader.get(st.slot)
                 if prev is not None and prev != st.batch and prev not in completed:
-                    raise AssertionError(f"buffer {st.slot} reused by batch {st.batch} before batch {prev}'s kernel "
-                                         "completed")
+                    raise AssertionError(
+                        f"buffer {st.slot} reused by batch {st.batch} before batch {prev}'s kernel completed"
+                    )
                 if st.kind == "copy":
                     copied.add(st.batch)
             elif st.kind == "compute":
@@ -123,6 +125,7 @@ class StreamSchedule:
 
 
 # --- device buffers -----------------------------------------------------------------------------
+
 
 class DeviceBatch:
     """One buffer set: pinned host staging, device copies of a batch and its tile table."""
@@ -174,14 +177,20 @@ class DeviceBatch:
         if have is None or have.shape[0] < shape[0] or have.shape[1:] != tuple(shape[1:]):
             cap = max(int(shape[0]), 2 * (have.shape[0] if have is not None else 0), 64)
             have = self._spaces[name] = cuda.device_array((cap,) + tuple(shape[1:]), dtype=dtype)
-        return have[:shape[0]]
+        return have[: shape[0]]
 
     def _upload_tables(self, items: WorkItems, tile_nnz: int) -> None:
         s = self.stream
         t = self.tiles = device_tiles(items, tile_nnz)
         # small tables (a few bytes per thousand nonzeros) from pageable memory into kept space
-        host = {"start": t.start, "end": t.end, "base": t.base, "lo": t.lo, "first": t.item_first_tile,
-                "prev": np.asarray(items.prev, dtype=np.uint64)}
+        host = {
+            "start": t.start,
+            "end": t.end,
+            "base": t.base,
+            "lo": t.lo,
+            "first": t.item_first_tile,
+            "prev": np.asarray(items.prev, dtype=np.uint64),
+        }
         dev = {}
         for name, a in host.items():
             a = np.ascontiguousarray(a)
@@ -256,12 +265,13 @@ def device_factors(factors: StackedFactors):
         if hit is not None and hit[0] is data:
             return hit[1]
         d = cuda.to_device(np.ascontiguousarray(data))
-        _FACTORS.clear()       # one model state per worker at a time: the previous one is stale
+        _FACTORS.clear()  # one model state per worker at a time: the previous one is stale
         _FACTORS[id(factors)] = (data, d)
         return d
 
 
 # --- the MTTKRP of a stream of batches ----------------------------------------------------------
+
 
 @dataclass
 class DeviceMTTKRP:
@@ -277,15 +287,22 @@ class DeviceMTTKRP:
 
     def __post_init__(self) -> None:
         from ..kernels.gpu.launch import zero_fill
-        from ..kernels.mttkrp.gpu import KernelConfig, mttkrp_kernel
         from ..kernels.gpu.warp_exchange import default_exchange
+        from ..kernels.mttkrp.gpu import KernelConfig, mttkrp_kernel
 
         require_gpu()
         R = self.factors.rank
         dtype = np.dtype(self.factors.dtype).name
         self.conflict = choose_conflict(self.rows, sm_count(), self.opts.conflict, self.opts.hierarchical_rows)
-        self.cfg = KernelConfig.for_rank(self.layout.nmodes, R, self.conflict, self.opts.exchange or default_exchange(),
-                                         dtype, self.opts.warps, self.opts.coarsen)
+        self.cfg = KernelConfig.for_rank(
+            self.layout.nmodes,
+            R,
+            self.conflict,
+            self.opts.exchange or default_exchange(),
+            dtype,
+            self.opts.warps,
+            self.opts.coarsen,
+        )
         self.kernel = mttkrp_kernel(self.cfg)
         self.F = device_factors(self.factors)
         self.offs = cuda.to_device(self.factors.offsets)
@@ -308,8 +325,22 @@ class DeviceMTTKRP:
             return
         d = batch.d_tiles
         self.kernel[t.ntiles, self.cfg.threads, batch.stream](
-            batch.index, batch.values, d.start, d.end, d.base, d.lo, self.shift, self.mask, self.F, self.offs,
-            self.mode, self.factors.rank, self.out, self.out_lo, self.copies)
+            batch.index,
+            batch.values,
+            d.start,
+            d.end,
+            d.base,
+            d.lo,
+            self.shift,
+            self.mask,
+            self.F,
+            self.offs,
+            self.mode,
+            self.factors.rank,
+            self.out,
+            self.out_lo,
+            self.copies,
+        )
         self.stats["tiles"] += t.ntiles
         self.stats["launches"] += 1
 
@@ -339,8 +370,9 @@ def stream_groups(chunk_lo: int, chunk_hi: int, chunks_per_batch: int) -> list[r
     return [range(c, min(chunk_hi, c + chunks_per_batch)) for c in range(chunk_lo, chunk_hi, chunks_per_batch)]
 
 
-def plan_batches(store: Store, chunk_lo: int, chunk_hi: int, rows: int, factors: StackedFactors, mode: int,
-                 opts: DeviceOptions) -> tuple[int, int]:
+def plan_batches(
+    store: Store, chunk_lo: int, chunk_hi: int, rows: int, factors: StackedFactors, mode: int, opts: DeviceOptions
+) -> tuple[int, int]:
     """(chunks per batch, streams) so that the S buffer sets, the factors, the output and (for
     hierarchical resolution) its copies fit the device memory limit. Raises MemoryError, naming the
     numbers, when not even one chunk fits beside them."""
@@ -352,19 +384,30 @@ def plan_batches(store: Store, chunk_lo: int, chunk_hi: int, rows: int, factors:
     per_chunk = DeviceBatch.device_bytes(store.chunk_nnz, np.dtype(store.value_dtype).itemsize)
     nchunks = chunk_hi - chunk_lo
     if budget < per_chunk:
-        raise MemoryError(f"device memory limit {opts.memory_limit() / 2**20:.1f} MiB leaves "
-                          f"{max(budget, 0) / 2**20:.1f} MiB after factors and output "
-                          f"({fixed / 2**20:.1f} MiB); one chunk needs {per_chunk / 2**20:.1f} MiB")
+        raise MemoryError(
+            f"device memory limit {opts.memory_limit() / 2**20:.1f} MiB leaves "
+            f"{max(budget, 0) / 2**20:.1f} MiB after factors and output "
+            f"({fixed / 2**20:.1f} MiB); one chunk needs {per_chunk / 2**20:.1f} MiB"
+        )
     max_per = max(1, opts.batch_nnz // store.chunk_nnz)
     if nchunks <= max_per and nchunks * per_chunk <= budget:
-        return max(1, nchunks), 1                      # resident: one batch, one stream
+        return max(1, nchunks), 1  # resident: one batch, one stream
     streams = int(max(1, min(opts.streams, nchunks, budget // per_chunk)))
     per = int(max(1, min(max_per, budget // (streams * per_chunk))))
     return per, streams
 
 
-def mttkrp_stream(store: Store, chunk_lo: int, chunk_hi: int, factors: StackedFactors, mode: int, out_lo: int,
-                  rows: int, opts: DeviceOptions, stats: dict | None = None) -> np.ndarray:
+def mttkrp_stream(
+    store: Store,
+    chunk_lo: int,
+    chunk_hi: int,
+    factors: StackedFactors,
+    mode: int,
+    out_lo: int,
+    rows: int,
+    opts: DeviceOptions,
+    stats: dict | None = None,
+) -> np.ndarray:
     """Mode-``mode`` MTTKRP of chunks ``[chunk_lo, chunk_hi)`` streamed through the device; the
     ``rows`` output rows from ``out_lo``, on the host."""
     per, streams = plan_batches(store, chunk_lo, chunk_hi, rows, factors, mode, opts)
@@ -400,7 +443,7 @@ def _give_slots(store: Store, per: int, slots: list[DeviceBatch]) -> None:
     with _SLOTS_LOCK:
         key = _slot_key(store, per)
         for k in [k for k in _SLOTS if k != key]:
-            del _SLOTS[k]            # one buffer geometry at a time per worker
+            del _SLOTS[k]  # one buffer geometry at a time per worker
         _SLOTS.setdefault(key, []).extend(slots)
 
 
@@ -410,8 +453,16 @@ def release_device_buffers() -> None:
         _SLOTS.clear()
 
 
-def _run_schedule(store: Store, schedule: StreamSchedule, groups: list[range], slots: list[DeviceBatch],
-                  run: DeviceMTTKRP, opts: DeviceOptions, stats: dict | None, per: int) -> np.ndarray:
+def _run_schedule(
+    store: Store,
+    schedule: StreamSchedule,
+    groups: list[range],
+    slots: list[DeviceBatch],
+    run: DeviceMTTKRP,
+    opts: DeviceOptions,
+    stats: dict | None,
+    per: int,
+) -> np.ndarray:
     """Follow ``schedule`` step by step (see :class:`StreamSchedule`)."""
     tile_nnz = run.cfg.tile_nnz
     items: dict[int, WorkItems] = {}
@@ -441,12 +492,20 @@ def resident_batch(store: Store, chunk_lo: int, chunk_hi: int, opts: DeviceOptio
     batch.upload(items, tile_nnz)
     decode_on_device(batch, store.layout, opts)
     batch.stream.synchronize()
-    batch.host = None            # the pinned staging copy is not needed once the batch is resident
+    batch.host = None  # the pinned staging copy is not needed once the batch is resident
     return batch
 
 
-def mttkrp_resident(batch: DeviceBatch, layout: BitLayout, factors: StackedFactors, mode: int, out_lo: int, rows: int,
-                    opts: DeviceOptions, stats: dict | None = None) -> np.ndarray:
+def mttkrp_resident(
+    batch: DeviceBatch,
+    layout: BitLayout,
+    factors: StackedFactors,
+    mode: int,
+    out_lo: int,
+    rows: int,
+    opts: DeviceOptions,
+    stats: dict | None = None,
+) -> np.ndarray:
     run = DeviceMTTKRP(layout, factors, mode, out_lo, rows, opts)
     run.launch(batch)
     if stats is not None:
@@ -454,8 +513,13 @@ def mttkrp_resident(batch: DeviceBatch, layout: BitLayout, factors: StackedFacto
     return run.result()
 
 
-def mttkrp_gpu(tensor: Store | BLCOTensor, factors: StackedFactors | list, mode: int,
-               opts: DeviceOptions | None = None, stats: dict | None = None) -> np.ndarray:
+def mttkrp_gpu(
+    tensor: Store | BLCOTensor,
+    factors: StackedFactors | list,
+    mode: int,
+    opts: DeviceOptions | None = None,
+    stats: dict | None = None,
+) -> np.ndarray:
     """Mode-``mode`` MTTKRP of a whole store (streamed through the device in batches) or of an
     in-memory BLCO tensor (uploaded once) on the GPU; the ``(I_mode, R)`` result on the host.
 
@@ -476,6 +540,6 @@ def mttkrp_gpu(tensor: Store | BLCOTensor, factors: StackedFactors | list, mode:
     if isinstance(tensor, Store):
         return mttkrp_stream(tensor, 0, tensor.nchunks, A, mode, 0, rows, opts, stats)
     require_gpu()
-    items = tensor_items(tensor)          # re-encoded BLCO indices already: no device decode
+    items = tensor_items(tensor)  # re-encoded BLCO indices already: no device decode
     batch = DeviceBatch.of_items(items, 32 * opts.warps * opts.coarsen)
     return mttkrp_resident(batch, tensor.layout, A, mode, 0, rows, opts, stats)

@@ -24,9 +24,9 @@ import numpy as np
 import psutil
 from distributed import Client, Future, wait
 
+from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..store import open_store
 from .cluster import resolve_device, worker_resources
-from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from .inline import is_inline
 from .memory_plan import MemoryPlan, candidates, choose
 from .output_buffers import release_outputs
@@ -41,22 +41,54 @@ IN_MEMORY_FRACTION = 0.5
 DEFAULT_SPLIT_EVERY = 4
 
 
-def _mttkrp_then(update: Callable, source, factors, mode: int, threads: int, batch_nnz: int, device: str,
-                 device_options, max_private_bytes: int, args: tuple, lend_target: bool = False):
+def _mttkrp_then(
+    update: Callable,
+    source,
+    factors,
+    mode: int,
+    threads: int,
+    batch_nnz: int,
+    device: str,
+    device_options,
+    max_private_bytes: int,
+    args: tuple,
+    lend_target: bool = False,
+):
     """One task: a partition's MTTKRP, then ``update`` on it (see :meth:`MTTKRPGraph.mode_update`)."""
-    partial = mttkrp_partition(source, factors, mode, threads, batch_nnz=batch_nnz, device=device,
-                               device_options=device_options, max_private_bytes=max_private_bytes,
-                               lend_target=lend_target)
+    partial = mttkrp_partition(
+        source,
+        factors,
+        mode,
+        threads,
+        batch_nnz=batch_nnz,
+        device=device,
+        device_options=device_options,
+        max_private_bytes=max_private_bytes,
+        lend_target=lend_target,
+    )
     return update(factors, [partial], mode, *args)
 
 
-def _sampled_then(update: Callable, source, factors, samples, mode: int, threads: int, batch_nnz: int,
-                  exact: bool, max_private_bytes: int, args: tuple):
+def _sampled_then(
+    update: Callable,
+    source,
+    factors,
+    samples,
+    mode: int,
+    threads: int,
+    batch_nnz: int,
+    exact: bool,
+    max_private_bytes: int,
+    args: tuple,
+):
     """One task: a partition's sampled MTTKRP (and with ``exact`` its exact MTTKRP, for the fit),
     then ``update`` (see :meth:`MTTKRPGraph.sampled_mode_update`)."""
     partial = sampled_partition(source, samples, mode, threads, batch_nnz)
-    full = [mttkrp_partition(source, factors, mode, threads, batch_nnz=batch_nnz,
-                             max_private_bytes=max_private_bytes)] if exact else None
+    full = (
+        [mttkrp_partition(source, factors, mode, threads, batch_nnz=batch_nnz, max_private_bytes=max_private_bytes)]
+        if exact
+        else None
+    )
     return update(factors, [partial], mode, *args, sketch=samples, exact=full)
 
 
@@ -72,15 +104,20 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-def tree_reduce(client: Client, futures: list[Future], fn: Callable, split_every: int, last: bool = False
-                ) -> list[Future]:
+def tree_reduce(
+    client: Client, futures: list[Future], fn: Callable, split_every: int, last: bool = False
+) -> list[Future]:
     """Tree reduction of ``futures`` by ``fn`` with fan-in ``split_every``, in a fixed order (so
     sums are reproducible), down to one future, or with ``last`` to the last level (at most
     ``split_every`` futures, for the consumer to combine)."""
     level = list(futures)
     while len(level) > (split_every if last else 1):
-        level = [client.submit(fn, *level[i:i + split_every], pure=False) if len(level[i:i + split_every]) > 1
-                 else level[i] for i in range(0, len(level), split_every)]
+        level = [
+            client.submit(fn, *level[i : i + split_every], pure=False)
+            if len(level[i : i + split_every]) > 1
+            else level[i]
+            for i in range(0, len(level), split_every)
+        ]
     return level
 
 
@@ -112,10 +149,21 @@ class MTTKRPGraph:
         Randomized CP-ALS: Khatri-Rao rows drawn per mode (the plan counts its samplers and indexes).
     """
 
-    def __init__(self, client: Client, path: str, *, execution: str = "auto", partitions: int | None = None,
-                 split_every: int = DEFAULT_SPLIT_EVERY, max_partition_nnz: int = 1 << 26, device: str = "cpu",
-                 device_options: object | None = None, rank: int | None = None, dtype: str = "float64",
-                 samples: int = 0) -> None:
+    def __init__(
+        self,
+        client: Client,
+        path: str,
+        *,
+        execution: str = "auto",
+        partitions: int | None = None,
+        split_every: int = DEFAULT_SPLIT_EVERY,
+        max_partition_nnz: int = 1 << 26,
+        device: str = "cpu",
+        device_options: object | None = None,
+        rank: int | None = None,
+        dtype: str = "float64",
+        samples: int = 0,
+    ) -> None:
         if execution not in EXECUTION_MODES:
             raise ValueError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
         self.client = client
@@ -156,8 +204,9 @@ class MTTKRPGraph:
         self._one_task_at_a_time = len(res) == 1 and all(r["dask_threads"] == 1 for r in res.values())
         self.memory_plan: MemoryPlan | None = None
         if rank is not None and self.device == "cpu":
-            self.memory_plan = self._plan_memory(client, res, int(rank), np.dtype(dtype).itemsize, execution,
-                                                 int(samples))
+            self.memory_plan = self._plan_memory(
+                client, res, int(rank), np.dtype(dtype).itemsize, execution, int(samples)
+            )
             execution = self.memory_plan.execution
             self.batch_nnz = min(self.batch_nnz, self.memory_plan.batch_nnz)
             self.max_private_bytes = self.memory_plan.max_private_bytes
@@ -174,10 +223,17 @@ class MTTKRPGraph:
         # several CPU workers: partials are reduce-scattered instead of tree-reduced onto one
         self.scatter_reduce = len(res) > 1 and self.device == "cpu"
         self.data: list[Future] | None = None
-        log.info("MTTKRP graph: %d partitions on %s, %s execution (decoded %.1f MiB, %s memory %s), "
-                 "%d numba threads per task", len(self.parts), self.device, execution, decoded / 2**20,
-                 "device" if self.device == "gpu" else "worker",
-                 "unlimited" if budget is None else f"{budget / 2**20:.0f} MiB", self.numba_threads)
+        log.info(
+            "MTTKRP graph: %d partitions on %s, %s execution (decoded %.1f MiB, %s memory %s), "
+            "%d numba threads per task",
+            len(self.parts),
+            self.device,
+            execution,
+            decoded / 2**20,
+            "device" if self.device == "gpu" else "worker",
+            "unlimited" if budget is None else f"{budget / 2**20:.0f} MiB",
+            self.numba_threads,
+        )
         if execution == "in-memory":
             self.data = [self._load(p) for p in self.parts]
             if not is_inline(client):
@@ -193,18 +249,26 @@ class MTTKRPGraph:
     def _load(self, part) -> Future:
         """Submit the task that holds ``part`` in worker (or device) memory for in-memory execution."""
         copies = bool(self.memory_plan and self.memory_plan.mode_copies)
-        return self.client.submit(load_partition, self.path, part, self.device, self.device_options, copies,
-                                  self.numba_threads,
-                                  key=f"tfooc-partition-{self.store.meta['store_id']}-{self.device}-{part.id}"
-                                      + ("-sorted" if copies else ""),
-                                  **self.placement)
+        return self.client.submit(
+            load_partition,
+            self.path,
+            part,
+            self.device,
+            self.device_options,
+            copies,
+            self.numba_threads,
+            key=f"tfooc-partition-{self.store.meta['store_id']}-{self.device}-{part.id}"
+            + ("-sorted" if copies else ""),
+            **self.placement,
+        )
 
     def _source_ref(self):
         """What a streaming partition task is given to read its partition from (the store path)."""
         return self.path
 
-    def _plan_memory(self, client: Client, res: dict, rank: int, itemsize: int, execution: str,
-                     samples: int = 0) -> MemoryPlan:
+    def _plan_memory(
+        self, client: Client, res: dict, rank: int, itemsize: int, execution: str, samples: int = 0
+    ) -> MemoryPlan:
         """The worker memory plan for a rank-``rank`` CP-ALS. In-memory executions keep this graph's
         partitions (capped so one decoded partition stays small); streaming ones take one partition
         per Dask thread, uncapped (a streaming task holds one batch, not its partition), so a
@@ -220,10 +284,20 @@ class MTTKRPGraph:
                 continue
             parts = self.parts if mode == "in-memory" else self._streaming_parts(itemsize)
             per_worker = math.ceil(len(parts) / nworkers)
-            found = self._candidates(parts, per_worker, samples, rank=rank, itemsize=itemsize,
-                                     tasks=max(1, min(threads, per_worker)), partitions_per_mode=len(parts),
-                                     workers=nworkers, baseline=baseline, limit=min(limits) if all(limits) else None,
-                                     execution=mode, split_every=self.split_every)
+            found = self._candidates(
+                parts,
+                per_worker,
+                samples,
+                rank=rank,
+                itemsize=itemsize,
+                tasks=max(1, min(threads, per_worker)),
+                partitions_per_mode=len(parts),
+                workers=nworkers,
+                baseline=baseline,
+                limit=min(limits) if all(limits) else None,
+                execution=mode,
+                split_every=self.split_every,
+            )
             plans += found
             parts_of.update({id(p): parts for p in found})
         if is_inline(client):
@@ -243,10 +317,16 @@ class MTTKRPGraph:
     def _candidates(self, parts: list, per_worker: int, samples: int, **common) -> list[MemoryPlan]:
         """The memory plans of one execution with these partitions (``common``: the arguments every
         plan takes, see :func:`~.memory_plan.candidates`)."""
-        return candidates(shape=tuple(self.store.shape), worker_nnz=per_worker * max((p.nnz for p in parts), default=0),
-                          chunk_nnz=self.store.chunk_nnz, value_itemsize=self.store.value_dtype.itemsize,
-                          samples=samples, kernel_threads=self.numba_threads,
-                          lend_target=self._one_task_at_a_time, **common)
+        return candidates(
+            shape=tuple(self.store.shape),
+            worker_nnz=per_worker * max((p.nnz for p in parts), default=0),
+            chunk_nnz=self.store.chunk_nnz,
+            value_itemsize=self.store.value_dtype.itemsize,
+            samples=samples,
+            kernel_threads=self.numba_threads,
+            lend_target=self._one_task_at_a_time,
+            **common,
+        )
 
     def sources(self) -> Sequence:
         if self.data is not None:
@@ -258,11 +338,23 @@ class MTTKRPGraph:
         """Submit the mode-``mode`` MTTKRP up to the last level of its reduction: at most
         ``split_every`` futures of :class:`Partial`, which the consumer sums (the CP-ALS update
         does, saving one task hop per mode). ``lend_target``: see ``mttkrp_partition``."""
-        partials = [self.client.submit(mttkrp_partition, src, factors, mode, self.numba_threads,
-                                       batch_nnz=self.batch_nnz, max_private_bytes=self.max_private_bytes,
-                                       lend_target=lend_target, device=self.device,
-                                       device_options=self.device_options, pure=False, **self.placement)
-                    for src in self.sources()]
+        partials = [
+            self.client.submit(
+                mttkrp_partition,
+                src,
+                factors,
+                mode,
+                self.numba_threads,
+                batch_nnz=self.batch_nnz,
+                max_private_bytes=self.max_private_bytes,
+                lend_target=lend_target,
+                device=self.device,
+                device_options=self.device_options,
+                pure=False,
+                **self.placement,
+            )
+            for src in self.sources()
+        ]
         if self.scatter_reduce and len(partials) > 1:
             return self.reduce_scatter(partials, self.store.shape[mode])
         return self.reduce(partials, last=True)
@@ -289,31 +381,75 @@ class MTTKRPGraph:
         and the update task. Returns the future of ``update``'s result."""
         sources = self.sources()
         if len(sources) == 1:
-            return self.client.submit(_mttkrp_then, update, sources[0], factors, mode, self.numba_threads,
-                                      self.batch_nnz, self.device, self.device_options, self.max_private_bytes,
-                                      args, self.lend_target, pure=False,
-                                      **self.placement)
-        return self.client.submit(update, factors, self.partials(factors, mode, self.lend_target), mode, *args,
-                                  pure=False,
-                                  **self.placement)
+            return self.client.submit(
+                _mttkrp_then,
+                update,
+                sources[0],
+                factors,
+                mode,
+                self.numba_threads,
+                self.batch_nnz,
+                self.device,
+                self.device_options,
+                self.max_private_bytes,
+                args,
+                self.lend_target,
+                pure=False,
+                **self.placement,
+            )
+        return self.client.submit(
+            update, factors, self.partials(factors, mode, self.lend_target), mode, *args, pure=False, **self.placement
+        )
 
-    def sampled_mode_update(self, factors: Future, samples: Future, mode: int, update: Callable, exact: bool,
-                            *args) -> Future:
+    def sampled_mode_update(
+        self, factors: Future, samples: Future, mode: int, update: Callable, exact: bool, *args
+    ) -> Future:
         """Randomized CP-ALS: submit the mode-``mode`` sampled MTTKRP of the drawn ``samples``
         (with ``exact`` also the exact MTTKRP, whose inner products give the fit), then
         ``update(factors, partials, mode, *args, sketch=samples, exact=exact_partials)``; one task
         when there is one partition. Runs on CPU workers."""
         sources = self.sources()
         if len(sources) == 1:
-            return self.client.submit(_sampled_then, update, sources[0], factors, samples, mode, self.numba_threads,
-                                      self.batch_nnz, exact, self.max_private_bytes, args, pure=False,
-                                      **self.placement)
-        partials = [self.client.submit(sampled_partition, src, samples, mode, self.numba_threads,
-                                       batch_nnz=self.batch_nnz, pure=False, **self.placement)
-                    for src in sources]
+            return self.client.submit(
+                _sampled_then,
+                update,
+                sources[0],
+                factors,
+                samples,
+                mode,
+                self.numba_threads,
+                self.batch_nnz,
+                exact,
+                self.max_private_bytes,
+                args,
+                pure=False,
+                **self.placement,
+            )
+        partials = [
+            self.client.submit(
+                sampled_partition,
+                src,
+                samples,
+                mode,
+                self.numba_threads,
+                batch_nnz=self.batch_nnz,
+                pure=False,
+                **self.placement,
+            )
+            for src in sources
+        ]
         full = self.partials(factors, mode) if exact else None
-        return self.client.submit(update, factors, self.reduce(partials, last=True), mode, *args, sketch=samples,
-                                  exact=full, pure=False, **self.placement)
+        return self.client.submit(
+            update,
+            factors,
+            self.reduce(partials, last=True),
+            mode,
+            *args,
+            sketch=samples,
+            exact=full,
+            pure=False,
+            **self.placement,
+        )
 
     def mttkrp(self, factors: Future, mode: int) -> Future:
         """Submit the mode-``mode`` MTTKRP; returns the future of the reduced :class:`Partial`."""
@@ -330,5 +466,5 @@ class MTTKRPGraph:
         self.data = None
         try:
             self.client.run(release_outputs)
-        except Exception as exc:    # a worker lost at the end keeps nothing anyway
+        except Exception as exc:  # a worker lost at the end keeps nothing anyway
             log.debug("could not release kept output buffers: %s", exc)

@@ -52,9 +52,17 @@ class InlineClient:
     inline = True
     dashboard_link = None
 
-    def submit(self, fn: Callable, *args: Any, pure: bool | None = None, key: str | None = None,
-               resources: dict | None = None, workers: Any = None, allow_other_workers: bool | None = None,
-               **kwargs: Any) -> InlineFuture:
+    def submit(
+        self,
+        fn: Callable,
+        *args: Any,
+        pure: bool | None = None,
+        key: str | None = None,
+        resources: dict | None = None,
+        workers: Any = None,
+        allow_other_workers: bool | None = None,
+        **kwargs: Any,
+    ) -> InlineFuture:
         return InlineFuture(fn(*_resolve(list(args)), **{k: _resolve(v) for k, v in kwargs.items()}))
 
     def scatter(self, data: Any, hash: bool = True, **kwargs: Any) -> Any:
@@ -66,8 +74,16 @@ class InlineClient:
         return {INLINE_ADDRESS: fn(*args, **kwargs)}
 
     def scheduler_info(self) -> dict:
-        return {"workers": {INLINE_ADDRESS: {"nthreads": 1, "host": "localhost", "resources": {},
-                                             "memory_limit": int(psutil.virtual_memory().total)}}}
+        return {
+            "workers": {
+                INLINE_ADDRESS: {
+                    "nthreads": 1,
+                    "host": "localhost",
+                    "resources": {},
+                    "memory_limit": int(psutil.virtual_memory().total),
+                }
+            }
+        }
 
     def close(self) -> None:
         pass
@@ -75,4 +91,3 @@ class InlineClient:
 
 def is_inline(client: Any) -> bool:
     return bool(getattr(client, "inline", False))
-

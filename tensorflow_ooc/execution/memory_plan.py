@@ -59,17 +59,17 @@ from dataclasses import dataclass, field
 import dask
 
 from ..errors import TfoocError
-from ..kernels.update.column_scale import STAT_BLOCK_ROWS
-from ..kernels.sampling.krp_sampler import tree_nbytes
 from ..kernels.mttkrp.dispatch import ThreadOutputs
 from ..kernels.mttkrp.owned import GROUP_NNZ as OWNED_GROUP_NNZ
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
+from ..kernels.sampling.krp_sampler import tree_nbytes
+from ..kernels.update.column_scale import STAT_BLOCK_ROWS
 from .stream import BATCH_NNZ
 
 LEAN_BATCH_NNZ = 1 << 18
 LEAN_PRIVATE_BYTES = 16 << 20
-KERNEL_CODE_BYTES = 96 << 20     # measured: a fresh worker grew 74 MiB running its first CP-ALS
-ESTIMATE_MARGIN = 1.10    # allocator fragmentation and small temporaries the terms leave out
+KERNEL_CODE_BYTES = 96 << 20  # measured: a fresh worker grew 74 MiB running its first CP-ALS
+ESTIMATE_MARGIN = 1.10  # allocator fragmentation and small temporaries the terms leave out
 DEFAULT_USABLE = 0.70
 
 
@@ -86,14 +86,14 @@ class MemoryPlanError(TfoocError, MemoryError):
 class MemoryPlan:
     """One candidate execution and its peak memory on the busiest worker (bytes)."""
 
-    execution: str                       # "in-memory" or "streaming"
-    in_place: bool                       # mode updates overwrite the factor rows
+    execution: str  # "in-memory" or "streaming"
+    in_place: bool  # mode updates overwrite the factor rows
     batch_nnz: int
     max_private_bytes: int
     terms: dict[str, int] = field(default_factory=dict)
-    limit: int | None = None             # the worker's memory limit (None: unlimited)
+    limit: int | None = None  # the worker's memory limit (None: unlimited)
     usable_fraction: float = DEFAULT_USABLE
-    mode_copies: bool = False            # in-memory partitions keep mode-sorted copies
+    mode_copies: bool = False  # in-memory partitions keep mode-sorted copies
 
     @property
     def peak(self) -> int:
@@ -113,20 +113,33 @@ class MemoryPlan:
     def name(self) -> str:
         lean = self.batch_nnz == LEAN_BATCH_NNZ and self.max_private_bytes == LEAN_PRIVATE_BYTES
         roomy = self.max_private_bytes > DEFAULT_MAX_PRIVATE_BYTES
-        return (f"{self.execution}, {'in-place' if self.in_place else 'copying'} updates" + (", lean" if lean else "")
-                + (", per-thread outputs" if roomy else "") + (", mode-sorted copies" if self.mode_copies else ""))
+        return (
+            f"{self.execution}, {'in-place' if self.in_place else 'copying'} updates"
+            + (", lean" if lean else "")
+            + (", per-thread outputs" if roomy else "")
+            + (", mode-sorted copies" if self.mode_copies else "")
+        )
 
     def describe(self) -> str:
         terms = ", ".join(f"{k} {_mib(v)}" for k, v in self.terms.items() if v)
         lim = "unlimited" if self.limit is None else _mib(self.limit)
-        return (f"{self.name}: peak {_mib(self.peak)} ({terms}; x{ESTIMATE_MARGIN:.2f} margin) "
-                f"of worker limit {lim} (usable {self.usable_fraction:.0%})")
+        return (
+            f"{self.name}: peak {_mib(self.peak)} ({terms}; x{ESTIMATE_MARGIN:.2f} margin) "
+            f"of worker limit {lim} (usable {self.usable_fraction:.0%})"
+        )
 
     def as_dict(self) -> dict:
-        return {"execution": self.execution, "in_place": self.in_place, "mode_copies": self.mode_copies,
-                "batch_nnz": self.batch_nnz,
-                "max_private_bytes": self.max_private_bytes, "terms": dict(self.terms), "peak": self.peak,
-                "limit": self.limit, "required_limit": self.required_limit}
+        return {
+            "execution": self.execution,
+            "in_place": self.in_place,
+            "mode_copies": self.mode_copies,
+            "batch_nnz": self.batch_nnz,
+            "max_private_bytes": self.max_private_bytes,
+            "terms": dict(self.terms),
+            "peak": self.peak,
+            "limit": self.limit,
+            "required_limit": self.required_limit,
+        }
 
 
 def _mib(n: int) -> str:
@@ -137,8 +150,11 @@ def usable_fraction() -> float:
     """The fraction of a worker's limit our peak may reach: the lowest of Dask's spill, pause and
     terminate thresholds that are set (spilling pickles the model state, a second copy of it; a
     paused worker runs no tasks, and ours would not free memory by waiting)."""
-    fractions = [float(v) for key in ("spill", "pause", "terminate")
-                 if (v := dask.config.get(f"distributed.worker.memory.{key}", None))]
+    fractions = [
+        float(v)
+        for key in ("spill", "pause", "terminate")
+        if (v := dask.config.get(f"distributed.worker.memory.{key}", None))
+    ]
     return min(fractions, default=0.95)
 
 
@@ -146,8 +162,17 @@ def usable_fraction() -> float:
 _ORDER = {("in-memory", False): 0, ("in-memory", True): 1, ("streaming", False): 2, ("streaming", True): 3}
 
 
-def _state_terms(shape: tuple[int, ...], rank: int, itemsize: int, tasks: int, partitions_per_mode: int,
-                 split_every: int, baseline: int, in_place: bool, workers: int = 1) -> dict[str, int]:
+def _state_terms(
+    shape: tuple[int, ...],
+    rank: int,
+    itemsize: int,
+    tasks: int,
+    partitions_per_mode: int,
+    split_every: int,
+    baseline: int,
+    in_place: bool,
+    workers: int = 1,
+) -> dict[str, int]:
     """The terms sparse and dense plans share: the worker's baseline and kernels, the model state
     (and its copy unless updates are in place), the MTTKRP outputs and their reduction, and the
     update's working set. One worker sums its partials in a tree (up to ``split_every`` at once
@@ -177,10 +202,25 @@ def _state_terms(shape: tuple[int, ...], rank: int, itemsize: int, tasks: int, p
     }
 
 
-def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: int, chunk_nnz: int,
-               tasks: int, partitions_per_mode: int, workers: int, baseline: int, limit: int | None,
-               value_itemsize: int = 8, execution: str = "auto", split_every: int = 4,
-               samples: int = 0, kernel_threads: int = 1, lend_target: bool = False) -> list[MemoryPlan]:
+def candidates(
+    *,
+    shape: tuple[int, ...],
+    rank: int,
+    itemsize: int,
+    worker_nnz: int,
+    chunk_nnz: int,
+    tasks: int,
+    partitions_per_mode: int,
+    workers: int,
+    baseline: int,
+    limit: int | None,
+    value_itemsize: int = 8,
+    execution: str = "auto",
+    split_every: int = 4,
+    samples: int = 0,
+    kernel_threads: int = 1,
+    lend_target: bool = False,
+) -> list[MemoryPlan]:
     """Every execution :func:`choose` may take, fastest first, each with its peak terms.
 
     Parameters
@@ -209,13 +249,21 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
 
     def bounds(in_place: bool) -> list[int]:
         copy_bytes = ThreadOutputs.extra_copies(kernel_threads, scratch=in_place and lend_target) * out_bytes
-        return [copy_bytes, DEFAULT_MAX_PRIVATE_BYTES] if copy_bytes > DEFAULT_MAX_PRIVATE_BYTES \
+        return (
+            [copy_bytes, DEFAULT_MAX_PRIVATE_BYTES]
+            if copy_bytes > DEFAULT_MAX_PRIVATE_BYTES
             else [DEFAULT_MAX_PRIVATE_BYTES]
+        )
 
     # mode-sorted copies: in-memory exact CP-ALS only (randomized CP reads the ALTO-ordered items)
     copies = (True, False) if not samples else (False,)
-    options = [(m, ip, BATCH_NNZ, b, mc) for ip in (False, True) for m in modes for b in bounds(ip)
-               for mc in (copies if m == "in-memory" else (False,))]
+    options = [
+        (m, ip, BATCH_NNZ, b, mc)
+        for ip in (False, True)
+        for m in modes
+        for b in bounds(ip)
+        for mc in (copies if m == "in-memory" else (False,))
+    ]
     if "streaming" in modes:
         options.append(("streaming", True, LEAN_BATCH_NNZ, LEAN_PRIVATE_BYTES, False))
     options.sort(key=lambda o: (_ORDER[(o[0], o[1])], not o[4], -o[2], -o[3]))
@@ -233,19 +281,19 @@ def candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_nnz: 
         roomy = bound > DEFAULT_MAX_PRIVATE_BYTES
         private = private if roomy else min(private, call_nnz * PRIVATE_REUSE * rank * itemsize)
         terms = {
-            **_state_terms(shape, rank, itemsize, tasks, partitions_per_mode, split_every, baseline, in_place,
-                              workers),
+            **_state_terms(shape, rank, itemsize, tasks, partitions_per_mode, split_every, baseline, in_place, workers),
             "private": tasks * private,
             "data": int(data),
             "mode_copies": worker_nnz * (8 + value_itemsize) * len(shape) if mode_copies else 0,
             "buckets": tasks * 20 * min(OWNED_GROUP_NNZ, call_nnz),
             "transfer": S if workers > 1 else 0,
-            "sampling": 0 if not samples else
-            sum(tree_nbytes(n, rank) for n in shape) + 2 * samples * (len(shape) + rank + 1) * 8
+            "sampling": 0
+            if not samples
+            else sum(tree_nbytes(n, rank) for n in shape)
+            + 2 * samples * (len(shape) + rank + 1) * 8
             + (worker_nnz * 24 * len(shape) if mode == "in-memory" else 0),
         }
-        plans.append(MemoryPlan(mode, in_place, batch_nnz, bound, terms, limit or None, usable_fraction(),
-                                mode_copies))
+        plans.append(MemoryPlan(mode, in_place, batch_nnz, bound, terms, limit or None, usable_fraction(), mode_copies))
     return plans
 
 
@@ -260,13 +308,29 @@ def choose(plans: list[MemoryPlan], what: str = "the CP-ALS worker") -> MemoryPl
         f"needs a worker memory limit of at least {_mib(floor.required_limit)} "
         f"({floor.required_limit / 1e9:.2f} GB); give the workers more memory (e.g. "
         f"LocalCluster(memory_limit='{math.ceil(floor.required_limit / 1e8) / 10:.1f}GB')), use fewer threads per "
-        f"worker, or a lower rank", floor.required_limit, floor)
+        f"worker, or a lower rank",
+        floor.required_limit,
+        floor,
+    )
 
 
-def dense_candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker_bytes: int, chunk_bytes: int,
-                     chunk_shape: tuple[int, ...], tasks: int, kernel_threads: int, partitions_per_mode: int, workers: int,
-                     baseline: int, limit: int | None, execution: str = "auto",
-                     split_every: int = 4) -> list[MemoryPlan]:
+def dense_candidates(
+    *,
+    shape: tuple[int, ...],
+    rank: int,
+    itemsize: int,
+    worker_bytes: int,
+    chunk_bytes: int,
+    chunk_shape: tuple[int, ...],
+    tasks: int,
+    kernel_threads: int,
+    partitions_per_mode: int,
+    workers: int,
+    baseline: int,
+    limit: int | None,
+    execution: str = "auto",
+    split_every: int = 4,
+) -> list[MemoryPlan]:
     """:func:`candidates` for a dense array, whose partitions are whole stored chunks.
 
     The terms are those of the sparse plan, except ``data``: in memory, the worker's chunks cast to
@@ -284,8 +348,9 @@ def dense_candidates(*, shape: tuple[int, ...], rank: int, itemsize: int, worker
         for mode in modes:
             data = worker_bytes if mode == "in-memory" else tasks * 3 * chunk_bytes
             terms = {
-                **_state_terms(shape, rank, itemsize, tasks, partitions_per_mode, split_every, baseline, in_place,
-                              workers),
+                **_state_terms(
+                    shape, rank, itemsize, tasks, partitions_per_mode, split_every, baseline, in_place, workers
+                ),
                 "private": tasks * (kernel_threads * max(chunk_shape) + sum(chunk_shape)) * rank * itemsize,
                 "data": int(data),
                 "transfer": S if workers > 1 else 0,

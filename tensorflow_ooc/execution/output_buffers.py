@@ -23,7 +23,7 @@ from ..kernels.factors import aligned_zeros
 KEEP_MIN_BYTES = 32 << 20
 
 _LOCK = threading.Lock()
-_KEPT: list[np.ndarray] = []     # at most one flat byte buffer
+_KEPT: list[np.ndarray] = []  # at most one flat byte buffer
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -33,7 +33,7 @@ def _zero(flat: np.ndarray) -> None:
     n = flat.shape[0]
     step = 1 << 20
     for b in nb.prange((n + step - 1) // step):
-        flat[b * step:min(n, (b + 1) * step)] = 0
+        flat[b * step : min(n, (b + 1) * step)] = 0
 
 
 def zeroed_output(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
@@ -53,7 +53,7 @@ def zeroed_output(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
                 flat = buf[:nbytes].view(dtype)
                 _zero(flat)
                 return flat.reshape(shape)
-            return aligned_zeros(shape, dtype)     # the kept one is in use: do not keep a second
+            return aligned_zeros(shape, dtype)  # the kept one is in use: do not keep a second
         fresh = aligned_zeros(nbytes, np.uint8)
         _KEPT[:] = [fresh]
         return fresh.view(dtype).reshape(shape)

@@ -18,7 +18,7 @@ class Partition:
     chunk_hi: int
     nnz: int
     row_lo: tuple[int, ...]
-    row_hi: tuple[int, ...]   # inclusive
+    row_hi: tuple[int, ...]  # inclusive
 
     def decoded_bytes(self, nmodes: int) -> int:
         """Memory of the decoded partition: index + value, plus work-item metadata."""
@@ -42,6 +42,14 @@ def plan_partitions(store: Store, n_parts: int, max_nnz: int | None = None) -> l
     parts = []
     for i, (a, b) in enumerate(zip(cuts[:-1].tolist(), cuts[1:].tolist())):
         nnz = min(store.nnz, b * store.chunk_nnz) - a * store.chunk_nnz
-        parts.append(Partition(i, a, b, int(nnz), tuple(int(x) for x in mins[a:b].min(axis=0)),
-                               tuple(int(x) for x in maxs[a:b].max(axis=0))))
+        parts.append(
+            Partition(
+                i,
+                a,
+                b,
+                int(nnz),
+                tuple(int(x) for x in mins[a:b].min(axis=0)),
+                tuple(int(x) for x in maxs[a:b].max(axis=0)),
+            )
+        )
     return parts

@@ -64,7 +64,7 @@ class ChunkProfile:
     lo: np.ndarray
     hi: np.ndarray
     changes: np.ndarray
-    prev: np.ndarray      # uint64: the low ALTO word before each item (0 at the chunk start)
+    prev: np.ndarray  # uint64: the low ALTO word before each item (0 at the chunk start)
 
 
 class _ThreadScratch(threading.local):
@@ -78,7 +78,7 @@ class _ThreadScratch(threading.local):
 _SCRATCH = _ThreadScratch()
 _PROFILES: dict[tuple[str, int], tuple[int, ChunkProfile]] = {}
 _PROFILES_LOCK = threading.Lock()
-MAX_PROFILES = 1 << 17     # about 200 MB of profiles at most; 2^17 chunks are 10^11 nonzeros
+MAX_PROFILES = 1 << 17  # about 200 MB of profiles at most; 2^17 chunks are 10^11 nonzeros
 
 
 def _cached_profile(store: Store, enc: EncodedChunk) -> ChunkProfile | None:
@@ -165,22 +165,41 @@ def _mapped_items(store: Store, c: int, keep_nnz: int = 0) -> WorkItems | None:
     prof = _cached_profile(store, enc)
     if prof is None:
         return None
-    return WorkItems(enc.alto, enc.values, prof.start, prof.end, prof.base, prof.lo, prof.hi, prof.changes,
-                     prev=prof.prev, delta=True)
+    return WorkItems(
+        enc.alto,
+        enc.values,
+        prof.start,
+        prof.end,
+        prof.base,
+        prof.lo,
+        prof.hi,
+        prof.changes,
+        prev=prof.prev,
+        delta=True,
+    )
 
 
-def _fill_chunk(store: Store, c: int, bufs: BatchBuffers, pos: int, delta: bool,
-                map_values: bool = False, keep_nnz: int = 0, decode_threads: int = 1) -> tuple[ChunkProfile, np.ndarray]:
+def _fill_chunk(
+    store: Store,
+    c: int,
+    bufs: BatchBuffers,
+    pos: int,
+    delta: bool,
+    map_values: bool = False,
+    keep_nnz: int = 0,
+    decode_threads: int = 1,
+) -> tuple[ChunkProfile, np.ndarray]:
     """Chunk ``c`` into the batch buffers at ``pos`` (its values mapped instead, where
     ``map_values`` and the store allows); its work-item profile and its values."""
     slot = slice(pos, pos + store.chunk_nnz)
     # stored words before re-encoding: needed on a chunk's first read, or always without BMI2
     scratch = _SCRATCH.get(store.chunk_nnz)
-    enc = store.read_encoded(c, bufs.index[slot] if delta else scratch, bufs.values[slot], map_values, keep_nnz,
-                             decode_threads)
+    enc = store.read_encoded(
+        c, bufs.index[slot] if delta else scratch, bufs.values[slot], map_values, keep_nnz, decode_threads
+    )
     n = enc.n
-    index = bufs.index[pos:pos + n]
-    if delta and not enc.alto_is_delta:      # Zarr's own read path: absolute words
+    index = bufs.index[pos : pos + n]
+    if delta and not enc.alto_is_delta:  # Zarr's own read path: absolute words
         index[1:] = np.diff(enc.alto)
         enc.alto_is_delta = True
     prof = _cached_profile(store, enc)
@@ -193,8 +212,15 @@ def _fill_chunk(store: Store, c: int, bufs: BatchBuffers, pos: int, delta: bool,
     return prof, enc.values
 
 
-def fill_batch(store: Store, chunk_ids: range, bufs: BatchBuffers, delta: bool | None = None,
-               map_values: bool = False, keep_nnz: int = 0, decode_threads: int = 1) -> WorkItems:
+def fill_batch(
+    store: Store,
+    chunk_ids: range,
+    bufs: BatchBuffers,
+    delta: bool | None = None,
+    map_values: bool = False,
+    keep_nnz: int = 0,
+    decode_threads: int = 1,
+) -> WorkItems:
     """Read, decode and profile ``chunk_ids`` into ``bufs``; their work items, batch positions.
 
     With ``delta`` (default: where the CPU has BMI2) the index buffer receives the stored Delta
@@ -222,11 +248,22 @@ def fill_batch(store: Store, chunk_ids: range, bufs: BatchBuffers, delta: bool |
         arrays = [getattr(p, name) + off if shift else getattr(p, name) for off, p in parts]
         if arrays:
             return np.concatenate(arrays)
-        return np.zeros((0, N) if name in ("base", "lo", "hi", "changes") else 0,
-                        dtype=np.uint64 if name == "prev" else np.int64)
+        return np.zeros(
+            (0, N) if name in ("base", "lo", "hi", "changes") else 0, dtype=np.uint64 if name == "prev" else np.int64
+        )
 
-    return WorkItems(bufs.index[:pos], values[:pos], cat("start", True), cat("end", True), cat("base"),
-                     cat("lo"), cat("hi"), cat("changes"), prev=cat("prev"), delta=delta)
+    return WorkItems(
+        bufs.index[:pos],
+        values[:pos],
+        cat("start", True),
+        cat("end", True),
+        cat("base"),
+        cat("lo"),
+        cat("hi"),
+        cat("changes"),
+        prev=cat("prev"),
+        delta=delta,
+    )
 
 
 def read_ahead_pays(kernel_threads: int) -> bool:
@@ -237,13 +274,19 @@ def read_ahead_pays(kernel_threads: int) -> bool:
     0.125 s for all four modes), since both are bound by the same cores and memory bandwidth."""
     try:
         cores = len(os.sched_getaffinity(0))
-    except AttributeError:   # not on Linux
+    except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
     return cores > kernel_threads
 
 
-def stream_batches(store: Store, chunk_lo: int, chunk_hi: int, batch_nnz: int = BATCH_NNZ,
-                   read_ahead: bool | None = None, map_chunks: bool = True) -> Iterator[WorkItems]:
+def stream_batches(
+    store: Store,
+    chunk_lo: int,
+    chunk_hi: int,
+    batch_nnz: int = BATCH_NNZ,
+    read_ahead: bool | None = None,
+    map_chunks: bool = True,
+) -> Iterator[WorkItems]:
     """Work items of chunks ``[chunk_lo, chunk_hi)``, a batch of about ``batch_nnz`` nonzeros at a
     time. With ``read_ahead`` the next batch is filled in a background thread while the caller
     computes on the current one; a batch stays valid until the caller asks for the next but one.
@@ -259,7 +302,7 @@ def stream_batches(store: Store, chunk_lo: int, chunk_hi: int, batch_nnz: int = 
         for c in range(chunk_lo, chunk_hi):
             # mappings kept between passes fill at most what two batch buffers would hold
             items = _mapped_items(store, c, 2 * batch_nnz)
-            if items is None:      # first sight of the chunk: read, validate and profile it
+            if items is None:  # first sight of the chunk: read, validate and profile it
                 bufs = _take_buffers(store, 1)
                 try:
                     items = fill_batch(store, range(c, c + 1), bufs)
@@ -276,8 +319,12 @@ def stream_batches(store: Store, chunk_lo: int, chunk_hi: int, batch_nnz: int = 
     map_values = DELTA_KERNELS and map_chunks and store.values_mappable
     per = 1 if map_values else max(1, batch_nnz // store.chunk_nnz)
     # read in turn with the kernel, decoding takes every core the kernel uses
-    fill = partial(fill_batch, map_values=map_values, keep_nnz=2 * batch_nnz,
-                   decode_threads=1 if read_ahead else numba.get_num_threads())
+    fill = partial(
+        fill_batch,
+        map_values=map_values,
+        keep_nnz=2 * batch_nnz,
+        decode_threads=1 if read_ahead else numba.get_num_threads(),
+    )
     # the first batch is read before any compute can overlap it, so it is one chunk
     first = min(chunk_hi, chunk_lo + 1)
     groups = [range(chunk_lo, first)] if chunk_hi > chunk_lo else []
@@ -324,7 +371,7 @@ def mttkrp(tensor: Store | BLCOTensor, factors, mode: int, **kwargs) -> np.ndarr
     if isinstance(tensor, Store):
         rank = factors.rank if hasattr(factors, "rank") else np.shape(factors[0])[1]
         big = tensor.shape[mode] * rank * 8 > MAP_MAX_OUTPUT_BYTES
-        return kernel_mttkrp(stream_batches(tensor, 0, tensor.nchunks, map_chunks=not big), factors, mode,
-                             layout=tensor.layout,
-                             **kwargs)
+        return kernel_mttkrp(
+            stream_batches(tensor, 0, tensor.nchunks, map_chunks=not big), factors, mode, layout=tensor.layout, **kwargs
+        )
     return kernel_mttkrp(tensor, factors, mode, **kwargs)

@@ -14,10 +14,10 @@ import numpy as np
 
 from ..format import BitLayout
 from ..kernels import StackedFactors, WorkItems, run_items
-from ..kernels.sampling.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
-from ..kernels.mttkrp.mode_order import mode_sorted
 from ..kernels.mttkrp.dispatch import ThreadOutputs, numba_threads
+from ..kernels.mttkrp.mode_order import mode_sorted
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
+from ..kernels.sampling.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
 from ..store import Store, open_store
 from .output_buffers import zeroed_output
 from .partials import Partial, worker_threads
@@ -52,9 +52,12 @@ class PartitionData:
 
     @property
     def nbytes(self) -> int:
-        return int(self.items.index.nbytes + self.items.values.nbytes
-                   + sum(f.nbytes for f in self.fiber_index.values())
-                   + sum(m.index.nbytes + m.values.nbytes for m in self.mode_items.values()))
+        return int(
+            self.items.index.nbytes
+            + self.items.values.nbytes
+            + sum(f.nbytes for f in self.fiber_index.values())
+            + sum(m.index.nbytes + m.values.nbytes for m in self.mode_items.values())
+        )
 
 
 @dataclass
@@ -63,7 +66,7 @@ class DevicePartitionData:
 
     part: Partition
     layout: BitLayout
-    batch: object            # execution.device_stream.DeviceBatch
+    batch: object  # execution.device_stream.DeviceBatch
 
     @property
     def nbytes(self) -> int:
@@ -71,8 +74,14 @@ class DevicePartitionData:
         return int(self.batch.index.nbytes + self.batch.values.nbytes)
 
 
-def load_partition(path: str, part: Partition, device: str = "cpu", device_options: object | None = None,
-                   mode_copies: bool = False, threads: int | None = None) -> PartitionData | DevicePartitionData:
+def load_partition(
+    path: str,
+    part: Partition,
+    device: str = "cpu",
+    device_options: object | None = None,
+    mode_copies: bool = False,
+    threads: int | None = None,
+) -> PartitionData | DevicePartitionData:
     """Read and decode a partition's chunks into one set of work items (kept on the worker), or
     with ``device="gpu"`` into device memory (decoded on the device). ``mode_copies``: also keep
     a mode-sorted copy of the items for each mode where it pays (sorted on ``threads`` numba threads)."""
@@ -95,10 +104,18 @@ def load_partition(path: str, part: Partition, device: str = "cpu", device_optio
     return data
 
 
-def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Partition], factors: StackedFactors,
-                     mode: int, threads: int = 1, read_ahead: bool | None = None, batch_nnz: int = BATCH_NNZ,
-                     device: str = "cpu", device_options: object | None = None,
-                     max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES, lend_target: bool = False) -> Partial:
+def mttkrp_partition(
+    source: PartitionData | DevicePartitionData | tuple[str, Partition],
+    factors: StackedFactors,
+    mode: int,
+    threads: int = 1,
+    read_ahead: bool | None = None,
+    batch_nnz: int = BATCH_NNZ,
+    device: str = "cpu",
+    device_options: object | None = None,
+    max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES,
+    lend_target: bool = False,
+) -> Partial:
     """Mode-``mode`` MTTKRP of one partition, from decoded data (in-memory mode) or by streaming
     its chunks from the store in batches (streaming mode); with ``device="gpu"`` on this worker's
     GPU (:mod:`tensorflow_ooc.execution.device_stream`). Dense partitions go to the dense kernels
@@ -124,25 +141,54 @@ def mttkrp_partition(source: PartitionData | DevicePartitionData | tuple[str, Pa
     with numba_threads(threads):
         nnz = source.items.nnz.sum() if isinstance(source, PartitionData) else lo_hi.nnz
         sorted_items = source.mode_items.get(mode) if isinstance(source, PartitionData) else None
-        shared = ThreadOutputs.for_items(out, sorted_items, mode, int(nnz), max_private_bytes,
-                                         scratch=factors.views[mode][lo:hi + 1] if lend_target else None)
+        shared = ThreadOutputs.for_items(
+            out,
+            sorted_items,
+            mode,
+            int(nnz),
+            max_private_bytes,
+            scratch=factors.views[mode][lo : hi + 1] if lend_target else None,
+        )
         if isinstance(source, PartitionData):
-            run_items(sorted_items if sorted_items is not None else source.items, source.layout, factors, mode, out,
-                      max_private_bytes=max_private_bytes, out_lo=lo, thread_outputs=shared)
+            run_items(
+                sorted_items if sorted_items is not None else source.items,
+                source.layout,
+                factors,
+                mode,
+                out,
+                max_private_bytes=max_private_bytes,
+                out_lo=lo,
+                thread_outputs=shared,
+            )
         else:
             path, part = source
             store = cached_store(path)
-            for items in stream_batches(store, part.chunk_lo, part.chunk_hi, batch_nnz, read_ahead,
-                                        map_chunks=out.nbytes <= MAP_MAX_OUTPUT_BYTES):
-                run_items(items, store.layout, factors, mode, out, max_private_bytes=max_private_bytes, out_lo=lo,
-                          thread_outputs=shared)
+            for items in stream_batches(
+                store,
+                part.chunk_lo,
+                part.chunk_hi,
+                batch_nnz,
+                read_ahead,
+                map_chunks=out.nbytes <= MAP_MAX_OUTPUT_BYTES,
+            ):
+                run_items(
+                    items,
+                    store.layout,
+                    factors,
+                    mode,
+                    out,
+                    max_private_bytes=max_private_bytes,
+                    out_lo=lo,
+                    thread_outputs=shared,
+                )
         if shared is not None:
             shared.merge()
     return Partial(lo, out, time.perf_counter() - t0)
 
 
-def sampled_partition(source: PartitionData | tuple[str, Partition], samples, mode: int, threads: int = 1,
-                      batch_nnz: int = BATCH_NNZ) -> Partial:
+def sampled_partition(
+    source: PartitionData | tuple[str, Partition], samples, mode: int, threads: int = 1, batch_nnz: int = BATCH_NNZ
+) -> Partial:
     """Mode-``mode`` *sampled* MTTKRP of one partition for randomized CP-ALS:
     ``sum_s w_s X[fiber of sample s] h_s`` over the drawn ``samples`` (a
     :class:`~tensorflow_ooc.kernels.sampling.krp_sampler.SampleSet`). Decoded partitions look fibers up in
@@ -166,8 +212,9 @@ def sampled_partition(source: PartitionData | tuple[str, Partition], samples, mo
             path, part = source
             store = cached_store(path)
             table = SampleTable.build(sample_keys(samples.coords, store.shape, mode))
-            for items in stream_batches(store, part.chunk_lo, part.chunk_hi, batch_nnz,
-                                        read_ahead_pays(threads * worker_threads())):
+            for items in stream_batches(
+                store, part.chunk_lo, part.chunk_hi, batch_nnz, read_ahead_pays(threads * worker_threads())
+            ):
                 sampled_mttkrp_items(items, store.layout, mode, samples.coords, Hw, out, lo, table=table)
     return Partial(lo, out, time.perf_counter() - t0)
 
@@ -188,7 +235,7 @@ def row_slice(partial: Partial, lo: int, hi: int) -> Partial:
     a, b = max(lo, partial.lo), min(hi, partial.lo + partial.rows.shape[0])
     if b <= a:
         return Partial(lo, partial.rows[:0], partial.seconds)
-    return Partial(a, partial.rows[a - partial.lo:b - partial.lo], partial.seconds)
+    return Partial(a, partial.rows[a - partial.lo : b - partial.lo], partial.seconds)
 
 
 def combine(*partials: Partial) -> Partial:
@@ -199,5 +246,5 @@ def combine(*partials: Partial) -> Partial:
     hi = max(p.lo + p.rows.shape[0] for p in some)
     out = np.zeros((hi - lo, partials[0].rows.shape[1]), dtype=partials[0].rows.dtype)
     for p in some:
-        out[p.lo - lo:p.lo - lo + p.rows.shape[0]] += p.rows
+        out[p.lo - lo : p.lo - lo + p.rows.shape[0]] += p.rows
     return Partial(lo, out, max(p.seconds for p in partials))

@@ -80,9 +80,15 @@ def load_coo_partition(path: str, part: Partition) -> CooPartition:
     return CooPartition(part, read_coo(path, part.chunk_lo, part.chunk_hi))
 
 
-def ttm_partition(source: CooPartition | tuple[str, Partition], factors: Sequence[np.ndarray | None], mode: int,
-                  threads: int = 1, batch_nnz: int = BATCH_NNZ, kernel: str | None = None,
-                  device: str = "cpu") -> TTMPartial:
+def ttm_partition(
+    source: CooPartition | tuple[str, Partition],
+    factors: Sequence[np.ndarray | None],
+    mode: int,
+    threads: int = 1,
+    batch_nnz: int = BATCH_NNZ,
+    kernel: str | None = None,
+    device: str = "cpu",
+) -> TTMPartial:
     """``X_p x_{m != mode} U_m^T`` of one partition ``X_p``: from its decoded layouts (in-memory)
     or by streaming its chunks, about ``batch_nnz`` nonzeros at a time, the batches' results
     merged (streaming). With ``device="gpu"`` the sparse TTM that starts each chain runs on this
@@ -98,11 +104,18 @@ def ttm_partition(source: CooPartition | tuple[str, Partition], factors: Sequenc
         per = max(1, int(batch_nnz) // store.chunk_nnz)
         y, layout_s = None, 0.0
         for c in range(part.chunk_lo, part.chunk_hi, per):
-            yb = ttm_chain(read_coo(path, c, min(part.chunk_hi, c + per)), factors, mode, kernel=kernel,
-                           device=device, threads=threads, stats=stats)
+            yb = ttm_chain(
+                read_coo(path, c, min(part.chunk_hi, c + per)),
+                factors,
+                mode,
+                kernel=kernel,
+                device=device,
+                threads=threads,
+                stats=stats,
+            )
             layout_s += stats["layout_seconds"]
             y = yb if y is None else merge(y, yb)
-        if y is None:        # partitions always hold chunks; an empty result keeps the types total
+        if y is None:  # partitions always hold chunks; an empty result keeps the types total
             y = ttm_chain(read_coo(path, 0, 0), factors, mode, kernel=kernel, threads=threads)
     return TTMPartial(y, time.perf_counter() - t0, layout_s)
 
@@ -113,8 +126,17 @@ def merge_partials(*partials: TTMPartial) -> TTMPartial:
     return TTMPartial(y, max(p.seconds for p in partials), max(p.layout_seconds for p in partials))
 
 
-def _ttm_then(update: Callable, source, state, mode: int, threads: int, batch_nnz: int, kernel: str | None,
-              device: str, args: tuple):
+def _ttm_then(
+    update: Callable,
+    source,
+    state,
+    mode: int,
+    threads: int,
+    batch_nnz: int,
+    kernel: str | None,
+    device: str,
+    args: tuple,
+):
     """One task: a partition's TTM chain, then ``update`` on it (see :meth:`TTMGraph.mode_update`)."""
     partial = ttm_partition(source, state.chain_factors(mode), mode, threads, batch_nnz, kernel, device)
     return update(state, [partial], mode, *args)
@@ -142,9 +164,18 @@ class TTMGraph:
         "auto" does so when the cluster has real GPUs.
     """
 
-    def __init__(self, client: Client, path: str, *, execution: str = "auto", partitions: int | None = None,
-                 split_every: int = DEFAULT_SPLIT_EVERY, max_partition_nnz: int = 1 << 26,
-                 kernel: str | None = None, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        client: Client,
+        path: str,
+        *,
+        execution: str = "auto",
+        partitions: int | None = None,
+        split_every: int = DEFAULT_SPLIT_EVERY,
+        max_partition_nnz: int = 1 << 26,
+        kernel: str | None = None,
+        device: str = "cpu",
+    ) -> None:
         if execution not in EXECUTION_MODES:
             raise ValueError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
         self.client = client
@@ -176,13 +207,22 @@ class TTMGraph:
             execution = "in-memory" if budget is None or decoded <= IN_MEMORY_FRACTION * budget else "streaming"
         self.execution = execution
         self.data: list[Future] | None = None
-        log.info("TTM graph: %d partitions on %s, %s execution (decoded %.1f MiB, worker memory %s), %d numba threads "
-                 "per task", len(self.parts), self.device, execution, decoded / 2**20,
-                 "unlimited" if budget is None else f"{budget / 2**20:.0f} MiB", self.numba_threads)
+        log.info(
+            "TTM graph: %d partitions on %s, %s execution (decoded %.1f MiB, worker memory %s), %d numba threads "
+            "per task",
+            len(self.parts),
+            self.device,
+            execution,
+            decoded / 2**20,
+            "unlimited" if budget is None else f"{budget / 2**20:.0f} MiB",
+            self.numba_threads,
+        )
         if execution == "in-memory":
             key = f"tfooc-coo-partition-{self.store.meta['store_id']}-{self.device}-{len(self.parts)}"
-            self.data = [client.submit(load_coo_partition, self.path, p, key=f"{key}-{p.id}", **self.placement)
-                         for p in self.parts]
+            self.data = [
+                client.submit(load_coo_partition, self.path, p, key=f"{key}-{p.id}", **self.placement)
+                for p in self.parts
+            ]
             if not is_inline(client):
                 wait(self.data)
 
@@ -192,9 +232,21 @@ class TTMGraph:
     def partials(self, state: Future, mode: int) -> list[Future]:
         """Submit the mode-``mode`` TTM chain up to the last level of its reduction (at most
         ``split_every`` futures of :class:`TTMPartial`, which the consumer merges)."""
-        parts = [self.client.submit(_ttm_partition_of, src, state, mode, self.numba_threads, self.batch_nnz,
-                                    self.kernel, self.device, pure=False, **self.placement)
-                 for src in self.sources()]
+        parts = [
+            self.client.submit(
+                _ttm_partition_of,
+                src,
+                state,
+                mode,
+                self.numba_threads,
+                self.batch_nnz,
+                self.kernel,
+                self.device,
+                pure=False,
+                **self.placement,
+            )
+            for src in self.sources()
+        ]
         return self.reduce(parts, last=True)
 
     def mode_update(self, state: Future, mode: int, update: Callable, *args) -> Future:
@@ -202,8 +254,20 @@ class TTMGraph:
         one task when there is one partition (the in-process default). Returns ``update``'s future."""
         sources = self.sources()
         if len(sources) == 1:
-            return self.client.submit(_ttm_then, update, sources[0], state, mode, self.numba_threads, self.batch_nnz,
-                                      self.kernel, self.device, args, pure=False, **self.placement)
+            return self.client.submit(
+                _ttm_then,
+                update,
+                sources[0],
+                state,
+                mode,
+                self.numba_threads,
+                self.batch_nnz,
+                self.kernel,
+                self.device,
+                args,
+                pure=False,
+                **self.placement,
+            )
         return self.client.submit(update, state, self.partials(state, mode), mode, *args, pure=False)
 
     def reduce(self, futures: list[Future], last: bool = False) -> list[Future]:
@@ -216,7 +280,8 @@ class TTMGraph:
         self.data = None
 
 
-def _ttm_partition_of(source, state, mode: int, threads: int, batch_nnz: int, kernel: str | None,
-                      device: str) -> TTMPartial:
+def _ttm_partition_of(
+    source, state, mode: int, threads: int, batch_nnz: int, kernel: str | None, device: str
+) -> TTMPartial:
     """:func:`ttm_partition` with the factors of a model state (what the graph passes around)."""
     return ttm_partition(source, state.chain_factors(mode), mode, threads, batch_nnz, kernel, device)

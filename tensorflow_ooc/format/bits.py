@@ -45,7 +45,7 @@ def _pext_portable(x, mask):
     bit = np.uint64(1)
     m = mask
     while m:
-        low = m & (~m + np.uint64(1))       # lowest set bit of the mask
+        low = m & (~m + np.uint64(1))  # lowest set bit of the mask
         if x & low:
             out |= bit
         bit <<= np.uint64(1)
@@ -74,7 +74,7 @@ def _pdep_portable(x, mask):
     bit = np.uint64(1)
     m = mask
     while m:
-        low = m & (~m + np.uint64(1))       # lowest set bit of the mask
+        low = m & (~m + np.uint64(1))  # lowest set bit of the mask
         if x & bit:
             out |= low
         bit <<= np.uint64(1)
@@ -85,4 +85,3 @@ def _pdep_portable(x, mask):
 # pdep(x, mask) scatters the low bits of x, in order, to the set bits of mask (the inverse of pext):
 # one instruction places a mode's index bits at its ALTO positions.
 pdep = _pdep_bmi2 if HAS_BMI2 else _pdep_portable
-

@@ -47,26 +47,29 @@ class BLCOTensor:
         coords = np.empty((self.nnz, self.layout.nmodes), dtype=np.int64)
         for b in range(self.blocks.nblocks):
             s, c = int(self.blocks.start[b]), int(self.blocks.count[b])
-            delinearize(self.index[s:s + c], self.blocks.base[b], self.layout, out=coords[s:s + c])
+            delinearize(self.index[s : s + c], self.blocks.base[b], self.layout, out=coords[s : s + c])
         return coords, self.values
 
 
 def describe_duplicate(keys: np.ndarray, i: int, layout: BitLayout, one_based: bool = False) -> str:
     """Coordinates of the duplicate at sorted position i, for error messages."""
     base = layout.key_to_base(keys[1:, i]) if layout.nwords > 1 else np.zeros(layout.nmodes, np.int64)
-    low = reencode(keys[0, i:i + 1].copy(), layout)
+    low = reencode(keys[0, i : i + 1].copy(), layout)
     coord = delinearize(low, base, layout)[0] + (1 if one_based else 0)
     return f"({', '.join(str(int(c)) for c in coord)})" + (" (1-based)" if one_based else " (0-based)")
 
 
 def duplicate_error(keys: np.ndarray, i: int, layout: BitLayout, one_based: bool = False) -> DuplicateError:
     """The error for a coordinate that appears more than once (sorted position i)."""
-    return DuplicateError(f"duplicate coordinate {describe_duplicate(keys, i, layout, one_based)} appears more "
-                          "than once; pass duplicates='sum' or duplicates='last' to merge duplicates")
+    return DuplicateError(
+        f"duplicate coordinate {describe_duplicate(keys, i, layout, one_based)} appears more "
+        "than once; pass duplicates='sum' or duplicates='last' to merge duplicates"
+    )
 
 
-def sort_nonzeros(keys: np.ndarray, values: np.ndarray, layout: BitLayout, duplicates: str = "error",
-                  one_based_report: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def sort_nonzeros(
+    keys: np.ndarray, values: np.ndarray, layout: BitLayout, duplicates: str = "error", one_based_report: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """Sort ALTO words (with values) and apply the duplicate policy."""
     if duplicates not in DUPLICATE_POLICIES:
         raise ValueError(f"duplicates must be one of {DUPLICATE_POLICIES}, got {duplicates!r}")
@@ -74,8 +77,9 @@ def sort_nonzeros(keys: np.ndarray, values: np.ndarray, layout: BitLayout, dupli
     return apply_duplicates(keys, values, layout, duplicates, one_based_report)
 
 
-def apply_duplicates(keys: np.ndarray, values: np.ndarray, layout: BitLayout, duplicates: str = "error",
-                     one_based_report: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def apply_duplicates(
+    keys: np.ndarray, values: np.ndarray, layout: BitLayout, duplicates: str = "error", one_based_report: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """The duplicate policy on sorted ALTO words: raise, sum or keep the last of each repeat."""
     i = first_duplicate(keys)
     if i >= 0:
@@ -85,8 +89,14 @@ def apply_duplicates(keys: np.ndarray, values: np.ndarray, layout: BitLayout, du
     return keys, values
 
 
-def encode_coo(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], *, duplicates: str = "error",
-               max_block_nnz: int = DEFAULT_MAX_BLOCK_NNZ) -> BLCOTensor:
+def encode_coo(
+    coords: np.ndarray,
+    values: np.ndarray,
+    shape: Sequence[int],
+    *,
+    duplicates: str = "error",
+    max_block_nnz: int = DEFAULT_MAX_BLOCK_NNZ,
+) -> BLCOTensor:
     """Build a BLCO tensor from validated 0-based COO data.
 
     Parameters

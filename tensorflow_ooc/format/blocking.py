@@ -83,10 +83,10 @@ def _key_runs(keys):
 class BlockTable:
     """BLCO blocks: the key (upper ALTO words), first nonzero, nonzero count and per-mode base."""
 
-    key: np.ndarray    # uint64 (nblocks, key_words); key_words = max(1, nwords - 1)
+    key: np.ndarray  # uint64 (nblocks, key_words); key_words = max(1, nwords - 1)
     start: np.ndarray  # int64 (nblocks,)
     count: np.ndarray  # int64 (nblocks,)
-    base: np.ndarray   # int64 (nblocks, nmodes)
+    base: np.ndarray  # int64 (nblocks, nmodes)
 
     @property
     def nblocks(self) -> int:
@@ -95,8 +95,12 @@ class BlockTable:
     @staticmethod
     def empty(layout: BitLayout) -> "BlockTable":
         kw = max(1, layout.nwords - 1)
-        return BlockTable(np.zeros((0, kw), np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64),
-                          np.zeros((0, layout.nmodes), np.int64))
+        return BlockTable(
+            np.zeros((0, kw), np.uint64),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+            np.zeros((0, layout.nmodes), np.int64),
+        )
 
     @staticmethod
     def concat(tables: list["BlockTable"], layout: BitLayout) -> "BlockTable":

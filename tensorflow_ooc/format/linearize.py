@@ -71,7 +71,7 @@ def _decode_alto_pext(alto, is_delta, masks, shift, out):
     seen = np.uint64(0)
     for i in range(alto.shape[0]):
         if is_delta:
-            acc += alto[i]          # wraps like the Delta filter's uint64 differences
+            acc += alto[i]  # wraps like the Delta filter's uint64 differences
         else:
             acc = alto[i]
         seen |= acc
@@ -198,14 +198,27 @@ def chunk_minmax(keys: np.ndarray, layout: BitLayout, chunk_nnz: int) -> tuple[n
     n = keys.shape[1]
     nchunks = -(-n // chunk_nnz)
     split = max(1, min(16, chunk_nnz // 65536))
-    starts = sorted({min(n, c * chunk_nnz + (s * chunk_nnz) // split) for c in range(nchunks) for s in range(split)} | {n})
+    starts = sorted(
+        {min(n, c * chunk_nnz + (s * chunk_nnz) // split) for c in range(nchunks) for s in range(split)} | {n}
+    )
     piece_starts = np.array(starts, dtype=np.int64)
     npieces = piece_starts.shape[0] - 1
     mins = np.empty((npieces, layout.nmodes), dtype=np.int64)
     maxs = np.empty((npieces, layout.nmodes), dtype=np.int64)
     modes, levels = layout.alto_positions
-    _piece_minmax(keys, layout.reencode_table, layout.index_nbytes, layout.field_shift, layout.field_mask,
-                  modes, levels, layout.total_bits, piece_starts, mins, maxs)
+    _piece_minmax(
+        keys,
+        layout.reencode_table,
+        layout.index_nbytes,
+        layout.field_shift,
+        layout.field_mask,
+        modes,
+        levels,
+        layout.total_bits,
+        piece_starts,
+        mins,
+        maxs,
+    )
     owner = piece_starts[:-1] // chunk_nnz
     cmin = np.full((nchunks, layout.nmodes), np.iinfo(np.int64).max, dtype=np.int64)
     cmax = np.full((nchunks, layout.nmodes), -1, dtype=np.int64)

@@ -175,8 +175,9 @@ def _cut_runs(keys, bounds, splits, cuts):
             cuts[s + 1, r] = lo
 
 
-def merge_runs(keys: np.ndarray, bounds: np.ndarray, values: np.ndarray | None = None,
-               parts: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+def merge_runs(
+    keys: np.ndarray, bounds: np.ndarray, values: np.ndarray | None = None, parts: int | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Merge sorted runs into one sorted sequence.
 
     Parameters

@@ -38,7 +38,8 @@ from ..format.merge import merge_runs
 from ..store import DEFAULT_CHUNK_NNZ, Store, StoreWriter, open_store
 from ..store.codecs import DEFAULT_COMPRESSION, check_compression
 from ..tempdirs import clean_stale, make_bucket_dir
-from .memory import limit_heap_growth, rss as _rss, trim
+from .memory import limit_heap_growth, trim
+from .memory import rss as _rss
 from .sources import AltoRunSource, Source, TextSource, as_source
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ def _run_edges(keys, hi, nbits):
     return edges
 
 
-_FRAME = struct.Struct("<4sIQ")   # magic, flags, nonzeros; then one u64 byte count per payload
+_FRAME = struct.Struct("<4sIQ")  # magic, flags, nonzeros; then one u64 byte count per payload
 _MAGIC = b"TFSP"
 _SORTED, _VALUES = 1, 2
 
@@ -139,8 +140,9 @@ class BucketSpill:
     words. A frame that is a sorted run stays one, so a bucket of runs is merged, not sorted.
     """
 
-    def __init__(self, directory: str, nbuckets: int, nwords: int, value_dtype: np.dtype,
-                 with_values: bool = True) -> None:
+    def __init__(
+        self, directory: str, nbuckets: int, nwords: int, value_dtype: np.dtype, with_values: bool = True
+    ) -> None:
         self.dir = directory
         self.nbuckets = nbuckets
         self.nwords = nwords
@@ -162,8 +164,14 @@ class BucketSpill:
             f = self._files[b] = open(self.path(b), "ab")
         return f
 
-    def write(self, bucket: np.ndarray | None, keys: np.ndarray, values: np.ndarray | None,
-              sorted_run: bool = False, hi: int = 0) -> None:
+    def write(
+        self,
+        bucket: np.ndarray | None,
+        keys: np.ndarray,
+        values: np.ndarray | None,
+        sorted_run: bool = False,
+        hi: int = 0,
+    ) -> None:
         """Add nonzeros to their buckets (ALTO bits [hi - log2(nbuckets), hi)). ``bucket``: each
         nonzero's bucket; for a sorted run (``keys`` ascend) None, the edges are searched."""
         if sorted_run:
@@ -212,7 +220,7 @@ class BucketSpill:
             for b in list(self._files):
                 f = self._files.pop(b)
                 try:
-                    f.close()             # flushes the last frames
+                    f.close()  # flushes the last frames
                 except OSError as exc:
                     if not is_disk_full(exc):
                         raise
@@ -245,11 +253,16 @@ class BucketSpill:
                     raise IngestError(f"bucket file {self.path(b)} is damaged (bad frame header)")
                 sizes = self._heads.unpack(f.read(self._heads.size))
                 dest = take(n, flags)
-                keys, vals = dest if dest is not None else (
-                    np.empty((self.nwords, n), dtype=np.uint64),
-                    np.empty(n, dtype=self.value_dtype) if flags & _VALUES else None)
+                keys, vals = (
+                    dest
+                    if dest is not None
+                    else (
+                        np.empty((self.nwords, n), dtype=np.uint64),
+                        np.empty(n, dtype=self.value_dtype) if flags & _VALUES else None,
+                    )
+                )
                 for w in range(self.nwords):
-                    self._decode(f.read(sizes[w]), keys[w], b)   # straight into place
+                    self._decode(f.read(sizes[w]), keys[w], b)  # straight into place
                     if flags & _SORTED:
                         _undelta(keys[w])
                 if flags & _VALUES:
@@ -277,7 +290,7 @@ class BucketSpill:
         def take(n, flags):
             s = bounds[-1]
             bounds.append(s + n)
-            return keys[:, s:s + n], (vals[s:s + n] if vals is not None else None)
+            return keys[:, s : s + n], (vals[s : s + n] if vals is not None else None)
 
         all_sorted = True
         for _, _, srt in self._read_frames(b, take):
@@ -293,11 +306,24 @@ class BucketSpill:
             os.remove(self.path(b))
 
 
-def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | None = None, one_based: bool = True,
-            duplicates: str = "error", chunk_nnz: int | None = None, max_block_nnz: int | None = None,
-            memory_limit: int | None = None, overwrite: bool = False, progress: bool = False,
-            workers: int | None = None, tmp_dir: str | None = None, out_of_core: bool | None = None,
-            sort_nnz: int | None = None, compression: str = DEFAULT_COMPRESSION) -> Store:
+def convert(
+    source: Any,
+    store: str | os.PathLike,
+    *,
+    shape: Sequence[int] | None = None,
+    one_based: bool = True,
+    duplicates: str = "error",
+    chunk_nnz: int | None = None,
+    max_block_nnz: int | None = None,
+    memory_limit: int | None = None,
+    overwrite: bool = False,
+    progress: bool = False,
+    workers: int | None = None,
+    tmp_dir: str | None = None,
+    out_of_core: bool | None = None,
+    sort_nnz: int | None = None,
+    compression: str = DEFAULT_COMPRESSION,
+) -> Store:
     """Convert a sparse tensor into a BLCO Zarr store.
 
     Parameters
@@ -358,10 +384,12 @@ def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | Non
         raise ValueError(f"duplicates must be one of {DUPLICATE_POLICIES}, got {duplicates!r}")
     check_compression(compression)
     from ..store import paths as store_paths
+
     if not overwrite and store_paths.exists(store):
         # before any input is read: parsing a 193 MB file took 12.8 s only to be refused here
-        raise StoreExistsError(f"{store}: a store or file already exists there; pass overwrite=True "
-                               f"(CLI: --overwrite) to replace it")
+        raise StoreExistsError(
+            f"{store}: a store or file already exists there; pass overwrite=True (CLI: --overwrite) to replace it"
+        )
     chunk_nnz = int(chunk_nnz or DEFAULT_CHUNK_NNZ)
     max_block_nnz = int(max_block_nnz or DEFAULT_MAX_BLOCK_NNZ)
     workers = int(workers or os.cpu_count() or 1)
@@ -372,12 +400,13 @@ def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | Non
     else:
         budget = int(memory_limit) - rss0 - (32 << 20)
         if budget < MIN_BUDGET:
-            raise ValueError(f"memory_limit={memory_limit} bytes leaves {max(budget, 0) >> 20} MiB of working memory "
-                             f"beside the {rss0 >> 20} MiB this process already uses; at least "
-                             f"{MIN_BUDGET >> 20} MiB are needed")
+            raise ValueError(
+                f"memory_limit={memory_limit} bytes leaves {max(budget, 0) >> 20} MiB of working memory "
+                f"beside the {rss0 >> 20} MiB this process already uses; at least "
+                f"{MIN_BUDGET >> 20} MiB are needed"
+            )
     # Parse pieces sized so that the in-flight pieces use a quarter of the budget.
-    src0 = as_source(source, shape=shape, one_based=one_based, workers=workers,
-                     piece_bytes=32 << 20)
+    src0 = as_source(source, shape=shape, one_based=one_based, workers=workers, piece_bytes=32 << 20)
     if isinstance(src0, TextSource):
         per_line = _parse_bytes_per_nnz(src0.nmodes, 4) + src0.bytes_per_line
         src0.piece_bytes = int(max(1 << 20, min(8 << 20, budget / 4 / workers / per_line * src0.bytes_per_line)))
@@ -393,12 +422,24 @@ def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | Non
         # coords + values as read, then ALTO words (up to two words assumed) sorted with their values
         in_memory_bytes = est_nnz * (8 * src.nmodes + 8 + 2 * (2 * 8 + 8) + 16)
     fits = in_memory_bytes <= budget if out_of_core is None else not out_of_core
-    log.info("converting %s (%s nonzeros estimated) -> %s, %s", src.name, f"{est_nnz:,}", store,
-             "in memory" if fits else f"out of core (budget {budget >> 20} MiB)")
-    writer_args = {"chunk_nnz": chunk_nnz, "max_block_nnz": max_block_nnz, "overwrite": overwrite,
-                   "compression": compression}
-    attrs = {"input": src.name, "one_based": bool(one_based) if isinstance(src, TextSource) else False,
-             "duplicates": duplicates}
+    log.info(
+        "converting %s (%s nonzeros estimated) -> %s, %s",
+        src.name,
+        f"{est_nnz:,}",
+        store,
+        "in memory" if fits else f"out of core (budget {budget >> 20} MiB)",
+    )
+    writer_args = {
+        "chunk_nnz": chunk_nnz,
+        "max_block_nnz": max_block_nnz,
+        "overwrite": overwrite,
+        "compression": compression,
+    }
+    attrs = {
+        "input": src.name,
+        "one_based": bool(one_based) if isinstance(src, TextSource) else False,
+        "duplicates": duplicates,
+    }
     if not store_paths.is_url(store):
         # half-written stores and bucket folders that killed runs left beside this one
         clean_stale(store_paths.local_path(store).absolute().parent)
@@ -408,8 +449,9 @@ def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | Non
         elif fits:
             result = _convert_in_memory(src, store, given, duplicates, writer_args, progress, attrs)
         else:
-            result = _convert_out_of_core(src, store, given, duplicates, writer_args, progress, attrs, budget,
-                                          tmp_dir, sort_nnz)
+            result = _convert_out_of_core(
+                src, store, given, duplicates, writer_args, progress, attrs, budget, tmp_dir, sort_nnz
+            )
     except DuplicateError as exc:
         if exc.path is None and isinstance(src, TextSource):
             raise DuplicateError(exc.problem, src.path) from None
@@ -417,7 +459,7 @@ def convert(source: Any, store: str | os.PathLike, *, shape: Sequence[int] | Non
     except OSError as exc:
         if isinstance(exc, DiskFullError) or not is_disk_full(exc):
             raise
-        raise disk_full_error(exc, store) from exc      # a write no site below named
+        raise disk_full_error(exc, store) from exc  # a write no site below named
     log.info("converted %s nonzeros in %.2f s", f"{result.nnz:,}", time.perf_counter() - t0)
     return result
 
@@ -431,8 +473,9 @@ def _read_all(src: Source, shape, progress: bool) -> tuple[list[np.ndarray], lis
     coords_parts, value_parts = [], []
     mx = np.full(src.nmodes, -1, dtype=np.int64)
     is_text = isinstance(src, TextSource)
-    with _progress(src.size_bytes() if is_text else src.nnz_estimate(), "parse", "B" if is_text else "nz",
-                   progress and is_text) as bar:
+    with _progress(
+        src.size_bytes() if is_text else src.nnz_estimate(), "parse", "B" if is_text else "nz", progress and is_text
+    ) as bar:
         if is_text:
             for piece in src.pieces(shape):
                 coords_parts.append(piece.coords)
@@ -459,8 +502,8 @@ def _convert_in_memory(src, store, shape, duplicates, writer_args, progress, att
     pos = 0
     while coords_parts:
         c, v = coords_parts.pop(0), value_parts.pop(0)
-        keys[:, pos:pos + c.shape[0]] = alto_words(c, layout)
-        values[pos:pos + c.shape[0]] = v
+        keys[:, pos : pos + c.shape[0]] = alto_words(c, layout)
+        values[pos : pos + c.shape[0]] = v
         pos += c.shape[0]
     keys, values = sort_nonzeros(keys, values, layout, duplicates, one_based_report=attrs["one_based"])
     with StoreWriter(store, layout, src.value_dtype, keys.shape[1], attrs=attrs, **writer_args) as w:
@@ -484,17 +527,18 @@ def _convert_runs_in_memory(src: AltoRunSource, store, duplicates, writer_args, 
                 keys = np.concatenate([keys[:, :s], np.empty((layout.nwords, grow - s), np.uint64)], axis=1)
                 if values is not None:
                     values = np.concatenate([values[:s], np.empty(grow - s, values.dtype)])
-            keys[:, s:s + n] = k
+            keys[:, s : s + n] = k
             if values is not None:
-                values[s:s + n] = v
+                values[s : s + n] = v
             bounds.append(s + n)
             bar.update(n)
     total = bounds[-1]
     if total == 0:
         raise IngestError("input has no nonzeros", src.name)
     t0 = time.perf_counter()
-    keys, values = merge_runs(keys[:, :total], np.array(bounds, dtype=np.int64),
-                              None if values is None else values[:total])
+    keys, values = merge_runs(
+        keys[:, :total], np.array(bounds, dtype=np.int64), None if values is None else values[:total]
+    )
     if values is None:
         values = src.values_of(keys)
     keys, values = apply_duplicates(keys, values, layout, duplicates)
@@ -505,8 +549,9 @@ def _convert_runs_in_memory(src: AltoRunSource, store, duplicates, writer_args, 
     return open_store(path)
 
 
-def _convert_out_of_core(src, store, shape, duplicates, writer_args, progress, attrs, budget, tmp_dir,
-                         sort_nnz) -> Store:
+def _convert_out_of_core(
+    src, store, shape, duplicates, writer_args, progress, attrs, budget, tmp_dir, sort_nnz
+) -> Store:
     runs = isinstance(src, AltoRunSource)
     if runs:
         layout = src.layout
@@ -524,27 +569,34 @@ def _convert_out_of_core(src, store, shape, duplicates, writer_args, progress, a
     bits = min(layout.total_bits, MAX_BUCKET_BITS, max(0, math.ceil(math.log2(max(1, 2 * est / sort_capacity)))))
     nbuckets = 1 << bits
     from ..store import paths as store_paths
+
     if tmp_dir is None:
-        tmp_dir = tempfile.gettempdir() if store_paths.is_url(store) else \
-            str(store_paths.local_path(store).absolute().parent)
+        tmp_dir = (
+            tempfile.gettempdir() if store_paths.is_url(store) else str(store_paths.local_path(store).absolute().parent)
+        )
     if store_paths.is_url(store) or os.path.abspath(tmp_dir) != str(store_paths.local_path(store).absolute().parent):
         clean_stale(tmp_dir)  # bucket folders of killed runs (beside the store: cleaned already)
     workdir = make_bucket_dir(tmp_dir, str(store))
     with_values = not (runs and src.values_of is not None)
     spill = None
-    log.info("partitioning into %d on-disk buckets under %s (sort capacity %s nonzeros%s)", nbuckets, workdir,
-             f"{sort_capacity:,}", "" if with_values else "; values recomputed from the indices, not spilled")
+    log.info(
+        "partitioning into %d on-disk buckets under %s (sort capacity %s nonzeros%s)",
+        nbuckets,
+        workdir,
+        f"{sort_capacity:,}",
+        "" if with_values else "; values recomputed from the indices, not spilled",
+    )
     try:
         try:
             spill = BucketSpill(workdir, nbuckets, layout.nwords, np.dtype(src.value_dtype), with_values=with_values)
             is_text = isinstance(src, TextSource)
             t0 = time.perf_counter()
-            with _progress(src.size_bytes() if is_text else est, "partition", "B" if is_text else "nz",
-                           progress) as bar:
+            with _progress(
+                src.size_bytes() if is_text else est, "partition", "B" if is_text else "nz", progress
+            ) as bar:
                 if runs:
                     for keys, values in src.runs():
-                        spill.write(None, keys, values if with_values else None, sorted_run=True,
-                                    hi=layout.total_bits)
+                        spill.write(None, keys, values if with_values else None, sorted_run=True, hi=layout.total_bits)
                         bar.update(keys.shape[1])
                         del keys, values
                         trim()
@@ -552,8 +604,11 @@ def _convert_out_of_core(src, store, shape, duplicates, writer_args, progress, a
                     batch_nnz = max(16, sort_capacity // 4)
                     for coords, values in src.batches(shape, batch_nnz):
                         keys = alto_words(coords, layout)
-                        bucket = top_bits(keys, layout, layout.total_bits, bits) if bits else \
-                            np.zeros(keys.shape[1], np.int64)
+                        bucket = (
+                            top_bits(keys, layout, layout.total_bits, bits)
+                            if bits
+                            else np.zeros(keys.shape[1], np.int64)
+                        )
                         spill.write(bucket, keys, np.asarray(values, dtype=src.value_dtype))
                         trim()
                         log.debug("partitioned %d nonzeros, rss %d MiB", keys.shape[1], _rss() >> 20)
@@ -572,15 +627,34 @@ def _convert_out_of_core(src, store, shape, duplicates, writer_args, progress, a
         total = int(spill.counts.sum())
         if total == 0:
             raise IngestError("input has no nonzeros", src.name)
-        log.info("partitioned %s nonzeros in %.1f s: %s MiB of buckets, %.2f bytes per nonzero", f"{total:,}",
-                 time.perf_counter() - t0, f"{spill.nbytes.sum() / 2**20:,.1f}", spill.nbytes.sum() / total)
+        log.info(
+            "partitioned %s nonzeros in %.1f s: %s MiB of buckets, %.2f bytes per nonzero",
+            f"{total:,}",
+            time.perf_counter() - t0,
+            f"{spill.nbytes.sum() / 2**20:,.1f}",
+            spill.nbytes.sum() / total,
+        )
         log.debug("partition done: rss %d MiB, bucket sizes %s", _rss() >> 20, spill.counts.tolist())
         values_of = src.values_of if runs else None
-        with StoreWriter(store, layout, src.value_dtype, total, attrs=attrs, flush_chunks=1, **writer_args) as w, \
-                _progress(total, "merge+write" if runs else "sort+write", "nz", progress) as bar:
+        with (
+            StoreWriter(store, layout, src.value_dtype, total, attrs=attrs, flush_chunks=1, **writer_args) as w,
+            _progress(total, "merge+write" if runs else "sort+write", "nz", progress) as bar,
+        ):
             for b in range(nbuckets):
-                _write_bucket(spill, b, int(spill.counts[b]), layout.total_bits - bits, layout, w, duplicates,
-                              sort_capacity, workdir, attrs["one_based"], bar, values_of)
+                _write_bucket(
+                    spill,
+                    b,
+                    int(spill.counts[b]),
+                    layout.total_bits - bits,
+                    layout,
+                    w,
+                    duplicates,
+                    sort_capacity,
+                    workdir,
+                    attrs["one_based"],
+                    bar,
+                    values_of,
+                )
             path = w.commit()
     finally:
         if spill is not None:
@@ -589,8 +663,20 @@ def _convert_out_of_core(src, store, shape, duplicates, writer_args, progress, a
     return open_store(path)
 
 
-def _write_bucket(spill: BucketSpill, b: int, count: int, hi: int, layout: BitLayout, writer: StoreWriter,
-                  duplicates: str, capacity: int, workdir: str, one_based: bool, bar: tqdm, values_of=None) -> None:
+def _write_bucket(
+    spill: BucketSpill,
+    b: int,
+    count: int,
+    hi: int,
+    layout: BitLayout,
+    writer: StoreWriter,
+    duplicates: str,
+    capacity: int,
+    workdir: str,
+    one_based: bool,
+    bar: tqdm,
+    values_of=None,
+) -> None:
     """Order one bucket (bits below ``hi`` still unordered) and append it; split it again if too big.
 
     A bucket of sorted runs is merged; anything else is radix sorted. ``values_of`` computes the
@@ -622,22 +708,40 @@ def _write_bucket(spill: BucketSpill, b: int, count: int, hi: int, layout: BitLa
         bar.update(count)
         return
     bits = min(hi, MAX_BUCKET_BITS, max(1, math.ceil(math.log2(2 * count / capacity))))
-    log.debug("bucket of %d nonzeros exceeds the sort capacity %d: splitting on ALTO bits [%d, %d)",
-              count, capacity, hi - bits, hi)
+    log.debug(
+        "bucket of %d nonzeros exceeds the sort capacity %d: splitting on ALTO bits [%d, %d)",
+        count,
+        capacity,
+        hi - bits,
+        hi,
+    )
     subdir = tempfile.mkdtemp(prefix=f"b{b}-", dir=workdir)
     sub = BucketSpill(subdir, 1 << bits, layout.nwords, spill.value_dtype, with_values=spill.with_values)
     try:
         for keys, values, sorted_run in spill.frames(b):
             # a sorted frame split on lower bits gives sorted pieces: runs stay runs
-            sub.write(None if sorted_run else top_bits(keys, layout, hi, bits), keys, values, sorted_run=sorted_run,
-                      hi=hi)
+            sub.write(
+                None if sorted_run else top_bits(keys, layout, hi, bits), keys, values, sorted_run=sorted_run, hi=hi
+            )
         spill.discard(b)
         sub.close()
     finally:
         sub.abandon()
     for s in range(1 << bits):
-        _write_bucket(sub, s, int(sub.counts[s]), hi - bits, layout, writer, duplicates, capacity, subdir,
-                      one_based, bar, values_of)
+        _write_bucket(
+            sub,
+            s,
+            int(sub.counts[s]),
+            hi - bits,
+            layout,
+            writer,
+            duplicates,
+            capacity,
+            subdir,
+            one_based,
+            bar,
+            values_of,
+        )
     shutil.rmtree(subdir, ignore_errors=True)
 
 

@@ -46,8 +46,10 @@ class Source:
 
 # --- in-memory arrays -----------------------------------------------------------------------------
 
-def validate_coo(coords: np.ndarray, values: np.ndarray, shape: Sequence[int] | None, offset: int = 0,
-                 name: str = "coords") -> None:
+
+def validate_coo(
+    coords: np.ndarray, values: np.ndarray, shape: Sequence[int] | None, offset: int = 0, name: str = "coords"
+) -> None:
     """Check 0-based COO arrays; messages name the row and column."""
     if (coords < 0).any():
         r, c = np.argwhere(coords < 0)[0]
@@ -57,8 +59,9 @@ def validate_coo(coords: np.ndarray, values: np.ndarray, shape: Sequence[int] | 
         bad = coords >= lim
         if bad.any():
             r, c = np.argwhere(bad)[0]
-            raise IndexRangeError(f"{name}[{offset + r}, {c}] = {coords[r, c]} is beyond the shape "
-                                  f"(mode {c} has length {lim[c]})")
+            raise IndexRangeError(
+                f"{name}[{offset + r}, {c}] = {coords[r, c]} is beyond the shape (mode {c} has length {lim[c]})"
+            )
     if values.dtype.kind == "f" and not np.isfinite(values).all():
         r = int(np.flatnonzero(~np.isfinite(values))[0])
         raise NonFiniteValueError(f"values[{offset + r}] = {values[r]} is not finite")
@@ -76,16 +79,22 @@ class ArraySource(Source):
         if coords.ndim != 2:
             raise ShapeError(f"{name} must be a 2-D array (nnz, nmodes), got shape {coords.shape}")
         if coords.dtype.kind not in "iu":
-            if coords.dtype.kind == "f" and coords.size and np.array_equal(coords, np.round(coords)) \
-                    and np.isfinite(coords).all():
+            if (
+                coords.dtype.kind == "f"
+                and coords.size
+                and np.array_equal(coords, np.round(coords))
+                and np.isfinite(coords).all()
+            ):
                 coords = coords.astype(np.int64)
             else:
                 raise ShapeError(f"{name} must hold integers, got dtype {coords.dtype}")
         if values.ndim == 2 and values.shape[1] == 1:
             values = values[:, 0]
         if values.ndim != 1 or values.shape[0] != coords.shape[0]:
-            raise ShapeError(f"values must be 1-D with one entry per row of {name}: {name} has "
-                             f"{coords.shape[0]} rows, values has shape {values.shape}")
+            raise ShapeError(
+                f"values must be 1-D with one entry per row of {name}: {name} has "
+                f"{coords.shape[0]} rows, values has shape {values.shape}"
+            )
         if values.dtype.kind not in "fiub":
             raise ShapeError(f"values must be numeric, got dtype {values.dtype}")
         if coords.shape[0] == 0:
@@ -108,7 +117,7 @@ class ArraySource(Source):
         n = self.coords.shape[0]
         step = batch_nnz or n
         for s in range(0, n, step):
-            c, v = self.coords[s:s + step], self.values[s:s + step]
+            c, v = self.coords[s : s + step], self.values[s : s + step]
             validate_coo(c, v, shape, offset=s, name=self.name)
             yield c, v.astype(self.value_dtype, copy=False)
 
@@ -116,8 +125,15 @@ class ArraySource(Source):
 class BatchSource(Source):
     """An iterable of ``(coords, values)`` batches (for example the synthetic generator)."""
 
-    def __init__(self, batches: Iterable[Batch], nmodes: int, shape: Sequence[int] | None, nnz_hint: int,
-                 value_dtype: Any = np.float64, name: str = "batches") -> None:
+    def __init__(
+        self,
+        batches: Iterable[Batch],
+        nmodes: int,
+        shape: Sequence[int] | None,
+        nnz_hint: int,
+        value_dtype: Any = np.float64,
+        name: str = "batches",
+    ) -> None:
         self._batches = batches
         self.nmodes = nmodes
         self.given_shape = None if shape is None else tuple(int(s) for s in shape)
@@ -181,8 +197,15 @@ class AltoRunSource(Source):
         spills only the words and asks for the values after the merge.
     """
 
-    def __init__(self, runs: Iterable[tuple[np.ndarray, np.ndarray | None]], shape: Sequence[int], nnz_hint: int,
-                 values_of=None, value_dtype: Any = np.float64, name: str = "ALTO runs") -> None:
+    def __init__(
+        self,
+        runs: Iterable[tuple[np.ndarray, np.ndarray | None]],
+        shape: Sequence[int],
+        nnz_hint: int,
+        values_of=None,
+        value_dtype: Any = np.float64,
+        name: str = "ALTO runs",
+    ) -> None:
         from ..format import BitLayout
 
         self._runs = runs
@@ -209,8 +232,10 @@ class AltoRunSource(Source):
         for k, (keys, values) in enumerate(self._runs):
             keys = np.asarray(keys)
             if keys.dtype != np.uint64 or keys.ndim != 2 or keys.shape[0] != self.layout.nwords:
-                raise ShapeError(f"{self.name}: a run must be uint64 ALTO words of shape ({self.layout.nwords}, n) "
-                                 f"for shape {self.layout.shape}, got {keys.dtype} {keys.shape}")
+                raise ShapeError(
+                    f"{self.name}: a run must be uint64 ALTO words of shape ({self.layout.nwords}, n) "
+                    f"for shape {self.layout.shape}, got {keys.dtype} {keys.shape}"
+                )
             if values is None and self.values_of is None:
                 raise IngestError(f"{self.name}: a run without values needs values_of")
             if values is not None:
@@ -225,8 +250,10 @@ class AltoRunSource(Source):
                     raise ValueRangeError(f"{self.name}: value {r} of run {k}: {range_problem(float(values[r]))}")
             bad = int(_first_unsorted(keys, np.uint64(self.layout.total_bits % 64)))
             if bad >= 0:
-                raise IngestError(f"{self.name}: run {k} is not ascending, or sets bits beyond the shape's "
-                                  f"{self.layout.total_bits}, at column {bad}")
+                raise IngestError(
+                    f"{self.name}: run {k} is not ascending, or sets bits beyond the shape's "
+                    f"{self.layout.total_bits}, at column {bad}"
+                )
             if keys.shape[1]:
                 yield keys, values
 
@@ -241,11 +268,18 @@ class AltoRunSource(Source):
 
 # --- text files -----------------------------------------------------------------------------------
 
+
 class TextSource(Source):
     """A FROSTT ``.tns`` or ``.tns.gz`` file (gzip detected by content)."""
 
-    def __init__(self, path: str | os.PathLike, one_based: bool = True, shape: Sequence[int] | None = None,
-                 workers: int = 2, piece_bytes: int = 32 << 20) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        one_based: bool = True,
+        shape: Sequence[int] | None = None,
+        workers: int = 2,
+        piece_bytes: int = 32 << 20,
+    ) -> None:
         self.path = str(path)
         self.name = self.path
         if not os.path.exists(self.path):
@@ -287,8 +321,7 @@ class TextSource(Source):
         """Parsed pieces in file order (each with its per-mode max index)."""
         lim = np.full(self.nmodes, -1, dtype=np.int64) if shape is None else np.asarray(shape, dtype=np.int64)
         empty = True
-        for piece in tns_reader.parse_file(self.path, self.nmodes, self.one_based, lim, self.piece_bytes,
-                                           self.workers):
+        for piece in tns_reader.parse_file(self.path, self.nmodes, self.one_based, lim, self.piece_bytes, self.workers):
             if piece.coords.shape[0]:
                 empty = False
                 yield piece
@@ -302,8 +335,9 @@ class TextSource(Source):
         return tuple(int(m) + 1 for m in mx)
 
 
-def as_source(source: Any, *, shape: Sequence[int] | None, one_based: bool, workers: int = 2,
-              piece_bytes: int = 32 << 20) -> Source:
+def as_source(
+    source: Any, *, shape: Sequence[int] | None, one_based: bool, workers: int = 2, piece_bytes: int = 32 << 20
+) -> Source:
     """Wrap any supported input: path, (coords, values), sparse.COO, scipy.sparse, pyttb.sptensor."""
     if isinstance(source, Source):
         return source
@@ -319,7 +353,10 @@ def as_source(source: Any, *, shape: Sequence[int] | None, one_based: bool, work
         coo = source.tocoo()
         return ArraySource(np.stack([coo.row, coo.col], axis=1), coo.data, shape or coo.shape, name="scipy COO coords")
     if mod.startswith("pyttb") and hasattr(source, "subs") and hasattr(source, "vals"):
-        return ArraySource(np.asarray(source.subs), np.asarray(source.vals).ravel(), shape or source.shape,
-                           name="sptensor subs")
-    raise TypeError(f"unsupported source type {type(source).__name__}: pass a .tns path, (coords, values), "
-                    "sparse.COO, a scipy.sparse matrix or a pyttb.sptensor")
+        return ArraySource(
+            np.asarray(source.subs), np.asarray(source.vals).ravel(), shape or source.shape, name="sptensor subs"
+        )
+    raise TypeError(
+        f"unsupported source type {type(source).__name__}: pass a .tns path, (coords, values), "
+        "sparse.COO, a scipy.sparse matrix or a pyttb.sptensor"
+    )

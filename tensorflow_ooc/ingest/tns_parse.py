@@ -23,7 +23,7 @@ ERR_INDEX_OVERFLOW = 6
 #: largest index a line may hold (int64); mode lengths must stay below 2^63
 INDEX_MAX = 2**63 - 1
 
-_POW10 = np.array([10.0 ** k for k in range(23)], dtype=np.float64)
+_POW10 = np.array([10.0**k for k in range(23)], dtype=np.float64)
 
 SPACE, TAB, CR, NL, HASH = 32, 9, 13, 10, 35
 
@@ -116,14 +116,21 @@ def parse_tns(buf, nmodes, one_based, shape, coords, values, slow):
                         a, b, c = _lower(buf[i]), _lower(buf[i + 1]), _lower(buf[i + 2])
                         ok = (a == 110 and b == 97 and c == 110) or (a == 105 and b == 110 and c == 102)
                     elif L == 8:
-                        ok = _lower(buf[i]) == 105 and _lower(buf[i + 1]) == 110 and _lower(buf[i + 2]) == 102 \
-                            and _lower(buf[i + 3]) == 105 and _lower(buf[i + 4]) == 110 \
-                            and _lower(buf[i + 5]) == 105 and _lower(buf[i + 6]) == 116 and _lower(buf[i + 7]) == 121
+                        ok = (
+                            _lower(buf[i]) == 105
+                            and _lower(buf[i + 1]) == 110
+                            and _lower(buf[i + 2]) == 102
+                            and _lower(buf[i + 3]) == 105
+                            and _lower(buf[i + 4]) == 110
+                            and _lower(buf[i + 5]) == 105
+                            and _lower(buf[i + 6]) == 116
+                            and _lower(buf[i + 7]) == 121
+                        )
                     if ok:
                         return row, nslow, line, ERR_NONFINITE, line, col + 1
                     return row, nslow, line, ERR_TOKEN, line, col + 1
                 mant = np.int64(0)
-                sig = 0          # significant digits kept in mant
+                sig = 0  # significant digits kept in mant
                 exp10 = 0
                 ndigits = 0
                 exact = True

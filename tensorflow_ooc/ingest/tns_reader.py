@@ -28,12 +28,12 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 @dataclass
 class ParsedPiece:
-    coords: np.ndarray   # int64 (rows, nmodes), 0-based
-    values: np.ndarray   # float64 (rows,)
-    lines: int           # lines in the piece (for global line numbers)
+    coords: np.ndarray  # int64 (rows, nmodes), 0-based
+    values: np.ndarray  # float64 (rows,)
+    lines: int  # lines in the piece (for global line numbers)
     error: tuple | None  # (code, line in piece, column, token text)
     nbytes: int
-    max: np.ndarray      # int64 (nmodes,) largest index per mode, -1 if empty
+    max: np.ndarray  # int64 (nmodes,) largest index per mode, -1 if empty
 
 
 def is_gzip(path: str | os.PathLike) -> bool:
@@ -54,8 +54,11 @@ def detect_nmodes(path: str | os.PathLike) -> int:
                 if text:
                     ncols = len(text.split())
                     if ncols < 3:
-                        raise ParseError(f"first data line has {ncols} column(s); a .tns line needs at least "
-                                         "2 indices and a value", path, lineno)
+                        raise ParseError(
+                            f"first data line has {ncols} column(s); a .tns line needs at least 2 indices and a value",
+                            path,
+                            lineno,
+                        )
                     return ncols - 1
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise ParseError(f"gzip stream is truncated or corrupt ({exc})", path) from exc
@@ -115,8 +118,9 @@ def _token(buf: np.ndarray, line: int, col: int) -> tuple[str, int]:
     return tok, len(toks)
 
 
-def raise_piece_error(path: str, first_line: int, nmodes: int, one_based: bool, shape: np.ndarray,
-                      error: tuple) -> None:
+def raise_piece_error(
+    path: str, first_line: int, nmodes: int, one_based: bool, shape: np.ndarray, error: tuple
+) -> None:
     code, line, col, tok, ntoks = error
     where = dict(path=path, line=first_line + line - 1)
     field = f"column {col}"
@@ -127,14 +131,16 @@ def raise_piece_error(path: str, first_line: int, nmodes: int, one_based: bool, 
         kind = "an integer index" if col <= nmodes else "a number"
         raise ParseError(f"{field}: token {tok!r} is not {kind}", **where)
     if code == P.ERR_INDEX_OVERFLOW:
-        raise IndexRangeError(f"{field}: index {tok!r} is too large: indices must be at most 2^63 - 1 "
-                              f"({P.INDEX_MAX:,})", **where)
+        raise IndexRangeError(
+            f"{field}: index {tok!r} is too large: indices must be at most 2^63 - 1 ({P.INDEX_MAX:,})", **where
+        )
     if code == P.ERR_INDEX_LOW:
         base = "1-based data: indices start at 1" if one_based else "0-based data: indices start at 0"
         raise IndexRangeError(f"{field}: index {tok} is out of range ({base})", **where)
     if code == P.ERR_INDEX_HIGH:
-        raise IndexRangeError(f"{field}: index {tok} is beyond the given shape (mode {col - 1} has length "
-                              f"{int(shape[col - 1])})", **where)
+        raise IndexRangeError(
+            f"{field}: index {tok} is beyond the given shape (mode {col - 1} has length {int(shape[col - 1])})", **where
+        )
     if code == P.ERR_NONFINITE:
         raise NonFiniteValueError(f"{field}: value {tok!r} is not finite", **where)
     if code == ERR_VALUE_RANGE:
@@ -143,6 +149,7 @@ def raise_piece_error(path: str, first_line: int, nmodes: int, one_based: bool, 
 
 
 # --- pieces ---------------------------------------------------------------------------------------
+
 
 def _read_range(path: str, start: int, stop: int, size: int) -> np.ndarray:
     """Bytes of the lines that start in [start, stop)."""
@@ -155,7 +162,7 @@ def _read_range(path: str, start: int, stop: int, size: int) -> np.ndarray:
                 cut = data.find(b"\n")
                 if cut < 0:
                     return np.zeros(0, dtype=np.uint8)
-                del data[:cut + 1]
+                del data[: cut + 1]
         else:
             data = bytearray(f.read(stop))
         if stop < size and (not data or data[-1:] != b"\n"):
@@ -165,7 +172,7 @@ def _read_range(path: str, start: int, stop: int, size: int) -> np.ndarray:
                     break
                 cut = more.find(b"\n")
                 if cut >= 0:
-                    data += more[:cut + 1]
+                    data += more[: cut + 1]
                     break
                 data += more
     return np.frombuffer(bytes(data), dtype=np.uint8)
@@ -184,8 +191,8 @@ def _gzip_pieces(path: str, piece_bytes: int) -> Iterator[np.ndarray]:
                 if cut < 0:
                     carry = data
                     continue
-                carry = data[cut + 1:]
-                yield np.frombuffer(data[:cut + 1], dtype=np.uint8)
+                carry = data[cut + 1 :]
+                yield np.frombuffer(data[: cut + 1], dtype=np.uint8)
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise ParseError(f"gzip stream is truncated or corrupt ({exc})", path) from exc
     if carry:
@@ -204,8 +211,9 @@ def piece_tasks(path: str, piece_bytes: int) -> Iterator[Callable[[], np.ndarray
         yield lambda s=start, e=stop: _read_range(path, s, e, size)
 
 
-def parse_file(path: str | os.PathLike, nmodes: int, one_based: bool, shape: np.ndarray, piece_bytes: int,
-               workers: int) -> Iterator[ParsedPiece]:
+def parse_file(
+    path: str | os.PathLike, nmodes: int, one_based: bool, shape: np.ndarray, piece_bytes: int, workers: int
+) -> Iterator[ParsedPiece]:
     """Parse a text tensor in parallel, yielding pieces in file order; raises on the first bad line.
 
     At most ``workers`` pieces are in flight, so memory stays near ``workers * piece_bytes`` plus

@@ -33,8 +33,11 @@ def range_problem(value: float, text: str | None = None) -> str:
     """Why ``value`` (written ``text`` in the input, when known) is refused, and what to do about it."""
     shown = text if text is not None else repr(value)
     if abs(value) > SQUARE_MAX:
-        return (f"value {shown} is too large: its square overflows float64 (magnitudes must stay below "
-                f"{SQUARE_MAX:.4g} so that ||X||^2 and the fit are finite); rescale the data")
-    return (f"value {shown} is subnormal (below float64's smallest normal number {NORMAL_MIN:.4g}): its square "
-            f"is 0, so it cannot contribute to ||X|| or the fit; rescale the data or drop it")
-
+        return (
+            f"value {shown} is too large: its square overflows float64 (magnitudes must stay below "
+            f"{SQUARE_MAX:.4g} so that ||X||^2 and the fit are finite); rescale the data"
+        )
+    return (
+        f"value {shown} is subnormal (below float64's smallest normal number {NORMAL_MIN:.4g}): its square "
+        f"is 0, so it cannot contribute to ||X|| or the fit; rescale the data or drop it"
+    )

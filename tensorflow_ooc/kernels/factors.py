@@ -19,11 +19,11 @@ def _aligned(shape: Sequence[int] | int, dtype: Any, alloc) -> np.ndarray:
     dtype = np.dtype(dtype)
     shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(s) for s in shape)
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes == 0:         # nothing to place (NumPy gives empty views a pointer of its own)
+    if nbytes == 0:  # nothing to place (NumPy gives empty views a pointer of its own)
         return alloc(shape, dtype=dtype)
     raw = alloc(nbytes + ALIGN_BYTES, dtype=np.uint8)
     off = (-raw.ctypes.data) % ALIGN_BYTES
-    return raw[off:off + nbytes].view(dtype).reshape(shape)
+    return raw[off : off + nbytes].view(dtype).reshape(shape)
 
 
 def aligned_empty(shape: Sequence[int] | int, dtype: Any = np.float64) -> np.ndarray:
@@ -68,7 +68,7 @@ class StackedFactors:
         if data.shape != (total, self.rank) or not data.flags.c_contiguous:
             raise ValueError(f"stacked factor data must be C-contiguous with shape {(total, self.rank)}")
         self.data = data
-        self.views = [data[o:o + s] for o, s in zip(self.offsets.tolist(), self.shape)]
+        self.views = [data[o : o + s] for o, s in zip(self.offsets.tolist(), self.shape)]
 
     @property
     def dtype(self) -> np.dtype:

@@ -41,8 +41,15 @@ def prefetch_row(typingctx, arr, row):
         # one hint per cache line of the row: rank 16 in float64 is two lines
         nbytes = builder.mul(ncols, context.get_constant(types.intp, itemsize))
         with cgutils.for_range_slice(builder, zero, nbytes, context.get_constant(types.intp, CACHE_LINE)) as (off, _):
-            builder.call(fn, [builder.gep(base, [off]), ir.Constant(ir.IntType(32), 0),
-                              ir.Constant(ir.IntType(32), 3), ir.Constant(ir.IntType(32), 1)])
+            builder.call(
+                fn,
+                [
+                    builder.gep(base, [off]),
+                    ir.Constant(ir.IntType(32), 0),
+                    ir.Constant(ir.IntType(32), 3),
+                    ir.Constant(ir.IntType(32), 1),
+                ],
+            )
         return context.get_dummy_value()
 
     return sig, codegen

@@ -21,8 +21,13 @@ import tempfile
 from pathlib import Path
 
 CCS = ((8, 0), (9, 0))
-INTRINSICS = {"shfl": r"\bshfl\.sync", "match": r"\bmatch\.any\.sync", "vote": r"\bvote\.sync",
-              "atom": r"\batom\.(global|shared)", "red": r"\bred\.(global|shared)"}
+INTRINSICS = {
+    "shfl": r"\bshfl\.sync",
+    "match": r"\bmatch\.any\.sync",
+    "vote": r"\bvote\.sync",
+    "atom": r"\batom\.(global|shared)",
+    "red": r"\bred\.(global|shared)",
+}
 
 
 def find_ptxas() -> str | None:
@@ -50,21 +55,21 @@ def variants() -> list[tuple[str, object, object]]:
         for dtype in ("float64", "float32"):
             for exchange in ("intrinsics", "shared"):
                 configs.append(KernelConfig.for_rank(3, 32, conflict, exchange, dtype))
-        configs.append(KernelConfig.for_rank(3, 16, conflict, "intrinsics", "float64"))    # 2 nonzeros a warp
-        configs.append(KernelConfig.for_rank(3, 8, conflict, "intrinsics", "float32"))     # 4 nonzeros a warp
-        configs.append(KernelConfig.for_rank(3, 64, conflict, "intrinsics", "float64"))    # R 33..64
-        configs.append(KernelConfig.for_rank(3, 128, conflict, "intrinsics", "float32"))   # R 97..128
+        configs.append(KernelConfig.for_rank(3, 16, conflict, "intrinsics", "float64"))  # 2 nonzeros a warp
+        configs.append(KernelConfig.for_rank(3, 8, conflict, "intrinsics", "float32"))  # 4 nonzeros a warp
+        configs.append(KernelConfig.for_rank(3, 64, conflict, "intrinsics", "float64"))  # R 33..64
+        configs.append(KernelConfig.for_rank(3, 128, conflict, "intrinsics", "float32"))  # R 97..128
         for n in range(4, 9):
             configs.append(KernelConfig.for_rank(n, 32, conflict, "intrinsics", "float64"))
     for cfg in configs:
-        name = (f"mttkrp N={cfg.nmodes} R<={cfg.lanes * cfg.rank_chunks} {cfg.conflict} {cfg.dtype} "
-                f"{cfg.exchange}")
+        name = f"mttkrp N={cfg.nmodes} R<={cfg.lanes * cfg.rank_chunks} {cfg.conflict} {cfg.dtype} {cfg.exchange}"
         out.append((name, kernel_source(cfg), ptx_signature(cfg)))
     from numba import float32, float64, types
 
     for ft in (float64, float32):
-        out.append((f"merge_copies {ft}", merge_copies_kernel,
-                    types.void(types.Array(ft, 3, "C"), types.Array(ft, 2, "C"))))
+        out.append(
+            (f"merge_copies {ft}", merge_copies_kernel, types.void(types.Array(ft, 3, "C"), types.Array(ft, 2, "C")))
+        )
     for name, (fn, sig) in kernel_sources().items():
         out.append((f"decode {name}", fn, sig))
     from .ttm.gpu import ptx_variants as ttm_variants
@@ -83,8 +88,11 @@ def _ptxas(ptxas: str, ptx: str, cc: tuple[int, int]) -> dict:
     with tempfile.TemporaryDirectory() as d:
         src = Path(d) / "k.ptx"
         src.write_text(ptx)
-        res = subprocess.run([ptxas, "-v", f"-arch=sm_{cc[0]}{cc[1]}", str(src), "-o", str(Path(d) / "k.cubin")],
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            [ptxas, "-v", f"-arch=sm_{cc[0]}{cc[1]}", str(src), "-o", str(Path(d) / "k.cubin")],
+            capture_output=True,
+            text=True,
+        )
     if res.returncode != 0:
         return {"error": res.stderr.strip()[-2000:]}
     text = res.stderr
@@ -93,8 +101,13 @@ def _ptxas(ptxas: str, ptx: str, cc: tuple[int, int]) -> dict:
     spill_ld = [int(x) for x in re.findall(r"(\d+) bytes spill loads", text)]
     smem = [int(x) for x in re.findall(r"(\d+) bytes smem", text)]
     stack = [int(x) for x in re.findall(r"(\d+) bytes stack frame", text)]
-    return {"registers": max(regs, default=0), "spill_store_bytes": sum(spill_st), "spill_load_bytes": sum(spill_ld),
-            "smem_bytes": max(smem, default=0), "stack_bytes": max(stack, default=0)}
+    return {
+        "registers": max(regs, default=0),
+        "spill_store_bytes": sum(spill_st),
+        "spill_load_bytes": sum(spill_ld),
+        "smem_bytes": max(smem, default=0),
+        "stack_bytes": max(stack, default=0),
+    }
 
 
 def report() -> list[dict]:
@@ -110,20 +123,27 @@ def report() -> list[dict]:
     for name, fn, sig in variants():
         for cc in CCS:
             ptx, _ = cuda.compile_ptx(fn, sig, cc=cc)
-            row = {"variant": name, "cc": f"{cc[0]}.{cc[1]}",
-                   "intrinsics": sorted(k for k, pat in INTRINSICS.items() if re.search(pat, ptx))}
+            row = {
+                "variant": name,
+                "cc": f"{cc[0]}.{cc[1]}",
+                "intrinsics": sorted(k for k, pat in INTRINSICS.items() if re.search(pat, ptx)),
+            }
             row.update(_ptxas(ptxas, ptx, cc) if ptxas else {"error": "ptxas not found"})
             rows.append(row)
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| variant | cc | registers | spills (st/ld B) | stack B | smem B | PTX intrinsics |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| variant | cc | registers | spills (st/ld B) | stack B | smem B | PTX intrinsics |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['variant']} | {r['cc']} | {r.get('registers', '-')} | "
-                     f"{r.get('spill_store_bytes', '-')}/{r.get('spill_load_bytes', '-')} | {r.get('stack_bytes', '-')} | "
-                     f"{r.get('smem_bytes', '-')} | {', '.join(r['intrinsics'])} |")
+        lines.append(
+            f"| {r['variant']} | {r['cc']} | {r.get('registers', '-')} | "
+            f"{r.get('spill_store_bytes', '-')}/{r.get('spill_load_bytes', '-')} | {r.get('stack_bytes', '-')} | "
+            f"{r.get('smem_bytes', '-')} | {', '.join(r['intrinsics'])} |"
+        )
     return "\n".join(lines)
 
 

@@ -27,8 +27,12 @@ from .plugin import MonitorPlugin, attach
 
 
 @click.command(name="tfooc-monitoring")
-@click.option("--tfooc-storage", multiple=True, metavar="ROOT",
-              help="storage root whose run records the tfooc page lists (repeatable; default $TFOOC_STORAGE)")
+@click.option(
+    "--tfooc-storage",
+    multiple=True,
+    metavar="ROOT",
+    help="storage root whose run records the tfooc page lists (repeatable; default $TFOOC_STORAGE)",
+)
 def dask_setup(dask_server: Any, tfooc_storage: tuple[str, ...] = ()) -> None:
     """Dask preload hook: ``dask scheduler --preload tensorflow_ooc.monitoring``.
 

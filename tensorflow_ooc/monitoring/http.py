@@ -60,9 +60,14 @@ class RunsHandler(_Handler):
     async def get(self) -> None:
         state = _state(self.server)
         limit = int(self.get_argument("limit", "50"))
-        self.json({"scheduler": self.server.address, "time": time.time(),
-                   "storage": [] if state is None else list(state.roots),
-                   "runs": [] if state is None else await _off_loop(state.runs, limit)})
+        self.json(
+            {
+                "scheduler": self.server.address,
+                "time": time.time(),
+                "storage": [] if state is None else list(state.roots),
+                "runs": [] if state is None else await _off_loop(state.runs, limit),
+            }
+        )
 
 
 class RunHandler(_Handler):
@@ -79,8 +84,11 @@ class RunHandler(_Handler):
 
 def routes(scheduler: Any) -> list[tuple[str, type, dict]]:
     kw = {"dask_server": scheduler}
-    return [(PAGE_PATH + "/?", PageHandler, kw), (PAGE_PATH + "/runs.json", RunsHandler, kw),
-            (PAGE_PATH + r"/runs/([^/]+)\.json", RunHandler, kw)]
+    return [
+        (PAGE_PATH + "/?", PageHandler, kw),
+        (PAGE_PATH + "/runs.json", RunsHandler, kw),
+        (PAGE_PATH + r"/runs/([^/]+)\.json", RunHandler, kw),
+    ]
 
 
 def install_routes(scheduler: Any) -> bool:
@@ -106,7 +114,7 @@ def _add_to_navbar(scheduler: Any) -> None:
         pages = template_variables(scheduler)["pages"]
         if "tfooc" not in pages:
             pages.append("tfooc")
-    except Exception as exc:          # no bokeh, or a dashboard whose templates differ: the route works anyway
+    except Exception as exc:  # no bokeh, or a dashboard whose templates differ: the route works anyway
         log.debug("tfooc page not added to the dashboard's navigation: %s", exc)
 
 

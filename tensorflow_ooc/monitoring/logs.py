@@ -40,7 +40,9 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "time": datetime.fromtimestamp(record.created, UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -96,7 +98,7 @@ def make_handler(log_format: str = "text", stream: TextIO | None = None) -> logg
         raise ValueError(f"log format must be one of {LOG_FORMATS}, got {log_format!r}")
     h = TqdmHandler(stream)
     h.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT, "%H:%M:%S"))
-    h._tfooc_cli = True      # type: ignore[attr-defined]   # replaced, not stacked, when set up again
+    h._tfooc_cli = True  # type: ignore[attr-defined]   # replaced, not stacked, when set up again
     return h
 
 

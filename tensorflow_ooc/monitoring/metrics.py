@@ -65,10 +65,10 @@ class TfoocCollector:
         fit = GaugeMetricFamily("tfooc_fit", "CP-ALS fit after the latest iteration", labels=lab)
         dfit = GaugeMetricFamily("tfooc_fit_change", "change of the fit in the latest iteration", labels=lab)
         secs = GaugeMetricFamily("tfooc_iteration_seconds", "seconds of the latest CP-ALS iteration", labels=lab)
-        mttkrp = GaugeMetricFamily("tfooc_mttkrp_seconds", "MTTKRP seconds per mode in the latest iteration",
-                                   labels=lab + ["mode"])
-        rate = GaugeMetricFamily("tfooc_nnz_per_second", "nonzero-modes per second in the latest iteration",
-                                 labels=lab)
+        mttkrp = GaugeMetricFamily(
+            "tfooc_mttkrp_seconds", "MTTKRP seconds per mode in the latest iteration", labels=lab + ["mode"]
+        )
+        rate = GaugeMetricFamily("tfooc_nnz_per_second", "nonzero-modes per second in the latest iteration", labels=lab)
         read = CounterMetricFamily("tfooc_bytes_read_total", "compressed bytes read from the store", labels=lab)
         cps = CounterMetricFamily("tfooc_checkpoints", "CP-ALS checkpoints written", labels=lab)
         for run_id, v in views.items():

@@ -50,7 +50,7 @@ class MonitorPlugin(SchedulerPlugin):
     """
 
     name = PLUGIN_NAME
-    idempotent = True       # a second client registering it keeps the running one and its state
+    idempotent = True  # a second client registering it keeps the running one and its state
 
     def __init__(self, storage: list[str] | None = None) -> None:
         self.storage = list(storage or [])
@@ -68,7 +68,7 @@ class MonitorPlugin(SchedulerPlugin):
         self.scheduler = scheduler
         if self.state is None:
             self.state = RunsState(self.storage + default_roots())
-        for _, msg in scheduler.get_events(TOPIC):      # runs that began before this plugin
+        for _, msg in scheduler.get_events(TOPIC):  # runs that began before this plugin
             self.state.apply(msg)
         install_routes(scheduler)
         metrics.register(self)
@@ -96,7 +96,7 @@ def attach(client: Any, storage: str | list[str] | None = None) -> str | None:
     Idempotent (a plugin already there, from a preload or an earlier client, is kept) and never
     raises: monitoring must not stop a run. The page link is logged, as the dashboard's is.
     """
-    if not hasattr(client, "register_plugin"):       # the inline client: no scheduler, no page
+    if not hasattr(client, "register_plugin"):  # the inline client: no scheduler, no page
         return None
     roots = [storage] if isinstance(storage, str) else list(storage or [])
     try:
@@ -104,8 +104,12 @@ def attach(client: Any, storage: str | list[str] | None = None) -> str | None:
         if roots:
             client.run_on_scheduler(_add_roots, roots=roots)
     except Exception as exc:
-        log.warning("monitoring page not installed on the scheduler (%s: %s); start the scheduler with "
-                    "--preload tensorflow_ooc.monitoring where tensorflow_ooc is installed", type(exc).__name__, exc)
+        log.warning(
+            "monitoring page not installed on the scheduler (%s: %s); start the scheduler with "
+            "--preload tensorflow_ooc.monitoring where tensorflow_ooc is installed",
+            type(exc).__name__,
+            exc,
+        )
         return None
     link = page_link(getattr(client, "dashboard_link", None))
     if link:

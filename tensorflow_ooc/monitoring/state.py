@@ -23,20 +23,52 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 # per-iteration fields of an ``iteration`` event that the page plots
-ITERATION_FIELDS = ("iteration", "fit", "fit_change", "seconds", "mode_seconds", "mttkrp_seconds", "update_seconds",
-                    "other_seconds", "nnz_per_s", "bytes_read", "checkpoint_seconds", "max_iters", "t")
+ITERATION_FIELDS = (
+    "iteration",
+    "fit",
+    "fit_change",
+    "seconds",
+    "mode_seconds",
+    "mttkrp_seconds",
+    "update_seconds",
+    "other_seconds",
+    "nnz_per_s",
+    "bytes_read",
+    "checkpoint_seconds",
+    "max_iters",
+    "t",
+)
 RUN_STATES = ("queued", "running", "done", "failed", "cancelled", "skipped", "lost")
-MAX_LIVE_RUNS = 200          # views kept in memory per scheduler (oldest finished ones dropped first)
+MAX_LIVE_RUNS = 200  # views kept in memory per scheduler (oldest finished ones dropped first)
 MAX_ERRORS = 50
 MAX_CHECKPOINTS = 50
 
 
 def new_view(run_id: str) -> dict[str, Any]:
     """An empty run view."""
-    return {"run_id": run_id, "workflow": None, "storage": None, "state": "queued", "mode": None, "cluster": None,
-            "created_at": None, "started_at": None, "finished_at": None, "current_step": None, "error": None,
-            "exit_code": None, "dashboard": None, "steps": {}, "iterations": {}, "checkpoints": [], "checkpoint_count": {}, "errors": [],
-            "last_event": None, "events": 0, "source": "events"}
+    return {
+        "run_id": run_id,
+        "workflow": None,
+        "storage": None,
+        "state": "queued",
+        "mode": None,
+        "cluster": None,
+        "created_at": None,
+        "started_at": None,
+        "finished_at": None,
+        "current_step": None,
+        "error": None,
+        "exit_code": None,
+        "dashboard": None,
+        "steps": {},
+        "iterations": {},
+        "checkpoints": [],
+        "checkpoint_count": {},
+        "errors": [],
+        "last_event": None,
+        "events": 0,
+        "source": "events",
+    }
 
 
 def apply_event(view: dict[str, Any], ev: dict[str, Any]) -> None:
@@ -68,8 +100,7 @@ def apply_event(view: dict[str, Any], ev: dict[str, Any]) -> None:
         view["steps"].setdefault(step, {"kind": None}).update(state="skipped")
     elif kind == "step-finished" and step:
         st = view["steps"].setdefault(step, {"kind": None})
-        st.update(state="done", seconds=ev.get("seconds"), finished_at=ev.get("time"),
-                  metrics=ev.get("metrics") or {})
+        st.update(state="done", seconds=ev.get("seconds"), finished_at=ev.get("time"), metrics=ev.get("metrics") or {})
         view["current_step"] = None
     elif kind == "iteration" and step:
         it = {k: ev[k] for k in ITERATION_FIELDS if k in ev}
@@ -81,13 +112,26 @@ def apply_event(view: dict[str, Any], ev: dict[str, Any]) -> None:
         its.append(it)
         view["steps"].setdefault(step, {"kind": "decompose", "state": "running"})
         if ev.get("checkpoint_seconds") is not None:
-            view["checkpoints"].append({"step": step, "iteration": it.get("iteration"), "time": ev.get("time"),
-                                        "seconds": ev["checkpoint_seconds"]})
-            del view["checkpoints"][:-MAX_CHECKPOINTS]          # the latest; all are counted
+            view["checkpoints"].append(
+                {
+                    "step": step,
+                    "iteration": it.get("iteration"),
+                    "time": ev.get("time"),
+                    "seconds": ev["checkpoint_seconds"],
+                }
+            )
+            del view["checkpoints"][:-MAX_CHECKPOINTS]  # the latest; all are counted
             view["checkpoint_count"][step] = view["checkpoint_count"].get(step, 0) + 1
     elif kind in ("error", "attempt-lost") or (kind == "log" and ev.get("level") == "error"):
-        view["errors"].append({"time": ev.get("time"), "step": step, "message": ev.get("message"),
-                               "traceback": ev.get("traceback"), "level": ev.get("level")})
+        view["errors"].append(
+            {
+                "time": ev.get("time"),
+                "step": step,
+                "message": ev.get("message"),
+                "traceback": ev.get("traceback"),
+                "level": ev.get("level"),
+            }
+        )
         del view["errors"][:-MAX_ERRORS]
         if kind == "error" and step:
             view["steps"].setdefault(step, {"kind": None}).update(state="failed", error=ev.get("message"))
@@ -111,15 +155,35 @@ def view_from_events(run_id: str, events: list[dict[str, Any]]) -> dict[str, Any
 
 def merge_record(view: dict[str, Any], record: Any) -> dict[str, Any]:
     """Take the run's state, times, steps and error from its record (a ``RunRecord``)."""
-    view.update(workflow=record.workflow, storage=record.storage, state=record.display_state(), mode=record.mode,
-                cluster=record.cluster, created_at=record.created_at, started_at=record.started_at,
-                finished_at=record.finished_at, current_step=record.current_step, error=record.error,
-                exit_code=record.exit_code, dashboard=record.dashboard or view.get("dashboard"), source="record")
+    view.update(
+        workflow=record.workflow,
+        storage=record.storage,
+        state=record.display_state(),
+        mode=record.mode,
+        cluster=record.cluster,
+        created_at=record.created_at,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        current_step=record.current_step,
+        error=record.error,
+        exit_code=record.exit_code,
+        dashboard=record.dashboard or view.get("dashboard"),
+        source="record",
+    )
     for name, st in record.steps.items():
         mine = view["steps"].setdefault(name, {})
-        mine.update(kind=st.kind, state=st.state, seconds=st.seconds, started_at=st.started_at,
-                    finished_at=st.finished_at, metrics=st.metrics, error=st.error, message=st.message,
-                    progress=st.progress, outputs=st.outputs)
+        mine.update(
+            kind=st.kind,
+            state=st.state,
+            seconds=st.seconds,
+            started_at=st.started_at,
+            finished_at=st.finished_at,
+            metrics=st.metrics,
+            error=st.error,
+            message=st.message,
+            progress=st.progress,
+            outputs=st.outputs,
+        )
     return view
 
 
@@ -137,10 +201,28 @@ def summary(view: dict[str, Any]) -> dict[str, Any]:
         p = st.get("progress") or {}
         if p.get("iteration") and p["iteration"] > iterations:
             fit, iterations = p.get("fit"), p["iteration"]
-    return {k: view.get(k) for k in ("run_id", "workflow", "storage", "state", "mode", "cluster", "created_at",
-                                     "started_at", "finished_at", "current_step", "error", "exit_code")} | {
-        "fit": fit, "iterations": iterations, "errors": len(view["errors"]),
-        "steps": {n: st.get("state") for n, st in view["steps"].items()}}
+    return {
+        k: view.get(k)
+        for k in (
+            "run_id",
+            "workflow",
+            "storage",
+            "state",
+            "mode",
+            "cluster",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "current_step",
+            "error",
+            "exit_code",
+        )
+    } | {
+        "fit": fit,
+        "iterations": iterations,
+        "errors": len(view["errors"]),
+        "steps": {n: st.get("state") for n, st in view["steps"].items()},
+    }
 
 
 class RunsState:
@@ -184,7 +266,7 @@ class RunsState:
                 self._evict()
             apply_event(view, ev)
             if ev.get("event") in ("submitted", "run-started", "cancelled", "run-finished"):
-                self._counts = None          # a run changed state: count again at the next scrape
+                self._counts = None  # a run changed state: count again at the next scrape
             if ev.get("storage"):
                 self.add_root(ev["storage"])
 
@@ -201,7 +283,7 @@ class RunsState:
         for root in list(self.roots):
             try:
                 out.extend(RunStore(root).list(limit=limit))
-            except Exception as exc:          # a root the scheduler cannot read: live events still show
+            except Exception as exc:  # a root the scheduler cannot read: live events still show
                 log.debug("cannot list runs under %s: %s", root, exc)
         return out
 
@@ -228,7 +310,7 @@ class RunsState:
         read here, else from the events this scheduler received."""
         from ..workflow.records import RunStore
 
-        with self._lock:         # a copy: events keep arriving on the scheduler's loop meanwhile
+        with self._lock:  # a copy: events keep arriving on the scheduler's loop meanwhile
             live = copy.deepcopy(self.live.get(run_id))
         roots = ([live["storage"]] if live and live.get("storage") else []) + list(self.roots)
         for root in roots:
@@ -242,7 +324,7 @@ class RunsState:
                 if live and sum(map(len, live["iterations"].values())) > sum(map(len, view["iterations"].values())):
                     view["iterations"] = live["iterations"]
                 return view
-            except Exception as exc:          # unreadable here: fall back to the live view
+            except Exception as exc:  # unreadable here: fall back to the live view
                 log.debug("cannot read run %s under %s: %s", run_id, root, exc)
         return live
 

@@ -14,8 +14,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-CONFIG_KEYS = {"ca_file": "distributed.comm.tls.ca-file", "cert": "distributed.comm.tls.client.cert",
-               "key": "distributed.comm.tls.client.key"}
+CONFIG_KEYS = {
+    "ca_file": "distributed.comm.tls.ca-file",
+    "cert": "distributed.comm.tls.client.cert",
+    "key": "distributed.comm.tls.client.key",
+}
 OPTIONS = {"ca_file": "--tls-ca-file", "cert": "--tls-cert", "key": "--tls-key"}
 
 
@@ -33,8 +36,10 @@ def tls_config(ca_file: str | None = None, cert: str | None = None, key: str | N
     # the key may be inside the certificate file, as Dask allows
     missing = [OPTIONS[k] for k in ("ca_file", "cert") if not given[k]]
     if missing:
-        raise ValueError(f"TLS needs {OPTIONS['ca_file']} and {OPTIONS['cert']} (and {OPTIONS['key']} unless the "
-                         f"certificate file holds the key); missing {', '.join(missing)}")
+        raise ValueError(
+            f"TLS needs {OPTIONS['ca_file']} and {OPTIONS['cert']} (and {OPTIONS['key']} unless the "
+            f"certificate file holds the key); missing {', '.join(missing)}"
+        )
     for k, v in given.items():
         if v and not os.path.isfile(str(v)):
             raise ValueError(f"{OPTIONS[k]} {v}: no such file")
@@ -55,6 +60,8 @@ def check_scheduler_address(address: str | None) -> None:
         return
     sec = client_security()
     if not (sec.tls_ca_file and sec.tls_client_cert):
-        raise ValueError(f"--scheduler {address}: the scheduler speaks TLS and needs this client's certificate: pass "
-                         "--tls-ca-file CA.pem --tls-cert CERT.pem --tls-key KEY.pem (before or after the command), "
-                         "or set distributed.comm.tls.ca-file / client.cert / client.key in Dask's configuration")
+        raise ValueError(
+            f"--scheduler {address}: the scheduler speaks TLS and needs this client's certificate: pass "
+            "--tls-ca-file CA.pem --tls-cert CERT.pem --tls-key KEY.pem (before or after the command), "
+            "or set distributed.comm.tls.ca-file / client.cert / client.key in Dask's configuration"
+        )

@@ -29,8 +29,8 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 BLOSC_HEADER = 16
-ABSENT = -1        # recorded checksum of a chunk with no stored bytes (Zarr skips all-fill-value chunks)
-UNCHECKED = -2     # the array's codec chain does not end with a CRC32C: nothing to record
+ABSENT = -1  # recorded checksum of a chunk with no stored bytes (Zarr skips all-fill-value chunks)
+UNCHECKED = -2  # the array's codec chain does not end with a CRC32C: nothing to record
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 try:  # releases the GIL on big buffers, so a read-ahead thread does not stall the others
@@ -83,12 +83,14 @@ class ChunkRead:
 
     data: np.ndarray
     is_delta: bool
-    checksum: int | None = None   # the stored CRC32C, ABSENT for no stored bytes, None: not read here
+    checksum: int | None = None  # the stored CRC32C, ABSENT for no stored bytes, None: not read here
 
 
 def _is_delta(codec) -> bool:
     cfg = getattr(codec, "codec_config", None) or {}
-    return getattr(codec, "codec_name", "") == "numcodecs.delta" and np.dtype(cfg.get("dtype", "|V0")) == np.dtype("<u8")
+    return getattr(codec, "codec_name", "") == "numcodecs.delta" and np.dtype(cfg.get("dtype", "|V0")) == np.dtype(
+        "<u8"
+    )
 
 
 class ChunkFiles:
@@ -101,18 +103,26 @@ class ChunkFiles:
         codecs = list(array.metadata.codecs)
         self.delta = bool(codecs) and _is_delta(codecs[0])
         rest = codecs[1:] if self.delta else codecs
-        little = isinstance(rest[0], BytesCodec) and (rest[0].endian is None or rest[0].endian.value == "little") \
-            if rest else False
+        little = (
+            isinstance(rest[0], BytesCodec) and (rest[0].endian is None or rest[0].endian.value == "little")
+            if rest
+            else False
+        )
         native = self.dtype.itemsize == 1 or self.dtype.byteorder in "<="
         # compression "none": the chunk's bytes are the little-endian elements and their CRC32C
         self.raw = len(rest) == 2 and little and isinstance(rest[1], Crc32cCodec) and native
-        self.fast = self.raw or (len(rest) == 3 and little and isinstance(rest[1], BloscCodec)
-                                 and isinstance(rest[2], Crc32cCodec) and native)
+        self.fast = self.raw or (
+            len(rest) == 3
+            and little
+            and isinstance(rest[1], BloscCodec)
+            and isinstance(rest[2], Crc32cCodec)
+            and native
+        )
         self.has_crc = bool(codecs) and isinstance(codecs[-1], Crc32cCodec)
         store = array.store
         self.local_root = Path(store.root) if isinstance(store, LocalStore) else None
-        self._verified: set[tuple[int, int, int, int]] = set()    # mapped chunk files whose CRC32C held
-        self._mapped: dict[int, tuple[tuple[int, int, int, int], mmap.mmap]] = {}   # kept mappings
+        self._verified: set[tuple[int, int, int, int]] = set()  # mapped chunk files whose CRC32C held
+        self._mapped: dict[int, tuple[tuple[int, int, int, int], mmap.mmap]] = {}  # kept mappings
         self._kept = 0
 
     def _key(self, c: int) -> str:
@@ -138,9 +148,9 @@ class ChunkFiles:
                 mm = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | _MAP_POPULATE, prot=mmap.PROT_READ)
         except FileNotFoundError:
             return None, None
-        except OSError as exc:       # a directory, a FIFO, no permission: damage, named as such
+        except OSError as exc:  # a directory, a FIFO, no permission: damage, named as such
             raise _unreadable(c, key, exc) from exc
-        return np.frombuffer(mm, dtype=np.uint8), version   # the array keeps the mapping alive
+        return np.frombuffer(mm, dtype=np.uint8), version  # the array keeps the mapping alive
 
     def stored_checksum(self, c: int) -> int:
         """The CRC32C that ends chunk ``c``'s stored bytes (the writer records it per chunk, which
@@ -150,8 +160,7 @@ class ChunkFiles:
             return UNCHECKED
         key = self._key(c)
         if self.local_root is None:
-            buf = sync(self.array.store.get(key, prototype=default_buffer_prototype(),
-                                            byte_range=SuffixByteRequest(4)))
+            buf = sync(self.array.store.get(key, prototype=default_buffer_prototype(), byte_range=SuffixByteRequest(4)))
             tail = None if buf is None else buf.to_bytes()
         else:
             try:
@@ -172,8 +181,9 @@ class ChunkFiles:
         if len(raw) < 4 or _crc32c(body) != int.from_bytes(raw[-4:].tobytes(), "little"):
             raise ChunkDecodeError(f"chunk {c}: CRC32C checksum mismatch")
         if body.shape[0] != self.chunk_len * self.dtype.itemsize:
-            raise ChunkDecodeError(f"chunk {c}: holds {body.shape[0]} bytes, expected "
-                                   f"{self.chunk_len * self.dtype.itemsize}")
+            raise ChunkDecodeError(
+                f"chunk {c}: holds {body.shape[0]} bytes, expected {self.chunk_len * self.dtype.itemsize}"
+            )
         return body.view(self.dtype)
 
     def view(self, c: int, keep_elements: int = 0) -> ChunkRead | None:
@@ -214,7 +224,7 @@ class ChunkFiles:
             if kept is None and (self._kept + 1) * self.chunk_len <= keep_elements:
                 self._kept += 1
                 self._mapped[c] = (version, mm)
-            elif kept is not None:          # a changed file: keep its new version instead
+            elif kept is not None:  # a changed file: keep its new version instead
                 self._mapped[c] = (version, mm)
         raw = np.frombuffer(mm, dtype=np.uint8)
         # the CRC32C is computed once per version of the file: a file changed in place gets a new
@@ -242,11 +252,11 @@ class ChunkFiles:
                 return ChunkRead(out[:n], self.delta, mapped.checksum)
         raw, version = self._bytes(c) if self.fast else (None, None)
         if raw is None:
-            out[:n] = self.array[start:start + n]
+            out[:n] = self.array[start : start + n]
             return ChunkRead(out[:n], False, ABSENT if self.fast else None)
         if self.raw:
             view = self._checked_raw(c, raw)
-            out[:view.shape[0]] = view
+            out[: view.shape[0]] = view
             return ChunkRead(out[:n], self.delta, int.from_bytes(raw[-4:].tobytes(), "little"))
         body = raw[:-4]
         checksum = int.from_bytes(raw[-4:].tobytes(), "little")
@@ -261,9 +271,10 @@ class ChunkFiles:
                 self._verified.add(version)
         nbytes = int.from_bytes(raw[4:8].tobytes(), "little")
         if nbytes != self.chunk_len * self.dtype.itemsize:
-            raise ChunkDecodeError(f"chunk {c}: decodes to {nbytes} bytes, expected "
-                                   f"{self.chunk_len * self.dtype.itemsize}")
-        dest = out[:self.chunk_len]
+            raise ChunkDecodeError(
+                f"chunk {c}: decodes to {nbytes} bytes, expected {self.chunk_len * self.dtype.itemsize}"
+            )
+        dest = out[: self.chunk_len]
         try:
             decompress(body, dest, threads)
         except Exception as exc:

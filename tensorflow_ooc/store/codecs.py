@@ -91,8 +91,9 @@ def value_padding(nnz: int, chunk_nnz: int) -> float:
     return (-(-nnz // chunk_nnz) * chunk_nnz - nnz) / nnz
 
 
-def value_codecs(dtype: np.dtype, compression: str = DEFAULT_COMPRESSION, sample: np.ndarray | None = None,
-                 padding: float = 0.0) -> dict:
+def value_codecs(
+    dtype: np.dtype, compression: str = DEFAULT_COMPRESSION, sample: np.ndarray | None = None, padding: float = 0.0
+) -> dict:
     """Codecs of the values array; with the "fast" profile, a ``sample`` (the first chunk) that
     shuffle + lz4 shrinks to more than ``VALUES_RAW_RATIO`` of its bytes is stored uncompressed,
     unless the last chunk's ``padding`` (:func:`value_padding`) exceeds

@@ -38,7 +38,7 @@ class ChunkScan:
 
     sumsq: float
     nonfinite: int
-    first_bad: tuple[int, ...] | None    # multi-index (in the whole array) of a NaN or Inf, if any
+    first_bad: tuple[int, ...] | None  # multi-index (in the whole array) of a NaN or Inf, if any
 
 
 class DenseArray:
@@ -66,17 +66,25 @@ class DenseArray:
     ((4, 5, 6), 1, 120.0)
     """
 
-    kind: str        # "zarr", "dask" or "numpy"
+    kind: str  # "zarr", "dask" or "numpy"
 
-    def __init__(self, kind: str, path: str, shape: tuple[int, ...], dtype: np.dtype,
-                 bounds: list[np.ndarray], array: Any, store_id: str) -> None:
+    def __init__(
+        self,
+        kind: str,
+        path: str,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        bounds: list[np.ndarray],
+        array: Any,
+        store_id: str,
+    ) -> None:
         self.kind = kind
         self.path = path
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.bounds = [np.asarray(b, dtype=np.int64) for b in bounds]
         self._array = array
-        self._raw_root: str | None = None     # see _raw_chunk_file ("" once found not to apply)
+        self._raw_root: str | None = None  # see _raw_chunk_file ("" once found not to apply)
         self._base_id = store_id
         self.meta: dict = {"store_id": store_id}
 
@@ -147,23 +155,25 @@ class DenseArray:
             except (ValueError, OSError, RuntimeError) as exc:
                 if isinstance(exc, TfoocError):
                     raise
-                raise CorruptStoreError(f"{self.path}: chunk {list(self.chunk_index(c))} could not be read "
-                                        f"({type(exc).__name__}: {exc})") from exc
+                raise CorruptStoreError(
+                    f"{self.path}: chunk {list(self.chunk_index(c))} could not be read ({type(exc).__name__}: {exc})"
+                ) from exc
         if self.kind == "dask":
             # the block's own graph, computed here: a task reading it holds one block at a time
             return np.asarray(self._array[sl].compute(scheduler="sync"))
         return self._array[sl]
 
-    def _read_zarr_chunk(self, c: int, sl: tuple[slice, ...], shp: tuple[int, ...],
-                         buffer: np.ndarray | None) -> np.ndarray:
+    def _read_zarr_chunk(
+        self, c: int, sl: tuple[slice, ...], shp: tuple[int, ...], buffer: np.ndarray | None
+    ) -> np.ndarray:
         if buffer is not None and buffer.dtype == self.dtype and buffer.size >= math.prod(shp):
-            view = buffer[:math.prod(shp)].reshape(shp)
+            view = buffer[: math.prod(shp)].reshape(shp)
             raw = self._raw_chunk_file(c)
             if raw is not None and tuple(shp) == self.chunk_shape:
                 _read_raw_chunk(raw, view, self.zarr_array.metadata.fill_value)
             elif raw is not None and buffer.size >= math.prod(self.chunk_shape):
                 # an edge chunk is stored at the full chunk shape: read it whole, keep its box
-                full = buffer[:math.prod(self.chunk_shape)].reshape(self.chunk_shape)
+                full = buffer[: math.prod(self.chunk_shape)].reshape(self.chunk_shape)
                 _read_raw_chunk(raw, full, self.zarr_array.metadata.fill_value)
                 box = np.ascontiguousarray(full[tuple(slice(0, s) for s in shp)])
                 view[...] = box
@@ -229,7 +239,7 @@ class DenseArray:
 
     @property
     def zarr_array(self):
-        if self._array is None:       # unpickled on a worker: reopen (read-only) from the path
+        if self._array is None:  # unpickled on a worker: reopen (read-only) from the path
             import zarr
 
             self._array = zarr.open_array(self.path, mode="r")
@@ -240,14 +250,14 @@ class DenseArray:
         if self.kind == "zarr":
             try:
                 return paths.disk_bytes(self.path)
-            except Exception:     # a store fsspec cannot walk: count the raw bytes
+            except Exception:  # a store fsspec cannot walk: count the raw bytes
                 return self.nbytes
         return self.nbytes
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         if self.kind == "zarr":
-            state["_array"] = None     # workers reopen by path
+            state["_array"] = None  # workers reopen by path
             state["_raw_root"] = None
         return state
 
@@ -255,15 +265,25 @@ class DenseArray:
         self.__dict__.update(state)
 
     def __repr__(self) -> str:
-        return (f"DenseArray({self.path}, shape={self.shape}, dtype={self.dtype}, chunks={self.chunk_shape}, "
-                f"{self.nchunks} chunks)")
+        return (
+            f"DenseArray({self.path}, shape={self.shape}, dtype={self.dtype}, chunks={self.chunk_shape}, "
+            f"{self.nchunks} chunks)"
+        )
 
     def info(self) -> dict:
         """Shape, chunks, dtype and bytes (and the norm, when the array has been scanned or its
         generator recorded it) for ``tfooc info``."""
-        out = {"path": self.path, "kind": f"dense {self.kind} array", "shape": list(self.shape),
-               "order": self.nmodes, "dtype": str(self.dtype), "chunks": list(self.chunk_shape),
-               "nchunks": self.nchunks, "bytes": self.nbytes, "chunk_bytes": self.chunk_bytes}
+        out = {
+            "path": self.path,
+            "kind": f"dense {self.kind} array",
+            "shape": list(self.shape),
+            "order": self.nmodes,
+            "dtype": str(self.dtype),
+            "chunks": list(self.chunk_shape),
+            "nchunks": self.nchunks,
+            "bytes": self.nbytes,
+            "chunk_bytes": self.chunk_bytes,
+        }
         if self.kind == "zarr":
             out["bytes_on_disk"] = self.stored_bytes()
             out["compressors"] = [type(c).__name__ for c in (self.zarr_array.compressors or ())]
@@ -323,8 +343,10 @@ def _regular_bounds(shape: tuple[int, ...], chunks: tuple[int, ...]) -> list[np.
 
 def _check_meta(what: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
     if not MIN_ORDER <= len(shape) <= MAX_ORDER:
-        raise DenseArrayError(f"{what}: a dense tensor of order {len(shape)} (shape {tuple(shape)}); "
-                              f"dense CP-ALS takes orders {MIN_ORDER} to {MAX_ORDER}")
+        raise DenseArrayError(
+            f"{what}: a dense tensor of order {len(shape)} (shape {tuple(shape)}); "
+            f"dense CP-ALS takes orders {MIN_ORDER} to {MAX_ORDER}"
+        )
     if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
         raise DenseArrayError(f"{what}: dtype {dtype} is not a real numeric type (integers or floats)")
     if 0 in shape:
@@ -372,11 +394,18 @@ def open_dense(source: Any) -> DenseArray:
         shape, dtype = tuple(source.shape), np.dtype(source.dtype)
         _check_meta(path, shape, dtype)
         ident = f"zarr|{path}|{shape}|{source.chunks}|{dtype}"
-        return DenseArray("zarr", path, shape, dtype, _regular_bounds(shape, tuple(source.chunks)), source,
-                          hashlib.sha256(ident.encode()).hexdigest()[:16])
+        return DenseArray(
+            "zarr",
+            path,
+            shape,
+            dtype,
+            _regular_bounds(shape, tuple(source.chunks)),
+            source,
+            hashlib.sha256(ident.encode()).hexdigest()[:16],
+        )
     try:
         import dask.array as da
-    except ImportError:      # pragma: no cover - dask is a dependency
+    except ImportError:  # pragma: no cover - dask is a dependency
         da = None
     if da is not None and isinstance(source, da.Array):
         what = f"<dask array {source.name}>"
@@ -395,10 +424,13 @@ def open_dense(source: Any) -> DenseArray:
         chunks[axis] = per
         from dask.base import tokenize
 
-        return DenseArray("numpy", what, arr.shape, arr.dtype, _regular_bounds(arr.shape, tuple(chunks)), arr,
-                          tokenize(arr)[:16])
-    raise DenseArrayError(f"{type(source).__name__}: not a dense array (give a Zarr array path, a zarr.Array, "
-                          f"a Dask array or a NumPy array)")
+        return DenseArray(
+            "numpy", what, arr.shape, arr.dtype, _regular_bounds(arr.shape, tuple(chunks)), arr, tokenize(arr)[:16]
+        )
+    raise DenseArrayError(
+        f"{type(source).__name__}: not a dense array (give a Zarr array path, a zarr.Array, "
+        f"a Dask array or a NumPy array)"
+    )
 
 
 def scan_chunk(dense: DenseArray, c: int, block: np.ndarray | None = None) -> ChunkScan:
@@ -419,7 +451,7 @@ def scan_chunk(dense: DenseArray, c: int, block: np.ndarray | None = None) -> Ch
         first = tuple(int(o + i) for o, i in zip(lo, where))
         sumsq = float("nan")
     else:
-        flat = b.ravel(order="K")      # a view of a C- or F-ordered chunk
+        flat = b.ravel(order="K")  # a view of a C- or F-ordered chunk
         sumsq = float(np.dot(flat, flat))
     return ChunkScan(sumsq, nbad, first)
 
@@ -430,6 +462,8 @@ def combine_scans(dense: DenseArray, scans: list[ChunkScan]) -> float:
     bad = sum(s.nonfinite for s in scans)
     if bad:
         first = next(s.first_bad for s in scans if s.first_bad is not None)
-        raise NonFiniteValueError(f"{bad:,} NaN or infinite entries (the first at index {list(first)}); "
-                                  f"CP-ALS needs finite values", dense.path)
+        raise NonFiniteValueError(
+            f"{bad:,} NaN or infinite entries (the first at index {list(first)}); CP-ALS needs finite values",
+            dense.path,
+        )
     return float(sum(s.sumsq for s in scans))

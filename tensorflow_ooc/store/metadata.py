@@ -26,8 +26,18 @@ def meta_checksum(meta: dict) -> str:
 
 
 #: the store's arrays, whose own Zarr metadata (codecs, dtype, shape, chunks) the checksum binds too
-ARRAY_NAMES = ("alto", "values", "blocks/key", "blocks/start", "blocks/count", "blocks/base", "chunks/min",
-               "chunks/max", "chunks/crc_alto", "chunks/crc_values")
+ARRAY_NAMES = (
+    "alto",
+    "values",
+    "blocks/key",
+    "blocks/start",
+    "blocks/count",
+    "blocks/base",
+    "chunks/min",
+    "chunks/max",
+    "chunks/crc_alto",
+    "chunks/crc_values",
+)
 
 
 def arrays_checksum(root) -> str:

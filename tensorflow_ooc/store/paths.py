@@ -19,7 +19,7 @@ def is_url(path: str | os.PathLike) -> bool:
 
 def local_path(path: str | os.PathLike) -> Path:
     s = str(path)
-    return Path(s[len("file://"):] if s.startswith("file://") else s)
+    return Path(s[len("file://") :] if s.startswith("file://") else s)
 
 
 def exists(path: str | os.PathLike) -> bool:

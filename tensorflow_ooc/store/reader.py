@@ -25,8 +25,8 @@ class Block:
 
     id: int
     start: int
-    base: np.ndarray     # int64 (nmodes,)
-    index: np.ndarray    # uint64 (count,)
+    base: np.ndarray  # int64 (nmodes,)
+    index: np.ndarray  # uint64 (count,)
     values: np.ndarray
 
 
@@ -42,9 +42,9 @@ class Chunk:
     index: np.ndarray
     values: np.ndarray
     segments: np.ndarray  # int64 (nseg, 3)
-    bases: np.ndarray     # int64 (nseg, nmodes)
-    min: np.ndarray       # int64 (nmodes,) smallest index per mode in this chunk
-    max: np.ndarray       # int64 (nmodes,)
+    bases: np.ndarray  # int64 (nseg, nmodes)
+    min: np.ndarray  # int64 (nmodes,) smallest index per mode in this chunk
+    max: np.ndarray  # int64 (nmodes,)
 
     def coords(self, layout: BitLayout) -> np.ndarray:
         out = np.empty((self.index.shape[0], layout.nmodes), dtype=np.int64)
@@ -67,10 +67,10 @@ class EncodedChunk:
     alto_is_delta: bool
     values: np.ndarray
     segments: np.ndarray  # int64 (nseg, 3), as in Chunk
-    bases: np.ndarray     # int64 (nseg, nmodes)
+    bases: np.ndarray  # int64 (nseg, nmodes)
     min: np.ndarray
     max: np.ndarray
-    checksum: int | None = None   # CRC32C of the stored index chunk, when read from its bytes
+    checksum: int | None = None  # CRC32C of the stored index chunk, when read from its bytes
 
     @property
     def n(self) -> int:
@@ -176,9 +176,12 @@ class Store:
             raise _fail(self.path, f"chunk {c} of '{name}' is missing")
         if want == ABSENT:
             raise _fail(self.path, f"chunk {c} of '{name}' has stored bytes where the store wrote none")
-        raise _fail(self.path, f"chunk {c} of '{name}' does not belong at this position (its checksum "
-                               f"{got:#010x} is not the {want:#010x} recorded when the store was written): "
-                               "chunks were moved, swapped, overwritten or copied from another store")
+        raise _fail(
+            self.path,
+            f"chunk {c} of '{name}' does not belong at this position (its checksum "
+            f"{got:#010x} is not the {want:#010x} recorded when the store was written): "
+            "chunks were moved, swapped, overwritten or copied from another store",
+        )
 
     def read_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Re-encoded BLCO indices and values of nonzeros [start, stop)."""
@@ -207,8 +210,15 @@ class Store:
     def _chunk_files(self) -> tuple[ChunkFiles, ChunkFiles]:
         return ChunkFiles(self.root["alto"]), ChunkFiles(self.root["values"])
 
-    def read_encoded(self, c: int, alto_out: np.ndarray, values_out: np.ndarray, map_values: bool = False,
-                     keep_nnz: int = 0, decode_threads: int = 1) -> EncodedChunk:
+    def read_encoded(
+        self,
+        c: int,
+        alto_out: np.ndarray,
+        values_out: np.ndarray,
+        map_values: bool = False,
+        keep_nnz: int = 0,
+        decode_threads: int = 1,
+    ) -> EncodedChunk:
         """Chunk ``c`` decompressed into the caller's buffers (each at least ``chunk_nnz`` long),
         still ALTO-coded: the fast path for streaming, where re-encoding is fused with the Delta
         filter's prefix sum. Checksums are verified; index ranges are not (callers validate the
@@ -276,8 +286,9 @@ class Store:
             raise _fail(self.path, f"chunk {c}: nonzeros {start}..{stop} are missing")
         segs, bases = self._segments(start, stop)
         mins, maxs = self.chunk_ranges
-        return EncodedChunk(c, start, alto.data, alto.is_delta, values.data, segs, bases, mins[c], maxs[c],
-                            alto.checksum)
+        return EncodedChunk(
+            c, start, alto.data, alto.is_delta, values.data, segs, bases, mins[c], maxs[c], alto.checksum
+        )
 
     def check_chunk_range(self, c: int, cmin: np.ndarray, cmax: np.ndarray, alto_bits: int | None = None) -> None:
         """Raise :class:`CorruptStoreError` unless chunk ``c``'s decoded per-mode index range equals
@@ -322,7 +333,7 @@ class Store:
                 lo = s
                 hi = min(self.nnz, max(s + n, (s // self.chunk_nnz + 1) * self.chunk_nnz))
                 index, values = self.read_range(lo, hi)
-            yield Block(i, s, b.base[i], index[s - lo:s - lo + n], values[s - lo:s - lo + n])
+            yield Block(i, s, b.base[i], index[s - lo : s - lo + n], values[s - lo : s - lo + n])
 
     def to_coo(self) -> tuple[np.ndarray, np.ndarray]:
         """All nonzeros as 0-based coordinates (nnz, nmodes) int64 and values, in ALTO order."""
@@ -330,8 +341,8 @@ class Store:
         values = np.empty(self.nnz, dtype=self.value_dtype)
         for ch in self.iter_chunks():
             n = ch.index.shape[0]
-            coords[ch.start:ch.start + n] = ch.coords(self.layout)
-            values[ch.start:ch.start + n] = ch.values
+            coords[ch.start : ch.start + n] = ch.coords(self.layout)
+            values[ch.start : ch.start + n] = ch.values
         return coords, values
 
     def info(self) -> dict:
@@ -361,10 +372,14 @@ class Store:
             "compression_ratio": disk / max(1, raw),
             "layout": self.meta["layout"],
             "modes": [
-                {"mode": n, "length": self.shape[n], "bits": int(self.layout.mode_bits[n]),
-                 "key_bits": int(self.layout.key_bits[n]),
-                 "chunk_index_span_mean": float(width[:, n].mean()) if self.nchunks else 0.0,
-                 "chunk_index_span_max": int(width[:, n].max()) if self.nchunks else 0}
+                {
+                    "mode": n,
+                    "length": self.shape[n],
+                    "bits": int(self.layout.mode_bits[n]),
+                    "key_bits": int(self.layout.key_bits[n]),
+                    "chunk_index_span_mean": float(width[:, n].mean()) if self.nchunks else 0.0,
+                    "chunk_index_span_max": int(width[:, n].max()) if self.nchunks else 0,
+                }
                 for n in range(self.nmodes)
             ],
         }
@@ -396,8 +411,10 @@ def open_store(path: str | os.PathLike) -> Store:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise ForeignStoreError(f"{path}: a Zarr group without '{META_KEY}' BLCO metadata: not a tensorflow_ooc store")
     if meta.get("format_version") not in SUPPORTED_VERSIONS:
-        raise StoreError(f"{path}: format version {meta.get('format_version')!r} is not supported "
-                         f"(this build reads {list(SUPPORTED_VERSIONS)})")
+        raise StoreError(
+            f"{path}: format version {meta.get('format_version')!r} is not supported "
+            f"(this build reads {list(SUPPORTED_VERSIONS)})"
+        )
     if meta.get("complete") is not True:
         raise IncompleteStoreError(f"{path}: the store was not completely written")
     # structure first, so an inconsistent field is named; then the checksum, which sees the edits
@@ -405,8 +422,11 @@ def open_store(path: str | os.PathLike) -> Store:
     _validate(path, root, meta)
     _check_meta_checksum(path, meta)
     if "arrays_checksum" in meta and meta["arrays_checksum"] != arrays_checksum(root):
-        raise _fail(path, "the Zarr metadata of its arrays (codecs, dtypes, shapes, chunk grids) was changed after "
-                          "the store was written; convert the input again")
+        raise _fail(
+            path,
+            "the Zarr metadata of its arrays (codecs, dtypes, shapes, chunk grids) was changed after "
+            "the store was written; convert the input again",
+        )
     store = Store(path, root, meta)
     if CHECKSUM_KEY not in meta:
         _check_legacy_norm(store)
@@ -425,12 +445,15 @@ def _check_meta_checksum(path: str, meta: dict) -> None:
         return
     try:
         expected = meta_checksum(meta)
-    except (TypeError, ValueError) as exc:   # NaN / Infinity or a non-JSON value in a field
+    except (TypeError, ValueError) as exc:  # NaN / Infinity or a non-JSON value in a field
         raise _fail(path, f"metadata in zarr.json holds a value JSON cannot hold ({exc})") from exc
     if meta[CHECKSUM_KEY] != expected:
-        raise _fail(path, "metadata in zarr.json does not match its checksum: it was edited or damaged after the "
-                          "store was written (the norm, shape, counts or layout results depend on can no longer be "
-                          "trusted); convert the input again")
+        raise _fail(
+            path,
+            "metadata in zarr.json does not match its checksum: it was edited or damaged after the "
+            "store was written (the norm, shape, counts or layout results depend on can no longer be "
+            "trusted); convert the input again",
+        )
 
 
 def _check_legacy_norm(store: Store) -> None:
@@ -442,10 +465,16 @@ def _check_legacy_norm(store: Store) -> None:
         v = store._read("values", start, min(store.nnz, start + store.chunk_nnz)).astype(np.float64, copy=False)
         got += float(np.dot(v, v))
     stated = store.meta["norm_sq"]
-    if not isinstance(stated, (int, float)) or not math.isfinite(got) \
-            or not math.isclose(float(stated), got, rel_tol=1e-9, abs_tol=0.0):
-        raise _fail(store.path, f"metadata field 'norm_sq' is {stated!r} but the values' squares sum to {got!r} "
-                                f"(a store without a metadata checksum, so its norm was re-derived)")
+    if (
+        not isinstance(stated, (int, float))
+        or not math.isfinite(got)
+        or not math.isclose(float(stated), got, rel_tol=1e-9, abs_tol=0.0)
+    ):
+        raise _fail(
+            store.path,
+            f"metadata field 'norm_sq' is {stated!r} but the values' squares sum to {got!r} "
+            f"(a store without a metadata checksum, so its norm was re-derived)",
+        )
 
 
 def _keys_decrease(key: np.ndarray) -> bool:
@@ -503,8 +532,13 @@ def _validate(path: str, root: zarr.Group, meta: dict) -> None:
     except Exception as exc:
         raise _fail(path, f"block or chunk table cannot be decoded ({exc})") from exc
     if nblocks:
-        if start[0] != 0 or (count < 1).any() or (count > int(meta["max_block_nnz"])).any() \
-                or (start[1:] != start[:-1] + count[:-1]).any() or int(start[-1] + count[-1]) != nnz:
+        if (
+            start[0] != 0
+            or (count < 1).any()
+            or (count > int(meta["max_block_nnz"])).any()
+            or (start[1:] != start[:-1] + count[:-1]).any()
+            or int(start[-1] + count[-1]) != nnz
+        ):
             raise _fail(path, f"block table does not tile the {nnz} nonzeros")
         bad = np.flatnonzero((layout.keys_to_bases(key) != base).any(axis=1))
         if bad.size:
@@ -519,5 +553,8 @@ def _validate(path: str, root: zarr.Group, meta: dict) -> None:
     for name in ("alto", "values"):
         key = f"chunks/crc_{name}"
         if key in root and (tuple(root[key].shape) != (nchunks,) or np.dtype(root[key].dtype) != np.dtype("<i8")):
-            raise _fail(path, f"array '{key}' has shape {tuple(root[key].shape)} and dtype {root[key].dtype}, "
-                              f"expected ({nchunks},) int64")
+            raise _fail(
+                path,
+                f"array '{key}' has shape {tuple(root[key].shape)} and dtype {root[key].dtype}, "
+                f"expected ({nchunks},) int64",
+            )

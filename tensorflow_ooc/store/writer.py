@@ -24,16 +24,22 @@ import numcodecs
 import numpy as np
 import zarr
 
-from ..version import __version__ as _pkg_version
-from ..errors import StoreExistsError, ValueRangeError
+from ..disk import disk_full_error, free_bytes, is_disk_full
+from ..errors import DiskFullError, StoreExistsError, ValueRangeError
 from ..format import BitLayout, BlockTable, block_table
 from ..format.linearize import chunk_minmax
-from ..disk import disk_full_error, free_bytes, is_disk_full
-from ..errors import DiskFullError
+from ..version import __version__ as _pkg_version
 from . import paths
 from .chunk_files import ChunkFiles
-from .codecs import (DEFAULT_COMPRESSION, check_compression, index_codecs, quiet_numcodecs, table_codecs, value_codecs,
-                     value_padding)
+from .codecs import (
+    DEFAULT_COMPRESSION,
+    check_compression,
+    index_codecs,
+    quiet_numcodecs,
+    table_codecs,
+    value_codecs,
+    value_padding,
+)
 from .metadata import CHECKSUM_KEY, FORMAT_NAME, FORMAT_VERSION, META_KEY, arrays_checksum, meta_checksum
 
 log = logging.getLogger(__name__)
@@ -57,7 +63,8 @@ class DirectChunkWriter:
 
     Zarr's write path spent about three times the encoding work itself (chunk copies, async
     dispatch); this applies the same codec chain (Delta on uint64, little-endian bytes, Blosc,
-    CRC32C, or no Blosc for compression "none") with the same parameters and writes the file Zarr would: the bytes are identical, so
+    CRC32C, or no Blosc for compression "none") with the same parameters and writes the file Zarr would: the bytes
+    are identical, so
     Zarr and :class:`~tensorflow_ooc.store.chunk_files.ChunkFiles` read them as before (a test
     compares them). ``for_array`` returns None for any other chain or a non-local store.
     """
@@ -84,16 +91,21 @@ class DirectChunkWriter:
         delta = bool(codecs) and _is_delta(codecs[0])
         rest = codecs[1:] if delta else codecs
         dtype = np.dtype(array.dtype)
-        little = bool(rest) and isinstance(rest[0], BytesCodec) and dtype.byteorder in "<=|" \
+        little = (
+            bool(rest)
+            and isinstance(rest[0], BytesCodec)
+            and dtype.byteorder in "<=|"
             and (rest[0].endian is None or rest[0].endian.value == "little")
-        if little and len(rest) == 2 and isinstance(rest[1], Crc32cCodec):     # compression "none"
+        )
+        if little and len(rest) == 2 and isinstance(rest[1], Crc32cCodec):  # compression "none"
             return cls(array, Path(array.store.root), delta, None)
         if not (little and len(rest) == 3 and isinstance(rest[1], BloscCodec) and isinstance(rest[2], Crc32cCodec)):
             return None
         b = rest[1]
         shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[b.shuffle.value]
-        blosc = numcodecs.Blosc(cname=b.cname.value, clevel=b.clevel, shuffle=shuffle, blocksize=b.blocksize,
-                                typesize=b.typesize)
+        blosc = numcodecs.Blosc(
+            cname=b.cname.value, clevel=b.clevel, shuffle=shuffle, blocksize=b.blocksize, typesize=b.typesize
+        )
         return cls(array, Path(array.store.root), delta, blosc)
 
     def write(self, c: int, data: np.ndarray) -> None:
@@ -120,7 +132,7 @@ class DirectChunkWriter:
         except OSError as exc:
             if not is_disk_full(exc):
                 raise
-            path.unlink(missing_ok=True)      # no half chunk stays behind
+            path.unlink(missing_ok=True)  # no half chunk stays behind
             raise disk_full_error(exc, path, needed=len(body) + 4) from exc
 
 
@@ -158,17 +170,28 @@ class StoreWriter:
     compression : "fast" (default, quick to decode) or "small"; see ``store.codecs``
     """
 
-    def __init__(self, path: str | os.PathLike, layout: BitLayout, value_dtype: Any, capacity: int, *,
-                 chunk_nnz: int = DEFAULT_CHUNK_NNZ, max_block_nnz: int = 1 << 24, overwrite: bool = False,
-                 attrs: dict | None = None, flush_chunks: int = FLUSH_CHUNKS,
-                 compression: str = DEFAULT_COMPRESSION) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        layout: BitLayout,
+        value_dtype: Any,
+        capacity: int,
+        *,
+        chunk_nnz: int = DEFAULT_CHUNK_NNZ,
+        max_block_nnz: int = 1 << 24,
+        overwrite: bool = False,
+        attrs: dict | None = None,
+        flush_chunks: int = FLUSH_CHUNKS,
+        compression: str = DEFAULT_COMPRESSION,
+    ) -> None:
         if chunk_nnz < 1 or max_block_nnz < 1:
             raise ValueError(f"chunk_nnz and max_block_nnz must be >= 1, got {chunk_nnz}, {max_block_nnz}")
         check_compression(compression)
         self.final_path = str(path)
         if paths.exists(path) and not overwrite:
-            raise StoreExistsError(f"{path}: a store or file already exists there; pass overwrite=True "
-                                   "(CLI: --overwrite) to replace it")
+            raise StoreExistsError(
+                f"{path}: a store or file already exists there; pass overwrite=True (CLI: --overwrite) to replace it"
+            )
         self.layout = layout
         self.value_dtype = np.dtype(value_dtype)
         self.chunk_nnz = int(chunk_nnz)
@@ -186,17 +209,23 @@ class StoreWriter:
             self.staging = paths.staging_path(path)
             self.root = zarr.open_group(self.staging, mode="w", zarr_format=3)
             with quiet_numcodecs():
-                self.alto = self.root.create_array("alto", shape=(cap,), chunks=(self.chunk_nnz,), dtype="<u8",
-                                                   fill_value=0, **index_codecs(compression))
+                self.alto = self.root.create_array(
+                    "alto",
+                    shape=(cap,),
+                    chunks=(self.chunk_nnz,),
+                    dtype="<u8",
+                    fill_value=0,
+                    **index_codecs(compression),
+                )
         except OSError as exc:
             if not is_disk_full(exc):
                 raise
             if self.staging is not None:
                 paths.remove(self.staging)
             raise self._after_abort(self._disk_full(exc)) from exc
-        self.values = None        # created at the first write, when its codec can look at the data
-        self.written = 0          # nonzeros flushed to the arrays
-        self.received = 0         # nonzeros appended (flushed + pending)
+        self.values = None  # created at the first write, when its codec can look at the data
+        self.written = 0  # nonzeros flushed to the arrays
+        self.received = 0  # nonzeros appended (flushed + pending)
         self.pending_keys: list[np.ndarray] = []
         self.pending_vals: list[np.ndarray] = []
         self.pending_n = 0
@@ -216,7 +245,7 @@ class StoreWriter:
         if n == 0:
             return
         self._extend_blocks(block_table(keys, self.layout, self.max_block_nnz, offset=self.received))
-        with np.errstate(over="ignore"):     # an overflowing sum is refused at commit, naming the store
+        with np.errstate(over="ignore"):  # an overflowing sum is refused at commit, naming the store
             v64 = values.astype(np.float64, copy=False)
             self.norm_sq += float(np.dot(v64, v64))
         self.pending_keys.append(keys)
@@ -251,7 +280,7 @@ class StoreWriter:
     def _flush(self, final: bool) -> None:
         if not self.pending_n:
             return
-        self._values_array(self.pending_vals[0][:self.chunk_nnz])
+        self._values_array(self.pending_vals[0][: self.chunk_nnz])
         if self._direct is None:
             self._direct = (DirectChunkWriter.for_array(self.alto), DirectChunkWriter.for_array(self.values))
         if all(self._direct):
@@ -266,13 +295,14 @@ class StoreWriter:
         self.chunk_min.extend(cmin)
         self.chunk_max.extend(cmax)
         if self.written + n > self.alto.shape[0]:
-            raise RuntimeError(f"store writer received more nonzeros ({self.written + n}) than its capacity "
-                               f"({self.alto.shape[0]})")
+            raise RuntimeError(
+                f"store writer received more nonzeros ({self.written + n}) than its capacity ({self.alto.shape[0]})"
+            )
         step = self.flush_chunks * self.chunk_nnz
         for s in range(0, n, step):
             e = min(n, s + step)
-            self.alto[self.written + s:self.written + e] = keys[0, s:e]
-            self.values[self.written + s:self.written + e] = vals[s:e]
+            self.alto[self.written + s : self.written + e] = keys[0, s:e]
+            self.values[self.written + s : self.written + e] = vals[s:e]
         self.written += n
         self.pending_keys = [keys[:, n:].copy()] if n < keys.shape[1] else []
         self.pending_vals = [vals[n:].copy()] if n < keys.shape[1] else []
@@ -306,8 +336,10 @@ class StoreWriter:
                 self.pending_keys.pop(0)
                 self.pending_vals.pop(0)
             if self.written + take > self.alto.shape[0]:
-                raise RuntimeError(f"store writer received more nonzeros ({self.written + take}) than its "
-                                   f"capacity ({self.alto.shape[0]})")
+                raise RuntimeError(
+                    f"store writer received more nonzeros ({self.written + take}) than its "
+                    f"capacity ({self.alto.shape[0]})"
+                )
             cmin, cmax = chunk_minmax(ck, self.layout, C)
             self.chunk_min.extend(cmin)
             self.chunk_max.extend(cmax)
@@ -315,8 +347,8 @@ class StoreWriter:
                 self._direct[0].write(self.written // C, ck[0])
                 self._direct[1].write(self.written // C, cv)
             else:
-                self.alto[self.written:self.written + take] = ck[0]
-                self.values[self.written:self.written + take] = cv
+                self.alto[self.written : self.written + take] = ck[0]
+                self.values[self.written : self.written + take] = cv
             self.written += take
             self.pending_n -= take
         self.pending_keys = [k.copy() for k in self.pending_keys]
@@ -325,12 +357,19 @@ class StoreWriter:
     def _values_array(self, sample: np.ndarray | None):
         if self.values is None:
             # the capacity bounds the nonzeros from above: the padding is at least this
-            codecs = value_codecs(self.value_dtype, self.compression, sample,
-                                  value_padding(self.capacity, self.chunk_nnz))
+            codecs = value_codecs(
+                self.value_dtype, self.compression, sample, value_padding(self.capacity, self.chunk_nnz)
+            )
             first = codecs["compressors"][0]
             self.values_shuffle = first.shuffle.value if hasattr(first, "shuffle") else "none"
-            self.values = self.root.create_array("values", shape=(self.capacity,), chunks=(self.chunk_nnz,),
-                                                 dtype=self.value_dtype, fill_value=0, **codecs)
+            self.values = self.root.create_array(
+                "values",
+                shape=(self.capacity,),
+                chunks=(self.chunk_nnz,),
+                dtype=self.value_dtype,
+                fill_value=0,
+                **codecs,
+            )
         return self.values
 
     # --- finishing -------------------------------------------------------------------------------
@@ -350,13 +389,14 @@ class StoreWriter:
         where = self.final_path
         inner = getattr(exc, "path", None) if isinstance(exc, DiskFullError) else None
         if inner and self.staging and inner.startswith(self.staging):
-            where = self.final_path.rstrip("/") + inner[len(self.staging):]
+            where = self.final_path.rstrip("/") + inner[len(self.staging) :]
         done = _allocated_bytes(self.staging) if self.staging and not paths.is_url(self.staging) else 0
         per_nnz = done / self.written if self.written else 8 + self.value_dtype.itemsize
         # + the tables and metadata: a dozen small files, a block (4 KiB) each at least
         more = int(max(self.capacity - self.written, 0) * per_nnz) + (64 << 10)
-        return DiskFullError(where, max(more, getattr(exc, "needed", None) or 0), done + more, free_bytes(where),
-                             exc.errno)
+        return DiskFullError(
+            where, max(more, getattr(exc, "needed", None) or 0), done + more, free_bytes(where), exc.errno
+        )
 
     @staticmethod
     def _after_abort(exc: DiskFullError) -> DiskFullError:
@@ -366,9 +406,11 @@ class StoreWriter:
     def _commit(self) -> str:
         if not math.isfinite(self.norm_sq):
             # each value's square is checked at ingest; their sum can still overflow
-            raise ValueRangeError(f"{self.final_path}: the sum of the squared values (||X||^2) of {self.received:,} "
-                                  f"nonzeros overflows float64 (above {sys.float_info.max:.4g}), so no fit could be "
-                                  f"computed; rescale the data")
+            raise ValueRangeError(
+                f"{self.final_path}: the sum of the squared values (||X||^2) of {self.received:,} "
+                f"nonzeros overflows float64 (above {sys.float_info.max:.4g}), so no fit could be "
+                f"computed; rescale the data"
+            )
         self._flush(final=True)
         nnz = self.written
         self.alto.resize((nnz,))
@@ -376,7 +418,9 @@ class StoreWriter:
         blocks = BlockTable.concat(self.tables, self.layout)
         nchunks = len(self.chunk_min)
         tables = {
-            "blocks/key": blocks.key, "blocks/start": blocks.start, "blocks/count": blocks.count,
+            "blocks/key": blocks.key,
+            "blocks/start": blocks.start,
+            "blocks/count": blocks.count,
             "blocks/base": blocks.base,
             "chunks/min": np.array(self.chunk_min, dtype=np.int64).reshape(nchunks, self.layout.nmodes),
             "chunks/max": np.array(self.chunk_max, dtype=np.int64).reshape(nchunks, self.layout.nmodes),
@@ -389,8 +433,9 @@ class StoreWriter:
         for name, arr in tables.items():
             shape = arr.shape
             chunks = tuple(max(1, s) for s in shape)
-            a = self.root.create_array(name, shape=shape, chunks=chunks, dtype=arr.dtype, fill_value=0,
-                                       **table_codecs())
+            a = self.root.create_array(
+                name, shape=shape, chunks=chunks, dtype=arr.dtype, fill_value=0, **table_codecs()
+            )
             if arr.size:
                 a[...] = arr
         meta = {
@@ -423,8 +468,14 @@ class StoreWriter:
         except FileExistsError:
             raise StoreExistsError(f"{self.final_path}: appeared while writing; pass overwrite=True") from None
         self.committed = True
-        log.info("wrote store %s: %d nonzeros, %d blocks, %d chunks in %.2f s", self.final_path, nnz,
-                 blocks.nblocks, nchunks, time.perf_counter() - self.t0)
+        log.info(
+            "wrote store %s: %d nonzeros, %d blocks, %d chunks in %.2f s",
+            self.final_path,
+            nnz,
+            blocks.nblocks,
+            nchunks,
+            time.perf_counter() - self.t0,
+        )
         return self.final_path
 
     def abort(self) -> None:

@@ -43,7 +43,27 @@ from .presets import PRESETS
 from .sparse_cp import PlantedCP, planted_cp
 from .tns_writer import format_tns, write_tns
 
-__all__ = ["DEFAULT_BATCH_NNZ", "DENSE_BOX_CELLS", "INV_CDF_KNOTS", "MAX_AUTO_BATCH_NNZ", "PRESETS", "VALUE_CODES",
-           "VALUE_KINDS", "HeavyTailedGenerator", "PlantedCP", "PlantedDense", "PlantedFastTucker", "default_batch_nnz",
-           "format_tns", "heavy_tailed", "iter_heavy_tailed", "iter_heavy_tailed_alto", "planted_cp", "planted_dense",
-           "planted_dense_factors", "planted_fasttucker", "write_planted_dense", "write_tns"]
+__all__ = [
+    "DEFAULT_BATCH_NNZ",
+    "DENSE_BOX_CELLS",
+    "INV_CDF_KNOTS",
+    "MAX_AUTO_BATCH_NNZ",
+    "PRESETS",
+    "VALUE_CODES",
+    "VALUE_KINDS",
+    "HeavyTailedGenerator",
+    "PlantedCP",
+    "PlantedDense",
+    "PlantedFastTucker",
+    "default_batch_nnz",
+    "format_tns",
+    "heavy_tailed",
+    "iter_heavy_tailed",
+    "iter_heavy_tailed_alto",
+    "planted_cp",
+    "planted_dense",
+    "planted_dense_factors",
+    "planted_fasttucker",
+    "write_planted_dense",
+    "write_tns",
+]

@@ -28,8 +28,9 @@ class PlantedDense:
         return tuple(f.shape[0] for f in self.factors)
 
 
-def planted_dense_factors(shape: Sequence[int], rank: int, seed: int | None = None
-                          ) -> tuple[np.ndarray, list[np.ndarray]]:
+def planted_dense_factors(
+    shape: Sequence[int], rank: int, seed: int | None = None
+) -> tuple[np.ndarray, list[np.ndarray]]:
     """Unit weights and standard normal factors (well conditioned with high probability)."""
     rng = np.random.default_rng(seed)
     return np.ones(rank), [rng.standard_normal((int(s), rank)) for s in shape]
@@ -47,8 +48,9 @@ def _model_norm_sq(weights: np.ndarray, factors: Sequence[np.ndarray]) -> float:
     return float(H.sum())
 
 
-def planted_dense(shape: Sequence[int], rank: int, *, noise: float = 0.0, seed: int | None = None,
-                  dtype: str = "float64") -> PlantedDense:
+def planted_dense(
+    shape: Sequence[int], rank: int, *, noise: float = 0.0, seed: int | None = None, dtype: str = "float64"
+) -> PlantedDense:
     """A planted rank-``rank`` dense tensor in memory (see :class:`PlantedDense`).
 
     Examples
@@ -66,10 +68,19 @@ def planted_dense(shape: Sequence[int], rank: int, *, noise: float = 0.0, seed: 
     return PlantedDense(X.astype(dtype, copy=False), weights, factors, float(noise))
 
 
-def write_planted_dense(path: str | os.PathLike, shape: Sequence[int], rank: int, *, noise: float = 0.0,
-                        seed: int | None = 0, chunks: Sequence[int] | None = None, dtype: str = "float64",
-                        codec: str = "none", overwrite: bool = False, progress: bool = False
-                        ) -> tuple[np.ndarray, list[np.ndarray]]:
+def write_planted_dense(
+    path: str | os.PathLike,
+    shape: Sequence[int],
+    rank: int,
+    *,
+    noise: float = 0.0,
+    seed: int | None = 0,
+    chunks: Sequence[int] | None = None,
+    dtype: str = "float64",
+    codec: str = "none",
+    overwrite: bool = False,
+    progress: bool = False,
+) -> tuple[np.ndarray, list[np.ndarray]]:
     """Write a planted rank-``rank`` dense tensor (:class:`PlantedDense`) to a Zarr v3 array at
     ``path``, one chunk at a time (an array larger than memory is fine), atomically for local
     paths. The array's ``tensorflow_ooc`` attributes record the planted model's parameters and the
@@ -112,25 +123,46 @@ def write_planted_dense(path: str | os.PathLike, shape: Sequence[int], rank: int
     from ..disk import disk_writes
 
     # a full disk: the staging array is removed (``staged``), the error names the array and its size
-    with disk_writes(final, needed=math.prod(shape) * np.dtype(dtype).itemsize + (64 << 10)), \
-            paths.staged(final, overwrite, StoreExistsError(f"{final}: exists; pass overwrite=True to replace it")
-                         ) as staging:
-        arr = zarr.create_array(staging, shape=shape, chunks=chunks, dtype=dtype, zarr_format=3, overwrite=True,
-                                **({"compressors": None} if codec == "none" else {}))
+    with (
+        disk_writes(final, needed=math.prod(shape) * np.dtype(dtype).itemsize + (64 << 10)),
+        paths.staged(
+            final, overwrite, StoreExistsError(f"{final}: exists; pass overwrite=True to replace it")
+        ) as staging,
+    ):
+        arr = zarr.create_array(
+            staging,
+            shape=shape,
+            chunks=chunks,
+            dtype=dtype,
+            zarr_format=3,
+            overwrite=True,
+            **({"compressors": None} if codec == "none" else {}),
+        )
         grid = [range(0, s, c) for s, c in zip(shape, chunks, strict=True)]
         norm_sq = 0.0
-        for k, origin in enumerate(tqdm(list(np.ndindex(*[len(g) for g in grid])), desc="generate", unit="chunk",
-                                        disable=not progress, leave=False)):
+        for k, origin in enumerate(
+            tqdm(
+                list(np.ndindex(*[len(g) for g in grid])),
+                desc="generate",
+                unit="chunk",
+                disable=not progress,
+                leave=False,
+            )
+        ):
             lo = [g[i] for g, i in zip(grid, origin, strict=True)]
             sl = tuple(slice(a, min(s, a + c)) for a, s, c in zip(lo, shape, chunks, strict=True))
             block = _dense_model(weights, [f[s] for f, s in zip(factors, sl, strict=True)])
             if sigma:
                 block += sigma * np.random.default_rng([0 if seed is None else int(seed), 2, k]).standard_normal(
-                    block.shape)
+                    block.shape
+                )
             block = block.astype(dtype, copy=False)
             norm_sq += float(np.vdot(block, block))
             arr[sl] = block
-        arr.attrs["tensorflow_ooc"] = {"kind": "planted-dense", "norm_sq": norm_sq,
-                                       "planted": {"rank": int(rank), "noise": float(noise), "seed": seed},
-                                       "codec": codec}
+        arr.attrs["tensorflow_ooc"] = {
+            "kind": "planted-dense",
+            "norm_sq": norm_sq,
+            "planted": {"rank": int(rank), "noise": float(noise), "seed": seed},
+            "codec": codec,
+        }
     return weights, factors

@@ -27,8 +27,16 @@ class PlantedFastTucker:
         return tuple(f.shape[0] for f in self.factors)
 
 
-def planted_fasttucker(shape: Sequence[int], ranks: int | Sequence[int], core_rank: int, nnz: int, *,
-                       noise: float = 0.0, seed: int | None = None, decay: float = 1.0) -> PlantedFastTucker:
+def planted_fasttucker(
+    shape: Sequence[int],
+    ranks: int | Sequence[int],
+    core_rank: int,
+    nnz: int,
+    *,
+    noise: float = 0.0,
+    seed: int | None = None,
+    decay: float = 1.0,
+) -> PlantedFastTucker:
     """``nnz`` distinct entries, uniform over the tensor, of a random FastTucker model.
 
     Factors are standard normal, core factors normal with variance ``1 / J_n`` (so every

@@ -56,11 +56,11 @@ class _Plan:
     perm_a: np.ndarray
     perm_b: np.ndarray
     seed: np.random.SeedSequence
-    part: int                 # the mode whose rank ranges split the tensor into batches
-    bounds: np.ndarray        # rank boundaries of the batches in that mode
-    wants: np.ndarray         # nonzeros per batch
+    part: int  # the mode whose rank ranges split the tensor into batches
+    bounds: np.ndarray  # rank boundaries of the batches in that mode
+    wants: np.ndarray  # nonzeros per batch
     value_stream: np.uint64
-    inv_cdf: np.ndarray       # per mode, the rank inverse CDF at INV_CDF_KNOTS + 1 knots
+    inv_cdf: np.ndarray  # per mode, the rank inverse CDF at INV_CDF_KNOTS + 1 knots
 
 
 def _plan(shape: Sequence[int], nnz: int, skew, seed, values: str, batch_nnz: int) -> _Plan:
@@ -92,8 +92,18 @@ def _plan(shape: Sequence[int], nnz: int, skew, seed, values: str, batch_nnz: in
     wants = _fit_capacity(np.diff(cum), caps)
     value_stream = ss.generate_state(1, np.uint64)[0]
     inv_cdf = np.stack([_inverse_cdf_table(L, sk) for L, sk in zip(shape, skews, strict=True)])
-    return _Plan(layout, skews, np.array([a for a, _ in perms], dtype=np.uint64),
-                 np.array([b for _, b in perms], dtype=np.uint64), ss, p, bounds, wants, value_stream, inv_cdf)
+    return _Plan(
+        layout,
+        skews,
+        np.array([a for a, _ in perms], dtype=np.uint64),
+        np.array([b for _, b in perms], dtype=np.uint64),
+        ss,
+        p,
+        bounds,
+        wants,
+        value_stream,
+        inv_cdf,
+    )
 
 
 def _batch_keys(plan: _Plan, k: int) -> np.ndarray:
@@ -107,6 +117,7 @@ def _batch_keys(plan: _Plan, k: int) -> np.ndarray:
     lo, hi, want = int(plan.bounds[k]), int(plan.bounds[k + 1]), int(plan.wants[k])
     cap = (hi - lo) * (math.prod(shape) // shape[p])
     batch_seed = np.random.SeedSequence(plan.seed.entropy, spawn_key=(*plan.seed.spawn_key, 1, k))
+
     def dense() -> np.ndarray:
         ranks = _draw_dense(np.random.default_rng(batch_seed), shape, plan.skews, p, lo, hi, want)
         _permute_ranks(ranks, plan.perm_a, plan.perm_b, np.array(shape, dtype=np.int64))
@@ -130,13 +141,28 @@ def _batch_keys(plan: _Plan, k: int) -> np.ndarray:
         # distinct draws seen so far
         rate = keys.shape[1] / drawn if drawn else 1.0
         m = want if drawn == 0 else int((want - keys.shape[1]) / max(rate, 0.02) * 1.002) + 64
-        streams = np.random.SeedSequence(batch_seed.entropy, spawn_key=(*batch_seed.spawn_key, attempt)) \
-            .generate_state(N, np.uint64)
+        streams = np.random.SeedSequence(batch_seed.entropy, spawn_key=(*batch_seed.spawn_key, attempt)).generate_state(
+            N, np.uint64
+        )
         new = np.empty((layout.nwords, m), dtype=np.uint64)
-        _draw_keys(streams, lengths, plan.inv_cdf, u_lo, u_hi, r_lo, r_hi, plan.perm_a, plan.perm_b, deposit,
-                   deposit_shift, layout.spread_tables, layout.mode_nbytes, new)
+        _draw_keys(
+            streams,
+            lengths,
+            plan.inv_cdf,
+            u_lo,
+            u_hi,
+            r_lo,
+            r_hi,
+            plan.perm_a,
+            plan.perm_b,
+            deposit,
+            deposit_shift,
+            layout.spread_tables,
+            layout.mode_nbytes,
+            new,
+        )
         new = sort_keys(new, layout.total_bits)
-        new = new[:, :_dedupe_sorted(new)]
+        new = new[:, : _dedupe_sorted(new)]
         keys = new if drawn == 0 else _merge_distinct(keys, new)
         drawn += m
         if keys.shape[1] >= want:
@@ -144,13 +170,15 @@ def _batch_keys(plan: _Plan, k: int) -> np.ndarray:
     else:
         if cap <= DENSE_BOX_CELLS:
             return dense()
-        raise ValueError(f"could not draw {want} distinct cells of {cap} for shape {shape}: the power law "
-                         "concentrates too much mass; lower skew or nnz")
+        raise ValueError(
+            f"could not draw {want} distinct cells of {cap} for shape {shape}: the power law "
+            "concentrates too much mass; lower skew or nnz"
+        )
     extra = keys.shape[1] - want
     if extra:
         # drop a uniform random subset of the surplus (the draws kept stay a fair sample)
         drop = np.sort(np.random.default_rng(batch_seed).choice(keys.shape[1], size=extra, replace=False))
-        keys = keys[:, :_drop_columns(keys, drop)]
+        keys = keys[:, : _drop_columns(keys, drop)]
     return keys
 
 
@@ -179,9 +207,16 @@ class HeavyTailedGenerator:
     1000
     """
 
-    def __init__(self, shape: Sequence[int], nnz: int, *, skew: float | Sequence[float] = 1.6,
-                 seed: int | np.random.SeedSequence | None = None, values: str = "uniform",
-                 batch_nnz: int | None = None) -> None:
+    def __init__(
+        self,
+        shape: Sequence[int],
+        nnz: int,
+        *,
+        skew: float | Sequence[float] = 1.6,
+        seed: int | np.random.SeedSequence | None = None,
+        values: str = "uniform",
+        batch_nnz: int | None = None,
+    ) -> None:
         batch_nnz = default_batch_nnz(nnz) if batch_nnz is None else int(batch_nnz)
         self.plan = _plan(shape, int(nnz), skew, seed, values, batch_nnz)
         self.layout = self.plan.layout
@@ -212,17 +247,29 @@ class HeavyTailedGenerator:
         return out
 
 
-def iter_heavy_tailed_alto(shape: Sequence[int], nnz: int, *, skew: float | Sequence[float] = 1.6,
-                           seed: int | np.random.SeedSequence | None = None, values: str = "uniform",
-                           batch_nnz: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def iter_heavy_tailed_alto(
+    shape: Sequence[int],
+    nnz: int,
+    *,
+    skew: float | Sequence[float] = 1.6,
+    seed: int | np.random.SeedSequence | None = None,
+    values: str = "uniform",
+    batch_nnz: int | None = None,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Stream ``nnz`` distinct nonzeros of a heavy-tailed tensor as ``(ALTO words, values)``
     batches, each sorted; see :class:`HeavyTailedGenerator`."""
     return HeavyTailedGenerator(shape, nnz, skew=skew, seed=seed, values=values, batch_nnz=batch_nnz).runs()
 
 
-def iter_heavy_tailed(shape: Sequence[int], nnz: int, *, skew: float | Sequence[float] = 1.6,
-                      seed: int | np.random.SeedSequence | None = None, values: str = "uniform",
-                      batch_nnz: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def iter_heavy_tailed(
+    shape: Sequence[int],
+    nnz: int,
+    *,
+    skew: float | Sequence[float] = 1.6,
+    seed: int | np.random.SeedSequence | None = None,
+    values: str = "uniform",
+    batch_nnz: int | None = None,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Stream ``nnz`` distinct nonzeros of a heavy-tailed sparse tensor in batches.
 
     Yields ``(coords int64 (n, nmodes) 0-based, values float64 (n,))``; no coordinate repeats
@@ -268,8 +315,14 @@ def _fit_capacity(wants: np.ndarray, caps: np.ndarray) -> np.ndarray:
     return out
 
 
-def heavy_tailed(shape: Sequence[int], nnz: int, *, skew: float | Sequence[float] = 1.6, seed: int | None = None,
-                 values: str = "uniform") -> tuple[np.ndarray, np.ndarray]:
+def heavy_tailed(
+    shape: Sequence[int],
+    nnz: int,
+    *,
+    skew: float | Sequence[float] = 1.6,
+    seed: int | None = None,
+    values: str = "uniform",
+) -> tuple[np.ndarray, np.ndarray]:
     """All nonzeros of :func:`iter_heavy_tailed` in memory: ``(coords, values)``."""
     parts = list(iter_heavy_tailed(shape, nnz, skew=skew, seed=seed, values=values))
     return np.concatenate([c for c, _ in parts]), np.concatenate([v for _, v in parts])

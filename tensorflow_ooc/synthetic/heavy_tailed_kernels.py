@@ -90,8 +90,9 @@ def _draw_coord(stream, ctr, length, table, u_lo, u_hi, r_lo, r_hi, a, b):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _draw_keys(streams, lengths, tables, u_lo, u_hi, r_lo, r_hi, perm_a, perm_b, deposit, deposit_shift, spread,
-               mode_nbytes, out):
+def _draw_keys(
+    streams, lengths, tables, u_lo, u_hi, r_lo, r_hi, perm_a, perm_b, deposit, deposit_shift, spread, mode_nbytes, out
+):
     """ALTO words of ``out.shape[1]`` draws (draw i uses counter i of every mode's stream)."""
     m = out.shape[1]
     nwords = out.shape[0]
@@ -103,8 +104,9 @@ def _draw_keys(streams, lengths, tables, u_lo, u_hi, r_lo, r_hi, perm_a, perm_b,
             w0 = np.uint64(0)
             w1 = np.uint64(0)
             for n in range(nmodes):
-                c = _draw_coord(streams[n], ctr, lengths[n], tables[n], u_lo[n], u_hi[n], r_lo[n], r_hi[n],
-                                perm_a[n], perm_b[n])
+                c = _draw_coord(
+                    streams[n], ctr, lengths[n], tables[n], u_lo[n], u_hi[n], r_lo[n], r_hi[n], perm_a[n], perm_b[n]
+                )
                 w0 |= pdep(np.uint64(c), deposit[n, 0])
                 if nwords == 2:
                     w1 |= pdep(np.uint64(c) >> np.uint64(deposit_shift[n]), deposit[n, 1])
@@ -115,8 +117,9 @@ def _draw_keys(streams, lengths, tables, u_lo, u_hi, r_lo, r_hi, perm_a, perm_b,
             for w in range(nwords):
                 out[w, i] = 0
             for n in range(nmodes):
-                c = _draw_coord(streams[n], ctr, lengths[n], tables[n], u_lo[n], u_hi[n], r_lo[n], r_hi[n],
-                                perm_a[n], perm_b[n])
+                c = _draw_coord(
+                    streams[n], ctr, lengths[n], tables[n], u_lo[n], u_hi[n], r_lo[n], r_hi[n], perm_a[n], perm_b[n]
+                )
                 for j in range(mode_nbytes[n]):
                     v = (c >> (8 * j)) & 255
                     for w in range(nwords):
@@ -222,12 +225,12 @@ def _values_of_keys(keys, stream, kind, out):
         for w in range(nwords):
             h = _mix(h ^ keys[w, i]) + _GOLDEN
         h = _mix(h)
-        if kind == 0:   # multiples of 1e-6 in (0, 1]: exact round trip through 6-decimal text
+        if kind == 0:  # multiples of 1e-6 in (0, 1]: exact round trip through 6-decimal text
             out[i] = np.float64(h % np.uint64(1_000_000) + np.uint64(1)) / 1e6
         elif kind == 1:  # geometric(0.35): 1, 2, 3, ... like event counts
-            u = 1.0 - _unit(h)            # (0, 1]
+            u = 1.0 - _unit(h)  # (0, 1]
             out[i] = max(1.0, np.ceil(np.log(u) / log_q))
-        else:           # standard normal, Box-Muller
+        else:  # standard normal, Box-Muller
             u1 = 1.0 - _unit(h)
             u2 = _unit(_mix(h + _GOLDEN))
             out[i] = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)

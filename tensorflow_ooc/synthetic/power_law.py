@@ -19,8 +19,9 @@ def _sample_ranks(rng, length: int, skew: float, n: int, lo: int = 0, hi: int | 
     hi = length if hi is None else hi
     u_lo, u_hi = (lo / length) ** (1 / skew), (hi / length) ** (1 / skew)
     u = rng.uniform(u_lo, u_hi, n)
-    r = np.floor(length * u ** skew).astype(np.int64)
+    r = np.floor(length * u**skew).astype(np.int64)
     return np.clip(r, lo, hi - 1)
+
 
 def _rank_probabilities(length: int, skew: float, lo: int, hi: int) -> np.ndarray:
     r = np.arange(lo, hi + 1, dtype=np.float64)

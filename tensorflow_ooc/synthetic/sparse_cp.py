@@ -30,8 +30,15 @@ class PlantedCP:
         return tuple(f.shape[0] for f in self.factors)
 
 
-def planted_cp(shape: Sequence[int], rank: int, nnz: int, *, noise: float = 0.0, seed: int | None = None,
-               skew: float | Sequence[float] = 1.3) -> PlantedCP:
+def planted_cp(
+    shape: Sequence[int],
+    rank: int,
+    nnz: int,
+    *,
+    noise: float = 0.0,
+    seed: int | None = None,
+    skew: float | Sequence[float] = 1.3,
+) -> PlantedCP:
     """Planted rank-``rank`` CP tensor whose factors have sparse supports.
 
     Component r is the outer product of factor columns that are non-zero on ``s_n`` indices of
@@ -48,7 +55,7 @@ def planted_cp(shape: Sequence[int], rank: int, nnz: int, *, noise: float = 0.0,
     sizes = [1] * N
     # grow supports mode by mode (short modes saturate) until a component holds ~nnz/rank cells
     grew = True
-    while grew:      # ends: every size is bounded by its mode's length
+    while grew:  # ends: every size is bounded by its mode's length
         grew = False
         for n in range(N):
             if sizes[n] < shape[n] and math.prod(sizes) * (sizes[n] + 1) / sizes[n] <= per:
@@ -73,7 +80,7 @@ def planted_cp(shape: Sequence[int], rank: int, nnz: int, *, noise: float = 0.0,
         # order), one 1-D unique, and each cell's value as the sum over the boxes covering it of
         # that component's outer-product value (a bincount); about 6x faster than a row-wise
         # unique and an (nnz x rank) product at uber size, and the same tensor.
-        strides = [math.prod(shape[n + 1:]) for n in range(N)]
+        strides = [math.prod(shape[n + 1 :]) for n in range(N)]
         keys, vals = [], []
         for r, support in enumerate(boxes):
             k = np.zeros(1, dtype=np.int64)

@@ -31,7 +31,7 @@ def _write_int(buf, pos, v):
 def _format_fixed(coords, offset, scaled, decimals, buf):
     """Lines 'i_1 ... i_N value' with value = scaled / 10**decimals (scaled >= 0)."""
     pos = 0
-    div = 10 ** decimals
+    div = 10**decimals
     for i in range(coords.shape[0]):
         for m in range(coords.shape[1]):
             pos = _write_int(buf, pos, coords[i, m] + offset)
@@ -100,7 +100,7 @@ def write_tns(path: str | os.PathLike, batches, *, one_based: bool = True, heade
             os.remove(tmp)
         from ..disk import disk_full_error, is_disk_full
 
-        if is_disk_full(exc):     # the file named; it needs at least what was written and the failed piece
+        if is_disk_full(exc):  # the file named; it needs at least what was written and the failed piece
             raise disk_full_error(exc, path, needed=written + piece) from exc
         raise
     return total

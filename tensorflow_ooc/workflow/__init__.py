@@ -5,5 +5,15 @@ storage root. See ``workflows/README.md``."""
 from .errors import InputError, LockError, Problem, RunCancelled, RunNotFound, SpecError, StepFailed
 from .spec import Spec, Workflow, load_spec
 
-__all__ = ["InputError", "LockError", "Problem", "RunCancelled", "RunNotFound", "Spec", "SpecError", "StepFailed",
-           "Workflow", "load_spec"]
+__all__ = [
+    "InputError",
+    "LockError",
+    "Problem",
+    "RunCancelled",
+    "RunNotFound",
+    "Spec",
+    "SpecError",
+    "StepFailed",
+    "Workflow",
+    "load_spec",
+]

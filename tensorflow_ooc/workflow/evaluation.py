@@ -50,15 +50,18 @@ def load_model(location: str) -> Model:
     names = sorted((k for k in z.files if k.startswith("factor")), key=lambda k: int(k[6:] or 0))
     if "weights" not in z.files or not names:
         raise InputError(f"{location}: a model .npz needs 'weights' and 'factor0', 'factor1', ...; has {z.files}")
-    return Model(np.asarray(z["weights"], dtype=np.float64), [np.asarray(z[k], dtype=np.float64) for k in names],
-                 location)
+    return Model(
+        np.asarray(z["weights"], dtype=np.float64), [np.asarray(z[k], dtype=np.float64) for k in names], location
+    )
 
 
 def model_fit(store: Store, model: Model) -> float:
     """``1 - ||X - M|| / ||X||`` for a store X, streaming its chunks once."""
     if tuple(f.shape[0] for f in model.factors) != tuple(store.shape):
-        raise InputError(f"model {model.source} has shape {tuple(f.shape[0] for f in model.factors)}, "
-                         f"the tensor {store.path} {tuple(store.shape)}")
+        raise InputError(
+            f"model {model.source} has shape {tuple(f.shape[0] for f in model.factors)}, "
+            f"the tensor {store.path} {tuple(store.shape)}"
+        )
     w = model.weights.astype(np.float64)
     H = np.ones((model.rank, model.rank))
     for A in model.factors:
@@ -87,19 +90,22 @@ def factor_match(model: Model, reference: Model) -> dict:
         reference component, score) in reference order.
     """
     if len(model.factors) != len(reference.factors):
-        raise InputError(f"{model.source} has {len(model.factors)} modes, the reference {reference.source} "
-                         f"{len(reference.factors)}")
+        raise InputError(
+            f"{model.source} has {len(model.factors)} modes, the reference {reference.source} {len(reference.factors)}"
+        )
     mf, rf = list(model.factors), list(reference.factors)
     for n, (a, b) in enumerate(zip(mf, rf)):
         # a tensor read from .tns has the shape of its largest indices: trailing slices without
         # nonzeros are missing from it, and the reference model is zero on them (zero rows)
-        if a.shape[0] < b.shape[0] and not np.any(b[a.shape[0]:]):
+        if a.shape[0] < b.shape[0] and not np.any(b[a.shape[0] :]):
             mf[n] = np.concatenate([a, np.zeros((b.shape[0] - a.shape[0], a.shape[1]))])
-        elif b.shape[0] < a.shape[0] and not np.any(a[b.shape[0]:]):
+        elif b.shape[0] < a.shape[0] and not np.any(a[b.shape[0] :]):
             rf[n] = np.concatenate([b, np.zeros((a.shape[0] - b.shape[0], b.shape[1]))])
         elif a.shape[0] != b.shape[0]:
-            raise InputError(f"mode {n}: {model.source} has {a.shape[0]} rows, the reference {reference.source} "
-                             f"{b.shape[0]} (and the extra rows are not zero)")
+            raise InputError(
+                f"mode {n}: {model.source} has {a.shape[0]} rows, the reference {reference.source} "
+                f"{b.shape[0]} (and the extra rows are not zero)"
+            )
     w1, F1 = arrange(model.weights, mf)
     w2, F2 = arrange(reference.weights, rf)
     C = np.ones((w1.shape[0], w2.shape[0]))
@@ -112,5 +118,8 @@ def factor_match(model: Model, reference: Model) -> dict:
     r, c = linear_sum_assignment(-S)
     r2, c2 = linear_sum_assignment(-C)
     order = np.argsort(c)
-    return {"fms": float(S[r, c].sum() / denom), "congruence": float(C[r2, c2].sum() / denom),
-            "pairs": [[int(r[i]), int(c[i]), round(float(S[r[i], c[i]]), 6)] for i in order]}
+    return {
+        "fms": float(S[r, c].sum() / denom),
+        "congruence": float(C[r2, c2].sum() / denom),
+        "pairs": [[int(r[i]), int(c[i]), round(float(S[r[i], c[i]]), 6)] for i in order],
+    }

@@ -85,10 +85,20 @@ class OutputIndex:
             return None
 
     def write(self, location: str, step_fp: str, step: str, run_id: str) -> None:
-        loc.write_text(self._entry(location), json.dumps({
-            "output": location, "step": step, "step_fingerprint": step_fp, "run_id": run_id,
-            "output_fingerprint": location_fingerprint(location),
-            "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1))
+        loc.write_text(
+            self._entry(location),
+            json.dumps(
+                {
+                    "output": location,
+                    "step": step,
+                    "step_fingerprint": step_fp,
+                    "run_id": run_id,
+                    "output_fingerprint": location_fingerprint(location),
+                    "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                },
+                indent=1,
+            ),
+        )
 
     def forget(self, location: str) -> None:
         loc.remove(self._entry(location))

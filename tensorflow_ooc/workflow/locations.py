@@ -61,7 +61,7 @@ def is_under(location: str, root: str) -> bool:
         return location == r or location.startswith(r + "/")
     try:
         return os.path.commonpath([location, root]) == root
-    except ValueError:        # different drives
+    except ValueError:  # different drives
         return False
 
 
@@ -143,7 +143,7 @@ def write_bytes(location: str, data: bytes) -> None:
             try:
                 with open(tmp, "wb") as f:
                     f.write(data)
-                os.replace(tmp, p)   # readers never see a half-written record
+                os.replace(tmp, p)  # readers never see a half-written record
             except BaseException:
                 if os.path.exists(tmp):
                     os.remove(tmp)
@@ -196,9 +196,9 @@ def append_text(location: str, text: str) -> None:
                 try:
                     view = memoryview(data)
                     while view:
-                        view = view[os.write(fd, view):]
+                        view = view[os.write(fd, view) :]
                 except OSError:
-                    os.ftruncate(fd, start)       # no torn line at the end (a full disk)
+                    os.ftruncate(fd, start)  # no torn line at the end (a full disk)
                     raise
             finally:
                 os.close(fd)

@@ -48,7 +48,7 @@ class OutputLocks:
             d = json.loads(loc.read_text(f))
             return Holder(d["output"], d["run_id"], d.get("acquired_at"))
         except (ValueError, KeyError, OSError, FileNotFoundError):
-            return Holder(output, "?", None)      # unreadable: treated as held until stale by age
+            return Holder(output, "?", None)  # unreadable: treated as held until stale by age
 
     def _why_free(self, h: Holder) -> str | None:
         """Why a lock held by another run may be taken over (None: it may not)."""
@@ -78,9 +78,9 @@ class OutputLocks:
                         break
                     h = self.holder(out)
                     if h is None:
-                        continue            # released in between: try again
+                        continue  # released in between: try again
                     if h.run_id == run_id:
-                        got.append(out)     # a new attempt of this run: it holds the lock already
+                        got.append(out)  # a new attempt of this run: it holds the lock already
                         break
                     why = self._why_free(h)
                     if why is None:
@@ -90,9 +90,11 @@ class OutputLocks:
                         except Exception:
                             pass
                         beat = f", last heartbeat {rec.heartbeat_at}" if rec is not None else ""
-                        raise LockError(f"{out} is being written by run {h.run_id} "
-                                        f"({rec.state if rec else 'starting'}{beat}); wait for it to finish "
-                                        f"(tfooc status {h.run_id}) or stop it (tfooc cancel {h.run_id})")
+                        raise LockError(
+                            f"{out} is being written by run {h.run_id} "
+                            f"({rec.state if rec else 'starting'}{beat}); wait for it to finish "
+                            f"(tfooc status {h.run_id}) or stop it (tfooc cancel {h.run_id})"
+                        )
                     loc.remove(self._file(out))
                     taken.append((h.run_id, why))
                 else:

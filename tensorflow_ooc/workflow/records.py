@@ -70,17 +70,17 @@ class StepRecord(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     kind: str
-    state: Literal[STEP_STATES] = "pending"              # type: ignore[valid-type]
+    state: Literal[STEP_STATES] = "pending"  # type: ignore[valid-type]
     started_at: str | None = None
     finished_at: str | None = None
     seconds: float | None = None
     fingerprint: str | None = None
     inputs: dict[str, str] = Field(default_factory=dict)
     outputs: dict[str, str] = Field(default_factory=dict)
-    message: str | None = None           # why skipped, what was done
+    message: str | None = None  # why skipped, what was done
     error: str | None = None
-    metrics: dict[str, Any] = Field(default_factory=dict)     # fit, iterations, fms, nnz, ...
-    progress: dict[str, Any] = Field(default_factory=dict)    # the latest CP-ALS iteration
+    metrics: dict[str, Any] = Field(default_factory=dict)  # fit, iterations, fms, nnz, ...
+    progress: dict[str, Any] = Field(default_factory=dict)  # the latest CP-ALS iteration
     attempt: int | None = None
 
 
@@ -100,7 +100,7 @@ class Attempt(BaseModel):
 class RunRecord(BaseModel):
     """A workflow run, as stored in ``record.json``."""
 
-    model_config = ConfigDict(extra="allow")     # monitoring may add fields; old readers keep working
+    model_config = ConfigDict(extra="allow")  # monitoring may add fields; old readers keep working
     format: Literal["tfooc-run"] = "tfooc-run"
     version: int = RECORD_VERSION
     run_id: str
@@ -115,7 +115,7 @@ class RunRecord(BaseModel):
     user: str
     host: str
     created_at: str
-    state: Literal[RUN_STATES] = "queued"                 # type: ignore[valid-type]
+    state: Literal[RUN_STATES] = "queued"  # type: ignore[valid-type]
     exit_code: int | None = None
     started_at: str | None = None
     finished_at: str | None = None
@@ -149,7 +149,7 @@ def new_run_id(workflow: str) -> str:
 def whoami() -> str:
     try:
         return getpass.getuser()
-    except Exception:      # no user database entry (containers)
+    except Exception:  # no user database entry (containers)
         return str(os.getuid()) if hasattr(os, "getuid") else "unknown"
 
 
@@ -200,19 +200,18 @@ class RunStore:
         ids = loc.listdir(self.dir)
         if limit is not None:
             # ids start with the workflow name, then the second: take a margin per name and sort
-            ids = sorted(ids, key=lambda i: i.rsplit("-", 3)[-3:], reverse=True)[:limit * 4 + 16]
+            ids = sorted(ids, key=lambda i: i.rsplit("-", 3)[-3:], reverse=True)[: limit * 4 + 16]
         out = []
         for run_id in ids:
             try:
                 out.append(self.read(run_id))
-            except Exception:          # a record being created right now, or foreign files
+            except Exception:  # a record being created right now, or foreign files
                 continue
         out.sort(key=lambda r: r.created_at, reverse=True)
         return out if limit is None else out[:limit]
 
     def append_events(self, run_id: str, events: list[dict]) -> None:
-        loc.append_text(self._file(run_id, "events.jsonl"),
-                        "".join(json.dumps(e, default=str) + "\n" for e in events))
+        loc.append_text(self._file(run_id, "events.jsonl"), "".join(json.dumps(e, default=str) + "\n" for e in events))
 
     def events(self, run_id: str) -> list[dict]:
         path = self._file(self.resolve(run_id), "events.jsonl")
@@ -222,7 +221,7 @@ class RunStore:
         for line in loc.read_text(path).splitlines():
             try:
                 out.append(json.loads(line))
-            except ValueError:           # a line being appended while we read
+            except ValueError:  # a line being appended while we read
                 continue
         return out
 
@@ -272,23 +271,43 @@ class Recorder:
             return st
 
     # --- events --------------------------------------------------------------------------------
-    def event(self, event_type: str, message: str = "", *, step: str | None = None, level: str = "info",
-              echo: bool = True, **fields: Any) -> dict:
-        ev = {"time": now_iso(), "t": round(time.time(), 3), "run_id": self.record.run_id, "event": event_type,
-              "step": step, "level": level, "message": message, **fields}
+    def event(
+        self,
+        event_type: str,
+        message: str = "",
+        *,
+        step: str | None = None,
+        level: str = "info",
+        echo: bool = True,
+        **fields: Any,
+    ) -> dict:
+        ev = {
+            "time": now_iso(),
+            "t": round(time.time(), 3),
+            "run_id": self.record.run_id,
+            "event": event_type,
+            "step": step,
+            "level": level,
+            "message": message,
+            **fields,
+        }
         try:
             self.runs.append_events(self.record.run_id, [ev])
-        except Exception as exc:    # the run goes on; the record still has the state
+        except Exception as exc:  # the run goes on; the record still has the state
             log.warning("could not append to the run's events: %s", exc)
         if self.client is not None and hasattr(self.client, "log_event"):
             try:
                 # with the storage root, where the monitoring page finds the run's record
                 self.client.log_event(DASK_TOPIC, {**ev, "storage": self.record.storage})
-            except Exception:      # a closing or inline client: events stay in the file
+            except Exception:  # a closing or inline client: events stay in the file
                 pass
         if echo and message:
-            log.log(logging.ERROR if level == "error" else logging.WARNING if level == "warning" else logging.INFO,
-                    "%s%s", f"[{step}] " if step else "", message)
+            log.log(
+                logging.ERROR if level == "error" else logging.WARNING if level == "warning" else logging.INFO,
+                "%s%s",
+                f"[{step}] " if step else "",
+                message,
+            )
         return ev
 
     # --- heartbeat and cancellation -----------------------------------------------------------
@@ -311,7 +330,7 @@ class Recorder:
                     if self.runs.cancel_requested(self.record.run_id):
                         self.cancel_event.set()
                     self.save()
-                except Exception as exc:       # keep beating; a flaky store must not end the run
+                except Exception as exc:  # keep beating; a flaky store must not end the run
                     log.debug("heartbeat failed: %s", exc)
 
         self._beat = threading.Thread(target=beat, name=f"tfooc-heartbeat-{self.record.run_id}", daemon=True)
@@ -337,8 +356,14 @@ class EventLogHandler(logging.Handler):
         if record.thread != self.thread_id or record.name.startswith("tensorflow_ooc.workflow"):
             return
         try:
-            self.recorder.event("log", record.getMessage(), step=self.step, level=record.levelname.lower(),
-                                echo=False, logger=record.name)
+            self.recorder.event(
+                "log",
+                record.getMessage(),
+                step=self.step,
+                level=record.levelname.lower(),
+                echo=False,
+                logger=record.name,
+            )
         except Exception:
             pass
 

@@ -25,8 +25,10 @@ def _step_summary(st: StepRecord) -> str:
         return f"iteration {p.get('iteration')}: fit {p.get('fit', float('nan')):.6f}"
     if st.kind == "decompose" and "fit" in m:
         first = m.get("first_iteration_seconds")
-        out = (f"fit {m['fit']:.6f} after {m.get('iterations')} iterations; {m.get('seconds_per_iteration', 0):.3f} s "
-               f"per iteration steady state")
+        out = (
+            f"fit {m['fit']:.6f} after {m.get('iterations')} iterations; {m.get('seconds_per_iteration', 0):.3f} s "
+            f"per iteration steady state"
+        )
         if first is not None:
             out += f", first {first:.2f} s (includes compilation)"
         if m.get("nnz_modes_per_second"):
@@ -39,8 +41,9 @@ def _step_summary(st: StepRecord) -> str:
         if "fit" in m:
             parts.append(f"fit {m['fit']:.6f}")
         if "fms" in m:
-            parts.append(f"factor match score {m['fms']:.4f} (congruence {m['congruence']:.4f}) against "
-                         f"{m.get('reference')}")
+            parts.append(
+                f"factor match score {m['fms']:.4f} (congruence {m['congruence']:.4f}) against {m.get('reference')}"
+            )
         return "; ".join(parts)
     if "nnz" in m:
         extra = f", version {m['version']} ({m.get('new_files', 0)} new files)" if "version" in m else ""
@@ -54,8 +57,11 @@ def run_summary(rec: RunRecord) -> str:
     """Multi-line summary of a run: state, time, every step with its outcome, outputs."""
     secs = _seconds(rec)
     state = rec.display_state()
-    lines = [f"run {rec.run_id}: {state}" + (f" in {secs:.1f} s" if secs is not None else "")
-             + f"  ({rec.workflow}, {rec.mode} on {rec.cluster}, storage {rec.storage})"]
+    lines = [
+        f"run {rec.run_id}: {state}"
+        + (f" in {secs:.1f} s" if secs is not None else "")
+        + f"  ({rec.workflow}, {rec.mode} on {rec.cluster}, storage {rec.storage})"
+    ]
     width = max((len(n) for n in rec.steps), default=4)
     for name, st in rec.steps.items():
         sec = f"{st.seconds:7.1f} s" if st.seconds is not None else " " * 9
@@ -91,8 +97,17 @@ def status_table(records: list[RunRecord]) -> str:
         else:
             fits = [st.metrics["fit"] for st in r.steps.values() if "fit" in st.metrics]
             note = f"fit {fits[-1]:.4f}" if fits else ""
-        rows.append((r.run_id, r.display_state(), r.workflow, (r.created_at or "")[:19].replace("T", " "),
-                     f"{secs:.1f}" if secs is not None else "", step, note))
+        rows.append(
+            (
+                r.run_id,
+                r.display_state(),
+                r.workflow,
+                (r.created_at or "")[:19].replace("T", " "),
+                f"{secs:.1f}" if secs is not None else "",
+                step,
+                note,
+            )
+        )
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows)
 
@@ -103,8 +118,10 @@ def format_event(ev: dict) -> str:
     step = f"[{ev['step']}] " if ev.get("step") else ""
     kind = ev.get("event", "")
     if kind == "iteration":
-        msg = (f"iteration {ev.get('iteration')}: fit {ev.get('fit', float('nan')):.6f} (change "
-               f"{ev.get('fit_change', float('nan')):.2e}), {ev.get('seconds', float('nan')):.3f} s")
+        msg = (
+            f"iteration {ev.get('iteration')}: fit {ev.get('fit', float('nan')):.6f} (change "
+            f"{ev.get('fit_change', float('nan')):.2e}), {ev.get('seconds', float('nan')):.3f} s"
+        )
     else:
         msg = ev.get("message") or kind
     level = ev.get("level", "info").upper()

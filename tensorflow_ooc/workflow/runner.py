@@ -51,7 +51,7 @@ from .steps import StepContext, run_step
 log = logging.getLogger("tensorflow_ooc.workflow")
 
 EXIT_BAD_SPEC = 2
-CLUSTER_CONNECT_TIMEOUT = 5.0      # seconds to reach a scheduler address before the run starts
+CLUSTER_CONNECT_TIMEOUT = 5.0  # seconds to reach a scheduler address before the run starts
 
 
 def _tcp_target(address: str) -> tuple[str, int] | None:
@@ -65,7 +65,7 @@ def _tcp_target(address: str) -> tuple[str, int] | None:
     if proto not in ("tcp", "tls", "ws", "wss"):
         return None
     rest = rest.split("/", 1)[0]
-    if rest.startswith("["):                        # [IPv6]:port
+    if rest.startswith("["):  # [IPv6]:port
         host, _, port = rest[1:].partition("]")
         port = port.lstrip(":")
     else:
@@ -97,9 +97,11 @@ def check_cluster(workflow: Workflow, cluster: str | None = None, timeout: float
         socket.create_connection(target, timeout=timeout).close()
     except OSError as exc:
         why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
-        message = (f"the Dask scheduler at {address} cannot be reached ({why}; tried {target[0]}:{target[1]} "
-                   f"for at most {timeout:g} s): start it or fix the address, or use 'embedded' to run in this "
-                   "process; nothing was started")
+        message = (
+            f"the Dask scheduler at {address} cannot be reached ({why}; tried {target[0]}:{target[1]} "
+            f"for at most {timeout:g} s): start it or fix the address, or use 'embedded' to run in this "
+            "process; nothing was started"
+        )
         if cluster:
             problem = Problem(None, "--scheduler", message)
         else:
@@ -161,9 +163,20 @@ def new_record(workflow: Workflow, run_id: str, mode: str, cluster: str, schedul
     """A fresh record (state ``queued``) for a run of ``workflow``."""
     h = host_info()
     steps = {s.name: StepRecord(kind=s.kind, inputs=s.inputs, outputs=s.outputs) for s in workflow.steps}
-    return RunRecord(run_id=run_id, workflow=workflow.name, spec_path=workflow.path, spec_sha256=workflow.sha256,
-                     storage=workflow.root, cluster=cluster, mode=mode, scheduler=scheduler, user=h["user"],
-                     host=h["host"], created_at=now_iso(), steps=steps)
+    return RunRecord(
+        run_id=run_id,
+        workflow=workflow.name,
+        spec_path=workflow.path,
+        spec_sha256=workflow.sha256,
+        storage=workflow.root,
+        cluster=cluster,
+        mode=mode,
+        scheduler=scheduler,
+        user=h["user"],
+        host=h["host"],
+        created_at=now_iso(),
+        steps=steps,
+    )
 
 
 def _worker_address() -> str | None:
@@ -171,7 +184,7 @@ def _worker_address() -> str | None:
         from distributed import get_worker
 
         return get_worker().address
-    except Exception:       # not on a worker
+    except Exception:  # not on a worker
         return None
 
 
@@ -194,8 +207,15 @@ def _mark_lost(runs: RunStore, run_id: str, reason: str, by: str) -> None:
     runs.write(rec)
 
 
-def execute(workflow: Workflow, *, run_id: str | None = None, client: Any = None, mode: str = "foreground",
-            cluster: str | None = None, force: bool = False) -> RunOutcome:
+def execute(
+    workflow: Workflow,
+    *,
+    run_id: str | None = None,
+    client: Any = None,
+    mode: str = "foreground",
+    cluster: str | None = None,
+    force: bool = False,
+) -> RunOutcome:
     """Run ``workflow`` (see the module docstring).
 
     Parameters
@@ -217,13 +237,13 @@ def execute(workflow: Workflow, *, run_id: str | None = None, client: Any = None
     RunOutcome
     """
     if client is None:
-        check_cluster(workflow, cluster)     # an unreachable scheduler: a SpecError, nothing started
+        check_cluster(workflow, cluster)  # an unreachable scheduler: a SpecError, nothing started
     cluster = cluster or workflow.spec.cluster
     runs = RunStore(workflow.root)
     index = OutputIndex(workflow.root)
     if run_id is not None and runs.exists(run_id):
         record = runs.read(run_id)
-        if record.final:       # a driver re-run after it had finished (a worker died late): nothing to do
+        if record.final:  # a driver re-run after it had finished (a worker died late): nothing to do
             return RunOutcome(run_id, record.state, record.exit_code or 0, record)
         for s in workflow.steps:
             record.steps.setdefault(s.name, StepRecord(kind=s.kind, inputs=s.inputs, outputs=s.outputs))
@@ -238,26 +258,39 @@ def execute(workflow: Workflow, *, run_id: str | None = None, client: Any = None
     if lost is not None:
         where = f" on worker {lost.worker}" if lost.worker else ""
         lost.ended_at = now_iso()
-        lost.outcome = (f"lost during step {record.current_step!r}: the driver (pid {lost.pid} on {lost.host}{where}) "
-                        f"stopped without finishing; attempt {number} resumes")
+        lost.outcome = (
+            f"lost during step {record.current_step!r}: the driver (pid {lost.pid} on {lost.host}{where}) "
+            f"stopped without finishing; attempt {number} resumes"
+        )
         for st in record.steps.values():
             if st.state == "running":
                 st.state, st.error = "pending", f"interrupted in attempt {lost.attempt} (the driver stopped)"
-    record.attempts.append(Attempt(attempt=number, host=h["host"], pid=h["pid"], worker=_worker_address(),
-                                   started_at=now_iso()))
+    record.attempts.append(
+        Attempt(attempt=number, host=h["host"], pid=h["pid"], worker=_worker_address(), started_at=now_iso())
+    )
     if lost is not None:
         rec.event("attempt-lost", lost.outcome or "", level="warning")
     if runs.cancel_requested(run_id):
-        rec.update(state="cancelled", exit_code=EXIT_CODES["cancelled"], finished_at=now_iso(),
-                   error="cancelled before it started")
+        rec.update(
+            state="cancelled",
+            exit_code=EXIT_CODES["cancelled"],
+            finished_at=now_iso(),
+            error="cancelled before it started",
+        )
         rec.event("run-finished", f"run {run_id} cancelled before it started", state="cancelled")
         return RunOutcome(run_id, "cancelled", EXIT_CODES["cancelled"], record)
     record.state = "running"
     record.started_at = record.started_at or now_iso()
     record.cluster = cluster
     rec.save()
-    rec.event("run-started", f"run {run_id}: {workflow.name} ({len(workflow.steps)} steps) under {workflow.root}"
-              + (f", attempt {number}" if number > 1 else ""), attempt=number, mode=mode, cluster=cluster)
+    rec.event(
+        "run-started",
+        f"run {run_id}: {workflow.name} ({len(workflow.steps)} steps) under {workflow.root}"
+        + (f", attempt {number}" if number > 1 else ""),
+        attempt=number,
+        mode=mode,
+        cluster=cluster,
+    )
 
     def on_client(c: Any) -> None:
         rec.client = c
@@ -286,11 +319,16 @@ def execute(workflow: Workflow, *, run_id: str | None = None, client: Any = None
         rec.save()
         rec.event("run-finished", f"run {run_id} not started: {exc}", level="error", state="failed")
         return RunOutcome(run_id, "failed", EXIT_CODES["failed"], record)
-    for holder, why in dict(taken).items():       # one entry per run, not per output
+    for holder, why in dict(taken).items():  # one entry per run, not per output
         _mark_lost(runs, holder, why, run_id)
         record.took_over.append(holder)
-        rec.event("lock-taken-over", f"took over the outputs of run {holder} ({why}); its finished steps are "
-                  "skipped and CP-ALS resumes from its checkpoint", level="warning", previous_run=holder)
+        rec.event(
+            "lock-taken-over",
+            f"took over the outputs of run {holder} ({why}); its finished steps are "
+            "skipped and CP-ALS resumes from its checkpoint",
+            level="warning",
+            previous_run=holder,
+        )
     lib_log.addHandler(capture)
     rec.start_heartbeat()
     current = None
@@ -300,31 +338,53 @@ def execute(workflow: Workflow, *, run_id: str | None = None, client: Any = None
             rec.check_cancel()
             srec = record.steps[st.name]
             capture.step = st.name
-            missing = [f"{role} {where}" for role, where in st.inputs.items()
-                       if location_fingerprint(where) is None]
+            missing = [f"{role} {where}" for role, where in st.inputs.items() if location_fingerprint(where) is None]
             if missing:
                 raise InputError(f"step {st.name!r}: missing input: {', '.join(missing)}")
             fps = {role: location_fingerprint(where) for role, where in st.inputs.items()}
             fp = step_fingerprint(st.kind, st.config(), fps)
             stale = [why for why in (index.why_stale(o, fp) for o in st.outputs.values()) if why]
             if not stale and not force:
-                rec.step(st.name, save=False, state="skipped", fingerprint=fp, attempt=number, error=None,
-                         message="up to date (outputs exist with matching input fingerprints)")
+                rec.step(
+                    st.name,
+                    save=False,
+                    state="skipped",
+                    fingerprint=fp,
+                    attempt=number,
+                    error=None,
+                    message="up to date (outputs exist with matching input fingerprints)",
+                )
                 rec.update(current_step=None)
                 rec.event("step-skipped", f"{st.name}: up to date", step=st.name)
                 continue
             t0 = time.time()
-            rec.step(st.name, save=False, state="running", started_at=now_iso(), finished_at=None, seconds=None,
-                     fingerprint=fp, attempt=number, error=None, message="; ".join(sorted(set(stale))) or "forced")
+            rec.step(
+                st.name,
+                save=False,
+                state="running",
+                started_at=now_iso(),
+                finished_at=None,
+                seconds=None,
+                fingerprint=fp,
+                attempt=number,
+                error=None,
+                message="; ".join(sorted(set(stale))) or "forced",
+            )
             rec.update(current_step=st.name)
-            rec.event("step-started", f"{st.name}: running {st.kind} (" + ("; ".join(sorted(set(stale))) or "forced") + ")",
-                      step=st.name, kind=st.kind)
+            rec.event(
+                "step-started",
+                f"{st.name}: running {st.kind} (" + ("; ".join(sorted(set(stale))) or "forced") + ")",
+                step=st.name,
+                kind=st.kind,
+            )
             # the spec was checked when loaded; a symbolic link made since must not lead out either
             for role, where in st.outputs.items():
                 if not confined(where, workflow.allowed):
-                    raise InputError(f"step {st.name!r}: output {role} {where} now resolves to "
-                                     f"{real_location(where)}, outside the storage root {workflow.root} and the "
-                                     "allowed paths: refused")
+                    raise InputError(
+                        f"step {st.name!r}: output {role} {where} now resolves to "
+                        f"{real_location(where)}, outside the storage root {workflow.root} and the "
+                        "allowed paths: refused"
+                    )
             ctx = StepContext(workflow, st, fp, rec, handle.client_for, handle.default_device)
             metrics = run_step(ctx)
             for o in st.outputs.values():
@@ -335,18 +395,30 @@ def execute(workflow: Workflow, *, run_id: str | None = None, client: Any = None
             ran += 0 if nothing_new else 1
             seconds = time.time() - t0
             merged = {**srec.metrics, **metrics}
-            rec.step(st.name, save=False, state="skipped" if nothing_new else "done", finished_at=now_iso(),
-                     seconds=round(seconds, 3), metrics=merged,
-                     message="nothing new (every input was processed before)" if nothing_new else None)
+            rec.step(
+                st.name,
+                save=False,
+                state="skipped" if nothing_new else "done",
+                finished_at=now_iso(),
+                seconds=round(seconds, 3),
+                metrics=merged,
+                message="nothing new (every input was processed before)" if nothing_new else None,
+            )
             rec.update(current_step=None)
-            rec.event("step-finished", f"{st.name}: " + ("nothing new" if nothing_new else "done")
-                      + f" in {seconds:.1f} s", step=st.name, seconds=seconds, metrics=merged)
+            rec.event(
+                "step-finished",
+                f"{st.name}: " + ("nothing new" if nothing_new else "done") + f" in {seconds:.1f} s",
+                step=st.name,
+                seconds=seconds,
+                metrics=merged,
+            )
         current = None
         state = "done" if ran else "skipped"
     except RunCancelled as exc:
         state, error = "cancelled", str(exc)
-        rec.event("cancelled", f"cancelled during step {current!r}" if current else "cancelled", step=current,
-                  level="warning")
+        rec.event(
+            "cancelled", f"cancelled during step {current!r}" if current else "cancelled", step=current, level="warning"
+        )
     except KeyboardInterrupt:
         state, error = "cancelled", "interrupted (Ctrl-C)"
         raise
@@ -355,21 +427,32 @@ def execute(workflow: Workflow, *, run_id: str | None = None, client: Any = None
         rec.event("error", str(exc), step=current, level="error")
     except Exception as exc:
         state, error = "failed", f"{type(exc).__name__}: {exc}"
-        rec.event("error", f"{current}: {error}" if current else error, step=current, level="error",
-                  traceback=traceback.format_exc())
+        rec.event(
+            "error",
+            f"{current}: {error}" if current else error,
+            step=current,
+            level="error",
+            traceback=traceback.format_exc(),
+        )
     finally:
         lib_log.removeHandler(capture)
         rec.stop_heartbeat()
         try:
             handle.close()
-        except Exception as exc:       # a cluster that fails to close must not hide the outcome
+        except Exception as exc:  # a cluster that fails to close must not hide the outcome
             log.debug("closing the cluster: %s", exc)
         locks.release(outputs, run_id)
         if current is not None:
             srec = record.steps[current]
             started = parse_iso(srec.started_at)
-            rec.step(current, save=False, state="cancelled" if state == "cancelled" else "failed", error=error,
-                     finished_at=now_iso(), seconds=round(time.time() - started, 3) if started else None)
+            rec.step(
+                current,
+                save=False,
+                state="cancelled" if state == "cancelled" else "failed",
+                error=error,
+                finished_at=now_iso(),
+                seconds=round(time.time() - started, 3) if started else None,
+            )
         for srec in record.steps.values():
             if srec.state in ("pending", "running"):
                 srec.state = "not run"
@@ -378,10 +461,15 @@ def execute(workflow: Workflow, *, run_id: str | None = None, client: Any = None
         record.attempts[-1].outcome = state
         try:
             rec.update(state=state, exit_code=code, finished_at=now_iso(), current_step=None, error=error)
-        except DiskFullError as exc:     # still full: the outcome is reported, the record keeps its last state
+        except DiskFullError as exc:  # still full: the outcome is reported, the record keeps its last state
             log.warning("could not record the run's outcome: %s", exc)
-        rec.event("run-finished", f"run {run_id} {state}" + (f": {error}" if error else ""), state=state,
-                  exit_code=code, level="error" if state == "failed" else "info")
+        rec.event(
+            "run-finished",
+            f"run {run_id} {state}" + (f": {error}" if error else ""),
+            state=state,
+            exit_code=code,
+            level="error" if state == "failed" else "info",
+        )
     return RunOutcome(run_id, state, EXIT_CODES[state], record)
 
 
@@ -391,7 +479,19 @@ def spec_failure(runs: RunStore, record: RunRecord, exc: SpecError) -> RunOutcom
     for st in record.steps.values():
         st.state = "not run"
     runs.write(record)
-    runs.append_events(record.run_id, [{"time": now_iso(), "t": time.time(), "run_id": record.run_id,
-                                        "event": "run-finished", "level": "error", "message": str(exc),
-                                        "state": "failed", "exit_code": EXIT_BAD_SPEC}])
+    runs.append_events(
+        record.run_id,
+        [
+            {
+                "time": now_iso(),
+                "t": time.time(),
+                "run_id": record.run_id,
+                "event": "run-finished",
+                "level": "error",
+                "message": str(exc),
+                "state": "failed",
+                "exit_code": EXIT_BAD_SPEC,
+            }
+        ],
+    )
     return RunOutcome(record.run_id, "failed", EXIT_BAD_SPEC, record)

@@ -44,8 +44,22 @@ EXPORT_NEEDS = {"pyttb": "pyttb", "tensorly": "tensorly"}
 _STEP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _ADDRESS = re.compile(r"^(tcp|tls|inproc|ucx|ws|wss)://\S+$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
-          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 10**6,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 10**9,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 10**12,
+    "tb": 10**12,
+    "tib": 2**40,
+}
 
 
 def parse_size(value: int | str) -> int:
@@ -62,6 +76,7 @@ def parse_size(value: int | str) -> int:
 
 # --- models ---------------------------------------------------------------------------------------
 
+
 class _Model(BaseModel):
     # strict: YAML already types its scalars, so "16" stays a string and rank: "16" is an error
     # rather than a silent conversion; unknown keys are errors
@@ -73,8 +88,11 @@ Size = Union[int, str]
 
 
 class _Step(_Model):
-    after: list[str] = Field(default_factory=list, description="steps that must finish first (besides "
-                             "those whose outputs this step reads, which are found by path)")
+    after: list[str] = Field(
+        default_factory=list,
+        description="steps that must finish first (besides "
+        "those whose outputs this step reads, which are found by path)",
+    )
     description: str = ""
 
     def input_fields(self) -> dict[str, str]:
@@ -92,7 +110,7 @@ class GenerateStep(_Step):
 
     kind: Literal["generate"]
     out: str
-    like: Literal[PRESET_NAMES] | None = None            # type: ignore[valid-type]
+    like: Literal[PRESET_NAMES] | None = None  # type: ignore[valid-type]
     shape: list[PositiveInt] | None = None
     nnz: PositiveInt | None = None
     model: Literal["heavy-tailed", "planted"] = "heavy-tailed"
@@ -102,8 +120,9 @@ class GenerateStep(_Step):
     values: Literal["uniform", "count", "normal"] = "uniform"
     seed: int = 0
     zero_based: bool = False
-    factors_out: str | None = Field(None, description="planted: where the true model goes "
-                                    "(default OUT without its extension + .factors.npz)")
+    factors_out: str | None = Field(
+        None, description="planted: where the true model goes (default OUT without its extension + .factors.npz)"
+    )
 
     @model_validator(mode="after")
     def _size_given(self) -> GenerateStep:
@@ -197,14 +216,20 @@ class DecomposeStep(_Step):
     checkpoint_every: PositiveInt = 1
     partitions: PositiveInt | None = None
     method: Literal["exact", "sts", "arls-lev", "arls-lev-hybrid"] = Field(
-        "exact", description="exact CP-ALS, or randomized least-squares solves from sampled Khatri-Rao rows: "
-                             "sts (exact leverage scores), arls-lev, arls-lev-hybrid")
+        "exact",
+        description="exact CP-ALS, or randomized least-squares solves from sampled Khatri-Rao rows: "
+        "sts (exact leverage scores), arls-lev, arls-lev-hybrid",
+    )
     samples: PositiveInt = Field(65536, description="randomized methods: rows drawn per mode and iteration")
-    fit_every: PositiveInt | None = Field(None, description="randomized methods: evaluate the fit every N "
-                                                            "iterations (default 1 up to 2^24 nonzeros, else 5)")
+    fit_every: PositiveInt | None = Field(
+        None,
+        description="randomized methods: evaluate the fit every N iterations (default 1 up to 2^24 nonzeros, else 5)",
+    )
     scheduler: Literal["auto", "inline", "cluster"] = Field(
-        "auto", description="auto: in the driver for tensors of at most 2^24 nonzeros, on the cluster above; "
-                            "inline: always in the driver; cluster: always as Dask graphs on the cluster")
+        "auto",
+        description="auto: in the driver for tensors of at most 2^24 nonzeros, on the cluster above; "
+        "inline: always in the driver; cluster: always as Dask graphs on the cluster",
+    )
 
     @field_validator("device_memory_limit")
     @classmethod
@@ -275,17 +300,21 @@ class ExportStep(_Step):
 
     kind: Literal["export"]
     result: str
-    format: Literal[EXPORT_FORMATS]                       # type: ignore[valid-type]
+    format: Literal[EXPORT_FORMATS]  # type: ignore[valid-type]
     out: str
 
     def input_fields(self) -> dict[str, str]:
         return {"result": self.result}
 
 
-Step = Annotated[GenerateStep | ConvertStep | DecomposeStep | EvaluateStep | ExportStep,
-                 Field(discriminator="kind")]
-STEP_MODELS: dict[str, type[_Step]] = {"generate": GenerateStep, "convert": ConvertStep,
-                                       "decompose": DecomposeStep, "evaluate": EvaluateStep, "export": ExportStep}
+Step = Annotated[GenerateStep | ConvertStep | DecomposeStep | EvaluateStep | ExportStep, Field(discriminator="kind")]
+STEP_MODELS: dict[str, type[_Step]] = {
+    "generate": GenerateStep,
+    "convert": ConvertStep,
+    "decompose": DecomposeStep,
+    "evaluate": EvaluateStep,
+    "export": ExportStep,
+}
 
 
 class Spec(_Model):
@@ -326,6 +355,7 @@ class Spec(_Model):
 
 # --- loading with line numbers ---------------------------------------------------------------------
 
+
 def _walk(node: yaml.Node, prefix: tuple, marks: dict[tuple, int], problems: list[Problem]) -> None:
     """Record the line of every key and list item; duplicate keys (which YAML would silently let
     the last one win) are problems."""
@@ -335,8 +365,11 @@ def _walk(node: yaml.Node, prefix: tuple, marks: dict[tuple, int], problems: lis
             key = str(k.value) if isinstance(k, yaml.ScalarNode) else repr(k)
             line = k.start_mark.line + 1
             if key in seen:
-                problems.append(Problem(line, ".".join(map(str, prefix + (key,))),
-                                        f"duplicate key (first given on line {seen[key]})"))
+                problems.append(
+                    Problem(
+                        line, ".".join(map(str, prefix + (key,))), f"duplicate key (first given on line {seen[key]})"
+                    )
+                )
             seen[key] = line
             marks[prefix + (key,)] = line
             _walk(v, prefix + (key,), marks, problems)
@@ -384,13 +417,20 @@ def _check_expansion(root: yaml.Node) -> None:
         node, children_done = stack.pop()
         if id(node) in sizes:
             continue
-        kids = ([n for kv in node.value for n in kv] if isinstance(node, yaml.MappingNode)
-                else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        kids = (
+            [n for kv in node.value for n in kv]
+            if isinstance(node, yaml.MappingNode)
+            else list(node.value)
+            if isinstance(node, yaml.SequenceNode)
+            else []
+        )
         if children_done:
             sizes[id(node)] = 1 + sum(sizes[id(k)] for k in kids)
             if sizes[id(node)] > MAX_SPEC_NODES:
-                raise yaml.YAMLError(f"its aliases expand to more than {MAX_SPEC_NODES:,} values (a YAML "
-                                     f"'billion laughs' document?); a workflow spec is far smaller")
+                raise yaml.YAMLError(
+                    f"its aliases expand to more than {MAX_SPEC_NODES:,} values (a YAML "
+                    f"'billion laughs' document?); a workflow spec is far smaller"
+                )
             continue
         stack.append((node, True))
         stack.extend((k, False) for k in kids if id(k) not in sizes)
@@ -413,11 +453,13 @@ def read_source(path: str | os.PathLike | None = None, text: str | None = None) 
         except (IsADirectoryError, UnicodeDecodeError) as exc:
             raise SpecError(name, [Problem(None, None, f"not a YAML text file ({exc})")]) from None
     if len(text) > MAX_SPEC_CHARS:
-        raise SpecError(name, [Problem(None, None, f"the spec is {len(text):,} characters long; a spec is at most "
-                                                   f"{MAX_SPEC_CHARS:,}")])
+        raise SpecError(
+            name,
+            [Problem(None, None, f"the spec is {len(text):,} characters long; a spec is at most {MAX_SPEC_CHARS:,}")],
+        )
     loader = None
     try:
-        loader = yaml.SafeLoader(text)     # refuses control characters (a ReaderError) here already
+        loader = yaml.SafeLoader(text)  # refuses control characters (a ReaderError) here already
         node = loader.get_single_node()
         if node is not None:
             _check_expansion(node)
@@ -431,9 +473,16 @@ def read_source(path: str | os.PathLike | None = None, text: str | None = None) 
         what = " ".join(s for s in (exc.context, exc.problem) if s)
         if exc.context_mark and exc.problem_mark and exc.problem_mark.line != exc.context_mark.line:
             what += f" (on line {exc.problem_mark.line + 1})"
-        raise SpecError(name, [Problem(mark.line + 1 if mark else None, None,
-                                       f"YAML error: {what} (column {mark.column + 1 if mark else '?'})")]) \
-            from None
+        raise SpecError(
+            name,
+            [
+                Problem(
+                    mark.line + 1 if mark else None,
+                    None,
+                    f"YAML error: {what} (column {mark.column + 1 if mark else '?'})",
+                )
+            ],
+        ) from None
     except yaml.YAMLError as exc:
         raise SpecError(name, [Problem(None, None, f"YAML error: {exc}")]) from None
     finally:
@@ -442,8 +491,16 @@ def read_source(path: str | os.PathLike | None = None, text: str | None = None) 
     if node is None:
         raise SpecError(name, [Problem(1, None, "the spec is empty (expected a mapping with 'steps')")])
     if not isinstance(data, dict):
-        raise SpecError(name, [Problem(node.start_mark.line + 1, None,
-                                       f"expected a mapping with 'steps' at the top, got a {type(data).__name__}")])
+        raise SpecError(
+            name,
+            [
+                Problem(
+                    node.start_mark.line + 1,
+                    None,
+                    f"expected a mapping with 'steps' at the top, got a {type(data).__name__}",
+                )
+            ],
+        )
     marks: dict[tuple, int] = {(): 1}
     problems: list[Problem] = []
     _walk(node, (), marks, problems)
@@ -477,7 +534,7 @@ def _problem(src: Source, err: dict) -> Problem:
     elif kind == "missing":
         message = "missing (required)"
     elif kind == "union_tag_invalid":
-        message = (f"unknown step kind {err['ctx']['tag']!r} (expected one of: {', '.join(STEP_KINDS)})")
+        message = f"unknown step kind {err['ctx']['tag']!r} (expected one of: {', '.join(STEP_KINDS)})"
         where = where + ("kind",)
     elif kind == "union_tag_not_found":
         message = f"missing 'kind' (expected one of: {', '.join(STEP_KINDS)})"
@@ -496,11 +553,12 @@ def validate_source(src: Source) -> Spec:
         return Spec.model_validate(src.data)
     except ValidationError as exc:
         problems = [_problem(src, e) for e in exc.errors(include_url=False)]
-        problems.sort(key=lambda p: (p.line or 0))
+        problems.sort(key=lambda p: p.line or 0)
         raise SpecError(src.path, problems) from None
 
 
 # --- the workflow as a whole -------------------------------------------------------------------------
+
 
 @dataclass
 class PlannedStep:
@@ -508,13 +566,13 @@ class PlannedStep:
 
     name: str
     model: _Step
-    inputs: dict[str, str]             # role -> normalized location
-    outputs: dict[str, str]            # role -> normalized location
+    inputs: dict[str, str]  # role -> normalized location
+    outputs: dict[str, str]  # role -> normalized location
     deps: list[str] = field(default_factory=list)
 
     @property
     def kind(self) -> str:
-        return self.model.kind          # type: ignore[attr-defined]
+        return self.model.kind  # type: ignore[attr-defined]
 
     def config(self) -> dict:
         """The step's settings that define its result (for the fingerprint)."""
@@ -532,7 +590,7 @@ class Workflow:
     allowed: list[str]
     steps: list[PlannedStep]
     sha256: str
-    operator_allowed: list[str] = field(default_factory=list)   # what the operator allows (a submit passes it on)
+    operator_allowed: list[str] = field(default_factory=list)  # what the operator allows (a submit passes it on)
 
     @property
     def path(self) -> str:
@@ -583,8 +641,11 @@ def _config_allow_paths() -> list[tuple[str, str]]:
     out = []
     for i, e in enumerate(entries):
         if not isinstance(e, str) or not (loc.is_url(e) or os.path.isabs(os.path.expanduser(e))):
-            problems.append(Problem(src.line(("allow_paths", i)), f"allow_paths.{i}",
-                                    f"expected an absolute path or a URL, got {e!r}"))
+            problems.append(
+                Problem(
+                    src.line(("allow_paths", i)), f"allow_paths.{i}", f"expected an absolute path or a URL, got {e!r}"
+                )
+            )
             continue
         out.append((loc.normalize(e), f"{path}, line {src.line(('allow_paths', i))}"))
     if problems:
@@ -592,8 +653,9 @@ def _config_allow_paths() -> list[tuple[str, str]]:
     return out
 
 
-def operator_allow_paths(allow_paths: list[str] | tuple[str, ...] | None = None, *,
-                         environment: bool = True) -> list[tuple[str, str]]:
+def operator_allow_paths(
+    allow_paths: list[str] | tuple[str, ...] | None = None, *, environment: bool = True
+) -> list[tuple[str, str]]:
     """Folders or URLs besides the storage root that the operator lets specs use, each with where
     it was given: ``allow_paths`` (``tfooc run/submit --allow-path``), and with ``environment``
     also ``$TFOOC_ALLOW_PATHS`` (``os.pathsep``-separated) and ``allow_paths`` in the config file
@@ -630,7 +692,7 @@ def _produces(step: PlannedStep, location: str) -> bool:
         if out == location or (loc.has_glob(location) and fnmatch.fnmatch(out, location)):
             return True
         if not loc.has_glob(location) and loc.is_under(out, location) and out != location:
-            return True       # a file made inside a folder that is read as a whole
+            return True  # a file made inside a folder that is read as a whole
     return False
 
 
@@ -643,7 +705,7 @@ def _find_cycle(order: list[str], deps: dict[str, list[str]]) -> list[str] | Non
         stack.append(n)
         for d in deps[n]:
             if state.get(d) == 1:
-                return stack[stack.index(d):] + [d]
+                return stack[stack.index(d) :] + [d]
             if d not in state:
                 found = visit(d)
                 if found:
@@ -660,8 +722,9 @@ def _find_cycle(order: list[str], deps: dict[str, list[str]]) -> list[str] | Non
     return None
 
 
-def plan(spec: Spec, src: Source, storage: str | None = None,
-         operator: list[tuple[str, str]] | None = None) -> Workflow:
+def plan(
+    spec: Spec, src: Source, storage: str | None = None, operator: list[tuple[str, str]] | None = None
+) -> Workflow:
     """Resolve locations, check confinement, references, inputs and cycles; order the steps.
 
     ``operator``: the folders the operator allows besides the storage root, each with where it was
@@ -678,18 +741,28 @@ def plan(spec: Spec, src: Source, storage: str | None = None,
     picked = []
     for i, extra in enumerate(spec.allow_paths):
         if not (loc.is_url(extra) or os.path.isabs(os.path.expanduser(extra))):
-            problems.append(Problem(src.line(("allow_paths", i)), f"allow_paths.{i}",
-                                    f"expected an absolute path or a URL, got {extra!r}"))
+            problems.append(
+                Problem(
+                    src.line(("allow_paths", i)),
+                    f"allow_paths.{i}",
+                    f"expected an absolute path or a URL, got {extra!r}",
+                )
+            )
             continue
         extra = loc.normalize(extra)
         if not confined(extra, granted_by_operator):
             given = "; ".join([f"{root} (the storage root)"] + [f"{a} ({w})" for a, w in operator])
             real = real_location(extra)
-            problems.append(Problem(src.line(("allow_paths", i)), f"allow_paths.{i}",
-                                    f"{extra}{f' (really {real})' if real != extra else ''} is not inside a "
-                                    f"folder the operator allows ({given}): a spec can only narrow its sandbox. "
-                                    f"The operator allows more with tfooc run/submit --allow-path PATH, "
-                                    f"${ALLOW_ENV}, or allow_paths in {config_path()}"))
+            problems.append(
+                Problem(
+                    src.line(("allow_paths", i)),
+                    f"allow_paths.{i}",
+                    f"{extra}{f' (really {real})' if real != extra else ''} is not inside a "
+                    f"folder the operator allows ({given}): a spec can only narrow its sandbox. "
+                    f"The operator allows more with tfooc run/submit --allow-path PATH, "
+                    f"${ALLOW_ENV}, or allow_paths in {config_path()}",
+                )
+            )
             continue
         picked.append(extra)
     allowed = [root] + (picked if spec.allow_paths else [a for a, _ in operator])
@@ -708,51 +781,78 @@ def plan(spec: Spec, src: Source, storage: str | None = None,
                     real = real_location(location)
                     others = f" and the allowed paths {', '.join(allowed[1:])}" if allowed[1:] else ""
                     if any(loc.is_under(location, a) for a in allowed):
-                        why = (f"{what} {location} goes through a symbolic link to {real}, outside the storage "
-                               f"root {root}{others}")
+                        why = (
+                            f"{what} {location} goes through a symbolic link to {real}, outside the storage "
+                            f"root {root}{others}"
+                        )
                     else:
-                        why = (f"{what} {location} is outside the storage root {root}{others} (the operator can "
-                               f"allow its folder: tfooc run/submit --allow-path FOLDER, ${ALLOW_ENV}, or "
-                               f"allow_paths in {config_path()})")
+                        why = (
+                            f"{what} {location} is outside the storage root {root}{others} (the operator can "
+                            f"allow its folder: tfooc run/submit --allow-path FOLDER, ${ALLOW_ENV}, or "
+                            f"allow_paths in {config_path()})"
+                        )
                     problems.append(Problem(src.line(where), _display(where), why))
                     continue
                 if side == "out":
                     if any(real_location(location).rstrip("/") == real_location(a).rstrip("/") for a in allowed):
                         # writing (or replacing) the root would take every other output and the
                         # run records with it
-                        problems.append(Problem(src.line(where), _display(where),
-                                                f"output {location} is the storage root (or an allowed folder) "
-                                                f"itself; name a file or folder inside it"))
+                        problems.append(
+                            Problem(
+                                src.line(where),
+                                _display(where),
+                                f"output {location} is the storage root (or an allowed folder) "
+                                f"itself; name a file or folder inside it",
+                            )
+                        )
                         continue
                     if loc.has_glob(location):
-                        problems.append(Problem(src.line(where), _display(where),
-                                                f"expected one output location, got a glob {raw!r}"))
+                        problems.append(
+                            Problem(
+                                src.line(where), _display(where), f"expected one output location, got a glob {raw!r}"
+                            )
+                        )
                         continue
                     if location in writers:
-                        problems.append(Problem(src.line(where), _display(where),
-                                                f"{location} is also written by step {writers[location]!r}: "
-                                                "each output has one writer"))
+                        problems.append(
+                            Problem(
+                                src.line(where),
+                                _display(where),
+                                f"{location} is also written by step {writers[location]!r}: each output has one writer",
+                            )
+                        )
                         continue
                     writers[location] = name
                 resolved[side][role] = location
         for i, dep in enumerate(model.after):
             if dep not in spec.steps:
-                problems.append(Problem(src.line(("steps", name, "after", i)), f"steps.{name}.after.{i}",
-                                        f"unknown step {dep!r} (steps: {', '.join(names)})"))
+                problems.append(
+                    Problem(
+                        src.line(("steps", name, "after", i)),
+                        f"steps.{name}.after.{i}",
+                        f"unknown step {dep!r} (steps: {', '.join(names)})",
+                    )
+                )
         planned.append(PlannedStep(name, model, resolved["in"], resolved["out"]))
     # dependencies: explicit 'after' plus every step whose output this step reads
     for st in planned:
         deps = [d for d in st.model.after if d in spec.steps]
-        for role, location in st.inputs.items():
+        for location in st.inputs.values():
             for other in planned:
                 if other.name != st.name and _produces(other, location) and other.name not in deps:
                     deps.append(other.name)
         st.deps = deps
     cycle = _find_cycle(names, {s.name: s.deps for s in planned})
     if cycle:
-        problems.append(Problem(src.line(("steps", cycle[0])), f"steps.{cycle[0]}",
-                                "cyclic dependency: " + " -> ".join(cycle) +
-                                " (a step reads what a later step of the cycle writes, or 'after' loops)"))
+        problems.append(
+            Problem(
+                src.line(("steps", cycle[0])),
+                f"steps.{cycle[0]}",
+                "cyclic dependency: "
+                + " -> ".join(cycle)
+                + " (a step reads what a later step of the cycle writes, or 'after' loops)",
+            )
+        )
     else:
         # inputs that no step makes must exist now
         for st in planned:
@@ -767,18 +867,28 @@ def plan(spec: Spec, src: Source, storage: str | None = None,
                         target = target.rsplit("/", 1)[0]
                 where = ("steps", st.name, role)
                 if not loc.exists(target):
-                    problems.append(Problem(src.line(where), _display(where),
-                                            f"missing input: {target} does not exist and no step writes it"))
+                    problems.append(
+                        Problem(
+                            src.line(where),
+                            _display(where),
+                            f"missing input: {target} does not exist and no step writes it",
+                        )
+                    )
         for st in planned:
             if st.kind == "export":
-                fmt = st.model.format                      # type: ignore[attr-defined]
+                fmt = st.model.format  # type: ignore[attr-defined]
                 need = EXPORT_NEEDS.get(fmt)
                 if need and importlib.util.find_spec(need) is None:
                     where = ("steps", st.name, "format")
-                    problems.append(Problem(src.line(where), _display(where),
-                                            f"format {fmt!r} needs the {need} package: pip install {need}"))
+                    problems.append(
+                        Problem(
+                            src.line(where),
+                            _display(where),
+                            f"format {fmt!r} needs the {need} package: pip install {need}",
+                        )
+                    )
     if problems:
-        problems.sort(key=lambda p: (p.line or 0))
+        problems.sort(key=lambda p: p.line or 0)
         raise SpecError(src.path, problems)
     # dependency order, declaration order among independent steps
     order: list[PlannedStep] = []
@@ -791,13 +901,19 @@ def plan(spec: Spec, src: Source, storage: str | None = None,
                 break
     name = spec.name or os.path.splitext(os.path.basename(src.path))[0].replace(".yaml", "") or "workflow"
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", name)
-    return Workflow(spec, src, name, root, allowed, order, hashlib.sha256(src.text.encode()).hexdigest(),
-                    [a for a, _ in operator])
+    return Workflow(
+        spec, src, name, root, allowed, order, hashlib.sha256(src.text.encode()).hexdigest(), [a for a, _ in operator]
+    )
 
 
-def load_spec(path: str | os.PathLike | None = None, *, text: str | None = None,
-              storage: str | None = None, allow_paths: list[str] | tuple[str, ...] | None = None,
-              operator_config: bool = True) -> Workflow:
+def load_spec(
+    path: str | os.PathLike | None = None,
+    *,
+    text: str | None = None,
+    storage: str | None = None,
+    allow_paths: list[str] | tuple[str, ...] | None = None,
+    operator_config: bool = True,
+) -> Workflow:
     """Read, validate and plan a spec.
 
     Parameters

@@ -45,7 +45,7 @@ class StepContext:
     step: PlannedStep
     fingerprint: str
     recorder: Recorder
-    client_for: Callable[[str], Any]        # device -> a Dask client on the run's cluster
+    client_for: Callable[[str], Any]  # device -> a Dask client on the run's cluster
     default_device: str = "auto"
 
     def log(self, message: str, **fields: Any) -> None:
@@ -59,6 +59,7 @@ class StepContext:
 
 
 # --- helpers ------------------------------------------------------------------------------------------
+
 
 def is_tns(location: str) -> bool:
     return location.endswith(TNS_SUFFIXES)
@@ -119,8 +120,9 @@ def _cancellable(batches: Iterator, ctx: StepContext) -> Iterator:
 
 # --- generate ------------------------------------------------------------------------------------------
 
+
 def run_generate(ctx: StepContext) -> dict:
-    m: GenerateStep = ctx.step.model                       # type: ignore[assignment]
+    m: GenerateStep = ctx.step.model  # type: ignore[assignment]
     shape = tuple(m.shape) if m.shape else None
     nnz = m.nnz
     if m.like:
@@ -134,8 +136,10 @@ def run_generate(ctx: StepContext) -> dict:
     if m.model == "planted":
         skew = m.skew if m.skew is not None else 1.3
         p = synthetic.planted_cp(shape, m.rank, nnz, noise=m.noise, seed=m.seed, skew=skew)
-        _save_npz(ctx.step.outputs["factors_out"], {"weights": p.weights,
-                                                    **{f"factor{n}": f for n, f in enumerate(p.factors)}})
+        _save_npz(
+            ctx.step.outputs["factors_out"],
+            {"weights": p.weights, **{f"factor{n}": f for n, f in enumerate(p.factors)}},
+        )
         values = p.values
         if is_tns(out):
             # text files get 6 decimals: the writer's fast path is exact for fixed-point values
@@ -148,8 +152,10 @@ def run_generate(ctx: StepContext) -> dict:
             batches = iter([(p.coords, values)])
         nnz = int(p.coords.shape[0])
         metrics.update(rank=m.rank, noise=m.noise)
-        ctx.log(f"planted rank-{m.rank} model with noise {m.noise}: {nnz:,} nonzeros; true factors in "
-                f"{ctx.step.outputs['factors_out']}")
+        ctx.log(
+            f"planted rank-{m.rank} model with noise {m.noise}: {nnz:,} nonzeros; true factors in "
+            f"{ctx.step.outputs['factors_out']}"
+        )
     else:
         skew = m.skew if m.skew is not None else 1.6
         batches = synthetic.iter_heavy_tailed(shape, nnz, skew=skew, seed=m.seed, values=m.values)
@@ -166,6 +172,7 @@ def run_generate(ctx: StepContext) -> dict:
 
 
 # --- convert ------------------------------------------------------------------------------------------
+
 
 def _text_batches(files: list[str], one_based: bool, shape: tuple[int, ...]) -> Iterator:
     for f in files:
@@ -200,12 +207,17 @@ def _grow(shape: list[int], *others: Any) -> tuple[int, ...]:
 
 
 def run_convert(ctx: StepContext) -> dict:
-    m: ConvertStep = ctx.step.model                        # type: ignore[assignment]
+    m: ConvertStep = ctx.step.model  # type: ignore[assignment]
     src_loc, out = ctx.step.inputs["input"], ctx.step.outputs["out"]
     files = input_files(src_loc)
     one_based = not m.zero_based
-    args = dict(duplicates=m.duplicates, chunk_nnz=m.chunk_nnz, max_block_nnz=m.max_block_nnz,
-                compression=m.compression, memory_limit=m.memory_limit)
+    args = dict(
+        duplicates=m.duplicates,
+        chunk_nnz=m.chunk_nnz,
+        max_block_nnz=m.max_block_nnz,
+        compression=m.compression,
+        memory_limit=m.memory_limit,
+    )
     if not m.append:
         if not files:
             raise InputError(f"{src_loc}: no .tns or .tns.gz files")
@@ -215,8 +227,13 @@ def run_convert(ctx: StepContext) -> dict:
         else:
             need, est = _files_shape(files, one_based)
             shape = _grow(need, m.shape)
-            src = BatchSource(_cancellable(_text_batches(files, one_based, shape), ctx), len(shape), shape, est,
-                              name=f"{len(files)} files of {src_loc}")
+            src = BatchSource(
+                _cancellable(_text_batches(files, one_based, shape), ctx),
+                len(shape),
+                shape,
+                est,
+                name=f"{len(files)} files of {src_loc}",
+            )
             store = convert(src, out, shape=shape, overwrite=True, **args)
         ctx.log(f"{len(files)} file(s) -> {out}: {store.nnz:,} nonzeros, shape {'x'.join(map(str, store.shape))}")
         return {"nnz": store.nnz, "shape": list(store.shape), "files": len(files)}
@@ -244,18 +261,24 @@ def _changed_error(ctx: StepContext, changed: list[tuple[dict, dict]]) -> InputE
     lines = []
     for rec, key in changed:
         if rec.get("sha256"):
-            what = (f"sha256 {_short(rec['sha256'])}... ({rec['size']} bytes) when ingested in version "
-                    f"{rec.get('version', '?')}, now sha256 {_short(key['sha256'])}... ({key['size']} bytes)")
+            what = (
+                f"sha256 {_short(rec['sha256'])}... ({rec['size']} bytes) when ingested in version "
+                f"{rec.get('version', '?')}, now sha256 {_short(key['sha256'])}... ({key['size']} bytes)"
+            )
         else:
-            what = (f"size/time {rec['size']} bytes / {rec['time']} when ingested (recorded before content hashes "
-                    f"were kept), now {key['size']} bytes / {key['time']}: its content may have changed")
+            what = (
+                f"size/time {rec['size']} bytes / {rec['time']} when ingested (recorded before content hashes "
+                f"were kept), now {key['size']} bytes / {key['time']}: its content may have changed"
+            )
         lines.append(f"{key['location']}: {what}")
     return InputError(
         f"step {ctx.step.name!r}: {len(changed)} already-ingested file(s) changed since they were ingested: "
-        + "; ".join(lines) + ". Their old content is in the tensor already. Put the original back and add "
+        + "; ".join(lines)
+        + ". Their old content is in the tensor already. Put the original back and add "
         "corrections as a new file, or set 'on_changed' on the step: 'append' adds the new content as new data "
         "(the old stays), 'replace-version' rebuilds the next version with the file's new content instead of its "
-        "old one")
+        "old one"
+    )
 
 
 def _classify(ctx: StepContext, files: list[str], records: list[dict]) -> tuple[list[dict], list, list, bool]:
@@ -268,7 +291,7 @@ def _classify(ctx: StepContext, files: list[str], records: list[dict]) -> tuple[
     """
     current: dict[str, dict] = {}
     for r in records:
-        current[r["location"]] = r                      # the last ingestion of each location counts
+        current[r["location"]] = r  # the last ingestion of each location counts
     known = {r["sha256"]: r for r in records if r.get("sha256")}
     new: list[dict] = []
     changed: list[tuple[dict, dict]] = []
@@ -283,7 +306,7 @@ def _classify(ctx: StepContext, files: list[str], records: list[dict]) -> tuple[
         rec = current.get(f)
         if rec is not None:
             if rec.get("sha256") is None and (rec.get("size"), rec.get("time")) == (key["size"], key["time"]):
-                rec["sha256"] = key["sha256"]            # a record from before hashes: kept from now on
+                rec["sha256"] = key["sha256"]  # a record from before hashes: kept from now on
                 known.setdefault(key["sha256"], rec)
                 migrated = True
                 continue
@@ -292,8 +315,10 @@ def _classify(ctx: StepContext, files: list[str], records: list[dict]) -> tuple[
             continue
         same = known.get(key["sha256"])
         if same is not None:
-            ctx.log(f"{f}: same content as {same['location']} (ingested in version {same.get('version', '?')}): "
-                    "not appended again")
+            ctx.log(
+                f"{f}: same content as {same['location']} (ingested in version {same.get('version', '?')}): "
+                "not appended again"
+            )
             continue
         if key["sha256"] in batch:
             ctx.log(f"{f}: same content as {batch[key['sha256']]} in this batch: appended once")
@@ -303,8 +328,9 @@ def _classify(ctx: StepContext, files: list[str], records: list[dict]) -> tuple[
     return new, changed, keys, migrated
 
 
-def _rebuild_sources(ctx: StepContext, records: list[dict], changed: list[tuple[dict, dict]],
-                     keys: list[dict], number: int) -> tuple[list[str], list[dict]]:
+def _rebuild_sources(
+    ctx: StepContext, records: list[dict], changed: list[tuple[dict, dict]], keys: list[dict], number: int
+) -> tuple[list[str], list[dict]]:
     """replace-version: the files the next version is rebuilt from, in ingestion order, and the new
     records. Every ingested content must still be there (under any name); a changed file's
     records are replaced by one record of its new content, at the place of its first ingestion."""
@@ -331,15 +357,16 @@ def _rebuild_sources(ctx: StepContext, records: list[dict], changed: list[tuple[
         sources.append(here)
         out.append(r)
     if missing:
-        raise InputError(f"step {ctx.step.name!r}: on_changed: replace-version rebuilds the tensor from every "
-                         f"ingested file, but {len(missing)} of them are no longer in {ctx.step.inputs['input']} "
-                         f"with their ingested content: {', '.join(missing)}. Put them back, or use on_changed: "
-                         "append")
+        raise InputError(
+            f"step {ctx.step.name!r}: on_changed: replace-version rebuilds the tensor from every "
+            f"ingested file, but {len(missing)} of them are no longer in {ctx.step.inputs['input']} "
+            f"with their ingested content: {', '.join(missing)}. Put them back, or use on_changed: "
+            "append"
+        )
     return sources, out
 
 
-def _append_version(ctx: StepContext, m: ConvertStep, files: list[str], out: str, one_based: bool,
-                    args: dict) -> dict:
+def _append_version(ctx: StepContext, m: ConvertStep, files: list[str], out: str, one_based: bool, args: dict) -> dict:
     """Append the files whose content is not in the latest version to its nonzeros, as the next
     version (see :class:`~tensorflow_ooc.workflow.spec.ConvertStep` for changed files)."""
     versions = read_versions(out)
@@ -354,16 +381,19 @@ def _append_version(ctx: StepContext, m: ConvertStep, files: list[str], out: str
         names = ", ".join(key["location"] for _, key in changed)
         if m.on_changed == "append":
             for rec, key in changed:
-                if any(r.get("sha256") == key["sha256"] for r in records) or \
-                        any(k["sha256"] == key["sha256"] for k in new):
+                if any(r.get("sha256") == key["sha256"] for r in records) or any(
+                    k["sha256"] == key["sha256"] for k in new
+                ):
                     ctx.log(f"{key['location']} changed, but its new content was ingested already: not appended")
                     continue
                 new.append({**key, "changed_from": rec.get("sha256")})
             ctx.log(f"changed since ingested, appended as new data (on_changed: append): {names}")
         else:
             replace = True
-            ctx.log(f"changed since ingested, the next version is rebuilt with their new content "
-                    f"(on_changed: replace-version): {names}")
+            ctx.log(
+                f"changed since ingested, the next version is rebuilt with their new content "
+                f"(on_changed: replace-version): {names}"
+            )
     if not new and not replace:
         if latest is None:
             raise InputError(f"{ctx.step.inputs['input']}: no .tns or .tns.gz files yet, and {out} has no version")
@@ -372,8 +402,13 @@ def _append_version(ctx: StepContext, m: ConvertStep, files: list[str], out: str
             latest["files"] = records
             loc.write_text(loc.child(out, VERSIONS_FILE), json.dumps(versions, indent=1))
         ctx.log(f"no new content: {out} stays at version {latest['version']}")
-        return {"version": latest["version"], "new_files": 0, "nnz": latest["nnz"], "shape": latest["shape"],
-                "nothing_new": True}
+        return {
+            "version": latest["version"],
+            "new_files": 0,
+            "nnz": latest["nnz"],
+            "shape": latest["shape"],
+            "nothing_new": True,
+        }
     for k in new:
         k["version"] = number
     old = open_store(loc.child(out, latest["path"])) if latest else None
@@ -401,14 +436,24 @@ def _append_version(ctx: StepContext, m: ConvertStep, files: list[str], out: str
 
     name = f"v{number:06d}.zarr"
     target = loc.child(out, name)
-    src = BatchSource(_cancellable(batches(), ctx), len(shape), shape,
-                      est + (old.nnz if old is not None and not replace else 0),
-                      name=f"{out} version {number}: {what}")
+    src = BatchSource(
+        _cancellable(batches(), ctx),
+        len(shape),
+        shape,
+        est + (old.nnz if old is not None and not replace else 0),
+        name=f"{out} version {number}: {what}",
+    )
     store = convert(src, target, shape=shape, overwrite=True, **args)
-    entry = {"version": number, "path": name, "nnz": store.nnz, "shape": list(store.shape),
-             "files": file_records, "new_files": [k["location"] for k in new],
-             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-             "run_id": ctx.recorder.record.run_id}
+    entry = {
+        "version": number,
+        "path": name,
+        "nnz": store.nnz,
+        "shape": list(store.shape),
+        "files": file_records,
+        "new_files": [k["location"] for k in new],
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "run_id": ctx.recorder.record.run_id,
+    }
     if replace:
         entry["replaced_files"] = [key["location"] for _, key in changed]
     versions["versions"].append(entry)
@@ -420,9 +465,11 @@ def _append_version(ctx: StepContext, m: ConvertStep, files: list[str], out: str
     loc.write_text(loc.child(out, VERSIONS_FILE), json.dumps(versions, indent=1))
     for d in dropped:
         loc.remove(loc.child(out, d["path"]))
-    ctx.log(f"version {number} of {out}: {store.nnz:,} nonzeros ({what}), shape "
-            f"{'x'.join(map(str, store.shape))}" + (f"; dropped versions {[d['version'] for d in dropped]}"
-                                                     if dropped else ""))
+    ctx.log(
+        f"version {number} of {out}: {store.nnz:,} nonzeros ({what}), shape "
+        f"{'x'.join(map(str, store.shape))}"
+        + (f"; dropped versions {[d['version'] for d in dropped]}" if dropped else "")
+    )
     metrics = {"version": number, "new_files": len(new), "nnz": store.nnz, "shape": list(store.shape)}
     if changed:
         metrics["changed_files"] = [key["location"] for _, key in changed]
@@ -431,7 +478,10 @@ def _append_version(ctx: StepContext, m: ConvertStep, files: list[str], out: str
 
 # --- decompose ----------------------------------------------------------------------------------------
 
-def warm_start(previous: CPResult | Any, shape: tuple[int, ...], rank: int, seed: int | None) -> tuple[list[np.ndarray], str]:
+
+def warm_start(
+    previous: CPResult | Any, shape: tuple[int, ...], rank: int, seed: int | None
+) -> tuple[list[np.ndarray], str]:
     """Initial factors from a previous result for a tensor of ``shape``.
 
     The weights are spread evenly over the modes (each factor scaled by ``w ** (1/N)``), which
@@ -452,8 +502,10 @@ def warm_start(previous: CPResult | Any, shape: tuple[int, ...], rank: int, seed
     out, notes = [], []
     for n, (f, rows) in enumerate(zip(F, shape)):
         if f.shape[0] > rows:
-            raise InputError(f"mode {n} shrank from {f.shape[0]} to {rows} rows since the previous result: "
-                             "a warm start cannot drop rows; use init: random")
+            raise InputError(
+                f"mode {n} shrank from {f.shape[0]} to {rows} rows since the previous result: "
+                "a warm start cannot drop rows; use init: random"
+            )
         a = f * scale
         mag = np.abs(a).mean(axis=0) if a.shape[0] else np.ones(a.shape[1])
         mag = np.where(mag > 0, mag, 1.0)
@@ -471,7 +523,7 @@ def warm_start(previous: CPResult | Any, shape: tuple[int, ...], rank: int, seed
 
 
 def run_decompose(ctx: StepContext) -> dict:
-    m: DecomposeStep = ctx.step.model                      # type: ignore[assignment]
+    m: DecomposeStep = ctx.step.model  # type: ignore[assignment]
     from ..execution import DeviceOptions
 
     store = open_input_store(ctx.step.inputs["input"])
@@ -486,8 +538,10 @@ def run_decompose(ctx: StepContext) -> dict:
         if loc.exists(warm):
             prev = load_result(warm)
             init, notes = warm_start(prev, store.shape, m.rank, m.seed)
-            ctx.log(f"warm start from {warm} (fit {prev.fit:.6f} after {prev.iterations} iterations)"
-                    + (f"; {notes}" if notes else ""))
+            ctx.log(
+                f"warm start from {warm} (fit {prev.fit:.6f} after {prev.iterations} iterations)"
+                + (f"; {notes}" if notes else "")
+            )
         elif m.init == "previous":
             ctx.log(f"no previous result at {warm} yet: random initial factors")
         else:
@@ -499,14 +553,16 @@ def run_decompose(ctx: StepContext) -> dict:
     if state is not None:
         if state.input.get("store_id") == store.meta["store_id"] and state.params.get("rank") == m.rank:
             resume = True
-            ctx.log(f"resuming from the checkpoint after iteration {state.iteration + 1} (fit {state.fit:.6f})",
-                    resumed_after=state.iteration + 1)
+            ctx.log(
+                f"resuming from the checkpoint after iteration {state.iteration + 1} (fit {state.fit:.6f})",
+                resumed_after=state.iteration + 1,
+            )
             ctx.recorder.step(ctx.step.name, resumed_from_iteration=state.iteration + 1)
         else:
             loc.remove(checkpoint)
     client, scheduler = None, None
     if m.scheduler == "inline" or (m.scheduler == "auto" and store.nnz <= INLINE_MAX_NNZ and device != "gpu"):
-        scheduler = "inline"      # Dask's per-task cost would dominate (see execution/inline.py)
+        scheduler = "inline"  # Dask's per-task cost would dominate (see execution/inline.py)
     else:
         client = ctx.client_for(device)
     t0 = time.perf_counter()
@@ -514,37 +570,76 @@ def run_decompose(ctx: StepContext) -> dict:
     def progress(record: dict) -> None:
         rec = {k: record[k] for k in ("iteration", "fit", "fit_change", "seconds") if k in record}
         ctx.recorder.step(ctx.step.name, save=False, progress=rec)
-        ctx.recorder.event("iteration", "", step=ctx.step.name, echo=False,
-                           **{k: v for k, v in record.items() if k != "iteration"}, iteration=record["iteration"],
-                           max_iters=m.max_iters)
+        ctx.recorder.event(
+            "iteration",
+            "",
+            step=ctx.step.name,
+            echo=False,
+            **{k: v for k, v in record.items() if k != "iteration"},
+            iteration=record["iteration"],
+            max_iters=m.max_iters,
+        )
         ctx.check_cancel()
 
     opts = DeviceOptions(conflict=m.conflict, streams=m.streams, device_memory_limit=m.device_memory_limit)
-    result = cp_als(store, m.rank, client=client, scheduler=scheduler, max_iters=m.max_iters, tol=m.tol,
-                    init=init, seed=m.seed, dtype=m.dtype, checkpoint=checkpoint, resume=resume, callback=progress,
-                    execution=m.execution, checkpoint_every=m.checkpoint_every, partitions=m.partitions, out=out,
-                    overwrite=True, device=device, device_options=opts, method=m.method, samples=m.samples,
-                    fit_every=m.fit_every)
+    result = cp_als(
+        store,
+        m.rank,
+        client=client,
+        scheduler=scheduler,
+        max_iters=m.max_iters,
+        tol=m.tol,
+        init=init,
+        seed=m.seed,
+        dtype=m.dtype,
+        checkpoint=checkpoint,
+        resume=resume,
+        callback=progress,
+        execution=m.execution,
+        checkpoint_every=m.checkpoint_every,
+        partitions=m.partitions,
+        out=out,
+        overwrite=True,
+        device=device,
+        device_options=opts,
+        method=m.method,
+        samples=m.samples,
+        fit_every=m.fit_every,
+    )
     wall = time.perf_counter() - t0
-    loc.remove(checkpoint)      # the result is published: the checkpoint has served
-    new = result.history[result.params.get("resumed_after", 0):]
+    loc.remove(checkpoint)  # the result is published: the checkpoint has served
+    new = result.history[result.params.get("resumed_after", 0) :]
     steady = new[1:] or new
     per_it = sum(h["seconds"] for h in steady) / max(1, len(steady))
-    metrics = {"fit": result.fit, "iterations": result.iterations, "iterations_this_run": len(new),
-               "seconds_per_iteration": per_it, "first_iteration_seconds": new[0]["seconds"] if new else None,
-               "nnz": store.nnz, "rank": m.rank, "method": m.method, "execution": result.params.get("execution"),
-               "device": result.params.get("device"), "scheduler": result.params.get("scheduler"),
-               "nnz_modes_per_second": store.nnz * store.nmodes / max(per_it, 1e-12), "wall_seconds": wall,
-               "input_store": store.path, "warm_start": warm if not isinstance(init, str) else None}
-    ctx.log(f"rank {m.rank}: fit {result.fit:.6f} after {result.iterations} iterations, {per_it:.3f} s per "
-            f"iteration steady state -> {out}")
+    metrics = {
+        "fit": result.fit,
+        "iterations": result.iterations,
+        "iterations_this_run": len(new),
+        "seconds_per_iteration": per_it,
+        "first_iteration_seconds": new[0]["seconds"] if new else None,
+        "nnz": store.nnz,
+        "rank": m.rank,
+        "method": m.method,
+        "execution": result.params.get("execution"),
+        "device": result.params.get("device"),
+        "scheduler": result.params.get("scheduler"),
+        "nnz_modes_per_second": store.nnz * store.nmodes / max(per_it, 1e-12),
+        "wall_seconds": wall,
+        "input_store": store.path,
+        "warm_start": warm if not isinstance(init, str) else None,
+    }
+    ctx.log(
+        f"rank {m.rank}: fit {result.fit:.6f} after {result.iterations} iterations, {per_it:.3f} s per "
+        f"iteration steady state -> {out}"
+    )
     return metrics
 
 
 # --- evaluate -----------------------------------------------------------------------------------------
 
+
 def run_evaluate(ctx: StepContext) -> dict:
-    m: EvaluateStep = ctx.step.model                       # type: ignore[assignment]
+    m: EvaluateStep = ctx.step.model  # type: ignore[assignment]
     result_loc = ctx.step.inputs["result"]
     model = load_model(result_loc)
     metrics: dict[str, Any] = {"result": result_loc, "rank": model.rank}
@@ -560,11 +655,20 @@ def run_evaluate(ctx: StepContext) -> dict:
     if "reference" in ctx.step.inputs:
         ref = load_model(ctx.step.inputs["reference"])
         match = factor_match(model, ref)
-        metrics.update(reference=ref.source, reference_rank=ref.rank, fms=match["fms"],
-                       congruence=match["congruence"], pairs=match["pairs"])
-    parts = [f"fit {metrics['fit']:.6f}" if "fit" in metrics else None,
-             f"factor match score {metrics['fms']:.4f} (congruence {metrics['congruence']:.4f}) against "
-             f"{metrics['reference']}" if "fms" in metrics else None]
+        metrics.update(
+            reference=ref.source,
+            reference_rank=ref.rank,
+            fms=match["fms"],
+            congruence=match["congruence"],
+            pairs=match["pairs"],
+        )
+    parts = [
+        f"fit {metrics['fit']:.6f}" if "fit" in metrics else None,
+        f"factor match score {metrics['fms']:.4f} (congruence {metrics['congruence']:.4f}) against "
+        f"{metrics['reference']}"
+        if "fms" in metrics
+        else None,
+    ]
     ctx.log("; ".join(p for p in parts if p))
     failed = []
     if m.min_fit is not None and metrics.get("fit", -math.inf) < m.min_fit:
@@ -581,8 +685,9 @@ def run_evaluate(ctx: StepContext) -> dict:
 
 # --- export -------------------------------------------------------------------------------------------
 
+
 def run_export(ctx: StepContext) -> dict:
-    m: ExportStep = ctx.step.model                         # type: ignore[assignment]
+    m: ExportStep = ctx.step.model  # type: ignore[assignment]
     src, out = ctx.step.inputs["result"], ctx.step.outputs["out"]
     if not loc.isdir(src):
         raise InputError(f"{src}: expected a result store (written by a decompose step)")
@@ -603,8 +708,12 @@ def run_export(ctx: StepContext) -> dict:
 
 
 RUNNERS: dict[str, Callable[[StepContext], dict]] = {
-    "generate": run_generate, "convert": run_convert, "decompose": run_decompose, "evaluate": run_evaluate,
-    "export": run_export}
+    "generate": run_generate,
+    "convert": run_convert,
+    "decompose": run_decompose,
+    "evaluate": run_evaluate,
+    "export": run_export,
+}
 
 
 def run_step(ctx: StepContext) -> dict:

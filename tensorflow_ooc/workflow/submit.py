@@ -35,8 +35,9 @@ def driver_key(run_id: str) -> str:
     return f"tfooc-run-{run_id}"
 
 
-def driver_task(spec_text: str, spec_path: str, storage: str, run_id: str, force: bool = False,
-                allow_paths: list[str] | None = None) -> int:
+def driver_task(
+    spec_text: str, spec_path: str, storage: str, run_id: str, force: bool = False, allow_paths: list[str] | None = None
+) -> int:
     """The workflow driver, as a Dask task. Returns the run's exit code.
 
     ``allow_paths``: what the operator allowed where the run was submitted (the worker's own
@@ -45,18 +46,20 @@ def driver_task(spec_text: str, spec_path: str, storage: str, run_id: str, force
 
     lib = logging.getLogger("tensorflow_ooc")
     if lib.level == logging.NOTSET:
-        lib.setLevel(logging.INFO)    # the run's events keep the library's INFO lines
-    secede()                          # waiting on step graphs must not hold one of the worker's threads
+        lib.setLevel(logging.INFO)  # the run's events keep the library's INFO lines
+    secede()  # waiting on step graphs must not hold one of the worker's threads
     try:
         client = get_client()
         try:
-            workflow = load_spec(spec_path, text=spec_text, storage=storage, allow_paths=allow_paths,
-                                 operator_config=allow_paths is None)
-        except SpecError as exc:      # an input that existed at submission is gone, for example
+            workflow = load_spec(
+                spec_path, text=spec_text, storage=storage, allow_paths=allow_paths, operator_config=allow_paths is None
+            )
+        except SpecError as exc:  # an input that existed at submission is gone, for example
             runs = RunStore(storage)
             return spec_failure(runs, runs.read(run_id), exc).exit_code
-        outcome = execute(workflow, run_id=run_id, client=client, mode="submitted",
-                          cluster=client.scheduler.address, force=force)
+        outcome = execute(
+            workflow, run_id=run_id, client=client, mode="submitted", cluster=client.scheduler.address, force=force
+        )
         return outcome.exit_code
     finally:
         rejoin()
@@ -94,12 +97,21 @@ def submit(workflow: Workflow, scheduler: str, *, force: bool = False, timeout: 
         run_id = new_run_id(workflow.name)
         record = new_record(workflow, run_id, "submitted", scheduler, scheduler=scheduler)
         record.dashboard = client.dashboard_link
-        for hook in ON_SUBMIT:                     # the tfooc page and metrics on its dashboard
+        for hook in ON_SUBMIT:  # the tfooc page and metrics on its dashboard
             hook(client, workflow.root)
         runs.write_spec(run_id, workflow.source.text)
         runs.write(record)
-        fut = client.submit(driver_task, workflow.source.text, workflow.path, workflow.root, run_id, force,
-                            list(workflow.operator_allowed), key=driver_key(run_id), pure=False)
+        fut = client.submit(
+            driver_task,
+            workflow.source.text,
+            workflow.path,
+            workflow.root,
+            run_id,
+            force,
+            list(workflow.operator_allowed),
+            key=driver_key(run_id),
+            pure=False,
+        )
         fire_and_forget(fut)
         # the submission travels on the client's batched stream: make sure the scheduler has it
         # before this client (and possibly the whole process) goes away
@@ -108,9 +120,20 @@ def submit(workflow: Workflow, scheduler: str, *, force: bool = False, timeout: 
             if time.time() > deadline:
                 raise TimeoutError(f"the scheduler at {scheduler} did not take the driver task in {timeout:.0f} s")
             time.sleep(0.05)
-        runs.append_events(run_id, [{"time": now_iso(), "t": time.time(), "run_id": run_id, "event": "submitted",
-                                     "level": "info", "message": f"submitted to {scheduler} by "
-                                     f"{host_info()['user']}@{host_info()['host']}", "scheduler": scheduler}])
+        runs.append_events(
+            run_id,
+            [
+                {
+                    "time": now_iso(),
+                    "t": time.time(),
+                    "run_id": run_id,
+                    "event": "submitted",
+                    "level": "info",
+                    "message": f"submitted to {scheduler} by {host_info()['user']}@{host_info()['host']}",
+                    "scheduler": scheduler,
+                }
+            ],
+        )
     finally:
         client.close()
     return run_id
@@ -137,9 +160,12 @@ def cancel(storage: str, run_id: str, timeout: float = 10.0) -> RunRecord:
 
             with Client(record.scheduler, timeout=f"{int(timeout)}s") as client:
                 Future(driver_key(run_id), client).cancel()
-        except Exception as exc:        # scheduler gone: the cancel file stops the run when it starts
-            log.info("could not reach %s to drop the queued driver task (%s); the run stops when it starts",
-                     record.scheduler, exc)
+        except Exception as exc:  # scheduler gone: the cancel file stops the run when it starts
+            log.info(
+                "could not reach %s to drop the queued driver task (%s); the run stops when it starts",
+                record.scheduler,
+                exc,
+            )
         record = runs.read(run_id)
         if record.state == "queued":
             record.state, record.exit_code = "cancelled", EXIT_CODES["cancelled"]

@@ -37,7 +37,7 @@ def _batch_products(coords, order, lo, hi, offsets, A, B, rows, C):
             rows[s, n] = row
             for r in range(R):
                 C[s, n, r] = 0.0
-            for j in range(J):       # rows of B contiguous in the inner loop
+            for j in range(J):  # rows of B contiguous in the inner loop
                 a = A[row, j]
                 for r in range(R):
                     C[s, n, r] += a * B[n, j, r]
@@ -238,7 +238,7 @@ def predict_entries(coords, offsets, A, B):
 
 @nb.njit(cache=True)
 def _splitmix(z):
-    z = (z + np.uint64(0x9E3779B97F4A7C15))
+    z = z + np.uint64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
@@ -254,7 +254,7 @@ def held_out_mask(coords, seed, fraction):
     n_entries = coords.shape[0]
     N = coords.shape[1]
     out = np.empty(n_entries, np.bool_)
-    threshold = np.uint64(min(fraction, 1.0) * 18446744073709549568.0)   # fraction * 2^64 (float-safe)
+    threshold = np.uint64(min(fraction, 1.0) * 18446744073709549568.0)  # fraction * 2^64 (float-safe)
     for e in nb.prange(n_entries):
         h = _splitmix(np.uint64(seed))
         for n in range(N):

@@ -33,12 +33,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .fasttucker_cpu import NORMALIZED_DELTA
 from ..gpu.device import cuda
 from ..gpu.warp_exchange import default_exchange, warp_exchange
+from .fasttucker_cpu import NORMALIZED_DELTA
 
-TILE = 16                       # entries per batch and the WMMA tile edge
-SHARED_BUDGET = 44 * 1024       # static shared memory per block, under the 48 KiB limit
+TILE = 16  # entries per batch and the WMMA tile edge
+SHARED_BUDGET = 44 * 1024  # static shared memory per block, under the 48 KiB limit
 
 
 def padded(k: int) -> int:
@@ -51,14 +51,13 @@ class FastTuckerConfig:
     """Compile-time parameters of one FastTuckerPlus kernel pair."""
 
     nmodes: int
-    jp: int                      # J padded to a multiple of 16
-    rp: int                      # R padded to a multiple of 16
+    jp: int  # J padded to a multiple of 16
+    rp: int  # R padded to a multiple of 16
     exchange: str = "intrinsics"
-    warps: int = 0               # warps per block; 0: as many as fit SHARED_BUDGET, at most 4
+    warps: int = 0  # warps per block; 0: as many as fit SHARED_BUDGET, at most 4
 
     @classmethod
-    def for_ranks(cls, nmodes: int, J: int, R: int, exchange: str | None = None, warps: int = 0
-                  ) -> "FastTuckerConfig":
+    def for_ranks(cls, nmodes: int, J: int, R: int, exchange: str | None = None, warps: int = 0) -> "FastTuckerConfig":
         return cls(int(nmodes), padded(J), padded(R), exchange or default_exchange(), warps)
 
     def __post_init__(self) -> None:
@@ -67,8 +66,10 @@ class FastTuckerConfig:
         if self.jp % TILE or self.rp % TILE or self.jp < TILE or self.rp < TILE:
             raise ValueError(f"padded ranks must be multiples of {TILE}, got J={self.jp}, R={self.rp}")
         if self.warp_shared_bytes > SHARED_BUDGET:
-            raise ValueError(f"ranks J={self.jp}, R={self.rp} with {self.nmodes} modes need "
-                             f"{self.warp_shared_bytes} B of shared memory per warp, over {SHARED_BUDGET}")
+            raise ValueError(
+                f"ranks J={self.jp}, R={self.rp} with {self.nmodes} modes need "
+                f"{self.warp_shared_bytes} B of shared memory per warp, over {SHARED_BUDGET}"
+            )
 
     @property
     def warp_shared_bytes(self) -> int:
@@ -256,8 +257,10 @@ def ptx_signatures(cfg: FastTuckerConfig):
     f1 = types.Array(float32, 1, "C")
     f2 = types.Array(float32, 2, "C")
     f3 = types.Array(float32, 3, "C")
-    return (types.void(i2, f1, i1, i1, f2, f3, int64, float32, float32, types.boolean),
-            types.void(i2, f1, i1, i1, f2, f3, int64, f3))
+    return (
+        types.void(i2, f1, i1, i1, f2, f3, int64, float32, float32, types.boolean),
+        types.void(i2, f1, i1, i1, f2, f3, int64, f3),
+    )
 
 
 def ptx_variants() -> list[tuple[str, object, object]]:
@@ -294,15 +297,27 @@ def _grid(cfg: FastTuckerConfig, n_entries: int, max_blocks: int | None) -> int:
 def pad_model(A: np.ndarray, B: np.ndarray, cfg: FastTuckerConfig) -> tuple[np.ndarray, np.ndarray]:
     """Float32 copies of the stacked factors and core factors, padded to the tile sizes."""
     Ap = np.zeros((A.shape[0], cfg.jp), np.float32)
-    Ap[:, :A.shape[1]] = A
+    Ap[:, : A.shape[1]] = A
     Bp = np.zeros((B.shape[0], cfg.jp, cfg.rp), np.float32)
-    Bp[:, :B.shape[1], :B.shape[2]] = B
+    Bp[:, : B.shape[1], : B.shape[2]] = B
     return Ap, Bp
 
 
-def factor_pass_gpu(coords: np.ndarray, values: np.ndarray, order: np.ndarray, offsets: np.ndarray,
-                    A: np.ndarray, B: np.ndarray, lr: float, reg: float, *, normalized: bool = False,
-                    exchange: str | None = None, warps: int = 0, max_blocks: int | None = None) -> np.ndarray:
+def factor_pass_gpu(
+    coords: np.ndarray,
+    values: np.ndarray,
+    order: np.ndarray,
+    offsets: np.ndarray,
+    A: np.ndarray,
+    B: np.ndarray,
+    lr: float,
+    reg: float,
+    *,
+    normalized: bool = False,
+    exchange: str | None = None,
+    warps: int = 0,
+    max_blocks: int | None = None,
+) -> np.ndarray:
     """One factor pass on the GPU (batches of 16 in ``order``); returns the new stacked factors
     (float64, unpadded). Host arrays in, host arrays out: the device copies live for the call.
     ``normalized``: the normalized step of :func:`.fasttucker_cpu.factor_pass`."""
@@ -312,14 +327,31 @@ def factor_pass_gpu(coords: np.ndarray, values: np.ndarray, order: np.ndarray, o
     Ap, Bp = pad_model(A, B, cfg)
     d_A = cuda.to_device(Ap)
     fk[_grid(cfg, order.shape[0], max_blocks), 32 * cfg.block_warps](
-        cuda.to_device(np.ascontiguousarray(coords, np.int64)), cuda.to_device(np.asarray(values, np.float32)),
-        cuda.to_device(np.ascontiguousarray(order, np.int64)), cuda.to_device(np.asarray(offsets, np.int64)),
-        d_A, cuda.to_device(Bp), np.int64(J), np.float32(lr), np.float32(reg), bool(normalized))
+        cuda.to_device(np.ascontiguousarray(coords, np.int64)),
+        cuda.to_device(np.asarray(values, np.float32)),
+        cuda.to_device(np.ascontiguousarray(order, np.int64)),
+        cuda.to_device(np.asarray(offsets, np.int64)),
+        d_A,
+        cuda.to_device(Bp),
+        np.int64(J),
+        np.float32(lr),
+        np.float32(reg),
+        bool(normalized),
+    )
     return d_A.copy_to_host()[:, :J].astype(np.float64)
 
 
-def core_gradient_gpu(coords: np.ndarray, values: np.ndarray, offsets: np.ndarray, A: np.ndarray, B: np.ndarray,
-                      *, exchange: str | None = None, warps: int = 0, max_blocks: int | None = None) -> np.ndarray:
+def core_gradient_gpu(
+    coords: np.ndarray,
+    values: np.ndarray,
+    offsets: np.ndarray,
+    A: np.ndarray,
+    B: np.ndarray,
+    *,
+    exchange: str | None = None,
+    warps: int = 0,
+    max_blocks: int | None = None,
+) -> np.ndarray:
     """The accumulated core gradient ``-sum e a^T d`` (N, J, R) over all entries, on the GPU."""
     N, J, R = B.shape
     cfg = FastTuckerConfig.for_ranks(N, J, R, exchange, warps)
@@ -328,7 +360,13 @@ def core_gradient_gpu(coords: np.ndarray, values: np.ndarray, offsets: np.ndarra
     d_grad = cuda.to_device(np.zeros((N, cfg.jp, cfg.rp), np.float32))
     n = coords.shape[0]
     ck[_grid(cfg, n, max_blocks), 32 * cfg.block_warps](
-        cuda.to_device(np.ascontiguousarray(coords, np.int64)), cuda.to_device(np.asarray(values, np.float32)),
-        cuda.to_device(np.arange(n, dtype=np.int64)), cuda.to_device(np.asarray(offsets, np.int64)),
-        cuda.to_device(Ap), cuda.to_device(Bp), np.int64(J), d_grad)
+        cuda.to_device(np.ascontiguousarray(coords, np.int64)),
+        cuda.to_device(np.asarray(values, np.float32)),
+        cuda.to_device(np.arange(n, dtype=np.int64)),
+        cuda.to_device(np.asarray(offsets, np.int64)),
+        cuda.to_device(Ap),
+        cuda.to_device(Bp),
+        np.int64(J),
+        d_grad,
+    )
     return d_grad.copy_to_host()[:, :J, :R].astype(np.float64)

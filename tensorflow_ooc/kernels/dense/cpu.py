@@ -55,18 +55,26 @@ import numba as nb
 import numpy as np
 
 from ..atomics import atomic_add
+from .layout import (
+    DenseLayout,
+    check_call,
+    check_finite_factors,
+    check_out,
+    check_variant,
+    layout,
+    memory_order,
+    stack_factors,
+)
 from .simd import axpy_rows, row_dot8, row_dot32
-from .layout import (DenseLayout, check_call, check_finite_factors, check_out, check_variant, layout,
-                           memory_order, stack_factors)
 from .tile import dense_tile_width
 
 log = logging.getLogger(__name__)
 
 
-COLUMN_CHUNK = 8        # columns summed at once in vector registers (the seed's F); R is padded to a multiple
-WIDE_CHUNK = 32         # columns per row sum while at least that many remain (one x broadcast per 4 vectors)
-SLAB_BYTES = 32 << 10   # private (slab x R) block of the slab kernel: stays in L1/L2
-ELEM_RUN = 4096         # consecutive elements per ELEM work item (one anchor division each)
+COLUMN_CHUNK = 8  # columns summed at once in vector registers (the seed's F); R is padded to a multiple
+WIDE_CHUNK = 32  # columns per row sum while at least that many remain (one x broadcast per 4 vectors)
+SLAB_BYTES = 32 << 10  # private (slab x R) block of the slab kernel: stays in L1/L2
+ELEM_RUN = 4096  # consecutive elements per ELEM work item (one anchor division each)
 GROUPS_PER_THREAD = 16  # prange iterations per thread for TILE/SLICE (balance vs. scratch allocations)
 
 
@@ -203,7 +211,8 @@ def slab_kernel(flat, shp, st, k, loop, F, offs, rank, width, slab, ngroups, ato
     product ``P`` of all ``d - 1`` factor rows comes from the per-level prefixes, and the row's
     contiguous elements ``X[.., n0:n1]`` add ``X[.., n] * P`` into a private (slab, R') block: the
     tensor streams contiguously and each cache line is used whole, where per-slice tiles would read
-    one element of every line (:func:`.simd.axpy_rows` does the row update). The block is added into ``out`` rows ``n0 .. n1`` at the end: with
+    one element of every line (:func:`.simd.axpy_rows` does the row update). The block is added into ``out`` rows
+    ``n0 .. n1`` at the end: with
     atomics when a mode has more than one tile, plainly when one tile covers the loop modes (SLICE).
     Other parameters as in :func:`tile_kernel`.
     """
@@ -326,7 +335,7 @@ def tile_items(shape: Sequence[int], mode: int, width: int, strides: Sequence[in
     target mode is the contiguous one and :func:`slab_kernel` runs)."""
     shape = [int(s) for s in shape]
     if strides is None:
-        strides = [int(np.prod(shape[m + 1:])) for m in range(len(shape))]
+        strides = [int(np.prod(shape[m + 1 :])) for m in range(len(shape))]
     lay = layout(shape, memory_order(shape, list(strides)), mode, 1, np.float64)
     items = shape[mode]
     # slab kernel (target contiguous): tiles in every loop mode; else the innermost loop mode is whole
@@ -336,8 +345,14 @@ def tile_items(shape: Sequence[int], mode: int, width: int, strides: Sequence[in
     return int(items)
 
 
-def prepare(block: np.ndarray, factors: Sequence[np.ndarray], mode: int, origin: Sequence[int] | None,
-            variant: str, tile: int | None) -> tuple[DenseLayout, np.ndarray, tuple[int, ...]]:
+def prepare(
+    block: np.ndarray,
+    factors: Sequence[np.ndarray],
+    mode: int,
+    origin: Sequence[int] | None,
+    variant: str,
+    tile: int | None,
+) -> tuple[DenseLayout, np.ndarray, tuple[int, ...]]:
     """Validate a host call; return its layout, the block's flat buffer in memory order and origin."""
     check_variant(variant, tile)
     if not isinstance(block, np.ndarray):
@@ -362,8 +377,16 @@ def host_flat(block: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
     return block.transpose(perm).reshape(-1), perm
 
 
-def dense_mttkrp(block: np.ndarray, factors: Sequence[np.ndarray], mode: int, *, origin: Sequence[int] | None = None,
-                 out: np.ndarray | None = None, variant: str = "tile", tile: int | None = None) -> np.ndarray:
+def dense_mttkrp(
+    block: np.ndarray,
+    factors: Sequence[np.ndarray],
+    mode: int,
+    *,
+    origin: Sequence[int] | None = None,
+    out: np.ndarray | None = None,
+    variant: str = "tile",
+    tile: int | None = None,
+) -> np.ndarray:
     """Mode-``mode`` MTTKRP of a dense block, matrix-free (seed 002's ELEM, SLICE or TILE).
 
     Parameters
@@ -434,8 +457,21 @@ def dense_mttkrp(block: np.ndarray, factors: Sequence[np.ndarray], mode: int, *,
                 ntile *= -(-int(lay.shape[c]) // width)
             nitems = ntile * -(-rows // slab)
             ngroups = max(1, min(nitems, GROUPS_PER_THREAD * threads))
-            slab_kernel(flat, lay.shape, lay.strides, lay.mode, lay.loop, F, lay.offs, R, width, slab, ngroups,
-                        ntile > 1, out_flat)
+            slab_kernel(
+                flat,
+                lay.shape,
+                lay.strides,
+                lay.mode,
+                lay.loop,
+                F,
+                lay.offs,
+                R,
+                width,
+                slab,
+                ngroups,
+                ntile > 1,
+                out_flat,
+            )
         else:
             # tiles span the innermost (contiguous) loop mode whole: long vector row sums
             inner_width = max(width, int(lay.shape[lay.loop[-1]]))
@@ -449,8 +485,21 @@ def dense_mttkrp(block: np.ndarray, factors: Sequence[np.ndarray], mode: int, *,
                 ngroups = max(1, min(rows, ngroups))
                 per = -(-nitems // ngroups)
                 ngroups = -(-nitems // per)
-            tile_kernel(flat, lay.shape, lay.strides, lay.mode, lay.loop, F, lay.offs, R, width, inner_width,
-                        ngroups, ntile > 1, out_flat)
+            tile_kernel(
+                flat,
+                lay.shape,
+                lay.strides,
+                lay.mode,
+                lay.loop,
+                F,
+                lay.offs,
+                R,
+                width,
+                inner_width,
+                ngroups,
+                ntile > 1,
+                out_flat,
+            )
     if out is not None and target is not out:
         out += target
         return out

@@ -30,15 +30,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .layout import (DenseLayout, check_call, check_finite_factors, check_out, check_variant, layout,
-                           stack_factors)
-from .tile import dense_tile_width, gpu_middle_cache
 from ..gpu.device import cuda, require_gpu
 from ..gpu.launch import lanes_for
+from .layout import DenseLayout, check_call, check_finite_factors, check_out, check_variant, layout, stack_factors
+from .tile import dense_tile_width, gpu_middle_cache
 
-THREADS = 128          # lanes x teams per block (the seed's block of (4, 32) for R >= 32)
-MAX_FC = 4             # register columns per lane and chunk
-ELEM_RUN = 32          # consecutive elements per ELEM team
+THREADS = 128  # lanes x teams per block (the seed's block of (4, 32) for R >= 32)
+MAX_FC = 4  # register columns per lane and chunk
+ELEM_RUN = 32  # consecutive elements per ELEM team
 MAX_BLOCKS = 65535 * 16
 
 
@@ -46,11 +45,11 @@ MAX_BLOCKS = 65535 * 16
 class DenseGpuConfig:
     """Compile-time parameters of one dense GPU kernel."""
 
-    order: int           # d, 3..6
-    lanes: int           # threads along the columns (power of two <= 32)
-    fc: int              # register columns per lane and chunk
+    order: int  # d, 3..6
+    lanes: int  # threads along the columns (power of two <= 32)
+    fc: int  # register columns per lane and chunk
     dtype: str = "float64"
-    kind: str = "tile"   # "tile" (TILE and SLICE) or "elem"
+    kind: str = "tile"  # "tile" (TILE and SLICE) or "elem"
 
     @classmethod
     def for_rank(cls, order: int, rank: int, dtype: str = "float64", kind: str = "tile") -> "DenseGpuConfig":
@@ -80,6 +79,7 @@ def _make_tile(cfg: DenseGpuConfig):
     FC = cfg.fc
     TEAMS = cfg.teams
     from numba import float32, float64
+
     nbt = float32 if cfg.dtype == "float32" else float64
 
     def dense_tile(flat, lshp, lst, loffs, kst, nk, width, rank, atomic, F, out):
@@ -247,10 +247,15 @@ def ptx_variants() -> list[tuple[str, object, object]]:
     """(name, kernel function, signature) of the dense kernels for ``ptx_report``: TILE/SLICE for
     orders 3-6 at the most register columns per lane, both dtypes, a small-rank form, and ELEM."""
     cfgs = [DenseGpuConfig.for_rank(d, 500, "float64") for d in range(3, 7)]
-    cfgs += [DenseGpuConfig.for_rank(4, 500, "float32"), DenseGpuConfig.for_rank(4, 10, "float64"),
-             DenseGpuConfig.for_rank(4, 32, "float64", "elem")]
-    return [(f"dense {c.kind} N={c.order} lanes={c.lanes} fc={c.fc} {c.dtype}", kernel_source(c), ptx_signature(c))
-            for c in cfgs]
+    cfgs += [
+        DenseGpuConfig.for_rank(4, 500, "float32"),
+        DenseGpuConfig.for_rank(4, 10, "float64"),
+        DenseGpuConfig.for_rank(4, 32, "float64", "elem"),
+    ]
+    return [
+        (f"dense {c.kind} N={c.order} lanes={c.lanes} fc={c.fc} {c.dtype}", kernel_source(c), ptx_signature(c))
+        for c in cfgs
+    ]
 
 
 def _is_device(a) -> bool:
@@ -286,12 +291,21 @@ def _device_stack(factors, lay: DenseLayout, origin) -> Any:
             continue
         o = int(lay.offs[c])
         b = int(lay.shape[c])
-        dF[o:o + b].copy_to_device(factors[m][origin[m]:origin[m] + b])
+        dF[o : o + b].copy_to_device(factors[m][origin[m] : origin[m] + b])
     return dF
 
 
-def dense_mttkrp_gpu(block, factors: Sequence, mode: int, *, origin: Sequence[int] | None = None, out=None,
-                     variant: str = "tile", tile: int | None = None, stream=0):
+def dense_mttkrp_gpu(
+    block,
+    factors: Sequence,
+    mode: int,
+    *,
+    origin: Sequence[int] | None = None,
+    out=None,
+    variant: str = "tile",
+    tile: int | None = None,
+    stream=0,
+):
     """Mode-``mode`` dense MTTKRP on the GPU; the same contract as
     :func:`tensorflow_ooc.kernels.dense.cpu.dense_mttkrp`.
 
@@ -356,9 +370,15 @@ def dense_mttkrp_gpu(block, factors: Sequence, mode: int, *, origin: Sequence[in
     if kind == "elem":
         nwork = -(-int(np.prod(shape)) // ELEM_RUN)
         blocks = max(1, min(MAX_BLOCKS, -(-nwork // cfg.teams)))
-        kern[blocks, threads, stream](flat, cuda.to_device(lay.shape, stream=stream),
-                                      cuda.to_device(lay.offs, stream=stream), np.int64(lay.mode), np.int64(rank),
-                                      dF, d_out)
+        kern[blocks, threads, stream](
+            flat,
+            cuda.to_device(lay.shape, stream=stream),
+            cuda.to_device(lay.offs, stream=stream),
+            np.int64(lay.mode),
+            np.int64(rank),
+            dF,
+            d_out,
+        )
     else:
         loop = lay.loop.tolist()
         if variant == "slice":
@@ -376,9 +396,19 @@ def dense_mttkrp_gpu(block, factors: Sequence, mode: int, *, origin: Sequence[in
         lshp = np.array([lay.shape[c] for c in loop], dtype=np.int64)
         lst = np.array([lay.strides[c] for c in loop], dtype=np.int64)
         loffs = np.array([lay.offs[c] for c in loop], dtype=np.int64)
-        kern[blocks, threads, stream](flat, cuda.to_device(lshp, stream=stream), cuda.to_device(lst, stream=stream),
-                                      cuda.to_device(loffs, stream=stream), np.int64(lay.strides[lay.mode]),
-                                      np.int64(rows), np.int64(width), np.int64(rank), np.int64(ntile > 1), dF, d_out)
+        kern[blocks, threads, stream](
+            flat,
+            cuda.to_device(lshp, stream=stream),
+            cuda.to_device(lst, stream=stream),
+            cuda.to_device(loffs, stream=stream),
+            np.int64(lay.strides[lay.mode]),
+            np.int64(rows),
+            np.int64(width),
+            np.int64(rank),
+            np.int64(ntile > 1),
+            dF,
+            d_out,
+        )
     if dev_out:
         return out
     result = d_out.copy_to_host(stream=stream)

@@ -52,8 +52,9 @@ def check_variant(variant: str, tile: int | None) -> None:
             raise DenseArrayError(f"tile= applies to the 'tile' variant only, not {variant!r}")
 
 
-def check_call(shape: Sequence[int], dtype, strides_ok: bool, factors: Sequence, mode: int,
-               origin: Sequence[int] | None) -> tuple[tuple[int, ...], int]:
+def check_call(
+    shape: Sequence[int], dtype, strides_ok: bool, factors: Sequence, mode: int, origin: Sequence[int] | None
+) -> tuple[tuple[int, ...], int]:
     """Validate order, dtype, mode, origin and factor shapes; return (origin, rank).
 
     ``factors`` may hold host or device arrays (anything with ``shape`` and ``dtype``).
@@ -61,8 +62,9 @@ def check_call(shape: Sequence[int], dtype, strides_ok: bool, factors: Sequence,
     shape = tuple(int(s) for s in shape)
     d = len(shape)
     if not MIN_ORDER <= d <= MAX_ORDER:
-        raise DenseArrayError(f"dense MTTKRP takes blocks of order {MIN_ORDER} to {MAX_ORDER}, got order {d} "
-                              f"(shape {shape})")
+        raise DenseArrayError(
+            f"dense MTTKRP takes blocks of order {MIN_ORDER} to {MAX_ORDER}, got order {d} (shape {shape})"
+        )
     dtype = np.dtype(dtype)
     if dtype not in DTYPES:
         raise DenseArrayError(f"dense MTTKRP takes float32 or float64 blocks, got {dtype}")
@@ -85,15 +87,18 @@ def check_call(shape: Sequence[int], dtype, strides_ok: bool, factors: Sequence,
         if len(fs) != 2:
             raise ShapeError(f"factor matrix {m} must be 2-D (I_{m} x R), got shape {fs}")
         if np.dtype(f.dtype) != dtype:
-            raise DenseArrayError(f"factor matrix {m} has dtype {np.dtype(f.dtype)}, the block {dtype}: "
-                                  "pass factors of the block's dtype")
+            raise DenseArrayError(
+                f"factor matrix {m} has dtype {np.dtype(f.dtype)}, the block {dtype}: pass factors of the block's dtype"
+            )
         if rank is None:
             rank = fs[1]
         if fs[1] != rank:
             raise ShapeError(f"factor matrix {m} has {fs[1]} columns, factor matrix 0 has {rank}")
         if fs[0] < origin[m] + shape[m]:
-            raise ShapeError(f"factor matrix {m} has {fs[0]} rows, but the block covers rows {origin[m]}.."
-                             f"{origin[m] + shape[m] - 1} of mode {m}")
+            raise ShapeError(
+                f"factor matrix {m} has {fs[0]} rows, but the block covers rows {origin[m]}.."
+                f"{origin[m] + shape[m] - 1} of mode {m}"
+            )
     if rank is None or rank < 1:
         raise ShapeError(f"the rank must be at least 1, got {rank}")
     return origin, int(rank)
@@ -142,19 +147,21 @@ def layout(shape: Sequence[int], perm: Sequence[int], mode: int, rank: int, dtyp
     return DenseLayout(tuple(int(p) for p in perm), shp, st, k, loop, offs, int(rank), np.dtype(dtype))
 
 
-def stack_factors(factors: Sequence[np.ndarray], lay: DenseLayout, origin: Sequence[int], pad_to: int = 1) -> np.ndarray:
+def stack_factors(
+    factors: Sequence[np.ndarray], lay: DenseLayout, origin: Sequence[int], pad_to: int = 1
+) -> np.ndarray:
     """The factor rows the block touches, canonical order, target mode left out: a C array
     (sum b_m, R') with R' = R rounded up to a multiple of ``pad_to`` (padding columns are zero)."""
     total = int(sum(int(lay.shape[c]) for c in range(len(lay.perm)) if c != lay.mode))
     cols = -(-lay.rank // pad_to) * pad_to
     F = np.empty((max(total, 1), cols), dtype=lay.dtype)
     if cols > lay.rank:
-        F[:, lay.rank:] = 0
+        F[:, lay.rank :] = 0
     for c, m in enumerate(lay.perm):
         if c == lay.mode:
             continue
         o = int(lay.offs[c])
-        F[o:o + int(lay.shape[c]), :lay.rank] = factors[m][origin[m]:origin[m] + int(lay.shape[c])]
+        F[o : o + int(lay.shape[c]), : lay.rank] = factors[m][origin[m] : origin[m] + int(lay.shape[c])]
     return F
 
 

@@ -90,8 +90,16 @@ def m_0_lm(shape: Sequence[int], rank: int, itemsize: int, items: float, l: floa
     return itemsize * (N + items * rank) + itemsize * N * rank * (d - 1) / float(l)
 
 
-def predict(shape: Sequence[int], rank: int, itemsize: int, mode: int, variant: str, machine: Machine,
-            width: int | None = None, items: float | None = None) -> dict:
+def predict(
+    shape: Sequence[int],
+    rank: int,
+    itemsize: int,
+    mode: int,
+    variant: str,
+    machine: Machine,
+    width: int | None = None,
+    items: float | None = None,
+) -> dict:
     """Model flops, bytes and times T_0, T_0,LM, T_inf (seconds) for one mode.
 
     Examples
@@ -107,16 +115,36 @@ def predict(shape: Sequence[int], rank: int, itemsize: int, mode: int, variant: 
     m0 = m_0(shape, rank, itemsize, items)
     mlm = m_0_lm(shape, rank, itemsize, items, machine.l)
     tf = f / machine.tau_f
-    return {"flops": f, "m_inf": mi, "m_0": m0, "m_0_lm": mlm, "items": items,
-            "T_inf": tf + mi / machine.tau_m, "T_0": tf + m0 / machine.tau_m, "T_0_lm": tf + mlm / machine.tau_m,
-            "intensity": f / mi, "compute_bound": f / mi > machine.tau_f / machine.tau_m}
+    return {
+        "flops": f,
+        "m_inf": mi,
+        "m_0": m0,
+        "m_0_lm": mlm,
+        "items": items,
+        "T_inf": tf + mi / machine.tau_m,
+        "T_0": tf + m0 / machine.tau_m,
+        "T_0_lm": tf + mlm / machine.tau_m,
+        "intensity": f / mi,
+        "compute_bound": f / mi > machine.tau_f / machine.tau_m,
+    }
 
 
-def predict_modes(shape: Sequence[int], rank: int, itemsize: int, variant: str, machine: Machine,
-                  width: int | None = None, items_per_mode: Sequence[float] | None = None) -> dict:
+def predict_modes(
+    shape: Sequence[int],
+    rank: int,
+    itemsize: int,
+    variant: str,
+    machine: Machine,
+    width: int | None = None,
+    items_per_mode: Sequence[float] | None = None,
+) -> dict:
     """:func:`predict` averaged over all modes (the seed's Tables III and IV average over modes)."""
-    rows = [predict(shape, rank, itemsize, k, variant, machine, width,
-                    None if items_per_mode is None else items_per_mode[k]) for k in range(len(shape))]
+    rows = [
+        predict(
+            shape, rank, itemsize, k, variant, machine, width, None if items_per_mode is None else items_per_mode[k]
+        )
+        for k in range(len(shape))
+    ]
     keys = ("flops", "m_inf", "m_0", "m_0_lm", "items", "T_inf", "T_0", "T_0_lm", "intensity")
     out = {k: float(np.mean([r[k] for r in rows])) for k in keys}
     out["compute_bound"] = bool(rows[0]["compute_bound"])
@@ -125,7 +153,7 @@ def predict_modes(shape: Sequence[int], rank: int, itemsize: int, variant: str, 
 
 def gflops(flops: float, seconds: float) -> float:
     """The seed's throughput unit: f / t / 1024^3."""
-    return flops / seconds / 1024.0 ** 3
+    return flops / seconds / 1024.0**3
 
 
 # --- bandwidth and flop-rate probes ------------------------------------------------------------
@@ -157,7 +185,7 @@ def stream_triad(nbytes: int, repeats: int = 5, per_thread: bool = False) -> flo
     a = np.zeros(n)
     b = np.ones(n)
     c = np.full(n, 1e-9)
-    reps = max(1, int((256 << 20) // (24 * n)))      # small arrays: many sweeps per timing
+    reps = max(1, int((256 << 20) // (24 * n)))  # small arrays: many sweeps per timing
     _triad(a, b, c, 0.5, threads, 1)
     best = math.inf
     for _ in range(repeats):
@@ -177,7 +205,7 @@ def gemm_rate(n: int = 1024, repeats: int = 3) -> float:
         t0 = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - t0)
-    return 2.0 * n ** 3 / best
+    return 2.0 * n**3 / best
 
 
 def measure_machine(memory_bytes: int | None = None, quick: bool = False) -> Machine:

@@ -8,7 +8,8 @@ with the eight sums in one ``<8 x float>`` vector register and four independent 
 (sums of elements q = 0, 4, 8, ..; 1, 5, ..; ..), one broadcast, one unaligned vector load and one
 fused multiply-add per element. ``row_dot32`` does the same for 32 columns (four vectors, one
 broadcast of ``x[..]`` for four factor loads). ``axpy_rows`` is the slab kernel's update
-``acc[j, :] += x[start + j] * p`` with ``p`` kept in registers. Written as numba code, the same loop stays scalar: LLVM neither
+``acc[j, :] += x[start + j] * p`` with ``p`` kept in registers. Written as numba code, the same loop stays scalar:
+LLVM neither
 keeps an accumulator array in registers (numba arrays may alias) nor vectorizes eight scalar
 accumulators (measured 4-6x slower). The inner-mode factor rows are contiguous (row-major
 factors), the tensor elements strided by ``step``. Indices are trusted (no bounds checks).
@@ -55,8 +56,9 @@ def _make_row_dot(nvec: int, unroll: int):
             splat = ir.Constant(ir.VectorType(i32, WIDTH), [ir.Constant(i32, 0)] * WIDTH)
             undef = ir.Constant(vec, ir.Undefined)
             suffix = "v8f64" if itemsize == 8 else "v8f32"
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec, vec, vec]),
-                                                 f"llvm.fma.{suffix}")
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.{suffix}"
+            )
             accs = [[cgutils.alloca_once_value(builder, zero_vec) for _ in range(nvec)] for _ in range(unroll)]
 
             def add_term(q, acc_row):
@@ -86,8 +88,10 @@ def _make_row_dot(nvec: int, unroll: int):
 
         return sig, codegen
 
-    row_dot.__doc__ = (f"t[0:{cols}] = sum_q x[start + q*step] * f[fstart + q*fstep : +{cols}]; 1-D float arrays "
-                       "of one dtype, no bounds checks.")
+    row_dot.__doc__ = (
+        f"t[0:{cols}] = sum_q x[start + q*step] * f[fstart + q*fstep : +{cols}]; 1-D float arrays "
+        "of one dtype, no bounds checks."
+    )
     return row_dot
 
 
@@ -125,8 +129,9 @@ def axpy_rows(typingctx, x, start, count, p, acc, cols):
         splat = ir.Constant(ir.VectorType(i32, WIDTH), [ir.Constant(i32, 0)] * WIDTH)
         undef = ir.Constant(vec, ir.Undefined)
         suffix = "v8f64" if itemsize == 8 else "v8f32"
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec, vec, vec]),
-                                             f"llvm.fma.{suffix}")
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.{suffix}"
+        )
 
         def vload(base, i):
             return builder.load(builder.bitcast(builder.gep(base, [i]), vptr), align=itemsize)

@@ -23,8 +23,8 @@ from typing import Sequence
 
 log = logging.getLogger(__name__)
 
-FALLBACK_L2_BYTES = 1 << 20          # when the OS reports no cache sizes
-GPU_OCCUPANCY = 0.5                  # the seed's conservative occupancy assumption (section IV-C1)
+FALLBACK_L2_BYTES = 1 << 20  # when the OS reports no cache sizes
+GPU_OCCUPANCY = 0.5  # the seed's conservative occupancy assumption (section IV-C1)
 
 _SIZE_SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -108,8 +108,9 @@ def eq6_width(order: int, itemsize: int, cache_bytes: int, tiles_per_cache: int)
     return max(1, w)
 
 
-def dense_tile_width(shape: Sequence[int], rank: int, itemsize: int, cache_bytes: int | None = None,
-                     tiles_per_cache: int | None = None) -> int:
+def dense_tile_width(
+    shape: Sequence[int], rank: int, itemsize: int, cache_bytes: int | None = None, tiles_per_cache: int | None = None
+) -> int:
     """Tile width for the TILE MTTKRP on a dense tensor of ``shape`` (seed 002, Eq. 6).
 
     Parameters
@@ -152,7 +153,16 @@ def _width(shape: tuple[int, ...], rank: int, itemsize: int, cache_bytes: int, t
     longer = [s for s in shape if s > 1]
     cap = min(longer) if longer else 1
     width = max(1, min(w, cap))
-    log.info("dense TILE width %d for shape %s, rank %d, %d-byte values (Eq. 6: %d from %d-byte cache "
-             "shared by %d tiles; shortest mode %d)", width, tuple(shape), int(rank), int(itemsize), w,
-             int(cache_bytes), int(tiles_per_cache), cap)
+    log.info(
+        "dense TILE width %d for shape %s, rank %d, %d-byte values (Eq. 6: %d from %d-byte cache "
+        "shared by %d tiles; shortest mode %d)",
+        width,
+        tuple(shape),
+        int(rank),
+        int(itemsize),
+        w,
+        int(cache_bytes),
+        int(tiles_per_cache),
+        cap,
+    )
     return width

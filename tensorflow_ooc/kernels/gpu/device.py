@@ -22,7 +22,7 @@ except ImportError as exc:  # pragma: no cover - exercised by the CPU-only insta
 else:
     _IMPORT_ERROR = ""
 
-DEFAULT_SM_COUNT = 132            # H100 SXM; used when the simulator has no device attributes
+DEFAULT_SM_COUNT = 132  # H100 SXM; used when the simulator has no device attributes
 DEFAULT_MEMORY_FRACTION = 0.8
 
 

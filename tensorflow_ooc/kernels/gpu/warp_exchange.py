@@ -49,8 +49,7 @@ def _intrinsic_form() -> SimpleNamespace:
     def sync_tile():
         cuda.syncwarp(FULL_MASK)
 
-    return SimpleNamespace(match_any=match_any, shfl_idx=shfl_idx, inclusive_scan=inclusive_scan,
-                           sync_tile=sync_tile)
+    return SimpleNamespace(match_any=match_any, shfl_idx=shfl_idx, inclusive_scan=inclusive_scan, sync_tile=sync_tile)
 
 
 def _shared_form() -> SimpleNamespace:
@@ -87,8 +86,7 @@ def _shared_form() -> SimpleNamespace:
     def sync_tile():
         cuda.syncthreads()
 
-    return SimpleNamespace(match_any=match_any, shfl_idx=shfl_idx, inclusive_scan=inclusive_scan,
-                           sync_tile=sync_tile)
+    return SimpleNamespace(match_any=match_any, shfl_idx=shfl_idx, inclusive_scan=inclusive_scan, sync_tile=sync_tile)
 
 
 def warp_exchange(kind: str) -> SimpleNamespace:

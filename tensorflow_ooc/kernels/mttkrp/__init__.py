@@ -6,5 +6,15 @@ device-side decode ``decode_gpu`` and launch plans ``gpu_plan``), the conflict-r
 from .dispatch import ThreadOutputs, compile_kernels, mttkrp, numba_threads, run_items, tensor_items
 from .plan import ConflictPlan, WorkItems, plan_conflicts, work_items
 
-__all__ = ["ConflictPlan", "ThreadOutputs", "WorkItems", "compile_kernels", "mttkrp", "numba_threads",
-           "plan_conflicts", "run_items", "tensor_items", "work_items"]
+__all__ = [
+    "ConflictPlan",
+    "ThreadOutputs",
+    "WorkItems",
+    "compile_kernels",
+    "mttkrp",
+    "numba_threads",
+    "plan_conflicts",
+    "run_items",
+    "tensor_items",
+    "work_items",
+]

@@ -71,14 +71,20 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
     L = []
     add = L.append
     if kind in ("direct", "runs"):
-        add(f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
-            "mode, rank, todo, priv_row, priv_rows, priv_buf):")
+        add(
+            f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
+            "mode, rank, todo, priv_row, priv_rows, priv_buf):"
+        )
     elif kind in ("threads", "runs_threads"):
-        add(f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
-            "mode, rank, todo, bounds, out, first, bufs, out_lo):")
+        add(
+            f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
+            "mode, rank, todo, bounds, out, first, bufs, out_lo):"
+        )
     else:
-        add(f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
-            "mode, rank, todo, out_flat, out_lo):")
+        add(
+            f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
+            "mode, rank, todo, out_flat, out_lo):"
+        )
     add(f"    R = {RC}" if RC else "    R = rank")
     # the other modes in the order mode+1, mode+2, ... (mod N): a product does not care
     add("    st = np.uint64(shift[mode]); mt = np.uint64(mask[mode])")
@@ -167,9 +173,9 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
     if RC:
         for j in others:
             add(f"            q{j} = r{j} * np.uint64({RC})")
-        prod = lambda r: " * ".join(["v"] + [f"Ff[q{j} + np.uint64({r})]" for j in others])   # noqa: E731
+        prod = lambda r: " * ".join(["v"] + [f"Ff[q{j} + np.uint64({r})]" for j in others])  # noqa: E731
     else:
-        prod = lambda r: " * ".join(["v"] + [f"F[r{j}, {r}]" for j in others])   # noqa: E731
+        prod = lambda r: " * ".join(["v"] + [f"F[r{j}, {r}]" for j in others])  # noqa: E731
     if kind in ("direct", "threads") and RC:
         # every product before any store: a store into priv_buf between two loads of F may
         # alias them, which kept SLP from vectorizing the unrolled rank loop (16 scalar
@@ -236,7 +242,8 @@ def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = F
     into private rows; ``runs_items`` sums runs of one target row in registers first, then adds
     each run once into private rows; ``runs_atomic_items`` does so with atomic adds into
     ``out_flat``, the output rows ``out_lo ..`` of the target mode, row-major (runs are long in
-    mode-sorted items, :mod:`~tensorflow_ooc.kernels.mttkrp.mode_order`); ``threads_items`` gives each thread a contiguous
+    mode-sorted items, :mod:`~tensorflow_ooc.kernels.mttkrp.mode_order`); ``threads_items`` gives each thread a
+    contiguous
     share of the items (``todo[bounds[g]:bounds[g + 1]]``, in ALTO order, so the rows of every mode
     keep the order's locality) and a whole output of its own: ``out`` for the first, ``first``
     for the second, ``bufs[g - 2]`` for the others (ALTO's per-thread outputs for long modes; the

@@ -134,6 +134,8 @@ def kernel_sources(tpb: int = DECODE_THREADS) -> dict:
     return {
         "tile_sums": (_make_tile_sums(tpb), types.void(a1(uint64), a1(int64), a1(int64), a1(uint64))),
         "tile_prefix": (tile_prefix, types.void(a1(uint64), a1(int64), a1(uint64), a1(uint64))),
-        "decode_tiles": (_make_decode(tpb), types.void(a1(uint64), a1(int64), a1(int64), a1(uint64), boolean,
-                                                        types.Array(uint64, 2, "C"), int64)),
+        "decode_tiles": (
+            _make_decode(tpb),
+            types.void(a1(uint64), a1(int64), a1(int64), a1(uint64), boolean, types.Array(uint64, 2, "C"), int64),
+        ),
     }

@@ -14,8 +14,8 @@ from ...format import BitLayout, BLCOTensor
 from ...store import Chunk, Store
 from ..factors import StackedFactors, aligned_empty, aligned_zeros
 from .cpu import PREFETCH_MIN_BYTES, kernel_for, merge_private, merge_thread_buffers
-from .owned import run_owned
 from .mode_order import copies_fit, mode_sorted
+from .owned import run_owned
 from .plan import DEFAULT_MAX_PRIVATE_BYTES, ConflictPlan, WorkItems, plan_conflicts, work_items
 
 MERGE_TILE = 256
@@ -88,13 +88,17 @@ class ThreadOutputs:
         """Whether a pass of ``nnz`` nonzeros into ``out`` should use them: a long output, the
         allocated copies within ``max_bytes``, and enough nonzeros per copied row."""
         copies = max(0, int(threads) - 1)
-        return (copies > 0 and out.shape[0] >= THREAD_OUTPUT_MIN_ROWS
-                and ThreadOutputs.extra_copies(threads, scratch) * out.nbytes <= max_bytes
-                and nnz >= THREAD_OUTPUT_NNZ_PER_ROW * copies * out.shape[0])
+        return (
+            copies > 0
+            and out.shape[0] >= THREAD_OUTPUT_MIN_ROWS
+            and ThreadOutputs.extra_copies(threads, scratch) * out.nbytes <= max_bytes
+            and nnz >= THREAD_OUTPUT_NNZ_PER_ROW * copies * out.shape[0]
+        )
 
     @classmethod
-    def for_pass(cls, out: np.ndarray, nnz: int, max_bytes: int, force: bool = False,
-                 scratch: np.ndarray | None = None) -> "ThreadOutputs | None":
+    def for_pass(
+        cls, out: np.ndarray, nnz: int, max_bytes: int, force: bool = False, scratch: np.ndarray | None = None
+    ) -> "ThreadOutputs | None":
         """Per-thread outputs for a pass of ``nnz`` nonzeros into ``out`` on this call's numba
         threads where they pay (:meth:`pays`) or are asked for (``force``), else None."""
         threads = nb.get_num_threads()
@@ -103,8 +107,9 @@ class ThreadOutputs:
         return None
 
     @classmethod
-    def for_sorted(cls, out: np.ndarray, items: WorkItems, mode: int, max_bytes: int,
-                   scratch: np.ndarray | None = None) -> "ThreadOutputs | None":
+    def for_sorted(
+        cls, out: np.ndarray, items: WorkItems, mode: int, max_bytes: int, scratch: np.ndarray | None = None
+    ) -> "ThreadOutputs | None":
         """Per-thread outputs for mode-sorted ``items`` (:mod:`.mode_order`) where they move fewer
         bytes than the items' private accumulators would: each thread's runs then add straight into
         its own whole output, zeroed and merged once, instead of every item zeroing and merging
@@ -114,14 +119,21 @@ class ThreadOutputs:
         threads = nb.get_num_threads()
         rows = np.maximum(items.hi[:, mode] - items.lo[:, mode] + 1, 0)
         private = int(rows.sum()) * out.shape[1] * out.itemsize
-        if (threads * out.nbytes < private
-                and cls.extra_copies(threads, scratch is not None) * out.nbytes <= max_bytes):
+        if threads * out.nbytes < private and cls.extra_copies(threads, scratch is not None) * out.nbytes <= max_bytes:
             return cls(out, threads, scratch)
         return None
 
     @classmethod
-    def for_items(cls, out: np.ndarray, items: WorkItems | None, mode: int, nnz: int, max_bytes: int,
-                  force: bool = False, scratch: np.ndarray | None = None) -> "ThreadOutputs | None":
+    def for_items(
+        cls,
+        out: np.ndarray,
+        items: WorkItems | None,
+        mode: int,
+        nnz: int,
+        max_bytes: int,
+        force: bool = False,
+        scratch: np.ndarray | None = None,
+    ) -> "ThreadOutputs | None":
         """:meth:`for_sorted` where ``items`` are sorted by ``mode``, else :meth:`for_pass` for a pass
         of ``nnz`` nonzeros (``items`` None: the pass's items are not known yet, e.g. streamed)."""
         if items is not None and items.sorted_mode == mode:
@@ -183,8 +195,9 @@ def check_factors(factors: Sequence[np.ndarray] | StackedFactors, shape: Sequenc
             raise ValueError(f"expected {N} factor matrices, got {len(factors)}")
         ranks = {np.shape(f)[1] if np.ndim(f) == 2 else None for f in factors}
         if len(ranks) != 1 or None in ranks:
-            raise ValueError("factor matrices must be 2-D with one common rank, got shapes "
-                             f"{[np.shape(f) for f in factors]}")
+            raise ValueError(
+                f"factor matrices must be 2-D with one common rank, got shapes {[np.shape(f) for f in factors]}"
+            )
         rows = tuple(np.shape(f)[0] for f in factors)
         stacked = None
     if len(rows) != N:
@@ -200,9 +213,17 @@ def check_factors(factors: Sequence[np.ndarray] | StackedFactors, shape: Sequenc
     return stacked
 
 
-def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode: int, out: np.ndarray,
-              conflict: str = "auto", max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES, out_lo: int = 0,
-              thread_outputs: ThreadOutputs | None = None) -> ConflictPlan:
+def run_items(
+    items: WorkItems,
+    layout: BitLayout,
+    factors: StackedFactors,
+    mode: int,
+    out: np.ndarray,
+    conflict: str = "auto",
+    max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES,
+    out_lo: int = 0,
+    thread_outputs: ThreadOutputs | None = None,
+) -> ConflictPlan:
     """Add the MTTKRP of ``items`` into ``out``, which holds target rows ``out_lo ..``
     (all rows the items touch must be inside); returns the conflict plan used. With
     ``thread_outputs`` (for ``out``; ``conflict`` "auto" or "threads") the items without a private
@@ -216,23 +237,39 @@ def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode
     # of a long mode cost more to zero and merge than the item's nonzeros (20 M Amazon-shaped,
     # the longer two modes: 2.9 s with them, 1.6 s without)
     threads_plan = conflict == "threads" or (conflict == "auto" and thread_outputs is not None)
-    plan = plan_conflicts(items, mode, R, out.dtype.itemsize, "threads" if threads_plan else conflict,
-                          max_private_bytes)
+    plan = plan_conflicts(
+        items, mode, R, out.dtype.itemsize, "threads" if threads_plan else conflict, max_private_bytes
+    )
     if items.nitems == 0:
         return plan
     priv_buf = private_scratch(max(1, int(plan.size.sum())), R, out.dtype)
-    direct, runs, runs_atomic, threads_k, runs_threads = kernel_for(layout.nmodes, R, items.delta,
-                                                                    factors.data.nbytes > PREFETCH_MIN_BYTES)
+    direct, runs, runs_atomic, threads_k, runs_threads = kernel_for(
+        layout.nmodes, R, items.delta, factors.data.nbytes > PREFETCH_MIN_BYTES
+    )
     mask = layout.pext_masks if items.delta else layout.field_mask
-    common = (items.index, items.values, items.start, items.end, items.base, items.prev, items.lo,
-              layout.field_shift, mask, factors.data, factors.offsets, mode, R)
+    common = (
+        items.index,
+        items.values,
+        items.start,
+        items.end,
+        items.base,
+        items.prev,
+        items.lo,
+        layout.field_shift,
+        mask,
+        factors.data,
+        factors.offsets,
+        mode,
+        R,
+    )
     todo_direct = np.flatnonzero(~plan.runs)
     shared = ~plan.private
     # items without a private accumulator: row-owned tiles instead of atomic adds, unless atomics
     # are asked for or too few nonzeros need them to pay for bucketing
     threaded = threads_plan and bool(shared.any())
-    owned = not threaded and (conflict == "owned" or (conflict == "auto" and
-                                                      int((items.end - items.start)[shared].sum()) >= OWNED_MIN_NNZ))
+    owned = not threaded and (
+        conflict == "owned" or (conflict == "auto" and int((items.end - items.start)[shared].sum()) >= OWNED_MIN_NNZ)
+    )
     todo_runs = np.flatnonzero(plan.runs & plan.private)
     todo_atomic = np.flatnonzero(plan.runs & ~plan.private) if not (owned or threaded) else todo_runs[:0]
     if todo_direct.size:
@@ -259,10 +296,18 @@ def run_items(items: WorkItems, layout: BitLayout, factors: StackedFactors, mode
     return plan
 
 
-def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk | WorkItems], factors: Sequence[np.ndarray], mode: int, *,
-           out: np.ndarray | None = None, threads: int | None = None, conflict: str = "auto",
-           max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES, stats: dict | None = None,
-           layout: BitLayout | None = None) -> np.ndarray:
+def mttkrp(
+    tensor: Store | BLCOTensor | Iterable[Chunk | WorkItems],
+    factors: Sequence[np.ndarray],
+    mode: int,
+    *,
+    out: np.ndarray | None = None,
+    threads: int | None = None,
+    conflict: str = "auto",
+    max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES,
+    stats: dict | None = None,
+    layout: BitLayout | None = None,
+) -> np.ndarray:
     """Mode-``mode`` MTTKRP: ``M[i_n, :] = sum over nonzeros x * prod_{m != n} A_m[i_m, :]``.
 
     Parameters
@@ -315,8 +360,9 @@ def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk | WorkItems], factors: Se
         out = aligned_zeros((shape[mode], R), A.dtype)
     else:
         if out.shape != (shape[mode], R) or out.dtype != A.dtype or not out.flags.c_contiguous:
-            raise ValueError(f"out must be a C-contiguous {A.dtype} array of shape {(shape[mode], R)}, "
-                             f"got {out.dtype} {out.shape}")
+            raise ValueError(
+                f"out must be a C-contiguous {A.dtype} array of shape {(shape[mode], R)}, got {out.dtype} {out.shape}"
+            )
         out[...] = 0
     summary = {"items": 0, "private_items": 0, "atomic_items": 0, "run_items": 0, "private_bytes": 0}
     with numba_threads(threads):
@@ -324,10 +370,12 @@ def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk | WorkItems], factors: Se
         whole = tensor_items(tensor, mode if conflict == "auto" else None) if chunks is None else None
         shared = None
         if conflict in ("auto", "threads"):
-            shared = ThreadOutputs.for_items(out, whole, mode, int(getattr(tensor, "nnz", 0)), max_private_bytes,
-                                             force=conflict == "threads")
-        parts = [whole] if chunks is None else \
-            (c if isinstance(c, WorkItems) else chunk_items(c, layout) for c in chunks)
+            shared = ThreadOutputs.for_items(
+                out, whole, mode, int(getattr(tensor, "nnz", 0)), max_private_bytes, force=conflict == "threads"
+            )
+        parts = (
+            [whole] if chunks is None else (c if isinstance(c, WorkItems) else chunk_items(c, layout) for c in chunks)
+        )
         for items in parts:
             plan = run_items(items, layout, A, mode, out, conflict, max_private_bytes, thread_outputs=shared).summary()
             for k in ("items", "private_items", "atomic_items", "run_items"):
@@ -340,8 +388,9 @@ def mttkrp(tensor: Store | BLCOTensor | Iterable[Chunk | WorkItems], factors: Se
     return out
 
 
-def compile_kernels(nmodes: int = 3, ranks: Sequence[int] = (8, 16, 32, 64, 7), dtypes: Sequence[Any] = (np.float64,)
-                    ) -> float:
+def compile_kernels(
+    nmodes: int = 3, ranks: Sequence[int] = (8, 16, 32, 64, 7), dtypes: Sequence[Any] = (np.float64,)
+) -> float:
     """Compile (or load from the on-disk cache) the kernels for ``nmodes``; returns the seconds spent.
 
     Benchmarks call this first so JIT time is reported apart from kernel timings.

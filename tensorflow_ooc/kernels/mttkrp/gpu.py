@@ -45,7 +45,7 @@ from ..gpu.warp_exchange import warp_exchange
 CONFLICTS = ("hierarchical", "register")
 DEFAULT_WARPS = 8
 DEFAULT_COARSEN = 4
-SHARED_BYTES = 46 * 1024           # static shared memory per block, under the 48 KiB limit
+SHARED_BYTES = 46 * 1024  # static shared memory per block, under the 48 KiB limit
 MAX_STASH_ROWS = 256
 
 
@@ -54,17 +54,25 @@ class KernelConfig:
     """Compile-time parameters of one MTTKRP kernel variant."""
 
     nmodes: int
-    rank_chunks: int                  # columns per lane = ceil(R / lanes)
-    conflict: str                     # "hierarchical" or "register"
-    exchange: str                     # "intrinsics" or "shared"
+    rank_chunks: int  # columns per lane = ceil(R / lanes)
+    conflict: str  # "hierarchical" or "register"
+    exchange: str  # "intrinsics" or "shared"
     dtype: str = "float64"
     warps: int = DEFAULT_WARPS
     coarsen: int = DEFAULT_COARSEN
-    lanes: int = 32                   # lanes per nonzero in the computing phase (a power of two <= 32)
+    lanes: int = 32  # lanes per nonzero in the computing phase (a power of two <= 32)
 
     @classmethod
-    def for_rank(cls, nmodes: int, rank: int, conflict: str, exchange: str, dtype: str = "float64",
-                 warps: int = DEFAULT_WARPS, coarsen: int = DEFAULT_COARSEN) -> "KernelConfig":
+    def for_rank(
+        cls,
+        nmodes: int,
+        rank: int,
+        conflict: str,
+        exchange: str,
+        dtype: str = "float64",
+        warps: int = DEFAULT_WARPS,
+        coarsen: int = DEFAULT_COARSEN,
+    ) -> "KernelConfig":
         """The variant for rank ``rank``: ``lanes`` = the next power of two >= R (at most 32)."""
         lanes = lanes_for(rank)
         return cls(nmodes, max(1, math.ceil(int(rank) / lanes)), conflict, exchange, dtype, warps, coarsen, lanes)
@@ -138,6 +146,7 @@ def _make(cfg: KernelConfig):
     STASH_COLS = LANES * RC
     DT = np.float32 if cfg.dtype == "float32" else np.float64
     from numba import float32, float64
+
     nbt = float32 if cfg.dtype == "float32" else float64
 
     @cuda.jit(device=True, inline=True)
@@ -165,8 +174,9 @@ def _make(cfg: KernelConfig):
                 if r < rank:
                     cuda.atomic.add(out, (rel, r), acc[k])
 
-    def mttkrp_tiles(index, values, tile_start, tile_end, tile_base, tile_lo, shift, mask, F, offs, mode, rank, out,
-                     out_lo, copies):
+    def mttkrp_tiles(
+        index, values, tile_start, tile_end, tile_base, tile_lo, shift, mask, F, offs, mode, rank, out, out_lo, copies
+    ):
         """MTTKRP of one tile per thread block.
 
         index : uint64 (nnz,)            re-encoded BLCO indices
@@ -185,7 +195,7 @@ def _make(cfg: KernelConfig):
         tid = cuda.threadIdx.x
         lane = tid & 31
         w = tid >> 5
-        grp = lane // LANES          # lane group of the computing phase and its column
+        grp = lane // LANES  # lane group of the computing phase and its column
         col = lane % LANES
         b = cuda.blockIdx.x
         start = tile_start[b]
@@ -324,5 +334,20 @@ def ptx_signature(cfg: KernelConfig):
     a1 = lambda t: types.Array(t, 1, "C")  # noqa: E731
     a2 = lambda t: types.Array(t, 2, "C")  # noqa: E731
     a3 = lambda t: types.Array(t, 3, "C")  # noqa: E731
-    return types.void(a1(uint64), a1(ft), a1(int64), a1(int64), a2(int64), a2(int64), a1(int64), a1(uint64), a2(ft),
-                      a1(int64), int64, int64, a2(ft), int64, a3(ft))
+    return types.void(
+        a1(uint64),
+        a1(ft),
+        a1(int64),
+        a1(int64),
+        a2(int64),
+        a2(int64),
+        a1(int64),
+        a1(uint64),
+        a2(ft),
+        a1(int64),
+        int64,
+        int64,
+        a2(ft),
+        int64,
+        a3(ft),
+    )

@@ -45,14 +45,14 @@ from typing import Sequence
 
 import numpy as np
 
-H100_HBM_GBPS = 3350.0        # H100 SXM5, HBM3: the nominal peak
-H100_LINK_GBPS = 55.0         # PCIe Gen5 x16: about 55 GB/s effective of 64 GB/s nominal per direction
-SECTOR_BYTES = 32             # DRAM/L2 access granularity of NVIDIA GPUs
-INDEX_BYTES = 8               # one uint64 BLCO index per nonzero
+H100_HBM_GBPS = 3350.0  # H100 SXM5, HBM3: the nominal peak
+H100_LINK_GBPS = 55.0  # PCIe Gen5 x16: about 55 GB/s effective of 64 GB/s nominal per direction
+SECTOR_BYTES = 32  # DRAM/L2 access granularity of NVIDIA GPUs
+INDEX_BYTES = 8  # one uint64 BLCO index per nonzero
 DEFAULT_TILE_NNZ = 32 * 8 * 4  # 32 lanes x DEFAULT_WARPS x DEFAULT_COARSEN (gpu)
-DEFAULT_ITEM_NNZ = 1 << 16     # kernels.plan.ITEM_NNZ
-DEFAULT_COPIES = 8             # kernels.mttkrp.gpu_plan.DEFAULT_COPIES
-DEFAULT_SM_COUNT = 132         # H100 SXM
+DEFAULT_ITEM_NNZ = 1 << 16  # kernels.plan.ITEM_NNZ
+DEFAULT_COPIES = 8  # kernels.mttkrp.gpu_plan.DEFAULT_COPIES
+DEFAULT_SM_COUNT = 132  # H100 SXM
 CONFLICTS = ("hierarchical", "register")
 VARIANTS = tuple(f"{p}/{c}" for p in ("resident", "streamed") for c in CONFLICTS)
 
@@ -75,13 +75,31 @@ def _row_bytes(rank: int, itemsize: int, sector: int) -> int:
     return int(math.ceil(raw / sector) * sector) if sector > 1 else raw
 
 
-def predict(shape: Sequence[int], nnz: int, rank: int, mode: int, segments: float, *, itemsize: int = 8,
-            value_itemsize: int | None = None, conflict: str = "register", streamed: bool = False,
-            cache_hit: float = 0.0, bandwidth_GBps: float = H100_HBM_GBPS, link_GBps: float = H100_LINK_GBPS,
-            copies: int = DEFAULT_COPIES, rows: int | None = None, stash_rows: int | None = None,
-            stash_segments: float | None = None, block_rows: float | None = None,
-            tile_nnz: int = DEFAULT_TILE_NNZ, tiles: int | None = None, items: int | None = None,
-            delta: bool = True, sector: int = SECTOR_BYTES) -> dict:
+def predict(
+    shape: Sequence[int],
+    nnz: int,
+    rank: int,
+    mode: int,
+    segments: float,
+    *,
+    itemsize: int = 8,
+    value_itemsize: int | None = None,
+    conflict: str = "register",
+    streamed: bool = False,
+    cache_hit: float = 0.0,
+    bandwidth_GBps: float = H100_HBM_GBPS,
+    link_GBps: float = H100_LINK_GBPS,
+    copies: int = DEFAULT_COPIES,
+    rows: int | None = None,
+    stash_rows: int | None = None,
+    stash_segments: float | None = None,
+    block_rows: float | None = None,
+    tile_nnz: int = DEFAULT_TILE_NNZ,
+    tiles: int | None = None,
+    items: int | None = None,
+    delta: bool = True,
+    sector: int = SECTOR_BYTES,
+) -> dict:
     """Bytes, atomics and predicted seconds of one mode's MTTKRP in one variant.
 
     Parameters
@@ -165,7 +183,7 @@ def predict(shape: Sequence[int], nnz: int, rank: int, mode: int, segments: floa
         h2d_write = nz_bytes
         decode = nnz * (3 if delta else 2) * INDEX_BYTES
         link = nz_bytes + tiles * (16 + 8 * N) + items * 16 + 8
-    setup_link = rows * out_row * (2 + k)      # zeroed output (and copies) up, result down
+    setup_link = rows * out_row * (2 + k)  # zeroed output (and copies) up, result down
 
     def device(fb: float) -> float:
         return nz_bytes + fb + output + merge + h2d_write + decode
@@ -181,35 +199,66 @@ def predict(shape: Sequence[int], nnz: int, rank: int, mode: int, segments: floa
     pred = total(dev)
     return {
         "variant": f"{'streamed' if streamed else 'resident'}/{conflict}",
-        "conflict": conflict, "streamed": bool(streamed), "shape": list(shape), "nnz": nnz, "rank": rank,
-        "mode": mode, "rows": rows, "itemsize": fi, "value_itemsize": vi, "segments": segments,
-        "segments_per_nnz": segments / nnz if nnz else 0.0, "cache_hit": float(cache_hit),
-        "bandwidth_GBps": float(bandwidth_GBps), "link_GBps": float(link_GBps),
-        "copies": k, "stash_rows": stash, "tiles": tiles,
-        "bytes": {"nonzeros": nz_bytes, "factors": factors, "factors_best": factors_best,
-                  "factors_worst": factors_worst, "output": output, "merge": merge, "h2d_write": h2d_write,
-                  "decode": decode},
-        "device_bytes": dev, "device_bytes_best": dev_best, "device_bytes_worst": dev_worst,
+        "conflict": conflict,
+        "streamed": bool(streamed),
+        "shape": list(shape),
+        "nnz": nnz,
+        "rank": rank,
+        "mode": mode,
+        "rows": rows,
+        "itemsize": fi,
+        "value_itemsize": vi,
+        "segments": segments,
+        "segments_per_nnz": segments / nnz if nnz else 0.0,
+        "cache_hit": float(cache_hit),
+        "bandwidth_GBps": float(bandwidth_GBps),
+        "link_GBps": float(link_GBps),
+        "copies": k,
+        "stash_rows": stash,
+        "tiles": tiles,
+        "bytes": {
+            "nonzeros": nz_bytes,
+            "factors": factors,
+            "factors_best": factors_best,
+            "factors_worst": factors_worst,
+            "output": output,
+            "merge": merge,
+            "h2d_write": h2d_write,
+            "decode": decode,
+        },
+        "device_bytes": dev,
+        "device_bytes_best": dev_best,
+        "device_bytes_worst": dev_worst,
         "bytes_per_nnz": dev / nnz if nnz else 0.0,
-        "link_bytes": link, "setup_link_bytes": setup_link,
+        "link_bytes": link,
+        "setup_link_bytes": setup_link,
         "factor_upload_bytes": sum(shape) * out_row,
-        "global_atomics": global_atomics, "shared_atomics": shared_atomics,
+        "global_atomics": global_atomics,
+        "shared_atomics": shared_atomics,
         "flops": 2.0 * nnz * rank * (N - 1),
-        "device_s": dev / bw, "device_best_s": dev_best / bw, "device_worst_s": dev_worst / bw,
-        "link_s": link_s, "setup_link_s": setup_link_s,
-        "predicted_s": pred, "predicted_best_s": total(dev_best), "predicted_worst_s": total(dev_worst),
+        "device_s": dev / bw,
+        "device_best_s": dev_best / bw,
+        "device_worst_s": dev_worst / bw,
+        "link_s": link_s,
+        "setup_link_s": setup_link_s,
+        "predicted_s": pred,
+        "predicted_best_s": total(dev_best),
+        "predicted_worst_s": total(dev_worst),
         "predicted_call_s": pred + setup_link_s,
         "bound": "link" if streamed and link_s > dev / bw else "device",
     }
 
 
-def predict_all(shape: Sequence[int], nnz: int, rank: int, mode: int, segments: float, *,
-                sm_count: int = DEFAULT_SM_COUNT, **kw) -> dict:
+def predict_all(
+    shape: Sequence[int], nnz: int, rank: int, mode: int, segments: float, *, sm_count: int = DEFAULT_SM_COUNT, **kw
+) -> dict:
     """:func:`predict` for the four variants, the ``auto`` choice, and the predicted streamed over
     in-memory throughput of the ``auto`` choice (``resident time / streamed time``, <= 1) in the
     best and the worst factor-reuse case."""
-    out = {v: predict(shape, nnz, rank, mode, segments, conflict=v.split("/")[1], streamed=v.startswith("s"), **kw)
-           for v in VARIANTS}
+    out = {
+        v: predict(shape, nnz, rank, mode, segments, conflict=v.split("/")[1], streamed=v.startswith("s"), **kw)
+        for v in VARIANTS
+    }
     rows = int(kw.get("rows") or shape[mode])
     auto = choose_conflict(rows, sm_count)
     res, st = out[f"resident/{auto}"], out[f"streamed/{auto}"]
@@ -222,14 +271,22 @@ def predict_all(shape: Sequence[int], nnz: int, rank: int, mode: int, segments: 
 
 # --- segment counts from the data --------------------------------------------------------------
 
+
 def segments_from_changes(changes: np.ndarray, mode: int) -> int:
     """Target-row changes in ALTO order summed over work items (``WorkItems.changes``): the flushes
     of a walk that never breaks a run except at item boundaries."""
     return int(np.asarray(changes)[:, mode].sum())
 
 
-def item_keys(index: np.ndarray, start: np.ndarray, end: np.ndarray, base: np.ndarray, shift: np.ndarray,
-              mask: np.ndarray, mode: int) -> np.ndarray:
+def item_keys(
+    index: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    base: np.ndarray,
+    shift: np.ndarray,
+    mask: np.ndarray,
+    mode: int,
+) -> np.ndarray:
     """Mode-``mode`` coordinate of every nonzero position of ``index`` (-1 where no work item
     covers it), from re-encoded BLCO indices, the work items ``[start, end)`` and their block
     ``base`` (``WorkItems`` fields) and the layout's ``field_shift`` / ``field_mask``."""
@@ -245,8 +302,15 @@ def item_keys(index: np.ndarray, start: np.ndarray, end: np.ndarray, base: np.nd
     return keys
 
 
-def kernel_segments(keys: np.ndarray, tile_start: np.ndarray, tile_end: np.ndarray, coarsen: int = 4,
-                    stash_rows: int = 0, tile_lo: np.ndarray | None = None, lanes: int = 32) -> dict:
+def kernel_segments(
+    keys: np.ndarray,
+    tile_start: np.ndarray,
+    tile_end: np.ndarray,
+    coarsen: int = 4,
+    stash_rows: int = 0,
+    tile_lo: np.ndarray | None = None,
+    lanes: int = 32,
+) -> dict:
     """Flushes of the GPU kernel for target rows ``keys`` (one per nonzero position), counted on
     the CPU exactly as :func:`.gpu.mttkrp_tiles` walks them.
 
@@ -279,20 +343,20 @@ def kernel_segments(keys: np.ndarray, tile_start: np.ndarray, tile_end: np.ndarr
     off = np.arange(int(first[-1]), dtype=np.int64) - first[:-1][tile]
     k = keys[ts[tile] + off]
     subs = max(1, -(-int(n.max()) // 32))
-    sub = tile * subs + off // 32                      # global sub-tile id, consecutive within a tile
+    sub = tile * subs + off // 32  # global sub-tile id, consecutive within a tile
     # the warp's reordering: rows by first occurrence, a row's nonzeros in lane order
     o1 = np.lexsort((off, k, sub))
     new_row = np.ones(o1.shape[0], dtype=bool)
     new_row[1:] = (sub[o1][1:] != sub[o1][:-1]) | (k[o1][1:] != k[o1][:-1])
     first_off = np.empty(o1.shape[0], dtype=np.int64)
     first_off[o1] = off[o1][new_row][np.cumsum(new_row) - 1]
-    o2 = np.lexsort((off, first_off, sub))              # slot order within each sub-tile
+    o2 = np.lexsort((off, first_off, sub))  # slot order within each sub-tile
     s2, k2 = sub[o2], k[o2]
     sub_first = np.ones(o2.shape[0], dtype=bool)
     sub_first[1:] = s2[1:] != s2[:-1]
     starts = np.flatnonzero(sub_first)
     slot = np.arange(o2.shape[0]) - starts[np.cumsum(sub_first) - 1]
-    pair = s2 * G + slot // int(lanes)                 # (sub-tile, lane group), ascending
+    pair = s2 * G + slot // int(lanes)  # (sub-tile, lane group), ascending
     # flush units: runs of one row inside one (sub-tile, lane group)
     unit = np.ones(o2.shape[0], dtype=bool)
     unit[1:] = (pair[1:] != pair[:-1]) | (k2[1:] != k2[:-1])

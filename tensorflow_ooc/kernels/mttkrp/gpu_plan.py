@@ -17,7 +17,7 @@ import numpy as np
 from .plan import WorkItems
 
 CONFLICT_CHOICES = ("auto", "hierarchical", "register")
-DEFAULT_COPIES = 8         # global output copies for hierarchical resolution (one per GPC on an H100)
+DEFAULT_COPIES = 8  # global output copies for hierarchical resolution (one per GPC on an H100)
 
 
 @dataclass

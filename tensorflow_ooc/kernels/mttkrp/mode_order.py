@@ -38,8 +38,9 @@ TENSOR_COPIES_MAX_FREE_FRACTION = 0.25
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _sort_items(index, values, item_start, item_end, item_lo, item_hi, item_base, shift, mask, mode,
-                out_index, out_values, distinct):
+def _sort_items(
+    index, values, item_start, item_end, item_lo, item_hi, item_base, shift, mask, mode, out_index, out_values, distinct
+):
     """Counting sort of each item's nonzeros by their mode-``mode`` index (stable), into
     ``out_index`` / ``out_values`` at the same positions; ``distinct[k]``: rows item k touches."""
     s_ = np.uint64(shift[mode])
@@ -90,8 +91,21 @@ def mode_sorted(items: WorkItems, layout: BitLayout, mode: int, run_min: float =
     out_index = np.empty_like(items.index)
     out_values = np.empty_like(items.values)
     distinct = np.zeros(items.nitems, dtype=np.int64)
-    _sort_items(items.index, items.values, items.start, items.end, items.lo, items.hi, items.base,
-                layout.field_shift, layout.field_mask, mode, out_index, out_values, distinct)
+    _sort_items(
+        items.index,
+        items.values,
+        items.start,
+        items.end,
+        items.lo,
+        items.hi,
+        items.base,
+        layout.field_shift,
+        layout.field_mask,
+        mode,
+        out_index,
+        out_values,
+        distinct,
+    )
     nnz = int(items.nnz.sum())
     if nnz < run_min * max(1, int(distinct.sum())):
         return None

@@ -29,9 +29,11 @@ def _build(nmodes: int, rank_const: int, delta: bool):
     DELTA = bool(delta)
 
     @nb.njit(parallel=True, nogil=True, cache=True)
-    def owned_count(index, item_start, item_end, item_base, item_prev, shift, mask, mode, todo, out_lo, tile_shift,
-                    counts):
-        """counts[t, tile] = nonzeros of item todo[t] whose target row is in tile (rows out_lo + tile << tile_shift ..)."""
+    def owned_count(
+        index, item_start, item_end, item_base, item_prev, shift, mask, mode, todo, out_lo, tile_shift, counts
+    ):
+        """counts[t, tile] = nonzeros of item todo[t] whose target row is in tile
+        (rows out_lo + tile << tile_shift ..)."""
         for t in nb.prange(todo.shape[0]):
             k = todo[t]
             word = item_prev[k]
@@ -44,8 +46,24 @@ def _build(nmodes: int, rank_const: int, delta: bool):
                 counts[t, (c - out_lo) >> tile_shift] += 1
 
     @nb.njit(parallel=True, nogil=True, cache=True)
-    def owned_scatter(index, values, item_start, item_end, item_base, item_prev, shift, mask, mode, todo, out_lo,
-                      tile_shift, starts, bx, bk, bv):
+    def owned_scatter(
+        index,
+        values,
+        item_start,
+        item_end,
+        item_base,
+        item_prev,
+        shift,
+        mask,
+        mode,
+        todo,
+        out_lo,
+        tile_shift,
+        starts,
+        bx,
+        bk,
+        bv,
+    ):
         """Bucket each nonzero at starts[t, tile] (advanced): its absolute index word, item, value."""
         for t in nb.prange(todo.shape[0]):
             k = todo[t]
@@ -108,9 +126,9 @@ def owned_kernels(nmodes: int, rank: int, delta: bool):
     return _OWNED[key]
 
 
-TILE_BYTES = 1 << 20      # output rows per tile: about 1 MiB of them, so a tile's rows stay in L2
+TILE_BYTES = 1 << 20  # output rows per tile: about 1 MiB of them, so a tile's rows stay in L2
 MIN_TILES_PER_THREAD = 16
-GROUP_NNZ = 1 << 22       # nonzeros bucketed at once (20 bytes each)
+GROUP_NNZ = 1 << 22  # nonzeros bucketed at once (20 bytes each)
 
 
 def tile_shift_for(nrows: int, rank: int, itemsize: int, threads: int) -> int:
@@ -146,14 +164,55 @@ def run_owned(items, layout, factors, mode: int, out: np.ndarray, out_lo: int, t
     for a, b in zip(bounds[:-1], bounds[1:]):
         group = np.ascontiguousarray(todo[a:b])
         counts = np.zeros((group.shape[0], ntiles), dtype=np.int64)
-        count(items.index, items.start, items.end, items.base, items.prev, layout.field_shift, mask, mode, group,
-              out_lo, shift, counts)
+        count(
+            items.index,
+            items.start,
+            items.end,
+            items.base,
+            items.prev,
+            layout.field_shift,
+            mask,
+            mode,
+            group,
+            out_lo,
+            shift,
+            counts,
+        )
         per_tile = counts.sum(axis=0)
         tile_ptr = np.zeros(ntiles + 1, dtype=np.int64)
         np.cumsum(per_tile, out=tile_ptr[1:])
         # item t's bucket in tile j starts after the tile's earlier items
         starts = (tile_ptr[:-1][None, :] + np.cumsum(counts, axis=0) - counts).astype(np.int64)
-        scatter(items.index, items.values, items.start, items.end, items.base, items.prev, layout.field_shift, mask,
-                mode, group, out_lo, shift, starts, bx, bk, bv)
-        compute(bx, bk, bv, tile_ptr, items.base, layout.field_shift, mask, factors.data, factors.offsets, mode, R,
-                out, out_lo)
+        scatter(
+            items.index,
+            items.values,
+            items.start,
+            items.end,
+            items.base,
+            items.prev,
+            layout.field_shift,
+            mask,
+            mode,
+            group,
+            out_lo,
+            shift,
+            starts,
+            bx,
+            bk,
+            bv,
+        )
+        compute(
+            bx,
+            bk,
+            bv,
+            tile_ptr,
+            items.base,
+            layout.field_shift,
+            mask,
+            factors.data,
+            factors.offsets,
+            mode,
+            R,
+            out,
+            out_lo,
+        )

@@ -37,16 +37,16 @@ STRATEGIES = ("auto", "private", "atomic", "owned", "threads")
 class WorkItems:
     """Contiguous nonzero ranges, each inside one block, with their per-mode index intervals."""
 
-    index: np.ndarray     # uint64 (nnz,)
-    values: np.ndarray    # (nnz,)
-    start: np.ndarray     # int64 (K,)
-    end: np.ndarray       # int64 (K,)
-    base: np.ndarray      # int64 (K, N)
-    lo: np.ndarray        # int64 (K, N)
-    hi: np.ndarray        # int64 (K, N)
-    changes: np.ndarray   # int64 (K, N) target-row changes along the item, per mode
-    prev: np.ndarray | None = None   # uint64 (K,) with ``delta``: ALTO word before each item
-    delta: bool = False   # ``index`` holds Delta differences of low ALTO words (streamed chunks)
+    index: np.ndarray  # uint64 (nnz,)
+    values: np.ndarray  # (nnz,)
+    start: np.ndarray  # int64 (K,)
+    end: np.ndarray  # int64 (K,)
+    base: np.ndarray  # int64 (K, N)
+    lo: np.ndarray  # int64 (K, N)
+    hi: np.ndarray  # int64 (K, N)
+    changes: np.ndarray  # int64 (K, N) target-row changes along the item, per mode
+    prev: np.ndarray | None = None  # uint64 (K,) with ``delta``: ALTO word before each item
+    delta: bool = False  # ``index`` holds Delta differences of low ALTO words (streamed chunks)
     sorted_mode: int = -1  # each item's nonzeros are sorted by this mode's index (-1: ALTO order)
 
     def __post_init__(self) -> None:
@@ -62,8 +62,15 @@ class WorkItems:
         return self.end - self.start
 
 
-def work_items(index: np.ndarray, values: np.ndarray, seg_start: np.ndarray, seg_end: np.ndarray,
-               seg_base: np.ndarray, layout: BitLayout, item_nnz: int = ITEM_NNZ) -> WorkItems:
+def work_items(
+    index: np.ndarray,
+    values: np.ndarray,
+    seg_start: np.ndarray,
+    seg_end: np.ndarray,
+    seg_base: np.ndarray,
+    layout: BitLayout,
+    item_nnz: int = ITEM_NNZ,
+) -> WorkItems:
     """Cut block segments ``[seg_start, seg_end)`` (positions in ``index``) into work items."""
     starts, ends, bases = [], [], []
     for s, e, b in zip(seg_start.tolist(), seg_end.tolist(), seg_base):
@@ -108,14 +115,25 @@ class ConflictPlan:
     private_bytes: int
 
     def summary(self) -> dict:
-        return {"mode": self.mode, "strategy": self.strategy, "items": int(self.private.shape[0]),
-                "private_items": int(self.private.sum()), "atomic_items": int((~self.private).sum()),
-                "run_items": int(self.runs.sum()),
-                "private_bytes": int(self.private_bytes)}
+        return {
+            "mode": self.mode,
+            "strategy": self.strategy,
+            "items": int(self.private.shape[0]),
+            "private_items": int(self.private.sum()),
+            "atomic_items": int((~self.private).sum()),
+            "run_items": int(self.runs.sum()),
+            "private_bytes": int(self.private_bytes),
+        }
 
 
-def plan_conflicts(items: WorkItems, mode: int, rank: int, itemsize: int, strategy: str = "auto",
-                   max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES) -> ConflictPlan:
+def plan_conflicts(
+    items: WorkItems,
+    mode: int,
+    rank: int,
+    itemsize: int,
+    strategy: str = "auto",
+    max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES,
+) -> ConflictPlan:
     """Choose private accumulation or atomics per item (see the module docstring)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"conflict must be one of {STRATEGIES}, got {strategy!r}")
@@ -126,9 +144,11 @@ def plan_conflicts(items: WorkItems, mode: int, rank: int, itemsize: int, strate
     elif strategy == "private":
         private = np.ones(items.nitems, dtype=bool)
         if cost.sum() > max_private_bytes:
-            raise MemoryError(f"private accumulators for mode {mode} need {cost.sum() / 2**20:.1f} MiB, over the "
-                              f"{max_private_bytes / 2**20:.1f} MiB bound; use conflict='auto' or 'atomic', or raise "
-                              "max_private_bytes")
+            raise MemoryError(
+                f"private accumulators for mode {mode} need {cost.sum() / 2**20:.1f} MiB, over the "
+                f"{max_private_bytes / 2**20:.1f} MiB bound; use conflict='auto' or 'atomic', or raise "
+                "max_private_bytes"
+            )
     else:
         private = rows <= PRIVATE_REUSE * items.nnz
         total = int(cost[private].sum())

@@ -206,8 +206,8 @@ def _draw_restricted(P, cdf, poff, val, clo, chi, wcum, pcum, nfree, constrained
             for level in range(n):
                 off = poff[level]
                 size = poff[level + 1] - off
-                c = cdf[off:off + size]
-                p = P[off:off + size]
+                c = cdf[off : off + size]
+                p = P[off : off + size]
                 u = uniforms[j, level]
                 if not inside:
                     x = _free_index(c, p, u * c[size - 1], val, pcum, 0, 0)
@@ -323,8 +323,20 @@ def _restricted_draws(probs: list[np.ndarray], D: np.ndarray, count: int, rng: n
     todo = np.arange(count)
     for _ in range(8):
         part = np.empty((todo.size, n), dtype=np.int64)
-        _draw_restricted(P, cdf, poff, t["val"], t["clo"], t["chi"], t["wcum"], t["pcum"], t["nfree"],
-                         D.shape[0] > 0, rng.random((todo.size, n)), part)
+        _draw_restricted(
+            P,
+            cdf,
+            poff,
+            t["val"],
+            t["clo"],
+            t["chi"],
+            t["wcum"],
+            t["pcum"],
+            t["nfree"],
+            D.shape[0] > 0,
+            rng.random((todo.size, n)),
+            part,
+        )
         out[todo] = part
         todo = todo[part[:, 0] < 0]
         if not todo.size:
@@ -365,8 +377,14 @@ def _row_probs(probs: list[np.ndarray], idx: np.ndarray) -> np.ndarray:
     return p
 
 
-def arls_lev_sample(factors: Sequence[np.ndarray], exclude: int, J: int, seed: Any = None, hybrid: bool = False,
-                    tau: float | None = None) -> SampleSet:
+def arls_lev_sample(
+    factors: Sequence[np.ndarray],
+    exclude: int,
+    J: int,
+    seed: Any = None,
+    hybrid: bool = False,
+    tau: float | None = None,
+) -> SampleSet:
     """Draw rows of the Khatri-Rao product of all factors except ``exclude`` by CP-ARLS-LEV.
 
     Parameters
@@ -446,7 +464,13 @@ def arls_lev_sample(factors: Sequence[np.ndarray], exclude: int, J: int, seed: A
     s = np.lexsort(sub.T[::-1])
     coords = np.zeros((sub.shape[0], N), dtype=np.int64)
     coords[:, ks] = sub[s]
-    return SampleSet(mode=exclude, coords=coords, weights=np.concatenate(parts_w)[s],
-                     rows=krp_rows(factors, coords, exclude), draws=int(ndet + jrand),
-                     counts=np.concatenate(parts_c)[s], probs=np.concatenate(parts_p)[s],
-                     deterministic=np.concatenate(parts_det)[s])
+    return SampleSet(
+        mode=exclude,
+        coords=coords,
+        weights=np.concatenate(parts_w)[s],
+        rows=krp_rows(factors, coords, exclude),
+        draws=int(ndet + jrand),
+        counts=np.concatenate(parts_c)[s],
+        probs=np.concatenate(parts_p)[s],
+        deterministic=np.concatenate(parts_det)[s],
+    )

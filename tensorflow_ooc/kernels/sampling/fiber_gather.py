@@ -74,9 +74,9 @@ class SampleTable:
 
     ``slot_key[h]`` / ``slot_id[h]``: the key and sample number stored in slot ``h`` (-1: empty)."""
 
-    slot_key: np.ndarray     # uint64 (T,), T a power of two
-    slot_id: np.ndarray      # int64 (T,)
-    shift: int               # 64 - log2(T): a key's home slot is (key * mult) >> shift
+    slot_key: np.ndarray  # uint64 (T,), T a power of two
+    slot_id: np.ndarray  # int64 (T,)
+    shift: int  # 64 - log2(T): a key's home slot is (key * mult) >> shift
 
     @classmethod
     def build(cls, keys: np.ndarray) -> SampleTable:
@@ -123,8 +123,28 @@ def _probe(key, c, mode, verify, slot_key, slot_id, table_shift, sample_coords):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def scan_matches(index, values, item_start, item_end, item_base, item_prev, shift, mask, delta, mode, strides,
-                 verify, slot_key, slot_id, table_shift, sample_coords, offsets, m_row, m_sid, m_val):
+def scan_matches(
+    index,
+    values,
+    item_start,
+    item_end,
+    item_base,
+    item_prev,
+    shift,
+    mask,
+    delta,
+    mode,
+    strides,
+    verify,
+    slot_key,
+    slot_id,
+    table_shift,
+    sample_coords,
+    offsets,
+    m_row,
+    m_sid,
+    m_val,
+):
     """Find the nonzeros of work items that lie in a sampled fiber, by hash lookup of their key.
 
     With ``offsets`` None-like (length 0) it only counts; else writes the matches of item ``k``
@@ -188,11 +208,11 @@ def _run_at(keys, key, pos):
     step = 1
     while pos + step <= n and keys[pos + step - 1] < key:
         step *= 2
-    lo = pos + step // 2 + np.searchsorted(keys[pos + step // 2:min(pos + step, n)], key, side="left")
+    lo = pos + step // 2 + np.searchsorted(keys[pos + step // 2 : min(pos + step, n)], key, side="left")
     step = 1
     while lo + step <= n and keys[lo + step - 1] <= key:
         step *= 2
-    hi = lo + step // 2 + np.searchsorted(keys[lo + step // 2:min(lo + step, n)], key, side="right")
+    hi = lo + step // 2 + np.searchsorted(keys[lo + step // 2 : min(lo + step, n)], key, side="right")
     return lo, hi
 
 
@@ -352,9 +372,9 @@ class FiberIndex:
     sampled multi-index is one contiguous run, found by binary search. 24 bytes a nonzero."""
 
     mode: int
-    keys: np.ndarray        # uint64 (nnz,), sorted
-    rows: np.ndarray        # int64 (nnz,): the nonzero's index in ``mode``
-    vals: np.ndarray        # (nnz,) values
+    keys: np.ndarray  # uint64 (nnz,), sorted
+    rows: np.ndarray  # int64 (nnz,): the nonzero's index in ``mode``
+    vals: np.ndarray  # (nnz,) values
 
     @property
     def nbytes(self) -> int:
@@ -371,8 +391,20 @@ class FiberIndex:
         keys = np.zeros(nnz, dtype=np.uint64)
         rows = np.zeros(nnz, dtype=np.int64)
         vals = np.zeros(nnz, dtype=items.values.dtype)
-        _index_entries(items.index, items.values, items.start, items.end, items.base, layout.field_shift,
-                       layout.field_mask, mode, key_strides(layout.shape, mode), keys, rows, vals)
+        _index_entries(
+            items.index,
+            items.values,
+            items.start,
+            items.end,
+            items.base,
+            layout.field_shift,
+            layout.field_mask,
+            mode,
+            key_strides(layout.shape, mode),
+            keys,
+            rows,
+            vals,
+        )
         order, keys = stable_key_order(keys, math.prod(s for m, s in enumerate(layout.shape) if m != mode))
         _gather_pair(rows, vals, order)
         return cls(mode, keys, rows, vals)
@@ -392,7 +424,7 @@ def stable_key_order(keys: np.ndarray, key_space: int) -> tuple[np.ndarray, np.n
         order = np.argsort(keys, kind="stable")
         return order, keys[order]
     joined = _join_positions(keys, pbits)
-    joined.sort()       # in place: the index's build peaks at about 56 bytes a nonzero, as before
+    joined.sort()  # in place: the index's build peaks at about 56 bytes a nonzero, as before
     return _split_positions(joined, pbits)
 
 
@@ -425,9 +457,17 @@ def _gather_pair(a, b, order):
         b[i] = b0[order[i]]
 
 
-def sampled_mttkrp_items(items: WorkItems, layout: BitLayout, mode: int, coords: np.ndarray, Hw: np.ndarray,
-                         out: np.ndarray, out_lo: int = 0, table: SampleTable | None = None,
-                         index: FiberIndex | None = None) -> None:
+def sampled_mttkrp_items(
+    items: WorkItems,
+    layout: BitLayout,
+    mode: int,
+    coords: np.ndarray,
+    Hw: np.ndarray,
+    out: np.ndarray,
+    out_lo: int = 0,
+    table: SampleTable | None = None,
+    index: FiberIndex | None = None,
+) -> None:
     """Add the sampled MTTKRP of ``items`` for samples ``coords`` (S, N) with weighted rows ``Hw``
     (S, R) into ``out`` (rows ``out_lo ..`` of mode ``mode``): through ``index`` when given (it must
     be for ``mode``), else by scanning with the hash ``table`` of the samples' keys (built here when
@@ -450,9 +490,24 @@ def sampled_mttkrp_items(items: WorkItems, layout: BitLayout, mode: int, coords:
             table = SampleTable.build(sample_keys(coords, layout.shape, mode))
         mask = layout.pext_masks if items.delta else layout.field_mask
         coords = np.ascontiguousarray(coords, dtype=np.int64)
-        args = (items.index, items.values, items.start, items.end, items.base, items.prev, layout.field_shift, mask,
-                items.delta, mode, key_strides(layout.shape, mode), not exact_keys(layout.shape, mode),
-                table.slot_key, table.slot_id, table.shift, coords)
+        args = (
+            items.index,
+            items.values,
+            items.start,
+            items.end,
+            items.base,
+            items.prev,
+            layout.field_shift,
+            mask,
+            items.delta,
+            mode,
+            key_strides(layout.shape, mode),
+            not exact_keys(layout.shape, mode),
+            table.slot_key,
+            table.slot_id,
+            table.shift,
+            coords,
+        )
         empty_i, empty_f = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=items.values.dtype)
         counts = scan_matches(*args, np.zeros(0, dtype=np.int64), empty_i, empty_i, empty_f)
         offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)

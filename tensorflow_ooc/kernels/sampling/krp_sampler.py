@@ -773,8 +773,22 @@ def _sts_draw_mode(U, grams, P, F, E, P1, lam, V, Hd, hid, by_history, uniforms,
         _components_by_history(Hd, lam, V, grams[0], hid, uniforms[:, 0], comp, fail)
     else:
         x[:] = uniforms[:, 0]
-        ng = _walk(E, P1, R, Hd, hid, np.ones((1, R)), comp, np.argsort(hid, kind="mergesort"), x, fail, perm,
-                   gnode, gstart, gend)
+        ng = _walk(
+            E,
+            P1,
+            R,
+            Hd,
+            hid,
+            np.ones((1, R)),
+            comp,
+            np.argsort(hid, kind="mergesort"),
+            x,
+            fail,
+            perm,
+            gnode,
+            gstart,
+            gend,
+        )
         _components(P1, ng, perm, gnode, gstart, gend, comp)
     for j in nb.prange(J):
         if not lam[comp[j]] > 0.0:
@@ -785,8 +799,22 @@ def _sts_draw_mode(U, grams, P, F, E, P1, lam, V, Hd, hid, by_history, uniforms,
     key = np.empty(J, dtype=np.int64)
     for j in nb.prange(J):
         key[j] = hid[j] * R + comp[j]
-    ng = _walk(grams, P, (I + F - 1) // F, Hd, hid, VT, comp, np.argsort(key, kind="mergesort"), x, fail, perm,
-               gnode, gstart, gend)
+    ng = _walk(
+        grams,
+        P,
+        (I + F - 1) // F,
+        Hd,
+        hid,
+        VT,
+        comp,
+        np.argsort(key, kind="mergesort"),
+        x,
+        fail,
+        perm,
+        gnode,
+        gstart,
+        gend,
+    )
     _scan_leaves(U, P, F, Hd, hid, VT, comp, x, fail, perm, gnode, gstart, gend, ng, out)
     bad = _failed(out)
     for b in nb.prange(bad.shape[0]):
@@ -889,7 +917,7 @@ def unique_rows(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if N > 0 and np.issubdtype(idx.dtype, np.signedinteger) and idx.min() >= 0:
         dims = [int(d) + 1 for d in idx.max(axis=0)]
         if math.prod(dims) <= np.iinfo(np.int64).max:
-            strides = [math.prod(dims[k + 1:]) for k in range(N)]
+            strides = [math.prod(dims[k + 1 :]) for k in range(N)]
             keys = np.zeros(idx.shape[0], dtype=np.int64)
             for k in range(N):
                 if dims[k] > 1:
@@ -975,7 +1003,9 @@ def _draw_marginal(U: np.ndarray, M: np.ndarray, uniforms: np.ndarray, out: np.n
     np.minimum(np.searchsorted(cdf, uniforms * cdf[-1], side="right"), last, out=out)
 
 
-def _extend_histories(Hd: np.ndarray, hid: np.ndarray, U: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _extend_histories(
+    Hd: np.ndarray, hid: np.ndarray, U: np.ndarray, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """The distinct histories after drawing ``rows`` of ``U``: ``Hd[hid[j]] * U[rows[j]]`` for every
     draw ``j``, as distinct vectors and each draw's index into them."""
     I = U.shape[0]
@@ -1038,7 +1068,7 @@ def _eigen_tree(lam: np.ndarray, V: np.ndarray, Gk: np.ndarray) -> tuple[np.ndar
     R = lam.shape[0]
     P1 = _pow2_at_least(R)
     E = np.zeros((2 * P1 - 1, R, R))
-    E[P1 - 1:P1 - 1 + R] = np.einsum("u,au,bu->uab", lam, V, V) * Gk
+    E[P1 - 1 : P1 - 1 + R] = np.einsum("u,au,bu->uab", lam, V, V) * Gk
     width = P1 // 2
     while width >= 1:
         v = np.arange(width - 1, 2 * width - 1)
@@ -1047,8 +1077,14 @@ def _eigen_tree(lam: np.ndarray, V: np.ndarray, Gk: np.ndarray) -> tuple[np.ndar
     return E, P1
 
 
-def sts_sample(factors: Sequence[np.ndarray], trees: Sequence[RowTree | None] | None, exclude: int, J: int,
-               seed: Any = None, marginal: bool = True) -> SampleSet:
+def sts_sample(
+    factors: Sequence[np.ndarray],
+    trees: Sequence[RowTree | None] | None,
+    exclude: int,
+    J: int,
+    seed: Any = None,
+    marginal: bool = True,
+) -> SampleSet:
     """Draw ``J`` rows of the Khatri-Rao product of all factors except ``exclude`` from its exact
     leverage-score distribution (STS-CP, Algorithm 6, memory-saving loop order).
 
@@ -1097,8 +1133,9 @@ def sts_sample(factors: Sequence[np.ndarray], trees: Sequence[RowTree | None] | 
             trees[k] = build_tree(factors[k])
         tree = trees[k]
         if tree.nrows != factors[k].shape[0] or tree.rank != R:
-            raise ValueError(f"tree of mode {k} was built for a ({tree.nrows}, {tree.rank}) factor, "
-                             f"the factor is {factors[k].shape}")
+            raise ValueError(
+                f"tree of mode {k} was built for a ({tree.nrows}, {tree.rank}) factor, the factor is {factors[k].shape}"
+            )
         check_gram(tree.gram, k)
 
     # the dense algebra here is R x R: one BLAS thread (threads left spinning by a threaded call
@@ -1118,13 +1155,14 @@ def sts_sample(factors: Sequence[np.ndarray], trees: Sequence[RowTree | None] | 
         hid = np.zeros(J, dtype=np.int64)
         idx = np.zeros((J, N), dtype=np.int64)
         out = np.empty(J, dtype=np.int64)
-        first = marginal_mode([factors[k].shape[0] for k in ks], [trees[k].nleaves for k in ks], J) \
-            if marginal else None
+        first = (
+            marginal_mode([factors[k].shape[0] for k in ks], [trees[k].nleaves for k in ks], J) if marginal else None
+        )
         if first is not None:
-            ks = [ks[first]] + ks[:first] + ks[first + 1:]
+            ks = [ks[first]] + ks[:first] + ks[first + 1 :]
         for pos, k in enumerate(ks):
             after = np.ones((R, R))
-            for k2 in ks[pos + 1:]:
+            for k2 in ks[pos + 1 :]:
                 after *= trees[k2].gram
             lam, V = np.linalg.eigh(Gp * after)
             lam = np.maximum(lam, 0.0)
@@ -1136,11 +1174,25 @@ def sts_sample(factors: Sequence[np.ndarray], trees: Sequence[RowTree | None] | 
                 uniforms = rng.random((J, 2))
                 tree = trees[k]
                 by_history = Hd.shape[0] * R <= STAGE1_BY_HISTORY * J * int(P1).bit_length()
-                _sts_draw_mode(factors[k], tree.grams, tree.nleaves, tree.leaf_rows, E, P1, lam, V, Hd, hid,
-                               by_history, uniforms, out)
+                _sts_draw_mode(
+                    factors[k],
+                    tree.grams,
+                    tree.nleaves,
+                    tree.leaf_rows,
+                    E,
+                    P1,
+                    lam,
+                    V,
+                    Hd,
+                    hid,
+                    by_history,
+                    uniforms,
+                    out,
+                )
                 if np.any(out < 0):
-                    raise RuntimeError(f"leverage sampling of mode {k} broke down numerically "
-                                       f"({int(np.sum(out < 0))} of {J} draws)")
+                    raise RuntimeError(
+                        f"leverage sampling of mode {k} broke down numerically ({int(np.sum(out < 0))} of {J} draws)"
+                    )
             idx[:, k] = out
             if pos + 1 < len(ks):
                 Hd, hid = _extend_histories(Hd, hid, factors[k], out)
@@ -1152,6 +1204,13 @@ def sts_sample(factors: Sequence[np.ndarray], trees: Sequence[RowTree | None] | 
         probs /= np.sum(Gp * G)
     if not np.all(probs > 0):
         raise RuntimeError("a drawn row has zero leverage score (numerical breakdown)")
-    return SampleSet(mode=exclude, coords=coords, weights=counts / (J * probs), rows=rows, draws=J,
-                     counts=counts, probs=probs,
-                     deterministic=np.zeros(coords.shape[0], dtype=bool))
+    return SampleSet(
+        mode=exclude,
+        coords=coords,
+        weights=counts / (J * probs),
+        rows=rows,
+        draws=J,
+        counts=counts,
+        probs=probs,
+        deterministic=np.zeros(coords.shape[0], dtype=bool),
+    )

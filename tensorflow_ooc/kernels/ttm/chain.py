@@ -62,8 +62,10 @@ def as_layouts(tensor: TensorLike) -> TTMLayouts:
         return cached
     if isinstance(tensor, tuple) and len(tensor) == 3:
         return TTMLayouts(*tensor)
-    raise TypeError("tensor must be a Store, a BLCOTensor, a TTMLayouts or a (coords, values, shape) tuple, "
-                    f"got {type(tensor).__name__}")
+    raise TypeError(
+        "tensor must be a Store, a BLCOTensor, a TTMLayouts or a (coords, values, shape) tuple, "
+        f"got {type(tensor).__name__}"
+    )
 
 
 def check_matrix(matrix: np.ndarray, shape: Sequence[int], mode: int, name: str = "matrix") -> np.ndarray:
@@ -104,7 +106,7 @@ def run_kernel(layout: ModeLayout, U: np.ndarray, kernel: str, device: str = "cp
     dtype = np.result_type(layout.vals.dtype, U.dtype)
     U = U if U.dtype == dtype else U.astype(dtype)
     if device == "cpu" and kernel == "csr" and layout.nfibers and layout.vals.dtype == dtype:
-        return spmm(layout, U)      # the library's own result: no copy into a second buffer
+        return spmm(layout, U)  # the library's own result: no copy into a second buffer
     out = np.empty((layout.nfibers, U.shape[1]), dtype=dtype)
     if out.size == 0:
         return out
@@ -122,8 +124,9 @@ def run_kernel(layout: ModeLayout, U: np.ndarray, kernel: str, device: str = "cp
     return out
 
 
-def _layout_and_kernel(layouts: TTMLayouts, mode: int, order: Sequence[int] | None, R: int, kernel: str | None,
-                       device: str, stats: dict) -> tuple[ModeLayout, str]:
+def _layout_and_kernel(
+    layouts: TTMLayouts, mode: int, order: Sequence[int] | None, R: int, kernel: str | None, device: str, stats: dict
+) -> tuple[ModeLayout, str]:
     cached = layouts.cached(mode, order)
     lay = layouts.layout(mode, order)
     stats["layout_seconds"] += 0.0 if cached else lay.sort_seconds
@@ -133,7 +136,7 @@ def _layout_and_kernel(layouts: TTMLayouts, mode: int, order: Sequence[int] | No
     if kernel is None and device == "gpu" and chosen == "csr":
         from .gpu import cupy_available
 
-        if not cupy_available():     # the selector's pick needs CuPy: the fallback kernel instead
+        if not cupy_available():  # the selector's pick needs CuPy: the fallback kernel instead
             chosen = FALLBACK
     stats["select_seconds"] += time.perf_counter() - t0
     stats["kernels"].add(chosen)
@@ -141,8 +144,18 @@ def _layout_and_kernel(layouts: TTMLayouts, mode: int, order: Sequence[int] | No
 
 
 def _new_stats() -> dict:
-    return {"layout_seconds": 0.0, "layouts_built": 0, "select_seconds": 0.0, "kernel_seconds": 0.0,
-            "chain_seconds": 0.0, "merge_seconds": 0.0, "kernels": set(), "nnz": 0, "fibers": 0, "parts": 0}
+    return {
+        "layout_seconds": 0.0,
+        "layouts_built": 0,
+        "select_seconds": 0.0,
+        "kernel_seconds": 0.0,
+        "chain_seconds": 0.0,
+        "merge_seconds": 0.0,
+        "kernels": set(),
+        "nnz": 0,
+        "fibers": 0,
+        "parts": 0,
+    }
 
 
 def _finish_stats(stats: dict | None, acc: dict) -> None:
@@ -151,8 +164,7 @@ def _finish_stats(stats: dict | None, acc: dict) -> None:
         stats.update(acc)
 
 
-def _ttm_one(layouts: TTMLayouts, U: np.ndarray, mode: int, kernel: str | None, device: str, acc: dict
-             ) -> SemiSparse:
+def _ttm_one(layouts: TTMLayouts, U: np.ndarray, mode: int, kernel: str | None, device: str, acc: dict) -> SemiSparse:
     lay, chosen = _layout_and_kernel(layouts, mode, None, U.shape[1], kernel, device, acc)
     t0 = time.perf_counter()
     block = run_kernel(lay, U, chosen, device)
@@ -164,8 +176,16 @@ def _ttm_one(layouts: TTMLayouts, U: np.ndarray, mode: int, kernel: str | None, 
     return SemiSparse(shape, (mode,), lay.fiber_index, block)
 
 
-def ttm(tensor: TensorLike, matrix: np.ndarray, mode: int, *, kernel: str | None = None, device: str = "cpu",
-        threads: int | None = None, stats: dict | None = None) -> SemiSparse:
+def ttm(
+    tensor: TensorLike,
+    matrix: np.ndarray,
+    mode: int,
+    *,
+    kernel: str | None = None,
+    device: str = "cpu",
+    threads: int | None = None,
+    stats: dict | None = None,
+) -> SemiSparse:
     """Mode-``mode`` sparse TTM: ``Y[..., r, ...] = sum_i X[..., i, ...] matrix[i, r]``.
 
     Parameters
@@ -224,8 +244,9 @@ def ttm(tensor: TensorLike, matrix: np.ndarray, mode: int, *, kernel: str | None
 def _empty(shape: Sequence[int], dense: tuple[int, ...], ranks: dict[int, int], dtype) -> SemiSparse:
     out_shape = tuple(ranks.get(m, s) for m, s in enumerate(shape))
     width = int(np.prod([ranks[m] for m in dense]))
-    return SemiSparse(out_shape, dense, np.zeros((0, len(shape) - len(dense)), dtype=np.int64),
-                      np.zeros((0, width), dtype=dtype))
+    return SemiSparse(
+        out_shape, dense, np.zeros((0, len(shape) - len(dense)), dtype=np.int64), np.zeros((0, width), dtype=dtype)
+    )
 
 
 def chain_first_mode(shape: Sequence[int], skip: int) -> int:
@@ -255,23 +276,25 @@ def split_slices(slice_ptr: np.ndarray, threads: int) -> np.ndarray:
     return np.union1d(slice_ptr, np.arange(0, F, piece, dtype=np.int64))
 
 
-def _chain_one(layouts: TTMLayouts, mats: dict[int, np.ndarray], skip: int, kernel: str | None, device: str,
-               acc: dict) -> SemiSparse:
+def _chain_one(
+    layouts: TTMLayouts, mats: dict[int, np.ndarray], skip: int, kernel: str | None, device: str, acc: dict
+) -> SemiSparse:
     shape = layouts.shape
     first = chain_first_mode(shape, skip)
-    lay, chosen = _layout_and_kernel(layouts, first, chain_order(shape, skip), mats[first].shape[1], kernel, device,
-                                     acc)
+    lay, chosen = _layout_and_kernel(
+        layouts, first, chain_order(shape, skip), mats[first].shape[1], kernel, device, acc
+    )
     t0 = time.perf_counter()
     rows = run_kernel(lay, mats[first], chosen, device)
     acc["kernel_seconds"] += time.perf_counter() - t0
     t0 = time.perf_counter()
     dense = tuple(m for m in range(len(shape)) if m != skip)
-    levels = list(lay.order[1:])     # the layout's sort order after ``skip``: the tree's levels
+    levels = list(lay.order[1:])  # the layout's sort order after ``skip``: the tree's levels
     other = lay.other_modes
     dtype = rows.dtype
     ranks = np.array([mats[m].shape[1] for m in levels], dtype=np.int64)
     flat = [mats[m].astype(dtype, copy=False).ravel() for m in levels]
-    offsets = np.concatenate([[0], np.cumsum([f.shape[0] for f in flat])[:-1]]).astype(np.int64)[:len(levels)]
+    offsets = np.concatenate([[0], np.cumsum([f.shape[0] for f in flat])[:-1]]).astype(np.int64)[: len(levels)]
     cols = np.array([other.index(m) for m in levels], dtype=np.int64)
     slice_ptr = lay.slice_ptr()
     S = slice_ptr.shape[0] - 1
@@ -279,12 +302,25 @@ def _chain_one(layouts: TTMLayouts, mats: dict[int, np.ndarray], skip: int, kern
     work_ptr = split_slices(slice_ptr, nb.get_num_threads())
     # the tree sums in (levels..., first) order; the output's columns are in increasing mode order
     axes = levels + [first]
-    column_of = np.arange(int(np.prod(ranks)) * R0, dtype=np.int64).reshape(tuple(ranks) + (R0,)).transpose(
-        [axes.index(m) for m in dense]).ravel()
+    column_of = (
+        np.arange(int(np.prod(ranks)) * R0, dtype=np.int64)
+        .reshape(tuple(ranks) + (R0,))
+        .transpose([axes.index(m) for m in dense])
+        .ravel()
+    )
     out = np.empty((work_ptr.shape[0] - 1, column_of.shape[0]), dtype=dtype)
     if S:
-        tree_accumulate(work_ptr, lay.fiber_index, rows, np.concatenate(flat) if flat else np.zeros(0, dtype),
-                        offsets, ranks, cols, column_of, out)
+        tree_accumulate(
+            work_ptr,
+            lay.fiber_index,
+            rows,
+            np.concatenate(flat) if flat else np.zeros(0, dtype),
+            offsets,
+            ranks,
+            cols,
+            column_of,
+            out,
+        )
         if work_ptr.shape[0] != slice_ptr.shape[0]:
             out = np.add.reduceat(out, np.searchsorted(work_ptr, slice_ptr[:-1]), axis=0)
     index = lay.fiber_index[slice_ptr[:-1], other.index(skip)].reshape(-1, 1)
@@ -296,8 +332,16 @@ def _chain_one(layouts: TTMLayouts, mats: dict[int, np.ndarray], skip: int, kern
     return SemiSparse(out_shape, dense, index, out)
 
 
-def ttm_chain(tensor: TensorLike, matrices: Sequence[np.ndarray | None], skip: int, *, kernel: str | None = None,
-              device: str = "cpu", threads: int | None = None, stats: dict | None = None) -> SemiSparse:
+def ttm_chain(
+    tensor: TensorLike,
+    matrices: Sequence[np.ndarray | None],
+    skip: int,
+    *,
+    kernel: str | None = None,
+    device: str = "cpu",
+    threads: int | None = None,
+    stats: dict | None = None,
+) -> SemiSparse:
     """``Y = X x_{m != skip} U_m``: every mode but ``skip`` multiplied, as in HOOI.
 
     Parameters
@@ -345,8 +389,11 @@ def ttm_chain(tensor: TensorLike, matrices: Sequence[np.ndarray | None], skip: i
             parts = [_chain_one(p, mats, skip, kernel, device, acc) for p in _store_parts(tensor)]
             t0 = time.perf_counter()
             dense = tuple(m for m in range(N) if m != skip)
-            result = merge_many(parts) if parts else _empty(shape, dense, {m: U.shape[1] for m, U in mats.items()},
-                                                            next(iter(mats.values())).dtype)
+            result = (
+                merge_many(parts)
+                if parts
+                else _empty(shape, dense, {m: U.shape[1] for m, U in mats.items()}, next(iter(mats.values())).dtype)
+            )
             acc["merge_seconds"] += time.perf_counter() - t0
         else:
             result = _chain_one(tensor, mats, skip, kernel, device, acc)
@@ -354,8 +401,14 @@ def ttm_chain(tensor: TensorLike, matrices: Sequence[np.ndarray | None], skip: i
     return result
 
 
-def ttm_chain_coo(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], matrices: Sequence[np.ndarray | None],
-                  skip: int, **kwargs) -> SemiSparse:
+def ttm_chain_coo(
+    coords: np.ndarray,
+    values: np.ndarray,
+    shape: Sequence[int],
+    matrices: Sequence[np.ndarray | None],
+    skip: int,
+    **kwargs,
+) -> SemiSparse:
     """:func:`ttm_chain` of plain COO arrays (e.g. one Dask partition's nonzeros); for repeated
     calls on the same nonzeros build a :class:`TTMLayouts` once and pass it instead."""
     return ttm_chain(TTMLayouts(coords, values, shape), matrices, skip, **kwargs)
@@ -371,5 +424,19 @@ def compile_ttm_kernels() -> float:
     return time.perf_counter() - t0
 
 
-__all__ = ["KERNELS", "SemiSparse", "TTMLayouts", "as_layouts", "chain_first_mode", "chain_order", "check_matrix",
-           "compile_ttm_kernels", "merge", "merge_many", "run_kernel", "ttm", "ttm_chain", "ttm_chain_coo"]
+__all__ = [
+    "KERNELS",
+    "SemiSparse",
+    "TTMLayouts",
+    "as_layouts",
+    "chain_first_mode",
+    "chain_order",
+    "check_matrix",
+    "compile_ttm_kernels",
+    "merge",
+    "merge_many",
+    "run_kernel",
+    "ttm",
+    "ttm_chain",
+    "ttm_chain_coo",
+]

@@ -103,8 +103,9 @@ def run_coo(fiber_ptr: np.ndarray, cols: np.ndarray, vals: np.ndarray, U: np.nda
     parts = coo_parts(vals.shape[0], nb.get_num_threads())
     P, R = parts.shape[0] - 1, U.shape[1]
     out[...] = 0
-    coo_segment_ttm(fiber_ptr, cols, vals, U, parts, out, np.empty((P, 2), dtype=np.int64),
-                    np.empty((P, 2, R), dtype=out.dtype))
+    coo_segment_ttm(
+        fiber_ptr, cols, vals, U, parts, out, np.empty((P, 2), dtype=np.int64), np.empty((P, 2, R), dtype=out.dtype)
+    )
 
 
 def spmm(layout, U: np.ndarray, vals: np.ndarray | None = None) -> np.ndarray:
@@ -171,7 +172,7 @@ def tree_accumulate(slice_ptr, fiber_index, rows, factors, offsets, ranks, cols,
                 while d < K - 1 and fiber_index[f, cols[d]] == fiber_index[f - 1, cols[d]]:
                     d += 1
                 for j in range(K - 1, d - 1, -1):
-                    u = factors[offsets[j] + fiber_index[f - 1, cols[j]] * ranks[j]:]
+                    u = factors[offsets[j] + fiber_index[f - 1, cols[j]] * ranks[j] :]
                     _fold(acc, lo[j], size[j + 1], u, ranks[j], lo[j + 1])
                     if j + 1 < K:
                         for b in range(size[j + 1]):
@@ -179,7 +180,7 @@ def tree_accumulate(slice_ptr, fiber_index, rows, factors, offsets, ranks, cols,
             for r in range(R0):
                 acc[lo[K] + r] = rows[f, r]
         for j in range(K - 1, -1, -1):
-            u = factors[offsets[j] + fiber_index[f1 - 1, cols[j]] * ranks[j]:]
+            u = factors[offsets[j] + fiber_index[f1 - 1, cols[j]] * ranks[j] :]
             _fold(acc, lo[j], size[j + 1], u, ranks[j], lo[j + 1])
         for q in range(size[0]):
             out[s, q] = acc[column_of[q]]

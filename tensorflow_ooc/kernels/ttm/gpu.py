@@ -93,8 +93,11 @@ def _device_layout(layout) -> dict:
     if dev is None:
         fiber_of = np.repeat(np.arange(layout.nfibers, dtype=np.int64), np.diff(layout.fiber_ptr))
         dev = layout.cache["device"] = {
-            "fiber_ptr": cuda.to_device(layout.fiber_ptr), "cols": cuda.to_device(layout.cols),
-            "vals": cuda.to_device(layout.vals), "fiber_of": cuda.to_device(fiber_of)}
+            "fiber_ptr": cuda.to_device(layout.fiber_ptr),
+            "cols": cuda.to_device(layout.cols),
+            "vals": cuda.to_device(layout.vals),
+            "fiber_of": cuda.to_device(fiber_of),
+        }
     return dev
 
 
@@ -120,7 +123,8 @@ def run_gpu(kernel: str, layout, U: np.ndarray, out: np.ndarray) -> None:
         if mat is None:
             mat = layout.cache["cupy_csr"] = csp.csr_matrix(
                 (cp.asarray(layout.vals), cp.asarray(layout.cols), cp.asarray(layout.fiber_ptr)),
-                shape=(layout.nfibers, layout.shape[layout.mode]))
+                shape=(layout.nfibers, layout.shape[layout.mode]),
+            )
         out[...] = cp.asnumpy(mat @ cp.asarray(U))
         return
     F, R = out.shape
@@ -133,12 +137,14 @@ def run_gpu(kernel: str, layout, U: np.ndarray, out: np.ndarray) -> None:
         lanes = lanes_for(R)
         rows = FIBER_BLOCK_THREADS // lanes
         _kernel("fiber", str(out.dtype))[(F + rows - 1) // rows, (lanes, rows)](
-            dev["fiber_ptr"], dev["cols"], dev["vals"], d_U, d_out)
+            dev["fiber_ptr"], dev["cols"], dev["vals"], d_U, d_out
+        )
     elif kernel == "coo":
         zero_fill(d_out)
         n = layout.nnz * R
         _kernel("coo", str(out.dtype))[(n + COO_BLOCK_THREADS - 1) // COO_BLOCK_THREADS, COO_BLOCK_THREADS](
-            dev["fiber_of"], dev["cols"], dev["vals"], d_U, d_out)
+            dev["fiber_of"], dev["cols"], dev["vals"], d_U, d_out
+        )
     else:
         raise ValueError(f"unknown GPU TTM kernel {kernel!r}")
     d_out.copy_to_host(out)

@@ -81,8 +81,9 @@ def _sorted_keys(index: np.ndarray, lengths: Sequence[int]) -> tuple[np.ndarray,
     for c, s in enumerate(lengths):
         key *= int(s)
         key += index[:, c]
-    skey, perm = sort_alto(key.view(np.uint64).reshape(1, n), np.arange(n, dtype=np.int64),
-                           max(1, (cells - 1).bit_length()))
+    skey, perm = sort_alto(
+        key.view(np.uint64).reshape(1, n), np.arange(n, dtype=np.int64), max(1, (cells - 1).bit_length())
+    )
     return perm, skey.reshape(n).view(np.int64)
 
 
@@ -99,8 +100,10 @@ def merge_many(parts: Sequence[SemiSparse]) -> SemiSparse:
     first = parts[0]
     for p in parts[1:]:
         if p.shape != first.shape or p.dense_modes != first.dense_modes or p.block.shape[1] != first.block.shape[1]:
-            raise ShapeError(f"cannot merge semi-sparse tensors of shape {p.shape} dense in {p.dense_modes} "
-                             f"with shape {first.shape} dense in {first.dense_modes}")
+            raise ShapeError(
+                f"cannot merge semi-sparse tensors of shape {p.shape} dense in {p.dense_modes} "
+                f"with shape {first.shape} dense in {first.dense_modes}"
+            )
     if len(parts) == 1:
         return first
     index = np.concatenate([p.index for p in parts])
@@ -112,8 +115,9 @@ def merge_many(parts: Sequence[SemiSparse]) -> SemiSparse:
     new = np.ones(index.shape[0], dtype=bool)
     new[1:] = (index[1:] != index[:-1]).any(axis=1)
     starts = np.flatnonzero(new)
-    return SemiSparse(first.shape, first.dense_modes, np.ascontiguousarray(index[starts]),
-                      np.add.reduceat(block, starts, axis=0))
+    return SemiSparse(
+        first.shape, first.dense_modes, np.ascontiguousarray(index[starts]), np.add.reduceat(block, starts, axis=0)
+    )
 
 
 def merge(a: SemiSparse, b: SemiSparse) -> SemiSparse:
@@ -187,8 +191,9 @@ class ModeLayout:
         if mat is None:
             import scipy.sparse as sp
 
-            mat = sp.csr_matrix((self.vals, self.cols, self.fiber_ptr), shape=(self.nfibers, self.shape[self.mode]),
-                                copy=False)
+            mat = sp.csr_matrix(
+                (self.vals, self.cols, self.fiber_ptr), shape=(self.nfibers, self.shape[self.mode]), copy=False
+            )
             self.cache["csr"] = mat
         return mat
 
@@ -205,8 +210,9 @@ class ModeLayout:
         return ptr
 
 
-def build_layout(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], mode: int,
-                 order: Sequence[int] | None = None) -> ModeLayout:
+def build_layout(
+    coords: np.ndarray, values: np.ndarray, shape: Sequence[int], mode: int, order: Sequence[int] | None = None
+) -> ModeLayout:
     """Sort the nonzeros for product mode ``mode``, fibers in ``order`` (default: increasing
     modes); see :class:`ModeLayout`."""
     t0 = time.perf_counter()
@@ -238,13 +244,22 @@ def build_layout(coords: np.ndarray, values: np.ndarray, shape: Sequence[int], m
     cols = np.ascontiguousarray(coords[perm, mode])
     vals = np.ascontiguousarray(values[perm])
     for a in (fiber_ptr, fiber_index, cols, vals):
-        a.flags.writeable = False       # shared with the results and kept across calls
-    return ModeLayout(tuple(int(s) for s in shape), int(mode), tuple(order_modes), fiber_ptr, fiber_index, cols,
-                      vals, time.perf_counter() - t0)
+        a.flags.writeable = False  # shared with the results and kept across calls
+    return ModeLayout(
+        tuple(int(s) for s in shape),
+        int(mode),
+        tuple(order_modes),
+        fiber_ptr,
+        fiber_index,
+        cols,
+        vals,
+        time.perf_counter() - t0,
+    )
 
 
-def check_coo(coords: np.ndarray, values: np.ndarray, shape: Sequence[int]) -> tuple[np.ndarray, np.ndarray,
-                                                                                     tuple[int, ...]]:
+def check_coo(
+    coords: np.ndarray, values: np.ndarray, shape: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
     """Validate in-memory COO input for the unchecked TTM kernels; int64 coords, float values."""
     shape = tuple(int(s) for s in shape)
     coords = np.asarray(coords)
@@ -268,8 +283,9 @@ def check_coo(coords: np.ndarray, values: np.ndarray, shape: Sequence[int]) -> t
         values = values.astype(np.float64)
     if not np.isfinite(values).all():
         k = int(np.flatnonzero(~np.isfinite(values))[0])
-        raise NonFiniteValueError(f"tensor value {values[k]} at nonzero {k} (coordinates {coords[k].tolist()}) "
-                                  "is not finite")
+        raise NonFiniteValueError(
+            f"tensor value {values[k]} at nonzero {k} (coordinates {coords[k].tolist()}) is not finite"
+        )
     return coords, values, shape
 
 

@@ -24,8 +24,16 @@ KERNELS = ("coo", "csr", "fiber")
 FALLBACK = "coo"
 TREE_FILE = "ttm_selector.json"
 TREE_FILES = {"cpu": TREE_FILE, "gpu": "ttm_selector_gpu.json"}
-FEATURES = ("nnz", "rows_x_cols", "rows_per_col", "log_rows_per_col", "load_imbalance",
-            "imbalance_per_log_aspect", "density", "rank")
+FEATURES = (
+    "nnz",
+    "rows_x_cols",
+    "rows_per_col",
+    "log_rows_per_col",
+    "load_imbalance",
+    "imbalance_per_log_aspect",
+    "density",
+    "rank",
+)
 
 
 def features(layout: ModeLayout, rank: int) -> dict[str, float]:
@@ -41,10 +49,16 @@ def features(layout: ModeLayout, rank: int) -> dict[str, float]:
     lengths = np.diff(layout.fiber_ptr)
     imbalance = float(lengths.max() / lengths.min()) if lengths.size else 1.0
     log_aspect = math.log(rows / cols)
-    return {"nnz": float(nnz), "rows_x_cols": float(rows) * cols, "rows_per_col": rows / cols,
-            "log_rows_per_col": log_aspect, "load_imbalance": imbalance,
-            "imbalance_per_log_aspect": imbalance / abs(log_aspect) if log_aspect else imbalance,
-            "density": nnz / (float(rows) * cols), "rank": float(rank)}
+    return {
+        "nnz": float(nnz),
+        "rows_x_cols": float(rows) * cols,
+        "rows_per_col": rows / cols,
+        "log_rows_per_col": log_aspect,
+        "load_imbalance": imbalance,
+        "imbalance_per_log_aspect": imbalance / abs(log_aspect) if log_aspect else imbalance,
+        "density": nnz / (float(rows) * cols),
+        "rank": float(rank),
+    }
 
 
 @lru_cache(maxsize=None)
@@ -67,7 +81,7 @@ def load_tree(path: str | None = None, device: str = "cpu") -> dict | None:
     for key in ("features", "classes", "left", "right", "feature", "threshold", "leaf_class"):
         if key not in tree:
             raise ValueError(f"TTM selector tree {path or TREE_FILE} lacks {key!r}")
-    if tuple(tree["features"]) != FEATURES[:len(tree["features"])] or not set(tree["classes"]) <= set(KERNELS):
+    if tuple(tree["features"]) != FEATURES[: len(tree["features"])] or not set(tree["classes"]) <= set(KERNELS):
         raise ValueError(f"TTM selector tree {path or TREE_FILE} was fitted on other features or kernels")
     return tree
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-
 STAT_BLOCK_ROWS = 1 << 14
 
 

@@ -91,6 +91,8 @@ def normal_inverse_of(grams: list[np.ndarray] | None, mode: int, V: np.ndarray |
         return Vinv
     if not np.isfinite(work).all():
         # NumPy's pinv would fail with "SVD did not converge", a traceback that names no cause
-        raise DecompositionError("the Hadamard product of the factors' Grams is not finite: the factors overflowed "
-                                 "float64 (initial factors or values too large); rescale the data or use another init")
+        raise DecompositionError(
+            "the Hadamard product of the factors' Grams is not finite: the factors overflowed "
+            "float64 (initial factors or values too large); rescale the data or use another init"
+        )
     return np.linalg.pinv(work)
