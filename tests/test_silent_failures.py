@@ -1,29 +1,44 @@
 """Issue 28: bad values, edited stores and bad numbers are refused with a clear error, never exit 0
 with a wrong answer. Each test fails on the code before the fix (named in its docstring)."""
 
+import contextlib
+import io
 import json
 import math
 import shutil
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from conftest import random_coo
+from test_cli import tfooc as tfooc_process
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.errors import CorruptStoreError, DecompositionError, StoreExistsError, ValueRangeError
 
 
-def tfooc(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "tensorflow_ooc.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=600,
-    )
+def tfooc(*args):
+    """The CLI in this process (``main``, as the ``tfooc`` script runs it; its imports are paid
+    once): these tests make about 50 calls, which as processes took minutes of CI. The process
+    boundary itself is tested by ``test_the_process_exits_with_one_line``."""
+    from tensorflow_ooc.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:  # argparse: usage errors
+            code = exc.code
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+def test_the_process_exits_with_one_line(tmp_path):
+    """As a subprocess: a bad value and a bad number each give exit 2 and one line, no traceback."""
+    tns = tmp_path / "x.tns"
+    tns.write_text("1 1 1 1.5\n2 2 2 1e200\n")
+    clear_error(tfooc_process("convert", tns, tmp_path / "x.zarr"), str(tns), "line 2", "1e200")
+    clear_error(tfooc_process("cpd", tmp_path / "x.zarr", "--rank", "2", "--tol", "nan"), "--tol")
 
 
 def clear_error(r, *needles):
