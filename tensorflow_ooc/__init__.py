@@ -34,9 +34,6 @@ from .version import __version__
 
 configure_numba_target()
 
-# the dashboard page on every embedded cluster and submission: monitoring registers itself with
-# the lower stages' hooks when it is loaded (they never import it)
-from . import monitoring  # noqa: F401
 from .decompositions import (
     CompletionError,
     CPResult,
@@ -113,3 +110,24 @@ __all__ = [
     "load_fasttucker_result",
     "tucker_sgd",
 ]
+
+
+def _attach_monitoring(client, storage: str | None = None) -> None:
+    """The tfooc dashboard page and metrics on a cluster's scheduler (:mod:`.monitoring`).
+
+    Registered here, at the top, with the hooks the lower stages offer: execution and workflow
+    never import monitoring (it reads the workflow's run records), and monitoring is loaded only
+    when a cluster starts (importing it with the package cost about 1.3 s of every startup)."""
+    from .monitoring import attach
+
+    attach(client, storage=storage)
+
+
+def _register_monitoring() -> None:
+    from .execution import cluster
+
+    if _attach_monitoring not in cluster.ON_CLIENT:
+        cluster.ON_CLIENT.append(_attach_monitoring)
+
+
+_register_monitoring()

@@ -146,15 +146,16 @@ def get_client(
         cluster.close()
 
 
-#: Called with the client of every embedded cluster started here. The monitoring stage, a layer
-#: above, adds its dashboard page and metrics through it (``tensorflow_ooc.monitoring``, loaded by
-#: the package root), so execution never imports upward.
-ON_EMBEDDED_CLUSTER: list[Callable[[Client], object]] = []
+#: Called with the client of every embedded cluster started here, and by ``tfooc submit`` with
+#: its client and storage root (``hook(client, storage=root)``). The monitoring stage, a layer
+#: above, adds its dashboard page and metrics through it (registered by the package root), so
+#: execution and workflow never import it.
+ON_CLIENT: list[Callable[..., object]] = []
 
 
 def _monitor(client: Client) -> None:
     """Run the embedded-cluster hooks (the tfooc page and metrics on the scheduler's dashboard)."""
-    for hook in ON_EMBEDDED_CLUSTER:
+    for hook in ON_CLIENT:
         hook(client)
 
 

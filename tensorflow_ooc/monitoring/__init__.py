@@ -46,22 +46,3 @@ def dask_setup(dask_server: Any, tfooc_storage: tuple[str, ...] = ()) -> None:
 
 
 __all__ = ["PAGE_PATH", "MonitorPlugin", "attach", "dask_setup", "page_link"]
-
-
-def _attach_on_submit(client, storage: str) -> None:
-    attach(client, storage=storage)
-
-
-def _register_hooks() -> None:
-    """Install the page on every embedded cluster and every submission (the lower stages call
-    these hooks instead of importing this stage)."""
-    from ..execution import cluster
-    from ..workflow import submit
-
-    if attach not in cluster.ON_EMBEDDED_CLUSTER:
-        cluster.ON_EMBEDDED_CLUSTER.append(attach)
-    if _attach_on_submit not in submit.ON_SUBMIT:
-        submit.ON_SUBMIT.append(_attach_on_submit)
-
-
-_register_hooks()

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Any
 
+from ..execution.cluster import ON_CLIENT
 from .errors import RunNotFound, SpecError
 from .records import EXIT_CODES, RunRecord, RunStore, host_info, new_run_id, now_iso
 from .runner import RunOutcome, execute, new_record, spec_failure
@@ -69,12 +70,6 @@ def _has_task(dask_scheduler: Any, key: str) -> bool:
     return key in dask_scheduler.tasks
 
 
-#: Called with the submitting client and the storage root. The monitoring stage adds its
-#: dashboard page through it: monitoring reads the run records this package writes, so the
-#: workflow stage does not import monitoring back.
-ON_SUBMIT: list[Callable[[Any, str], object]] = []
-
-
 def submit(workflow: Workflow, scheduler: str, *, force: bool = False, timeout: float = 30.0) -> str:
     """Submit ``workflow`` to the Dask scheduler at ``scheduler``; returns the run id at once.
 
@@ -97,8 +92,8 @@ def submit(workflow: Workflow, scheduler: str, *, force: bool = False, timeout: 
         run_id = new_run_id(workflow.name)
         record = new_record(workflow, run_id, "submitted", scheduler, scheduler=scheduler)
         record.dashboard = client.dashboard_link
-        for hook in ON_SUBMIT:  # the tfooc page and metrics on its dashboard
-            hook(client, workflow.root)
+        for hook in ON_CLIENT:  # the tfooc page and metrics on its dashboard (execution.cluster)
+            hook(client, storage=workflow.root)
         runs.write_spec(run_id, workflow.source.text)
         runs.write(record)
         fut = client.submit(
