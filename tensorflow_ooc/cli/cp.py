@@ -7,7 +7,16 @@ import logging
 import time
 from typing import Callable
 
-from .options import _positive_int, _tolerance, iteration_bar, parse_size, run_outputs
+from .options import (
+    _positive_int,
+    _tolerance,
+    iteration_bar,
+    mean_seconds,
+    parse_size,
+    print_no_iterations,
+    run_outputs,
+    this_run,
+)
 
 
 def cmd_cpd(args: argparse.Namespace) -> int:
@@ -50,10 +59,8 @@ def cmd_cpd(args: argparse.Namespace) -> int:
             ),
         )
     wall = time.perf_counter() - t0
-    new = result.history[result.params.get("resumed_after", 0) :]
     # the first iteration of a process also compiles (or loads) the kernels: reported apart
-    steady = new[1:] or new
-    per_it = sum(h["seconds"] for h in steady) / max(1, len(steady))
+    new, steady, per_it = this_run(result)
     how = "" if args.method == "exact" else f", {args.method} sampling of {args.samples:,} rows"
     print(
         f"CP-ALS rank {args.rank}{how} on {store.path} ({store.nnz:,} {entries}, "
@@ -63,11 +70,7 @@ def cmd_cpd(args: argparse.Namespace) -> int:
     )
     print(f"  fit            {result.fit:.6f} after {result.iterations} iterations")
     if not new:
-        # nothing ran: no time per iteration, no throughput to report
-        print(
-            f"  this run       no iterations: the checkpoint had already reached --max-iters "
-            f"{args.max_iters} or converged ({wall:.1f} s wall)"
-        )
+        print_no_iterations(args, wall)
     else:
         print(f"  first iter     {new[0]['seconds']:.3f} s  (includes kernel compilation or cache loading)")
         rate = store.nnz * store.nmodes / max(per_it, 1e-12) / 1e6
@@ -76,10 +79,7 @@ def cmd_cpd(args: argparse.Namespace) -> int:
             f"M {entry}-modes/s; {len(new)} iterations in this run, {wall:.1f} s wall)"
         )
     if new and steady:
-        parts = {
-            k: sum(sum(h[k]) if isinstance(h[k], list) else h[k] for h in steady) / len(steady)
-            for k in ("mttkrp_seconds", "update_seconds", "other_seconds")
-        }
+        parts = mean_seconds(steady, ("mttkrp_seconds", "update_seconds", "other_seconds"))
         what = "MTTKRP" if args.method == "exact" else "sampled MTTKRP (+ exact for the fit)"
         print(
             f"  of which       {what} {parts['mttkrp_seconds']:.3f} s, updates {parts['update_seconds']:.3f} s, "

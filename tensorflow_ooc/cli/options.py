@@ -155,6 +155,28 @@ def run_outputs(args: argparse.Namespace, tag: str) -> tuple[str, str]:
     return out, checkpoint
 
 
+def this_run(result) -> tuple[list[dict], list[dict], float]:
+    """A decomposition's history records of this run (a resumed run's earlier ones left out),
+    those of its steady state (the first iteration also compiles kernels), and the mean seconds
+    per steady iteration."""
+    new = result.history[result.params.get("resumed_after", 0) :]
+    steady = new[1:] or new
+    return new, steady, sum(h["seconds"] for h in steady) / max(1, len(steady))
+
+
+def mean_seconds(steady: list[dict], keys: tuple[str, ...]) -> dict[str, float]:
+    """Per key, the mean over ``steady`` records of its seconds (summed over modes when a list)."""
+    return {k: sum(sum(h[k]) if isinstance(h[k], list) else h[k] for h in steady) / len(steady) for k in keys}
+
+
+def print_no_iterations(args: argparse.Namespace, wall: float) -> None:
+    """A resumed run with nothing left to do: no time per iteration, no throughput to report."""
+    print(
+        f"  this run       no iterations: the checkpoint had already reached --max-iters "
+        f"{args.max_iters} or converged ({wall:.1f} s wall)"
+    )
+
+
 def iteration_bar(args: argparse.Namespace, desc: str):
     """A progress bar over ``--max-iters`` iterations and the callback that moves it (fit, change,
     seconds per iteration from each history record)."""

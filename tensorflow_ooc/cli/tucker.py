@@ -8,7 +8,15 @@ import re
 import time
 from typing import Callable
 
-from .options import _positive_int, _tolerance, iteration_bar, run_outputs
+from .options import (
+    _positive_int,
+    _tolerance,
+    iteration_bar,
+    mean_seconds,
+    print_no_iterations,
+    run_outputs,
+    this_run,
+)
 
 log = logging.getLogger("tensorflow_ooc.cli")
 
@@ -59,9 +67,7 @@ def cmd_tucker(args: argparse.Namespace) -> int:
             progress=False,
         )
     wall = time.perf_counter() - t0
-    new = result.history[result.params.get("resumed_after", 0) :]
-    steady = new[1:] or new  # the first iteration also compiles kernels and sorts layouts
-    per_it = sum(h["seconds"] for h in steady) / max(1, len(steady))
+    new, steady, per_it = this_run(result)  # the first iteration also compiles kernels and sorts layouts
     print(
         f"Tucker HOOI ranks {'x'.join(map(str, ranks))} on {store.path} ({store.nnz:,} nonzeros, "
         f"{result.params['execution']} execution on {result.params['device']}, "
@@ -69,18 +75,12 @@ def cmd_tucker(args: argparse.Namespace) -> int:
     )
     print(f"  fit            {result.fit:.6f} after {result.iterations} iterations")
     if not new:
-        print(
-            f"  this run       no iterations: the checkpoint had already reached --max-iters "
-            f"{args.max_iters} or converged ({wall:.1f} s wall)"
-        )
+        print_no_iterations(args, wall)
     else:
         print(f"  first iter     {new[0]['seconds']:.3f} s  (includes kernel compilation and layout sorting)")
         print(f"  per iteration  {per_it:.3f} s  steady state ({len(new)} iterations in this run, {wall:.1f} s wall)")
     if new and steady:
-        parts = {
-            k: sum(sum(h[k]) if isinstance(h[k], list) else h[k] for h in steady) / len(steady)
-            for k in ("ttm_seconds", "svd_seconds", "other_seconds")
-        }
+        parts = mean_seconds(steady, ("ttm_seconds", "svd_seconds", "other_seconds"))
         print(
             f"  of which       TTM chains {parts['ttm_seconds']:.3f} s, SVDs {parts['svd_seconds']:.3f} s "
             f"({', '.join(sorted(set(steady[-1]['svd_methods'])))}), scheduling and transfers "
