@@ -9,6 +9,9 @@ import os
 import re
 from pathlib import Path
 
+# counts (rank, iterations, samples) stop where the API's do; the memory plan judges what fits
+from ..decompositions.model_checks import MAX_COUNT
+
 log = logging.getLogger("tensorflow_ooc.cli")
 
 DEFAULT_STORAGE = Path(os.environ.get("TFOOC_STORAGE", "storage"))
@@ -60,11 +63,6 @@ def parse_shape(text: str) -> tuple[int, ...]:
 def parse_skew(text: str) -> float | tuple[float, ...]:
     vals = tuple(float(s) for s in text.split(","))
     return vals[0] if len(vals) == 1 else vals
-
-
-#: the largest count (rank, iterations, samples, ...) a command takes; the memory plan judges
-#: what fits, this only keeps numbers in the range integers are computed in
-MAX_COUNT = 2**62
 
 
 def _count(text: str, low: int) -> int:

@@ -32,6 +32,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ..decompositions.model_checks import MAX_COUNT
 from . import locations as loc
 from .errors import Problem, SpecError
 
@@ -83,7 +84,7 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-PositiveInt = Annotated[int, Field(ge=1, le=2**62)]
+PositiveInt = Annotated[int, Field(ge=1, le=MAX_COUNT)]
 Size = Union[int, str]
 
 
