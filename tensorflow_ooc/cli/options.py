@@ -18,31 +18,15 @@ DEFAULT_STORAGE = Path(os.environ.get("TFOOC_STORAGE", "storage"))
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "kib": 2**10,
-    "m": 10**6,
-    "mb": 10**6,
-    "mib": 2**20,
-    "g": 10**9,
-    "gb": 10**9,
-    "gib": 2**30,
-    "t": 10**12,
-    "tb": 10**12,
-    "tib": 2**40,
-}
-
 
 def parse_size(text: str) -> int:
-    """'512MB', '2GiB', '1000000' -> bytes."""
-    m = _SIZE.match(text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 512MB, 2GiB, 1000000)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    """'512MB', '2GiB', '1000000' -> bytes: the sizes specs take (:func:`~..workflow.spec.parse_size`)."""
+    from ..workflow.spec import parse_size as size_of  # pydantic and yaml load only when a size is given
+
+    try:
+        return size_of(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 512MB, 2GiB, 1000000)") from None
 
 
 def _positive_ints(text: str, refusal: str, example: str, rule: str) -> tuple[int, ...]:
