@@ -10,17 +10,28 @@ from __future__ import annotations
 import logging
 import os
 import time
+from contextvars import ContextVar
 from functools import partial
 from typing import Callable, Sequence
 
 import numpy as np
 from distributed import Client
 
+from ..errors import DecompositionError
 from ..execution import DeviceOptions, get_client
 from ..execution.inline import INLINE_MAX_NNZ
+from ..execution.owner_computes import TeamLost
 from ..store import Store, open_store
 from ..store.dense import DenseArray, is_dense_array, open_dense
 from . import updates as U
+from .cp_owner import (
+    owner_checkpoint,
+    owner_factors,
+    owner_iteration,
+    owner_summary,
+    start_owner_computes,
+    use_owner_computes,
+)
 from .cp_steps import (
     FIT_EVERY_ITERATION_NNZ,
     check_arguments,
@@ -70,6 +81,7 @@ def cp_als(
     method: str = "exact",
     samples: int = 65536,
     fit_every: int | None = None,
+    distribution: str = "auto",
 ) -> CPResult:
     """Rank-``rank`` CP decomposition of a sparse store or a dense array by alternating least squares.
 
@@ -130,6 +142,15 @@ def cp_als(
         2^24 nonzeros, else every 5th. They stop when the best fit of the last 3 evaluations
         improves on the best before by less than ``tol``. The exact method evaluates it every
         iteration at no extra cost.
+    distribution : {"auto", "owner", "graph"}
+        How exact CP-ALS spreads over several workers. "owner" (the default, "auto", on a cluster
+        of several CPU workers): owner-computes, each worker keeps its partitions and the factor
+        rows it owns, one task per worker and iteration, rows sent worker to worker only where
+        they are shared (:mod:`~tensorflow_ooc.decompositions.cp_owner`); the history adds the
+        bytes sent per iteration beside their lower bound. A worker lost mid-run restarts the run
+        on the workers left, from ``checkpoint`` when there is one. "graph": per-mode task graphs
+        with a reduce-scatter of the partials (what one worker, GPUs, dense arrays and the
+        randomized methods always use).
 
     Returns
     -------
@@ -149,6 +170,7 @@ def cp_als(
     >>> tfo.cp_als(X, 3, seed=1, max_iters=50).fit > 0.99              # doctest: +SKIP
     True
     """
+    arguments = dict(locals())  # to restart the run on the workers left after one is lost
     store = open_input(store)
     fit_every = check_arguments(store, rank, max_iters, tol, dtype, method, samples, device, fit_every)
     dense, randomized = isinstance(store, DenseArray), method != "exact"
@@ -183,15 +205,22 @@ def cp_als(
             rank=rank,
             dtype=dtype,
             samples=int(samples) if randomized else 0,
+            load=distribution == "graph" or randomized or dense,
         )
+        owner = use_owner_computes(c, graph, dense, method, distribution)
+        if graph.execution == "in-memory" and graph.data is None and not owner:
+            graph.load()
         input_fp = fingerprint(store)
         normX2 = float(store.meta["norm_sq"])
         check_tensor_norm(store.path, normX2)
         F, start, fit, history, weights, sample_entropy = initial_state(
-            c, checkpoint if resume else None, input_fp, init, shape, rank, seed, dtype
+            c, checkpoint if resume else None, input_fp, init, shape, rank, seed, dtype, on_workers=owner
         )
+        engine = start_owner_computes(c, graph, F, N) if owner else None
+        if owner:
+            params["distribution"] = {"kind": "owner-computes", "workers": len(engine.addresses)}
         on_cluster = graph.placement  # update tasks run where the MTTKRP partials are made
-        if graph.device == "gpu":
+        if graph.device == "gpu" and not owner:
             F = c.submit(U.on_device, F, pure=False, **on_cluster)
         params["resumed_after"] = start
         if randomized:
@@ -219,9 +248,18 @@ def cp_als(
             t_iter = time.time()
             fit_old = fit
             evaluate = not randomized or (iteration + 1) % fit_every == 0 or iteration + 1 == max_iters
-            for n in range(N):
-                F = step(F, n, iteration, evaluate)
-            sm = c.submit(U.summary, F, pure=False).result()
+            exchange = None
+            if owner:
+                try:
+                    sm, exchange = owner_summary(engine.iterate(owner_iteration, iteration, iteration == 0))
+                except TeamLost as exc:
+                    engine.release()
+                    graph.release()
+                    return _restart(arguments, c, checkpoint, exc)
+            else:
+                for n in range(N):
+                    F = step(F, n, iteration, evaluate)
+                sm = c.submit(U.summary, F, pure=False).result()
             weights = sm.weights
             norm_model2 = model_norm_sq(sm)
             if evaluate:
@@ -242,6 +280,8 @@ def cp_als(
                 samples,
                 empty_seen,
             )
+            if exchange is not None:
+                record.update(exchange)
             history.append(record)
             log.info(
                 "iteration %d: fit %.6f (change %.2e), %.3f s",
@@ -253,15 +293,24 @@ def cp_als(
             )  # a field of its own in JSON logs
             done = converged(randomized, tol, iteration, fit, fit_old, evaluate, evaluated)
             if checkpoint and (done or (iteration + 1) % checkpoint_every == 0 or iteration + 1 == max_iters):
-                record["checkpoint_seconds"] = save_checkpoint(
-                    c, checkpoint, F, weights, iteration, fit, history, params, input_fp
-                )
+                if owner:
+                    record["checkpoint_seconds"] = owner_checkpoint(
+                        engine, checkpoint, shape, rank, dtype, weights, iteration, fit, history, params, input_fp
+                    )
+                else:
+                    record["checkpoint_seconds"] = save_checkpoint(
+                        c, checkpoint, F, weights, iteration, fit, history, params, input_fp
+                    )
             # after the write, so a callback that stops the run (cancel) finds this iteration saved
             if callback is not None:
                 callback(record)
             if done:
                 break
-        final = final_factors(c, F, N)
+        if owner:
+            final = owner_factors(engine, shape, rank, dtype)
+            engine.release()
+        else:
+            final = final_factors(c, F, N)
         del F
         graph.release()
 
@@ -271,6 +320,31 @@ def cp_als(
         result.save(out, overwrite=overwrite)
         log.info("result written to %s", out)
     return result
+
+
+MAX_RESTARTS = 3
+_RESTARTS: ContextVar[int] = ContextVar("cp_als_restarts", default=0)
+
+
+def _restart(arguments: dict, client: Client, checkpoint: str | None, exc: Exception) -> CPResult:
+    """Run again after a worker of an owner-computes run was lost: on the workers left (and any
+    that came back), from ``checkpoint`` when there is one, else from the first iteration (the
+    same initial factors: the result is the one the uninterrupted run gives)."""
+    attempts = _RESTARTS.get() + 1
+    if attempts > MAX_RESTARTS:
+        raise DecompositionError(f"CP-ALS lost a worker {attempts} times; giving up ({exc})") from exc
+    log.warning(
+        "%s; restarting %s on %d worker(s)",
+        exc,
+        f"from checkpoint {checkpoint}" if checkpoint else "from the first iteration",
+        len(client.scheduler_info()["workers"]),
+    )
+    arguments.update(client=client, resume=bool(checkpoint) or arguments["resume"])
+    token = _RESTARTS.set(attempts)
+    try:
+        return cp_als(**arguments)
+    finally:
+        _RESTARTS.reset(token)
 
 
 def open_input(x: Store | DenseArray | str | os.PathLike | np.ndarray) -> Store | DenseArray:

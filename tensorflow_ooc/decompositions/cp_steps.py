@@ -25,6 +25,7 @@ from ..store import Store, paths
 from ..store.dense import DenseArray
 from . import updates as U
 from .checkpoint import disk_full_returned, raise_returned, read_checkpoint, write_checkpoint
+from .cp_owner import stacked_copy
 from .model_checks import check_count, check_tolerance
 from .randomized import check_method, draw_samples
 
@@ -78,6 +79,7 @@ def open_graph(
     rank: int,
     dtype: str,
     samples: int,
+    load: bool = True,
 ) -> MTTKRPGraph:
     """The MTTKRP graph of a sparse store or a dense array; records its choices in ``params``. A dense
     array's ||X||^2 is computed here."""
@@ -93,6 +95,7 @@ def open_graph(
         rank=rank,
         dtype=dtype,
         samples=samples,
+        **({} if dense else {"load": load}),
     )
     params["execution"] = graph.execution
     params["in_place_updates"] = graph.in_place
@@ -125,17 +128,24 @@ def initial_state(
     rank: int,
     seed: int | None,
     dtype: str,
+    on_workers: bool = False,
 ) -> InitialState:
     """Algorithm 1, line 1: the factors to start from. From ``checkpoint`` when it is given and
     exists (it must be for the same store and rank), else fresh: random from ``seed``, or ``init``'s
-    matrices (their shapes checked, NaN and Inf refused)."""
+    matrices (their shapes checked, NaN and Inf refused).
+
+    ``on_workers`` (owner-computes): ``F`` is instead ``(function, args)`` that makes the initial
+    factors on each worker (args may hold futures)."""
     state = read_checkpoint(checkpoint) if checkpoint else None
     if state is not None:
         if state.input["store_id"] != input_fp["store_id"] or state.params.get("rank") != rank:
             raise ValueError(f"{checkpoint}: checkpoint is for another store or rank; remove it or drop resume")
         # scattered, not embedded in the graph: Dask warns about (and copies) graphs of
         # tens of MB, which a long factor's rows make
-        F = c.submit(U.stack, c.scatter(state.factors, hash=False), dtype, state.weights, pure=False)
+        if on_workers:
+            F = (stacked_copy, (c.scatter(state.factors, hash=False), dtype))
+        else:
+            F = c.submit(U.stack, c.scatter(state.factors, hash=False), dtype, state.weights, pure=False)
         log.info("resuming from %s after iteration %d (fit %.6f)", checkpoint, state.iteration + 1, state.fit)
         return InitialState(
             F, state.iteration + 1, state.fit, list(state.history), state.weights, state.params.get("sample_entropy")
@@ -144,14 +154,19 @@ def initial_state(
     if isinstance(init, str):
         if init != "random":
             raise ValueError(f"init must be 'random' or a list of factor matrices, got {init!r}")
-        F = c.submit(U.random_factors, shape, rank, seed, dtype, pure=False)
+        F = (
+            (U.random_factors, (tuple(shape), rank, seed, dtype))
+            if on_workers
+            else c.submit(U.random_factors, shape, rank, seed, dtype, pure=False)
+        )
     else:
         if len(init) != N or any(np.shape(a) != (shape[n], rank) for n, a in enumerate(init)):
             raise ValueError(f"init must hold {N} matrices of shapes {[(s, rank) for s in shape]}")
         bad = [n for n, a in enumerate(init) if not np.isfinite(np.asarray(a, dtype=np.float64)).all()]
         if bad:
             raise DecompositionError(f"init: factor matrix {bad[0]} holds NaN or infinite entries")
-        F = c.submit(U.stack, c.scatter([np.asarray(a) for a in init], hash=False), dtype, pure=False)
+        given = c.scatter([np.asarray(a) for a in init], hash=False)
+        F = (stacked_copy, (given, dtype)) if on_workers else c.submit(U.stack, given, dtype, pure=False)
     return InitialState(F, 0, 0.0, [], np.ones(rank), None)
 
 

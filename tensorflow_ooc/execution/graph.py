@@ -147,6 +147,9 @@ class MTTKRPGraph:
         (``self.memory_plan``; :class:`~.memory_plan.MemoryPlanError` when nothing fits).
     samples : int
         Randomized CP-ALS: Khatri-Rao rows drawn per mode (the plan counts its samplers and indexes).
+    load : bool
+        Load in-memory partitions now (False: only plan them, for an owner-computes run whose
+        workers load their own, :mod:`.owner_computes`).
     """
 
     def __init__(
@@ -163,6 +166,7 @@ class MTTKRPGraph:
         rank: int | None = None,
         dtype: str = "float64",
         samples: int = 0,
+        load: bool = True,
     ) -> None:
         if execution not in EXECUTION_MODES:
             raise ValueError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
@@ -234,10 +238,14 @@ class MTTKRPGraph:
             "unlimited" if budget is None else f"{budget / 2**20:.0f} MiB",
             self.numba_threads,
         )
-        if execution == "in-memory":
-            self.data = [self._load(p) for p in self.parts]
-            if not is_inline(client):
-                wait(self.data)
+        if execution == "in-memory" and load:
+            self.load()
+
+    def load(self) -> None:
+        """Decode the partitions into worker memory (in-memory execution)."""
+        self.data = [self._load(p) for p in self.parts]
+        if not is_inline(self.client):
+            wait(self.data)
 
     def _open(self, path) -> tuple[str, object]:
         """The input's path and its opened form (here a BLCO store; see the dense graph)."""

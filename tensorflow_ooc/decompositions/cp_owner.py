@@ -1,0 +1,170 @@
+"""CP-ALS across several workers, owner-computes (seed 000 chapter 4; SPLATT's MPI CP-ALS).
+
+One iteration runs on every worker at once (:func:`owner_iteration`); for each mode ``n``:
+
+1. ``P = X_w,(n) (odot_{m != n} A_m)``: the MTTKRP of the worker's own nonzeros;
+2. ``M = sum_w P_w`` on the rows the worker owns (sparse reduce-scatter);
+3. ``A = M V^+`` with ``V = *_{m != n} A_m^T A_m``, the same on every worker;
+4. the column statistics, ``A^T A`` and (last mode) ``<A, M>`` all-reduced, with the updated rows
+   each other worker touches (sparse all-gather);
+5. columns normalized by the global 2-norm (first iteration) or max-norm (at least 1), as
+   :func:`~tensorflow_ooc.decompositions.updates.update_mode` does on one worker.
+
+Every worker gets the same all-reduced terms (summed in rank order), so the normalized rows a
+worker receives equal its owner's to the bit. The Gram of the normalized factor is the all-reduced
+unnormalized Gram scaled by the weights: equal to one worker's ``A^T A`` up to rounding (1e-16
+relative), which keeps results equal to one worker's to 1e-10.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..execution.inline import is_inline
+from ..execution.owner_computes import OwnerComputes, WorkerState
+from ..kernels import StackedFactors
+from ..kernels.update.column_scale import column_max_abs, column_sum_squares
+from ..kernels.update.normal_equations import normal_inverse_of
+from . import updates as U
+from .checkpoint import disk_full_returned, raise_returned, write_checkpoint
+from .updates import _BLAS
+
+
+def owner_iteration(ws: WorkerState, iteration: int, first_iteration: bool) -> dict:
+    """Algorithm 1's iteration on one worker of an owner-computes run; returns its summary: the
+    weights, Grams and fit terms (the same on every worker) and its own timings and bytes sent."""
+    N, R = ws.nmodes, ws.factors.rank
+    timings, finished, sent, lower, waits = {}, {}, {}, {}, {}
+    inner = np.zeros(R)
+    for n in range(N):
+        t0 = time.perf_counter()
+        sent0, wait0 = ws.team.bytes_sent, ws.team.wait_seconds + ws.team.send_seconds
+        P = ws.local_mttkrp(n)  # this worker's nonzeros' rows of X_(n) (odot A_m)
+        t_mttkrp = time.perf_counter() - t0
+        M = ws.reduce_scatter(n, P, (iteration, n, "M"))  # the owned rows, summed over workers
+        t1 = time.perf_counter()
+        with _BLAS.limit(limits=1, user_api="blas"):
+            A = M @ normal_inverse_of(ws.grams, n).astype(M.dtype, copy=False)  # A = M V^+
+            stat = column_sum_squares(A) if first_iteration else column_max_abs(A)
+            small = np.concatenate([stat, (A.T @ A).ravel(), np.einsum("ir,ir->r", A, M) if n == N - 1 else 0 * stat])
+        t_update = time.perf_counter() - t1
+        smalls, received = ws.all_gather(n, A, small, (iteration, n, "A"))
+        t2 = time.perf_counter()
+        if first_iteration:
+            weights = np.sqrt(smalls[:, :R].sum(axis=0))
+        else:
+            weights = np.maximum(smalls[:, :R].max(axis=0), 1.0)
+        total = smalls[:, R:].sum(axis=0)
+        scale = np.ones(R) if (weights == 0).all() else 1 / np.where(weights == 0, 1, weights)
+        ws.set_rows(n, A, received, scale.astype(A.dtype))
+        ws.grams[n] = (total[: R * R].reshape(R, R) * np.outer(scale, scale)).astype(A.dtype)
+        ws.weights = weights
+        if n == N - 1:
+            inner = total[R * R :] * scale
+        t_update += time.perf_counter() - t2
+        timings[n] = (t_mttkrp, t_update)
+        finished[n] = time.time()
+        sent[n] = ws.team.bytes_sent - sent0
+        waits[n] = ws.team.wait_seconds + ws.team.send_seconds - wait0
+        lower[n] = sum(ids.shape[0] for ids in ws.plans[n].send.values()) * R * ws.factors.dtype.itemsize * 2
+    return {
+        "weights": ws.weights,
+        "grams": [np.asarray(g, dtype=np.float64) for g in ws.grams],
+        "inner": inner,
+        "finished": finished,
+        "timings": timings,
+        "bytes_sent": sent,
+        "lower_bound": lower,
+        "exchange_seconds": waits,
+    }
+
+
+def stacked_copy(factors: list[np.ndarray] | StackedFactors, dtype: str) -> StackedFactors:
+    """Initial factors for a worker: its own copy (workers sharing a process must not share it)."""
+    if isinstance(factors, StackedFactors):
+        return StackedFactors(factors.shape, factors.rank, dtype, np.array(factors.data, dtype=dtype, order="C"))
+    return StackedFactors.from_list([np.asarray(f) for f in factors], dtype)
+
+
+# ---------------------------------------------------------------- driver side ---------------------
+
+DISTRIBUTIONS = ("auto", "owner", "graph")
+
+
+def use_owner_computes(client, graph, dense: bool, method: str, distribution: str) -> bool:
+    """Whether this run goes owner-computes: ``distribution="owner"``, or "auto" on a Dask cluster
+    of several CPU workers for exact CP-ALS of a sparse store. ``"graph"`` keeps the per-mode task
+    graphs (one worker, the inline scheduler, GPUs, dense arrays and the randomized methods
+    always do)."""
+    if distribution not in DISTRIBUTIONS:
+        raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
+    able = not is_inline(client) and not dense and method == "exact" and graph.device == "cpu"
+    if distribution == "owner" and not able:
+        raise ValueError(
+            "distribution='owner' runs exact CP-ALS of a sparse store on CPU Dask workers "
+            "(not the inline scheduler, a dense array, a GPU or a randomized method)"
+        )
+    if distribution == "graph" or not able:
+        return False
+    return distribution == "owner" or len(graph.resources) > 1
+
+
+def start_owner_computes(client, graph, init: tuple, nmodes: int) -> OwnerComputes:
+    """The owner-computes run of ``graph``'s store and partitions (its memory plan's execution)."""
+    fn, args = init
+    plan = graph.memory_plan
+    return OwnerComputes(
+        client,
+        graph.path,
+        graph.parts,
+        in_memory=graph.execution == "in-memory",
+        init=fn,
+        init_args=args,
+        nmodes=nmodes,
+        # the one task per worker and iteration takes all the worker's cores
+        threads={a: r["numba_threads"] * r["dask_threads"] for a, r in graph.resources.items()},
+        batch_nnz=graph.batch_nnz,
+        max_private_bytes=graph.max_private_bytes,
+        mode_copies=bool(plan and plan.mode_copies),
+    )
+
+
+def owner_summary(summaries: list[dict]) -> tuple[U.Summary, dict]:
+    """The iteration's summary from every worker's (model terms are the same on each; timings the
+    slowest worker's), and the exchange's record: bytes sent per mode against the lower bound."""
+    first = summaries[0]
+    N = len(first["grams"])
+    timings = {n: tuple(max(s["timings"][n][i] for s in summaries) for i in range(2)) for n in range(N)}
+    finished = {n: max(s["finished"][n] for s in summaries) for n in range(N)}
+    sm = U.Summary(first["weights"], first["grams"], first["inner"], finished, timings, {}, 0.0, {})
+    sent = [sum(s["bytes_sent"][n] for s in summaries) for n in range(N)]
+    lower = [sum(s["lower_bound"][n] for s in summaries) for n in range(N)]
+    exchange = {
+        "workers": len(summaries),
+        "bytes_sent": int(sum(sent)),
+        "bytes_lower_bound": int(sum(lower)),
+        "mode_bytes_sent": sent,
+        "mode_bytes_lower_bound": lower,
+        "exchange_seconds": [max(s["exchange_seconds"][n] for s in summaries) for n in range(N)],
+    }
+    return sm, exchange
+
+
+def owner_factors(engine: OwnerComputes, shape, rank: int, dtype: str) -> list[np.ndarray]:
+    """The factor matrices, gathered from their owners to the driver."""
+    return [engine.factor(n, shape, rank, dtype) for n in range(len(shape))]
+
+
+def owner_checkpoint(
+    engine: OwnerComputes, path: str, shape, rank: int, dtype: str, weights, iteration, fit, history, params, input_fp
+) -> float:
+    """Write the state after ``iteration`` to ``path`` from the driver (the rows gathered from
+    their owners). Returns the seconds it took."""
+    t0 = time.time()
+    stacked = StackedFactors.from_list(owner_factors(engine, shape, rank, dtype), dtype)
+    raise_returned(
+        disk_full_returned(write_checkpoint, path, stacked, weights, iteration, fit, history, params, input_fp)
+    )
+    return time.time() - t0

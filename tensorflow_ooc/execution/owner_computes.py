@@ -1,0 +1,445 @@
+"""Owner-computes execution: each worker owns fixed partitions and the factor rows it updates.
+
+The layout (SPLATT's MPI code; seed 000, chapter 4):
+
+- **Partitions** are pinned: worker ``w`` of ``W`` keeps a contiguous, nonzero-balanced run of the
+  store's partitions (decoded in its memory, or streamed from the store every mode).
+- **Rows.** For each mode, every row some nonzero touches is owned by the worker with the most
+  nonzeros in it (ties to the lower rank), so most rows are owned where they are used. A worker
+  holds the factor rows its nonzeros touch, up to date, and the rows it owns.
+- **A mode** (:class:`WorkerState`): the local MTTKRP of the worker's partitions; its rows go to
+  their owners (a *sparse reduce-scatter*: to owner ``k`` only the rows ``k`` owns that this worker
+  touches); each owner sums them and solves its rows; the R x R Gram terms and column statistics
+  are all-reduced, and each owner sends every other worker the updated rows it touches (a
+  *sparse all-gather*), never whole factors.
+
+Per mode and iteration a worker sends, to each other worker, exactly the rows they share, twice
+(partials one way, updated rows back). The lower bound of this distribution is that count times
+R times the item size, each way (:attr:`OwnerPlan.lower_bound_bytes`); the history reports the
+bytes sent beside it.
+
+The driver side (:class:`OwnerComputes`) plans the ownership once from each worker's row counts,
+then submits one task per worker and iteration, which runs every mode, exchanging rows worker to
+worker (:mod:`.exchange`), and returns one small summary. The update math itself is the caller's
+(the decompositions layer passes its iteration function down, as it passes its mode update to the
+task graphs).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from distributed import Client, wait
+
+from ..kernels import StackedFactors
+from .exchange import ExchangeAborted, ExchangePlugin, Team, abort_run
+from .partials import Partial
+from .partitions import Partition
+from .tasks import cached_store, combine, load_partition, mttkrp_partition
+
+log = logging.getLogger(__name__)
+
+
+class TeamLost(RuntimeError):
+    """A worker of an owner-computes run left the cluster (its partitions and rows with it)."""
+
+
+# ---------------------------------------------------------------- worker side ---------------------
+
+
+@dataclass
+class ModePlan:
+    """One mode's rows, from one worker's side: the rows it owns (sorted), and per other rank ``k``
+    the rows it touches that ``k`` owns (``send[k]``: its partial rows go there, updated rows come
+    back) and the rows it owns that ``k`` touches (``recv[k]``: positions in ``owned``)."""
+
+    owned: np.ndarray
+    send: dict[int, np.ndarray]
+    recv_pos: dict[int, np.ndarray]
+
+
+@dataclass
+class WorkerState:
+    """What a worker keeps for one owner-computes run, and the steps of a mode it offers the
+    iteration function: :meth:`local_mttkrp`, :meth:`reduce_scatter`, :meth:`all_gather`."""
+
+    team: Team
+    sources: list  # PartitionData (in memory) or (path, Partition) (streamed)
+    factors: StackedFactors  # every row this worker's nonzeros touch is current; others unused
+    grams: list[np.ndarray]
+    plans: list[ModePlan]
+    threads: int
+    batch_nnz: int
+    max_private_bytes: int
+    weights: np.ndarray = field(default_factory=lambda: np.ones(0))
+    stats: dict = field(default_factory=dict)  # per-mode timings and bytes of the current iteration
+
+    @property
+    def nmodes(self) -> int:
+        return len(self.factors.shape)
+
+    def local_mttkrp(self, mode: int) -> Partial:
+        """The mode-``mode`` MTTKRP rows of this worker's partitions (one partial over the rows
+        they touch)."""
+        parts = [
+            mttkrp_partition(
+                src,
+                self.factors,
+                mode,
+                self.threads,
+                batch_nnz=self.batch_nnz,
+                max_private_bytes=self.max_private_bytes,
+            )
+            for src in self.sources
+        ]
+        if not parts:
+            return Partial(0, np.zeros((0, self.factors.rank), dtype=self.factors.dtype))
+        return parts[0] if len(parts) == 1 else combine(*parts)
+
+    def reduce_scatter(self, mode: int, partial: Partial, tag: Any) -> np.ndarray:
+        """Send each owner the rows of ``partial`` it owns; return the rows this worker owns,
+        summed over every worker's partial in rank order (``len(owned) x R``)."""
+        plan = self.plans[mode]
+        rows = partial.rows
+        self.team.send_many(tag, {k: rows[ids - partial.lo] for k, ids in plan.send.items()})
+        out = np.zeros((plan.owned.shape[0], self.factors.rank), dtype=self.factors.dtype)
+        for k in range(self.team.size):
+            if k == self.team.rank:
+                if plan.owned.shape[0]:
+                    out += rows[plan.owned - partial.lo]
+            elif k in plan.recv_pos:
+                out[plan.recv_pos[k]] += self.team.receive(tag, k)
+        return out
+
+    def all_gather(self, mode: int, rows: np.ndarray, small: np.ndarray, tag: Any) -> tuple[np.ndarray, dict]:
+        """Send every other worker ``small`` (this worker's R x R-sized terms) and the rows of
+        ``rows`` (this worker's owned rows) it touches; return every rank's ``small`` (stacked in
+        rank order) and the rows received, per rank. Nothing is written yet: the caller scales
+        them first (:meth:`set_rows`)."""
+        plan = self.plans[mode]
+        payloads = {}
+        for k in range(self.team.size):
+            if k != self.team.rank:
+                pos = plan.recv_pos.get(k)
+                payloads[k] = [small, rows[pos] if pos is not None else rows[:0]]
+        self.team.send_many(tag, payloads)
+        smalls, received = [], {}
+        for k in range(self.team.size):
+            if k == self.team.rank:
+                smalls.append(small)
+            else:
+                s, r = self.team.receive(tag, k)
+                smalls.append(np.asarray(s))
+                if k in plan.send:
+                    received[k] = np.asarray(r)
+        return np.stack(smalls), received
+
+    def set_rows(self, mode: int, owned_rows: np.ndarray, received: dict, scale: np.ndarray) -> None:
+        """Write this worker's updated rows and the received ones, each times ``scale``."""
+        plan, view = self.plans[mode], self.factors.views[mode]
+        if plan.owned.shape[0]:
+            view[plan.owned] = owned_rows * scale
+        for k, r in received.items():
+            view[plan.send[k]] = r * scale
+
+    def owned_rows(self, mode: int) -> tuple[np.ndarray, np.ndarray]:
+        plan = self.plans[mode]
+        return plan.owned, self.factors.views[mode][plan.owned]
+
+
+_RUNS: dict[tuple[str, str], WorkerState] = {}
+_RUNS_LOCK = threading.Lock()
+
+
+def _state(run: str, dask_worker=None) -> WorkerState:
+    from distributed import get_worker
+
+    addr = (dask_worker or get_worker()).address
+    with _RUNS_LOCK:
+        st = _RUNS.get((addr, run))
+    if st is None:
+        raise TeamLost(f"owner-computes run {run}: worker {addr} holds no state for it (restarted?)")
+    return st
+
+
+def _touched_rows(path: str, parts: Sequence[Partition], nmodes: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Run on a worker: per mode, the rows its partitions touch and how many nonzeros each holds."""
+    store = cached_store(path)
+    counts = [None] * nmodes
+    lo = [min((p.row_lo[n] for p in parts), default=0) for n in range(nmodes)]
+    hi = [max((p.row_hi[n] for p in parts), default=-1) for n in range(nmodes)]
+    counts = [np.zeros(max(0, hi[n] - lo[n] + 1), dtype=np.int64) for n in range(nmodes)]
+    for p in parts:
+        for c in range(p.chunk_lo, p.chunk_hi):
+            co = store.read_chunk(c).coords(store.layout)
+            for n in range(nmodes):
+                counts[n] += np.bincount(co[:, n] - lo[n], minlength=counts[n].shape[0])
+    out = []
+    for n in range(nmodes):
+        ids = np.flatnonzero(counts[n])
+        out.append((ids + lo[n], counts[n][ids]))
+    return out
+
+
+def _setup(
+    run: str,
+    rank: int,
+    addresses: list[str],
+    path: str,
+    parts: list[Partition],
+    in_memory: bool,
+    plans: list[ModePlan],
+    init: Callable[..., StackedFactors],
+    init_args: tuple,
+    mode_copies: bool,
+    threads: int,
+    batch_nnz: int,
+    max_private_bytes: int,
+    dask_worker=None,
+) -> int:
+    """Run on a worker: load its partitions (in memory) or note them (streamed), make the initial
+    factors (``init()``, the same on every worker) and their Grams, and keep the run's state."""
+    from distributed import get_worker
+
+    worker = dask_worker or get_worker()
+    sources = [load_partition(path, p, "cpu", None, mode_copies, threads) if in_memory else (path, p) for p in parts]
+    factors = init(*init_args)
+    grams = [v.T @ v for v in factors.views]
+    st = WorkerState(Team(run, rank, addresses), sources, factors, grams, plans, threads, batch_nnz, max_private_bytes)
+    st.weights = np.ones(factors.rank)
+    with _RUNS_LOCK:
+        _RUNS[(worker.address, run)] = st
+    return int(sum(p.nnz for p in parts))
+
+
+def _iterate(run: str, step: Callable, args: tuple) -> dict:
+    """Run on a worker: one iteration of ``step(state, *args)`` (every mode, exchanging rows with
+    the other workers); returns its small summary."""
+    st = _state(run)
+    st.team.bytes_sent = 0
+    st.team.wait_seconds = st.team.send_seconds = 0.0
+    return step(st, *args)
+
+
+def _owned(run: str, mode: int) -> tuple[np.ndarray, np.ndarray]:
+    return _state(run).owned_rows(mode)
+
+
+def _release(run: str, dask_worker=None) -> None:
+    from .exchange import forget_run
+
+    with _RUNS_LOCK:
+        _RUNS.pop((dask_worker.address, run), None)
+    forget_run(run, dask_worker=dask_worker)
+
+
+# ---------------------------------------------------------------- driver side ---------------------
+
+
+@dataclass
+class OwnerPlan:
+    """The ownership of every mode's rows (driver side), and what it costs to keep."""
+
+    touched: list[list[np.ndarray]]  # [worker][mode] rows touched
+    owned: list[list[np.ndarray]]  # [worker][mode] rows owned
+    shared_rows: list[int]  # per mode: sum over workers of rows touched but owned elsewhere
+
+    def lower_bound_bytes(self, rank: int, itemsize: int) -> int:
+        """Bytes one iteration must move under this distribution, both ways: each row a worker
+        touches but does not own, once as a partial to its owner and once updated back."""
+        return 2 * sum(self.shared_rows) * rank * itemsize
+
+
+def plan_ownership(counts: list[list[tuple[np.ndarray, np.ndarray]]]) -> tuple[OwnerPlan, list[list[ModePlan]]]:
+    """Owners of every touched row (most nonzeros, ties to the lower rank), from each worker's
+    per-mode (rows, counts); and each worker's :class:`ModePlan` per mode."""
+    W, N = len(counts), len(counts[0])
+    touched = [[counts[w][n][0] for n in range(N)] for w in range(W)]
+    owned: list[list[np.ndarray]] = [[None] * N for _ in range(W)]
+    owner_of_touched: list[list[np.ndarray]] = [[None] * N for _ in range(W)]
+    shared = []
+    for n in range(N):
+        ids = np.concatenate([counts[w][n][0] for w in range(W)])
+        cnt = np.concatenate([counts[w][n][1] for w in range(W)])
+        rk = np.concatenate([np.full(counts[w][n][0].shape[0], w, dtype=np.int64) for w in range(W)])
+        order = np.lexsort((rk, -cnt, ids))  # by row, then most nonzeros first, then lower rank
+        ids_s, rk_s = ids[order], rk[order]
+        first = np.ones(ids_s.shape[0], dtype=bool)
+        first[1:] = ids_s[1:] != ids_s[:-1]
+        rows, owners = ids_s[first], rk_s[first]
+        for w in range(W):
+            owned[w][n] = rows[owners == w]
+            owner_of_touched[w][n] = owners[np.searchsorted(rows, touched[w][n])]
+        shared.append(sum(int((owner_of_touched[w][n] != w).sum()) for w in range(W)))
+    plans = []
+    for w in range(W):
+        mode_plans = []
+        for n in range(N):
+            send = {
+                k: touched[w][n][owner_of_touched[w][n] == k]
+                for k in range(W)
+                if k != w and (owner_of_touched[w][n] == k).any()
+            }
+            recv_pos = {}
+            for k in range(W):
+                if k == w:
+                    continue
+                theirs = touched[k][n][owner_of_touched[k][n] == w]
+                if theirs.shape[0]:
+                    recv_pos[k] = np.searchsorted(owned[w][n], theirs)
+            mode_plans.append(ModePlan(owned[w][n], send, recv_pos))
+        plans.append(mode_plans)
+    return OwnerPlan(touched, owned, shared), plans
+
+
+class OwnerComputes:
+    """An owner-computes run on the CPU workers of ``client`` (see the module docstring).
+
+    Parameters
+    ----------
+    client : distributed.Client
+    path : str
+        Store path or URL.
+    parts : list of Partition
+        The store's partitions (nonzero-balanced), shared out to the workers in contiguous runs.
+    in_memory : bool
+        Keep the partitions decoded in worker memory (else stream them every mode).
+    init, init_args : callable and its arguments (futures among them are resolved)
+        Makes the initial factors (run on every worker; must give the same on each, in a new
+        array: workers of one process must not share it).
+    workers : list of str, optional
+        The workers to use (default: every worker of the cluster, sorted by address).
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        path: str,
+        parts: list[Partition],
+        *,
+        in_memory: bool,
+        init: Callable[..., StackedFactors],
+        init_args: tuple,
+        nmodes: int,
+        threads: dict[str, int],
+        batch_nnz: int,
+        max_private_bytes: int,
+        mode_copies: bool = False,
+        workers: list[str] | None = None,
+    ) -> None:
+        self.client = client
+        self.run = f"tfooc-owner-{uuid.uuid4().hex[:12]}"
+        addresses = sorted(workers or client.scheduler_info()["workers"])
+        addresses = addresses[: max(1, min(len(addresses), len(parts)))]
+        self.addresses = addresses
+        W = len(addresses)
+        # contiguous runs of partitions, balanced by nonzeros
+        nnz = np.cumsum([p.nnz for p in parts])
+        total = int(nnz[-1]) if len(parts) else 0
+        cuts = [0] + [int(np.searchsorted(nnz, total * k / W, side="left")) + 1 for k in range(1, W)] + [len(parts)]
+        cuts = sorted(min(max(c, 0), len(parts)) for c in cuts)
+        self.assigned = [parts[cuts[k] : cuts[k + 1]] for k in range(W)]
+        client.register_plugin(ExchangePlugin())
+        t0 = time.perf_counter()
+        counts = client.gather(
+            [
+                client.submit(_touched_rows, path, self.assigned[k], nmodes, workers=[a], pure=False)
+                for k, a in enumerate(addresses)
+            ]
+        )
+        self.plan, plans = plan_ownership(counts)
+        futures = []
+        for k, a in enumerate(addresses):
+            [plan_k] = client.scatter([plans[k]], workers=[a], hash=False)
+            futures.append(
+                client.submit(
+                    _setup,
+                    self.run,
+                    k,
+                    addresses,
+                    path,
+                    self.assigned[k],
+                    in_memory,
+                    plan_k,
+                    init,
+                    init_args,
+                    mode_copies,
+                    threads[a],
+                    batch_nnz,
+                    max_private_bytes,
+                    workers=[a],
+                    allow_other_workers=False,
+                    pure=False,
+                )
+            )
+        self._check(futures)
+        self.setup_seconds = time.perf_counter() - t0
+        log.info(
+            "owner-computes: %d workers, %s nonzeros each; rows shared per mode %s (set up in %.2f s)",
+            W,
+            [sum(p.nnz for p in a) for a in self.assigned],
+            self.plan.shared_rows,
+            self.setup_seconds,
+        )
+
+    def iterate(self, step: Callable, *args: Any) -> list[dict]:
+        """One iteration: ``step(state, *args)`` on every worker at once; their summaries, in rank
+        order. Raises :class:`TeamLost` when a worker of the run left the cluster."""
+        futures = [
+            self.client.submit(_iterate, self.run, step, args, workers=[a], allow_other_workers=False, pure=False)
+            for a in self.addresses
+        ]
+        return self._check(futures)
+
+    def _check(self, futures: list) -> list:
+        """Wait for ``futures`` while every worker of the run is still there."""
+        while True:
+            done = wait(futures, timeout=0.5, return_when="ALL_COMPLETED")
+            if not done.not_done:
+                break
+            present = set(self.client.scheduler_info()["workers"])
+            lost = [a for a in self.addresses if a not in present]
+            if lost:
+                self._abort(futures)
+                raise TeamLost(f"owner-computes run {self.run}: worker(s) {', '.join(lost)} left the cluster")
+        errors = [f for f in futures if f.status == "error"]
+        if errors:
+            exc = errors[0].exception()
+            self._abort(futures)
+            if isinstance(exc, (ExchangeAborted, TeamLost)):
+                raise TeamLost(str(exc)) from exc
+            raise exc
+        return self.client.gather(futures)
+
+    def _abort(self, futures: list) -> None:
+        present = [a for a in self.addresses if a in set(self.client.scheduler_info()["workers"])]
+        if present:
+            self.client.run(abort_run, self.run, workers=present)
+        self.client.cancel(futures)
+
+    def factor(self, mode: int, shape: Sequence[int], rank: int, dtype) -> np.ndarray:
+        """Mode ``mode``'s factor matrix, gathered from its owners (rows no nonzero touches are 0)."""
+        out = np.zeros((shape[mode], rank), dtype=dtype)
+        got = self.client.gather(
+            [
+                self.client.submit(_owned, self.run, mode, workers=[a], allow_other_workers=False, pure=False)
+                for a in self.addresses
+            ]
+        )
+        for ids, rows in got:
+            out[ids] = rows
+        return out
+
+    def release(self) -> None:
+        try:
+            present = [a for a in self.addresses if a in set(self.client.scheduler_info()["workers"])]
+            if present:
+                self.client.run(_release, self.run, workers=present)
+        except Exception as exc:  # a cluster closing under us keeps nothing anyway
+            log.debug("could not release owner-computes state: %s", exc)
