@@ -37,11 +37,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from distributed import Client, wait
 
+from ..format import delinearize
 from ..kernels import StackedFactors
+from ..kernels.mttkrp.dispatch import numba_threads
 from .exchange import ExchangeAborted, ExchangePlugin, Team, abort_run
 from .partials import Partial
-from .partitions import Partition
-from .tasks import cached_store, combine, load_partition, mttkrp_partition
+from .partitions import Partition, split_nonzeros
+from .tasks import PartitionData, cached_store, combine, load_partition, mttkrp_partition
 
 log = logging.getLogger(__name__)
 
@@ -168,18 +170,25 @@ def _state(run: str, dask_worker=None) -> WorkerState:
     return st
 
 
-def _touched_rows(path: str, parts: Sequence[Partition], nmodes: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Run on a worker: per mode, the rows its partitions touch and how many nonzeros each holds."""
-    store = cached_store(path)
-    counts = [None] * nmodes
-    lo = [min((p.row_lo[n] for p in parts), default=0) for n in range(nmodes)]
-    hi = [max((p.row_hi[n] for p in parts), default=-1) for n in range(nmodes)]
+def _row_counts(sources: list, store, nmodes: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per mode, the rows the partitions in ``sources`` touch and how many nonzeros each holds
+    (decoded partitions item by item, streamed ones chunk by chunk)."""
+    lo = [min((s_part(s).row_lo[n] for s in sources), default=0) for n in range(nmodes)]
+    hi = [max((s_part(s).row_hi[n] for s in sources), default=-1) for n in range(nmodes)]
     counts = [np.zeros(max(0, hi[n] - lo[n] + 1), dtype=np.int64) for n in range(nmodes)]
-    for p in parts:
-        for c in range(p.chunk_lo, p.chunk_hi):
-            co = store.read_chunk(c).coords(store.layout)
-            for n in range(nmodes):
-                counts[n] += np.bincount(co[:, n] - lo[n], minlength=counts[n].shape[0])
+
+    def add(co: np.ndarray) -> None:
+        for n in range(nmodes):
+            counts[n] += np.bincount(co[:, n] - lo[n], minlength=counts[n].shape[0])
+
+    for src in sources:
+        if isinstance(src, PartitionData):
+            it = src.items
+            for k in range(it.nitems):
+                add(delinearize(it.index[it.start[k] : it.end[k]], it.base[k], src.layout))
+        else:
+            for c in range(src[1].chunk_lo, src[1].chunk_hi):
+                add(store.read_chunk(c).coords(store.layout))
     out = []
     for n in range(nmodes):
         ids = np.flatnonzero(counts[n])
@@ -187,35 +196,56 @@ def _touched_rows(path: str, parts: Sequence[Partition], nmodes: int) -> list[tu
     return out
 
 
+def s_part(source) -> Partition:
+    return source.part if isinstance(source, PartitionData) else source[1]
+
+
+_PENDING: dict[tuple[str, str], list] = {}
+
+
+def _load(
+    run: str, path: str, parts: list[Partition], in_memory: bool, mode_copies: bool, threads: int, dask_worker=None
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Run on a worker: load its partitions (in memory) or note them (streamed), and return its
+    per-mode row counts (:func:`_row_counts`) for the ownership plan."""
+    from distributed import get_worker
+
+    worker = dask_worker or get_worker()
+    store = cached_store(path)
+    with numba_threads(threads):
+        sources = [
+            load_partition(path, p, "cpu", None, mode_copies, threads) if in_memory else (path, p) for p in parts
+        ]
+    with _RUNS_LOCK:
+        _PENDING[(worker.address, run)] = sources
+    return _row_counts(sources, store, store.nmodes)
+
+
 def _setup(
     run: str,
     rank: int,
     addresses: list[str],
-    path: str,
-    parts: list[Partition],
-    in_memory: bool,
     plans: list[ModePlan],
     init: Callable[..., StackedFactors],
     init_args: tuple,
-    mode_copies: bool,
     threads: int,
     batch_nnz: int,
     max_private_bytes: int,
     dask_worker=None,
-) -> int:
-    """Run on a worker: load its partitions (in memory) or note them (streamed), make the initial
-    factors (``init()``, the same on every worker) and their Grams, and keep the run's state."""
+) -> None:
+    """Run on a worker: make the initial factors (``init(*init_args)``, the same on every worker)
+    and their Grams, and keep the run's state beside the loaded partitions."""
     from distributed import get_worker
 
     worker = dask_worker or get_worker()
-    sources = [load_partition(path, p, "cpu", None, mode_copies, threads) if in_memory else (path, p) for p in parts]
+    with _RUNS_LOCK:
+        sources = _PENDING.pop((worker.address, run))
     factors = init(*init_args)
     grams = [v.T @ v for v in factors.views]
     st = WorkerState(Team(run, rank, addresses), sources, factors, grams, plans, threads, batch_nnz, max_private_bytes)
     st.weights = np.ones(factors.rank)
     with _RUNS_LOCK:
         _RUNS[(worker.address, run)] = st
-    return int(sum(p.nnz for p in parts))
 
 
 def _iterate(run: str, step: Callable, args: tuple) -> dict:
@@ -224,7 +254,13 @@ def _iterate(run: str, step: Callable, args: tuple) -> dict:
     st = _state(run)
     st.team.bytes_sent = 0
     st.team.wait_seconds = st.team.send_seconds = 0.0
-    return step(st, *args)
+    # every numba call of the step (the update's column statistics too) on this worker's cores
+    # only: a parallel region wider than the cores waits for a thread another worker's kernel holds
+    # (solving 183 rows took up to 15 ms on 2 workers of 1 core, 0.3 ms on one thread)
+    with numba_threads(st.threads):
+        out = step(st, *args)
+    st.team.flush()
+    return out
 
 
 def _owned(run: str, mode: int) -> tuple[np.ndarray, np.ndarray]:
@@ -236,6 +272,7 @@ def _release(run: str, dask_worker=None) -> None:
 
     with _RUNS_LOCK:
         _RUNS.pop((dask_worker.address, run), None)
+        _PENDING.pop((dask_worker.address, run), None)
     forget_run(run, dask_worker=dask_worker)
 
 
@@ -339,6 +376,10 @@ class OwnerComputes:
         addresses = addresses[: max(1, min(len(addresses), len(parts)))]
         self.addresses = addresses
         W = len(addresses)
+        if in_memory:
+            # as many partitions as planned (one decoded partition stays small), a multiple of the
+            # workers, cut at work items rather than chunks (see split_nonzeros)
+            parts = split_nonzeros(cached_store(path), W * -(-len(parts) // W))
         # contiguous runs of partitions, balanced by nonzeros
         nnz = np.cumsum([p.nnz for p in parts])
         total = int(nnz[-1]) if len(parts) else 0
@@ -347,9 +388,20 @@ class OwnerComputes:
         self.assigned = [parts[cuts[k] : cuts[k + 1]] for k in range(W)]
         client.register_plugin(ExchangePlugin())
         t0 = time.perf_counter()
-        counts = client.gather(
+        counts = self._check(
             [
-                client.submit(_touched_rows, path, self.assigned[k], nmodes, workers=[a], pure=False)
+                client.submit(
+                    _load,
+                    self.run,
+                    path,
+                    self.assigned[k],
+                    in_memory,
+                    mode_copies,
+                    threads[a],
+                    workers=[a],
+                    allow_other_workers=False,
+                    pure=False,
+                )
                 for k, a in enumerate(addresses)
             ]
         )
@@ -363,13 +415,9 @@ class OwnerComputes:
                     self.run,
                     k,
                     addresses,
-                    path,
-                    self.assigned[k],
-                    in_memory,
                     plan_k,
                     init,
                     init_args,
-                    mode_copies,
                     threads[a],
                     batch_nnz,
                     max_private_bytes,
@@ -400,9 +448,11 @@ class OwnerComputes:
     def _check(self, futures: list) -> list:
         """Wait for ``futures`` while every worker of the run is still there."""
         while True:
-            done = wait(futures, timeout=0.5, return_when="ALL_COMPLETED")
-            if not done.not_done:
+            try:
+                wait(futures, timeout=0.5, return_when="ALL_COMPLETED")
                 break
+            except TimeoutError:
+                pass
             present = set(self.client.scheduler_info()["workers"])
             lost = [a for a in self.addresses if a not in present]
             if lost:

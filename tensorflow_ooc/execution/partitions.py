@@ -19,6 +19,10 @@ class Partition:
     nnz: int
     row_lo: tuple[int, ...]
     row_hi: tuple[int, ...]  # inclusive
+    # with a nonzero range (global positions): only the work items that start in it, for a
+    # balance finer than whole chunks (owner-computes runs; in-memory execution only)
+    nz_lo: int | None = None
+    nz_hi: int | None = None
 
     def decoded_bytes(self, nmodes: int) -> int:
         """Memory of the decoded partition: index + value, plus work-item metadata."""
@@ -50,6 +54,36 @@ def plan_partitions(store: Store, n_parts: int, max_nnz: int | None = None) -> l
                 int(nnz),
                 tuple(int(x) for x in mins[a:b].min(axis=0)),
                 tuple(int(x) for x in maxs[a:b].max(axis=0)),
+            )
+        )
+    return parts
+
+
+def split_nonzeros(store: Store, n_parts: int) -> list[Partition]:
+    """Cut the store's nonzeros into ``n_parts`` ranges of equal size (at work-item granularity
+    when loaded: an item belongs to the range its first nonzero lies in), each with the chunks that
+    hold it. Whole chunks balance poorly when a worker's share is a few chunks: the uber-shaped
+    store's 4 chunks of 2^20 split 2.10 M / 1.21 M nonzeros over 2 workers (MTTKRP 20 against
+    10 ms a mode)."""
+    nnz, cn = store.nnz, store.chunk_nnz
+    if nnz == 0:
+        return []
+    n_parts = max(1, min(n_parts, nnz))
+    mins, maxs = store.chunk_ranges
+    parts = []
+    for i in range(n_parts):
+        a, b = nnz * i // n_parts, nnz * (i + 1) // n_parts
+        c0, c1 = a // cn, -(-b // cn)
+        parts.append(
+            Partition(
+                i,
+                c0,
+                c1,
+                b - a,
+                tuple(int(x) for x in mins[c0:c1].min(axis=0)),
+                tuple(int(x) for x in maxs[c0:c1].max(axis=0)),
+                a,
+                b,
             )
         )
     return parts

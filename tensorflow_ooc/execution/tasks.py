@@ -16,7 +16,7 @@ from ..format import BitLayout
 from ..kernels import StackedFactors, WorkItems, run_items
 from ..kernels.mttkrp.dispatch import ThreadOutputs, numba_threads
 from ..kernels.mttkrp.mode_order import mode_sorted
-from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
+from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES, items_starting_in
 from ..kernels.sampling.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
 from ..store import Store, open_store
 from .output_buffers import zeroed_output
@@ -94,6 +94,10 @@ def load_partition(
         return DevicePartitionData(part, store.layout, batch)
     bufs = BatchBuffers(store, part.chunk_hi - part.chunk_lo)
     items = fill_batch(store, range(part.chunk_lo, part.chunk_hi), bufs, delta=False)
+    if part.nz_lo is not None:
+        first = part.chunk_lo * store.chunk_nnz  # batch positions count from the first chunk
+        items = items_starting_in(items, part.nz_lo - first, part.nz_hi - first)
+        del bufs
     data = PartitionData(part, store.layout, items)
     if mode_copies:
         with numba_threads(threads):
@@ -127,6 +131,8 @@ def mttkrp_partition(
     (:class:`~tensorflow_ooc.kernels.mttkrp.dispatch.ThreadOutputs`)."""
     from .dense_tasks import DensePartition, DensePartitionData, dense_mttkrp_partition
 
+    if isinstance(source, tuple) and getattr(source[1], "nz_lo", None) is not None:
+        raise ValueError("a partition with a nonzero range is loaded (in-memory execution), not streamed")
     if isinstance(source, DensePartitionData) or (isinstance(source, tuple) and isinstance(source[1], DensePartition)):
         return dense_mttkrp_partition(source, factors, mode, threads, read_ahead, device, device_options)
     t0 = time.perf_counter()

@@ -62,6 +62,28 @@ class WorkItems:
         return self.end - self.start
 
 
+def items_starting_in(items: WorkItems, lo: int, hi: int) -> WorkItems:
+    """The items of ``items`` whose first nonzero lies in positions ``[lo, hi)``, with their index
+    and values copied out (positions renumbered from 0), so the rest can be freed."""
+    keep = (items.start >= lo) & (items.start < hi)
+    start, end = items.start[keep], items.end[keep]
+    a = int(start[0]) if start.shape[0] else 0
+    b = int(end[-1]) if end.shape[0] else 0
+    return WorkItems(
+        np.array(items.index[a:b]),
+        np.array(items.values[a:b]),
+        start - a,
+        end - a,
+        items.base[keep],
+        items.lo[keep],
+        items.hi[keep],
+        items.changes[keep],
+        items.prev[keep],
+        items.delta,
+        items.sorted_mode,
+    )
+
+
 def work_items(
     index: np.ndarray,
     values: np.ndarray,

@@ -1,0 +1,201 @@
+"""Scale-out benchmark: the same CP-ALS with the machine's cores split into 1, 2 and 4 workers.
+
+    python benchmarks/bench_scaleout.py                        # uber-shaped 3.3 M + vast-shaped 26 M
+    python benchmarks/bench_scaleout.py --tensors uber --iters 5
+    python benchmarks/bench_scaleout.py --tensors vast amazon86 # amazon86: Amazon-shaped, 86 M nonzeros
+    python benchmarks/bench_scaleout.py --network               # workers in network namespaces, shaped links
+
+Every row uses the same cores (2 here), so an ideal distributed engine gives the same time in every
+row. Rows: inline (this process, no Dask) or the embedded default, 1 process worker x 2 threads,
+2 process workers x 1 thread (owner-computes, and the per-mode task graph for comparison), 4 x 1
+(oversubscribed on 2 cores; reported anyway). Per row: the median steady-state seconds per
+iteration (rank 16, tol 0, first iteration left out), the parallel efficiency against 1 x 2, and
+bytes sent per iteration against the lower bound of the distribution.
+
+Targets (issue 30): 2 x 1 <= 1.11 x 1 x 2 at >= 25 M (<= 1.33 x at 3.3 M); 2 x 1 <= 1.1 x the
+embedded default at >= 25 M; bytes sent <= 1.25 x the lower bound.
+
+Prints a table; writes JSON to benchmarks/results/scaleout-<time>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import tensorflow_ooc as tfo  # noqa: E402
+from tensorflow_ooc import synthetic  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+STORES = Path(__file__).resolve().parent.parent / "storage" / "bench"
+
+TENSORS = {
+    "uber": synthetic.PRESETS["uber"],
+    "vast": synthetic.PRESETS["vast"],
+    # Amazon's shape with 86 M nonzeros (1/20 of the real one): long modes, few nonzeros per row
+    "amazon86": (synthetic.PRESETS["amazon"][0], 86_000_000),
+}
+
+
+def store_for(name: str, seed: int = 21):
+    """The benchmark tensor as a store under storage/bench (made once, then reused)."""
+    shape, nnz = TENSORS[name]
+    path = STORES / f"scaleout-{name}.zarr"
+    if path.exists():
+        try:
+            return tfo.open_store(path)
+        except Exception:
+            pass
+    STORES.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    if nnz > 30_000_000:
+        from tensorflow_ooc.cli import main as cli_main
+
+        rc = cli_main(["generate", str(path), "--shape", ",".join(map(str, shape)), "--nnz", str(nnz), "--seed", str(seed)])
+        if rc:
+            raise SystemExit(f"generate failed ({rc})")
+        store = tfo.open_store(path)
+    else:
+        coords, _ = synthetic.heavy_tailed(shape, nnz, seed=seed)
+        values = np.random.default_rng(seed + 1).random(len(coords))
+        store = tfo.convert((coords, values), path, overwrite=True)
+    print(f"# made {path} ({store.nnz:,} nonzeros) in {time.time() - t0:.0f} s", flush=True)
+    return store
+
+
+@contextlib.contextmanager
+def cluster(workers: int, threads: int, network: bool, memory_limit: str | None):
+    from distributed import Client, LocalCluster
+
+    if network:
+        from scaleout_network import NetworkUnavailable, shaped_cluster
+
+        try:
+            with shaped_cluster(workers, threads, memory_limit=memory_limit) as addr, Client(addr) as c:
+                yield c
+            return
+        except NetworkUnavailable as exc:
+            print(f"# no shaped network ({exc}); loopback", flush=True)
+    with (
+        LocalCluster(
+            n_workers=workers,
+            threads_per_worker=threads,
+            processes=True,
+            dashboard_address=None,
+            memory_limit=memory_limit or "auto",
+        ) as lc,
+        Client(lc) as c,
+    ):
+        yield c
+
+
+def run(store, rank: int, iters: int, **kw) -> dict:
+    r = tfo.cp_als(store, rank, seed=1, max_iters=iters, tol=0, **kw)
+    steady = r.history[1:] or r.history
+    secs = [h["seconds"] for h in steady]
+    out = {
+        "seconds": statistics.median(secs),
+        "all_seconds": [h["seconds"] for h in r.history],
+        "fit": r.fit,
+        "distribution": r.params.get("distribution", {}).get("kind", "graph")
+        if isinstance(r.params.get("distribution"), dict)
+        else "graph",
+        "execution": r.params.get("execution"),
+    }
+    h = steady[-1]
+    if "bytes_sent" in h:
+        N = len(h["mttkrp_seconds"])
+        out.update(
+            bytes_sent=h["bytes_sent"],
+            bytes_lower_bound=h["bytes_lower_bound"],
+            mttkrp_seconds=sum(h["mttkrp_seconds"]),
+            update_seconds=sum(h["update_seconds"]),
+            exchange_seconds=sum(h["exchange_seconds"]),
+            modes=N,
+        )
+    return out
+
+
+def bench_tensor(name: str, args) -> list[dict]:
+    store = store_for(name)
+    rows = []
+
+    def row(label: str, workers: int, threads: int, **kw) -> None:
+        t0 = time.time()
+        try:
+            if workers == 0:
+                got = run(store, args.rank, args.iters, **kw)
+            else:
+                with cluster(workers, threads, args.network, args.memory_limit) as c:
+                    got = run(store, args.rank, args.iters, client=c, **kw)
+        except Exception as exc:  # a row that fails is reported, the others still run
+            got = {"error": f"{type(exc).__name__}: {exc}"}
+        got.update(tensor=name, nnz=store.nnz, row=label, workers=workers, threads=threads)
+        got["wall"] = time.time() - t0
+        rows.append(got)
+        print(f"# {name} {label}: {got.get('seconds', got.get('error'))}", flush=True)
+
+    if store.nnz <= 1 << 24:
+        row("inline", 0, 0, scheduler="inline")
+    row("embedded", 0, 0, scheduler="embedded")
+    row("1x2", 1, 2)
+    row("2x1", 2, 1)
+    row("2x1 graph", 2, 1, distribution="graph")
+    if not args.skip4:
+        row("4x1", 4, 1)
+    base = next((r["seconds"] for r in rows if r["row"] == "1x2" and "seconds" in r), None)
+    for r in rows:
+        if base and "seconds" in r:
+            r["vs_1x2"] = r["seconds"] / base
+            r["efficiency"] = base / r["seconds"]
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head = "| tensor | nnz | row | s/it | x 1x2 | efficiency | bytes sent/it | lower bound | sent/LB | mttkrp | exch |"
+    lines = [head, "|" + "---|" * 11]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['tensor']} | {r['nnz']:,} | {r['row']} | error: {r['error'][:80]} |||||||")
+            continue
+        lb = r.get("bytes_lower_bound")
+        sent = r.get("bytes_sent")
+        lines.append(
+            f"| {r['tensor']} | {r['nnz']:,} | {r['row']} | {r['seconds']:.3f} | {r.get('vs_1x2', float('nan')):.2f} "
+            f"| {r.get('efficiency', float('nan')):.2f} | {'' if sent is None else f'{sent:,}'} "
+            f"| {'' if lb is None else f'{lb:,}'} | {'' if not lb else f'{sent / lb:.3f}'} "
+            f"| {r.get('mttkrp_seconds', float('nan')):.3f} | {r.get('exchange_seconds', float('nan')):.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tensors", nargs="+", default=["uber", "vast"], choices=sorted(TENSORS))
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--iters", type=int, default=6)
+    ap.add_argument("--network", action="store_true", help="workers in network namespaces with shaped links (root)")
+    ap.add_argument("--memory-limit", default=None, help="per-worker memory limit (default: Dask's share)")
+    ap.add_argument("--skip4", action="store_true", help="leave out the oversubscribed 4 x 1 row")
+    args = ap.parse_args()
+    rows = []
+    for name in args.tensors:
+        rows += bench_tensor(name, args)
+    print(table(rows))
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"scaleout-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1, default=float))
+    print(f"# JSON: {out}")
+
+
+if __name__ == "__main__":
+    main()
