@@ -27,6 +27,7 @@ from .options import (
     parse_shape,
     parse_size,
     parse_skew,
+    paths_for_workers,
     run_outputs,
 )
 from .tucker import cmd_tucker
@@ -136,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.quiet, args.verbose, args.log_format)
+    paths_for_workers(args)  # relative paths sent to a cluster's workers: made absolute
     try:
         # Dask's client TLS settings for this command: every Client it makes picks them up
         with dask.config.set(tls_config(args.tls_ca_file, args.tls_cert, args.tls_key)):

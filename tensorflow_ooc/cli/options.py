@@ -19,6 +19,27 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
 
+# --scheduler values that are no address: this process, or clusters this process starts
+LOCAL_SCHEDULERS = ("inline", "embedded", "gpu")
+# the arguments of any command that name a store, result or checkpoint
+PATH_ARGUMENTS = ("store", "out", "checkpoint", "test", "input")
+
+
+def paths_for_workers(args: argparse.Namespace) -> None:
+    """With ``--scheduler`` naming a cluster's address, the command's relative local paths become
+    absolute here: they are sent to workers, which run in working directories of their own (on
+    other machines, in other folders). URLs (``s3://...``) are left as they are."""
+    from ..store import paths
+
+    scheduler = getattr(args, "scheduler", None)
+    if not scheduler or scheduler in LOCAL_SCHEDULERS:
+        return
+    for name in PATH_ARGUMENTS:
+        value = getattr(args, name, None)
+        if isinstance(value, (str, os.PathLike)) and str(value) and not paths.is_url(value):
+            setattr(args, name, os.path.abspath(paths.local_path(value)))
+
+
 def parse_size(text: str) -> int:
     """'512MB', '2GiB', '1000000' -> bytes: the sizes specs take (:func:`~..workflow.spec.parse_size`)."""
     from ..workflow.spec import parse_size as size_of  # pydantic and yaml load only when a size is given

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from contextlib import ExitStack
 from contextvars import ContextVar
 from functools import partial
 from typing import Callable, Sequence
@@ -192,7 +193,7 @@ def cp_als(
         scheduler = "inline"  # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
     if randomized:
         device = "cpu"
-    with get_client(client, scheduler, device=device) as c:
+    with get_client(client, scheduler, device=device) as c, ExitStack() as cleanup:
         # --- the graph, ||X||, and the initial state: fresh, or from the last checkpoint -------------
         graph = open_graph(
             c,
@@ -218,6 +219,7 @@ def cp_als(
         )
         engine = start_owner_computes(c, graph, F, N) if owner else None
         if owner:
+            cleanup.callback(engine.release)  # a run stopped by its callback leaves nothing on the workers
             params["distribution"] = {"kind": "owner-computes", "workers": len(engine.addresses)}
         on_cluster = graph.placement  # update tasks run where the MTTKRP partials are made
         if graph.device == "gpu" and not owner:

@@ -380,11 +380,10 @@ class OwnerComputes:
             # as many partitions as planned (one decoded partition stays small), a multiple of the
             # workers, cut at work items rather than chunks (see split_nonzeros)
             parts = split_nonzeros(cached_store(path), W * -(-len(parts) // W))
-        # contiguous runs of partitions, balanced by nonzeros
-        nnz = np.cumsum([p.nnz for p in parts])
-        total = int(nnz[-1]) if len(parts) else 0
-        cuts = [0] + [int(np.searchsorted(nnz, total * k / W, side="left")) + 1 for k in range(1, W)] + [len(parts)]
-        cuts = sorted(min(max(c, 0), len(parts)) for c in cuts)
+        # contiguous runs of partitions, balanced by nonzeros: each cut where the running count
+        # comes nearest to its share
+        ends = np.concatenate([[0], np.cumsum([p.nnz for p in parts])])
+        cuts = [int(np.abs(ends - ends[-1] * k / W).argmin()) for k in range(W + 1)]
         self.assigned = [parts[cuts[k] : cuts[k + 1]] for k in range(W)]
         client.register_plugin(ExchangePlugin())
         t0 = time.perf_counter()

@@ -22,6 +22,21 @@ def local_path(path: str | os.PathLike) -> Path:
     return Path(s[len("file://") :] if s.startswith("file://") else s)
 
 
+def read_options(path: str | os.PathLike) -> dict:
+    """Keyword arguments for ``zarr.open_group(path, mode="r", ...)`` of a store written by this
+    package: Zarr v3 named (no probing for v2 metadata, four requests an open in object storage)
+    and, for S3, whole-object reads in one request (s3fs otherwise asks for each object's size
+    first, to split large objects into parallel ranged reads: twice the requests for the small
+    metadata objects and chunks of a store; chunk reads run in parallel anyway)."""
+    if not is_url(path):
+        return {}
+    protocol = str(path).split("://", 1)[0].lower()
+    options: dict = {"zarr_format": 3}
+    if protocol in ("s3", "s3a"):
+        options["storage_options"] = {"max_concurrency": 1}
+    return options
+
+
 def exists(path: str | os.PathLike) -> bool:
     if is_url(path):
         fs, p = fsspec.core.url_to_fs(str(path))

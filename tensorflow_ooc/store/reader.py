@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
+import threading
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator
 
 import numpy as np
 import zarr
+from zarr.core.sync import sync as zarr_sync
 
 from ..errors import CorruptStoreError, ForeignStoreError, IncompleteStoreError, StoreError
 from ..format import BitLayout, BlockTable, delinearize, reencode
 from ..format.linearize import field_minmax
-from . import paths
+from . import chunk_cache, paths
 from .chunk_files import ABSENT, UNCHECKED, ChunkDecodeError, ChunkFiles
-from .metadata import CHECKSUM_KEY, FORMAT_NAME, META_KEY, SUPPORTED_VERSIONS, arrays_checksum, meta_checksum
+from .metadata import (
+    ARRAY_NAMES,
+    CHECKSUM_KEY,
+    FORMAT_NAME,
+    META_KEY,
+    SUPPORTED_VERSIONS,
+    arrays_checksum,
+    meta_checksum,
+)
 
 
 @dataclass
@@ -208,7 +219,36 @@ class Store:
 
     @cached_property
     def _chunk_files(self) -> tuple[ChunkFiles, ChunkFiles]:
-        return ChunkFiles(self.root["alto"]), ChunkFiles(self.root["values"])
+        # a store in object storage reads through this process's disk cache, keyed by store id
+        store_id = self.meta.get("store_id")
+        cache = chunk_cache.default_cache() if store_id and chunk_cache.wants_cache(self.root.store) else None
+        table = self.chunk_checksums if cache is not None else None
+        return tuple(
+            ChunkFiles(self.root[name], cache, (str(store_id), name), None if table is None else table[name])
+            for name in ("alto", "values")
+        )
+
+    @property
+    def cached(self) -> bool:
+        """Whether chunks are read through the worker's disk cache (a store in object storage;
+        see :mod:`tensorflow_ooc.store.chunk_cache`)."""
+        return any(f.cache is not None for f in self._chunk_files)
+
+    def prefetch_window(self) -> int:
+        """How many chunks ahead a reader should :meth:`prefetch` (0: nothing to fetch ahead)."""
+        files = [f for f in self._chunk_files if f.cache is not None]
+        if not files:
+            return 0
+        # an upper bound of a chunk's stored bytes: both arrays uncompressed
+        chunk_bytes = self.chunk_nnz * (8 + self.value_dtype.itemsize)
+        return chunk_cache.prefetch_window(chunk_bytes, files[0].cache)
+
+    def prefetch(self, chunk_ids) -> int:
+        """Start fetching chunks ``chunk_ids`` of a store in object storage into the worker's disk
+        cache, in parallel, in the background; a no-op for local stores. Returns the number of
+        chunk files queued."""
+        ids = [c for c in chunk_ids if 0 <= c < self.nchunks]
+        return sum(f.prefetch(ids) for f in self._chunk_files) if ids else 0
 
     def read_encoded(
         self,
@@ -245,18 +285,18 @@ class Store:
 
     @property
     def mappable(self) -> bool:
-        """Whether :meth:`view_encoded` can hand out chunks without a copy (a local store written
-        with compression "none")."""
+        """Whether :meth:`view_encoded` can hand out chunks without a copy (a store written with
+        compression "none", local or copied into the chunk cache)."""
         alto_files, value_files = self._chunk_files
-        return alto_files.raw and value_files.raw and alto_files.local_root is not None
+        return alto_files.raw and value_files.raw and alto_files.files and value_files.files
 
     @property
     def values_mappable(self) -> bool:
-        """Whether :meth:`read_encoded` can map the values instead of copying them (a local store
-        whose values are stored uncompressed: compression "none", or "fast" with values that
-        barely compress)."""
+        """Whether :meth:`read_encoded` can map the values instead of copying them (a store, local
+        or copied into the chunk cache, whose values are stored uncompressed: compression "none",
+        or "fast" with values that barely compress)."""
         value_files = self._chunk_files[1]
-        return value_files.raw and value_files.local_root is not None
+        return value_files.raw and value_files.files
 
     def view_encoded(self, c: int, keep_nnz: int = 0) -> EncodedChunk | None:
         """Chunk ``c`` as :meth:`read_encoded` gives it, but mapped from its files instead of copied
@@ -385,6 +425,54 @@ class Store:
         }
 
 
+class _RemoteGroup:
+    """A store's group in object storage, whose arrays are looked up once: every lookup of a
+    Zarr group's member reads the member's ``zarr.json``, a request each (opening a store looked
+    its arrays up 40 times). The arrays this package writes are fetched together, in parallel,
+    when the group is wrapped; everything else is the group's."""
+
+    def __init__(self, group: zarr.Group) -> None:
+        self._group = group
+        self._nodes: dict[str, object] = {}
+        self._lock = threading.Lock()
+        agroup = group._async_group
+
+        async def lookup(name):
+            try:
+                return name, await agroup.getitem(name)
+            except KeyError:
+                return name, None
+
+        async def all_arrays():
+            return await asyncio.gather(*(lookup(n) for n in ARRAY_NAMES))
+
+        for name, node in zarr_sync(all_arrays()):
+            self._nodes[name] = None if node is None else zarr.Array(node)
+
+    def __getitem__(self, name: str):
+        with self._lock:
+            if name in self._nodes:
+                node = self._nodes[name]
+            else:
+                try:
+                    node = self._nodes[name] = self._group[name]
+                except KeyError:
+                    node = self._nodes[name] = None
+        if node is None:
+            raise KeyError(name)
+        return node
+
+    def __contains__(self, name: str) -> bool:
+        try:
+            self[name]
+        except KeyError:
+            return False
+        return True
+
+    def __getattr__(self, attr: str):
+        return getattr(self._group, attr)
+
+
 def open_store(path: str | os.PathLike) -> Store:
     """Open and validate a BLCO store.
 
@@ -403,9 +491,11 @@ def open_store(path: str | os.PathLike) -> Store:
     if not paths.exists(path):
         raise StoreError(f"{path}: no such store")
     try:
-        root = zarr.open_group(path, mode="r")
+        root = zarr.open_group(path, mode="r", **paths.read_options(path))
     except Exception as exc:
         raise ForeignStoreError(f"{path}: not a Zarr v3 group, so not a tensorflow_ooc store ({exc})") from exc
+    if chunk_cache.wants_cache(root.store):
+        root = _RemoteGroup(root)  # each array's metadata read once, all at once
     attrs = dict(root.attrs)
     meta = attrs.get(META_KEY)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:

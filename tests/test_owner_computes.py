@@ -1,0 +1,132 @@
+"""Owner-computes CP-ALS on real multi-process Dask clusters: the same result as one process, the
+bytes sent equal to the plan's lower bound plus the small all-reduced terms, checkpoints, clear
+refusals, and nothing left on the workers after a run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+import tensorflow_ooc as tfo
+from tensorflow_ooc.execution.owner_computes import _RUNS, plan_ownership
+
+
+def _random_store(rng, tmp_path, order: int, nnz: int, name: str = "x.zarr"):
+    shape = tuple(int(s) for s in rng.integers(12, 40, size=order))
+    coords = np.stack([rng.integers(0, s, nnz) for s in shape], axis=1)
+    values = rng.random(nnz) + 0.1
+    return tfo.convert((coords, values), tmp_path / name, chunk_nnz=1024, duplicates="sum")
+
+
+@pytest.fixture(scope="module")
+def two_workers():
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        yield client
+
+
+@pytest.fixture(scope="module")
+def three_workers():
+    with (
+        LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        yield client
+
+
+def _assert_same(got, ref, tol=1e-10):
+    assert abs(got.fit - ref.fit) < tol
+    assert np.abs(got.weights - ref.weights).max() <= tol * max(1.0, np.abs(ref.weights).max())
+    for a, b in zip(got.factors, ref.factors):
+        assert a.shape == b.shape
+        assert np.abs(a - b).max() < tol
+
+
+@pytest.mark.parametrize("order", [3, 4, 5])
+def test_two_workers_equal_one_process(two_workers, rng, tmp_path, order):
+    store = _random_store(rng, tmp_path, order, 6000)
+    rank, seed = 4, int(rng.integers(1 << 30))
+    ref = tfo.cp_als(store, rank, seed=seed, max_iters=5, tol=0, scheduler="inline")
+    got = tfo.cp_als(store, rank, seed=seed, max_iters=5, tol=0, client=two_workers, execution="in-memory")
+    assert got.params["distribution"] == {"kind": "owner-computes", "workers": 2}
+    _assert_same(got, ref)
+    # every mode's partial rows go to their owners and the updated rows come back: exactly the
+    # plan's lower bound, plus each worker's R + R^2 + R all-reduced terms to each other worker
+    N, W = order, 2
+    small = N * W * (W - 1) * (2 * rank + rank * rank) * 8
+    for h in got.history:
+        assert h["bytes_sent"] == h["bytes_lower_bound"] + small
+        assert len(h["mode_bytes_sent"]) == N and len(h["exchange_seconds"]) == N
+    assert got.history[-1]["bytes_lower_bound"] > 0  # the workers do share rows here
+
+
+def test_three_workers_streaming_equal_one_process(three_workers, rng, tmp_path):
+    store = _random_store(rng, tmp_path, 4, 9000)
+    seed = int(rng.integers(1 << 30))
+    ref = tfo.cp_als(store, 3, seed=seed, max_iters=4, tol=0, scheduler="inline")
+    for execution in ("streaming", "in-memory"):
+        got = tfo.cp_als(store, 3, seed=seed, max_iters=4, tol=0, client=three_workers, execution=execution)
+        assert got.params["distribution"]["workers"] == 3
+        assert got.params["execution"] == execution
+        _assert_same(got, ref)
+
+
+def test_given_init_and_checkpoint_resume(two_workers, rng, tmp_path):
+    store = _random_store(rng, tmp_path, 3, 5000)
+    init = [rng.random((s, 3)) for s in store.shape]
+    straight = tfo.cp_als(store, 3, init=init, max_iters=6, tol=0, client=two_workers)
+    ref = tfo.cp_als(store, 3, init=init, max_iters=6, tol=0, scheduler="inline")
+    _assert_same(straight, ref)
+    ck = tmp_path / "ck.npz"
+    first = tfo.cp_als(store, 3, init=init, max_iters=3, tol=0, client=two_workers, checkpoint=ck)
+    assert ck.exists() and first.iterations == 3
+    resumed = tfo.cp_als(store, 3, init=init, max_iters=6, tol=0, client=two_workers, checkpoint=ck, resume=True)
+    assert resumed.iterations == 6
+    _assert_same(resumed, straight)
+
+
+def test_graph_distribution_still_available(two_workers, rng, tmp_path):
+    store = _random_store(rng, tmp_path, 3, 4000)
+    a = tfo.cp_als(store, 3, seed=2, max_iters=3, tol=0, client=two_workers, distribution="graph")
+    b = tfo.cp_als(store, 3, seed=2, max_iters=3, tol=0, client=two_workers)
+    assert "distribution" not in a.params and "bytes_sent" not in a.history[-1]
+    _assert_same(a, b)
+
+
+def test_refusals(rng, tmp_path):
+    store = _random_store(rng, tmp_path, 3, 500)
+    with pytest.raises(ValueError, match="distribution must be one of"):
+        tfo.cp_als(store, 2, max_iters=1, scheduler="inline", distribution="mpi")
+    with pytest.raises(ValueError, match="distribution='owner' runs exact CP-ALS"):
+        tfo.cp_als(store, 2, max_iters=1, scheduler="inline", distribution="owner")
+
+
+def test_nothing_left_on_workers(two_workers, rng, tmp_path):
+    store = _random_store(rng, tmp_path, 3, 3000)
+
+    def stop(record):
+        raise KeyboardInterrupt  # a user stopping the run from a callback
+
+    with pytest.raises(KeyboardInterrupt):
+        tfo.cp_als(store, 2, seed=1, max_iters=5, tol=0, client=two_workers, callback=stop)
+    tfo.cp_als(store, 2, seed=1, max_iters=2, tol=0, client=two_workers)
+    left = two_workers.run(lambda: len(_RUNS))
+    assert set(left.values()) == {0}, left
+
+
+def test_plan_ownership_most_nonzeros_wins():
+    # mode 0: rows 0..4; worker 0 touches 0,1,2 (counts 5,1,2), worker 1 touches 1,2,3 (3,2,1)
+    counts = [
+        [(np.array([0, 1, 2]), np.array([5, 1, 2]))],
+        [(np.array([1, 2, 3]), np.array([3, 2, 1]))],
+    ]
+    plan, plans = plan_ownership(counts)
+    assert plan.owned[0][0].tolist() == [0, 2]  # row 2: a tie, to the lower rank
+    assert plan.owned[1][0].tolist() == [1, 3]
+    assert plan.shared_rows == [2]  # worker 0 sends row 1, worker 1 sends row 2
+    assert plans[0][0].send == {1: np.array([1])} or plans[0][0].send[1].tolist() == [1]
+    assert plans[1][0].send[0].tolist() == [2]
+    assert plan.lower_bound_bytes(rank=4, itemsize=8) == 2 * 2 * 4 * 8
