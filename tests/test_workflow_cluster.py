@@ -77,6 +77,12 @@ def _iteration(storage, run_id):
     return rec.steps["decompose"].progress.get("iteration", 0)
 
 
+# The planted model is fitted exactly, so its fit is 1 - sqrt(a rounding-level residual) / ||X||:
+# sums in another order (owner-computes on the 2 workers against one process) move it by ~2e-8,
+# while factors agree to 1e-10 (tests/test_owner_computes.py)
+FIT_TOL = 1e-7
+
+
 def _reference_fit(storage, params):
     """The same CP-ALS without interruption, in this process."""
     r = tfo.cp_als(
@@ -157,7 +163,7 @@ def test_lock_cancel_and_resume_from_the_checkpoint(tmp_path, rng, cluster, caps
     assert 3 <= dec.resumed_from_iteration <= stopped
     assert dec.metrics["iterations"] == params["iters"]
     assert dec.metrics["iterations_this_run"] == params["iters"] - dec.resumed_from_iteration
-    assert abs(dec.metrics["fit"] - _reference_fit(storage, params)) < 1e-8
+    assert abs(dec.metrics["fit"] - _reference_fit(storage, params)) < FIT_TOL
 
 
 def test_sigkill_of_the_worker_running_the_driver(tmp_path, rng, cluster):
@@ -177,7 +183,7 @@ def test_sigkill_of_the_worker_running_the_driver(tmp_path, rng, cluster):
     assert final.steps["generate"].state == "skipped" and dec.attempt == 2
     assert dec.resumed_from_iteration >= 3 and dec.metrics["iterations"] == params["iters"]
     assert any(e["event"] == "attempt-lost" for e in RunStore(str(storage)).events(run_id))
-    assert abs(dec.metrics["fit"] - _reference_fit(storage, params)) < 1e-8
+    assert abs(dec.metrics["fit"] - _reference_fit(storage, params)) < FIT_TOL
 
 
 def test_sigkill_of_a_foreground_driver_then_rerun_takes_over(tmp_path, rng, cluster):
@@ -221,4 +227,4 @@ def test_sigkill_of_a_foreground_driver_then_rerun_takes_over(tmp_path, rng, clu
     assert closed.steps["decompose"].state == "failed" and "interrupted" in closed.steps["decompose"].error
     dec = again.record.steps["decompose"]
     assert dec.resumed_from_iteration >= 3 and dec.metrics["iterations"] == params["iters"]
-    assert abs(dec.metrics["fit"] - _reference_fit(storage, params)) < 1e-8
+    assert abs(dec.metrics["fit"] - _reference_fit(storage, params)) < FIT_TOL
