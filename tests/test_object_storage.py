@@ -169,6 +169,34 @@ def test_corrupt_remote_chunk_is_refused_not_cached(s3, tmp_path, rng):
     assert chunk_cache.default_cache().cached((store.meta["store_id"], "values", 1)) is None
 
 
+@pytest.mark.parametrize("budget", ["64MiB", "1000"], ids=["cached", "chunks-larger-than-the-cache"])
+def test_uncompressed_store_mapped_from_the_cache_or_read_from_memory(s3, tmp_path, rng, budget, monkeypatch):
+    """Compression "none": chunks mapped where they lie, here the cache's files; a cache too small
+    for any chunk serves each from memory instead, with the same checks."""
+    monkeypatch.setenv(chunk_cache.ENV_BYTES, budget)
+    chunk_cache.reset_default_cache()
+    try:
+        coords, values = random_coo(rng, (25, 20, 30), 2000)
+        local = tfo.convert((coords, values), tmp_path / "raw.zarr", chunk_nnz=512, compression="none")
+        remote = tfo.convert(
+            (coords, values), f"{s3}/raw-{rng.integers(1 << 30)}.zarr", chunk_nnz=512, compression="none"
+        )
+        store = tfo.open_store(remote.path)
+        assert store.mappable
+        F = [rng.random((s, 3)) for s in store.shape]
+        for mode in range(3):
+            for _ in range(2):
+                np.testing.assert_allclose(tfo.mttkrp(store, F, mode), tfo.mttkrp(local, F, mode), rtol=0, atol=1e-12)
+        stats = chunk_cache.stats()
+        if budget == "1000":
+            assert stats["entries"] == 0 and stats["uncached"] >= 6 * 2 * store.nchunks
+        else:
+            assert stats["entries"] == 2 * store.nchunks and stats["fetched_bytes"] == chunk_bytes(store)
+    finally:
+        monkeypatch.undo()
+        chunk_cache.reset_default_cache()
+
+
 @pytest.mark.parametrize("tensor", ["order3", "order4"])
 def test_cp_als_on_process_workers_equals_local_store(cluster, cache_dir, tensor, request):
     _, _, local, remote = request.getfixturevalue(tensor)
@@ -232,6 +260,32 @@ def test_cli_relative_store_with_scheduler_is_made_absolute(cluster, tmp_path, r
     assert code == 0, out
     assert str(tmp_path / "rel.zarr.cp-r2.zarr") in out
     assert tfo.load_result(tmp_path / "rel.zarr.cp-r2.zarr").iterations == 2
+
+
+def test_workflow_with_storage_root_in_s3_keeps_run_records_there(s3, tmp_path, capsys):
+    import s3fs
+
+    from tensorflow_ooc.cli import main
+
+    root = f"{s3}/wf-{os.urandom(4).hex()}"
+    spec = tmp_path / "s3.yaml"
+    spec.write_text(
+        f"""name: s3wf
+storage: {root}
+steps:
+  generate: {{kind: generate, out: t.tns, shape: [30, 20, 10], nnz: 2000, model: planted, rank: 3, seed: 0}}
+  convert: {{kind: convert, input: t.tns, out: t.zarr}}
+  decompose: {{kind: decompose, input: t.zarr, out: t.cp.zarr, rank: 3, max_iters: 3, seed: 1}}
+"""
+    )
+    assert main(["run", str(spec)]) == 0
+    assert f"{root}/t.cp.zarr" in capsys.readouterr().out
+    assert tfo.load_result(f"{root}/t.cp.zarr").iterations == 3
+    runs = s3fs.S3FileSystem().ls(f"{root[len('s3://') :]}/.tfooc/runs")
+    assert len(runs) == 1 and runs[0].rsplit("/", 1)[1].startswith("s3wf-")
+    assert main(["status", "--storage", root]) == 0
+    assert "done" in capsys.readouterr().out
+    assert main(["run", str(spec)]) == 3  # every step up to date, judged from the records in S3
 
 
 # --- the cache itself -------------------------------------------------------------------------------

@@ -163,6 +163,7 @@ class ChunkCache:
         self._pool: ThreadPoolExecutor | None = None
         self._counts = dict(hits=0, misses=0, fetched_bytes=0, prefetched=0, discarded=0, evicted=0, uncached=0)
         self._full_logged = False
+        self._closed = False
         self.folder.mkdir(parents=True, exist_ok=True)
 
     # --- bookkeeping ------------------------------------------------------------------------------
@@ -201,8 +202,10 @@ class ChunkCache:
             self._absent.clear()
 
     def close(self) -> None:
-        """Stop the fetch threads and remove the cache's folder."""
+        """Stop the fetch threads and remove the cache's folder. Readers that still hold the cache
+        fetch every chunk from then on, uncached."""
         with self._lock:
+            self._closed = True
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -222,6 +225,9 @@ class ChunkCache:
         stored bytes, None where the store has none) if it is not cached or its file fails its
         check; None when the store holds no bytes for it. ``expected``: the checksum the store
         recorded for the chunk's position."""
+        if self._closed:
+            data = fetch()
+            return None if data is None else CachedChunk(data=data)
         for _ in range(3):
             with self._lock:
                 if key in self._absent:
@@ -307,6 +313,8 @@ class ChunkCache:
         """Queue the fetch of each ``(key, fetch, expected)`` that is neither cached nor being
         fetched; returns how many were queued."""
         queued = 0
+        if self._closed:
+            return 0
         for key, fetch, expected in jobs:
             with self._lock:
                 if key in self._entries or key in self._inflight or key in self._absent:
@@ -325,7 +333,7 @@ class ChunkCache:
             return None
         data = bytes(data) if not isinstance(data, bytes) else data
         self._count("fetched_bytes", len(data))
-        if len(data) > self.max_bytes or not _intact(data, expected):
+        if self._closed or len(data) > self.max_bytes or not _intact(data, expected):
             self._count("uncached")
             return CachedChunk(data=data)
         path = self._file(key)

@@ -282,8 +282,14 @@ class ChunkFiles:
         checked = None  # the version of a cached copy the cache has checked
         if self.cache is not None:
             got = self._cached(c)
-            if got is None or got.path is None:  # never written, or not cached: read() has it
+            if got is None:  # never written: Zarr's fill value (read() has it)
                 return None
+            if got.path is None:  # fetched but not cached (too big, a full disk): a writable copy
+                raw = np.frombuffer(bytearray(got.data), dtype=np.uint8)
+                data = self._checked_raw(c, raw)
+                start = c * self.chunk_len
+                n = min(self.array.shape[0], start + self.chunk_len) - start
+                return ChunkRead(data[:n], self.delta, int.from_bytes(raw[-4:].tobytes(), "little"))
             path, checked = got.path, got.version
         else:
             path = self.local_root / self._key(c)
