@@ -105,6 +105,11 @@ def test_convert_open_info_and_read(order3, rng):
     F = [rng.random((s, 5)) for s in store.shape]
     for mode in range(3):
         np.testing.assert_allclose(tfo.mttkrp(store, F, mode), tfo.mttkrp(local, F, mode), rtol=0, atol=1e-12)
+    # in-memory execution loads its partitions through the same reader
+    kw = dict(seed=0, max_iters=2, tol=0, execution="in-memory", scheduler="inline")
+    got, ref = tfo.cp_als(store, 2, **kw), tfo.cp_als(local, 2, **kw)
+    for a, b in zip(got.factors, ref.factors):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
     # converting onto an existing URL is refused before any input is read
     with pytest.raises(FileExistsError):
         tfo.convert((coords, values), remote.path)
@@ -148,6 +153,26 @@ def test_corrupted_cached_chunk_is_discarded_and_fetched_again(order3, rng):
     # fetched again, intact: read from the cache without a fetch
     np.testing.assert_allclose(tfo.mttkrp(store, F, 0), tfo.mttkrp(local, F, 0), rtol=0, atol=1e-12)
     assert chunk_cache.stats()["fetched_bytes"] == after["fetched_bytes"]
+
+
+def test_endpoint_from_fsspec_configuration(s3, rng, monkeypatch):
+    """Without AWS_ENDPOINT_URL, the endpoint given as fsspec's storage options for s3 (its
+    configuration: FSSPEC_S3_ENDPOINT_URL, or a file under ~/.config/fsspec) reaches the server."""
+    import fsspec.config
+    import s3fs
+
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    monkeypatch.setitem(fsspec.config.conf, "s3", {**fsspec.config.conf.get("s3", {}), "endpoint_url": endpoint})
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        coords, values = random_coo(rng, (10, 9, 8), 100)
+        url = f"{s3}/cfg-{rng.integers(1 << 30)}.zarr"
+        tfo.convert((coords, values), url)
+        assert tfo.open_store(url).nnz == 100
+    finally:
+        monkeypatch.undo()
+        s3fs.S3FileSystem.clear_instance_cache()
 
 
 def test_corrupt_remote_chunk_is_refused_not_cached(s3, tmp_path, rng):
