@@ -157,7 +157,7 @@ def _serve(tmp, root, sched_file, env, procs, logs):
                     "--nthreads",
                     "1",
                     "--nworkers",
-                    "1",
+                    "2",  # owner-computes: the page and /metrics show the bytes sent between workers
                     "--memory-limit",
                     "2GiB",
                     "--no-dashboard",
@@ -168,7 +168,7 @@ def _serve(tmp, root, sched_file, env, procs, logs):
             )
         )
         base = f"http://127.0.0.1:{info['services']['dashboard']}"
-        _until(lambda: json.loads(_get(base + "/json/counts.json"))["workers"] >= 1, 60, "the worker")
+        _until(lambda: json.loads(_get(base + "/json/counts.json"))["workers"] >= 2, 60, "the workers")
         spec = tmp / "monitored.yaml"
         spec.write_text(SPEC)
         err = io.StringIO()
@@ -246,6 +246,11 @@ def test_page_during_run_in_chromium(served):
     for p in dom.having("pt-bytes-read"):
         cum += events[int(p["data-iteration"])]["bytes_read"]
         assert float(p["data-value"]) == cum > 0  # streaming: every chunk read per mode
+    sent = dom.having("pt-bytes-sent")  # owner-computes on the 2 workers
+    assert len(sent) == n
+    for p in sent:
+        ev = events[int(p["data-iteration"])]
+        assert float(p["data-value"]) == ev["bytes_sent"] >= ev["bytes_lower_bound"] > 0 and ev["workers"] == 2
     assert _progress(served) >= n  # the run was still going
 
 
@@ -273,6 +278,11 @@ def test_metrics_during_run(served):
     assert sorted(s.labels["mode"] for s in mttkrp) == ["0", "1", "2"] and all(s.value > 0 for s in mttkrp)
     (read,) = samples("tfooc_bytes_read", "tfooc_bytes_read_total", run_id=run, step="decompose")
     assert read.value > 0
+    (sent,) = samples("tfooc_bytes_sent", "tfooc_bytes_sent_total", run_id=run, step="decompose")
+    (bound,) = samples("tfooc_bytes_lower_bound", "tfooc_bytes_lower_bound_total", run_id=run, step="decompose")
+    assert sent.value >= bound.value > 0
+    exch = samples("tfooc_exchange_seconds", run_id=run, step="decompose")
+    assert sorted(s.labels["mode"] for s in exch) == ["0", "1", "2"]
     (running,) = samples("tfooc_runs", state="running")
     assert running.value == 1
 

@@ -40,9 +40,11 @@ from distributed import Client, wait
 from ..format import delinearize
 from ..kernels import StackedFactors
 from ..kernels.mttkrp.dispatch import numba_threads
+from ..kernels.mttkrp.plan import items_starting_in
 from .exchange import ExchangeAborted, ExchangePlugin, Team, abort_run
 from .partials import Partial
 from .partitions import Partition, split_nonzeros
+from .stream import BatchBuffers, fill_batch
 from .tasks import PartitionData, cached_store, combine, load_partition, mttkrp_partition
 
 log = logging.getLogger(__name__)
@@ -186,9 +188,14 @@ def _row_counts(sources: list, store, nmodes: int) -> list[tuple[np.ndarray, np.
             it = src.items
             for k in range(it.nitems):
                 add(delinearize(it.index[it.start[k] : it.end[k]], it.base[k], src.layout))
-        else:
-            for c in range(src[1].chunk_lo, src[1].chunk_hi):
-                add(store.read_chunk(c).coords(store.layout))
+        else:  # the items the streamed partition's tasks will see, decoded
+            part = src[1]
+            for c in range(part.chunk_lo, part.chunk_hi):
+                it = fill_batch(store, range(c, c + 1), BatchBuffers(store, 1), delta=False)
+                if part.nz_lo is not None:
+                    it = items_starting_in(it, part.nz_lo - c * store.chunk_nnz, part.nz_hi - c * store.chunk_nnz)
+                for k in range(it.nitems):
+                    add(delinearize(it.index[it.start[k] : it.end[k]], it.base[k], store.layout))
     out = []
     for n in range(nmodes):
         ids = np.flatnonzero(counts[n])
@@ -373,13 +380,13 @@ class OwnerComputes:
         self.client = client
         self.run = f"tfooc-owner-{uuid.uuid4().hex[:12]}"
         addresses = sorted(workers or client.scheduler_info()["workers"])
-        addresses = addresses[: max(1, min(len(addresses), len(parts)))]
+        addresses = addresses[: max(1, min(len(addresses), cached_store(path).nnz))]
         self.addresses = addresses
         W = len(addresses)
-        if in_memory:
-            # as many partitions as planned (one decoded partition stays small), a multiple of the
-            # workers, cut at work items rather than chunks (see split_nonzeros)
-            parts = split_nonzeros(cached_store(path), W * -(-len(parts) // W))
+        # as many partitions as planned (in memory, one decoded partition stays small; streamed,
+        # one per worker, whose one task a mode streams it with all the worker's cores), a multiple
+        # of the workers, cut at work items rather than chunks (see split_nonzeros)
+        parts = split_nonzeros(cached_store(path), W * (-(-len(parts) // W) if in_memory else 1))
         # contiguous runs of partitions, balanced by nonzeros: each cut where the running count
         # comes nearest to its share
         ends = np.concatenate([[0], np.cumsum([p.nnz for p in parts])])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 
@@ -108,6 +109,28 @@ def load_partition(
     return data
 
 
+def partition_batches(
+    store: Store, part: Partition, batch_nnz: int, read_ahead: bool | None, map_chunks: bool = True
+) -> Iterator[WorkItems]:
+    """The streamed work items of ``part``: its chunks' (:func:`stream_batches`), and for a
+    partition with a nonzero range only the items that start in it; the chunks it shares with its
+    neighbours are streamed on their own and filtered, the ones between as they are."""
+    if part.nz_lo is None:
+        yield from stream_batches(store, part.chunk_lo, part.chunk_hi, batch_nnz, read_ahead, map_chunks=map_chunks)
+        return
+    cn = store.chunk_nnz
+    inner_lo, inner_hi = -(-part.nz_lo // cn), part.nz_hi // cn  # chunks wholly inside the range
+    pieces = [(part.chunk_lo, min(inner_lo, part.chunk_hi), True)] if part.chunk_lo < inner_lo else []
+    if inner_lo < inner_hi:
+        pieces.append((inner_lo, inner_hi, False))
+    if max(inner_hi, inner_lo) < part.chunk_hi:
+        pieces.append((max(inner_hi, inner_lo), part.chunk_hi, True))
+    for a, b, clip in pieces:
+        for c0, c1 in [(c, c + 1) for c in range(a, b)] if clip else [(a, b)]:
+            for items in stream_batches(store, c0, c1, batch_nnz, read_ahead, map_chunks=map_chunks):
+                yield items_starting_in(items, part.nz_lo - c0 * cn, part.nz_hi - c0 * cn) if clip else items
+
+
 def mttkrp_partition(
     source: PartitionData | DevicePartitionData | tuple[str, Partition],
     factors: StackedFactors,
@@ -131,8 +154,6 @@ def mttkrp_partition(
     (:class:`~tensorflow_ooc.kernels.mttkrp.dispatch.ThreadOutputs`)."""
     from .dense_tasks import DensePartition, DensePartitionData, dense_mttkrp_partition
 
-    if isinstance(source, tuple) and getattr(source[1], "nz_lo", None) is not None:
-        raise ValueError("a partition with a nonzero range is loaded (in-memory execution), not streamed")
     if isinstance(source, DensePartitionData) or (isinstance(source, tuple) and isinstance(source[1], DensePartition)):
         return dense_mttkrp_partition(source, factors, mode, threads, read_ahead, device, device_options)
     t0 = time.perf_counter()
@@ -169,13 +190,8 @@ def mttkrp_partition(
         else:
             path, part = source
             store = cached_store(path)
-            for items in stream_batches(
-                store,
-                part.chunk_lo,
-                part.chunk_hi,
-                batch_nnz,
-                read_ahead,
-                map_chunks=out.nbytes <= MAP_MAX_OUTPUT_BYTES,
+            for items in partition_batches(
+                store, part, batch_nnz, read_ahead, map_chunks=out.nbytes <= MAP_MAX_OUTPUT_BYTES
             ):
                 run_items(
                     items,
@@ -218,9 +234,7 @@ def sampled_partition(
             path, part = source
             store = cached_store(path)
             table = SampleTable.build(sample_keys(samples.coords, store.shape, mode))
-            for items in stream_batches(
-                store, part.chunk_lo, part.chunk_hi, batch_nnz, read_ahead_pays(threads * worker_threads())
-            ):
+            for items in partition_batches(store, part, batch_nnz, read_ahead_pays(threads * worker_threads())):
                 sampled_mttkrp_items(items, store.layout, mode, samples.coords, Hw, out, lo, table=table)
     return Partial(lo, out, time.perf_counter() - t0)
 

@@ -18,6 +18,12 @@ metric                            type       labels                      value
                                              ``mode``                    mode (slowest partition task)
 ``tfooc_nnz_per_second``          gauge      ``run_id``, ``step``        nonzero-modes per second, latest iteration
 ``tfooc_bytes_read_total``        counter    ``run_id``, ``step``        compressed bytes read from the store
+``tfooc_bytes_sent_total``        counter    ``run_id``, ``step``        bytes workers sent each other (owner-
+                                                                         computes runs on several workers)
+``tfooc_bytes_lower_bound_total`` counter    ``run_id``, ``step``        the lower bound of those bytes under the
+                                                                         run's distribution of rows
+``tfooc_exchange_seconds``        gauge      ``run_id``, ``step``,       the latest iteration's seconds sending to
+                                             ``mode``                    and waiting for other workers, per mode
 ``tfooc_checkpoints_total``       counter    ``run_id``, ``step``        checkpoints written
 ================================  =========  ==========================  ============================================
 
@@ -70,6 +76,13 @@ class TfoocCollector:
         )
         rate = GaugeMetricFamily("tfooc_nnz_per_second", "nonzero-modes per second in the latest iteration", labels=lab)
         read = CounterMetricFamily("tfooc_bytes_read_total", "compressed bytes read from the store", labels=lab)
+        sent = CounterMetricFamily("tfooc_bytes_sent", "bytes workers sent each other", labels=lab)
+        bound = CounterMetricFamily(
+            "tfooc_bytes_lower_bound", "lower bound of the bytes workers send each other", labels=lab
+        )
+        exch = GaugeMetricFamily(
+            "tfooc_exchange_seconds", "seconds sending to and waiting for other workers per mode", labels=lab + ["mode"]
+        )
         cps = CounterMetricFamily("tfooc_checkpoints", "CP-ALS checkpoints written", labels=lab)
         for run_id, v in views.items():
             for step, its in v["iterations"].items():
@@ -88,8 +101,13 @@ class TfoocCollector:
                 if last.get("nnz_per_s") is not None:
                     rate.add_metric(key, float(last["nnz_per_s"]))
                 read.add_metric(key, float(sum(it.get("bytes_read") or 0 for it in its)))
+                if any("bytes_sent" in it for it in its):
+                    sent.add_metric(key, float(sum(it.get("bytes_sent") or 0 for it in its)))
+                    bound.add_metric(key, float(sum(it.get("bytes_lower_bound") or 0 for it in its)))
+                for mode, s in enumerate(last.get("exchange_seconds") or []):
+                    exch.add_metric(key + [str(mode)], float(s))
                 cps.add_metric(key, float(v["checkpoint_count"].get(step, 0)))
-        yield from (iters, fit, dfit, secs, mttkrp, rate, read, cps)
+        yield from (iters, fit, dfit, secs, mttkrp, rate, read, sent, bound, exch, cps)
 
 
 def register(plugin: Any) -> bool:

@@ -241,6 +241,11 @@ function renderRun(v) {
                      {zero: true, color: COLORS[2], format: v => fmt(v / 1e6, 1) + " M"})
           + linePlot("bytes read from the store (cumulative)", x, cumBytes, "pt-bytes-read",
                      {zero: true, color: COLORS[4], format: bytes})
+          + (its.some(it => it.bytes_sent !== undefined && it.bytes_sent !== null)
+             ? linePlot(`bytes sent between ${last.workers || ""} workers per iteration (lower bound `
+                        + `${bytes(last.bytes_lower_bound || 0)})`, x, its.map(it => it.bytes_sent), "pt-bytes-sent",
+                        {zero: true, color: COLORS[3], format: bytes})
+             : "")
           + `</div>`;
     const cps = (v.checkpoints || []).filter(c => c.step === step);
     const ncp = (v.checkpoint_count || {})[step] || cps.length;

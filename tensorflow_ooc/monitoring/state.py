@@ -34,6 +34,11 @@ ITERATION_FIELDS = (
     "other_seconds",
     "nnz_per_s",
     "bytes_read",
+    # owner-computes runs on several workers: bytes sent between workers and their lower bound
+    "workers",
+    "bytes_sent",
+    "bytes_lower_bound",
+    "exchange_seconds",
     "checkpoint_seconds",
     "max_iters",
     "t",
