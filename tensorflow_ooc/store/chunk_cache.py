@@ -64,8 +64,10 @@ ENV_THREADS = "TFOOC_CHUNK_FETCH_THREADS"
 DEFAULT_BYTES = 2 << 30
 FREE_DISK_FRACTION = 0.25
 FETCH_THREADS = 8
-# the streaming reader queues at most this many bytes of chunks ahead (see prefetch_window)
+# the streaming reader queues at most this many bytes of chunks ahead, and at most
+# PREFETCH_CHUNKS chunks (see prefetch_window)
 PREFETCH_BYTES = 256 << 20
+PREFETCH_CHUNKS = 64
 
 Key = tuple[Hashable, ...]
 Fetch = Callable[[], "bytes | None"]
@@ -463,8 +465,9 @@ def wants_cache(zarr_store) -> bool:
 
 def prefetch_window(chunk_bytes: int, cache: ChunkCache | None) -> int:
     """How many chunks of ``chunk_bytes`` (an upper bound of a chunk's stored size) to queue
-    ahead: ``PREFETCH_BYTES`` worth, at least 2, and no more than a quarter of the cache holds."""
+    ahead: ``PREFETCH_BYTES`` worth, from 2 to ``PREFETCH_CHUNKS``, and no more than a quarter
+    of the cache holds."""
     if cache is None:
         return 0
-    ahead = max(2, PREFETCH_BYTES // max(1, chunk_bytes))
+    ahead = min(PREFETCH_CHUNKS, max(2, PREFETCH_BYTES // max(1, chunk_bytes)))
     return int(max(1, min(ahead, cache.max_bytes // (4 * max(1, chunk_bytes)))))
