@@ -148,6 +148,7 @@ def bench_tensor(name: str, args) -> list[dict]:
         row("inline", 0, 0, scheduler="inline")
     row("embedded", 0, 0, scheduler="embedded")
     row("1x2", 1, 2)
+    row("1x2 owner", 1, 2, distribution="owner")
     row("2x1", 2, 1)
     row("2x1 graph", 2, 1, distribution="graph")
     if not args.skip4:
