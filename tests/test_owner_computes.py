@@ -130,3 +130,15 @@ def test_plan_ownership_most_nonzeros_wins():
     assert plans[0][0].send == {1: np.array([1])} or plans[0][0].send[1].tolist() == [1]
     assert plans[1][0].send[0].tolist() == [2]
     assert plan.lower_bound_bytes(rank=4, itemsize=8) == 2 * 2 * 4 * 8
+
+
+def test_converged_run_stops_where_one_process_stops(two_workers, rng, tmp_path):
+    # the next iteration is submitted before the driver reads this one: when this one converges,
+    # the workers must skip it, leaving the factors of the converged iteration
+    store = _random_store(rng, tmp_path, 3, 5000)
+    seed = int(rng.integers(1 << 30))
+    ref = tfo.cp_als(store, 3, seed=seed, max_iters=60, tol=1e-4, scheduler="inline")
+    got = tfo.cp_als(store, 3, seed=seed, max_iters=60, tol=1e-4, client=two_workers)
+    assert 1 < ref.iterations < 60
+    assert got.iterations == ref.iterations
+    _assert_same(got, ref)

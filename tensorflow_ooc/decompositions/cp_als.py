@@ -253,7 +253,13 @@ def cp_als(
             exchange = None
             if owner:
                 try:
-                    sm, exchange = owner_summary(engine.iterate(owner_iteration, iteration, iteration == 0))
+                    # the next iteration goes ahead unless this one ends the run or writes a
+                    # checkpoint (whose rows must be this iteration's)
+                    due = checkpoint and (iteration + 1) % checkpoint_every == 0
+                    ahead = None if due or iteration + 1 >= max_iters else (iteration + 1, False, normX2, tol)
+                    sm, exchange = owner_summary(
+                        engine.iterate(owner_iteration, (iteration, iteration == 0, normX2, tol), ahead)
+                    )
                 except TeamLost as exc:
                     engine.release()
                     graph.release()

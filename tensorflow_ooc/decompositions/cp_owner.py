@@ -29,12 +29,23 @@ from ..kernels.update.column_scale import column_max_abs, column_sum_squares
 from ..kernels.update.normal_equations import normal_inverse_of
 from . import updates as U
 from .checkpoint import disk_full_returned, raise_returned, write_checkpoint
+from .cp_steps import model_fit, model_norm_sq
 from .updates import _BLAS
 
 
-def owner_iteration(ws: WorkerState, iteration: int, first_iteration: bool) -> dict:
+def owner_iteration(
+    ws: WorkerState, previous: dict | None, iteration: int, first_iteration: bool, normX2: float, tol: float
+) -> dict:
     """Algorithm 1's iteration on one worker of an owner-computes run; returns its summary: the
-    weights, Grams and fit terms (the same on every worker) and its own timings and bytes sent."""
+    weights, Grams and fit terms (the same on every worker), its own timings and bytes sent, and
+    whether the run stops after it (the fit changed by less than ``tol``, or is not finite).
+
+    The driver submits the next iteration before it reads this one's summary (one round trip
+    less per iteration); ``previous``, the summary of the iteration before on this worker, says
+    whether to run at all: the worker decides as the driver will, from the same numbers."""
+    if previous is not None and previous["stop"]:
+        return {"skipped": True, "stop": True}
+    started = time.time()
     N, R = ws.nmodes, ws.factors.rank
     timings, finished, sent, lower, waits = {}, {}, {}, {}, {}
     inner = np.zeros(R)
@@ -69,9 +80,17 @@ def owner_iteration(ws: WorkerState, iteration: int, first_iteration: bool) -> d
         sent[n] = ws.team.bytes_sent - sent0
         waits[n] = ws.team.wait_seconds + ws.team.send_seconds - wait0
         lower[n] = sum(ids.shape[0] for ids in ws.plans[n].send.values()) * R * ws.factors.dtype.itemsize * 2
+    grams = [np.asarray(g, dtype=np.float64) for g in ws.grams]
+    sm = U.Summary(ws.weights, grams, inner, {}, {}, {}, 0.0, {})
+    fit = model_fit(sm, normX2, model_norm_sq(sm))
+    fit_old = previous["fit"] if previous is not None else None
+    stop = not np.isfinite(fit) or (fit_old is not None and iteration > 0 and abs(fit - fit_old) < tol)
     return {
+        "fit": fit,
+        "stop": bool(stop),
+        "started": started,
         "weights": ws.weights,
-        "grams": [np.asarray(g, dtype=np.float64) for g in ws.grams],
+        "grams": grams,
         "inner": inner,
         "finished": finished,
         "timings": timings,
@@ -79,13 +98,6 @@ def owner_iteration(ws: WorkerState, iteration: int, first_iteration: bool) -> d
         "lower_bound": lower,
         "exchange_seconds": waits,
     }
-
-
-def stacked_copy(factors: list[np.ndarray] | StackedFactors, dtype: str) -> StackedFactors:
-    """Initial factors for a worker: its own copy (workers sharing a process must not share it)."""
-    if isinstance(factors, StackedFactors):
-        return StackedFactors(factors.shape, factors.rank, dtype, np.array(factors.data, dtype=dtype, order="C"))
-    return StackedFactors.from_list([np.asarray(f) for f in factors], dtype)
 
 
 # ---------------------------------------------------------------- driver side ---------------------
@@ -135,6 +147,8 @@ def owner_summary(summaries: list[dict]) -> tuple[U.Summary, dict]:
     """The iteration's summary from every worker's (model terms are the same on each; timings the
     slowest worker's), and the exchange's record: bytes sent per mode against the lower bound."""
     first = summaries[0]
+    if first.get("skipped"):  # the workers stopped where the driver goes on: never expected
+        raise RuntimeError("owner-computes workers stopped the run where the driver did not")
     N = len(first["grams"])
     timings = {n: tuple(max(s["timings"][n][i] for s in summaries) for i in range(2)) for n in range(N)}
     finished = {n: max(s["finished"][n] for s in summaries) for n in range(N)}

@@ -25,7 +25,6 @@ from ..store import Store, paths
 from ..store.dense import DenseArray
 from . import updates as U
 from .checkpoint import disk_full_returned, raise_returned, read_checkpoint, write_checkpoint
-from .cp_owner import stacked_copy
 from .model_checks import check_count, check_tolerance
 from .randomized import check_method, draw_samples
 
@@ -143,7 +142,7 @@ def initial_state(
         # scattered, not embedded in the graph: Dask warns about (and copies) graphs of
         # tens of MB, which a long factor's rows make
         if on_workers:
-            F = (stacked_copy, (c.scatter(state.factors, hash=False), dtype))
+            F = (U.stacked_copy, (c.scatter(state.factors, hash=False), dtype))
         else:
             F = c.submit(U.stack, c.scatter(state.factors, hash=False), dtype, state.weights, pure=False)
         log.info("resuming from %s after iteration %d (fit %.6f)", checkpoint, state.iteration + 1, state.fit)
@@ -166,7 +165,7 @@ def initial_state(
         if bad:
             raise DecompositionError(f"init: factor matrix {bad[0]} holds NaN or infinite entries")
         given = c.scatter([np.asarray(a) for a in init], hash=False)
-        F = (stacked_copy, (given, dtype)) if on_workers else c.submit(U.stack, given, dtype, pure=False)
+        F = (U.stacked_copy, (given, dtype)) if on_workers else c.submit(U.stack, given, dtype, pure=False)
     return InitialState(F, 0, 0.0, [], np.ones(rank), None)
 
 

@@ -388,3 +388,10 @@ def stack(factors: list[np.ndarray] | StackedFactors, dtype: str, weights: np.nd
     if weights is not None:
         state.weights = np.asarray(weights, dtype=np.float64)
     return state
+
+
+def stacked_copy(factors: list[np.ndarray] | StackedFactors, dtype: str) -> StackedFactors:
+    """Initial factors for a worker: its own copy (workers sharing a process must not share it)."""
+    if isinstance(factors, StackedFactors):
+        return StackedFactors(factors.shape, factors.rank, dtype, np.array(factors.data, dtype=dtype, order="C"))
+    return StackedFactors.from_list([np.asarray(f) for f in factors], dtype)

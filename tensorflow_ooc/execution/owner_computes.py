@@ -82,7 +82,26 @@ class WorkerState:
     batch_nnz: int
     max_private_bytes: int
     weights: np.ndarray = field(default_factory=lambda: np.ones(0))
-    stats: dict = field(default_factory=dict)  # per-mode timings and bytes of the current iteration
+    # the run's tasks on this worker in submission order: ``done`` counts those finished, ``last``
+    # is the latest iteration's summary, ``turn`` wakes the next one
+    done: int = 0
+    last: Any = None
+    turn: threading.Condition = field(default_factory=threading.Condition)
+
+    def wait_turn(self, seq: int) -> None:
+        """Block until the run's tasks before number ``seq`` on this worker are done (a task
+        submitted ahead waits here, on the worker, instead of for a scheduler round trip)."""
+        box = self.team._box()
+        with self.turn:
+            while self.done < seq:
+                if self.team.run in box.aborted:
+                    raise ExchangeAborted(f"run {self.team.run} was aborted")
+                self.turn.wait(0.2)
+
+    def end_turn(self) -> None:
+        with self.turn:
+            self.done += 1
+            self.turn.notify_all()
 
     @property
     def nmodes(self) -> int:
@@ -255,23 +274,37 @@ def _setup(
         _RUNS[(worker.address, run)] = st
 
 
-def _iterate(run: str, step: Callable, args: tuple) -> dict:
-    """Run on a worker: one iteration of ``step(state, *args)`` (every mode, exchanging rows with
-    the other workers); returns its small summary."""
+def _iterate(run: str, step: Callable, args: tuple, seq: int) -> dict:
+    """Run on a worker: the run's task number ``seq`` here, one iteration of
+    ``step(state, previous, *args)`` (every mode, exchanging rows with the other workers),
+    ``previous`` being this worker's summary of the iteration before (None for the first); returns
+    its small summary. Tasks run in their order whatever the worker's thread count."""
     st = _state(run)
-    st.team.bytes_sent = 0
-    st.team.wait_seconds = st.team.send_seconds = 0.0
-    # every numba call of the step (the update's column statistics too) on this worker's cores
-    # only: a parallel region wider than the cores waits for a thread another worker's kernel holds
-    # (solving 183 rows took up to 15 ms on 2 workers of 1 core, 0.3 ms on one thread)
-    with numba_threads(st.threads):
-        out = step(st, *args)
-    st.team.flush()
-    return out
+    st.wait_turn(seq)
+    try:
+        st.team.bytes_sent = 0
+        st.team.wait_seconds = st.team.send_seconds = 0.0
+        # every numba call of the step (the update's column statistics too) on this worker's
+        # cores only: a parallel region wider than the cores waits for a thread another worker's
+        # kernel holds (solving 183 rows took up to 15 ms on 2 workers of 1 core, 0.3 ms on one)
+        with numba_threads(st.threads):
+            out = step(st, st.last, *args)
+        st.team.flush()
+        st.last = out
+        return out
+    finally:
+        st.end_turn()
 
 
-def _owned(run: str, mode: int) -> tuple[np.ndarray, np.ndarray]:
-    return _state(run).owned_rows(mode)
+def _owned(run: str, mode: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
+    """Run on a worker, as the run's task number ``seq`` there: the rows it owns of mode ``mode``
+    and their values."""
+    st = _state(run)
+    st.wait_turn(seq)
+    try:
+        return st.owned_rows(mode)
+    finally:
+        st.end_turn()
 
 
 def _release(run: str, dask_worker=None) -> None:
@@ -379,6 +412,9 @@ class OwnerComputes:
     ) -> None:
         self.client = client
         self.run = f"tfooc-owner-{uuid.uuid4().hex[:12]}"
+        self._ahead: list | None = None  # the next iteration's futures, submitted ahead
+        self._last: list | None = None  # the latest iteration submitted, per worker
+        self._seq = 0  # tasks of the run submitted to each worker, in order
         addresses = sorted(workers or client.scheduler_info()["workers"])
         addresses = addresses[: max(1, min(len(addresses), cached_store(path).nnz))]
         self.addresses = addresses
@@ -442,14 +478,27 @@ class OwnerComputes:
             self.setup_seconds,
         )
 
-    def iterate(self, step: Callable, *args: Any) -> list[dict]:
-        """One iteration: ``step(state, *args)`` on every worker at once; their summaries, in rank
-        order. Raises :class:`TeamLost` when a worker of the run left the cluster."""
-        futures = [
-            self.client.submit(_iterate, self.run, step, args, workers=[a], allow_other_workers=False, pure=False)
+    def iterate(self, step: Callable, args: tuple, ahead: tuple | None = None) -> list[dict]:
+        """One iteration: ``step(state, previous, *args)`` on every worker at once; their summaries,
+        in rank order. With ``ahead``, the next iteration (``step`` with those arguments) is
+        submitted before this one is waited for, so it starts as soon as this one ends, without a
+        round trip to the driver; ``step`` then sees this iteration's summary as ``previous``
+        and returns at once when it says to stop. Raises :class:`TeamLost` when a worker of the
+        run left the cluster."""
+        futures = self._ahead if self._ahead is not None else self._submit(step, args)
+        self._ahead = self._submit(step, ahead) if ahead is not None else None
+        return self._check(futures)
+
+    def _submit(self, step: Callable, args: tuple) -> list:
+        # no dependency on the iteration before: a task submitted ahead reaches its worker at once
+        # and starts there as soon as that one ends (WorkerState.wait_turn); depending on its
+        # future took a scheduler round trip between iterations (4-9 ms on 2 cores)
+        seq, self._seq = self._seq, self._seq + 1
+        self._last = [
+            self.client.submit(_iterate, self.run, step, args, seq, workers=[a], allow_other_workers=False, pure=False)
             for a in self.addresses
         ]
-        return self._check(futures)
+        return self._last
 
     def _check(self, futures: list) -> list:
         """Wait for ``futures`` while every worker of the run is still there."""
@@ -482,9 +531,10 @@ class OwnerComputes:
     def factor(self, mode: int, shape: Sequence[int], rank: int, dtype) -> np.ndarray:
         """Mode ``mode``'s factor matrix, gathered from its owners (rows no nonzero touches are 0)."""
         out = np.zeros((shape[mode], rank), dtype=dtype)
-        got = self.client.gather(
+        seq, self._seq = self._seq, self._seq + 1
+        got = self._check(
             [
-                self.client.submit(_owned, self.run, mode, workers=[a], allow_other_workers=False, pure=False)
+                self.client.submit(_owned, self.run, mode, seq, workers=[a], allow_other_workers=False, pure=False)
                 for a in self.addresses
             ]
         )
@@ -493,8 +543,16 @@ class OwnerComputes:
         return out
 
     def release(self) -> None:
+        """Drop the run's state on its workers; an iteration still going (submitted ahead) is
+        woken by an abort and cancelled."""
         try:
+            futures = [f for f in (self._ahead or []) + (self._last or []) if f is not None]
+            self._ahead = self._last = None
             present = [a for a in self.addresses if a in set(self.client.scheduler_info()["workers"])]
+            if present:
+                self.client.run(abort_run, self.run, workers=present)
+            if futures:
+                self.client.cancel(futures)
             if present:
                 self.client.run(_release, self.run, workers=present)
         except Exception as exc:  # a cluster closing under us keeps nothing anyway
