@@ -60,7 +60,9 @@ def store_for(name: str, seed: int = 21):
     if nnz > 30_000_000:
         from tensorflow_ooc.cli import main as cli_main
 
-        rc = cli_main(["generate", str(path), "--shape", ",".join(map(str, shape)), "--nnz", str(nnz), "--seed", str(seed)])
+        rc = cli_main(
+            ["generate", str(path), "--shape", ",".join(map(str, shape)), "--nnz", str(nnz), "--seed", str(seed)]
+        )
         if rc:
             raise SystemExit(f"generate failed ({rc})")
         store = tfo.open_store(path)
@@ -179,6 +181,89 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+AMAZON = synthetic.PRESETS["amazon"]
+REDDIT = ((8_211_298, 176_962, 8_116_559), 4_700_000_000)  # Reddit-2015-shaped (user, subreddit, word)
+
+
+def model_section(rows: list[dict], args) -> dict:
+    """Fit the cost model (benchmarks/scaleout_model.py) to the owner-computes rows measured here
+    (1 x 2 and 2 x 1; 4 x 1 oversubscribes the cores and is left out), check its bytes estimate
+    (with the grid the ALTO order implies) against the bytes measured, and predict 8, 16 and 64
+    workers of 16 cores on 10 Gbit/s, 0.1 ms links at 1.74 B (Amazon) and 4.7 B (Reddit)."""
+    import scaleout_model as M
+
+    points, checks = [], []
+    for r in rows:
+        if "seconds" not in r or r["row"] not in ("1x2 owner", "2x1"):
+            continue
+        shape, nnz = TENSORS[r["tensor"]]
+        points.append(
+            {
+                "nnz": r["nnz"],
+                "nmodes": len(shape),
+                "workers": r["workers"],
+                "cores_per_worker": r["threads"],
+                "seconds": r["seconds"],
+                "bytes_sent": r.get("bytes_lower_bound", 0) if r["workers"] > 1 else 0,
+                "link_bandwidth": None,
+                "link_latency": None,
+            }
+        )
+    for r in rows:
+        if r.get("bytes_lower_bound") and r["workers"] in (2, 4):
+            shape, nnz = TENSORS[r["tensor"]]
+            est = M.predict_bytes(shape, r["nnz"], args.rank, r["workers"], grid=M.alto_grid(shape, r["workers"]))
+            checks.append(
+                {"tensor": r["tensor"], "workers": r["workers"], "measured": r["bytes_lower_bound"], "estimate": est}
+            )
+    out: dict = {"points": points, "bytes_checks": checks}
+    print("\n# bytes per iteration (lower bound) measured against the model's estimate (ALTO grid)")
+    for c in checks:
+        print(f"#   {c['tensor']} W={c['workers']}: measured {c['measured']:,}  estimate {c['estimate']:,}")
+    if len({p["nnz"] for p in points}) < 2:
+        print("# model: too few measured points to fit (need two tensors)")
+        return out
+    model = M.fit(points)
+    print("# model:", M.describe(model))
+    link = 10e9 / 8
+    preds = []
+    for name, (shape, nnz) in {"amazon 1.74 B": AMAZON, "reddit 4.7 B": REDDIT}.items():
+        t1 = model.predict(nnz, len(shape), 1, 16, 0)
+        for W in (8, 16, 64):
+            for layout, grid in (
+                ("ALTO runs", M.alto_grid(shape, W)),
+                ("best grid", M.best_grid(shape, nnz, args.rank, W)),
+            ):
+                sent = M.predict_bytes(shape, nnz, args.rank, W, grid=grid)
+                terms = model.terms(nnz, len(shape), W, 16, sent, link_bandwidth=link, link_latency=1e-4)
+                t = sum(terms.values())
+                preds.append(
+                    {
+                        "tensor": name,
+                        "workers": W,
+                        "layout": layout,
+                        "grid": grid,
+                        "bytes_sent": sent,
+                        "seconds": t,
+                        "speedup": t1 / t,
+                        "efficiency": t1 / (W * t),
+                        **terms,
+                    }
+                )
+    print(
+        "| tensor | workers (16 cores) | layout | grid | GB sent/it | s/it | compute | transfer | speedup | efficiency |"
+    )
+    print("|" + "---|" * 10)
+    for p in preds:
+        print(
+            f"| {p['tensor']} | {p['workers']} | {p['layout']} | {p['grid']} | {p['bytes_sent'] / 1e9:.2f} "
+            f"| {p['seconds']:.2f} | {p['compute']:.2f} | {p['transfer']:.2f} | {p['speedup']:.1f} "
+            f"| {p['efficiency']:.2f} |"
+        )
+    out.update(model=vars(model) if hasattr(model, "__dict__") else str(model), predictions=preds)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tensors", nargs="+", default=["uber", "vast"], choices=sorted(TENSORS))
@@ -192,9 +277,10 @@ def main() -> None:
     for name in args.tensors:
         rows += bench_tensor(name, args)
     print(table(rows))
+    model = model_section(rows, args)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"scaleout-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1, default=float))
+    out.write_text(json.dumps({"args": vars(args), "rows": rows, "model": model}, indent=1, default=str))
     print(f"# JSON: {out}")
 
 

@@ -244,6 +244,22 @@ def predict_bytes(
     return int(round(2 * shared * rank * itemsize))
 
 
+def alto_grid(shape: Sequence[int], workers: int) -> tuple[int, ...]:
+    """The grid that ``workers`` (a power of two) contiguous, nonzero-balanced runs of the ALTO
+    order make: the order interleaves the modes' bits, least significant level first, so its top
+    ``log2(workers)`` bits, which the runs split, are the top levels of the longest modes (for
+    evenly spread nonzeros). Amazon's shape on 8 workers: (4, 1, 2), not (1, 1, 1)."""
+    k = workers.bit_length() - 1
+    if workers < 1 or 1 << k != workers:
+        raise ValueError(f"workers must be a power of two, not {workers}")
+    bits = [max(0, (int(s) - 1).bit_length()) for s in shape]
+    order = [(level, n) for level in range(max(bits, default=0)) for n in range(len(shape)) if level < bits[n]]
+    grid = [1] * len(shape)
+    for _, n in order[len(order) - k :] if k else []:
+        grid[n] *= 2
+    return tuple(grid)
+
+
 def _grids(workers: int, nmodes: int) -> Iterable[tuple[int, ...]]:
     """Every way to write ``workers`` as an ordered product of ``nmodes`` factors."""
     divisors = [d for d in range(1, workers + 1) if workers % d == 0]
