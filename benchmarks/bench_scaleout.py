@@ -250,9 +250,7 @@ def model_section(rows: list[dict], args) -> dict:
                         **terms,
                     }
                 )
-    print(
-        "| tensor | workers (16 cores) | layout | grid | GB sent/it | s/it | compute | transfer | speedup | efficiency |"
-    )
+    print("| tensor | workers | layout | grid | GB sent/it | s/it | compute | transfer | speedup | efficiency |")
     print("|" + "---|" * 10)
     for p in preds:
         print(
