@@ -101,6 +101,41 @@ def test_cp_als_on_gpu_matches_cpu(rng, tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
 
 
+@needs_gpu
+@pytest.mark.parametrize("execution", ["in-memory", "streaming"])
+def test_owner_computes_on_two_gpu_workers_matches_cpu(rng, tmp_path, execution):
+    """One worker per GPU, owner-computes: each GPU runs its chunks' MTTKRP, the rows go worker
+    to worker; the result is the CPU's."""
+    from distributed import Client, LocalCluster
+
+    shape = (9, 11, 7)
+    coords, values = random_coo(rng, shape, 120)
+    store = tfo.convert((coords, values), tmp_path / "cp.zarr", shape=shape, chunk_nnz=32)
+    init = [rng.random((s, 3)) for s in shape]
+    cpu = tfo.cp_als(store, 3, init=init, max_iters=3, tol=0, device="cpu")
+    # worker processes: the CUDA simulator cannot run kernels from two threads of one process
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        gpu = tfo.cp_als(
+            store,
+            3,
+            init=init,
+            max_iters=3,
+            tol=0,
+            client=client,
+            device="gpu",
+            execution=execution,
+            device_options=DeviceOptions(**SMALL),
+        )
+    assert gpu.params["device"] == "gpu" and gpu.params["distribution"] == {"kind": "owner-computes", "workers": 2}
+    assert gpu.history[-1]["bytes_sent"] >= gpu.history[-1]["bytes_lower_bound"] > 0
+    assert abs(gpu.fit - cpu.fit) < 1e-10
+    for a, b in zip(gpu.factors, cpu.factors):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
+
+
 def test_device_auto_without_physical_gpu_runs_on_cpu(tmp_path, rng):
     shape = (6, 7, 8)
     coords, values = random_coo(rng, shape, 60)

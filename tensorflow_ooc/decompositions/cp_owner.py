@@ -107,16 +107,16 @@ DISTRIBUTIONS = ("auto", "owner", "graph")
 
 def use_owner_computes(client, graph, dense: bool, method: str, distribution: str) -> bool:
     """Whether this run goes owner-computes: ``distribution="owner"``, or "auto" on a Dask cluster
-    of several CPU workers for exact CP-ALS of a sparse store. ``"graph"`` keeps the per-mode task
-    graphs (one worker, the inline scheduler, GPUs, dense arrays and the randomized methods
-    always do)."""
+    of several workers (CPU, or GPU: one worker per GPU) for exact CP-ALS of a sparse store.
+    ``"graph"`` keeps the per-mode task graphs (one worker, the inline scheduler, dense arrays and
+    the randomized methods always do)."""
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
-    able = not is_inline(client) and not dense and method == "exact" and graph.device == "cpu"
+    able = not is_inline(client) and not dense and method == "exact"
     if distribution == "owner" and not able:
         raise ValueError(
-            "distribution='owner' runs exact CP-ALS of a sparse store on CPU Dask workers "
-            "(not the inline scheduler, a dense array, a GPU or a randomized method)"
+            "distribution='owner' runs exact CP-ALS of a sparse store on Dask workers "
+            "(not the inline scheduler, a dense array or a randomized method)"
         )
     if distribution == "graph" or not able:
         return False
@@ -140,6 +140,9 @@ def start_owner_computes(client, graph, init: tuple, nmodes: int) -> OwnerComput
         batch_nnz=graph.batch_nnz,
         max_private_bytes=graph.max_private_bytes,
         mode_copies=bool(plan and plan.mode_copies),
+        workers=sorted(graph.resources),  # on GPU devices, the GPU workers
+        device=graph.device,
+        device_options=graph.device_options,
     )
 
 

@@ -270,6 +270,13 @@ def device_factors(factors: StackedFactors):
         return d
 
 
+def forget_device_factors(factors: StackedFactors) -> None:
+    """Drop the device copy of ``factors``: their host rows were written in place (owner-computes
+    updates the rows a worker holds in its one factor object), so the copy is stale."""
+    with _FACTORS_LOCK:
+        _FACTORS.pop(id(factors), None)
+
+
 # --- the MTTKRP of a stream of batches ----------------------------------------------------------
 
 

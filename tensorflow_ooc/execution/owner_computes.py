@@ -81,6 +81,8 @@ class WorkerState:
     threads: int
     batch_nnz: int
     max_private_bytes: int
+    device: str = "cpu"  # where the local MTTKRP runs ("gpu": this worker's GPU)
+    device_options: Any = None
     weights: np.ndarray = field(default_factory=lambda: np.ones(0))
     # the run's tasks on this worker in submission order: ``done`` counts those finished, ``last``
     # is the latest iteration's summary, ``turn`` wakes the next one
@@ -118,6 +120,8 @@ class WorkerState:
                 self.threads,
                 batch_nnz=self.batch_nnz,
                 max_private_bytes=self.max_private_bytes,
+                device=self.device,
+                device_options=self.device_options,
             )
             for src in self.sources
         ]
@@ -170,6 +174,10 @@ class WorkerState:
             view[plan.owned] = owned_rows * scale
         for k, r in received.items():
             view[plan.send[k]] = r * scale
+        if self.device == "gpu":  # the GPU kernels' copy of the factors is uploaded again
+            from .device_stream import forget_device_factors
+
+            forget_device_factors(self.factors)
 
     def owned_rows(self, mode: int) -> tuple[np.ndarray, np.ndarray]:
         plan = self.plans[mode]
@@ -207,8 +215,8 @@ def _row_counts(sources: list, store, nmodes: int) -> list[tuple[np.ndarray, np.
             it = src.items
             for k in range(it.nitems):
                 add(delinearize(it.index[it.start[k] : it.end[k]], it.base[k], src.layout))
-        else:  # the items the streamed partition's tasks will see, decoded
-            part = src[1]
+        else:  # the items the streamed (or device-resident) partition's tasks will see, decoded
+            part = s_part(src)
             for c in range(part.chunk_lo, part.chunk_hi):
                 it = fill_batch(store, range(c, c + 1), BatchBuffers(store, 1), delta=False)
                 if part.nz_lo is not None:
@@ -223,14 +231,22 @@ def _row_counts(sources: list, store, nmodes: int) -> list[tuple[np.ndarray, np.
 
 
 def s_part(source) -> Partition:
-    return source.part if isinstance(source, PartitionData) else source[1]
+    return source[1] if isinstance(source, tuple) else source.part
 
 
 _PENDING: dict[tuple[str, str], list] = {}
 
 
 def _load(
-    run: str, path: str, parts: list[Partition], in_memory: bool, mode_copies: bool, threads: int, dask_worker=None
+    run: str,
+    path: str,
+    parts: list[Partition],
+    in_memory: bool,
+    mode_copies: bool,
+    threads: int,
+    device: str = "cpu",
+    device_options: Any = None,
+    dask_worker=None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Run on a worker: load its partitions (in memory) or note them (streamed), and return its
     per-mode row counts (:func:`_row_counts`) for the ownership plan."""
@@ -240,7 +256,10 @@ def _load(
     store = cached_store(path)
     with numba_threads(threads):
         sources = [
-            load_partition(path, p, "cpu", None, mode_copies, threads) if in_memory else (path, p) for p in parts
+            load_partition(path, p, device, device_options, mode_copies and device == "cpu", threads)
+            if in_memory
+            else (path, p)
+            for p in parts
         ]
     with _RUNS_LOCK:
         _PENDING[(worker.address, run)] = sources
@@ -257,6 +276,8 @@ def _setup(
     threads: int,
     batch_nnz: int,
     max_private_bytes: int,
+    device: str = "cpu",
+    device_options: Any = None,
     dask_worker=None,
 ) -> None:
     """Run on a worker: make the initial factors (``init(*init_args)``, the same on every worker)
@@ -268,7 +289,18 @@ def _setup(
         sources = _PENDING.pop((worker.address, run))
     factors = init(*init_args)
     grams = [v.T @ v for v in factors.views]
-    st = WorkerState(Team(run, rank, addresses), sources, factors, grams, plans, threads, batch_nnz, max_private_bytes)
+    st = WorkerState(
+        Team(run, rank, addresses),
+        sources,
+        factors,
+        grams,
+        plans,
+        threads,
+        batch_nnz,
+        max_private_bytes,
+        device,
+        device_options,
+    )
     st.weights = np.ones(factors.rank)
     with _RUNS_LOCK:
         _RUNS[(worker.address, run)] = st
@@ -409,6 +441,8 @@ class OwnerComputes:
         max_private_bytes: int,
         mode_copies: bool = False,
         workers: list[str] | None = None,
+        device: str = "cpu",
+        device_options: Any = None,
     ) -> None:
         self.client = client
         self.run = f"tfooc-owner-{uuid.uuid4().hex[:12]}"
@@ -422,7 +456,10 @@ class OwnerComputes:
         # as many partitions as planned (in memory, one decoded partition stays small; streamed,
         # one per worker, whose one task a mode streams it with all the worker's cores), a multiple
         # of the workers, cut at work items rather than chunks (see split_nonzeros)
-        parts = split_nonzeros(cached_store(path), W * (-(-len(parts) // W) if in_memory else 1))
+        if device == "cpu":
+            parts = split_nonzeros(cached_store(path), W * (-(-len(parts) // W) if in_memory else 1))
+        # GPU workers read whole chunks (device-resident batches, device streaming): the planned
+        # chunk partitions, one per GPU (AMPED's nonzero-balanced split across GPUs)
         # contiguous runs of partitions, balanced by nonzeros: each cut where the running count
         # comes nearest to its share
         ends = np.concatenate([[0], np.cumsum([p.nnz for p in parts])])
@@ -440,6 +477,8 @@ class OwnerComputes:
                     in_memory,
                     mode_copies,
                     threads[a],
+                    device,
+                    device_options,
                     workers=[a],
                     allow_other_workers=False,
                     pure=False,
@@ -463,6 +502,8 @@ class OwnerComputes:
                     threads[a],
                     batch_nnz,
                     max_private_bytes,
+                    device,
+                    device_options,
                     workers=[a],
                     allow_other_workers=False,
                     pure=False,
