@@ -67,6 +67,16 @@ class ModePlan:
     send: dict[int, np.ndarray]
     recv_pos: dict[int, np.ndarray]
 
+    @property
+    def span(self) -> tuple[int, int] | None:
+        """``(first, last + 1)`` when the owned rows are one contiguous range (a mode whose top
+        index bits the ALTO order splits between the workers), else None: then they are read and
+        written as slices, not gathered and scattered."""
+        o = self.owned
+        if o.shape[0] and int(o[-1]) - int(o[0]) + 1 == o.shape[0]:
+            return int(o[0]), int(o[-1]) + 1
+        return None
+
 
 @dataclass
 class WorkerState:
@@ -134,7 +144,19 @@ class WorkerState:
         summed over every worker's partial in rank order (``len(owned) x R``)."""
         plan = self.plans[mode]
         rows = partial.rows
+        # the sends are copies (fancy indexing): they leave while this worker goes on
         self.team.send_many(tag, {k: rows[ids - partial.lo] for k, ids in plan.send.items()})
+        span = plan.span
+        if span is not None:
+            # owned rows in one range: summed where the partial holds them (a view; the partial
+            # is this mode's own buffer), the other workers' rows added in rank order. Gathering
+            # 82 k owned rows and scattering them back cost vast-shaped mode 0 about 10 ms of its
+            # 55 on 2 workers
+            out = rows[span[0] - partial.lo : span[1] - partial.lo]
+            for k in range(self.team.size):
+                if k in plan.recv_pos:
+                    out[plan.recv_pos[k]] += self.team.receive(tag, k)
+            return out
         out = np.zeros((plan.owned.shape[0], self.factors.rank), dtype=self.factors.dtype)
         for k in range(self.team.size):
             if k == self.team.rank:
@@ -170,7 +192,10 @@ class WorkerState:
     def set_rows(self, mode: int, owned_rows: np.ndarray, received: dict, scale: np.ndarray) -> None:
         """Write this worker's updated rows and the received ones, each times ``scale``."""
         plan, view = self.plans[mode], self.factors.views[mode]
-        if plan.owned.shape[0]:
+        span = plan.span
+        if span is not None:
+            np.multiply(owned_rows, scale, out=view[span[0] : span[1]])
+        elif plan.owned.shape[0]:
             view[plan.owned] = owned_rows * scale
         for k, r in received.items():
             view[plan.send[k]] = r * scale
