@@ -468,7 +468,13 @@ def shaped_cluster(
             for i, host in enumerate(hosts):
                 ns, log, local = f"{PREFIX}-w{i}", run_dir / f"worker-{i}.log", run_dir / f"worker-{i}"
                 local.mkdir()
-                cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "distributed.cli.dask_worker", address]
+                # each "host" gets its own cores (taskset), as a machine would: unpinned, every
+                # worker saw both cores and ran 2 numba threads, 4 busy threads on 2 cores
+                ncpu = os.cpu_count() or 1
+                per = max(1, ncpu // len(hosts))
+                cores = ",".join(str((i * per + j) % ncpu) for j in range(per))
+                cmd = ["ip", "netns", "exec", ns, "taskset", "-c", cores, sys.executable, "-m"]
+                cmd += ["distributed.cli.dask_worker", address]
                 cmd += ["--host", host, "--name", ns, "--nthreads", str(threads_per_worker), "--nworkers", "1"]
                 cmd += ["--memory-limit", memory_limit or "auto", "--local-directory", str(local), "--no-dashboard"]
                 # a worker whose scheduler vanished (driver killed) exits on its own

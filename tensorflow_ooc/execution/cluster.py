@@ -159,13 +159,22 @@ def _monitor(client: Client) -> None:
         hook(client)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity where the OS has one (a worker pinned
+    with taskset, or limited by a container's cpuset), else every core."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no affinity on this OS
+        return os.cpu_count() or 1
+
+
 def worker_resources(client: Client) -> dict:
     """Per worker: Dask threads, memory limit and the numba threads each of its tasks may use.
 
     Workers on one host share its cores: numba threads = host cores // Dask threads on that host.
     """
     info = client.scheduler_info()["workers"]
-    cores = client.run(os.cpu_count)
+    cores = client.run(usable_cores)
     host_threads: dict[str, int] = {}
     for addr, w in info.items():
         host = w.get("host") or addr.rsplit(":", 1)[0]
