@@ -142,3 +142,18 @@ def test_converged_run_stops_where_one_process_stops(two_workers, rng, tmp_path)
     assert 1 < ref.iterations < 60
     assert got.iterations == ref.iterations
     _assert_same(got, ref)
+
+
+def test_a_wait_for_a_gone_peer_ends(monkeypatch):
+    # a worker waiting for a peer whose process ended (a driver killed with its worker cannot
+    # abort the run) gives up once the peer stops answering, instead of holding its thread
+    from tensorflow_ooc.execution import exchange
+
+    monkeypatch.setattr(exchange, "LIVENESS_EVERY_S", 0.05)
+    box = exchange.Mailbox()
+    asked = []
+    with pytest.raises(exchange.ExchangeAborted, match="rank 1 is gone"):
+        box.take("r", (0, 0, "M"), 1, timeout=30, alive=lambda: asked.append(1) or len(asked) < 3)
+    assert len(asked) == 3
+    box.put("r", (0, 0, "M"), 1, "rows")  # a message that is there is taken without asking
+    assert box.take("r", (0, 0, "M"), 1, alive=lambda: False) == "rows"

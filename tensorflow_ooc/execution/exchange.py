@@ -20,16 +20,20 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from distributed import WorkerPlugin, get_worker
 from distributed.protocol import to_serialize
+from distributed.utils import sync
 
 HANDLER = "tfooc_exchange"
 # a receive gives up when nothing came for this long (a peer stuck or gone without the driver
 # noticing); the driver aborts runs whose workers left long before this
 RECEIVE_TIMEOUT_S = 600.0
+# a worker waiting for a peer checks this often that the peer's process still answers: a driver
+# killed with its worker cannot abort the run, and the survivors' tasks would hold their threads
+LIVENESS_EVERY_S = 2.0
 
 
 class ExchangeAborted(RuntimeError):
@@ -49,17 +53,37 @@ class Mailbox:
             self.box[(run, _tag(tag), int(src))] = payload
             self.cond.notify_all()
 
-    def take(self, run: str, tag: Any, src: int, timeout: float = RECEIVE_TIMEOUT_S) -> Any:
+    def take(
+        self,
+        run: str,
+        tag: Any,
+        src: int,
+        timeout: float = RECEIVE_TIMEOUT_S,
+        alive: Callable[[], bool] | None = None,
+    ) -> Any:
+        """The message ``tag`` from rank ``src``, waiting for it; ``alive()``, asked every
+        ``LIVENESS_EVERY_S`` of waiting, says whether the sender is still there."""
         key = (run, _tag(tag), int(src))
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline, asked = start + timeout, start
         with self.cond:
             while key not in self.box:
                 if run in self.aborted:
                     raise ExchangeAborted(f"run {run} was aborted (a worker of the run was lost)")
-                left = deadline - time.monotonic()
-                if left <= 0:
+                now = time.monotonic()
+                if now >= deadline:
                     raise TimeoutError(f"run {run}: no message {tag!r} from worker rank {src} after {timeout:.0f} s")
-                self.cond.wait(min(left, 0.2))
+                if alive is not None and now - asked >= LIVENESS_EVERY_S:
+                    self.cond.release()  # no lock held while asking over the network
+                    try:
+                        gone = not alive()
+                    finally:
+                        self.cond.acquire()
+                    asked = time.monotonic()
+                    if gone and key not in self.box:
+                        raise ExchangeAborted(f"run {run}: worker rank {src} is gone (its process ended)")
+                    continue
+                self.cond.wait(min(deadline - now, 0.2))
             return self.box.pop(key)
 
     def abort(self, run: str) -> None:
@@ -191,9 +215,22 @@ class Team:
         t0 = time.perf_counter()
         self._raise_failed_sends()
         try:
-            return self._box().take(self.run, tag, src)
+            return self._box().take(self.run, tag, src, alive=lambda: self._answers(src))
         finally:
             self.wait_seconds += time.perf_counter() - t0
+
+    def _answers(self, rank: int) -> bool:
+        """Whether the worker at ``rank`` still accepts connections (False when its process is
+        gone; a busy or slow peer counts as there)."""
+        worker = self._worker or get_worker()
+        self._worker = worker
+        try:
+            sync(worker.loop, _connects, self.addresses[rank])
+        except OSError:
+            return False
+        except Exception:  # anything else (a timeout of the check itself): not known to be gone
+            return True
+        return True
 
     def allreduce(self, tag: Any, x: np.ndarray, op: str = "sum") -> np.ndarray:
         """``x`` combined over the ranks, in rank order (every rank gets the same bits)."""
@@ -210,6 +247,14 @@ class Team:
             else:
                 np.maximum(out, y, out=out)
         return out
+
+
+async def _connects(address: str) -> None:
+    """Open and close a connection to ``address``; OSError when nothing listens there."""
+    from distributed.comm import connect
+
+    comm = await connect(address, timeout=5)
+    await comm.close()
 
 
 async def _send_all(worker, run: str, tag: list, src: int, payloads: dict[int, Any], addresses: Sequence[str]) -> None:

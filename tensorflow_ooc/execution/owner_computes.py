@@ -349,6 +349,11 @@ def _iterate(run: str, step: Callable, args: tuple, seq: int) -> dict:
         st.team.flush()
         st.last = out
         return out
+    except ExchangeAborted:
+        # the run cannot go on (a peer is gone, or the driver aborted it): its partitions and rows
+        # are freed here, whether or not a driver is left to release them
+        _drop(run)
+        raise
     finally:
         st.end_turn()
 
@@ -362,6 +367,13 @@ def _owned(run: str, mode: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
         return st.owned_rows(mode)
     finally:
         st.end_turn()
+
+
+def _drop(run: str) -> None:
+    from distributed import get_worker
+
+    with _RUNS_LOCK:
+        _RUNS.pop((get_worker().address, run), None)
 
 
 def _release(run: str, dask_worker=None) -> None:
