@@ -196,6 +196,8 @@ def model_section(rows: list[dict], args) -> dict:
     for r in rows:
         if "seconds" not in r or r["row"] not in ("1x2 owner", "2x1"):
             continue
+        if args.fit_tensors and r["tensor"] not in args.fit_tensors:
+            continue
         shape, nnz = TENSORS[r["tensor"]]
         points.append(
             {
@@ -220,10 +222,21 @@ def model_section(rows: list[dict], args) -> dict:
     print("\n# bytes per iteration (lower bound) measured against the model's estimate (ALTO grid)")
     for c in checks:
         print(f"#   {c['tensor']} W={c['workers']}: measured {c['measured']:,}  estimate {c['estimate']:,}")
-    if len({p["nnz"] for p in points}) < 2:
+    if len({(p["nnz"], p["workers"]) for p in points}) < 2:
         print("# model: too few measured points to fit (need two tensors)")
         return out
-    model = M.fit(points)
+    try:
+        model = M.fit(points)
+    except ValueError:
+        # one tensor, one compute size (1 x 2 and 2 x 1 both spread nnz * N over 2 cores): no
+        # fixed cost can be told apart, so c0 = 0 (tens of ms against seconds at this size); a from
+        # the one-worker point, the link from what the 2 x 1 point takes beyond it
+        one = next(p for p in points if p["workers"] == 1)
+        many = next(p for p in points if p["workers"] > 1)
+        a = one["seconds"] * one["workers"] * one["cores_per_worker"] / (one["nnz"] * one["nmodes"])
+        extra = many["seconds"] - a * many["nnz"] * many["nmodes"] / (many["workers"] * many["cores_per_worker"])
+        bw = many["bytes_sent"] / many["workers"] / extra if extra > 0 else float("inf")
+        model = M.Model(a=a, c0=0.0, bandwidth=bw, bandwidth_fitted=True, n_points=2)
     print("# model:", M.describe(model))
     link = 10e9 / 8
     preds = []
@@ -270,7 +283,20 @@ def main() -> None:
     ap.add_argument("--network", action="store_true", help="workers in network namespaces with shaped links (root)")
     ap.add_argument("--memory-limit", default=None, help="per-worker memory limit (default: Dask's share)")
     ap.add_argument("--skip4", action="store_true", help="leave out the oversubscribed 4 x 1 row")
+    ap.add_argument("--refit", nargs="+", metavar="JSON", help="fit the model to the rows of earlier runs, run nothing")
+    ap.add_argument(
+        "--fit-tensors",
+        nargs="+",
+        choices=sorted(TENSORS),
+        help="fit the model to these tensors' rows only (the compute rate depends on the shape: long modes "
+        "miss the caches, so Amazon-scale predictions fit amazon86)",
+    )
     args = ap.parse_args()
+    if args.refit:
+        rows = [r for f in args.refit for r in json.loads(Path(f).read_text())["rows"]]
+        print(table(rows))
+        model_section(rows, args)
+        return
     rows = []
     for name in args.tensors:
         rows += bench_tensor(name, args)
