@@ -98,6 +98,7 @@ class WorkerState:
     # is the latest iteration's summary, ``turn`` wakes the next one
     done: int = 0
     last: Any = None
+    used: float = field(default_factory=time.monotonic)  # when a task of the run last ended here
     turn: threading.Condition = field(default_factory=threading.Condition)
 
     def wait_turn(self, seq: int) -> None:
@@ -112,6 +113,7 @@ class WorkerState:
 
     def end_turn(self) -> None:
         with self.turn:
+            self.used = time.monotonic()
             self.done += 1
             self.turn.notify_all()
 
@@ -278,6 +280,7 @@ def _load(
     from distributed import get_worker
 
     worker = dask_worker or get_worker()
+    _sweep_idle(worker.address)
     store = cached_store(path)
     with numba_threads(threads):
         sources = [
@@ -367,6 +370,19 @@ def _owned(run: str, mode: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
         return st.owned_rows(mode)
     finally:
         st.end_turn()
+
+
+# a run none of whose tasks ended here for this long lost its driver (killed between iterations,
+# with no wait left to notice): its partitions and rows are freed when another run starts here
+IDLE_RUN_S = 900.0
+
+
+def _sweep_idle(address: str) -> None:
+    now = time.monotonic()
+    with _RUNS_LOCK:
+        for key in [k for k, st in _RUNS.items() if k[0] == address and now - st.used > IDLE_RUN_S]:
+            log.warning("dropping owner-computes run %s on %s: idle for %.0f s", key[1], address, now - _RUNS[key].used)
+            del _RUNS[key]
 
 
 def _drop(run: str) -> None:
