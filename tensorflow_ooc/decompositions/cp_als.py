@@ -145,13 +145,13 @@ def cp_als(
         iteration at no extra cost.
     distribution : {"auto", "owner", "graph"}
         How exact CP-ALS spreads over several workers. "owner" (the default, "auto", on a cluster
-        of several CPU workers): owner-computes, each worker keeps its partitions and the factor
-        rows it owns, one task per worker and iteration, rows sent worker to worker only where
-        they are shared (:mod:`~tensorflow_ooc.decompositions.cp_owner`); the history adds the
-        bytes sent per iteration beside their lower bound. A worker lost mid-run restarts the run
-        on the workers left, from ``checkpoint`` when there is one. "graph": per-mode task graphs
-        with a reduce-scatter of the partials (what one worker, GPUs, dense arrays and the
-        randomized methods always use).
+        of several workers, CPU or one per GPU): owner-computes, each worker keeps its partitions
+        and the factor rows it owns, one task per worker and iteration, rows sent worker to worker
+        only where they are shared (:mod:`~tensorflow_ooc.decompositions.cp_owner`); the history
+        adds the bytes sent per iteration beside their lower bound. A worker lost mid-run
+        restarts the run on the workers left, from ``checkpoint`` when there is one. "graph":
+        per-mode task graphs with a reduce-scatter of the partials (what one worker, dense arrays
+        and the randomized methods always use).
 
     Returns
     -------
@@ -258,7 +258,8 @@ def cp_als(
                     due = checkpoint and (iteration + 1) % checkpoint_every == 0
                     ahead = None if due or iteration + 1 >= max_iters else (iteration + 1, False, normX2, tol)
                     sm, exchange = owner_summary(
-                        engine.iterate(owner_iteration, (iteration, iteration == 0, normX2, tol), ahead)
+                        engine.iterate(owner_iteration, (iteration, iteration == 0, normX2, tol), ahead),
+                        engine.plan.mode_lower_bound_bytes(rank, np.dtype(dtype).itemsize),
                     )
                 except TeamLost as exc:
                     engine.release()

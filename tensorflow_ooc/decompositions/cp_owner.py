@@ -47,7 +47,7 @@ def owner_iteration(
         return {"skipped": True, "stop": True}
     started = time.time()
     N, R = ws.nmodes, ws.factors.rank
-    timings, finished, sent, lower, waits = {}, {}, {}, {}, {}
+    timings, finished, sent, waits = {}, {}, {}, {}
     inner = np.zeros(R)
     for n in range(N):
         t0 = time.perf_counter()
@@ -79,7 +79,6 @@ def owner_iteration(
         finished[n] = time.time()
         sent[n] = ws.team.bytes_sent - sent0
         waits[n] = ws.team.wait_seconds + ws.team.send_seconds - wait0
-        lower[n] = sum(ids.shape[0] for ids in ws.plans[n].send.values()) * R * ws.factors.dtype.itemsize * 2
     grams = [np.asarray(g, dtype=np.float64) for g in ws.grams]
     sm = U.Summary(ws.weights, grams, inner, {}, {}, {}, 0.0, {})
     fit = model_fit(sm, normX2, model_norm_sq(sm))
@@ -95,7 +94,6 @@ def owner_iteration(
         "finished": finished,
         "timings": timings,
         "bytes_sent": sent,
-        "lower_bound": lower,
         "exchange_seconds": waits,
     }
 
@@ -146,9 +144,10 @@ def start_owner_computes(client, graph, init: tuple, nmodes: int) -> OwnerComput
     )
 
 
-def owner_summary(summaries: list[dict]) -> tuple[U.Summary, dict]:
+def owner_summary(summaries: list[dict], lower: list[int]) -> tuple[U.Summary, dict]:
     """The iteration's summary from every worker's (model terms are the same on each; timings the
-    slowest worker's), and the exchange's record: bytes sent per mode against the lower bound."""
+    slowest worker's), and the exchange's record: bytes sent per mode against ``lower``, the
+    distribution's lower bound per mode (:meth:`OwnerPlan.mode_lower_bound_bytes`)."""
     first = summaries[0]
     if first.get("skipped"):  # the workers stopped where the driver goes on: never expected
         raise RuntimeError("owner-computes workers stopped the run where the driver did not")
@@ -157,7 +156,6 @@ def owner_summary(summaries: list[dict]) -> tuple[U.Summary, dict]:
     finished = {n: max(s["finished"][n] for s in summaries) for n in range(N)}
     sm = U.Summary(first["weights"], first["grams"], first["inner"], finished, timings, {}, 0.0, {})
     sent = [sum(s["bytes_sent"][n] for s in summaries) for n in range(N)]
-    lower = [sum(s["lower_bound"][n] for s in summaries) for n in range(N)]
     exchange = {
         "workers": len(summaries),
         "bytes_sent": int(sum(sent)),

@@ -174,6 +174,11 @@ class Team:
     def _box(self) -> Mailbox:
         return mailbox(self.addresses[self.rank])
 
+    def _dask_worker(self):
+        if self._worker is None:
+            self._worker = get_worker()
+        return self._worker
+
     def send_many(self, tag: Any, payloads: dict[int, Any]) -> None:
         """Send ``payloads[dst]`` to each rank ``dst`` (to itself: straight into its own mailbox)."""
         t0 = time.perf_counter()
@@ -185,8 +190,7 @@ class Team:
                 remote[dst] = x
                 self.bytes_sent += _nbytes(x)
         if remote:
-            worker = self._worker or get_worker()
-            self._worker = worker
+            worker = self._dask_worker()
             # handed to the event loop without waiting for the peers' replies: the sender goes on
             # to its next work (waiting cost 11 % of an uber-shaped iteration's samples on 2
             # workers); the payloads are fresh arrays no one writes, and a failed send is raised
@@ -222,8 +226,7 @@ class Team:
     def _answers(self, rank: int) -> bool:
         """Whether the worker at ``rank`` still accepts connections (False when its process is
         gone; a busy or slow peer counts as there)."""
-        worker = self._worker or get_worker()
-        self._worker = worker
+        worker = self._dask_worker()
         try:
             sync(worker.loop, _connects, self.addresses[rank])
         except OSError:
@@ -231,22 +234,6 @@ class Team:
         except Exception:  # anything else (a timeout of the check itself): not known to be gone
             return True
         return True
-
-    def allreduce(self, tag: Any, x: np.ndarray, op: str = "sum") -> np.ndarray:
-        """``x`` combined over the ranks, in rank order (every rank gets the same bits)."""
-        if self.size == 1:
-            return x
-        self.send_many(tag, {k: x for k in range(self.size) if k != self.rank})
-        out = None
-        for k in range(self.size):
-            y = x if k == self.rank else self.receive(tag, k)
-            if out is None:
-                out = np.array(y, copy=True)
-            elif op == "sum":
-                out += y
-            else:
-                np.maximum(out, y, out=out)
-        return out
 
 
 async def _connects(address: str) -> None:

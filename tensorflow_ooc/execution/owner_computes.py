@@ -233,23 +233,22 @@ def _row_counts(sources: list, store, nmodes: int) -> list[tuple[np.ndarray, np.
     hi = [max((s_part(s).row_hi[n] for s in sources), default=-1) for n in range(nmodes)]
     counts = [np.zeros(max(0, hi[n] - lo[n] + 1), dtype=np.int64) for n in range(nmodes)]
 
-    def add(co: np.ndarray) -> None:
-        for n in range(nmodes):
-            counts[n] += np.bincount(co[:, n] - lo[n], minlength=counts[n].shape[0])
+    def add(it) -> None:  # the coordinates of decoded items, item by item
+        for k in range(it.nitems):
+            co = delinearize(it.index[it.start[k] : it.end[k]], it.base[k], store.layout)
+            for n in range(nmodes):
+                counts[n] += np.bincount(co[:, n] - lo[n], minlength=counts[n].shape[0])
 
     for src in sources:
         if isinstance(src, PartitionData):
-            it = src.items
-            for k in range(it.nitems):
-                add(delinearize(it.index[it.start[k] : it.end[k]], it.base[k], src.layout))
+            add(src.items)
         else:  # the items the streamed (or device-resident) partition's tasks will see, decoded
             part = s_part(src)
             for c in range(part.chunk_lo, part.chunk_hi):
                 it = fill_batch(store, range(c, c + 1), BatchBuffers(store, 1), delta=False)
                 if part.nz_lo is not None:
                     it = items_starting_in(it, part.nz_lo - c * store.chunk_nnz, part.nz_hi - c * store.chunk_nnz)
-                for k in range(it.nitems):
-                    add(delinearize(it.index[it.start[k] : it.end[k]], it.base[k], store.layout))
+                add(it)
     out = []
     for n in range(nmodes):
         ids = np.flatnonzero(counts[n])
@@ -412,10 +411,15 @@ class OwnerPlan:
     owned: list[list[np.ndarray]]  # [worker][mode] rows owned
     shared_rows: list[int]  # per mode: sum over workers of rows touched but owned elsewhere
 
+    def mode_lower_bound_bytes(self, rank: int, itemsize: int) -> list[int]:
+        """Per mode, the bytes one iteration must move under this distribution, both ways: each
+        row a worker touches but does not own, once as a partial to its owner and once updated
+        back."""
+        return [2 * shared * rank * itemsize for shared in self.shared_rows]
+
     def lower_bound_bytes(self, rank: int, itemsize: int) -> int:
-        """Bytes one iteration must move under this distribution, both ways: each row a worker
-        touches but does not own, once as a partial to its owner and once updated back."""
-        return 2 * sum(self.shared_rows) * rank * itemsize
+        """:meth:`mode_lower_bound_bytes` summed over the modes."""
+        return sum(self.mode_lower_bound_bytes(rank, itemsize))
 
 
 def plan_ownership(counts: list[list[tuple[np.ndarray, np.ndarray]]]) -> tuple[OwnerPlan, list[list[ModePlan]]]:
@@ -461,7 +465,7 @@ def plan_ownership(counts: list[list[tuple[np.ndarray, np.ndarray]]]) -> tuple[O
 
 
 class OwnerComputes:
-    """An owner-computes run on the CPU workers of ``client`` (see the module docstring).
+    """An owner-computes run on the workers of ``client``, CPU or GPU (see the module docstring).
 
     Parameters
     ----------
@@ -506,13 +510,13 @@ class OwnerComputes:
         addresses = addresses[: max(1, min(len(addresses), cached_store(path).nnz))]
         self.addresses = addresses
         W = len(addresses)
-        # as many partitions as planned (in memory, one decoded partition stays small; streamed,
-        # one per worker, whose one task a mode streams it with all the worker's cores), a multiple
-        # of the workers, cut at work items rather than chunks (see split_nonzeros)
+        # CPU workers: as many partitions as planned (in memory, one decoded partition stays small;
+        # streamed, one per worker, whose one task a mode streams it with all the worker's cores),
+        # a multiple of the workers, cut at work items rather than chunks (see split_nonzeros).
+        # GPU workers read whole chunks (device-resident batches, device streaming): they keep the
+        # planned chunk partitions, one per GPU (AMPED's nonzero-balanced split across GPUs)
         if device == "cpu":
             parts = split_nonzeros(cached_store(path), W * (-(-len(parts) // W) if in_memory else 1))
-        # GPU workers read whole chunks (device-resident batches, device streaming): the planned
-        # chunk partitions, one per GPU (AMPED's nonzero-balanced split across GPUs)
         # contiguous runs of partitions, balanced by nonzeros: each cut where the running count
         # comes nearest to its share
         ends = np.concatenate([[0], np.cumsum([p.nnz for p in parts])])
@@ -616,11 +620,15 @@ class OwnerComputes:
             raise exc
         return self.client.gather(futures)
 
-    def _abort(self, futures: list) -> None:
+    def _abort(self, futures: list) -> list[str]:
+        """Wake the run's waits on the workers still there and cancel ``futures``; returns those
+        workers."""
         present = [a for a in self.addresses if a in set(self.client.scheduler_info()["workers"])]
         if present:
             self.client.run(abort_run, self.run, workers=present)
-        self.client.cancel(futures)
+        if futures:
+            self.client.cancel(futures)
+        return present
 
     def factor(self, mode: int, shape: Sequence[int], rank: int, dtype) -> np.ndarray:
         """Mode ``mode``'s factor matrix, gathered from its owners (rows no nonzero touches are 0)."""
@@ -640,13 +648,9 @@ class OwnerComputes:
         """Drop the run's state on its workers; an iteration still going (submitted ahead) is
         woken by an abort and cancelled."""
         try:
-            futures = [f for f in (self._ahead or []) + (self._last or []) if f is not None]
+            futures = (self._ahead or []) + (self._last or [])
             self._ahead = self._last = None
-            present = [a for a in self.addresses if a in set(self.client.scheduler_info()["workers"])]
-            if present:
-                self.client.run(abort_run, self.run, workers=present)
-            if futures:
-                self.client.cancel(futures)
+            present = self._abort(futures)
             if present:
                 self.client.run(_release, self.run, workers=present)
         except Exception as exc:  # a cluster closing under us keeps nothing anyway
