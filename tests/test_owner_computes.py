@@ -9,7 +9,11 @@ import pytest
 from distributed import Client, LocalCluster
 
 import tensorflow_ooc as tfo
-from tensorflow_ooc.execution.owner_computes import _RUNS, plan_ownership
+from tensorflow_ooc import synthetic
+from tensorflow_ooc.decompositions.cp_owner_sampling import owner_sts_sample, start_sampler
+from tensorflow_ooc.execution.owner_computes import _RUNS, OwnerComputes, plan_ownership
+from tensorflow_ooc.execution.partitions import split_nonzeros
+from tensorflow_ooc.kernels import StackedFactors
 
 
 def _random_store(rng, tmp_path, order: int, nnz: int, name: str = "x.zarr"):
@@ -100,8 +104,10 @@ def test_refusals(rng, tmp_path):
     store = _random_store(rng, tmp_path, 3, 500)
     with pytest.raises(ValueError, match="distribution must be one of"):
         tfo.cp_als(store, 2, max_iters=1, scheduler="inline", distribution="mpi")
-    with pytest.raises(ValueError, match="distribution='owner' runs exact CP-ALS"):
+    with pytest.raises(ValueError, match="distribution='owner' runs CP-ALS"):
         tfo.cp_als(store, 2, max_iters=1, scheduler="inline", distribution="owner")
+    with pytest.raises(ValueError, match="not the inline scheduler, a dense array or CP-ARLS-LEV"):
+        tfo.cp_als(store, 2, max_iters=1, scheduler="inline", distribution="owner", method="arls-lev")
 
 
 def test_nothing_left_on_workers(two_workers, rng, tmp_path):
@@ -157,3 +163,130 @@ def test_a_wait_for_a_gone_peer_ends(monkeypatch):
     assert len(asked) == 3
     box.put("r", (0, 0, "M"), 1, "rows")  # a message that is there is taken without asking
     assert box.take("r", (0, 0, "M"), 1, alive=lambda: False) == "rows"
+
+
+# ---------------------------------------------------------------- STS-CP across the workers -------
+
+
+def _draw_step(ws, previous, mode, J, seed):
+    """An iteration step that only draws: the distributed sampler's SampleSet on this worker."""
+    if ws.sampler is None:
+        ws.sampler = start_sampler(ws, ("sampler",))
+    S = owner_sts_sample(ws, mode, J, seed, ("draw", mode))
+    return {"coords": S.coords, "counts": S.counts, "probs": S.probs, "rows": S.rows, "weights": S.weights}
+
+
+def _krp_cells(factors, mode):
+    ks = [k for k in range(len(factors)) if k != mode]
+    grid = np.stack(np.meshgrid(*[np.arange(factors[k].shape[0]) for k in ks], indexing="ij"), -1).reshape(-1, len(ks))
+    A = np.ones((grid.shape[0], factors[0].shape[1]))
+    for col, k in enumerate(ks):
+        A *= factors[k][grid[:, col]]
+    return A, ks
+
+
+def _leverage(A):
+    U, S, _ = np.linalg.svd(A, full_matrices=False)
+    keep = S**2 > 1e-12 * S[0] ** 2
+    return (U[:, keep] ** 2).sum(1) / keep.sum()
+
+
+@pytest.mark.parametrize(
+    "shape, rank, cluster",
+    [((9, 7, 8), 4, "three_workers"), ((5, 4, 6, 4), 6, "two_workers"), ((4, 3, 4, 3, 4), 3, "two_workers")],
+)
+def test_distributed_sts_draws_follow_exact_leverage_scores(request, shape, rank, cluster):
+    from scipy.stats import chisquare
+
+    client = request.getfixturevalue(cluster)
+    rng = np.random.default_rng(4000 + len(shape))  # fixed: a statistical test
+    # every cell a nonzero, so every row has an owner; rows are owned by several workers per mode
+    coords = np.stack(np.meshgrid(*[np.arange(s) for s in shape], indexing="ij"), -1).reshape(-1, len(shape))
+    path = request.getfixturevalue("tmp_path") / "d.zarr"
+    store = tfo.convert((coords, rng.random(coords.shape[0]) + 0.5), path, chunk_nnz=64)
+    factors = [rng.standard_normal((s, rank)) for s in shape]
+    W = len(client.scheduler_info()["workers"])
+    engine = OwnerComputes(
+        client,
+        store.path,
+        split_nonzeros(store, W),
+        in_memory=True,
+        init=StackedFactors.from_list,
+        init_args=(factors, "float64"),
+        nmodes=len(shape),
+        threads={a: 1 for a in client.scheduler_info()["workers"]},
+        batch_nnz=1 << 16,
+        max_private_bytes=1 << 26,
+    )
+    try:
+        owners = [sum(len(engine.plan.owned[w][n]) > 0 for w in range(W)) for n in range(len(shape))]
+        assert max(owners) >= 2, owners  # a mode's rows really are spread over several owners
+        J = 100_000
+        for mode in range(len(shape)):
+            got = engine.iterate(_draw_step, (mode, J, (7, 1, mode)))
+            for g in got[1:]:  # every worker holds the same sample set
+                for key in got[0]:
+                    np.testing.assert_array_equal(g[key], got[0][key])
+            s = got[0]
+            A, ks = _krp_cells(factors, mode)
+            cells = np.ravel_multi_index(tuple(s["coords"][:, ks].T), [shape[k] for k in ks])
+            assert s["counts"].sum() == J and (s["coords"][:, mode] == 0).all()
+            lev = _leverage(A)
+            np.testing.assert_allclose(s["probs"], lev[cells], rtol=1e-8)
+            np.testing.assert_allclose(s["rows"], A[cells], rtol=1e-12)
+            counts = np.bincount(cells, weights=s["counts"], minlength=A.shape[0])
+            expected = lev * J
+            big = expected >= 5
+            obs, exp = counts[big], expected[big]
+            if not big.all():  # cells expecting fewer than 5 draws, merged
+                obs, exp = np.append(obs, counts[~big].sum()), np.append(exp, expected[~big].sum())
+            assert chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3, (shape, mode)
+    finally:
+        engine.release()
+
+
+@pytest.mark.parametrize("nmodes", [3, 4, 5])
+def test_sts_on_workers_fits_like_one_process(two_workers, tmp_path, nmodes):
+    shape = (14, 12, 10, 9, 8)[:nmodes]
+    seed = int(np.random.default_rng().integers(1 << 30))
+    print("planted-tensor seed =", seed)
+    p = synthetic.planted_cp(shape, 3, 6_000, seed=seed)
+    store = tfo.convert((p.coords, p.values), tmp_path / "p.zarr", shape=p.shape, chunk_nnz=1024)
+    kw = dict(method="sts", samples=4096, max_iters=60, tol=1e-9)
+    one = max(tfo.cp_als(store, 3, seed=s, scheduler="inline", **kw).fit for s in (1, 2))
+    runs = [tfo.cp_als(store, 3, seed=s, client=two_workers, **kw) for s in (1, 2)]
+    got = max(r.fit for r in runs)
+    assert got >= one - 0.05, (got, one)
+    r = runs[0]
+    assert r.params["distribution"] == {"kind": "owner-computes", "workers": 2}
+    h = r.history[-1]
+    assert len(h["sampling_seconds"]) == nmodes and all(t > 0 for t in h["sampling_seconds"])
+    assert h["bytes_sent"] > 0 and h["fit_evaluated"]
+
+
+def test_sts_streaming_and_resume_draw_what_the_straight_run_drew(three_workers, tmp_path):
+    seed = int(np.random.default_rng().integers(1 << 30))
+    p = synthetic.planted_cp((30, 25, 20), 4, 8_000, seed=seed)
+    store = tfo.convert((p.coords, p.values), tmp_path / "p.zarr", shape=p.shape, chunk_nnz=1024)
+    kw = dict(method="sts", samples=2048, tol=0, seed=seed, client=three_workers)
+    straight = tfo.cp_als(store, 4, max_iters=6, execution="in-memory", **kw)
+    streamed = tfo.cp_als(store, 4, max_iters=6, execution="streaming", **kw)
+    # the same draws (seeded per run, iteration and mode), the same nonzeros: equal to rounding
+    _assert_same(streamed, straight, tol=1e-9)
+    ck = tmp_path / "ck.npz"
+    tfo.cp_als(store, 4, max_iters=3, execution="in-memory", checkpoint=ck, **kw)
+    resumed = tfo.cp_als(store, 4, max_iters=6, execution="in-memory", checkpoint=ck, resume=True, **kw)
+    assert resumed.iterations == 6
+    _assert_same(resumed, straight, tol=1e-9)
+
+
+def test_sts_on_workers_keeps_a_factor_no_sampled_fiber_touches(two_workers, tmp_path):
+    rng = np.random.default_rng(int(np.random.default_rng().integers(1 << 30)))
+    shape = (300, 400, 500)
+    coords = np.unique(np.stack([rng.integers(0, s, 400) for s in shape], axis=1), axis=0)
+    store = tfo.convert((coords, rng.random(len(coords)) + 0.5), tmp_path / "s.zarr", shape=shape, chunk_nnz=64)
+    r = tfo.cp_als(store, 2, seed=1, method="sts", samples=3, max_iters=4, tol=0, client=two_workers)
+    assert r.params["distribution"]["kind"] == "owner-computes"
+    assert any(h.get("kept_modes") for h in r.history)
+    assert all(np.isfinite(f).all() and np.abs(f).sum() > 0 for f in r.factors)
+    assert np.isfinite(r.fit)

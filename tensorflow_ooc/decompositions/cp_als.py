@@ -26,6 +26,7 @@ from ..store import Store, open_store
 from ..store.dense import DenseArray, is_dense_array, open_dense
 from . import updates as U
 from .cp_owner import (
+    OWNER_METHODS,
     owner_checkpoint,
     owner_factors,
     owner_iteration,
@@ -144,14 +145,16 @@ def cp_als(
         improves on the best before by less than ``tol``. The exact method evaluates it every
         iteration at no extra cost.
     distribution : {"auto", "owner", "graph"}
-        How exact CP-ALS spreads over several workers. "owner" (the default, "auto", on a cluster
-        of several workers, CPU or one per GPU): owner-computes, each worker keeps its partitions
-        and the factor rows it owns, one task per worker and iteration, rows sent worker to worker
-        only where they are shared (:mod:`~tensorflow_ooc.decompositions.cp_owner`); the history
-        adds the bytes sent per iteration beside their lower bound. A worker lost mid-run
-        restarts the run on the workers left, from ``checkpoint`` when there is one. "graph":
-        per-mode task graphs with a reduce-scatter of the partials (what one worker, dense arrays
-        and the randomized methods always use).
+        How exact CP-ALS and STS-CP spread over several workers. "owner" (the default, "auto", on
+        a cluster of several workers, CPU or one per GPU): owner-computes, each worker keeps its
+        partitions and the factor rows it owns, one task per worker and iteration, rows sent
+        worker to worker only where they are shared (:mod:`~tensorflow_ooc.decompositions.cp_owner`);
+        STS-CP draws across the workers, each owner walking its own rows' tree
+        (:mod:`~tensorflow_ooc.decompositions.cp_owner_sampling`). The history adds the bytes
+        sent per iteration beside their lower bound. A worker lost mid-run restarts the run on
+        the workers left, from ``checkpoint`` when there is one. "graph": per-mode task graphs
+        with a reduce-scatter of the partials (what one worker, dense arrays and CP-ARLS-LEV
+        always use).
 
     Returns
     -------
@@ -206,7 +209,7 @@ def cp_als(
             rank=rank,
             dtype=dtype,
             samples=int(samples) if randomized else 0,
-            load=distribution == "graph" or randomized or dense,
+            load=distribution == "graph" or method not in OWNER_METHODS or dense,
         )
         owner = use_owner_computes(c, graph, dense, method, distribution)
         if graph.execution == "in-memory" and graph.data is None and not owner:
@@ -227,7 +230,7 @@ def cp_als(
         params["resumed_after"] = start
         if randomized:
             params["sample_entropy"] = run_entropy(sample_entropy, seed)
-            if method == "sts":
+            if method == "sts" and not owner:
                 F = c.submit(with_trees, F, pure=False, **on_cluster)
             step = partial(randomized_step, c, graph, N, method, samples, params["sample_entropy"])
         else:
@@ -256,9 +259,12 @@ def cp_als(
                     # the next iteration goes ahead unless this one ends the run or writes a
                     # checkpoint (whose rows must be this iteration's)
                     due = checkpoint and (iteration + 1) % checkpoint_every == 0
-                    ahead = None if due or iteration + 1 >= max_iters else (iteration + 1, False, normX2, tol)
+                    # randomized runs stop by the driver's test on the evaluated fits: never ahead
+                    last = due or iteration + 1 >= max_iters or randomized
+                    ahead = None if last else (iteration + 1, False, normX2, tol)
+                    sketch = (int(samples), params["sample_entropy"], evaluate) if randomized else None
                     sm, exchange = owner_summary(
-                        engine.iterate(owner_iteration, (iteration, iteration == 0, normX2, tol), ahead),
+                        engine.iterate(owner_iteration, (iteration, iteration == 0, normX2, tol, sketch), ahead),
                         engine.plan.mode_lower_bound_bytes(rank, np.dtype(dtype).itemsize),
                     )
                 except TeamLost as exc:

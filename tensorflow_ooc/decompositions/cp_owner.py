@@ -29,12 +29,19 @@ from ..kernels.update.column_scale import column_max_abs, column_sum_squares
 from ..kernels.update.normal_equations import normal_inverse_of
 from . import updates as U
 from .checkpoint import disk_full_returned, raise_returned, write_checkpoint
+from .cp_owner_sampling import owner_sts_sample, start_sampler
 from .cp_steps import model_fit, model_norm_sq
 from .updates import _BLAS
 
 
 def owner_iteration(
-    ws: WorkerState, previous: dict | None, iteration: int, first_iteration: bool, normX2: float, tol: float
+    ws: WorkerState,
+    previous: dict | None,
+    iteration: int,
+    first_iteration: bool,
+    normX2: float,
+    tol: float,
+    sketch: tuple | None = None,
 ) -> dict:
     """Algorithm 1's iteration on one worker of an owner-computes run; returns its summary: the
     weights, Grams and fit terms (the same on every worker), its own timings and bytes sent, and
@@ -42,51 +49,95 @@ def owner_iteration(
 
     The driver submits the next iteration before it reads this one's summary (one round trip
     less per iteration); ``previous``, the summary of the iteration before on this worker, says
-    whether to run at all: the worker decides as the driver will, from the same numbers."""
+    whether to run at all: the worker decides as the driver will, from the same numbers.
+
+    Randomized CP-ALS passes ``sketch = (samples, entropy, evaluate)``: each mode solves the
+    sketched problem of ``samples`` STS-CP draws made across the workers
+    (:func:`~tensorflow_ooc.decompositions.cp_owner_sampling.owner_sts_sample`), from the sampled
+    MTTKRP of the drawn fibers' nonzeros; with ``evaluate`` the last mode also runs the exact
+    MTTKRP, whose inner products give the fit (else the fit is NaN and not tested here)."""
     if previous is not None and previous["stop"]:
         return {"skipped": True, "stop": True}
     started = time.time()
     N, R = ws.nmodes, ws.factors.rank
-    timings, finished, sent, waits = {}, {}, {}, {}
+    timings, finished, sent, waits, sampling = {}, {}, {}, {}, {}
+    fit_seconds = 0.0
     inner = np.zeros(R)
+    if sketch is not None and ws.sampler is None:
+        ws.sampler = start_sampler(ws, (iteration, "sampler"))
     for n in range(N):
         t0 = time.perf_counter()
         sent0, wait0 = ws.team.bytes_sent, ws.team.wait_seconds + ws.team.send_seconds
-        P = ws.local_mttkrp(n)  # this worker's nonzeros' rows of X_(n) (odot A_m)
+        last = n == N - 1
+        if sketch is None:
+            V = normal_inverse_of(ws.grams, n)
+            P = ws.local_mttkrp(n)  # this worker's nonzeros' rows of X_(n) (odot A_m)
+        else:
+            samples, entropy, evaluate = sketch
+            S = owner_sts_sample(ws, n, samples, (entropy, iteration, n), (iteration, n, "draw"))
+            sampling[n] = S.seconds
+            t0 = time.perf_counter()
+            V = normal_inverse_of(None, n, S.gram())
+            P = ws.local_sampled_mttkrp(n, S)
         t_mttkrp = time.perf_counter() - t0
         M = ws.reduce_scatter(n, P, (iteration, n, "M"))  # the owned rows, summed over workers
+        Mx = M  # the exact MTTKRP's owned rows, for the fit's inner products
+        if sketch is not None:
+            Mx = None
+            if last and evaluate:
+                t_fit = time.perf_counter()
+                Mx = ws.reduce_scatter(n, ws.local_mttkrp(n), (iteration, n, "X"))
+                fit_seconds = time.perf_counter() - t_fit
         t1 = time.perf_counter()
         with _BLAS.limit(limits=1, user_api="blas"):
-            A = M @ normal_inverse_of(ws.grams, n).astype(M.dtype, copy=False)  # A = M V^+
+            A = M @ V.astype(M.dtype, copy=False)  # A = M V^+
             stat = column_sum_squares(A) if first_iteration else column_max_abs(A)
-            small = np.concatenate([stat, (A.T @ A).ravel(), np.einsum("ir,ir->r", A, M) if n == N - 1 else 0 * stat])
+            terms = [stat, (A.T @ A).ravel()]
+            if sketch is None:
+                terms.append(np.einsum("ir,ir->r", A, M) if last else 0 * stat)
+            else:
+                if last and Mx is not None:  # the new factor's terms, and a kept one's
+                    terms += [np.einsum("ir,ir->r", A, Mx), np.einsum("ir,ir->r", ws.owned_rows(n)[1], Mx)]
+                terms.append(np.array([float(np.any(M))]))  # some sampled fiber held a nonzero
+            small = np.concatenate(terms)
         t_update = time.perf_counter() - t1
         smalls, received = ws.all_gather(n, A, small, (iteration, n, "A"))
         t2 = time.perf_counter()
-        if first_iteration:
-            weights = np.sqrt(smalls[:, :R].sum(axis=0))
+        total = smalls.sum(axis=0)
+        if sketch is not None and not total[-1] > 0:
+            # no sampled fiber held a nonzero on any worker: the sketched right-hand side is zero
+            # and would zero the factor, so it is kept (as one worker's update_mode does)
+            ws.sampler.empty_sketches[n] = ws.sampler.empty_sketches.get(n, 0) + 1
+            if last:
+                inner = total[R + R * R + R : R + R * R + 2 * R] if Mx is not None else np.full(R, np.nan)
         else:
-            weights = np.maximum(smalls[:, :R].max(axis=0), 1.0)
-        total = smalls[:, R:].sum(axis=0)
-        scale = np.ones(R) if (weights == 0).all() else 1 / np.where(weights == 0, 1, weights)
-        ws.set_rows(n, A, received, scale.astype(A.dtype))
-        ws.grams[n] = (total[: R * R].reshape(R, R) * np.outer(scale, scale)).astype(A.dtype)
-        ws.weights = weights
-        if n == N - 1:
-            inner = total[R * R :] * scale
+            if first_iteration:
+                weights = np.sqrt(smalls[:, :R].sum(axis=0))
+            else:
+                weights = np.maximum(smalls[:, :R].max(axis=0), 1.0)
+            scale = np.ones(R) if (weights == 0).all() else 1 / np.where(weights == 0, 1, weights)
+            ws.set_rows(n, A, received, scale.astype(A.dtype))
+            outer = np.outer(scale, scale)
+            ws.grams[n] = (total[R : R + R * R].reshape(R, R) * outer).astype(A.dtype)
+            ws.weights = weights
+            if last:
+                inner = total[R + R * R : R + R * R + R] * scale if Mx is not None else np.full(R, np.nan)
+            if sketch is not None:
+                ws.sampler.refresh(ws, n, smalls[:, R : R + R * R].reshape(-1, R, R) * outer)
         t_update += time.perf_counter() - t2
         timings[n] = (t_mttkrp, t_update)
         finished[n] = time.time()
         sent[n] = ws.team.bytes_sent - sent0
         waits[n] = ws.team.wait_seconds + ws.team.send_seconds - wait0
     grams = [np.asarray(g, dtype=np.float64) for g in ws.grams]
-    sm = U.Summary(ws.weights, grams, inner, {}, {}, {}, 0.0, {})
+    empty = dict(ws.sampler.empty_sketches) if ws.sampler is not None else {}
+    sm = U.Summary(ws.weights, grams, inner, {}, {}, sampling, fit_seconds, empty)
     fit = model_fit(sm, normX2, model_norm_sq(sm))
     fit_old = previous["fit"] if previous is not None else None
     stop = not np.isfinite(fit) or (fit_old is not None and iteration > 0 and abs(fit - fit_old) < tol)
     return {
         "fit": fit,
-        "stop": bool(stop),
+        "stop": bool(stop) and sketch is None,  # randomized runs stop by the driver's test
         "started": started,
         "weights": ws.weights,
         "grams": grams,
@@ -95,26 +146,30 @@ def owner_iteration(
         "timings": timings,
         "bytes_sent": sent,
         "exchange_seconds": waits,
+        "sampling": sampling,
+        "fit_seconds": fit_seconds,
+        "empty_sketches": empty,
     }
 
 
 # ---------------------------------------------------------------- driver side ---------------------
 
 DISTRIBUTIONS = ("auto", "owner", "graph")
+OWNER_METHODS = ("exact", "sts")  # CP-ARLS-LEV keeps the task graphs
 
 
 def use_owner_computes(client, graph, dense: bool, method: str, distribution: str) -> bool:
     """Whether this run goes owner-computes: ``distribution="owner"``, or "auto" on a Dask cluster
-    of several workers (CPU, or GPU: one worker per GPU) for exact CP-ALS of a sparse store.
-    ``"graph"`` keeps the per-mode task graphs (one worker, the inline scheduler, dense arrays and
-    the randomized methods always do)."""
+    of several workers (CPU, or GPU: one worker per GPU) for exact CP-ALS or STS-CP of a sparse
+    store. ``"graph"`` keeps the per-mode task graphs (one worker, the inline scheduler, dense
+    arrays and CP-ARLS-LEV always do)."""
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
-    able = not is_inline(client) and not dense and method == "exact"
+    able = not is_inline(client) and not dense and method in OWNER_METHODS
     if distribution == "owner" and not able:
         raise ValueError(
-            "distribution='owner' runs exact CP-ALS of a sparse store on Dask workers "
-            "(not the inline scheduler, a dense array or a randomized method)"
+            f"distribution='owner' runs CP-ALS (method {' or '.join(map(repr, OWNER_METHODS))}) of a sparse "
+            "store on Dask workers (not the inline scheduler, a dense array or CP-ARLS-LEV)"
         )
     if distribution == "graph" or not able:
         return False
@@ -154,7 +209,17 @@ def owner_summary(summaries: list[dict], lower: list[int]) -> tuple[U.Summary, d
     N = len(first["grams"])
     timings = {n: tuple(max(s["timings"][n][i] for s in summaries) for i in range(2)) for n in range(N)}
     finished = {n: max(s["finished"][n] for s in summaries) for n in range(N)}
-    sm = U.Summary(first["weights"], first["grams"], first["inner"], finished, timings, {}, 0.0, {})
+    sampling = {n: max(s["sampling"].get(n, 0.0) for s in summaries) for n in first.get("sampling", {})}
+    sm = U.Summary(
+        first["weights"],
+        first["grams"],
+        first["inner"],
+        finished,
+        timings,
+        sampling,
+        max(s.get("fit_seconds", 0.0) for s in summaries),
+        dict(first.get("empty_sketches", {})),
+    )
     sent = [sum(s["bytes_sent"][n] for s in summaries) for n in range(N)]
     exchange = {
         "workers": len(summaries),

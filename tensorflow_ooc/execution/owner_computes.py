@@ -45,7 +45,7 @@ from .exchange import ExchangeAborted, ExchangePlugin, Team, abort_run
 from .partials import Partial
 from .partitions import Partition, split_nonzeros
 from .stream import BatchBuffers, fill_batch
-from .tasks import PartitionData, cached_store, combine, load_partition, mttkrp_partition
+from .tasks import PartitionData, cached_store, combine, load_partition, mttkrp_partition, sampled_partition
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,7 @@ class WorkerState:
     device: str = "cpu"  # where the local MTTKRP runs ("gpu": this worker's GPU)
     device_options: Any = None
     weights: np.ndarray = field(default_factory=lambda: np.ones(0))
+    sampler: Any = None  # randomized CP-ALS: the worker's part of the distributed sampler
     # the run's tasks on this worker in submission order: ``done`` counts those finished, ``last``
     # is the latest iteration's summary, ``turn`` wakes the next one
     done: int = 0
@@ -139,6 +140,15 @@ class WorkerState:
         ]
         if not parts:
             return Partial(0, np.zeros((0, self.factors.rank), dtype=self.factors.dtype))
+        return parts[0] if len(parts) == 1 else combine(*parts)
+
+    def local_sampled_mttkrp(self, mode: int, samples: Any) -> Partial:
+        """The mode-``mode`` *sampled* MTTKRP rows of this worker's partitions for randomized
+        CP-ALS: the nonzeros of the fibers of ``samples`` (a
+        :class:`~tensorflow_ooc.kernels.sampling.krp_sampler.SampleSet`) that lie in them."""
+        parts = [sampled_partition(src, samples, mode, self.threads, self.batch_nnz) for src in self.sources]
+        if not parts:
+            return Partial(0, np.zeros((0, self.factors.rank), dtype=samples.rows.dtype))
         return parts[0] if len(parts) == 1 else combine(*parts)
 
     def reduce_scatter(self, mode: int, partial: Partial, tag: Any) -> np.ndarray:

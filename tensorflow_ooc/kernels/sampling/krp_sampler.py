@@ -337,6 +337,15 @@ def _draw_row_careful(U, grams, P, F, E, P1, lam, V, hj, d1, d2):
     ht = np.empty(R)
     for a in range(R):
         ht[a] = hj[a] * V[a, u]
+    return _draw_row_for_query(U, grams, P, F, ht, d2)
+
+
+@nb.njit(nogil=True, cache=True)
+def _draw_row_for_query(U, grams, P, F, ht, d2):
+    """Stage 2 of :func:`_draw_row_careful`: the row of ``U`` drawn for the query ``ht`` with the
+    uniform ``d2`` by the careful walk; -1 on a breakdown."""
+    I, R = U.shape
+    t = np.empty(R)
     m2 = _quad(grams[0], ht, t)
     if not m2 > 0.0:
         return -1
@@ -759,54 +768,69 @@ def _sts_draw_mode(U, grams, P, F, E, P1, lam, V, Hd, hid, by_history, uniforms,
     own uniforms, so the result is the same for any thread count.
     """
     J = hid.shape[0]
-    R = Hd.shape[1]
-    I = U.shape[0]
-    x = np.zeros(J)
-    fail = np.zeros(J, dtype=np.bool_)
-    perm = np.zeros(J, dtype=np.int64)
-    cap = max(1, min(J, max(P, P1)))
-    gnode = np.empty(cap, dtype=np.int64)
-    gstart = np.empty(cap, dtype=np.int64)
-    gend = np.empty(cap, dtype=np.int64)
     comp = np.zeros(J, dtype=np.int64)
-    if by_history:
-        _components_by_history(Hd, lam, V, grams[0], hid, uniforms[:, 0], comp, fail)
-    else:
-        x[:] = uniforms[:, 0]
-        ng = _walk(
-            E,
-            P1,
-            R,
-            Hd,
-            hid,
-            np.ones((1, R)),
-            comp,
-            np.argsort(hid, kind="mergesort"),
-            x,
-            fail,
-            perm,
-            gnode,
-            gstart,
-            gend,
-        )
-        _components(P1, ng, perm, gnode, gstart, gend, comp)
+    fail = np.zeros(J, dtype=np.bool_)
+    _stage1(E, P1, lam, V, grams[0], Hd, hid, by_history, uniforms[:, 0], comp, fail)
     for j in nb.prange(J):
         if not lam[comp[j]] > 0.0:
             fail[j] = True
     # stage 2: the query of draw j is Hd[hid[j]] * V[:, comp[j]]
     VT = np.ascontiguousarray(V.T)
+    x = np.empty(J)
     x[:] = uniforms[:, 1]
+    _stage2(U, grams, P, F, Hd, hid, VT, comp, x, fail, out)
+    bad = _failed(out)
+    for b in nb.prange(bad.shape[0]):
+        jb = bad[b]
+        out[jb] = _draw_row_careful(U, grams, P, F, E, P1, lam, V, Hd[hid[jb]], uniforms[jb, 0], uniforms[jb, 1])
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _stage1(E, P1, lam, V, Gk, Hd, hid, by_history, x1, comp, fail):
+    """Stage 1 of :func:`_sts_draw_mode`: ``comp[j]``, the eigen-component of draw ``j`` (from its
+    history's whole distribution, or by walking ``E`` with the uniform ``x1[j]``); ``fail[j]``
+    where the walk broke down."""
+    J = hid.shape[0]
+    R = Hd.shape[1]
+    if by_history:
+        _components_by_history(Hd, lam, V, Gk, hid, x1, comp, fail)
+        return
+    x = np.empty(J)
+    x[:] = x1
+    perm = np.zeros(J, dtype=np.int64)
+    cap = max(1, min(J, P1))
+    gnode = np.empty(cap, dtype=np.int64)
+    gstart = np.empty(cap, dtype=np.int64)
+    gend = np.empty(cap, dtype=np.int64)
+    ng = _walk(
+        E, P1, R, Hd, hid, np.ones((1, R)), comp, np.argsort(hid, kind="mergesort"), x, fail, perm, gnode, gstart, gend
+    )
+    _components(P1, ng, perm, gnode, gstart, gend, comp)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _stage2(U, grams, P, F, Q, qrow, scale, which, x, fail, out):
+    """Stage 2 of :func:`_sts_draw_mode`: ``out[j]``, the row of ``U`` drawn for the query
+    ``Q[qrow[j]] * scale[which[j]]`` with the uniform ``x[j]`` (overwritten), by the batched walk
+    of the factor's tree and the scan of the leaf reached; -1 where it broke down (or ``fail[j]``)."""
+    J = qrow.shape[0]
+    I = U.shape[0]
+    perm = np.zeros(J, dtype=np.int64)
+    cap = max(1, min(J, P))
+    gnode = np.empty(cap, dtype=np.int64)
+    gstart = np.empty(cap, dtype=np.int64)
+    gend = np.empty(cap, dtype=np.int64)
     key = np.empty(J, dtype=np.int64)
     for j in nb.prange(J):
-        key[j] = hid[j] * R + comp[j]
+        key[j] = qrow[j] * scale.shape[0] + which[j]
     ng = _walk(
         grams,
         P,
         (I + F - 1) // F,
-        Hd,
-        hid,
-        VT,
-        comp,
+        Q,
+        qrow,
+        scale,
+        which,
         np.argsort(key, kind="mergesort"),
         x,
         fail,
@@ -815,11 +839,7 @@ def _sts_draw_mode(U, grams, P, F, E, P1, lam, V, Hd, hid, by_history, uniforms,
         gstart,
         gend,
     )
-    _scan_leaves(U, P, F, Hd, hid, VT, comp, x, fail, perm, gnode, gstart, gend, ng, out)
-    bad = _failed(out)
-    for b in nb.prange(bad.shape[0]):
-        jb = bad[b]
-        out[jb] = _draw_row_careful(U, grams, P, F, E, P1, lam, V, Hd[hid[jb]], uniforms[jb, 0], uniforms[jb, 1])
+    _scan_leaves(U, P, F, Q, qrow, scale, which, x, fail, perm, gnode, gstart, gend, ng, out)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -1016,6 +1036,60 @@ def _extend_histories(
         pairs, inv = np.unique(np.stack([hid, rows], axis=1), axis=0, return_inverse=True)
         old, new = pairs[:, 0], pairs[:, 1]
     return Hd[old] * U[new], inv.reshape(-1).astype(np.int64)
+
+
+def draw_components(
+    Hd: np.ndarray, hid: np.ndarray, lam: np.ndarray, V: np.ndarray, Gk: np.ndarray, x1: np.ndarray
+) -> np.ndarray:
+    """Stage 1 of STS-CP for the draws of one sampled mode: the eigen-component of ``G_>k``
+    (eigenpairs ``lam``, ``V``) of each draw, whose history is ``Hd[hid[j]]``, with the uniforms
+    ``x1`` (``Gk`` the mode's Gram). The same decisions as :func:`sts_sample` makes; raises
+    RuntimeError where every component had zero mass (a numerical breakdown)."""
+    J, R = hid.shape[0], Hd.shape[1]
+    E, P1 = _eigen_tree(lam, V, Gk)
+    comp = np.zeros(J, dtype=np.int64)
+    fail = np.zeros(J, dtype=np.bool_)
+    by_history = Hd.shape[0] * R <= STAGE1_BY_HISTORY * J * int(P1).bit_length()
+    _stage1(E, P1, lam, V, np.ascontiguousarray(Gk), Hd, hid, by_history, np.ascontiguousarray(x1), comp, fail)
+    fail |= ~(lam[comp] > 0.0)
+    if fail.any():
+        raise RuntimeError(f"leverage sampling broke down numerically in stage 1 ({int(fail.sum())} of {J} draws)")
+    return comp
+
+
+def draw_rows(U: np.ndarray, tree: RowTree, Q: np.ndarray, qrow: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Stage 2 of STS-CP: for each draw ``j`` the row of ``U`` drawn with probability proportional
+    to ``(U[i] . Q[qrow[j]])^2`` by inversion of the uniform ``x[j]`` (the factor's ``tree`` walked,
+    then the leaf scanned; draws that break down in rounding are drawn again by the careful walk).
+    Raises RuntimeError where even that broke down."""
+    J = qrow.shape[0]
+    out = np.empty(J, dtype=np.int64)
+    if J == 0:
+        return out
+    U = np.ascontiguousarray(U, dtype=np.float64)
+    Q = np.ascontiguousarray(Q, dtype=np.float64)
+    qrow = np.ascontiguousarray(qrow, dtype=np.int64)
+    R = U.shape[1]
+    xs = np.array(x, dtype=np.float64)
+    with _BLAS.limit(limits=1, user_api="blas"):
+        _stage2(
+            U,
+            tree.grams,
+            tree.nleaves,
+            tree.leaf_rows,
+            Q,
+            qrow,
+            np.ones((1, R)),
+            np.zeros(J, dtype=np.int64),
+            xs,
+            np.zeros(J, dtype=np.bool_),
+            out,
+        )
+    for j in np.flatnonzero(out < 0):
+        out[j] = _draw_row_for_query(U, tree.grams, tree.nleaves, tree.leaf_rows, Q[qrow[j]], float(x[j]))
+    if np.any(out < 0):
+        raise RuntimeError(f"leverage sampling broke down numerically ({int(np.sum(out < 0))} of {J} draws)")
+    return out
 
 
 def _pow2_at_least(n: int) -> int:
