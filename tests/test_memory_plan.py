@@ -310,3 +310,16 @@ def test_partials_are_reduce_scattered_over_workers(tmp_path, rng, nmodes):
     assert abs(spread.fit - reference.fit) < 1e-9
     for a, b in zip(spread.factors, reference.factors):
         np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-9)
+
+
+def test_owner_computes_plan_has_no_state_copies_or_factors_in_transit():
+    # 2 workers of 12 GB, STS-CP at 86 M: the task graphs' plan streams the whole store each mode
+    # (a state copy, whole factors in transit); owner-computes keeps each worker's half in memory
+    kw = dict(worker_nnz=43_000_000, workers=2, partitions_per_mode=2, samples=1 << 16, limit=12_053 << 20)
+    graph = choose(_plans(**kw))
+    owner = choose(_plans(owner=True, **kw))
+    assert graph.execution == "streaming" and owner.execution == "in-memory"
+    plans = _plans(owner=True, **kw)
+    assert all(p.in_place and p.terms["state_copy"] == 0 and p.terms["transfer"] == 0 for p in plans)
+    out = AMAZON[0] * 16 * 8
+    assert owner.terms["reduction"] == -(-out // 2) and owner.terms["update"] == out

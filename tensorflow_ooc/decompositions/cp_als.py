@@ -212,6 +212,12 @@ def cp_als(
             load=distribution == "graph" or method not in OWNER_METHODS or dense,
         )
         owner = use_owner_computes(c, graph, dense, method, distribution)
+        if owner:
+            graph.plan_owner_computes()
+            params["execution"] = graph.execution
+            params["in_place_updates"] = True
+            if graph.memory_plan is not None:
+                params["memory_plan"] = graph.memory_plan.as_dict()
         if graph.execution == "in-memory" and graph.data is None and not owner:
             graph.load()
         input_fp = fingerprint(store)

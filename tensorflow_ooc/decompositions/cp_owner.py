@@ -80,7 +80,8 @@ def owner_iteration(
             V = normal_inverse_of(None, n, S.gram())
             P = ws.local_sampled_mttkrp(n, S)
         t_mttkrp = time.perf_counter() - t0
-        M = ws.reduce_scatter(n, P, (iteration, n, "M"))  # the owned rows, summed over workers
+        # the owned rows, summed over workers (a sampled MTTKRP's rows travel sparse)
+        M = ws.reduce_scatter(n, P, (iteration, n, "M"), sparse=sketch is not None)
         Mx = M  # the exact MTTKRP's owned rows, for the fit's inner products
         if sketch is not None:
             Mx = None
@@ -101,7 +102,7 @@ def owner_iteration(
                 terms.append(np.array([float(np.any(M))]))  # some sampled fiber held a nonzero
             small = np.concatenate(terms)
         t_update = time.perf_counter() - t1
-        smalls, received = ws.all_gather(n, A, small, (iteration, n, "A"))
+        smalls, received = ws.all_gather(n, A, small, (iteration, n, "A"), sparse=sketch is not None)
         t2 = time.perf_counter()
         total = smalls.sum(axis=0)
         if sketch is not None and not total[-1] > 0:

@@ -220,6 +220,7 @@ def candidates(
     samples: int = 0,
     kernel_threads: int = 1,
     lend_target: bool = False,
+    owner: bool = False,
 ) -> list[MemoryPlan]:
     """Every execution :func:`choose` may take, fastest first, each with its peak terms.
 
@@ -242,6 +243,11 @@ def candidates(
         long modes), then with the default bound.
     lend_target : one worker running one task at a time: in-place executions lend the target
         mode's factor rows as one of those copies, so they need one copy fewer.
+    owner : owner-computes (:mod:`.owner_computes`): the worker's one task a mode updates its
+        rows in place; it holds its local MTTKRP, the rows it owns summed with the others'
+        partials, the rows it sends and receives (each at most one output), no state copy and
+        no whole factors in transit. STS-CP adds the copies of owned rows its trees are built
+        from (about 1/W of the factors).
     """
     S = sum(shape) * rank * itemsize
     modes = ["in-memory", "streaming"] if execution == "auto" else [execution]
@@ -268,6 +274,8 @@ def candidates(
         options.append(("streaming", True, LEAN_BATCH_NNZ, LEAN_PRIVATE_BYTES, False))
     options.sort(key=lambda o: (_ORDER[(o[0], o[1])], not o[4], -o[2], -o[3]))
     plans = []
+    if owner:
+        options = [o for o in options if o[1]]  # owners update their rows in place
     for mode, in_place, batch_nnz, bound, mode_copies in options:
         private = bound
         if mode == "in-memory":
@@ -286,13 +294,19 @@ def candidates(
             "data": int(data),
             "mode_copies": worker_nnz * (8 + value_itemsize) * len(shape) if mode_copies else 0,
             "buckets": tasks * 20 * min(OWNED_GROUP_NNZ, call_nnz),
-            "transfer": S if workers > 1 else 0,
+            "transfer": S if workers > 1 and not owner else 0,
             "sampling": 0
             if not samples
             else sum(tree_nbytes(n, rank) for n in shape)
             + 2 * samples * (len(shape) + rank + 1) * 8
-            + (worker_nnz * 24 * len(shape) if mode == "in-memory" else 0),
+            + (worker_nnz * 24 * len(shape) if mode == "in-memory" else 0)
+            + (-(-S // workers) if owner else 0),
         }
+        if owner:
+            # a worker owns about 1/W of a mode's rows: it receives at most those rows from each
+            # other worker, solves them, and sends copies of the rows it touches but does not own
+            share = -(-out_bytes // workers)
+            terms.update(outputs=out_bytes, reduction=(workers - 1) * share, update=out_bytes)
         plans.append(MemoryPlan(mode, in_place, batch_nnz, bound, terms, limit or None, usable_fraction(), mode_copies))
     return plans
 

@@ -151,13 +151,16 @@ class WorkerState:
             return Partial(0, np.zeros((0, self.factors.rank), dtype=samples.rows.dtype))
         return parts[0] if len(parts) == 1 else combine(*parts)
 
-    def reduce_scatter(self, mode: int, partial: Partial, tag: Any) -> np.ndarray:
+    def reduce_scatter(self, mode: int, partial: Partial, tag: Any, sparse: bool = False) -> np.ndarray:
         """Send each owner the rows of ``partial`` it owns; return the rows this worker owns,
-        summed over every worker's partial in rank order (``len(owned) x R``)."""
+        summed over every worker's partial in rank order (``len(owned) x R``). With ``sparse``
+        only the rows that are not zero travel, with their positions (a sampled MTTKRP's rows are
+        zero but where a sampled fiber holds a nonzero: STS-CP at 86 M sent 1.18 GB an iteration
+        of mostly zero rows)."""
         plan = self.plans[mode]
         rows = partial.rows
         # the sends are copies (fancy indexing): they leave while this worker goes on
-        self.team.send_many(tag, {k: rows[ids - partial.lo] for k, ids in plan.send.items()})
+        self.team.send_many(tag, {k: _pack(rows[ids - partial.lo], sparse) for k, ids in plan.send.items()})
         span = plan.span
         if span is not None:
             # owned rows in one range: summed where the partial holds them (a view; the partial
@@ -167,7 +170,7 @@ class WorkerState:
             out = rows[span[0] - partial.lo : span[1] - partial.lo]
             for k in range(self.team.size):
                 if k in plan.recv_pos:
-                    out[plan.recv_pos[k]] += self.team.receive(tag, k)
+                    _add(out, plan.recv_pos[k], self.team.receive(tag, k))
             return out
         out = np.zeros((plan.owned.shape[0], self.factors.rank), dtype=self.factors.dtype)
         for k in range(self.team.size):
@@ -175,20 +178,22 @@ class WorkerState:
                 if plan.owned.shape[0]:
                     out += rows[plan.owned - partial.lo]
             elif k in plan.recv_pos:
-                out[plan.recv_pos[k]] += self.team.receive(tag, k)
+                _add(out, plan.recv_pos[k], self.team.receive(tag, k))
         return out
 
-    def all_gather(self, mode: int, rows: np.ndarray, small: np.ndarray, tag: Any) -> tuple[np.ndarray, dict]:
+    def all_gather(
+        self, mode: int, rows: np.ndarray, small: np.ndarray, tag: Any, sparse: bool = False
+    ) -> tuple[np.ndarray, dict]:
         """Send every other worker ``small`` (this worker's R x R-sized terms) and the rows of
-        ``rows`` (this worker's owned rows) it touches; return every rank's ``small`` (stacked in
-        rank order) and the rows received, per rank. Nothing is written yet: the caller scales
-        them first (:meth:`set_rows`)."""
+        ``rows`` (this worker's owned rows) it touches (with ``sparse``, only those not zero, with
+        their positions); return every rank's ``small`` (stacked in rank order) and the rows
+        received, per rank. Nothing is written yet: the caller scales them first (:meth:`set_rows`)."""
         plan = self.plans[mode]
         payloads = {}
         for k in range(self.team.size):
             if k != self.team.rank:
                 pos = plan.recv_pos.get(k)
-                payloads[k] = [small, rows[pos] if pos is not None else rows[:0]]
+                payloads[k] = [small, _pack(rows[pos] if pos is not None else rows[:0], sparse)]
         self.team.send_many(tag, payloads)
         smalls, received = [], {}
         for k in range(self.team.size):
@@ -198,7 +203,7 @@ class WorkerState:
                 s, r = self.team.receive(tag, k)
                 smalls.append(np.asarray(s))
                 if k in plan.send:
-                    received[k] = np.asarray(r)
+                    received[k] = r
         return np.stack(smalls), received
 
     def set_rows(self, mode: int, owned_rows: np.ndarray, received: dict, scale: np.ndarray) -> None:
@@ -210,7 +215,12 @@ class WorkerState:
         elif plan.owned.shape[0]:
             view[plan.owned] = owned_rows * scale
         for k, r in received.items():
-            view[plan.send[k]] = r * scale
+            if isinstance(r, (list, tuple)):  # sparse: the rows not listed are zero
+                pos, rr = np.asarray(r[0]), np.asarray(r[1])
+                view[plan.send[k]] = 0
+                view[plan.send[k][pos]] = rr * scale
+            else:
+                view[plan.send[k]] = np.asarray(r) * scale
         if self.device == "gpu":  # the GPU kernels' copy of the factors is uploaded again
             from .device_stream import forget_device_factors
 
@@ -219,6 +229,22 @@ class WorkerState:
     def owned_rows(self, mode: int) -> tuple[np.ndarray, np.ndarray]:
         plan = self.plans[mode]
         return plan.owned, self.factors.views[mode][plan.owned]
+
+
+def _pack(rows: np.ndarray, sparse: bool) -> Any:
+    """Rows to send: all of them, or (``sparse``) the positions of those not zero and those rows."""
+    if not sparse:
+        return rows
+    nz = np.flatnonzero(rows.any(axis=1))
+    return [nz, rows[nz]]
+
+
+def _add(out: np.ndarray, positions: np.ndarray, got: Any) -> None:
+    """Add received rows (all, or sparse: positions and rows) into ``out`` at ``positions``."""
+    if isinstance(got, (list, tuple)):
+        out[positions[np.asarray(got[0])]] += np.asarray(got[1])
+    else:
+        out[positions] += got
 
 
 _RUNS: dict[tuple[str, str], WorkerState] = {}
