@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
+from test_leverage_sampling import exact_leverage, explicit_krp
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc import synthetic
@@ -176,21 +177,6 @@ def _draw_step(ws, previous, mode, J, seed):
     return {"coords": S.coords, "counts": S.counts, "probs": S.probs, "rows": S.rows, "weights": S.weights}
 
 
-def _krp_cells(factors, mode):
-    ks = [k for k in range(len(factors)) if k != mode]
-    grid = np.stack(np.meshgrid(*[np.arange(factors[k].shape[0]) for k in ks], indexing="ij"), -1).reshape(-1, len(ks))
-    A = np.ones((grid.shape[0], factors[0].shape[1]))
-    for col, k in enumerate(ks):
-        A *= factors[k][grid[:, col]]
-    return A, ks
-
-
-def _leverage(A):
-    U, S, _ = np.linalg.svd(A, full_matrices=False)
-    keep = S**2 > 1e-12 * S[0] ** 2
-    return (U[:, keep] ** 2).sum(1) / keep.sum()
-
-
 @pytest.mark.parametrize(
     "shape, rank, cluster",
     [((9, 7, 8), 4, "three_workers"), ((5, 4, 6, 4), 6, "two_workers"), ((4, 3, 4, 3, 4), 3, "two_workers")],
@@ -228,10 +214,11 @@ def test_distributed_sts_draws_follow_exact_leverage_scores(request, shape, rank
                 for key in got[0]:
                     np.testing.assert_array_equal(g[key], got[0][key])
             s = got[0]
-            A, ks = _krp_cells(factors, mode)
+            A, _ = explicit_krp(factors, mode)
+            ks = [k for k in range(len(shape)) if k != mode]
             cells = np.ravel_multi_index(tuple(s["coords"][:, ks].T), [shape[k] for k in ks])
             assert s["counts"].sum() == J and (s["coords"][:, mode] == 0).all()
-            lev = _leverage(A)
+            lev = exact_leverage(A)
             np.testing.assert_allclose(s["probs"], lev[cells], rtol=1e-8)
             np.testing.assert_allclose(s["rows"], A[cells], rtol=1e-12)
             counts = np.bincount(cells, weights=s["counts"], minlength=A.shape[0])

@@ -38,8 +38,8 @@ from ..kernels.sampling.krp_sampler import (
     check_gram,
     draw_components,
     draw_rows,
+    leverage_sample_set,
     psd_pinv,
-    row_quadforms,
 )
 
 _BELOW_ONE = float(np.nextafter(1.0, 0.0))
@@ -231,21 +231,6 @@ def _gather_draws(
     rows_all = np.concatenate([p[2] for p in parts])
     coords, first, inv = _distinct(allc, shape)
     counts = np.bincount(inv, weights=counts_all, minlength=coords.shape[0]).astype(np.int64)
-    rows = np.ascontiguousarray(rows_all[first])
-    probs = np.empty(coords.shape[0])
-    row_quadforms(rows, Gp, probs)
-    probs /= np.sum(Gp * G)
-    if not np.all(probs > 0):
-        raise RuntimeError("a drawn row has zero leverage score (numerical breakdown)")
-    out = SampleSet(
-        mode=mode,
-        coords=coords,
-        weights=counts / (J * probs),
-        rows=rows,
-        draws=J,
-        counts=counts,
-        probs=probs,
-        deterministic=np.zeros(coords.shape[0], dtype=bool),
-    )
+    out = leverage_sample_set(mode, coords, counts, np.ascontiguousarray(rows_all[first]), J, Gp, G)
     out.seconds = time.perf_counter() - t0
     return out

@@ -1272,14 +1272,22 @@ def sts_sample(
                 Hd, hid = _extend_histories(Hd, hid, factors[k], out)
 
         coords, counts = unique_rows(idx)
-        rows = krp_rows(factors, coords, exclude)
-        probs = np.empty(coords.shape[0])
-        row_quadforms(rows, Gp, probs)
-        probs /= np.sum(Gp * G)
+        return leverage_sample_set(exclude, coords, counts, krp_rows(factors, coords, exclude), J, Gp, G)
+
+
+def leverage_sample_set(
+    mode: int, coords: np.ndarray, counts: np.ndarray, rows: np.ndarray, J: int, Gp: np.ndarray, G: np.ndarray
+) -> SampleSet:
+    """The :class:`SampleSet` of ``J`` draws by exact leverage scores: distinct multi-indices
+    ``coords``, how often each was drawn and their Khatri-Rao ``rows``; the probability of a row
+    ``h`` is ``h Gp h^T / trace(Gp G)`` (``G`` the product's Gram, ``Gp`` its pseudo-inverse)."""
+    probs = np.empty(coords.shape[0])
+    row_quadforms(rows, Gp, probs)
+    probs /= np.sum(Gp * G)
     if not np.all(probs > 0):
         raise RuntimeError("a drawn row has zero leverage score (numerical breakdown)")
     return SampleSet(
-        mode=exclude,
+        mode=mode,
         coords=coords,
         weights=counts / (J * probs),
         rows=rows,
