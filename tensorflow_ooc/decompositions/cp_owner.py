@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from ..execution.inline import is_inline
-from ..execution.owner_computes import OwnerComputes, WorkerState
+from ..execution.owner_computes import OwnerComputes, SparseRows, WorkerState
 from ..kernels import StackedFactors
 from ..kernels.update.column_scale import column_max_abs, column_sum_squares
 from ..kernels.update.normal_equations import normal_inverse_of
@@ -91,18 +91,30 @@ def owner_iteration(
                 fit_seconds = time.perf_counter() - t_fit
         t1 = time.perf_counter()
         with _BLAS.limit(limits=1, user_api="blas"):
-            A = M @ V.astype(M.dtype, copy=False)  # A = M V^+
-            stat = column_sum_squares(A) if first_iteration else column_max_abs(A)
+            if sketch is None:
+                A = M @ V.astype(M.dtype, copy=False)  # A = M V^+
+                rows = A
+            else:
+                # a sampled MTTKRP is zero but in the rows its sampled fibers' nonzeros hit: only
+                # those are solved and travel (on 2.4 M owned rows, a dense A cost most of the
+                # update of an 86 M STS-CP iteration's longest mode)
+                hit = np.flatnonzero(M.any(axis=1))
+                A = M[hit] @ V.astype(M.dtype, copy=False)
+                rows = SparseRows(hit, A, M.shape[0])
+            if A.shape[0]:
+                stat = column_sum_squares(A) if first_iteration else column_max_abs(A)
+            else:
+                stat = np.zeros(R)
             terms = [stat, (A.T @ A).ravel()]
             if sketch is None:
                 terms.append(np.einsum("ir,ir->r", A, M) if last else 0 * stat)
             else:
                 if last and Mx is not None:  # the new factor's terms, and a kept one's
-                    terms += [np.einsum("ir,ir->r", A, Mx), np.einsum("ir,ir->r", ws.owned_rows(n)[1], Mx)]
-                terms.append(np.array([float(np.any(M))]))  # some sampled fiber held a nonzero
+                    terms += [np.einsum("ir,ir->r", A, Mx[hit]), np.einsum("ir,ir->r", ws.owned_rows(n)[1], Mx)]
+                terms.append(np.array([float(hit.shape[0] > 0)]))  # some sampled fiber held a nonzero
             small = np.concatenate(terms)
         t_update = time.perf_counter() - t1
-        smalls, received = ws.all_gather(n, A, small, (iteration, n, "A"), sparse=sketch is not None)
+        smalls, received = ws.all_gather(n, rows, small, (iteration, n, "A"))
         t2 = time.perf_counter()
         total = smalls.sum(axis=0)
         if sketch is not None and not total[-1] > 0:
@@ -117,7 +129,7 @@ def owner_iteration(
             else:
                 weights = np.maximum(smalls[:, :R].max(axis=0), 1.0)
             scale = np.ones(R) if (weights == 0).all() else 1 / np.where(weights == 0, 1, weights)
-            ws.set_rows(n, A, received, scale.astype(A.dtype))
+            ws.set_rows(n, rows, received, scale.astype(A.dtype))
             outer = np.outer(scale, scale)
             ws.grams[n] = (total[R : R + R * R].reshape(R, R) * outer).astype(A.dtype)
             ws.weights = weights
