@@ -40,7 +40,6 @@ from distributed import Client, wait
 from ..format import delinearize
 from ..kernels import StackedFactors
 from ..kernels.mttkrp.dispatch import numba_threads
-from ..kernels.mttkrp.plan import items_starting_in
 from .exchange import ExchangeAborted, ExchangePlugin, Team, abort_run
 from .partials import Partial
 from .partitions import Partition, split_nonzeros
@@ -321,12 +320,9 @@ def _row_counts(sources: list, store, nmodes: int) -> list[tuple[np.ndarray, np.
         if isinstance(src, PartitionData):
             add(src.items)
         else:  # the items the streamed (or device-resident) partition's tasks will see, decoded
-            part = s_part(src)
+            part, bufs = s_part(src), BatchBuffers(store, 1)
             for c in range(part.chunk_lo, part.chunk_hi):
-                it = fill_batch(store, range(c, c + 1), BatchBuffers(store, 1), delta=False)
-                if part.nz_lo is not None:
-                    it = items_starting_in(it, part.nz_lo - c * store.chunk_nnz, part.nz_hi - c * store.chunk_nnz)
-                add(it)
+                add(part.own_items(fill_batch(store, range(c, c + 1), bufs, delta=False), c, store.chunk_nnz))
     out = []
     for n in range(nmodes):
         ids = np.flatnonzero(counts[n])

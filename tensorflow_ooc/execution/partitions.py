@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernels.mttkrp.plan import WorkItems, items_starting_in
 from ..store import Store
 
 
@@ -23,6 +24,14 @@ class Partition:
     # balance finer than whole chunks (owner-computes runs; in-memory execution only)
     nz_lo: int | None = None
     nz_hi: int | None = None
+
+    def own_items(self, items: WorkItems, first_chunk: int, chunk_nnz: int) -> WorkItems:
+        """The work items of a batch read from chunk ``first_chunk`` on that belong to this
+        partition: those that start in its nonzero range (all of them without one)."""
+        if self.nz_lo is None:
+            return items
+        first = first_chunk * chunk_nnz  # batch positions count from the batch's first chunk
+        return items_starting_in(items, self.nz_lo - first, self.nz_hi - first)
 
     def decoded_bytes(self, nmodes: int) -> int:
         """Memory of the decoded partition: index + value, plus work-item metadata."""

@@ -17,7 +17,7 @@ from ..format import BitLayout
 from ..kernels import StackedFactors, WorkItems, run_items
 from ..kernels.mttkrp.dispatch import ThreadOutputs, numba_threads
 from ..kernels.mttkrp.mode_order import mode_sorted
-from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES, items_starting_in
+from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..kernels.sampling.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
 from ..store import Store, open_store
 from .output_buffers import zeroed_output
@@ -96,8 +96,7 @@ def load_partition(
     bufs = BatchBuffers(store, part.chunk_hi - part.chunk_lo)
     items = fill_batch(store, range(part.chunk_lo, part.chunk_hi), bufs, delta=False)
     if part.nz_lo is not None:
-        first = part.chunk_lo * store.chunk_nnz  # batch positions count from the first chunk
-        items = items_starting_in(items, part.nz_lo - first, part.nz_hi - first)
+        items = part.own_items(items, part.chunk_lo, store.chunk_nnz)
         del bufs
     data = PartitionData(part, store.layout, items)
     if mode_copies:
@@ -128,7 +127,7 @@ def partition_batches(
     for a, b, clip in pieces:
         for c0, c1 in [(c, c + 1) for c in range(a, b)] if clip else [(a, b)]:
             for items in stream_batches(store, c0, c1, batch_nnz, read_ahead, map_chunks=map_chunks):
-                yield items_starting_in(items, part.nz_lo - c0 * cn, part.nz_hi - c0 * cn) if clip else items
+                yield part.own_items(items, c0, cn) if clip else items
 
 
 def mttkrp_partition(
