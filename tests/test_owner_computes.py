@@ -12,6 +12,7 @@ from test_leverage_sampling import exact_leverage, explicit_krp
 import tensorflow_ooc as tfo
 from tensorflow_ooc import synthetic
 from tensorflow_ooc.decompositions.cp_owner_sampling import owner_sts_sample, start_sampler
+from tensorflow_ooc.execution.memory_plan import MemoryPlanError
 from tensorflow_ooc.execution.owner_computes import _RUNS, OwnerComputes, plan_ownership
 from tensorflow_ooc.execution.partitions import split_nonzeros
 from tensorflow_ooc.kernels import StackedFactors
@@ -277,3 +278,42 @@ def test_sts_on_workers_keeps_a_factor_no_sampled_fiber_touches(two_workers, tmp
     assert any(h.get("kept_modes") for h in r.history)
     assert all(np.isfinite(f).all() and np.abs(f).sum() > 0 for f in r.factors)
     assert np.isfinite(r.fit)
+
+
+def test_owner_computes_plans_its_own_memory_and_holds_only_touched_rows(rng, tmp_path):
+    # a long first mode: the task graphs' plan (a state copy and whole factors in transit) does not
+    # fit 2 workers of 1.5 GB, owner-computes (each worker's half of mode 0) does
+    shape = (2_000_000, 300, 200)
+    coords = np.stack([rng.integers(0, s, 100_000) for s in shape], axis=1)
+    store = tfo.convert((coords, rng.random(100_000) + 0.1), tmp_path / "long.zarr", duplicates="sum", chunk_nnz=8192)
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, memory_limit="1.5GB", dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        with pytest.raises(MemoryPlanError, match="needs more memory than its limit allows"):
+            tfo.cp_als(store, 16, seed=1, max_iters=1, client=client, distribution="graph")
+        seen = []
+
+        def untouched_rows_are_never_written(record):
+            def check(dask_worker=None):
+                from tensorflow_ooc.execution.owner_computes import _RUNS as runs  # the worker's
+
+                (st,) = [s for (a, _), s in runs.items() if a == dask_worker.address]
+                out = []
+                for n, plan in enumerate(st.plans):
+                    touched = np.zeros(st.factors.shape[n], dtype=bool)
+                    touched[plan.owned] = True
+                    for ids in plan.send.values():
+                        touched[ids] = True
+                    out.append((int(touched.sum()), bool(np.all(st.factors.views[n][~touched] == 0))))
+                return out
+
+            seen.append(client.run(check))
+
+        r = tfo.cp_als(store, 16, seed=1, max_iters=2, tol=0, client=client, callback=untouched_rows_are_never_written)
+    assert r.params["distribution"]["kind"] == "owner-computes"
+    assert r.params["memory_plan"]["execution"] in ("in-memory", "streaming")
+    for per_worker in seen:
+        for rows in per_worker.values():
+            assert all(clean for _, clean in rows)
+            assert rows[0][0] < shape[0] * 0.75  # each worker holds about half of mode 0's rows

@@ -28,9 +28,9 @@ from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..store import open_store
 from .cluster import resolve_device, worker_resources
 from .inline import is_inline
-from .memory_plan import MemoryPlan, candidates, choose
+from .memory_plan import MemoryPlan, MemoryPlanError, candidates, choose
 from .output_buffers import release_outputs
-from .partitions import Partition, plan_partitions
+from .partitions import Partition, contiguous_runs, plan_partitions, rows_touched_at_most
 from .stream import batch_nnz_for
 from .tasks import combine, load_partition, mttkrp_partition, row_slice, sampled_partition
 
@@ -208,14 +208,25 @@ class MTTKRPGraph:
         self._one_task_at_a_time = len(res) == 1 and all(r["dask_threads"] == 1 for r in res.values())
         self.memory_plan: MemoryPlan | None = None
         self._asked = (execution, rank, dtype, int(samples))  # for plan_owner_computes
+        self.memory_plan_error: MemoryPlanError | None = None
         if rank is not None and self.device == "cpu":
-            self.memory_plan = self._plan_memory(
-                client, res, int(rank), np.dtype(dtype).itemsize, execution, int(samples)
-            )
+            try:
+                self.memory_plan = self._plan_memory(
+                    client, res, int(rank), np.dtype(dtype).itemsize, execution, int(samples)
+                )
+            except MemoryPlanError as exc:
+                if len(res) == 1:
+                    raise
+                # several workers: an owner-computes run needs less of each (its own plan says
+                # whether it fits); a run of these task graphs raises this (require_plan)
+                self.memory_plan_error = exc
+        if self.memory_plan is not None:
             execution = self.memory_plan.execution
             self.batch_nnz = min(self.batch_nnz, self.memory_plan.batch_nnz)
             self.max_private_bytes = self.memory_plan.max_private_bytes
             log.info("memory plan: %s", self.memory_plan.describe())
+        elif self.memory_plan_error is not None:
+            execution = "streaming"
         elif execution == "auto":
             fits = budget is None or decoded <= IN_MEMORY_FRACTION * budget
             execution = "in-memory" if fits else "streaming"
@@ -275,6 +286,12 @@ class MTTKRPGraph:
         """What a streaming partition task is given to read its partition from (the store path)."""
         return self.path
 
+    def require_plan(self) -> None:
+        """Raise the memory plan's refusal of these task graphs, if it refused them (a run that
+        goes owner-computes plans again instead, :meth:`plan_owner_computes`)."""
+        if self.memory_plan_error is not None:
+            raise self.memory_plan_error
+
     def plan_owner_computes(self) -> None:
         """Plan the worker memory again for an owner-computes run of these workers (no state copies
         or whole factors in transit; one task a worker with all its cores), choosing its
@@ -282,7 +299,7 @@ class MTTKRPGraph:
         would have streamed (STS-CP at 86 M on 2 workers of 12 GB: in memory, not 17.7 s/it
         streaming the whole store for each mode's sampled fibers)."""
         execution, rank, dtype, samples = self._asked
-        if self.memory_plan is None or rank is None:
+        if rank is None or self.device != "cpu":
             return
         res = self.resources
         self.memory_plan = self._plan_memory(
@@ -358,6 +375,8 @@ class MTTKRPGraph:
         """The memory plans of one execution with these partitions (``common``: the arguments every
         plan takes, see :func:`~.memory_plan.candidates`)."""
         res = self.resources
+        if owner:
+            common["owner_rows"] = rows_touched_at_most(contiguous_runs(parts, len(res)), self.store.nmodes)
         return candidates(
             shape=tuple(self.store.shape),
             worker_nnz=per_worker * max((p.nnz for p in parts), default=0),

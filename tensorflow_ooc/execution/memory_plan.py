@@ -54,6 +54,7 @@ figures and the smallest worker limit that works.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import dask
@@ -221,6 +222,7 @@ def candidates(
     kernel_threads: int = 1,
     lend_target: bool = False,
     owner: bool = False,
+    owner_rows: Sequence[int] | None = None,
 ) -> list[MemoryPlan]:
     """Every execution :func:`choose` may take, fastest first, each with its peak terms.
 
@@ -248,6 +250,9 @@ def candidates(
         partials, the rows it sends and receives (each at most one output), no state copy and
         no whole factors in transit. STS-CP adds the copies of owned rows its trees are built
         from (about 1/W of the factors).
+    owner_rows : owner-computes: per mode, the most rows one worker's nonzeros touch (from its
+        partitions' row ranges). A worker's factor pages hold only those rows, and its MTTKRP
+        output spans them (default: every row).
     """
     S = sum(shape) * rank * itemsize
     modes = ["in-memory", "streaming"] if execution == "auto" else [execution]
@@ -306,7 +311,10 @@ def candidates(
             # a worker owns about 1/W of a mode's rows: it receives at most those rows from each
             # other worker, solves them, and sends copies of the rows it touches but does not own
             share = -(-out_bytes // workers)
-            terms.update(outputs=out_bytes, reduction=(workers - 1) * share, update=out_bytes)
+            touched = out_bytes if owner_rows is None else max(owner_rows) * rank * itemsize
+            terms.update(outputs=touched, reduction=(workers - 1) * share, update=touched)
+            if owner_rows is not None:
+                terms["factors"] = sum(owner_rows) * rank * itemsize
         plans.append(MemoryPlan(mode, in_place, batch_nnz, bound, terms, limit or None, usable_fraction(), mode_copies))
     return plans
 

@@ -96,3 +96,21 @@ def split_nonzeros(store: Store, n_parts: int) -> list[Partition]:
             )
         )
     return parts
+
+
+def contiguous_runs(parts: list[Partition], workers: int) -> list[list[Partition]]:
+    """``parts`` shared out to ``workers`` in contiguous runs balanced by nonzeros: each cut where
+    the running count comes nearest to its share (owner-computes keeps its partitions so)."""
+    ends = np.concatenate([[0], np.cumsum([p.nnz for p in parts])])
+    cuts = [int(np.abs(ends - ends[-1] * k / workers).argmin()) for k in range(workers + 1)]
+    return [parts[cuts[k] : cuts[k + 1]] for k in range(workers)]
+
+
+def rows_touched_at_most(runs: list[list[Partition]], nmodes: int) -> list[int]:
+    """Per mode, the most rows the partitions of one run can touch (the span of their row ranges)."""
+    out = [0] * nmodes
+    for run in runs:
+        for n in range(nmodes):
+            if run:
+                out[n] = max(out[n], max(p.row_hi[n] for p in run) - min(p.row_lo[n] for p in run) + 1)
+    return out
