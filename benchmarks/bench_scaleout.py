@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -45,6 +46,8 @@ TENSORS = {
     "vast": synthetic.PRESETS["vast"],
     # Amazon's shape with 86 M nonzeros (1/20 of the real one): long modes, few nonzeros per row
     "amazon86": (synthetic.PRESETS["amazon"][0], 86_000_000),
+    # the real size (22 GB stored; streamed under a worker memory limit: --row-memory)
+    "amazon1740": (synthetic.PRESETS["amazon"][0], 1_740_000_000),
 }
 
 
@@ -103,7 +106,18 @@ def cluster(workers: int, threads: int, network: bool, memory_limit: str | None)
 
 
 def run(store, rank: int, iters: int, **kw) -> dict:
-    r = tfo.cp_als(store, rank, seed=1, max_iters=iters, tol=0, **kw)
+    client = kw.get("client")
+    peaks: dict = {}
+    if client is not None:  # each worker process's peak RSS, sampled every 0.2 s
+        import psutil
+        from peers.common import Sampler
+
+        procs = {a: psutil.Process(pid) for a, pid in client.run(os.getpid).items()}
+        samplers = {a: Sampler(lambda p=p: p.memory_info().rss, 0.2) for a, p in procs.items()}
+    with contextlib.ExitStack() as stack:
+        for a, smp in samplers.items() if client is not None else ():
+            peaks[a] = stack.enter_context(smp)
+        r = tfo.cp_als(store, rank, seed=1, max_iters=iters, tol=0, **kw)
     # randomized runs: the steady state is the iterations that do not evaluate the fit (those add
     # an exact MTTKRP)
     plain = [h for h in r.history[1:] if not h.get("fit_evaluated", True) or "sampling_seconds" not in h]
@@ -118,7 +132,10 @@ def run(store, rank: int, iters: int, **kw) -> dict:
         else "graph",
         "execution": r.params.get("execution"),
         "method": r.params.get("method"),
+        "memory_plan": (r.params.get("memory_plan") or {}).get("peak"),
     }
+    if peaks:
+        out["peak_rss"] = [smp.peak for smp in peaks.values()]
     if "sampling_seconds" in steady[-1]:
         out["sampling_seconds"] = statistics.median(sum(h["sampling_seconds"]) for h in steady)
     h = steady[-1]
@@ -144,6 +161,7 @@ def bench_tensor(name: str, args) -> list[dict]:
             return
         if args.execution:
             kw.update(execution=args.execution)
+        memory = dict(m.split("=", 1) for m in args.row_memory or []).get(label, args.memory_limit)
         if args.method != "exact":
             kw.update(method=args.method, samples=args.samples, fit_every=args.iters)
         t0 = time.time()
@@ -151,7 +169,7 @@ def bench_tensor(name: str, args) -> list[dict]:
             if workers == 0:
                 got = run(store, args.rank, args.iters, **kw)
             else:
-                with cluster(workers, threads, args.network, args.memory_limit) as c:
+                with cluster(workers, threads, args.network, memory) as c:
                     got = run(store, args.rank, args.iters, client=c, **kw)
         except Exception as exc:  # a row that fails is reported, the others still run
             got = {"error": f"{type(exc).__name__}: {exc}"}
@@ -178,11 +196,14 @@ def bench_tensor(name: str, args) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    head = "| tensor | nnz | row | s/it | x 1x2 | efficiency | bytes sent/it | lower bound | sent/LB | mttkrp | exch |"
-    lines = [head, "|" + "---|" * 11]
+    head = (
+        "| tensor | nnz | row | s/it | x 1x2 | efficiency | bytes sent/it | lower bound | sent/LB | mttkrp | exch "
+        "| peak RSS MiB |"
+    )
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['tensor']} | {r['nnz']:,} | {r['row']} | error: {r['error'][:80]} |||||||")
+            lines.append(f"| {r['tensor']} | {r['nnz']:,} | {r['row']} | error: {r['error'][:80]} ||||||||")
             continue
         lb = r.get("bytes_lower_bound")
         sent = r.get("bytes_sent")
@@ -190,7 +211,8 @@ def table(rows: list[dict]) -> str:
             f"| {r['tensor']} | {r['nnz']:,} | {r['row']} | {r['seconds']:.3f} | {r.get('vs_1x2', float('nan')):.2f} "
             f"| {r.get('efficiency', float('nan')):.2f} | {'' if sent is None else f'{sent:,}'} "
             f"| {'' if lb is None else f'{lb:,}'} | {'' if not lb else f'{sent / lb:.3f}'} "
-            f"| {r.get('mttkrp_seconds', float('nan')):.3f} | {r.get('exchange_seconds', float('nan')):.3f} |"
+            f"| {r.get('mttkrp_seconds', float('nan')):.3f} | {r.get('exchange_seconds', float('nan')):.3f} "
+            f"| {' / '.join(f'{p / 2**20:,.0f}' for p in r.get('peak_rss', []))} |"
         )
     return "\n".join(lines)
 
@@ -298,6 +320,12 @@ def main() -> None:
     ap.add_argument("--memory-limit", default=None, help="per-worker memory limit (default: Dask's share)")
     ap.add_argument("--skip4", action="store_true", help="leave out the oversubscribed 4 x 1 row")
     ap.add_argument("--execution", choices=["in-memory", "streaming"], help="force one execution (default: the plan's)")
+    ap.add_argument(
+        "--row-memory",
+        nargs="+",
+        metavar="LABEL=LIMIT",
+        help='per-row worker memory limit, e.g. "1x2=4GB" "2x1=3GB" (default --memory-limit)',
+    )
     ap.add_argument("--rows", nargs="+", metavar="LABEL", help='run only these rows (e.g. "1x2" "2x1")')
     ap.add_argument("--method", default="exact", choices=["exact", "sts"], help="CP-ALS or STS-CP (randomized)")
     ap.add_argument("--samples", type=int, default=1 << 16, help="STS-CP draws per mode (J)")

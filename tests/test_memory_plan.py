@@ -321,5 +321,6 @@ def test_owner_computes_plan_has_no_state_copies_or_factors_in_transit():
     assert graph.execution == "streaming" and owner.execution == "in-memory"
     plans = _plans(owner=True, **kw)
     assert all(p.in_place and p.terms["state_copy"] == 0 and p.terms["transfer"] == 0 for p in plans)
-    out = AMAZON[0] * 16 * 8
-    assert owner.terms["reduction"] == -(-out // 2) and owner.terms["update"] == out
+    half = -(-AMAZON[0] // 2) * 16 * 8  # rows shared with the other worker: a 1/W share by default
+    assert owner.terms["reduction"] == half and owner.terms["update"] == half
+    assert owner.terms["outputs"] == AMAZON[0] * 16 * 8

@@ -30,7 +30,7 @@ from .cluster import resolve_device, worker_resources
 from .inline import is_inline
 from .memory_plan import MemoryPlan, MemoryPlanError, candidates, choose
 from .output_buffers import release_outputs
-from .partitions import Partition, contiguous_runs, plan_partitions, rows_touched_at_most
+from .partitions import Partition, contiguous_runs, owner_rows, plan_partitions
 from .stream import batch_nnz_for
 from .tasks import combine, load_partition, mttkrp_partition, row_slice, sampled_partition
 
@@ -376,7 +376,7 @@ class MTTKRPGraph:
         plan takes, see :func:`~.memory_plan.candidates`)."""
         res = self.resources
         if owner:
-            common["owner_rows"] = rows_touched_at_most(contiguous_runs(parts, len(res)), self.store.nmodes)
+            common["owner_rows"] = owner_rows(contiguous_runs(parts, len(res)), tuple(self.store.shape))
         return candidates(
             shape=tuple(self.store.shape),
             worker_nnz=per_worker * max((p.nnz for p in parts), default=0),

@@ -222,7 +222,7 @@ def candidates(
     kernel_threads: int = 1,
     lend_target: bool = False,
     owner: bool = False,
-    owner_rows: Sequence[int] | None = None,
+    owner_rows: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> list[MemoryPlan]:
     """Every execution :func:`choose` may take, fastest first, each with its peak terms.
 
@@ -250,9 +250,10 @@ def candidates(
         partials, the rows it sends and receives (each at most one output), no state copy and
         no whole factors in transit. STS-CP adds the copies of owned rows its trees are built
         from (about 1/W of the factors).
-    owner_rows : owner-computes: per mode, the most rows one worker's nonzeros touch (from its
-        partitions' row ranges). A worker's factor pages hold only those rows, and its MTTKRP
-        output spans them (default: every row).
+    owner_rows : owner-computes: per mode, the most rows one worker's nonzeros touch and about
+        how many of them other workers touch too (:func:`~.partitions.owner_rows`). A worker's
+        factor pages hold only the rows it touches and its MTTKRP output spans them; the shared
+        rows are what it receives and sends (default: every row, a 1/W share shared).
     """
     S = sum(shape) * rank * itemsize
     modes = ["in-memory", "streaming"] if execution == "auto" else [execution]
@@ -308,13 +309,17 @@ def candidates(
             + (-(-S // workers) if owner else 0),
         }
         if owner:
-            # a worker owns about 1/W of a mode's rows: it receives at most those rows from each
-            # other worker, solves them, and sends copies of the rows it touches but does not own
-            share = -(-out_bytes // workers)
-            touched = out_bytes if owner_rows is None else max(owner_rows) * rank * itemsize
-            terms.update(outputs=touched, reduction=(workers - 1) * share, update=touched)
-            if owner_rows is not None:
-                terms["factors"] = sum(owner_rows) * rank * itemsize
+            # a worker receives at most the rows it shares from each other worker, and sends
+            # copies of the rows it touches but does not own
+            # (the solve writes A over the summed partial rows, so it needs no array of its own)
+            row = rank * itemsize
+            touched, shared = owner_rows if owner_rows is not None else (shape, [-(-s // workers) for s in shape])
+            terms.update(
+                factors=sum(touched) * row,
+                outputs=max(touched) * row,
+                reduction=(workers - 1) * max(shared) * row,
+                update=max(shared) * row,
+            )
         plans.append(MemoryPlan(mode, in_place, batch_nnz, bound, terms, limit or None, usable_fraction(), mode_copies))
     return plans
 

@@ -106,11 +106,15 @@ def contiguous_runs(parts: list[Partition], workers: int) -> list[list[Partition
     return [parts[cuts[k] : cuts[k + 1]] for k in range(workers)]
 
 
-def rows_touched_at_most(runs: list[list[Partition]], nmodes: int) -> list[int]:
-    """Per mode, the most rows the partitions of one run can touch (the span of their row ranges)."""
-    out = [0] * nmodes
-    for run in runs:
-        for n in range(nmodes):
-            if run:
-                out[n] = max(out[n], max(p.row_hi[n] for p in run) - min(p.row_lo[n] for p in run) + 1)
-    return out
+def owner_rows(runs: list[list[Partition]], shape: tuple[int, ...]) -> tuple[list[int], list[int]]:
+    """Per mode, the most rows the partitions of one run can touch (the span of their row ranges),
+    and about how many of a worker's rows other workers touch too: the runs' ranges' overlap,
+    shared out (none where they are disjoint, as in a mode the ALTO order splits by its top bits;
+    a 1/W share of the mode where every run spans it), at most a 1/W share."""
+    W = max(1, len(runs))
+    touched, shared = [0] * len(shape), [0] * len(shape)
+    for n, rows in enumerate(shape):
+        spans = [max(p.row_hi[n] for p in run) - min(p.row_lo[n] for p in run) + 1 for run in runs if run]
+        touched[n] = max(spans, default=0)
+        shared[n] = min(-(-rows // W), -(-max(0, sum(spans) - rows) // W))
+    return touched, shared
