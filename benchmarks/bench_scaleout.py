@@ -157,7 +157,7 @@ def bench_tensor(name: str, args) -> list[dict]:
     rows = []
 
     def row(label: str, workers: int, threads: int, **kw) -> None:
-        if args.rows and label not in args.rows:
+        if (args.rows and label not in args.rows) or (label == "1x1" and not args.rows):
             return
         if args.execution:
             kw.update(execution=args.execution)
@@ -181,6 +181,7 @@ def bench_tensor(name: str, args) -> list[dict]:
     if store.nnz <= 1 << 24:
         row("inline", 0, 0, scheduler="inline")
     row("embedded", 0, 0, scheduler="embedded")
+    row("1x1", 1, 1)  # one worker, its kernels on every core (asked for by --rows only)
     row("1x2", 1, 2)
     row("1x2 owner", 1, 2, distribution="owner")
     row("2x1", 2, 1)
