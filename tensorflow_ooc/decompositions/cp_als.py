@@ -212,7 +212,7 @@ def cp_als(
             load=distribution == "graph" or method not in OWNER_METHODS or dense,
         )
         owner = use_owner_computes(c, graph, dense, method, distribution)
-        if not owner and not dense:
+        if not owner:
             graph.require_plan()
         if owner:
             graph.plan_owner_computes()

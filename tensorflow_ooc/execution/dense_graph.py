@@ -74,8 +74,11 @@ class DenseMTTKRPGraph(MTTKRPGraph):
         """One partition per Dask thread, cut at whole chunks."""
         return plan_dense_partitions(self.dense, self.n_parts, itemsize)
 
-    def _candidates(self, parts: list[DensePartition], per_worker: int, samples: int, **common) -> list[MemoryPlan]:
-        """The dense memory plans (:func:`~.memory_plan.dense_candidates`) of one execution."""
+    def _candidates(
+        self, parts: list[DensePartition], per_worker: int, samples: int, owner: bool = False, **common
+    ) -> list[MemoryPlan]:
+        """The dense memory plans (:func:`~.memory_plan.dense_candidates`) of one execution (dense
+        arrays run the task graphs, never owner-computes: ``owner`` is False)."""
         return dense_candidates(
             shape=tuple(self.dense.shape),
             worker_bytes=per_worker * max((p.decoded_bytes() for p in parts), default=0),
