@@ -20,6 +20,7 @@ from distributed import Client
 
 from ..errors import DecompositionError
 from ..execution import DeviceOptions, get_client
+from ..execution.cluster import scheduler_workers
 from ..execution.inline import INLINE_MAX_NNZ
 from ..execution.owner_computes import TeamLost
 from ..store import Store, open_store
@@ -360,7 +361,7 @@ def _restart(arguments: dict, client: Client, checkpoint: str | None, exc: Excep
         "%s; restarting %s on %d worker(s)",
         exc,
         f"from checkpoint {checkpoint}" if checkpoint else "from the first iteration",
-        len(client.scheduler_info()["workers"]),
+        len(scheduler_workers(client)),
     )
     arguments.update(client=client, resume=bool(checkpoint) or arguments["resume"])
     token = _RESTARTS.set(attempts)

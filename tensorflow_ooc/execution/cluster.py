@@ -168,12 +168,24 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def scheduler_workers(client: Client) -> dict:
+    """The scheduler's workers (address -> info), asked of the scheduler itself.
+
+    ``Client.scheduler_info()`` returns the client's cached identity, which the client's periodic
+    refresh (every 2 s, without per-worker information in distributed 2026.8) can overwrite
+    between the call's own refresh and its return: an empty worker list on a cluster that has
+    workers (CI: "the Dask cluster has no workers" on a one-worker in-process cluster)."""
+    if not isinstance(client, Client) or client.asynchronous:  # the inline scheduler's, or async
+        return client.scheduler_info()["workers"]
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
 def worker_resources(client: Client) -> dict:
     """Per worker: Dask threads, memory limit and the numba threads each of its tasks may use.
 
     Workers on one host share its cores: numba threads = host cores // Dask threads on that host.
     """
-    info = client.scheduler_info()["workers"]
+    info = scheduler_workers(client)
     cores = client.run(usable_cores)
     host_threads: dict[str, int] = {}
     for addr, w in info.items():

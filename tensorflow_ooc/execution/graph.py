@@ -26,7 +26,7 @@ from distributed import Client, Future, wait
 
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..store import open_store
-from .cluster import resolve_device, worker_resources
+from .cluster import resolve_device, scheduler_workers, worker_resources
 from .inline import is_inline
 from .memory_plan import MemoryPlan, MemoryPlanError, candidates, choose
 from .output_buffers import release_outputs
@@ -181,7 +181,7 @@ class MTTKRPGraph:
         self.placement: dict = {}
         if self.device == "gpu":
             res = {a: r for a, r in res.items() if a in gpu_addrs}
-            info = client.scheduler_info()["workers"]
+            info = scheduler_workers(client)
             if all(info[a].get("resources", {}).get("GPU") for a in gpu_addrs):
                 self.placement = {"resources": {"GPU": 1}}
             else:

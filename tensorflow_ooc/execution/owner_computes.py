@@ -40,6 +40,7 @@ from distributed import Client, wait
 from ..format import delinearize
 from ..kernels import StackedFactors
 from ..kernels.mttkrp.dispatch import numba_threads
+from .cluster import scheduler_workers
 from .exchange import ExchangeAborted, ExchangePlugin, Team, abort_run
 from .partials import Partial
 from .partitions import Partition, contiguous_runs, split_nonzeros
@@ -596,7 +597,7 @@ class OwnerComputes:
         self._ahead: list | None = None  # the next iteration's futures, submitted ahead
         self._last: list | None = None  # the latest iteration submitted, per worker
         self._seq = 0  # tasks of the run submitted to each worker, in order
-        addresses = sorted(workers or client.scheduler_info()["workers"])
+        addresses = sorted(workers or scheduler_workers(client))
         addresses = addresses[: max(1, min(len(addresses), cached_store(path).nnz))]
         self.addresses = addresses
         W = len(addresses)
@@ -692,7 +693,7 @@ class OwnerComputes:
                 break
             except TimeoutError:
                 pass
-            present = set(self.client.scheduler_info()["workers"])
+            present = set(scheduler_workers(self.client))
             lost = [a for a in self.addresses if a not in present]
             if lost:
                 self._abort(futures)
@@ -709,7 +710,7 @@ class OwnerComputes:
     def _abort(self, futures: list) -> list[str]:
         """Wake the run's waits on the workers still there and cancel ``futures``; returns those
         workers."""
-        present = [a for a in self.addresses if a in set(self.client.scheduler_info()["workers"])]
+        present = [a for a in self.addresses if a in set(scheduler_workers(self.client))]
         if present:
             self.client.run(abort_run, self.run, workers=present)
         if futures:

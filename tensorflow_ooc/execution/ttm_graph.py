@@ -24,7 +24,7 @@ from distributed import Client, Future, wait
 
 from ..kernels.ttm.chain import SemiSparse, TTMLayouts, merge, merge_many, ttm_chain
 from ..store import open_store
-from .cluster import resolve_device, worker_resources
+from .cluster import resolve_device, scheduler_workers, worker_resources
 from .graph import DEFAULT_SPLIT_EVERY, EXECUTION_MODES, IN_MEMORY_FRACTION, tree_reduce
 from .inline import is_inline
 from .partitions import Partition, plan_partitions
@@ -190,7 +190,7 @@ class TTMGraph:
         self.placement: dict = {}
         if self.device == "gpu":
             res = {a: r for a, r in res.items() if a in gpu_addrs}
-            info = client.scheduler_info()["workers"]
+            info = scheduler_workers(client)
             if all(info[a].get("resources", {}).get("GPU") for a in gpu_addrs):
                 self.placement = {"resources": {"GPU": 1}}
             else:
