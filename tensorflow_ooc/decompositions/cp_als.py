@@ -215,7 +215,7 @@ def cp_als(
         owner = use_owner_computes(c, graph, dense, method, distribution)
         if not owner:
             graph.require_plan()
-        if owner:
+        else:
             graph.plan_owner_computes()
             params["execution"] = graph.execution
             params["in_place_updates"] = True

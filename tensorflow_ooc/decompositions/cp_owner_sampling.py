@@ -36,10 +36,11 @@ from ..kernels.sampling.krp_sampler import (
     SampleSet,
     build_tree,
     check_gram,
+    conditional_eigenpairs,
     draw_components,
     draw_rows,
+    khatri_rao_gram,
     leverage_sample_set,
-    psd_pinv,
 )
 
 _BELOW_ONE = float(np.nextafter(1.0, 0.0))
@@ -97,23 +98,13 @@ def owner_sts_sample(ws: WorkerState, mode: int, J: int, seed: tuple, tag: Any) 
     grams = [g.sum(axis=0) for g in sp.owner_grams]  # the Grams of the rows that have owners
     for k in ks:
         check_gram(grams[k], k)
-    G = np.ones((R, R))
-    for k in ks:
-        G *= grams[k]
-    Gp, numerical_rank = psd_pinv(G)
-    if numerical_rank == 0:
-        raise ValueError(f"the Khatri-Rao product of modes {ks} is zero (no row has nonzero leverage)")
+    G, Gp = khatri_rao_gram([grams[k] for k in ks], ks)
     uniforms = np.random.default_rng(np.random.SeedSequence([int(s) for s in seed])).random((len(ks), J, 2))
     lo, hi = me * J // W, (me + 1) * J // W
     Hd, hid = np.ones((1, R)), np.zeros(hi - lo, dtype=np.int64)
     idx = np.zeros((hi - lo, N), dtype=np.int64)
     for pos, k in enumerate(ks):
-        after = np.ones((R, R))
-        for k2 in ks[pos + 1 :]:
-            after *= grams[k2]
-        lam, V = np.linalg.eigh(Gp * after)
-        lam = np.maximum(lam, 0.0)
-        V = np.ascontiguousarray(V)
+        lam, V = conditional_eigenpairs(Gp, [grams[k2] for k2 in ks[pos + 1 :]])
         comp = draw_components(Hd, hid, lam, V, grams[k], uniforms[pos, lo:hi, 0])
         rows, values = _draw_from_owners(ws, k, Hd, hid, comp, V, uniforms[pos, lo:hi, 1], tag + (pos,))
         idx[:, k] = rows

@@ -201,7 +201,8 @@ class MTTKRPGraph:
         if self.device == "gpu":
             dev_limits = client.run(_device_limit, device_options, workers=gpu_addrs)
             budget = sum(dev_limits.values())
-        self.batch_nnz = batch_nnz_for(min(limits) if all(limits) else None)
+        self._batch_nnz_cap = batch_nnz_for(min(limits) if all(limits) else None)  # what the limits allow
+        self.batch_nnz = self._batch_nnz_cap
         self.max_private_bytes = DEFAULT_MAX_PRIVATE_BYTES
         # one worker running one task at a time: workers of one process may share a state object
         # (in-process transfers pass it by reference), so lending needs a single worker
@@ -221,10 +222,7 @@ class MTTKRPGraph:
                 # whether it fits); a run of these task graphs raises this (require_plan)
                 self.memory_plan_error = exc
         if self.memory_plan is not None:
-            execution = self.memory_plan.execution
-            self.batch_nnz = min(self.batch_nnz, self.memory_plan.batch_nnz)
-            self.max_private_bytes = self.memory_plan.max_private_bytes
-            log.info("memory plan: %s", self.memory_plan.describe())
+            execution = self._adopt(self.memory_plan, "memory plan")
         elif self.memory_plan_error is not None:
             execution = "streaming"
         elif execution == "auto":
@@ -305,12 +303,15 @@ class MTTKRPGraph:
         self.memory_plan = self._plan_memory(
             self.client, res, int(rank), np.dtype(dtype).itemsize, execution, samples, owner=True
         )
-        self.execution = self.memory_plan.execution
-        limits = [r["memory_limit"] for r in res.values()]
-        self.batch_nnz = min(batch_nnz_for(min(limits) if all(limits) else None), self.memory_plan.batch_nnz)
-        self.max_private_bytes = self.memory_plan.max_private_bytes
+        self.execution = self._adopt(self.memory_plan, "owner-computes memory plan")
         self.in_place = self.lend_target = False
-        log.info("owner-computes memory plan: %s", self.memory_plan.describe())
+
+    def _adopt(self, plan: MemoryPlan, what: str) -> str:
+        """Take ``plan``'s batch size and private bound, log it, and return its execution."""
+        self.batch_nnz = min(self._batch_nnz_cap, plan.batch_nnz)
+        self.max_private_bytes = plan.max_private_bytes
+        log.info("%s: %s", what, plan.describe())
+        return plan.execution
 
     def _plan_memory(
         self,

@@ -1043,6 +1043,34 @@ def _extend_histories(
     return Hd[old] * U[new], inv.reshape(-1).astype(np.int64)
 
 
+def khatri_rao_gram(grams: Sequence[np.ndarray], ks: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``G``, the Gram of the Khatri-Rao product of modes ``ks`` (the Hadamard product of their
+    Grams ``grams``), and its pseudo-inverse; ValueError where the product is zero."""
+    G = np.ones_like(grams[0])
+    for g in grams:
+        G *= g
+    Gp, rank = psd_pinv(G)
+    if rank == 0:
+        raise ValueError(f"the Khatri-Rao product of modes {list(ks)} is zero (no row has nonzero leverage)")
+    return G, Gp
+
+
+def conditional_eigenpairs(Gp: np.ndarray, later: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The eigenpairs of ``G_>k = Gp * (Hadamard product of the Grams ``later``, the modes drawn
+    after k)``, eigenvalues clipped at 0, vectors C-contiguous: what a mode's draws condition on."""
+    after = np.ones_like(Gp)
+    for g in later:
+        after *= g
+    lam, V = np.linalg.eigh(Gp * after)
+    return np.maximum(lam, 0.0), np.ascontiguousarray(V)
+
+
+def _stage1_by_history(Hd: np.ndarray, J: int, P1: int) -> bool:
+    """Stage 1 from each distinct history's distribution rather than by walks (see
+    :data:`STAGE1_BY_HISTORY`)."""
+    return Hd.shape[0] * Hd.shape[1] <= STAGE1_BY_HISTORY * J * int(P1).bit_length()
+
+
 def draw_components(
     Hd: np.ndarray, hid: np.ndarray, lam: np.ndarray, V: np.ndarray, Gk: np.ndarray, x1: np.ndarray
 ) -> np.ndarray:
@@ -1050,11 +1078,11 @@ def draw_components(
     (eigenpairs ``lam``, ``V``) of each draw, whose history is ``Hd[hid[j]]``, with the uniforms
     ``x1`` (``Gk`` the mode's Gram). The same decisions as :func:`sts_sample` makes; raises
     RuntimeError where every component had zero mass (a numerical breakdown)."""
-    J, R = hid.shape[0], Hd.shape[1]
+    J = hid.shape[0]
     E, P1 = _eigen_tree(lam, V, Gk)
     comp = np.zeros(J, dtype=np.int64)
     fail = np.zeros(J, dtype=np.bool_)
-    by_history = Hd.shape[0] * R <= STAGE1_BY_HISTORY * J * int(P1).bit_length()
+    by_history = _stage1_by_history(Hd, J, P1)
     _stage1(E, P1, lam, V, np.ascontiguousarray(Gk), Hd, hid, by_history, np.ascontiguousarray(x1), comp, fail)
     fail |= ~(lam[comp] > 0.0)
     if fail.any():
@@ -1220,12 +1248,7 @@ def sts_sample(
     # the dense algebra here is R x R: one BLAS thread (threads left spinning by a threaded call
     # take a core from the draw kernel that follows: 1.6x its time at R = 50 on 2 cores)
     with _BLAS.limit(limits=1, user_api="blas"):
-        G = np.ones((R, R))
-        for k in ks:
-            G *= trees[k].gram
-        Gp, rank = psd_pinv(G)
-        if rank == 0:
-            raise ValueError(f"the Khatri-Rao product of modes {ks} is zero (no row has nonzero leverage)")
+        G, Gp = khatri_rao_gram([trees[k].gram for k in ks], ks)
 
         rng = np.random.default_rng(seed)
         # the history of every draw (the Hadamard product of its rows drawn so far) as an index
@@ -1240,19 +1263,14 @@ def sts_sample(
         if first is not None:
             ks = [ks[first]] + ks[:first] + ks[first + 1 :]
         for pos, k in enumerate(ks):
-            after = np.ones((R, R))
-            for k2 in ks[pos + 1 :]:
-                after *= trees[k2].gram
-            lam, V = np.linalg.eigh(Gp * after)
-            lam = np.maximum(lam, 0.0)
-            V = np.ascontiguousarray(V)
+            lam, V = conditional_eigenpairs(Gp, [trees[k2].gram for k2 in ks[pos + 1 :]])
             if pos == 0 and first is not None:
                 _draw_marginal(factors[k], (V * lam) @ V.T, rng.random(J), out)
             else:
                 E, P1 = _eigen_tree(lam, V, trees[k].gram)
                 uniforms = rng.random((J, 2))
                 tree = trees[k]
-                by_history = Hd.shape[0] * R <= STAGE1_BY_HISTORY * J * int(P1).bit_length()
+                by_history = _stage1_by_history(Hd, J, P1)
                 _sts_draw_mode(
                     factors[k],
                     tree.grams,
