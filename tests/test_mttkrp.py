@@ -206,6 +206,50 @@ def test_per_thread_outputs_against_einsum(tmp_path, rng, monkeypatch, nmodes):
     assert used  # the partition tasks took per-thread outputs
 
 
+@pytest.mark.parametrize("nmodes", [3, 5])
+def test_one_thread_adds_straight_into_its_output(tmp_path, rng, monkeypatch, nmodes):
+    """One kernel thread needs no conflict resolution: "auto" plans every item without a private
+    accumulator and adds into the output itself (nothing copied, zeroed or merged), in memory
+    and streamed, and the memory plan carries no private rows or row-owned buckets for it."""
+    import importlib
+
+    from tensorflow_ooc.execution.memory_plan import candidates
+    from tensorflow_ooc.execution.partitions import plan_partitions
+    from tensorflow_ooc.execution.tasks import load_partition, mttkrp_partition
+    from tensorflow_ooc.kernels import StackedFactors
+
+    K = importlib.import_module("tensorflow_ooc.kernels.mttkrp.dispatch")
+    shape, coords, values, factors, tensor, store = _blocked_tensor_and_store(tmp_path, rng, nmodes)
+    stacked = StackedFactors.from_list(factors, np.float64)
+    part = plan_partitions(store, 1)[0]
+    strategies, copies = [], []
+    real_plan, real_buffers = K.plan_conflicts, K.ThreadOutputs.buffers
+    monkeypatch.setattr(K, "plan_conflicts", lambda *a, **k: strategies.append(a[4]) or real_plan(*a, **k))
+    monkeypatch.setattr(K, "run_owned", lambda *a, **k: pytest.fail("one thread used row-owned tiles"))
+
+    def buffers(self):
+        first, rest = real_buffers(self)
+        copies.append(first.size + rest.size)
+        return first, rest
+
+    monkeypatch.setattr(K.ThreadOutputs, "buffers", buffers)
+    for mode in range(nmodes):
+        ref = dense_mttkrp(shape, coords, values, factors, mode)
+        assert rel_err(tfo.mttkrp(tensor, factors, mode, threads=1), ref) < 1e-12
+        for source in (load_partition(store.path, part), (store.path, part)):
+            got = mttkrp_partition(source, stacked, mode, 1, batch_nnz=256)
+            full = np.zeros_like(ref)
+            full[got.lo : got.lo + got.rows.shape[0]] = got.rows
+            assert rel_err(full, ref) < 1e-12, (mode, type(source))
+    assert strategies and set(strategies) == {"threads"}
+    assert copies and set(copies) == {0}
+    args = dict(shape=shape, rank=4, itemsize=8, worker_nnz=len(values), chunk_nnz=256, tasks=1)
+    args.update(partitions_per_mode=1, workers=1, baseline=0, limit=None)
+    for p in candidates(kernel_threads=1, **args):
+        assert p.terms["private"] == 0 and p.terms["buckets"] == 0
+    assert all(p.terms["private"] > 0 for p in candidates(kernel_threads=2, **args))
+
+
 def test_memory_plan_offers_per_thread_outputs_first():
     """With two kernel threads each execution is first planned with a private bound that holds a
     second copy of the longest output; a limit too small for it falls back to the default bound."""

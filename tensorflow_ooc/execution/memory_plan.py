@@ -294,12 +294,14 @@ def candidates(
         # per-thread outputs are kept over a pass's batches: the whole bound, whatever the batch
         roomy = bound > DEFAULT_MAX_PRIVATE_BYTES
         private = private if roomy else min(private, call_nnz * PRIVATE_REUSE * rank * itemsize)
+        # one kernel thread adds straight into its output: no private rows, no row-owned buckets
+        single = kernel_threads <= 1
         terms = {
             **_state_terms(shape, rank, itemsize, tasks, partitions_per_mode, split_every, baseline, in_place, workers),
-            "private": tasks * private,
+            "private": 0 if single else tasks * private,
             "data": int(data),
             "mode_copies": worker_nnz * (8 + value_itemsize) * len(shape) if mode_copies else 0,
-            "buckets": tasks * 20 * min(OWNED_GROUP_NNZ, call_nnz),
+            "buckets": 0 if single else tasks * 20 * min(OWNED_GROUP_NNZ, call_nnz),
             "transfer": S if workers > 1 and not owner else 0,
             "sampling": 0
             if not samples
