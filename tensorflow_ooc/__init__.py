@@ -61,6 +61,7 @@ from .errors import (
     StoreError,
     StoreExistsError,
     TfoocError,
+    ValueRangeError,
 )
 from .execution.stream import mttkrp
 from .format import BitLayout, BLCOTensor, encode_coo
@@ -90,6 +91,7 @@ __all__ = [
     "StoreError",
     "StoreExistsError",
     "TfoocError",
+    "ValueRangeError",
     "__version__",
     "convert",
     "encode_coo",

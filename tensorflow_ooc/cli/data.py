@@ -77,6 +77,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             tmp_dir=args.tmp_dir,
             out_of_core=args.out_of_core or None,
             compression=args.compression,
+            values_dtype=args.values_dtype,
         )
     else:
         src = BatchSource(counted(batches), len(shape), shape, nnz, name="synthetic generator")
@@ -90,6 +91,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             tmp_dir=args.tmp_dir,
             out_of_core=args.out_of_core or None,
             compression=args.compression,
+            values_dtype=args.values_dtype,
         )
     bar.close()
     log.info("wrote %s in %.1f s", out, time.perf_counter() - t0)
@@ -171,6 +173,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         workers=args.workers,
         tmp_dir=args.tmp_dir,
         compression=args.compression,
+        values_dtype=args.values_dtype,
         out_of_core=args.out_of_core or None,
     )
     dt = time.perf_counter() - t0
@@ -204,7 +207,8 @@ def _format_info(info: dict) -> str:
         f"norm         {info['norm']:.6g}",
         f"blocks       {info['blocks']:,}  (nonzeros per block {info['block_nnz_min']:,} .. {info['block_nnz_max']:,})",
         f"chunks       {_chunk_text(info)}",
-        f"on disk      {info['bytes_on_disk']:,} bytes = {info['bytes_per_nnz']:.2f} bytes/nonzero, "
+        f"on disk      {info['bytes_on_disk']:,} bytes = {info['bytes_per_nnz']:.2f} bytes/nonzero "
+        f"(index {info['index_bytes_per_nnz']:.2f}, values {info['values_bytes_per_nnz']:.2f}), "
         f"{100 * info['compression_ratio']:.1f} % of raw COO ({info['raw_coo_bytes']:,} bytes)",
         f"index bits   {info['layout']['total_bits']} ({info['layout']['index_bits']} per nonzero, "
         f"{info['layout']['total_bits'] - info['layout']['index_bits']} in block keys)",
@@ -284,6 +288,11 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         help="sparse store: chunk compression, as for convert (default fast)",
     )
     g.add_argument(
+        "--values-dtype",
+        choices=["float64", "float32"],
+        help="sparse store: how values are stored, as for convert (default float64)",
+    )
+    g.add_argument(
         "--dense",
         type=parse_shape,
         metavar="SHAPE",
@@ -334,6 +343,13 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         "streaming CP-ALS feels on every mode; small (zstd-3) makes the smallest stores; none "
         "stores raw chunks with their checksums (about 1/3 larger than fast), which streaming "
         "maps instead of decoding: for stores streamed many times from a fast local disk",
+    )
+    c.add_argument(
+        "--values-dtype",
+        choices=["float64", "float32"],
+        help="how values are stored (default float64): float32 halves their bytes, for counts (exact "
+        "below 2**24) and low-precision data; decompositions still compute in float64. A value "
+        "beyond float32's range is an error",
     )
     c.add_argument(
         "--memory-limit",

@@ -323,6 +323,7 @@ def convert(
     out_of_core: bool | None = None,
     sort_nnz: int | None = None,
     compression: str = DEFAULT_COMPRESSION,
+    values_dtype: str | np.dtype | None = None,
 ) -> Store:
     """Convert a sparse tensor into a BLCO Zarr store.
 
@@ -367,6 +368,11 @@ def convert(
         on every mode; "small" makes the smallest stores; "none" stores raw chunks (with their
         checksums), which streaming maps from the page cache instead of decoding (see
         ``tensorflow_ooc.store.codecs``).
+    values_dtype : {"float64", "float32"}, optional
+        How the values are stored (default: float32 for float32 input arrays, else float64).
+        float32 halves the value bytes, for counts (exact below 2**24) and low-precision data;
+        MTTKRP and CP-ALS still compute in the factors' dtype. A value beyond float32's range
+        is an error naming its coordinates.
 
     Returns
     -------
@@ -383,6 +389,8 @@ def convert(
     if duplicates not in DUPLICATE_POLICIES:
         raise ValueError(f"duplicates must be one of {DUPLICATE_POLICIES}, got {duplicates!r}")
     check_compression(compression)
+    if values_dtype is not None and np.dtype(values_dtype) not in (np.float32, np.float64):
+        raise ValueError(f"values_dtype must be float64 or float32, got {values_dtype!r}")
     from ..store import paths as store_paths
 
     if not overwrite and store_paths.exists(store):
@@ -411,6 +419,8 @@ def convert(
         per_line = _parse_bytes_per_nnz(src0.nmodes, 4) + src0.bytes_per_line
         src0.piece_bytes = int(max(1 << 20, min(8 << 20, budget / 4 / workers / per_line * src0.bytes_per_line)))
     src: Source = src0
+    if values_dtype is not None:
+        src.value_dtype = np.dtype(values_dtype)
     given = shape if shape is not None else src.given_shape
     est_nnz = src.nnz_estimate()
     if isinstance(src, AltoRunSource):

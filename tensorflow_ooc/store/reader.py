@@ -148,6 +148,13 @@ class Store:
     def disk_bytes(self) -> int:
         return paths.disk_bytes(self.path)
 
+    def _stored_bytes(self, name: str) -> int:
+        """Bytes array ``name``'s chunks (and metadata) take in the store."""
+        try:
+            return int(self.root[name].nbytes_stored())
+        except Exception:  # a store whose listing is not available: unknown, not fatal for info
+            return 0
+
     # --- reading ---------------------------------------------------------------------------------
 
     def _read(self, name: str, start: int, stop: int) -> np.ndarray:
@@ -408,6 +415,8 @@ class Store:
             "chunk_nnz": self.chunk_nnz,
             "bytes_on_disk": disk,
             "bytes_per_nnz": disk / max(1, self.nnz),
+            "index_bytes_per_nnz": self._stored_bytes("alto") / max(1, self.nnz),
+            "values_bytes_per_nnz": self._stored_bytes("values") / max(1, self.nnz),
             "raw_coo_bytes": raw,
             "compression_ratio": disk / max(1, raw),
             "layout": self.meta["layout"],

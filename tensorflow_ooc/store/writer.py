@@ -245,11 +245,15 @@ class StoreWriter:
         if n == 0:
             return
         self._extend_blocks(block_table(keys, self.layout, self.max_block_nnz, offset=self.received))
-        with np.errstate(over="ignore"):  # an overflowing sum is refused at commit, naming the store
-            v64 = values.astype(np.float64, copy=False)
+        with np.errstate(over="ignore"):  # an overflow is refused here or at commit, naming it
+            stored = np.asarray(values, dtype=self.value_dtype)
+            if stored.dtype.itemsize < 8 and not np.isfinite(stored).all():
+                self._refuse_narrowed(keys, values, stored)
+            # ||X||^2 of the values as stored, so the fit is that of the stored tensor
+            v64 = stored.astype(np.float64, copy=False)
             self.norm_sq += float(np.dot(v64, v64))
         self.pending_keys.append(keys)
-        self.pending_vals.append(np.asarray(values, dtype=self.value_dtype))
+        self.pending_vals.append(stored)
         self.pending_n += n
         self.received += n
         if self.pending_n >= self.flush_chunks * self.chunk_nnz:
@@ -396,6 +400,22 @@ class StoreWriter:
         more = int(max(self.capacity - self.written, 0) * per_nnz) + (64 << 10)
         return DiskFullError(
             where, max(more, getattr(exc, "needed", None) or 0), done + more, free_bytes(where), exc.errno
+        )
+
+    def _refuse_narrowed(self, keys: np.ndarray, values: np.ndarray, stored: np.ndarray) -> None:
+        """A value that overflowed the store's narrower value dtype (inputs are finite: ingest
+        refuses the others), named with its 0-based coordinates."""
+        from ..format.linearize import coords_from_words
+
+        k = int(np.flatnonzero(~np.isfinite(stored))[0])
+        at = tuple(int(c) for c in coords_from_words(np.ascontiguousarray(keys[:, k : k + 1]), self.layout)[0])
+        info = np.finfo(self.value_dtype)
+        given = float(values[k])
+        shown = f" ({given!r})" if math.isfinite(given) else ""
+        raise ValueRangeError(
+            f"the value at 0-based coordinates {at}{shown} overflows {self.value_dtype.name} values "
+            f"(largest magnitude {float(info.max):.4g}); store float64 values instead "
+            f"(values_dtype='float64', CLI --values-dtype float64)"
         )
 
     @staticmethod

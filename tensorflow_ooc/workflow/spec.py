@@ -27,7 +27,7 @@ import importlib.util
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -172,7 +172,9 @@ class ConvertStep(_Step):
     chunk_nnz: PositiveInt | None = None
     max_block_nnz: PositiveInt | None = None
     compression: Literal["fast", "small", "none"] = "fast"
+    values_dtype: Literal["float64", "float32"] | None = None
     memory_limit: Size | None = None
+    _added_later: ClassVar[tuple[str, ...]] = ("values_dtype",)
 
     @field_validator("memory_limit")
     @classmethod
@@ -577,7 +579,13 @@ class PlannedStep:
 
     def config(self) -> dict:
         """The step's settings that define its result (for the fingerprint)."""
-        return self.model.model_dump(mode="json", exclude={"after", "description"})
+        config = self.model.model_dump(mode="json", exclude={"after", "description"})
+        # settings added later leave the fingerprints of steps that do not use them unchanged, so
+        # an upgrade does not rerun up-to-date steps
+        for name in getattr(self.model, "_added_later", ()):
+            if config.get(name) is None:
+                config.pop(name, None)
+        return config
 
 
 @dataclass

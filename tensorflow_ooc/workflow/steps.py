@@ -216,6 +216,7 @@ def run_convert(ctx: StepContext) -> dict:
         chunk_nnz=m.chunk_nnz,
         max_block_nnz=m.max_block_nnz,
         compression=m.compression,
+        values_dtype=m.values_dtype,
         memory_limit=m.memory_limit,
     )
     if not m.append:
@@ -443,6 +444,8 @@ def _append_version(ctx: StepContext, m: ConvertStep, files: list[str], out: str
         est + (old.nnz if old is not None and not replace else 0),
         name=f"{out} version {number}: {what}",
     )
+    if old is not None and args.get("values_dtype") is None:
+        args = {**args, "values_dtype": old.value_dtype.name}  # a version keeps the values' dtype
     store = convert(src, target, shape=shape, overwrite=True, **args)
     entry = {
         "version": number,
