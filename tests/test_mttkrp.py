@@ -38,6 +38,51 @@ def test_every_mode_against_einsum(rng, nmodes, rank):
             assert rel_err(got, ref) < 1e-12, (mode, conflict)
 
 
+# every tail of the tiled kernels (R % RANK_TILE, 0..7) on two orders, with a fresh number of
+# whole tiles each run: ranks up to 128, in memory and streamed (delta-coded chunks); as padded
+# column groups (small factors) and as tiled kernels over the whole rank (large factors)
+@pytest.mark.parametrize(
+    "nmodes,tail,grouped", [(3 + t % 4, t, False) for t in range(8)] + [(n, None, True) for n in (3, 4, 5, 6)]
+)
+def test_tiled_ranks_against_einsum(tmp_path, rng, monkeypatch, nmodes, tail, grouped):
+    import importlib
+
+    from tensorflow_ooc.kernels.mttkrp.cpu import RANK_TILE, SPECIALIZED_RANKS
+
+    groups = importlib.import_module("tensorflow_ooc.kernels.mttkrp.column_groups")
+    if not grouped:
+        monkeypatch.setattr(groups, "GROUP_MAX_FACTOR_BYTES", -1)
+    used = []
+    real = groups.column_block
+    monkeypatch.setattr(
+        importlib.import_module("tensorflow_ooc.kernels.mttkrp.dispatch"),
+        "column_block",
+        lambda *a: used.append(a[1:]) or real(*a),
+    )
+
+    tail = int(rng.integers(RANK_TILE)) if tail is None else tail
+    ranks = [r for r in range(tail, 129, RANK_TILE) if r >= 1 and r not in SPECIALIZED_RANKS]
+    rank = int(rng.choice(ranks))
+    shape = tuple(int(s) for s in rng.integers(2, 11 if nmodes < 6 else 6, nmodes))
+    coords, values = random_coo(rng, shape, 600)
+    t = tfo.encode_coo(coords, values, shape, max_block_nnz=200)
+    store = tfo.convert((coords, values), tmp_path / "t.zarr", chunk_nnz=128)
+    factors = [rng.standard_normal((s, rank)) for s in shape]
+    for mode in range(nmodes):
+        ref = dense_mttkrp(shape, coords, values, factors, mode)
+        # in memory: atomic runs and per-thread outputs; streamed: private rows and runs (Delta-coded)
+        for conflict in ("atomic", "threads"):
+            assert rel_err(tfo.mttkrp(t, factors, mode, conflict=conflict), ref) < 1e-12, (rank, mode, conflict)
+        assert rel_err(tfo.mttkrp(store, factors, mode), ref) < 1e-12, (rank, mode)
+    if grouped:
+        # groups of at most 32 columns, padded to a multiple of 8, covering every column once
+        spans = sorted(set(used))
+        assert [first for first, _, _ in spans] == list(range(0, rank, 32))
+        assert sum(r for _, r, _ in spans) == rank and all(w % 8 == 0 and r <= w <= 32 for _, r, w in spans)
+    else:
+        assert not used
+
+
 @pytest.mark.parametrize("nmodes", [3, 4, 5])
 def test_sparse_against_pyttb(tmp_path, rng, nmodes):
     import pyttb

@@ -38,7 +38,8 @@ def test_float32_store_streams_and_decodes_like_its_rounded_values(tmp_path, rng
         ref = dense_mttkrp(shape, coords, rounded, factors, mode)
         got = tfo.mttkrp(s32, factors, mode)  # streamed
         assert got.dtype == np.float64 and rel_err(got, ref) < 1e-12
-        assert rel_err(tfo.mttkrp(tfo.encode_coo(got_coords, got_values, shape), factors, mode), ref) < 1e-12  # decoded in memory
+        decoded = tfo.encode_coo(got_coords, got_values, shape)  # in memory
+        assert rel_err(tfo.mttkrp(decoded, factors, mode), ref) < 1e-12
 
 
 def test_cp_als_on_float32_counts_equals_float64(tmp_path, rng):

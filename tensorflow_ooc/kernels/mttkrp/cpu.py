@@ -43,7 +43,11 @@ PREFETCH_MIN_BYTES = 256 << 20
 # 32 and 64) 1.27x (R8), 1.49x (R16), 1.48x (R25), 1.31x (R32), 1.15x (R64). Above 32 the gain
 # is small and the unrolled run kernel takes several times longer to compile, so 50 and 64 run
 # the run-time form.
-SPECIALIZED_RANKS = (8, 10, 16, 20, 25, 32)
+# 24 is also a width of the padded column groups (column_groups), like 8, 16 and 32.
+SPECIALIZED_RANKS = (8, 10, 16, 20, 24, 25, 32)
+# Other ranks run tiled kernels: R // RANK_TILE tiles of RANK_TILE columns at run time, then the
+# R % RANK_TILE tail columns, each tile written out like a fixed rank (see _tiled_body).
+RANK_TILE = 8
 
 
 def _field(x: str, j: str, delta: bool) -> str:
@@ -59,15 +63,24 @@ def _field(x: str, j: str, delta: bool) -> str:
     return f"pext({x}, m{j})" if delta or HAS_BMI2 else f"(({x} >> s{j}) & m{j})"
 
 
-def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, prefetch: bool) -> str:
+def _source(
+    name: str, kind: str, nmodes: int, rank_const: int, delta: bool, prefetch: bool, tail: int | None = None
+) -> str:
     """Python source of one kernel (``kind`` "direct", "runs", "runs_atomic", "threads" or
     "runs_threads"), written out for its order so
     that each other mode's shift, mask and factor row is a scalar that stays in a register, and,
     for a fixed rank, the run accumulator is R scalars the SLP vectorizer packs into vector
-    registers (an accumulator array lives in memory: a store-to-load chain per nonzero)."""
+    registers (an accumulator array lives in memory: a store-to-load chain per nonzero).
+
+    ``tail`` (with ``rank_const`` 0): the rank is taken at run time as ``R // RANK_TILE`` tiles of
+    ``RANK_TILE`` columns plus ``tail`` (= R % RANK_TILE) columns, each written out like a fixed
+    rank (see :data:`RANK_TILE`)."""
     others = range(1, nmodes)
     PF = PREFETCH_DISTANCE if prefetch else 0
     RC = rank_const
+    tiled = tail is not None
+    if not RC and not tiled:
+        raise ValueError("a kernel takes a fixed rank or a tail (tiled run-time rank)")
     L = []
     add = L.append
     if kind in ("direct", "runs"):
@@ -86,6 +99,10 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
             "mode, rank, todo, out_flat, out_lo):"
         )
     add(f"    R = {RC}" if RC else "    R = rank")
+    if tiled:
+        add("    RU = np.uint64(R)")
+        add(f"    NT = R // {RANK_TILE}")
+        add(f"    CT = np.uint64(NT * {RANK_TILE})")
     # the other modes in the order mode+1, mode+2, ... (mod N): a product does not care
     add("    st = np.uint64(shift[mode]); mt = np.uint64(mask[mode])")
     for j in others:
@@ -96,7 +113,7 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
     if HAS_BMI2 and not delta:
         add("    mt = mt << st")
     add("    zero = F[0, 0] * 0")
-    if RC:
+    if RC or tiled:
         # a fixed rank addresses rows in 1-D views: row i starts at i * R, a shift or a constant
         # multiply, where a 2-D index multiplies by the run-time row stride and keeps each
         # array's stride in a register (the loop then ran out of registers and reloaded them
@@ -110,7 +127,7 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
         # first into ``out`` itself); the 2-space levels keep the item body below at 8 spaces
         add("    for g in nb.prange(bounds.shape[0] - 1):")
         add("      priv_buf = out if g == 0 else (first if g == 1 else bufs[g - 2])")
-        if RC:
+        if RC or tiled:
             add("      Pb = priv_buf.reshape(priv_buf.size)")
         add("      for t in range(bounds[g], bounds[g + 1]):")
         add("        k = todo[t]")
@@ -141,7 +158,7 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
     if kind in ("runs", "runs_atomic", "runs_threads"):
         # no row is 2**64 - 1: the sentinel for "no run yet"
         add("        current = ~np.uint64(0)")
-        if RC:
+        if RC and not tiled:
             for r in range(RC):
                 add(f"        a{r} = zero")
         else:
@@ -170,13 +187,15 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
     for j in others:
         add(f"            r{j} = b{j} + {_field('x', str(j), delta)}")
     add("            v = values[i]")
-    if RC:
+    if tiled:
         for j in others:
-            add(f"            q{j} = r{j} * np.uint64({RC})")
-        prod = lambda r: " * ".join(["v"] + [f"Ff[q{j} + np.uint64({r})]" for j in others])  # noqa: E731
-    else:
-        prod = lambda r: " * ".join(["v"] + [f"F[r{j}, {r}]" for j in others])  # noqa: E731
-    if kind in ("direct", "threads") and RC:
+            add(f"            q{j} = r{j} * RU")
+        _tiled_body(add, kind, others, tail)
+        return "\n".join(L) + "\n"
+    for j in others:
+        add(f"            q{j} = r{j} * np.uint64({RC})")
+    prod = lambda r: " * ".join(["v"] + [f"Ff[q{j} + np.uint64({r})]" for j in others])  # noqa: E731
+    if kind in ("direct", "threads"):
         # every product before any store: a store into priv_buf between two loads of F may
         # alias them, which kept SLP from vectorizing the unrolled rank loop (16 scalar
         # multiply-add-store chains at rank 16; Amazon-shaped, 86 M nonzeros, 1 thread: 77 ns
@@ -186,23 +205,50 @@ def _source(name: str, kind: str, nmodes: int, rank_const: int, delta: bool, pre
         add(f"            dq = d * np.uint64({RC})")
         for r in range(RC):
             add(f"            Pb[dq + np.uint64({r})] += p{r}")
-    elif kind in ("direct", "threads"):
-        add("            for r in range(R):")
-        add(f"                priv_buf[d, r] += {prod('r')}")
     else:
         add("            if d != current:")
         add("                if current != ~np.uint64(0):")
         _flush_source(add, "                    ", RC, kind == "runs_atomic")
         add("                current = d")
-        if RC:
-            for r in range(RC):
-                add(f"            a{r} += {prod(r)}")
-        else:
-            add("            for r in range(R):")
-            add(f"                acc[r] += {prod('r')}")
+        for r in range(RC):
+            add(f"            a{r} += {prod(r)}")
         add("        if current != ~np.uint64(0):")
         _flush_source(add, "            ", RC, kind == "runs_atomic")
     return "\n".join(L) + "\n"
+
+
+def _tiled_body(add, kind: str, others: range, tail: int) -> None:
+    """The per-nonzero body of a tiled kernel: per tile of ``RANK_TILE`` columns (and once for the
+    ``tail`` columns after them) every product first, then the adds, as for a fixed rank, so
+    each tile is a few vector multiply chains. Runs sum into ``acc`` (one array of R: R scalars
+    would not stay in registers at a run-time rank) and flush at each new target row."""
+    pad = "            "
+    if kind in ("direct", "threads"):
+        add(f"{pad}dq = d * RU")
+    else:
+        add(f"{pad}if d != current:")
+        add(f"{pad}    if current != ~np.uint64(0):")
+        _flush_source(add, pad + "        ", 0, kind == "runs_atomic")
+        add(f"{pad}    current = d")
+
+    def cols(n: int, col: str, inner: str) -> None:
+        prod = lambda r: " * ".join(["v"] + [f"Ff[q{j} + {col} + np.uint64({r})]" for j in others])  # noqa: E731
+        for r in range(n):
+            add(f"{inner}p{r} = {prod(r)}")
+        for r in range(n):
+            if kind in ("direct", "threads"):
+                add(f"{inner}Pb[dq + {col} + np.uint64({r})] += p{r}")
+            else:
+                add(f"{inner}acc[{col} + np.uint64({r})] += p{r}")
+
+    add(f"{pad}for tt in range(NT):")
+    add(f"{pad}    c = np.uint64(tt * {RANK_TILE})")
+    cols(RANK_TILE, "c", pad + "    ")
+    if tail:
+        cols(tail, "CT", pad)
+    if kind not in ("direct", "threads"):
+        add("        if current != ~np.uint64(0):")
+        _flush_source(add, "            ", 0, kind == "runs_atomic")
 
 
 def _each_rank(add, pad: str, RC: int, fixed: str, loop: str) -> None:
@@ -231,8 +277,9 @@ def _flush_source(add, pad: str, RC: int, atomic: bool) -> None:
     _each_rank(add, pad, RC, "a{r} = zero", "acc[r] = 0")
 
 
-def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = False):
-    """Kernels for ``nmodes`` modes; ``rank_const`` > 0 fixes the rank, 0 takes it at run time.
+def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = False, tail: int | None = None):
+    """Kernels for ``nmodes`` modes; ``rank_const`` > 0 fixes the rank, 0 takes it at run time in
+    tiles of ``RANK_TILE`` columns and ``tail`` more.
 
     ``delta`` kernels read streamed chunks as stored: Delta differences of the low ALTO words,
     summed along each item from ``item_prev`` and split into modes with one BMI2 ``pext`` per mode.
@@ -277,14 +324,14 @@ def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = F
     out_flat : float (rows * R,)       ``runs_atomic``: the output block, row-major
     out_lo : int                       first target row held by ``out_flat`` (or ``out``)
     """
-    tag = f"n{nmodes}_r{rank_const}_d{int(bool(delta))}_p{int(bool(prefetch))}"
+    tag = f"n{nmodes}_r{rank_const}_d{int(bool(delta))}_p{int(bool(prefetch))}" + ("" if tail is None else f"_t{tail}")
     # executed in this module's namespace: numba rebuilds a cached kernel's globals by importing
     # the module its function names
     scope = globals()
     kernels = []
     for kind in ("direct", "runs", "runs_atomic", "threads", "runs_threads"):
         name = f"{kind}_items_{tag}"
-        code = compile(_source(name, kind, nmodes, rank_const, bool(delta), bool(prefetch)), __file__, "exec")
+        code = compile(_source(name, kind, nmodes, rank_const, bool(delta), bool(prefetch), tail), __file__, "exec")
         exec(code, scope)
         kernels.append(SLPKernel(nb.njit(parallel=True, nogil=True, cache=True)(scope[name])))
     return tuple(kernels)
@@ -320,14 +367,16 @@ class SLPKernel:
         return self.dispatcher(*args)
 
 
-_KERNELS: dict[tuple[int, int, bool, bool], object] = {}
+_KERNELS: dict[tuple[int, int, bool, bool, int | None], object] = {}
 
 
 def kernel_for(nmodes: int, rank: int, delta: bool = False, prefetch: bool = False):
     """The compiled kernels ``(direct_items, runs_items, runs_atomic_items, threads_items)`` for this order, rank and
     index encoding (fixed-rank code for ``SPECIALIZED_RANKS``); ``prefetch`` kernels prefetch
     factor rows ahead (for factors far larger than the caches)."""
-    key = (nmodes, rank if rank in SPECIALIZED_RANKS else 0, bool(delta), bool(prefetch))
+    fixed = rank in SPECIALIZED_RANKS
+    tail = None if fixed else rank % RANK_TILE
+    key = (nmodes, rank if fixed else 0, bool(delta), bool(prefetch), tail)
     if key not in _KERNELS:
         _KERNELS[key] = _build(*key)
     return _KERNELS[key]

@@ -13,6 +13,7 @@ import numpy as np
 from ...format import BitLayout, BLCOTensor
 from ...store import Chunk, Store
 from ..factors import StackedFactors, aligned_empty, aligned_zeros
+from .column_groups import column_block, column_groups
 from .cpu import PREFETCH_MIN_BYTES, kernel_for, merge_private, merge_thread_buffers
 from .mode_order import copies_fit, mode_sorted
 from .owned import run_owned
@@ -236,6 +237,11 @@ def run_items(
     accumulator go to per-thread outputs instead of row-owned tiles or atomic adds; the caller
     merges them after its last call."""
     R = out.shape[1]
+    groups = column_groups(R, factors.data.nbytes)
+    if groups is not None:
+        return _run_column_groups(
+            groups, items, layout, factors, mode, out, conflict, max_private_bytes, out_lo, thread_outputs
+        )
     own_outputs = conflict == "threads" and thread_outputs is None
     if own_outputs:
         thread_outputs = ThreadOutputs(out, nb.get_num_threads())
@@ -300,6 +306,33 @@ def run_items(
     if plan.private.any():
         merge_private(out, out_lo, plan.private, plan.offset, items.lo, items.hi, mode, priv_buf, MERGE_TILE)
     return plan
+
+
+def _run_column_groups(
+    groups: list[tuple[int, int, int]],
+    items: WorkItems,
+    layout: BitLayout,
+    factors: StackedFactors,
+    mode: int,
+    out: np.ndarray,
+    conflict: str,
+    max_private_bytes: int,
+    out_lo: int,
+    thread_outputs: ThreadOutputs | None,
+) -> ConflictPlan:
+    """:func:`run_items` as passes over padded column groups (:mod:`.column_groups`), each into an
+    output of its own (with per-thread copies of its own where the caller's pass has them),
+    whose real columns are added into ``out``."""
+    plans = []
+    for first, real, width in groups:
+        block = column_block(factors, first, real, width)
+        part = np.zeros((out.shape[0], width), dtype=out.dtype)
+        shared = None if thread_outputs is None else ThreadOutputs(part, thread_outputs.threads)
+        plans.append(run_items(items, layout, block, mode, part, conflict, max_private_bytes, out_lo, shared))
+        if shared is not None:
+            shared.merge()
+        out[:, first : first + real] += part[:, :real]
+    return plans[0]
 
 
 def mttkrp(
