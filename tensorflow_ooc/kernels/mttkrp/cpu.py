@@ -370,6 +370,11 @@ class SLPKernel:
 _KERNELS: dict[tuple[int, int, bool, bool, int | None], object] = {}
 
 
+def kernel_variants() -> list[tuple[int, int, bool, bool, int | None]]:
+    """The kernel variants built in this process: (order, fixed rank or 0, delta, prefetch, tail)."""
+    return list(_KERNELS)
+
+
 def kernel_for(nmodes: int, rank: int, delta: bool = False, prefetch: bool = False):
     """The compiled kernels ``(direct_items, runs_items, runs_atomic_items, threads_items)`` for this order, rank and
     index encoding (fixed-rank code for ``SPECIALIZED_RANKS``); ``prefetch`` kernels prefetch
