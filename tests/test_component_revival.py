@@ -105,14 +105,16 @@ def test_a_removed_component_is_found_and_refitted_from_the_residual(rng, N, J):
     resid_before = np.linalg.norm(p.clean - before)
     assert gain > 0.95
     assert np.linalg.norm(p.clean - pred) < 0.25 * resid_before
-    # the other components are as they were (up to the gauge: compare C^(n) columns' products)
+    # the other components are as they were (up to the gauge: compare C^(n) columns' products);
+    # the gauge rebalance moves them by rounding only, which reached 1.6e-8 in the cosine at
+    # N = 5, J = 3 (rng seed 1407541898), so 1e-7: a changed component is off by far more
     keep = [r for r in range(R_) if r != lost]
     for n in range(N):
         C_old = broken.factor(n) @ broken.core_factor(n)
         C_new = new.factor(n) @ new.core_factor(n)
         for r in keep:
             cos = abs(C_old[:, r] @ C_new[:, r]) / np.linalg.norm(C_old[:, r]) / np.linalg.norm(C_new[:, r])
-            assert cos > 1 - 1e-9
+            assert cos > 1 - 1e-7
 
 
 def test_the_restart_keeps_the_state_when_the_residual_is_noise(rng):
