@@ -113,22 +113,20 @@ def _source(
     if HAS_BMI2 and not delta:
         add("    mt = mt << st")
     add("    zero = F[0, 0] * 0")
-    if RC or tiled:
-        # a fixed rank addresses rows in 1-D views: row i starts at i * R, a shift or a constant
-        # multiply, where a 2-D index multiplies by the run-time row stride and keeps each
-        # array's stride in a register (the loop then ran out of registers and reloaded them
-        # from the stack). Zen 5, 2 threads, all-mode R16: uber 17.7 -> 15.8 ms, chicago 29.3
-        # -> 26.3, nips 20.8 -> 19.9 (docs/KERNELS.md, "Row addressing").
-        add("    Ff = F.reshape(F.size)")
-        if kind in ("direct", "runs"):
-            add("    Pb = priv_buf.reshape(priv_buf.size)")
+    # rows are addressed in 1-D views: row i starts at i * R, a shift or a constant multiply,
+    # where a 2-D index multiplies by the run-time row stride and keeps each array's stride in a
+    # register (the loop then ran out of registers and reloaded them from the stack). Zen 5, 2
+    # threads, all-mode R16: uber 17.7 -> 15.8 ms, chicago 29.3 -> 26.3, nips 20.8 -> 19.9
+    # (docs/KERNELS.md, "Row addressing").
+    add("    Ff = F.reshape(F.size)")
+    if kind in ("direct", "runs"):
+        add("    Pb = priv_buf.reshape(priv_buf.size)")
     if kind in ("threads", "runs_threads"):
         # thread g's contiguous share of the items adds into its own full-height buffer (the
         # first into ``out`` itself); the 2-space levels keep the item body below at 8 spaces
         add("    for g in nb.prange(bounds.shape[0] - 1):")
         add("      priv_buf = out if g == 0 else (first if g == 1 else bufs[g - 2])")
-        if RC or tiled:
-            add("      Pb = priv_buf.reshape(priv_buf.size)")
+        add("      Pb = priv_buf.reshape(priv_buf.size)")
         add("      for t in range(bounds[g], bounds[g + 1]):")
         add("        k = todo[t]")
         add("        sr = np.uint64(item_base[k, mode] - out_lo)")
@@ -158,7 +156,7 @@ def _source(
     if kind in ("runs", "runs_atomic", "runs_threads"):
         # no row is 2**64 - 1: the sentinel for "no run yet"
         add("        current = ~np.uint64(0)")
-        if RC and not tiled:
+        if not tiled:
             for r in range(RC):
                 add(f"        a{r} = zero")
         else:
