@@ -5,6 +5,9 @@ Public API
 convert(source, store, ...) -> Store
     Any supported input (FROSTT .tns/.tns.gz, COO arrays, sparse.COO, scipy.sparse, pyttb.sptensor)
     to a BLCO Zarr store, in memory or out of core.
+rewrite(old, new, ...) -> Store
+    A store of an older format version (or another compression, chunking, value dtype) written
+    again in the current format.
 open_store(path) -> Store
     Open and validate a store (local path or fsspec URL).
 encode_coo(coords, values, shape) -> BLCOTensor
@@ -65,7 +68,7 @@ from .errors import (
 )
 from .execution.stream import mttkrp
 from .format import BitLayout, BLCOTensor, encode_coo
-from .ingest import convert
+from .ingest import convert, rewrite
 from .kernels.factors import StackedFactors
 from .kernels.ttm.chain import SemiSparse, ttm, ttm_chain
 from .store import Store, open_store
@@ -97,6 +100,7 @@ __all__ = [
     "encode_coo",
     "mttkrp",
     "open_store",
+    "rewrite",
     "StackedFactors",
     "SemiSparse",
     "ttm",

@@ -15,6 +15,7 @@ from tensorflow_ooc.execution import stream
 from tensorflow_ooc.execution.stream import BatchBuffers, fill_batch, stream_batches
 from tensorflow_ooc.format import BitLayout, alto_words, decode_alto, reencode
 from tensorflow_ooc.format.bits import HAS_BMI2, _pext_bmi2, _pext_portable
+from tensorflow_ooc.format.index_encoding import delta_words, encode_delta32
 from tensorflow_ooc.format.linearize import _decode_alto_pext, _decode_alto_table
 from tensorflow_ooc.kernels import StackedFactors, run_items
 from tensorflow_ooc.store.chunk_files import ChunkFiles
@@ -73,31 +74,52 @@ def test_decode_alto_equals_table_reencode(rng, nmodes):
     got[:] = 0
     decode_alto(deltas, layout, got, is_delta=True)
     np.testing.assert_array_equal(got, want)
+    # delta32 with patches: the chunk start, and words moved up by 2^32 past a random point
+    # (both gap kinds; the fields decoded are the words' own)
+    cut = int(rng.integers(1, low.shape[0]))
+    jumped = low.copy()
+    jumped[cut:] += np.uint64(1 << 33) if layout.index_bits <= 30 else np.uint64(0)
+    diffs, ppos, pword = encode_delta32(jumped)
+    assert ppos[0] == 0 and (cut in ppos) == (layout.index_bits <= 30)
+    np.testing.assert_array_equal(delta_words(diffs, ppos, pword), jumped)
+    want32 = reencode(jumped, layout)
+    no_patch = (np.zeros(0, np.int64), np.zeros(0, np.uint64))
     for fn, args in (
         (_decode_alto_table, (layout.reencode_table, layout.index_nbytes)),
         (_decode_alto_pext, (layout.pext_masks, layout.field_shift)) if HAS_BMI2 else (None, None),
     ):
         if fn is not None:  # both implementations, whatever this CPU picks
             got[:] = 0
-            fn(deltas, True, *args, got)
+            fn(deltas, True, *no_patch, *args, got)
             np.testing.assert_array_equal(got, want)
+            got[:] = 0
+            fn(diffs, True, ppos, pword, *args, got)
+            np.testing.assert_array_equal(got, want32)
 
 
+@pytest.mark.parametrize("encoding", ["delta32", "delta64"])
 @pytest.mark.parametrize("compression", ["fast", "small", "none"])
-def test_chunk_files_match_zarr(tmp_path, rng, compression):
+def test_chunk_files_match_zarr(tmp_path, rng, compression, encoding):
     shape = (50, 60, 70, 80)
     coords, values = random_coo(rng, shape, 5500)
-    s = tfo.convert((coords, values), tmp_path / "s.zarr", chunk_nnz=1000, compression=compression)
-    assert s.info()["compression"] == compression
+    s = tfo.convert(
+        (coords, values), tmp_path / "s.zarr", chunk_nnz=1000, compression=compression, index_encoding=encoding
+    )
+    assert s.info()["compression"] == compression and s.index_encoding == encoding
     g = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")
+    assert np.dtype(g["alto"].dtype) == np.dtype("<u4" if encoding == "delta32" else "<u8")
     for name in ("alto", "values"):
-        files = ChunkFiles(g[name])
+        files = ChunkFiles(g[name], delta=True if encoding == "delta32" and name == "alto" else None)
         assert files.fast
         out = np.empty(s.chunk_nnz, dtype=g[name].dtype)
         for c in range(s.nchunks):  # the last chunk is partial
             got = files.read(c, out)
-            want = g[name][c * s.chunk_nnz : (c + 1) * s.chunk_nnz]
-            data = np.cumsum(got.data, dtype=np.uint64) if got.is_delta else got.data
+            lo, hi = c * s.chunk_nnz, min(s.nnz, (c + 1) * s.chunk_nnz)
+            if name == "alto":  # the words, whatever the encoding
+                data = delta_words(got.data, *(s.chunk_patches(lo, hi) or ()))
+                want = s._read_words(lo, hi)
+            else:
+                data, want = got.data, g[name][lo:hi]
             np.testing.assert_array_equal(data, want)
             assert got.is_delta == (name == "alto")
 
@@ -230,16 +252,22 @@ def test_damaged_chunk_fails_the_streaming_read(tmp_path, rng):
         list(stream_batches(s, 0, s.nchunks))
 
 
-def _rewrite_alto_chunk(store_path, c, deltas):
-    """Replace a chunk of the index with other (valid, checksummed) contents, and record its new
-    checksum in the position table too, as a tool rewriting the store consistently would: only
-    the range validation stands between such a chunk and the kernels."""
+def _rewrite_alto_chunk(store_path, c, words):
+    """Replace a chunk of the index with other (valid, checksummed) low ALTO ``words`` (with its
+    first word, hence its patches, unchanged), and record its new checksum in the position table
+    too, as a tool rewriting the store consistently would: only the range validation stands
+    between such a chunk and the kernels."""
     from tensorflow_ooc.store.chunk_files import ChunkFiles
 
     g = zarr.open_group(str(store_path), mode="r+")
     arr = g["alto"]
     n = arr.chunks[0]
-    arr[c * n : c * n + deltas.shape[0]] = np.cumsum(deltas, dtype=np.uint64)
+    if np.dtype(arr.dtype) == np.uint32:  # delta32: the differences; the patches stay valid
+        diffs, ppos, _ = encode_delta32(words)
+        assert list(ppos) == [0]
+        arr[c * n : c * n + words.shape[0]] = diffs
+    else:
+        arr[c * n : c * n + words.shape[0]] = words
     g["chunks/crc_alto"][c] = ChunkFiles(arr).stored_checksum(c)
 
 
@@ -249,10 +277,10 @@ def test_changed_chunk_is_validated_again(tmp_path, rng):
     s = _store(tmp_path, rng)
     stream.release_buffers()
     list(stream_batches(s, 0, s.nchunks))  # first pass: validated and cached
-    words = s.root["alto"][1000:2000]
+    words = s._read_words(1000, 2000)
     bigger = words.copy()
     bigger[-1] = np.uint64(int(words.max()) | ((1 << s.layout.index_bits) - 1))  # the largest index in range
-    _rewrite_alto_chunk(tmp_path / "s.zarr", 1, np.diff(np.sort(bigger), prepend=np.uint64(0)))
+    _rewrite_alto_chunk(tmp_path / "s.zarr", 1, np.sort(bigger))
     s = tfo.open_store(tmp_path / "s.zarr")
     with pytest.raises(CorruptStoreError, match="chunk 1"):
         list(stream_batches(s, 0, s.nchunks))

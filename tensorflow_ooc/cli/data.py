@@ -156,9 +156,26 @@ def _format_dense_info(info: dict) -> str:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from ..ingest import convert
+    from ..ingest import convert, rewrite
 
     t0 = time.perf_counter()
+    if args.rewrite:
+        store = rewrite(
+            args.input,
+            args.store,
+            compression=args.compression,
+            index_encoding=args.index_encoding,
+            chunk_nnz=args.chunk_nnz,
+            values_dtype=args.values_dtype,
+            overwrite=args.overwrite,
+            progress=not args.quiet,
+        )
+        dt = time.perf_counter() - t0
+        print(
+            f"{store.path}: {store.nnz:,} nonzeros rewritten from {args.input} in {dt:.2f} s "
+            f"(format v{store.meta['format_version']}, index {store.index_encoding}, {store.meta['compression']})"
+        )
+        return 0
     store = convert(
         args.input,
         args.store,
@@ -172,9 +189,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         workers=args.workers,
         tmp_dir=args.tmp_dir,
-        compression=args.compression,
+        compression=args.compression or "fast",
         values_dtype=args.values_dtype,
         out_of_core=args.out_of_core or None,
+        index_encoding=args.index_encoding,
     )
     dt = time.perf_counter() - t0
     print(
@@ -211,7 +229,8 @@ def _format_info(info: dict) -> str:
         f"(index {info['index_bytes_per_nnz']:.2f}, values {info['values_bytes_per_nnz']:.2f}), "
         f"{100 * info['compression_ratio']:.1f} % of raw COO ({info['raw_coo_bytes']:,} bytes)",
         f"index bits   {info['layout']['total_bits']} ({info['layout']['index_bits']} per nonzero, "
-        f"{info['layout']['total_bits'] - info['layout']['index_bits']} in block keys)",
+        f"{info['layout']['total_bits'] - info['layout']['index_bits']} in block keys; stored "
+        f"{info['index_encoding']}, {info['index_patches']:,} patches)",
         "",
         f"{'mode':>4} {'length':>12} {'bits':>5} {'key bits':>8} {'chunk span mean':>16} {'chunk span max':>15}",
     ]
@@ -318,12 +337,14 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
 
     c = add(
         "convert",
-        help="convert a .tns/.tns.gz file to a BLCO Zarr store",
+        help="convert a .tns/.tns.gz file to a BLCO Zarr store (or --rewrite a store)",
         description="Convert a FROSTT .tns or .tns.gz file into a BLCO Zarr store (local path or "
         "fsspec URL). Inputs larger than --memory-limit are converted out of core. "
-        "Nothing is left at STORE if conversion fails.",
+        "Nothing is left at STORE if conversion fails. With --rewrite, INPUT is a store of any "
+        "format version this build reads, written again in the current one (its compression, "
+        "chunking and value dtype kept unless given).",
     )
-    c.add_argument("input", help="input .tns or .tns.gz file (gzip detected by content)")
+    c.add_argument("input", help="input .tns or .tns.gz file (gzip detected by content); with --rewrite, a store")
     c.add_argument("store", help="output store: a local path or an fsspec URL")
     c.add_argument("--shape", type=parse_shape, help="mode lengths (default: max index per mode)")
     c.add_argument("--zero-based", action="store_true", help="indices start at 0 (default: 1, as in FROSTT)")
@@ -336,13 +357,24 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     c.add_argument("--chunk-nnz", type=_positive_int, help="nonzeros per stored chunk (default 1048576)")
     c.add_argument("--max-block-nnz", type=_positive_int, help="largest BLCO block (default 16777216)")
     c.add_argument(
+        "--rewrite",
+        action="store_true",
+        help="INPUT is a store (e.g. of format version 1): write it again at STORE in the current format",
+    )
+    c.add_argument(
+        "--index-encoding",
+        choices=["delta32", "delta64"],
+        help="how the index is stored (default: delta32, 32-bit differences patched where a gap is "
+        "wider, about 4x quicker to decompress; delta64 where over 1/256 of the gaps are wider)",
+    )
+    c.add_argument(
         "--compression",
         choices=["fast", "small", "none"],
-        default="fast",
         help="chunk compression: fast (default; lz4 index and values) decodes quickly, which "
         "streaming CP-ALS feels on every mode; small (zstd-3) makes the smallest stores; none "
         "stores raw chunks with their checksums (about 1/3 larger than fast), which streaming "
-        "maps instead of decoding: for stores streamed many times from a fast local disk",
+        "maps instead of decoding: for stores streamed many times from a fast local disk "
+        "(--rewrite: default the source's)",
     )
     c.add_argument(
         "--values-dtype",

@@ -71,10 +71,14 @@ class ChunkProfile:
 
 
 class _ThreadScratch(threading.local):
-    def get(self, n: int) -> np.ndarray:
-        buf = getattr(self, "buf", None)
+    def get(self, n: int, dtype=np.uint64, role: str = "raw") -> np.ndarray:
+        """This thread's buffer for ``role`` (one per role and dtype: a chunk's stored index, its
+        re-encoded copy and its words are alive at once)."""
+        bufs = self.__dict__.setdefault("bufs", {})
+        key = (role, np.dtype(dtype))
+        buf = bufs.get(key)
         if buf is None or buf.shape[0] < n:
-            buf = self.buf = np.empty(n, dtype=np.uint64)
+            buf = bufs[key] = np.empty(n, dtype=key[1])
         return buf[:n]
 
 
@@ -102,8 +106,15 @@ def profile_chunk(store: Store, enc: EncodedChunk, index: np.ndarray, alto_bits:
     else:
         cmin, cmax = enc.min, enc.max
     store.check_chunk_range(enc.id, cmin, cmax, alto_bits)
-    words = np.cumsum(enc.alto, dtype=np.uint64) if enc.alto_is_delta else enc.alto
-    prev = np.where(it.start > 0, words[np.maximum(it.start - 1, 0)], 0).astype(np.uint64)
+    if enc.alto_is_delta:
+        # the word a kernel starts each item's sum from: its first word less its first difference
+        # (0 at a delta64 chunk's start, whose first difference is absolute; the whole word at a
+        # delta32 patch, whose difference is 0)
+        first = it.start.astype(np.int64)
+        words = enc.words(_SCRATCH.get(enc.n, np.uint64, "words"))
+        prev = (words[first] - enc.alto[first].astype(np.uint64)).astype(np.uint64)
+    else:
+        prev = np.where(it.start > 0, enc.alto[np.maximum(it.start - 1, 0)], 0).astype(np.uint64)
     prof = ChunkProfile(it.start, it.end, it.base, it.lo, it.hi, it.changes, prev)
     if enc.checksum is not None:
         with _PROFILES_LOCK:
@@ -114,13 +125,20 @@ def profile_chunk(store: Store, enc: EncodedChunk, index: np.ndarray, alto_bits:
 
 
 class BatchBuffers:
-    """Decoded index and values for up to ``chunks`` chunks (16 bytes a nonzero); ``alloc`` makes
-    the arrays (``numba.cuda.pinned_array`` for page-locked staging of GPU transfers)."""
+    """Index and values for up to ``chunks`` chunks (at most 16 bytes a nonzero); ``alloc`` makes
+    the arrays (``numba.cuda.pinned_array`` for page-locked staging of GPU transfers).
 
-    def __init__(self, store: Store, chunks: int, alloc: Callable[..., np.ndarray] = np.empty) -> None:
+    The index buffer holds what the kernels read: re-encoded uint64 indices, or the stored
+    differences for the ``delta`` kernels, which fill it in ``index_dtype``: the store's own
+    (uint32 for ``delta32``) where the CPU kernels read them, uint64 where they are widened
+    (the GPU path's staging)."""
+
+    def __init__(
+        self, store: Store, chunks: int, alloc: Callable[..., np.ndarray] = np.empty, index_dtype=np.uint64
+    ) -> None:
         cap = chunks * store.chunk_nnz
         self.chunks = chunks
-        self.index = alloc(cap, dtype=np.uint64)
+        self.index = alloc(cap, dtype=np.dtype(index_dtype))
         self.values = alloc(cap, dtype=store.value_dtype)
 
     @property
@@ -136,12 +154,15 @@ KEEP_BUFFERS = 2
 
 
 def _take_buffers(store: Store, chunks: int) -> BatchBuffers:
+    """Buffers for ``fill_batch``'s default (``DELTA_KERNELS``): the stored differences as they are,
+    or re-encoded uint64 indices."""
     cap = chunks * store.chunk_nnz
+    index_dtype = np.dtype(store.index_dtype if DELTA_KERNELS else np.uint64)
     with _BUFFERS_LOCK:
         for i, b in enumerate(_BUFFERS):
-            if b.index.shape[0] == cap and b.values.dtype == store.value_dtype:
+            if b.index.shape[0] == cap and b.values.dtype == store.value_dtype and b.index.dtype == index_dtype:
                 return _BUFFERS.pop(i)
-    return BatchBuffers(store, chunks)
+    return BatchBuffers(store, chunks, index_dtype=index_dtype)
 
 
 def _give_buffers(bufs: BatchBuffers) -> None:
@@ -215,23 +236,29 @@ def _fill_chunk(
     """Chunk ``c`` into the batch buffers at ``pos`` (its values mapped instead, where
     ``map_values`` and the store allows); its work-item profile and its values."""
     slot = slice(pos, pos + store.chunk_nnz)
-    # stored words before re-encoding: needed on a chunk's first read, or always without BMI2
-    scratch = _SCRATCH.get(store.chunk_nnz)
-    enc = store.read_encoded(
-        c, bufs.index[slot] if delta else scratch, bufs.values[slot], map_values, keep_nnz, decode_threads
-    )
+    if not delta and bufs.index.dtype != np.uint64:
+        raise ValueError(f"re-encoded indices need a uint64 index buffer, got {bufs.index.dtype}")
+    # the stored index goes straight into the batch for the delta kernels (when the buffer has
+    # its dtype), else into a scratch buffer to be re-encoded (or widened) from
+    raw_into_batch = delta and bufs.index.dtype == store.index_dtype
+    raw = bufs.index[slot] if raw_into_batch else _SCRATCH.get(store.chunk_nnz, store.index_dtype)
+    enc = store.read_encoded(c, raw, bufs.values[slot], map_values, keep_nnz, decode_threads)
     n = enc.n
     index = bufs.index[pos : pos + n]
-    if delta and not enc.alto_is_delta:  # Zarr's own read path: absolute words
+    if delta and not raw_into_batch:  # differences widened to the batch's uint64 (GPU staging)
+        index[:] = enc.alto
+        enc.alto = index
+    if delta and not enc.alto_is_delta:  # Zarr's own read path of a delta64 store: absolute words
         index[1:] = np.diff(enc.alto)
         enc.alto_is_delta = True
     prof = _cached_profile(store, enc)
     if prof is None:
-        decoded = scratch[:n] if delta else index
-        bits = decode_alto(enc.alto, store.layout, decoded, enc.alto_is_delta)
+        # re-encoded for validation on a chunk's first read (a scratch buffer of its own)
+        decoded = _SCRATCH.get(n, np.uint64, "decoded") if delta else index
+        bits = decode_alto(enc.alto, store.layout, decoded, enc.alto_is_delta, enc.patches)
         prof = profile_chunk(store, enc, decoded, bits)
     elif not delta:
-        decode_alto(enc.alto, store.layout, index, enc.alto_is_delta)
+        decode_alto(enc.alto, store.layout, index, enc.alto_is_delta, enc.patches)
     return prof, enc.values
 
 
@@ -247,8 +274,9 @@ def fill_batch(
 ) -> WorkItems:
     """Read, decode and profile ``chunk_ids`` into ``bufs``; their work items, batch positions.
 
-    With ``delta`` (default: where the CPU has BMI2) the index buffer receives the stored Delta
-    differences as they come out of the decompressor, for the ``delta`` kernels; else it receives
+    With ``delta`` (default: where the CPU has BMI2) the index buffer receives the stored
+    differences as they come out of the decompressor, for the ``delta`` kernels (widened when the
+    buffer is uint64 and the store's ``delta32`` index uint32); else it receives
     re-encoded BLCO indices. A chunk is fully re-encoded and validated only the first time a
     process sees its bytes. With ``map_values`` (one chunk only) the items' values are the
     chunk's mapped values where the store keeps them uncompressed (see

@@ -10,6 +10,7 @@ import numba as nb
 import numpy as np
 
 from .bits import HAS_BMI2, pext
+from .index_encoding import NO_PATCH_POSITIONS, NO_PATCH_WORDS
 from .layout import BitLayout
 
 
@@ -66,11 +67,17 @@ def reencode(alto_low: np.ndarray, layout: BitLayout) -> np.ndarray:
 
 
 @nb.njit(nogil=True, cache=True)
-def _decode_alto_pext(alto, is_delta, masks, shift, out):
+def _decode_alto_pext(alto, is_delta, ppos, pword, masks, shift, out):
     acc = np.uint64(0)
     seen = np.uint64(0)
+    k = 0
+    nxt = ppos[0] if ppos.shape[0] else -1
     for i in range(alto.shape[0]):
-        if is_delta:
+        if i == nxt:  # a delta32 patch: the whole word
+            acc = pword[k]
+            k += 1
+            nxt = ppos[k] if k < ppos.shape[0] else -1
+        elif is_delta:
             acc += alto[i]  # wraps like the Delta filter's uint64 differences
         else:
             acc = alto[i]
@@ -83,11 +90,17 @@ def _decode_alto_pext(alto, is_delta, masks, shift, out):
 
 
 @nb.njit(nogil=True, cache=True)
-def _decode_alto_table(alto, is_delta, table, nbytes, out):
+def _decode_alto_table(alto, is_delta, ppos, pword, table, nbytes, out):
     acc = np.uint64(0)
     seen = np.uint64(0)
+    k = 0
+    nxt = ppos[0] if ppos.shape[0] else -1
     for i in range(alto.shape[0]):
-        if is_delta:
+        if i == nxt:
+            acc = pword[k]
+            k += 1
+            nxt = ppos[k] if k < ppos.shape[0] else -1
+        elif is_delta:
             acc += alto[i]
         else:
             acc = alto[i]
@@ -99,18 +112,27 @@ def _decode_alto_table(alto, is_delta, table, nbytes, out):
     return seen
 
 
-def decode_alto(alto: np.ndarray, layout: BitLayout, out: np.ndarray, is_delta: bool = False) -> int:
+def decode_alto(
+    alto: np.ndarray,
+    layout: BitLayout,
+    out: np.ndarray,
+    is_delta: bool = False,
+    patches: tuple[np.ndarray, np.ndarray] | None = None,
+) -> int:
     """Re-encode one chunk's low ALTO words into ``out``; with ``is_delta`` the input holds the
-    Delta filter's differences (first value absolute) and is summed on the way, in one pass.
+    stored differences and is summed on the way, in one pass: the Delta filter's (uint64, first
+    value absolute) or ``delta32``'s (uint32), whose ``patches`` (chunk-relative positions,
+    words; see :mod:`~tensorflow_ooc.format.index_encoding`) give the whole word where they are.
 
     One BMI2 ``pext`` per mode where the CPU has it, else the byte tables of ``reencode``.
     Single-threaded on purpose: it runs in a read-ahead thread beside the multi-threaded kernel.
     Returns the OR of all ALTO words, so callers can check that no bit beyond the layout's
     ``index_bits`` is set.
     """
+    ppos, pword = patches if patches is not None else (NO_PATCH_POSITIONS, NO_PATCH_WORDS)
     if HAS_BMI2:
-        return int(_decode_alto_pext(alto, bool(is_delta), layout.pext_masks, layout.field_shift, out))
-    return int(_decode_alto_table(alto, bool(is_delta), layout.reencode_table, layout.index_nbytes, out))
+        return int(_decode_alto_pext(alto, bool(is_delta), ppos, pword, layout.pext_masks, layout.field_shift, out))
+    return int(_decode_alto_table(alto, bool(is_delta), ppos, pword, layout.reencode_table, layout.index_nbytes, out))
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)

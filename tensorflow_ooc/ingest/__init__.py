@@ -1,6 +1,7 @@
 """Ingest: read tensors from text files and in-memory formats, validate, and convert to BLCO stores."""
 
 from .convert import convert
+from .rewrite import rewrite
 from .sources import AltoRunSource, ArraySource, BatchSource, Source, TextSource, as_source
 
-__all__ = ["AltoRunSource", "ArraySource", "BatchSource", "Source", "TextSource", "as_source", "convert"]
+__all__ = ["AltoRunSource", "ArraySource", "BatchSource", "Source", "TextSource", "as_source", "convert", "rewrite"]

@@ -85,8 +85,9 @@ def _unreadable(c: int, key: str, exc: OSError) -> ChunkDecodeError:
 
 @dataclass
 class ChunkRead:
-    """Decoded chunk: ``data`` (a view of the caller's buffer) holds Delta differences when
-    ``is_delta`` is true (the first value absolute), else the values themselves."""
+    """Decoded chunk: ``data`` (a view of the caller's buffer) holds the index's differences when
+    ``is_delta`` is true (Delta's with the first value absolute, or ``delta32``'s), else the
+    values themselves."""
 
     data: np.ndarray
     is_delta: bool
@@ -113,13 +114,18 @@ class ChunkFiles:
         cache: ChunkCache | None = None,
         cache_key: tuple = (),
         expected: np.ndarray | None = None,
+        delta: bool | None = None,
     ) -> None:
         self.array = array
         self.chunk_len = int(array.chunks[0])
         self.dtype = np.dtype(array.dtype)
         codecs = list(array.metadata.codecs)
-        self.delta = bool(codecs) and _is_delta(codecs[0])
-        rest = codecs[1:] if self.delta else codecs
+        # the Delta filter in the chain (format version 1's index), which Zarr's own reads undo
+        self.filtered = bool(codecs) and _is_delta(codecs[0])
+        # whether the chunks hold differences: the filter's, or (``delta`` given) ``delta32``'s,
+        # which are the stored elements themselves
+        self.delta = self.filtered if delta is None else bool(delta)
+        rest = codecs[1:] if self.filtered else codecs
         little = (
             isinstance(rest[0], BytesCodec) and (rest[0].endian is None or rest[0].endian.value == "little")
             if rest
@@ -346,7 +352,7 @@ class ChunkFiles:
         raw, version = self._bytes(c) if self.fast else (None, None)
         if raw is None:
             out[:n] = self.array[start : start + n]
-            return ChunkRead(out[:n], False, ABSENT if self.fast else None)
+            return ChunkRead(out[:n], self.delta and not self.filtered, ABSENT if self.fast else None)
         if self.raw:
             view = self._checked_raw(c, raw)
             out[: view.shape[0]] = view

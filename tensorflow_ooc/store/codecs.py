@@ -10,7 +10,8 @@ Two profiles (the ``compression`` option of ``convert``), measured on 2^20-nonze
 nell2- and uber-shaped benchmark tensors:
 
 - ``"fast"`` (default): index lz4 level 1 in 1 MiB Blosc blocks (uber-shaped: 2.0 B per nonzero,
-  1.0 ms to decode a 2^20-nonzero chunk, where zstd level 1 took 1.7 B and 1.8 ms), values
+  1.0 ms to decode a 2^20-nonzero chunk of 64-bit differences, where zstd level 1 took 1.7 B
+  and 1.8 ms; 0.64 ms for the 32-bit differences of format version 2), values
   shuffle + lz4 (~2 ms). Streaming MTTKRP decodes every chunk once per mode, so decode speed is
   throughput. Values that shuffle + lz4 does not shrink to at most half on the first chunk
   (random floats: 6.3 of 8 bytes) are stored uncompressed instead: reading them compressed cost
@@ -68,15 +69,21 @@ def _blosc(cname: str, level: int, typesize: int | None = None, shuffle: str = "
     return BloscCodec(cname=cname, clevel=level, shuffle=shuffle, blocksize=BLOCK_BYTES, **extra)
 
 
-def index_codecs(compression: str = DEFAULT_COMPRESSION) -> dict:
-    from zarr.codecs.numcodecs import Delta
-
-    with quiet_numcodecs():
-        delta = Delta(dtype="<u8")
+def index_codecs(compression: str = DEFAULT_COMPRESSION, encoding: str = "delta64") -> dict:
+    """Codecs of the ``alto`` array: ``delta64`` has the numcodecs Delta filter on uint64 (format
+    version 1's chain); ``delta32`` arrays hold the differences already (uint32, computed by the
+    writer with their patches), so no filter."""
     cname, level = COMPRESSIONS[check_compression(compression)][0]
+    if encoding == "delta32":
+        filters = []
+    else:
+        from zarr.codecs.numcodecs import Delta
+
+        with quiet_numcodecs():
+            filters = [Delta(dtype="<u8")]
     if cname is None:
-        return {"filters": [delta], "compressors": [Crc32cCodec()]}
-    return {"filters": [delta], "compressors": [_blosc(cname, level), Crc32cCodec()]}
+        return {"filters": filters, "compressors": [Crc32cCodec()]}
+    return {"filters": filters, "compressors": [_blosc(cname, level), Crc32cCodec()]}
 
 
 VALUES_RAW_RATIO = 0.5

@@ -5,10 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 
+import numpy as np
+
 META_KEY = "tensorflow_ooc"
 FORMAT_NAME = "blco"
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
 CHECKSUM_KEY = "checksum"
 
 
@@ -25,6 +27,16 @@ def meta_checksum(meta: dict) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
+def patches_checksum(positions, words) -> str:
+    """SHA-256 of a ``delta32`` store's patch table (positions int64, words uint64, little-endian
+    bytes): the metadata records it, so a table copied from another store or edited is refused
+    at open although its own CRC32C holds."""
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(positions, dtype="<i8").tobytes())
+    h.update(np.ascontiguousarray(words, dtype="<u8").tobytes())
+    return "sha256:" + h.hexdigest()
+
+
 #: the store's arrays, whose own Zarr metadata (codecs, dtype, shape, chunks) the checksum binds too
 ARRAY_NAMES = (
     "alto",
@@ -37,6 +49,8 @@ ARRAY_NAMES = (
     "chunks/max",
     "chunks/crc_alto",
     "chunks/crc_values",
+    "patches/position",
+    "patches/word",
 )
 
 

@@ -16,6 +16,15 @@ from zarr.core.sync import sync as zarr_sync
 
 from ..errors import CorruptStoreError, ForeignStoreError, IncompleteStoreError, StoreError
 from ..format import BitLayout, BlockTable, delinearize, reencode
+from ..format.index_encoding import (
+    DELTA32,
+    DELTA64,
+    ENCODINGS,
+    NO_PATCH_POSITIONS,
+    NO_PATCH_WORDS,
+    delta_words,
+    split_at_patches,
+)
 from ..format.linearize import field_minmax
 from . import chunk_cache, paths
 from .chunk_files import ABSENT, UNCHECKED, ChunkDecodeError, ChunkFiles
@@ -27,6 +36,7 @@ from .metadata import (
     SUPPORTED_VERSIONS,
     arrays_checksum,
     meta_checksum,
+    patches_checksum,
 )
 
 
@@ -69,7 +79,9 @@ class EncodedChunk:
     """A chunk as stored, before re-encoding: for the streaming reader, which decodes it into its
     own buffers (see :meth:`Store.read_encoded`).
 
-    ``alto`` holds the low ALTO words, or their Delta differences when ``alto_is_delta``.
+    ``alto`` holds the low ALTO words, or their stored differences when ``alto_is_delta``:
+    uint64 ones of the Delta filter (first value absolute), or ``delta32``'s uint32 ones with
+    the chunk's ``patches`` (chunk-relative positions, words; the segments are cut at them).
     """
 
     id: int
@@ -82,10 +94,19 @@ class EncodedChunk:
     min: np.ndarray
     max: np.ndarray
     checksum: int | None = None  # CRC32C of the stored index chunk, when read from its bytes
+    patches: tuple[np.ndarray, np.ndarray] | None = None  # delta32: (positions int64, words uint64)
 
     @property
     def n(self) -> int:
         return int(self.values.shape[0])
+
+    def words(self, out: np.ndarray | None = None) -> np.ndarray:
+        """The chunk's low ALTO words (uint64), whatever the index's encoding."""
+        if not self.alto_is_delta:
+            return self.alto
+        if self.patches is None:
+            return np.cumsum(self.alto, dtype=np.uint64, out=out)
+        return delta_words(self.alto, *self.patches, out=out)
 
 
 def chunk_index_range(chunk: Chunk, layout: BitLayout) -> tuple[np.ndarray, np.ndarray]:
@@ -125,6 +146,9 @@ class Store:
         self.max_block_nnz: int = int(meta["max_block_nnz"])
         self.nchunks: int = int(meta["nchunks"])
         self.nblocks: int = int(meta["nblocks"])
+        #: how ``alto`` is stored (format version 1: always ``delta64``)
+        self.index_encoding: str = meta.get("index_encoding", DELTA64)
+        self.index_dtype = np.dtype(np.uint32 if self.index_encoding == DELTA32 else np.uint64)
 
     def __repr__(self) -> str:
         return f"Store({self.path!r}, shape={self.shape}, nnz={self.nnz}, blocks={self.nblocks}, chunks={self.nchunks})"
@@ -139,6 +163,23 @@ class Store:
     def blocks(self) -> BlockTable:
         g = self.root
         return BlockTable(g["blocks/key"][...], g["blocks/start"][...], g["blocks/count"][...], g["blocks/base"][...])
+
+    @cached_property
+    def patches(self) -> tuple[np.ndarray, np.ndarray]:
+        """A ``delta32`` store's patch table: global positions (int64) and whole low ALTO words
+        (uint64), empty for ``delta64``; checked at open."""
+        if self.index_encoding != DELTA32:
+            return NO_PATCH_POSITIONS, NO_PATCH_WORDS
+        return self.root["patches/position"][...], self.root["patches/word"][...]
+
+    def chunk_patches(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Patches of nonzeros ``[start, stop)`` (a ``delta32`` store; else None), relative to
+        ``start``."""
+        if self.index_encoding != DELTA32:
+            return None
+        pos, word = self.patches
+        a, b = np.searchsorted(pos, [start, stop])
+        return pos[a:b] - start, word[a:b]
 
     @cached_property
     def chunk_ranges(self) -> tuple[np.ndarray, np.ndarray]:
@@ -206,13 +247,26 @@ class Store:
         for c in range(start // self.chunk_nnz, -(-stop // self.chunk_nnz)):
             self.check_chunk_position(c, "alto")
             self.check_chunk_position(c, "values")
-        alto = self._read("alto", start, stop)
+        alto = self._read_words(start, stop)
         values = self._read("values", start, stop)
         if alto.shape[0] != stop - start or values.shape[0] != stop - start:
             raise _fail(self.path, f"nonzeros {start}..{stop} are missing")
         if self.layout.index_bits < 64 and alto.size and int(alto.max()) >> self.layout.index_bits:
             raise _fail(self.path, f"nonzeros {start}..{stop}: index bits beyond the layout's {self.layout.index_bits}")
         return reencode(alto, self.layout), values
+
+    def _read_words(self, start: int, stop: int) -> np.ndarray:
+        """Low ALTO words of nonzeros ``[start, stop)`` through Zarr (which undoes the Delta
+        filter of ``delta64``; ``delta32`` differences are summed here from whole chunks, each
+        starting with a patch)."""
+        if self.index_encoding != DELTA32:
+            return self._read("alto", start, stop)
+        lo = start // self.chunk_nnz * self.chunk_nnz
+        diffs = self._read("alto", lo, stop)
+        patches = self.chunk_patches(lo, stop)
+        if diffs.size and (patches[0].size == 0 or patches[0][0] != 0):
+            raise _fail(self.path, f"nonzeros {lo}..{stop}: the patch table has no word for the chunk start")
+        return delta_words(diffs, *patches)[start - lo :]
 
     def _segments(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         b = self.blocks
@@ -231,7 +285,13 @@ class Store:
         cache = chunk_cache.default_cache() if store_id and chunk_cache.wants_cache(self.root.store) else None
         table = self.chunk_checksums if cache is not None else None
         return tuple(
-            ChunkFiles(self.root[name], cache, (str(store_id), name), None if table is None else table[name])
+            ChunkFiles(
+                self.root[name],
+                cache,
+                (str(store_id), name),
+                None if table is None else table[name],
+                delta=True if name == "alto" and self.index_encoding == DELTA32 else None,
+            )
             for name in ("alto", "values")
         )
 
@@ -333,8 +393,14 @@ class Store:
             raise _fail(self.path, f"chunk {c}: nonzeros {start}..{stop} are missing")
         segs, bases = self._segments(start, stop)
         mins, maxs = self.chunk_ranges
+        patches = self.chunk_patches(start, stop)
+        if patches is not None:
+            if patches[0].size == 0 or patches[0][0] != 0:
+                raise _fail(self.path, f"chunk {c}: the patch table has no word for its first nonzero")
+            # a work item sums differences from its first word: none may span a patch
+            segs, bases = split_at_patches(segs, bases, patches[0])
         return EncodedChunk(
-            c, start, alto.data, alto.is_delta, values.data, segs, bases, mins[c], maxs[c], alto.checksum
+            c, start, alto.data, alto.is_delta, values.data, segs, bases, mins[c], maxs[c], alto.checksum, patches
         )
 
     def check_chunk_range(self, c: int, cmin: np.ndarray, cmax: np.ndarray, alto_bits: int | None = None) -> None:
@@ -362,6 +428,34 @@ class Store:
         if validate:
             self.check_chunk_range(c, *chunk_index_range(chunk, self.layout))
         return chunk
+
+    def read_alto(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk ``c`` as the writer takes it: whole ALTO words (nwords, n) uint64 -- the stored
+        low words and each block's key words above them -- and the values; validated as
+        :meth:`read_chunk` validates (positions, index bits, decoded ranges)."""
+        if not 0 <= c < self.nchunks:
+            raise IndexError(f"chunk {c} out of range (store has {self.nchunks})")
+        start = c * self.chunk_nnz
+        stop = min(self.nnz, start + self.chunk_nnz)
+        for name in ("alto", "values"):
+            self.check_chunk_position(c, name)
+        low = self._read_words(start, stop)
+        values = self._read("values", start, stop)
+        if low.shape[0] != stop - start or values.shape[0] != stop - start:
+            raise _fail(self.path, f"nonzeros {start}..{stop} are missing")
+        if self.layout.index_bits < 64 and low.size and int(low.max()) >> self.layout.index_bits:
+            raise _fail(self.path, f"chunk {c}: index bits beyond the layout's {self.layout.index_bits}")
+        segs, bases = self._segments(start, stop)
+        mins, maxs = self.chunk_ranges
+        chunk = Chunk(c, start, reencode(low, self.layout), values, segs, bases, mins[c], maxs[c])
+        self.check_chunk_range(c, *chunk_index_range(chunk, self.layout))
+        keys = np.zeros((self.layout.nwords, low.shape[0]), dtype=np.uint64)
+        keys[0] = low
+        if self.layout.nwords > 1:
+            key = self.blocks.key
+            for b, lo, hi in segs:
+                keys[1:, lo:hi] = key[b][: self.layout.nwords - 1, None]
+        return keys, values
 
     def iter_chunks(self, validate: bool = True) -> Iterator[Chunk]:
         """Chunks in order (see :meth:`read_chunk`)."""
@@ -407,6 +501,8 @@ class Store:
             "density": self.nnz / math.prod(self.shape),
             "value_dtype": self.value_dtype.name,
             "compression": self.meta.get("compression", "small"),
+            "index_encoding": self.index_encoding,
+            "index_patches": int(self.patches[0].shape[0]),
             "norm": self.norm(),
             "blocks": self.nblocks,
             "block_nnz_min": int(counts.min()) if counts.size else 0,
@@ -603,8 +699,11 @@ def _validate(path: str, root: zarr.Group, meta: dict) -> None:
     if chunk_nnz < 1 or nnz < 0 or nchunks != -(-nnz // chunk_nnz):
         raise _fail(path, f"nnz={nnz}, chunk_nnz={chunk_nnz} and nchunks={nchunks} disagree")
     N = layout.nmodes
+    encoding = meta.get("index_encoding", DELTA64)
+    if encoding not in ENCODINGS or (meta.get("format_version") == 1 and encoding != DELTA64):
+        raise _fail(path, f"metadata field 'index_encoding' is {encoding!r}, not one of {list(ENCODINGS)}")
     expect = {
-        "alto": ((nnz,), (chunk_nnz,), np.dtype("<u8")),
+        "alto": ((nnz,), (chunk_nnz,), np.dtype("<u4" if encoding == DELTA32 else "<u8")),
         "values": ((nnz,), (chunk_nnz,), np.dtype(meta["value_dtype"])),
         "blocks/key": ((nblocks, max(1, layout.nwords - 1)), None, np.dtype("<u8")),
         "blocks/start": ((nblocks,), None, np.dtype("<i8")),
@@ -649,6 +748,8 @@ def _validate(path: str, root: zarr.Group, meta: dict) -> None:
     shape = np.array(layout.shape, dtype=np.int64)
     if nchunks and ((cmin < 0).any() or (cmax >= shape).any() or (cmin > cmax).any()):
         raise _fail(path, "chunk range table holds indices outside the shape")
+    if encoding == DELTA32:
+        _validate_patches(path, root, meta, nnz, chunk_nnz)
     for name in ("alto", "values"):
         key = f"chunks/crc_{name}"
         if key in root and (tuple(root[key].shape) != (nchunks,) or np.dtype(root[key].dtype) != np.dtype("<i8")):
@@ -657,3 +758,30 @@ def _validate(path: str, root: zarr.Group, meta: dict) -> None:
                 f"array '{key}' has shape {tuple(root[key].shape)} and dtype {root[key].dtype}, "
                 f"expected ({nchunks},) int64",
             )
+
+
+def _validate_patches(path: str, root, meta: dict, nnz: int, chunk_nnz: int) -> None:
+    """A ``delta32`` store's patch table: both arrays, strictly increasing positions inside the
+    tensor, one at every chunk's first nonzero, and the checksum the metadata recorded (which
+    binds the table to this store: its own CRC32C holds for a table copied from another)."""
+    try:
+        pos, word = root["patches/position"], root["patches/word"]
+    except KeyError:
+        raise _fail(path, "array 'patches/position' or 'patches/word' is missing (index_encoding 'delta32')") from None
+    if pos.ndim != 1 or pos.shape != word.shape or np.dtype(pos.dtype) != np.dtype("<i8"):
+        raise _fail(path, "patch table arrays have mismatched shapes or dtypes")
+    if np.dtype(word.dtype) != np.dtype("<u8"):
+        raise _fail(path, f"array 'patches/word' has dtype {word.dtype}, expected uint64")
+    try:
+        pos, word = pos[...], word[...]
+    except Exception as exc:
+        raise _fail(path, f"patch table cannot be decoded ({exc})") from exc
+    if meta.get("patches_checksum") != patches_checksum(pos, word):
+        raise _fail(path, "the patch table does not match the checksum recorded when the store was written")
+    starts = np.arange(0, nnz, chunk_nnz, dtype=np.int64)
+    if (
+        (pos.size and (pos[0] < 0 or pos[-1] >= nnz))
+        or (np.diff(pos) <= 0).any()
+        or not np.isin(starts, pos, assume_unique=True).all()
+    ):
+        raise _fail(path, "patch table positions are out of order, outside the tensor, or miss a chunk start")

@@ -27,6 +27,7 @@ import zarr
 from ..disk import disk_full_error, free_bytes, is_disk_full
 from ..errors import DiskFullError, StoreExistsError, ValueRangeError
 from ..format import BitLayout, BlockTable, block_table
+from ..format.index_encoding import DELTA32, DELTA64, ENCODINGS, PATCH_MAX_FRACTION, encode_delta32, patch_fraction
 from ..format.linearize import chunk_minmax
 from ..version import __version__ as _pkg_version
 from . import paths
@@ -40,7 +41,15 @@ from .codecs import (
     value_codecs,
     value_padding,
 )
-from .metadata import CHECKSUM_KEY, FORMAT_NAME, FORMAT_VERSION, META_KEY, arrays_checksum, meta_checksum
+from .metadata import (
+    CHECKSUM_KEY,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    META_KEY,
+    arrays_checksum,
+    meta_checksum,
+    patches_checksum,
+)
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +177,9 @@ class StoreWriter:
     flush_chunks : chunks buffered per write; each write compresses its chunks concurrently, so
         memory-bounded callers use 1
     compression : "fast" (default, quick to decode) or "small"; see ``store.codecs``
+    index_encoding : "delta32", "delta64" or None (default: ``delta32`` unless more than
+        ``PATCH_MAX_FRACTION`` of the first chunk's gaps need patches); see
+        :mod:`~tensorflow_ooc.format.index_encoding`
     """
 
     def __init__(
@@ -183,7 +195,10 @@ class StoreWriter:
         attrs: dict | None = None,
         flush_chunks: int = FLUSH_CHUNKS,
         compression: str = DEFAULT_COMPRESSION,
+        index_encoding: str | None = None,
     ) -> None:
+        if index_encoding is not None and index_encoding not in ENCODINGS:
+            raise ValueError(f"index_encoding must be one of {ENCODINGS} or None, got {index_encoding!r}")
         if chunk_nnz < 1 or max_block_nnz < 1:
             raise ValueError(f"chunk_nnz and max_block_nnz must be >= 1, got {chunk_nnz}, {max_block_nnz}")
         check_compression(compression)
@@ -203,27 +218,23 @@ class StoreWriter:
         if paths.is_url(path) and paths.exists(path):
             paths.remove(path)
         self.staging = None
-        self.capacity = cap = max(int(capacity), 1)
+        self.capacity = max(int(capacity), 1)
         self.written = 0
         try:
             self.staging = paths.staging_path(path)
             self.root = zarr.open_group(self.staging, mode="w", zarr_format=3)
-            with quiet_numcodecs():
-                self.alto = self.root.create_array(
-                    "alto",
-                    shape=(cap,),
-                    chunks=(self.chunk_nnz,),
-                    dtype="<u8",
-                    fill_value=0,
-                    **index_codecs(compression),
-                )
         except OSError as exc:
             if not is_disk_full(exc):
                 raise
             if self.staging is not None:
                 paths.remove(self.staging)
             raise self._after_abort(self._disk_full(exc)) from exc
-        self.values = None  # created at the first write, when its codec can look at the data
+        self.index_encoding = index_encoding
+        # both created at the first write, when the encoding and codec can look at the data
+        self.alto = None
+        self.values = None
+        self.patch_positions: list[np.ndarray] = []  # delta32: global positions and words
+        self.patch_words: list[np.ndarray] = []
         self.written = 0  # nonzeros flushed to the arrays
         self.received = 0  # nonzeros appended (flushed + pending)
         self.pending_keys: list[np.ndarray] = []
@@ -284,6 +295,7 @@ class StoreWriter:
     def _flush(self, final: bool) -> None:
         if not self.pending_n:
             return
+        self._alto_array(self.pending_keys[0][0, : self.chunk_nnz])
         self._values_array(self.pending_vals[0][: self.chunk_nnz])
         if self._direct is None:
             self._direct = (DirectChunkWriter.for_array(self.alto), DirectChunkWriter.for_array(self.values))
@@ -305,7 +317,15 @@ class StoreWriter:
         step = self.flush_chunks * self.chunk_nnz
         for s in range(0, n, step):
             e = min(n, s + step)
-            self.alto[self.written + s : self.written + e] = keys[0, s:e]
+            low = keys[0, s:e]
+            if self.index_encoding == DELTA32:  # differences per chunk: each chunk starts with a patch
+                low = np.concatenate(
+                    [
+                        self._delta32(low[a : a + self.chunk_nnz], self.written + s + a)
+                        for a in range(0, e - s, self.chunk_nnz)
+                    ]
+                )
+            self.alto[self.written + s : self.written + e] = low
             self.values[self.written + s : self.written + e] = vals[s:e]
         self.written += n
         self.pending_keys = [keys[:, n:].copy()] if n < keys.shape[1] else []
@@ -347,16 +367,43 @@ class StoreWriter:
             cmin, cmax = chunk_minmax(ck, self.layout, C)
             self.chunk_min.extend(cmin)
             self.chunk_max.extend(cmax)
+            low = self._delta32(ck[0], self.written) if self.index_encoding == DELTA32 else ck[0]
             if take == C:
-                self._direct[0].write(self.written // C, ck[0])
+                self._direct[0].write(self.written // C, low)
                 self._direct[1].write(self.written // C, cv)
             else:
-                self.alto[self.written : self.written + take] = ck[0]
+                self.alto[self.written : self.written + take] = low
                 self.values[self.written : self.written + take] = cv
             self.written += take
             self.pending_n -= take
         self.pending_keys = [k.copy() for k in self.pending_keys]
         self.pending_vals = [v.copy() for v in self.pending_vals]
+
+    def _delta32(self, words: np.ndarray, start: int) -> np.ndarray:
+        """One chunk's stored ``delta32`` differences; its patches (from global position ``start``)
+        join the table."""
+        diffs, pos, word = encode_delta32(words)
+        self.patch_positions.append(pos + start)
+        self.patch_words.append(word)
+        return diffs
+
+    def _alto_array(self, sample: np.ndarray | None):
+        """The index array, created on the first write with the encoding ``sample`` (the first
+        chunk's low ALTO words) calls for, unless one was given."""
+        if self.alto is None:
+            if self.index_encoding is None:
+                wide = sample is not None and patch_fraction(sample) > PATCH_MAX_FRACTION
+                self.index_encoding = DELTA64 if wide else DELTA32
+            with quiet_numcodecs():
+                self.alto = self.root.create_array(
+                    "alto",
+                    shape=(self.capacity,),
+                    chunks=(self.chunk_nnz,),
+                    dtype="<u4" if self.index_encoding == DELTA32 else "<u8",
+                    fill_value=0,
+                    **index_codecs(self.compression, self.index_encoding),
+                )
+        return self.alto
 
     def _values_array(self, sample: np.ndarray | None):
         if self.values is None:
@@ -433,7 +480,7 @@ class StoreWriter:
             )
         self._flush(final=True)
         nnz = self.written
-        self.alto.resize((nnz,))
+        self._alto_array(None).resize((nnz,))
         self._values_array(None).resize((nnz,))
         blocks = BlockTable.concat(self.tables, self.layout)
         nchunks = len(self.chunk_min)
@@ -450,6 +497,9 @@ class StoreWriter:
         for name, arr in (("alto", self.alto), ("values", self._values_array(None))):
             files = ChunkFiles(arr)
             tables[f"chunks/crc_{name}"] = np.array([files.stored_checksum(c) for c in range(nchunks)], dtype=np.int64)
+        if self.index_encoding == DELTA32:
+            tables["patches/position"] = np.concatenate([np.zeros(0, np.int64), *self.patch_positions])
+            tables["patches/word"] = np.concatenate([np.zeros(0, np.uint64), *self.patch_words])
         for name, arr in tables.items():
             shape = arr.shape
             chunks = tuple(max(1, s) for s in shape)
@@ -471,6 +521,7 @@ class StoreWriter:
             "max_block_nnz": self.max_block_nnz,
             "compression": self.compression,
             "values_shuffle": self.values_shuffle,
+            "index_encoding": self.index_encoding,
             "nblocks": blocks.nblocks,
             "nchunks": nchunks,
             "layout": self.layout.describe(),
@@ -480,6 +531,8 @@ class StoreWriter:
             "complete": True,
             "arrays_checksum": arrays_checksum(self.root),
         }
+        if self.index_encoding == DELTA32:
+            meta["patches_checksum"] = patches_checksum(tables["patches/position"], tables["patches/word"])
         meta[CHECKSUM_KEY] = meta_checksum(meta)
         # The flag goes in with the last metadata write: a store without it never opens.
         self.root.attrs.put({META_KEY: meta})
