@@ -43,11 +43,11 @@ def test_compose_services_commands_volumes():
         w = services[name]
         assert w["entrypoint"] == ["dask", "worker"] and w["command"][0] == f"tcp://scheduler:{port}"
         assert _opt(w["command"], "--name") == name and "scheduler" in w["depends_on"]
-    # one image, every role; every tfooc process sees the same storage root at /data
-    for name in ("scheduler", "worker-1", "worker-2", "tfooc"):
+    # one image, every CPU role; every tfooc process sees the same storage root at /data
+    for name in ("scheduler", "worker-1", "worker-2", "worker-gpu", "tfooc"):
         s = services[name]
-        assert s["image"] == "tfooc:latest" and "storage:/data" in s["volumes"], name
-        assert s["environment"]["TFOOC_STORAGE"] == "/data", name
+        assert "storage:/data" in s["volumes"] and s["environment"]["TFOOC_STORAGE"] == "/data", name
+    assert len({services[n]["image"] for n in ("scheduler", "worker-1", "worker-2", "tfooc")}) == 1
     assert services["tfooc"]["entrypoint"] == ["tfooc"] and services["tfooc"]["profiles"] == ["cli"]
 
     prom = services["prometheus"]
@@ -74,6 +74,45 @@ def test_compose_services_commands_volumes():
     assert "pip install" in dockerfile and 'ENTRYPOINT ["tfooc"]' in dockerfile and "EXPOSE 8786 8787" in dockerfile
     deps = (ROOT / "pyproject.toml").read_text()
     assert '"bokeh' in deps and '"prometheus_client' in deps  # dashboard and /metrics in the image
+
+
+def _project_version() -> str:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def test_compose_every_image_is_built_or_published():
+    """On a fresh host ``docker compose up`` must not try to pull an image that only a build makes:
+    an image named by a service either has a ``build:`` (a Dockerfile in this repository, and a tag
+    that names the package version) or is a published image pinned to a release."""
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    version = _project_version()
+    built = {}
+    for name, service in compose["services"].items():
+        image = service.get("image")
+        assert image and ":" in image.rsplit("/", 1)[-1], f"{name}: no image with an explicit tag ({image!r})"
+        repo, tag = image.rsplit(":", 1)
+        assert tag != "latest", f"{name}: {image} names no release"
+        build = service.get("build")
+        if build is None:  # published: a registry path, nothing of this repository
+            assert not repo.startswith("tfooc"), f"{name}: {image} is this project's and has no build:"
+            continue
+        dockerfile = (DOCKER / build["context"] / build["dockerfile"]).resolve()
+        assert dockerfile.is_file(), f"{name}: {dockerfile} does not exist"
+        assert (DOCKER / build["context"]).resolve() == ROOT, name  # the Dockerfiles COPY the package from here
+        assert tag == version, f"{name}: {image} should be tagged with the package version {version}"
+        built.setdefault(image, set()).add(dockerfile.name)
+    # one Dockerfile per tag (two services building one tag from two files would overwrite it)
+    assert all(len(files) == 1 for files in built.values()), built
+    assert built["tfooc:" + version] == {"Dockerfile"}
+    # the GPU service builds from the GPU Dockerfile
+    gpu = compose["services"]["worker-gpu"]
+    assert gpu["build"]["dockerfile"] == "docker/Dockerfile.gpu" and "gpu" in gpu["profiles"]
+    assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert gpu["entrypoint"] == ["dask", "cuda", "worker"] and gpu["command"][0] == "tcp://scheduler:8786"
+    assert "dask-cuda" in (ROOT / "pyproject.toml").read_text()  # in the image: pip install '.[gpu]'
+    assert "'.[gpu]'" in (DOCKER / "Dockerfile.gpu").read_text()
 
 
 SPEC = """\

@@ -1,9 +1,19 @@
-"""Structured logs (``--log-format json``) and log lines that never land on a progress bar."""
+"""Structured logs (``--log-format json``), each iteration once in ``tfooc logs``, and log lines that
+never land on a progress bar (drawn on a terminal only)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import pty
 import re
+import struct
+import sys
+import termios
+import threading
+import time
+from contextlib import contextmanager
 
 from tensorflow_ooc.cli import main
 
@@ -53,14 +63,60 @@ def test_json_log_lines_carry_run_step_iteration(tmp_path, capsys):
     assert [d["iteration"] for d in iterations] == [1, 2, 3, 4]
     assert all(d["run_id"] == run_id and d["step"] == "decompose" and d["level"] == "INFO" for d in iterations)
 
+    # tfooc logs shows each iteration once (the step's iteration event, not also CP-ALS's log line)
+    assert main(["logs", run_id, "--storage", str(tmp_path / "s")]) == 0
+    shown = capsys.readouterr().out
+    assert [shown.count(f"[decompose] iteration {i}: fit ") for i in (1, 2, 3, 4)] == [1, 1, 1, 1], shown
+    assert main(["logs", run_id, "--storage", str(tmp_path / "s"), "--json"]) == 0
+    events = [json.loads(s) for s in capsys.readouterr().out.splitlines()]
+    assert sum("iteration 1: fit" in (e.get("message") or "") or e.get("iteration") == 1 for e in events) == 1
+
     assert main(["--log-format", "json", "status", "--storage", str(tmp_path / "s"), "nope"]) == 2
-    assert capsys.readouterr().err.startswith("tfooc: error: no run 'nope'")  # errors stay one plain line
+    (error,) = [json.loads(s) for s in capsys.readouterr().err.splitlines()]  # the error is a JSON line too
+    assert error["level"] == "ERROR" and error["message"].startswith("no run 'nope'")
 
 
-def test_log_lines_do_not_interleave_with_bars(tmp_path, capsys):
-    # generating to a store draws bars while the converter logs
-    assert main(["generate", str(tmp_path / "g.zarr"), "--shape", "300,200,100", "--nnz", "300000"]) == 0
-    err = capsys.readouterr().err
+@contextmanager
+def terminal_stderr(monkeypatch):
+    """``sys.stderr`` on a real pseudo-terminal, as a person running tfooc has it (bars are drawn
+    only there); yields a function returning what was written to it so far."""
+    master, slave = pty.openpty()
+    attrs = termios.tcgetattr(slave)
+    attrs[1] &= ~termios.OPOST  # no newline translation: what is read is what was written
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    # 24 rows of 120 columns: a terminal of no width gets bars of no width
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    chunks: list[bytes] = []
+
+    def pump():  # the terminal's buffer is small: read it as it fills
+        while True:
+            try:
+                data = os.read(master, 1 << 16)
+            except OSError:  # the other end closed
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    stream = open(slave, "w", buffering=1, closefd=False)
+    monkeypatch.setattr(sys, "stderr", stream)
+    try:
+        yield lambda: (stream.flush(), time.sleep(0.2), b"".join(chunks).decode())[-1]
+    finally:
+        monkeypatch.setattr(sys, "stderr", sys.__stderr__)
+        stream.close()
+        os.close(slave)
+        reader.join(5)
+        os.close(master)
+
+
+def test_log_lines_do_not_interleave_with_bars(tmp_path, monkeypatch):
+    # generating to a store draws bars while the converter logs: on a terminal
+    with terminal_stderr(monkeypatch) as written:
+        assert main(["generate", str(tmp_path / "g.zarr"), "--shape", "300,200,100", "--nnz", "300000"]) == 0
+        err = written()
     assert BAR.search(err), "no progress bar was drawn"
     # some line was logged while a bar was on screen (bar and line share a raw line, split by \r)
     assert any(BAR.search(raw) and TEXT_LINE.search(raw) for raw in err.split("\n"))
@@ -72,13 +128,11 @@ def test_log_lines_do_not_interleave_with_bars(tmp_path, capsys):
             logged += 1
     assert logged >= 3
 
-    # the same with JSON lines: each rendered line is a bar or a whole JSON object
-    assert (
-        main(
-            ["--log-format", "json", "generate", str(tmp_path / "h.zarr"), "--shape", "300,200,100", "--nnz", "300000"]
-        )
-        == 0
-    )
-    lines = rendered(capsys.readouterr().err)
-    objs = [json.loads(s) for s in lines if not BAR.search(s)]
-    assert len(objs) >= 3 and all(s.startswith("{") for s in lines if not BAR.search(s))
+    # JSON lines are for machines, even on a terminal: no bar at all, every line one JSON object
+    with terminal_stderr(monkeypatch) as written:
+        args = ["--log-format", "json", "generate", str(tmp_path / "h.zarr"), "--shape", "300,200,100"]
+        assert main([*args, "--nnz", "300000"]) == 0
+        err = written()
+    assert "\r" not in err and not BAR.search(err)
+    objs = [json.loads(s) for s in err.splitlines()]
+    assert len(objs) >= 3 and all(isinstance(d, dict) for d in objs)

@@ -4,6 +4,8 @@ a SIGKILLed worker (running the driver) and a SIGKILLed foreground driver both l
 resume from the CP-ALS checkpoint, with records that say what happened."""
 
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -93,7 +95,7 @@ def _reference_fit(storage, params):
 
 def test_submit_returns_at_once_and_records_outlive_the_cluster(tmp_path, rng, cluster, capsys):
     path, params = _spec(tmp_path, rng, iters=60)
-    storage = tmp_path / "storage"
+    storage = tmp_path / "nightly runs"  # not the default root, and a name the shell must quote
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as first:
         r = subprocess.run(
             [
@@ -117,6 +119,17 @@ def test_submit_returns_at_once_and_records_outlive_the_cluster(tmp_path, rng, c
         # the command has exited; the run is still going on the cluster
         assert not RunStore(str(storage)).read(run_id).final
         assert f"tfooc status {run_id}" in r.stderr
+        # the hints work as pasted into a shell: they name the storage root, quoted
+        hints = re.findall(r"tfooc (?:status|logs -f) [^\n]*?--storage '[^']*'", r.stderr)
+        assert len(hints) == 2, r.stderr
+        for hint in hints:
+            pasted = subprocess.run(
+                [sys.executable, "-m", "tensorflow_ooc.cli", *shlex.split(hint)[1:]],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert pasted.returncode == 0 and run_id in pasted.stdout + pasted.stderr, (hint, pasted.stderr)
         done = wait(str(storage), run_id, timeout=120)
         assert done.state == "done" and done.exit_code == 0, done.error
         assert done.mode == "submitted" and done.attempts[0].worker in first.scheduler_info["workers"]

@@ -1,14 +1,18 @@
 """``tfooc``: the command-line interface: the top-level parser, its common options, and ``main``.
 
-Every command logs what it is doing to stderr, shows progress bars on long steps (``--quiet``
-turns both off), and on bad input prints one ``tfooc: error: ...`` line and exits with status 2.
+Every command logs what it is doing to stderr, shows progress bars on long steps when stderr is a
+terminal and the log is text (``--quiet`` turns both off; ``--log-format json`` makes every stderr
+line one JSON object, with no bars), and on bad input prints one ``tfooc: error: ...`` line (in
+JSON mode one object of level ERROR) and exits with status 2.
 One module per command family (data, cp, tucker, complete, workflow); shared options in ``options``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import sys
 from typing import Sequence
 
@@ -19,6 +23,7 @@ from .data import cmd_convert, cmd_generate, cmd_info
 from .options import (
     DEFAULT_STORAGE,
     EXIT_BAD_INPUT,
+    EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
     MAX_COUNT,
     _Parser,
@@ -31,11 +36,22 @@ from .options import (
     run_outputs,
 )
 from .tucker import cmd_tucker
-from .workflow import cmd_cancel, cmd_logs, cmd_quickstart, cmd_run, cmd_status, cmd_submit, find_quickstart_spec
+from .workflow import (
+    cmd_cancel,
+    cmd_logs,
+    cmd_quickstart,
+    cmd_run,
+    cmd_schema,
+    cmd_status,
+    cmd_submit,
+    cmd_validate,
+    find_quickstart_spec,
+)
 
 __all__ = [
     "DEFAULT_STORAGE",
     "EXIT_BAD_INPUT",
+    "EXIT_BROKEN_PIPE",
     "EXIT_INTERRUPTED",
     "MAX_COUNT",
     "build_parser",
@@ -48,8 +64,10 @@ __all__ = [
     "cmd_logs",
     "cmd_quickstart",
     "cmd_run",
+    "cmd_schema",
     "cmd_status",
     "cmd_submit",
+    "cmd_validate",
     "cmd_tucker",
     "find_quickstart_spec",
     "iteration_bar",
@@ -68,11 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="tfooc",
         description="Out-of-core sparse tensor decomposition on BLCO Zarr stores.",
-        epilog="Exit status: 0 on success, 2 on bad input (the message names the file, line or field), "
-        "1 on internal errors, 130 when interrupted. Docs: README.md and docs/FORMAT.md.",
+        epilog="Progress bars are drawn only when stderr is a terminal and --log-format is text; "
+        "log lines are kept either way. Exit status: 0 on success, 2 on bad input (the message names "
+        "the file, line or field), 1 on internal errors, 130 when interrupted, 141 when the reader of "
+        "the output went away (tfooc status | head -1). Docs: README.md and docs/FORMAT.md.",
     )
     p.add_argument("--version", action="version", version=f"tfooc {__version__}")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars and only warnings in the log")
+    p.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress bars and only warnings and errors in the log"
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # -q/-v are accepted after the subcommand too (tfooc cpd STORE -q); SUPPRESS keeps a value given
@@ -83,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--quiet",
         action="store_true",
         default=argparse.SUPPRESS,
-        help="no progress bars and only warnings in the log",
+        help="no progress bars and only warnings and errors in the log",
     )
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
     # monitoring and deployment (tensorflow_ooc/monitoring): log format and Dask TLS, also after the subcommand
@@ -92,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
             "--log-format",
             choices=["text", "json"],
             default=default or "text",
-            help="log lines as text (default) or one JSON object per line (time, level, logger, "
-            "message, run_id, step, iteration)",
+            help="log lines as text (default) or json: every stderr line one JSON object (time, level, "
+            "logger, message, run_id, step, iteration; errors too), no progress bars",
         )
         parser.add_argument(
             "--tls-ca-file",
@@ -113,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], **kw)
 
     data.add_commands(add)  # generate, convert, info
-    workflow.add_commands(add)  # quickstart, run, submit, status, logs, cancel
+    workflow.add_commands(add)  # quickstart, run, submit, validate, schema, status, logs, cancel
     cp.add_commands(add)  # cpd
     complete.add_commands(add)  # complete
     tucker.add_commands(add)  # tucker (Tucker HOOI)
@@ -127,22 +149,93 @@ def _setup_logging(quiet: bool, verbose: bool, log_format: str = "text") -> None
     setup_logging(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO, log_format)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    import dask
+def _log_format_in(argv: Sequence[str]) -> str:
+    """The ``--log-format`` of a command line, read before it is parsed: a JSON reader of stderr
+    must get even a usage error as a JSON object. The last one given wins, as with argparse."""
+    fmt = "text"
+    for i, a in enumerate(argv):
+        if a == "--":
+            break
+        if a == "--log-format" and i + 1 < len(argv):
+            fmt = argv[i + 1]
+        elif a.startswith("--log-format="):
+            fmt = a.split("=", 1)[1]
+    return fmt
 
+
+def _drop_broken_pipes() -> None:
+    """After a reader closed our stdout or stderr (``tfooc status | head -1``): point them at
+    /dev/null, so that the interpreter's last flush at exit writes nowhere instead of printing
+    another BrokenPipeError ("Exception ignored ...")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError, AttributeError):  # a test's capture has no descriptor
+            pass
+    os.close(devnull)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``tfooc`` command line (``argv``, default ``sys.argv[1:]``); return its exit status.
+
+    In JSON mode (``--log-format json``) every line written to stderr while it runs is one JSON
+    object (:class:`~tensorflow_ooc.monitoring.logs.JsonLinesStream`), an internal error included
+    (one object with the traceback in ``exception``). A reader that stops reading (``| head``)
+    ends the command quietly with status 141 (128 + SIGPIPE, as a shell's own tools end).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    json_mode = _log_format_in(argv) == "json"
+    stderr = sys.stderr
+    if json_mode:
+        from ..monitoring.logs import JsonLinesStream
+
+        sys.stderr = JsonLinesStream(stderr)
+    try:
+        try:
+            code = _run(argv, json_mode)
+            sys.stdout.flush()  # a closed pipe is found here, not by the interpreter's flush at exit
+            return code
+        except SystemExit:  # --help, --version, usage errors: flushed the same way
+            sys.stdout.flush()
+            raise
+        finally:
+            if json_mode:
+                sys.stderr.finish()
+    except BrokenPipeError:
+        _drop_broken_pipes()
+        return EXIT_BROKEN_PIPE
+    finally:
+        sys.stderr = stderr
+
+
+def _run(argv: list[str], json_mode: bool) -> int:
     from ..disk import disk_full_error, is_disk_full
     from ..errors import DiskFullError, TfoocError
+    from ..monitoring.logs import progress_wanted
     from ..monitoring.tls import check_scheduler_address, tls_config
 
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.quiet, args.verbose, args.log_format)
+    # bars only for a person at a terminal: never in JSON mode or into a file or pipe
+    args.progress = progress_wanted(args.quiet, args.log_format)
     paths_for_workers(args)  # relative paths sent to a cluster's workers: made absolute
     try:
-        # Dask's client TLS settings for this command: every Client it makes picks them up
-        with dask.config.set(tls_config(args.tls_ca_file, args.tls_cert, args.tls_key)):
+        # Dask's client TLS settings for this command: every Client it makes picks them up. Dask
+        # is imported only when there are some: status, logs and --help start without it
+        tls = tls_config(args.tls_ca_file, args.tls_cert, args.tls_key)
+        if tls:
+            import dask
+
+            settings = dask.config.set(tls)
+        else:
+            settings = contextlib.nullcontext()
+        with settings:
             check_scheduler_address(getattr(args, "scheduler", None))
             return int(args.func(args) or 0)
+    except BrokenPipeError:
+        raise
     except DiskFullError as exc:  # not bad input: the command may succeed once there is space
         print(f"tfooc: error: {exc}", file=sys.stderr)
         return 1
@@ -151,9 +244,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except OSError as exc:
         if not is_disk_full(exc):
+            if json_mode:
+                return _internal_error(exc)
             raise
         print(f"tfooc: error: {disk_full_error(exc, None)}", file=sys.stderr)  # a write no site translated
         return 1
     except KeyboardInterrupt:
         print("tfooc: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as exc:
+        if not json_mode:
+            raise  # a traceback, for a person to report
+        return _internal_error(exc)
+
+
+def _internal_error(exc: BaseException) -> int:
+    """JSON mode: an internal error as one log record (its traceback in ``exception``), status 1."""
+    logging.getLogger("tensorflow_ooc.cli").error("internal error: %s", exc, exc_info=exc)
+    return 1

@@ -14,7 +14,7 @@ def cmd_complete(args: argparse.Namespace) -> int:
     from ..decompositions import tucker_sgd
     from ..store import open_store, paths
 
-    store = open_store(args.store)
+    store = open_store(paths.resolve_version(args.store))  # a versioned folder: its latest version
     out = args.out or f"{str(args.store).rstrip('/')}.fasttucker-r{args.core_rank}.zarr"
     if paths.exists(out) and not args.overwrite:
         raise FileExistsError(f"{out} holds an earlier result; pass --out NEW to keep it or --overwrite to replace it")
@@ -48,7 +48,7 @@ def cmd_complete(args: argparse.Namespace) -> int:
             seed=args.seed,
             patience=args.patience,
             **training,
-            progress=not args.quiet,
+            progress=args.progress,
             out=out,
             overwrite=args.overwrite,
             scheduler=args.scheduler,
@@ -88,7 +88,11 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         epilog="Exit status: 0 done, 2 bad input (ranks, rates, a test set that overlaps STORE or lies outside "
         "its shape; nothing is written).",
     )
-    t.add_argument("store", help="training entries: a BLCO store (path or URL)")
+    t.add_argument(
+        "store",
+        help="training entries: a BLCO store (path or URL; a versioned store folder: its latest "
+        "version, FOLDER@vN: version N)",
+    )
     t.add_argument("--ranks", type=parse_ranks, required=True, help="factor ranks J_n, e.g. 8,8,8 (or one for all)")
     t.add_argument("--core-rank", type=_positive_int, required=True, help="rank R of the Kruskal core")
     tt = t.add_mutually_exclusive_group()

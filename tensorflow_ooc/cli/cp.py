@@ -103,7 +103,11 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         "in-process cluster (dashboard link logged) or on --scheduler. Writes a Zarr "
         "result store and a checkpoint every iteration; --resume continues from it.",
     )
-    d.add_argument("store", help="input BLCO store, or a dense Zarr array of order 3-6 (path or URL)")
+    d.add_argument(
+        "store",
+        help="input BLCO store (a versioned store folder: its latest version; FOLDER@vN: version N), "
+        "or a dense Zarr array of order 3-6 (path or URL)",
+    )
     d.add_argument("--rank", type=_positive_int, required=True, help="number of components R")
     d.add_argument("--out", help="result store (default STORE.cp-rR.zarr)")
     d.add_argument(

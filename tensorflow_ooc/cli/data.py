@@ -50,7 +50,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         unit="nz",
         unit_scale=True,
         leave=False,
-        disable=args.quiet or (gen is not None and not text),
+        disable=not args.progress or (gen is not None and not text),
     )
 
     def counted(it, axis=0):
@@ -72,7 +72,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             src,
             out,
             overwrite=args.overwrite,
-            progress=not args.quiet,
+            progress=args.progress,
             memory_limit=args.memory_limit,
             tmp_dir=args.tmp_dir,
             out_of_core=args.out_of_core or None,
@@ -125,7 +125,7 @@ def _generate_dense(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         codec=args.codec,
         overwrite=args.overwrite,
-        progress=not args.quiet,
+        progress=args.progress,
     )
     factors_path = out + ".factors.npz"
     np.savez(factors_path, weights=weights, **{f"factor{n}": f for n, f in enumerate(factors)})
@@ -168,7 +168,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
             chunk_nnz=args.chunk_nnz,
             values_dtype=args.values_dtype,
             overwrite=args.overwrite,
-            progress=not args.quiet,
+            progress=args.progress,
         )
         dt = time.perf_counter() - t0
         print(
@@ -186,7 +186,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         max_block_nnz=args.max_block_nnz,
         memory_limit=args.memory_limit,
         overwrite=args.overwrite,
-        progress=not args.quiet,
+        progress=args.progress,
         workers=args.workers,
         tmp_dir=args.tmp_dir,
         compression=args.compression or "fast",
@@ -243,21 +243,22 @@ def _format_info(info: dict) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from ..store import open_store
+    from ..store import open_store, paths
     from ..store.dense import is_dense_array, open_dense
 
-    if is_dense_array(args.store):
-        info = open_dense(args.store).info()
+    store = paths.resolve_version(args.store)  # a versioned store folder: its latest version, or @vN
+    if is_dense_array(store):
+        info = open_dense(store).info()
         print(json.dumps(info, indent=2) if args.json else _format_dense_info(info))
         return 0
-    info = open_store(args.store).info()
+    info = open_store(store).info()
     print(json.dumps(info, indent=2) if args.json else _format_info(info))
     return 0
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     """Register ``generate``, ``convert`` and ``info`` with the CLI's ``add`` (a subparser factory)."""
-    from ..synthetic import PRESETS, VALUE_KINDS
+    from ..synthetic.presets import PRESETS, VALUE_KINDS  # plain data: no generator kernels loaded
 
     g = add(
         "generate",
@@ -402,6 +403,10 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         description="Validate a store and print its shape, nonzeros, blocks, chunks, bytes on "
         "disk, compression ratio and per-mode statistics.",
     )
-    i.add_argument("store", help="store path or URL, or a dense Zarr array (shape, chunks, dtype, bytes)")
+    i.add_argument(
+        "store",
+        help="store path or URL (a versioned store folder: its latest version; FOLDER@vN: version N), "
+        "or a dense Zarr array (shape, chunks, dtype, bytes)",
+    )
     i.add_argument("--json", action="store_true", help="print JSON instead of a table")
     i.set_defaults(func=cmd_info)

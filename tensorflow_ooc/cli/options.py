@@ -10,13 +10,14 @@ import re
 from pathlib import Path
 
 # counts (rank, iterations, samples) stop where the API's do; the memory plan judges what fits
-from ..decompositions.model_checks import MAX_COUNT
+from ..limits import MAX_COUNT
 
 log = logging.getLogger("tensorflow_ooc.cli")
 
 DEFAULT_STORAGE = Path(os.environ.get("TFOOC_STORAGE", "storage"))
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of our output went away (tfooc status | head -1)
 
 
 # --scheduler values that are no address: this process, or clusters this process starts
@@ -29,11 +30,11 @@ def paths_for_workers(args: argparse.Namespace) -> None:
     """With ``--scheduler`` naming a cluster's address, the command's relative local paths become
     absolute here: they are sent to workers, which run in working directories of their own (on
     other machines, in other folders). URLs (``s3://...``) are left as they are."""
-    from ..store import paths
-
     scheduler = getattr(args, "scheduler", None)
     if not scheduler or scheduler in LOCAL_SCHEDULERS:
         return
+    from ..store import paths  # the store package loads Zarr and numba: only for a remote cluster
+
     for name in PATH_ARGUMENTS:
         value = getattr(args, name, None)
         if isinstance(value, (str, os.PathLike)) and str(value) and not paths.is_url(value):
@@ -185,7 +186,7 @@ def iteration_bar(args: argparse.Namespace, desc: str):
     seconds per iteration from each history record)."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=args.max_iters, desc=desc, unit="it", disable=args.quiet, leave=False)
+    bar = tqdm(total=args.max_iters, desc=desc, unit="it", disable=not args.progress, leave=False)
 
     def progress(record: dict) -> None:
         bar.n = record["iteration"]
@@ -199,6 +200,29 @@ def iteration_bar(args: argparse.Namespace, desc: str):
 def parse_ranks(text: str) -> tuple[int, ...]:
     """'8,8,8' or '8' -> factor ranks."""
     return _positive_ints(text, "not ranks", "8,8,8", "every rank must be >= 1")
+
+
+class LazyChoices:
+    """An option's ``choices`` read from a module's constant when argparse first needs them (the
+    option is given, or its command's help is shown), so that building the parser, which every
+    command line does, does not import that module's stage (numba kernels, for example)."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
+
+    def _values(self) -> tuple:
+        import importlib
+
+        return tuple(getattr(importlib.import_module(self.module), self.name))
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._values()
+
+    def __iter__(self):
+        return iter(self._values())
+
+    def __len__(self) -> int:
+        return len(self._values())
 
 
 class _Parser(argparse.ArgumentParser):

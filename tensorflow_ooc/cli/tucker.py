@@ -9,6 +9,7 @@ import time
 from typing import Callable
 
 from .options import (
+    LazyChoices,
     _positive_int,
     _tolerance,
     iteration_bar,
@@ -36,9 +37,9 @@ def cmd_tucker(args: argparse.Namespace) -> int:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from ..decompositions.tucker_hooi import check_ranks, tucker_hooi
-    from ..store import open_store
+    from ..store import open_store, paths
 
-    store = open_store(args.store)
+    store = open_store(paths.resolve_version(args.store))  # a versioned folder: its latest version
     ranks = check_ranks(args.ranks[0] if len(args.ranks) == 1 else args.ranks, store.shape)
     out, checkpoint = run_outputs(args, f"tucker-{'x'.join(map(str, ranks))}")
     bar, progress = iteration_bar(args, "tucker-hooi")
@@ -93,8 +94,6 @@ def cmd_tucker(args: argparse.Namespace) -> int:
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     """Register ``tucker`` with the CLI's ``add`` (a subparser factory)."""
-    from ..kernels.ttm.select import KERNELS
-
     t = add(
         "tucker",
         help="Tucker decomposition (HOOI) of a store on Dask",
@@ -107,7 +106,10 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         epilog="Exit status: 0 done, 2 bad input (ranks not one per mode or outside 1..mode length, an "
         "unreadable store, an existing result without --overwrite/--resume), 1 internal errors.",
     )
-    t.add_argument("store", help="input BLCO store (path or URL)")
+    t.add_argument(
+        "store",
+        help="input BLCO store (path or URL; a versioned store folder: its latest version, FOLDER@vN: version N)",
+    )
     t.add_argument(
         "--ranks",
         type=parse_ranks,
@@ -152,9 +154,11 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     )
     t.add_argument(
         "--kernel",
-        choices=list(KERNELS),
+        # the kernel module (numba) loads only when --kernel is given or tucker's help is shown
+        choices=LazyChoices("tensorflow_ooc.kernels.ttm.select", "KERNELS"),
+        metavar="KERNEL",  # argparse lists choices in the usage line while building the parser
         default=None,
-        help="TTM kernel for every mode (default: the decision tree's choice per mode)",
+        help="TTM kernel for every mode: %(choices)s (default: the decision tree's choice per mode)",
     )
     t.add_argument(
         "--device",

@@ -1,4 +1,5 @@
-"""``tfooc quickstart``, ``run``, ``submit``, ``status``, ``logs`` and ``cancel``: workflow specs and their runs."""
+"""``tfooc quickstart``, ``run``, ``submit``, ``validate``, ``schema``, ``status``, ``logs`` and ``cancel``:
+workflow specs and their runs."""
 
 from __future__ import annotations
 
@@ -45,27 +46,52 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace):
     from ..workflow import load_spec
 
-    return load_spec(args.spec, storage=args.storage, allow_paths=getattr(args, "allow_paths", None))
+    return load_spec(
+        args.spec,
+        storage=args.storage,
+        allow_paths=getattr(args, "allow_paths", None),
+        overrides=getattr(args, "overrides", None) or (),
+    )
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Check a spec as ``tfooc run`` would, starting nothing: exit 0, or 2 with run's messages."""
+    from ..workflow.runner import check_cluster
+
+    workflow = _load(args)  # a bad spec raises SpecError: the message run prints, exit 2
+    check_cluster(workflow, args.scheduler)  # run refuses a scheduler nobody answers at: so does this
+    names = ", ".join(s.name for s in workflow.steps)
+    print(f"{args.spec}: valid ({len(workflow.steps)} steps in run order: {names}; storage root {workflow.root})")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """Print the JSON Schema of workflow specs."""
+    from ..workflow.spec import spec_schema
+
+    print(json.dumps(spec_schema(), indent=2))
+    return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..workflow.report import run_summary
+    workflow = _load(args)  # a bad spec raises SpecError: exit 2, nothing started (nor loaded)
+    from ..workflow.report import run_summary, shell_command
     from ..workflow.runner import execute
 
-    workflow = _load(args)  # a bad spec raises SpecError: exit 2, nothing started
     outcome = execute(workflow, cluster=args.scheduler, force=args.force)
     print(run_summary(outcome.record))
     if outcome.state == "failed":
         print(
-            f"tfooc: run {outcome.run_id} failed: {outcome.record.error}\n  details: tfooc logs {outcome.run_id}"
-            f" --storage {workflow.root}\n  after fixing the cause, run the spec again: finished steps are "
-            "skipped and CP-ALS resumes from its checkpoint",
+            f"tfooc: run {outcome.run_id} failed: {outcome.record.error}\n  details: "
+            f"{shell_command('logs', outcome.run_id, '--storage', workflow.root)}\n  after fixing the cause, "
+            "run the spec again: finished steps are skipped and CP-ALS resumes from its checkpoint",
             file=sys.stderr,
         )
     return outcome.exit_code
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from ..workflow.report import shell_command
     from ..workflow.submit import submit
 
     workflow = _load(args)
@@ -74,13 +100,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except (OSError, TimeoutError) as exc:
         print(f"tfooc: error: could not submit to {args.scheduler}: {exc}", file=sys.stderr)
         return 1
+    # hints that work as pasted: the storage root the run writes to, quoted as the shell needs it
     log.info(
-        "submitted run %s to %s; follow it with: tfooc status %s --storage %s  (or tfooc logs -f %s)",
+        "submitted run %s to %s; follow it with: %s  (or %s)",
         run_id,
         args.scheduler,
-        run_id,
-        workflow.root,
-        run_id,
+        shell_command("status", run_id, "--storage", workflow.root),
+        shell_command("logs", "-f", run_id, "--storage", workflow.root),
     )
     print(run_id)
     return 0
@@ -89,7 +115,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from ..workflow.records import EXIT_CODES, RunStore
     from ..workflow.report import run_summary, status_table, to_json
-    from ..workflow.submit import wait
 
     runs = RunStore(args.storage)
     if not args.run:
@@ -100,7 +125,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             else status_table(records)
         )
         return 0
-    rec = wait(args.storage, args.run, timeout=args.timeout) if args.wait else runs.read(args.run)
+    if args.wait:
+        from ..workflow.submit import wait
+
+        rec = wait(args.storage, args.run, timeout=args.timeout)
+    else:
+        rec = runs.read(args.run)
     print(to_json(rec) if args.json else run_summary(rec))
     if args.wait:
         return EXIT_CODES.get(rec.state, 1) if rec.exit_code is None else rec.exit_code
@@ -109,23 +139,28 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from ..workflow.records import RunStore
-    from ..workflow.report import format_event
+    from ..workflow.report import format_event, iteration_duplicates
 
     runs = RunStore(args.storage)
     run_id = runs.resolve(args.run)
     shown = 0
-    while True:
+
+    def show_new() -> None:
+        nonlocal shown
         events = runs.events(run_id)
-        for ev in events[shown:]:
-            print(json.dumps(ev) if args.json else format_event(ev), flush=True)
+        repeats = iteration_duplicates(events)  # older runs recorded each iteration twice
+        for i in range(shown, len(events)):
+            if i not in repeats:
+                print(json.dumps(events[i]) if args.json else format_event(events[i]), flush=True)
         shown = len(events)
+
+    while True:
+        show_new()
         if not args.follow:
             return 0
         rec = runs.read(run_id)
         if rec.final or rec.display_state() == "lost":
-            events = runs.events(run_id)
-            for ev in events[shown:]:
-                print(json.dumps(ev) if args.json else format_event(ev), flush=True)
+            show_new()
             return 0
         time.sleep(0.5)
 
@@ -148,11 +183,23 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    """Register ``quickstart``, ``run``, ``submit``, ``status``, ``logs`` and ``cancel`` with the CLI's ``add``
-    (a subparser factory)."""
+    """Register ``quickstart``, ``run``, ``submit``, ``validate``, ``schema``, ``status``, ``logs`` and
+    ``cancel`` with the CLI's ``add`` (a subparser factory)."""
     root_help = "storage root (default ./storage or $TFOOC_STORAGE)"
     storage_help = (
         "storage root: a folder or fsspec URL (default: the spec's 'storage', else $TFOOC_STORAGE, else ./storage)"
+    )
+    # --set: repeatable dotted-path overrides of the spec (run, submit, validate)
+    set_args = ("--set",)
+    set_kw = dict(
+        dest="overrides",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="override a setting of the spec: KEY is a dotted path into it (steps.decompose.rank, "
+        "cluster, steps.generate.shape.0), VALUE is read as YAML (32, 1e-6, true, [10, 20]; quote a "
+        "number to give text); repeatable. Specs also take ${VAR} and ${VAR:-default} from the "
+        "environment",
     )
     q = add(
         "quickstart",
@@ -193,6 +240,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     )
     r.add_argument("--force", action="store_true", help="run every step even when up to date")
     r.add_argument("--allow-path", dest="allow_paths", action="append", default=None, metavar="PATH", help=allow_help)
+    r.add_argument(*set_args, **set_kw)
     r.set_defaults(func=cmd_run)
 
     sb = add(
@@ -209,7 +257,38 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sb.add_argument("--storage", default=None, help=storage_help)
     sb.add_argument("--force", action="store_true", help="run every step even when up to date")
     sb.add_argument("--allow-path", dest="allow_paths", action="append", default=None, metavar="PATH", help=allow_help)
+    sb.add_argument(*set_args, **set_kw)
     sb.set_defaults(func=cmd_submit)
+
+    v = add(
+        "validate",
+        help="check a workflow spec without running it",
+        description="Read, validate and plan a workflow spec exactly as tfooc run does (YAML, keys and types, "
+        "${VAR} references, --set overrides, paths inside the storage root or allowed folders, inputs "
+        "that exist or are made by a step, dependency cycles, a reachable scheduler address), and "
+        "start nothing. Every problem is printed with the spec file, its line and the dotted field.",
+        epilog="Exit status: 0 valid, 2 invalid (the messages tfooc run would print).",
+    )
+    v.add_argument("spec", help="workflow spec (YAML)")
+    v.add_argument("--storage", default=None, help=storage_help)
+    v.add_argument(
+        "--scheduler",
+        default=None,
+        help="check this scheduler address instead of the spec's cluster, as tfooc run --scheduler would",
+    )
+    v.add_argument("--allow-path", dest="allow_paths", action="append", default=None, metavar="PATH", help=allow_help)
+    v.add_argument(*set_args, **set_kw)
+    v.set_defaults(func=cmd_validate)
+
+    sc = add(
+        "schema",
+        help="print the JSON Schema of workflow specs",
+        description="Print the JSON Schema (draft 2020-12) of workflow specs, made from the pydantic models "
+        "tfooc validates specs with: for an editor's YAML language server (# yaml-language-server: "
+        "$schema=tfooc.schema.json) or checks outside tfooc. Checks beyond one file's shape (paths, "
+        "inputs, cycles) are tfooc validate's.",
+    )
+    sc.set_defaults(func=cmd_schema)
 
     st = add(
         "status",

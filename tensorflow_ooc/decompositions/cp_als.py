@@ -23,7 +23,7 @@ from ..execution import DeviceOptions, get_client
 from ..execution.cluster import scheduler_workers
 from ..execution.inline import INLINE_MAX_NNZ
 from ..execution.owner_computes import TeamLost
-from ..store import Store, open_store
+from ..store import Store, open_store, paths
 from ..store.dense import DenseArray, is_dense_array, open_dense
 from . import updates as U
 from .cp_owner import (
@@ -372,10 +372,12 @@ def _restart(arguments: dict, client: Client, checkpoint: str | None, exc: Excep
 
 
 def open_input(x: Store | DenseArray | str | os.PathLike | np.ndarray) -> Store | DenseArray:
-    """The CP-ALS input: a BLCO store, or a dense array (a Zarr array path, URL or ``zarr.Array``,
+    """The CP-ALS input: a BLCO store (a path or URL; a versioned store folder means its latest
+    version, ``FOLDER@vN`` version N), or a dense array (a Zarr array path, URL or ``zarr.Array``,
     a Dask array, a NumPy array) as a :class:`~tensorflow_ooc.store.dense.DenseArray`."""
     if isinstance(x, (Store, DenseArray)):
         return x
     if isinstance(x, (str, os.PathLike)):
+        x = paths.resolve_version(x)
         return open_dense(x) if is_dense_array(x) else open_store(x)
     return open_dense(x)

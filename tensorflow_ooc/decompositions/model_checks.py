@@ -14,9 +14,7 @@ import numbers
 import numpy as np
 
 from ..errors import DecompositionError
-
-#: counts beyond this are not meaningful (and not representable where they meet int64 arithmetic)
-MAX_COUNT = 2**62
+from ..limits import MAX_COUNT
 
 
 def check_count(name: str, value: object, low: int = 1) -> int:

@@ -14,8 +14,8 @@ from typing import Iterator
 import numpy as np
 
 from ..format import BitLayout
-from ..kernels import StackedFactors, WorkItems, run_items
-from ..kernels.mttkrp.dispatch import ThreadOutputs, numba_threads
+from ..kernels import StackedFactors, WorkItems
+from ..kernels.mttkrp.dispatch import MttkrpPass, ThreadOutputs, numba_threads
 from ..kernels.mttkrp.mode_order import mode_sorted
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..kernels.sampling.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
@@ -175,16 +175,14 @@ def mttkrp_partition(
             max_private_bytes,
             scratch=factors.views[mode][lo : hi + 1] if lend_target else None,
         )
+        run = MttkrpPass(factors, out, shared)
         if isinstance(source, PartitionData):
-            run_items(
+            run.run(
                 sorted_items if sorted_items is not None else source.items,
                 source.layout,
-                factors,
                 mode,
-                out,
                 max_private_bytes=max_private_bytes,
                 out_lo=lo,
-                thread_outputs=shared,
             )
         else:
             path, part = source
@@ -192,18 +190,8 @@ def mttkrp_partition(
             for items in partition_batches(
                 store, part, batch_nnz, read_ahead, map_chunks=out.nbytes <= MAP_MAX_OUTPUT_BYTES
             ):
-                run_items(
-                    items,
-                    store.layout,
-                    factors,
-                    mode,
-                    out,
-                    max_private_bytes=max_private_bytes,
-                    out_lo=lo,
-                    thread_outputs=shared,
-                )
-        if shared is not None:
-            shared.merge()
+                run.run(items, store.layout, mode, max_private_bytes=max_private_bytes, out_lo=lo)
+        run.finish()
     return Partial(lo, out, time.perf_counter() - t0)
 
 

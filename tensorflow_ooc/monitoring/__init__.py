@@ -13,36 +13,41 @@ On a scheduler you start yourself::
     dask scheduler --preload tensorflow_ooc.monitoring --tfooc-storage /data
 
 (``--tfooc-storage`` may be repeated, and defaults to ``$TFOOC_STORAGE``): this module's
-:func:`dask_setup` is Dask's preload hook.
+:func:`dask_setup` (in :mod:`.preload`) is Dask's preload hook.
+
+The names here load their modules on first use (PEP 562): the command line reads :mod:`.logs`
+and :mod:`.tls` on every start, and must not import the scheduler plugin (Dask, bokeh) for it.
+Dask finds ``dask_setup`` with ``getattr``, which loads it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-import click
+if TYPE_CHECKING:  # for type checkers, editors and the import contract
+    from .http import PAGE_PATH, page_link
+    from .plugin import MonitorPlugin, attach
+    from .preload import dask_setup
 
-from .http import PAGE_PATH, page_link
-from .plugin import MonitorPlugin, attach
-
-
-@click.command(name="tfooc-monitoring")
-@click.option(
-    "--tfooc-storage",
-    multiple=True,
-    metavar="ROOT",
-    help="storage root whose run records the tfooc page lists (repeatable; default $TFOOC_STORAGE)",
-)
-def dask_setup(dask_server: Any, tfooc_storage: tuple[str, ...] = ()) -> None:
-    """Dask preload hook: ``dask scheduler --preload tensorflow_ooc.monitoring``.
-
-    Adds :class:`MonitorPlugin` to the scheduler, which starts it with the scheduler. On a worker
-    or nanny (``dask worker --preload ...``) it does nothing: the page lives on the scheduler.
-    """
-    from distributed import Scheduler
-
-    if isinstance(dask_server, Scheduler):
-        dask_server.add_plugin(MonitorPlugin(list(tfooc_storage)), idempotent=True)
-
+_LAZY = {
+    "PAGE_PATH": ".http",
+    "page_link": ".http",
+    "MonitorPlugin": ".plugin",
+    "attach": ".plugin",
+    "dask_setup": ".preload",
+}
 
 __all__ = ["PAGE_PATH", "MonitorPlugin", "attach", "dask_setup", "page_link"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -11,6 +11,11 @@
 the thread that drives a workflow run, from that run's event capture (the
 ``EventLogHandler`` the runner installs on the ``tensorflow_ooc`` logger while the run goes):
 CP-ALS and the converter then need not know which run they serve.
+
+- :class:`JsonLinesStream`: in JSON mode the CLI's stderr, so that every line on it is one JSON
+  object whoever writes it: the error line, argparse's usage errors, Python warnings and third
+  party log lines that do not go through :class:`JsonFormatter` are each wrapped in one.
+- :func:`progress_wanted`: progress bars only for people: on a terminal, in text mode.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -35,14 +41,16 @@ def _run_context(record: logging.LogRecord) -> dict[str, Any]:
     return {}
 
 
+def _now_iso(created: float) -> str:
+    return datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line (see the module docstring)."""
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC)
-            .isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z"),
+            "time": _now_iso(record.created),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -116,3 +124,105 @@ def setup_logging(level: int, log_format: str = "text", stream: TextIO | None = 
     root.addHandler(h)
     root.setLevel(level)
     return h
+
+
+def progress_wanted(quiet: bool, log_format: str, stream: TextIO | None = None) -> bool:
+    """Whether a command draws progress bars: only for a person watching a terminal.
+
+    A bar is redrawn with carriage returns many times a second; in a file, a pipe or a log
+    collector those redraws are fragments that break every line they touch (a JSON reader then
+    parses none), so bars are off in JSON mode, when ``stream`` (default ``sys.stderr``) is not
+    a terminal, and with ``--quiet``. The log lines stay (``--quiet`` is what drops them).
+    """
+    stream = sys.stderr if stream is None else stream
+    try:
+        tty = bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        tty = False
+    return not quiet and log_format == "text" and tty
+
+
+class JsonLinesStream:
+    """A text stream that passes JSON lines through and wraps anything else in one JSON object.
+
+    The CLI puts it in place of ``sys.stderr`` in JSON mode. Log records arrive as JSON already
+    (:class:`JsonFormatter`); what does not (the ``tfooc: error: ...`` line, argparse's usage
+    errors, Python warnings, a library's own log handler) becomes
+    ``{"time", "level", "logger": "stderr", "message"}`` with level ``ERROR`` for ``tfooc:``
+    lines, else ``WARNING``. Text is collected per thread up to the end of a ``write`` that ends
+    a line, so a message printed in one call stays one object even when it spans lines (a
+    failed run's error and its hint) and two threads' lines never mix.
+    """
+
+    ERROR_PREFIX = "tfooc: error: "
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self._pending: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        key = threading.get_ident()
+        with self._lock:
+            buf = self._pending.pop(key, "") + text
+            if not buf.endswith("\n"):
+                self._pending[key] = buf
+                return len(text)
+            self.stream.write(self._as_json_lines(buf[:-1]))
+        return len(text)
+
+    def _as_json_lines(self, block: str) -> str:
+        lines = [s for s in block.split("\n") if s.strip()]
+        if not lines:
+            return ""
+        if all(self._is_json_object(s) for s in lines):
+            return "\n".join(lines) + "\n"
+        text = "\n".join(s.rstrip("\r") for s in block.strip("\n").split("\n"))
+        level = "ERROR" if text.startswith("tfooc: ") else "WARNING"
+        logger = "tensorflow_ooc.cli" if text.startswith("tfooc: ") else "stderr"
+        message = text.removeprefix(self.ERROR_PREFIX)
+        record = {"time": _now_iso(datetime.now(UTC).timestamp()), "level": level, "logger": logger, "message": message}
+        return json.dumps(record) + "\n"
+
+    @staticmethod
+    def _is_json_object(line: str) -> bool:
+        if not line.startswith("{"):
+            return False
+        try:
+            return isinstance(json.loads(line), dict)
+        except ValueError:
+            return False
+
+    def flush(self) -> None:
+        # a partial line of this thread stays pending (its newline follows); another thread's too
+        if not getattr(self.stream, "closed", False):
+            self.stream.flush()
+
+    def finish(self) -> None:
+        """Write what is pending, whole (a last line without its newline: a write cut short)."""
+        with self._lock:
+            for key in list(self._pending):
+                rest = self._pending.pop(key)
+                if rest.strip():
+                    self.stream.write(self._as_json_lines(rest))
+        self.flush()
+
+    def isatty(self) -> bool:
+        return False  # nothing drawn for a terminal goes to a JSON stream
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.stream, "encoding", "utf-8")
+
+    @property
+    def closed(self) -> bool:
+        return bool(getattr(self.stream, "closed", False))
+
+    def __getattr__(self, name: str) -> Any:
+        # the rest of a text stream's interface (name, errors, writable, ...) is the wrapped one's
+        if name == "stream":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.stream, name)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import uuid
 from contextlib import contextmanager
@@ -120,3 +122,53 @@ def disk_bytes(path: str | os.PathLike) -> int:
         for f in files:
             total += os.path.getsize(os.path.join(root, f))
     return total
+
+
+# a versioned store: a folder of versions (v000001.zarr, ...) listed in this file, which a
+# workflow's convert step with ``append: true`` writes last, after the version it adds
+VERSIONS_FILE = "versions.json"
+_VERSION_SUFFIX = re.compile(r"^(?P<folder>.+)@v?(?P<number>\d+)$")
+
+
+def resolve_version(path: str | os.PathLike) -> str:
+    """The store a location names: ``path`` itself, or for a versioned store folder (one holding
+    ``versions.json``) its latest version, and for ``FOLDER@vN`` (or ``FOLDER@N``) version N.
+
+    Raises
+    ------
+    StoreError
+        ``@vN`` on a folder that is not a versioned store, a version it does not hold (the
+        message lists those it holds), or a versioned store with no version yet.
+
+    Examples
+    --------
+    >>> resolve_version("storage/quickstart.zarr")  # not a versioned folder: as given
+    'storage/quickstart.zarr'
+    """
+    from ..errors import StoreError
+
+    text = str(path)
+    m = _VERSION_SUFFIX.match(text)
+    if m is not None and not exists(text):  # a store whose own name ends in @3 stays itself
+        folder, number = m.group("folder"), int(m.group("number"))
+    else:
+        folder, number = text, None
+    listing = folder.rstrip("/") + "/" + VERSIONS_FILE
+    if not exists(listing):
+        if number is not None:
+            raise StoreError(
+                f"{text}: {folder} is not a versioned store (no {VERSIONS_FILE}), so it has no version {number}"
+            )
+        return text
+    with fsspec.open(listing if is_url(listing) else str(local_path(listing)), "rt") as f:
+        versions = json.load(f).get("versions") or []
+    if not versions:
+        raise StoreError(f"{folder}: versioned store has no version yet ({listing} lists none)")
+    if number is None:
+        chosen = versions[-1]
+    else:
+        chosen = next((v for v in versions if v.get("version") == number), None)
+        if chosen is None:
+            held = ", ".join(f"v{v.get('version')}" for v in versions)
+            raise StoreError(f"{text}: {folder} holds no version {number} (it holds {held})")
+    return folder.rstrip("/") + "/" + chosen["path"]

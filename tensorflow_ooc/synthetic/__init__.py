@@ -25,23 +25,55 @@ Examples
 ((1000, 3), (1000,))
 """
 
-from .dense_cp import PlantedDense, planted_dense, planted_dense_factors, write_planted_dense
-from .fasttucker import PlantedFastTucker, planted_fasttucker
-from .heavy_tailed_generator import (
-    DEFAULT_BATCH_NNZ,
-    DENSE_BOX_CELLS,
-    MAX_AUTO_BATCH_NNZ,
-    VALUE_KINDS,
-    HeavyTailedGenerator,
-    default_batch_nnz,
-    heavy_tailed,
-    iter_heavy_tailed,
-    iter_heavy_tailed_alto,
-)
-from .heavy_tailed_kernels import INV_CDF_KNOTS, VALUE_CODES
-from .presets import PRESETS
-from .sparse_cp import PlantedCP, planted_cp
-from .tns_writer import format_tns, write_tns
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for type checkers, editors and the import contract
+    from .dense_cp import PlantedDense, planted_dense, planted_dense_factors, write_planted_dense
+    from .fasttucker import PlantedFastTucker, planted_fasttucker
+    from .heavy_tailed_generator import (
+        DEFAULT_BATCH_NNZ,
+        DENSE_BOX_CELLS,
+        MAX_AUTO_BATCH_NNZ,
+        HeavyTailedGenerator,
+        default_batch_nnz,
+        heavy_tailed,
+        iter_heavy_tailed,
+        iter_heavy_tailed_alto,
+    )
+    from .heavy_tailed_kernels import INV_CDF_KNOTS, VALUE_CODES
+    from .presets import PRESETS, VALUE_KINDS
+    from .sparse_cp import PlantedCP, planted_cp
+    from .tns_writer import format_tns, write_tns
+
+# loaded on first use (PEP 562): the command line reads ``presets`` alone, without the numba
+# kernels of the generators
+_LAZY = {
+    "PlantedDense": ".dense_cp",
+    "planted_dense": ".dense_cp",
+    "planted_dense_factors": ".dense_cp",
+    "write_planted_dense": ".dense_cp",
+    "PlantedFastTucker": ".fasttucker",
+    "planted_fasttucker": ".fasttucker",
+    "DEFAULT_BATCH_NNZ": ".heavy_tailed_generator",
+    "DENSE_BOX_CELLS": ".heavy_tailed_generator",
+    "MAX_AUTO_BATCH_NNZ": ".heavy_tailed_generator",
+    "VALUE_KINDS": ".presets",
+    "HeavyTailedGenerator": ".heavy_tailed_generator",
+    "default_batch_nnz": ".heavy_tailed_generator",
+    "heavy_tailed": ".heavy_tailed_generator",
+    "iter_heavy_tailed": ".heavy_tailed_generator",
+    "iter_heavy_tailed_alto": ".heavy_tailed_generator",
+    "INV_CDF_KNOTS": ".heavy_tailed_kernels",
+    "VALUE_CODES": ".heavy_tailed_kernels",
+    "PRESETS": ".presets",
+    "PlantedCP": ".sparse_cp",
+    "planted_cp": ".sparse_cp",
+    "format_tns": ".tns_writer",
+    "write_tns": ".tns_writer",
+}
 
 __all__ = [
     "DEFAULT_BATCH_NNZ",
@@ -67,3 +99,15 @@ __all__ = [
     "write_planted_dense",
     "write_tns",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

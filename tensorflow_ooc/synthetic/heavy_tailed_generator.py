@@ -20,11 +20,11 @@ from .heavy_tailed_kernels import (
     _values_of_keys,
 )
 from .power_law import _as_skews, _rank_probabilities
+from .presets import VALUE_KINDS
 
 if TYPE_CHECKING:
     from ..format import BitLayout
 
-VALUE_KINDS = ("uniform", "count", "normal")
 DEFAULT_BATCH_NNZ = 1 << 22
 MAX_AUTO_BATCH_NNZ = 1 << 23
 

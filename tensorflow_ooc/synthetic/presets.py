@@ -1,6 +1,11 @@
-"""Shapes and nonzero counts of real tensors (FROSTT and others) that synthetic tensors can take (``--like``)."""
+"""Shapes and nonzero counts of real tensors (FROSTT and others) that synthetic tensors can take
+(``--like``), and the value distributions of heavy-tailed tensors (``--values``): plain data the
+command line offers as choices without loading the generators' numba kernels."""
 
 from __future__ import annotations
+
+#: value distributions of heavy-tailed tensors: uniform in (0, 1], counts, normal
+VALUE_KINDS = ("uniform", "count", "normal")
 
 PRESETS: dict[str, tuple[tuple[int, ...], int]] = {
     "uber": ((183, 24, 1140, 1717), 3_309_490),

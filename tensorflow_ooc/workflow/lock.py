@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from . import locations as loc
 from .errors import LockError
 from .records import RunStore, host_info, now_iso, parse_iso, stale_after
+from .report import shell_command
 
 
 @dataclass
@@ -93,7 +94,8 @@ class OutputLocks:
                         raise LockError(
                             f"{out} is being written by run {h.run_id} "
                             f"({rec.state if rec else 'starting'}{beat}); wait for it to finish "
-                            f"(tfooc status {h.run_id}) or stop it (tfooc cancel {h.run_id})"
+                            f"({shell_command('status', h.run_id, '--storage', self.runs.root)}) or stop it "
+                            f"({shell_command('cancel', h.run_id, '--storage', self.runs.root)})"
                         )
                     loc.remove(self._file(out))
                     taken.append((h.run_id, why))

@@ -355,6 +355,10 @@ class EventLogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.thread != self.thread_id or record.name.startswith("tensorflow_ooc.workflow"):
             return
+        if getattr(record, "iteration", None) is not None and record.levelno < logging.WARNING:
+            # a decomposition's per-iteration line: the step records the iteration itself, as an
+            # ``iteration`` event with every figure; copying the line too showed each one twice
+            return
         try:
             self.recorder.event(
                 "log",

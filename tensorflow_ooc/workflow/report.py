@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import time
 
 from .records import RunRecord, StepRecord, parse_iso
@@ -129,6 +131,30 @@ def format_event(ev: dict) -> str:
     if ev.get("traceback"):
         out += "\n" + ev["traceback"].rstrip()
     return out
+
+
+# a decomposition's own line for an iteration, as runs recorded before it was left out of the events
+_ITERATION_LINE = re.compile(r"iteration (\d+): fit ")
+
+
+def iteration_duplicates(events: list[dict]) -> set[int]:
+    """Positions in ``events`` of ``log`` events that repeat an ``iteration`` event of the same
+    step (runs recorded by older versions kept both, so ``tfooc logs`` showed each iteration twice)."""
+    recorded = {(e.get("step"), e.get("iteration")) for e in events if e.get("event") == "iteration"}
+    out = set()
+    for i, e in enumerate(events):
+        if e.get("event") != "log" or e.get("level", "info") not in ("info", "debug"):
+            continue
+        m = _ITERATION_LINE.match(e.get("message") or "")
+        if m and (e.get("step"), int(m.group(1))) in recorded:
+            out.add(i)
+    return out
+
+
+def shell_command(*words: str) -> str:
+    """A ``tfooc`` command line that works when pasted into a shell: each word quoted as it needs
+    (a storage root with a space, a URL with ``?``), for the hints the CLI and errors print."""
+    return shlex.join(["tfooc", *map(str, words)])
 
 
 def to_json(rec: RunRecord) -> str:

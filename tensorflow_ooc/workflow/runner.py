@@ -249,7 +249,7 @@ def execute(
             record.steps.setdefault(s.name, StepRecord(kind=s.kind, inputs=s.inputs, outputs=s.outputs))
     else:
         record = new_record(workflow, run_id or new_run_id(workflow.name), mode, cluster)
-        runs.write_spec(record.run_id, workflow.source.text)
+        runs.write_spec(record.run_id, workflow.source.effective_text)  # as it runs: ${VAR}, --set resolved
     run_id = record.run_id
     h = host_info()
     rec = Recorder(runs, record, client)

@@ -26,13 +26,14 @@ import hashlib
 import importlib.util
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..decompositions.model_checks import MAX_COUNT
+from ..limits import MAX_COUNT
 from . import locations as loc
 from .errors import Problem, SpecError
 
@@ -384,12 +385,39 @@ def _walk(node: yaml.Node, prefix: tuple, marks: dict[tuple, int], problems: lis
 
 @dataclass
 class Source:
-    """The text of a spec, its data and the line of every key."""
+    """The text of a spec, its data and the line of every key.
+
+    ``data`` is what the steps run with: ``${VAR}`` references substituted and ``--set``
+    overrides applied. ``overrides`` maps each dotted field set by ``--set`` to the option as
+    given (so a problem with it names the option, not a line of the file), and ``resolved_text``
+    is ``data`` as YAML when it differs from ``text`` (what a submitted driver and the run record
+    get: the run is reproducible without the environment it was started from)."""
 
     path: str
     text: str
     data: Any
     marks: dict[tuple, int]
+    overrides: dict[str, str] = field(default_factory=dict)
+    resolved_text: str | None = None
+
+    @property
+    def effective_text(self) -> str:
+        """The spec as it runs: ``resolved_text``, else the file's text."""
+        return self.resolved_text if self.resolved_text is not None else self.text
+
+    def annotate(self, problems: list[Problem]) -> list[Problem]:
+        """``problems`` with those about a field set by ``--set`` pointing at the option instead of
+        a line of the file (the value there is not the one that was checked)."""
+        out = []
+        for p in problems:
+            where = next(
+                (k for k in self.overrides if p.field and (p.field == k or p.field.startswith(k + "."))),
+                None,
+            )
+            out.append(
+                p if where is None else Problem(None, p.field, f"{p.message} (from --set {self.overrides[where]})")
+            )
+        return out
 
     def line(self, where: tuple) -> int:
         """Line of the deepest key of ``where`` that the file has (pydantic's union tags skipped)."""
@@ -439,8 +467,20 @@ def _check_expansion(root: yaml.Node) -> None:
         stack.extend((k, False) for k in kids if id(k) not in sizes)
 
 
-def read_source(path: str | os.PathLike | None = None, text: str | None = None) -> Source:
-    """Read and safe-load a spec; YAML errors become a :class:`SpecError` with the line."""
+def read_source(
+    path: str | os.PathLike | None = None,
+    text: str | None = None,
+    *,
+    overrides: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+    interpolate: bool = True,
+) -> Source:
+    """Read and safe-load a spec; YAML errors become a :class:`SpecError` with the line.
+
+    ``${VAR}``, ``${VAR:-default}`` and ``${VAR-default}`` in values are replaced from ``environ``
+    (default ``os.environ``; see :func:`interpolate_node`) unless ``interpolate`` is false (a text
+    that was resolved already), then each ``overrides`` entry ``dotted.path=VALUE`` is applied
+    (:func:`apply_override`)."""
     name = str(path) if path is not None else "<string>"
     if text is None:
         if path is None:
@@ -464,8 +504,14 @@ def read_source(path: str | os.PathLike | None = None, text: str | None = None) 
     try:
         loader = yaml.SafeLoader(text)  # refuses control characters (a ReaderError) here already
         node = loader.get_single_node()
+        changed = False
         if node is not None:
             _check_expansion(node)
+            if interpolate:
+                env_problems: list[Problem] = []
+                changed = interpolate_node(node, loader, os.environ if environ is None else environ, env_problems)
+                if env_problems:
+                    raise SpecError(name, env_problems)
         data = loader.construct_document(node) if node is not None else None
     except RecursionError:
         raise SpecError(name, [Problem(None, None, "the YAML is nested too deeply to be a workflow spec")]) from None
@@ -509,7 +555,152 @@ def read_source(path: str | os.PathLike | None = None, text: str | None = None) 
     _walk(node, (), marks, problems)
     if problems:
         raise SpecError(name, problems)
-    return Source(name, text, data, marks)
+    src = Source(name, text, data, marks)
+    for given in overrides:
+        field_name = apply_override(data, given, name)
+        src.overrides[field_name] = given
+    if changed or overrides:
+        what = ", ".join((["environment variables substituted"] if changed else []) + [f"--set {o}" for o in overrides])
+        src.resolved_text = f"# {name}, resolved ({what})\n" + yaml.safe_dump(
+            data, sort_keys=False, default_flow_style=False, allow_unicode=True
+        )
+    return src
+
+
+# --- ${VAR} references and --set overrides ------------------------------------------------------------
+
+# "$${" is a literal "${"; "${BODY}" a reference; a "${" left without its "}" is an error
+_REFERENCE = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
+_REFERENCE_BODY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)(.*))?", re.DOTALL)
+
+
+def interpolate_value(value: str, environ: Mapping[str, str]) -> tuple[str, list[str]]:
+    """``value`` with its ``${VAR}`` references replaced, and what is wrong with them.
+
+    ``${VAR}`` is the variable's value (an error when it is not set), ``${VAR:-default}`` the
+    default when the variable is unset or empty, ``${VAR-default}`` the default only when it is
+    unset, and ``$${`` a literal ``${`` (as Docker Compose reads them).
+
+    Examples
+    --------
+    >>> interpolate_value("rank-${RANK:-16}/$${HOME}", {})
+    ('rank-16/${HOME}', [])
+    >>> interpolate_value("${STORE}", {})[1]
+    ['environment variable STORE is not set (set it, or give a default: ${STORE:-DEFAULT})']
+    """
+    errors: list[str] = []
+
+    def replace(m: re.Match) -> str:
+        if m.group(0) == "$${":
+            return "${"
+        if m.group(1) is None:
+            errors.append("'${' without its closing '}' (write $${ for a literal ${)")
+            return m.group(0)
+        ref = _REFERENCE_BODY.fullmatch(m.group(1))
+        if ref is None:
+            errors.append(
+                f"{m.group(0)!r} is not a reference: expected ${{NAME}}, ${{NAME:-default}} or ${{NAME-default}}"
+            )
+            return m.group(0)
+        var, op, default = ref.groups()
+        got = environ.get(var)
+        if op == ":-" and not got:
+            got = default
+        elif op == "-" and got is None:
+            got = default
+        if got is None:
+            errors.append(f"environment variable {var} is not set (set it, or give a default: ${{{var}:-DEFAULT}})")
+            return m.group(0)
+        return got
+
+    return _REFERENCE.sub(replace, value), errors
+
+
+def interpolate_node(
+    node: yaml.Node, loader: yaml.SafeLoader, environ: Mapping[str, str], problems: list[Problem]
+) -> bool:
+    """Replace ``${VAR}`` references (:func:`interpolate_value`) in the values of a composed YAML
+    document, in place; return whether any value changed. Keys are left as they are.
+
+    A plain (unquoted) value is typed again after the substitution, as YAML types what is written
+    in the file: ``rank: ${RANK:-16}`` is the integer 16, ``tol: ${TOL}`` with ``TOL=1e-6`` a
+    float. A quoted value stays a string. Each problem has the line and the dotted field."""
+    changed = False
+    seen: set[int] = set()  # an anchored node is visited once, however many aliases name it
+    stack: list[tuple[yaml.Node, tuple]] = [(node, ())]
+    while stack:
+        n, where = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                stack.append((v, where + (str(k.value) if isinstance(k, yaml.ScalarNode) else "?",)))
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend((v, where + (i,)) for i, v in enumerate(n.value))
+        elif isinstance(n, yaml.ScalarNode) and "$" in n.value and "${" in n.value:
+            value, errors = interpolate_value(n.value, environ)
+            problems.extend(Problem(n.start_mark.line + 1, _display(where) or None, e) for e in errors)
+            if value != n.value:
+                changed = True
+                if n.style is None and n.tag == loader.resolve(yaml.ScalarNode, n.value, (True, False)):
+                    n.tag = loader.resolve(yaml.ScalarNode, value, (True, False))
+                n.value = value
+    problems.sort(key=lambda p: p.line or 0)
+    return changed
+
+
+def apply_override(data: dict, given: str, spec_name: str = "<string>") -> str:
+    """Apply one ``--set dotted.path=VALUE`` to a spec's data, in place; return the dotted path.
+
+    The path goes through mappings by key and lists by index (``steps.decompose.rank``,
+    ``steps.generate.shape.0``); its last key may be new (a setting the file leaves at its
+    default). ``VALUE`` is read as YAML (``32`` an integer, ``1e-6`` a float, ``true``, ``[10, 20]``,
+    anything else text; quote it to keep a number as text).
+
+    Raises
+    ------
+    SpecError
+        Without ``=``, with a value YAML cannot read, or with a path that leads nowhere (the
+        message names the part that is missing and what is there instead).
+    """
+
+    def fail(message: str) -> SpecError:
+        return SpecError(spec_name, [Problem(None, None, f"--set {given}: {message}")])
+
+    dotted, eq, raw = given.partition("=")
+    dotted = dotted.strip()
+    if not eq or not dotted:
+        raise fail("expected KEY=VALUE with KEY a dotted path into the spec, e.g. steps.decompose.rank=32")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise fail(f"the value is not YAML ({str(exc).splitlines()[0]}); quote it to give text") from None
+    parts = dotted.split(".")
+    node: Any = data
+    for i, part in enumerate(parts):
+        here = ".".join(parts[:i]) or "the spec"
+        last = i == len(parts) - 1
+        if isinstance(node, dict):
+            key = next((k for k in node if str(k) == part), part)
+            if last:
+                node[key] = value
+            elif key not in node:
+                what = "steps" if parts[:i] == ["steps"] else "keys"
+                has = ", ".join(map(str, node)) or "none"
+                raise fail(f"{here} has no {part!r} (its {what}: {has})")
+            else:
+                node = node[key]
+        elif isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise fail(f"{here} is a list of {len(node)}: {part!r} is not an index in it")
+            if last:
+                node[int(part)] = value
+            else:
+                node = node[int(part)]
+        else:
+            raise fail(f"{here} is a value ({node!r}), not a mapping or list: it has no {part!r}")
+    return dotted
 
 
 def _display(where: tuple) -> str:
@@ -555,7 +746,7 @@ def validate_source(src: Source) -> Spec:
     try:
         return Spec.model_validate(src.data)
     except ValidationError as exc:
-        problems = [_problem(src, e) for e in exc.errors(include_url=False)]
+        problems = src.annotate([_problem(src, e) for e in exc.errors(include_url=False)])
         problems.sort(key=lambda p: p.line or 0)
         raise SpecError(src.path, problems) from None
 
@@ -897,6 +1088,7 @@ def plan(
                         )
                     )
     if problems:
+        problems = src.annotate(problems)
         problems.sort(key=lambda p: p.line or 0)
         raise SpecError(src.path, problems)
     # dependency order, declaration order among independent steps
@@ -911,7 +1103,14 @@ def plan(
     name = spec.name or os.path.splitext(os.path.basename(src.path))[0].replace(".yaml", "") or "workflow"
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", name)
     return Workflow(
-        spec, src, name, root, allowed, order, hashlib.sha256(src.text.encode()).hexdigest(), [a for a, _ in operator]
+        spec,
+        src,
+        name,
+        root,
+        allowed,
+        order,
+        hashlib.sha256(src.effective_text.encode()).hexdigest(),
+        [a for a, _ in operator],
     )
 
 
@@ -922,6 +1121,8 @@ def load_spec(
     storage: str | None = None,
     allow_paths: list[str] | tuple[str, ...] | None = None,
     operator_config: bool = True,
+    overrides: Sequence[str] = (),
+    interpolate: bool = True,
 ) -> Workflow:
     """Read, validate and plan a spec.
 
@@ -941,6 +1142,13 @@ def load_spec(
         Also take the operator's ``$TFOOC_ALLOW_PATHS`` and the config file's ``allow_paths``
         (:func:`operator_allow_paths`); False uses ``allow_paths`` alone (a submitted driver gets
         the list the submitting command used).
+    overrides : sequence of str
+        ``dotted.path=VALUE`` settings applied over the file (``tfooc run --set``), e.g.
+        ``steps.decompose.rank=32`` (:func:`apply_override`).
+    interpolate : bool
+        Replace ``${VAR}`` and ``${VAR:-default}`` in values from the environment
+        (:func:`interpolate_value`); False for a text resolved already (a submitted driver's,
+        which must not depend on the worker's environment).
 
     Returns
     -------
@@ -952,6 +1160,17 @@ def load_spec(
         Naming the file, line and field of every problem found.
     """
     operator = operator_allow_paths(allow_paths, environment=operator_config)
-    src = read_source(path, text)
+    src = read_source(path, text, overrides=overrides, interpolate=interpolate)
     spec = validate_source(src)
     return plan(spec, src, storage, operator)
+
+
+def spec_schema() -> dict:
+    """The JSON Schema (draft 2020-12) of a workflow spec, from the pydantic models: for editors
+    (YAML language servers) and for checking specs outside tfooc (``tfooc schema``)."""
+    schema = Spec.model_json_schema()
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "tfooc workflow spec",
+        **{k: v for k, v in schema.items() if k != "title"},
+    }

@@ -20,13 +20,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..execution.cluster import ON_CLIENT
 from .errors import RunNotFound, SpecError
 from .records import EXIT_CODES, RunRecord, RunStore, host_info, new_run_id, now_iso
-from .runner import RunOutcome, execute, new_record, spec_failure
 from .spec import Workflow, load_spec
+
+if TYPE_CHECKING:
+    from .runner import RunOutcome
+
+# the runner (every step's stage: numba, Dask, Zarr) and the cluster module are imported by the
+# functions that run or submit: tfooc status --wait and tfooc cancel use this module and start
+# in a fraction of a second without them
 
 log = logging.getLogger("tensorflow_ooc.workflow")
 
@@ -41,6 +46,9 @@ def driver_task(
 ) -> int:
     """The workflow driver, as a Dask task. Returns the run's exit code.
 
+    ``spec_text``: the spec as resolved where it was submitted (``${VAR}`` references and
+    ``--set`` overrides applied), read here without interpolating it again.
+
     ``allow_paths``: what the operator allowed where the run was submitted (the worker's own
     environment and config file are not consulted then)."""
     from distributed import get_client, rejoin, secede
@@ -52,12 +60,23 @@ def driver_task(
     try:
         client = get_client()
         try:
+            # the text was resolved where the run was submitted (${VAR}, --set): the worker's
+            # environment must not change it
             workflow = load_spec(
-                spec_path, text=spec_text, storage=storage, allow_paths=allow_paths, operator_config=allow_paths is None
+                spec_path,
+                text=spec_text,
+                storage=storage,
+                allow_paths=allow_paths,
+                operator_config=allow_paths is None,
+                interpolate=False,
             )
         except SpecError as exc:  # an input that existed at submission is gone, for example
             runs = RunStore(storage)
+            from .runner import spec_failure
+
             return spec_failure(runs, runs.read(run_id), exc).exit_code
+        from .runner import execute
+
         outcome = execute(
             workflow, run_id=run_id, client=client, mode="submitted", cluster=client.scheduler.address, force=force
         )
@@ -86,6 +105,9 @@ def submit(workflow: Workflow, scheduler: str, *, force: bool = False, timeout: 
     """
     from distributed import Client, fire_and_forget
 
+    from ..execution.cluster import ON_CLIENT
+    from .runner import new_record
+
     client = Client(scheduler, timeout=f"{int(timeout)}s")
     try:
         runs = RunStore(workflow.root)
@@ -94,11 +116,11 @@ def submit(workflow: Workflow, scheduler: str, *, force: bool = False, timeout: 
         record.dashboard = client.dashboard_link
         for hook in ON_CLIENT:  # the tfooc page and metrics on its dashboard (execution.cluster)
             hook(client, storage=workflow.root)
-        runs.write_spec(run_id, workflow.source.text)
+        runs.write_spec(run_id, workflow.source.effective_text)
         runs.write(record)
         fut = client.submit(
             driver_task,
-            workflow.source.text,
+            workflow.source.effective_text,
             workflow.path,
             workflow.root,
             run_id,
@@ -136,6 +158,8 @@ def submit(workflow: Workflow, scheduler: str, *, force: bool = False, timeout: 
 
 def run_foreground(workflow: Workflow, *, cluster: str | None = None, force: bool = False) -> RunOutcome:
     """``tfooc run``: the driver in this process (the embedded cluster unless ``cluster`` says)."""
+    from .runner import execute
+
     return execute(workflow, cluster=cluster, force=force)
 
 

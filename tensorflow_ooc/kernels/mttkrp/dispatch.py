@@ -308,6 +308,62 @@ def run_items(
     return plan
 
 
+class MttkrpPass:
+    """One pass of a mode's MTTKRP into ``out`` over batches of work items: :func:`run_items` per
+    batch, with what the batches share set up once.
+
+    For a rank run as padded column groups (:mod:`.column_groups`), the factor blocks are copied
+    and each group's output (with per-thread copies of its own where the pass has
+    ``thread_outputs``) allocated at the first batch and kept to the end, where :meth:`finish`
+    adds them into ``out``: called per batch, :func:`run_items` copied, zeroed and added them
+    again for every batch of a streamed pass. Otherwise :meth:`finish` merges ``thread_outputs``.
+    """
+
+    def __init__(self, factors: StackedFactors, out: np.ndarray, thread_outputs: ThreadOutputs | None = None) -> None:
+        self.factors = factors
+        self.out = out
+        self.shared = thread_outputs
+        self.groups = column_groups(out.shape[1], factors.data.nbytes)
+        self._blocks: list[tuple[int, int, StackedFactors, np.ndarray, ThreadOutputs | None]] | None = None
+
+    def run(
+        self,
+        items: WorkItems,
+        layout: BitLayout,
+        mode: int,
+        conflict: str = "auto",
+        max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES,
+        out_lo: int = 0,
+    ) -> ConflictPlan:
+        """Add the MTTKRP of one batch (see :func:`run_items`); returns its (first group's) plan."""
+        if self.groups is None:
+            return run_items(
+                items, layout, self.factors, mode, self.out, conflict, max_private_bytes, out_lo, self.shared
+            )
+        if self._blocks is None:
+            self._blocks = []
+            for first, real, width in self.groups:
+                part = aligned_zeros((self.out.shape[0], width), self.out.dtype)
+                shared = None if self.shared is None else ThreadOutputs(part, self.shared.threads)
+                self._blocks.append((first, real, column_block(self.factors, first, real, width), part, shared))
+        plans = [
+            run_items(items, layout, block, mode, part, conflict, max_private_bytes, out_lo, shared)
+            for _, _, block, part, shared in self._blocks
+        ]
+        return plans[0]
+
+    def finish(self) -> None:
+        """Merge what the pass kept apart into ``out`` (once, after the last batch)."""
+        if self.groups is None:
+            if self.shared is not None:
+                self.shared.merge()
+            return
+        for first, real, _, part, shared in self._blocks or ():
+            if shared is not None:
+                shared.merge()
+            self.out[:, first : first + real] += part[:, :real]
+
+
 def _run_column_groups(
     groups: list[tuple[int, int, int]],
     items: WorkItems,
@@ -415,13 +471,13 @@ def mttkrp(
         parts = (
             [whole] if chunks is None else (c if isinstance(c, WorkItems) else chunk_items(c, layout) for c in chunks)
         )
+        run = MttkrpPass(A, out, shared)
         for items in parts:
-            plan = run_items(items, layout, A, mode, out, conflict, max_private_bytes, thread_outputs=shared).summary()
+            plan = run.run(items, layout, mode, conflict, max_private_bytes).summary()
             for k in ("items", "private_items", "atomic_items", "run_items"):
                 summary[k] += plan[k]
             summary["private_bytes"] = max(summary["private_bytes"], plan["private_bytes"])
-        if shared is not None:
-            shared.merge()
+        run.finish()
     if stats is not None:
         stats.update(summary, mode=mode, strategy=conflict)
     return out
