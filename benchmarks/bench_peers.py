@@ -204,7 +204,7 @@ def bench(args) -> dict:
     for name in args.tensors:
         print(f"{name}:")
         tns, store_path, coords, values, shape = tensor_files(name, workdir, args.seed)
-        for rank in args.ranks:
+        for rank in args.tensor_ranks.get(name, args.ranks):
             row = {"tensor": name, "shape": list(shape), "nnz": int(len(coords)), "rank": rank}
             print(f"  rank {rank}: ours", flush=True)
             row["ours"] = ours(store_path, coords, values, shape, rank, args.iters, args.repeat, args.seed)
@@ -310,6 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-genten", action="store_true", help="skip GenTen (pygenten)")
     ap.add_argument("--tensors", nargs="+", default=list(SUITE), choices=sorted(synthetic.PRESETS))
     ap.add_argument("--ranks", nargs="+", type=int, default=[16, 32])
+    ap.add_argument(
+        "--tensor-ranks",
+        nargs="+",
+        default=[],
+        metavar="NAME=R,R",
+        help="ranks for one tensor instead of --ranks (e.g. nell2=50: the 20 M tensor at rank 50 only)",
+    )
     ap.add_argument("--iters", type=int, default=10, help="CP-ALS iterations every tool runs")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for every tool")
     ap.add_argument("--repeat", type=int, default=7, help="our MTTKRP timings: median of this many")
@@ -320,6 +327,16 @@ def main(argv: list[str] | None = None) -> int:
         help="where the .tns files and stores are kept between runs",
     )
     args = ap.parse_args(argv)
+    per_tensor = {}
+    for item in args.tensor_ranks:
+        name, _, ranks = item.partition("=")
+        try:
+            per_tensor[name] = [int(r) for r in ranks.split(",")]
+        except ValueError:
+            ap.error(f"--tensor-ranks {item}: expected NAME=R[,R...]")
+        if name not in args.tensors:
+            ap.error(f"--tensor-ranks {item}: {name} is not among --tensors")
+    args.tensor_ranks = per_tensor
     for k in ("alto", "splatt"):
         p = getattr(args, k)
         if p and not os.access(p, os.X_OK):

@@ -19,6 +19,8 @@ Before anything runs, the plan adds up the bytes the busiest worker holds at onc
 ``mode_copies`` in-memory partitions' mode-sorted copies, one per mode (the runs kernel sums
                each target row's nonzeros in registers; :mod:`~tensorflow_ooc.kernels.mttkrp.mode_order`)
 ``buckets``    the row-owned tiles' buckets (20 bytes a nonzero, a bounded group at a time)
+``column_groups`` ranks run as padded column groups: the factors' padded copy and one output per
+               group, per task (:mod:`~tensorflow_ooc.kernels.mttkrp.column_groups`)
 ``transfer``   a state arriving from another worker while the previous one is still held
 ``sampling``   randomized CP-ALS: the STS-CP segment trees (at most one factor's size each), two
                sample sets (multi-indices and weighted Khatri-Rao rows), and for in-memory
@@ -60,6 +62,7 @@ from dataclasses import dataclass, field
 import dask
 
 from ..errors import TfoocError
+from ..kernels.mttkrp.column_groups import column_group_bytes
 from ..kernels.mttkrp.dispatch import ThreadOutputs
 from ..kernels.mttkrp.owned import GROUP_NNZ as OWNED_GROUP_NNZ
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
@@ -310,6 +313,8 @@ def candidates(
             + (worker_nnz * 24 * len(shape) if mode == "in-memory" else 0)
             + (-(-S // workers) if owner else 0),
         }
+        # ranks run as padded column groups copy the factors (and keep an output per group)
+        terms["column_groups"] = tasks * column_group_bytes(S, max(shape), rank, itemsize)
         if owner:
             # a worker receives at most the rows it shares from each other worker, and sends
             # copies of the rows it touches but does not own
@@ -321,6 +326,7 @@ def candidates(
                 outputs=max(touched) * row,
                 reduction=(workers - 1) * max(shared) * row,
                 update=max(shared) * row,
+                column_groups=tasks * column_group_bytes(sum(touched) * row, max(touched), rank, itemsize),
             )
         plans.append(MemoryPlan(mode, in_place, batch_nnz, bound, terms, limit or None, usable_fraction(), mode_copies))
     return plans
