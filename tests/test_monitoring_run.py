@@ -206,6 +206,9 @@ def _progress(served) -> int:
 
 def test_submit_log_links_the_page(served):
     assert f"{served['base']}/tfooc" in served["log"]
+    # these workers declare no tfooc-slot: the run goes as before, and submit says why it is not queued
+    assert "no worker of this cluster declares the tfooc-slot resource" in served["log"]
+    assert "--resources tfooc-slot=1" in served["log"]
     page = _get(served["base"] + "/tfooc")
     assert "<title>tfooc runs</title>" in page
     status = _get(served["base"] + "/status")  # the Dask dashboard, with bokeh, and our tab in its navbar
@@ -251,6 +254,13 @@ def test_page_during_run_in_chromium(served):
     for p in sent:
         ev = events[int(p["data-iteration"])]
         assert float(p["data-value"]) == ev["bytes_sent"] >= ev["bytes_lower_bound"] > 0 and ev["workers"] == 2
+    # the first iteration (compilation included) is drawn apart from the steady ones
+    assert {int(a["data-iteration"]) for a in dom.having("bar-first")} == {1}
+    # the workers, each with its memory limit; the one running the driver with its plan's peak
+    workers = dom.having("worker-row")
+    assert len(workers) == 2 and all(int(w["data-memory-limit"]) == 2 << 30 for w in workers)
+    peaks = [int(w["data-plan-peak"]) for w in workers if w["data-plan-peak"]]
+    assert len(peaks) == 1 and 0 < peaks[0] < 0.7 * (2 << 30)
     assert _progress(served) >= n  # the run was still going
 
 
@@ -310,3 +320,35 @@ def test_cancel_shows_on_page_and_metrics(served):
         assert run["data-state"] == "cancelled"
         assert len(dom.having("pt-fit")) == done
         assert dom.having("checkpoint")
+        # the errors column gives the cancelled run's error (its first line; all of it on hover)
+        (cell,) = dom.having("error-line")
+        assert cell["title"] == rec.error and "cancelled" in rec.error
+
+
+def test_resumed_run_counts_its_own_iterations(served):
+    """Submitted again after the cancel, the spec resumes from the checkpoint as a new run: its
+    iteration counter counts what it did (from its first), and never the iteration index."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    root = served["root"]
+    assert RunStore(root).read(served["run_id"]).final  # cancelled by the test before
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()) as out:
+        assert (
+            main(["submit", str(served["tmp"] / "monitored.yaml"), "--scheduler", served["address"], "--storage", root])
+            == 0
+        )
+    run_id = out.getvalue().strip()
+    try:
+        _until(lambda: len(_iteration_events(root, run_id)) >= 2, 180, "the resumed run's iterations")
+        before = len(_iteration_events(root, run_id))
+        fams = {f.name: f for f in text_string_to_metric_families(_get(served["base"] + "/metrics"))}
+        after = len(_iteration_events(root, run_id))
+        (count,) = [s for s in fams["tfooc_iterations"].samples if s.labels.get("run_id") == run_id]
+        (index,) = [s for s in fams["tfooc_iteration"].samples if s.labels.get("run_id") == run_id]
+        resumed = RunStore(root).read(run_id).steps["decompose"].resumed_from_iteration
+        assert resumed and resumed >= 2
+        assert before <= count.value <= after
+        assert index.value == resumed + count.value  # the index went on from the checkpoint
+    finally:
+        with contextlib.redirect_stdout(io.StringIO()):
+            main(["cancel", run_id, "--storage", root, "--wait", "--timeout", "60"])

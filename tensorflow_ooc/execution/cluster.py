@@ -13,6 +13,7 @@ from typing import Callable, Iterator
 
 from distributed import Client, LocalCluster
 
+from ..limits import SLOT_RESOURCE  # the embedded workers' slots (see workflow.admission)
 from .inline import InlineClient
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,9 @@ def _embedded_gpu_cluster(memory_limit, dashboard_address):
     except ImportError:
         log.info("GPUs are visible but dask-cuda is not installed: using the CPU cluster (pip install '.[gpu]')")
         return None
-    return LocalCUDACluster(memory_limit=memory_limit, dashboard_address=dashboard_address, resources={"GPU": 1})
+    return LocalCUDACluster(
+        memory_limit=memory_limit, dashboard_address=dashboard_address, resources={"GPU": 1, SLOT_RESOURCE: 1}
+    )
 
 
 @contextmanager
@@ -127,6 +130,7 @@ def get_client(
             processes=True,
             memory_limit=memory_limit,
             dashboard_address=dashboard_address,
+            resources={SLOT_RESOURCE: 1},
         )
     else:
         cluster = LocalCluster(
@@ -135,6 +139,7 @@ def get_client(
             processes=False,
             memory_limit=memory_limit,
             dashboard_address=dashboard_address,
+            resources={SLOT_RESOURCE: 1},
         )
     c = Client(cluster)
     log.info("embedded Dask cluster: %d worker(s), dashboard at %s", len(cluster.workers), c.dashboard_link)

@@ -310,7 +310,9 @@ class MTTKRPGraph:
         """Take ``plan``'s batch size and private bound, log it, and return its execution."""
         self.batch_nnz = min(self._batch_nnz_cap, plan.batch_nnz)
         self.max_private_bytes = plan.max_private_bytes
-        log.info("%s: %s", what, plan.describe())
+        # the figures ride along for the run's events: the monitoring page sets each worker's
+        # limit against the plan's peak
+        log.info("%s: %s", what, plan.describe(), extra={"memory_plan": plan.as_dict()})
         return plan.execution
 
     def _plan_memory(

@@ -12,6 +12,7 @@ the user always gets the distributed graph.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 import psutil
@@ -80,13 +81,36 @@ class InlineClient:
                     "nthreads": 1,
                     "host": "localhost",
                     "resources": {},
-                    "memory_limit": int(psutil.virtual_memory().total),
+                    "memory_limit": process_memory_limit(),
                 }
             }
         }
 
     def close(self) -> None:
         pass
+
+
+def process_memory_limit() -> int:
+    """The memory this process may use: its Dask worker's memory limit when it is a worker's
+    (a submitted run's driver runs its small decompositions inline, in the worker's process, which
+    the nanny stops at that limit), else the host's RAM.
+
+    Returns
+    -------
+    int
+        Bytes.
+    """
+    # distributed is loaded in every worker process; where it is not, this is no worker
+    distributed = sys.modules.get("distributed")
+    if distributed is not None:
+        try:
+            worker = distributed.get_worker()
+        except Exception:  # not inside a worker's task (ValueError in distributed 2026)
+            worker = None
+        limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
+        if limit:
+            return int(limit)
+    return int(psutil.virtual_memory().total)
 
 
 def is_inline(client: Any) -> bool:

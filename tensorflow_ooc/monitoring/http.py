@@ -1,7 +1,8 @@
 """Routes of the monitoring page on the Dask scheduler's own HTTP server (the dashboard's).
 
 - ``/tfooc``: the page (:mod:`.page`);
-- ``/tfooc/runs.json``: running and past runs (summaries);
+- ``/tfooc/runs.json``: running and past runs (summaries), the queue of submitted runs waiting for
+  a worker slot, and each worker's memory limit against its runs' memory plan peak;
 - ``/tfooc/runs/RUN.json``: one run: steps, CP-ALS iterations, checkpoints, errors.
 
 The handlers are added to the running server's Tornado application (``add_handlers``), so no
@@ -19,6 +20,7 @@ from typing import Any
 
 from distributed.http.utils import RequestHandler
 
+from ..limits import SLOT_RESOURCE
 from .page import PAGE
 
 log = logging.getLogger(__name__)
@@ -54,18 +56,90 @@ async def _off_loop(fn: Any, *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
+DRIVER_PREFIX = "tfooc-run-"  # the key of a submitted run's driver task (workflow.submit.driver_key)
+
+
+def _plan_peaks(state: Any) -> dict[str, dict]:
+    """Per run, its latest worker memory plan (of the step that planned last)."""
+    out = {}
+    for view in [] if state is None else state.live_views():
+        plans = view.get("memory_plans") or {}
+        if plans:
+            step = view.get("current_step") if view.get("current_step") in plans else next(reversed(plans))
+            out[view["run_id"]] = {"step": step, **plans[step]}
+    return out
+
+
+def cluster_view(scheduler: Any, state: Any, rows: list[dict]) -> dict[str, list]:
+    """The queue and the workers, read from the scheduler (on its event loop).
+
+    ``queue``: runs whose record says ``queued`` and whose driver task this scheduler holds
+    (waiting for a worker with a free ``tfooc-slot``: the scheduler may already have handed it to
+    a worker, which holds it until the slot is free), oldest first.
+    ``workers``: each worker's memory limit, its slots and those in use, the runs whose drivers
+    it runs and those waiting there, and the peak of the running ones' latest memory plan (which
+    the plan kept under the usable part of the limit)."""
+    tasks = scheduler.tasks
+    queued = {str(r["run_id"]) for r in rows if r.get("state") == "queued"}
+    queue = []
+    for row in sorted(rows, key=lambda r: r.get("created_at") or ""):
+        ts = tasks.get(DRIVER_PREFIX + str(row["run_id"]))
+        if row["run_id"] in queued and ts is not None:
+            queue.append(
+                {k: row.get(k) for k in ("run_id", "workflow", "created_at")}
+                | {
+                    "position": len(queue) + 1,
+                    "worker": None if ts.processing_on is None else ts.processing_on.address,
+                }
+            )
+    plans = _plan_peaks(state)
+    workers = []
+    for ws in scheduler.workers.values():
+        drivers = sorted(
+            str(ts.key)[len(DRIVER_PREFIX) :] for ts in ws.processing if str(ts.key).startswith(DRIVER_PREFIX)
+        )
+        runs = [r for r in drivers if r not in queued]
+        mine = [plans[r] for r in runs if r in plans]
+        top = max(mine, key=lambda p: p.get("peak") or 0, default=None)
+        workers.append(
+            {
+                "address": ws.address,
+                "name": str(ws.name),
+                "nthreads": ws.nthreads,
+                "memory_limit": ws.memory_limit or None,
+                "memory": ws.memory.process,
+                "slots": (ws.resources or {}).get(SLOT_RESOURCE),
+                # the scheduler counts a slot used from when it hands a task over, and the worker
+                # holds a task waiting for a slot: the runs whose drivers started are the ones using it
+                "slots_used": len(runs),
+                "runs": runs,
+                "waiting": [r for r in drivers if r in queued],
+                "plan_peak": None if top is None else top.get("peak"),
+                "plan": None
+                if top is None
+                else {
+                    k: top.get(k) for k in ("step", "execution", "in_place", "peak", "limit", "required_limit", "terms")
+                },
+            }
+        )
+    workers.sort(key=lambda w: w["name"])
+    return {"queue": queue, "workers": workers}
+
+
 class RunsHandler(_Handler):
-    """Running and past runs."""
+    """Running and past runs, the queue and the workers."""
 
     async def get(self) -> None:
         state = _state(self.server)
         limit = int(self.get_argument("limit", "50"))
+        rows = [] if state is None else await _off_loop(state.runs, limit)
         self.json(
             {
                 "scheduler": self.server.address,
                 "time": time.time(),
                 "storage": [] if state is None else list(state.roots),
-                "runs": [] if state is None else await _off_loop(state.runs, limit),
+                "runs": rows,
+                **cluster_view(self.server, state, rows),
             }
         )
 

@@ -10,7 +10,9 @@ metric                            type       labels                      value
 ================================  =========  ==========================  ============================================
 ``tfooc_runs``                    gauge      ``state``                   runs per state (records under the known
                                                                          storage roots and runs seen in events)
-``tfooc_iterations_total``        counter    ``run_id``, ``step``        CP-ALS iterations done
+``tfooc_iterations_total``        counter    ``run_id``, ``step``        CP-ALS iterations this run did (every
+                                                                         attempt; a resumed run counts its own)
+``tfooc_iteration``               gauge      ``run_id``, ``step``        the iteration reached (its index)
 ``tfooc_fit``                     gauge      ``run_id``, ``step``        fit after the latest iteration
 ``tfooc_fit_change``              gauge      ``run_id``, ``step``        its change from the iteration before
 ``tfooc_iteration_seconds``       gauge      ``run_id``, ``step``        seconds of the latest iteration
@@ -26,6 +28,11 @@ metric                            type       labels                      value
                                              ``mode``                    and waiting for other workers, per mode
 ``tfooc_checkpoints_total``       counter    ``run_id``, ``step``        checkpoints written
 ================================  =========  ==========================  ============================================
+
+Counters are monotonic per run: they add up every iteration event the run sent, so a driver
+retried after a lost worker continues its run's count (the iterations it repeats after the
+checkpoint count again: they were done again), and a run resumed from an earlier run's checkpoint
+counts the iterations it did, starting from its own first.
 
 Per-run series exist for the runs whose events reached the scheduler (at most
 ``state.MAX_LIVE_RUNS``), so their number stays bounded.
@@ -67,7 +74,8 @@ class TfoocCollector:
         yield runs
 
         lab = ["run_id", "step"]
-        iters = CounterMetricFamily("tfooc_iterations", "CP-ALS iterations done", labels=lab)
+        iters = CounterMetricFamily("tfooc_iterations", "CP-ALS iterations done by this run", labels=lab)
+        at = GaugeMetricFamily("tfooc_iteration", "the CP-ALS iteration reached (its index)", labels=lab)
         fit = GaugeMetricFamily("tfooc_fit", "CP-ALS fit after the latest iteration", labels=lab)
         dfit = GaugeMetricFamily("tfooc_fit_change", "change of the fit in the latest iteration", labels=lab)
         secs = GaugeMetricFamily("tfooc_iteration_seconds", "seconds of the latest CP-ALS iteration", labels=lab)
@@ -89,7 +97,13 @@ class TfoocCollector:
                 if not its:
                     continue
                 last, key = its[-1], [run_id, step]
-                iters.add_metric(key, float(last.get("iteration", len(its))))
+                # counted over every iteration event the run sent, so never less than before: a
+                # retried driver repeats iterations after its checkpoint (each one is work done),
+                # and a run resumed from another's checkpoint counts its own, not the index
+                done = v.get("counters", {}).get(step) or {}
+                iters.add_metric(key, float(done.get("iterations", len(its))))
+                if last.get("iteration") is not None:
+                    at.add_metric(key, float(last["iteration"]))
                 if last.get("fit") is not None:
                     fit.add_metric(key, float(last["fit"]))
                 if last.get("fit_change") is not None:
@@ -100,14 +114,14 @@ class TfoocCollector:
                     mttkrp.add_metric(key + [str(mode)], float(s))
                 if last.get("nnz_per_s") is not None:
                     rate.add_metric(key, float(last["nnz_per_s"]))
-                read.add_metric(key, float(sum(it.get("bytes_read") or 0 for it in its)))
+                read.add_metric(key, float(done.get("bytes_read", 0)))
                 if any("bytes_sent" in it for it in its):
-                    sent.add_metric(key, float(sum(it.get("bytes_sent") or 0 for it in its)))
-                    bound.add_metric(key, float(sum(it.get("bytes_lower_bound") or 0 for it in its)))
+                    sent.add_metric(key, float(done.get("bytes_sent", 0)))
+                    bound.add_metric(key, float(done.get("bytes_lower_bound", 0)))
                 for mode, s in enumerate(last.get("exchange_seconds") or []):
                     exch.add_metric(key + [str(mode)], float(s))
                 cps.add_metric(key, float(v["checkpoint_count"].get(step, 0)))
-        yield from (iters, fit, dfit, secs, mttkrp, rate, read, sent, bound, exch, cps)
+        yield from (iters, at, fit, dfit, secs, mttkrp, rate, read, sent, bound, exch, cps)
 
 
 def register(plugin: Any) -> bool:

@@ -52,6 +52,7 @@ PAGE = r"""<!doctype html>
 </header>
 <main>
   <section id="runs"><p class="empty">loading...</p></section>
+  <section id="cluster"></section>
   <section id="run"></section>
 </main>
 <script>
@@ -91,41 +92,70 @@ function duration(a, b) {
 }
 function badge(state) { return `<span class="state state-${esc(state)}">${esc(state)}</span>`; }
 
+// The fit axis spans at least 2e-6 (the page gives fits to 6 decimals; rounding noise of 1e-15 is
+// drawn flat), and fit changes below 1e-12 (noise for float64 fits) sit on the log axis's floor.
+const FIT_SPAN = 2e-6, CHANGE_FLOOR = 1e-12;
 const COLORS = ["#1f6feb", "#d4a72c", "#1a7f37", "#cf222e", "#8250df", "#0598bc", "#bc4c00", "#57606a"];
 
+// Axis labels that differ wherever the values do: the plot's own format first, then more
+// significant digits until no two labels are alike (a converged fit's 0.948020 three times said nothing).
+function axisLabels(vals, base) {
+  let labs = vals.map(base);
+  for (let p = 3; new Set(labs).size < labs.length && p <= 15; p++) {
+    labs = vals.map(v => String(Number(v.toPrecision(p))));
+  }
+  return labs;
+}
+
 // A scatter-line plot of (x, y) points as SVG; points are <circle class="pt CLS">.
+// opts: log (log axis of |y|, values below opts.floor drawn on the floor, class "floored"),
+// minSpan (the least span of a linear axis: differences below it are noise, drawn flat),
+// zero (a linear axis from 0), format, color.
 function linePlot(title, xs, ys, cls, opts) {
   opts = opts || {};
   const W = 440, H = 170, L = 56, R = 8, T = 8, B = 22;
+  const floor = opts.floor || 0;
   const pts = xs.map((x, i) => [x, ys[i]]).filter(p => p[1] !== null && p[1] !== undefined && isFinite(p[1])
-                                                     && (!opts.log || p[1] > 0));
+                                                     && (!opts.log || floor > 0 || p[1] > 0));
   let body = "";
   if (!pts.length) {
     body = `<text x="${W / 2}" y="${H / 2}" text-anchor="middle">no data yet</text>`;
   } else {
-    const tx = v => opts.log ? Math.log10(v) : v;
+    const tx = v => opts.log ? Math.log10(Math.max(Math.abs(v), floor)) : v;
     let x0 = Math.min(...pts.map(p => p[0])), x1 = Math.max(...pts.map(p => p[0]));
     let y0 = Math.min(...pts.map(p => tx(p[1]))), y1 = Math.max(...pts.map(p => tx(p[1])));
     if (opts.zero && !opts.log) y0 = Math.min(0, y0);
     if (x1 === x0) { x0 -= 1; x1 += 1; }
+    // the least span: a decade on a log axis, opts.minSpan on a linear one, centred on the data
+    const least = opts.log ? 1 : (opts.minSpan || 0);
+    if (y1 - y0 < least) {
+      const c = (y0 + y1) / 2;
+      y0 = c - least / 2; y1 = c + least / 2;
+      if (opts.log && floor > 0 && y0 < Math.log10(floor)) { y0 = Math.log10(floor); y1 = y0 + least; }
+    }
     if (y1 === y0) { const d = Math.abs(y0) * 0.05 || 1; y0 -= d; y1 += d; }
     const sx = x => L + (x - x0) / (x1 - x0) * (W - L - R);
     const sy = y => T + (1 - (tx(y) - y0) / (y1 - y0)) * (H - T - B);
     const ylab = v => opts.log ? fmt(Math.pow(10, v), 1) : (opts.format ? opts.format(v) : fmt(v));
     body += `<line x1="${L}" y1="${H - B}" x2="${W - R}" y2="${H - B}" stroke="#aaa"/>`
           + `<line x1="${L}" y1="${T}" x2="${L}" y2="${H - B}" stroke="#aaa"/>`;
-    for (const f of [0, 0.5, 1]) {
-      const yv = y0 + f * (y1 - y0), yy = T + (1 - f) * (H - T - B);
-      body += `<text x="${L - 4}" y="${yy + 3}" text-anchor="end">${esc(ylab(yv))}</text>`
+    const ticks = [0, 0.5, 1].map(f => y0 + f * (y1 - y0));
+    const labels = axisLabels(opts.log ? ticks.map(v => Math.pow(10, v)) : ticks,
+                              opts.log ? (v => fmt(v, 1)) : (v => ylab(v)));
+    [0, 0.5, 1].forEach((f, i) => {
+      const yy = T + (1 - f) * (H - T - B);
+      body += `<text class="ylab" x="${L - 4}" y="${yy + 3}" text-anchor="end">${esc(labels[i])}</text>`
             + `<line x1="${L}" y1="${yy}" x2="${W - R}" y2="${yy}" stroke="#eee"/>`;
-    }
+    });
     body += `<text x="${L}" y="${H - 6}">${esc(fmt(x0, 0))}</text>`
           + `<text x="${W - R}" y="${H - 6}" text-anchor="end">${esc(fmt(x1, 0))}</text>`
           + `<text x="${(L + W) / 2}" y="${H - 6}" text-anchor="middle">iteration</text>`;
     body += `<polyline fill="none" stroke="${opts.color || COLORS[0]}" stroke-width="1.5" points="`
           + pts.map(p => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ") + `"/>`;
     for (const p of pts) {
-      body += `<circle class="pt ${cls}" data-iteration="${p[0]}" data-value="${p[1]}" cx="${sx(p[0]).toFixed(1)}" `
+      const floored = opts.log && Math.abs(p[1]) < floor;
+      body += `<circle class="pt ${cls}${floored ? " floored" : ""}" data-iteration="${p[0]}" data-value="${p[1]}" `
+            + `cx="${sx(p[0]).toFixed(1)}" `
             + `cy="${sy(p[1]).toFixed(1)}" r="2.5" fill="${opts.color || COLORS[0]}">`
             + `<title>iteration ${p[0]}: ${esc(opts.format ? opts.format(p[1]) : fmt(p[1], 6))}</title></circle>`;
     }
@@ -140,7 +170,12 @@ function modePlot(its) {
   const rows = its.filter(it => Array.isArray(it.mode_seconds));
   if (!rows.length) return linePlot("seconds per mode per iteration", [], [], "modes");
   const nmodes = Math.max(...rows.map(it => it.mode_seconds.length));
-  const top = Math.max(...rows.map(it => it.mode_seconds.reduce((a, b) => a + b, 0))) || 1;
+  const total = it => it.mode_seconds.reduce((a, b) => a + b, 0);
+  // the run's first iteration includes compiling the kernels (seconds, against tens of
+  // milliseconds after): it is drawn apart, cut at the others' scale and labelled, so that the
+  // steady iterations use the plot's height
+  const first = rows.length > 1 ? rows[0] : null;
+  const top = Math.max(...(first ? rows.slice(1) : rows).map(total)) || 1;
   const x0 = rows[0].iteration, x1 = rows[rows.length - 1].iteration;
   const n = x1 - x0 + 1, bw = Math.max(1, (W - L - R) / n - 1);
   let body = `<line x1="${L}" y1="${H - B}" x2="${W - R}" y2="${H - B}" stroke="#aaa"/>`
@@ -151,19 +186,88 @@ function modePlot(its) {
   for (const it of rows) {
     let y = H - B;
     const x = L + (it.iteration - x0) / n * (W - L - R);
+    const apart = it === first;
+    const cut = apart && total(it) > top ? top / total(it) : 1;  // the first bar, cut to the height
     it.mode_seconds.forEach((s, m) => {
-      const h = s / top * (H - T - B);
+      const h = s * cut / top * (H - T - B);
       y -= h;
       const mk = it.mttkrp_seconds ? `, MTTKRP ${fmt(it.mttkrp_seconds[m])} s` : "";
-      body += `<rect class="bar bar-mode" data-iteration="${it.iteration}" data-mode="${m}" data-value="${s}" `
-            + `x="${x.toFixed(1)}" y="${y.toFixed(1)}" width="${bw.toFixed(1)}" height="${Math.max(0, h).toFixed(1)}" `
-            + `fill="${COLORS[m % COLORS.length]}"><title>iteration ${it.iteration}, mode ${m}: ${fmt(s)} s${mk}</title></rect>`;
+      body += `<rect class="bar bar-mode${apart ? " bar-first" : ""}" data-iteration="${it.iteration}" data-mode="${m}" `
+            + `data-value="${s}" x="${x.toFixed(1)}" y="${y.toFixed(1)}" width="${bw.toFixed(1)}" `
+            + `height="${Math.max(0, h).toFixed(1)}" fill="${COLORS[m % COLORS.length]}"${apart ? ` fill-opacity="0.45"` : ""}>`
+            + `<title>iteration ${it.iteration}, mode ${m}: ${fmt(s)} s${mk}${apart ? " (includes compilation)" : ""}</title></rect>`;
     });
+    if (apart) {
+      if (cut < 1) {  // a break mark where the bar is cut
+        body += `<line x1="${x - 2}" y1="${T + 6}" x2="${x + bw + 2}" y2="${T + 2}" stroke="#fff" stroke-width="2"/>`;
+      }
+      body += `<text class="first-iteration" x="${(x + bw + 4).toFixed(1)}" y="${T + 9}" data-value="${total(it)}">`
+            + `iteration ${it.iteration}: ${esc(fmt(total(it)))} s, includes compilation${cut < 1 ? " (cut)" : ""}</text>`;
+    }
   }
   const legend = Array.from({length: nmodes}, (_, m) =>
     `<span style="color:${COLORS[m % COLORS.length]}">&#9632;</span> mode ${m}`).join(" ");
   return `<figure class="plot plot-modes" data-points="${rows.length}"><figcaption>seconds per mode per iteration `
        + `&nbsp; ${legend}</figcaption><svg width="${W}" height="${H}" viewBox="0 0 ${W} ${H}">${body}</svg></figure>`;
+}
+
+// The errors column: the first line of a failed, cancelled or lost run's error (all of it on hover),
+// else how many error events the run logged.
+function errorCell(r) {
+  const line = String(r.error || "").split("\n")[0];
+  if (line && ["failed", "cancelled", "lost"].includes(r.state)) {
+    const short = line.length > 100 ? line.slice(0, 99) + "\u2026" : line;
+    return `<td class="error-line" title="${esc(r.error)}">${esc(short)}</td>`;
+  }
+  return `<td class="num">${r.errors || ""}</td>`;
+}
+
+function mib(v) { return v ? (v / 1048576).toLocaleString(undefined, {maximumFractionDigits: 0}) + " MiB" : ""; }
+
+// The queue of submitted runs waiting for a worker slot, and each worker's memory limit against
+// the peak of the memory plan of the run it holds.
+function renderCluster(data) {
+  const queue = data.queue || [], workers = data.workers || [];
+  let html = "";
+  if (queue.length) {
+    html += `<h2>queue</h2><table id="queue"><tr><th>#</th><th>run</th><th>workflow</th><th>waiting</th>`
+          + `<th>held by worker</th></tr>`;
+    for (const q of queue) {
+      html += `<tr class="queue-row" data-run-id="${esc(q.run_id)}"><td class="num">${esc(q.position)}</td>`
+            + `<td>${esc(q.run_id)}</td><td>${esc(q.workflow)}</td><td>${esc(duration(q.created_at))}</td>`
+            + `<td>${esc(q.worker || "")}</td></tr>`;
+    }
+    html += `</table>`;
+  } else {
+    html += `<p class="meta" id="queue-empty">queue: no run waiting for a worker slot</p>`;
+  }
+  if (workers.length) {
+    html += `<h2>workers</h2><table id="workers"><tr><th>worker</th><th>threads</th><th>tfooc slots</th>`
+          + `<th>memory limit</th><th>memory now</th><th>plan peak</th><th>peak against the limit</th><th>runs</th></tr>`;
+    for (const w of workers) {
+      const BW = 160, lim = w.memory_limit, peak = w.plan_peak;
+      const plan = w.plan || {};
+      const usable = plan.required_limit ? plan.peak / plan.required_limit : null;
+      let bar = "";
+      if (lim) {
+        bar = `<svg width="${BW}" height="12"><rect x="0" y="1" width="${BW}" height="10" fill="#eef0f3" stroke="#ccc"/>`
+            + (peak ? `<rect class="peak-bar" data-value="${peak}" x="0" y="1" width="${Math.min(BW, peak / lim * BW).toFixed(1)}" `
+                      + `height="10" fill="${peak > lim * (usable || 1) ? "#cf222e" : "#1a7f37"}"/>` : "")
+            + (usable ? `<line x1="${(usable * BW).toFixed(1)}" y1="0" x2="${(usable * BW).toFixed(1)}" y2="12" stroke="#333">`
+                        + `<title>usable: ${Math.round(usable * 100)} % of the limit</title></line>` : "")
+            + `</svg>`;
+      }
+      const slots = w.slots === null || w.slots === undefined ? "none declared" : `${w.slots_used} of ${w.slots}`;
+      html += `<tr class="worker-row" data-address="${esc(w.address)}" data-memory-limit="${lim || ""}" `
+            + `data-plan-peak="${peak || ""}"><td>${esc(w.name)}</td><td class="num">${esc(w.nthreads)}</td>`
+            + `<td>${esc(slots)}</td><td class="num">${mib(lim) || "unlimited"}</td><td class="num">${mib(w.memory)}</td>`
+            + `<td class="num">${peak ? mib(peak) + (plan.step ? " (" + esc(plan.step) + ", " + esc(plan.execution || "") + ")" : "") : ""}</td>`
+            + `<td>${bar}</td><td>${esc((w.runs || []).join(", "))}`
+            + `${(w.waiting || []).length ? " · waiting: " + esc(w.waiting.join(", ")) : ""}</td></tr>`;
+    }
+    html += `</table>`;
+  }
+  document.getElementById("cluster").innerHTML = html;
 }
 
 function renderRuns(data) {
@@ -184,7 +288,7 @@ function renderRuns(data) {
           + `<td>${esc(r.workflow)}</td><td>${esc(r.current_step || "")}</td><td class="num">${esc(r.iterations || "")}</td>`
           + `<td class="num">${r.fit === null || r.fit === undefined ? "" : fmt(r.fit, 6)}</td>`
           + `<td>${esc(since(r.started_at || r.created_at))}</td><td class="num">${esc(duration(r.started_at, r.finished_at))}</td>`
-          + `<td class="num">${r.errors || ""}</td></tr>`;
+          + errorCell(r) + `</tr>`;
   }
   document.getElementById("runs").innerHTML = html + "</table>";
 }
@@ -232,10 +336,12 @@ function renderRun(v) {
     html += `<div class="step-plots" data-step="${esc(step)}" data-iterations="${its.length}">`
           + `<h3>${esc(step)}: iteration ${esc(last.iteration)}${last.max_iters ? " of at most " + last.max_iters : ""} · `
           + `fit ${fmt(last.fit, 6)} · change ${fmt(last.fit_change, 2)} · ${fmt(perIt, 3)} s per iteration `
-          + `(steady state) · ${fmt((last.nnz_per_s || 0) / 1e6, 1)} M nonzero-modes/s · ${bytes(cum)} read</h3>`
+          + `(steady state)` + (its.length > 1 ? ` · first iteration ${fmt(its[0].seconds, 2)} s (includes compilation)` : "")
+          + ` · ${fmt((last.nnz_per_s || 0) / 1e6, 1)} M nonzero-modes/s · ${bytes(cum)} read</h3>`
           + `<div class="plots">`
-          + linePlot("fit", x, its.map(it => it.fit), "pt-fit", {format: v => fmt(v, 6)})
-          + linePlot("fit change (log scale)", x, its.map(it => it.fit_change), "pt-fit-change", {log: true, color: COLORS[1]})
+          + linePlot("fit", x, its.map(it => it.fit), "pt-fit", {format: v => fmt(v, 6), minSpan: FIT_SPAN})
+          + linePlot(`|fit change| (log scale; below ${fmt(CHANGE_FLOOR, 0)} drawn at it)`, x, its.map(it => it.fit_change),
+                     "pt-fit-change", {log: true, floor: CHANGE_FLOOR, color: COLORS[1]})
           + modePlot(its)
           + linePlot("nonzeros per second (nonzero-modes/s)", x, its.map(it => it.nnz_per_s), "pt-nnz-per-s",
                      {zero: true, color: COLORS[2], format: v => fmt(v / 1e6, 1) + " M"})
@@ -282,6 +388,7 @@ async function poll() {
   try {
     const data = await getJSON(BASE + "/runs.json");
     renderRuns(data);
+    renderCluster(data);
     renderRun(selected ? await getJSON(BASE + "/runs/" + encodeURIComponent(selected) + ".json") : null);
     document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
     document.body.dataset.state = "ready";

@@ -43,6 +43,8 @@ ITERATION_FIELDS = (
     "max_iters",
     "t",
 )
+# what the per-run counters add up over iteration events: iterations, then summed fields
+COUNTERS = ("iterations", "bytes_read", "bytes_sent", "bytes_lower_bound")
 RUN_STATES = ("queued", "running", "done", "failed", "cancelled", "skipped", "lost")
 MAX_LIVE_RUNS = 200  # views kept in memory per scheduler (oldest finished ones dropped first)
 MAX_ERRORS = 50
@@ -69,6 +71,10 @@ def new_view(run_id: str) -> dict[str, Any]:
         "iterations": {},
         "checkpoints": [],
         "checkpoint_count": {},
+        # per step, what the run did in all (every attempt): Prometheus counters, which never go
+        # back when a retried driver repeats the iterations after its checkpoint
+        "counters": {},
+        "memory_plans": {},  # per step, the latest worker memory plan (its figures)
         "errors": [],
         "last_event": None,
         "events": 0,
@@ -84,6 +90,8 @@ def apply_event(view: dict[str, Any], ev: dict[str, Any]) -> None:
     view["last_event"] = ev.get("time") or view["last_event"]
     if ev.get("storage") and not view["storage"]:
         view["storage"] = ev["storage"]
+    if kind == "log" and step and isinstance(ev.get("memory_plan"), dict):
+        view["memory_plans"][step] = ev["memory_plan"]
     if kind == "submitted":
         view["created_at"] = view["created_at"] or ev.get("time")
     elif kind == "run-started":
@@ -115,6 +123,10 @@ def apply_event(view: dict[str, Any], ev: dict[str, Any]) -> None:
         while its and its[-1].get("iteration", 0) >= it.get("iteration", 0):
             its.pop()
         its.append(it)
+        done = view["counters"].setdefault(step, dict.fromkeys(COUNTERS, 0))
+        done["iterations"] += 1
+        for name in COUNTERS[1:]:
+            done[name] += ev.get(name) or 0
         view["steps"].setdefault(step, {"kind": "decompose", "state": "running"})
         if ev.get("checkpoint_seconds") is not None:
             view["checkpoints"].append(
@@ -149,6 +161,8 @@ def apply_event(view: dict[str, Any], ev: dict[str, Any]) -> None:
         view["current_step"] = None
         if ev.get("level") == "error" and ev.get("state") == "failed":
             view["error"] = ev.get("message")
+        elif ev.get("state") == "cancelled" and ": " in (ev.get("message") or ""):
+            view["error"] = ev["message"].split(": ", 1)[1]  # "run ID cancelled: why"
 
 
 def view_from_events(run_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:

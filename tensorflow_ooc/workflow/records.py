@@ -82,6 +82,8 @@ class StepRecord(BaseModel):
     metrics: dict[str, Any] = Field(default_factory=dict)  # fit, iterations, fms, nnz, ...
     progress: dict[str, Any] = Field(default_factory=dict)  # the latest CP-ALS iteration
     attempt: int | None = None
+    # each try of a step with retries in this attempt: try, started_at, finished_at, seconds, error, retry_in
+    tries: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class Attempt(BaseModel):
@@ -342,6 +344,10 @@ class Recorder:
             self._beat.join(timeout=10)
 
 
+#: attributes of library log records copied into their ``log`` events
+LOG_FIELDS = ("memory_plan",)
+
+
 class EventLogHandler(logging.Handler):
     """Copies the library's log lines emitted by the driver thread into the run's events, so
     ``tfooc logs`` shows what CP-ALS and the converter said (memory plan, dashboard link, ...)."""
@@ -359,6 +365,8 @@ class EventLogHandler(logging.Handler):
             # a decomposition's per-iteration line: the step records the iteration itself, as an
             # ``iteration`` event with every figure; copying the line too showed each one twice
             return
+        # structured figures a line carries (the worker memory plan's, for the monitoring page)
+        extra = {k: getattr(record, k) for k in LOG_FIELDS if getattr(record, k, None) is not None}
         try:
             self.recorder.event(
                 "log",
@@ -367,6 +375,7 @@ class EventLogHandler(logging.Handler):
                 level=record.levelname.lower(),
                 echo=False,
                 logger=record.name,
+                **extra,
             )
         except Exception:
             pass

@@ -11,6 +11,10 @@ submits through ``get_client()``) and ``rejoin``\\s at the end. If its worker di
 runs the task again elsewhere: the new attempt finds the record, says the previous attempt was
 lost, skips the finished steps and resumes CP-ALS from its checkpoint.
 
+A run with a decompose step asks for a worker slot (the ``tfooc-slot`` resource, see
+:mod:`.admission`), so that runs queue for workers rather than share one's memory; a run whose
+decomposition no worker's memory limit can hold is refused before anything is submitted.
+
 Cancellation is cooperative: ``tfooc cancel`` leaves a ``cancel`` file in the run's folder, which
 the driver checks before each step and after every CP-ALS iteration; a run still queued is also
 removed from the scheduler.
@@ -102,14 +106,33 @@ def submit(workflow: Workflow, scheduler: str, *, force: bool = False, timeout: 
         Run every step even when up to date.
     timeout : float
         Seconds to wait for the connection and for the scheduler to hold the driver task.
+
+    Returns
+    -------
+    str
+        The run id.
+
+    Raises
+    ------
+    SpecError
+        A decompose step whose input exists needs more memory than the largest worker limit
+        allows (:func:`~tensorflow_ooc.workflow.admission.check_fits`); nothing was submitted.
     """
     from distributed import Client, fire_and_forget
 
     from ..execution.cluster import ON_CLIENT
+    from ..limits import SLOT_RESOURCE
     from .runner import new_record
 
     client = Client(scheduler, timeout=f"{int(timeout)}s")
     try:
+        from .admission import admission, check_fits
+
+        # before anything is written: a decomposition no worker can hold is refused here
+        placement = admission(client, workflow)
+        check_fits(workflow, placement.workers)
+        if placement.warning:
+            log.warning("%s", placement.warning)
         runs = RunStore(workflow.root)
         run_id = new_run_id(workflow.name)
         record = new_record(workflow, run_id, "submitted", scheduler, scheduler=scheduler)
@@ -128,6 +151,7 @@ def submit(workflow: Workflow, scheduler: str, *, force: bool = False, timeout: 
             list(workflow.operator_allowed),
             key=driver_key(run_id),
             pure=False,
+            **placement.submit_kwargs,  # a tfooc-slot: the run waits, queued, for a free worker
         )
         fire_and_forget(fut)
         # the submission travels on the client's batched stream: make sure the scheduler has it
@@ -146,8 +170,16 @@ def submit(workflow: Workflow, scheduler: str, *, force: bool = False, timeout: 
                     "run_id": run_id,
                     "event": "submitted",
                     "level": "info",
-                    "message": f"submitted to {scheduler} by {host_info()['user']}@{host_info()['host']}",
+                    "message": f"submitted to {scheduler} by {host_info()['user']}@{host_info()['host']}"
+                    + (
+                        f"; queued until a worker has a free {SLOT_RESOURCE}"
+                        if placement.submit_kwargs
+                        else "; no worker declares slots: not queued"
+                        if placement.warning
+                        else ""
+                    ),
                     "scheduler": scheduler,
+                    "resources": placement.submit_kwargs.get("resources"),
                 }
             ],
         )
