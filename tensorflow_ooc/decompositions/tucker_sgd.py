@@ -91,6 +91,41 @@ def initial_state(
     return T.FastTuckerState(A, B, offsets, tuple(shape), tuple(ranks))
 
 
+def warm_state(
+    factors: Sequence[np.ndarray],
+    core_factors: Sequence[np.ndarray],
+    shape: tuple[int, ...],
+    ranks: tuple[int, ...],
+    core_rank: int,
+    scale: float,
+    seed: int | None,
+) -> T.FastTuckerState:
+    """The training state of a previous model (``factors`` A_n, ``core_factors`` B_n at the data's
+    scale) for a store of ``shape`` whose values are scaled by ``scale`` for training.
+
+    A mode that grew keeps its old rows; its new rows are drawn N(0, s_j^2), s_j the spread of
+    column j's old rows, so they take part in the first batches at the scale of the rest (zero rows
+    would get zero gradients through the other modes' rows of their entries' products).
+    """
+    N = len(shape)
+    J = max(ranks)
+    rng = np.random.default_rng(seed)
+    offsets = np.concatenate([[0], np.cumsum(shape)[:-1]]).astype(np.int64)
+    A = np.zeros((int(sum(shape)), J))
+    B = np.zeros((N, J, core_rank))
+    for n, (L, j, F, C) in enumerate(zip(shape, ranks, factors, core_factors)):
+        F, C = np.asarray(F, dtype=np.float64), np.asarray(C, dtype=np.float64)
+        old = F.shape[0]
+        A[offsets[n] : offsets[n] + old, :j] = F
+        if L > old:
+            spread = F.std(axis=0) if old > 1 else np.full(j, 1 / math.sqrt(j))
+            spread = np.where(spread > 0, spread, 1 / math.sqrt(j))
+            A[offsets[n] + old : offsets[n] + L, :j] = rng.standard_normal((L - old, j)) * spread
+        B[n, :j, :] = C
+    B[0] *= scale  # the model predicts the training values, which are scaled
+    return T.FastTuckerState(A, B, offsets, tuple(shape), tuple(ranks))
+
+
 def tucker_sgd(
     store: Store | str | os.PathLike,
     ranks: int | Sequence[int],
@@ -119,6 +154,7 @@ def tucker_sgd(
     rebalance: bool = True,
     revive_epochs: int = 10,
     callback: Callable[[dict], None] | None = None,
+    init: str | FastTuckerResult = "random",
 ) -> FastTuckerResult:
     """FastTucker tensor completion of a sparse store by FastTuckerPlus (seed 003, Algorithm 3).
 
@@ -199,6 +235,10 @@ def tucker_sgd(
     scheduler, partitions : as for :func:`tensorflow_ooc.cp_als`.
     callback : callable, optional
         Called with each epoch's history record.
+    init : "random" or FastTuckerResult
+        ``"random"`` draws the initial model from ``seed``; a previous result (same ranks and core
+        rank, a shape no mode of which is shorter) continues training from its model, for a
+        tensor that grew since (new rows of a growing mode are drawn at the scale of its old rows).
 
     Returns
     -------
@@ -251,6 +291,20 @@ def tucker_sgd(
         test_fraction = _check_rate("test_fraction", test_fraction, True)
         if test_fraction >= 1:
             raise CompletionError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    if isinstance(init, FastTuckerResult):
+        if tuple(init.ranks) != ranks or init.core_rank != int(core_rank):
+            raise CompletionError(
+                f"init: the previous model has ranks {tuple(init.ranks)} and core rank {init.core_rank}, "
+                f"this run {ranks} and {int(core_rank)}; start from init='random'"
+            )
+        shrunk = [n for n, (a, b) in enumerate(zip(init.shape, shape)) if a > b]
+        if len(init.shape) != N or shrunk:
+            raise CompletionError(
+                f"init: the previous model's shape {tuple(init.shape)} does not fit the store's {shape} "
+                "(a warm start keeps every row; a mode cannot shrink)"
+            )
+    elif init != "random":
+        raise CompletionError(f"init must be 'random' or a FastTuckerResult, got {init!r}")
     test_store = None
     if test is not None:
         test_store = test if isinstance(test, Store) else open_store(test)
@@ -290,6 +344,7 @@ def tucker_sgd(
         "test": None if test_store is None else str(test_store.path),
         "test_fraction": test_fraction,
         "algorithm": "FastTuckerPlus",
+        "init": "given" if isinstance(init, FastTuckerResult) else "random",
     }
     split_seed = int(np.random.SeedSequence(seed).entropy if seed is None else seed)
     params["split_seed"] = split_seed  # seed None: the drawn one, to reproduce the split and batches
@@ -339,7 +394,12 @@ def tucker_sgd(
             raise CompletionError(f"{store.path}: no training entries left after holding out the test set")
         if n_test == 0:
             log.warning("no test entries: the test RMSE is not measured and early stopping is off")
-        state = c.submit(initial_state, shape, ranks, core_rank, 1.0, seed, pure=False)
+        if isinstance(init, FastTuckerResult):
+            state = c.submit(
+                warm_state, init.factors, init.core_factors, shape, ranks, core_rank, scale, seed, pure=False
+            )
+        else:
+            state = c.submit(initial_state, shape, ranks, core_rank, 1.0, seed, pure=False)
         params.update(
             n_train=int(n_train),
             n_test=int(n_test),

@@ -1,87 +1,274 @@
-"""Evaluating a CP model: its fit to a tensor store and its factor match score against a reference.
+"""Evaluating a model: its fit to a tensor, its errors on the tensor's entries, its factor match
+score against a reference, and its predicted values at given coordinates.
 
-The fit streams the store once: ``||X - M||^2 = ||X||^2 + ||M||^2 - 2 <X, M>``, with ``<X, M>`` the
-model's values at the nonzeros (chunk by chunk) and ``||M||^2 = w^T (*_n A_n^T A_n) w``.
+Three kinds of model come out of decompose steps, and every function here takes each of them:
+
+- ``cp``: a CP model ``sum_r w_r a_1r o ... o a_Nr`` (:class:`~tensorflow_ooc.decompositions.CPResult`);
+- ``tucker``: a Tucker model ``G x_1 U_1 ... x_N U_N`` (:class:`~tensorflow_ooc.decompositions.TuckerResult`);
+- ``fasttucker``: a FastTucker completion model ``sum_r prod_n (A_n B_n)[i_n, r]``
+  (:class:`~tensorflow_ooc.decompositions.FastTuckerResult`). It is a CP model with unit weights
+  and factors ``C_n = A_n B_n``, so it is evaluated as one (the ``C_n`` are formed once).
+
+The fit against a sparse store streams it once: ``||X - M||^2 = ||X||^2 + ||M||^2 - 2 <X, M>``, with
+``<X, M>`` the model's values at the nonzeros (chunk by chunk) and ``||M||^2`` from the factors'
+Gram matrices, never the dense model. The same pass gives the RMSE and MAE of the model on the
+stored entries (what a completion model is judged by; its "fit" would count every missing entry as
+a zero). Against a dense array the model is formed one stored chunk at a time.
 
 The factor match score (FMS) is Tensor Toolbox's ``score``: components are paired by an optimal
 assignment (Hungarian algorithm, not greedy) maximizing, per pair, the product over modes of the
 absolute cosines of the factor columns, times the weight penalty ``1 - |w_r - v_s| / max(w_r, v_s)``;
 the score is the mean over the larger rank. ``congruence`` is the same without the weight penalty.
+It is defined for CP models only.
 """
 
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from ..decompositions import load_result
+from ..decompositions import CPResult, FastTuckerResult, TuckerResult, load_result
 from ..decompositions.result import arrange
 from ..store import Store
+from ..store.dense import DenseArray
 from . import locations as loc
 from .errors import InputError
+
+KIND_NAMES = {"cp": "CP", "tucker": "Tucker", "fasttucker": "FastTucker completion"}
+# rows of coordinates evaluated at once: bounds the Tucker contraction's (rows x prod J) buffer
+_ROW_BYTES = 64 << 20
 
 
 @dataclass
 class Model:
-    """A CP model: weights (R,) and factors (I_n, R)."""
+    """A model to evaluate: ``kind`` is ``cp``, ``tucker`` or ``fasttucker``.
 
-    weights: np.ndarray
+    ``weights`` and ``factors`` are the CP form (a FastTucker model's ``C_n = A_n B_n`` with unit
+    weights); a Tucker model has ``core`` and ``factors`` (``weights`` None). ``sizes`` are the
+    model's ranks as the run record shows them (``rank``; ``ranks``; ``ranks`` and ``core_rank``).
+    """
+
+    weights: np.ndarray | None
     factors: list[np.ndarray]
     source: str
+    kind: str = "cp"
+    core: np.ndarray | None = None
+    sizes: dict = field(default_factory=dict)
+    result: CPResult | TuckerResult | FastTuckerResult | None = None
 
     @property
     def rank(self) -> int:
-        return int(self.weights.shape[0])
+        """CP rank (components); for a Tucker model the largest core dimension."""
+        if self.weights is not None:
+            return int(self.weights.shape[0])
+        assert self.core is not None
+        return int(max(self.core.shape))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(f.shape[0]) for f in self.factors)
+
+    @property
+    def what(self) -> str:
+        return f"{KIND_NAMES[self.kind]} model {self.source}"
+
+
+def model_of(result: CPResult | TuckerResult | FastTuckerResult, source: str) -> Model:
+    """The :class:`Model` of a decomposition result."""
+    if isinstance(result, TuckerResult):
+        return Model(
+            None,
+            [np.asarray(f, dtype=np.float64) for f in result.factors],
+            source,
+            "tucker",
+            core=np.asarray(result.core, dtype=np.float64),
+            sizes={"ranks": list(result.ranks)},
+            result=result,
+        )
+    if isinstance(result, FastTuckerResult):
+        C = [
+            np.asarray(A, dtype=np.float64) @ np.asarray(B, dtype=np.float64)
+            for A, B in zip(result.factors, result.core_factors)
+        ]
+        return Model(
+            np.ones(result.core_rank),
+            C,
+            source,
+            "fasttucker",
+            sizes={"ranks": list(result.ranks), "core_rank": result.core_rank},
+            result=result,
+        )
+    w = np.asarray(result.weights, dtype=np.float64)
+    return Model(
+        w,
+        [np.asarray(f, dtype=np.float64) for f in result.factors],
+        source,
+        "cp",
+        sizes={"rank": int(w.shape[0])},
+        result=result,
+    )
 
 
 def load_model(location: str) -> Model:
-    """A result store (:func:`tensorflow_ooc.load_result`), or an ``.npz`` with ``weights`` and
-    ``factor0``, ``factor1``, ... (``CPResult.save_npz``, ``tfooc generate --kind planted``)."""
+    """A result store of any kind (:func:`tensorflow_ooc.load_result`), or an ``.npz``: a CP model
+    (``weights``, ``factor0``, ``factor1``, ... as ``CPResult.save_npz`` and ``tfooc generate
+    --kind planted`` write), a Tucker model (``core``, ``factor0``, ...) or a FastTucker model
+    (``factor0``, ..., ``core_factor0``, ...)."""
     if loc.isdir(location):
-        r = load_result(location)
-        return Model(np.asarray(r.weights), [np.asarray(f) for f in r.factors], location)
+        try:
+            return model_of(load_result(location), location)
+        except Exception as exc:
+            raise InputError(f"{location}: not a result store ({exc})") from None
     try:
         z = np.load(io.BytesIO(loc.read_bytes(location)), allow_pickle=False)
     except Exception as exc:
         raise InputError(f"{location}: not a result store or a model .npz ({exc})") from None
-    names = sorted((k for k in z.files if k.startswith("factor")), key=lambda k: int(k[6:] or 0))
-    if "weights" not in z.files or not names:
-        raise InputError(f"{location}: a model .npz needs 'weights' and 'factor0', 'factor1', ...; has {z.files}")
-    return Model(
-        np.asarray(z["weights"], dtype=np.float64), [np.asarray(z[k], dtype=np.float64) for k in names], location
+
+    def numbered(prefix: str) -> list[np.ndarray]:
+        names = [k for k in z.files if k.startswith(prefix) and k[len(prefix) :].isdigit()]
+        return [np.asarray(z[k], dtype=np.float64) for k in sorted(names, key=lambda k: int(k[len(prefix) :]))]
+
+    factors, core_factors = numbered("factor"), numbered("core_factor")
+    if factors and "weights" in z.files:
+        return model_of(CPResult(np.asarray(z["weights"], dtype=np.float64), factors, math.nan, 0), location)
+    if factors and "core" in z.files:
+        return model_of(TuckerResult(np.asarray(z["core"], dtype=np.float64), factors, math.nan, 0), location)
+    if factors and len(core_factors) == len(factors):
+        return model_of(FastTuckerResult(factors, core_factors, math.nan, math.nan, 0, 0), location)
+    raise InputError(
+        f"{location}: a model .npz needs 'weights' and 'factor0', 'factor1', ... (CP), 'core' and the "
+        f"factors (Tucker), or the factors and 'core_factor0', ... (FastTucker); it has {z.files}"
     )
+
+
+def _check_shape(model: Model, shape: tuple[int, ...], what: str) -> None:
+    if model.shape != tuple(shape):
+        raise InputError(f"{model.what} has shape {model.shape}, the tensor {what} {tuple(shape)}")
+
+
+def model_values(model: Model, coords: np.ndarray) -> np.ndarray:
+    """The model's values at ``coords`` ((n, N) 0-based integer coordinates inside its shape)."""
+    idx = np.asarray(coords, dtype=np.int64)
+    n = idx.shape[0]
+    if model.core is None:
+        assert model.weights is not None
+        out = np.empty(n)
+        R = model.weights.shape[0]
+        step = max(1, _ROW_BYTES // (8 * max(R, 1)))
+        for s in range(0, n, step):
+            rows = idx[s : s + step]
+            prod = np.broadcast_to(model.weights, (rows.shape[0], R)).copy()
+            for m, A in enumerate(model.factors):
+                prod *= A[rows[:, m]]
+            out[s : s + rows.shape[0]] = prod.sum(axis=1)
+        return out
+    # Tucker: per row, the core contracted with the row's factor rows mode by mode, batched so the
+    # (rows x J_2...J_N) intermediate stays bounded
+    G = model.core
+    J = G.shape
+    rest = max(1, math.prod(J[1:]))
+    step = max(1, _ROW_BYTES // (8 * rest))
+    out = np.empty(n)
+    for s in range(0, n, step):
+        rows = idx[s : s + step]
+        b = rows.shape[0]
+        T = model.factors[0][rows[:, 0]] @ G.reshape(J[0], -1)
+        for m in range(1, len(J)):
+            T = np.einsum("bjr,bj->br", T.reshape(b, J[m], -1), model.factors[m][rows[:, m]])
+        out[s : s + b] = T[:, 0]
+    return out
+
+
+def model_norm_sq(model: Model) -> float:
+    """``||M||^2`` from the factors' Gram matrices (the model is never formed)."""
+    if model.core is None:
+        assert model.weights is not None
+        H = np.ones((model.weights.shape[0],) * 2)
+        for A in model.factors:
+            H *= A.T @ A
+        return float(model.weights @ H @ model.weights)
+    # <G, G x_1 U_1^T U_1 ... x_N U_N^T U_N>: the factors need not be orthonormal
+    W = model.core
+    for m, U in enumerate(model.factors):
+        W = np.moveaxis(np.tensordot(U.T @ U, W, axes=(1, m)), 0, m)
+    return float(np.vdot(model.core, W))
+
+
+def model_block(model: Model, origin: tuple[int, ...], size: tuple[int, ...]) -> np.ndarray:
+    """The dense model over the box ``origin`` .. ``origin + size`` (one chunk of a dense array)."""
+    rows = [A[o : o + s] for A, o, s in zip(model.factors, origin, size)]
+    letters = "abcdefgh"[: len(rows)]
+    if model.core is None:
+        assert model.weights is not None
+        spec = ",".join(f"{c}r" for c in letters) + ",r->" + letters
+        return np.einsum(spec, *rows, model.weights)
+    out = model.core
+    for m, U in enumerate(rows):
+        out = np.moveaxis(np.tensordot(U, out, axes=(1, m)), 0, m)
+    return out
+
+
+def evaluate_tensor(tensor: Store | DenseArray, model: Model) -> dict:
+    """Fit and errors of ``model`` against a sparse store or a dense array, reading it once.
+
+    Returns
+    -------
+    dict
+        ``fit`` (``1 - ||X - M|| / ||X||``; left out for a FastTucker completion model, whose
+        missing entries are not zeros), and ``rmse``, ``mae`` and ``entries``: the errors on the
+        stored entries (every entry of a dense array).
+    """
+    _check_shape(model, tuple(tensor.shape), tensor.path)
+    sse = sae = 0.0
+    count = 0
+    if isinstance(tensor, DenseArray):
+        norm_x2 = 0.0
+        for c, block in tensor.iter_chunks():
+            origin, size = tensor.chunk_box(c)
+            x = np.asarray(block, dtype=np.float64)
+            d = x - model_block(model, origin, size)
+            norm_x2 += float(np.vdot(x, x))
+            sse += float(np.vdot(d, d))
+            sae += float(np.abs(d).sum())
+            count += x.size
+        resid2 = sse
+    else:
+        inner = 0.0
+        for ch in tensor.iter_chunks():
+            x = ch.values.astype(np.float64)
+            m = model_values(model, ch.coords(tensor.layout))
+            inner += float(x @ m)
+            d = x - m
+            sse += float(d @ d)
+            sae += float(np.abs(d).sum())
+            count += x.shape[0]
+        norm_x2 = float(tensor.meta["norm_sq"])
+        resid2 = abs(norm_x2 + model_norm_sq(model) - 2 * inner)
+    out: dict = {"entries": int(count), "rmse": math.sqrt(sse / count) if count else math.nan}
+    out["mae"] = sae / count if count else math.nan
+    if model.kind != "fasttucker":
+        out["fit"] = 1.0 - math.sqrt(resid2) / math.sqrt(norm_x2) if norm_x2 > 0 else 0.0
+    return out
 
 
 def model_fit(store: Store, model: Model) -> float:
     """``1 - ||X - M|| / ||X||`` for a store X, streaming its chunks once."""
-    if tuple(f.shape[0] for f in model.factors) != tuple(store.shape):
-        raise InputError(
-            f"model {model.source} has shape {tuple(f.shape[0] for f in model.factors)}, "
-            f"the tensor {store.path} {tuple(store.shape)}"
-        )
-    w = model.weights.astype(np.float64)
-    H = np.ones((model.rank, model.rank))
-    for A in model.factors:
-        H *= A.T @ A
-    norm_m2 = float(w @ H @ w)
+    _check_shape(model, tuple(store.shape), store.path)
     inner = 0.0
     for ch in store.iter_chunks():
-        idx = ch.coords(store.layout)
-        prod = np.broadcast_to(w, (idx.shape[0], model.rank)).copy()
-        for n, A in enumerate(model.factors):
-            prod *= A[idx[:, n]]
-        inner += float(ch.values.astype(np.float64) @ prod.sum(axis=1))
+        inner += float(ch.values.astype(np.float64) @ model_values(model, ch.coords(store.layout)))
     norm_x2 = float(store.meta["norm_sq"])
     if norm_x2 <= 0:
         return 0.0
-    return 1.0 - float(np.sqrt(abs(norm_x2 + norm_m2 - 2 * inner))) / float(np.sqrt(norm_x2))
+    return 1.0 - float(np.sqrt(abs(norm_x2 + model_norm_sq(model) - 2 * inner))) / float(np.sqrt(norm_x2))
 
 
 def factor_match(model: Model, reference: Model) -> dict:
-    """Factor match score of ``model`` against ``reference`` (see the module docstring).
+    """Factor match score of ``model`` against ``reference`` (see the module docstring); CP models only.
 
     Returns
     -------
@@ -89,6 +276,13 @@ def factor_match(model: Model, reference: Model) -> dict:
         ``fms`` (with the weight penalty), ``congruence`` (without), ``pairs`` (model component,
         reference component, score) in reference order.
     """
+    for m in (model, reference):
+        if m.kind != "cp" or m.weights is None:
+            raise InputError(
+                f"the factor match score compares CP models; {m.what} is not one (leave out 'reference', "
+                "or evaluate a CP result)"
+            )
+    assert model.weights is not None and reference.weights is not None
     if len(model.factors) != len(reference.factors):
         raise InputError(
             f"{model.source} has {len(model.factors)} modes, the reference {reference.source} {len(reference.factors)}"

@@ -4,7 +4,8 @@ A step's fingerprint is a hash of its kind, its settings and the fingerprints of
 location's fingerprint is cheap and content-sensitive where it matters:
 
 - a Zarr store or result store: the hash of its root ``zarr.json`` (which holds a random
-  ``store_id`` or a creation time and the metadata, so a rewritten store changes it);
+  ``store_id`` or a creation time and the metadata, so a rewritten store changes it); a dense
+  Zarr array: also the names, sizes and times of its chunk files;
 - a versioned store (``versions.json``): the hash of that file;
 - a file: its size and modification time (as ``make`` does; no full read of large ``.tns``);
 - a folder or a glob: the names, sizes and times of what it holds or matches.
@@ -52,13 +53,27 @@ def location_fingerprint(location: str) -> dict | None:
             mp = posixpath.join(p, marker) if loc.is_url(location) else f"{p.rstrip('/')}/{marker}"
             if fs.exists(mp):
                 with fs.open(mp, "rb") as f:
-                    return {marker: hashlib.sha256(f.read()).hexdigest()}
+                    text = f.read()
+                out: dict[str, Any] = {marker: hashlib.sha256(text).hexdigest()}
+                if marker == "zarr.json" and _is_array(text):
+                    # a dense Zarr array's metadata holds no identity of its values (a BLCO store's
+                    # holds a random store id): rewritten chunks must change its fingerprint too
+                    chunks = [e for e in fs.find(p, detail=True).values() if not e["name"].endswith("zarr.json")]
+                    out["chunks"] = sorted([posixpath.relpath(e["name"], p), *_file_entry(e).values()] for e in chunks)
+                return out
         entries = []
         for e in sorted(fs.ls(p, detail=True), key=lambda e: e["name"]):
             if e.get("type") == "file":
                 entries.append({"name": posixpath.basename(e["name"].rstrip("/")), **_file_entry(e)})
         return {"folder": entries}
     return {"file": _file_entry(fs.info(p))}
+
+
+def _is_array(zarr_json: bytes) -> bool:
+    try:
+        return json.loads(zarr_json).get("node_type") == "array"
+    except (ValueError, AttributeError):
+        return False
 
 
 def step_fingerprint(kind: str, config: dict, inputs: dict[str, dict | None]) -> str:

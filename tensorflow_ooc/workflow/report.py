@@ -24,7 +24,15 @@ def _step_summary(st: StepRecord) -> str:
         return st.message or st.error or ""
     if st.state == "running" and st.progress:
         p = st.progress
+        if "test_rmse" in p:  # a completion run's epoch
+            return f"epoch {p.get('iteration')}: test RMSE {p['test_rmse']:.6g}"
         return f"iteration {p.get('iteration')}: fit {p.get('fit', float('nan')):.6f}"
+    if st.kind == "decompose" and "test_rmse" in m:
+        out = (
+            f"test RMSE {m['test_rmse']:.6g} (MAE {m.get('test_mae', float('nan')):.6g}) at epoch "
+            f"{m.get('best_epoch')} of {m.get('epochs')}; {m.get('seconds_per_epoch', 0):.3f} s per epoch"
+        )
+        return out + ("; warm start" if m.get("warm_start") else "")
     if st.kind == "decompose" and "fit" in m:
         first = m.get("first_iteration_seconds")
         out = (
@@ -42,6 +50,8 @@ def _step_summary(st: StepRecord) -> str:
         parts = []
         if "fit" in m:
             parts.append(f"fit {m['fit']:.6f}")
+        if "rmse" in m:
+            parts.append(f"RMSE {m['rmse']:.6g} (MAE {m.get('mae', float('nan')):.6g})")
         if "fms" in m:
             parts.append(
                 f"factor match score {m['fms']:.4f} (congruence {m['congruence']:.4f}) against {m.get('reference')}"
@@ -50,6 +60,8 @@ def _step_summary(st: StepRecord) -> str:
     if "nnz" in m:
         extra = f", version {m['version']} ({m.get('new_files', 0)} new files)" if "version" in m else ""
         return f"{m['nnz']:,} nonzeros, shape {'x'.join(map(str, m.get('shape', [])))}{extra}"
+    if st.kind == "predict" and "predictions" in m:
+        return f"{m['predictions']:,} predictions -> {next(iter(st.outputs.values()), '')}"
     if st.kind == "export":
         return f"{m.get('format')} -> {next(iter(st.outputs.values()), '')}"
     return st.message or ""
@@ -93,7 +105,11 @@ def status_table(records: list[RunRecord]) -> str:
         note = ""
         if step and r.steps[step].progress:
             p = r.steps[step].progress
-            note = f"iteration {p.get('iteration')} fit {p.get('fit', float('nan')):.4f}"
+            note = (
+                f"epoch {p.get('iteration')} test RMSE {p['test_rmse']:.4g}"
+                if "test_rmse" in p
+                else f"iteration {p.get('iteration')} fit {p.get('fit', float('nan')):.4f}"
+            )
         elif r.error:
             note = r.error.splitlines()[0][:60]
         else:
@@ -119,7 +135,13 @@ def format_event(ev: dict) -> str:
     t = (ev.get("time") or "")[11:23]
     step = f"[{ev['step']}] " if ev.get("step") else ""
     kind = ev.get("event", "")
-    if kind == "iteration":
+    if kind == "iteration" and "test_rmse" in ev:  # a completion run's epoch
+        msg = (
+            f"epoch {ev.get('iteration')}: test RMSE {ev.get('test_rmse', float('nan')):.6g} (MAE "
+            f"{ev.get('test_mae', float('nan')):.6g}), train RMSE {ev.get('train_rmse', float('nan')):.6g}, "
+            f"{ev.get('seconds', float('nan')):.3f} s"
+        )
+    elif kind == "iteration":
         msg = (
             f"iteration {ev.get('iteration')}: fit {ev.get('fit', float('nan')):.6f} (change "
             f"{ev.get('fit_change', float('nan')):.2e}), {ev.get('seconds', float('nan')):.3f} s"

@@ -20,7 +20,10 @@ CP-ALS continues from its checkpoint (kept per step fingerprint under ``ROOT/.tf
 from __future__ import annotations
 
 import logging
+import os
+import shlex
 import socket
+import subprocess
 import threading
 import time
 import traceback
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DiskFullError
-from .errors import InputError, LockError, Problem, RunCancelled, SpecError
+from .errors import InputError, LockError, Problem, RunCancelled, SpecError, StepFailed
 from .fingerprint import OutputIndex, location_fingerprint, step_fingerprint
 from .lock import OutputLocks
 from .records import (
@@ -318,6 +321,7 @@ def execute(
                 st.state = "not run"
         rec.save()
         rec.event("run-finished", f"run {run_id} not started: {exc}", level="error", state="failed")
+        run_on_failure(workflow, record, rec, None, str(exc))
         return RunOutcome(run_id, "failed", EXIT_CODES["failed"], record)
     for holder, why in dict(taken).items():  # one entry per run, not per output
         _mark_lost(runs, holder, why, run_id)
@@ -386,7 +390,7 @@ def execute(
                         "allowed paths: refused"
                     )
             ctx = StepContext(workflow, st, fp, rec, handle.client_for, handle.default_device)
-            metrics = run_step(ctx)
+            metrics = run_with_retries(ctx, rec)
             for o in st.outputs.values():
                 index.write(o, fp, st.name, run_id)
             # a step that looked and found nothing new (an append whose files were all ingested
@@ -470,7 +474,151 @@ def execute(
             exit_code=code,
             level="error" if state == "failed" else "info",
         )
+        if state == "failed":  # after the record is final, so the command can read it
+            run_on_failure(workflow, record, rec, current, error)
     return RunOutcome(run_id, state, EXIT_CODES[state], record)
+
+
+# --- retries and the failure hook ---------------------------------------------------------------------
+
+#: failures that another try cannot mend: a cancel, a lock held by another run, a failed check,
+#: and bad input (every input error of the package is a ValueError: a spec, a .tns line, a store,
+#: ranks...); others (an OSError, a full disk, a lost worker) may pass and are tried again
+NOT_RETRIED = (RunCancelled, SpecError, InputError, StepFailed, LockError, ValueError)
+MAX_RETRY_WAIT = 3600.0  # seconds: the doubling of retry_delay stops here
+#: set to 1 in a worker's environment to let submitted runs' on_failure commands run there
+ALLOW_ON_FAILURE_ENV = "TFOOC_ALLOW_ON_FAILURE"
+ON_FAILURE_TIMEOUT = 300.0  # seconds an on_failure command may run (``$TFOOC_ON_FAILURE_TIMEOUT_S``)
+
+
+def run_with_retries(ctx: StepContext, rec: Recorder) -> dict:
+    """Run a step; with ``retries: N`` a failure other than :data:`NOT_RETRIED` is tried again,
+    up to N more times, after ``retry_delay`` seconds, doubled for each further retry. Each try
+    is in the step's record (``tries``) and each retry is a ``step-retry`` event; a cancel
+    requested while waiting ends the wait. Returns the step's metrics; the last failure is raised."""
+    name, model = ctx.step.name, ctx.step.model
+    retries, delay = model.retries, model.retry_delay
+    if not retries:
+        return run_step(ctx)
+    tries: list[dict] = []
+    for number in range(1, retries + 2):
+        t0 = time.time()
+        entry: dict[str, Any] = {"try": number, "started_at": now_iso()}
+        tries.append(entry)
+        rec.step(name, tries=tries)
+        try:
+            metrics = run_step(ctx)
+        except BaseException as exc:
+            entry.update(
+                finished_at=now_iso(), seconds=round(time.time() - t0, 3), error=f"{type(exc).__name__}: {exc}"
+            )
+            last = number == retries + 1
+            if isinstance(exc, NOT_RETRIED) or not isinstance(exc, Exception) or last:
+                if not isinstance(exc, NOT_RETRIED) and isinstance(exc, Exception):
+                    entry["error"] += f" (try {number} of {retries + 1}: no retries left)"
+                rec.step(name, tries=tries)
+                raise
+            wait = min(delay * 2 ** (number - 1), MAX_RETRY_WAIT)
+            entry["retry_in"] = wait
+            rec.step(name, tries=tries)
+            rec.event(
+                "step-retry",
+                f"{name}: try {number} of {retries + 1} failed ({entry['error']}); retrying in {wait:g} s",
+                step=name,
+                level="warning",
+                attempt=number,
+                retry_in=wait,
+                error=entry["error"],
+                traceback=traceback.format_exc(),
+            )
+            end = time.monotonic() + wait
+            while time.monotonic() < end:  # a cancel ends the wait
+                rec.check_cancel()
+                time.sleep(min(0.2, max(0.0, end - time.monotonic())))
+            rec.check_cancel()
+            continue
+        entry.update(finished_at=now_iso(), seconds=round(time.time() - t0, 3), error=None)
+        rec.step(name, save=False, tries=tries)
+        return metrics
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+def run_on_failure(workflow: Workflow, record: RunRecord, rec: Recorder, step: str | None, error: str | None) -> None:
+    """Run the spec's ``on_failure`` command for a failed run (after its record is final).
+
+    Its environment is the driver's plus ``TFOOC_RUN_ID``, ``TFOOC_ERROR``, ``TFOOC_STEP`` (the
+    step that failed, empty when none had started), ``TFOOC_WORKFLOW``, ``TFOOC_STORAGE``,
+    ``TFOOC_SPEC`` and ``TFOOC_EXIT_CODE``; it runs in the storage root when that is a local
+    folder. Its outcome (exit status, seconds, the end of its output) goes into the record
+    (``on_failure``) and an ``on-failure`` event; its own failure (an exit status other than 0,
+    a missing program, more than ``$TFOOC_ON_FAILURE_TIMEOUT_S`` seconds, default 300) is
+    logged as a warning and never changes the run's outcome.
+    """
+    command = workflow.spec.on_failure
+    if not command:
+        return
+    shown = command if isinstance(command, str) else shlex.join(command)
+    if record.mode == "submitted" and os.environ.get(ALLOW_ON_FAILURE_ENV) != "1":
+        # a submitted spec's command would run on a worker with the worker's permissions: only
+        # where the operator allows it, as the path sandbox lets them allow folders
+        why = (
+            f"not run: a submitted run's on_failure runs on a worker, which allows commands only "
+            f"with {ALLOW_ON_FAILURE_ENV}=1 in the workers' environment"
+        )
+        log.warning("on_failure %r %s", shown, why)
+        try:
+            rec.update(on_failure={"command": shown, "skipped": why})
+            rec.event("on-failure", message=f"on_failure {shown!r} {why}", level="warning")
+        except Exception as exc:  # the record's storage failing too: the log line stays
+            log.warning("on_failure %r: could not record the skip (%s)", shown, exc)
+        return
+    env = {
+        **os.environ,
+        "TFOOC_RUN_ID": record.run_id,
+        "TFOOC_ERROR": error or "",
+        "TFOOC_STEP": step or "",
+        "TFOOC_WORKFLOW": workflow.name,
+        "TFOOC_STORAGE": workflow.root,
+        "TFOOC_SPEC": workflow.path,
+        "TFOOC_EXIT_CODE": str(record.exit_code if record.exit_code is not None else EXIT_CODES["failed"]),
+    }
+    cwd = workflow.root if os.path.isdir(workflow.root) else None
+    timeout = float(os.environ.get("TFOOC_ON_FAILURE_TIMEOUT_S", ON_FAILURE_TIMEOUT))
+    t0 = time.time()
+    outcome: dict[str, Any] = {"command": shown}
+    try:
+        done = subprocess.run(
+            command,
+            shell=isinstance(command, str),
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+        )
+        outcome["exit_code"] = done.returncode
+        tail = (done.stdout + done.stderr).decode(errors="replace").strip()[-2000:]
+        if tail:
+            outcome["output"] = tail
+        if done.returncode != 0:
+            outcome["error"] = f"exited with status {done.returncode}"
+    except subprocess.TimeoutExpired:
+        outcome["error"] = f"still running after {timeout:g} s: stopped"
+    except OSError as exc:
+        outcome["error"] = f"could not start: {exc}"
+    outcome["seconds"] = round(time.time() - t0, 3)
+    failed = "error" in outcome
+    try:
+        rec.update(on_failure=outcome)
+        rec.event(
+            "on-failure",
+            f"on_failure {shown!r}: "
+            + (f"failed ({outcome['error']}); the run's outcome stands" if failed else "done"),
+            level="warning" if failed else "info",
+            **{k: v for k, v in outcome.items() if k != "command"},
+        )
+    except Exception as exc:  # the record cannot be written: the hook's outcome is still logged
+        log.warning("on_failure %r: %s (could not record it: %s)", shown, outcome.get("error", "done"), exc)
 
 
 def spec_failure(runs: RunStore, record: RunRecord, exc: SpecError) -> RunOutcome:

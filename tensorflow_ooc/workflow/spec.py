@@ -31,14 +31,15 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from ..limits import MAX_COUNT
 from . import locations as loc
 from .errors import Problem, SpecError
 
 SPEC_VERSION = 1
-STEP_KINDS = ("generate", "convert", "decompose", "evaluate", "export")
+STEP_KINDS = ("generate", "convert", "decompose", "evaluate", "export", "predict")
+DECOMPOSE_METHODS = ("cp", "tucker", "completion")
 PRESET_NAMES = ("uber", "nips", "chicago", "nell2", "vast", "hypersparse", "amazon")
 EXPORT_FORMATS = ("npz", "pyttb", "tensorly", "zarr")
 # an export format and the package it needs (checked before anything starts)
@@ -96,6 +97,14 @@ class _Step(_Model):
         "those whose outputs this step reads, which are found by path)",
     )
     description: str = ""
+    retries: Annotated[int, Field(ge=0, le=100)] = Field(
+        0,
+        description="run the step again this many times when it fails transiently (not for bad input, "
+        "a failed evaluation or a cancel)",
+    )
+    retry_delay: Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)] = Field(
+        10.0, description="seconds before the first retry; each further retry waits twice as long"
+    )
 
     def input_fields(self) -> dict[str, str]:
         """Role -> raw location of what this step reads."""
@@ -104,6 +113,10 @@ class _Step(_Model):
     def output_fields(self) -> dict[str, str]:
         """Role -> raw location of what this step writes."""
         return {"out": self.out}
+
+    def fingerprint_settings(self, config: dict) -> dict:
+        """The settings that enter the step's fingerprint, from its dumped ``config``."""
+        return config
 
 
 class GenerateStep(_Step):
@@ -194,61 +207,45 @@ class ConvertStep(_Step):
         return {"input": self.input}
 
 
-class DecomposeStep(_Step):
-    """Rank-``rank`` CP-ALS of a store (:func:`tensorflow_ooc.cp_als` with its options).
-
-    ``init: previous`` warm-starts from the previous result (``previous``, default ``out`` as the
-    last run left it); rows that a growing mode gained since are initialized at random at the
-    scale of the existing rows. ``init`` may also name a result store.
-    """
+class _Decompose(_Step):
+    """What every decomposition step shares: its input, its result store, the seed, the warm
+    start and where it runs."""
 
     kind: Literal["decompose"]
-    input: str
-    out: str
-    rank: PositiveInt
-    max_iters: PositiveInt = 50
-    tol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1e-5
+    input: str = Field(
+        description="a BLCO store or a versioned store folder (its latest version); method cp also takes a "
+        "dense Zarr array"
+    )
+    out: str = Field(description="the result store")
     seed: int | None = 0
-    init: str = "random"
+    init: str = Field(
+        "random",
+        description="random; previous (warm start from 'previous', default 'out' as the last run left it); "
+        "or a result store path",
+    )
     previous: str | None = None
-    dtype: Literal["float64", "float32"] = "float64"
-    execution: Literal["auto", "streaming", "in-memory"] = "auto"
-    device: Literal["auto", "cpu", "gpu"] | None = None
-    conflict: Literal["auto", "hierarchical", "register"] = "auto"
-    streams: PositiveInt = 8
-    device_memory_limit: Size | None = None
-    checkpoint_every: PositiveInt = 1
     partitions: PositiveInt | None = None
-    method: Literal["exact", "sts", "arls-lev", "arls-lev-hybrid"] = Field(
-        "exact",
-        description="exact CP-ALS, or randomized least-squares solves from sampled Khatri-Rao rows: "
-        "sts (exact leverage scores), arls-lev, arls-lev-hybrid",
-    )
-    samples: PositiveInt = Field(65536, description="randomized methods: rows drawn per mode and iteration")
-    fit_every: PositiveInt | None = Field(
-        None,
-        description="randomized methods: evaluate the fit every N iterations (default 1 up to 2^24 nonzeros, else 5)",
-    )
     scheduler: Literal["auto", "inline", "cluster"] = Field(
         "auto",
         description="auto: in the driver for tensors of at most 2^24 nonzeros, on the cluster above; "
         "inline: always in the driver; cluster: always as Dask graphs on the cluster",
     )
-
-    @field_validator("device_memory_limit")
-    @classmethod
-    def _size(cls, v: Size | None) -> Size | None:
-        return None if v is None else parse_size(v)
+    _inits: ClassVar[tuple[str, ...]] = ("random", "previous")
 
     @model_validator(mode="after")
-    def _previous(self) -> DecomposeStep:
+    def _previous(self) -> _Decompose:
         if self.previous is not None and self.init != "previous":
             raise ValueError("'previous' is only used with init: previous")
         return self
 
+    @property
+    def method_name(self) -> str:
+        """``cp``, ``tucker`` or ``completion``."""
+        return "cp"
+
     def warm_start_location(self) -> str | None:
-        """Where the warm start is read, or None for random factors."""
-        if self.init == "random":
+        """Where the warm start is read, or None for an initialization the method computes."""
+        if self.init in self._inits and self.init != "previous":
             return None
         if self.init == "previous":
             return self.previous or self.out
@@ -258,16 +255,134 @@ class DecomposeStep(_Step):
         out = {"input": self.input}
         # a warm start from an explicit result is an input; the previous result at 'out' is not
         # (it is this step's own output, read before it is replaced)
-        if self.init not in ("random", "previous"):
+        if self.init not in self._inits:
             out["init"] = self.init
         elif self.init == "previous" and self.previous and self.previous != self.out:
             out["previous"] = self.previous
         return out
 
 
+class DecomposeStep(_Decompose):
+    """Rank-``rank`` CP-ALS of a store or a dense Zarr array (:func:`tensorflow_ooc.cp_als` with its
+    options); ``method: cp`` (the default) or one of CP-ALS's solvers.
+
+    ``init: previous`` warm-starts from the previous result (``previous``, default ``out`` as the
+    last run left it); rows that a growing mode gained since are initialized at random at the
+    scale of the existing rows. ``init`` may also name a result store.
+    """
+
+    method: Literal["cp", "exact", "sts", "arls-lev", "arls-lev-hybrid"] = Field(
+        "cp",
+        description="cp (the default: CP-ALS), tucker (Tucker HOOI), completion (FastTucker tensor "
+        "completion); for CP also its least-squares solver: exact (= cp), or randomized solves from "
+        "sampled Khatri-Rao rows: sts (exact leverage scores), arls-lev, arls-lev-hybrid",
+    )
+    rank: PositiveInt
+    max_iters: PositiveInt = 50
+    tol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1e-5
+    dtype: Literal["float64", "float32"] = "float64"
+    execution: Literal["auto", "streaming", "in-memory"] = "auto"
+    device: Literal["auto", "cpu", "gpu"] | None = None
+    conflict: Literal["auto", "hierarchical", "register"] = "auto"
+    streams: PositiveInt = 8
+    device_memory_limit: Size | None = None
+    checkpoint_every: PositiveInt = 1
+    samples: PositiveInt = Field(65536, description="randomized methods: rows drawn per mode and iteration")
+    fit_every: PositiveInt | None = Field(
+        None,
+        description="randomized methods: evaluate the fit every N iterations (default 1 up to 2^24 nonzeros, else 5)",
+    )
+
+    @field_validator("device_memory_limit")
+    @classmethod
+    def _size(cls, v: Size | None) -> Size | None:
+        return None if v is None else parse_size(v)
+
+    @property
+    def solver(self) -> str:
+        """CP-ALS's ``method``: ``exact`` or a randomized solver."""
+        return "exact" if self.method == "cp" else self.method
+
+    def fingerprint_settings(self, config: dict) -> dict:
+        # 'cp' is CP-ALS's exact solver, which specs wrote as 'exact' (the default) before methods
+        # other than CP existed: the same settings keep the same fingerprint
+        return {**config, "method": self.solver}
+
+
+class TuckerDecomposeStep(_Decompose):
+    """Tucker HOOI of a store (:func:`tensorflow_ooc.tucker_hooi`, ``tfooc tucker``): core size
+    ``ranks`` (one per mode, or one for every mode). ``init: previous`` (or a Tucker result)
+    starts from that result's factors: rows a growing mode gained since are drawn at random at the
+    scale of the old rows, a larger rank gets random columns, a smaller one keeps the leading ones."""
+
+    method: Literal["tucker"]
+    ranks: PositiveInt | list[PositiveInt] = Field(description="core size per mode, or one for every mode")
+    max_iters: PositiveInt = 50
+    tol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        1e-4, description="stop when the fit changes by less (pyttb's rule, its first iteration included)"
+    )
+    svd: Literal["auto", "gram", "randomized"] = "auto"
+    kernel: Literal["coo", "csr", "fiber"] | None = None
+    execution: Literal["auto", "streaming", "in-memory"] = "auto"
+    device: Literal["auto", "cpu", "gpu"] | None = None
+    checkpoint_every: PositiveInt = 1
+    _inits: ClassVar[tuple[str, ...]] = ("random", "nvecs", "previous")
+
+    @property
+    def method_name(self) -> str:
+        return "tucker"
+
+
+class CompletionDecomposeStep(_Decompose):
+    """FastTucker tensor completion of a store by FastTuckerPlus SGD (:func:`tensorflow_ooc.tucker_sgd`,
+    ``tfooc complete``): factor ranks ``ranks``, Kruskal core rank ``core_rank``, tested every epoch
+    on ``test`` (a store) or a seeded ``test_fraction`` of the input. ``init: previous`` (or a
+    FastTucker result) continues training from that model: rows a growing mode gained since start
+    at random at the scale of the old rows; other ranks than the previous model's start at random."""
+
+    method: Literal["completion"]
+    ranks: PositiveInt | list[PositiveInt] = Field(description="factor ranks J_n, one per mode or one for every mode")
+    core_rank: PositiveInt = Field(description="rank R of the Kruskal core")
+    test: str | None = Field(None, description="test entries: a store of the same shape, disjoint from the input")
+    test_fraction: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] | None = Field(
+        None, description="hold out this fraction of the input as the test set (default 0.1 without 'test')"
+    )
+    epochs: PositiveInt = 50
+    batch: PositiveInt = 64
+    step: Literal["normalized", "plain"] = "normalized"
+    lr_factors: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    lr_core: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 0.3
+    lr_decay: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    reg_factors: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.001
+    reg_core: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.001
+    rebalance: bool = True
+    revive_epochs: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 10
+    patience: PositiveInt | None = 5
+    threads: PositiveInt | None = Field(None, description="numba threads per task (1: reproducible)")
+    device: Literal["auto", "cpu", "gpu"] | None = None
+
+    @model_validator(mode="after")
+    def _test(self) -> CompletionDecomposeStep:
+        if self.test is not None and self.test_fraction is not None:
+            raise ValueError("give 'test' (a test store) or 'test_fraction', not both")
+        return self
+
+    @property
+    def method_name(self) -> str:
+        return "completion"
+
+    def input_fields(self) -> dict[str, str]:
+        out = super().input_fields()
+        if self.test:
+            out["test"] = self.test
+        return out
+
+
 class EvaluateStep(_Step):
-    """Fit of a result against a tensor and its factor match score against a reference model;
-    writes the metrics as JSON. ``min_fit`` / ``min_fms`` make the step fail below them."""
+    """Fit of a result (CP, Tucker or FastTucker) against a tensor (a store or a dense array) and
+    its errors on the tensor's entries, and a CP result's factor match score against a reference
+    model; writes the metrics as JSON. ``min_fit`` / ``min_fms`` / ``max_rmse`` make the step fail
+    beyond them."""
 
     kind: Literal["evaluate"]
     result: str
@@ -276,11 +391,17 @@ class EvaluateStep(_Step):
     out: str | None = None
     min_fit: Annotated[float, Field(allow_inf_nan=False)] | None = None
     min_fms: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    max_rmse: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = Field(
+        None, description="fail above this RMSE on the tensor's entries (needs 'tensor')"
+    )
+    _added_later: ClassVar[tuple[str, ...]] = ("max_rmse",)
 
     @model_validator(mode="after")
     def _needs(self) -> EvaluateStep:
         if self.min_fms is not None and self.reference is None:
             raise ValueError("'min_fms' needs a 'reference'")
+        if self.max_rmse is not None and self.tensor is None:
+            raise ValueError("'max_rmse' needs a 'tensor'")
         return self
 
     def metrics_location(self) -> str:
@@ -299,8 +420,10 @@ class EvaluateStep(_Step):
 
 
 class ExportStep(_Step):
-    """Publish a result: ``npz`` (weights, factor0..), ``pyttb`` (``pyttb.export_data`` text, read
-    by ``pyttb.import_data``), ``tensorly`` (a pickled ``CPTensor``) or ``zarr`` (a result store)."""
+    """Publish a result: ``npz`` (its arrays: weights and factors, a Tucker core and factors, or a
+    FastTucker model's factors and core factors), ``pyttb`` (a CP result as ``pyttb.export_data``
+    text, read by ``pyttb.import_data``), ``tensorly`` (a pickled ``CPTensor``, or ``TuckerTensor``
+    for Tucker and FastTucker results) or ``zarr`` (a result store)."""
 
     kind: Literal["export"]
     result: str
@@ -311,14 +434,74 @@ class ExportStep(_Step):
         return {"result": self.result}
 
 
-Step = Annotated[GenerateStep | ConvertStep | DecomposeStep | EvaluateStep | ExportStep, Field(discriminator="kind")]
+class PredictStep(_Step):
+    """A model's predicted values at a list of coordinates (what completion is for; CP and Tucker
+    results predict too): ``coords`` is a ``.tns``/``.tns.gz`` file (N indices per line, with or
+    without a value, which is ignored) or a store (the coordinates of its nonzeros); ``out`` is a
+    ``.tns``/``.tns.gz`` file (each coordinate with its predicted value, in the order read) or an
+    ``.npz`` (``coords`` 0-based, ``values``)."""
+
+    kind: Literal["predict"]
+    result: str = Field(description="a result store (CP, Tucker or FastTucker) or a model .npz")
+    coords: str = Field(description="a .tns/.tns.gz file of coordinates or a store")
+    out: str = Field(description=".tns, .tns.gz or .npz")
+    zero_based: bool = Field(False, description=".tns files in and out: indices from 0 (default from 1, as FROSTT)")
+
+    @field_validator("out")
+    @classmethod
+    def _out(cls, v: str) -> str:
+        if not v.endswith((".tns", ".tns.gz", ".npz")):
+            raise ValueError(f"expected a .tns, .tns.gz or .npz file, got {v!r}")
+        return v
+
+    def input_fields(self) -> dict[str, str]:
+        return {"result": self.result, "coords": self.coords}
+
+
+# a decompose step's model is chosen by its 'method' (cp when absent or one of CP's solvers)
+DECOMPOSE_MODELS: dict[str, type[_Decompose]] = {
+    "decompose": DecomposeStep,
+    "decompose-tucker": TuckerDecomposeStep,
+    "decompose-completion": CompletionDecomposeStep,
+}
 STEP_MODELS: dict[str, type[_Step]] = {
     "generate": GenerateStep,
     "convert": ConvertStep,
     "decompose": DecomposeStep,
     "evaluate": EvaluateStep,
     "export": ExportStep,
+    "predict": PredictStep,
 }
+STEP_TAGS = (*STEP_MODELS, *DECOMPOSE_MODELS)
+_METHOD_OF = {"decompose": "cp", "decompose-tucker": "tucker", "decompose-completion": "completion"}
+
+
+def _step_tag(value: Any) -> str | None:
+    """The union member a step is validated as: its kind, and for decompose its method."""
+    if isinstance(value, dict):
+        kind = value.get("kind")
+        if kind == "decompose" and value.get("method") in ("tucker", "completion"):
+            return f"decompose-{value['method']}"
+        return kind if isinstance(kind, str) else None
+    for tag, model in (*DECOMPOSE_MODELS.items(), *STEP_MODELS.items()):
+        if type(value) is model:
+            return tag
+    return None
+
+
+Step = Annotated[
+    Union[
+        Annotated[GenerateStep, Tag("generate")],
+        Annotated[ConvertStep, Tag("convert")],
+        Annotated[DecomposeStep, Tag("decompose")],
+        Annotated[TuckerDecomposeStep, Tag("decompose-tucker")],
+        Annotated[CompletionDecomposeStep, Tag("decompose-completion")],
+        Annotated[EvaluateStep, Tag("evaluate")],
+        Annotated[ExportStep, Tag("export")],
+        Annotated[PredictStep, Tag("predict")],
+    ],
+    Discriminator(_step_tag),
+]
 
 
 class Spec(_Model):
@@ -330,7 +513,20 @@ class Spec(_Model):
     storage: str | None = None
     allow_paths: list[str] = Field(default_factory=list)
     cluster: str = "embedded"
+    on_failure: str | list[str] | None = Field(
+        None,
+        description="a command run when the run fails, with TFOOC_RUN_ID, TFOOC_ERROR, TFOOC_STEP, "
+        "TFOOC_WORKFLOW, TFOOC_STORAGE and TFOOC_EXIT_CODE in its environment: a string (run by "
+        "/bin/sh) or a list (the program and its arguments); its own failure is logged, not fatal",
+    )
     steps: dict[str, Step]
+
+    @field_validator("on_failure")
+    @classmethod
+    def _on_failure(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if v is not None and (not v or (isinstance(v, str) and not v.strip())):
+            raise ValueError("expected a command (a string, or a list of the program and its arguments)")
+        return v
 
     @field_validator("cluster")
     @classmethod
@@ -706,7 +902,7 @@ def apply_override(data: dict, given: str, spec_name: str = "<string>") -> str:
 def _display(where: tuple) -> str:
     parts = list(where)
     # pydantic puts the union tag (the step kind) after the step name: not a key of the file
-    if len(parts) > 2 and parts[0] == "steps" and parts[2] in STEP_KINDS:
+    if len(parts) > 2 and parts[0] == "steps" and parts[2] in STEP_TAGS:
         del parts[2]
     return ".".join(str(p) for p in parts)
 
@@ -714,9 +910,11 @@ def _display(where: tuple) -> str:
 def _allowed_keys(src: Source, where: tuple) -> list[str]:
     if len(where) >= 2 and where[0] == "steps":
         step = src.data.get("steps", {}).get(where[1]) if isinstance(src.data.get("steps"), dict) else None
-        kind = step.get("kind") if isinstance(step, dict) else None
-        if kind in STEP_MODELS:
-            return list(STEP_MODELS[kind].model_fields)
+        tag = _step_tag(step)
+        if tag in DECOMPOSE_MODELS:
+            return list(DECOMPOSE_MODELS[tag].model_fields)
+        if tag in STEP_MODELS:
+            return list(STEP_MODELS[tag].model_fields)
     return list(Spec.model_fields)
 
 
@@ -725,6 +923,15 @@ def _problem(src: Source, err: dict) -> Problem:
     kind, msg, got = err["type"], err["msg"], err.get("input")
     if kind == "extra_forbidden":
         message = f"unknown key (expected one of: {', '.join(_allowed_keys(src, where))})"
+        tag = where[2] if len(where) > 3 and where[0] == "steps" else None
+        if tag in DECOMPOSE_MODELS:
+            # a key of another method (ranks without method: tucker, ...) says which method has it
+            others = [_METHOD_OF[t] for t, m in DECOMPOSE_MODELS.items() if t != tag and where[-1] in m.model_fields]
+            if others:
+                message = (
+                    f"unknown key (expected one of: {', '.join(_allowed_keys(src, where))}; with method: "
+                    f"{_METHOD_OF[tag]}; {where[-1]!r} is a key of method: {' or '.join(others)})"
+                )
     elif kind == "missing":
         message = "missing (required)"
     elif kind == "union_tag_invalid":
@@ -732,6 +939,11 @@ def _problem(src: Source, err: dict) -> Problem:
         where = where + ("kind",)
     elif kind == "union_tag_not_found":
         message = f"missing 'kind' (expected one of: {', '.join(STEP_KINDS)})"
+    elif kind == "literal_error" and where[-1] == "method" and len(where) == 4 and where[2] in DECOMPOSE_MODELS:
+        message = (
+            f"expected one of: {', '.join(DECOMPOSE_METHODS)} (for cp also its solver: exact, sts, arls-lev, "
+            f"arls-lev-hybrid), got {got!r}"
+        )
     else:
         message = msg.replace("Value error, ", "").replace("Input should be", "expected")
         if kind not in ("value_error", "assertion_error") and not isinstance(got, (dict, list)):
@@ -770,7 +982,9 @@ class PlannedStep:
 
     def config(self) -> dict:
         """The step's settings that define its result (for the fingerprint)."""
-        config = self.model.model_dump(mode="json", exclude={"after", "description"})
+        config = self.model.fingerprint_settings(
+            self.model.model_dump(mode="json", exclude={"after", "description", "retries", "retry_delay"})
+        )
         # settings added later leave the fingerprints of steps that do not use them unchanged, so
         # an upgrade does not rerun up-to-date steps
         for name in getattr(self.model, "_added_later", ()):
@@ -1075,6 +1289,21 @@ def plan(
                         )
                     )
         for st in planned:
+            if st.kind == "export" and st.model.format == "pyttb":  # type: ignore[attr-defined]
+                # pyttb's export_data writes CP models only: a Tucker or completion result made by a
+                # step of this spec is known not to fit before anything runs
+                maker = next((o for o in planned if _produces(o, st.inputs.get("result", ""))), None)
+                method = getattr(maker.model, "method_name", "cp") if maker is not None else "cp"
+                if maker is not None and maker.kind == "decompose" and method != "cp":
+                    where = ("steps", st.name, "format")
+                    problems.append(
+                        Problem(
+                            src.line(where),
+                            _display(where),
+                            f"format 'pyttb' exports CP results; step {maker.name!r} makes a {method} result "
+                            "(export it as npz, tensorly or zarr)",
+                        )
+                    )
             if st.kind == "export":
                 fmt = st.model.format  # type: ignore[attr-defined]
                 need = EXPORT_NEEDS.get(fmt)

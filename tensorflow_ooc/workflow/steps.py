@@ -22,16 +22,35 @@ from typing import Any
 import numpy as np
 
 from .. import synthetic
-from ..decompositions import CPResult, cp_als, load_result, read_checkpoint
-from ..errors import StoreError
+from ..decompositions import (
+    CPResult,
+    FastTuckerResult,
+    TuckerResult,
+    cp_als,
+    load_result,
+    read_checkpoint,
+)
+from ..errors import DecompositionError, StoreError, TfoocError
 from ..execution.inline import INLINE_MAX_NNZ
 from ..ingest import BatchSource, TextSource, convert
 from ..store import Store, open_store
+from ..store.dense import DenseArray, is_dense_array, open_dense
 from . import locations as loc
 from .errors import InputError, StepFailed
-from .evaluation import factor_match, load_model, model_fit
+from .evaluation import KIND_NAMES, evaluate_tensor, factor_match, load_model, model_of, model_values
 from .records import Recorder
-from .spec import ConvertStep, DecomposeStep, EvaluateStep, ExportStep, GenerateStep, PlannedStep, Workflow
+from .spec import (
+    CompletionDecomposeStep,
+    ConvertStep,
+    DecomposeStep,
+    EvaluateStep,
+    ExportStep,
+    GenerateStep,
+    PlannedStep,
+    PredictStep,
+    TuckerDecomposeStep,
+    Workflow,
+)
 
 TNS_SUFFIXES = (".tns", ".tns.gz")
 VERSIONS_FILE = "versions.json"
@@ -525,36 +544,115 @@ def warm_start(
     return out, "; ".join(notes)
 
 
+def _open_decompose_input(ctx: StepContext, method: str) -> Any:
+    """The decompose step's input: a BLCO store (a versioned folder: its latest version) or, for
+    CP, a dense Zarr array."""
+    location = resolve_store(ctx.step.inputs["input"])
+    if is_dense_array(location):
+        if method != "cp":
+            raise InputError(
+                f"{location} is a dense Zarr array; method {method} takes a sparse BLCO store (CP-ALS, "
+                "method: cp, takes dense arrays)"
+            )
+        try:
+            return open_dense(location)
+        except TfoocError as exc:
+            raise InputError(str(exc)) from None
+    return open_input_store(location)
+
+
+def _iteration_events(ctx: StepContext, total: int, key: str = "iteration") -> Callable[[dict], None]:
+    """A decomposition's callback: each iteration (a completion run's epoch) becomes the step's
+    ``progress`` and one ``iteration`` event (so ``tfooc logs`` and the page show it once), and a
+    requested cancel stops the run between iterations."""
+
+    def progress(record: dict) -> None:
+        number = record[key]
+        figures = ("fit", "fit_change", "seconds", "test_rmse", "test_mae", "train_rmse")
+        rec = {"iteration": number, **{k: record[k] for k in figures if k in record}}
+        ctx.recorder.step(ctx.step.name, save=False, progress=rec)
+        ctx.recorder.event(
+            "iteration",
+            "",
+            step=ctx.step.name,
+            echo=False,
+            **{k: v for k, v in record.items() if k not in ("iteration", key)},
+            iteration=number,
+            max_iters=total,
+        )
+        ctx.check_cancel()
+
+    return progress
+
+
+def _warm_result(ctx: StepContext, m: Any) -> tuple[Any, str | None]:
+    """The previous result a warm start reads (None where there is none yet), and its location."""
+    warm = m.warm_start_location()
+    if warm is None:
+        return None, None
+    warm = loc.normalize(warm, base=ctx.workflow.root)
+    if loc.exists(warm):
+        try:
+            return load_result(warm), warm
+        except StoreError as exc:
+            raise InputError(f"init: {exc}") from None
+    if m.init == "previous":
+        ctx.log(f"no previous result at {warm} yet: random initial model")
+        return None, warm
+    raise InputError(f"init: {warm} does not exist")
+
+
+def _steady(history: list[dict], resumed_after: int = 0) -> tuple[list[dict], float]:
+    new = history[resumed_after:]
+    steady = new[1:] or new
+    return new, sum(h["seconds"] for h in steady) / max(1, len(steady))
+
+
 def run_decompose(ctx: StepContext) -> dict:
+    """A decompose step: CP-ALS, Tucker HOOI or FastTucker completion, by its ``method``."""
+    method = ctx.step.model.method_name  # type: ignore[attr-defined]
+    return {"cp": _run_cp, "tucker": _run_tucker, "completion": _run_completion}[method](ctx)
+
+
+def _scheduler(ctx: StepContext, m: Any, nnz: int, device: str) -> tuple[Any, str | None]:
+    """(client, scheduler) for a decomposition: in the driver where Dask's per-task cost would
+    dominate (see execution/inline.py), else on the run's cluster."""
+    if m.scheduler == "inline" or (m.scheduler == "auto" and nnz <= INLINE_MAX_NNZ and device != "gpu"):
+        return None, "inline"
+    return ctx.client_for(device), None
+
+
+def _run_cp(ctx: StepContext) -> dict:
     m: DecomposeStep = ctx.step.model  # type: ignore[assignment]
     from ..execution import DeviceOptions
 
-    store = open_input_store(ctx.step.inputs["input"])
+    store = _open_decompose_input(ctx, "cp")
+    dense = isinstance(store, DenseArray)
+    if dense and m.solver != "exact":
+        raise InputError(
+            f"{store.path} is a dense array: CP-ALS of dense arrays takes method: cp (exact), not {m.method}"
+        )
     out = ctx.step.outputs["out"]
     # randomized methods run on CPU workers (any worker of a GPU cluster runs them)
-    device = m.device or ("cpu" if m.method != "exact" else ctx.default_device)
+    device = m.device or ("cpu" if m.solver != "exact" else ctx.default_device)
     # init: random, a warm start from the previous result at 'previous' (default out), or a result
     init: Any = "random"
-    warm = m.warm_start_location()
-    if warm is not None:
-        warm = loc.normalize(warm, base=ctx.workflow.root)
-        if loc.exists(warm):
-            prev = load_result(warm)
-            init, notes = warm_start(prev, store.shape, m.rank, m.seed)
-            ctx.log(
-                f"warm start from {warm} (fit {prev.fit:.6f} after {prev.iterations} iterations)"
-                + (f"; {notes}" if notes else "")
-            )
-        elif m.init == "previous":
-            ctx.log(f"no previous result at {warm} yet: random initial factors")
-        else:
-            raise InputError(f"init: {warm} does not exist")
+    prev, warm = _warm_result(ctx, m)
+    if prev is not None:
+        if not isinstance(prev, CPResult):
+            raise InputError(f"init: {warm} is not a CP result (a warm start of method cp needs one)")
+        init, notes = warm_start(prev, store.shape, m.rank, m.seed)
+        ctx.log(
+            f"warm start from {warm} (fit {prev.fit:.6f} after {prev.iterations} iterations)"
+            + (f"; {notes}" if notes else "")
+        )
     # the checkpoint belongs to this step's fingerprint: a resume never mixes settings or inputs
     checkpoint = ctx.state_dir("checkpoints", f"{ctx.step.name}-{ctx.fingerprint[:16]}.npz")
     resume = False
     state = read_checkpoint(checkpoint) if loc.exists(checkpoint) else None
     if state is not None:
-        if state.input.get("store_id") == store.meta["store_id"] and state.params.get("rank") == m.rank:
+        # a dense array's identity includes ||X||^2, known only after its scan: cp_als checks it
+        if (dense or state.input.get("store_id") == store.meta["store_id"]) and state.params.get("rank") == m.rank:
             resume = True
             ctx.log(
                 f"resuming from the checkpoint after iteration {state.iteration + 1} (fit {state.fit:.6f})",
@@ -563,27 +661,8 @@ def run_decompose(ctx: StepContext) -> dict:
             ctx.recorder.step(ctx.step.name, resumed_from_iteration=state.iteration + 1)
         else:
             loc.remove(checkpoint)
-    client, scheduler = None, None
-    if m.scheduler == "inline" or (m.scheduler == "auto" and store.nnz <= INLINE_MAX_NNZ and device != "gpu"):
-        scheduler = "inline"  # Dask's per-task cost would dominate (see execution/inline.py)
-    else:
-        client = ctx.client_for(device)
+    client, scheduler = _scheduler(ctx, m, store.nnz, device)
     t0 = time.perf_counter()
-
-    def progress(record: dict) -> None:
-        rec = {k: record[k] for k in ("iteration", "fit", "fit_change", "seconds") if k in record}
-        ctx.recorder.step(ctx.step.name, save=False, progress=rec)
-        ctx.recorder.event(
-            "iteration",
-            "",
-            step=ctx.step.name,
-            echo=False,
-            **{k: v for k, v in record.items() if k != "iteration"},
-            iteration=record["iteration"],
-            max_iters=m.max_iters,
-        )
-        ctx.check_cancel()
-
     opts = DeviceOptions(conflict=m.conflict, streams=m.streams, device_memory_limit=m.device_memory_limit)
     result = cp_als(
         store,
@@ -597,7 +676,7 @@ def run_decompose(ctx: StepContext) -> dict:
         dtype=m.dtype,
         checkpoint=checkpoint,
         resume=resume,
-        callback=progress,
+        callback=_iteration_events(ctx, m.max_iters),
         execution=m.execution,
         checkpoint_every=m.checkpoint_every,
         partitions=m.partitions,
@@ -605,15 +684,13 @@ def run_decompose(ctx: StepContext) -> dict:
         overwrite=True,
         device=device,
         device_options=opts,
-        method=m.method,
+        method=m.solver,
         samples=m.samples,
         fit_every=m.fit_every,
     )
     wall = time.perf_counter() - t0
     loc.remove(checkpoint)  # the result is published: the checkpoint has served
-    new = result.history[result.params.get("resumed_after", 0) :]
-    steady = new[1:] or new
-    per_it = sum(h["seconds"] for h in steady) / max(1, len(steady))
+    new, per_it = _steady(result.history, result.params.get("resumed_after", 0))
     metrics = {
         "fit": result.fit,
         "iterations": result.iterations,
@@ -622,7 +699,7 @@ def run_decompose(ctx: StepContext) -> dict:
         "first_iteration_seconds": new[0]["seconds"] if new else None,
         "nnz": store.nnz,
         "rank": m.rank,
-        "method": m.method,
+        "method": m.solver,
         "execution": result.params.get("execution"),
         "device": result.params.get("device"),
         "scheduler": result.params.get("scheduler"),
@@ -631,6 +708,8 @@ def run_decompose(ctx: StepContext) -> dict:
         "input_store": store.path,
         "warm_start": warm if not isinstance(init, str) else None,
     }
+    if dense:
+        metrics["dense"] = True
     ctx.log(
         f"rank {m.rank}: fit {result.fit:.6f} after {result.iterations} iterations, {per_it:.3f} s per "
         f"iteration steady state -> {out}"
@@ -638,21 +717,244 @@ def run_decompose(ctx: StepContext) -> dict:
     return metrics
 
 
+def tucker_warm_start(
+    previous: TuckerResult, shape: tuple[int, ...], ranks: tuple[int, ...], seed: int | None
+) -> tuple[list[np.ndarray], str]:
+    """Initial Tucker factors from a previous Tucker result for a tensor of ``shape``.
+
+    A mode that grew keeps its old rows and gets new rows drawn N(0, s^2) at the spread of its old
+    rows (HOOI's first SVDs orthonormalize them); a larger rank gets random columns, a smaller one
+    keeps the leading ones (the largest singular values come first).
+    """
+    if len(previous.factors) != len(shape):
+        raise InputError(f"the previous result has {len(previous.factors)} modes, the tensor {len(shape)}")
+    rng = np.random.default_rng(seed)
+    out, notes = [], []
+    for n, (U, rows, j) in enumerate(zip(previous.factors, shape, ranks)):
+        U = np.asarray(U, dtype=np.float64)
+        if U.shape[0] > rows:
+            raise InputError(
+                f"mode {n} shrank from {U.shape[0]} to {rows} rows since the previous result: "
+                "a warm start cannot drop rows; use init: random"
+            )
+        spread = float(U.std()) or 1.0 / math.sqrt(max(rows, 1))
+        U = U[:, :j]
+        if U.shape[1] < j:
+            U = np.concatenate([U, rng.standard_normal((U.shape[0], j - U.shape[1])) * spread], axis=1)
+            notes.append(f"mode {n}: {j - previous.factors[n].shape[1]} new columns")
+        if rows > U.shape[0]:
+            notes.append(f"mode {n}: {rows - U.shape[0]} new rows initialized")
+            U = np.concatenate([U, rng.standard_normal((rows - U.shape[0], j)) * spread], axis=0)
+        out.append(np.ascontiguousarray(U))
+    return out, "; ".join(notes)
+
+
+def _run_tucker(ctx: StepContext) -> dict:
+    from ..decompositions import tucker_hooi
+    from ..decompositions.tucker_checkpoint import read_tucker_checkpoint
+    from ..decompositions.tucker_hooi import check_ranks
+
+    m: TuckerDecomposeStep = ctx.step.model  # type: ignore[assignment]
+    store = _open_decompose_input(ctx, "tucker")
+    out = ctx.step.outputs["out"]
+    try:
+        ranks = check_ranks(m.ranks, store.shape)
+    except DecompositionError as exc:
+        raise InputError(f"step {ctx.step.name!r}: ranks: {exc}") from None
+    device = m.device or ("gpu" if ctx.default_device == "gpu" else "cpu")
+    init: Any = m.init if m.init in ("random", "nvecs") else "random"
+    prev, warm = _warm_result(ctx, m)
+    if prev is not None:
+        if not isinstance(prev, TuckerResult):
+            raise InputError(f"init: {warm} is not a Tucker result (a warm start of method tucker needs one)")
+        init, notes = tucker_warm_start(prev, tuple(store.shape), ranks, m.seed)
+        ctx.log(f"warm start from {warm} (fit {prev.fit:.6f})" + (f"; {notes}" if notes else ""))
+    checkpoint = ctx.state_dir("checkpoints", f"{ctx.step.name}-{ctx.fingerprint[:16]}.npz")
+    resume = False
+    state = read_tucker_checkpoint(checkpoint) if loc.exists(checkpoint) else None
+    if state is not None:
+        if state.input.get("store_id") == store.meta["store_id"] and tuple(state.params.get("ranks", ())) == ranks:
+            resume = True
+            ctx.log(
+                f"resuming from the checkpoint after iteration {state.iteration + 1} (fit {state.fit:.6f})",
+                resumed_after=state.iteration + 1,
+            )
+            ctx.recorder.step(ctx.step.name, resumed_from_iteration=state.iteration + 1)
+        else:
+            loc.remove(checkpoint)
+    client, scheduler = _scheduler(ctx, m, store.nnz, device)
+    t0 = time.perf_counter()
+    result = tucker_hooi(
+        store,
+        ranks,
+        client=client,
+        scheduler=scheduler,
+        max_iters=m.max_iters,
+        tol=m.tol,
+        init=init,
+        seed=m.seed,
+        svd=m.svd,
+        kernel=m.kernel,
+        device=device,
+        checkpoint=checkpoint,
+        resume=resume,
+        checkpoint_every=m.checkpoint_every,
+        callback=_iteration_events(ctx, m.max_iters),
+        execution=m.execution,
+        partitions=m.partitions,
+        out=out,
+        overwrite=True,
+        progress=False,
+    )
+    wall = time.perf_counter() - t0
+    loc.remove(checkpoint)
+    new, per_it = _steady(result.history, result.params.get("resumed_after", 0))
+    metrics = {
+        "fit": result.fit,
+        "iterations": result.iterations,
+        "iterations_this_run": len(new),
+        "seconds_per_iteration": per_it,
+        "first_iteration_seconds": new[0]["seconds"] if new else None,
+        "nnz": store.nnz,
+        "method": "tucker",
+        "ranks": list(ranks),
+        "execution": result.params.get("execution"),
+        "device": result.params.get("device"),
+        "scheduler": result.params.get("scheduler"),
+        "nnz_modes_per_second": store.nnz * store.nmodes / max(per_it, 1e-12),
+        "wall_seconds": wall,
+        "input_store": store.path,
+        "warm_start": warm if prev is not None else None,
+    }
+    ctx.log(
+        f"Tucker ranks {'x'.join(map(str, ranks))}: fit {result.fit:.6f} after {result.iterations} iterations, "
+        f"{per_it:.3f} s per iteration steady state -> {out}"
+    )
+    return metrics
+
+
+def _run_completion(ctx: StepContext) -> dict:
+    from ..decompositions import CompletionError, FastTuckerResult, tucker_sgd
+
+    m: CompletionDecomposeStep = ctx.step.model  # type: ignore[assignment]
+    store = _open_decompose_input(ctx, "completion")
+    out = ctx.step.outputs["out"]
+    test = open_input_store(ctx.step.inputs["test"]) if "test" in ctx.step.inputs else None
+    device = m.device or ("gpu" if ctx.default_device == "gpu" else "cpu")
+    ranks = m.ranks if isinstance(m.ranks, int) else tuple(m.ranks)
+    init: Any = "random"
+    prev, warm = _warm_result(ctx, m)
+    if prev is not None:
+        if not isinstance(prev, FastTuckerResult):
+            raise InputError(f"init: {warm} is not a FastTucker result (a warm start of method completion needs one)")
+        want = (store.nmodes * (ranks,) if isinstance(ranks, int) else ranks, m.core_rank)
+        if (tuple(prev.ranks), prev.core_rank) != want:
+            # other ranks are another model: training restarts, and the record says so
+            ctx.log(
+                f"the previous model at {warm} has ranks {list(prev.ranks)} and core rank {prev.core_rank}, "
+                f"this step {list(want[0])} and {m.core_rank}: random initial model"
+            )
+            prev = None
+        else:
+            init = prev
+            grown = [f"mode {n}: {b - a} new rows" for n, (a, b) in enumerate(zip(prev.shape, store.shape)) if b > a]
+            ctx.log(
+                f"warm start from {warm} (test RMSE {prev.test_rmse:.6g} at epoch {prev.best_epoch})"
+                + (f"; {', '.join(grown)}" if grown else "")
+            )
+    client, scheduler = _scheduler(ctx, m, store.nnz, device)
+    fraction = m.test_fraction if test is not None or m.test_fraction is not None else 0.1
+    t0 = time.perf_counter()
+    try:
+        result = tucker_sgd(
+            store,
+            ranks,
+            m.core_rank,
+            test=test,
+            test_fraction=None if test is not None else fraction,
+            epochs=m.epochs,
+            batch=m.batch,
+            lr_factors=m.lr_factors,
+            lr_core=m.lr_core,
+            reg_factors=m.reg_factors,
+            reg_core=m.reg_core,
+            seed=m.seed,
+            client=client,
+            patience=m.patience,
+            progress=False,
+            out=out,
+            overwrite=True,
+            threads=m.threads,
+            device=device,
+            scheduler=scheduler,
+            partitions=m.partitions,
+            lr_decay=m.lr_decay,
+            step=m.step,
+            rebalance=m.rebalance,
+            revive_epochs=m.revive_epochs,
+            callback=_iteration_events(ctx, m.epochs, key="epoch"),
+            init=init,
+        )
+    except CompletionError as exc:
+        raise InputError(f"step {ctx.step.name!r}: {exc}") from None
+    wall = time.perf_counter() - t0
+    _, per_epoch = _steady(result.history)
+    metrics = {
+        "test_rmse": result.test_rmse,
+        "test_mae": result.test_mae,
+        "best_epoch": result.best_epoch,
+        "epochs": result.epochs,
+        "iterations": result.epochs,
+        "first_epoch_train_rmse": result.history[0]["train_rmse"] if result.history else None,
+        "seconds_per_epoch": per_epoch,
+        "first_iteration_seconds": result.history[0]["seconds"] if result.history else None,
+        "nnz": store.nnz,
+        "n_train": result.params.get("n_train"),
+        "n_test": result.params.get("n_test"),
+        "method": "completion",
+        "ranks": list(result.ranks),
+        "core_rank": result.core_rank,
+        "device": result.params.get("device"),
+        "scheduler": result.params.get("scheduler"),
+        "wall_seconds": wall,
+        "input_store": store.path,
+        "warm_start": warm if prev is not None else None,
+    }
+    ctx.log(
+        f"FastTucker ranks {'x'.join(map(str, result.ranks))}, core rank {result.core_rank}: test RMSE "
+        f"{result.test_rmse:.6g} (MAE {result.test_mae:.6g}) at epoch {result.best_epoch} of {result.epochs} -> {out}"
+    )
+    return metrics
+
+
 # --- evaluate -----------------------------------------------------------------------------------------
+
+
+def _open_tensor(location: str) -> Store | DenseArray:
+    """A store (a versioned folder: its latest version) or a dense Zarr array."""
+    location = resolve_store(location)
+    if is_dense_array(location):
+        try:
+            return open_dense(location)
+        except TfoocError as exc:
+            raise InputError(str(exc)) from None
+    return open_input_store(location)
 
 
 def run_evaluate(ctx: StepContext) -> dict:
     m: EvaluateStep = ctx.step.model  # type: ignore[assignment]
     result_loc = ctx.step.inputs["result"]
     model = load_model(result_loc)
-    metrics: dict[str, Any] = {"result": result_loc, "rank": model.rank}
-    if loc.isdir(result_loc):
-        r = load_result(result_loc)
+    metrics: dict[str, Any] = {"result": result_loc, "model": model.kind, **model.sizes}
+    r = model.result if loc.isdir(result_loc) else None
+    if isinstance(r, (CPResult, TuckerResult)):
         metrics.update(fit_reported=r.fit, iterations=r.iterations)
+    elif r is not None:
+        metrics.update(test_rmse_reported=r.test_rmse, test_mae_reported=r.test_mae, epochs=r.epochs)
     if "tensor" in ctx.step.inputs:
-        store = open_input_store(ctx.step.inputs["tensor"])
-        metrics["tensor"] = store.path
-        metrics["fit"] = model_fit(store, model)
+        tensor = _open_tensor(ctx.step.inputs["tensor"])
+        metrics["tensor"] = tensor.path
+        metrics.update(evaluate_tensor(tensor, model))
     elif "fit_reported" in metrics:
         metrics["fit"] = metrics["fit_reported"]
     if "reference" in ctx.step.inputs:
@@ -667,17 +969,28 @@ def run_evaluate(ctx: StepContext) -> dict:
         )
     parts = [
         f"fit {metrics['fit']:.6f}" if "fit" in metrics else None,
+        f"RMSE {metrics['rmse']:.6g} (MAE {metrics['mae']:.6g}) on {metrics['entries']:,} entries"
+        if "rmse" in metrics
+        else None,
         f"factor match score {metrics['fms']:.4f} (congruence {metrics['congruence']:.4f}) against "
         f"{metrics['reference']}"
         if "fms" in metrics
         else None,
     ]
-    ctx.log("; ".join(p for p in parts if p))
+    ctx.log("; ".join(p for p in parts if p) or f"{model.what}: nothing to measure without 'tensor'")
     failed = []
-    if m.min_fit is not None and metrics.get("fit", -math.inf) < m.min_fit:
-        failed.append(f"fit {metrics.get('fit', float('nan')):.6f} < min_fit {m.min_fit}")
+    if m.min_fit is not None:
+        if "fit" not in metrics:
+            raise InputError(
+                f"min_fit: {model.what} has no fit (a completion model leaves the missing entries out); "
+                "use max_rmse with a tensor"
+            )
+        if metrics["fit"] < m.min_fit:
+            failed.append(f"fit {metrics['fit']:.6f} < min_fit {m.min_fit}")
     if m.min_fms is not None and metrics.get("fms", -math.inf) < m.min_fms:
         failed.append(f"factor match score {metrics['fms']:.4f} < min_fms {m.min_fms}")
+    if m.max_rmse is not None and not metrics["rmse"] <= m.max_rmse:
+        failed.append(f"RMSE {metrics['rmse']:.6g} > max_rmse {m.max_rmse}")
     if failed:
         # metrics stay in the record; the output is not written so the next run evaluates again
         ctx.recorder.step(ctx.step.name, metrics={k: v for k, v in metrics.items() if k != "pairs"})
@@ -694,20 +1007,110 @@ def run_export(ctx: StepContext) -> dict:
     src, out = ctx.step.inputs["result"], ctx.step.outputs["out"]
     if not loc.isdir(src):
         raise InputError(f"{src}: expected a result store (written by a decompose step)")
-    result = load_result(src)
+    try:
+        result = load_result(src)
+    except StoreError as exc:
+        raise InputError(str(exc)) from None
+    kind = model_of(result, src).kind
+    summary: dict[str, Any]
+    if isinstance(result, FastTuckerResult):
+        summary = {"test_rmse": result.test_rmse, "ranks": list(result.ranks), "core_rank": result.core_rank}
+        arrays = {"test_rmse": result.test_rmse, "test_mae": result.test_mae}
+    elif isinstance(result, TuckerResult):
+        summary = {"fit": result.fit, "ranks": list(result.ranks)}
+        arrays = {"fit": result.fit}
+    else:
+        summary = {"fit": result.fit, "rank": result.rank}
+        arrays = {"fit": result.fit}
     if m.format == "npz":
-        _save_npz(out, {**result.to_numpy(), "history": json.dumps(result.history), "fit": result.fit})
+        _save_npz(out, {**result.to_numpy(), "history": json.dumps(result.history), **arrays})
     elif m.format == "zarr":
         result.save(out, overwrite=True)
     elif m.format == "tensorly":
         loc.write_bytes(out, pickle.dumps(result.to_tensorly()))
     elif m.format == "pyttb":
+        if not isinstance(result, CPResult):
+            raise InputError(
+                f"{src} is a {KIND_NAMES[kind]} result: pyttb's export_data writes CP models (ktensor) only; "
+                "export it as npz, tensorly or zarr"
+            )
         import pyttb
 
         with loc.local_target(out) as tmp:
             pyttb.export_data(result.to_pyttb(), tmp)
-    ctx.log(f"{m.format} export of {src} -> {out}")
-    return {"format": m.format, "rank": result.rank, "fit": result.fit}
+    ctx.log(f"{m.format} export of {src} ({KIND_NAMES[kind]} result) -> {out}")
+    return {"format": m.format, "model": kind, **summary}
+
+
+# --- predict ------------------------------------------------------------------------------------------
+
+PREDICT_BATCH = 1 << 20  # coordinates predicted (and written) at once
+
+
+def _coordinate_batches(location: str, nmodes: int, one_based: bool) -> Iterator[np.ndarray]:
+    """0-based coordinates from a ``.tns`` file (N indices a line, with or without a value) or a
+    store (its nonzeros' coordinates), in batches, in the order they are read."""
+    if not is_tns(location):
+        store = open_input_store(location)
+        if store.nmodes != nmodes:
+            raise InputError(f"{store.path} has {store.nmodes} modes, the model {nmodes}")
+        for ch in store.iter_chunks():
+            yield ch.coords(store.layout)
+        return
+    with loc.local_copy(location, suffix=".gz" if location.endswith(".gz") else ".tns") as lp:
+        src = TextSource(lp, one_based=one_based)
+        if src.nmodes not in (nmodes, nmodes - 1):
+            raise InputError(
+                f"{location}: {src.nmodes + 1} columns a line; the model has {nmodes} modes (expected "
+                f"{nmodes} indices, with or without a value)"
+            )
+        for coords, values in src.batches(None):
+            if src.nmodes == nmodes - 1:
+                # no value column: what the parser read as the value is the last index
+                last = values - (1 if one_based else 0)
+                if not np.all(last == np.round(last)) or (last.size and last.min() < 0):
+                    raise InputError(f"{location}: the last column holds non-index values; expected {nmodes} indices")
+                coords = np.column_stack([coords, last.astype(np.int64)])
+            yield coords
+
+
+def run_predict(ctx: StepContext) -> dict:
+    m: PredictStep = ctx.step.model  # type: ignore[assignment]
+    src, coords_loc, out = ctx.step.inputs["result"], ctx.step.inputs["coords"], ctx.step.outputs["out"]
+    model = load_model(src)
+    shape = model.shape
+    one_based = not m.zero_based
+    count = [0]
+
+    def predictions() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for batch in _coordinate_batches(coords_loc, len(shape), one_based):
+            ctx.check_cancel()
+            for s in range(0, batch.shape[0], PREDICT_BATCH):
+                c = batch[s : s + PREDICT_BATCH]
+                bad = np.flatnonzero(((c < 0) | (c >= np.asarray(shape))).any(axis=1))
+                if bad.size:
+                    row = c[bad[0]] + (1 if one_based else 0)
+                    raise InputError(
+                        f"{coords_loc}: coordinate {count[0] + s + int(bad[0]) + 1} ({', '.join(map(str, row))}, "
+                        f"{'1' if one_based else '0'}-based) lies outside the model's shape {shape}"
+                    )
+                yield c, model_values(model, c)
+            count[0] += batch.shape[0]
+
+    if out.endswith(".npz"):
+        parts = list(predictions())
+        coords = np.concatenate([c for c, _ in parts]) if parts else np.zeros((0, len(shape)), np.int64)
+        values = np.concatenate([v for _, v in parts]) if parts else np.zeros(0)
+        _save_npz(out, {"coords": coords, "values": values})
+        written = int(values.shape[0])
+    else:
+        header = (
+            f"tensorflow_ooc predictions of the {KIND_NAMES[model.kind]} model {src} at the coordinates of {coords_loc}"
+        )
+        with loc.local_target(out) as tmp:
+            written = synthetic.write_tns(tmp, predictions(), one_based=one_based, header=header)
+    ctx.log(f"{written:,} predictions of {src} at {coords_loc} -> {out}")
+    return {"predictions": int(written), "model": model.kind, "coords": coords_loc}
 
 
 RUNNERS: dict[str, Callable[[StepContext], dict]] = {
@@ -716,6 +1119,7 @@ RUNNERS: dict[str, Callable[[StepContext], dict]] = {
     "decompose": run_decompose,
     "evaluate": run_evaluate,
     "export": run_export,
+    "predict": run_predict,
 }
 
 

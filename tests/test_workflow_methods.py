@@ -1,0 +1,323 @@
+"""Every decomposition is a workflow step: decompose with method cp | tucker | completion (and dense
+Zarr arrays for CP), predict steps, evaluate and export of each result kind, and the nightly
+completion pipeline (two nights, the second warm-started), all by real runs of the workflow
+runner on small tensors."""
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tensorflow_ooc as tfo
+from tensorflow_ooc import synthetic
+from tensorflow_ooc.cli import main
+from tensorflow_ooc.workflow import SpecError, load_spec
+from tensorflow_ooc.workflow.fingerprint import step_fingerprint
+from tensorflow_ooc.workflow.records import RunStore
+from tensorflow_ooc.workflow.runner import execute
+
+WORKFLOWS = Path(__file__).resolve().parent.parent / "workflows"
+
+METHODS = """\
+name: methods
+steps:
+  convert: {{kind: convert, input: t.tns, out: t.zarr}}
+  tucker:
+    kind: decompose
+    method: tucker
+    input: t.zarr
+    out: t.tucker.zarr
+    ranks: [{j}, {j}, 2]
+    max_iters: 4
+    tol: 0
+    seed: {seed}
+  complete:
+    kind: decompose
+    method: completion
+    input: t.zarr
+    out: t.ft.zarr
+    ranks: {j}
+    core_rank: {j}
+    epochs: 3
+    patience: 10
+    threads: 1
+    seed: {seed}
+  eval-tucker: {{kind: evaluate, result: t.tucker.zarr, tensor: t.zarr, out: tucker.json}}
+  eval-complete: {{kind: evaluate, result: t.ft.zarr, tensor: t.zarr, out: ft.json, max_rmse: 1.0e+6}}
+  npz-tucker: {{kind: export, result: t.tucker.zarr, format: npz, out: out/tucker.npz}}
+  tensorly-tucker: {{kind: export, result: t.tucker.zarr, format: tensorly, out: out/tucker.pkl}}
+  npz-complete: {{kind: export, result: t.ft.zarr, format: npz, out: out/ft.npz}}
+  tensorly-complete: {{kind: export, result: t.ft.zarr, format: tensorly, out: out/ft.pkl}}
+  predict: {{kind: predict, result: t.ft.zarr, coords: queries.tns, out: out/predictions.tns}}
+  predict-store: {{kind: predict, result: t.tucker.zarr, coords: t.zarr, out: out/tucker-predictions.npz}}
+"""
+
+
+def _read_tns(path, nmodes):
+    rows = [line.split() for line in Path(path).read_text().splitlines() if line and not line.startswith("#")]
+    coords = np.array([[int(x) for x in r[:nmodes]] for r in rows]) - 1
+    return coords, np.array([float(r[nmodes]) for r in rows])
+
+
+def test_tucker_and_completion_steps(tmp_path, rng, capsys):
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    shape = tuple(int(rng.integers(12, 20)) for _ in range(3))
+    p = synthetic.planted_fasttucker(shape, 3, 3, 1500, noise=0.05, seed=int(rng.integers(1 << 30)))
+    synthetic.write_tns(storage / "t.tns", [(p.coords, p.values)])
+    # queries: coordinates only (no value column), some of them never observed
+    queries = np.stack([rng.integers(0, s, 40) for s in shape], axis=1)
+    (storage / "queries.tns").write_text("".join(" ".join(str(i + 1) for i in q) + "\n" for q in queries))
+    spec = tmp_path / "methods.yaml"
+    spec.write_text(METHODS.format(j=3, seed=int(rng.integers(1000))))
+    assert main(["run", str(spec), "--storage", str(storage), "-q"]) == 0
+    runs = RunStore(str(storage))
+    rec = runs.list()[0]
+    assert {st.state for st in rec.steps.values()} == {"done"}, rec.error
+    events = runs.events(rec.run_id)
+
+    # Tucker: a TuckerResult with the step's ranks; every iteration recorded once
+    tucker = tfo.load_result(storage / "t.tucker.zarr")
+    assert isinstance(tucker, tfo.TuckerResult) and tucker.ranks == (3, 3, 2)
+    m = rec.steps["tucker"].metrics
+    assert m["method"] == "tucker" and m["iterations"] == tucker.iterations == 4 and m["fit"] == tucker.fit
+    its = [e for e in events if e["event"] == "iteration" and e["step"] == "tucker"]
+    assert [e["iteration"] for e in its] == [1, 2, 3, 4] and all("svd_seconds" in e for e in its)
+    # completion: a FastTuckerResult; every epoch recorded once, with its test RMSE
+    ft = tfo.load_result(storage / "t.ft.zarr")
+    assert isinstance(ft, tfo.FastTuckerResult) and ft.ranks == (3, 3, 3) and ft.core_rank == 3
+    m = rec.steps["complete"].metrics
+    assert m["method"] == "completion" and m["epochs"] == ft.epochs == 3 and m["test_rmse"] == ft.test_rmse
+    epochs = [e for e in events if e["event"] == "iteration" and e["step"] == "complete"]
+    assert [e["iteration"] for e in epochs] == [1, 2, 3] and all(e["max_iters"] == 3 for e in epochs)
+    assert [e["test_rmse"] for e in epochs] == [h["test_rmse"] for h in ft.history]
+
+    # tfooc logs shows each iteration and epoch once, with the figures of its kind
+    capsys.readouterr()
+    assert main(["logs", rec.run_id, "--storage", str(storage)]) == 0
+    logs = capsys.readouterr().out
+    assert logs.count("[tucker] iteration 2: fit ") == 1
+    assert logs.count("[complete] epoch 2: test RMSE ") == 1 and "fit nan" not in logs
+
+    # evaluate: the Tucker fit recomputed by streaming the store agrees with HOOI's own; the
+    # completion model's RMSE on the stored entries is its predictions' RMSE
+    ev = rec.steps["eval-tucker"].metrics
+    assert ev["model"] == "tucker" and abs(ev["fit"] - tucker.fit) < 1e-8 and ev["ranks"] == [3, 3, 2]
+    store = tfo.open_store(storage / "t.zarr")
+    c, v = store.to_coo()
+    ev = rec.steps["eval-complete"].metrics
+    assert ev["model"] == "fasttucker" and "fit" not in ev and ev["entries"] == len(v)
+    assert np.isclose(ev["rmse"], np.sqrt(np.mean((ft.predict(c) - v) ** 2)), rtol=1e-10)
+    assert json.loads((storage / "ft.json").read_text())["rmse"] == ev["rmse"]
+
+    # exports hold each kind's arrays
+    z = np.load(storage / "out" / "tucker.npz")
+    assert np.allclose(z["core"], tucker.core) and np.allclose(z["factor2"], tucker.factors[2])
+    tt = pickle.loads((storage / "out" / "tucker.pkl").read_bytes())
+    assert np.allclose(tt.core, tucker.core)
+    z = np.load(storage / "out" / "ft.npz")
+    assert np.allclose(z["core_factor1"], ft.core_factors[1]) and float(z["test_rmse"]) == ft.test_rmse
+    tt = pickle.loads((storage / "out" / "ft.pkl").read_bytes())
+    assert np.allclose(tt.core, ft.core())
+
+    # predictions: every query, in order, with the model's value
+    pc, pv = _read_tns(storage / "out" / "predictions.tns", 3)
+    assert np.array_equal(pc, queries) and np.allclose(pv, ft.predict(queries), rtol=1e-12, atol=1e-14)
+    assert rec.steps["predict"].metrics["predictions"] == len(queries)
+    z = np.load(storage / "out" / "tucker-predictions.npz")
+    assert np.allclose(
+        z["values"],
+        np.einsum("abc,ia,ib,ic->i", tucker.core, *(f[z["coords"][:, n]] for n, f in enumerate(tucker.factors))),
+    )
+    assert z["coords"].shape[0] == store.nnz
+
+    # again: up to date
+    assert main(["run", str(spec), "--storage", str(storage), "-q"]) == 3
+
+
+def test_decompose_method_errors_name_line_and_field(tmp_path):
+    (tmp_path / "t.tns").write_text("1 1 1 1.0\n2 2 2 2.0\n")
+    base = "steps:\n  convert: {kind: convert, input: t.tns, out: t.zarr}\n  d:\n    kind: decompose\n"
+    cases = [
+        (
+            "    method: tucker\n    input: t.zarr\n    out: r.zarr\n    rank: 2\n",
+            8,
+            "steps.d.rank",
+            "with method: tucker; 'rank' is a key of method: cp",
+        ),
+        ("    input: t.zarr\n    out: r.zarr\n    ranks: 2\n", 7, "steps.d.ranks", "method: tucker or completion"),
+        (
+            "    input: t.zarr\n    out: r.zarr\n    method: parafac\n    rank: 2\n",
+            7,
+            "steps.d.method",
+            "cp, tucker, completion",
+        ),
+        (
+            "    method: completion\n    input: t.zarr\n    out: r.zarr\n    ranks: 2\n    core_rank: 2\n"
+            "    test: t.zarr\n    test_fraction: 0.2\n",
+            3,
+            "steps.d",
+            "'test' (a test store) or 'test_fraction', not both",
+        ),
+    ]
+    for body, line, field, message in cases:
+        with pytest.raises(SpecError) as info:
+            load_spec(text=base + body, storage=str(tmp_path))
+        found = [p for p in info.value.problems if p.field == field]
+        assert found and found[0].line == line and message in found[0].message, str(info.value)
+    # pyttb writes CP models only: a Tucker result made in the spec is refused before anything runs
+    text = base + "    method: tucker\n    input: t.zarr\n    out: r.zarr\n    ranks: 2\n"
+    text += "  x: {kind: export, result: r.zarr, format: pyttb, out: r.ktensor}\n"
+    with pytest.raises(SpecError) as info:
+        load_spec(text=text, storage=str(tmp_path))
+    assert info.value.problems[0].field == "steps.x.format" and info.value.problems[0].line == 9
+    assert "makes a tucker result" in info.value.problems[0].message
+
+
+def test_existing_step_fingerprints_are_unchanged(tmp_path):
+    # what the previous release computed for these steps: an upgrade must not rerun up-to-date steps
+    (tmp_path / "t.tns").write_text("1 1 1 1.0\n2 2 2 2.0\n")
+    text = """steps:
+  c: {kind: convert, input: t.tns, out: t.zarr}
+  d: {kind: decompose, input: t.zarr, out: r.zarr, rank: 2}
+  s: {kind: decompose, input: t.zarr, out: s.zarr, rank: 3, method: sts, init: previous}
+  e: {kind: evaluate, result: r.zarr, tensor: t.zarr, min_fit: 0.1}
+  x: {kind: export, result: r.zarr, format: npz, out: r.npz}
+"""
+    wf = load_spec(text=text, storage=str(tmp_path))
+    got = {s.name: step_fingerprint(s.kind, s.config(), {}) for s in wf.steps}
+    assert got == {
+        "c": "93129ebc4d9fd3d85985b3ed84a9f8127703fd6728115b5011e362040f41bc0f",
+        "d": "f5f81661e4b0dc95c609b2d0fead3e69c835ab30d35ff71af2d774c9b6fbafc8",
+        "s": "afc55f15357905acfa232e5c8afb7c4b9a8803fd9bd47a583793553ef16b82ae",
+        "e": "43a4dffb75e3e2ef998e99df6c453198a6a3fb53ce4bbcd9702cdfa933769fb0",
+        "x": "979df5f366c12f8cc74da4f8a84878a06f87e487daaf77de418f85c0349052f1",
+    }
+    # method: cp is CP-ALS's exact solver, the same step as before methods existed
+    same = load_spec(text=text.replace("rank: 2}", "rank: 2, method: cp}"), storage=str(tmp_path))
+    assert step_fingerprint("decompose", same.step("d").config(), {}) == got["d"]
+
+
+DENSE = """\
+steps:
+  cp: {kind: decompose, input: dense.zarr, out: dense.cp.zarr, rank: 2, max_iters: 40, tol: 1.0e-9, seed: 1}
+  evaluate: {kind: evaluate, result: dense.cp.zarr, tensor: dense.zarr, out: dense.json}
+"""
+
+
+def test_dense_zarr_array_input(tmp_path, rng):
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    shape = tuple(int(rng.integers(6, 12)) for _ in range(3))
+    synthetic.write_planted_dense(storage / "dense.zarr", shape, 2, noise=0.01, seed=int(rng.integers(1000)))
+    one = execute(load_spec(text=DENSE, storage=str(storage)))
+    assert one.exit_code == 0, one.record.error
+    dec, ev = one.record.steps["cp"].metrics, one.record.steps["evaluate"].metrics
+    assert dec["dense"] is True and dec["nnz"] == int(np.prod(shape)) and 0 < dec["fit"] <= 1
+    # the evaluation forms the model chunk by chunk: its fit is CP-ALS's own
+    assert abs(ev["fit"] - dec["fit"]) < 1e-8 and ev["entries"] == int(np.prod(shape))
+    assert execute(load_spec(text=DENSE, storage=str(storage))).exit_code == 3
+    # the same array rewritten with other values (same metadata): the steps run again
+    synthetic.write_planted_dense(
+        storage / "dense.zarr", shape, 2, noise=0.01, seed=int(rng.integers(1000, 2000)), overwrite=True
+    )
+    again = execute(load_spec(text=DENSE, storage=str(storage)))
+    assert again.exit_code == 0 and again.record.steps["cp"].state == "done"
+    # Tucker takes sparse stores only: the step fails naming the array and what takes it
+    tucker = DENSE.replace("rank: 2,", "method: tucker, ranks: 2,").replace("out: dense.cp.zarr", "out: t.zarr")
+    failed = execute(load_spec(text=tucker.replace("result: dense.cp.zarr", "result: t.zarr"), storage=str(storage)))
+    assert (
+        failed.exit_code == 1
+        and "is a dense Zarr array; method tucker takes a sparse BLCO store" in failed.record.error
+    )
+
+
+def _night(storage, overrides):
+    return execute(load_spec(WORKFLOWS / "nightly-completion.yaml", storage=str(storage), overrides=overrides))
+
+
+def test_nightly_completion_two_nights_warm_started(tmp_path, rng):
+    storage = tmp_path / "storage"
+    incoming = storage / "recommender" / "incoming"
+    incoming.mkdir(parents=True)
+    shape = (40, 30, 6)
+    p = synthetic.planted_fasttucker(shape, 3, 3, 3000, noise=0.05, seed=int(rng.integers(1 << 30)))
+    # new users arrive on night 2 (the last rows of mode 0)
+    late = p.coords[:, 0] >= 34
+    synthetic.write_tns(incoming / "day1.tns", [(p.coords[~late], p.values[~late])])
+    # the queries name users of night 1 (a query outside the model's shape fails the step)
+    known = p.coords[~late].max(axis=0) + 1
+    queries = np.stack([rng.integers(0, s, 25) for s in known], axis=1)
+    synthetic.write_tns(storage / "recommender" / "queries.tns", [(queries, np.zeros(len(queries)))])
+    cheap = ["steps.train.ranks=3", "steps.train.core_rank=3", "steps.train.epochs=4", "steps.train.threads=1"]
+    one = _night(storage, cheap)
+    assert one.exit_code == 0, one.record.error
+    t1 = one.record.steps["train"].metrics
+    assert t1["warm_start"] is None and t1["epochs"] == 4
+    first_night = tfo.load_result(storage / "recommender" / "model.zarr")
+    assert _night(storage, cheap).exit_code == 3  # nothing new: skipped, nothing published again
+
+    synthetic.write_tns(incoming / "day2.tns", [(p.coords[late], p.values[late])])
+    two = _night(storage, cheap)
+    assert two.exit_code == 0, two.record.error
+    assert {st.state for st in two.record.steps.values()} == {"done"}
+    t2 = two.record.steps["train"].metrics
+    assert t2["warm_start"] == str(storage / "recommender" / "model.zarr")
+    events = RunStore(str(storage)).events(two.run_id)
+    assert any("warm start from" in e["message"] and "mode 0: 6 new rows" in e["message"] for e in events)
+    # trained further from last night's model: its first epoch starts where night 1 ended, far
+    # below a random start's first epoch
+    assert t2["first_epoch_train_rmse"] < 0.8 * t1["first_epoch_train_rmse"]
+    second_night = tfo.load_result(storage / "recommender" / "model.zarr")
+    assert second_night.shape[0] == 40 > first_night.shape[0] and second_night.params["init"] == "given"
+    # the night's outputs: predictions for every query, the model, its evaluation
+    pc, pv = _read_tns(storage / "recommender" / "published" / "predictions.tns", 3)
+    assert np.array_equal(pc, queries) and np.allclose(pv, second_night.predict(queries), rtol=1e-12, atol=1e-14)
+    z = np.load(storage / "recommender" / "published" / "model.npz")
+    assert np.allclose(z["factor0"], second_night.factors[0])
+    ev = json.loads((storage / "recommender" / "evaluation.json").read_text())
+    assert ev["model"] == "fasttucker" and ev["entries"] == len(p.values)
+
+
+def test_shipped_completion_spec_validates(tmp_path):
+    (tmp_path / "recommender" / "incoming").mkdir(parents=True)
+    (tmp_path / "recommender" / "queries.tns").write_text("1 1 1\n")
+    wf = load_spec(WORKFLOWS / "nightly-completion.yaml", storage=str(tmp_path))
+    train = wf.step("train").model
+    assert train.method_name == "completion" and train.init == "previous" and train.core_rank == 8
+    assert [s.kind for s in wf.steps] == ["convert", "decompose", "evaluate", "predict", "export"]
+    shutil.rmtree(tmp_path / "recommender")
+
+
+def test_schema_has_every_method():
+    from tensorflow_ooc.workflow.spec import spec_schema
+
+    defs = spec_schema()["$defs"]
+    assert {"ranks", "max_iters", "tol", "init", "svd"} <= set(defs["TuckerDecomposeStep"]["properties"])
+    completion = set(defs["CompletionDecomposeStep"]["properties"])
+    assert {"ranks", "core_rank", "test", "test_fraction", "epochs", "lr_factors", "lr_core", "init"} <= completion
+    assert defs["TuckerDecomposeStep"]["properties"]["method"]["const"] == "tucker"
+    assert {"cp", "exact", "sts"} <= set(defs["DecomposeStep"]["properties"]["method"]["enum"])
+    assert {"result", "coords", "out"} <= set(defs["PredictStep"]["required"])
+    assert "max_rmse" in defs["EvaluateStep"]["properties"]
+
+
+def test_tucker_sgd_warm_start_api(tmp_path, rng):
+    from tensorflow_ooc.decompositions import CompletionError
+
+    p = synthetic.planted_fasttucker((20, 15, 10), 3, 3, 1500, noise=0.05, seed=int(rng.integers(1 << 30)))
+    store = tfo.convert((p.coords, p.values), str(tmp_path / "s.zarr"), shape=p.shape)
+    first = tfo.tucker_sgd(store, 3, 3, test_fraction=0.1, epochs=4, threads=1, progress=False, seed=1)
+    again = tfo.tucker_sgd(store, 3, 3, test_fraction=0.1, epochs=1, threads=1, progress=False, seed=1, init=first)
+    # it starts from the previous model: its first epoch is at least as good as where that one ended
+    assert again.params["init"] == "given" and first.params["init"] == "random"
+    assert again.history[0]["train_rmse"] < 0.8 * first.history[0]["train_rmse"]
+    with pytest.raises(CompletionError, match="ranks"):
+        tfo.tucker_sgd(store, 2, 3, epochs=1, progress=False, init=first)
+    keep = p.coords[:, 0] < 10
+    smaller = tfo.convert((p.coords[keep], p.values[keep]), str(tmp_path / "t.zarr"), shape=(10, 15, 10))
+    with pytest.raises(CompletionError, match="cannot shrink"):
+        tfo.tucker_sgd(smaller, 3, 3, epochs=1, progress=False, init=first)
