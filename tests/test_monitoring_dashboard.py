@@ -231,6 +231,8 @@ def test_page_scales_axes_to_the_data_in_chromium():
     assert sorted(int(a["data-iteration"]) for a, _ in floored) == [5, 6, 7, 8]
     assert len({a["cy"] for a, _ in floored}) == 1
     assert labels[3] == "1.0e-12" and len(set(labels[3:6])) == 3
+    # axes from 0 (bytes read, none here) stay at 0 and above: no "-1 B" label
+    assert not [t for t in labels if t.strip().startswith("-")], labels
     # the errors column: each error's first line
     errors = {a.get("title", ""): t.strip() for a, t in dom.having("error-line")}
     assert set(errors.values()) == {"run bad failed: ValueError: boom", "run stopped was cancelled (tfooc cancel)"}

@@ -133,7 +133,8 @@ function linePlot(title, xs, ys, cls, opts) {
       y0 = c - least / 2; y1 = c + least / 2;
       if (opts.log && floor > 0 && y0 < Math.log10(floor)) { y0 = Math.log10(floor); y1 = y0 + least; }
     }
-    if (y1 === y0) { const d = Math.abs(y0) * 0.05 || 1; y0 -= d; y1 += d; }
+    // a flat series: a little room around it, never below 0 on an axis from 0 (no "-1 B read")
+    if (y1 === y0) { const d = Math.abs(y0) * 0.05 || 1; y0 = opts.zero && !opts.log ? Math.max(0, y0 - d) : y0 - d; y1 += d; }
     const sx = x => L + (x - x0) / (x1 - x0) * (W - L - R);
     const sy = y => T + (1 - (tx(y) - y0) / (y1 - y0)) * (H - T - B);
     const ylab = v => opts.log ? fmt(Math.pow(10, v), 1) : (opts.format ? opts.format(v) : fmt(v));
