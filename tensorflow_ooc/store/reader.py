@@ -244,16 +244,22 @@ class Store:
 
     def read_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Re-encoded BLCO indices and values of nonzeros [start, stop)."""
+        words, values = self._checked_words(start, stop)
+        return reencode(words, self.layout), values
+
+    def _checked_words(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Low ALTO words and values of nonzeros [start, stop) through Zarr, with their chunks'
+        positions, their count and the layout's index bits checked."""
         for c in range(start // self.chunk_nnz, -(-stop // self.chunk_nnz)):
             self.check_chunk_position(c, "alto")
             self.check_chunk_position(c, "values")
-        alto = self._read_words(start, stop)
+        words = self._read_words(start, stop)
         values = self._read("values", start, stop)
-        if alto.shape[0] != stop - start or values.shape[0] != stop - start:
+        if words.shape[0] != stop - start or values.shape[0] != stop - start:
             raise _fail(self.path, f"nonzeros {start}..{stop} are missing")
-        if self.layout.index_bits < 64 and alto.size and int(alto.max()) >> self.layout.index_bits:
+        if self.layout.index_bits < 64 and words.size and int(words.max()) >> self.layout.index_bits:
             raise _fail(self.path, f"nonzeros {start}..{stop}: index bits beyond the layout's {self.layout.index_bits}")
-        return reencode(alto, self.layout), values
+        return words, values
 
     def _read_words(self, start: int, stop: int) -> np.ndarray:
         """Low ALTO words of nonzeros ``[start, stop)`` through Zarr (which undoes the Delta
@@ -437,14 +443,7 @@ class Store:
             raise IndexError(f"chunk {c} out of range (store has {self.nchunks})")
         start = c * self.chunk_nnz
         stop = min(self.nnz, start + self.chunk_nnz)
-        for name in ("alto", "values"):
-            self.check_chunk_position(c, name)
-        low = self._read_words(start, stop)
-        values = self._read("values", start, stop)
-        if low.shape[0] != stop - start or values.shape[0] != stop - start:
-            raise _fail(self.path, f"nonzeros {start}..{stop} are missing")
-        if self.layout.index_bits < 64 and low.size and int(low.max()) >> self.layout.index_bits:
-            raise _fail(self.path, f"chunk {c}: index bits beyond the layout's {self.layout.index_bits}")
+        low, values = self._checked_words(start, stop)
         segs, bases = self._segments(start, stop)
         mins, maxs = self.chunk_ranges
         chunk = Chunk(c, start, reencode(low, self.layout), values, segs, bases, mins[c], maxs[c])

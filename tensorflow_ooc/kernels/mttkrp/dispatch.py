@@ -237,11 +237,12 @@ def run_items(
     accumulator go to per-thread outputs instead of row-owned tiles or atomic adds; the caller
     merges them after its last call."""
     R = out.shape[1]
-    groups = column_groups(R, factors.data.nbytes)
-    if groups is not None:
-        return _run_column_groups(
-            groups, items, layout, factors, mode, out, conflict, max_private_bytes, out_lo, thread_outputs
-        )
+    if column_groups(R, factors.data.nbytes) is not None:
+        # a pass of one batch: its groups' blocks and outputs made, used and merged here
+        one = MttkrpPass(factors, out, thread_outputs)
+        plan = one.run(items, layout, mode, conflict, max_private_bytes, out_lo)
+        one.finish()
+        return plan
     own_outputs = conflict == "threads" and thread_outputs is None
     if own_outputs:
         thread_outputs = ThreadOutputs(out, nb.get_num_threads())
@@ -362,33 +363,6 @@ class MttkrpPass:
             if shared is not None:
                 shared.merge()
             self.out[:, first : first + real] += part[:, :real]
-
-
-def _run_column_groups(
-    groups: list[tuple[int, int, int]],
-    items: WorkItems,
-    layout: BitLayout,
-    factors: StackedFactors,
-    mode: int,
-    out: np.ndarray,
-    conflict: str,
-    max_private_bytes: int,
-    out_lo: int,
-    thread_outputs: ThreadOutputs | None,
-) -> ConflictPlan:
-    """:func:`run_items` as passes over padded column groups (:mod:`.column_groups`), each into an
-    output of its own (with per-thread copies of its own where the caller's pass has them),
-    whose real columns are added into ``out``."""
-    plans = []
-    for first, real, width in groups:
-        block = column_block(factors, first, real, width)
-        part = np.zeros((out.shape[0], width), dtype=out.dtype)
-        shared = None if thread_outputs is None else ThreadOutputs(part, thread_outputs.threads)
-        plans.append(run_items(items, layout, block, mode, part, conflict, max_private_bytes, out_lo, shared))
-        if shared is not None:
-            shared.merge()
-        out[:, first : first + real] += part[:, :real]
-    return plans[0]
 
 
 def mttkrp(
