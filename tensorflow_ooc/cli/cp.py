@@ -54,6 +54,8 @@ def cmd_cpd(args: argparse.Namespace) -> int:
             method=args.method,
             samples=args.samples,
             fit_every=args.fit_every,
+            nonnegative=args.nonnegative,
+            reg=args.reg,
             device_options=DeviceOptions(
                 conflict=args.conflict, streams=args.streams, device_memory_limit=args.device_memory_limit
             ),
@@ -62,6 +64,8 @@ def cmd_cpd(args: argparse.Namespace) -> int:
     # the first iteration of a process also compiles (or loads) the kernels: reported apart
     new, steady, per_it = this_run(result)
     how = "" if args.method == "exact" else f", {args.method} sampling of {args.samples:,} rows"
+    if args.nonnegative:
+        how += ", nonnegative (HALS" + (f", reg {args.reg:g})" if args.reg else ")")
     print(
         f"CP-ALS rank {args.rank}{how} on {store.path} ({store.nnz:,} {entries}, "
         f"{result.params['execution']} execution "
@@ -170,6 +174,20 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         default=None,
         help="randomized methods: evaluate the fit (one exact MTTKRP) every N iterations and at the "
         "last (default 1 up to 2^24 nonzeros, else 5)",
+    )
+    d.add_argument(
+        "--nonnegative",
+        action="store_true",
+        help="nonnegative CP: every factor >= 0, each mode solved by HALS (hierarchical ALS, "
+        "column by column on the normal equations, as TensorLy's non_negative_parafac_hals) "
+        "instead of the least-squares solve; method exact only (default off)",
+    )
+    d.add_argument(
+        "--reg",
+        type=_tolerance,
+        default=0.0,
+        help="with --nonnegative: L2 (ridge) regularization REG >= 0 added to the diagonal of each "
+        "HALS update's normal equations, shrinking the factors (default 0: none)",
     )
     d.add_argument("--checkpoint", help="checkpoint file (default OUT.checkpoint.npz)")
     d.add_argument("--resume", action="store_true", help="continue from the checkpoint if it exists")

@@ -38,6 +38,7 @@ from .cp_owner import (
 from .cp_steps import (
     FIT_EVERY_ITERATION_NNZ,
     check_arguments,
+    check_nonnegative_init,
     chunk_bytes,
     converged,
     exact_step,
@@ -54,8 +55,9 @@ from .cp_steps import (
 from .model_checks import check_model, check_tensor_norm
 from .randomized import with_trees
 from .result import CPResult, arrange, fingerprint
+from .updates import HALS_SWEEPS
 
-__all__ = ["cp_als", "open_input", "FIT_EVERY_ITERATION_NNZ"]
+__all__ = ["cp_als", "open_input", "FIT_EVERY_ITERATION_NNZ", "HALS_SWEEPS"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,8 @@ def cp_als(
     samples: int = 65536,
     fit_every: int | None = None,
     distribution: str = "auto",
+    nonnegative: bool = False,
+    reg: float = 0.0,
 ) -> CPResult:
     """Rank-``rank`` CP decomposition of a sparse store or a dense array by alternating least squares.
 
@@ -95,6 +99,13 @@ def cp_als(
     per draw), or by the product of the factors' leverage scores (``"arls-lev"``, CP-ARLS-LEV;
     ``"arls-lev-hybrid"`` also takes every row of probability >= 1/samples deterministically). The
     sampled right-hand side needs only the nonzeros of the sampled fibers.
+
+    ``nonnegative=True`` constrains every factor to be >= 0: each mode update is then HALS
+    (hierarchical ALS, as TensorLy's ``non_negative_parafac_hals``) on the same normal equations,
+    ``HALS_SWEEPS`` (5) sweeps over the columns, each column the exact minimizer with the others
+    fixed: ``a_r <- max(0, (M[:, r] - A V[:, r] + V[r, r] a_r) / (V[r, r] + reg))``, with M the
+    MTTKRP and V the Hadamard product of the other modes' Grams, warm-started from the current
+    model (:mod:`~tensorflow_ooc.kernels.update.hals`).
 
     Parameters
     ----------
@@ -155,7 +166,17 @@ def cp_als(
         sent per iteration beside their lower bound. A worker lost mid-run restarts the run on
         the workers left, from ``checkpoint`` when there is one. "graph": per-mode task graphs
         with a reduce-scatter of the partials (what one worker, dense arrays and CP-ARLS-LEV
-        always use).
+        always use). Nonnegative runs always use "graph" ("owner" is refused).
+    nonnegative : bool
+        Nonnegative CP-ALS by HALS (above), of a sparse store or a dense array, with
+        ``method="exact"`` (the randomized methods are refused). A given ``init`` must be
+        nonnegative; random initial factors are. The fit is the same exact ``1 - ||X - M|| / ||X||``.
+    reg : float
+        L2 (ridge) regularization of nonnegative runs (>= 0, default 0): each mode's subproblem
+        becomes ``min_{A >= 0} 1/2 ||X_(n) - A KR^T||^2 + reg/2 ||A||^2`` (KR the Khatri-Rao product
+        of the other modes' factors, normalized; the weights are carried by the updated mode), which
+        shrinks the model; ``reg`` is added to V's diagonal. TensorLy's ``ridge_coefficient`` is
+        ``reg / 2``. ``reg > 0`` without ``nonnegative=True`` is refused.
 
     Returns
     -------
@@ -174,10 +195,20 @@ def cp_als(
     >>> X = synthetic.planted_dense((20, 30, 40), 3, seed=0).tensor   # a dense NumPy array
     >>> tfo.cp_als(X, 3, seed=1, max_iters=50).fit > 0.99              # doctest: +SKIP
     True
+    >>> r = tfo.cp_als(s, 3, seed=1, nonnegative=True)                # doctest: +SKIP
+    >>> all((f >= 0).all() for f in r.factors)                         # doctest: +SKIP
+    True
     """
     arguments = dict(locals())  # to restart the run on the workers left after one is lost
     store = open_input(store)
-    fit_every = check_arguments(store, rank, max_iters, tol, dtype, method, samples, device, fit_every)
+    fit_every = check_arguments(
+        store, rank, max_iters, tol, dtype, method, samples, device, fit_every, nonnegative, reg, distribution
+    )
+    nonnegative, reg = bool(nonnegative), float(reg)
+    if nonnegative:
+        distribution = "graph"  # the HALS update runs in the per-mode update tasks
+        if not isinstance(init, str):
+            check_nonnegative_init(init)
     dense, randomized = isinstance(store, DenseArray), method != "exact"
     N, shape = store.nmodes, store.shape
     params = {
@@ -188,6 +219,8 @@ def cp_als(
         "dtype": dtype,
         "init": init if isinstance(init, str) else "given",
         "method": method,
+        "nonnegative": nonnegative,
+        "reg": reg,
     }
     if randomized:
         params.update(samples=int(samples), fit_every=fit_every)
@@ -227,7 +260,16 @@ def cp_als(
         normX2 = float(store.meta["norm_sq"])
         check_tensor_norm(store.path, normX2)
         F, start, fit, history, weights, sample_entropy = initial_state(
-            c, checkpoint if resume else None, input_fp, init, shape, rank, seed, dtype, on_workers=owner
+            c,
+            checkpoint if resume else None,
+            input_fp,
+            init,
+            shape,
+            rank,
+            seed,
+            dtype,
+            on_workers=owner,
+            same={"nonnegative": nonnegative, "reg": reg},
         )
         engine = start_owner_computes(c, graph, F, N) if owner else None
         if owner:
@@ -243,7 +285,7 @@ def cp_als(
                 F = c.submit(with_trees, F, pure=False, **on_cluster)
             step = partial(randomized_step, c, graph, N, method, samples, params["sample_entropy"])
         else:
-            step = partial(exact_step, graph, N)
+            step = partial(exact_step, graph, N, nonneg=U.NonNegative(reg) if nonnegative else None)
         evaluated = [h["fit"] for h in history if h.get("fit_evaluated", True)]
         empty_seen: dict[int, int] = {}
         # bytes read from the store per iteration (for monitoring): a streaming pass reads every

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from functools import partial
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -45,6 +46,9 @@ def check_arguments(
     samples: int,
     device: str,
     fit_every: int | None,
+    nonnegative: bool = False,
+    reg: float = 0.0,
+    distribution: str = "auto",
 ) -> int:
     """Refuse bad arguments before anything is allocated; returns the ``fit_every`` to use."""
     dense = isinstance(store, DenseArray)
@@ -63,7 +67,40 @@ def check_arguments(
         raise ValueError(f"method={method!r} runs on CPU workers; use device='cpu' or 'auto'")
     if fit_every is not None and int(fit_every) < 1:
         raise ValueError(f"fit_every must be >= 1, got {fit_every}")
+    check_nonnegative(nonnegative, reg, method, distribution)
     return int(fit_every) if fit_every is not None else (1 if store.nnz <= FIT_EVERY_ITERATION_NNZ else 5)
+
+
+def check_nonnegative(nonnegative: object, reg: object, method: str, distribution: str) -> float:
+    """Refuse a bad ``nonnegative`` / ``reg`` pair; returns ``reg`` as a float."""
+    if not isinstance(nonnegative, (bool, np.bool_)):
+        raise ValueError(f"nonnegative must be True or False, got {nonnegative!r}")
+    reg = check_tolerance(reg, "reg")  # a finite number >= 0 (a DecompositionError, a ValueError)
+    if reg > 0 and not nonnegative:
+        raise ValueError(
+            f"reg={reg!r} regularizes the HALS updates of nonnegative CP-ALS: pass nonnegative=True, or reg=0"
+        )
+    if nonnegative and method != "exact":
+        raise ValueError(
+            f"nonnegative=True solves each mode by HALS on the exact normal equations: it takes "
+            f"method='exact', not {method!r}"
+        )
+    if nonnegative and distribution == "owner":
+        raise ValueError(
+            "nonnegative=True runs the per-mode task graphs (distribution='graph' or 'auto'), not owner-computes"
+        )
+    return reg
+
+
+def check_nonnegative_init(init: Sequence[np.ndarray]) -> None:
+    """Nonnegative CP-ALS starts from nonnegative factors: refuse a given ``init`` with a negative entry."""
+    for n, a in enumerate(init):
+        a = np.asarray(a)
+        if a.size and float(a.min()) < 0:
+            raise ValueError(
+                f"init: factor matrix {n} holds negative entries (min {float(a.min()):.3g}); "
+                "nonnegative=True starts from nonnegative factors (take np.abs or clip them at 0)"
+            )
 
 
 def open_graph(
@@ -128,10 +165,12 @@ def initial_state(
     seed: int | None,
     dtype: str,
     on_workers: bool = False,
+    same: dict | None = None,
 ) -> InitialState:
     """Algorithm 1, line 1: the factors to start from. From ``checkpoint`` when it is given and
-    exists (it must be for the same store and rank), else fresh: random from ``seed``, or ``init``'s
-    matrices (their shapes checked, NaN and Inf refused).
+    exists (it must be for the same store and rank, and hold ``same``'s params, absent ones
+    counted as their value in the default run: ``False`` / ``0.0``), else fresh: random from
+    ``seed``, or ``init``'s matrices (their shapes checked, NaN and Inf refused).
 
     ``on_workers`` (owner-computes): ``F`` is instead ``(function, args)`` that makes the initial
     factors on each worker (args may hold futures)."""
@@ -139,6 +178,12 @@ def initial_state(
     if state is not None:
         if state.input["store_id"] != input_fp["store_id"] or state.params.get("rank") != rank:
             raise ValueError(f"{checkpoint}: checkpoint is for another store or rank; remove it or drop resume")
+        for key, value in (same or {}).items():
+            was = state.params.get(key, type(value)())
+            if was != value:
+                raise ValueError(
+                    f"{checkpoint}: checkpoint is of a run with {key}={was!r}, not {value!r}; remove it or drop resume"
+                )
         # scattered, not embedded in the graph: Dask warns about (and copies) graphs of
         # tens of MB, which a long factor's rows make
         if on_workers:
@@ -177,12 +222,22 @@ def run_entropy(sample_entropy: int | None, seed: int | None) -> int:
     return int(sample_entropy)
 
 
-def exact_step(graph: MTTKRPGraph, nmodes: int, F: Future, n: int, iteration: int, evaluate: bool) -> Future:
+def exact_step(
+    graph: MTTKRPGraph,
+    nmodes: int,
+    F: Future,
+    n: int,
+    iteration: int,
+    evaluate: bool,
+    nonneg: U.NonNegative | None = None,
+) -> Future:
     """Algorithm 1, lines 3-6, for mode ``n``: the MTTKRP graph M = X_(n) (odot_{m != n} A_m), then
-    one update task (V = Hadamard product of the other modes' Grams, A_n = M V^+ by Cholesky,
-    columns normalized; after the last mode, the inner-product terms of the fit), fused into one
-    task when there is one partition. Its fit is exact every iteration, so ``evaluate`` is not read."""
-    return graph.mode_update(F, n, U.update_mode, iteration == 0, n == nmodes - 1, graph.in_place)
+    one update task (V = Hadamard product of the other modes' Grams, A_n = M V^+ by Cholesky, or
+    with ``nonneg`` HALS sweeps on the same M and V; columns normalized; after the last mode, the
+    inner-product terms of the fit, from the final factor), fused into one task when there is one
+    partition. Its fit is exact every iteration, so ``evaluate`` is not read."""
+    update = U.update_mode if nonneg is None else partial(U.update_mode, nonneg=nonneg)
+    return graph.mode_update(F, n, update, iteration == 0, n == nmodes - 1, graph.in_place)
 
 
 def randomized_step(

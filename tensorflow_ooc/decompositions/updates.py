@@ -15,6 +15,7 @@ from ..kernels import StackedFactors
 from ..kernels.factors import aligned_copy
 from ..kernels.sampling.krp_sampler import build_tree
 from ..kernels.update.column_scale import column_max_abs, column_sum_squares
+from ..kernels.update.hals import hals_rows
 from ..kernels.update.normal_equations import normal_inverse_of
 
 # The update's dense algebra is tiny (R x R factorizations, I x R solves). Multi-threaded BLAS
@@ -23,6 +24,21 @@ from ..kernels.update.normal_equations import normal_inverse_of
 # 3.3 M nonzeros, R16: 0.148 s with threaded BLAS, 0.070 s with one BLAS thread, MTTKRP itself
 # 0.122 s vs 0.058 s). Mode updates therefore run BLAS on one thread.
 _BLAS = ThreadpoolController()
+
+# HALS sweeps per mode update of nonnegative CP-ALS: the inner iterations TensorLy 0.10's
+# non_negative_parafac_hals gives hals_nnls (5; releases before 0.10 allowed up to 100, stopped
+# early once a sweep changes the factor by less than 1e-8 of the first sweep's change). A fixed
+# count, with no early stop, keeps the rows independent (see kernels/update/hals.py).
+HALS_SWEEPS = 5
+
+
+@dataclass(frozen=True)
+class NonNegative:
+    """Nonnegative CP-ALS's mode update: ``sweeps`` HALS sweeps with L2 regularization ``reg``
+    (:func:`~tensorflow_ooc.kernels.update.hals.hals_rows`) in place of ``A = M V^+``."""
+
+    reg: float = 0.0
+    sweeps: int = HALS_SWEEPS
 
 
 class CPState(StackedFactors):
@@ -85,6 +101,7 @@ def update_mode(
     in_place: bool = False,
     sketch: Any = None,
     exact: Sequence[Partial] | None = None,
+    nonneg: NonNegative | None = None,
 ) -> CPState:
     """One mode update of Algorithm 1 (lines 3-6), as one task: V = Hadamard product of the other
     modes' Grams; A = M V^+ with M the MTTKRP (the last partials of its reduction, summed here);
@@ -103,6 +120,13 @@ def update_mode(
     equations of the sampled least-squares problem. The inner-product terms of the fit come from
     ``exact``, the exact MTTKRP partials of the last mode, when the fit is evaluated (else NaN).
     Where the state keeps leverage-score trees (STS-CP), the updated mode's tree is rebuilt.
+
+    Nonnegative CP-ALS passes ``nonneg``: A is then ``nonneg.sweeps`` HALS sweeps on the same
+    normal equations (column by column, ``a_r <- max(0, (M_r - A V_r + V_rr a_r) / (V_rr + reg))``,
+    :mod:`~tensorflow_ooc.kernels.update.hals`), warm-started from the mode's current factor times
+    the current weights (the model as it stands: HALS depends on its start, unlike the solve, and
+    is invariant to how the scale is spread over the modes, so this equals TensorLy's
+    unnormalized iteration), then normalized as above.
     """
     t0 = time.perf_counter()
     parts = [partials] if isinstance(partials, Partial) else list(partials)
@@ -113,9 +137,9 @@ def update_mode(
         V = None if sketch is None else sketch.gram().astype(state.dtype)
         with _BLAS.limit(limits=1, user_api="blas"):
             if in_place and is_numpy_array(state.data):
-                out = _update_mode_in_place(state, parts, mode, first_iteration, last_mode, V, inner_parts)
+                out = _update_mode_in_place(state, parts, mode, first_iteration, last_mode, V, inner_parts, nonneg)
             else:
-                out = _update_mode(state, parts, mode, first_iteration, last_mode, V, inner_parts)
+                out = _update_mode(state, parts, mode, first_iteration, last_mode, V, inner_parts, nonneg)
             if state.trees is not None:
                 out.trees = list(state.trees)
                 out.trees[mode] = build_tree(to_host(out.views[mode]))
@@ -166,14 +190,19 @@ def _update_mode(
     last_mode: bool,
     V: Any = None,
     inner_parts: Sequence[Partial] | None = None,
+    nonneg: NonNegative | None = None,
 ) -> CPState:
     xp = array_namespace(state.data)
     R = state.rank
     V = _normal_matrix(state, mode, V, xp)
     M = xp.asarray(full_rows(parts, state.shape[mode]))
     if is_numpy_array(M):
-        return _update_mode_numpy(state, M, V, mode, first_iteration, last_mode, inner_parts)
-    A = solve_normal(V, M)
+        return _update_mode_numpy(state, M, V, mode, first_iteration, last_mode, inner_parts, nonneg)
+    if nonneg is not None:
+        A = state.views[mode] * xp.asarray(hals_start_scale(state.weights), dtype=state.data.dtype)  # a new array
+        hals_columns(A, M, V, nonneg.reg, nonneg.sweeps)
+    else:
+        A = solve_normal(V, M)
     if first_iteration:
         weights = xp.sqrt(xp.sum(A * A, axis=0))
     else:
@@ -198,13 +227,16 @@ def _update_mode_numpy(
     first_iteration: bool,
     last_mode: bool,
     inner_parts: Sequence[Partial] | None,
+    nonneg: NonNegative | None = None,
 ) -> CPState:
     """:func:`_update_mode` for NumPy states: the new rows go into a copy of the state (the
     algebra is :func:`_solve_rows`)."""
     out = CPState(state.shape, state.rank, state.dtype, aligned_copy(state.data), grams=state.grams)
     out.trees, out.empty_sketches = state.trees, state.empty_sketches
     A = out.views[mode]
-    out.weights, out.grams[mode] = _solve_rows(A, [(0, state.shape[mode], M)], state.grams, mode, V, first_iteration)
+    out.weights, out.grams[mode] = _solve_rows(
+        A, [(0, state.shape[mode], M)], state.grams, mode, V, first_iteration, nonneg, state.weights
+    )
     out.finished = {**state.finished, mode: time.time()}
     out.inner = _inner(A, inner_parts, last_mode, state.inner)
     return out
@@ -218,6 +250,7 @@ def _update_mode_in_place(
     last_mode: bool,
     V: Any = None,
     inner_parts: Sequence[Partial] | None = None,
+    nonneg: NonNegative | None = None,
 ) -> CPState:
     """:func:`_update_mode` writing A into the mode's rows of ``state.data``: beyond the state and
     the MTTKRP it needs no (I_n x R) temporary."""
@@ -228,7 +261,7 @@ def _update_mode_in_place(
         spans = [(0, state.shape[mode], full_rows(parts, state.shape[mode]))]
     A = state.views[mode]
     grams = list(state.grams)
-    weights, grams[mode] = _solve_rows(A, spans, state.grams, mode, V, first_iteration)
+    weights, grams[mode] = _solve_rows(A, spans, state.grams, mode, V, first_iteration, nonneg, state.weights)
     out = CPState(state.shape, state.rank, state.dtype, state.data, grams=grams)
     out.trees, out.empty_sketches = state.trees, state.empty_sketches
     out.weights = weights
@@ -238,7 +271,14 @@ def _update_mode_in_place(
 
 
 def _solve_rows(
-    A: np.ndarray, spans: list[tuple[int, int, np.ndarray]], grams: list, mode: int, V: Any, first_iteration: bool
+    A: np.ndarray,
+    spans: list[tuple[int, int, np.ndarray]],
+    grams: list,
+    mode: int,
+    V: Any,
+    first_iteration: bool,
+    nonneg: NonNegative | None = None,
+    weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Algorithm 1, lines 4-6, into A (a mode's factor rows) for NumPy states: A = M V^+ with M
     given as row spans ``(lo, hi, rows)`` (rows outside them are zero), columns normalized by
@@ -254,13 +294,26 @@ def _solve_rows(
     The new Gram is the product of the normalized rows, as a resumed run recomputes it from its
     checkpoint: a Gram scaled from the unnormalized product differs in the last bits, and a run
     resumed from a checkpoint then drifted from the uninterrupted one (a fit of 1 against
-    1 - 2e-8 on an exactly fitted planted model)."""
+    1 - 2e-8 on an exactly fitted planted model).
+
+    With ``nonneg`` (nonnegative CP-ALS) each span's rows are instead its HALS sweeps, from A's
+    rows times ``weights`` (the current model); rows outside the spans are 0, which is what HALS
+    gives them (a zero right-hand side, a nonnegative V and a nonnegative start: every column's
+    update is <= 0 in the first sweep)."""
     R = A.shape[1]
-    Vinv = normal_inverse_of(grams, mode, None if V is None else np.asarray(V)).astype(A.dtype, copy=False)
+    if nonneg is not None:
+        Vn = _hadamard_except(grams, mode, R) if V is None else np.asarray(V, dtype=np.float64)
+        start = hals_start_scale(np.ones(R) if weights is None else weights).astype(A.dtype)
+    else:
+        Vinv = normal_inverse_of(grams, mode, None if V is None else np.asarray(V)).astype(A.dtype, copy=False)
     prev = 0
     for lo, hi, M in spans:
         A[prev:lo] = 0
-        np.matmul(M, Vinv, out=A[lo:hi])
+        if nonneg is not None:
+            A[lo:hi] *= start
+            hals_rows(A[lo:hi], M, Vn, nonneg.reg, nonneg.sweeps)
+        else:
+            np.matmul(M, Vinv, out=A[lo:hi])
         prev = hi
     A[prev:] = 0
     stats = [column_sum_squares(A[lo:hi]) if first_iteration else column_max_abs(A[lo:hi]) for lo, hi, _ in spans]
@@ -273,6 +326,42 @@ def _solve_rows(
         for lo, hi, _ in spans:
             A[lo:hi] *= scale
     return weights.astype(np.float64), A.T @ A
+
+
+def hals_start_scale(weights: np.ndarray) -> np.ndarray:
+    """The column scale of a HALS warm start: the current weights (the factor times them is the
+    model as it stands), with 1 for a zero weight. A zero weight is a zero column of the mode
+    updated last, which makes this mode's V[r, r] zero, so HALS keeps the column as it starts;
+    scaled by 0 it would become zero here and in every later mode, a component lost for good,
+    where TensorLy keeps the other modes' columns and the zero one comes back at its next update."""
+    w = np.asarray(weights, dtype=np.float64)
+    return np.where(w == 0, 1.0, w)
+
+
+def _hadamard_except(grams: Sequence[Any], mode: int, R: int) -> np.ndarray:
+    """V = the Hadamard product of the Grams other than ``mode``'s, in float64."""
+    V = np.ones((R, R))
+    for m, g in enumerate(grams):
+        if m != mode:
+            V *= np.asarray(g, dtype=np.float64)
+    return V
+
+
+def hals_columns(A: Any, M: Any, V: Any, reg: float, sweeps: int) -> Any:
+    """:func:`~tensorflow_ooc.kernels.update.hals.hals_rows` for any array namespace (device
+    arrays: CuPy), in place on ``A``: per sweep, one matrix-vector product per column,
+    ``a_r <- max(0, (M_r - A V_r + V_rr a_r) / (V_rr + reg))``. NaN stays NaN."""
+    xp = array_namespace(A)
+    diag = np.diagonal(np.asarray(to_host(V), dtype=np.float64))
+    Vd = xp.asarray(V, dtype=A.dtype)
+    for _ in range(sweeps):
+        for r in range(A.shape[1]):
+            den = float(diag[r]) + reg
+            if not den > 0:
+                continue
+            x = (M[:, r] - A @ Vd[:, r] + float(diag[r]) * A[:, r]) / den
+            A[:, r] = xp.where(x < 0, xp.zeros_like(x), x)
+    return A
 
 
 def full_rows(parts: Sequence[Partial], nrows: int) -> np.ndarray:

@@ -269,6 +269,10 @@ class DecomposeStep(_Decompose):
     ``init: previous`` warm-starts from the previous result (``previous``, default ``out`` as the
     last run left it); rows that a growing mode gained since are initialized at random at the
     scale of the existing rows. ``init`` may also name a result store.
+
+    ``nonnegative: true`` runs nonnegative CP-ALS (HALS mode updates, every factor >= 0) with
+    ``reg``, its L2 regularization; both enter the fingerprint only when set away from their
+    defaults, so specs written before them keep theirs.
     """
 
     method: Literal["cp", "exact", "sts", "arls-lev", "arls-lev-hybrid"] = Field(
@@ -292,6 +296,25 @@ class DecomposeStep(_Decompose):
         None,
         description="randomized methods: evaluate the fit every N iterations (default 1 up to 2^24 nonzeros, else 5)",
     )
+    nonnegative: bool = Field(
+        False,
+        description="nonnegative CP-ALS: every factor >= 0, each mode solved by HALS (hierarchical ALS) on the "
+        "normal equations; method cp (exact) only",
+    )
+    reg: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        0.0,
+        description="with nonnegative: L2 (ridge) regularization added to the diagonal of each HALS update's "
+        "normal equations, shrinking the factors (0: none)",
+    )
+    _added_later: ClassVar[tuple[str, ...]] = ("nonnegative", "reg")
+
+    @model_validator(mode="after")
+    def _nonnegative(self) -> DecomposeStep:
+        if self.reg > 0 and not self.nonnegative:
+            raise ValueError("'reg' regularizes nonnegative CP-ALS: set nonnegative: true (or drop reg)")
+        if self.nonnegative and self.solver != "exact":
+            raise ValueError(f"nonnegative: true takes method: cp (exact), not {self.method}")
+        return self
 
     @field_validator("device_memory_limit")
     @classmethod
@@ -985,10 +1008,11 @@ class PlannedStep:
         config = self.model.fingerprint_settings(
             self.model.model_dump(mode="json", exclude={"after", "description", "retries", "retry_delay"})
         )
-        # settings added later leave the fingerprints of steps that do not use them unchanged, so
-        # an upgrade does not rerun up-to-date steps
+        # settings added later leave the fingerprints of steps that do not use them (unset, or at
+        # their default) unchanged, so an upgrade does not rerun up-to-date steps
+        fields = type(self.model).model_fields
         for name in getattr(self.model, "_added_later", ()):
-            if config.get(name) is None:
+            if config.get(name) is None or config.get(name) == fields[name].default:
                 config.pop(name, None)
         return config
 

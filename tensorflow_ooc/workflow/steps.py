@@ -642,6 +642,11 @@ def _run_cp(ctx: StepContext) -> dict:
         if not isinstance(prev, CPResult):
             raise InputError(f"init: {warm} is not a CP result (a warm start of method cp needs one)")
         init, notes = warm_start(prev, store.shape, m.rank, m.seed)
+        if m.nonnegative and any(bool((a < 0).any()) for a in init):
+            # a result of unconstrained CP-ALS: nonnegative CP-ALS starts from |factors|, as
+            # TensorLy makes its initial factors feasible
+            init = [np.abs(a) for a in init]
+            notes = "; ".join(filter(None, [notes, "negative entries of the warm start made positive (nonnegative)"]))
         ctx.log(
             f"warm start from {warm} (fit {prev.fit:.6f} after {prev.iterations} iterations)"
             + (f"; {notes}" if notes else "")
@@ -687,6 +692,8 @@ def _run_cp(ctx: StepContext) -> dict:
         method=m.solver,
         samples=m.samples,
         fit_every=m.fit_every,
+        nonnegative=m.nonnegative,
+        reg=m.reg,
     )
     wall = time.perf_counter() - t0
     loc.remove(checkpoint)  # the result is published: the checkpoint has served
@@ -710,6 +717,8 @@ def _run_cp(ctx: StepContext) -> dict:
     }
     if dense:
         metrics["dense"] = True
+    if m.nonnegative:
+        metrics.update(nonnegative=True, reg=m.reg)
     ctx.log(
         f"rank {m.rank}: fit {result.fit:.6f} after {result.iterations} iterations, {per_it:.3f} s per "
         f"iteration steady state -> {out}"

@@ -1,2 +1,3 @@
-"""Kernels of the CP-ALS mode update: V^+ of the normal equations (``normal_equations``) and the
-column statistics of the normalization (``column_scale``)."""
+"""Kernels of the CP-ALS mode update: V^+ of the normal equations (``normal_equations``), the
+column statistics of the normalization (``column_scale``) and the HALS sweeps of nonnegative
+CP-ALS (``hals``)."""
