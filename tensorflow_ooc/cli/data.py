@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from typing import Callable
@@ -17,6 +18,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .. import synthetic
     from ..ingest import AltoRunSource, BatchSource, convert
 
+    _check_kind_options(args)
     if args.dense:
         return _generate_dense(args)
     shape, nnz = args.shape, args.nnz
@@ -30,17 +32,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
     text = out.endswith(".tns") or out.endswith(".tns.gz")
     t0 = time.perf_counter()
     header = f"tensorflow_ooc synthetic {args.kind} tensor, shape {','.join(map(str, shape))}, seed {args.seed}"
+    factors_path = (out[:-7] if out.endswith(".tns.gz") else out[:-4] if text else out.rstrip("/")) + ".factors.npz"
+    runs = None  # sorted ALTO runs with their values, for a store
     if args.kind == "planted":
         planted = synthetic.planted_cp(shape, args.rank, nnz, noise=args.noise, seed=args.seed, skew=args.skew)
         batches = iter([(planted.coords, planted.values)])
-        factors_path = (out[:-7] if out.endswith(".tns.gz") else out[:-4] if text else out.rstrip("/")) + ".factors.npz"
         np.savez(factors_path, weights=planted.weights, **{f"factor{n}": f for n, f in enumerate(planted.factors)})
         log.info("true factors written to %s", factors_path)
         nnz = planted.coords.shape[0]
         gen = None
+    elif args.kind == "planted-poisson":
+        concentration = 0.5 if args.concentration is None else args.concentration
+        poisson = synthetic.PlantedPoissonGenerator(
+            shape, args.rank, nnz, seed=args.seed, skew=args.skew, concentration=concentration
+        )
+        header += f", rank {args.rank}, Poisson counts (expected total {poisson.weights.sum():.6g})"
+        batches = poisson.batches()
+        runs = poisson.runs()
+        gen = None
     else:
-        gen = synthetic.HeavyTailedGenerator(shape, nnz, skew=args.skew, seed=args.seed, values=args.values)
-        batches = synthetic.iter_heavy_tailed(shape, nnz, skew=args.skew, seed=args.seed, values=args.values)
+        values = args.values or "uniform"
+        gen = synthetic.HeavyTailedGenerator(shape, nnz, skew=args.skew, seed=args.seed, values=values)
+        batches = synthetic.iter_heavy_tailed(shape, nnz, skew=args.skew, seed=args.seed, values=values)
     from tqdm.auto import tqdm
 
     # a store from the heavy-tailed generator gets convert's own bars (generate/partition, merge+write)
@@ -50,7 +63,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         unit="nz",
         unit_scale=True,
         leave=False,
-        disable=not args.progress or (gen is not None and not text),
+        disable=not args.progress or ((gen is not None or runs is not None) and not text),
     )
 
     def counted(it, axis=0):
@@ -58,7 +71,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             bar.update(c.shape[axis])
             yield c, v
 
-    log.info("generating %s nonzeros of a %s tensor shaped %s -> %s", f"{nnz:,}", args.kind, shape, out)
+    about = "about " if args.kind == "planted-poisson" else ""
+    log.info("generating %s%s nonzeros of a %s tensor shaped %s -> %s", about, f"{nnz:,}", args.kind, shape, out)
     if text:
         if os.path.exists(out) and not args.overwrite:
             raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
@@ -68,6 +82,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
         src = AltoRunSource(
             gen.runs(with_values=False), shape, nnz, values_of=gen.values_of, name="synthetic generator"
         )
+        convert(
+            src,
+            out,
+            overwrite=args.overwrite,
+            progress=args.progress,
+            memory_limit=args.memory_limit,
+            tmp_dir=args.tmp_dir,
+            out_of_core=args.out_of_core or None,
+            compression=args.compression,
+            values_dtype=args.values_dtype,
+        )
+    elif runs is not None:
+        # sorted ALTO runs with their counts: merged into the store, not sorted
+        src = AltoRunSource(runs, shape, nnz, name="planted Poisson generator")
         convert(
             src,
             out,
@@ -94,9 +122,36 @@ def cmd_generate(args: argparse.Namespace) -> int:
             values_dtype=args.values_dtype,
         )
     bar.close()
+    if args.kind == "planted-poisson":  # once the tensor is written: no model beside a failed write
+        np.savez(factors_path, weights=poisson.weights, **{f"factor{n}": f for n, f in enumerate(poisson.factors)})
+        log.info("true model (weights: expected counts per component) written to %s", factors_path)
     log.info("wrote %s in %.1f s", out, time.perf_counter() - t0)
     print(out)
     return 0
+
+
+def _check_kind_options(args: argparse.Namespace) -> None:
+    """Refuse options that do not apply to ``--kind`` (or ``--dense``) instead of ignoring them."""
+    if args.kind == "planted-poisson":
+        if args.dense:
+            raise ValueError("--dense writes a Gaussian planted model; it does not take --kind planted-poisson")
+        if args.noise:
+            raise ValueError("--noise does not apply to --kind planted-poisson: its counts are Poisson draws")
+        if args.values not in (None, "count"):
+            raise ValueError(f"--values {args.values} does not apply to --kind planted-poisson: its values are counts")
+    elif args.concentration is not None:
+        raise ValueError("--concentration is only for --kind planted-poisson")
+
+
+def _positive_float(text: str) -> float:
+    """A finite number > 0 (``--concentration``)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
 
 
 def _generate_dense(args: argparse.Namespace) -> int:
@@ -264,20 +319,31 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         "generate",
         help="write a synthetic sparse tensor (.tns, .tns.gz or a store), or with --dense a planted dense Zarr array",
         description="Write a synthetic sparse tensor: heavy-tailed slice sizes like real data, "
-        "or a planted low-rank CP model on such a support. The output kind follows "
-        "the name: *.tns, *.tns.gz (text, 1-based) or anything else (a BLCO store).",
+        "a planted low-rank CP model on such a support, or counts drawn from a planted Poisson CP "
+        "model (for CP-APR). The output kind follows the name: *.tns, *.tns.gz (text, 1-based) or "
+        "anything else (a BLCO store). Planted kinds write their true model beside it as "
+        "OUT.factors.npz (weights, factor0, factor1, ...; OUT without .tns/.tns.gz).",
     )
     g.add_argument("out", help="output path: FILE.tns, FILE.tns.gz, or a store path / URL")
     g.add_argument("--like", choices=sorted(PRESETS), help="shape and nonzero count of a FROSTT-like tensor")
     g.add_argument("--shape", type=parse_shape, help="mode lengths, e.g. 183,24,1140,1717 (overrides --like)")
-    g.add_argument("--nnz", type=_positive_int, help="number of nonzeros (overrides --like; 1e6 style allowed)")
+    g.add_argument(
+        "--nnz",
+        type=_positive_int,
+        help="number of nonzeros (overrides --like; 1e6 style allowed); planted-poisson: the expected "
+        "number, the draw gives about that many",
+    )
     g.add_argument(
         "--kind",
-        choices=["heavy-tailed", "planted"],
+        choices=["heavy-tailed", "planted", "planted-poisson"],
         default="heavy-tailed",
-        help="heavy-tailed support with random values, or planted CP (default heavy-tailed)",
+        help="heavy-tailed: heavy-tailed support with random values (default); planted: a rank-RANK CP "
+        "model on sparse factor supports, plus --noise; planted-poisson: counts x ~ Poisson(m) of a "
+        "rank-RANK Poisson CP model m = sum_r weight_r prod_n factor_n[i_n, r] (factor columns sum "
+        "to 1, weight_r is component r's expected total count), only the nonzero counts kept, "
+        "the weights scaled so about NNZ cells are nonzero; slice popularity follows --skew",
     )
-    g.add_argument("--rank", type=_positive_int, default=8, help="rank of the planted model (default 8)")
+    g.add_argument("--rank", type=_positive_int, default=8, help="rank of the planted models (default 8)")
     g.add_argument("--noise", type=_tolerance, default=0.0, help="planted: noise std relative to the values' std")
     g.add_argument(
         "--skew",
@@ -288,8 +354,14 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     g.add_argument(
         "--values",
         choices=VALUE_KINDS,
-        default="uniform",
-        help="value distribution for heavy-tailed tensors (default uniform in (0, 1])",
+        help="value distribution for heavy-tailed tensors (default uniform in (0, 1]; count: geometric "
+        "1, 2, 3, ... on a heavy-tailed support, not a planted model)",
+    )
+    g.add_argument(
+        "--concentration",
+        type=_positive_float,
+        help="planted-poisson: gamma shape of the factor entries (default 0.5; below 1 each column has "
+        "a few large entries and many near 0, so components are distinct; larger: flatter columns)",
     )
     g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     g.add_argument("--zero-based", action="store_true", help="write 0-based indices to .tns (default 1-based)")

@@ -13,9 +13,11 @@ values are a hash of the cell, so a cell's value does not depend on the batch it
 
 One module per generator: ``heavy_tailed_generator`` (:class:`HeavyTailedGenerator`, the
 ``iter_heavy_tailed`` streams, ``heavy_tailed``) with its numba kernels in ``heavy_tailed_kernels``;
-``sparse_cp`` (``planted_cp``), ``dense_cp`` (``planted_dense``, ``write_planted_dense``) and
-``fasttucker`` (``planted_fasttucker``); ``tns_writer`` (``format_tns``, ``write_tns``). The power law
-both sparse generators draw from is in ``power_law``, and ``PRESETS`` (real tensors' shapes) in ``presets``.
+``sparse_cp`` (``planted_cp``), ``dense_cp`` (``planted_dense``, ``write_planted_dense``),
+``fasttucker`` (``planted_fasttucker``) and ``poisson_cp`` (``planted_poisson`` and the streaming
+:class:`PlantedPoissonGenerator`: counts of a planted Poisson CP model, for CP-APR) with its numba kernels
+in ``poisson_kernels``; ``tns_writer`` (``format_tns``, ``write_tns``). The power law the sparse
+generators draw from is in ``power_law``, and ``PRESETS`` (real tensors' shapes) in ``presets``.
 
 Examples
 --------
@@ -44,6 +46,7 @@ if TYPE_CHECKING:  # for type checkers, editors and the import contract
         iter_heavy_tailed_alto,
     )
     from .heavy_tailed_kernels import INV_CDF_KNOTS, VALUE_CODES
+    from .poisson_cp import PlantedPoisson, PlantedPoissonGenerator, planted_poisson
     from .presets import PRESETS, VALUE_KINDS
     from .sparse_cp import PlantedCP, planted_cp
     from .tns_writer import format_tns, write_tns
@@ -69,6 +72,9 @@ _LAZY = {
     "INV_CDF_KNOTS": ".heavy_tailed_kernels",
     "VALUE_CODES": ".heavy_tailed_kernels",
     "PRESETS": ".presets",
+    "PlantedPoisson": ".poisson_cp",
+    "PlantedPoissonGenerator": ".poisson_cp",
+    "planted_poisson": ".poisson_cp",
     "PlantedCP": ".sparse_cp",
     "planted_cp": ".sparse_cp",
     "format_tns": ".tns_writer",
@@ -87,6 +93,8 @@ __all__ = [
     "PlantedCP",
     "PlantedDense",
     "PlantedFastTucker",
+    "PlantedPoisson",
+    "PlantedPoissonGenerator",
     "default_batch_nnz",
     "format_tns",
     "heavy_tailed",
@@ -96,6 +104,7 @@ __all__ = [
     "planted_dense",
     "planted_dense_factors",
     "planted_fasttucker",
+    "planted_poisson",
     "write_planted_dense",
     "write_tns",
 ]

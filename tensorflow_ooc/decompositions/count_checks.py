@@ -1,0 +1,92 @@
+"""Checks of a CP-APR (Poisson CP) input: counts must be nonnegative, and are expected to be integers.
+
+CP-APR maximizes the Poisson likelihood ``sum x log m - m``: a negative value has no likelihood
+(the multiplicative update would drive factors negative and the log of the model undefined), so
+it is refused, naming the first such nonzero and its coordinates. Non-integer values are
+allowed (the updates and the likelihood are defined for any ``x >= 0``, e.g. rates or scaled
+counts) but are often a mistake (a tensor of real-valued data fed to a count model), so the
+first one is named in one warning per check.
+
+Store metadata records no value statistics (no minimum, no integer flag: see ``store/writer.py``),
+so the check reads the values: chunk by chunk through :meth:`Store.read_encoded` (values mapped
+where the store keeps them uncompressed, one reused buffer otherwise; no index is decoded),
+stopping at the first negative value. Coordinates are decoded for the one offending chunk only.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+
+from ..errors import DecompositionError
+from ..store import Store, open_store
+
+
+def check_counts(store: Store | str | os.PathLike) -> None:
+    """Refuse a store with a negative value; warn once if a value is not an integer.
+
+    Parameters
+    ----------
+    store : Store or path
+        The tensor CP-APR would fit (a path is opened with :func:`~tensorflow_ooc.store.open_store`).
+
+    Raises
+    ------
+    DecompositionError
+        At the first negative value, naming its position in the store's (ALTO) order, its
+        0-based coordinates and the value.
+
+    Warns
+    -----
+    UserWarning
+        Once per call, at the first value that is not an integer (the scan goes on for negatives).
+    """
+    if not isinstance(store, Store):
+        store = open_store(store)
+    if store.nnz == 0:
+        return
+    alto_buf = np.empty(store.chunk_nnz, dtype=store.index_dtype)
+    values_buf = np.empty(store.chunk_nnz, dtype=store.value_dtype)
+    map_values = store.values_mappable
+    window = store.prefetch_window()  # 0 unless the store is in object storage
+    queued = 0  # chunks below this were queued for fetching already
+    warned = False
+    for c in range(store.nchunks):
+        lo, hi = max(c, queued), min(store.nchunks, c + 1 + window)
+        if window and lo < hi:
+            store.prefetch(range(lo, hi))
+            queued = hi
+        values = store.read_encoded(c, alto_buf, values_buf, map_values).values
+        negative = values < 0
+        if negative.any():
+            j = int(np.argmax(negative))
+            raise DecompositionError(
+                f"{store.path}: CP-APR needs nonnegative counts; nonzero {c * store.chunk_nnz + j} at "
+                f"{_coords_text(store, c, j)} is {_value_text(values[j])}"
+            )
+        if not warned:
+            fractional = values != np.floor(values)
+            if fractional.any():
+                j = int(np.argmax(fractional))
+                warnings.warn(
+                    f"{store.path}: CP-APR models counts, but nonzero {c * store.chunk_nnz + j} at "
+                    f"{_coords_text(store, c, j)} is {_value_text(values[j])}, not an integer "
+                    "(the fit goes on: the Poisson likelihood is defined for any value >= 0)",
+                    UserWarning,
+                    stacklevel=2,
+                )
+                warned = True
+
+
+def _coords_text(store: Store, c: int, j: int) -> str:
+    """0-based coordinates of nonzero ``j`` of chunk ``c``, as ``(3, 5, 7)``: the one chunk is
+    decoded (and validated) for them."""
+    chunk = store.read_chunk(c)
+    coords = chunk.coords(store.layout)[j]
+    return "0-based (" + ", ".join(str(int(i)) for i in coords) + ")"
+
+
+def _value_text(v) -> str:
+    return repr(float(v))
