@@ -20,6 +20,9 @@ StackedFactors(shape, rank)
 cp_als(store, rank, ...) -> CPResult
     CP-ALS as iterated Dask graph reductions (embedded LocalCluster by default), of a BLCO store or
     of a dense Zarr, Dask or NumPy array (streamed chunk by chunk).
+cp_apr(store, rank, algorithm="mu" | "pdnr", ...) -> PoissonResult
+    CP-APR: nonnegative CP of count data by Poisson maximum likelihood (pyttb's cp_apr), streamed
+    or in memory, on the same Dask passes.
 open_dense(array) -> DenseArray
     A dense tensor (Zarr array path or URL, Dask or NumPy array) as CP-ALS reads it, validated.
 ttm(tensor, matrix, mode) -> SemiSparse, ttm_chain(tensor, matrices, skip) -> SemiSparse
@@ -72,8 +75,10 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers, editors a
         CompletionError,
         CPResult,
         FastTuckerResult,
+        PoissonResult,
         TuckerResult,
         cp_als,
+        cp_apr,
         load_fasttucker_result,
         load_result,
         load_tucker,
@@ -98,6 +103,8 @@ _LAZY: dict[str, str] = {
             "FastTuckerResult",
             "TuckerResult",
             "cp_als",
+            "cp_apr",
+            "PoissonResult",
             "load_fasttucker_result",
             "load_result",
             "load_tucker",
@@ -120,6 +127,8 @@ __all__ = [
     "BLCOTensor",
     "CPResult",
     "cp_als",
+    "cp_apr",
+    "PoissonResult",
     "load_result",
     "CorruptStoreError",
     "DuplicateError",

@@ -52,3 +52,23 @@ def cp_als(exe: str, tns: Path, rank: int, iters: int, threads: int, seed: int =
     mtext, _ = run([exe, "-i", tns, "-l", "ALS", "-r", rank, "-m", iters, "-x", seed, "-p"], threads)
     sweeps = one(r"^ALTO runtime:\s+([0-9.eE+-]+)", mtext, "ALTO runtime line")
     return {**out, "mttkrp_s": sweeps / iters}
+
+
+def cp_apr(exe: str, tns: Path, rank: int, outer: int, inner: int, threads: int, seed: int = 1) -> dict:
+    """ALTO's CP-APR (``-l APR``, multiplicative updates with Phi computed on the fly): ``outer``
+    outer iterations of ``inner`` inner iterations per mode (tolerance 1e-300: none stops early).
+    Seconds per inner iteration = ALTO's "CP-APR main iteration time" / "Total inner iterations"
+    (its own timers; reading the file and building ALTO's format are outside)."""
+    text, wall = run(
+        [exe, "-i", tns, "-l", "APR", "-r", rank, "-m", outer, "-n", inner, "-e", "1e-300", "-x", seed], threads
+    )
+    main = one(r"CP-APR main iteration time\s*=\s*([0-9.eE+-]+)", text, "CP-APR main iteration time")
+    total_inner = one(r"Total inner iterations\s*=\s*(\d+)", text, "total inner iterations")
+    return {
+        "inner_s": main / total_inner,
+        "main_s": main,
+        "inner_iterations": int(total_inner),
+        "loglik": one(r"Final log-likelihood\s*=\s*([0-9.eE+-]+)", text, "final log-likelihood"),
+        "wall_s": wall,
+        "threads": threads,
+    }

@@ -16,7 +16,8 @@ import os
 import sys
 from typing import Sequence
 
-from . import complete, cp, data, tucker, workflow
+from . import apr, complete, cp, data, tucker, workflow
+from .apr import cmd_apr
 from .complete import cmd_complete
 from .cp import cmd_cpd
 from .data import cmd_convert, cmd_generate, cmd_info
@@ -55,6 +56,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "MAX_COUNT",
     "build_parser",
+    "cmd_apr",
     "cmd_cancel",
     "cmd_complete",
     "cmd_convert",
@@ -137,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_commands(add)  # generate, convert, info
     workflow.add_commands(add)  # quickstart, run, submit, validate, schema, status, logs, cancel
     cp.add_commands(add)  # cpd
+    apr.add_commands(add)  # apr (CP-APR)
     complete.add_commands(add)  # complete
     tucker.add_commands(add)  # tucker (Tucker HOOI)
     return p

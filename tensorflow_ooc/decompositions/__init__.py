@@ -1,9 +1,10 @@
-"""Decompositions: CP-ALS over Dask graph reductions, results, checkpoints."""
+"""Decompositions: CP-ALS and CP-APR over Dask graph reductions, Tucker, completion, results, checkpoints."""
 
 from .checkpoint import read_checkpoint
 from .cp_als import cp_als
+from .cp_apr import cp_apr
 from .fasttucker_result import CompletionError, FastTuckerResult, load_fasttucker_result
-from .result import CPResult, load_result
+from .result import CPResult, PoissonResult, load_result
 from .tucker_hooi import tucker_hooi
 from .tucker_result import TuckerResult, load_tucker
 from .tucker_sgd import tucker_sgd
@@ -11,6 +12,8 @@ from .tucker_sgd import tucker_sgd
 __all__ = [
     "CPResult",
     "cp_als",
+    "cp_apr",
+    "PoissonResult",
     "load_result",
     "read_checkpoint",
     "CompletionError",

@@ -1,4 +1,5 @@
-"""CP results: in memory (``CPResult``), in a Zarr result store, and exported to npz, pyttb, TensorLy."""
+"""CP results: in memory (``CPResult``, and ``PoissonResult`` for CP-APR), in a Zarr result store, and
+exported to npz, pyttb, TensorLy."""
 
 from __future__ import annotations
 
@@ -128,9 +129,65 @@ def load_result(path: str | os.PathLike) -> CPResult | TuckerResult | FastTucker
         else len([k for k in root.array_keys() if k.startswith("factor")])
     )
     factors = [root[f"factor{i}"][...] for i in range(n)]
+    if (meta.get("params") or {}).get("model") == "poisson":
+        last = meta["history"][-1] if meta["history"] else {}
+        return PoissonResult(
+            root["weights"][...],
+            factors,
+            meta["fit"],
+            meta["iterations"],
+            meta["history"],
+            meta["params"],
+            meta["input"],
+            float(last.get("loglik", float("nan"))),
+            float(last.get("kkt_violation", float("nan"))),
+        )
     return CPResult(
         root["weights"][...], factors, meta["fit"], meta["iterations"], meta["history"], meta["params"], meta["input"]
     )
+
+
+@dataclass
+class PoissonResult(CPResult):
+    """A nonnegative rank-R CP model of count data, ``sum_r weights[r] a_1[:, r] o ... o a_N[:, r]``,
+    fitted by Poisson maximum likelihood (:func:`~tensorflow_ooc.decompositions.cp_apr.cp_apr`).
+
+    Factors have columns of unit 1-norm (each a distribution over its mode's indices; the weight is
+    the component's expected total count) and components are sorted by weight. Besides
+    :class:`CPResult`'s attributes (``fit`` is the least-squares fit, for comparison with CP-ALS):
+
+    Attributes
+    ----------
+    loglik : float  Poisson log-likelihood ``sum_i x_i log m_i - m_i`` (pyttb's ``tt_loglikelihood``)
+    kkt : float     KKT violation of the last outer iteration
+    """
+
+    loglik: float = float("nan")
+    kkt: float = float("nan")
+
+    @classmethod
+    def arranged(cls, weights, factors, loglik, kkt, fit, iterations, history, params, input_fp) -> "PoissonResult":
+        """Columns scaled to unit 1-norm (norms into the weights), components by decreasing weight."""
+        w = np.array(weights, dtype=np.float64, copy=True)
+        out = []
+        for f in factors:
+            norms = np.abs(f).sum(axis=0)
+            w = w * norms
+            out.append(f / np.where(norms == 0, 1, norms))
+        order = np.argsort(-w, kind="stable")
+        return cls(
+            w[order], [f[:, order] for f in out], fit, iterations, history, params, input_fp, float(loglik), float(kkt)
+        )
+
+    def save_npz(self, path: str | os.PathLike) -> None:
+        np.savez(
+            path,
+            **self.to_numpy(),
+            history=json.dumps(self.history),
+            fit=self.fit,
+            loglik=self.loglik,
+            kkt=self.kkt,
+        )
 
 
 def arrange(weights: np.ndarray, factors: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:

@@ -69,6 +69,11 @@ def _mttkrp_then(
     return update(factors, [partial], mode, *args)
 
 
+def _pass_then(update: Callable, fn: Callable, source, state, fn_args: tuple, args: tuple):
+    """One task: a partition pass, then ``update`` on its result (see :meth:`MTTKRPGraph.pass_update`)."""
+    return update(state, [fn(source, state, *fn_args)], *args)
+
+
 def _sampled_then(
     update: Callable,
     source,
@@ -516,6 +521,24 @@ class MTTKRPGraph:
             pure=False,
             **self.placement,
         )
+
+    def partition_pass(self, fn: Callable, state: Future, *args, reduce: Callable = combine) -> list[Future]:
+        """Submit ``fn(source, state, *args)`` on every partition and reduce the results by
+        ``reduce`` down to the last level (at most ``split_every`` futures, for the consumer to
+        sum): the passes of CP-APR (:mod:`.apr_tasks`)."""
+        futures = [self.client.submit(fn, src, state, *args, pure=False, **self.placement) for src in self.sources()]
+        return tree_reduce(self.client, futures, reduce, self.split_every, last=True)
+
+    def pass_update(self, fn: Callable, fn_args: tuple, update: Callable, state: Future, *args) -> Future:
+        """Submit a :meth:`partition_pass` of ``fn`` then ``update(state, parts, *args)``; one task
+        when there is one partition (as :meth:`mode_update`). Returns the future of ``update``'s result."""
+        sources = self.sources()
+        if len(sources) == 1:
+            return self.client.submit(
+                _pass_then, update, fn, sources[0], state, fn_args, args, pure=False, **self.placement
+            )
+        parts = self.partition_pass(fn, state, *fn_args)
+        return self.client.submit(update, state, parts, *args, pure=False, **self.placement)
 
     def mttkrp(self, factors: Future, mode: int) -> Future:
         """Submit the mode-``mode`` MTTKRP; returns the future of the reduced :class:`Partial`."""

@@ -6,6 +6,7 @@ per-chunk ranges), so partials stay small for long modes and the reduction moves
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ import numpy as np
 
 from ..format import BitLayout
 from ..kernels import StackedFactors, WorkItems
+from ..kernels.apr.cpu import model_values
 from ..kernels.mttkrp.dispatch import MttkrpPass, ThreadOutputs, numba_threads
 from ..kernels.mttkrp.mode_order import mode_sorted
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
@@ -141,6 +143,7 @@ def mttkrp_partition(
     device_options: object | None = None,
     max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES,
     lend_target: bool = False,
+    poisson_eps: float | None = None,
 ) -> Partial:
     """Mode-``mode`` MTTKRP of one partition, from decoded data (in-memory mode) or by streaming
     its chunks from the store in batches (streaming mode); with ``device="gpu"`` on this worker's
@@ -150,7 +153,12 @@ def mttkrp_partition(
     ``lend_target``: the target mode's rows of ``factors`` may be overwritten (CP-ALS with
     in-place updates on one worker running one task at a time: the MTTKRP does not read them and
     the update overwrites them next); they then serve as a per-thread output copy
-    (:class:`~tensorflow_ooc.kernels.mttkrp.dispatch.ThreadOutputs`)."""
+    (:class:`~tensorflow_ooc.kernels.mttkrp.dispatch.ThreadOutputs`).
+
+    ``poisson_eps`` (CPU): CP-APR's Phi instead of the MTTKRP (:mod:`.apr_tasks`): each value
+    divided by ``max(model value, poisson_eps)``, the target mode's rows of ``factors`` holding the
+    model's; in the MTTKRP kernels' fused form, or where the rank runs in column groups, by a
+    model-value pass over each batch first (:func:`~tensorflow_ooc.kernels.apr.cpu.model_values`)."""
     from .dense_tasks import DensePartition, DensePartitionData, dense_mttkrp_partition
 
     if isinstance(source, DensePartitionData) or (isinstance(source, tuple) and isinstance(source[1], DensePartition)):
@@ -175,10 +183,12 @@ def mttkrp_partition(
             max_private_bytes,
             scratch=factors.views[mode][lo : hi + 1] if lend_target else None,
         )
-        run = MttkrpPass(factors, out, shared)
+        run = MttkrpPass(factors, out, shared, poisson_eps)
+        two_pass = poisson_eps is not None and run.poisson_eps is None
         if isinstance(source, PartitionData):
+            items = sorted_items if sorted_items is not None else source.items
             run.run(
-                sorted_items if sorted_items is not None else source.items,
+                _reweighted(items, source.layout, factors, poisson_eps) if two_pass else items,
                 source.layout,
                 mode,
                 max_private_bytes=max_private_bytes,
@@ -190,9 +200,19 @@ def mttkrp_partition(
             for items in partition_batches(
                 store, part, batch_nnz, read_ahead, map_chunks=out.nbytes <= MAP_MAX_OUTPUT_BYTES
             ):
+                if two_pass:
+                    items = _reweighted(items, store.layout, factors, poisson_eps)
                 run.run(items, store.layout, mode, max_private_bytes=max_private_bytes, out_lo=lo)
         run.finish()
     return Partial(lo, out, time.perf_counter() - t0)
+
+
+def _reweighted(items: WorkItems, layout: BitLayout, factors: StackedFactors, eps: float) -> WorkItems:
+    """``items`` with values ``x / max(m, eps)``, ``m`` the model value under ``factors`` (CP-APR's
+    Phi as an MTTKRP of reweighted values, for ranks run in column groups)."""
+    w = np.empty(items.values.shape[0], dtype=factors.dtype)
+    model_values(items, layout, factors, np.ones(factors.rank, dtype=factors.dtype), eps, w)
+    return dataclasses.replace(items, values=w)
 
 
 def sampled_partition(

@@ -74,6 +74,18 @@ class StackedFactors:
     def dtype(self) -> np.dtype:
         return self.data.dtype
 
+    def __getstate__(self) -> dict:
+        # pickled without the views: pickle copies each view as an array of its own, and the
+        # unpickled object's views would then no longer be rows of its ``data`` (a worker that
+        # received a CP-APR state updated its views while the kernels read ``data``)
+        state = self.__dict__.copy()
+        del state["views"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.views = [self.data[o : o + s] for o, s in zip(self.offsets.tolist(), self.shape)]
+
     @classmethod
     def from_list(cls, factors: Sequence[np.ndarray], dtype: Any = None) -> "StackedFactors":
         dtype = np.dtype(dtype) if dtype is not None else np.result_type(*[np.asarray(f).dtype for f in factors])

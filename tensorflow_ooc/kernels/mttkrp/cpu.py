@@ -64,7 +64,14 @@ def _field(x: str, j: str, delta: bool) -> str:
 
 
 def _source(
-    name: str, kind: str, nmodes: int, rank_const: int, delta: bool, prefetch: bool, tail: int | None = None
+    name: str,
+    kind: str,
+    nmodes: int,
+    rank_const: int,
+    delta: bool,
+    prefetch: bool,
+    tail: int | None = None,
+    poisson: bool = False,
 ) -> str:
     """Python source of one kernel (``kind`` "direct", "runs", "runs_atomic", "threads" or
     "runs_threads"), written out for its order so
@@ -74,7 +81,13 @@ def _source(
 
     ``tail`` (with ``rank_const`` 0): the rank is taken at run time as ``R // RANK_TILE`` tiles of
     ``RANK_TILE`` columns plus ``tail`` (= R % RANK_TILE) columns, each written out like a fixed
-    rank (see :data:`RANK_TILE`)."""
+    rank (see :data:`RANK_TILE`).
+
+    ``poisson``: CP-APR's Phi instead of the MTTKRP. Each nonzero's value becomes
+    ``x / max(m, eps)`` (``eps`` a last argument), ``m = sum_r B[i_n, r] prod_{k != n} A_k[i_k, r]``
+    the model value, with ``B`` the target mode's rows of ``F``: the Khatri-Rao row is formed once
+    and serves both the model value and the sum (a separate model-value pass cost 1.5-3x the
+    MTTKRP itself, uber-shaped R16)."""
     others = range(1, nmodes)
     PF = PREFETCH_DISTANCE if prefetch else 0
     RC = rank_const
@@ -86,17 +99,17 @@ def _source(
     if kind in ("direct", "runs"):
         add(
             f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
-            "mode, rank, todo, priv_row, priv_rows, priv_buf):"
+            "mode, rank, todo, priv_row, priv_rows, priv_buf" + (", eps):" if poisson else "):")
         )
     elif kind in ("threads", "runs_threads"):
         add(
             f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
-            "mode, rank, todo, bounds, out, first, bufs, out_lo):"
+            "mode, rank, todo, bounds, out, first, bufs, out_lo" + (", eps):" if poisson else "):")
         )
     else:
         add(
             f"def {name}(index, values, item_start, item_end, item_base, item_prev, item_lo, shift, mask, F, offs, "
-            "mode, rank, todo, out_flat, out_lo):"
+            "mode, rank, todo, out_flat, out_lo" + (", eps):" if poisson else "):")
         )
     add(f"    R = {RC}" if RC else "    R = rank")
     if tiled:
@@ -146,6 +159,8 @@ def _source(
         add("        sr = np.uint64(first - item_lo[k, mode] + item_base[k, mode])")
     for j in others:
         add(f"        b{j} = np.uint64(item_base[k, o{j}] + offs[o{j}])")
+    if poisson:
+        add("        bt = np.uint64(item_base[k, mode] + offs[mode])")
     add("        word = item_prev[k]")
     add("        end = item_end[k]")
     if PF:
@@ -181,18 +196,34 @@ def _source(
         add("            x = word")
     else:
         add("            x = index[i]")
-    add(f"            d = sr + {_field('x', 't', delta)}")
+    if poisson:
+        add(f"            ft = {_field('x', 't', delta)}")
+        add("            d = sr + ft")
+    else:
+        add(f"            d = sr + {_field('x', 't', delta)}")
     for j in others:
         add(f"            r{j} = b{j} + {_field('x', str(j), delta)}")
-    add("            v = values[i]")
+    if not poisson:
+        add("            v = values[i]")
     if tiled:
         for j in others:
             add(f"            q{j} = r{j} * RU")
+        if poisson:
+            _tiled_model_value(add, others, tail)
         _tiled_body(add, kind, others, tail)
         return "\n".join(L) + "\n"
     for j in others:
         add(f"            q{j} = r{j} * np.uint64({RC})")
-    prod = lambda r: " * ".join(["v"] + [f"Ff[q{j} + np.uint64({r})]" for j in others])  # noqa: E731
+    if poisson:
+        # the Khatri-Rao row once, then the model value, then the weighted row
+        add(f"            qt = (bt + ft) * np.uint64({RC})")
+        for r in range(RC):
+            add(f"            k{r} = " + " * ".join(f"Ff[q{j} + np.uint64({r})]" for j in others))
+        add("            mv = " + " + ".join(f"Ff[qt + np.uint64({r})] * k{r}" for r in range(RC)))
+        add("            v = values[i] / max(mv, eps)")
+        prod = lambda r: f"v * k{r}"  # noqa: E731
+    else:
+        prod = lambda r: " * ".join(["v"] + [f"Ff[q{j} + np.uint64({r})]" for j in others])  # noqa: E731
     if kind in ("direct", "threads"):
         # every product before any store: a store into priv_buf between two loads of F may
         # alias them, which kept SLP from vectorizing the unrolled rank loop (16 scalar
@@ -213,6 +244,24 @@ def _source(
         add("        if current != ~np.uint64(0):")
         _flush_source(add, "            ", RC, kind == "runs_atomic")
     return "\n".join(L) + "\n"
+
+
+def _tiled_model_value(add, others: range, tail: int) -> None:
+    """Poisson kernels at a run-time rank: the model value ``mv`` over every tile, then
+    ``v = x / max(mv, eps)`` (the tiles' products are formed again by :func:`_tiled_body`)."""
+    pad = "            "
+    add(f"{pad}qt = (bt + ft) * RU")
+    add(f"{pad}mv = zero")
+
+    def term(col: str, r: int) -> str:
+        return " * ".join(f"Ff[{q} + {col} + np.uint64({r})]" for q in ["qt"] + [f"q{j}" for j in others])
+
+    add(f"{pad}for tt in range(NT):")
+    add(f"{pad}    c = np.uint64(tt * {RANK_TILE})")
+    add(f"{pad}    mv += " + " + ".join(term("c", r) for r in range(RANK_TILE)))
+    if tail:
+        add(f"{pad}mv += " + " + ".join(term("CT", r) for r in range(tail)))
+    add(f"{pad}v = values[i] / max(mv, eps)")
 
 
 def _tiled_body(add, kind: str, others: range, tail: int) -> None:
@@ -275,7 +324,14 @@ def _flush_source(add, pad: str, RC: int, atomic: bool) -> None:
     _each_rank(add, pad, RC, "a{r} = zero", "acc[r] = 0")
 
 
-def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = False, tail: int | None = None):
+def _build(
+    nmodes: int,
+    rank_const: int,
+    delta: bool = False,
+    prefetch: bool = False,
+    tail: int | None = None,
+    poisson: bool = False,
+):
     """Kernels for ``nmodes`` modes; ``rank_const`` > 0 fixes the rank, 0 takes it at run time in
     tiles of ``RANK_TILE`` columns and ``tail`` more.
 
@@ -322,14 +378,20 @@ def _build(nmodes: int, rank_const: int, delta: bool = False, prefetch: bool = F
     out_flat : float (rows * R,)       ``runs_atomic``: the output block, row-major
     out_lo : int                       first target row held by ``out_flat`` (or ``out``)
     """
-    tag = f"n{nmodes}_r{rank_const}_d{int(bool(delta))}_p{int(bool(prefetch))}" + ("" if tail is None else f"_t{tail}")
+    tag = (
+        f"n{nmodes}_r{rank_const}_d{int(bool(delta))}_p{int(bool(prefetch))}"
+        + ("" if tail is None else f"_t{tail}")
+        + ("_apr" if poisson else "")
+    )
     # executed in this module's namespace: numba rebuilds a cached kernel's globals by importing
     # the module its function names
     scope = globals()
     kernels = []
     for kind in ("direct", "runs", "runs_atomic", "threads", "runs_threads"):
         name = f"{kind}_items_{tag}"
-        code = compile(_source(name, kind, nmodes, rank_const, bool(delta), bool(prefetch), tail), __file__, "exec")
+        code = compile(
+            _source(name, kind, nmodes, rank_const, bool(delta), bool(prefetch), tail, bool(poisson)), __file__, "exec"
+        )
         exec(code, scope)
         kernels.append(SLPKernel(nb.njit(parallel=True, nogil=True, cache=True)(scope[name])))
     return tuple(kernels)
@@ -365,21 +427,23 @@ class SLPKernel:
         return self.dispatcher(*args)
 
 
-_KERNELS: dict[tuple[int, int, bool, bool, int | None], object] = {}
+_KERNELS: dict[tuple, object] = {}
 
 
-def kernel_variants() -> list[tuple[int, int, bool, bool, int | None]]:
-    """The kernel variants built in this process: (order, fixed rank or 0, delta, prefetch, tail)."""
+def kernel_variants() -> list[tuple]:
+    """The kernel variants built in this process: (order, fixed rank or 0, delta, prefetch, tail)
+    and, for CP-APR's Phi kernels, a sixth entry True."""
     return list(_KERNELS)
 
 
-def kernel_for(nmodes: int, rank: int, delta: bool = False, prefetch: bool = False):
+def kernel_for(nmodes: int, rank: int, delta: bool = False, prefetch: bool = False, poisson: bool = False):
     """The compiled kernels ``(direct_items, runs_items, runs_atomic_items, threads_items)`` for this order, rank and
     index encoding (fixed-rank code for ``SPECIALIZED_RANKS``); ``prefetch`` kernels prefetch
-    factor rows ahead (for factors far larger than the caches)."""
+    factor rows ahead (for factors far larger than the caches); ``poisson`` kernels compute
+    CP-APR's Phi (see ``_source``) and take ``eps`` as a last argument."""
     fixed = rank in SPECIALIZED_RANKS
     tail = None if fixed else rank % RANK_TILE
-    key = (nmodes, rank if fixed else 0, bool(delta), bool(prefetch), tail)
+    key = (nmodes, rank if fixed else 0, bool(delta), bool(prefetch), tail) + ((True,) if poisson else ())
     if key not in _KERNELS:
         _KERNELS[key] = _build(*key)
     return _KERNELS[key]

@@ -230,13 +230,21 @@ def run_items(
     max_private_bytes: int = DEFAULT_MAX_PRIVATE_BYTES,
     out_lo: int = 0,
     thread_outputs: ThreadOutputs | None = None,
+    poisson_eps: float | None = None,
 ) -> ConflictPlan:
     """Add the MTTKRP of ``items`` into ``out``, which holds target rows ``out_lo ..``
     (all rows the items touch must be inside); returns the conflict plan used. With
     ``thread_outputs`` (for ``out``; ``conflict`` "auto" or "threads") the items without a private
     accumulator go to per-thread outputs instead of row-owned tiles or atomic adds; the caller
-    merges them after its last call."""
+    merges them after its last call.
+
+    ``poisson_eps``: CP-APR's Phi instead, each value divided by ``max(model value, eps)`` with
+    the target mode's rows of ``factors`` as the model's (see :mod:`.cpu`); the caller keeps
+    ranks run in column groups on the two-pass form (the model value needs every column)."""
     R = out.shape[1]
+    poisson = poisson_eps is not None
+    if poisson and column_groups(R, factors.data.nbytes) is not None:
+        raise ValueError("the fused Phi kernels take no column groups; reweight the values first")
     if column_groups(R, factors.data.nbytes) is not None:
         # a pass of one batch: its groups' blocks and outputs made, used and merged here
         one = MttkrpPass(factors, out, thread_outputs)
@@ -257,8 +265,9 @@ def run_items(
         return plan
     priv_buf = private_scratch(max(1, int(plan.size.sum())), R, out.dtype)
     direct, runs, runs_atomic, threads_k, runs_threads = kernel_for(
-        layout.nmodes, R, items.delta, factors.data.nbytes > PREFETCH_MIN_BYTES
+        layout.nmodes, R, items.delta, factors.data.nbytes > PREFETCH_MIN_BYTES, poisson
     )
+    eps = (float(poisson_eps),) if poisson else ()
     mask = layout.pext_masks if items.delta else layout.field_mask
     common = (
         items.index,
@@ -280,17 +289,23 @@ def run_items(
     # items without a private accumulator: row-owned tiles instead of atomic adds, unless atomics
     # are asked for or too few nonzeros need them to pay for bucketing
     threaded = threads_plan and bool(shared.any())
-    owned = not threaded and (
-        conflict == "owned" or (conflict == "auto" and int((items.end - items.start)[shared].sum()) >= OWNED_MIN_NNZ)
+    # (row-owned tiles have no Phi form: Poisson passes take atomics or per-thread outputs)
+    owned = (
+        not threaded
+        and not poisson
+        and (
+            conflict == "owned"
+            or (conflict == "auto" and int((items.end - items.start)[shared].sum()) >= OWNED_MIN_NNZ)
+        )
     )
     todo_runs = np.flatnonzero(plan.runs & plan.private)
     todo_atomic = np.flatnonzero(plan.runs & ~plan.private) if not (owned or threaded) else todo_runs[:0]
     if todo_direct.size:
-        direct(*common, todo_direct, plan.offset, plan.size, priv_buf)
+        direct(*common, todo_direct, plan.offset, plan.size, priv_buf, *eps)
     if todo_runs.size:
-        runs(*common, todo_runs, plan.offset, plan.size, priv_buf)
+        runs(*common, todo_runs, plan.offset, plan.size, priv_buf, *eps)
     if todo_atomic.size:
-        runs_atomic(*common, todo_atomic, out.reshape(-1), out_lo)
+        runs_atomic(*common, todo_atomic, out.reshape(-1), out_lo, *eps)
     if owned and shared.any():
         run_owned(items, layout, factors, mode, out, out_lo, np.flatnonzero(shared))
     if threaded:
@@ -301,7 +316,9 @@ def run_items(
         cuts = np.searchsorted(cum, cum[-1] * np.arange(1, T) / T, side="right")
         bounds = np.concatenate([[0], cuts, [todo.shape[0]]]).astype(np.int64)
         # mode-sorted items sum each target row's run in registers first
-        (runs_threads if items.sorted_mode == mode else threads_k)(*common, todo, bounds, out, first, bufs, out_lo)
+        (runs_threads if items.sorted_mode == mode else threads_k)(
+            *common, todo, bounds, out, first, bufs, out_lo, *eps
+        )
         if own_outputs:
             thread_outputs.merge()
     if plan.private.any():
@@ -320,11 +337,21 @@ class MttkrpPass:
     again for every batch of a streamed pass. Otherwise :meth:`finish` merges ``thread_outputs``.
     """
 
-    def __init__(self, factors: StackedFactors, out: np.ndarray, thread_outputs: ThreadOutputs | None = None) -> None:
+    def __init__(
+        self,
+        factors: StackedFactors,
+        out: np.ndarray,
+        thread_outputs: ThreadOutputs | None = None,
+        poisson_eps: float | None = None,
+    ) -> None:
         self.factors = factors
         self.out = out
         self.shared = thread_outputs
         self.groups = column_groups(out.shape[1], factors.data.nbytes)
+        # CP-APR's Phi (see run_items), fused where one pass sees every column: no groups, or one
+        # padded group (its zero columns add nothing to the model value); None where the rank
+        # runs in several groups (the caller reweights the values first)
+        self.poisson_eps = poisson_eps if self.groups is None or len(self.groups) == 1 else None
         self._blocks: list[tuple[int, int, StackedFactors, np.ndarray, ThreadOutputs | None]] | None = None
 
     def run(
@@ -339,7 +366,16 @@ class MttkrpPass:
         """Add the MTTKRP of one batch (see :func:`run_items`); returns its (first group's) plan."""
         if self.groups is None:
             return run_items(
-                items, layout, self.factors, mode, self.out, conflict, max_private_bytes, out_lo, self.shared
+                items,
+                layout,
+                self.factors,
+                mode,
+                self.out,
+                conflict,
+                max_private_bytes,
+                out_lo,
+                self.shared,
+                self.poisson_eps,
             )
         if self._blocks is None:
             self._blocks = []
@@ -348,7 +384,7 @@ class MttkrpPass:
                 shared = None if self.shared is None else ThreadOutputs(part, self.shared.threads)
                 self._blocks.append((first, real, column_block(self.factors, first, real, width), part, shared))
         plans = [
-            run_items(items, layout, block, mode, part, conflict, max_private_bytes, out_lo, shared)
+            run_items(items, layout, block, mode, part, conflict, max_private_bytes, out_lo, shared, self.poisson_eps)
             for _, _, block, part, shared in self._blocks
         ]
         return plans[0]

@@ -1,0 +1,293 @@
+"""CP-APR (Poisson CP) side by side with ALTO's APR, pyttb and GenTen, on count tensors, in one run.
+
+    python benchmarks/bench_apr.py --alto ~/peers/alto64/cpd64 --tensors uber nips chicago nell2 --threads 2
+    python benchmarks/bench_apr.py --tensors amazon --memory-limit 4GB      # 86 M nonzeros, streamed
+
+This script builds nothing: ALTO (github.com/IntelLabs/ALTO) is built outside the repository and
+passed by path, as for ``bench_peers.py``; pyttb and GenTen (``pygenten``) run in this process.
+
+For each tensor (the heavy-tailed supports ``bench_peers.py`` uses, shaped like FROSTT's uber,
+nips, chicago, nell2 and Amazon; values are counts ``1 + Geometric(1/2)``, the same seed every
+run) the nonzeros are written once as a 1-based ``.tns`` under ``--workdir`` and converted to a
+store. Then, with ``--threads`` threads:
+
+- MU: ours (``cp_apr(algorithm="mu")``) and ALTO's APR each run ``--outer`` outer iterations of
+  10 inner iterations per mode (tolerance far below reach). Seconds per inner iteration: ours,
+  the steady-state outer iteration (median after the first, which loads the kernels; it includes
+  the log-likelihood pass) divided by its inner iterations; ALTO, its main-loop timer divided by
+  its inner iterations. Both report the final log-likelihood.
+- PDN-R: ours, seconds per outer iteration and the log-likelihood after ``--outer``; on tensors of
+  at most ``--small`` nonzeros also pyttb's ``cp_apr(algorithm="pdnr")`` from the same start,
+  and the seconds each of ours and GenTen's needs to reach pyttb's final log-likelihood. pygenten
+  0.1.5 (the wheel on PyPI) exposes no CP-APR: its count model is GCP-OPT with the Poisson loss
+  (L-BFGS-B), which is what runs as GenTen here, from the same start, timed to the same target.
+
+``--memory-limit``: ours runs on a one-worker Dask cluster with this memory limit (the memory
+plan then streams what does not fit), and the worker's peak memory is reported.
+
+Prints a table; writes JSON to ``benchmarks/results/apr-<time>.json``. Targets (issue 34): MU
+seconds per inner iteration <= 1.0 x ALTO (moonshot 0.8 x); PDN-R reaching pyttb's final
+log-likelihood in fewer seconds than GenTen; the 86 M tensor under a 4 GB worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+
+def _early_threads(argv: list[str]) -> None:
+    # numba reads NUMBA_NUM_THREADS when first imported, so --threads must act before the imports
+    for i, a in enumerate(argv):
+        if a == "--threads" and i + 1 < len(argv):
+            os.environ["NUMBA_NUM_THREADS"] = argv[i + 1]
+        elif a.startswith("--threads="):
+            os.environ["NUMBA_NUM_THREADS"] = a.split("=", 1)[1]
+
+
+_early_threads(sys.argv)
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_peers import _git_commit  # noqa: E402
+from peers.external import steady  # noqa: E402
+
+import tensorflow_ooc as tfo  # noqa: E402
+from tensorflow_ooc import synthetic  # noqa: E402
+from tensorflow_ooc.store.metadata import FORMAT_VERSION  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+INNER = 10
+
+
+def count_tensor(name: str, workdir: Path, seed: int) -> tuple[Path, Path, np.ndarray, np.ndarray, tuple]:
+    """The count tensor's ``.tns`` and store under ``workdir`` (made once), and its COO arrays."""
+    shape, nnz = synthetic.PRESETS[name]
+    coords, _ = synthetic.heavy_tailed(shape, nnz, seed=seed)
+    values = (1 + np.random.default_rng(seed + 1).geometric(0.5, len(coords))).astype(np.float64)
+    digest = hashlib.sha1(np.ascontiguousarray(coords).data)
+    digest.update(np.ascontiguousarray(values).data)
+    tag = f"{name}-counts-s{seed}-{len(coords)}-{digest.hexdigest()[:10]}"
+    tns, store_path = workdir / f"{tag}.tns", workdir / f"{tag}.zarr"
+    if not tns.exists():
+        synthetic.write_tns(tns, [(coords, values)], one_based=True)
+    try:
+        if tfo.open_store(store_path).meta["format_version"] != FORMAT_VERSION:
+            raise ValueError("older format")
+    except Exception:
+        tfo.convert((coords, values), store_path, shape=shape, overwrite=True)
+    return tns, store_path, coords, values, tuple(shape)
+
+
+def _client(memory_limit: str | None, threads: int):
+    if not memory_limit:
+        return None
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=True, memory_limit=memory_limit, dashboard_address=None
+    )
+    return Client(cluster)
+
+
+def _peak_rss(client) -> int | None:
+    if client is None:
+        return None
+    import psutil
+
+    return max(client.run(lambda: psutil.Process().memory_info().rss).values())
+
+
+def ours_mu(store_path: Path, rank: int, outer: int, seed: int, client) -> dict:
+    r = tfo.cp_apr(
+        store_path, rank, algorithm="mu", max_iters=outer, max_inner_iters=INNER, tol=1e-300, seed=seed, client=client
+    )
+    per_inner = [h["seconds"] / max(1, h["inner_iterations"]) for h in r.history]
+    return {
+        "inner_s": steady(per_inner),
+        "outer_s": steady([h["seconds"] for h in r.history]),
+        "first_outer_s": r.history[0]["seconds"],
+        "loglik": r.loglik,
+        "inner_iterations": sum(h["inner_iterations"] for h in r.history),
+        "execution": r.params.get("execution"),
+        "pass_seconds": r.history[-1].get("pass_seconds"),
+        "peak_worker_rss": _peak_rss(client),
+    }
+
+
+def ours_pdnr(store_path: Path, rank: int, outer: int, seed: int, init, client) -> dict:
+    r = tfo.cp_apr(store_path, rank, algorithm="pdnr", max_iters=outer, tol=1e-300, init=init, client=client)
+    t = np.cumsum([h["seconds"] for h in r.history])
+    return {
+        "outer_s": steady([h["seconds"] for h in r.history]),
+        "loglik": r.loglik,
+        "trace": [(float(s), h["loglik"]) for s, h in zip(t, r.history)],
+        "inner_iterations": sum(h["inner_iterations"] for h in r.history),
+        "peak_worker_rss": _peak_rss(client),
+    }
+
+
+def pyttb_pdnr(coords, values, shape, rank: int, outer: int, init) -> dict:
+    import pyttb as ttb
+
+    X = ttb.sptensor(coords, values[:, None], shape)
+    t0 = time.perf_counter()
+    M, _, out = ttb.cp_apr(
+        X,
+        rank,
+        algorithm="pdnr",
+        init=ttb.ktensor([a.copy() for a in init]),
+        maxiters=outer,
+        stoptol=1e-300,
+        printitn=0,
+    )
+    return {"seconds": time.perf_counter() - t0, "loglik": float(out["obj"])}
+
+
+def genten_poisson(coords, values, shape, rank: int, init, target: float, threads: int, maxiters: int = 200) -> dict:
+    """GenTen's GCP-OPT with the Poisson loss from ``init``: seconds until its log-likelihood
+    (evaluated on its history by pyttb's formula on the returned model) reaches ``target``."""
+    from peers.genten import _capture_output, _load_genten
+
+    gt = _load_genten(threads)
+    X = gt.Sptensor(np.ascontiguousarray(coords, dtype=np.int64), np.ascontiguousarray(values[:, None]), list(shape))
+    u0 = gt.Ktensor(np.ones(rank), [np.ascontiguousarray(a) for a in init], copy=True)
+    with _capture_output() as out:
+        t0 = time.perf_counter()
+        M, M0, info = gt.gcp_opt(X, init=u0, rank=rank, type="poisson", maxiters=maxiters, printitn=1)
+        secs = time.perf_counter() - t0
+    weights = np.array(M.weights, copy=True)
+    factors = [np.array(f, copy=True) for f in M.factor_matrices]
+    del M, M0, info, u0, X
+    model = np.ones((len(values), rank)) * weights
+    for n, f in enumerate(factors):
+        model *= f[coords[:, n]]
+    m = model.sum(axis=1)
+    total = float(np.sum(weights * np.prod([f.sum(axis=0) for f in factors], axis=0)))
+    ll = float(np.sum(values * np.log(np.maximum(m, 1e-300)))) - total
+    return {"seconds": secs, "loglik": ll, "reached": ll >= target, "log_tail": out.text[-400:]}
+
+
+def _reach(trace, target: float) -> float | None:
+    for s, ll in trace:
+        if ll >= target:
+            return s
+    return None
+
+
+def bench(args) -> dict:
+    from peers import alto
+
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    client = _client(args.memory_limit, args.threads)
+    out = {
+        "args": vars(args),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "peers": {"alto": {"path": args.alto, "commit": _git_commit(args.alto)}},
+        "rows": [],
+    }
+    try:
+        for name in args.tensors:
+            tns, store_path, coords, values, shape = count_tensor(name, workdir, args.seed)
+            for rank in args.ranks:
+                row = {"tensor": name, "shape": list(shape), "nnz": int(len(coords)), "rank": rank}
+                print(f"{name} rank {rank}: ours MU", flush=True)
+                row["ours_mu"] = ours_mu(store_path, rank, args.outer, args.seed, client)
+                if args.alto:
+                    print(f"{name} rank {rank}: ALTO APR", flush=True)
+                    try:
+                        row["alto_mu"] = alto.cp_apr(args.alto, tns, rank, args.outer, INNER, args.threads)
+                    except Exception as exc:
+                        row["alto_mu"] = {"error": f"{type(exc).__name__}: {exc}"}
+                if not args.no_pdnr:
+                    init = [np.random.default_rng(args.seed + n).random((s, rank)) for n, s in enumerate(shape)]
+                    print(f"{name} rank {rank}: ours PDN-R", flush=True)
+                    row["ours_pdnr"] = ours_pdnr(store_path, rank, args.outer, args.seed, init, client)
+                    if len(coords) <= args.small:
+                        print(f"{name} rank {rank}: pyttb PDN-R", flush=True)
+                        row["pyttb_pdnr"] = p = pyttb_pdnr(coords, values, shape, rank, args.outer, init)
+                        row["ours_pdnr"]["reach_pyttb_s"] = _reach(row["ours_pdnr"]["trace"], p["loglik"])
+                        if not args.no_genten:
+                            print(f"{name} rank {rank}: GenTen GCP-OPT Poisson", flush=True)
+                            try:
+                                row["genten_poisson"] = genten_poisson(
+                                    coords, values, shape, rank, init, p["loglik"], args.threads
+                                )
+                            except Exception as exc:
+                                row["genten_poisson"] = {"error": f"{type(exc).__name__}: {exc}"}
+                out["rows"].append(row)
+    finally:
+        if client is not None:
+            client.close()
+    return out
+
+
+def table(out: dict) -> None:
+    def f(v, p=4):
+        return "-" if v is None else f"{v:.{p}f}"
+
+    print()
+    head = f"{'tensor':9} {'nnz':>11} {'R':>3} | {'MU s/inner':>10} {'ALTO':>8} {'x ALTO':>7}"
+    print(head + f" | {'loglik ours':>13} {'ALTO':>13}")
+    for r in out["rows"]:
+        o, a = r["ours_mu"], r.get("alto_mu") or {}
+        ratio = o["inner_s"] / a["inner_s"] if a.get("inner_s") else None
+        print(
+            f"{r['tensor']:9} {r['nnz']:>11,} {r['rank']:>3} | {f(o['inner_s'])} {f(a.get('inner_s'))} "
+            f"{f(ratio, 2):>7} | {o['loglik']:>13.6e} {a.get('loglik', float('nan')):>13.6e}"
+        )
+    rows = [r for r in out["rows"] if "ours_pdnr" in r]
+    if rows:
+        print()
+        head = f"{'tensor':9} {'R':>3} | {'PDN-R s/outer':>13} {'loglik':>13} | {'pyttb s':>8} {'pyttb ll':>13}"
+        print(head + f" | {'ours reach':>10} {'GenTen s':>8} reached")
+        for r in rows:
+            o, p, g = r["ours_pdnr"], r.get("pyttb_pdnr") or {}, r.get("genten_poisson") or {}
+            ll = p.get("loglik", float("nan"))
+            print(
+                f"{r['tensor']:9} {r['rank']:>3} | {f(o['outer_s']):>13} {o['loglik']:>13.6e} | "
+                f"{f(p.get('seconds'), 2):>8} {ll:>13.6e} | {f(o.get('reach_pyttb_s'), 2):>10} "
+                f"{f(g.get('seconds'), 2):>8} {g.get('reached', '-')}"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--alto", help="ALTO's cpd executable (64-bit index build); skipped if not given")
+    ap.add_argument("--no-genten", action="store_true", help="skip GenTen (pygenten)")
+    ap.add_argument("--no-pdnr", action="store_true", help="MU only")
+    ap.add_argument(
+        "--tensors", nargs="+", default=["uber", "nips", "chicago", "nell2"], choices=sorted(synthetic.PRESETS)
+    )
+    ap.add_argument("--ranks", nargs="+", type=int, default=[16])
+    ap.add_argument("--outer", type=int, default=5, help="outer iterations every tool runs (10 inner each)")
+    ap.add_argument(
+        "--small", type=int, default=200_000, help="pyttb and GenTen only on tensors up to this many nonzeros"
+    )
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--memory-limit", help="run ours on a one-worker Dask cluster with this memory limit, e.g. 4GB")
+    ap.add_argument("--seed", type=int, default=21)
+    ap.add_argument("--workdir", default=str(RESULTS / "peer-data"))
+    args = ap.parse_args(argv)
+    if args.alto and not os.access(args.alto, os.X_OK):
+        ap.error(f"--alto {args.alto}: not an executable file")
+    out = bench(args)
+    table(out)
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"apr-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(out, indent=2, default=str))
+    print(f"JSON: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

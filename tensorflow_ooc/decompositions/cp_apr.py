@@ -1,0 +1,356 @@
+"""CP-APR: nonnegative CP of count data by Poisson maximum likelihood (alternating Poisson
+regression), on a BLCO store, as iterated Dask passes over the nonzeros.
+
+The loop below is pyttb's ``cp_apr`` (Chi & Kolda 2012 for ``"mu"``, Hansen, Plantenga & Kolda
+2015 for ``"pdnr"``); its steps are small functions in
+:mod:`~tensorflow_ooc.decompositions.apr_steps` and its passes partition tasks in
+:mod:`~tensorflow_ooc.execution.apr_tasks`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from contextlib import ExitStack
+from typing import Callable, Sequence
+
+import numpy as np
+from distributed import Client
+
+from ..errors import DecompositionError
+from ..execution import get_client
+from ..execution.apr_tasks import add_sums, candidates_partition, loglik_partition, newton_partition, phi_partition
+from ..execution.inline import INLINE_MAX_NNZ
+from ..kernels.apr.cpu import hessian_width
+from ..store import Store
+from . import apr_steps as S
+from .checkpoint import disk_full_returned, raise_returned, read_npz, write_npz_atomic
+from .count_checks import check_counts
+from .cp_als import open_input
+from .cp_steps import open_graph
+from .model_checks import check_count, check_tolerance
+from .result import PoissonResult, fingerprint
+
+__all__ = ["cp_apr", "ALGORITHMS"]
+
+log = logging.getLogger(__name__)
+
+ALGORITHMS = ("mu", "pdnr")
+CHECKPOINT_FORMAT = "cp-apr"
+# PDN-R keeps, per row of the block being solved, its Newton terms (R + R(R+1)/2 + 2 values) on
+# every partition task and thread; the rows of a long mode are taken in blocks within this budget
+NEWTON_BLOCK_BYTES = 256 << 20
+
+
+def cp_apr(
+    store: Store | str | os.PathLike,
+    rank: int,
+    *,
+    algorithm: str = "mu",
+    client: Client | None = None,
+    max_iters: int = 1000,
+    max_inner_iters: int = 10,
+    tol: float = 1e-4,
+    init: str | Sequence[np.ndarray] = "random",
+    seed: int | None = None,
+    kappa: float = 0.01,
+    kappa_tol: float = 1e-10,
+    eps_div_zero: float = 1e-10,
+    eps_active: float = 1e-8,
+    mu0: float = 1e-5,
+    inexact: bool = True,
+    checkpoint: str | os.PathLike | None = None,
+    resume: bool = False,
+    checkpoint_every: int = 1,
+    callback: Callable[[dict], None] | None = None,
+    execution: str = "auto",
+    scheduler: str | None = None,
+    partitions: int | None = None,
+    out: str | os.PathLike | None = None,
+    overwrite: bool = False,
+) -> PoissonResult:
+    """Rank-``rank`` Poisson CP (CP-APR) of a count tensor: nonnegative factors that maximize the
+    Poisson log-likelihood ``sum_i x_i log m_i - m_i`` of the model ``m = [[lambda; A_1, ..., A_N]]``.
+
+    Each outer iteration updates the modes in turn; mode ``n`` solves its subproblem (the other
+    factors fixed) by up to ``max_inner_iters`` inner iterations:
+
+    - ``algorithm="mu"`` (Chi & Kolda 2012): ``B <- B * Phi`` with ``B = A_n diag(lambda)`` and
+      ``Phi = (X_(n) ./ max(B Pi^T, eps_div_zero)) Pi``, ``Pi`` the Khatri-Rao product of the other
+      factors, until ``max |min(B, 1 - Phi)| < tol`` (the KKT conditions). ``Phi`` is computed
+      from the nonzeros on the fly: a model-value pass gives each nonzero ``x / max(m, eps)``, and
+      the MTTKRP kernels sum it. Entries stuck at zero with ``Phi > 0`` are moved off zero by
+      ``kappa`` when below ``kappa_tol``.
+    - ``algorithm="pdnr"`` (Hansen, Plantenga & Kolda 2015): each row of ``B`` is a convex problem
+      solved by a projected damped Newton method with an Armijo line search (damping ``mu0``,
+      active-set tolerance ``eps_active``; ``inexact``: rows stop at ``max(tol, kkt / 100)``
+      and take 2 inner iterations in the first outer iteration). The rows advance together: two
+      passes over the nonzeros per inner iteration (see :mod:`.apr_steps`).
+
+    The run stops when an outer iteration changes nothing (every mode's KKT violation below
+    ``tol``), or after ``max_iters``. The log-likelihood, the KKT violation and the least-squares
+    fit are recorded per outer iteration.
+
+    Parameters
+    ----------
+    store : Store or path
+        A BLCO store of nonnegative counts (a negative value is refused, naming it; non-integer
+        values are warned about once).
+    rank : int
+        Number of components R.
+    algorithm : {"mu", "pdnr"}
+    max_iters, max_inner_iters, tol : outer iterations, inner iterations per mode, KKT tolerance.
+    init : "random" or sequence of (I_n, R) nonnegative arrays
+        "random" draws uniform [0, 1) factors from ``seed`` (as pyttb).
+    kappa, kappa_tol, eps_div_zero, eps_active, mu0, inexact : as pyttb's ``cp_apr``.
+    checkpoint, resume, checkpoint_every : an atomic ``.npz`` checkpoint every so many outer
+        iterations; ``resume`` continues from it (same store, rank and algorithm), giving the
+        result of the uninterrupted run bit for bit.
+    callback : called with each outer iteration's history record.
+    execution : {"auto", "streaming", "in-memory"}, scheduler, partitions, client : as :func:`cp_als`.
+    out : path, optional
+        Also write the result to this Zarr result store.
+
+    Returns
+    -------
+    PoissonResult
+        ``weights`` and ``factors`` (columns of unit 1-norm, components sorted by weight),
+        ``loglik``, ``kkt``, ``fit`` (least squares) and the history.
+
+    Examples
+    --------
+    >>> import tensorflow_ooc as tfo
+    >>> from tensorflow_ooc import synthetic
+    >>> p = synthetic.planted_poisson((30, 40, 50), 3, 5000, seed=0)
+    >>> s = tfo.convert((p.coords, p.values), "memory://doc-apr")
+    >>> r = tfo.cp_apr(s, 3, seed=1, max_iters=50)        # doctest: +SKIP
+    >>> r.loglik < 0 and min(f.min() for f in r.factors) >= 0   # doctest: +SKIP
+    True
+    """
+    store = open_input(store)
+    if not isinstance(store, Store):
+        raise DecompositionError(f"{store.path}: cp_apr takes a sparse store of counts, not a dense array")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
+    check_count("rank", rank)
+    check_count("max_iters", max_iters)
+    check_count("max_inner_iters", max_inner_iters)
+    check_count("checkpoint_every", checkpoint_every)
+    check_tolerance(tol)
+    for name, value in (("kappa", kappa), ("kappa_tol", kappa_tol), ("eps_div_zero", eps_div_zero)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if not (mu0 > 0 and eps_active >= 0):
+        raise ValueError(f"mu0 must be > 0 and eps_active >= 0, got {mu0!r} and {eps_active!r}")
+    check_counts(store)
+    N, shape = store.nmodes, store.shape
+    params = {
+        "model": "poisson",
+        "algorithm": algorithm,
+        "rank": int(rank),
+        "max_iters": int(max_iters),
+        "max_inner_iters": int(max_inner_iters),
+        "tol": float(tol),
+        "seed": seed,
+        "init": init if isinstance(init, str) else "given",
+        "kappa": float(kappa),
+        "kappa_tol": float(kappa_tol),
+        "eps_div_zero": float(eps_div_zero),
+    }
+    if algorithm == "pdnr":
+        params.update(eps_active=float(eps_active), mu0=float(mu0), inexact=bool(inexact))
+    checkpoint = None if checkpoint is None else str(checkpoint)
+    input_fp = fingerprint(store)
+    normX2 = float(store.meta["norm_sq"])
+
+    if client is None and scheduler is None and store.nnz <= INLINE_MAX_NNZ:
+        scheduler = "inline"
+    with get_client(client, scheduler, device="cpu") as c, ExitStack():
+        graph = open_graph(
+            c,
+            store,
+            params,
+            execution=execution,
+            partitions=partitions,
+            device="cpu",
+            device_options=None,
+            rank=rank,
+            dtype="float64",
+            samples=0,
+        )
+        graph.require_plan()
+        if graph.execution == "in-memory" and graph.data is None:
+            graph.load()
+        threads, bn, mpb = graph.numba_threads, graph.batch_nnz, graph.max_private_bytes
+        start, history, row_tol, state0 = _initial(
+            checkpoint if resume else None, input_fp, params, init, shape, rank, seed, tol
+        )
+        params["resumed_after"] = start
+        if algorithm == "pdnr" and start == 0:
+            for v in state0.views:  # pyttb: a row of zeros gets a tiny first entry
+                v[v.sum(axis=1) == 0, 0] = 1e-8
+        F = c.scatter(state0, hash=False)
+        del state0
+        loglik = history[-1]["loglik"] if history else float("nan")
+        for iteration in range(start, max_iters):
+            t_iter = time.time()
+            F = c.submit(S.begin_outer, F, pure=False, **graph.placement)
+            for n in range(N):
+                if algorithm == "mu":
+                    F = c.submit(S.mu_begin_mode, F, n, iteration, kappa, kappa_tol, pure=False, **graph.placement)
+                    for _ in range(max_inner_iters):
+                        F = graph.pass_update(
+                            phi_partition, (n, threads, bn, eps_div_zero, mpb), S.mu_inner, F, n, float(tol)
+                        )
+                else:
+                    inner_max = 2 if (inexact and iteration == 0) else max_inner_iters
+                    for b, (lo, hi) in enumerate(_row_blocks(shape[n], rank, threads)):
+                        F = c.submit(S.pdnr_begin_block, F, n, lo, hi, mu0, b == 0, pure=False, **graph.placement)
+                        for i in range(inner_max):
+                            F = graph.pass_update(
+                                newton_partition,
+                                (n, threads, bn, eps_div_zero),
+                                S.pdnr_direction,
+                                F,
+                                n,
+                                i,
+                                inner_max,
+                                row_tol,
+                                eps_active,
+                            )
+                            F = graph.pass_update(
+                                candidates_partition, (n, threads, bn), S.pdnr_step, F, n, i, inner_max
+                            )
+                        F = c.submit(S.pdnr_end_block, F, pure=False, **graph.placement)
+                F = c.submit(S.end_mode, F, n, pure=False, **graph.placement)
+            parts = graph.partition_pass(loglik_partition, F, threads, bn, reduce=add_sums)
+            sm = c.submit(S.summary, F, parts, pure=False, **graph.placement).result()
+            old = loglik
+            loglik = sm.loglik
+            if not math.isfinite(loglik):
+                raise DecompositionError(
+                    f"CP-APR outer iteration {iteration + 1}: the log-likelihood is {loglik} "
+                    "(a nonzero's model value reached zero); try another init or seed"
+                )
+            fit = 1 - math.sqrt(max(normX2 + sm.norm_model_sq - 2 * sm.inner_product, 0.0)) / math.sqrt(normX2)
+            record = {
+                "iteration": iteration + 1,
+                "loglik": loglik,
+                "loglik_change": loglik - old if math.isfinite(old) else float("nan"),
+                "kkt_violation": sm.kkt,
+                "fit": fit,
+                "inner_iterations": sm.inner_iters,
+                "violations": sm.violations,
+                "zeros": sm.zeros,
+                "seconds": time.time() - t_iter,
+                "pass_seconds": sm.seconds,
+                "nnz": store.nnz,
+            }
+            history.append(record)
+            log.info(
+                "iteration %d: log-likelihood %.8e, KKT violation %.2e, %d inner, %.3f s",
+                iteration + 1,
+                loglik,
+                sm.kkt,
+                sm.inner_iters,
+                record["seconds"],
+                extra={"iteration": iteration + 1},
+            )
+            if algorithm == "pdnr" and inexact:
+                row_tol = max(tol, sm.kkt / 100.0)
+            done = sm.converged and (algorithm == "mu" or not inexact or row_tol <= tol)
+            if checkpoint and (done or (iteration + 1) % checkpoint_every == 0 or iteration + 1 == max_iters):
+                t_ck = time.time()
+                raise_returned(
+                    c.submit(
+                        disk_full_returned,
+                        _write_checkpoint,
+                        checkpoint,
+                        F,
+                        iteration,
+                        history,
+                        params,
+                        input_fp,
+                        row_tol,
+                        pure=False,
+                    ).result()
+                )
+                record["checkpoint_seconds"] = time.time() - t_ck
+            if callback is not None:
+                callback(record)
+            if done:
+                break
+        final = c.submit(S.factors_of, F, pure=False).result()
+        weights = sm.weights if history else np.ones(rank)
+        del F
+        graph.release()
+    kkt = history[-1]["kkt_violation"] if history else float("nan")
+    fit = history[-1]["fit"] if history else float("nan")
+    result = PoissonResult.arranged(weights, final, loglik, kkt, fit, len(history), history, params, input_fp)
+    if out is not None:
+        result.save(out, overwrite=overwrite)
+        log.info("result written to %s", out)
+    return result
+
+
+def _row_blocks(rows: int, rank: int, threads: int) -> list[tuple[int, int]]:
+    """PDN-R: the mode's rows in blocks whose Newton terms fit :data:`NEWTON_BLOCK_BYTES`."""
+    per_row = hessian_width(rank) * 8 * (max(1, threads) + 3)
+    size = max(1, NEWTON_BLOCK_BYTES // per_row)
+    return [(lo, min(rows, lo + size)) for lo in range(0, rows, size)]
+
+
+def _initial(checkpoint, input_fp, params, init, shape, rank, seed, tol):
+    """The start: from ``checkpoint`` when it exists (same store, rank, algorithm), else fresh
+    factors (uniform [0, 1) from ``seed``, or ``init``'s, checked nonnegative and finite)."""
+    got = read_npz(checkpoint, CHECKPOINT_FORMAT, "CP-APR") if checkpoint else None
+    if got is not None:
+        arrays, meta = got
+        if (
+            meta["input"]["store_id"] != input_fp["store_id"]
+            or meta["params"]["rank"] != params["rank"]
+            or meta["params"]["algorithm"] != params["algorithm"]
+        ):
+            raise ValueError(
+                f"{checkpoint}: checkpoint is for another store, rank or algorithm; remove it or drop resume"
+            )
+        s = S.APRState(shape, rank, np.float64, np.ascontiguousarray(arrays["factors"]))
+        s.weights = arrays["weights"]
+        s.phi = [arrays.get(f"phi{n}") for n in range(len(shape))]
+        log.info("resuming from %s after outer iteration %d", checkpoint, meta["iteration"] + 1)
+        return meta["iteration"] + 1, list(meta["history"]), float(meta["row_tol"]), s
+    if isinstance(init, str):
+        if init != "random":
+            raise ValueError(f"init must be 'random' or a list of factor matrices, got {init!r}")
+        rng = np.random.default_rng(seed)
+        factors = [rng.random((I, rank)) for I in shape]
+    else:
+        if len(init) != len(shape) or any(np.shape(a) != (shape[n], rank) for n, a in enumerate(init)):
+            raise ValueError(f"init must hold {len(shape)} matrices of shapes {[(s, rank) for s in shape]}")
+        factors = [np.array(a, dtype=np.float64) for a in init]
+        for n, a in enumerate(factors):
+            if not np.isfinite(a).all():
+                raise DecompositionError(f"init: factor matrix {n} holds NaN or infinite entries")
+            if (a < 0).any():
+                raise DecompositionError(
+                    f"init: factor matrix {n} has a negative entry; CP-APR needs nonnegative factors"
+                )
+    return 0, [], float(tol), S.start_state(factors, None, "float64")
+
+
+def _write_checkpoint(path, state, iteration, history, params, input_fp, row_tol) -> str:
+    """Runs on a worker (the state lives there)."""
+    arrays = {"factors": state.data, "weights": state.weights}
+    arrays.update({f"phi{n}": p for n, p in enumerate(state.phi) if p is not None})
+    meta = {
+        "format": CHECKPOINT_FORMAT,
+        "version": 1,
+        "iteration": iteration,
+        "history": history,
+        "params": params,
+        "input": input_fp,
+        "row_tol": row_tol,
+    }
+    return write_npz_atomic(path, arrays, meta)
