@@ -243,3 +243,16 @@ def test_bad_input_is_refused_clearly(tmp_path, rng):
     nstore = store_of(tmp_path, "neg", coords, neg, shape)
     with pytest.raises(Exception, match="-3"):
         tfo.cp_apr(nstore, 2)
+
+
+def test_planted_poisson_model_is_recovered(tmp_path, rng):
+    from tensorflow_ooc import synthetic
+
+    seed = int(rng.integers(1 << 30))
+    p = synthetic.planted_poisson((30, 40, 50), 3, 12000, seed=seed)
+    store = store_of(tmp_path, "planted", p.coords, p.values, p.shape)
+    truth = ttb.ktensor([np.array(f) for f in p.factors], np.array(p.weights))
+    for algorithm, iters in (("pdnr", 60), ("mu", 80)):
+        r = tfo.cp_apr(store, 3, algorithm=algorithm, seed=seed + 1, max_iters=iters)
+        score = r.to_pyttb().score(truth)[0]
+        assert score >= 0.95, f"{algorithm}: factor match score {score:.3f} (seed {seed})"
