@@ -3,7 +3,9 @@ score against a reference, and its predicted values at given coordinates.
 
 Three kinds of model come out of decompose steps, and every function here takes each of them:
 
-- ``cp``: a CP model ``sum_r w_r a_1r o ... o a_Nr`` (:class:`~tensorflow_ooc.decompositions.CPResult`);
+- ``cp``: a CP model ``sum_r w_r a_1r o ... o a_Nr`` (:class:`~tensorflow_ooc.decompositions.CPResult`;
+  a CP-APR result, :class:`~tensorflow_ooc.decompositions.PoissonResult`, is one with ``poisson``
+  set: a nonnegative model of counts);
 - ``tucker``: a Tucker model ``G x_1 U_1 ... x_N U_N`` (:class:`~tensorflow_ooc.decompositions.TuckerResult`);
 - ``fasttucker``: a FastTucker completion model ``sum_r prod_n (A_n B_n)[i_n, r]``
   (:class:`~tensorflow_ooc.decompositions.FastTuckerResult`). It is a CP model with unit weights
@@ -13,7 +15,10 @@ The fit against a sparse store streams it once: ``||X - M||^2 = ||X||^2 + ||M||^
 ``<X, M>`` the model's values at the nonzeros (chunk by chunk) and ``||M||^2`` from the factors'
 Gram matrices, never the dense model. The same pass gives the RMSE and MAE of the model on the
 stored entries (what a completion model is judged by; its "fit" would count every missing entry as
-a zero). Against a dense array the model is formed one stored chunk at a time.
+a zero). Against a dense array the model is formed one stored chunk at a time. A Poisson model
+also gets its log-likelihood ``sum_i x_i log m_i - sum_i m_i`` (pyttb's ``tt_loglikelihood``, as
+CP-APR reports it): the first sum over the stored entries in the same pass, the second over every
+cell from the factors' column sums.
 
 The factor match score (FMS) is Tensor Toolbox's ``score``: components are paired by an optimal
 assignment (Hungarian algorithm, not greedy) maximizing, per pair, the product over modes of the
@@ -31,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from ..decompositions import CPResult, FastTuckerResult, TuckerResult, load_result
+from ..decompositions import CPResult, FastTuckerResult, PoissonResult, TuckerResult, load_result
 from ..decompositions.result import arrange
 from ..store import Store
 from ..store.dense import DenseArray
@@ -50,6 +55,8 @@ class Model:
     ``weights`` and ``factors`` are the CP form (a FastTucker model's ``C_n = A_n B_n`` with unit
     weights); a Tucker model has ``core`` and ``factors`` (``weights`` None). ``sizes`` are the
     model's ranks as the run record shows them (``rank``; ``ranks``; ``ranks`` and ``core_rank``).
+    ``poisson``: a CP model of counts (a CP-APR result, or an ``.npz`` with its ``loglik``), whose
+    evaluation includes the Poisson log-likelihood.
     """
 
     weights: np.ndarray | None
@@ -59,6 +66,7 @@ class Model:
     core: np.ndarray | None = None
     sizes: dict = field(default_factory=dict)
     result: CPResult | TuckerResult | FastTuckerResult | None = None
+    poisson: bool = False
 
     @property
     def rank(self) -> int:
@@ -74,7 +82,7 @@ class Model:
 
     @property
     def what(self) -> str:
-        return f"{KIND_NAMES[self.kind]} model {self.source}"
+        return f"{'Poisson ' if self.poisson else ''}{KIND_NAMES[self.kind]} model {self.source}"
 
 
 def model_of(result: CPResult | TuckerResult | FastTuckerResult, source: str) -> Model:
@@ -110,13 +118,15 @@ def model_of(result: CPResult | TuckerResult | FastTuckerResult, source: str) ->
         "cp",
         sizes={"rank": int(w.shape[0])},
         result=result,
+        poisson=isinstance(result, PoissonResult),
     )
 
 
 def load_model(location: str) -> Model:
     """A result store of any kind (:func:`tensorflow_ooc.load_result`), or an ``.npz``: a CP model
     (``weights``, ``factor0``, ``factor1``, ... as ``CPResult.save_npz`` and ``tfooc generate
-    --kind planted`` write), a Tucker model (``core``, ``factor0``, ...) or a FastTucker model
+    --kind planted`` write; with ``loglik``, as ``PoissonResult.save_npz`` and the npz export of a
+    CP-APR result write, a Poisson model), a Tucker model (``core``, ``factor0``, ...) or a FastTucker model
     (``factor0``, ..., ``core_factor0``, ...)."""
     if loc.isdir(location):
         try:
@@ -134,7 +144,11 @@ def load_model(location: str) -> Model:
 
     factors, core_factors = numbered("factor"), numbered("core_factor")
     if factors and "weights" in z.files:
-        return model_of(CPResult(np.asarray(z["weights"], dtype=np.float64), factors, math.nan, 0), location)
+        w = np.asarray(z["weights"], dtype=np.float64)
+        if "loglik" in z.files:
+            kkt = float(z["kkt"]) if "kkt" in z.files else math.nan
+            return model_of(PoissonResult(w, factors, math.nan, 0, loglik=float(z["loglik"]), kkt=kkt), location)
+        return model_of(CPResult(w, factors, math.nan, 0), location)
     if factors and "core" in z.files:
         return model_of(TuckerResult(np.asarray(z["core"], dtype=np.float64), factors, math.nan, 0), location)
     if factors and len(core_factors) == len(factors):
@@ -212,6 +226,19 @@ def model_block(model: Model, origin: tuple[int, ...], size: tuple[int, ...]) ->
     return out
 
 
+def model_total(model: Model) -> float:
+    """The sum of the model over every cell, from the factors' column sums (CP models)."""
+    assert model.weights is not None
+    return float(np.sum(model.weights * np.prod([A.sum(axis=0) for A in model.factors], axis=0)))
+
+
+def _x_log_m(x: np.ndarray, m: np.ndarray) -> float:
+    """``sum x log m`` over the entries with ``x != 0`` (a zero count adds nothing, whatever ``m``)."""
+    nz = x != 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(x[nz] @ np.log(m[nz]))
+
+
 def evaluate_tensor(tensor: Store | DenseArray, model: Model) -> dict:
     """Fit and errors of ``model`` against a sparse store or a dense array, reading it once.
 
@@ -220,21 +247,26 @@ def evaluate_tensor(tensor: Store | DenseArray, model: Model) -> dict:
     dict
         ``fit`` (``1 - ||X - M|| / ||X||``; left out for a FastTucker completion model, whose
         missing entries are not zeros), and ``rmse``, ``mae`` and ``entries``: the errors on the
-        stored entries (every entry of a dense array).
+        stored entries (every entry of a dense array). A Poisson model also gets ``loglik``
+        (``sum x log m - sum m``; ``-inf`` where the model is 0 at a nonzero count).
     """
     _check_shape(model, tuple(tensor.shape), tensor.path)
     sse = sae = 0.0
+    xlogm = 0.0
     count = 0
     if isinstance(tensor, DenseArray):
         norm_x2 = 0.0
         for c, block in tensor.iter_chunks():
             origin, size = tensor.chunk_box(c)
             x = np.asarray(block, dtype=np.float64)
-            d = x - model_block(model, origin, size)
+            mb = model_block(model, origin, size)
+            d = x - mb
             norm_x2 += float(np.vdot(x, x))
             sse += float(np.vdot(d, d))
             sae += float(np.abs(d).sum())
             count += x.size
+            if model.poisson:
+                xlogm += _x_log_m(x.ravel(), mb.ravel())
         resid2 = sse
     else:
         inner = 0.0
@@ -242,6 +274,8 @@ def evaluate_tensor(tensor: Store | DenseArray, model: Model) -> dict:
             x = ch.values.astype(np.float64)
             m = model_values(model, ch.coords(tensor.layout))
             inner += float(x @ m)
+            if model.poisson:
+                xlogm += _x_log_m(x, m)
             d = x - m
             sse += float(d @ d)
             sae += float(np.abs(d).sum())
@@ -252,6 +286,8 @@ def evaluate_tensor(tensor: Store | DenseArray, model: Model) -> dict:
     out["mae"] = sae / count if count else math.nan
     if model.kind != "fasttucker":
         out["fit"] = 1.0 - math.sqrt(resid2) / math.sqrt(norm_x2) if norm_x2 > 0 else 0.0
+    if model.poisson:
+        out["loglik"] = xlogm - model_total(model)
     return out
 
 

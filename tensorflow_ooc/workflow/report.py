@@ -26,6 +26,11 @@ def _step_summary(st: StepRecord) -> str:
         p = st.progress
         if "test_rmse" in p:  # a completion run's epoch
             return f"epoch {p.get('iteration')}: test RMSE {p['test_rmse']:.6g}"
+        if "loglik" in p:  # a CP-APR outer iteration
+            return (
+                f"iteration {p.get('iteration')}: log-likelihood {p['loglik']:.8e}, KKT violation "
+                f"{p.get('kkt_violation', float('nan')):.2e}"
+            )
         return f"iteration {p.get('iteration')}: fit {p.get('fit', float('nan')):.6f}"
     if st.kind == "decompose" and "test_rmse" in m:
         out = (
@@ -35,10 +40,17 @@ def _step_summary(st: StepRecord) -> str:
         return out + ("; warm start" if m.get("warm_start") else "")
     if st.kind == "decompose" and "fit" in m:
         first = m.get("first_iteration_seconds")
-        out = (
-            f"fit {m['fit']:.6f} after {m.get('iterations')} iterations; {m.get('seconds_per_iteration', 0):.3f} s "
-            f"per iteration steady state"
-        )
+        if "loglik" in m:  # CP-APR: the Poisson figures first, the least-squares fit for comparison
+            out = (
+                f"log-likelihood {m['loglik']:.8e}, KKT violation {m.get('kkt_violation', float('nan')):.2e} after "
+                f"{m.get('iterations')} outer iterations ({m.get('algorithm')}); fit {m['fit']:.6f}; "
+                f"{m.get('seconds_per_iteration', 0):.3f} s per iteration steady state"
+            )
+        else:
+            out = (
+                f"fit {m['fit']:.6f} after {m.get('iterations')} iterations; "
+                f"{m.get('seconds_per_iteration', 0):.3f} s per iteration steady state"
+            )
         if first is not None:
             out += f", first {first:.2f} s (includes compilation)"
         if m.get("nnz_modes_per_second"):
@@ -48,6 +60,8 @@ def _step_summary(st: StepRecord) -> str:
         return out
     if st.kind == "evaluate":
         parts = []
+        if "loglik" in m:
+            parts.append(f"log-likelihood {m['loglik']:.8e}")
         if "fit" in m:
             parts.append(f"fit {m['fit']:.6f}")
         if "rmse" in m:
@@ -105,16 +119,22 @@ def status_table(records: list[RunRecord]) -> str:
         note = ""
         if step and r.steps[step].progress:
             p = r.steps[step].progress
-            note = (
-                f"epoch {p.get('iteration')} test RMSE {p['test_rmse']:.4g}"
-                if "test_rmse" in p
-                else f"iteration {p.get('iteration')} fit {p.get('fit', float('nan')):.4f}"
-            )
+            if "test_rmse" in p:
+                note = f"epoch {p.get('iteration')} test RMSE {p['test_rmse']:.4g}"
+            elif "loglik" in p:
+                note = f"iteration {p.get('iteration')} log-likelihood {p['loglik']:.6e}"
+            else:
+                note = f"iteration {p.get('iteration')} fit {p.get('fit', float('nan')):.4f}"
         elif r.error:
             note = r.error.splitlines()[0][:60]
         else:
-            fits = [st.metrics["fit"] for st in r.steps.values() if "fit" in st.metrics]
-            note = f"fit {fits[-1]:.4f}" if fits else ""
+            # the last decomposition's or evaluation's figure: a CP-APR step's log-likelihood
+            figures = [
+                f"log-likelihood {m['loglik']:.6e}" if "loglik" in m else f"fit {m['fit']:.4f}"
+                for m in (st.metrics for st in r.steps.values())
+                if "fit" in m or "loglik" in m
+            ]
+            note = figures[-1] if figures else ""
         rows.append(
             (
                 r.run_id,
@@ -139,6 +159,13 @@ def format_event(ev: dict) -> str:
         msg = (
             f"epoch {ev.get('iteration')}: test RMSE {ev.get('test_rmse', float('nan')):.6g} (MAE "
             f"{ev.get('test_mae', float('nan')):.6g}), train RMSE {ev.get('train_rmse', float('nan')):.6g}, "
+            f"{ev.get('seconds', float('nan')):.3f} s"
+        )
+    elif kind == "iteration" and "loglik" in ev:  # a CP-APR outer iteration
+        msg = (
+            f"iteration {ev.get('iteration')}: log-likelihood {ev['loglik']:.8e} (change "
+            f"{ev.get('loglik_change', float('nan')):.2e}), KKT violation {ev.get('kkt_violation', float('nan')):.2e}, "
+            f"{ev.get('inner_iterations', 0)} inner, fit {ev.get('fit', float('nan')):.6f}, "
             f"{ev.get('seconds', float('nan')):.3f} s"
         )
     elif kind == "iteration":

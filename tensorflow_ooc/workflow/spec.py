@@ -31,7 +31,17 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ..limits import MAX_COUNT
 from . import locations as loc
@@ -39,7 +49,9 @@ from .errors import Problem, SpecError
 
 SPEC_VERSION = 1
 STEP_KINDS = ("generate", "convert", "decompose", "evaluate", "export", "predict")
-DECOMPOSE_METHODS = ("cp", "tucker", "completion")
+DECOMPOSE_METHODS = ("cp", "tucker", "completion", "cp-apr")
+# methods whose results are CP models (weights and factors): pyttb exports, factor match scores
+CP_RESULT_METHODS = ("cp", "cp-apr")
 PRESET_NAMES = ("uber", "nips", "chicago", "nell2", "vast", "hypersparse", "amazon")
 EXPORT_FORMATS = ("npz", "pyttb", "tensorly", "zarr")
 # an export format and the package it needs (checked before anything starts)
@@ -120,15 +132,18 @@ class _Step(_Model):
 
 
 class GenerateStep(_Step):
-    """Write a synthetic tensor (``.tns``, ``.tns.gz`` or a store): heavy-tailed random values, or a
-    planted rank-``rank`` CP model on a heavy-tailed support with relative ``noise``."""
+    """Write a synthetic tensor (``.tns``, ``.tns.gz`` or a store): heavy-tailed random values, a
+    planted rank-``rank`` CP model on a heavy-tailed support with relative ``noise``, or
+    (``planted-poisson``) counts drawn from a planted rank-``rank`` Poisson CP model, about ``nnz``
+    of them nonzero (:class:`~tensorflow_ooc.synthetic.PlantedPoissonGenerator`, as ``tfooc generate
+    --kind planted-poisson``), for CP-APR. Planted models write their true model to ``factors_out``."""
 
     kind: Literal["generate"]
     out: str
     like: Literal[PRESET_NAMES] | None = None  # type: ignore[valid-type]
     shape: list[PositiveInt] | None = None
     nnz: PositiveInt | None = None
-    model: Literal["heavy-tailed", "planted"] = "heavy-tailed"
+    model: Literal["heavy-tailed", "planted", "planted-poisson"] = "heavy-tailed"
     rank: PositiveInt = 8
     noise: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
     skew: float | list[float] | None = None
@@ -136,19 +151,49 @@ class GenerateStep(_Step):
     seed: int = 0
     zero_based: bool = False
     factors_out: str | None = Field(
-        None, description="planted: where the true model goes (default OUT without its extension + .factors.npz)"
+        None,
+        description="planted, planted-poisson: where the true model goes (default OUT without its extension + "
+        ".factors.npz)",
     )
+    concentration: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        None,
+        description="planted-poisson: gamma shape of the factor entries (default 0.5; below 1 each column has a "
+        "few large entries and many near 0, so components are distinct)",
+    )
+    _added_later: ClassVar[tuple[str, ...]] = ("concentration",)
 
     @model_validator(mode="after")
     def _size_given(self) -> GenerateStep:
         if self.like is None and (self.shape is None or self.nnz is None):
             raise ValueError("give 'like' (a preset) or both 'shape' and 'nnz'")
-        if self.model != "planted" and self.factors_out is not None:
-            raise ValueError("'factors_out' is only for model: planted")
+        if not self.planted and self.factors_out is not None:
+            raise ValueError("'factors_out' is only for model: planted or planted-poisson")
         return self
 
+    @field_validator("noise", "values", "concentration")
+    @classmethod
+    def _for_model(cls, v: Any, info: ValidationInfo) -> Any:
+        # field validators run for given keys only, after 'model' (declared first): the problem
+        # then names the key and its line
+        model = info.data.get("model")
+        if model is None:
+            return v
+        if info.field_name == "concentration" and model != "planted-poisson":
+            raise ValueError("'concentration' is only for model: planted-poisson")
+        if model == "planted-poisson":
+            if info.field_name == "noise" and v:
+                raise ValueError("'noise' does not apply to model: planted-poisson (its counts are Poisson draws)")
+            if info.field_name == "values" and v != "count":
+                raise ValueError(f"values: {v} does not apply to model: planted-poisson (its values are counts)")
+        return v
+
+    @property
+    def planted(self) -> bool:
+        """Whether a true model is written beside the tensor."""
+        return self.model in ("planted", "planted-poisson")
+
     def factors_location(self) -> str | None:
-        if self.model != "planted":
+        if not self.planted:
             return None
         if self.factors_out:
             return self.factors_out
@@ -159,7 +204,7 @@ class GenerateStep(_Step):
 
     def output_fields(self) -> dict[str, str]:
         out = {"out": self.out}
-        if self.model == "planted":
+        if self.planted:
             out["factors_out"] = self.factors_location() or ""
         return out
 
@@ -401,11 +446,68 @@ class CompletionDecomposeStep(_Decompose):
         return out
 
 
+class PoissonDecomposeStep(_Decompose):
+    """CP-APR of a store of counts (:func:`tensorflow_ooc.cp_apr`, ``tfooc apr``): rank-``rank``
+    nonnegative CP by Poisson maximum likelihood, by multiplicative updates (``algorithm: mu``) or
+    row-wise projected damped Newton (``algorithm: pdnr``). ``init: previous`` (or a CP result:
+    CP-APR's own, or CP-ALS's) starts from that model as a CP warm start does; CP-APR needs
+    nonnegative factors, so a CP-ALS result's negative entries are taken by absolute value (the
+    step logs how many). Checkpoints and resumes as CP-ALS does."""
+
+    method: Literal["cp-apr"]
+    rank: PositiveInt
+    algorithm: Literal["mu", "pdnr"] = Field(
+        "mu",
+        description="mu: multiplicative updates (Chi & Kolda); pdnr: projected damped Newton per row (Hansen, "
+        "Plantenga & Kolda)",
+    )
+    max_iters: PositiveInt = Field(1000, description="outer iterations at most")
+    max_inner_iters: PositiveInt = Field(10, description="inner iterations per mode and outer iteration")
+    tol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        1e-4, description="stop when every mode's KKT violation is below it"
+    )
+    kappa: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        0.01, description="mu: offset that moves entries stuck at zero"
+    )
+    kappa_tol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        1e-10, description="mu: an entry below it counts as zero"
+    )
+    eps_div_zero: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        1e-10, description="floor of model values in divisions"
+    )
+    eps_active: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        1e-8, description="pdnr: active-set tolerance"
+    )
+    mu0: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(1e-5, description="pdnr: initial damping")
+    inexact: bool = Field(
+        True, description="pdnr: rows stop at max(tol, KKT violation / 100), 2 inner iterations in the first outer one"
+    )
+    execution: Literal["auto", "streaming", "in-memory"] = "auto"
+    checkpoint_every: PositiveInt = 1
+
+    @field_validator("kappa", "kappa_tol", "eps_active", "mu0", "inexact")
+    @classmethod
+    def _for_algorithm(cls, v: Any, info: ValidationInfo) -> Any:
+        # run for given keys only, after 'algorithm' (declared first): an option of the other
+        # algorithm is an error at its own line rather than a setting silently unused
+        algorithm = info.data.get("algorithm")
+        want = "mu" if info.field_name in ("kappa", "kappa_tol") else "pdnr"
+        if algorithm is not None and algorithm != want:
+            raise ValueError(
+                f"{info.field_name!r} is only for algorithm: {want} (this step runs algorithm: {algorithm})"
+            )
+        return v
+
+    @property
+    def method_name(self) -> str:
+        return "cp-apr"
+
+
 class EvaluateStep(_Step):
     """Fit of a result (CP, Tucker or FastTucker) against a tensor (a store or a dense array) and
-    its errors on the tensor's entries, and a CP result's factor match score against a reference
-    model; writes the metrics as JSON. ``min_fit`` / ``min_fms`` / ``max_rmse`` make the step fail
-    beyond them."""
+    its errors on the tensor's entries (a CP-APR result: also its Poisson log-likelihood), and a CP
+    result's factor match score against a reference model; writes the metrics as JSON.
+    ``min_fit`` / ``min_fms`` / ``max_rmse`` make the step fail beyond them."""
 
     kind: Literal["evaluate"]
     result: str
@@ -486,6 +588,7 @@ DECOMPOSE_MODELS: dict[str, type[_Decompose]] = {
     "decompose": DecomposeStep,
     "decompose-tucker": TuckerDecomposeStep,
     "decompose-completion": CompletionDecomposeStep,
+    "decompose-cp-apr": PoissonDecomposeStep,
 }
 STEP_MODELS: dict[str, type[_Step]] = {
     "generate": GenerateStep,
@@ -496,14 +599,19 @@ STEP_MODELS: dict[str, type[_Step]] = {
     "predict": PredictStep,
 }
 STEP_TAGS = (*STEP_MODELS, *DECOMPOSE_MODELS)
-_METHOD_OF = {"decompose": "cp", "decompose-tucker": "tucker", "decompose-completion": "completion"}
+_METHOD_OF = {
+    "decompose": "cp",
+    "decompose-tucker": "tucker",
+    "decompose-completion": "completion",
+    "decompose-cp-apr": "cp-apr",
+}
 
 
 def _step_tag(value: Any) -> str | None:
     """The union member a step is validated as: its kind, and for decompose its method."""
     if isinstance(value, dict):
         kind = value.get("kind")
-        if kind == "decompose" and value.get("method") in ("tucker", "completion"):
+        if kind == "decompose" and value.get("method") in ("tucker", "completion", "cp-apr"):
             return f"decompose-{value['method']}"
         return kind if isinstance(kind, str) else None
     for tag, model in (*DECOMPOSE_MODELS.items(), *STEP_MODELS.items()):
@@ -519,6 +627,7 @@ Step = Annotated[
         Annotated[DecomposeStep, Tag("decompose")],
         Annotated[TuckerDecomposeStep, Tag("decompose-tucker")],
         Annotated[CompletionDecomposeStep, Tag("decompose-completion")],
+        Annotated[PoissonDecomposeStep, Tag("decompose-cp-apr")],
         Annotated[EvaluateStep, Tag("evaluate")],
         Annotated[ExportStep, Tag("export")],
         Annotated[PredictStep, Tag("predict")],
@@ -1318,7 +1427,7 @@ def plan(
                 # step of this spec is known not to fit before anything runs
                 maker = next((o for o in planned if _produces(o, st.inputs.get("result", ""))), None)
                 method = getattr(maker.model, "method_name", "cp") if maker is not None else "cp"
-                if maker is not None and maker.kind == "decompose" and method != "cp":
+                if maker is not None and maker.kind == "decompose" and method not in CP_RESULT_METHODS:
                     where = ("steps", st.name, "format")
                     problems.append(
                         Problem(

@@ -25,14 +25,16 @@ from .. import synthetic
 from ..decompositions import (
     CPResult,
     FastTuckerResult,
+    PoissonResult,
     TuckerResult,
     cp_als,
     load_result,
     read_checkpoint,
 )
+from ..decompositions.checkpoint import read_npz
 from ..errors import DecompositionError, StoreError, TfoocError
 from ..execution.inline import INLINE_MAX_NNZ
-from ..ingest import BatchSource, TextSource, convert
+from ..ingest import AltoRunSource, BatchSource, TextSource, convert
 from ..store import Store, open_store
 from ..store.dense import DenseArray, is_dense_array, open_dense
 from . import locations as loc
@@ -47,6 +49,7 @@ from .spec import (
     ExportStep,
     GenerateStep,
     PlannedStep,
+    PoissonDecomposeStep,
     PredictStep,
     TuckerDecomposeStep,
     Workflow,
@@ -175,6 +178,17 @@ def run_generate(ctx: StepContext) -> dict:
             f"planted rank-{m.rank} model with noise {m.noise}: {nnz:,} nonzeros; true factors in "
             f"{ctx.step.outputs['factors_out']}"
         )
+    elif m.model == "planted-poisson":
+        skew = m.skew if m.skew is not None else 1.3
+        concentration = 0.5 if m.concentration is None else m.concentration
+        poisson = synthetic.PlantedPoissonGenerator(
+            shape, m.rank, nnz, seed=m.seed, skew=skew, concentration=concentration
+        )
+        total = float(poisson.weights.sum())
+        header += f", rank {m.rank}, Poisson counts (expected total {total:.6g})"
+        # a store gets the generator's sorted ALTO runs (merged, not sorted); text its batches
+        batches = poisson.batches() if is_tns(out) else poisson.runs()
+        metrics.update(rank=m.rank, concentration=concentration, expected_total=total)
     else:
         skew = m.skew if m.skew is not None else 1.6
         batches = synthetic.iter_heavy_tailed(shape, nnz, skew=skew, seed=m.seed, values=m.values)
@@ -182,11 +196,22 @@ def run_generate(ctx: StepContext) -> dict:
     if is_tns(out):
         with loc.local_target(out) as tmp:
             written = synthetic.write_tns(tmp, batches, one_based=not m.zero_based, header=header)
+    elif m.model == "planted-poisson":
+        src = AltoRunSource(batches, shape, nnz, name="planted Poisson generator")
+        written = convert(src, out, overwrite=True).nnz
     else:
         src = BatchSource(batches, len(shape), shape, nnz, name="synthetic generator")
         written = convert(src, out, shape=shape, overwrite=True).nnz
     metrics["nnz"] = int(written)
     ctx.log(f"wrote {written:,} nonzeros to {out}")
+    if m.model == "planted-poisson":
+        # once the tensor is written (as tfooc generate): no true model beside a failed write
+        factors = ctx.step.outputs["factors_out"]
+        _save_npz(factors, {"weights": poisson.weights, **{f"factor{n}": f for n, f in enumerate(poisson.factors)}})
+        ctx.log(
+            f"planted rank-{m.rank} Poisson model (expected total count {total:.6g}); true model in {factors} "
+            "(weights: expected counts per component, factor columns summing to 1)"
+        )
     return metrics
 
 
@@ -568,7 +593,17 @@ def _iteration_events(ctx: StepContext, total: int, key: str = "iteration") -> C
 
     def progress(record: dict) -> None:
         number = record[key]
-        figures = ("fit", "fit_change", "seconds", "test_rmse", "test_mae", "train_rmse")
+        figures = (
+            "fit",
+            "fit_change",
+            "loglik",
+            "loglik_change",
+            "kkt_violation",
+            "seconds",
+            "test_rmse",
+            "test_mae",
+            "train_rmse",
+        )
         rec = {"iteration": number, **{k: record[k] for k in figures if k in record}}
         ctx.recorder.step(ctx.step.name, save=False, progress=rec)
         ctx.recorder.event(
@@ -609,9 +644,9 @@ def _steady(history: list[dict], resumed_after: int = 0) -> tuple[list[dict], fl
 
 
 def run_decompose(ctx: StepContext) -> dict:
-    """A decompose step: CP-ALS, Tucker HOOI or FastTucker completion, by its ``method``."""
+    """A decompose step: CP-ALS, Tucker HOOI, FastTucker completion or CP-APR, by its ``method``."""
     method = ctx.step.model.method_name  # type: ignore[attr-defined]
-    return {"cp": _run_cp, "tucker": _run_tucker, "completion": _run_completion}[method](ctx)
+    return {"cp": _run_cp, "tucker": _run_tucker, "completion": _run_completion, "cp-apr": _run_apr}[method](ctx)
 
 
 def _scheduler(ctx: StepContext, m: Any, nnz: int, device: str) -> tuple[Any, str | None]:
@@ -722,6 +757,132 @@ def _run_cp(ctx: StepContext) -> dict:
     ctx.log(
         f"rank {m.rank}: fit {result.fit:.6f} after {result.iterations} iterations, {per_it:.3f} s per "
         f"iteration steady state -> {out}"
+    )
+    return metrics
+
+
+def _run_apr(ctx: StepContext) -> dict:
+    """CP-APR (Poisson CP) of a store of counts: :func:`tensorflow_ooc.cp_apr` with the step's options."""
+    from ..decompositions import PoissonResult, cp_apr
+    from ..decompositions.cp_apr import CHECKPOINT_FORMAT
+
+    m: PoissonDecomposeStep = ctx.step.model  # type: ignore[assignment]
+    store = _open_decompose_input(ctx, "cp-apr")
+    out = ctx.step.outputs["out"]
+    init: Any = "random"
+    prev, warm = _warm_result(ctx, m)
+    if prev is not None:
+        if not isinstance(prev, CPResult):
+            raise InputError(
+                f"init: {warm} is not a CP result (a warm start of method cp-apr needs one: CP-APR's or CP-ALS's)"
+            )
+        init, notes = warm_start(prev, store.shape, m.rank, m.seed)
+        negative = sum(int(np.count_nonzero(a < 0)) for a in init)
+        if negative:
+            # a CP-ALS result: its sign flips come in pairs of modes, which |.| undoes exactly
+            init = [np.abs(a) for a in init]
+            size = sum(a.size for a in init)
+            notes = "; ".join(
+                filter(
+                    None,
+                    [
+                        notes,
+                        f"{negative:,} negative entries of {size:,} made positive (CP-APR needs nonnegative factors)",
+                    ],
+                )
+            )
+        if isinstance(prev, PoissonResult):
+            figure = f"log-likelihood {prev.loglik:.8e}"
+        else:
+            figure = f"least-squares fit {prev.fit:.6f}"
+        ctx.log(
+            f"warm start from {warm} ({figure} after {prev.iterations} iterations)" + (f"; {notes}" if notes else "")
+        )
+    # the checkpoint belongs to this step's fingerprint: a resume never mixes settings or inputs
+    checkpoint = ctx.state_dir("checkpoints", f"{ctx.step.name}-{ctx.fingerprint[:16]}.npz")
+    resume = False
+    if loc.exists(checkpoint):
+        try:
+            got = read_npz(checkpoint, CHECKPOINT_FORMAT, "CP-APR")
+        except StoreError as exc:
+            ctx.log(f"the checkpoint is not usable ({exc}): starting over", level="warning")
+            got = None
+        params = got[1].get("params", {}) if got else {}
+        if (
+            got is not None
+            and got[1].get("input", {}).get("store_id") == store.meta["store_id"]
+            and (params.get("rank"), params.get("algorithm")) == (m.rank, m.algorithm)
+        ):
+            resume = True
+            done = int(got[1]["iteration"]) + 1
+            last = (got[1].get("history") or [{}])[-1]
+            ctx.log(
+                f"resuming from the checkpoint after outer iteration {done} (log-likelihood "
+                f"{last.get('loglik', float('nan')):.8e})",
+                resumed_after=done,
+            )
+            ctx.recorder.step(ctx.step.name, resumed_from_iteration=done)
+        else:
+            loc.remove(checkpoint)
+    client, scheduler = _scheduler(ctx, m, store.nnz, "cpu")
+    t0 = time.perf_counter()
+    result = cp_apr(
+        store,
+        m.rank,
+        algorithm=m.algorithm,
+        client=client,
+        scheduler=scheduler,
+        max_iters=m.max_iters,
+        max_inner_iters=m.max_inner_iters,
+        tol=m.tol,
+        init=init,
+        seed=m.seed,
+        kappa=m.kappa,
+        kappa_tol=m.kappa_tol,
+        eps_div_zero=m.eps_div_zero,
+        eps_active=m.eps_active,
+        mu0=m.mu0,
+        inexact=m.inexact,
+        checkpoint=checkpoint,
+        resume=resume,
+        checkpoint_every=m.checkpoint_every,
+        callback=_iteration_events(ctx, m.max_iters),
+        execution=m.execution,
+        partitions=m.partitions,
+        out=out,
+        overwrite=True,
+    )
+    wall = time.perf_counter() - t0
+    loc.remove(checkpoint)  # the result is published: the checkpoint has served
+    new, per_it = _steady(result.history, result.params.get("resumed_after", 0))
+    last = result.history[-1] if result.history else {}
+    metrics = {
+        "loglik": result.loglik,
+        "loglik_change": last.get("loglik_change"),
+        "kkt_violation": result.kkt,
+        "fit": result.fit,
+        "iterations": result.iterations,
+        "iterations_this_run": len(new),
+        "inner_iterations_this_run": sum(int(h.get("inner_iterations", 0)) for h in new),
+        "seconds_per_iteration": per_it,
+        "first_iteration_seconds": new[0]["seconds"] if new else None,
+        "nnz": store.nnz,
+        "rank": m.rank,
+        "method": "cp-apr",
+        "algorithm": m.algorithm,
+        "tol": m.tol,
+        "execution": result.params.get("execution"),
+        "device": "cpu",
+        "scheduler": result.params.get("scheduler"),
+        "nnz_modes_per_second": store.nnz * store.nmodes / max(per_it, 1e-12),
+        "wall_seconds": wall,
+        "input_store": store.path,
+        "warm_start": warm if prev is not None else None,
+    }
+    ctx.log(
+        f"CP-APR ({m.algorithm}) rank {m.rank}: log-likelihood {result.loglik:.8e}, KKT violation "
+        f"{result.kkt:.3e} after {result.iterations} outer iterations (least-squares fit {result.fit:.6f}), "
+        f"{per_it:.3f} s per iteration steady state -> {out}"
     )
     return metrics
 
@@ -955,17 +1116,24 @@ def run_evaluate(ctx: StepContext) -> dict:
     result_loc = ctx.step.inputs["result"]
     model = load_model(result_loc)
     metrics: dict[str, Any] = {"result": result_loc, "model": model.kind, **model.sizes}
+    if model.poisson:
+        metrics["poisson"] = True
     r = model.result if loc.isdir(result_loc) else None
     if isinstance(r, (CPResult, TuckerResult)):
         metrics.update(fit_reported=r.fit, iterations=r.iterations)
+        if isinstance(r, PoissonResult):
+            metrics.update(loglik_reported=r.loglik, kkt_violation_reported=r.kkt, algorithm=r.params.get("algorithm"))
     elif r is not None:
         metrics.update(test_rmse_reported=r.test_rmse, test_mae_reported=r.test_mae, epochs=r.epochs)
     if "tensor" in ctx.step.inputs:
         tensor = _open_tensor(ctx.step.inputs["tensor"])
         metrics["tensor"] = tensor.path
         metrics.update(evaluate_tensor(tensor, model))
-    elif "fit_reported" in metrics:
-        metrics["fit"] = metrics["fit_reported"]
+    else:
+        if "fit_reported" in metrics:
+            metrics["fit"] = metrics["fit_reported"]
+        if "loglik_reported" in metrics:
+            metrics["loglik"] = metrics["loglik_reported"]
     if "reference" in ctx.step.inputs:
         ref = load_model(ctx.step.inputs["reference"])
         match = factor_match(model, ref)
@@ -977,6 +1145,7 @@ def run_evaluate(ctx: StepContext) -> dict:
             pairs=match["pairs"],
         )
     parts = [
+        f"log-likelihood {metrics['loglik']:.8e}" if "loglik" in metrics else None,
         f"fit {metrics['fit']:.6f}" if "fit" in metrics else None,
         f"RMSE {metrics['rmse']:.6g} (MAE {metrics['mae']:.6g}) on {metrics['entries']:,} entries"
         if "rmse" in metrics
@@ -1031,6 +1200,10 @@ def run_export(ctx: StepContext) -> dict:
     else:
         summary = {"fit": result.fit, "rank": result.rank}
         arrays = {"fit": result.fit}
+        if isinstance(result, PoissonResult):
+            # as PoissonResult.save_npz: an evaluate step reads the npz back as a Poisson model
+            summary.update(loglik=result.loglik, kkt_violation=result.kkt, poisson=True)
+            arrays.update(loglik=result.loglik, kkt=result.kkt)
     if m.format == "npz":
         _save_npz(out, {**result.to_numpy(), "history": json.dumps(result.history), **arrays})
     elif m.format == "zarr":
@@ -1047,7 +1220,8 @@ def run_export(ctx: StepContext) -> dict:
 
         with loc.local_target(out) as tmp:
             pyttb.export_data(result.to_pyttb(), tmp)
-    ctx.log(f"{m.format} export of {src} ({KIND_NAMES[kind]} result) -> {out}")
+    what = "Poisson CP (CP-APR)" if isinstance(result, PoissonResult) else KIND_NAMES[kind]
+    ctx.log(f"{m.format} export of {src} ({what} result) -> {out}")
     return {"format": m.format, "model": kind, **summary}
 
 
