@@ -23,7 +23,7 @@ import numpy as np
 
 from ..execution.partials import Partial
 from ..kernels import StackedFactors
-from ..kernels.apr.cpu import hessian_width
+from ..kernels.apr.cpu import hessian_width, mu_kkt
 
 # line search of pyttb's tt_linesearch_prowsubprob: steps 1, 1/2, ... 1/2^9, Armijo constant 1e-4
 LINE_STEPS = 0.5 ** np.arange(10)
@@ -59,7 +59,9 @@ class APRState(StackedFactors):
     def __init__(self, shape, rank, dtype=np.float64, data=None) -> None:
         super().__init__(shape, rank, dtype, data)
         self.weights = np.ones(self.rank)
-        self.phi: list[np.ndarray | None] = [None] * len(self.shape)
+        # per mode, where its last Phi was positive (MU's complementary-slackness fix reads only
+        # that: a bool mask instead of a second copy of the factors)
+        self.phi_positive: list[np.ndarray | None] = [None] * len(self.shape)
         self.kkt_mode = np.zeros(len(self.shape))
         self.inner_iters = 0
         self.violations = 0
@@ -71,7 +73,7 @@ class APRState(StackedFactors):
     def copy(self) -> "APRState":
         out = APRState(self.shape, self.rank, self.dtype, self.data.copy())
         out.weights = self.weights.copy()
-        out.phi = [None if p is None else p.copy() for p in self.phi]
+        out.phi_positive = [None if p is None else p.copy() for p in self.phi_positive]
         return out
 
 
@@ -121,8 +123,8 @@ def mu_begin_mode(s: APRState, n: int, iteration: int, kappa: float, kappa_tol: 
     """Before mode ``n``'s inner iterations: entries that violate complementary slackness (Phi > 0
     but the entry below ``kappa_tol``) are moved off zero by ``kappa``; then the weights go into
     the mode's factor."""
-    if iteration > 0 and s.phi[n] is not None:
-        V = (s.phi[n] > 0) & (s.views[n] < kappa_tol)
+    if iteration > 0 and s.phi_positive[n] is not None:
+        V = s.phi_positive[n] & (s.views[n] < kappa_tol)
         if V.any():
             s.violations += 1
             s.views[n][V] += kappa
@@ -136,13 +138,18 @@ def mu_inner(s: APRState, parts: Sequence[Partial], n: int, tol: float) -> APRSt
     ``max |min(B, 1 - Phi)| < tol`` (the KKT conditions), else ``B <- B * Phi``."""
     if s.skip:
         return s
-    phi = np.zeros(s.views[n].shape, dtype=s.dtype)
-    for p in parts:
-        phi[p.lo : p.lo + p.rows.shape[0]] += p.rows
+    whole = [p for p in parts if p.rows.shape[0]]
+    if len(whole) == 1 and whole[0].lo == 0 and whole[0].rows.shape == s.views[n].shape:
+        phi = whole[0].rows  # one partial with every row: no copy (long modes)
+    else:
+        phi = np.zeros(s.views[n].shape, dtype=s.dtype)
+        for p in whole:
+            phi[p.lo : p.lo + p.rows.shape[0]] += p.rows
     s.seconds["phi"] = s.seconds.get("phi", 0.0) + max((p.seconds for p in parts), default=0.0)
     s.inner_iters += 1
-    s.phi[n] = phi
-    s.kkt_mode[n] = float(np.max(np.abs(np.minimum(s.views[n], 1 - phi)))) if phi.size else 0.0
+    positive = np.empty(phi.shape, dtype=bool)
+    s.kkt_mode[n] = mu_kkt(s.views[n], phi, positive)
+    s.phi_positive[n] = positive
     if s.kkt_mode[n] < tol:
         s.skip = True
         return s

@@ -13,7 +13,6 @@ import logging
 import math
 import os
 import time
-from contextlib import ExitStack
 from typing import Callable, Sequence
 
 import numpy as np
@@ -167,7 +166,7 @@ def cp_apr(
 
     if client is None and scheduler is None and store.nnz <= INLINE_MAX_NNZ:
         scheduler = "inline"
-    with get_client(client, scheduler, device="cpu") as c, ExitStack():
+    with get_client(client, scheduler, device="cpu") as c:
         graph = open_graph(
             c,
             store,
@@ -318,7 +317,7 @@ def _initial(checkpoint, input_fp, params, init, shape, rank, seed, tol):
             )
         s = S.APRState(shape, rank, np.float64, np.ascontiguousarray(arrays["factors"]))
         s.weights = arrays["weights"]
-        s.phi = [arrays.get(f"phi{n}") for n in range(len(shape))]
+        s.phi_positive = [arrays.get(f"phi_positive{n}") for n in range(len(shape))]
         log.info("resuming from %s after outer iteration %d", checkpoint, meta["iteration"] + 1)
         return meta["iteration"] + 1, list(meta["history"]), float(meta["row_tol"]), s
     if isinstance(init, str):
@@ -343,7 +342,7 @@ def _initial(checkpoint, input_fp, params, init, shape, rank, seed, tol):
 def _write_checkpoint(path, state, iteration, history, params, input_fp, row_tol) -> str:
     """Runs on a worker (the state lives there)."""
     arrays = {"factors": state.data, "weights": state.weights}
-    arrays.update({f"phi{n}": p for n, p in enumerate(state.phi) if p is not None})
+    arrays.update({f"phi_positive{n}": p for n, p in enumerate(state.phi_positive) if p is not None})
     meta = {
         "format": CHECKPOINT_FORMAT,
         "version": 1,

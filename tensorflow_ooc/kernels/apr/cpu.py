@@ -313,3 +313,24 @@ def _row_pass(kernel, items, layout, factors, mode, row_lo, active, extra, out) 
         bufs,
     )
     out += bufs.sum(axis=0)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def mu_kkt(A: np.ndarray, phi: np.ndarray, positive: np.ndarray) -> float:
+    """``max |min(A, 1 - Phi)|`` (the multiplicative update's KKT violation) and, into
+    ``positive``, where ``Phi > 0``: one pass, no temporaries of the factor's size (an
+    Amazon-shaped mode's are 600 MB at rank 16).
+
+    A, phi : float (I, R); positive : bool (I, R), written."""
+    rows, R = A.shape
+    worst = np.zeros(rows)
+    for i in nb.prange(rows):
+        w = 0.0
+        for r in range(R):
+            p = phi[i, r]
+            positive[i, r] = p > 0
+            v = abs(min(A[i, r], 1.0 - p))
+            if v > w:
+                w = v
+        worst[i] = w
+    return worst.max() if rows else 0.0
