@@ -7,7 +7,8 @@ This script builds nothing: ALTO (github.com/IntelLabs/ALTO) is built outside th
 passed by path, as for ``bench_peers.py``; pyttb and GenTen (``pygenten``) run in this process.
 
 For each tensor (the heavy-tailed supports ``bench_peers.py`` uses, shaped like FROSTT's uber,
-nips, chicago, nell2 and Amazon; values are counts ``1 + Geometric(1/2)``, the same seed every
+nips, chicago, nell2 and Amazon (86 M nonzeros: a store written out of core by ``tfooc generate``, no .tns);
+values are counts ``1 + Geometric(1/2)``, the same seed every
 run) the nonzeros are written once as a 1-based ``.tns`` under ``--workdir`` and converted to a
 store. Then, with ``--threads`` threads:
 
@@ -37,6 +38,7 @@ import hashlib
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,9 +70,37 @@ RESULTS = Path(__file__).parent / "results"
 INNER = 10
 
 
+# above this many nonzeros the tensor is written as a store only, by ``tfooc generate`` (out of
+# core; no .tns for ALTO, no COO arrays in this process)
+LARGE_NNZ = 30_000_000
+
+
+def large_count_store(name: str, workdir: Path, seed: int, nnz: int) -> tuple[None, Path, None, None, tuple]:
+    """A preset-shaped count store of ``nnz`` nonzeros written by ``tfooc generate --values count``
+    (made once)."""
+    store_path = workdir / f"{name}-counts-s{seed}-{nnz}-generated.zarr"
+    try:
+        s = tfo.open_store(store_path)
+        if s.meta["format_version"] != FORMAT_VERSION:
+            raise ValueError("older format")
+    except Exception:
+        cmd = [sys.executable, "-m", "tensorflow_ooc.cli", "generate", str(store_path), "--like", name]
+        cmd += ["--nnz", str(nnz), "--values", "count", "--seed", str(seed), "--overwrite"]
+        subprocess.run(cmd, check=True)
+        s = tfo.open_store(store_path)
+    return None, store_path, None, None, tuple(s.shape)
+
+
+# the issue's out-of-core case: Amazon's shape at 86 M nonzeros (the whole Amazon has 1.7 G)
+SIZES = {"amazon": 86_000_000}
+
+
 def count_tensor(name: str, workdir: Path, seed: int) -> tuple[Path, Path, np.ndarray, np.ndarray, tuple]:
     """The count tensor's ``.tns`` and store under ``workdir`` (made once), and its COO arrays."""
     shape, nnz = synthetic.PRESETS[name]
+    nnz = SIZES.get(name, nnz)
+    if nnz > LARGE_NNZ:
+        return large_count_store(name, workdir, seed, nnz)
     coords, _ = synthetic.heavy_tailed(shape, nnz, seed=seed)
     values = (1 + np.random.default_rng(seed + 1).geometric(0.5, len(coords))).astype(np.float64)
     digest = hashlib.sha1(np.ascontiguousarray(coords).data)
@@ -153,20 +183,22 @@ def pyttb_pdnr(coords, values, shape, rank: int, outer: int, init) -> dict:
 
 
 def genten_poisson(coords, values, shape, rank: int, init, target: float, threads: int, maxiters: int = 200) -> dict:
-    """GenTen's GCP-OPT with the Poisson loss from ``init``: seconds until its log-likelihood
-    (evaluated on its history by pyttb's formula on the returned model) reaches ``target``."""
-    from peers.genten import _capture_output, _load_genten
+    """GenTen's GCP-OPT with the Poisson loss (L-BFGS-B) from ``init``: its seconds, and the
+    log-likelihood of its model by pyttb's formula (``reached``: at least ``target``)."""
+    import pyttb as ttb
+    from peers.common import _capture_output
+    from peers.genten import _load_genten
 
     gt = _load_genten(threads)
-    X = gt.Sptensor(np.ascontiguousarray(coords, dtype=np.int64), np.ascontiguousarray(values[:, None]), list(shape))
-    u0 = gt.Ktensor(np.ones(rank), [np.ascontiguousarray(a) for a in init], copy=True)
+    X = ttb.sptensor(np.ascontiguousarray(coords, dtype=np.int64), np.ascontiguousarray(values[:, None]), shape)
+    u0 = ttb.ktensor([np.ascontiguousarray(a) for a in init], np.ones(rank))
     with _capture_output() as out:
         t0 = time.perf_counter()
-        M, M0, info = gt.gcp_opt(X, init=u0, rank=rank, type="poisson", maxiters=maxiters, printitn=1)
+        M, _, _ = gt.gcp_opt(X, init=u0, rank=rank, loss_function_type="poisson", maxiters=maxiters, printitn=1)
         secs = time.perf_counter() - t0
-    weights = np.array(M.weights, copy=True)
-    factors = [np.array(f, copy=True) for f in M.factor_matrices]
-    del M, M0, info, u0, X
+    weights = np.array(M.weights, dtype=np.float64)
+    factors = [np.array(f, dtype=np.float64) for f in M.factor_matrices]
+    del M
     model = np.ones((len(values), rank)) * weights
     for n, f in enumerate(factors):
         model *= f[coords[:, n]]
@@ -198,11 +230,12 @@ def bench(args) -> dict:
     try:
         for name in args.tensors:
             tns, store_path, coords, values, shape = count_tensor(name, workdir, args.seed)
+            nnz = tfo.open_store(store_path).nnz
             for rank in args.ranks:
-                row = {"tensor": name, "shape": list(shape), "nnz": int(len(coords)), "rank": rank}
+                row = {"tensor": name, "shape": list(shape), "nnz": int(nnz), "rank": rank}
                 print(f"{name} rank {rank}: ours MU", flush=True)
                 row["ours_mu"] = ours_mu(store_path, rank, args.outer, args.seed, client)
-                if args.alto:
+                if args.alto and tns is not None:
                     print(f"{name} rank {rank}: ALTO APR", flush=True)
                     try:
                         row["alto_mu"] = alto.cp_apr(args.alto, tns, rank, args.outer, INNER, args.threads)
@@ -212,7 +245,7 @@ def bench(args) -> dict:
                     init = [np.random.default_rng(args.seed + n).random((s, rank)) for n, s in enumerate(shape)]
                     print(f"{name} rank {rank}: ours PDN-R", flush=True)
                     row["ours_pdnr"] = ours_pdnr(store_path, rank, args.outer, args.seed, init, client)
-                    if len(coords) <= args.small:
+                    if coords is not None and len(coords) <= args.small:
                         print(f"{name} rank {rank}: pyttb PDN-R", flush=True)
                         row["pyttb_pdnr"] = p = pyttb_pdnr(coords, values, shape, rank, args.outer, init)
                         row["ours_pdnr"]["reach_pyttb_s"] = _reach(row["ours_pdnr"]["trace"], p["loglik"])

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import urllib.request
 from html.parser import HTMLParser
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from test_monitoring_run import _chromium, needs_chromium
 
 from tensorflow_ooc.execution import get_client
@@ -19,6 +21,25 @@ from tensorflow_ooc.monitoring.state import RunsState
 def _get(url: str) -> tuple[int, str]:
     with urllib.request.urlopen(url, timeout=30) as r:
         return r.status, r.read().decode()
+
+
+def _strict_json(text: str):
+    """JSON as the browser's JSON.parse reads it: no NaN or Infinity."""
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in JSON the page parses"))
+
+
+# a CP-APR run's outer iterations as its decompose step sends them (cp_apr history records; the
+# first one's loglik_change is NaN): no fit_change, no per-mode seconds
+POISSON_ITERATIONS = [
+    {"iteration": 1, "loglik": -1.5e5, "loglik_change": math.nan, "kkt_violation": 0.5, "fit": 0.25, "seconds": 2.0},
+    {"iteration": 2, "loglik": -1.2e5, "loglik_change": 3e4, "kkt_violation": 1e-2, "fit": 0.3, "seconds": 0.2},
+    {"iteration": 3, "loglik": -1.19e5, "loglik_change": 1e3, "kkt_violation": 0.0, "fit": 0.31, "seconds": 0.2},
+]
+
+
+def _poisson_event(run_id: str, it: dict) -> dict:
+    extra = {"inner_iterations": 10, "violations": 0, "zeros": 2, "pass_seconds": 0.1, "nnz": 1000, "max_iters": 50}
+    return {"run_id": run_id, "event": "iteration", "step": "decompose", **it, **extra}
 
 
 def test_embedded_dashboard_status_and_tfooc_page(caplog):
@@ -63,10 +84,40 @@ def test_embedded_dashboard_status_and_tfooc_page(caplog):
             )
         view = json.loads(_get(base + PAGE_PATH + "/runs/r-1.json")[1])
         assert [it["iteration"] for it in view["iterations"]["decompose"]] == [1, 2]
+        # a CP-APR (Poisson) run: its log-likelihood and KKT violation, not a fit change
+        client.log_event("tfooc", {"run_id": "r-apr", "event": "run-started", "time": "2026-01-01T00:00:01.000Z"})
+        for it in POISSON_ITERATIONS:
+            client.log_event("tfooc", _poisson_event("r-apr", it))
+        rows = {r["run_id"]: r for r in _strict_json(_get(base + PAGE_PATH + "/runs.json")[1])["runs"]}
+        assert (rows["r-apr"]["loglik"], rows["r-apr"]["fit"], rows["r-apr"]["iterations"]) == (-1.19e5, 0.31, 3)
+        assert "loglik" not in rows["r-1"]  # a CP-ALS run's row as before
+        # what the page draws from: the three series, the first change (NaN) as null, strict JSON
+        its = _strict_json(_get(base + PAGE_PATH + "/runs/r-apr.json")[1])["iterations"]["decompose"]
+        assert [it["loglik"] for it in its] == [-1.5e5, -1.2e5, -1.19e5]
+        assert [it["loglik_change"] for it in its] == [None, 3e4, 1e3]
+        assert [it["kkt_violation"] for it in its] == [0.5, 1e-2, 0.0]
+        assert [it["inner_iterations"] for it in its] == [10, 10, 10] and not any("fit_change" in it for it in its)
+        # the page plots those for a step with a log-likelihood, labelled as such (drawn by
+        # test_page_scales_axes_to_the_data_in_chromium's page script; its plot classes and captions)
+        for text in ('"log-likelihood (Poisson)"', "`KKT violation (log scale;", '"pt-loglik"', '"pt-kkt"'):
+            assert text in page
         metrics = _get(base + "/metrics")[1]
         assert 'tfooc_iterations_total{run_id="r-1",step="decompose"} 3.0' in metrics
         assert 'tfooc_iteration{run_id="r-1",step="decompose"} 2.0' in metrics
         assert 'tfooc_bytes_read_total{run_id="r-1",step="decompose"} 1020.0' in metrics
+        samples = {
+            (f.name, s.labels["run_id"]): s.value
+            for f in text_string_to_metric_families(metrics)
+            if f.name.startswith("tfooc_")
+            for s in f.samples
+            if s.labels.get("step") == "decompose"
+        }
+        assert samples[("tfooc_loglik", "r-apr")] == -1.19e5 and samples[("tfooc_kkt_violation", "r-apr")] == 0.0
+        assert samples[("tfooc_fit", "r-apr")] == 0.31 and samples[("tfooc_iteration", "r-apr")] == 3
+        assert ("tfooc_fit_change", "r-apr") not in samples
+        # the CP-ALS run (its latest iteration with no fit): no Poisson gauges
+        assert samples[("tfooc_iteration", "r-1")] == 2
+        assert not {("tfooc_loglik", "r-1"), ("tfooc_kkt_violation", "r-1")} & samples.keys()
     # the log names the page (the link the CLI prints)
     assert any(
         "tfooc monitoring page:" in r.getMessage() and r.getMessage().split()[3].endswith("/tfooc")
@@ -121,8 +172,40 @@ def test_past_runs_listed_from_records(tmp_path):
             }
         ],
     )
+    # a finished CP-APR run: its row has its log-likelihood (and the least-squares fit), from the
+    # record's metrics and its events
+    runs.write(
+        RunRecord(
+            run_id="past-apr",
+            workflow="w",
+            spec_path="w.yaml",
+            spec_sha256="0",
+            storage=str(tmp_path),
+            cluster="embedded",
+            mode="foreground",
+            user="u",
+            host="h",
+            created_at="2025-12-31T00:00:00.000Z",
+            state="done",
+            steps={
+                "decompose": StepRecord(
+                    kind="decompose",
+                    state="done",
+                    metrics={"loglik": -1.19e5, "kkt_violation": 0.0, "fit": 0.31, "iterations": 3},
+                    progress=POISSON_ITERATIONS[-1],
+                )
+            },
+        )
+    )
+    runs.append_events("past-apr", [_poisson_event("past-apr", it) for it in POISSON_ITERATIONS])
     state = RunsState([str(tmp_path)])
-    (row,) = state.runs()
+    row, apr = state.runs()
+    assert (apr["run_id"], apr["loglik"], apr["fit"], apr["iterations"]) == ("past-apr", -1.19e5, 0.31, 3)
+    assert "loglik" not in row
+    apr_its = state.run("past-apr")["iterations"]["decompose"]
+    assert [(it["loglik"], it["kkt_violation"]) for it in apr_its] == [
+        (it["loglik"], it["kkt_violation"]) for it in POISSON_ITERATIONS
+    ]
     assert (row["run_id"], row["state"], row["iterations"], row["fit"], row["error"]) == (
         "past-1",
         "failed",
@@ -133,7 +216,7 @@ def test_past_runs_listed_from_records(tmp_path):
     view = state.run("past-1")
     assert [it["fit"] for it in view["iterations"]["decompose"]] == [0.1, 0.2]
     assert view["errors"][0]["traceback"] == "Traceback ..." and view["steps"]["decompose"]["state"] == "failed"
-    assert state.counts()["failed"] == 1
+    assert state.counts()["failed"] == 1 and state.counts()["done"] == 1
 
 
 class _Texts(HTMLParser):

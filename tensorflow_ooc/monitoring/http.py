@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from typing import Any
 
@@ -34,12 +35,32 @@ def _state(scheduler: Any):
     return None if plugin is None else plugin.state
 
 
+def _finite(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float as None (JSON's null)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def dumps(payload: Any) -> str:
+    """Strict JSON, which the browser's ``JSON.parse`` reads: a NaN (a CP-APR run's first
+    ``loglik_change``, a step's metric) or an infinity becomes null, never ``NaN``."""
+    try:
+        return json.dumps(payload, default=str, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(payload), default=str, allow_nan=False)
+
+
 class _Handler(RequestHandler):
     def json(self, payload: Any, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
-        self.write(json.dumps(payload, default=str))
+        self.write(dumps(payload))
 
 
 class PageHandler(_Handler):

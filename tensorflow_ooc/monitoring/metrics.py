@@ -15,6 +15,11 @@ metric                            type       labels                      value
 ``tfooc_iteration``               gauge      ``run_id``, ``step``        the iteration reached (its index)
 ``tfooc_fit``                     gauge      ``run_id``, ``step``        fit after the latest iteration
 ``tfooc_fit_change``              gauge      ``run_id``, ``step``        its change from the iteration before
+``tfooc_loglik``                  gauge      ``run_id``, ``step``        a CP-APR (Poisson) run's log-likelihood
+                                                                         after the latest outer iteration (its
+                                                                         ``tfooc_fit`` is the least-squares fit)
+``tfooc_kkt_violation``           gauge      ``run_id``, ``step``        a CP-APR run's KKT violation after the
+                                                                         latest outer iteration
 ``tfooc_iteration_seconds``       gauge      ``run_id``, ``step``        seconds of the latest iteration
 ``tfooc_mttkrp_seconds``          gauge      ``run_id``, ``step``,       the latest iteration's MTTKRP seconds per
                                              ``mode``                    mode (slowest partition task)
@@ -78,6 +83,12 @@ class TfoocCollector:
         at = GaugeMetricFamily("tfooc_iteration", "the CP-ALS iteration reached (its index)", labels=lab)
         fit = GaugeMetricFamily("tfooc_fit", "CP-ALS fit after the latest iteration", labels=lab)
         dfit = GaugeMetricFamily("tfooc_fit_change", "change of the fit in the latest iteration", labels=lab)
+        loglik = GaugeMetricFamily(
+            "tfooc_loglik", "CP-APR (Poisson) log-likelihood after the latest outer iteration", labels=lab
+        )
+        kkt = GaugeMetricFamily(
+            "tfooc_kkt_violation", "CP-APR KKT violation after the latest outer iteration", labels=lab
+        )
         secs = GaugeMetricFamily("tfooc_iteration_seconds", "seconds of the latest CP-ALS iteration", labels=lab)
         mttkrp = GaugeMetricFamily(
             "tfooc_mttkrp_seconds", "MTTKRP seconds per mode in the latest iteration", labels=lab + ["mode"]
@@ -108,6 +119,10 @@ class TfoocCollector:
                     fit.add_metric(key, float(last["fit"]))
                 if last.get("fit_change") is not None:
                     dfit.add_metric(key, float(last["fit_change"]))
+                if last.get("loglik") is not None:  # a CP-APR run's outer iteration
+                    loglik.add_metric(key, float(last["loglik"]))
+                if last.get("kkt_violation") is not None:
+                    kkt.add_metric(key, float(last["kkt_violation"]))
                 if last.get("seconds") is not None:
                     secs.add_metric(key, float(last["seconds"]))
                 for mode, s in enumerate(last.get("mttkrp_seconds") or []):
@@ -121,7 +136,7 @@ class TfoocCollector:
                 for mode, s in enumerate(last.get("exchange_seconds") or []):
                     exch.add_metric(key + [str(mode)], float(s))
                 cps.add_metric(key, float(v["checkpoint_count"].get(step, 0)))
-        yield from (iters, at, fit, dfit, secs, mttkrp, rate, read, sent, bound, exch, cps)
+        yield from (iters, at, fit, dfit, loglik, kkt, secs, mttkrp, rate, read, sent, bound, exch, cps)
 
 
 def register(plugin: Any) -> bool:

@@ -5,6 +5,11 @@ The script polls ``tfooc/runs.json`` and ``tfooc/runs/RUN.json`` (every second b
 the scheduler's HTTP server serves and works offline. Plot points carry ``data-iteration`` and
 ``data-value`` attributes and every plot block ``data-iterations`` (how many iterations it
 shows), which the browser test checks against the run's events.
+
+A step whose iterations carry a log-likelihood (``loglik``: a CP-APR run, Poisson CP of counts)
+is drawn as what it is: its log-likelihood (``pt-loglik``) and its KKT violation on a log axis
+(``pt-kkt``) where a CP-ALS step has its fit and fit change, and seconds per outer iteration in
+place of the per-mode bars its iterations do not record.
 """
 
 from __future__ import annotations
@@ -95,6 +100,12 @@ function badge(state) { return `<span class="state state-${esc(state)}">${esc(st
 // The fit axis spans at least 2e-6 (the page gives fits to 6 decimals; rounding noise of 1e-15 is
 // drawn flat), and fit changes below 1e-12 (noise for float64 fits) sit on the log axis's floor.
 const FIT_SPAN = 2e-6, CHANGE_FLOOR = 1e-12;
+// A log-likelihood (a large negative sum): on the axis 6 significant digits, or 4 in exponent
+// form from 1e6 (what the axis's margin holds), 9 (as the logs give it) in the tooltips; its axis
+// spans at least LOGLIK_SPAN of its magnitude (summation noise).
+const LOGLIK_SPAN = 1e-12;
+function sig(v) { return Math.abs(v) >= 1e6 ? v.toExponential(3) : String(Number(v.toPrecision(6))); }
+function exp8(v) { return v === null || v === undefined || Number.isNaN(v) ? "" : v.toExponential(8); }
 const COLORS = ["#1f6feb", "#d4a72c", "#1a7f37", "#cf222e", "#8250df", "#0598bc", "#bc4c00", "#57606a"];
 
 // Axis labels that differ wherever the values do: the plot's own format first, then more
@@ -110,7 +121,8 @@ function axisLabels(vals, base) {
 // A scatter-line plot of (x, y) points as SVG; points are <circle class="pt CLS">.
 // opts: log (log axis of |y|, values below opts.floor drawn on the floor, class "floored"),
 // minSpan (the least span of a linear axis: differences below it are noise, drawn flat),
-// zero (a linear axis from 0), format, color.
+// zero (a linear axis from 0), format, tip (the points' tooltip format; else format), color,
+// xlabel (the x axis's label: "iteration" unless given).
 function linePlot(title, xs, ys, cls, opts) {
   opts = opts || {};
   const W = 440, H = 170, L = 56, R = 8, T = 8, B = 22;
@@ -150,7 +162,7 @@ function linePlot(title, xs, ys, cls, opts) {
     });
     body += `<text x="${L}" y="${H - 6}">${esc(fmt(x0, 0))}</text>`
           + `<text x="${W - R}" y="${H - 6}" text-anchor="end">${esc(fmt(x1, 0))}</text>`
-          + `<text x="${(L + W) / 2}" y="${H - 6}" text-anchor="middle">iteration</text>`;
+          + `<text x="${(L + W) / 2}" y="${H - 6}" text-anchor="middle">${esc(opts.xlabel || "iteration")}</text>`;
     body += `<polyline fill="none" stroke="${opts.color || COLORS[0]}" stroke-width="1.5" points="`
           + pts.map(p => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ") + `"/>`;
     for (const p of pts) {
@@ -158,7 +170,7 @@ function linePlot(title, xs, ys, cls, opts) {
       body += `<circle class="pt ${cls}${floored ? " floored" : ""}" data-iteration="${p[0]}" data-value="${p[1]}" `
             + `cx="${sx(p[0]).toFixed(1)}" `
             + `cy="${sy(p[1]).toFixed(1)}" r="2.5" fill="${opts.color || COLORS[0]}">`
-            + `<title>iteration ${p[0]}: ${esc(opts.format ? opts.format(p[1]) : fmt(p[1], 6))}</title></circle>`;
+            + `<title>iteration ${p[0]}: ${esc((opts.tip || opts.format || (v => fmt(v, 6)))(p[1]))}</title></circle>`;
     }
   }
   return `<figure class="plot plot-${cls}" data-points="${pts.length}"><figcaption>${esc(title)}</figcaption>`
@@ -287,7 +299,10 @@ function renderRuns(data) {
           + `data-state="${esc(r.state)}"><td><a href="?run=${encodeURIComponent(r.run_id)}" `
           + `onclick="return pick('${esc(r.run_id)}')">${esc(r.run_id)}</a></td><td>${badge(r.state)}</td>`
           + `<td>${esc(r.workflow)}</td><td>${esc(r.current_step || "")}</td><td class="num">${esc(r.iterations || "")}</td>`
-          + `<td class="num">${r.fit === null || r.fit === undefined ? "" : fmt(r.fit, 6)}</td>`
+          + (r.loglik !== null && r.loglik !== undefined
+             ? `<td class="num loglik" title="log-likelihood (least-squares fit ${esc(fmt(r.fit, 6))})">`
+               + `log-lik ${esc(sig(r.loglik))}</td>`
+             : `<td class="num">${r.fit === null || r.fit === undefined ? "" : fmt(r.fit, 6)}</td>`)
           + `<td>${esc(since(r.started_at || r.created_at))}</td><td class="num">${esc(duration(r.started_at, r.finished_at))}</td>`
           + errorCell(r) + `</tr>`;
   }
@@ -317,7 +332,9 @@ function renderRun(v) {
   for (const [name, st] of Object.entries(v.steps || {})) {
     const m = st.metrics || {};
     const bits = [];
-    if (m.fit !== undefined) bits.push("fit " + fmt(m.fit, 6));
+    if (m.loglik !== undefined && m.loglik !== null) bits.push("log-likelihood " + exp8(m.loglik));
+    if (m.kkt_violation !== undefined && m.kkt_violation !== null) bits.push("KKT violation " + fmt(m.kkt_violation, 2));
+    if (m.fit !== undefined) bits.push((m.loglik !== undefined ? "least-squares fit " : "fit ") + fmt(m.fit, 6));
     if (m.fms !== undefined) bits.push("factor match " + fmt(m.fms, 4));
     if (m.iterations !== undefined) bits.push(m.iterations + " iterations");
     if (m.nnz !== undefined) bits.push(Number(m.nnz).toLocaleString() + " nonzeros");
@@ -334,20 +351,47 @@ function renderRun(v) {
     const cumBytes = its.map(it => (cum += (it.bytes_read || 0)));
     const steady = its.slice(1).length ? its.slice(1) : its;
     const perIt = steady.reduce((a, it) => a + (it.seconds || 0), 0) / Math.max(1, steady.length);
-    html += `<div class="step-plots" data-step="${esc(step)}" data-iterations="${its.length}">`
-          + `<h3>${esc(step)}: iteration ${esc(last.iteration)}${last.max_iters ? " of at most " + last.max_iters : ""} · `
-          + `fit ${fmt(last.fit, 6)} · change ${fmt(last.fit_change, 2)} · ${fmt(perIt, 3)} s per iteration `
-          + `(steady state)` + (its.length > 1 ? ` · first iteration ${fmt(its[0].seconds, 2)} s (includes compilation)` : "")
-          + ` · ${fmt((last.nnz_per_s || 0) / 1e6, 1)} M nonzero-modes/s · ${bytes(cum)} read</h3>`
+    // a CP-APR (Poisson) step: its iterations carry the log-likelihood, not a fit change
+    const poisson = its.some(it => it.loglik !== undefined && it.loglik !== null);
+    const has = f => its.some(it => it[f] !== undefined && it[f] !== null);
+    const llSpan = LOGLIK_SPAN * Math.max(1, ...its.map(it => Math.abs(it.loglik || 0)));
+    const head = poisson
+      ? `${esc(step)}: outer iteration ${esc(last.iteration)}${last.max_iters ? " of at most " + last.max_iters : ""} · `
+        + `log-likelihood ${exp8(last.loglik)} · change ${fmt(last.loglik_change, 2)} · `
+        + `KKT violation ${fmt(last.kkt_violation, 2)} · least-squares fit ${fmt(last.fit, 6)} · `
+        + `${fmt(perIt, 3)} s per iteration (steady state)`
+        + (its.length > 1 ? ` · first iteration ${fmt(its[0].seconds, 2)} s (includes compilation)` : "")
+        + (has("nnz_per_s") ? ` · ${fmt((last.nnz_per_s || 0) / 1e6, 1)} M nonzero-modes/s` : "")
+        + (has("bytes_read") ? ` · ${bytes(cum)} read` : "")
+      : `${esc(step)}: iteration ${esc(last.iteration)}${last.max_iters ? " of at most " + last.max_iters : ""} · `
+        + `fit ${fmt(last.fit, 6)} · change ${fmt(last.fit_change, 2)} · ${fmt(perIt, 3)} s per iteration `
+        + `(steady state)` + (its.length > 1 ? ` · first iteration ${fmt(its[0].seconds, 2)} s (includes compilation)` : "")
+        + ` · ${fmt((last.nnz_per_s || 0) / 1e6, 1)} M nonzero-modes/s · ${bytes(cum)} read`;
+    const progressPlots = poisson
+      ? linePlot("log-likelihood (Poisson)", x, its.map(it => it.loglik), "pt-loglik",
+                 {format: sig, tip: exp8, minSpan: llSpan, xlabel: "outer iteration"})
+        + linePlot(`KKT violation (log scale; below ${fmt(CHANGE_FLOOR, 0)} drawn at it)`, x,
+                   its.map(it => it.kkt_violation), "pt-kkt",
+                   {log: true, floor: CHANGE_FLOOR, color: COLORS[1], xlabel: "outer iteration"})
+        + (has("mode_seconds") ? modePlot(its)
+           : linePlot("seconds per outer iteration", x, its.map(it => it.seconds), "pt-seconds",
+                      {zero: true, color: COLORS[5], format: v => fmt(v, 3) + " s", xlabel: "outer iteration"}))
+      : linePlot("fit", x, its.map(it => it.fit), "pt-fit", {format: v => fmt(v, 6), minSpan: FIT_SPAN})
+        + linePlot(`|fit change| (log scale; below ${fmt(CHANGE_FLOOR, 0)} drawn at it)`, x, its.map(it => it.fit_change),
+                   "pt-fit-change", {log: true, floor: CHANGE_FLOOR, color: COLORS[1]})
+        + modePlot(its);
+    html += `<div class="step-plots${poisson ? " poisson" : ""}" data-step="${esc(step)}" data-iterations="${its.length}">`
+          + `<h3>${head}</h3>`
           + `<div class="plots">`
-          + linePlot("fit", x, its.map(it => it.fit), "pt-fit", {format: v => fmt(v, 6), minSpan: FIT_SPAN})
-          + linePlot(`|fit change| (log scale; below ${fmt(CHANGE_FLOOR, 0)} drawn at it)`, x, its.map(it => it.fit_change),
-                     "pt-fit-change", {log: true, floor: CHANGE_FLOOR, color: COLORS[1]})
-          + modePlot(its)
-          + linePlot("nonzeros per second (nonzero-modes/s)", x, its.map(it => it.nnz_per_s), "pt-nnz-per-s",
-                     {zero: true, color: COLORS[2], format: v => fmt(v / 1e6, 1) + " M"})
-          + linePlot("bytes read from the store (cumulative)", x, cumBytes, "pt-bytes-read",
-                     {zero: true, color: COLORS[4], format: bytes})
+          + progressPlots
+          + (!poisson || has("nnz_per_s")
+             ? linePlot("nonzeros per second (nonzero-modes/s)", x, its.map(it => it.nnz_per_s), "pt-nnz-per-s",
+                        {zero: true, color: COLORS[2], format: v => fmt(v / 1e6, 1) + " M"})
+             : "")
+          + (!poisson || has("bytes_read")
+             ? linePlot("bytes read from the store (cumulative)", x, cumBytes, "pt-bytes-read",
+                        {zero: true, color: COLORS[4], format: bytes})
+             : "")
           + (its.some(it => it.bytes_sent !== undefined && it.bytes_sent !== null)
              ? linePlot(`bytes sent between ${last.workers || ""} workers per iteration (lower bound `
                         + `${bytes(last.bytes_lower_bound || 0)})`, x, its.map(it => it.bytes_sent), "pt-bytes-sent",

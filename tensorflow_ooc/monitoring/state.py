@@ -27,6 +27,12 @@ ITERATION_FIELDS = (
     "iteration",
     "fit",
     "fit_change",
+    # a CP-APR (Poisson) run's outer iteration: its log-likelihood, the change, the KKT violation
+    # (the page plots these instead of the fit; its ``fit`` is the least-squares one, for comparison)
+    "loglik",
+    "loglik_change",
+    "kkt_violation",
+    "inner_iterations",
     "seconds",
     "mode_seconds",
     "mttkrp_seconds",
@@ -207,20 +213,21 @@ def merge_record(view: dict[str, Any], record: Any) -> dict[str, Any]:
 
 
 def summary(view: dict[str, Any]) -> dict[str, Any]:
-    """One row of the runs table: the view without its per-iteration series."""
-    fit = None
+    """One row of the runs table: the view without its per-iteration series. A CP-APR run's row
+    also has ``loglik`` (its log-likelihood; ``fit`` is then the least-squares fit)."""
+    fit = loglik = None
     iterations = 0
     for its in view["iterations"].values():
         if its:
-            fit, iterations = its[-1].get("fit"), its[-1].get("iteration", len(its))
+            fit, loglik, iterations = its[-1].get("fit"), its[-1].get("loglik"), its[-1].get("iteration", len(its))
     for st in view["steps"].values():
         m = st.get("metrics") or {}
         if st.get("kind") == "decompose" and m.get("fit") is not None and not iterations:
-            fit, iterations = m["fit"], m.get("iterations", 0)
+            fit, loglik, iterations = m["fit"], m.get("loglik"), m.get("iterations", 0)
         p = st.get("progress") or {}
         if p.get("iteration") and p["iteration"] > iterations:
-            fit, iterations = p.get("fit"), p["iteration"]
-    return {
+            fit, loglik, iterations = p.get("fit"), p.get("loglik"), p["iteration"]
+    row = {
         k: view.get(k)
         for k in (
             "run_id",
@@ -242,6 +249,9 @@ def summary(view: dict[str, Any]) -> dict[str, Any]:
         "errors": len(view["errors"]),
         "steps": {n: st.get("state") for n, st in view["steps"].items()},
     }
+    if loglik is not None:  # a CP-APR run
+        row["loglik"] = loglik
+    return row
 
 
 class RunsState:
@@ -318,6 +328,8 @@ class RunsState:
                 # the record has the state; live events may be ahead on iterations
                 if row["iterations"] > (rows[run_id]["iterations"] or 0):
                     rows[run_id].update(fit=row["fit"], iterations=row["iterations"])
+                    if "loglik" in row:
+                        rows[run_id]["loglik"] = row["loglik"]
             else:
                 rows[run_id] = row
         order = sorted(rows.values(), key=lambda r: r.get("created_at") or r.get("started_at") or "", reverse=True)
