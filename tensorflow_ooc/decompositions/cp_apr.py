@@ -19,7 +19,7 @@ import numpy as np
 from distributed import Client
 
 from ..errors import DecompositionError
-from ..execution import get_client
+from ..execution import DeviceOptions, get_client
 from ..execution.apr_tasks import add_sums, candidates_partition, loglik_partition, newton_partition, phi_partition
 from ..execution.inline import INLINE_MAX_NNZ
 from ..kernels.apr.cpu import hessian_width
@@ -69,6 +69,8 @@ def cp_apr(
     partitions: int | None = None,
     out: str | os.PathLike | None = None,
     overwrite: bool = False,
+    device: str = "cpu",
+    device_options: DeviceOptions | None = None,
 ) -> PoissonResult:
     """Rank-``rank`` Poisson CP (CP-APR) of a count tensor: nonnegative factors that maximize the
     Poisson log-likelihood ``sum_i x_i log m_i - m_i`` of the model ``m = [[lambda; A_1, ..., A_N]]``.
@@ -111,6 +113,12 @@ def cp_apr(
     execution : {"auto", "streaming", "in-memory"}, scheduler, partitions, client : as :func:`cp_als`.
     out : path, optional
         Also write the result to this Zarr result store.
+    device : {"cpu", "gpu"}
+        ``"gpu"`` (MU only): each inner iteration's Phi runs on the cluster's GPU workers (the GPU
+        twin of the Phi kernels, :mod:`~tensorflow_ooc.kernels.mttkrp.gpu`), streamed from the
+        store; the log-likelihood pass and the updates run on the same workers' CPUs.
+    device_options : DeviceOptions, optional
+        GPU kernel and streaming settings, as for :func:`cp_als`.
 
     Returns
     -------
@@ -141,6 +149,10 @@ def cp_apr(
     for name, value in (("kappa", kappa), ("kappa_tol", kappa_tol), ("eps_div_zero", eps_div_zero)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    if device == "gpu" and algorithm != "mu":
+        raise ValueError("algorithm='pdnr' runs on CPU workers; use device='cpu' (or algorithm='mu' on GPUs)")
     if not (mu0 > 0 and eps_active >= 0):
         raise ValueError(f"mu0 must be > 0 and eps_active >= 0, got {mu0!r} and {eps_active!r}")
     check_counts(store)
@@ -164,17 +176,20 @@ def cp_apr(
     input_fp = fingerprint(store)
     normX2 = float(store.meta["norm_sq"])
 
-    if client is None and scheduler is None and store.nnz <= INLINE_MAX_NNZ:
+    if client is None and scheduler is None and store.nnz <= INLINE_MAX_NNZ and device == "cpu":
         scheduler = "inline"
-    with get_client(client, scheduler, device="cpu") as c:
+    if device == "gpu":
+        # the GPU streams Phi from the store; the CPU passes (log-likelihood) stream the same chunks
+        execution = "streaming"
+    with get_client(client, scheduler, device=device) as c:
         graph = open_graph(
             c,
             store,
             params,
             execution=execution,
             partitions=partitions,
-            device="cpu",
-            device_options=None,
+            device=device,
+            device_options=device_options,
             rank=rank,
             dtype="float64",
             samples=0,
@@ -201,7 +216,12 @@ def cp_apr(
                     F = c.submit(S.mu_begin_mode, F, n, iteration, kappa, kappa_tol, pure=False, **graph.placement)
                     for _ in range(max_inner_iters):
                         F = graph.pass_update(
-                            phi_partition, (n, threads, bn, eps_div_zero, mpb), S.mu_inner, F, n, float(tol)
+                            phi_partition,
+                            (n, threads, bn, eps_div_zero, mpb, graph.device, device_options),
+                            S.mu_inner,
+                            F,
+                            n,
+                            float(tol),
                         )
                 else:
                     inner_max = 2 if (inexact and iteration == 0) else max_inner_iters

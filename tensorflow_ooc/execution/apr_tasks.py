@@ -22,11 +22,28 @@ from .stream import BATCH_NNZ, read_ahead_pays
 from .tasks import PartitionData, cached_store, mttkrp_partition, partition_batches
 
 
-def phi_partition(source, state, mode: int, threads: int, batch_nnz: int, eps: float, max_private_bytes: int):
+def phi_partition(
+    source,
+    state,
+    mode: int,
+    threads: int,
+    batch_nnz: int,
+    eps: float,
+    max_private_bytes: int,
+    device: str = "cpu",
+    device_options=None,
+):
     """Rows of ``Phi = (X_(n) ./ max(M_(n), eps)) Pi`` this partition touches: the MTTKRP kernels'
-    Poisson form, with their conflict resolution (``state``'s mode ``mode`` rows hold ``B``)."""
+    Poisson form, with their conflict resolution (``state``'s mode ``mode`` rows hold ``B``), on
+    this worker's GPU with ``device="gpu"``."""
     if state.skip:
         return Partial(0, np.zeros((0, state.rank), dtype=state.dtype))
+    if device == "gpu":
+        from .device_stream import forget_device_factors
+
+        # the state's rows change in place between passes: a device copy kept for this object
+        # would be the previous inner iteration's
+        forget_device_factors(state)
     return mttkrp_partition(
         source,
         state,
@@ -35,6 +52,8 @@ def phi_partition(source, state, mode: int, threads: int, batch_nnz: int, eps: f
         batch_nnz=batch_nnz,
         max_private_bytes=max_private_bytes,
         poisson_eps=eps,
+        device=device,
+        device_options=device_options,
     )
 
 

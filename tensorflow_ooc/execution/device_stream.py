@@ -282,7 +282,11 @@ def forget_device_factors(factors: StackedFactors) -> None:
 
 @dataclass
 class DeviceMTTKRP:
-    """Runs MTTKRP of batches on one device for one target mode, into a device output."""
+    """Runs MTTKRP of batches on one device for one target mode, into a device output.
+
+    ``poisson_eps``: CP-APR's Phi instead (the kernels' Poisson form, see
+    :mod:`tensorflow_ooc.kernels.mttkrp.gpu`): each value divided by ``max(model value, eps)``,
+    with the target mode's rows of ``factors`` as the model's."""
 
     layout: BitLayout
     factors: StackedFactors
@@ -291,6 +295,7 @@ class DeviceMTTKRP:
     rows: int
     opts: DeviceOptions
     stats: dict = field(default_factory=dict)
+    poisson_eps: float | None = None
 
     def __post_init__(self) -> None:
         from ..kernels.gpu.launch import zero_fill
@@ -309,8 +314,11 @@ class DeviceMTTKRP:
             dtype,
             self.opts.warps,
             self.opts.coarsen,
+            poisson=self.poisson_eps is not None,
         )
         self.kernel = mttkrp_kernel(self.cfg)
+        # the Poisson kernel's eps, in its float type (an argument: no recompile per eps)
+        self.extra = () if self.poisson_eps is None else (np.dtype(self.cfg.dtype).type(self.poisson_eps),)
         self.F = device_factors(self.factors)
         self.offs = cuda.to_device(self.factors.offsets)
         self.shift = cuda.to_device(self.layout.field_shift)
@@ -347,6 +355,7 @@ class DeviceMTTKRP:
             self.out,
             self.out_lo,
             self.copies,
+            *self.extra,
         )
         self.stats["tiles"] += t.ntiles
         self.stats["launches"] += 1
@@ -414,13 +423,15 @@ def mttkrp_stream(
     rows: int,
     opts: DeviceOptions,
     stats: dict | None = None,
+    poisson_eps: float | None = None,
 ) -> np.ndarray:
     """Mode-``mode`` MTTKRP of chunks ``[chunk_lo, chunk_hi)`` streamed through the device; the
-    ``rows`` output rows from ``out_lo``, on the host."""
+    ``rows`` output rows from ``out_lo``, on the host. ``poisson_eps``: CP-APR's Phi instead
+    (see :class:`DeviceMTTKRP`)."""
     per, streams = plan_batches(store, chunk_lo, chunk_hi, rows, factors, mode, opts)
     groups = stream_groups(chunk_lo, chunk_hi, per)
     schedule = StreamSchedule(len(groups), streams)
-    run = DeviceMTTKRP(store.layout, factors, mode, out_lo, rows, opts)
+    run = DeviceMTTKRP(store.layout, factors, mode, out_lo, rows, opts, poisson_eps=poisson_eps)
     slots = [_take_slot(store, per) for _ in range(schedule.streams)]
     try:
         return _run_schedule(store, schedule, groups, slots, run, opts, stats, per)
@@ -512,8 +523,11 @@ def mttkrp_resident(
     rows: int,
     opts: DeviceOptions,
     stats: dict | None = None,
+    poisson_eps: float | None = None,
 ) -> np.ndarray:
-    run = DeviceMTTKRP(layout, factors, mode, out_lo, rows, opts)
+    """Mode-``mode`` MTTKRP of a resident batch; the ``rows`` output rows from ``out_lo``, on the
+    host. ``poisson_eps``: CP-APR's Phi instead (see :class:`DeviceMTTKRP`)."""
+    run = DeviceMTTKRP(layout, factors, mode, out_lo, rows, opts, poisson_eps=poisson_eps)
     run.launch(batch)
     if stats is not None:
         stats.update(run.stats, batches=1, streams=1)
@@ -526,9 +540,12 @@ def mttkrp_gpu(
     mode: int,
     opts: DeviceOptions | None = None,
     stats: dict | None = None,
+    poisson_eps: float | None = None,
 ) -> np.ndarray:
     """Mode-``mode`` MTTKRP of a whole store (streamed through the device in batches) or of an
     in-memory BLCO tensor (uploaded once) on the GPU; the ``(I_mode, R)`` result on the host.
+    ``poisson_eps``: CP-APR's Phi instead, ``factors[mode]`` holding the model's ``B`` (see
+    :class:`DeviceMTTKRP`).
 
     Examples
     --------
@@ -545,8 +562,8 @@ def mttkrp_gpu(
     A = check_factors(factors, tensor.shape, mode)
     rows = int(tensor.shape[mode])
     if isinstance(tensor, Store):
-        return mttkrp_stream(tensor, 0, tensor.nchunks, A, mode, 0, rows, opts, stats)
+        return mttkrp_stream(tensor, 0, tensor.nchunks, A, mode, 0, rows, opts, stats, poisson_eps)
     require_gpu()
     items = tensor_items(tensor)  # re-encoded BLCO indices already: no device decode
     batch = DeviceBatch.of_items(items, 32 * opts.warps * opts.coarsen)
-    return mttkrp_resident(batch, tensor.layout, A, mode, 0, rows, opts, stats)
+    return mttkrp_resident(batch, tensor.layout, A, mode, 0, rows, opts, stats, poisson_eps)

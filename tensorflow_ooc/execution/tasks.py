@@ -155,19 +155,22 @@ def mttkrp_partition(
     the update overwrites them next); they then serve as a per-thread output copy
     (:class:`~tensorflow_ooc.kernels.mttkrp.dispatch.ThreadOutputs`).
 
-    ``poisson_eps`` (CPU): CP-APR's Phi instead of the MTTKRP (:mod:`.apr_tasks`): each value
+    ``poisson_eps``: CP-APR's Phi instead of the MTTKRP (:mod:`.apr_tasks`): each value
     divided by ``max(model value, poisson_eps)``, the target mode's rows of ``factors`` holding the
     model's; in the MTTKRP kernels' fused form, or where the rank runs in column groups, by a
-    model-value pass over each batch first (:func:`~tensorflow_ooc.kernels.apr.cpu.model_values`)."""
+    model-value pass over each batch first (:func:`~tensorflow_ooc.kernels.apr.cpu.model_values`);
+    on a GPU by the GPU kernels' Poisson form. Dense partitions have none (CP-APR takes sparse stores)."""
     from .dense_tasks import DensePartition, DensePartitionData, dense_mttkrp_partition
 
     if isinstance(source, DensePartitionData) or (isinstance(source, tuple) and isinstance(source[1], DensePartition)):
+        if poisson_eps is not None:
+            raise ValueError("CP-APR's Phi takes sparse partitions, not dense ones")
         return dense_mttkrp_partition(source, factors, mode, threads, read_ahead, device, device_options)
     t0 = time.perf_counter()
     lo_hi = source.part if isinstance(source, (PartitionData, DevicePartitionData)) else source[1]
     lo, hi = lo_hi.row_lo[mode], lo_hi.row_hi[mode]
     if device == "gpu" or isinstance(source, DevicePartitionData):
-        rows = _mttkrp_partition_gpu(source, factors, mode, lo, hi - lo + 1, device_options)
+        rows = _mttkrp_partition_gpu(source, factors, mode, lo, hi - lo + 1, device_options, poisson_eps)
         return Partial(lo, rows, time.perf_counter() - t0)
     out = zeroed_output((hi - lo + 1, factors.rank), factors.dtype)
     if read_ahead is None:
@@ -246,14 +249,20 @@ def sampled_partition(
     return Partial(lo, out, time.perf_counter() - t0)
 
 
-def _mttkrp_partition_gpu(source, factors: StackedFactors, mode: int, lo: int, rows: int, device_options) -> np.ndarray:
+def _mttkrp_partition_gpu(
+    source, factors: StackedFactors, mode: int, lo: int, rows: int, device_options, poisson_eps: float | None = None
+) -> np.ndarray:
+    """The partition's rows on this worker's GPU; ``poisson_eps``: CP-APR's Phi (the GPU kernels'
+    Poisson form: every rank in one pass, no column groups or reweighting pass)."""
     from .device_stream import DeviceOptions, mttkrp_resident, mttkrp_stream
 
     opts = device_options or DeviceOptions()
     if isinstance(source, DevicePartitionData):
-        return mttkrp_resident(source.batch, source.layout, factors, mode, lo, rows, opts)
+        return mttkrp_resident(source.batch, source.layout, factors, mode, lo, rows, opts, poisson_eps=poisson_eps)
     path, part = source
-    return mttkrp_stream(cached_store(path), part.chunk_lo, part.chunk_hi, factors, mode, lo, rows, opts)
+    return mttkrp_stream(
+        cached_store(path), part.chunk_lo, part.chunk_hi, factors, mode, lo, rows, opts, poisson_eps=poisson_eps
+    )
 
 
 def row_slice(partial: Partial, lo: int, hi: int) -> Partial:

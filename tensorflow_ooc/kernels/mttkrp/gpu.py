@@ -24,8 +24,17 @@ Computing phase (steps 4-7):
     block ends, the touched stash rows go to one of ``K`` global copies of the output (copy
     ``block % K``), and :func:`merge_copies_kernel` adds the copies into the output once
     (section 5.1). Rows past the stash window go to the block's copy directly.
-
 The heuristic that chooses between them is :func:`tensorflow_ooc.kernels.mttkrp.gpu_plan.choose_conflict`.
+
+Poisson form (``KernelConfig.poisson``: CP-APR's Phi, the twin of the CPU kernels' fused form in
+:mod:`.cpu`; ``eps`` a last argument): in the computing phase each lane forms its columns of the
+nonzero's Khatri-Rao row ``k`` once, in registers, and their terms ``B[i_n, r] k_r`` of the model
+value (``B`` the target mode's rows of ``F``); the lane group sums the terms by a butterfly of
+``shfl_idx`` (every lane gets the model value ``m``) and adds ``x / max(m, eps) * k_r``. Segments
+and flushes are the MTTKRP's. The exchange is warp-wide (block-wide in the shared-memory form),
+so every lane takes the same ``lanes`` steps per sub-tile, a group past the sub-tile's end adding
+nothing. The plain kernel is compiled without any of it.
+
 Inputs are trusted: indices must decode inside the factor matrices and the output (the store and
 the batch planner validate them before launch).
 """
@@ -61,6 +70,7 @@ class KernelConfig:
     warps: int = DEFAULT_WARPS
     coarsen: int = DEFAULT_COARSEN
     lanes: int = 32  # lanes per nonzero in the computing phase (a power of two <= 32)
+    poisson: bool = False  # CP-APR's Phi instead of the MTTKRP (takes ``eps`` as a last argument)
 
     @classmethod
     def for_rank(
@@ -72,10 +82,21 @@ class KernelConfig:
         dtype: str = "float64",
         warps: int = DEFAULT_WARPS,
         coarsen: int = DEFAULT_COARSEN,
+        poisson: bool = False,
     ) -> "KernelConfig":
         """The variant for rank ``rank``: ``lanes`` = the next power of two >= R (at most 32)."""
         lanes = lanes_for(rank)
-        return cls(nmodes, max(1, math.ceil(int(rank) / lanes)), conflict, exchange, dtype, warps, coarsen, lanes)
+        return cls(
+            nmodes,
+            max(1, math.ceil(int(rank) / lanes)),
+            conflict,
+            exchange,
+            dtype,
+            warps,
+            coarsen,
+            lanes,
+            bool(poisson),
+        )
 
     def __post_init__(self) -> None:
         if not 2 <= self.nmodes <= 8:
@@ -104,8 +125,10 @@ class KernelConfig:
 
     @property
     def phase_shared_bytes(self) -> int:
-        """Shared memory of the processing phase: values, targets, factor rows, exchange scratch."""
-        return self.threads * (self.itemsize + 8 * self.nmodes + 8)
+        """Shared memory of the processing phase: values, targets, factor rows, exchange scratch
+        (and, for a Poisson kernel with the shared-memory exchange, its float exchange scratch)."""
+        model = self.itemsize if self.poisson and self.exchange == "shared" else 0
+        return self.threads * (self.itemsize + 8 * self.nmodes + 8 + model)
 
     @property
     def stash_rows(self) -> int:
@@ -148,6 +171,9 @@ def _make(cfg: KernelConfig):
     from numba import float32, float64
 
     nbt = float32 if cfg.dtype == "float32" else float64
+    POISSON = cfg.poisson
+    LOG_LANES = LANES.bit_length() - 1
+    FSCRATCH = 32 if POISSON and cfg.exchange == "shared" else 1  # the intrinsic form reads no scratch
 
     @cuda.jit(device=True, inline=True)
     def flush(acc, row, col, rank, out, out_lo, stash, win, smin, smax, copies, copy):
@@ -174,24 +200,26 @@ def _make(cfg: KernelConfig):
                 if r < rank:
                     cuda.atomic.add(out, (rel, r), acc[k])
 
-    def mttkrp_tiles(
-        index, values, tile_start, tile_end, tile_base, tile_lo, shift, mask, F, offs, mode, rank, out, out_lo, copies
+    @cuda.jit(device=True, inline=True)
+    def tiles(
+        index,
+        values,
+        tile_start,
+        tile_end,
+        tile_base,
+        tile_lo,
+        shift,
+        mask,
+        F,
+        offs,
+        mode,
+        rank,
+        out,
+        out_lo,
+        copies,
+        eps,
     ):
-        """MTTKRP of one tile per thread block.
-
-        index : uint64 (nnz,)            re-encoded BLCO indices
-        values : float (nnz,)            nonzero values
-        tile_start, tile_end : int64 (T,) nonzero range of each tile (inside one format block)
-        tile_base : int64 (T, N)         the tile's block base coordinates
-        tile_lo : int64 (T, N)           the smallest index per mode inside the tile's work item
-                                         (hierarchical: the first row of the tile's stash window)
-        shift : int64 (N,), mask : uint64 (N,)   BLCO field layout
-        F : float (sum_m I_m, R)         stacked factor matrices, row-major
-        offs : int64 (N,)                first row of each mode in F
-        mode, rank : int64               target mode, R
-        out : float (rows, R)            output rows ``out_lo ..`` of the target mode (added to)
-        copies : float (K, rows, R)      hierarchical: zeroed global copies (unused for register)
-        """
+        """The body of both kernels (``eps`` is read by the Poisson form only)."""
         tid = cuda.threadIdx.x
         lane = tid & 31
         w = tid >> 5
@@ -219,6 +247,12 @@ def _make(cfg: KernelConfig):
         my_scratch = scratch[w]
         acc = cuda.local.array(RC, dtype=nbt)
         rows_here = cuda.local.array(NM1, dtype=np.int64)
+        if POISSON:
+            fscratch = cuda.shared.array((WARPS, FSCRATCH), dtype=DT)
+            my_fscratch = fscratch[w]
+            kr = cuda.local.array(RC, dtype=nbt)
+            floor = nbt(eps)
+            trows = offs[mode]  # B: the target mode's rows of F
         for k in range(RC):
             acc[k] = 0
         current = -1
@@ -256,22 +290,54 @@ def _make(cfg: KernelConfig):
                     srows[w, q, dest] = rows_here[q]
             sync_tile()
             # --- computing phase: lane groups along the rank, registers per segment -------------
-            for i in range(grp * LANES, min(nvalid, grp * LANES + LANES)):
-                t = starget[w, i]
-                if t != current:
-                    if current >= 0:
-                        flush(acc, current, col, rank, out, out_lo, stash, win, smin, smax, copies, copy)
-                    current = t
+            if POISSON:
+                # every lane runs LANES steps (the model value's exchange is warp-wide; the
+                # shared-memory form's is block-wide): a group past the sub-tile's end adds 0
+                for s in range(LANES):
+                    i = grp * LANES + s
+                    mv = nbt(0)
+                    if i < nvalid:
+                        t = starget[w, i]
+                        if t != current:
+                            if current >= 0:
+                                flush(acc, current, col, rank, out, out_lo, stash, win, smin, smax, copies, copy)
+                            current = t
+                            for k in range(RC):
+                                acc[k] = 0
+                        # the Khatri-Rao row once: the model value's terms and the row to add
+                        for k in range(RC):
+                            r = col + LANES * k
+                            kr[k] = 0
+                            if r < rank:
+                                p = F[srows[w, 0, i], r]
+                                for q in range(1, NM1):
+                                    p *= F[srows[w, q, i], r]
+                                kr[k] = p
+                                mv += F[trows + t, r] * p
+                    # the group's lanes sum their columns' terms (butterfly: each gets the sum)
+                    for h in range(LOG_LANES):
+                        mv += shfl_idx(mv, lane ^ (1 << h), lane, my_fscratch)
+                    if i < nvalid:
+                        vi = sval[w, i] / max(mv, floor)
+                        for k in range(RC):
+                            acc[k] += vi * kr[k]
+            else:
+                for i in range(grp * LANES, min(nvalid, grp * LANES + LANES)):
+                    t = starget[w, i]
+                    if t != current:
+                        if current >= 0:
+                            flush(acc, current, col, rank, out, out_lo, stash, win, smin, smax, copies, copy)
+                        current = t
+                        for k in range(RC):
+                            acc[k] = 0
+                    vi = sval[w, i]
                     for k in range(RC):
-                        acc[k] = 0
-                vi = sval[w, i]
-                for k in range(RC):
-                    r = col + LANES * k
-                    if r < rank:
-                        p = vi
-                        for q in range(NM1):
-                            p *= F[srows[w, q, i], r]
-                        acc[k] += p
+                        r = col + LANES * k
+                        if r < rank:
+                            p = vi
+                            for q in range(NM1):
+                                p *= F[srows[w, q, i], r]
+                            acc[k] += p
             sync_tile()
         if current >= 0:
             flush(acc, current, col, rank, out, out_lo, stash, win, smin, smax, copies, copy)
@@ -285,6 +351,88 @@ def _make(cfg: KernelConfig):
                 val = stash[srow, r]
                 if val != 0:
                     cuda.atomic.add(copies, (copy, win + srow - out_lo, r), val)
+
+    if POISSON:
+
+        def mttkrp_tiles_poisson(
+            index,
+            values,
+            tile_start,
+            tile_end,
+            tile_base,
+            tile_lo,
+            shift,
+            mask,
+            F,
+            offs,
+            mode,
+            rank,
+            out,
+            out_lo,
+            copies,
+            eps,
+        ):
+            """CP-APR's Phi of one tile per thread block: the arguments of :func:`mttkrp_tiles`
+            (``F``'s target-mode rows hold ``B``) and ``eps``. Per nonzero the lane group forms its
+            columns of the Khatri-Rao row ``k`` once, sums ``B[i_n, r] k_r`` over them and
+            exchanges the sums (the model value ``m``), and adds ``x / max(m, eps) * k``."""
+            tiles(
+                index,
+                values,
+                tile_start,
+                tile_end,
+                tile_base,
+                tile_lo,
+                shift,
+                mask,
+                F,
+                offs,
+                mode,
+                rank,
+                out,
+                out_lo,
+                copies,
+                eps,
+            )
+
+        return mttkrp_tiles_poisson
+
+    def mttkrp_tiles(
+        index, values, tile_start, tile_end, tile_base, tile_lo, shift, mask, F, offs, mode, rank, out, out_lo, copies
+    ):
+        """MTTKRP of one tile per thread block.
+
+        index : uint64 (nnz,)            re-encoded BLCO indices
+        values : float (nnz,)            nonzero values
+        tile_start, tile_end : int64 (T,) nonzero range of each tile (inside one format block)
+        tile_base : int64 (T, N)         the tile's block base coordinates
+        tile_lo : int64 (T, N)           the smallest index per mode inside the tile's work item
+                                         (hierarchical: the first row of the tile's stash window)
+        shift : int64 (N,), mask : uint64 (N,)   BLCO field layout
+        F : float (sum_m I_m, R)         stacked factor matrices, row-major
+        offs : int64 (N,)                first row of each mode in F
+        mode, rank : int64               target mode, R
+        out : float (rows, R)            output rows ``out_lo ..`` of the target mode (added to)
+        copies : float (K, rows, R)      hierarchical: zeroed global copies (unused for register)
+        """
+        tiles(
+            index,
+            values,
+            tile_start,
+            tile_end,
+            tile_base,
+            tile_lo,
+            shift,
+            mask,
+            F,
+            offs,
+            mode,
+            rank,
+            out,
+            out_lo,
+            copies,
+            0,
+        )
 
     return mttkrp_tiles
 
@@ -327,14 +475,15 @@ def merge_kernel():
 
 
 def ptx_signature(cfg: KernelConfig):
-    """The argument types of the ``cfg`` kernel, for ``cuda.compile_ptx``."""
+    """The argument types of the ``cfg`` kernel, for ``cuda.compile_ptx`` (a Poisson kernel's
+    ``eps`` last, in the kernel's float type)."""
     from numba import float32, float64, int64, types, uint64
 
     ft = float32 if cfg.dtype == "float32" else float64
     a1 = lambda t: types.Array(t, 1, "C")  # noqa: E731
     a2 = lambda t: types.Array(t, 2, "C")  # noqa: E731
     a3 = lambda t: types.Array(t, 3, "C")  # noqa: E731
-    return types.void(
+    args = (
         a1(uint64),
         a1(ft),
         a1(int64),
@@ -351,3 +500,4 @@ def ptx_signature(cfg: KernelConfig):
         int64,
         a3(ft),
     )
+    return types.void(*args, ft) if cfg.poisson else types.void(*args)
