@@ -54,11 +54,13 @@ def sources(store):
 def test_phi_and_model_values_match_dense_reference(tmp_path, rng, monkeypatch, order, rank, groups):
     """Every form of the Phi pass: fixed-rank kernels (8, 16), one padded column group (11, 3),
     several groups (40: model values first, then the MTTKRP of the weights) and, without column
-    groups, the run-time-rank tiled kernels (11)."""
-    from tensorflow_ooc.kernels.mttkrp import column_groups
+    groups, the run-time-rank tiled kernels (11), these two also as the prefetching kernels that
+    factors far beyond the caches take."""
+    from tensorflow_ooc.kernels.mttkrp import column_groups, dispatch
 
     if not groups:
         monkeypatch.setattr(column_groups, "GROUP_MAX_FACTOR_BYTES", -1)
+        monkeypatch.setattr(dispatch, "PREFETCH_MIN_BYTES", -1)
     shape = tuple(int(s) for s in rng.integers(3, 7, order))
     R = rank
     X, coords, vals = poisson_tensor(rng, shape, 2, 4 * int(np.prod(shape)))

@@ -47,7 +47,10 @@ def counts(rng, shape, nnz):
 
 
 @needs_gpu
-@pytest.mark.parametrize("shape,rank,dtype", [((5, 4, 6), 8, "float64"), ((3, 4, 2, 5), 3, "float32")])
+@pytest.mark.parametrize(
+    "shape,rank,dtype",
+    [((5, 4, 6), 8, "float64"), ((3, 4, 2, 5), 3, "float32"), ((2, 3, 2, 2, 3, 2), 2, "float64")],
+)
 def test_phi_on_gpu_matches_dense_and_cpu_every_mode(tmp_path, rng, shape, rank, dtype):
     """``mttkrp_partition(..., device="gpu", poisson_eps=)`` on every mode, the conflict
     resolutions taking turns (each launch costs seconds in the simulator), on a resident

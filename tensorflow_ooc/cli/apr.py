@@ -118,7 +118,11 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         "--kappa-tol", type=_tolerance, default=1e-10, help="mu: an entry below this counts as zero (default 1e-10)"
     )
     d.add_argument(
-        "--eps-div-zero", type=_tolerance, default=1e-10, help="floor of model values in divisions (default 1e-10)"
+        "--eps-div-zero",
+        type=_tolerance,
+        default=None,
+        help="floor of model values in divisions (default pyttb's 1e-10, or 1e-3 of the mean model value "
+        "over all cells where that is smaller, as for huge hypersparse tensors)",
     )
     d.add_argument(
         "--execution",

@@ -24,13 +24,18 @@ from ..errors import DecompositionError
 from ..store import Store, open_store
 
 
-def check_counts(store: Store | str | os.PathLike) -> None:
+def check_counts(store: Store | str | os.PathLike) -> float:
     """Refuse a store with a negative value; warn once if a value is not an integer.
 
     Parameters
     ----------
     store : Store or path
         The tensor CP-APR would fit (a path is opened with :func:`~tensorflow_ooc.store.open_store`).
+
+    Returns
+    -------
+    float
+        The sum of the values (CP-APR's total count), summed chunk by chunk in store order.
 
     Raises
     ------
@@ -46,7 +51,8 @@ def check_counts(store: Store | str | os.PathLike) -> None:
     if not isinstance(store, Store):
         store = open_store(store)
     if store.nnz == 0:
-        return
+        return 0.0
+    total = 0.0
     alto_buf = np.empty(store.chunk_nnz, dtype=store.index_dtype)
     values_buf = np.empty(store.chunk_nnz, dtype=store.value_dtype)
     map_values = store.values_mappable
@@ -59,6 +65,7 @@ def check_counts(store: Store | str | os.PathLike) -> None:
             store.prefetch(range(lo, hi))
             queued = hi
         values = store.read_encoded(c, alto_buf, values_buf, map_values).values
+        total += float(np.sum(values, dtype=np.float64))
         negative = values < 0
         if negative.any():
             j = int(np.argmax(negative))
@@ -78,6 +85,7 @@ def check_counts(store: Store | str | os.PathLike) -> None:
                     stacklevel=2,
                 )
                 warned = True
+    return total
 
 
 def _coords_text(store: Store, c: int, j: int) -> str:

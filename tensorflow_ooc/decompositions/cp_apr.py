@@ -56,7 +56,7 @@ def cp_apr(
     seed: int | None = None,
     kappa: float = 0.01,
     kappa_tol: float = 1e-10,
-    eps_div_zero: float = 1e-10,
+    eps_div_zero: float | None = None,
     eps_active: float = 1e-8,
     mu0: float = 1e-5,
     inexact: bool = True,
@@ -105,7 +105,15 @@ def cp_apr(
     max_iters, max_inner_iters, tol : outer iterations, inner iterations per mode, KKT tolerance.
     init : "random" or sequence of (I_n, R) nonnegative arrays
         "random" draws uniform [0, 1) factors from ``seed`` (as pyttb).
-    kappa, kappa_tol, eps_div_zero, eps_active, mu0, inexact : as pyttb's ``cp_apr``.
+    kappa, kappa_tol, eps_active, mu0, inexact : as pyttb's ``cp_apr``.
+    eps_div_zero : float, optional
+        Floor of the model values divided by (pyttb's ``epsDivZero``). Default: pyttb's 1e-10, or
+        where the mean model value over all cells (the counts' sum over the number of cells) is
+        within 1e3 of it, 1e-3 of that mean. A huge hypersparse tensor starts with model values
+        far below 1e-10 at its nonzeros (Amazon-shaped, 86 M nonzeros in 1.5e19 cells: about
+        1e-11); floored there, every weight ``x / eps`` is too small, the rows of B shrink by
+        ``m / eps`` per inner iteration until they underflow to zero, and the log-likelihood
+        becomes -inf in the second outer iteration.
     checkpoint, resume, checkpoint_every : an atomic ``.npz`` checkpoint every so many outer
         iterations; ``resume`` continues from it (same store, rank and algorithm), giving the
         result of the uninterrupted run bit for bit.
@@ -146,7 +154,7 @@ def cp_apr(
     check_count("max_inner_iters", max_inner_iters)
     check_count("checkpoint_every", checkpoint_every)
     check_tolerance(tol)
-    for name, value in (("kappa", kappa), ("kappa_tol", kappa_tol), ("eps_div_zero", eps_div_zero)):
+    for name, value in (("kappa", kappa), ("kappa_tol", kappa_tol)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     if device not in ("cpu", "gpu"):
@@ -155,7 +163,11 @@ def cp_apr(
         raise ValueError("algorithm='pdnr' runs on CPU workers; use device='cpu' (or algorithm='mu' on GPUs)")
     if not (mu0 > 0 and eps_active >= 0):
         raise ValueError(f"mu0 must be > 0 and eps_active >= 0, got {mu0!r} and {eps_active!r}")
-    check_counts(store)
+    total = check_counts(store)
+    if eps_div_zero is None:
+        eps_div_zero = default_eps_div_zero(store.shape, total)
+    elif not (isinstance(eps_div_zero, (int, float)) and math.isfinite(eps_div_zero) and eps_div_zero >= 0):
+        raise ValueError(f"eps_div_zero must be a finite number >= 0, got {eps_div_zero!r}")
     N, shape = store.nmodes, store.shape
     params = {
         "model": "poisson",
@@ -312,6 +324,17 @@ def cp_apr(
         result.save(out, overwrite=overwrite)
         log.info("result written to %s", out)
     return result
+
+
+PYTTB_EPS_DIV_ZERO = 1e-10
+
+
+def default_eps_div_zero(shape: Sequence[int], total: float) -> float:
+    """pyttb's 1e-10, or 1e-3 of the mean model value over all cells (the counts' ``total`` over
+    the cells of ``shape``) where that is smaller (see :func:`cp_apr`'s ``eps_div_zero``)."""
+    cells = math.prod(float(i) for i in shape)
+    mean = total / cells if cells else 0.0
+    return min(PYTTB_EPS_DIV_ZERO, 1e-3 * mean) if mean > 0 else PYTTB_EPS_DIV_ZERO
 
 
 def _row_blocks(rows: int, rank: int, threads: int) -> list[tuple[int, int]]:

@@ -472,8 +472,10 @@ class PoissonDecomposeStep(_Decompose):
     kappa_tol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
         1e-10, description="mu: an entry below it counts as zero"
     )
-    eps_div_zero: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
-        1e-10, description="floor of model values in divisions"
+    eps_div_zero: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = Field(
+        None,
+        description="floor of model values in divisions (default pyttb's 1e-10, or 1e-3 of the mean model "
+        "value over all cells where that is smaller: huge hypersparse tensors)",
     )
     eps_active: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
         1e-8, description="pdnr: active-set tolerance"
