@@ -133,9 +133,10 @@ def _client(memory_limit: str | None, threads: int):
 def _peak_rss(client) -> int | None:
     if client is None:
         return None
-    import psutil
+    import resource
 
-    return max(client.run(lambda: psutil.Process().memory_info().rss).values())
+    # the worker process's peak resident set (ru_maxrss, KiB on Linux), not its size now
+    return max(client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024).values())
 
 
 def ours_mu(store_path: Path, rank: int, outer: int, seed: int, client) -> dict:
