@@ -169,6 +169,26 @@ def _coord(x, word, m, base, shift, mask, delta):
     return base + np.int64((x >> np.uint64(shift[m])) & np.uint64(mask[m]))
 
 
+@nb.njit(inline="always")
+def _row_and_pi(x, word, k, item_base, shift, mask, delta, F, offs, mode, row_lo, active, rows, pi):
+    """The factor rows of nonzero ``x`` (``word``: its ALTO word for delta items) into ``rows``
+    and its Khatri-Rao row of the modes other than ``mode`` into ``pi``; returns its row in the
+    block (``- row_lo``), or -1 where it lies outside the block or its row is inactive (``pi`` is
+    then not formed)."""
+    for m in range(rows.shape[0]):
+        rows[m] = offs[m] + _coord(x, word, m, item_base[k, m], shift, mask, delta)
+    d = rows[mode] - offs[mode] - row_lo
+    if d < 0 or d >= active.shape[0] or not active[d]:
+        return -1
+    for r in range(pi.shape[0]):
+        pi[r] = 1.0
+    for m in range(rows.shape[0]):
+        if m != mode:
+            for r in range(pi.shape[0]):
+                pi[r] *= F[rows[m], r]
+    return d
+
+
 @nb.njit(parallel=True, nogil=True, cache=True)
 def _newton_terms(
     index, values, item_start, item_end, item_base, item_prev, shift, mask, delta, F, offs, mode, row_lo, active,
@@ -176,7 +196,6 @@ def _newton_terms(
 ):  # fmt: skip
     N = shift.shape[0]
     R = F.shape[1]
-    nrows = active.shape[0]
     for g in nb.prange(bounds.shape[0] - 1):
         out = bufs[g]
         pi = np.empty(R)
@@ -188,17 +207,9 @@ def _newton_terms(
                 x = index[i]
                 if delta:
                     word += x
-                for m in range(N):
-                    rows[m] = offs[m] + _coord(x, word, m, item_base[k, m], shift, mask, delta)
-                d = rows[mode] - offs[mode] - row_lo
-                if d < 0 or d >= nrows or not active[d]:
+                d = _row_and_pi(x, word, k, item_base, shift, mask, delta, F, offs, mode, row_lo, active, rows, pi)
+                if d < 0:
                     continue
-                for r in range(R):
-                    pi[r] = 1.0
-                for m in range(N):
-                    if m != mode:
-                        for r in range(R):
-                            pi[r] *= F[rows[m], r]
                 v = 0.0
                 for r in range(R):
                     v += F[rows[mode], r] * pi[r]
@@ -225,7 +236,6 @@ def _candidate_terms(
     N = shift.shape[0]
     R = F.shape[1]
     K = cand.shape[1]
-    nrows = active.shape[0]
     for g in nb.prange(bounds.shape[0] - 1):
         out = bufs[g]
         pi = np.empty(R)
@@ -237,17 +247,9 @@ def _candidate_terms(
                 x = index[i]
                 if delta:
                     word += x
-                for m in range(N):
-                    rows[m] = offs[m] + _coord(x, word, m, item_base[k, m], shift, mask, delta)
-                d = rows[mode] - offs[mode] - row_lo
-                if d < 0 or d >= nrows or not active[d]:
+                d = _row_and_pi(x, word, k, item_base, shift, mask, delta, F, offs, mode, row_lo, active, rows, pi)
+                if d < 0:
                     continue
-                for r in range(R):
-                    pi[r] = 1.0
-                for m in range(N):
-                    if m != mode:
-                        for r in range(R):
-                            pi[r] *= F[rows[m], r]
                 xv = values[i]
                 for c in range(K):
                     v = 0.0
