@@ -167,6 +167,34 @@ def test_a_wait_for_a_gone_peer_ends(monkeypatch):
     assert box.take("r", (0, 0, "M"), 1, alive=lambda: False) == "rows"
 
 
+def _wait_for_a_message_never_sent(addresses):
+    from tensorflow_ooc.execution.exchange import Team
+
+    Team("never-sent", 0, addresses).receive(("iteration", 0, "A"), 1)
+
+
+def test_a_released_task_stops_waiting_for_its_peer(two_workers):
+    # a driver that is killed leaves its tasks released by the scheduler; one already running on a
+    # worker (a next iteration, started there while its peer's copy was dropped from the queue)
+    # must end its wait, or it holds the worker's only thread for the 600 s receive timeout
+    import time
+
+    from distributed import wait
+
+    addresses = sorted(two_workers.scheduler_info()["workers"])
+    waiting = two_workers.submit(_wait_for_a_message_never_sent, addresses, workers=[addresses[0]], pure=False)
+    deadline = time.monotonic() + 60
+    while not two_workers.run(lambda dask_worker: len(dask_worker.active_threads), workers=[addresses[0]])[addresses[0]]:
+        assert time.monotonic() < deadline, "the waiting task never started"
+        time.sleep(0.05)
+    two_workers.cancel([waiting])
+    t0 = time.monotonic()
+    after = two_workers.submit(lambda: "ran", workers=[addresses[0]], pure=False)  # the worker's one thread
+    wait([after], timeout=60)
+    assert after.result() == "ran"
+    assert time.monotonic() - t0 < 30
+
+
 # ---------------------------------------------------------------- STS-CP across the workers -------
 
 

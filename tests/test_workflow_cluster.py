@@ -186,7 +186,11 @@ def test_sigkill_of_the_worker_running_the_driver(tmp_path, rng, cluster):
     _until(lambda: _iteration(storage, run_id) >= 5, what="CP-ALS iterations")
     driver = RunStore(str(storage)).read(run_id).attempts[-1]
     os.kill(driver.pid, signal.SIGKILL)
-    # the scheduler runs the driver task again on a live worker: a second attempt of the same run
+    # the scheduler runs the driver task again on a live worker: a second attempt of the same run.
+    # Until it starts, the record looks lost (no heartbeat for 2 s here); on a loaded machine the
+    # scheduler takes longer than that to notice the death and start it
+    runs = RunStore(str(storage))
+    _until(lambda: len(runs.read(run_id).attempts) >= 2 or runs.read(run_id).final, timeout=120, what="attempt 2")
     final = wait(str(storage), run_id, timeout=180)
     assert final.state == "done", final.error
     assert len(final.attempts) == 2 and final.attempts[1].pid != driver.pid

@@ -11,7 +11,8 @@ and iteration.
 
 The mailbox is a handler (``tfooc_exchange``) that a :class:`ExchangePlugin` adds to each worker.
 A receive waits in short slices, so a run whose peer was lost is aborted (:func:`abort_run`, sent
-by the driver) instead of waiting for ever.
+by the driver) instead of waiting for ever, and a task whose driver is gone (the scheduler released
+it: :func:`task_released`) ends its wait itself.
 """
 
 from __future__ import annotations
@@ -60,9 +61,11 @@ class Mailbox:
         src: int,
         timeout: float = RECEIVE_TIMEOUT_S,
         alive: Callable[[], bool] | None = None,
+        released: Callable[[], bool] | None = None,
     ) -> Any:
         """The message ``tag`` from rank ``src``, waiting for it; ``alive()``, asked every
-        ``LIVENESS_EVERY_S`` of waiting, says whether the sender is still there."""
+        ``LIVENESS_EVERY_S`` of waiting, says whether the sender is still there; ``released()``,
+        asked every slice of waiting, whether the waiting task is still wanted."""
         key = (run, _tag(tag), int(src))
         start = time.monotonic()
         deadline, asked = start + timeout, start
@@ -70,6 +73,8 @@ class Mailbox:
             while key not in self.box:
                 if run in self.aborted:
                     raise ExchangeAborted(f"run {run} was aborted (a worker of the run was lost)")
+                if released is not None and released():
+                    raise ExchangeAborted(f"run {run}: its driver released this task (the driver stopped)")
                 now = time.monotonic()
                 if now >= deadline:
                     raise TimeoutError(f"run {run}: no message {tag!r} from worker rank {src} after {timeout:.0f} s")
@@ -139,6 +144,24 @@ class ExchangePlugin(WorkerPlugin):
             return "OK"
 
         worker.handlers[HANDLER] = receive
+
+
+def task_released() -> bool:
+    """Whether the scheduler released the Dask task running in this thread (False outside a task).
+
+    A task keeps its thread until it returns, whatever the scheduler decides. When the run's
+    driver is killed, its client's tasks are released: one a worker already runs goes on, and one
+    queued behind it is dropped. A worker that had started its next iteration then waits for a
+    peer that will never run it, and the peer's process still answers, so only the receive
+    timeout ended the wait: a rerun on the same cluster found that worker's only thread taken for
+    600 s (CI, November 2026)."""
+    try:
+        worker = get_worker()
+        key = worker.get_current_task()
+    except (ValueError, KeyError):
+        return False
+    ts = worker.state.tasks.get(key)
+    return ts is None or ts.state in ("cancelled", "released", "forgotten")
 
 
 def abort_run(run: str, dask_worker=None) -> None:
@@ -219,7 +242,7 @@ class Team:
         t0 = time.perf_counter()
         self._raise_failed_sends()
         try:
-            return self._box().take(self.run, tag, src, alive=lambda: self._answers(src))
+            return self._box().take(self.run, tag, src, alive=lambda: self._answers(src), released=task_released)
         finally:
             self.wait_seconds += time.perf_counter() - t0
 

@@ -41,7 +41,7 @@ from ..format import delinearize
 from ..kernels import StackedFactors
 from ..kernels.mttkrp.dispatch import numba_threads
 from .cluster import scheduler_workers
-from .exchange import ExchangeAborted, ExchangePlugin, Team, abort_run
+from .exchange import ExchangeAborted, ExchangePlugin, Team, abort_run, task_released
 from .partials import Partial
 from .partitions import Partition, contiguous_runs, split_nonzeros
 from .stream import BatchBuffers, fill_batch
@@ -113,6 +113,8 @@ class WorkerState:
             while self.done < seq:
                 if self.team.run in box.aborted:
                     raise ExchangeAborted(f"run {self.team.run} was aborted")
+                if task_released():  # the driver is gone: the task before may never come
+                    raise ExchangeAborted(f"run {self.team.run}: its driver released this task")
                 self.turn.wait(0.2)
 
     def end_turn(self) -> None:
