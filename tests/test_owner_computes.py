@@ -184,7 +184,8 @@ def test_a_released_task_stops_waiting_for_its_peer(two_workers):
     addresses = sorted(two_workers.scheduler_info()["workers"])
     waiting = two_workers.submit(_wait_for_a_message_never_sent, addresses, workers=[addresses[0]], pure=False)
     deadline = time.monotonic() + 60
-    while not two_workers.run(lambda dask_worker: len(dask_worker.active_threads), workers=[addresses[0]])[addresses[0]]:
+    busy = lambda: two_workers.run(lambda dask_worker: len(dask_worker.active_threads), workers=[addresses[0]])  # noqa: E731
+    while not busy()[addresses[0]]:
         assert time.monotonic() < deadline, "the waiting task never started"
         time.sleep(0.05)
     two_workers.cancel([waiting])
