@@ -31,6 +31,8 @@ tucker_hooi(store, ranks, ...) -> TuckerResult
     Tucker HOOI of a store: semi-sparse TTM chains over Dask partitions, pyttb's tucker_als conventions.
 tucker_sgd(store, ranks, core_rank, ...) -> FastTuckerResult
     FastTuckerPlus tensor completion by SGD: test RMSE/MAE per epoch, ``result.predict(coords)``.
+tt_als(store, ranks, ...) -> TTResult
+    Tensor-train ALS of a store: exact core updates contracted at the nonzeros, orthonormal sweeps.
 synthetic
     Heavy-tailed and planted low-rank test tensors.
 
@@ -76,12 +78,14 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers, editors a
         CPResult,
         FastTuckerResult,
         PoissonResult,
+        TTResult,
         TuckerResult,
         cp_als,
         cp_apr,
         load_fasttucker_result,
         load_result,
         load_tucker,
+        tt_als,
         tucker_hooi,
         tucker_sgd,
     )
@@ -101,6 +105,7 @@ _LAZY: dict[str, str] = {
             "CompletionError",
             "CPResult",
             "FastTuckerResult",
+            "TTResult",
             "TuckerResult",
             "cp_als",
             "cp_apr",
@@ -108,6 +113,7 @@ _LAZY: dict[str, str] = {
             "load_fasttucker_result",
             "load_result",
             "load_tucker",
+            "tt_als",
             "tucker_hooi",
             "tucker_sgd",
         ),
@@ -165,6 +171,8 @@ __all__ = [
     "FastTuckerResult",
     "load_fasttucker_result",
     "tucker_sgd",
+    "TTResult",
+    "tt_als",
 ]
 
 

@@ -4,7 +4,7 @@ Every command logs what it is doing to stderr, shows progress bars on long steps
 terminal and the log is text (``--quiet`` turns both off; ``--log-format json`` makes every stderr
 line one JSON object, with no bars), and on bad input prints one ``tfooc: error: ...`` line (in
 JSON mode one object of level ERROR) and exits with status 2.
-One module per command family (data, cp, tucker, complete, workflow); shared options in ``options``.
+One module per command family (data, cp, apr, tucker, tt, complete, workflow); shared options in ``options``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Sequence
 
-from . import apr, complete, cp, data, tucker, workflow
+from . import apr, complete, cp, data, tt, tucker, workflow
 from .apr import cmd_apr
 from .complete import cmd_complete
 from .cp import cmd_cpd
@@ -36,6 +36,7 @@ from .options import (
     paths_for_workers,
     run_outputs,
 )
+from .tt import cmd_tt
 from .tucker import cmd_tucker
 from .workflow import (
     cmd_cancel,
@@ -70,6 +71,7 @@ __all__ = [
     "cmd_status",
     "cmd_submit",
     "cmd_validate",
+    "cmd_tt",
     "cmd_tucker",
     "find_quickstart_spec",
     "iteration_bar",
@@ -142,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     apr.add_commands(add)  # apr (CP-APR)
     complete.add_commands(add)  # complete
     tucker.add_commands(add)  # tucker (Tucker HOOI)
+    tt.add_commands(add)  # tt (tensor-train ALS)
     return p
 
 

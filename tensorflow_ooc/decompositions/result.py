@@ -15,6 +15,7 @@ from .result_store import read_result_store, result_format, write_result_store
 
 if TYPE_CHECKING:
     from .fasttucker_result import FastTuckerResult
+    from .tt_result import TTResult
     from .tucker_result import TuckerResult
 
 RESULT_FORMAT = "cp-result"
@@ -109,11 +110,16 @@ class CPResult:
         )
 
 
-def load_result(path: str | os.PathLike) -> CPResult | TuckerResult | FastTuckerResult:
-    """Read a result store: a CP result written by :meth:`CPResult.save`, or a Tucker or
-    FastTucker result (as :func:`~tensorflow_ooc.decompositions.tucker_result.load_tucker` and
-    :func:`~tensorflow_ooc.decompositions.fasttucker_result.load_fasttucker_result` read them)."""
+def load_result(path: str | os.PathLike) -> CPResult | TuckerResult | FastTuckerResult | TTResult:
+    """Read a result store: a CP result written by :meth:`CPResult.save`, or a Tucker, FastTucker
+    or tensor-train result (as :func:`~tensorflow_ooc.decompositions.tucker_result.load_tucker`,
+    :func:`~tensorflow_ooc.decompositions.fasttucker_result.load_fasttucker_result` and
+    :func:`~tensorflow_ooc.decompositions.tt_result.load_tt` read them)."""
     root, meta = result_format(path)
+    if meta["format"] == "tt-result":
+        from .tt_result import load_tt
+
+        return load_tt(path)
     if meta["format"] == "tucker-result":
         from .tucker_result import load_tucker
 

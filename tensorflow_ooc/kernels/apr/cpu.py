@@ -28,6 +28,7 @@ import numpy as np
 # used by the generated kernels, which run in this module's namespace (see _build_model_values)
 from ...format.bits import HAS_BMI2, pext  # noqa: F401
 from ..mttkrp.cpu import SLPKernel
+from ..mttkrp.plan import thread_shares
 
 # ranks compiled as constants (the rank loop unrolls); others run the same source with the rank
 # read at run time
@@ -264,16 +265,6 @@ def hessian_width(rank: int) -> int:
     return rank + rank * (rank + 1) // 2 + 2
 
 
-def _thread_shares(items, threads: int) -> tuple[np.ndarray, np.ndarray]:
-    """Items split into ``threads`` contiguous shares of about equal nonzeros."""
-    todo = np.arange(items.nitems, dtype=np.int64)
-    cum = np.cumsum(items.end - items.start)
-    total = int(cum[-1]) if cum.size else 0
-    cuts = np.searchsorted(cum, [total * g // threads for g in range(1, threads)], side="left")
-    bounds = np.concatenate([[0], np.minimum(cuts + 1, todo.size), [todo.size]]).astype(np.int64)
-    return bounds, todo
-
-
 def newton_terms(items, layout, factors, mode: int, row_lo: int, active: np.ndarray, eps: float, out: np.ndarray):
     """Add the Newton row terms (see the module docstring) of ``items`` into ``out`` (rows
     ``row_lo .. row_lo + len(active) - 1`` of mode ``mode``, width :func:`hessian_width`); nonzeros
@@ -291,7 +282,7 @@ def _row_pass(kernel, items, layout, factors, mode, row_lo, active, extra, out) 
     if items.nitems == 0:
         return
     T = max(1, min(nb.get_num_threads(), items.nitems))
-    bounds, todo = _thread_shares(items, T)
+    bounds, todo = thread_shares(items, T)
     bufs = np.zeros((T,) + out.shape, dtype=out.dtype)
     mask = layout.pext_masks if items.delta else layout.field_mask
     kernel(

@@ -62,6 +62,17 @@ class WorkItems:
         return self.end - self.start
 
 
+def thread_shares(items: WorkItems, threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """Items split into ``threads`` contiguous shares of about equal nonzeros, for kernels that
+    give each numba thread its own output copy: share ``g`` is ``todo[bounds[g]:bounds[g + 1]]``."""
+    todo = np.arange(items.nitems, dtype=np.int64)
+    cum = np.cumsum(items.end - items.start)
+    total = int(cum[-1]) if cum.size else 0
+    cuts = np.searchsorted(cum, [total * g // threads for g in range(1, threads)], side="left")
+    bounds = np.concatenate([[0], np.minimum(cuts + 1, todo.size), [todo.size]]).astype(np.int64)
+    return bounds, todo
+
+
 def items_starting_in(items: WorkItems, lo: int, hi: int) -> WorkItems:
     """The items of ``items`` whose first nonzero lies in positions ``[lo, hi)``, with their index
     and values copied out (positions renumbered from 0), so the rest can be freed."""

@@ -1,0 +1,261 @@
+"""Orthonormal core-chain leverage sampling and the sketched TT core solve (seed 000, sections
+5.3-5.4) against explicitly formed chain matricizations: draw frequencies (chi-square), reported
+probabilities, the sketched solve against the exact least-squares core, and recovery of a planted
+tensor train by sketched ALS sweeps."""
+
+import itertools
+
+import numpy as np
+import pytest
+from test_leverage_sampling import chi2_pvalue, exact_leverage
+
+import tensorflow_ooc as tfo
+from tensorflow_ooc.decompositions.tt_randomized import load_fibers, sketched_core, sketched_rhs, solve_sketched
+from tensorflow_ooc.kernels.sampling.tt_sampler import (
+    build_core_tree,
+    chain_trees,
+    draw_core_samples,
+    draw_left_chain,
+    draw_right_chain,
+    left_chain_rows,
+    right_chain_rows,
+)
+
+J_STAT = 40_000  # draws per chi-square test
+
+
+def random_cores(rng, shape, ranks):
+    R = [1, *ranks, 1]
+    return [rng.standard_normal((R[k], shape[k], R[k + 1])) for k in range(len(shape))]
+
+
+def left_orthonormal(core):
+    Ra, I, Rb = core.shape
+    q, r = np.linalg.qr(core.reshape(Ra * I, Rb))
+    return q.reshape(Ra, I, -1), r
+
+
+def right_orthonormal(core):
+    Ra, I, Rb = core.shape
+    q, r = np.linalg.qr(core.reshape(Ra, I * Rb).T)
+    return q.T.reshape(-1, I, Rb), r.T
+
+
+def canonical(cores, j):
+    """Cores before ``j`` left-orthonormal, after ``j`` right-orthonormal, the same tensor (the
+    R factors pushed into core ``j``)."""
+    cores = [c.copy() for c in cores]
+    for k in range(j):
+        cores[k], r = left_orthonormal(cores[k])
+        cores[k + 1] = np.einsum("ab,bic->aic", r, cores[k + 1])
+    for k in range(len(cores) - 1, j, -1):
+        cores[k], r = right_orthonormal(cores[k])
+        cores[k - 1] = np.einsum("aib,bc->aic", cores[k - 1], r)
+    return cores
+
+
+def left_matrix(cores, j):
+    """``A_{<j}`` (prod I_{<j}, R_{j-1}), rows in C order of the multi-index."""
+    M = np.ones((1, 1))
+    for c in cores[:j]:
+        M = np.einsum("pa,aib->pib", M, c).reshape(-1, c.shape[2])
+    return M
+
+
+def right_matrix(cores, j):
+    """``A_{>j}^T`` (prod I_{>j}, R_j), rows in C order of the multi-index."""
+    M = np.ones((1, 1))
+    for c in reversed(cores[j + 1 :]):
+        M = np.einsum("aib,pb->ipa", c, M).reshape(-1, c.shape[0])
+    return M
+
+
+def full(cores):
+    X = np.ones((1, 1))
+    for c in cores:
+        X = np.einsum("pa,aib->pib", X, c).reshape(-1, c.shape[2])
+    return X.reshape([c.shape[1] for c in cores])
+
+
+# (shape, ranks): orders 3 to 5, ranks above some mode lengths (R_{k-1} I_k < R_k is impossible for
+# an orthonormal core, so ranks stay within the mode products)
+CASES = [
+    ((5, 4, 6), (3, 2)),
+    ((4, 3, 5, 3), (2, 3, 3)),
+    ((3, 4, 2, 3), (3, 4, 3)),
+    ((3, 2, 3, 2, 3), (2, 3, 3, 2)),
+    ((2, 3, 2, 2, 3), (2, 2, 3, 3)),
+    ((30, 20, 25), (2, 3)),  # long modes: trees of several levels
+]
+
+
+@pytest.mark.parametrize(
+    "case, leaf_rows",
+    [(c, None) for c in range(len(CASES))] + [(1, 1), (5, 1)],  # leaf_rows=1: the deepest trees
+)
+def test_chain_draws_follow_exact_leverage_scores(case, leaf_rows):
+    shape, ranks = CASES[case]
+    rng = np.random.default_rng(4000 + case)  # fixed: a statistical test
+    N = len(shape)
+    for j in range(N):
+        cores = canonical(random_cores(rng, shape, ranks), j)
+        trees = chain_trees(cores, j, leaf_rows)
+        for side in ("left", "right"):
+            if (side == "left" and j == 0) or (side == "right" and j == N - 1):
+                continue
+            if side == "left":
+                idx, p = draw_left_chain(cores, j, J_STAT, np.random.default_rng(10 * case + j), trees)
+                M, dims = left_matrix(cores, j), shape[:j]
+            else:
+                idx, p = draw_right_chain(cores, j, J_STAT, np.random.default_rng(10 * case + j + 5), trees)
+                M, dims = right_matrix(cores, j), shape[j + 1 :]
+            assert idx.shape == (J_STAT, len(dims)) and idx.dtype == np.int64
+            cell = np.ravel_multi_index(tuple(idx.T), dims)
+            lev = exact_leverage(M)
+            # reported probabilities: squared row norms over the rank, the exact leverage scores
+            np.testing.assert_allclose(p, lev[cell], rtol=1e-10, atol=1e-14)
+            counts = np.bincount(cell, minlength=M.shape[0])
+            pval = chi2_pvalue(counts, lev)
+            assert pval > 1e-3, (shape, ranks, j, side, pval)
+            # the test can tell distributions apart: the scores with the heaviest and lightest rows
+            # swapped (where they differ: a square chain, R = prod I, has uniform scores)
+            order = np.argsort(lev)
+            if lev[order[-1]] > 1.5 * lev[order[0]]:
+                swapped = lev.copy()
+                swapped[order[[0, -1]]] = lev[order[[-1, 0]]]
+                assert chi2_pvalue(counts, swapped) < 1e-6
+
+
+def test_rows_trees_and_argument_errors():
+    rng = np.random.default_rng(5)
+    shape, ranks = (4, 3, 5, 3), (2, 3, 3)
+    j = 2
+    cores = canonical(random_cores(rng, shape, ranks), j)
+    idx = np.stack([rng.integers(0, s, 7) for s in shape], axis=1)
+    L = left_matrix(cores, j)[np.ravel_multi_index(tuple(idx[:, :j].T), shape[:j])]
+    Rt = right_matrix(cores, j)[np.ravel_multi_index(tuple(idx[:, j + 1 :].T), shape[j + 1 :])]
+    np.testing.assert_allclose(left_chain_rows(cores, j, idx[:, :j]), L, atol=1e-14)
+    np.testing.assert_allclose(right_chain_rows(cores, j, idx[:, j + 1 :]), Rt, atol=1e-14)
+    np.testing.assert_array_equal(left_chain_rows(cores, 0, np.zeros((7, 0), dtype=int)), np.ones((7, 1)))
+    with pytest.raises(ValueError, match="out of range"):
+        left_chain_rows(cores, j, idx[:, :j] + np.array(shape[:j]))
+    with pytest.raises(ValueError, match="indices must be"):
+        right_chain_rows(cores, j, idx[:, j:])
+
+    # given trees give the same draws as trees built on the fly
+    trees = chain_trees(cores, j)
+    assert trees[j] is None and trees[0].side == "left" and trees[3].side == "right"
+    for draw in (draw_left_chain, draw_right_chain):
+        a = draw(cores, j, 500, np.random.default_rng(1), trees)
+        b = draw(cores, j, 500, np.random.default_rng(1))
+        np.testing.assert_array_equal(a[0], b[0])
+    # a tree of the wrong side or shape is refused
+    bad = list(trees)
+    bad[0] = build_core_tree(cores[0], "right")
+    with pytest.raises(ValueError, match="left tree"):
+        draw_left_chain(cores, j, 10, rng, bad)
+    with pytest.raises(ValueError, match="out of range"):
+        draw_left_chain(cores, 4, 10, rng)
+    with pytest.raises(ValueError, match="count"):
+        draw_right_chain(cores, 1, 0, rng)
+    with pytest.raises(ValueError, match="outer ranks"):
+        draw_left_chain(cores[1:], 1, 10, rng)
+    with pytest.raises(ValueError, match="left rank"):
+        draw_left_chain([cores[0], cores[2]], 1, 10, rng)
+
+    # the ends: empty chains
+    idx0, p0 = draw_left_chain(cores, 0, 3, rng)
+    assert idx0.shape == (3, 0) and np.all(p0 == 1)
+    idx3, p3 = draw_right_chain(cores, 3, 3, rng)
+    assert idx3.shape == (3, 0) and np.all(p3 == 1)
+
+
+def exact_core(X, cores, j):
+    """The exact least-squares core ``j``: the design is orthonormal, so ``G = D^T mat(X, j)^T``."""
+    L = left_matrix(cores, j)
+    Rt = right_matrix(cores, j)
+    Ra, Rb = L.shape[1], Rt.shape[1]
+    Xj = X.reshape(L.shape[0], X.shape[j], Rt.shape[0])
+    return np.einsum("sa,sit,tb->aib", L, Xj, Rt).reshape(Ra, X.shape[j], Rb)
+
+
+def as_store(X, path):
+    coords = np.array(list(itertools.product(*[range(s) for s in X.shape])), dtype=np.int64)
+    return tfo.convert((coords, X.ravel()), path, shape=X.shape, chunk_nnz=256, max_block_nnz=100)
+
+
+def sparse_store(rng, shape, nnz, path):
+    coords = np.unique(np.stack([rng.integers(0, s, nnz) for s in shape], axis=1), axis=0)
+    values = rng.standard_normal(coords.shape[0])
+    X = np.zeros(shape)
+    X[tuple(coords.T)] = values
+    return X, tfo.convert((coords, values), path, shape=shape, chunk_nnz=256, max_block_nnz=100)
+
+
+@pytest.mark.parametrize("j", [0, 1, 3])
+def test_sketched_core_approaches_the_exact_solution(tmp_path, j):
+    rng = np.random.default_rng(77 + j)  # fixed: tolerances on a random sketch
+    shape, ranks = (5, 4, 6, 3), (2, 3, 2)
+    X, store = sparse_store(rng, shape, 150, tmp_path / "x.zarr")
+    cores = canonical(random_cores(rng, shape, ranks), j)
+    want = exact_core(X, cores, j)
+    fibers = load_fibers(store)
+    errs = []
+    for J in (1000, 64000):
+        got = sketched_core(fibers, cores, j, J, np.random.default_rng(J))
+        assert got.shape == want.shape
+        errs.append(np.linalg.norm(got - want) / np.linalg.norm(want))
+    # the error of a leverage sketch falls as 1/sqrt(J)
+    assert errs[1] < 0.1 and errs[1] < errs[0] / 3, errs
+    # the same draws from the store itself (decoded for the call)
+    a = sketched_core(store, cores, j, 1000, np.random.default_rng(3))
+    b = sketched_core(fibers, cores, j, 1000, np.random.default_rng(3))
+    np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("j", [0, 2, 3])
+def test_sketched_core_is_exact_for_a_representable_tensor(tmp_path, j):
+    """With ``X`` in the range of the design (a tensor train whose other cores are the current
+    ones) every sketch whose Gram has full rank gives the exact core: first with (nearly) every
+    design row drawn, the Gram checked to be nonsingular, then with few draws."""
+    rng = np.random.default_rng(11 + j)
+    shape, ranks = (4, 3, 5, 3), (2, 3, 2)
+    cores = canonical(random_cores(rng, shape, ranks), j)
+    planted = [c.copy() for c in cores]
+    planted[j] = rng.standard_normal(cores[j].shape)
+    X = full(planted)
+    store = as_store(X, tmp_path / "x.zarr")
+    s = draw_core_samples(cores, j, 20000, np.random.default_rng(2))
+    rows = int(np.prod(shape)) // shape[j]
+    assert len(s) >= rows * 0.9  # (nearly) every row of the design drawn: some have scores ~1e-5
+    assert np.linalg.eigvalsh(s.gram())[0] > 0.1
+    got = solve_sketched(s, sketched_rhs(store, s, shape[j]), cores[j].shape[::2])
+    np.testing.assert_allclose(got, planted[j], atol=1e-10)
+    np.testing.assert_allclose(exact_core(X, cores, j), planted[j], atol=1e-10)
+    # few draws (not every row) still solve it exactly while the Gram has full rank
+    got = sketched_core(store, cores, j, 60, np.random.default_rng(4))
+    np.testing.assert_allclose(got, planted[j], atol=1e-8)
+
+
+def test_sketched_sweeps_recover_a_planted_tensor_train(tmp_path):
+    rng = np.random.default_rng(2024)
+    shape, ranks = (6, 5, 7, 4), (2, 3, 2)
+    N = len(shape)
+    X = full(random_cores(rng, shape, ranks))
+    fibers = load_fibers(as_store(X, tmp_path / "x.zarr"))
+    cores = canonical(random_cores(rng, shape, ranks), 0)
+    draws = np.random.default_rng(5)
+    fit = 0.0
+    for _ in range(6):
+        for j in range(N - 1):  # left to right: the new core left-orthonormalized, R pushed right
+            cores[j] = sketched_core(fibers, cores, j, 1000, draws)
+            cores[j], r = left_orthonormal(cores[j])
+            cores[j + 1] = np.einsum("ab,bic->aic", r, cores[j + 1])
+        for j in range(N - 1, 0, -1):  # right to left
+            cores[j] = sketched_core(fibers, cores, j, 1000, draws)
+            cores[j], r = right_orthonormal(cores[j])
+            cores[j - 1] = np.einsum("aib,bc->aic", cores[j - 1], r)
+        fit = 1 - np.linalg.norm(full(cores) - X) / np.linalg.norm(X)
+        if fit > 0.999:
+            break
+    assert fit >= 0.99, fit
