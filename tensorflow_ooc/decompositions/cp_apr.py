@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import time
+from contextlib import ExitStack
 from typing import Callable, Sequence
 
 import numpy as np
@@ -25,6 +26,7 @@ from ..execution.inline import INLINE_MAX_NNZ
 from ..kernels.apr.cpu import hessian_width
 from ..store import Store
 from . import apr_steps as S
+from .apr_owner import AprConfig, owner_outer, owner_state, start_apr_owner, use_apr_owner
 from .checkpoint import disk_full_returned, raise_returned, read_npz, write_npz_atomic
 from .count_checks import check_counts
 from .cp_als import open_input
@@ -71,6 +73,7 @@ def cp_apr(
     overwrite: bool = False,
     device: str = "cpu",
     device_options: DeviceOptions | None = None,
+    distribution: str = "auto",
 ) -> PoissonResult:
     """Rank-``rank`` Poisson CP (CP-APR) of a count tensor: nonnegative factors that maximize the
     Poisson log-likelihood ``sum_i x_i log m_i - m_i`` of the model ``m = [[lambda; A_1, ..., A_N]]``.
@@ -127,6 +130,13 @@ def cp_apr(
         store; the log-likelihood pass and the updates run on the same workers' CPUs.
     device_options : DeviceOptions, optional
         GPU kernel and streaming settings, as for :func:`cp_als`.
+    distribution : {"auto", "owner", "graph"}
+        How the run spreads over several workers. "owner" (the default, "auto", on a cluster of
+        several CPU workers): owner-computes, each worker keeps its partitions and the factor rows
+        it owns, one task per worker and outer iteration, rows sent worker to worker only where
+        they are shared (:mod:`~tensorflow_ooc.decompositions.apr_owner`); the history adds the
+        bytes sent per outer iteration beside their lower bound. "graph": per-mode task graphs
+        (what one worker, the inline scheduler and GPU devices always use).
 
     Returns
     -------
@@ -193,7 +203,7 @@ def cp_apr(
     if device == "gpu":
         # the GPU streams Phi from the store; the CPU passes (log-likelihood) stream the same chunks
         execution = "streaming"
-    with get_client(client, scheduler, device=device) as c:
+    with get_client(client, scheduler, device=device) as c, ExitStack() as cleanup:
         graph = open_graph(
             c,
             store,
@@ -205,9 +215,18 @@ def cp_apr(
             rank=rank,
             dtype="float64",
             samples=0,
+            load=distribution == "graph",
         )
-        graph.require_plan()
-        if graph.execution == "in-memory" and graph.data is None:
+        owner = use_apr_owner(c, graph, distribution, graph.device)
+        if owner:
+            graph.plan_owner_computes()
+            params["execution"] = graph.execution
+            params["in_place_updates"] = False
+            if graph.memory_plan is not None:
+                params["memory_plan"] = graph.memory_plan.as_dict()
+        else:
+            graph.require_plan()
+        if graph.execution == "in-memory" and graph.data is None and not owner:
             graph.load()
         threads, bn, mpb = graph.numba_threads, graph.batch_nnz, graph.max_private_bytes
         start, history, row_tol, state0 = _initial(
@@ -219,45 +238,62 @@ def cp_apr(
                 v[v.sum(axis=1) == 0, 0] = 1e-8
         F = c.scatter(state0, hash=False)
         del state0
+        engine = None
+        if owner:
+            engine = start_apr_owner(c, graph, F, shape, row_tol)
+            cleanup.callback(engine.release)  # a run stopped by its callback leaves nothing on the workers
+            params["distribution"] = {"kind": "owner-computes", "workers": len(engine.addresses)}
+            blocks = [_row_blocks(I, rank, threads) for I in shape]
+            cfg = AprConfig(
+                algorithm, max_inner_iters, float(tol), kappa, kappa_tol, eps_div_zero, eps_active, mu0, inexact, blocks
+            )
+            del F
         loglik = history[-1]["loglik"] if history else float("nan")
         for iteration in range(start, max_iters):
             t_iter = time.time()
-            F = c.submit(S.begin_outer, F, pure=False, **graph.placement)
-            for n in range(N):
-                if algorithm == "mu":
-                    F = c.submit(S.mu_begin_mode, F, n, iteration, kappa, kappa_tol, pure=False, **graph.placement)
-                    for _ in range(max_inner_iters):
-                        F = graph.pass_update(
-                            phi_partition,
-                            (n, threads, bn, eps_div_zero, mpb, graph.device, device_options),
-                            S.mu_inner,
-                            F,
-                            n,
-                            float(tol),
-                        )
-                else:
-                    inner_max = 2 if (inexact and iteration == 0) else max_inner_iters
-                    for b, (lo, hi) in enumerate(_row_blocks(shape[n], rank, threads)):
-                        F = c.submit(S.pdnr_begin_block, F, n, lo, hi, mu0, b == 0, pure=False, **graph.placement)
-                        for i in range(inner_max):
+            exchange = None
+            if owner:
+                # the next outer iteration goes ahead unless this one ends the run or writes a
+                # checkpoint (whose rows must be this iteration's)
+                due = checkpoint and (iteration + 1) % checkpoint_every == 0
+                sm, exchange = owner_outer(engine, iteration, cfg, not (due or iteration + 1 >= max_iters))
+            else:
+                F = c.submit(S.begin_outer, F, pure=False, **graph.placement)
+                for n in range(N):
+                    if algorithm == "mu":
+                        F = c.submit(S.mu_begin_mode, F, n, iteration, kappa, kappa_tol, pure=False, **graph.placement)
+                        for _ in range(max_inner_iters):
                             F = graph.pass_update(
-                                newton_partition,
-                                (n, threads, bn, eps_div_zero),
-                                S.pdnr_direction,
+                                phi_partition,
+                                (n, threads, bn, eps_div_zero, mpb, graph.device, device_options),
+                                S.mu_inner,
                                 F,
                                 n,
-                                i,
-                                inner_max,
-                                row_tol,
-                                eps_active,
+                                float(tol),
                             )
-                            F = graph.pass_update(
-                                candidates_partition, (n, threads, bn), S.pdnr_step, F, n, i, inner_max
-                            )
-                        F = c.submit(S.pdnr_end_block, F, pure=False, **graph.placement)
-                F = c.submit(S.end_mode, F, n, pure=False, **graph.placement)
-            parts = graph.partition_pass(loglik_partition, F, threads, bn, reduce=add_sums)
-            sm = c.submit(S.summary, F, parts, pure=False, **graph.placement).result()
+                    else:
+                        inner_max = 2 if (inexact and iteration == 0) else max_inner_iters
+                        for b, (lo, hi) in enumerate(_row_blocks(shape[n], rank, threads)):
+                            F = c.submit(S.pdnr_begin_block, F, n, lo, hi, mu0, b == 0, pure=False, **graph.placement)
+                            for i in range(inner_max):
+                                F = graph.pass_update(
+                                    newton_partition,
+                                    (n, threads, bn, eps_div_zero),
+                                    S.pdnr_direction,
+                                    F,
+                                    n,
+                                    i,
+                                    inner_max,
+                                    row_tol,
+                                    eps_active,
+                                )
+                                F = graph.pass_update(
+                                    candidates_partition, (n, threads, bn), S.pdnr_step, F, n, i, inner_max
+                                )
+                            F = c.submit(S.pdnr_end_block, F, pure=False, **graph.placement)
+                    F = c.submit(S.end_mode, F, n, pure=False, **graph.placement)
+                parts = graph.partition_pass(loglik_partition, F, threads, bn, reduce=add_sums)
+                sm = c.submit(S.summary, F, parts, pure=False, **graph.placement).result()
             old = loglik
             loglik = sm.loglik
             if not math.isfinite(loglik):
@@ -279,6 +315,8 @@ def cp_apr(
                 "pass_seconds": sm.seconds,
                 "nnz": store.nnz,
             }
+            if exchange is not None:
+                record.update(exchange)
             history.append(record)
             log.info(
                 "iteration %d: log-likelihood %.8e, KKT violation %.2e, %d inner, %.3f s",
@@ -294,28 +332,23 @@ def cp_apr(
             done = sm.converged and (algorithm == "mu" or not inexact or row_tol <= tol)
             if checkpoint and (done or (iteration + 1) % checkpoint_every == 0 or iteration + 1 == max_iters):
                 t_ck = time.time()
-                raise_returned(
-                    c.submit(
-                        disk_full_returned,
-                        _write_checkpoint,
-                        checkpoint,
-                        F,
-                        iteration,
-                        history,
-                        params,
-                        input_fp,
-                        row_tol,
-                        pure=False,
-                    ).result()
-                )
+                ck_args = (checkpoint, iteration, history, params, input_fp, row_tol)
+                if owner:  # written from the driver, the rows gathered from their owners
+                    raise_returned(disk_full_returned(_write_checkpoint, owner_state(engine, shape, rank), *ck_args))
+                else:
+                    raise_returned(c.submit(disk_full_returned, _write_checkpoint, F, *ck_args, pure=False).result())
                 record["checkpoint_seconds"] = time.time() - t_ck
             if callback is not None:
                 callback(record)
             if done:
                 break
-        final = c.submit(S.factors_of, F, pure=False).result()
-        weights = sm.weights if history else np.ones(rank)
-        del F
+        if owner:
+            state = owner_state(engine, shape, rank)
+            final, weights = S.factors_of(state), state.weights
+            engine.release()
+        else:
+            final, weights = c.submit(_factors_and_weights, F, pure=False).result()
+            del F
         graph.release()
     kkt = history[-1]["kkt_violation"] if history else float("nan")
     fit = history[-1]["fit"] if history else float("nan")
@@ -382,8 +415,14 @@ def _initial(checkpoint, input_fp, params, init, shape, rank, seed, tol):
     return 0, [], float(tol), S.start_state(factors, None, "float64")
 
 
-def _write_checkpoint(path, state, iteration, history, params, input_fp, row_tol) -> str:
-    """Runs on a worker (the state lives there)."""
+def _factors_and_weights(state: S.APRState) -> tuple[list[np.ndarray], np.ndarray]:
+    """The factor matrices and weights (copies; a run resumed after its last iteration has no
+    summary of its own)."""
+    return S.factors_of(state), np.array(state.weights)
+
+
+def _write_checkpoint(state, path, iteration, history, params, input_fp, row_tol) -> str:
+    """Runs on a worker (the state lives there), or owner-computes on the driver."""
     arrays = {"factors": state.data, "weights": state.weights}
     arrays.update({f"phi_positive{n}": p for n, p in enumerate(state.phi_positive) if p is not None})
     meta = {

@@ -68,14 +68,14 @@ def _batches(source, mode: int, batch_nnz: int, threads: int) -> Iterator[tuple[
         yield items, store.layout
 
 
-def loglik_partition(source, state, threads: int, batch_nnz: int = BATCH_NNZ) -> np.ndarray:
+def loglik_partition(source, state, threads: int, batch_nnz: int = BATCH_NNZ, weights=None) -> np.ndarray:
     """``[sum x log m, sum x m]`` over the partition's nonzeros, ``m`` the model (factors and
-    weights of ``state``)."""
+    weights of ``state``; ``weights`` given: those)."""
     t0 = time.perf_counter()
     sums = np.zeros(3)
     with numba_threads(threads):
         for items, layout in _batches(source, 0, batch_nnz, threads):
-            ll, xm = model_values(items, layout, state, state.weights, 0.0)
+            ll, xm = model_values(items, layout, state, state.weights if weights is None else weights, 0.0)
             sums[:2] += (ll, xm)
     sums[2] = time.perf_counter() - t0
     return sums
@@ -94,11 +94,18 @@ def newton_partition(source, state, mode: int, threads: int, batch_nnz: int, eps
     block = state.block
     if state.skip:
         return Partial(block.lo, np.zeros((0, hessian_width(state.rank))), 0.0)
-    out = np.zeros((block.active.shape[0], hessian_width(state.rank)))
+    out = newton_rows(source, state, mode, block.lo, block.active, threads, batch_nnz, eps)
+    return Partial(block.lo, out, time.perf_counter() - t0)
+
+
+def newton_rows(source, factors, mode: int, lo: int, active: np.ndarray, threads: int, batch_nnz: int, eps: float):
+    """The Newton row terms of the rows ``lo .. lo + len(active) - 1`` of ``mode`` whose ``active``
+    flag is set, over the partition's nonzeros (``len(active) x`` :func:`hessian_width`)."""
+    out = np.zeros((active.shape[0], hessian_width(factors.rank)))
     with numba_threads(threads):
         for items, layout in _batches(source, mode, batch_nnz, threads):
-            newton_terms(items, layout, state, mode, block.lo, block.active, eps, out)
-    return Partial(block.lo, out, time.perf_counter() - t0)
+            newton_terms(items, layout, factors, mode, lo, active, eps, out)
+    return out
 
 
 def candidates_partition(source, state, mode: int, threads: int, batch_nnz: int) -> Partial:
@@ -107,8 +114,15 @@ def candidates_partition(source, state, mode: int, threads: int, batch_nnz: int)
     block = state.block
     if state.skip:
         return Partial(block.lo, np.zeros((0, block.candidates.shape[1])), 0.0)
-    out = np.zeros((block.active.shape[0], block.candidates.shape[1]))
+    out = candidate_rows(source, state, mode, block.lo, block.active, block.candidates, threads, batch_nnz)
+    return Partial(block.lo, out, time.perf_counter() - t0)
+
+
+def candidate_rows(source, factors, mode: int, lo: int, active: np.ndarray, cand: np.ndarray, threads, batch_nnz):
+    """``sum x log(cand[row, k] . pi)`` per row ``lo ..`` of ``mode`` whose ``active`` flag is set and
+    line-search candidate ``k``, over the partition's nonzeros (``len(active) x cand.shape[1]``)."""
+    out = np.zeros((active.shape[0], cand.shape[1]))
     with numba_threads(threads):
         for items, layout in _batches(source, mode, batch_nnz, threads):
-            candidate_terms(items, layout, state, mode, block.lo, block.active, block.candidates, out)
-    return Partial(block.lo, out, time.perf_counter() - t0)
+            candidate_terms(items, layout, factors, mode, lo, active, cand, out)
+    return out

@@ -95,6 +95,7 @@ class WorkerState:
     device_options: Any = None
     weights: np.ndarray = field(default_factory=lambda: np.ones(0))
     sampler: Any = None  # randomized CP-ALS: the worker's part of the distributed sampler
+    model: Any = None  # the decomposition's own state here (CP-APR: weights, Phi masks, rows no nonzero touches)
     # sparse rows: per (mode, rank), the positions in ``plans[mode].send[rank]`` of the received
     # rows that are not zero, and per (mode, -1) those of the owned rows (the others are zero)
     live: dict = field(default_factory=dict)
@@ -127,9 +128,11 @@ class WorkerState:
     def nmodes(self) -> int:
         return len(self.factors.shape)
 
-    def local_mttkrp(self, mode: int) -> Partial:
+    def local_mttkrp(self, mode: int, poisson_eps: float | None = None) -> Partial:
         """The mode-``mode`` MTTKRP rows of this worker's partitions (one partial over the rows
-        they touch)."""
+        they touch); with ``poisson_eps``, CP-APR's Phi instead (the kernels' Poisson form: each
+        value over ``max(model value, poisson_eps)``, the mode's rows of the factors holding the
+        model's, see :func:`~.tasks.mttkrp_partition`)."""
         parts = [
             mttkrp_partition(
                 src,
@@ -140,6 +143,7 @@ class WorkerState:
                 max_private_bytes=self.max_private_bytes,
                 device=self.device,
                 device_options=self.device_options,
+                poisson_eps=poisson_eps,
             )
             for src in self.sources
         ]
@@ -189,6 +193,15 @@ class WorkerState:
             elif k in plan.recv_pos:
                 _add(out, plan.recv_pos[k], self.team.receive(tag, k))
         return out
+
+    def all_reduce(self, small: np.ndarray, tag: Any) -> np.ndarray:
+        """Send every other worker ``small`` (a few terms); return every rank's, stacked in rank
+        order (each worker sums or maxes them in the same order: the same result on every one)."""
+        small = np.asarray(small)
+        self.team.send_many(tag, {k: small for k in range(self.team.size) if k != self.team.rank})
+        return np.stack(
+            [small if k == self.team.rank else np.asarray(self.team.receive(tag, k)) for k in range(self.team.size)]
+        )
 
     def all_gather(
         self, mode: int, rows: np.ndarray | SparseRows, small: np.ndarray, tag: Any
@@ -449,6 +462,17 @@ def _iterate(run: str, step: Callable, args: tuple, seq: int) -> dict:
         # are freed here, whether or not a driver is left to release them
         _drop(run)
         raise
+    finally:
+        st.end_turn()
+
+
+def _call(run: str, fn: Callable, args: tuple, seq: int) -> Any:
+    """Run on a worker, as the run's task number ``seq`` there: ``fn(state, *args)``."""
+    st = _state(run)
+    st.wait_turn(seq)
+    try:
+        with numba_threads(st.threads):
+            return fn(st, *args)
     finally:
         st.end_turn()
 
@@ -732,6 +756,18 @@ class OwnerComputes:
         for ids, rows in got:
             out[ids] = rows
         return out
+
+    def each(self, fn: Callable, *args) -> list:
+        """``fn(state, *args)`` on every worker, in the run's task order (after the iterations
+        submitted before it, the one submitted ahead too), without exchanges; the results in rank
+        order (futures among ``args`` are resolved)."""
+        seq, self._seq = self._seq, self._seq + 1
+        return self._check(
+            [
+                self.client.submit(_call, self.run, fn, args, seq, workers=[a], allow_other_workers=False, pure=False)
+                for a in self.addresses
+            ]
+        )
 
     def release(self) -> None:
         """Drop the run's state on its workers; an iteration still going (submitted ahead) is
