@@ -258,3 +258,26 @@ def test_planted_poisson_model_is_recovered(tmp_path, rng):
         r = tfo.cp_apr(store, 3, algorithm=algorithm, seed=seed + 1, max_iters=iters)
         score = r.to_pyttb().score(truth)[0]
         assert score >= 0.95, f"{algorithm}: factor match score {score:.3f} (seed {seed})"
+
+
+def test_cli_distribution(tmp_path, rng, capsys):
+    from tensorflow_ooc.cli import main
+
+    shape = (6, 5, 4)
+    X, coords, vals = poisson_tensor(rng, shape, 2, 400)
+    store = store_of(tmp_path, "s", coords, vals, shape)
+    base = ["apr", str(store.path), "--rank", "2", "--max-iters", "2", "--seed", "1", "-q"]
+    # inline (this tensor's default), per-mode task graphs are the one path: "graph" is accepted
+    assert main([*base, "--distribution", "graph", "--out", str(tmp_path / "g.zarr")]) == 0
+    assert "log-likelihood" in capsys.readouterr().out
+    assert tfo.load_result(tmp_path / "g.zarr").iterations == 2
+    # owner-computes needs Dask CPU workers: one error line, exit 2, no traceback, nothing written
+    code = main([*base, "--distribution", "owner", "--scheduler", "inline", "--out", str(tmp_path / "o.zarr")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines() == [
+        "tfooc: error: distribution='owner' runs CP-APR on Dask CPU workers (not the inline scheduler or a GPU)"
+    ]
+    assert not (tmp_path / "o.zarr").exists()
+    with pytest.raises(SystemExit):
+        main(["apr", "--help"])
+    assert "--distribution {auto,owner,graph}" in capsys.readouterr().out

@@ -1,7 +1,7 @@
-"""Every decomposition is a workflow step: decompose with method cp | tucker | completion (and dense
-Zarr arrays for CP), predict steps, evaluate and export of each result kind, and the nightly
-completion pipeline (two nights, the second warm-started), all by real runs of the workflow
-runner on small tensors."""
+"""Every decomposition is a workflow step: decompose with method cp | tucker | completion | tt (and
+dense Zarr arrays for CP), predict steps, evaluate and export of each result kind, the nightly
+completion pipeline (two nights, the second warm-started), and tensor trains warm-started and
+resumed, all by real runs of the workflow runner on small tensors."""
 
 import json
 import pickle
@@ -303,6 +303,9 @@ def test_schema_has_every_method():
     assert {"cp", "exact", "sts"} <= set(defs["DecomposeStep"]["properties"]["method"]["enum"])
     assert {"result", "coords", "out"} <= set(defs["PredictStep"]["required"])
     assert "max_rmse" in defs["EvaluateStep"]["properties"]
+    tt = defs["TTDecomposeStep"]["properties"]
+    assert {"ranks", "algorithm", "samples", "fit_every", "max_iters", "tol", "init", "checkpoint_every"} <= set(tt)
+    assert tt["method"]["const"] == "tt" and tt["algorithm"]["enum"] == ["exact", "randomized"]
 
 
 def test_tucker_sgd_warm_start_api(tmp_path, rng):
@@ -321,3 +324,241 @@ def test_tucker_sgd_warm_start_api(tmp_path, rng):
     smaller = tfo.convert((p.coords[keep], p.values[keep]), str(tmp_path / "t.zarr"), shape=(10, 15, 10))
     with pytest.raises(CompletionError, match="cannot shrink"):
         tfo.tucker_sgd(smaller, 3, 3, epochs=1, progress=False, init=first)
+
+
+TT = """\
+name: trains
+steps:
+  generate: {{kind: generate, out: t.tns, shape: [12, 10, 8], nnz: 600, seed: {seed}}}
+  convert: {{kind: convert, input: t.tns, out: t.zarr, shape: [12, 10, 8]}}
+  tt:
+    kind: decompose
+    method: tt
+    input: t.zarr
+    out: t.tt.zarr
+    ranks: [3, 2]
+    max_iters: 4
+    tol: 0
+    seed: {seed}
+  tt-randomized:
+    kind: decompose
+    method: tt
+    algorithm: randomized
+    samples: 300
+    fit_every: 2
+    input: t.zarr
+    out: t.rtt.zarr
+    ranks: 2
+    max_iters: 3
+    seed: {seed}
+  evaluate: {{kind: evaluate, result: t.tt.zarr, tensor: t.zarr, out: tt.json, min_fit: 0.0}}
+  evaluate-randomized: {{kind: evaluate, result: t.rtt.zarr}}
+  npz: {{kind: export, result: t.tt.zarr, format: npz, out: out/tt.npz}}
+  tensorly: {{kind: export, result: t.tt.zarr, format: tensorly, out: out/tt.pkl}}
+  zarr: {{kind: export, result: t.rtt.zarr, format: zarr, out: out/rtt.zarr}}
+  evaluate-npz: {{kind: evaluate, result: out/tt.npz, tensor: t.zarr, out: npz.json}}
+  predict: {{kind: predict, result: t.tt.zarr, coords: t.zarr, out: out/tt-predictions.npz}}
+"""
+
+
+def test_tensor_train_steps(tmp_path, rng, capsys):
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    spec = tmp_path / "trains.yaml"
+    spec.write_text(TT.format(seed=int(rng.integers(1000))))
+    assert main(["run", str(spec), "--storage", str(storage), "-q"]) == 0
+    summary = capsys.readouterr().out
+    runs = RunStore(str(storage))
+    rec = runs.list()[0]
+    assert {st.state for st in rec.steps.values()} == {"done"}, rec.error
+    events = runs.events(rec.run_id)
+
+    # decompose: a TTResult with the step's ranks; the record holds its fit and every sweep once
+    tt = tfo.load_result(storage / "t.tt.zarr")
+    assert isinstance(tt, tfo.TTResult) and tt.ranks == (1, 3, 2, 1) and tt.params["method"] == "exact"
+    m = rec.steps["tt"].metrics
+    assert m["method"] == "tt" and m["algorithm"] == "exact" and m["ranks"] == [3, 2]
+    assert m["fit"] == tt.fit and m["iterations"] == tt.sweeps == 4 and m["iterations_this_run"] == 4
+    its = [e for e in events if e["event"] == "iteration" and e["step"] == "tt"]
+    assert [e["iteration"] for e in its] == [1, 2, 3, 4] and all(e["max_iters"] == 4 for e in its)
+    assert [e["fit"] for e in its] == [h["fit"] for h in tt.history]
+    line = next(ln for ln in summary.splitlines() if ln.strip().startswith("tt "))
+    assert f"fit {tt.fit:.6f} after 4 sweeps" in line
+    rtt = tfo.load_result(storage / "t.rtt.zarr")
+    m = rec.steps["tt-randomized"].metrics
+    assert isinstance(rtt, tfo.TTResult) and rtt.ranks == (1, 2, 2, 1) and rtt.params["method"] == "randomized"
+    assert m["algorithm"] == "randomized" and m["samples"] == 300 and m["fit_every"] == 2 and m["fit"] == rtt.fit
+
+    # evaluate: the fit recomputed against the store is TT-ALS's own (and the dense one)
+    store = tfo.open_store(storage / "t.zarr")
+    c, v = store.to_coo()
+    X = np.zeros(store.shape)
+    X[tuple(c.T)] = v
+    T = tt.to_dense()
+    ev = rec.steps["evaluate"].metrics
+    assert ev["model"] == "tt" and ev["ranks"] == [3, 2] and ev["fit_reported"] == tt.fit
+    assert abs(ev["fit"] - tt.fit) < 1e-8 and np.isclose(ev["fit"], 1 - np.linalg.norm(X - T) / np.linalg.norm(X))
+    assert np.isclose(ev["rmse"], np.sqrt(np.mean((T[tuple(c.T)] - v) ** 2)), rtol=1e-10)
+    assert json.loads((storage / "tt.json").read_text())["fit"] == ev["fit"]
+    assert rec.steps["evaluate-randomized"].metrics["fit"] == rtt.fit  # without a tensor: the reported fit
+    assert np.isclose(rec.steps["evaluate-npz"].metrics["fit"], ev["fit"], rtol=1e-12)
+
+    # exports: npz (read back by TTResult.load), a pickled TensorLy TTTensor, a result store
+    back = tfo.TTResult.load(storage / "out" / "tt.npz")
+    assert back.fit == tt.fit and back.sweeps == 4 and back.params == tt.params
+    assert all(np.array_equal(a, b) for a, b in zip(back.cores, tt.cores))
+    assert rec.steps["npz"].metrics["ranks"] == [3, 2] and rec.steps["npz"].metrics["model"] == "tt"
+    tl = pickle.loads((storage / "out" / "tt.pkl").read_bytes())
+    assert all(np.array_equal(a, b) for a, b in zip(tl.factors, tt.cores))
+    assert tfo.load_result(storage / "out" / "rtt.zarr").fit == rtt.fit
+    z = np.load(storage / "out" / "tt-predictions.npz")
+    assert np.allclose(z["values"], T[tuple(z["coords"].T)], rtol=1e-12, atol=1e-14)
+
+    # again: up to date
+    assert main(["run", str(spec), "--storage", str(storage), "-q"]) == 3
+
+
+def test_tensor_train_spec_errors_name_line_and_field(tmp_path, capsys):
+    (tmp_path / "t.tns").write_text("1 1 1 1.0\n2 2 2 2.0\n")
+    base = "steps:\n  c: {kind: convert, input: t.tns, out: t.zarr}\n  d:\n    kind: decompose\n    method: tt\n"
+    base += "    input: t.zarr\n    out: r.zarr\n"
+    # ranks: 0 from tfooc run: exit 2, nothing started, the file, line and field named
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(base + "    ranks: 0\n")
+    assert main(["run", str(spec), "--storage", str(tmp_path), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert f"{spec}, line 8: steps.d.ranks: every TT rank must be >= 1, got 0" in err
+    assert not (tmp_path / "t.zarr").exists()
+    cases = [
+        (base + "    ranks: 2\n    sweeps: 3\n", 9, "steps.d.sweeps", "unknown key (expected one of:"),
+        (base + "    ranks: 2\n    algorithm: sketched\n", 9, "steps.d.algorithm", "'exact' or 'randomized'"),
+        (base + "    ranks: 2\n    samples: 100\n", 9, "steps.d.samples", "only for algorithm: randomized"),
+        (base + "    ranks: 2\n    fit_every: 2\n", 9, "steps.d.fit_every", "only for algorithm: randomized"),
+        (base + "    rank: 2\n", 8, "steps.d.rank", "with method: tt; 'rank' is a key of method: cp or cp-apr"),
+        (base + "    ranks: [2, 0]\n", 8, "steps.d.ranks", "ranks[1] is 0; every TT rank must be >= 1"),
+        (base + "    ranks: [2, x]\n", 8, "steps.d.ranks", "expected integers, got 'x' at ranks[1]"),
+        (base + "    ranks: 2\n    tol: -1.0\n", 9, "steps.d.tol", "greater than or equal to 0"),
+        (base + "    ranks: 2\n    max_iters: 0\n", 9, "steps.d.max_iters", "greater than or equal to 1"),
+        (base + "", 3, "steps.d.ranks", "missing (required)"),
+        (base.replace("tt", "train") + "    ranks: 2\n", 5, "steps.d.method", "cp, tucker, completion, cp-apr, tt"),
+        (
+            base.replace("method: tt", "algorithm: randomized") + "    rank: 2\n",
+            5,
+            "steps.d.algorithm",
+            "with method: cp; 'algorithm' is a key of method: cp-apr or tt",
+        ),
+    ]
+    for text, line, field, message in cases:
+        with pytest.raises(SpecError) as info:
+            load_spec(text=text, storage=str(tmp_path))
+        found = [p for p in info.value.problems if p.field == field]
+        assert found and found[0].line == line and message in found[0].message, str(info.value)
+    ok = load_spec(text=base + "    ranks: [2, 1]\n    algorithm: randomized\n    samples: 64\n", storage=str(tmp_path))
+    assert ok.step("d").model.method_name == "tt" and ok.step("d").model.ranks == [2, 1]
+    # pyttb writes CP models only: a train made in the spec is refused before anything runs
+    export = "  x: {kind: export, result: r.zarr, format: pyttb, out: r.ktensor}\n"
+    with pytest.raises(SpecError) as info:
+        load_spec(text=base + "    ranks: 2\n" + export, storage=str(tmp_path))
+    assert info.value.problems[0].field == "steps.x.format" and "makes a tt result" in info.value.problems[0].message
+    # ranks the tensor's shape cannot hold: the step fails naming them, nothing written
+    spec.write_text(base + "    ranks: 5\n")
+    assert main(["run", str(spec), "--storage", str(tmp_path), "-q"]) == 1
+    rec = RunStore(str(tmp_path)).list()[0]
+    assert "ranks: ranks[0] is 5" in rec.steps["d"].error and not (tmp_path / "r.zarr").exists()
+
+
+TT_WARM = """\
+steps:
+  tt:
+    kind: decompose
+    method: tt
+    input: grown.zarr
+    out: grown.tt.zarr
+    ranks: [3, 2]
+    init: first.tt.zarr
+    max_iters: 5
+    tol: 0
+    seed: 1
+"""
+
+
+def test_tensor_train_warm_start_and_resume(tmp_path, rng, monkeypatch):
+    from tensorflow_ooc.workflow import steps as workflow_steps
+
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    shape = (12, 10, 8)
+    coords, values = synthetic.heavy_tailed(shape, 700, seed=int(rng.integers(1000)))
+    first = coords[:, 0] < 10  # mode 0 grows by two slices
+    tfo.convert((coords[first], values[first]), storage / "first.zarr", shape=(10, 10, 8))
+    store = tfo.convert((coords, values), storage / "grown.zarr", shape=shape)
+    tfo.tt_als(storage / "first.zarr", [3, 2], max_sweeps=3, seed=2, out=storage / "first.tt.zarr")
+    prev = tfo.load_result(storage / "first.tt.zarr")
+
+    # the first run stops after sweep 2 (as a cancel would), its checkpoint kept
+    real = workflow_steps._iteration_events
+
+    def interrupted(ctx, total, key="iteration"):
+        progress = real(ctx, total, key)
+
+        def stop(record):
+            if record[key] == 2:
+                ctx.recorder.runs.request_cancel(ctx.recorder.record.run_id, by="test")
+            progress(record)
+
+        return stop
+
+    monkeypatch.setattr(workflow_steps, "_iteration_events", interrupted)
+    one = execute(load_spec(text=TT_WARM, storage=str(storage)))
+    assert one.exit_code == 1 and one.record.steps["tt"].state == "cancelled"
+    events = RunStore(str(storage)).events(one.run_id)
+    warm = [e["message"] for e in events if "warm start from" in (e.get("message") or "")]
+    assert warm and f"(fit {prev.fit:.6f} after 3 sweeps); mode 0: 2 new slices initialized" in warm[0]
+
+    monkeypatch.setattr(workflow_steps, "_iteration_events", real)
+    two = execute(load_spec(text=TT_WARM, storage=str(storage)))
+    assert two.exit_code == 0, two.record.error
+    st = two.record.steps["tt"]
+    assert st.resumed_from_iteration == 2 and st.metrics["iterations_this_run"] == 3
+    assert st.metrics["warm_start"] == str(storage / "first.tt.zarr") and st.metrics["iterations"] == 5
+    assert not list((storage / ".tfooc" / "checkpoints").glob("tt-*"))  # served, removed
+    # the same result as one uninterrupted run from the same start, bit for bit
+    init, _ = workflow_steps.tt_warm_start(prev, shape, 1)
+    whole = tfo.tt_als(store, [3, 2], init=init, max_sweeps=5, tol=0, seed=1)
+    result = tfo.load_result(storage / "grown.tt.zarr")
+    assert result.fit == whole.fit and all(np.array_equal(a, b) for a, b in zip(result.cores, whole.cores))
+    assert result.params["init"] == "given"
+
+    # a previous train of other ranks is not used: the step says so and starts at random
+    other = TT_WARM.replace("ranks: [3, 2]", "ranks: 2").replace("out: grown.tt.zarr", "out: two.tt.zarr")
+    three = execute(load_spec(text=other, storage=str(storage)))
+    assert three.exit_code == 0 and three.record.steps["tt"].metrics["warm_start"] is None
+    events = RunStore(str(storage)).events(three.run_id)
+    assert any("has ranks [3, 2], this step [2, 2]: random initial cores" in (e.get("message") or "") for e in events)
+
+
+def test_shipped_tt_example_runs(tmp_path):
+    small = [
+        "steps.generate.shape=[12, 10, 8, 6]",
+        "steps.generate.nnz=800",
+        "steps.generate.rank=2",
+        "steps.tt.ranks=2",
+        "steps.tt-randomized.ranks=2",
+        "steps.tt-randomized.samples=200",
+        "steps.evaluate.min_fit=0.0",
+    ]
+    wf = load_spec(WORKFLOWS / "tt-example.yaml", storage=str(tmp_path), overrides=small)
+    assert [wf.step(n).model.method_name for n in ("tt", "tt-randomized")] == ["tt", "tt"]
+    assert [s.kind for s in wf.steps] == [
+        "generate",
+        "convert",
+        "decompose",
+        "decompose",
+        "evaluate",
+        "export",
+        "export",
+    ]
+    done = execute(wf)
+    assert done.exit_code == 0, done.record.error
+    published = tfo.TTResult.load(tmp_path / "tt" / "published" / "train.npz")
+    assert published.ranks == (1, 2, 2, 2, 1) and published.fit == tfo.load_result(tmp_path / "tt" / "train.zarr").fit

@@ -45,6 +45,7 @@ def cmd_apr(args: argparse.Namespace) -> int:
             resume=args.resume,
             callback=progress,
             execution=args.execution,
+            distribution=args.distribution,
             out=out,
             overwrite=True,
         )
@@ -129,6 +130,16 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         choices=["auto", "streaming", "in-memory"],
         default="auto",
         help="stream chunks each pass or keep decoded blocks on workers (default: by memory)",
+    )
+    d.add_argument(
+        "--distribution",
+        choices=["auto", "owner", "graph"],
+        default="auto",
+        help="how the run spreads over several workers: owner = owner-computes (each worker keeps its "
+        "partitions and the factor rows it owns, one task per worker and outer iteration, rows sent only "
+        "where shared; needs Dask CPU workers, not --scheduler inline); graph = per-mode task graphs (what "
+        "one worker and the inline scheduler always use); auto = owner on a cluster of several CPU workers, "
+        "else graph (default auto)",
     )
     d.add_argument("--checkpoint", help="checkpoint file (default OUT.checkpoint.npz)")
     d.add_argument("--resume", action="store_true", help="continue from the checkpoint if it exists")

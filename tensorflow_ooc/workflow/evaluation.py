@@ -9,7 +9,11 @@ Three kinds of model come out of decompose steps, and every function here takes 
 - ``tucker``: a Tucker model ``G x_1 U_1 ... x_N U_N`` (:class:`~tensorflow_ooc.decompositions.TuckerResult`);
 - ``fasttucker``: a FastTucker completion model ``sum_r prod_n (A_n B_n)[i_n, r]``
   (:class:`~tensorflow_ooc.decompositions.FastTuckerResult`). It is a CP model with unit weights
-  and factors ``C_n = A_n B_n``, so it is evaluated as one (the ``C_n`` are formed once).
+  and factors ``C_n = A_n B_n``, so it is evaluated as one (the ``C_n`` are formed once);
+- ``tt``: a tensor train ``core_0[:, i_0, :] @ ... @ core_{N-1}[:, i_{N-1}, :]``
+  (:class:`~tensorflow_ooc.decompositions.TTResult`). Its squared norm is the train contracted
+  with itself core by core; its fit against a sparse store is computed as TT-ALS's residual
+  pass computes it, ``||X - T||^2 = sum over nonzeros (x - t)^2 + (||T||^2 - sum over nonzeros t^2)``.
 
 The fit against a sparse store streams it once: ``||X - M||^2 = ||X||^2 + ||M||^2 - 2 <X, M>``, with
 ``<X, M>`` the model's values at the nonzeros (chunk by chunk) and ``||M||^2`` from the factors'
@@ -36,25 +40,27 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from ..decompositions import CPResult, FastTuckerResult, PoissonResult, TuckerResult, load_result
+from ..decompositions import CPResult, FastTuckerResult, PoissonResult, TTResult, TuckerResult, load_result
 from ..decompositions.result import arrange
 from ..store import Store
 from ..store.dense import DenseArray
 from . import locations as loc
 from .errors import InputError
 
-KIND_NAMES = {"cp": "CP", "tucker": "Tucker", "fasttucker": "FastTucker completion"}
+KIND_NAMES = {"cp": "CP", "tucker": "Tucker", "fasttucker": "FastTucker completion", "tt": "tensor-train"}
 # rows of coordinates evaluated at once: bounds the Tucker contraction's (rows x prod J) buffer
 _ROW_BYTES = 64 << 20
 
 
 @dataclass
 class Model:
-    """A model to evaluate: ``kind`` is ``cp``, ``tucker`` or ``fasttucker``.
+    """A model to evaluate: ``kind`` is ``cp``, ``tucker``, ``fasttucker`` or ``tt``.
 
     ``weights`` and ``factors`` are the CP form (a FastTucker model's ``C_n = A_n B_n`` with unit
-    weights); a Tucker model has ``core`` and ``factors`` (``weights`` None). ``sizes`` are the
-    model's ranks as the run record shows them (``rank``; ``ranks``; ``ranks`` and ``core_rank``).
+    weights); a Tucker model has ``core`` and ``factors`` (``weights`` None); a tensor train has
+    ``cores`` (``(R_{k-1}, I_k, R_k)`` arrays; ``weights`` None, ``factors`` empty). ``sizes`` are
+    the model's ranks as the run record shows them (``rank``; ``ranks``; ``ranks`` and
+    ``core_rank``; a train's inner ``ranks``).
     ``poisson``: a CP model of counts (a CP-APR result, or an ``.npz`` with its ``loglik``), whose
     evaluation includes the Poisson log-likelihood.
     """
@@ -65,19 +71,25 @@ class Model:
     kind: str = "cp"
     core: np.ndarray | None = None
     sizes: dict = field(default_factory=dict)
-    result: CPResult | TuckerResult | FastTuckerResult | None = None
+    result: CPResult | TuckerResult | FastTuckerResult | TTResult | None = None
     poisson: bool = False
+    cores: list[np.ndarray] | None = None
 
     @property
     def rank(self) -> int:
-        """CP rank (components); for a Tucker model the largest core dimension."""
+        """CP rank (components); for a Tucker model the largest core dimension; for a tensor
+        train its largest TT rank."""
         if self.weights is not None:
             return int(self.weights.shape[0])
+        if self.cores is not None:
+            return int(max(c.shape[2] for c in self.cores))
         assert self.core is not None
         return int(max(self.core.shape))
 
     @property
     def shape(self) -> tuple[int, ...]:
+        if self.cores is not None:
+            return tuple(int(c.shape[1]) for c in self.cores)
         return tuple(int(f.shape[0]) for f in self.factors)
 
     @property
@@ -85,8 +97,18 @@ class Model:
         return f"{'Poisson ' if self.poisson else ''}{KIND_NAMES[self.kind]} model {self.source}"
 
 
-def model_of(result: CPResult | TuckerResult | FastTuckerResult, source: str) -> Model:
+def model_of(result: CPResult | TuckerResult | FastTuckerResult | TTResult, source: str) -> Model:
     """The :class:`Model` of a decomposition result."""
+    if isinstance(result, TTResult):
+        return Model(
+            None,
+            [],
+            source,
+            "tt",
+            sizes={"ranks": list(result.ranks[1:-1])},
+            result=result,
+            cores=[np.asarray(c, dtype=np.float64) for c in result.cores],
+        )
     if isinstance(result, TuckerResult):
         return Model(
             None,
@@ -126,8 +148,9 @@ def load_model(location: str) -> Model:
     """A result store of any kind (:func:`tensorflow_ooc.load_result`), or an ``.npz``: a CP model
     (``weights``, ``factor0``, ``factor1``, ... as ``CPResult.save_npz`` and ``tfooc generate
     --kind planted`` write; with ``loglik``, as ``PoissonResult.save_npz`` and the npz export of a
-    CP-APR result write, a Poisson model), a Tucker model (``core``, ``factor0``, ...) or a FastTucker model
-    (``factor0``, ..., ``core_factor0``, ...)."""
+    CP-APR result write, a Poisson model), a Tucker model (``core``, ``factor0``, ...), a FastTucker model
+    (``factor0``, ..., ``core_factor0``, ...) or a tensor train (``core0``, ``core1``, ..., as
+    ``TTResult.save_npz`` and the npz export of a TT result write)."""
     if loc.isdir(location):
         try:
             return model_of(load_result(location), location)
@@ -142,7 +165,7 @@ def load_model(location: str) -> Model:
         names = [k for k in z.files if k.startswith(prefix) and k[len(prefix) :].isdigit()]
         return [np.asarray(z[k], dtype=np.float64) for k in sorted(names, key=lambda k: int(k[len(prefix) :]))]
 
-    factors, core_factors = numbered("factor"), numbered("core_factor")
+    factors, core_factors, cores = numbered("factor"), numbered("core_factor"), numbered("core")
     if factors and "weights" in z.files:
         w = np.asarray(z["weights"], dtype=np.float64)
         if "loglik" in z.files:
@@ -153,9 +176,20 @@ def load_model(location: str) -> Model:
         return model_of(TuckerResult(np.asarray(z["core"], dtype=np.float64), factors, math.nan, 0), location)
     if factors and len(core_factors) == len(factors):
         return model_of(FastTuckerResult(factors, core_factors, math.nan, math.nan, 0, 0), location)
+    if cores and not factors:
+        bad = [k for k, c in enumerate(cores) if c.ndim != 3 or (k and c.shape[0] != cores[k - 1].shape[2])]
+        if bad or cores[0].shape[0] != 1 or cores[-1].shape[2] != 1:
+            raise InputError(
+                f"{location}: 'core0', 'core1', ... are not a tensor train (core k of shape (R_k-1, I_k, R_k), "
+                f"R_0 = R_N = 1, neighbouring ranks equal); shapes {[c.shape for c in cores]}"
+            )
+        fit = float(z["fit"]) if "fit" in z.files else math.nan
+        sweeps = int(z["sweeps"]) if "sweeps" in z.files else 0
+        return model_of(TTResult(cores, fit, sweeps), location)
     raise InputError(
         f"{location}: a model .npz needs 'weights' and 'factor0', 'factor1', ... (CP), 'core' and the "
-        f"factors (Tucker), or the factors and 'core_factor0', ... (FastTucker); it has {z.files}"
+        f"factors (Tucker), the factors and 'core_factor0', ... (FastTucker), or 'core0', 'core1', ... "
+        f"(tensor train); it has {z.files}"
     )
 
 
@@ -168,6 +202,8 @@ def model_values(model: Model, coords: np.ndarray) -> np.ndarray:
     """The model's values at ``coords`` ((n, N) 0-based integer coordinates inside its shape)."""
     idx = np.asarray(coords, dtype=np.int64)
     n = idx.shape[0]
+    if model.cores is not None:
+        return _train_values(model.cores, idx)
     if model.core is None:
         assert model.weights is not None
         out = np.empty(n)
@@ -197,8 +233,32 @@ def model_values(model: Model, coords: np.ndarray) -> np.ndarray:
     return out
 
 
+def _train_values(cores: list[np.ndarray], idx: np.ndarray) -> np.ndarray:
+    """A tensor train's values at ``idx``: per row the product of the cores' slices, batched so the
+    (rows x R_{k-1} x R_k) slices stay bounded."""
+    n = idx.shape[0]
+    out = np.empty(n)
+    width = max(c.shape[0] * c.shape[2] for c in cores)
+    step = max(1, _ROW_BYTES // (8 * width))
+    for s in range(0, n, step):
+        rows = idx[s : s + step]
+        v = cores[0][0, rows[:, 0], :]  # (b, R_1)
+        for k in range(1, len(cores)):
+            v = np.einsum("ba,abc->bc", v, cores[k][:, rows[:, k], :])
+        out[s : s + rows.shape[0]] = v[:, 0]
+    return out
+
+
 def model_norm_sq(model: Model) -> float:
-    """``||M||^2`` from the factors' Gram matrices (the model is never formed)."""
+    """``||M||^2`` from the factors' Gram matrices (the model is never formed); a tensor train's
+    by contracting it with itself core by core."""
+    if model.cores is not None:
+        W = np.ones((1, 1))
+        for G in model.cores:
+            # W'[b, c] = sum over a, a', i of W[a, a'] G[a, i, b] G[a', i, c]
+            W = np.einsum("ay,aib->yib", W, G)
+            W = np.einsum("yib,yic->bc", W, G)
+        return float(W[0, 0])
     if model.core is None:
         assert model.weights is not None
         H = np.ones((model.weights.shape[0],) * 2)
@@ -214,6 +274,11 @@ def model_norm_sq(model: Model) -> float:
 
 def model_block(model: Model, origin: tuple[int, ...], size: tuple[int, ...]) -> np.ndarray:
     """The dense model over the box ``origin`` .. ``origin + size`` (one chunk of a dense array)."""
+    if model.cores is not None:
+        out = model.cores[0][:, origin[0] : origin[0] + size[0], :]
+        for G, o, s in zip(model.cores[1:], origin[1:], size[1:]):
+            out = np.tensordot(out, G[:, o : o + s, :], axes=(-1, 0))
+        return out.reshape(tuple(size))
     rows = [A[o : o + s] for A, o, s in zip(model.factors, origin, size)]
     letters = "abcdefgh"[: len(rows)]
     if model.core is None:
@@ -269,11 +334,12 @@ def evaluate_tensor(tensor: Store | DenseArray, model: Model) -> dict:
                 xlogm += _x_log_m(x.ravel(), mb.ravel())
         resid2 = sse
     else:
-        inner = 0.0
+        inner = msq = 0.0
         for ch in tensor.iter_chunks():
             x = ch.values.astype(np.float64)
             m = model_values(model, ch.coords(tensor.layout))
             inner += float(x @ m)
+            msq += float(m @ m)
             if model.poisson:
                 xlogm += _x_log_m(x, m)
             d = x - m
@@ -281,7 +347,11 @@ def evaluate_tensor(tensor: Store | DenseArray, model: Model) -> dict:
             sae += float(np.abs(d).sum())
             count += x.shape[0]
         norm_x2 = float(tensor.meta["norm_sq"])
-        resid2 = abs(norm_x2 + model_norm_sq(model) - 2 * inner)
+        if model.kind == "tt":
+            # as TT-ALS's residual pass: the error at the nonzeros plus the train's energy off them
+            resid2 = sse + max(0.0, model_norm_sq(model) - msq)
+        else:
+            resid2 = abs(norm_x2 + model_norm_sq(model) - 2 * inner)
     out: dict = {"entries": int(count), "rmse": math.sqrt(sse / count) if count else math.nan}
     out["mae"] = sae / count if count else math.nan
     if model.kind != "fasttucker":

@@ -47,9 +47,10 @@ def _step_summary(st: StepRecord) -> str:
                 f"{m.get('seconds_per_iteration', 0):.3f} s per iteration steady state"
             )
         else:
+            unit = "sweep" if m.get("method") == "tt" else "iteration"  # a TT-ALS iteration is a sweep
             out = (
-                f"fit {m['fit']:.6f} after {m.get('iterations')} iterations; "
-                f"{m.get('seconds_per_iteration', 0):.3f} s per iteration steady state"
+                f"fit {m['fit']:.6f} after {m.get('iterations')} {unit}s; "
+                f"{m.get('seconds_per_iteration', 0):.3f} s per {unit} steady state"
             )
         if first is not None:
             out += f", first {first:.2f} s (includes compilation)"

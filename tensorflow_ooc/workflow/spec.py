@@ -49,7 +49,7 @@ from .errors import Problem, SpecError
 
 SPEC_VERSION = 1
 STEP_KINDS = ("generate", "convert", "decompose", "evaluate", "export", "predict")
-DECOMPOSE_METHODS = ("cp", "tucker", "completion", "cp-apr")
+DECOMPOSE_METHODS = ("cp", "tucker", "completion", "cp-apr", "tt")
 # methods whose results are CP models (weights and factors): pyttb exports, factor match scores
 CP_RESULT_METHODS = ("cp", "cp-apr")
 PRESET_NAMES = ("uber", "nips", "chicago", "nell2", "vast", "hypersparse", "amazon")
@@ -285,7 +285,7 @@ class _Decompose(_Step):
 
     @property
     def method_name(self) -> str:
-        """``cp``, ``tucker`` or ``completion``."""
+        """``cp``, ``tucker``, ``completion``, ``cp-apr`` or ``tt``."""
         return "cp"
 
     def warm_start_location(self) -> str | None:
@@ -505,9 +505,77 @@ class PoissonDecomposeStep(_Decompose):
         return "cp-apr"
 
 
+class TTDecomposeStep(_Decompose):
+    """Tensor-train ALS of a store (:func:`tensorflow_ooc.tt_als`, ``tfooc tt``): inner TT ranks
+    ``ranks`` (``N - 1`` of them, or one for all), by exact sweeps or randomized rTT-ALS
+    (``algorithm: randomized``: each core update solves a sketch of ``samples`` rows drawn by
+    their leverage scores). ``init: previous`` (or a TT result) starts from that train's cores:
+    slices a growing mode gained since are drawn at random at the scale of the core's old ones; a
+    previous train of other ranks is not used (the step logs it and starts at random).
+    Checkpoints and resumes as CP-ALS does."""
+
+    method: Literal["tt"]
+    ranks: PositiveInt | list[PositiveInt] = Field(
+        description="inner TT ranks R_1 .. R_{N-1} (N - 1 of them), or one for all; each at most what the "
+        "tensor's shape allows (checked when the step runs)"
+    )
+    algorithm: Literal["exact", "randomized"] = Field(
+        "exact",
+        description="exact: each core's least-squares update contracted over every nonzero; randomized: "
+        "rTT-ALS, each update solved from 'samples' rows of its design drawn by their leverage scores",
+    )
+    max_iters: PositiveInt = Field(20, description="sweeps at most (tt_als's max_sweeps)")
+    tol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        1e-5, description="stop when a sweep after the first changes the fit by less"
+    )
+    samples: PositiveInt = Field(65536, description="randomized: design rows drawn per core update")
+    fit_every: PositiveInt | None = Field(
+        None, description="randomized: evaluate the fit every N sweeps and at the last (default 1)"
+    )
+    execution: Literal["auto", "streaming", "in-memory"] = "auto"
+    checkpoint_every: PositiveInt = 1
+
+    @field_validator("ranks", mode="before")
+    @classmethod
+    def _ranks(cls, v: Any) -> Any:
+        # one problem naming the bad rank, rather than one per member of the union (int or list)
+        def bad(r: Any) -> bool:
+            return isinstance(r, bool) or not isinstance(r, int)
+
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("expected at least one rank")
+            for k, r in enumerate(v):
+                if bad(r):
+                    raise ValueError(f"expected integers, got {r!r} at ranks[{k}]")
+                if r < 1:
+                    raise ValueError(f"ranks[{k}] is {r}; every TT rank must be >= 1")
+        elif bad(v):
+            raise ValueError(f"expected an integer or a list of integers (R_1 .. R_N-1), got {v!r}")
+        elif v < 1:
+            raise ValueError(f"every TT rank must be >= 1, got {v}")
+        return v
+
+    @field_validator("samples", "fit_every")
+    @classmethod
+    def _for_algorithm(cls, v: Any, info: ValidationInfo) -> Any:
+        # run for given keys only, after 'algorithm' (declared first): an option the exact
+        # sweeps do not use is an error at its own line rather than a setting silently unused
+        algorithm = info.data.get("algorithm")
+        if algorithm is not None and algorithm != "randomized":
+            raise ValueError(
+                f"{info.field_name!r} is only for algorithm: randomized (this step runs algorithm: {algorithm})"
+            )
+        return v
+
+    @property
+    def method_name(self) -> str:
+        return "tt"
+
+
 class EvaluateStep(_Step):
-    """Fit of a result (CP, Tucker or FastTucker) against a tensor (a store or a dense array) and
-    its errors on the tensor's entries (a CP-APR result: also its Poisson log-likelihood), and a CP
+    """Fit of a result (CP, Tucker, FastTucker or tensor train) against a tensor (a store or a dense
+    array) and its errors on the tensor's entries (a CP-APR result: also its Poisson log-likelihood), and a CP
     result's factor match score against a reference model; writes the metrics as JSON.
     ``min_fit`` / ``min_fms`` / ``max_rmse`` make the step fail beyond them."""
 
@@ -547,10 +615,11 @@ class EvaluateStep(_Step):
 
 
 class ExportStep(_Step):
-    """Publish a result: ``npz`` (its arrays: weights and factors, a Tucker core and factors, or a
-    FastTucker model's factors and core factors), ``pyttb`` (a CP result as ``pyttb.export_data``
-    text, read by ``pyttb.import_data``), ``tensorly`` (a pickled ``CPTensor``, or ``TuckerTensor``
-    for Tucker and FastTucker results) or ``zarr`` (a result store)."""
+    """Publish a result: ``npz`` (its arrays: weights and factors, a Tucker core and factors, a
+    FastTucker model's factors and core factors, or a tensor train's cores), ``pyttb`` (a CP result
+    as ``pyttb.export_data`` text, read by ``pyttb.import_data``), ``tensorly`` (a pickled
+    ``CPTensor``, ``TuckerTensor`` for Tucker and FastTucker results, ``TTTensor`` for a tensor
+    train) or ``zarr`` (a result store)."""
 
     kind: Literal["export"]
     result: str
@@ -562,14 +631,14 @@ class ExportStep(_Step):
 
 
 class PredictStep(_Step):
-    """A model's predicted values at a list of coordinates (what completion is for; CP and Tucker
-    results predict too): ``coords`` is a ``.tns``/``.tns.gz`` file (N indices per line, with or
+    """A model's predicted values at a list of coordinates (what completion is for; CP, Tucker and
+    tensor-train results predict too): ``coords`` is a ``.tns``/``.tns.gz`` file (N indices per line, with or
     without a value, which is ignored) or a store (the coordinates of its nonzeros); ``out`` is a
     ``.tns``/``.tns.gz`` file (each coordinate with its predicted value, in the order read) or an
     ``.npz`` (``coords`` 0-based, ``values``)."""
 
     kind: Literal["predict"]
-    result: str = Field(description="a result store (CP, Tucker or FastTucker) or a model .npz")
+    result: str = Field(description="a result store (CP, Tucker, FastTucker or tensor train) or a model .npz")
     coords: str = Field(description="a .tns/.tns.gz file of coordinates or a store")
     out: str = Field(description=".tns, .tns.gz or .npz")
     zero_based: bool = Field(False, description=".tns files in and out: indices from 0 (default from 1, as FROSTT)")
@@ -591,6 +660,7 @@ DECOMPOSE_MODELS: dict[str, type[_Decompose]] = {
     "decompose-tucker": TuckerDecomposeStep,
     "decompose-completion": CompletionDecomposeStep,
     "decompose-cp-apr": PoissonDecomposeStep,
+    "decompose-tt": TTDecomposeStep,
 }
 STEP_MODELS: dict[str, type[_Step]] = {
     "generate": GenerateStep,
@@ -606,6 +676,7 @@ _METHOD_OF = {
     "decompose-tucker": "tucker",
     "decompose-completion": "completion",
     "decompose-cp-apr": "cp-apr",
+    "decompose-tt": "tt",
 }
 
 
@@ -613,7 +684,7 @@ def _step_tag(value: Any) -> str | None:
     """The union member a step is validated as: its kind, and for decompose its method."""
     if isinstance(value, dict):
         kind = value.get("kind")
-        if kind == "decompose" and value.get("method") in ("tucker", "completion", "cp-apr"):
+        if kind == "decompose" and value.get("method") in ("tucker", "completion", "cp-apr", "tt"):
             return f"decompose-{value['method']}"
         return kind if isinstance(kind, str) else None
     for tag, model in (*DECOMPOSE_MODELS.items(), *STEP_MODELS.items()):
@@ -630,6 +701,7 @@ Step = Annotated[
         Annotated[TuckerDecomposeStep, Tag("decompose-tucker")],
         Annotated[CompletionDecomposeStep, Tag("decompose-completion")],
         Annotated[PoissonDecomposeStep, Tag("decompose-cp-apr")],
+        Annotated[TTDecomposeStep, Tag("decompose-tt")],
         Annotated[EvaluateStep, Tag("evaluate")],
         Annotated[ExportStep, Tag("export")],
         Annotated[PredictStep, Tag("predict")],

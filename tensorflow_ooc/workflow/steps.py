@@ -26,6 +26,7 @@ from ..decompositions import (
     CPResult,
     FastTuckerResult,
     PoissonResult,
+    TTResult,
     TuckerResult,
     cp_als,
     load_result,
@@ -51,6 +52,7 @@ from .spec import (
     PlannedStep,
     PoissonDecomposeStep,
     PredictStep,
+    TTDecomposeStep,
     TuckerDecomposeStep,
     Workflow,
 )
@@ -644,9 +646,10 @@ def _steady(history: list[dict], resumed_after: int = 0) -> tuple[list[dict], fl
 
 
 def run_decompose(ctx: StepContext) -> dict:
-    """A decompose step: CP-ALS, Tucker HOOI, FastTucker completion or CP-APR, by its ``method``."""
+    """A decompose step: CP-ALS, Tucker HOOI, FastTucker completion, CP-APR or TT-ALS, by its ``method``."""
     method = ctx.step.model.method_name  # type: ignore[attr-defined]
-    return {"cp": _run_cp, "tucker": _run_tucker, "completion": _run_completion, "cp-apr": _run_apr}[method](ctx)
+    runners = {"cp": _run_cp, "tucker": _run_tucker, "completion": _run_completion, "cp-apr": _run_apr, "tt": _run_tt}
+    return runners[method](ctx)
 
 
 def _scheduler(ctx: StepContext, m: Any, nnz: int, device: str) -> tuple[Any, str | None]:
@@ -887,6 +890,143 @@ def _run_apr(ctx: StepContext) -> dict:
     return metrics
 
 
+def tt_warm_start(previous: TTResult, shape: tuple[int, ...], seed: int | None) -> tuple[list[np.ndarray], str]:
+    """Initial cores from a previous tensor train (of the same ranks) for a tensor of ``shape``.
+
+    A mode that grew keeps its core's old slices and gets new slices ``core[:, i, :]`` drawn
+    N(0, s^2) at the spread of the old ones (TT-ALS makes the cores orthonormal before its first
+    sweep and recomputes each core from the others when it updates it). A mode that shrank is an
+    error.
+    """
+    if len(previous.cores) != len(shape):
+        raise InputError(f"the previous result has {len(previous.cores)} cores, the tensor {len(shape)} modes")
+    rng = np.random.default_rng(seed)
+    cores, notes = [], []
+    for n, (core, rows) in enumerate(zip(previous.cores, shape)):
+        c = np.asarray(core, dtype=np.float64)
+        old = c.shape[1]
+        if rows < old:
+            raise InputError(f"mode {n} shrank from {old} to {rows} rows since the previous result")
+        if rows > old:
+            spread = float(np.sqrt(np.mean(c * c))) or 1.0
+            extra = rng.standard_normal((c.shape[0], rows - old, c.shape[2])) * spread
+            c = np.concatenate([c, extra], axis=1)
+            notes.append(f"mode {n}: {rows - old} new slices initialized")
+        cores.append(np.ascontiguousarray(c))
+    return cores, "; ".join(notes)
+
+
+def _run_tt(ctx: StepContext) -> dict:
+    """Tensor-train ALS of a store: :func:`tensorflow_ooc.tt_als` with the step's options."""
+    from ..decompositions import tt_als
+    from ..decompositions.tt_checkpoint import read_tt_checkpoint
+    from ..decompositions.tt_steps import check_ranks
+
+    m: TTDecomposeStep = ctx.step.model  # type: ignore[assignment]
+    store = _open_decompose_input(ctx, "tt")
+    out = ctx.step.outputs["out"]
+    try:
+        ranks = check_ranks(m.ranks if isinstance(m.ranks, int) else tuple(m.ranks), store.shape)[1:-1]
+    except DecompositionError as exc:
+        raise InputError(f"step {ctx.step.name!r}: ranks: {exc}") from None
+    init: Any = "random"
+    prev, warm = _warm_result(ctx, m)
+    if prev is not None:
+        if not isinstance(prev, TTResult):
+            raise InputError(f"init: {warm} is not a tensor-train result (a warm start of method tt needs one)")
+        if len(prev.cores) != store.nmodes or tuple(prev.ranks[1:-1]) != ranks:
+            # other ranks are another model: the sweeps start at random, and the record says so
+            ctx.log(
+                f"the previous train at {warm} has ranks {list(prev.ranks[1:-1])}, this step "
+                f"{list(ranks)}: random initial cores"
+            )
+            prev = None
+        else:
+            init, notes = tt_warm_start(prev, tuple(store.shape), m.seed)
+            ctx.log(
+                f"warm start from {warm} (fit {prev.fit:.6f} after {prev.sweeps} sweeps)"
+                + (f"; {notes}" if notes else "")
+            )
+    # the checkpoint belongs to this step's fingerprint: a resume never mixes settings or inputs
+    checkpoint = ctx.state_dir("checkpoints", f"{ctx.step.name}-{ctx.fingerprint[:16]}.npz")
+    resume = False
+    if loc.exists(checkpoint):
+        try:
+            state = read_tt_checkpoint(checkpoint)
+        except StoreError as exc:
+            ctx.log(f"the checkpoint is not usable ({exc}): starting over", level="warning")
+            state = None
+        if (
+            state is not None
+            and state.input.get("store_id") == store.meta["store_id"]
+            and (state.params.get("ranks"), state.params.get("method")) == (list(ranks), m.algorithm)
+        ):
+            resume = True
+            ctx.log(
+                f"resuming from the checkpoint after sweep {state.sweep + 1} (fit {state.fit:.6f})",
+                resumed_after=state.sweep + 1,
+            )
+            ctx.recorder.step(ctx.step.name, resumed_from_iteration=state.sweep + 1)
+        else:
+            loc.remove(checkpoint)
+    client, scheduler = _scheduler(ctx, m, store.nnz, "cpu")
+    randomized = m.algorithm == "randomized"
+    t0 = time.perf_counter()
+    try:
+        result = tt_als(
+            store,
+            ranks,
+            method=m.algorithm,
+            samples=m.samples,
+            fit_every=m.fit_every,
+            client=client,
+            scheduler=scheduler,
+            max_sweeps=m.max_iters,
+            tol=m.tol,
+            init=init,
+            seed=m.seed,
+            checkpoint=checkpoint,
+            resume=resume,
+            checkpoint_every=m.checkpoint_every,
+            callback=_iteration_events(ctx, m.max_iters, key="sweep"),
+            execution=m.execution,
+            partitions=m.partitions,
+            out=out,
+            overwrite=True,
+        )
+    except DecompositionError as exc:
+        raise InputError(f"step {ctx.step.name!r}: {exc}") from None
+    wall = time.perf_counter() - t0
+    loc.remove(checkpoint)  # the result is published: the checkpoint has served
+    new, per_it = _steady(result.history, result.params.get("resumed_after", 0))
+    metrics = {
+        "fit": result.fit,
+        "iterations": result.sweeps,
+        "iterations_this_run": len(new),
+        "seconds_per_iteration": per_it,
+        "first_iteration_seconds": new[0]["seconds"] if new else None,
+        "nnz": store.nnz,
+        "method": "tt",
+        "algorithm": m.algorithm,
+        "ranks": list(ranks),
+        "fit_from": result.params.get("fit_from"),
+        "execution": result.params.get("execution"),
+        "device": "cpu",
+        "scheduler": result.params.get("scheduler"),
+        "nnz_modes_per_second": store.nnz * store.nmodes / max(per_it, 1e-12),
+        "wall_seconds": wall,
+        "input_store": store.path,
+        "warm_start": warm if prev is not None else None,
+    }
+    if randomized:
+        metrics.update(samples=m.samples, fit_every=result.params.get("fit_every"))
+    ctx.log(
+        f"TT-ALS ({m.algorithm}) ranks {'x'.join(map(str, ranks))}: fit {result.fit:.6f} after {result.sweeps} "
+        f"sweeps, {per_it:.3f} s per sweep steady state -> {out}"
+    )
+    return metrics
+
+
 def tucker_warm_start(
     previous: TuckerResult, shape: tuple[int, ...], ranks: tuple[int, ...], seed: int | None
 ) -> tuple[list[np.ndarray], str]:
@@ -1123,6 +1263,8 @@ def run_evaluate(ctx: StepContext) -> dict:
         metrics.update(fit_reported=r.fit, iterations=r.iterations)
         if isinstance(r, PoissonResult):
             metrics.update(loglik_reported=r.loglik, kkt_violation_reported=r.kkt, algorithm=r.params.get("algorithm"))
+    elif isinstance(r, TTResult):
+        metrics.update(fit_reported=r.fit, iterations=r.sweeps, algorithm=r.params.get("method"))
     elif r is not None:
         metrics.update(test_rmse_reported=r.test_rmse, test_mae_reported=r.test_mae, epochs=r.epochs)
     if "tensor" in ctx.step.inputs:
@@ -1194,6 +1336,15 @@ def run_export(ctx: StepContext) -> dict:
     if isinstance(result, FastTuckerResult):
         summary = {"test_rmse": result.test_rmse, "ranks": list(result.ranks), "core_rank": result.core_rank}
         arrays = {"test_rmse": result.test_rmse, "test_mae": result.test_mae}
+    elif isinstance(result, TTResult):
+        summary = {"fit": result.fit, "ranks": list(result.ranks[1:-1]), "sweeps": result.sweeps}
+        # as TTResult.save_npz: TTResult.load reads the export back, an evaluate step as a train
+        arrays = {
+            "fit": result.fit,
+            "sweeps": result.sweeps,
+            "params": json.dumps(result.params),
+            "input": json.dumps(result.input),
+        }
     elif isinstance(result, TuckerResult):
         summary = {"fit": result.fit, "ranks": list(result.ranks)}
         arrays = {"fit": result.fit}
