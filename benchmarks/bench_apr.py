@@ -76,9 +76,12 @@ INNER = 10
 LARGE_NNZ = 30_000_000
 
 
-def large_count_store(name: str, workdir: Path, seed: int, nnz: int) -> tuple[None, Path, None, None, tuple]:
+def large_count_store(
+    name: str, workdir: Path, seed: int, nnz: int, tns: bool = False
+) -> tuple[Path | None, Path, None, None, tuple]:
     """A preset-shaped count store of ``nnz`` nonzeros written by ``tfooc generate --values count``
-    (made once)."""
+    (made once); with ``tns``, also its 1-based ``.tns`` for ALTO, written chunk by chunk from the
+    store (made once: 86 M nonzeros take about 2.5 GB)."""
     store_path = workdir / f"{name}-counts-s{seed}-{nnz}-generated.zarr"
     try:
         s = tfo.open_store(store_path)
@@ -89,7 +92,15 @@ def large_count_store(name: str, workdir: Path, seed: int, nnz: int) -> tuple[No
         cmd += ["--nnz", str(nnz), "--values", "count", "--seed", str(seed), "--overwrite"]
         subprocess.run(cmd, check=True)
         s = tfo.open_store(store_path)
-    return None, store_path, None, None, tuple(s.shape)
+    path = None
+    if tns:
+        path = store_path.with_suffix(".tns")
+        if not path.exists():
+            part = path.with_suffix(".tns.part")
+            batches = ((ch.coords(s.layout), ch.values) for ch in s.iter_chunks())
+            synthetic.write_tns(part, batches, one_based=True)
+            part.rename(path)
+    return path, store_path, None, None, tuple(s.shape)
 
 
 # the issue's out-of-core case: Amazon's shape at 86 M nonzeros (the whole Amazon has 1.7 G);
@@ -97,12 +108,14 @@ def large_count_store(name: str, workdir: Path, seed: int, nnz: int) -> tuple[No
 SIZES = {"amazon": 86_000_000, **{f"{k}-100k": 100_000 for k in ("uber", "nips", "chicago")}}
 
 
-def count_tensor(name: str, workdir: Path, seed: int) -> tuple[Path, Path, np.ndarray, np.ndarray, tuple]:
+def count_tensor(
+    name: str, workdir: Path, seed: int, tns: bool = False
+) -> tuple[Path | None, Path, np.ndarray | None, np.ndarray | None, tuple]:
     """The count tensor's ``.tns`` and store under ``workdir`` (made once), and its COO arrays."""
     shape, nnz = synthetic.PRESETS[name.split("-")[0]]
     nnz = SIZES.get(name, nnz)
     if nnz > LARGE_NNZ:
-        return large_count_store(name, workdir, seed, nnz)
+        return large_count_store(name, workdir, seed, nnz, tns)
     coords, _ = synthetic.heavy_tailed(shape, nnz, seed=seed)
     values = (1 + np.random.default_rng(seed + 1).geometric(0.5, len(coords))).astype(np.float64)
     digest = hashlib.sha1(np.ascontiguousarray(coords).data)
@@ -247,7 +260,7 @@ def bench(args) -> dict:
     }
     try:
         for name in args.tensors:
-            tns, store_path, coords, values, shape = count_tensor(name, workdir, args.seed)
+            tns, store_path, coords, values, shape = count_tensor(name, workdir, args.seed, tns=bool(args.alto))
             nnz = tfo.open_store(store_path).nnz
             for rank in args.ranks:
                 row = {"tensor": name, "shape": list(shape), "nnz": int(nnz), "rank": rank}
