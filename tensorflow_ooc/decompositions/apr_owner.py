@@ -219,9 +219,8 @@ def _normalize(ws: WorkerState, md: AprRows, n: int, norms: np.ndarray) -> None:
     """Mode ``n``'s columns to unit 1-norm by the all-reduced ``norms``
     (:func:`~.apr_steps.normalize_mode`)."""
     view, h = ws.factors.views[n], md.held[n]
-    nz = norms > 0
     A = view[h]
-    A[:, nz] /= norms[nz]
+    A *= S.inverse_norms(norms)
     if not isinstance(h, slice):
         view[h] = A
     md.weights = md.weights * norms

@@ -23,7 +23,8 @@ import numpy as np
 
 from ..execution.partials import Partial
 from ..kernels import StackedFactors
-from ..kernels.apr.cpu import hessian_width, mu_kkt
+from ..kernels.apr.cpu import hessian_width, mu_kkt, mu_multiply
+from ..kernels.update.column_scale import column_abs_sums, scale_columns
 
 # line search of pyttb's tt_linesearch_prowsubprob: steps 1, 1/2, ... 1/2^9, Armijo constant 1e-4
 LINE_STEPS = 0.5 ** np.arange(10)
@@ -90,19 +91,25 @@ def start_state(factors: Sequence[np.ndarray], weights: np.ndarray | None, dtype
     return s
 
 
+def inverse_norms(norms: np.ndarray) -> np.ndarray:
+    """``1 / norms`` where a norm is positive, 1 elsewhere (a zero column stays zero): what
+    normalizing multiplies each column by (one multiply per entry instead of a masked division)."""
+    positive = norms > 0
+    return np.where(positive, 1.0 / np.where(positive, norms, 1.0), 1.0)
+
+
 def normalize_mode(s: APRState, n: int) -> None:
     """Scale mode ``n``'s columns to unit 1-norm, the norms into the weights (pyttb's
     ``normalize(mode=n, normtype=1)``; a zero column stays zero)."""
     A = s.views[n]
-    norms = np.abs(A).sum(axis=0)
-    nz = norms > 0
-    A[:, nz] /= norms[nz]
+    norms = column_abs_sums(A)
+    scale_columns(A, inverse_norms(norms))
     s.weights = s.weights * norms
 
 
 def redistribute(s: APRState, n: int) -> None:
     """Move the weights into mode ``n``'s factor (pyttb's ``redistribute``)."""
-    s.views[n][...] *= s.weights.astype(s.dtype)
+    scale_columns(s.views[n], s.weights.astype(np.float64))
     s.weights = np.ones(s.rank)
 
 
@@ -154,7 +161,7 @@ def mu_inner(s: APRState, parts: Sequence[Partial], n: int, tol: float) -> APRSt
         s.skip = True
         return s
     s.converged = False
-    s.views[n][...] *= phi
+    mu_multiply(s.views[n], phi)
     return s
 
 

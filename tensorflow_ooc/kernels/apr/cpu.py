@@ -309,6 +309,18 @@ def _row_pass(kernel, items, layout, factors, mode, row_lo, active, extra, out) 
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
+def mu_multiply(A: np.ndarray, phi: np.ndarray) -> None:
+    """``A *= Phi`` (the multiplicative update), rows on numba's threads: NumPy's one-thread
+    in-place multiply of an Amazon-shaped mode (4.8 M x 16) reads and writes 1.2 GB on one core.
+
+    A : float (I, R), written; phi : float (I, R)."""
+    rows, R = A.shape
+    for i in nb.prange(rows):
+        for r in range(R):
+            A[i, r] = A[i, r] * phi[i, r]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
 def mu_kkt(A: np.ndarray, phi: np.ndarray, positive: np.ndarray) -> float:
     """``max |min(A, 1 - Phi)|`` (the multiplicative update's KKT violation) and, into
     ``positive``, where ``Phi > 0``: one pass, no temporaries of the factor's size (an
