@@ -660,6 +660,44 @@ def _scheduler(ctx: StepContext, m: Any, nnz: int, device: str) -> tuple[Any, st
     return ctx.client_for(device), None
 
 
+def _step_checkpoint(
+    ctx: StepContext, read: Callable[[str], Any], matches: Callable[[Any], bool], where: Callable[[Any], tuple]
+) -> tuple[str, bool]:
+    """The decompose step's checkpoint path and whether the run resumes from it.
+
+    The checkpoint belongs to this step's fingerprint, so a resume never mixes settings or inputs;
+    one of another store or other settings (``matches`` False) or unusable (``read`` gives None)
+    is removed. ``where(state)`` gives the log's "after ..." text and the iterations done."""
+    checkpoint = ctx.state_dir("checkpoints", f"{ctx.step.name}-{ctx.fingerprint[:16]}.npz")
+    if not loc.exists(checkpoint):
+        return checkpoint, False
+    state = read(checkpoint)
+    if state is not None and matches(state):
+        text, done = where(state)
+        ctx.log(f"resuming from the checkpoint after {text}", resumed_after=done)
+        ctx.recorder.step(ctx.step.name, resumed_from_iteration=done)
+        return checkpoint, True
+    loc.remove(checkpoint)
+    return checkpoint, False
+
+
+def _usable(ctx: StepContext, read: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``read``, with a checkpoint it cannot read logged as unusable and taken as None (start over)."""
+
+    def reader(path: str) -> Any:
+        try:
+            return read(path)
+        except StoreError as exc:
+            ctx.log(f"the checkpoint is not usable ({exc}): starting over", level="warning")
+            return None
+
+    return reader
+
+
+def _same_store(checkpoint_input: dict, store: Any) -> bool:
+    return checkpoint_input.get("store_id") == store.meta["store_id"]
+
+
 def _run_cp(ctx: StepContext) -> dict:
     m: DecomposeStep = ctx.step.model  # type: ignore[assignment]
     from ..execution import DeviceOptions
@@ -689,21 +727,13 @@ def _run_cp(ctx: StepContext) -> dict:
             f"warm start from {warm} (fit {prev.fit:.6f} after {prev.iterations} iterations)"
             + (f"; {notes}" if notes else "")
         )
-    # the checkpoint belongs to this step's fingerprint: a resume never mixes settings or inputs
-    checkpoint = ctx.state_dir("checkpoints", f"{ctx.step.name}-{ctx.fingerprint[:16]}.npz")
-    resume = False
-    state = read_checkpoint(checkpoint) if loc.exists(checkpoint) else None
-    if state is not None:
+    checkpoint, resume = _step_checkpoint(
+        ctx,
+        read_checkpoint,
         # a dense array's identity includes ||X||^2, known only after its scan: cp_als checks it
-        if (dense or state.input.get("store_id") == store.meta["store_id"]) and state.params.get("rank") == m.rank:
-            resume = True
-            ctx.log(
-                f"resuming from the checkpoint after iteration {state.iteration + 1} (fit {state.fit:.6f})",
-                resumed_after=state.iteration + 1,
-            )
-            ctx.recorder.step(ctx.step.name, resumed_from_iteration=state.iteration + 1)
-        else:
-            loc.remove(checkpoint)
+        lambda st: (dense or _same_store(st.input, store)) and st.params.get("rank") == m.rank,
+        lambda st: (f"iteration {st.iteration + 1} (fit {st.fit:.6f})", st.iteration + 1),
+    )
     client, scheduler = _scheduler(ctx, m, store.nnz, device)
     t0 = time.perf_counter()
     opts = DeviceOptions(conflict=m.conflict, streams=m.streams, device_memory_limit=m.device_memory_limit)
@@ -801,32 +831,19 @@ def _run_apr(ctx: StepContext) -> dict:
         ctx.log(
             f"warm start from {warm} ({figure} after {prev.iterations} iterations)" + (f"; {notes}" if notes else "")
         )
-    # the checkpoint belongs to this step's fingerprint: a resume never mixes settings or inputs
-    checkpoint = ctx.state_dir("checkpoints", f"{ctx.step.name}-{ctx.fingerprint[:16]}.npz")
-    resume = False
-    if loc.exists(checkpoint):
-        try:
-            got = read_npz(checkpoint, CHECKPOINT_FORMAT, "CP-APR")
-        except StoreError as exc:
-            ctx.log(f"the checkpoint is not usable ({exc}): starting over", level="warning")
-            got = None
-        params = got[1].get("params", {}) if got else {}
-        if (
-            got is not None
-            and got[1].get("input", {}).get("store_id") == store.meta["store_id"]
-            and (params.get("rank"), params.get("algorithm")) == (m.rank, m.algorithm)
-        ):
-            resume = True
-            done = int(got[1]["iteration"]) + 1
-            last = (got[1].get("history") or [{}])[-1]
-            ctx.log(
-                f"resuming from the checkpoint after outer iteration {done} (log-likelihood "
-                f"{last.get('loglik', float('nan')):.8e})",
-                resumed_after=done,
-            )
-            ctx.recorder.step(ctx.step.name, resumed_from_iteration=done)
-        else:
-            loc.remove(checkpoint)
+    checkpoint, resume = _step_checkpoint(
+        ctx,
+        _usable(ctx, lambda path: (read_npz(path, CHECKPOINT_FORMAT, "CP-APR") or (None, None))[1]),
+        lambda meta: (
+            _same_store(meta.get("input", {}), store)
+            and (meta.get("params", {}).get("rank"), meta.get("params", {}).get("algorithm")) == (m.rank, m.algorithm)
+        ),
+        lambda meta: (
+            f"outer iteration {int(meta['iteration']) + 1} (log-likelihood "
+            f"{(meta.get('history') or [{}])[-1].get('loglik', float('nan')):.8e})",
+            int(meta["iteration"]) + 1,
+        ),
+    )
     client, scheduler = _scheduler(ctx, m, store.nnz, "cpu")
     t0 = time.perf_counter()
     result = cp_apr(
@@ -947,28 +964,15 @@ def _run_tt(ctx: StepContext) -> dict:
                 f"warm start from {warm} (fit {prev.fit:.6f} after {prev.sweeps} sweeps)"
                 + (f"; {notes}" if notes else "")
             )
-    # the checkpoint belongs to this step's fingerprint: a resume never mixes settings or inputs
-    checkpoint = ctx.state_dir("checkpoints", f"{ctx.step.name}-{ctx.fingerprint[:16]}.npz")
-    resume = False
-    if loc.exists(checkpoint):
-        try:
-            state = read_tt_checkpoint(checkpoint)
-        except StoreError as exc:
-            ctx.log(f"the checkpoint is not usable ({exc}): starting over", level="warning")
-            state = None
-        if (
-            state is not None
-            and state.input.get("store_id") == store.meta["store_id"]
-            and (state.params.get("ranks"), state.params.get("method")) == (list(ranks), m.algorithm)
-        ):
-            resume = True
-            ctx.log(
-                f"resuming from the checkpoint after sweep {state.sweep + 1} (fit {state.fit:.6f})",
-                resumed_after=state.sweep + 1,
-            )
-            ctx.recorder.step(ctx.step.name, resumed_from_iteration=state.sweep + 1)
-        else:
-            loc.remove(checkpoint)
+    checkpoint, resume = _step_checkpoint(
+        ctx,
+        _usable(ctx, read_tt_checkpoint),
+        lambda st: (
+            _same_store(st.input, store)
+            and (st.params.get("ranks"), st.params.get("method")) == (list(ranks), m.algorithm)
+        ),
+        lambda st: (f"sweep {st.sweep + 1} (fit {st.fit:.6f})", st.sweep + 1),
+    )
     client, scheduler = _scheduler(ctx, m, store.nnz, "cpu")
     randomized = m.algorithm == "randomized"
     t0 = time.perf_counter()
@@ -1079,19 +1083,12 @@ def _run_tucker(ctx: StepContext) -> dict:
             raise InputError(f"init: {warm} is not a Tucker result (a warm start of method tucker needs one)")
         init, notes = tucker_warm_start(prev, tuple(store.shape), ranks, m.seed)
         ctx.log(f"warm start from {warm} (fit {prev.fit:.6f})" + (f"; {notes}" if notes else ""))
-    checkpoint = ctx.state_dir("checkpoints", f"{ctx.step.name}-{ctx.fingerprint[:16]}.npz")
-    resume = False
-    state = read_tucker_checkpoint(checkpoint) if loc.exists(checkpoint) else None
-    if state is not None:
-        if state.input.get("store_id") == store.meta["store_id"] and tuple(state.params.get("ranks", ())) == ranks:
-            resume = True
-            ctx.log(
-                f"resuming from the checkpoint after iteration {state.iteration + 1} (fit {state.fit:.6f})",
-                resumed_after=state.iteration + 1,
-            )
-            ctx.recorder.step(ctx.step.name, resumed_from_iteration=state.iteration + 1)
-        else:
-            loc.remove(checkpoint)
+    checkpoint, resume = _step_checkpoint(
+        ctx,
+        read_tucker_checkpoint,
+        lambda st: _same_store(st.input, store) and tuple(st.params.get("ranks", ())) == ranks,
+        lambda st: (f"iteration {st.iteration + 1} (fit {st.fit:.6f})", st.iteration + 1),
+    )
     client, scheduler = _scheduler(ctx, m, store.nnz, device)
     t0 = time.perf_counter()
     result = tucker_hooi(
