@@ -40,7 +40,7 @@ import numpy as np
 
 from ..execution.apr_tasks import candidate_rows, loglik_partition, newton_rows
 from ..execution.inline import is_inline
-from ..execution.owner_computes import OwnerComputes, WorkerState
+from ..execution.owner_computes import OwnerComputes, WorkerState, exchange_record
 from ..execution.partials import Partial
 from ..kernels import StackedFactors
 from ..kernels.apr.cpu import hessian_width, mu_kkt
@@ -511,17 +511,8 @@ def owner_outer(engine: OwnerComputes, iteration: int, cfg: AprConfig, ahead: bo
         max(max(s["finished"]) for s in summaries),
     )
     N = len(first["bytes_sent"])
-    sent = [int(sum(s["bytes_sent"][n] for s in summaries)) for n in range(N)]
     lower = [int(sum(s["bytes_lower_bound"][n] for s in summaries)) for n in range(N)]
-    exchange = {
-        "workers": len(summaries),
-        "bytes_sent": int(sum(sent)),
-        "bytes_lower_bound": int(sum(lower)),
-        "mode_bytes_sent": sent,
-        "mode_bytes_lower_bound": lower,
-        "exchange_seconds": [max(s["exchange_seconds"][n] for s in summaries) for n in range(N)],
-    }
-    return sm, exchange
+    return sm, exchange_record(summaries, lower)
 
 
 def owner_state(engine: OwnerComputes, shape, rank: int) -> S.APRState:

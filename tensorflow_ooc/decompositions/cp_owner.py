@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from ..execution.inline import is_inline
-from ..execution.owner_computes import OwnerComputes, SparseRows, WorkerState
+from ..execution.owner_computes import OwnerComputes, SparseRows, WorkerState, exchange_record
 from ..kernels import StackedFactors
 from ..kernels.update.column_scale import column_max_abs, column_sum_squares
 from ..kernels.update.normal_equations import normal_inverse_of
@@ -250,16 +250,7 @@ def owner_summary(summaries: list[dict], lower: list[int]) -> tuple[U.Summary, d
         max(s.get("fit_seconds", 0.0) for s in summaries),
         dict(first.get("empty_sketches", {})),
     )
-    sent = [sum(s["bytes_sent"][n] for s in summaries) for n in range(N)]
-    exchange = {
-        "workers": len(summaries),
-        "bytes_sent": int(sum(sent)),
-        "bytes_lower_bound": int(sum(lower)),
-        "mode_bytes_sent": sent,
-        "mode_bytes_lower_bound": lower,
-        "exchange_seconds": [max(s["exchange_seconds"][n] for s in summaries) for n in range(N)],
-    }
-    return sm, exchange
+    return sm, exchange_record(summaries, lower)
 
 
 def owner_factors(engine: OwnerComputes, shape, rank: int, dtype: str) -> list[np.ndarray]:

@@ -581,6 +581,22 @@ def plan_ownership(counts: list[list[tuple[np.ndarray, np.ndarray]]]) -> tuple[O
     return OwnerPlan(touched, owned, shared), plans
 
 
+def exchange_record(summaries: list[dict], lower: list[int]) -> dict:
+    """An iteration's exchange, for the history: the bytes the workers sent per mode (their
+    summaries' ``bytes_sent``) beside ``lower``, the distribution's lower bound per mode, and the
+    slowest worker's exchange seconds per mode."""
+    N = len(lower)
+    sent = [int(sum(s["bytes_sent"][n] for s in summaries)) for n in range(N)]
+    return {
+        "workers": len(summaries),
+        "bytes_sent": int(sum(sent)),
+        "bytes_lower_bound": int(sum(lower)),
+        "mode_bytes_sent": sent,
+        "mode_bytes_lower_bound": lower,
+        "exchange_seconds": [max(s["exchange_seconds"][n] for s in summaries) for n in range(N)],
+    }
+
+
 class OwnerComputes:
     """An owner-computes run on the workers of ``client``, CPU or GPU (see the module docstring).
 
