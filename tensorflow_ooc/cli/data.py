@@ -443,7 +443,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     c.add_argument(
         "--compression",
         choices=["fast", "small", "none"],
-        help="chunk compression: fast (default; lz4 index and values) decodes quickly, which "
+        help="chunk compression: fast (default; lz4hc index, lz4 values) decodes quickly, which "
         "streaming CP-ALS feels on every mode; small (zstd-3) makes the smallest stores; none "
         "stores raw chunks with their checksums (about 1/3 larger than fast), which streaming "
         "maps instead of decoding: for stores streamed many times from a fast local disk "
