@@ -21,6 +21,7 @@ from ..kernels import WorkItems
 from ..kernels.mttkrp.dispatch import numba_threads
 from ..kernels.tt.cores import TTCores
 from ..kernels.tt.cpu import core_contraction, residual_sums
+from ..kernels.tt.specialized import right_slices
 from .partials import Partial, worker_threads
 from .stream import BATCH_NNZ, read_ahead_pays
 from .tasks import PartitionData, cached_store, partition_batches
@@ -47,9 +48,12 @@ def contraction_partition(
     lo, hi = part.row_lo[mode], part.row_hi[mode]
     width = int(cores.ranks[mode] * cores.ranks[mode + 1])
     out = np.zeros((max(0, hi - lo + 1), width))
+    right = None
     with numba_threads(threads):
         for items, layout in _batches(source, batch_nnz, threads):
-            core_contraction(items, layout, cores, mode, lo, out)
+            if right is None:
+                right = right_slices(cores, mode)  # once for the batches of a streamed pass
+            core_contraction(items, layout, cores, mode, lo, out, right)
     return Partial(lo, out, time.perf_counter() - t0)
 
 

@@ -27,10 +27,15 @@ import numpy as np
 from ...format.bits import pext
 from ..mttkrp.plan import thread_shares
 from .cores import TTCores
+from .specialized import contraction_kernel, right_slices
 
 # private per-thread copies of the output are made only while all of them fit in this many bytes
 # (a long mode at rank 16 has 2 KiB of output per row); beyond it fewer threads share the pass
 MAX_PRIVATE_BYTES = 256 << 20
+# calls over at least this many nonzeros run the kernel generated for the train's ranks and the
+# core (:mod:`.specialized`, 2-10 x faster, the same bits), compiled once per ranks and core
+# (1.5-9 s); smaller ones (tests, tiny partitions) keep the run-time-rank kernel
+SPECIALIZE_MIN_NNZ = 1 << 17
 
 
 @nb.njit(inline="always")
@@ -148,7 +153,16 @@ def _residual_sums(
         item_model[k] = mod
 
 
-def core_contraction(items, layout, cores: TTCores, mode: int, row_lo: int, out: np.ndarray) -> None:
+def core_contraction(
+    items,
+    layout,
+    cores: TTCores,
+    mode: int,
+    row_lo: int,
+    out: np.ndarray,
+    right: np.ndarray | None = None,
+    specialize: bool | None = None,
+) -> None:
     """Add the nonzeros' share of ``Y_mode`` (see the module docstring) into ``out``.
 
     Parameters
@@ -167,6 +181,13 @@ def core_contraction(items, layout, cores: TTCores, mode: int, row_lo: int, out:
     out : float64 (rows, R_{j-1} * R_j), C array
         Row ``i - row_lo`` receives ``Y_j[:, i, :]`` (row-major ``(R_{j-1}, R_j)``), added to what
         it holds; nonzeros whose mode-``j`` index falls outside the rows are skipped.
+    right : float64 array, optional
+        :func:`~tensorflow_ooc.kernels.tt.specialized.right_slices` of ``cores`` for ``mode``, made
+        once by a caller that makes several calls (made here when needed and not given).
+    specialize : bool, optional
+        Run the kernel generated for these ranks and this core
+        (:mod:`~tensorflow_ooc.kernels.tt.specialized`); by default where the items hold at least
+        :data:`SPECIALIZE_MIN_NNZ` nonzeros. The sums are the same bits either way.
 
     The items are shared out to the numba threads in contiguous shares of about equal nonzeros,
     each adding into its own zeroed copy of ``out`` (fewer threads when the copies would exceed
@@ -179,6 +200,30 @@ def core_contraction(items, layout, cores: TTCores, mode: int, row_lo: int, out:
     bounds, todo = thread_shares(items, T)
     bufs = out[None] if T == 1 else np.zeros((T,) + out.shape)
     mask = layout.pext_masks if items.delta else layout.field_mask
+    if specialize is None:
+        specialize = int((items.end - items.start).sum()) >= SPECIALIZE_MIN_NNZ
+    if specialize:
+        kernel = contraction_kernel(cores.ranks, mode, bool(items.delta))
+        kernel(
+            items.index,
+            items.values,
+            items.start,
+            items.end,
+            items.base,
+            items.prev,
+            layout.field_shift,
+            mask,
+            cores.data,
+            right_slices(cores, mode) if right is None else right,
+            cores.offsets,
+            int(row_lo),
+            bounds,
+            todo,
+            bufs,
+        )
+        if T > 1:
+            out += bufs.sum(axis=0)
+        return
     _core_contraction(
         items.index,
         items.values,
