@@ -13,7 +13,7 @@ import pytest
 import tensorflow_ooc as tfo
 from tensorflow_ooc.execution.partitions import plan_partitions
 from tensorflow_ooc.execution.tasks import load_partition
-from tensorflow_ooc.execution.tt_tasks import contraction_partition
+from tensorflow_ooc.execution.tt_tasks import contraction_partition, residual_partition
 from tensorflow_ooc.kernels.tt import TTCores, specialized
 from tensorflow_ooc.kernels.tt import cpu as tt_cpu
 
@@ -112,3 +112,31 @@ def test_right_slices_transpose_only_the_cores_right_of_the_mode(rng):
         want = tt.slices[k].transpose(0, 2, 1) if k in (1, 2) else tt.slices[k]
         np.testing.assert_array_equal(block, np.ascontiguousarray(want).ravel())
     assert not np.shares_memory(t, tt.data)
+
+
+def test_generated_residual_kernels_give_the_run_time_kernels_bits(tmp_path, rng, monkeypatch):
+    """The whole chain at the nonzeros (the fit's residual pass), unrolled (in memory and
+    streamed) and looped, against the run-time kernel bit for bit and against NumPy, at an order
+    drawn from 3-6."""
+    order = int(rng.integers(3, 7))
+    store, shape, coords, values = _tensor(tmp_path, rng, order)
+    ranks = _ranks(rng, shape, 4)
+    cores = [rng.standard_normal((ranks[k], shape[k], ranks[k + 1])) for k in range(order)]
+    tt = TTCores.of(cores)
+    model = np.array([np.linalg.multi_dot([cores[m][:, c[m], :] for m in range(order)])[0, 0] for c in coords])
+    want = (np.sum((values - model) ** 2), np.sum(model**2))
+    whole = plan_partitions(store, 1)[0]
+    for unroll in (specialized.UNROLL_MAX_TERMS, 0):
+        monkeypatch.setattr(specialized, "UNROLL_MAX_TERMS", unroll)
+        streamed = [(store.path, whole)] if unroll else []
+        for source in [load_partition(store.path, whole)] + streamed:
+            monkeypatch.setattr(tt_cpu, "SPECIALIZE_MIN_NNZ", 1 << 62)
+            ref = residual_partition(source, tt, threads=2)
+            monkeypatch.setattr(tt_cpu, "SPECIALIZE_MIN_NNZ", 0)
+            got = residual_partition(source, tt, threads=2)
+            np.testing.assert_array_equal(got[:2], ref[:2])
+            np.testing.assert_allclose(got[:2], want, rtol=1e-12)
+    built = set(specialized.kernel_variants())
+    assert {(tuple(ranks), "residual", d, True) for d in (False, True)} | {
+        (tuple(ranks), "residual", False, False)
+    } <= built

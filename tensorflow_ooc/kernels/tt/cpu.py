@@ -27,7 +27,7 @@ import numpy as np
 from ...format.bits import pext
 from ..mttkrp.plan import thread_shares
 from .cores import TTCores
-from .specialized import contraction_kernel, right_slices
+from .specialized import contraction_kernel, residual_kernel, right_slices
 
 # private per-thread copies of the output are made only while all of them fit in this many bytes
 # (a long mode at rank 16 has 2 KiB of output per row); beyond it fewer threads share the pass
@@ -247,17 +247,22 @@ def core_contraction(
         out += bufs.sum(axis=0)
 
 
-def residual_sums(items, layout, cores: TTCores) -> tuple[float, float]:
+def residual_sums(items, layout, cores: TTCores, specialize: bool | None = None) -> tuple[float, float]:
     """``(sum (x - t)^2, sum t^2)`` over the nonzeros of ``items``, ``t`` the train's value there:
     summed per work item, then over the items in order (the sums do not depend on the thread
     count). Where every cell of the tensor is stored, the first is ``||X - T||^2`` itself, free of
-    the cancellation in ``||X||^2 - ||Y_j||^2``."""
+    the cancellation in ``||X||^2 - ||Y_j||^2``. ``specialize``: as for :func:`core_contraction`
+    (the kernel generated for the train's ranks, the same bits)."""
     K = items.nitems
     res = np.zeros(K)
     mod = np.zeros(K)
     if K:
         mask = layout.pext_masks if items.delta else layout.field_mask
-        _residual_sums(
+        if specialize is None:
+            specialize = int((items.end - items.start).sum()) >= SPECIALIZE_MIN_NNZ
+        kernel = residual_kernel(cores.ranks, bool(items.delta)) if specialize else _residual_sums
+        args = () if specialize else (bool(items.delta),)
+        kernel(
             items.index,
             items.values,
             items.start,
@@ -266,10 +271,10 @@ def residual_sums(items, layout, cores: TTCores) -> tuple[float, float]:
             items.prev,
             layout.field_shift,
             mask,
-            bool(items.delta),
+            *args,
             cores.data,
             cores.offsets,
-            cores.ranks,
+            *(() if specialize else (cores.ranks,)),
             res,
             mod,
         )

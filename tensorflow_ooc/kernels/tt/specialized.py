@@ -192,6 +192,65 @@ def contraction_source(name: str, ranks: tuple[int, ...], mode: int, delta: bool
     return "\n".join(L) + "\n"
 
 
+def residual_source(name: str, ranks: tuple[int, ...], delta: bool, unrolled: bool) -> str:
+    """Python source of the residual kernel for a train of ``ranks``: the arguments and sums of
+    :func:`~tensorflow_ooc.kernels.tt.cpu._residual_sums` (each item's ``sum (x - t)^2`` and
+    ``sum t^2``, ``t`` the whole chain at the nonzero), the chain written as in the contraction."""
+    N = len(ranks) - 1
+    L: list[str] = []
+    add = L.append
+    add(
+        f"def {name}(index, values, item_start, item_end, item_base, item_prev, shift, mask, data, offsets, "
+        "item_res, item_model):"
+    )
+    for m in range(N):
+        add(f"    s{m} = np.uint64(shift[{m}]); m{m} = np.uint64(mask[{m}]); c{m} = np.uint64(offsets[{m}])")
+    add("    for k in nb.prange(item_start.shape[0]):")
+    if not unrolled:
+        rmax = max(ranks)
+        add(f"        left = np.empty({rmax}); tmp = np.empty({rmax})")
+    for m in range(N):
+        add(f"        b{m} = np.uint64(item_base[k, {m}])")
+    add("        word = item_prev[k]")
+    add("        res = 0.0")
+    add("        mod = 0.0")
+    add("        for i in range(np.uint64(item_start[k]), np.uint64(item_end[k])):")
+    add("            x = index[i]")
+    if delta:
+        add("            word += x")
+    lines: list[str] = []
+    # the left chain through every core: the contraction's left chain with core N as its "mode"
+    (_unrolled_body if unrolled else _looped_body)(lines.append, N + 1, ranks + (1,), N, delta)
+    body = [ln[4:] for ln in lines]  # the contraction body is one level deeper
+    cut = next(n for n, ln in enumerate(body) if ln.strip().startswith("xv = values[i]"))
+    L.extend(body[:cut])
+    add("            t = l0" if unrolled else "            t = left[0]")
+    add("            e = values[i] - t")
+    add("            res += e * e")
+    add("            mod += t * t")
+    add("        item_res[k] = res")
+    add("        item_model[k] = mod")
+    return "\n".join(L) + "\n"
+
+
+def residual_kernel(ranks, delta: bool):
+    """The compiled residual kernel for a train of ``ranks``, built on first use (unrolled where
+    the chain has at most :data:`UNROLL_MAX_TERMS` products)."""
+    ranks = tuple(int(r) for r in ranks)
+    N = len(ranks) - 1
+    unrolled = sum(ranks[m] * ranks[m + 1] for m in range(1, N)) <= UNROLL_MAX_TERMS
+    key = (ranks, "residual", bool(delta), unrolled)
+    with _LOCK:
+        if key not in _KERNELS:
+            tag = "_".join(map(str, ranks))
+            name = f"tt_residual_{'unrolled' if unrolled else 'looped'}_r{tag}_d{int(bool(delta))}"
+            scope = globals()
+            exec(compile(residual_source(name, ranks, delta, unrolled), __file__, "exec"), scope)
+            jit = nb.njit(parallel=True, nogil=True, cache=True)(scope[name])
+            _KERNELS[key] = SLPKernel(jit) if unrolled else jit
+        return _KERNELS[key]
+
+
 def contraction_kernel(ranks, mode: int, delta: bool):
     """The compiled kernel for core ``mode`` of a train of ``ranks`` (R_0 .. R_N), built on first
     use: unrolled where :func:`chain_terms` is at most :data:`UNROLL_MAX_TERMS`, else looped."""
@@ -212,7 +271,7 @@ def contraction_kernel(ranks, mode: int, delta: bool):
 
 
 def kernel_variants() -> list[tuple]:
-    """The contraction kernels built in this process: (ranks, mode, delta, unrolled)."""
+    """The kernels built in this process: (ranks, mode or "residual", delta, unrolled)."""
     return list(_KERNELS)
 
 
