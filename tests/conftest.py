@@ -23,6 +23,28 @@ def client():
         yield c
 
 
+def _worker_processes(n):
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as c,
+    ):
+        yield c
+
+
+@pytest.fixture(scope="module")
+def two_workers():
+    """A cluster of two one-thread worker processes, shared by a test module's tests."""
+    yield from _worker_processes(2)
+
+
+@pytest.fixture(scope="module")
+def three_workers():
+    """A cluster of three one-thread worker processes, shared by a test module's tests."""
+    yield from _worker_processes(3)
+
+
 def fixed(K):
     """A pyttb ktensor in canonical form (components sorted by weight, signs fixed), for comparing."""
     K.arrange()

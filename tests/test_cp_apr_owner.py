@@ -9,29 +9,10 @@ import shutil
 
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
 from test_cp_apr import poisson_tensor, store_of
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.execution.owner_computes import _RUNS
-
-
-@pytest.fixture(scope="module")
-def two_workers():
-    with (
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
-        Client(cluster) as client,
-    ):
-        yield client
-
-
-@pytest.fixture(scope="module")
-def three_workers():
-    with (
-        LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
-        Client(cluster) as client,
-    ):
-        yield client
 
 
 def _counts(rng, tmp_path, order: int, total: float, empty_rows: bool = False):

@@ -25,24 +25,6 @@ def _random_store(rng, tmp_path, order: int, nnz: int, name: str = "x.zarr"):
     return tfo.convert((coords, values), tmp_path / name, chunk_nnz=1024, duplicates="sum")
 
 
-@pytest.fixture(scope="module")
-def two_workers():
-    with (
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
-        Client(cluster) as client,
-    ):
-        yield client
-
-
-@pytest.fixture(scope="module")
-def three_workers():
-    with (
-        LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
-        Client(cluster) as client,
-    ):
-        yield client
-
-
 def _assert_same(got, ref, tol=1e-10):
     assert abs(got.fit - ref.fit) < tol
     assert np.abs(got.weights - ref.weights).max() <= tol * max(1.0, np.abs(ref.weights).max())

@@ -181,18 +181,19 @@ def print_no_iterations(args: argparse.Namespace, wall: float) -> None:
     )
 
 
-def iteration_bar(args: argparse.Namespace, desc: str):
-    """A progress bar over ``--max-iters`` iterations and the callback that moves it (fit, change,
-    seconds per iteration from each history record)."""
+def iteration_bar(args: argparse.Namespace, desc: str, unit: str = "it", counter: str = "iteration"):
+    """A progress bar over ``--max-iters`` iterations (``unit="sweep"``: ``--max-sweeps`` sweeps)
+    and the callback that moves it to each history record's ``counter`` (fit, change, seconds per
+    iteration or sweep)."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=args.max_iters, desc=desc, unit="it", disable=not args.progress, leave=False)
+    total = args.max_sweeps if unit == "sweep" else args.max_iters
+    bar = tqdm(total=total, desc=desc, unit=unit, disable=not args.progress, leave=False)
 
     def progress(record: dict) -> None:
-        bar.n = record["iteration"]
-        bar.set_postfix(
-            fit=f"{record['fit']:.6f}", dfit=f"{record['fit_change']:.1e}", s_per_it=f"{record['seconds']:.3f}"
-        )
+        bar.n = record[counter]
+        seconds = {f"s_per_{unit}": f"{record['seconds']:.3f}"}
+        bar.set_postfix(fit=f"{record['fit']:.6f}", dfit=f"{record['fit_change']:.1e}", **seconds)
 
     return bar, progress
 

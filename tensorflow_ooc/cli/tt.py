@@ -7,11 +7,10 @@ import logging
 import time
 from typing import Callable
 
-from .options import _positive_int, _tolerance, mean_seconds, parse_ranks, run_outputs, this_run
+from .options import _positive_int, _tolerance, iteration_bar, mean_seconds, parse_ranks, run_outputs, this_run
 
 
 def cmd_tt(args: argparse.Namespace) -> int:
-    from tqdm.auto import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from ..decompositions.tt_als import tt_als
@@ -21,15 +20,7 @@ def cmd_tt(args: argparse.Namespace) -> int:
     store = open_store(paths.resolve_version(args.store))  # a versioned folder: its latest version
     ranks = check_ranks(args.ranks[0] if len(args.ranks) == 1 else args.ranks, store.shape)[1:-1]
     out, checkpoint = run_outputs(args, f"tt-{'x'.join(map(str, ranks))}")
-    bar = tqdm(
-        total=args.max_sweeps, desc=f"tt-als {args.method}", unit="sweep", disable=not args.progress, leave=False
-    )
-
-    def progress(record: dict) -> None:
-        bar.n = record["sweep"]
-        bar.set_postfix(
-            fit=f"{record['fit']:.6f}", dfit=f"{record['fit_change']:.1e}", s_per_sweep=f"{record['seconds']:.3f}"
-        )
+    bar, progress = iteration_bar(args, f"tt-als {args.method}", unit="sweep", counter="sweep")
 
     t0 = time.perf_counter()
     # the bar is closed (its line cleared) on errors too, before the one error line

@@ -477,17 +477,6 @@ def _call(run: str, fn: Callable, args: tuple, seq: int) -> Any:
         st.end_turn()
 
 
-def _owned(run: str, mode: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
-    """Run on a worker, as the run's task number ``seq`` there: the rows it owns of mode ``mode``
-    and their values."""
-    st = _state(run)
-    st.wait_turn(seq)
-    try:
-        return st.owned_rows(mode)
-    finally:
-        st.end_turn()
-
-
 # a run none of whose tasks ended here for this long lost its driver (killed between iterations,
 # with no wait left to notice): its partitions and rows are freed when another run starts here
 IDLE_RUN_S = 900.0
@@ -765,7 +754,16 @@ class OwnerComputes:
         seq, self._seq = self._seq, self._seq + 1
         got = self._check(
             [
-                self.client.submit(_owned, self.run, mode, seq, workers=[a], allow_other_workers=False, pure=False)
+                self.client.submit(
+                    _call,
+                    self.run,
+                    WorkerState.owned_rows,
+                    (mode,),
+                    seq,
+                    workers=[a],
+                    allow_other_workers=False,
+                    pure=False,
+                )
                 for a in self.addresses
             ]
         )
