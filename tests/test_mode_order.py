@@ -8,6 +8,8 @@ from test_mttkrp import dense_mttkrp, rel_err
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.kernels import StackedFactors, tensor_items
+from tensorflow_ooc.kernels.mttkrp import mode_order
+from tensorflow_ooc.kernels.mttkrp.cpu import kernel_for
 from tensorflow_ooc.kernels.mttkrp.dispatch import ThreadOutputs, numba_threads, run_items
 from tensorflow_ooc.kernels.mttkrp.mode_order import mode_sorted
 
@@ -35,6 +37,25 @@ def test_each_item_is_stably_sorted_by_the_mode(rng, nmodes):
         fields = _field(s.index, t.layout, mode)
         for k, (a, b) in enumerate(zip(items.start.tolist(), items.end.tolist())):
             assert s.changes[k, mode] == np.unique(fields[a:b]).size
+        # the run table: every run one item's one target row, back to back, covering the item
+        ptr, rows, run_item = _forced_table(s, t.layout, mode)
+        assert ptr[0] == items.start[0] and ptr[-1] == items.end[-1] and (np.diff(ptr) > 0).all()
+        assert rows.size == s.changes[:, mode].sum()
+        for r in range(rows.size):
+            k = run_item[r]
+            assert items.start[k] <= ptr[r] < ptr[r + 1] <= items.end[k]
+            absolute = fields[ptr[r] : ptr[r + 1]].astype(np.int64) + items.base[k, mode]
+            assert (absolute == rows[r]).all()
+
+
+def _forced_table(items, layout, mode):
+    """The run table of a mode-sorted copy however many runs it has (tests' copies have many)."""
+    old = mode_order.RUN_TABLE_MAX_FRACTION
+    mode_order.RUN_TABLE_MAX_FRACTION = 1.0
+    try:
+        return mode_order.run_table(items, layout, mode)
+    finally:
+        mode_order.RUN_TABLE_MAX_FRACTION = old
 
 
 @pytest.mark.parametrize("nmodes", [3, 4, 5, 6])
@@ -53,15 +74,20 @@ def test_mttkrp_on_sorted_items_against_einsum(rng, nmodes, rank):
             plan = run_items(s, t.layout, stacked, mode, out, conflict=conflict)
             assert plan.runs.all()  # sorted items: every item sums runs
             assert rel_err(out, ref) < 1e-12, (mode, conflict)
-        # runs into per-thread whole outputs (runs_threads kernel), 1-3 threads
-        for threads in (1, 2, 3):
-            with numba_threads(threads):
-                out = np.zeros((shape[mode], rank))
-                shared = ThreadOutputs(out, threads)
-                plan = run_items(s, t.layout, stacked, mode, out, thread_outputs=shared)
-                shared.merge()
-            assert not plan.private.any()
-            assert rel_err(out, ref) < 1e-12, (mode, threads)
+        # runs into per-thread whole outputs, 1-3 threads: over the items (runs_threads kernel)
+        # and over the copy's run table (table_threads, fixed and padded ranks)
+        table = _forced_table(s, t.layout, mode)
+        for s.runs in (None, table):
+            for threads in (1, 2, 3):
+                with numba_threads(threads):
+                    out = np.zeros((shape[mode], rank))
+                    shared = ThreadOutputs(out, threads)
+                    plan = run_items(s, t.layout, stacked, mode, out, thread_outputs=shared)
+                    shared.merge()
+                assert not plan.private.any()
+                assert rel_err(out, ref) < 1e-12, (mode, threads, s.runs is None)
+    if rank == 16:  # a fixed rank: the table kernel ran
+        assert kernel_for(nmodes, 16)[5]._ready
 
 
 def test_public_mttkrp_keeps_copies_only_where_runs_pay(rng):

@@ -64,6 +64,7 @@ import dask
 from ..errors import TfoocError
 from ..kernels.mttkrp.column_groups import column_group_bytes
 from ..kernels.mttkrp.dispatch import ThreadOutputs
+from ..kernels.mttkrp.mode_order import RUN_TABLE_BYTES_PER_NNZ
 from ..kernels.mttkrp.owned import GROUP_NNZ as OWNED_GROUP_NNZ
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
 from ..kernels.sampling.krp_sampler import tree_nbytes
@@ -303,7 +304,10 @@ def candidates(
             **_state_terms(shape, rank, itemsize, tasks, partitions_per_mode, split_every, baseline, in_place, workers),
             "private": 0 if single else tasks * private,
             "data": int(data),
-            "mode_copies": worker_nnz * (8 + value_itemsize) * len(shape) if mode_copies else 0,
+            # each copy's index, values and run table (at most RUN_TABLE_BYTES_PER_NNZ)
+            "mode_copies": int(worker_nnz * (8 + value_itemsize + RUN_TABLE_BYTES_PER_NNZ) * len(shape))
+            if mode_copies
+            else 0,
             "buckets": 0 if single else tasks * 20 * min(OWNED_GROUP_NNZ, call_nnz),
             "transfer": S if workers > 1 and not owner else 0,
             "sampling": 0

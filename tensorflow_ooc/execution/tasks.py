@@ -59,7 +59,9 @@ class PartitionData:
             self.items.index.nbytes
             + self.items.values.nbytes
             + sum(f.nbytes for f in self.fiber_index.values())
-            + sum(m.index.nbytes + m.values.nbytes for m in self.mode_items.values())
+            + sum(
+                m.index.nbytes + m.values.nbytes + sum(a.nbytes for a in m.runs or ()) for m in self.mode_items.values()
+            )
         )
 
 

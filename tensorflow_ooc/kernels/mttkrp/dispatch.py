@@ -264,7 +264,7 @@ def run_items(
     if items.nitems == 0:
         return plan
     priv_buf = private_scratch(max(1, int(plan.size.sum())), R, out.dtype)
-    direct, runs, runs_atomic, threads_k, runs_threads = kernel_for(
+    direct, runs, runs_atomic, threads_k, runs_threads, table_threads = kernel_for(
         layout.nmodes, R, items.delta, factors.data.nbytes > PREFETCH_MIN_BYTES, poisson
     )
     eps = (float(poisson_eps),) if poisson else ()
@@ -312,13 +312,20 @@ def run_items(
         todo = np.flatnonzero(shared)
         first, bufs = thread_outputs.buffers()
         T = thread_outputs.threads
-        cum = np.cumsum((items.end - items.start)[todo])
-        cuts = np.searchsorted(cum, cum[-1] * np.arange(1, T) / T, side="right")
-        bounds = np.concatenate([[0], cuts, [todo.shape[0]]]).astype(np.int64)
-        # mode-sorted items sum each target row's run in registers first
-        (runs_threads if items.sorted_mode == mode else threads_k)(
-            *common, todo, bounds, out, first, bufs, out_lo, *eps
-        )
+        if table_threads is not None and items.sorted_mode == mode and items.runs is not None and shared.all():
+            # the copy's run table: the target row of each run read once (see _table_source)
+            ptr, rows, run_item = items.runs
+            cuts = np.searchsorted(ptr[1:], ptr[0] + (ptr[-1] - ptr[0]) * np.arange(1, T) / T, side="right")
+            bounds = np.concatenate([[0], cuts, [rows.shape[0]]]).astype(np.int64)
+            table_threads(ptr, rows, run_item, *common[:2], items.base, *common[7:13], bounds, out, first, bufs, out_lo)
+        else:
+            cum = np.cumsum((items.end - items.start)[todo])
+            cuts = np.searchsorted(cum, cum[-1] * np.arange(1, T) / T, side="right")
+            bounds = np.concatenate([[0], cuts, [todo.shape[0]]]).astype(np.int64)
+            # mode-sorted items sum each target row's run in registers first
+            (runs_threads if items.sorted_mode == mode else threads_k)(
+                *common, todo, bounds, out, first, bufs, out_lo, *eps
+            )
         if own_outputs:
             thread_outputs.merge()
     if plan.private.any():

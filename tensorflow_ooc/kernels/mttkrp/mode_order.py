@@ -33,6 +33,11 @@ from .plan import WorkItems
 # a mode's sorted copy is kept only where its runs average at least this many nonzeros (a
 # shorter run sums too little in registers to pay for the other modes' lost locality)
 SORTED_RUN_MIN = 4.0
+# a copy's run table (24 bytes a run) is made where its runs are at most this share of the
+# nonzeros (0.375 bytes a nonzero; the benchmark tensors have 0.0003-0.004 runs a nonzero): the
+# table kernel then reads no target index (see kernels/mttkrp/cpu.py, "table_threads")
+RUN_TABLE_MAX_FRACTION = 1 / 64
+RUN_TABLE_BYTES_PER_NNZ = 24 * RUN_TABLE_MAX_FRACTION
 # an in-memory tensor's copies may take at most this share of the memory free when they are made
 TENSOR_COPIES_MAX_FREE_FRACTION = 0.25
 
@@ -66,6 +71,58 @@ def _sort_items(
             count[np.int64((index[i] >> s_) & m_) - lo] += 1
             out_index[j] = index[i]
             out_values[j] = values[i]
+
+
+@nb.njit(nogil=True, cache=True)
+def _count_runs(index, item_start, item_end, shift, mask, mode):
+    """Runs of one target row inside the items of a mode-sorted copy."""
+    s_ = np.uint64(shift[mode])
+    m_ = np.uint64(mask[mode])
+    count = 0
+    for k in range(item_start.shape[0]):
+        prev = ~np.uint64(0)
+        for i in range(item_start[k], item_end[k]):
+            f = (index[i] >> s_) & m_
+            if f != prev:
+                count += 1
+                prev = f
+    return count
+
+
+@nb.njit(nogil=True, cache=True)
+def _fill_runs(index, item_start, item_end, item_base, shift, mask, mode, ptr, rows, run_item):
+    """The run table (:attr:`WorkItems.runs`) of a mode-sorted copy whose items lie back to back."""
+    s_ = np.uint64(shift[mode])
+    m_ = np.uint64(mask[mode])
+    r = 0
+    for k in range(item_start.shape[0]):
+        prev = ~np.uint64(0)
+        for i in range(item_start[k], item_end[k]):
+            f = (index[i] >> s_) & m_
+            if f != prev:
+                ptr[r] = i
+                rows[r] = item_base[k, mode] + np.int64(f)
+                run_item[r] = k
+                r += 1
+                prev = f
+    ptr[r] = item_end[item_start.shape[0] - 1] if item_start.shape[0] else 0
+
+
+def run_table(items: WorkItems, layout: BitLayout, mode: int) -> tuple | None:
+    """The runs of one target row inside each item of a mode-sorted copy, as
+    :attr:`WorkItems.runs`, or None where the items do not lie back to back or the table would
+    exceed ``RUN_TABLE_MAX_FRACTION`` of the nonzeros (24 bytes a run)."""
+    if items.nitems == 0 or not bool(np.all(items.start[1:] == items.end[:-1])):
+        return None
+    shift, mask = layout.field_shift, layout.field_mask
+    count = _count_runs(items.index, items.start, items.end, shift, mask, mode)
+    if count > RUN_TABLE_MAX_FRACTION * int(items.nnz.sum()):
+        return None
+    ptr = np.empty(count + 1, dtype=np.int64)
+    rows = np.empty(count, dtype=np.int64)
+    run_item = np.empty(count, dtype=np.int64)
+    _fill_runs(items.index, items.start, items.end, items.base, shift, mask, mode, ptr, rows, run_item)
+    return ptr, rows, run_item
 
 
 def mode_sorted(items: WorkItems, layout: BitLayout, mode: int, run_min: float = SORTED_RUN_MIN) -> WorkItems | None:
@@ -113,11 +170,13 @@ def mode_sorted(items: WorkItems, layout: BitLayout, mode: int, run_min: float =
     hi = np.empty_like(items.hi)
     changes = np.empty_like(items.changes)
     item_profile(out_index, items.start, items.end, items.base, layout.field_shift, layout.field_mask, lo, hi, changes)
-    return WorkItems(out_index, out_values, items.start, items.end, items.base, lo, hi, changes, sorted_mode=mode)
+    out = WorkItems(out_index, out_values, items.start, items.end, items.base, lo, hi, changes, sorted_mode=mode)
+    out.runs = run_table(out, layout, mode)
+    return out
 
 
 def copies_fit(items: WorkItems, nmodes: int) -> bool:
     """Whether one copy of ``items`` per mode stays under ``TENSOR_COPIES_MAX_FREE_FRACTION`` of
     the memory free now."""
-    need = nmodes * (items.index.nbytes + items.values.nbytes)
+    need = nmodes * (items.index.nbytes + items.values.nbytes + int(items.nnz.sum() * RUN_TABLE_BYTES_PER_NNZ))
     return need <= TENSOR_COPIES_MAX_FREE_FRACTION * psutil.virtual_memory().available

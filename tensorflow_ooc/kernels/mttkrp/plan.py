@@ -48,6 +48,10 @@ class WorkItems:
     prev: np.ndarray | None = None  # uint64 (K,) with ``delta``: ALTO word before each item
     delta: bool = False  # ``index`` holds Delta differences of low ALTO words (streamed chunks)
     sorted_mode: int = -1  # each item's nonzeros are sorted by this mode's index (-1: ALTO order)
+    # mode-sorted items: (ptr (runs + 1,), rows (runs,), run_item (runs,)), int64, the runs of one
+    # target row inside an item: nonzeros ptr[r] .. ptr[r + 1] of item run_item[r] hit row rows[r]
+    # (kernels/mttkrp/mode_order.py; None where no table was made)
+    runs: tuple | None = None
 
     def __post_init__(self) -> None:
         if self.prev is None:
