@@ -11,7 +11,8 @@ from tensorflow_ooc.kernels.sampling.fiber_gather import (
     FiberIndex,
     SampleTable,
     _fiber_ranges,
-    _row_sorted_runs,
+    _row_cuts,
+    _scatter_runs,
     exact_keys,
     sample_keys,
     sampled_mttkrp_items,
@@ -180,22 +181,27 @@ def test_sums_do_not_depend_on_the_thread_count(tmp_path, rng):
     np.testing.assert_allclose(got[1][0], brute_force(coords, values, shape, 0, samples, Hw), rtol=1e-10, atol=1e-10)
 
 
-def test_row_sort_of_index_runs_does_not_depend_on_the_parts(rng):
-    """The parallel counting sort by row gives the sequential order (rows in order; inside a row,
-    samples in order, each fiber in index order) for any number of parts."""
-    nrows, out_lo = 37, 5
+def test_index_scatter_does_not_depend_on_the_parts(rng):
+    """The index's runs added into the output rows, each part into its own rows, give the sums of
+    one sequential loop (samples in order, each fiber in index order) for any number of parts."""
+    nrows, out_lo, R = 37, 5, 3
     rows = rng.integers(out_lo, out_lo + nrows, 4000)
     vals = rng.standard_normal(4000)
     lengths = rng.integers(0, 40, 150)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     first = rng.integers(0, 4000 - 40, 150)
-    order = [(rows[f + e] - out_lo, s, vals[f + e]) for s, f in enumerate(first) for e in range(lengths[s])]
-    order.sort(key=lambda m: m[0])  # stable: sample order, then index order, inside a row
+    Hw = rng.standard_normal((150, R))
+    want = np.zeros((nrows, R))
+    for s, f in enumerate(first):
+        for e in range(f, f + lengths[s]):
+            want[rows[e] - out_lo] += vals[e] * Hw[s]
+    slot = np.arange(150)
     for parts in (1, 2, 3, 7):
-        start, sid, val = _row_sorted_runs(rows, vals, first, offsets, out_lo, nrows, parts)
-        np.testing.assert_array_equal(np.diff(start), np.bincount([m[0] for m in order], minlength=nrows))
-        np.testing.assert_array_equal(sid, [m[1] for m in order])
-        np.testing.assert_array_equal(val, [m[2] for m in order])
+        cut = _row_cuts(rows, first, offsets, out_lo, nrows, parts)
+        assert cut[0] == 0 and cut[-1] == nrows and np.all(np.diff(cut) >= 0)
+        got = np.zeros((nrows, R))
+        _scatter_runs(rows, vals, first, offsets, Hw, slot, got, out_lo, cut)
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("key_space", [1000, 2**62])

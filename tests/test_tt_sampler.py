@@ -259,3 +259,62 @@ def test_sketched_sweeps_recover_a_planted_tensor_train(tmp_path):
         if fit > 0.999:
             break
     assert fit >= 0.99, fit
+
+
+def test_draws_do_not_depend_on_threads_or_cached_trees():
+    """The same draws for any numba thread count and from trees built afresh or taken from a cache;
+    the Gram and weighted rows from the chain rows are those of the design rows."""
+    import numba
+
+    rng = np.random.default_rng(8)
+    shape, ranks = (30, 20, 25, 6), (3, 4, 2)
+    threads = min(2, numba.config.NUMBA_NUM_THREADS)
+    for j in range(len(shape)):
+        cores = canonical(random_cores(rng, shape, ranks), j)
+        cache = {}
+        got = []
+        old = numba.get_num_threads()
+        try:
+            for t in (1, threads, threads):  # the last from the cache the second filled
+                numba.set_num_threads(t)
+                trees = chain_trees(cores, j, cache=cache)
+                got.append(draw_core_samples(cores, j, 3000, np.random.default_rng(9), trees))
+        finally:
+            numba.set_num_threads(old)
+        assert set(cache) == {(k, "left" if k < j else "right") for k in range(len(shape)) if k != j}
+        for s in got[1:]:
+            np.testing.assert_array_equal(s.coords, got[0].coords)
+            np.testing.assert_array_equal(s.counts, got[0].counts)
+            np.testing.assert_array_equal(s.probs, got[0].probs)
+        s = got[0]
+        dense = (s.rows * s.weights[:, None]).T @ s.rows
+        np.testing.assert_allclose(s.gram(), dense, rtol=1e-12, atol=1e-12 * np.abs(dense).max())
+        assert np.array_equal(s.gram(), s.gram().T)
+        which = np.arange(0, len(s), 3)
+        np.testing.assert_allclose(s.weighted_rows(which), (s.weights[:, None] * s.rows)[which], rtol=1e-14)
+        assert s.ncols == s.rows.shape[1] == cores[j].shape[0] * cores[j].shape[2]
+
+
+def test_state_keeps_the_trees_of_unchanged_cores():
+    """rTT-ALS's state caches sampler trees: draws from the cache are those from fresh trees; a
+    core's trees go when it is written; copies hand them on; pickles leave them out."""
+    import pickle
+
+    from tensorflow_ooc.decompositions import tt_steps as S
+    from tensorflow_ooc.decompositions.tt_randomized import draw_core
+
+    shape = (12, 10, 9, 8)
+    full = S.check_ranks((3, 4, 2), shape)
+    st = S.start_state(shape, full, S.initial_cores("random", shape, full, 3))
+    a = draw_core(st, 0, 2000, (1, 2, 3))
+    assert set(st.trees) == {(1, "right"), (2, "right"), (3, "right")}
+    b = draw_core(st, 0, 2000, (1, 2, 3))
+    c = draw_core(S.start_state(shape, full, st.cores()), 0, 2000, (1, 2, 3))
+    for s in (b, c):
+        np.testing.assert_array_equal(s.coords, a.coords)
+        np.testing.assert_array_equal(s.weights, a.weights)
+    cp = st.copy()
+    assert all(cp.trees[k] is st.trees[k] for k in st.trees)
+    cp.set_core(2, cp.core(2))
+    assert (2, "right") not in cp.trees and (1, "right") in cp.trees and (2, "right") in st.trees
+    assert pickle.loads(pickle.dumps(st)).trees == {}

@@ -28,7 +28,7 @@ from ..execution.partitions import plan_partitions
 from ..execution.stream import BatchBuffers, fill_batch
 from ..execution.tasks import PartitionData, sampled_partition
 from ..kernels.sampling.krp_sampler import SampleSet, psd_pinv
-from ..kernels.sampling.tt_sampler import CoreTree, check_cores, draw_core_samples
+from ..kernels.sampling.tt_sampler import CoreTree, chain_trees, check_cores, draw_core_samples
 from ..kernels.tt.cores import TTCores
 from ..store import Store
 
@@ -69,7 +69,7 @@ def sketched_rhs(source: FiberSource, samples: SampleSet, rows: int) -> np.ndarr
     rows : int
         ``I_j``.
     """
-    out = np.zeros((rows, samples.rows.shape[1]))
+    out = np.zeros((rows, samples.ncols))
     for data in _partitions(source):
         p = sampled_partition(data, samples, samples.mode, threads=nb.get_num_threads())
         out[p.lo : p.lo + p.rows.shape[0]] += p.rows
@@ -84,19 +84,32 @@ def solve_sketched(samples: SampleSet, rhs: np.ndarray, ranks: tuple[int, int]) 
     :func:`~tensorflow_ooc.kernels.sampling.krp_sampler.psd_pinv`) gives the minimum-norm solution
     where too few distinct rows were drawn to span the design; with enough draws the Gram is near
     the identity (orthonormal design) and the solve is well conditioned."""
-    Gp, _ = psd_pinv(samples.gram())
     Ra, Rb = ranks
-    return np.ascontiguousarray((rhs @ Gp).reshape(rhs.shape[0], Ra, Rb).transpose(1, 0, 2))
+    return np.ascontiguousarray(sketched_slices(samples, rhs).reshape(rhs.shape[0], Ra, Rb).transpose(1, 0, 2))
+
+
+def sketched_slices(samples: SampleSet, rhs: np.ndarray) -> np.ndarray:
+    """:func:`solve_sketched` in the right-hand side's layout: row ``i`` (I_j, R_{j-1} R_j) is the new
+    core's slice ``i`` (what the state stores; the core's layout costs two copies of it)."""
+    Gp, _ = psd_pinv(samples.gram())
+    return rhs @ Gp
 
 
 def draw_core(state: TTCores, j: int, samples: int, seed: Sequence[int]) -> SampleSet:
     """The ``samples`` design rows of core ``j``'s update drawn beside the state (a task where it
     lives: only the sample set travels to the partitions), seeded by ``seed`` = (run entropy,
     sweep, update), so a resumed run draws what the uninterrupted one drew. The draw time is kept
-    in the set's ``seconds``."""
+    in the set's ``seconds``.
+
+    Where the state keeps a ``trees`` dict (:class:`~tensorflow_ooc.decompositions.tt_steps.TTState`
+    does, and drops a core's entries when the core changes) the sampler trees of the cores an
+    update left alone are taken from it and the new ones stored there: an update changes two
+    cores, so most trees outlive it (they depend only on their core, so the draws are the same)."""
     t0 = time.perf_counter()
     rng = np.random.default_rng(np.random.SeedSequence([int(x) for x in seed]))
-    out = draw_core_samples(state.cores(), j, int(samples), rng)
+    cores = [state.core(k) for k in range(state.nmodes)]  # views: the trees copy what they keep
+    trees = chain_trees(cores, j, cache=getattr(state, "trees", None))
+    out = draw_core_samples(cores, j, int(samples), rng, trees)
     out.seconds = time.perf_counter() - t0
     return out
 

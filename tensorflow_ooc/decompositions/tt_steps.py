@@ -27,8 +27,9 @@ from threadpoolctl import ThreadpoolController
 from ..errors import DecompositionError
 from ..execution.partials import Partial
 from ..kernels.sampling.krp_sampler import SampleSet
+from ..kernels.sampling.tt_sampler import CoreTree
 from ..kernels.tt.cores import TTCores
-from .tt_randomized import solve_sketched
+from .tt_randomized import sketched_slices
 
 INITS = ("random",)
 
@@ -42,17 +43,32 @@ ONE_BLAS_THREAD_ENTRIES = 1 << 22
 class TTState(TTCores):
     """The tensor train between core updates, with what the sweep's updates report: ``norm_sq``
     (``||Y_j||^2`` of the last update) and per update ``(mode, contraction seconds of the slowest
-    partition task, update seconds, finish time)``."""
+    partition task, update seconds, finish time)``.
+
+    ``trees``: randomized TT-ALS's sampler trees by ``(core, side)``
+    (:func:`~tensorflow_ooc.decompositions.tt_randomized.draw_core` fills it), handed on by
+    :meth:`copy` and dropped for a core :meth:`set_core` writes: an update changes two cores, and
+    rebuilding every other core's tree took 2-22 ms an update at R = 4-12 on nell2-shaped cores. A
+    cache: not pickled (a state moved to another worker rebuilds its trees there)."""
 
     def __init__(self, shape: Sequence[int], ranks: Sequence[int], data: np.ndarray | None = None) -> None:
         super().__init__(shape, ranks, data)
         self.norm_sq = 0.0
         self.steps: list[tuple[int, float, float, float]] = []
+        self.trees: dict[tuple[int, str], CoreTree] = {}
+
+    def set_core(self, k: int, core: np.ndarray) -> None:
+        super().set_core(k, core)
+        for key in [key for key in self.trees if key[0] == k]:
+            del self.trees[key]
 
     def copy(self) -> "TTState":
         out = TTState(self.shape, self.ranks, self.data.copy())
-        out.norm_sq, out.steps = self.norm_sq, list(self.steps)
+        out.norm_sq, out.steps, out.trees = self.norm_sq, list(self.steps), dict(self.trees)
         return out
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "trees": {}}
 
 
 @dataclass
@@ -231,14 +247,17 @@ def update_core(
     slices = np.zeros((I, Ra * Rb))  # row i: Y[:, i, :], as the partitions hand it up
     for p in parts:
         slices[p.lo : p.lo + p.rows.shape[0]] += p.rows
-    if sketch is not None:
-        # randomized TT-ALS: the parts are the sketched right-hand side; solve the sketched normal
-        # equations (their Gram is I in expectation, the design being orthonormal)
-        slices = solve_sketched(sketch, slices, (Ra, Rb)).transpose(1, 0, 2).reshape(I, Ra * Rb)
-    out = s.copy()
-    out.norm_sq = float(np.dot(slices.ravel(), slices.ravel()))
-    cores = {mode: slices.reshape(I, Ra, Rb).transpose(1, 0, 2)}
     with _BLAS.limit(limits=1, user_api="blas") if slices.size < ONE_BLAS_THREAD_ENTRIES else nullcontext():
+        if sketch is not None:
+            # randomized TT-ALS: the parts are the sketched right-hand side; solve the sketched normal
+            # equations (their Gram is I in expectation, the design being orthonormal). One BLAS
+            # thread as for the QR: the (I, R^2) x (R^2, R^2) product, 9184 x 144 at R = 12 on
+            # nell2's mode 1, takes 10 ms on one; OpenBLAS's two threads on a busy 2-core machine
+            # took 0.1-1.6 s for this solve's products
+            slices = sketched_slices(sketch, slices)
+        out = s.copy()
+        out.norm_sq = float(np.dot(slices.ravel(), slices.ravel()))
+        cores = {mode: slices.reshape(I, Ra, Rb).transpose(1, 0, 2)}
         if direction == "right" and mode + 1 < s.nmodes:
             pair = [cores[mode], s.core(mode + 1)]
             left_orthonormalize(pair, 0)

@@ -231,9 +231,8 @@ def sampled_partition(
     t0 = time.perf_counter()
     part = source.part if isinstance(source, PartitionData) else source[1]
     lo, hi = part.row_lo[mode], part.row_hi[mode]
-    R = samples.rows.shape[1]
-    out = np.zeros((hi - lo + 1, R), dtype=samples.rows.dtype)
-    Hw = samples.weights[:, None] * samples.rows
+    out = np.zeros((hi - lo + 1, samples.ncols), dtype=samples.dtype)
+    Hw = samples.weighted_rows  # asked only for the samples whose fibers meet nonzeros here
     with numba_threads(threads):
         if isinstance(source, PartitionData):
             index = None

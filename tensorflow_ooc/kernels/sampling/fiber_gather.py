@@ -15,11 +15,13 @@ value times that sample's row into its mode-j row. Two ways to find those nonzer
   then fill, so the matches land in a deterministic order).
 - **index** (decoded partitions kept in memory): once per partition and mode, the nonzeros' keys
   sorted with their mode-j row and value (:class:`FiberIndex`); each sample then finds its fiber
-  by a search (from the previous sample's fiber, samples in key order): O(S log nnz + fiber
-  nonzeros) per solve at most, independent of the tensor's size.
+  by a search (through every 64th key, samples in key order, :func:`_fenced_ranges`):
+  O(S log nnz + fiber nonzeros) per solve at most, independent of the tensor's size.
 
-Either way the matches (row, sample, value) come in a fixed order, are sorted by row stably and
-summed row by row in that order (:func:`_rows_times`): results are the same for any thread count.
+Either way every output row sums its matches in one fixed order (sample by sample, each fiber in
+order): the scan's matches are sorted by row stably and summed row by row (:func:`_rows_times`),
+the index's runs added sample by sample, each thread into its own range of rows
+(:func:`_scatter_runs`). Results are the same for any thread count.
 
 A key is the mixed-radix number of a nonzero's coordinates in the other modes. When the product of
 the other modes' lengths exceeds 2^63 the keys wrap (a hash); the scan then checks a hit's
@@ -29,6 +31,7 @@ coordinates against the sample's, and the index is not used (:func:`exact_keys`)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numba as nb
@@ -37,8 +40,18 @@ import numpy as np
 from ...format import BitLayout
 from ...format.bits import pext
 from ..mttkrp.plan import WorkItems
+from ..prefetch import prefetch_row
 
 _HASH_MULT = np.uint64(0x9E3779B97F4A7C15)
+
+# Every FENCE-th key of a FiberIndex is kept apart (1/64 of the keys: a search's first steps stay in
+# the cache), and the key block a sample's run starts in is prefetched this many samples ahead.
+FENCE = 64
+_PREFETCH_SAMPLES = 8
+
+# Matches per part of the index's scatter (each part reads every match's row, so parts pay only
+# where they have many to add).
+_PART_MATCHES = 1 << 16
 
 
 def key_strides(shape: tuple[int, ...], mode: int) -> np.ndarray:
@@ -250,61 +263,127 @@ def _fiber_ranges(keys, skeys):
 
 
 @nb.njit(nogil=True, cache=True)
-def _balanced_splits(offsets, parts):
-    """``parts + 1`` sample boundaries cutting the runs ``offsets`` into parts of about equal
-    match counts."""
-    S = offsets.shape[0] - 1
-    cut = np.empty(parts + 1, dtype=np.int64)
+def _lower_bound(keys, key, lo, hi):
+    """The first ``i`` in ``lo .. hi - 1`` with ``keys[i] >= key`` (``hi`` if none)."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if keys[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@nb.njit(nogil=True, cache=True)
+def _fence_at(fence, key, pos):
+    """The first ``f >= pos`` with ``fence[f] >= key`` (``len(fence)`` if none), every fence entry
+    before ``pos`` smaller than ``key``: doubling steps, then bisection inside the last."""
+    nf = fence.shape[0]
+    step = 1
+    while pos + step <= nf and fence[pos + step - 1] < key:
+        step *= 2
+    return _lower_bound(fence, key, pos + step // 2, min(pos + step, nf))
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _fenced_ranges(keys, blocks, fence, skeys):
+    """:func:`_fiber_ranges` through the fence ``fence = keys[::FENCE]`` (``blocks``: ``keys`` as rows
+    of ``FENCE``, whole ones only): the same offsets and first positions.
+
+    A sample's fence position (the fence is 1/64 of the keys, cached) names the one block of keys
+    its run starts in; the positions of all samples come first, then each block is prefetched a
+    few samples before it is searched, so the cache misses of consecutive samples overlap. The
+    search from the previous sample took 12-17 ms for 50-60 k samples in nell2's 20 M keys, mostly
+    waiting on memory; this way 6-8 ms. Unordered sample keys: :func:`_fiber_ranges`."""
+    S = skeys.shape[0]
+    n = keys.shape[0]
+    for s in range(1, S):
+        if skeys[s] <= skeys[s - 1]:
+            return _fiber_ranges(keys, skeys)
+    at = np.empty(S, dtype=np.int64)
+    first = np.empty(S, dtype=np.int64)
+    count = np.empty(S, dtype=np.int64)
+    block = 1024
+    nblk = (S + block - 1) // block
+    for blk in nb.prange(nblk):
+        pos = 0
+        for s in range(blk * block, min(S, (blk + 1) * block)):
+            pos = _fence_at(fence, skeys[s], pos)
+            at[s] = pos
+    for blk in nb.prange(nblk):
+        lo_s = blk * block
+        hi_s = min(S, lo_s + block)
+        for s in range(lo_s, min(hi_s, lo_s + _PREFETCH_SAMPLES)):
+            if 0 < at[s] <= blocks.shape[0]:
+                prefetch_row(blocks, at[s] - 1)
+        for s in range(lo_s, hi_s):
+            ahead = s + _PREFETCH_SAMPLES
+            if ahead < hi_s and 0 < at[ahead] <= blocks.shape[0]:
+                prefetch_row(blocks, at[ahead] - 1)
+            key = skeys[s]
+            # keys[(f - 1) FENCE] < key <= keys[f FENCE]: the run starts in between
+            f = at[s]
+            lo = _lower_bound(keys, key, max(0, (f - 1) * FENCE), min(n, f * FENCE + 1))
+            step = 1
+            while lo + step <= n and keys[lo + step - 1] <= key:
+                step *= 2
+            first[s] = lo
+            count[s] = _lower_bound(keys, key + np.uint64(1), lo + step // 2, min(lo + step, n)) - lo
+    offsets = np.zeros(S + 1, dtype=np.int64)
+    for s in range(S):
+        offsets[s + 1] = offsets[s] + count[s]
+    return offsets, first
+
+
+@nb.njit(nogil=True, cache=True)
+def _row_cuts(rows, first, offsets, out_lo, nrows, parts):
+    """``parts + 1`` output-row boundaries cutting the matches of a :class:`FiberIndex` lookup
+    (sample ``s``'s at ``first[s] ..``, ``offsets`` their counts' prefix sums) into parts of about
+    equal match counts."""
+    hist = np.zeros(nrows, dtype=np.int64)
+    for s in range(first.shape[0]):
+        for e in range(first[s], first[s] + offsets[s + 1] - offsets[s]):
+            hist[rows[e] - out_lo] += 1
+    M = offsets[first.shape[0]]
+    cut = np.full(parts + 1, nrows, dtype=np.int64)
     cut[0] = 0
-    for c in range(1, parts):
-        cut[c] = min(S, max(cut[c - 1], np.searchsorted(offsets, offsets[S] * c // parts, side="left")))
-    cut[parts] = S
+    c = 1
+    acc = 0
+    for i in range(nrows):
+        acc += hist[i]
+        while c < parts and acc * parts >= M * c:
+            cut[c] = i + 1
+            c += 1
     return cut
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _row_sorted_runs(rows, vals, first, offsets, out_lo, nrows, parts):
-    """The matches of a :class:`FiberIndex` lookup sorted by their mode-``j`` row, stably (per row
-    in sample order, each sample's fiber in index order): ``(start, sid, val)`` with the matches of
-    row ``out_lo + i`` at ``start[i] .. start[i + 1] - 1``.
+def _scatter_runs(rows, vals, first, offsets, Hw, slot, out, out_lo, cut):
+    """``out[rows[e] - out_lo] += vals[e] * Hw[slot[s]]`` for every match ``e`` of every sample ``s``
+    (its run ``first[s] ..`` of ``offsets[s + 1] - offsets[s]`` index entries): samples in order,
+    each fiber in index order, so every row's sum is that of one sequential loop.
 
-    A counting sort by contiguous parts of the samples, in parallel: per-part row histograms, then
-    each part scatters its matches behind those of the parts before it. The order is that of a
-    sequential counting sort, so it does not depend on ``parts`` (the thread count)."""
+    Part ``c`` (in parallel) adds into the output rows ``cut[c] .. cut[c + 1] - 1`` only, reading
+    every match's row: which part a row falls in does not change its sum, so the result does not
+    depend on the parts (the thread count). The counting sort by row this replaced (then a sum row
+    by row, the same order and sums) took 3-5x as long, one thread: 4.3-4.5 M nell2-shaped matches
+    at 4 columns, 100-140 ms against 22-24 ms; 1.2 M at 144 columns, 130-240 ms against 35-45 ms."""
     S = first.shape[0]
-    M = offsets[S]
-    cut = _balanced_splits(offsets, parts)
-    hist = np.zeros((parts, nrows + 1), dtype=np.int64)
-    for c in nb.prange(parts):
-        h = hist[c]
-        for s in range(cut[c], cut[c + 1]):
-            for e in range(first[s], first[s] + offsets[s + 1] - offsets[s]):
-                h[rows[e] - out_lo] += 1
-    # row starts, then each part's first position in every row (rows in order, parts in order
-    # inside a row), by contiguous passes over the histograms
-    start = np.zeros(nrows + 1, dtype=np.int64)
-    for c in range(parts):
-        for i in range(nrows):
-            start[i + 1] += hist[c, i]
-    for i in range(nrows):
-        start[i + 1] += start[i]
-    run = start[:nrows].copy()
-    for c in range(parts):
-        for i in range(nrows):
-            n = hist[c, i]
-            hist[c, i] = run[i]
-            run[i] += n
-    sid = np.empty(M, dtype=np.int64)
-    val = np.empty(M, dtype=vals.dtype)
-    for c in nb.prange(parts):
-        nxt = hist[c]
-        for s in range(cut[c], cut[c + 1]):
-            for e in range(first[s], first[s] + offsets[s + 1] - offsets[s]):
+    R = out.shape[1]
+    for c in nb.prange(cut.shape[0] - 1):
+        lo = cut[c]
+        hi = cut[c + 1]
+        for s in range(S):
+            n = offsets[s + 1] - offsets[s]
+            if n == 0:
+                continue
+            h = Hw[slot[s]]
+            for e in range(first[s], first[s] + n):
                 i = rows[e] - out_lo
-                sid[nxt[i]] = s
-                val[nxt[i]] = vals[e]
-                nxt[i] += 1
-    return start, sid, val
+                if i >= lo and i < hi:
+                    v = vals[e]
+                    for r in range(R):
+                        out[i, r] += v * h[r]
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -375,10 +454,21 @@ class FiberIndex:
     keys: np.ndarray  # uint64 (nnz,), sorted
     rows: np.ndarray  # int64 (nnz,): the nonzero's index in ``mode``
     vals: np.ndarray  # (nnz,) values
+    # every FENCE-th key (:func:`_fenced_ranges`), or None (searched without)
+    fence: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
-        return int(self.keys.nbytes + self.rows.nbytes + self.vals.nbytes)
+        fence = 0 if self.fence is None else self.fence.nbytes
+        return int(self.keys.nbytes + self.rows.nbytes + self.vals.nbytes + fence)
+
+    def ranges(self, skeys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The runs of the sample keys ``skeys``: int64 (S + 1,) match offsets and (S,) first
+        positions in ``keys`` (:func:`_fiber_ranges`)."""
+        if self.fence is not None and self.keys.shape[0] >= FENCE:
+            blocks = self.keys[: self.keys.shape[0] // FENCE * FENCE].reshape(-1, FENCE)
+            return _fenced_ranges(self.keys, blocks, self.fence, skeys)
+        return _fiber_ranges(self.keys, skeys)
 
     @classmethod
     def build(cls, items: WorkItems, layout: BitLayout, mode: int) -> FiberIndex:
@@ -407,7 +497,7 @@ class FiberIndex:
         )
         order, keys = stable_key_order(keys, math.prod(s for m, s in enumerate(layout.shape) if m != mode))
         _gather_pair(rows, vals, order)
-        return cls(mode, keys, rows, vals)
+        return cls(mode, keys, rows, vals, np.ascontiguousarray(keys[::FENCE]))
 
 
 def stable_key_order(keys: np.ndarray, key_space: int) -> tuple[np.ndarray, np.ndarray]:
@@ -462,7 +552,7 @@ def sampled_mttkrp_items(
     layout: BitLayout,
     mode: int,
     coords: np.ndarray,
-    Hw: np.ndarray,
+    Hw: np.ndarray | Callable[[np.ndarray], np.ndarray],
     out: np.ndarray,
     out_lo: int = 0,
     table: SampleTable | None = None,
@@ -471,52 +561,117 @@ def sampled_mttkrp_items(
     """Add the sampled MTTKRP of ``items`` for samples ``coords`` (S, N) with weighted rows ``Hw``
     (S, R) into ``out`` (rows ``out_lo ..`` of mode ``mode``): through ``index`` when given (it must
     be for ``mode``), else by scanning with the hash ``table`` of the samples' keys (built here when
-    not given). ``coords`` must be valid indices (the samplers draw them from the factors' rows)."""
+    not given). ``coords`` must be valid indices (the samplers draw them from the factors' rows).
+
+    ``Hw`` may instead be a function that returns the weighted rows of the samples it is given
+    (sorted distinct int64 sample numbers, e.g.
+    :meth:`~tensorflow_ooc.kernels.sampling.krp_sampler.SampleSet.weighted_rows`): it is then asked
+    only for the samples whose fibers meet a nonzero here. On a sparse tensor many sampled fibers
+    are empty (of 65536 TT draws on the nell2-shaped tensor, 11-33 k distinct fibers hold nonzeros
+    after a sweep, 3 k at random cores), and forming every weighted row at 144 columns took 19 ms.
+    The sums are the same either way."""
     R = out.shape[1]
-    if Hw.shape != (coords.shape[0], R):
-        raise ValueError(f"Hw must be (samples, R) = {(coords.shape[0], R)}, got {Hw.shape}")
-    Hw = np.ascontiguousarray(Hw, dtype=out.dtype)
+    rows_of = Hw if callable(Hw) else None
+    if rows_of is None:
+        if Hw.shape != (coords.shape[0], R):
+            raise ValueError(f"Hw must be (samples, R) = {(coords.shape[0], R)}, got {Hw.shape}")
+        Hw = np.ascontiguousarray(Hw, dtype=out.dtype)
     if coords.shape[0] == 0 or items.nitems == 0:
         return
     if index is not None:
         if index.mode != mode:
             raise ValueError(f"the fiber index is for mode {index.mode}, not {mode}")
-        offsets, first = _fiber_ranges(index.keys, sample_keys(coords, layout.shape, mode))
-        # one histogram of the output rows per part: no more parts than the matches fill
-        parts = max(1, min(nb.get_num_threads(), 4 * int(offsets[-1]) // max(1, out.shape[0])))
-        start, sid, val = _row_sorted_runs(index.rows, index.vals, first, offsets, out_lo, out.shape[0], parts)
-    else:
-        if table is None:
-            table = SampleTable.build(sample_keys(coords, layout.shape, mode))
-        mask = layout.pext_masks if items.delta else layout.field_mask
-        coords = np.ascontiguousarray(coords, dtype=np.int64)
-        args = (
-            items.index,
-            items.values,
-            items.start,
-            items.end,
-            items.base,
-            items.prev,
-            layout.field_shift,
-            mask,
-            items.delta,
-            mode,
-            key_strides(layout.shape, mode),
-            not exact_keys(layout.shape, mode),
-            table.slot_key,
-            table.slot_id,
-            table.shift,
-            coords,
-        )
-        empty_i, empty_f = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=items.values.dtype)
-        counts = scan_matches(*args, np.zeros(0, dtype=np.int64), empty_i, empty_i, empty_f)
-        offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        m_row, m_sid, m_val = _match_buffers(int(offsets[-1]), items.values.dtype)
-        scan_matches(*args, offsets, m_row, m_sid, m_val)
-        start, sid, val = _row_sorted_matches(m_row, m_sid, m_val, out_lo, out.shape[0])
+        _index_gather(index, sample_keys(coords, layout.shape, mode), Hw, out, out_lo)
+        return
+    if table is None:
+        table = SampleTable.build(sample_keys(coords, layout.shape, mode))
+    mask = layout.pext_masks if items.delta else layout.field_mask
+    coords = np.ascontiguousarray(coords, dtype=np.int64)
+    args = (
+        items.index,
+        items.values,
+        items.start,
+        items.end,
+        items.base,
+        items.prev,
+        layout.field_shift,
+        mask,
+        items.delta,
+        mode,
+        key_strides(layout.shape, mode),
+        not exact_keys(layout.shape, mode),
+        table.slot_key,
+        table.slot_id,
+        table.shift,
+        coords,
+    )
+    empty_i, empty_f = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=items.values.dtype)
+    counts = scan_matches(*args, np.zeros(0, dtype=np.int64), empty_i, empty_i, empty_f)
+    offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    m_row, m_sid, m_val = _match_buffers(int(offsets[-1]), items.values.dtype)
+    scan_matches(*args, offsets, m_row, m_sid, m_val)
+    start, sid, val = _row_sorted_matches(m_row, m_sid, m_val, out_lo, out.shape[0])
+    if rows_of is not None:  # the rows of the matched samples only
+        used, sid = _compact_ids(sid, coords.shape[0])
+        Hw = _asked_rows(rows_of, used, out)
     # each row summed by one thread in its sorted order: the same sums for any thread count
     _rows_times(start, sid, val, Hw, out)
+
+
+def _asked_rows(rows_of: Callable[[np.ndarray], np.ndarray], used: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The weighted rows of the samples ``used`` from ``rows_of``, as ``out``'s dtype (checked)."""
+    Hw = np.ascontiguousarray(rows_of(used), dtype=out.dtype)
+    if Hw.shape != (used.shape[0], out.shape[1]):
+        raise ValueError(f"Hw gave rows of shape {Hw.shape} for {used.shape[0]} samples; R = {out.shape[1]}")
+    return Hw
+
+
+def _index_gather(
+    index: FiberIndex,
+    skeys: np.ndarray,
+    Hw: np.ndarray | Callable[[np.ndarray], np.ndarray],
+    out: np.ndarray,
+    out_lo: int,
+) -> None:
+    """The index path of :func:`sampled_mttkrp_items`: each sample's fiber found by its key
+    ``skeys[s]`` and added in (:func:`_scatter_runs`); a callable ``Hw`` is asked for the rows of
+    the samples whose fibers hold nonzeros only."""
+    offsets, first = index.ranges(skeys)
+    if callable(Hw):
+        used = np.flatnonzero(offsets[1:] > offsets[:-1])
+        Hw = _asked_rows(Hw, used, out)
+        slot = np.zeros(skeys.shape[0], dtype=np.int64)
+        slot[used] = np.arange(used.shape[0])
+    else:
+        slot = np.arange(skeys.shape[0], dtype=np.int64)
+    # every part reads every match: parts only where each has many to add (and no more than threads)
+    parts = max(1, min(nb.get_num_threads(), int(offsets[-1]) // _PART_MATCHES))
+    cut = np.array([0, out.shape[0]], dtype=np.int64)
+    if parts > 1:
+        cut = _row_cuts(index.rows, first, offsets, out_lo, out.shape[0], parts)
+    _scatter_runs(index.rows, index.vals, first, offsets, Hw, slot, out, out_lo, cut)
+
+
+@nb.njit(nogil=True, cache=True)
+def _compact_ids(sid, S):
+    """The distinct sample numbers in ``sid`` (sorted) and ``sid`` as positions among them."""
+    seen = np.zeros(S, dtype=np.bool_)
+    for e in range(sid.shape[0]):
+        seen[sid[e]] = True
+    pos = np.empty(S, dtype=np.int64)
+    n = 0
+    for s in range(S):
+        pos[s] = n
+        n += seen[s]
+    used = np.empty(n, dtype=np.int64)
+    for s in range(S):
+        if seen[s]:
+            used[pos[s]] = s
+    out = np.empty_like(sid)
+    for e in range(sid.shape[0]):
+        out[e] = pos[sid[e]]
+    return used, out
 
 
 def _match_buffers(n: int, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

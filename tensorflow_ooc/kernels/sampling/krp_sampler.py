@@ -144,6 +144,23 @@ class SampleSet:
         over the draws is ``A^T A``."""
         return (self.rows * self.weights[:, None]).T @ self.rows
 
+    @property
+    def ncols(self) -> int:
+        """Columns of the rows (``R``)."""
+        return int(self.rows.shape[1])
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The rows' dtype."""
+        return self.rows.dtype
+
+    def weighted_rows(self, which: np.ndarray | None = None) -> np.ndarray:
+        """``weights[s] * rows[s]`` (the rows a sampled MTTKRP adds) of the samples ``which`` (all by
+        default), a new (len(which), R) array."""
+        if which is None:
+            return self.weights[:, None] * self.rows
+        return self.weights[which, None] * self.rows[which]
+
     def __len__(self) -> int:
         return int(self.coords.shape[0])
 
