@@ -199,52 +199,34 @@ def core_contraction(
     T = max(1, min(nb.get_num_threads(), items.nitems, MAX_PRIVATE_BYTES // max(1, out.nbytes)))
     bounds, todo = thread_shares(items, T)
     bufs = out[None] if T == 1 else np.zeros((T,) + out.shape)
-    mask = layout.pext_masks if items.delta else layout.field_mask
     if specialize is None:
         specialize = int((items.end - items.start).sum()) >= SPECIALIZE_MIN_NNZ
     if specialize:
+        right = right_slices(cores, mode) if right is None else right
         kernel = contraction_kernel(cores.ranks, mode, bool(items.delta))
-        kernel(
-            items.index,
-            items.values,
-            items.start,
-            items.end,
-            items.base,
-            items.prev,
-            layout.field_shift,
-            mask,
+        kernel(*_item_args(items, layout), cores.data, right, cores.offsets, int(row_lo), bounds, todo, bufs)
+    else:
+        _core_contraction(
+            *_item_args(items, layout),
+            bool(items.delta),
             cores.data,
-            right_slices(cores, mode) if right is None else right,
             cores.offsets,
+            cores.ranks,
+            int(mode),
             int(row_lo),
             bounds,
             todo,
             bufs,
         )
-        if T > 1:
-            out += bufs.sum(axis=0)
-        return
-    _core_contraction(
-        items.index,
-        items.values,
-        items.start,
-        items.end,
-        items.base,
-        items.prev,
-        layout.field_shift,
-        mask,
-        bool(items.delta),
-        cores.data,
-        cores.offsets,
-        cores.ranks,
-        int(mode),
-        int(row_lo),
-        bounds,
-        todo,
-        bufs,
-    )
     if T > 1:
         out += bufs.sum(axis=0)
+
+
+def _item_args(items, layout) -> tuple:
+    """The work items and their field layout as the kernels take them (``pext`` masks for Delta
+    items, field masks otherwise)."""
+    mask = layout.pext_masks if items.delta else layout.field_mask
+    return (items.index, items.values, items.start, items.end, items.base, items.prev, layout.field_shift, mask)
 
 
 def residual_sums(items, layout, cores: TTCores, specialize: bool | None = None) -> tuple[float, float]:
@@ -257,25 +239,12 @@ def residual_sums(items, layout, cores: TTCores, specialize: bool | None = None)
     res = np.zeros(K)
     mod = np.zeros(K)
     if K:
-        mask = layout.pext_masks if items.delta else layout.field_mask
         if specialize is None:
             specialize = int((items.end - items.start).sum()) >= SPECIALIZE_MIN_NNZ
-        kernel = residual_kernel(cores.ranks, bool(items.delta)) if specialize else _residual_sums
-        args = () if specialize else (bool(items.delta),)
-        kernel(
-            items.index,
-            items.values,
-            items.start,
-            items.end,
-            items.base,
-            items.prev,
-            layout.field_shift,
-            mask,
-            *args,
-            cores.data,
-            cores.offsets,
-            *(() if specialize else (cores.ranks,)),
-            res,
-            mod,
-        )
+        if specialize:
+            kernel = residual_kernel(cores.ranks, bool(items.delta))
+            kernel(*_item_args(items, layout), cores.data, cores.offsets, res, mod)
+        else:
+            args = (bool(items.delta), cores.data, cores.offsets, cores.ranks, res, mod)
+            _residual_sums(*_item_args(items, layout), *args)
     return float(res.sum()), float(mod.sum())
