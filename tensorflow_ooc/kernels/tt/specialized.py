@@ -176,7 +176,7 @@ def _looped_body(add, N: int, ranks: tuple[int, ...], j: int, delta: bool) -> No
 def contraction_source(name: str, ranks: tuple[int, ...], mode: int, delta: bool, unrolled: bool) -> str:
     """Python source of core ``mode``'s contraction kernel for a train of ``ranks`` (R_0 .. R_N);
     the arguments are :func:`~tensorflow_ooc.kernels.tt.cpu._core_contraction`'s, with ``data_t``
-    (:func:`right_slices`) after ``data`` and no ranks or mode."""
+    (:func:`right_slices`) after ``data`` and no ``delta`` flag, ranks or mode (all compiled in)."""
     N = len(ranks) - 1
     L: list[str] = []
     add = L.append
