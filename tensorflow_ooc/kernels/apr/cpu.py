@@ -141,16 +141,8 @@ def model_values(
         kernel = model_values_kernel(layout.nmodes, factors.rank, items.delta, w is None)
         if w is None:
             w = np.empty(0, dtype=factors.dtype)
-        mask = layout.pext_masks if items.delta else layout.field_mask
         kernel(
-            items.index,
-            items.values,
-            items.start,
-            items.end,
-            items.base,
-            items.prev,
-            layout.field_shift,
-            mask,
+            *items.kernel_args(layout),
             factors.data,
             factors.offsets,
             np.ascontiguousarray(lam, dtype=factors.dtype),
@@ -284,16 +276,8 @@ def _row_pass(kernel, items, layout, factors, mode, row_lo, active, extra, out) 
     T = max(1, min(nb.get_num_threads(), items.nitems))
     bounds, todo = thread_shares(items, T)
     bufs = np.zeros((T,) + out.shape, dtype=out.dtype)
-    mask = layout.pext_masks if items.delta else layout.field_mask
     kernel(
-        items.index,
-        items.values,
-        items.start,
-        items.end,
-        items.base,
-        items.prev,
-        layout.field_shift,
-        mask,
+        *items.kernel_args(layout),
         bool(items.delta),
         factors.data,
         factors.offsets,

@@ -268,7 +268,7 @@ def run_items(
         layout.nmodes, R, items.delta, factors.data.nbytes > PREFETCH_MIN_BYTES, poisson
     )
     eps = (float(poisson_eps),) if poisson else ()
-    mask = layout.pext_masks if items.delta else layout.field_mask
+    mask = items.masks(layout)
     common = (
         items.index,
         items.values,

@@ -144,7 +144,7 @@ def run_owned(items, layout, factors, mode: int, out: np.ndarray, out_lo: int, t
     """Add the MTTKRP of items ``todo`` into ``out`` (rows ``out_lo ..``) by row-owned tiles."""
     R = out.shape[1]
     count, scatter, compute = owned_kernels(layout.nmodes, R, items.delta)
-    mask = layout.pext_masks if items.delta else layout.field_mask
+    mask = items.masks(layout)
     shift = tile_shift_for(out.shape[0], R, out.dtype.itemsize, nb.get_num_threads())
     ntiles = ((out.shape[0] - 1) >> shift) + 1
     nnz = (items.end - items.start)[todo]
@@ -184,14 +184,7 @@ def run_owned(items, layout, factors, mode: int, out: np.ndarray, out_lo: int, t
         # item t's bucket in tile j starts after the tile's earlier items
         starts = (tile_ptr[:-1][None, :] + np.cumsum(counts, axis=0) - counts).astype(np.int64)
         scatter(
-            items.index,
-            items.values,
-            items.start,
-            items.end,
-            items.base,
-            items.prev,
-            layout.field_shift,
-            mask,
+            *items.kernel_args(layout),
             mode,
             group,
             out_lo,

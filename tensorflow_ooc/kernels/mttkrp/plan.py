@@ -65,6 +65,25 @@ class WorkItems:
     def nnz(self) -> np.ndarray:
         return self.end - self.start
 
+    def masks(self, layout: BitLayout) -> np.ndarray:
+        """Each mode's mask as the kernels take it: the ``pext`` mask of its bits in the ALTO
+        word for Delta items, its field mask in the re-encoded index otherwise."""
+        return layout.pext_masks if self.delta else layout.field_mask
+
+    def kernel_args(self, layout: BitLayout) -> tuple:
+        """The arguments every item kernel takes first: ``index, values, start, end, base, prev``,
+        then the layout's field shifts and :meth:`masks`."""
+        return (
+            self.index,
+            self.values,
+            self.start,
+            self.end,
+            self.base,
+            self.prev,
+            layout.field_shift,
+            self.masks(layout),
+        )
+
 
 def thread_shares(items: WorkItems, threads: int) -> tuple[np.ndarray, np.ndarray]:
     """Items split into ``threads`` contiguous shares of about equal nonzeros, for kernels that

@@ -585,17 +585,9 @@ def sampled_mttkrp_items(
         return
     if table is None:
         table = SampleTable.build(sample_keys(coords, layout.shape, mode))
-    mask = layout.pext_masks if items.delta else layout.field_mask
     coords = np.ascontiguousarray(coords, dtype=np.int64)
     args = (
-        items.index,
-        items.values,
-        items.start,
-        items.end,
-        items.base,
-        items.prev,
-        layout.field_shift,
-        mask,
+        *items.kernel_args(layout),
         items.delta,
         mode,
         key_strides(layout.shape, mode),

@@ -204,10 +204,10 @@ def core_contraction(
     if specialize:
         right = right_slices(cores, mode) if right is None else right
         kernel = contraction_kernel(cores.ranks, mode, bool(items.delta))
-        kernel(*_item_args(items, layout), cores.data, right, cores.offsets, int(row_lo), bounds, todo, bufs)
+        kernel(*items.kernel_args(layout), cores.data, right, cores.offsets, int(row_lo), bounds, todo, bufs)
     else:
         _core_contraction(
-            *_item_args(items, layout),
+            *items.kernel_args(layout),
             bool(items.delta),
             cores.data,
             cores.offsets,
@@ -220,13 +220,6 @@ def core_contraction(
         )
     if T > 1:
         out += bufs.sum(axis=0)
-
-
-def _item_args(items, layout) -> tuple:
-    """The work items and their field layout as the kernels take them (``pext`` masks for Delta
-    items, field masks otherwise)."""
-    mask = layout.pext_masks if items.delta else layout.field_mask
-    return (items.index, items.values, items.start, items.end, items.base, items.prev, layout.field_shift, mask)
 
 
 def residual_sums(items, layout, cores: TTCores, specialize: bool | None = None) -> tuple[float, float]:
@@ -243,8 +236,8 @@ def residual_sums(items, layout, cores: TTCores, specialize: bool | None = None)
             specialize = int((items.end - items.start).sum()) >= SPECIALIZE_MIN_NNZ
         if specialize:
             kernel = residual_kernel(cores.ranks, bool(items.delta))
-            kernel(*_item_args(items, layout), cores.data, cores.offsets, res, mod)
+            kernel(*items.kernel_args(layout), cores.data, cores.offsets, res, mod)
         else:
             args = (bool(items.delta), cores.data, cores.offsets, cores.ranks, res, mod)
-            _residual_sums(*_item_args(items, layout), *args)
+            _residual_sums(*items.kernel_args(layout), *args)
     return float(res.sum()), float(mod.sum())
