@@ -63,6 +63,18 @@ def _field(x: str, j: str, delta: bool) -> str:
     return f"pext({x}, m{j})" if delta or HAS_BMI2 else f"(({x} >> s{j}) & m{j})"
 
 
+def _other_modes(add, nmodes: int, delta: bool) -> None:
+    """Source lines that hold each other mode's number ``o{j}``, field shift ``s{j}`` and mask
+    ``m{j}`` in scalars, the modes in the order mode+1, mode+2, ... (mod N): a product does not
+    care. With BMI2, a re-encoded index's masks are shifted into place for ``pext`` (a Delta
+    item's ``pext`` masks already are)."""
+    for j in range(1, nmodes):
+        add(f"    o{j} = (mode + {j}) % {nmodes}")
+        add(f"    s{j} = np.uint64(shift[o{j}]); m{j} = np.uint64(mask[o{j}])")
+        if HAS_BMI2 and not delta:
+            add(f"    m{j} = m{j} << s{j}")
+
+
 def _source(
     name: str,
     kind: str,
@@ -116,13 +128,8 @@ def _source(
         add("    RU = np.uint64(R)")
         add(f"    NT = R // {RANK_TILE}")
         add(f"    CT = np.uint64(NT * {RANK_TILE})")
-    # the other modes in the order mode+1, mode+2, ... (mod N): a product does not care
     add("    st = np.uint64(shift[mode]); mt = np.uint64(mask[mode])")
-    for j in others:
-        add(f"    o{j} = (mode + {j}) % {nmodes}")
-        add(f"    s{j} = np.uint64(shift[o{j}]); m{j} = np.uint64(mask[o{j}])")
-        if HAS_BMI2 and not delta:
-            add(f"    m{j} = m{j} << s{j}")
+    _other_modes(add, nmodes, delta)
     if HAS_BMI2 and not delta:
         add("    mt = mt << st")
     add("    zero = F[0, 0] * 0")
@@ -265,11 +272,7 @@ def _table_source(name: str, nmodes: int, rank_const: int) -> str:
         f"def {name}(ptr, rows, run_item, index, values, item_base, shift, mask, F, offs, mode, rank, bounds, "
         "out, first, bufs, out_lo):"
     )
-    for j in others:
-        add(f"    o{j} = (mode + {j}) % {nmodes}")
-        add(f"    s{j} = np.uint64(shift[o{j}]); m{j} = np.uint64(mask[o{j}])")
-        if HAS_BMI2:
-            add(f"    m{j} = m{j} << s{j}")
+    _other_modes(add, nmodes, False)
     add("    zero = F[0, 0] * 0")
     add("    Ff = F.reshape(F.size)")
     add("    for g in nb.prange(bounds.shape[0] - 1):")
