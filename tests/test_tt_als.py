@@ -4,6 +4,7 @@ in-memory, two worker processes against this process, checkpoint resume, results
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 
@@ -420,6 +421,23 @@ def test_randomized_fit_on_a_sparse_store_is_the_models(tmp_path, rng):
     r = tfo.tt_als(store, [3, 3, 2], method="randomized", samples=500, seed=int(rng.integers(1 << 30)), max_sweeps=3)
     dense_fit = 1 - np.linalg.norm(X - to_dense(r.cores)) / np.linalg.norm(X)
     assert abs(r.fit - dense_fit) < 1e-9
+
+
+def test_randomized_fit_cadence_defaults_as_randomized_cp_als(tmp_path, rng, monkeypatch):
+    """By default the fit is evaluated every sweep up to 2^24 nonzeros, else every 5th and at the
+    last (the bound lowered below this store's nonzeros for the second run)."""
+    # the module (the package's ``tt_als`` attribute is the function)
+    tt_module = importlib.import_module("tensorflow_ooc.decompositions.tt_als")
+    shape = (9, 8, 7)
+    _, coords, values = sparse_tensor(rng, shape, 0.3)
+    store = store_of(tmp_path, "s", coords, values, shape)
+    kw = dict(method="randomized", samples=200, seed=int(rng.integers(1 << 30)), max_sweeps=6, tol=0)
+    r = tfo.tt_als(store, 2, **kw)
+    assert r.params["fit_every"] == 1 and all(h["fit_evaluated"] for h in r.history)
+    monkeypatch.setattr(tt_module, "FIT_EVERY_ITERATION_NNZ", store.nnz - 1)
+    r = tfo.tt_als(store, 2, **kw)
+    assert r.params["fit_every"] == 5
+    assert [h["fit_evaluated"] for h in r.history] == [False, False, False, False, True, True]
 
 
 def test_randomized_streamed_workers_and_resume_draw_what_one_run_drew(tmp_path, rng):

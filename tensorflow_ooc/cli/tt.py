@@ -116,7 +116,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         type=_positive_int,
         default=None,
         help="randomized: evaluate the fit (a pass over every nonzero) every K sweeps and at the last "
-        "(default every sweep)",
+        "(default every sweep up to 2^24 nonzeros, else every 5th)",
     )
     t.add_argument("--out", help="result store (default STORE.tt-R1xR2x...zarr)")
     t.add_argument(

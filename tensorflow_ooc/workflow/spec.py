@@ -530,7 +530,9 @@ class TTDecomposeStep(_Decompose):
     )
     samples: PositiveInt = Field(65536, description="randomized: design rows drawn per core update")
     fit_every: PositiveInt | None = Field(
-        None, description="randomized: evaluate the fit every N sweeps and at the last (default 1)"
+        None,
+        description="randomized: evaluate the fit every N sweeps and at the last "
+        "(default 1 up to 2^24 nonzeros, else 5)",
     )
     execution: Literal["auto", "streaming", "in-memory"] = "auto"
     checkpoint_every: PositiveInt = 1
