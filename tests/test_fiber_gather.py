@@ -204,11 +204,13 @@ def test_index_scatter_does_not_depend_on_the_parts(rng):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("n", [50000, 300000])
 @pytest.mark.parametrize("key_space", [1000, 2**62])
-def test_stable_key_order_is_the_stable_argsort(rng, key_space):
-    """Keys joined with their positions (small key space) or the stable argsort (where key and
-    position need more than 64 bits): the stable order and the sorted keys, ties included."""
-    keys = rng.integers(0, 1000, 50000).astype(np.uint64)
+def test_stable_key_order_is_the_stable_argsort(rng, key_space, n):
+    """Keys joined with their positions (small key space; radix-sorted by one thread, or by
+    several from 2^17 keys) or the stable argsort (where key and position need more than 64
+    bits): the stable order and the sorted keys, ties included."""
+    keys = rng.integers(0, 1000, n).astype(np.uint64)
     order, sorted_keys = stable_key_order(keys, key_space)
     np.testing.assert_array_equal(order, np.argsort(keys, kind="stable"))
     np.testing.assert_array_equal(sorted_keys, np.sort(keys))

@@ -39,6 +39,7 @@ import numpy as np
 
 from ...format import BitLayout
 from ...format.bits import pext
+from ...format.radix_sort import sort_keys
 from ..mttkrp.plan import WorkItems
 from ..prefetch import prefetch_row
 
@@ -505,16 +506,21 @@ def stable_key_order(keys: np.ndarray, key_space: int) -> tuple[np.ndarray, np.n
     that order.
 
     Where a key and a position fit in 64 bits together, each key is joined with its position
-    below it and the joined words sorted by value (numpy's vectorized sort of unsigned integers):
-    the words are distinct, so their order is the stable order of the keys. 20 M nell2-shaped
-    keys: 0.3 s against 2.6 s for the stable argsort."""
+    below it and the joined words sorted by value: the words are distinct, so their order is the
+    stable order of the keys. They are sorted by the store's parallel radix sort
+    (:func:`~tensorflow_ooc.format.radix_sort.sort_keys`, in the words' buffer, with 16 bytes a word
+    of scratch: the index's build still peaks at about 56 bytes a nonzero, in the gather after it).
+    Joined words of 3.3 M keys of 24 bits, 2 threads: 0.03 s against 0.195 s for numpy's sort,
+    20 M of 30 bits 0.20 s against 1.59 s (numpy's stable argsort of 20 M nell2-shaped keys took
+    2.6 s)."""
     n = keys.shape[0]
     pbits = max(1, (n - 1).bit_length())
-    if (max(1, key_space) - 1).bit_length() + pbits > 64:
+    total_bits = (max(1, key_space) - 1).bit_length() + pbits
+    if total_bits > 64:
         order = np.argsort(keys, kind="stable")
         return order, keys[order]
     joined = _join_positions(keys, pbits)
-    joined.sort()  # in place: the index's build peaks at about 56 bytes a nonzero, as before
+    joined = sort_keys(joined[None, :], total_bits)[0]
     return _split_positions(joined, pbits)
 
 
