@@ -409,3 +409,29 @@ def test_large_factors_get_longer_leaves_and_the_plan_counts_them(monkeypatch, r
             seg = U[lo : lo + large.leaf_rows]
             np.testing.assert_allclose(large.node_gram(v), seg.T @ seg, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(large.gram, U.T @ U, rtol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "dims, rows",
+    [
+        ((183, 24, 1717), 65536),  # codes radix-sorted on one thread
+        ((40, 3, 7, 5), 300000),  # many repeats, sorted by several threads
+        ((1, 9, 1), 1000),  # constant columns
+        ((6,), 1),
+        ((5, 4), 0),
+        ((2**40, 2**40), 5000),  # codes beyond int64: the lexsort
+    ],
+)
+def test_unique_rows_is_numpys_unique(rng, dims, rows):
+    idx = np.stack([rng.integers(0, d, rows) for d in dims], axis=1).astype(np.int64).reshape(rows, len(dims))
+    if rows > 10:
+        idx[: rows // 10] = idx[rows // 10 : 2 * (rows // 10)]  # repeated rows for certain
+    got, counts = ks.unique_rows(idx)
+    want, want_counts = np.unique(idx, axis=0, return_counts=True)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(counts, want_counts)
+    assert counts.sum() == rows
+    neg = idx - 3  # negative entries: the lexsort
+    got, counts = ks.unique_rows(neg)
+    np.testing.assert_array_equal(got, want - 3)
+    np.testing.assert_array_equal(counts, want_counts)

@@ -50,6 +50,8 @@ import numba as nb
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from ...format.radix_sort import sort_keys
+
 # Eigenvalues of a Gram matrix at or below PINV_RTOL times the largest count as zero in the
 # pseudo-inverses here. Where a Gram is exactly singular (a factor with fewer rows than columns,
 # collinear columns, a rank-deficient product) rounding leaves eigenvalues of up to about 1e-15 of
@@ -950,21 +952,27 @@ def unique_rows(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     Same result as ``np.unique(idx, axis=0, return_counts=True)``, many times faster: rows of
     non-negative entries whose mixed-radix code (radix ``max + 1`` per column) fits in int64 are
-    sorted as those codes (lexicographic order, 65536 x 3: 0.8 ms), others by a ``lexsort`` of the
-    columns (12 ms) instead of a sort of row-sized byte strings.
+    sorted as those codes, by the store's radix sort (:func:`~tensorflow_ooc.format.radix_sort.sort_keys`:
+    numpy's sort of 65536 int64 codes took 2.9 ms here, where it does not run vectorized), others
+    by a ``lexsort`` of the columns (12 ms) instead of a sort of row-sized byte strings. 65536 x 3
+    (uber-shaped columns): 8.4 ms before, with numpy's sort and ``max(axis=0)``.
     """
     if idx.shape[0] == 0:
         return idx.copy(), np.zeros(0, dtype=np.int64)
     N = idx.shape[1]
     if N > 0 and np.issubdtype(idx.dtype, np.signedinteger) and idx.min() >= 0:
-        dims = [int(d) + 1 for d in idx.max(axis=0)]
+        # column by column: max(axis=0) over a (J, 3) array took 1 ms for 65536 rows
+        dims = [int(idx[:, k].max()) + 1 for k in range(N)]
         if math.prod(dims) <= np.iinfo(np.int64).max:
             strides = [math.prod(dims[k + 1 :]) for k in range(N)]
             keys = np.zeros(idx.shape[0], dtype=np.int64)
             for k in range(N):
                 if dims[k] > 1:
                     keys += idx[:, k].astype(np.int64) * strides[k]
-            keys.sort()
+            # the codes lie in [0, prod(dims)): their bits as unsigned words, sorted in place
+            keys = sort_keys(keys.view(np.uint64)[None, :], max(1, (math.prod(dims) - 1).bit_length()))[0].view(
+                np.int64
+            )
             new = np.empty(keys.shape[0], dtype=bool)
             new[0] = True
             np.not_equal(keys[1:], keys[:-1], out=new[1:])
