@@ -215,19 +215,35 @@ def scan_matches(
 
 
 @nb.njit(nogil=True, cache=True)
+def _lower_bound(keys, key, lo, hi):
+    """The first ``i`` in ``lo .. hi - 1`` with ``keys[i] >= key`` (``hi`` if none)."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if keys[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@nb.njit(nogil=True, cache=True)
+def _gallop(a, key, pos):
+    """The first ``i >= pos`` with ``a[i] >= key`` (``len(a)`` if none) in the sorted ``a``, every
+    entry before ``pos`` smaller than ``key``: doubling steps, then bisection inside the last (a
+    search from a nearby position stays within a few cache lines)."""
+    n = a.shape[0]
+    step = 1
+    while pos + step <= n and a[pos + step - 1] < key:
+        step *= 2
+    return _lower_bound(a, key, pos + step // 2, min(pos + step, n))
+
+
+@nb.njit(nogil=True, cache=True)
 def _run_at(keys, key, pos):
     """``(lo, hi)``: the run of ``key`` in the sorted ``keys``, searched from ``pos`` on (every key
-    before ``pos`` is smaller) by doubling steps, then bisection inside the last step."""
-    n = keys.shape[0]
-    step = 1
-    while pos + step <= n and keys[pos + step - 1] < key:
-        step *= 2
-    lo = pos + step // 2 + np.searchsorted(keys[pos + step // 2 : min(pos + step, n)], key, side="left")
-    step = 1
-    while lo + step <= n and keys[lo + step - 1] <= key:
-        step *= 2
-    hi = lo + step // 2 + np.searchsorted(keys[lo + step // 2 : min(lo + step, n)], key, side="right")
-    return lo, hi
+    before ``pos`` is smaller; keys below 2^63, as exact keys are)."""
+    lo = _gallop(keys, key, pos)
+    return lo, _gallop(keys, key + np.uint64(1), lo)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -263,29 +279,6 @@ def _fiber_ranges(keys, skeys):
     return offsets, first
 
 
-@nb.njit(nogil=True, cache=True)
-def _lower_bound(keys, key, lo, hi):
-    """The first ``i`` in ``lo .. hi - 1`` with ``keys[i] >= key`` (``hi`` if none)."""
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if keys[mid] < key:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@nb.njit(nogil=True, cache=True)
-def _fence_at(fence, key, pos):
-    """The first ``f >= pos`` with ``fence[f] >= key`` (``len(fence)`` if none), every fence entry
-    before ``pos`` smaller than ``key``: doubling steps, then bisection inside the last."""
-    nf = fence.shape[0]
-    step = 1
-    while pos + step <= nf and fence[pos + step - 1] < key:
-        step *= 2
-    return _lower_bound(fence, key, pos + step // 2, min(pos + step, nf))
-
-
 @nb.njit(parallel=True, nogil=True, cache=True)
 def _fenced_ranges(keys, blocks, fence, skeys):
     """:func:`_fiber_ranges` through the fence ``fence = keys[::FENCE]`` (``blocks``: ``keys`` as rows
@@ -309,7 +302,7 @@ def _fenced_ranges(keys, blocks, fence, skeys):
     for blk in nb.prange(nblk):
         pos = 0
         for s in range(blk * block, min(S, (blk + 1) * block)):
-            pos = _fence_at(fence, skeys[s], pos)
+            pos = _gallop(fence, skeys[s], pos)
             at[s] = pos
     for blk in nb.prange(nblk):
         lo_s = blk * block
@@ -325,11 +318,8 @@ def _fenced_ranges(keys, blocks, fence, skeys):
             # keys[(f - 1) FENCE] < key <= keys[f FENCE]: the run starts in between
             f = at[s]
             lo = _lower_bound(keys, key, max(0, (f - 1) * FENCE), min(n, f * FENCE + 1))
-            step = 1
-            while lo + step <= n and keys[lo + step - 1] <= key:
-                step *= 2
             first[s] = lo
-            count[s] = _lower_bound(keys, key + np.uint64(1), lo + step // 2, min(lo + step, n)) - lo
+            count[s] = _gallop(keys, key + np.uint64(1), lo) - lo
     offsets = np.zeros(S + 1, dtype=np.int64)
     for s in range(S):
         offsets[s + 1] = offsets[s] + count[s]
