@@ -317,7 +317,25 @@ def run_items(
             ptr, rows, run_item = items.runs
             cuts = np.searchsorted(ptr[1:], ptr[0] + (ptr[-1] - ptr[0]) * np.arange(1, T) / T, side="right")
             bounds = np.concatenate([[0], cuts, [rows.shape[0]]]).astype(np.int64)
-            table_threads(ptr, rows, run_item, *common[:2], items.base, *common[7:13], bounds, out, first, bufs, out_lo)
+            table_threads(
+                ptr,
+                rows,
+                run_item,
+                items.index,
+                items.values,
+                items.base,
+                layout.field_shift,
+                mask,
+                factors.data,
+                factors.offsets,
+                mode,
+                R,
+                bounds,
+                out,
+                first,
+                bufs,
+                out_lo,
+            )
         else:
             cum = np.cumsum((items.end - items.start)[todo])
             cuts = np.searchsorted(cum, cum[-1] * np.arange(1, T) / T, side="right")
