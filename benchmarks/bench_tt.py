@@ -2,6 +2,7 @@
 
     python benchmarks/bench_tt.py --tensors uber nell2 --ranks 4 6 8 10 12 --sweeps 40 --trials 5
     python benchmarks/bench_tt.py --tensors uber --ranks 4 --sweeps 5 --trials 2   # a quick look
+    python benchmarks/bench_tt.py --tensors nell2 --nnz nell2=76900000 --ranks 4 8 12   # NELL-2's count
 
 For each tensor (uber- and nell2-shaped: the preset's shape and nonzero count holding a planted
 sparse CP model of rank 8 plus noise, or with ``--data random`` the heavy-tailed tensors of
@@ -48,13 +49,14 @@ def _sweep_seconds(result) -> float:
     return steady([h["seconds"] - h.get("fit_seconds", 0.0) for h in result.history])
 
 
-def planted_store(name: str, workdir: Path, seed: int, rank: int = 8, noise: float = 0.1):
-    """The preset's shape and nonzero count holding a planted sparse CP model of ``rank`` (a TT of
-    ranks ``rank``) plus ``noise``: data with structure to fit (the heavy-tailed tensors of
-    ``bench_peers.py`` hold uniform random values, whose fits are near 0 at every rank)."""
+def planted_store(name: str, workdir: Path, seed: int, rank: int = 8, noise: float = 0.1, nnz: int | None = None):
+    """The preset's shape and nonzero count (or ``nnz``) holding a planted sparse CP model of
+    ``rank`` (a TT of ranks ``rank``) plus ``noise``: data with structure to fit (the heavy-tailed
+    tensors of ``bench_peers.py`` hold uniform random values, whose fits are near 0 at every rank)."""
     from tensorflow_ooc import synthetic
 
-    shape, nnz = synthetic.PRESETS[name]
+    shape, preset_nnz = synthetic.PRESETS[name]
+    nnz = int(nnz or preset_nnz)
     path = workdir / f"{name}-plantedcp{rank}-n{noise:g}-s{seed}-{nnz}.zarr"
     try:
         return tfo.open_store(path), tuple(shape)
@@ -148,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         help="planted: a sparse CP model of rank 8 plus 10%% noise on the preset's shape and nonzero count; "
         "random: bench_peers.py's heavy-tailed tensor with uniform random values",
     )
+    ap.add_argument(
+        "--nnz",
+        nargs="+",
+        default=[],
+        metavar="TENSOR=COUNT",
+        help="planted nonzeros of a tensor instead of its preset's, e.g. nell2=76900000 (NELL-2's own count)",
+    )
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="numba threads")
     ap.add_argument("--seed", type=int, default=21)
     ap.add_argument(
@@ -156,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         help="where the .tns files and stores are kept between runs (shared with bench_peers.py)",
     )
     args = ap.parse_args(argv)
+    try:
+        counts = {k: int(float(v)) for k, _, v in (item.partition("=") for item in args.nnz)}
+    except ValueError:
+        ap.error(f"--nnz takes TENSOR=COUNT, got {args.nnz}")
     out = {
         "benchmark": "tt",
         "commit": _git_commit(__file__),
@@ -167,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     for name in args.tensors:
         if args.data == "planted":
-            store, shape = planted_store(name, workdir, 21)
+            store, shape = planted_store(name, workdir, 21, nnz=counts.get(name))
         else:
             _, store_path, coords, _, shape = tensor_files(name, workdir, 21)
             store = tfo.open_store(store_path)
