@@ -196,8 +196,9 @@ def test_index_scatter_does_not_depend_on_the_parts(rng):
         for e in range(f, f + lengths[s]):
             want[rows[e] - out_lo] += vals[e] * Hw[s]
     slot = np.arange(150)
-    for parts in (1, 2, 3, 7):
-        cut = _row_cuts(rows, first, offsets, out_lo, nrows, parts)
+    for parts, step in ((1, 1), (2, 1), (3, 1), (7, 1), (2, 16), (3, 7), (4, 1000)):
+        # step: the cuts counted over every step-th sample's matches (1000: one sample, or none)
+        cut = _row_cuts(rows, first, offsets, out_lo, nrows, parts, step)
         assert cut[0] == 0 and cut[-1] == nrows and np.all(np.diff(cut) >= 0)
         got = np.zeros((nrows, R))
         _scatter_runs(rows, vals, first, offsets, Hw, slot, got, out_lo, cut)
