@@ -81,6 +81,43 @@ def test_zero_based_and_shape_inference(tmp_path, rng):
     assert_store_equals(s, coords, values)
 
 
+@pytest.mark.parametrize("out_of_core", [False, True])
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_generated_files_header_shape_keeps_trailing_empty_slices(tmp_path, rng, out_of_core, gz):
+    """A .tns carries no shape, so it is inferred from the largest indices; the header this
+    package's generators write names the shape, and the inferred shape grows to it (a planted
+    uber-shaped model converted to 183 x 24 x 1138 x 1711 before). It never shrinks the shape, and
+    only the generators' header is read, with the file's mode count."""
+    shape = tuple(int(x) for x in rng.integers(20, 60, 4))
+    coords, values = random_coo(rng, tuple(s - 3 for s in shape), 3000)  # the last 3 slices empty
+    head = [f"# tensorflow_ooc synthetic planted tensor, shape {','.join(map(str, shape))}, seed 0"]
+    path = write_lines(tmp_path / ("h.tns.gz" if gz else "h.tns"), head + tns_text(coords, values), gz=gz)
+    kw = {"out_of_core": True, "sort_nnz": 700} if out_of_core else {}
+    s = tfo.convert(path, tmp_path / "h.zarr", **kw)
+    assert s.shape == shape
+    assert_store_equals(s, coords, values)
+    inferred = tuple(int(m) + 1 for m in coords.max(axis=0))
+    # an index beyond the header's shape wins (the header is a comment); a given shape is the shape
+    small = ",".join(str(x - 10) for x in shape)
+    path = write_lines(
+        tmp_path / "small.tns", [f"# tensorflow_ooc synthetic planted tensor, shape {small}"] + tns_text(coords, values)
+    )
+    assert tfo.convert(path, tmp_path / "s.zarr", **kw).shape == tuple(max(a, b - 10) for a, b in zip(inferred, shape))
+    given = tuple(x + 5 for x in shape)
+    assert tfo.convert(path, tmp_path / "g.zarr", shape=given, **kw).shape == given
+    # other comments, a wrong mode count and a header after the data are not read as shapes
+    for k, first in enumerate(
+        [
+            f"# shape {','.join(map(str, shape))}",
+            f"# tensorflow_ooc synthetic planted tensor, shape {','.join(map(str, shape[:3]))}, seed 0",
+        ]
+    ):
+        path = write_lines(tmp_path / f"o{k}.tns", [first] + tns_text(coords, values))
+        assert tfo.convert(path, tmp_path / f"o{k}.zarr", **kw).shape == inferred
+    path = write_lines(tmp_path / "late.tns", tns_text(coords, values) + head)
+    assert tfo.convert(path, tmp_path / "late.zarr", **kw).shape == inferred
+
+
 def test_parallel_pieces_match_serial(tmp_path, rng):
     coords, values = random_coo(rng, (300, 200, 100, 50), 20_000)
     path = write_lines(tmp_path / "p.tns", tns_text(coords, values))

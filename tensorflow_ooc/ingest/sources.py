@@ -294,6 +294,8 @@ class TextSource(Source):
         self.nmodes = tns_reader.detect_nmodes(self.path)
         tns_reader.check_shape_arity(self.path, shape, self.nmodes)
         self.given_shape = None if shape is None else tuple(int(s) for s in shape)
+        # a generated file's header shape: inferred shapes grow to it (trailing empty slices)
+        self.declared_shape = tns_reader.declared_shape(self.path, self.nmodes)
         self.workers = workers
         self.piece_bytes = piece_bytes
         self.bytes_per_line = self._sample_line_bytes()
@@ -333,7 +335,16 @@ class TextSource(Source):
         mx = np.full(self.nmodes, -1, dtype=np.int64)
         for piece in self.pieces(None):
             np.maximum(mx, piece.max, out=mx)
-        return tuple(int(m) + 1 for m in mx)
+        return self.shape_from_max(mx)
+
+    def shape_from_max(self, mx: np.ndarray) -> tuple[int, ...]:
+        """The inferred shape for per-mode largest indices ``mx``: max index + 1, grown to the
+        header's shape (:func:`~tensorflow_ooc.ingest.tns_reader.declared_shape`) where that is
+        larger; an index beyond the header's shape wins (the header is only a comment)."""
+        inferred = tuple(int(m) + 1 for m in mx)
+        if self.declared_shape is None:
+            return inferred
+        return tuple(max(a, b) for a, b in zip(inferred, self.declared_shape))
 
 
 def as_source(

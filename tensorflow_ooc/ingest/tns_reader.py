@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -65,6 +66,29 @@ def detect_nmodes(path: str | os.PathLike) -> int:
     except UnicodeDecodeError as exc:  # pragma: no cover - bytes mode
         raise ParseError(str(exc), path) from exc
     raise EmptyTensorError("file has no nonzeros (no data lines)", path)
+
+
+# the header `tfooc generate` and the workflows' generate steps write (synthetic/tns_writer.py)
+_HEADER_SHAPE = re.compile(rb"^#\s*tensorflow_ooc synthetic\b.*?\bshape (\d+(?:,\d+)*)")
+
+
+def declared_shape(path: str | os.PathLike, nmodes: int) -> tuple[int, ...] | None:
+    """The shape named in the comment header this package's generators write ("# tensorflow_ooc
+    synthetic ... tensor, shape 183,24,1140,1717, ..."), or None. A ``.tns`` carries no shape, so it
+    is otherwise inferred from the largest indices, which drops trailing slices without nonzeros
+    (a planted uber-shaped model converted to 183 x 24 x 1138 x 1711)."""
+    try:
+        with _open_text(path) as f:
+            for raw in f:
+                if not raw.startswith(b"#"):
+                    return None  # the header is the file's leading comment lines
+                m = _HEADER_SHAPE.match(raw)
+                if m:
+                    shape = tuple(int(x) for x in m.group(1).split(b","))
+                    return shape if len(shape) == nmodes and min(shape) > 0 else None
+    except (OSError, EOFError, zlib.error, gzip.BadGzipFile):
+        return None  # reading the data reports what is wrong with the file
+    return None
 
 
 def parse_buffer(buf: np.ndarray, nmodes: int, one_based: bool, shape: np.ndarray) -> ParsedPiece:
