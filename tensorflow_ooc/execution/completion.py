@@ -342,11 +342,16 @@ def state_info(state: FastTuckerState) -> dict:
 
 def test_errors_partition(data: ObservedPartition, state: FastTuckerState, threads: int | None = None) -> ErrorSums:
     """Squared and absolute error sums of the model on a partition's test entries."""
-    if data.test_coords.shape[0] == 0:
+    return _error_sums(data.test_coords, data.test_values, state, threads)
+
+
+def _error_sums(coords: np.ndarray, values: np.ndarray, state: FastTuckerState, threads: int | None) -> ErrorSums:
+    """Squared and absolute error sums of the model at ``coords`` against ``values``."""
+    if coords.shape[0] == 0:
         return ErrorSums()
     with numba_threads(threads):
-        pred = K.predict_entries(data.test_coords, state.offsets, state.A, state.B)
-    err = data.test_values - pred
+        pred = K.predict_entries(np.ascontiguousarray(coords), state.offsets, state.A, state.B)
+    err = values - pred
     return ErrorSums(float((err * err).sum()), float(np.abs(err).sum()), int(err.shape[0]))
 
 
@@ -359,14 +364,8 @@ def sample_errors_partition(data: ObservedPartition, state: FastTuckerState, thr
     diverged when no test entries are held out. A few thousand entries show a model whose error
     grew several-fold as surely as all of them, at a bounded cost per epoch."""
     n = data.coords.shape[0]
-    if n == 0:
-        return ErrorSums()
     pick = slice(None) if n <= CHECK_SAMPLE else np.linspace(0, n - 1, CHECK_SAMPLE).astype(np.int64)
-    coords, values = data.coords[pick], data.values[pick]
-    with numba_threads(threads):
-        pred = K.predict_entries(np.ascontiguousarray(coords), state.offsets, state.A, state.B)
-    err = values - pred
-    return ErrorSums(float((err * err).sum()), float(np.abs(err).sum()), int(err.shape[0]))
+    return _error_sums(data.coords[pick], data.values[pick], state, threads)
 
 
 def combine_errors(*parts: ErrorSums) -> ErrorSums:

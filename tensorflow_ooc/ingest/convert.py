@@ -513,7 +513,7 @@ def _read_all(src: Source, shape, progress: bool) -> tuple[list[np.ndarray], lis
 def _convert_in_memory(src, store, shape, duplicates, writer_args, progress, attrs) -> Store:
     coords_parts, value_parts, mx = _read_all(src, shape, progress)
     if shape is None:
-        shape = src.shape_from_max(mx) if isinstance(src, TextSource) else tuple(int(m) + 1 for m in mx)
+        shape = src.shape_from_max(mx)
     layout = BitLayout(tuple(shape))
     total = sum(c.shape[0] for c in coords_parts)
     # linearize piece by piece into one key array: the coordinates are never concatenated

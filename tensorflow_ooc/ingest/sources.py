@@ -38,6 +38,10 @@ class Source:
                 n += coords.shape[0]
         if n == 0:
             raise EmptyTensorError("input has no nonzeros")
+        return self.shape_from_max(mx)
+
+    def shape_from_max(self, mx: np.ndarray) -> tuple[int, ...]:
+        """The inferred shape for per-mode largest indices ``mx``: max index + 1."""
         return tuple(int(m) + 1 for m in mx)
 
     def batches(self, shape: Sequence[int] | None, batch_nnz: int | None = None) -> Iterator[Batch]:
@@ -341,7 +345,7 @@ class TextSource(Source):
         """The inferred shape for per-mode largest indices ``mx``: max index + 1, grown to the
         header's shape (:func:`~tensorflow_ooc.ingest.tns_reader.declared_shape`) where that is
         larger; an index beyond the header's shape wins (the header is only a comment)."""
-        inferred = tuple(int(m) + 1 for m in mx)
+        inferred = super().shape_from_max(mx)
         if self.declared_shape is None:
             return inferred
         return tuple(max(a, b) for a, b in zip(inferred, self.declared_shape))
