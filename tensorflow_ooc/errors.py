@@ -82,6 +82,15 @@ class StoreExistsError(StoreError, FileExistsError):
     """The destination store already exists and overwrite was not requested."""
 
 
+class DestinationError(TfoocError, ValueError):
+    """An output, checkpoint or temporary path would destroy an input or something this package
+    did not write (an ordinary file, a folder holding other things)."""
+
+
+class OutputLockedError(DestinationError):
+    """Another run is writing the same output (its lock names the run, host and PID)."""
+
+
 class DenseArrayError(TfoocError, ValueError):
     """A dense input array cannot be decomposed (its order, dtype or shape), or a dense CP-ALS
     parameter does not suit it (a rank above what the dense kernel supports)."""

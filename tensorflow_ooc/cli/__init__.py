@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import sys
 from typing import Sequence
 
@@ -224,6 +225,7 @@ def _run(argv: list[str], json_mode: bool) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.quiet, args.verbose, args.log_format)
+    _warnings_as_log_lines()
     # bars only for a person at a terminal: never in JSON mode or into a file or pipe
     args.progress = progress_wanted(args.quiet, args.log_format)
     paths_for_workers(args)  # relative paths sent to a cluster's workers: made absolute
@@ -237,7 +239,8 @@ def _run(argv: list[str], json_mode: bool) -> int:
             settings = dask.config.set(tls)
         else:
             settings = contextlib.nullcontext()
-        with settings:
+        # the command's claims on its outputs (locks) are released when it ends, however it ends
+        with settings, contextlib.ExitStack() as args.cleanup:
             check_scheduler_address(getattr(args, "scheduler", None))
             return int(args.func(args) or 0)
     except BrokenPipeError:
@@ -246,14 +249,13 @@ def _run(argv: list[str], json_mode: bool) -> int:
         print(f"tfooc: error: {exc}", file=sys.stderr)
         return 1
     except (TfoocError, ValueError, FileExistsError, FileNotFoundError, TypeError) as exc:
-        print(f"tfooc: error: {exc}", file=sys.stderr)
+        print(f"tfooc: error: {in_flags(str(exc), parser, args.command)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as exc:
-        if not is_disk_full(exc):
-            if json_mode:
-                return _internal_error(exc)
-            raise
-        print(f"tfooc: error: {disk_full_error(exc, None)}", file=sys.stderr)  # a write no site translated
+        if is_disk_full(exc):
+            print(f"tfooc: error: {disk_full_error(exc, None)}", file=sys.stderr)  # a write no site translated
+        else:  # read-only file systems, permissions, paths through a file, names too long: one line
+            print(f"tfooc: error: {os_error_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("tfooc: interrupted", file=sys.stderr)
@@ -262,6 +264,58 @@ def _run(argv: list[str], json_mode: bool) -> int:
         if not json_mode:
             raise  # a traceback, for a person to report
         return _internal_error(exc)
+
+
+_KEYWORD = re.compile(r"\b([a-z][a-z0-9_]*)=(True|False|None|'[^']*'|\"[^\"]*\"|[^\s,;)]+)")
+
+
+def in_flags(message: str, parser: argparse.ArgumentParser, command: str | None) -> str:
+    """``message`` with the API keywords it advises (``overwrite=True``, ``duplicates='sum'``)
+    written as ``command``'s flags (``--overwrite``, ``--duplicates sum``), for errors raised by the
+    API below a command; keywords the command has no flag for are left as they are."""
+    sub = next((a.choices.get(command) for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    if sub is None:
+        return message
+    flags = {a.dest: max(a.option_strings, key=len) for a in sub._actions if a.option_strings}
+
+    def flag(m: re.Match) -> str:
+        name, value = m.group(1), m.group(2)
+        if name not in flags:
+            return m.group(0)
+        if value in ("True", "False", "None"):
+            return flags[name] if value == "True" else m.group(0)
+        return f"{flags[name]} {value.strip(chr(39) + chr(34))}"
+
+    return _KEYWORD.sub(flag, message)
+
+
+def os_error_line(exc: OSError) -> str:
+    """An OS error as one line naming the path and the cause."""
+    import errno
+
+    cause = exc.strerror or str(exc)
+    if exc.errno == errno.EROFS:
+        cause = "read-only file system: nothing was written"
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        cause = "permission denied: nothing was written"
+    elif exc.errno == errno.ENOTDIR:
+        cause = "a part of the path is a file, not a folder"
+    elif exc.errno == errno.ENAMETOOLONG:
+        cause = "file name too long"
+    if exc.filename is None:
+        return cause if exc.strerror else f"{type(exc).__name__}: {cause}"
+    where = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 else "")
+    return f"{where}: {cause}"
+
+
+def _warnings_as_log_lines() -> None:
+    """Python warnings reach a person as one log line (no source line, no file and line number)."""
+    import warnings
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        logging.getLogger("tensorflow_ooc").warning("%s", message)
+
+    warnings.showwarning = show
 
 
 def _internal_error(exc: BaseException) -> int:

@@ -7,17 +7,21 @@ import logging
 import time
 from typing import Callable
 
-from .options import _finite_float, _fraction, _nonnegative_int, _positive_int, parse_ranks
+from .options import _finite_float, _fraction, _nonnegative_int, _positive_int, _seed, claim, parse_ranks
 
 
 def cmd_complete(args: argparse.Namespace) -> int:
     from ..decompositions import tucker_sgd
     from ..store import open_store, paths
+    from ..store.destinations import holding
 
     store = open_store(paths.resolve_version(args.store))  # a versioned folder: its latest version
     out = args.out or f"{str(args.store).rstrip('/')}.fasttucker-r{args.core_rank}.zarr"
+    claim(args, {"--out": out}, {"store": args.store, "--test": args.test})
     if paths.exists(out) and not args.overwrite:
-        raise FileExistsError(f"{out} holds an earlier result; pass --out NEW to keep it or --overwrite to replace it")
+        raise FileExistsError(
+            f"{out} holds {holding(out).text}; pass --out NEW to keep it or --overwrite to replace it"
+        )
     ranks = args.ranks[0] if len(args.ranks) == 1 else args.ranks
     from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -151,7 +155,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         help="stop when the test RMSE has not improved for this many epochs (default 5)",
     )
     t.add_argument(
-        "--seed", type=int, default=0, help="seed of the initial model, the batches and the split (default 0)"
+        "--seed", type=_seed, default=0, help="seed of the initial model, the batches and the split (default 0)"
     )
     t.add_argument(
         "--threads", type=_positive_int, default=None, help="numba threads per task (1: reproducible; default all)"

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 import zarr
@@ -20,6 +21,8 @@ import zarr
 from ..disk import disk_writes
 from ..errors import StoreError
 from ..store import paths
+from ..store.destinations import holding
+from ..store.output_claim import claim_outputs
 
 # rows per chunk of a factor matrix in a result store
 ROWS_PER_CHUNK = 1 << 16
@@ -57,6 +60,28 @@ def write_result_store(
             }
         )
     return final
+
+
+@contextmanager
+def claim_run(
+    store: Any,
+    out: str | os.PathLike | None,
+    checkpoint: str | os.PathLike | None,
+    overwrite: bool,
+    purpose: str,
+    inputs: dict | None = None,
+    error: type[Exception] = StoreError,
+) -> Iterator[None]:
+    """Hold a decomposition's ``out`` and ``checkpoint`` for its run, before it starts: refused
+    when either is, contains or lies inside the input ``store`` (or another of ``inputs``) or holds
+    something this package did not write, when another run writes either, and when ``out`` holds
+    a result and ``overwrite`` is false (``error`` is raised then, naming what is there)."""
+    where = getattr(store, "path", None)
+    given = {"store": where if isinstance(where, str) and paths.exists(where) else None, **(inputs or {})}
+    with claim_outputs({"out": out, "checkpoint": checkpoint}, given, purpose):
+        if out is not None and paths.exists(str(out)) and not overwrite:
+            raise error(f"{out}: already holds {holding(out).text}; pass overwrite=True to replace it")
+        yield
 
 
 def _open(path: str) -> tuple[zarr.Group, Any]:

@@ -400,13 +400,29 @@ def convert(
         raise ValueError(f"index_encoding must be one of {list(ENCODINGS)}, got {index_encoding!r}")
     if values_dtype is not None and np.dtype(values_dtype) not in (np.float32, np.float64):
         raise ValueError(f"values_dtype must be float64 or float32, got {values_dtype!r}")
+    from ..store.output_claim import claim_outputs
+
+    # before anything is read or written: the store apart from the input, replacing only what
+    # this package wrote, and one writer at a time (held until the store is published)
+    inputs = {"source": source} if isinstance(source, (str, os.PathLike)) else {}
+    with claim_outputs({"store": store}, inputs, f"convert to {store}", temporaries={"tmp_dir": tmp_dir}):
+        return _convert_claimed(
+            source, store, shape, one_based, duplicates, chunk_nnz, max_block_nnz, memory_limit, overwrite,
+            progress, workers, tmp_dir, out_of_core, sort_nnz, compression, values_dtype, index_encoding,
+        )  # fmt: skip
+
+
+def _convert_claimed(
+    source, store, shape, one_based, duplicates, chunk_nnz, max_block_nnz, memory_limit, overwrite,
+    progress, workers, tmp_dir, out_of_core, sort_nnz, compression, values_dtype, index_encoding,
+) -> Store:  # fmt: skip
+    """:func:`convert` once its destination is claimed."""
     from ..store import paths as store_paths
+    from ..store.destinations import holding
 
     if not overwrite and store_paths.exists(store):
         # before any input is read: parsing a 193 MB file took 12.8 s only to be refused here
-        raise StoreExistsError(
-            f"{store}: a store or file already exists there; pass overwrite=True (CLI: --overwrite) to replace it"
-        )
+        raise StoreExistsError(f"{store}: already holds {holding(store).text}; pass overwrite=True to replace it")
     chunk_nnz = int(chunk_nnz or DEFAULT_CHUNK_NNZ)
     max_block_nnz = int(max_block_nnz or DEFAULT_MAX_BLOCK_NNZ)
     workers = int(workers or os.cpu_count() or 1)

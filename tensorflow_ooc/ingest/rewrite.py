@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 
-from ..errors import StoreExistsError
 from ..store import StoreWriter, open_store, paths
 from ..store.codecs import check_compression
+from ..store.output_claim import claim_outputs
 from ..store.reader import Store
 
 log = logging.getLogger(__name__)
@@ -62,8 +62,13 @@ def rewrite(
     2
     """
     src = source if isinstance(source, Store) else open_store(source)
-    if os.fspath(store) == src.path:
-        raise StoreExistsError(f"{store}: rewrite needs a new path (the source is read while the new store is written)")
+    # the source is read while the new store is written: never the same place, never inside it
+    with claim_outputs({"store": store}, {"source": src.path}, f"rewrite of {src.path}"):
+        return _rewrite_claimed(src, store, compression, index_encoding, chunk_nnz, values_dtype, overwrite, progress)
+
+
+def _rewrite_claimed(src, store, compression, index_encoding, chunk_nnz, values_dtype, overwrite, progress) -> Store:
+    """:func:`rewrite` once its destination is claimed."""
     compression = check_compression(compression or src.meta.get("compression", "small"))
     chunk_nnz = int(chunk_nnz or src.chunk_nnz)
     value_dtype = np.dtype(values_dtype) if values_dtype is not None else src.value_dtype

@@ -13,6 +13,8 @@ from typing import Iterator
 
 import fsspec
 
+from .destinations import check_replaceable
+
 
 def is_url(path: str | os.PathLike) -> bool:
     s = str(path)
@@ -80,9 +82,10 @@ def publish(staging: str, final: str | os.PathLike, overwrite: bool) -> None:
     if is_url(final):
         return
     dest = local_path(final).absolute()
-    if dest.exists():
+    if dest.exists() or dest.is_symlink():
         if not overwrite:
             raise FileExistsError(dest)
+        check_replaceable(dest)  # whatever appeared there while the store was written
         trash = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:12]}"
         os.replace(dest, trash)
         os.replace(staging, dest)
@@ -98,8 +101,10 @@ def staged(final: str | os.PathLike, overwrite: bool, exists_error: Exception) -
     result never opens as valid. ``exists_error`` is raised, before anything is written, when
     ``final`` exists and ``overwrite`` is false; an existing URL is removed first (no rename)."""
     final = str(final)
-    if exists(final) and not overwrite:
-        raise exists_error
+    if exists(final):
+        check_replaceable(final)  # only what this package wrote is ever replaced
+        if not overwrite:
+            raise exists_error
     if is_url(final) and exists(final):
         remove(final)
     staging = staging_path(final)

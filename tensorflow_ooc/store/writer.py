@@ -41,6 +41,7 @@ from .codecs import (
     value_codecs,
     value_padding,
 )
+from .destinations import check_replaceable, holding
 from .metadata import (
     CHECKSUM_KEY,
     FORMAT_NAME,
@@ -203,10 +204,10 @@ class StoreWriter:
             raise ValueError(f"chunk_nnz and max_block_nnz must be >= 1, got {chunk_nnz}, {max_block_nnz}")
         check_compression(compression)
         self.final_path = str(path)
+        if paths.exists(path):
+            check_replaceable(path)  # only what this package wrote is ever replaced
         if paths.exists(path) and not overwrite:
-            raise StoreExistsError(
-                f"{path}: a store or file already exists there; pass overwrite=True (CLI: --overwrite) to replace it"
-            )
+            raise StoreExistsError(f"{path}: already holds {holding(path).text}; pass overwrite=True to replace it")
         self.layout = layout
         self.value_dtype = np.dtype(value_dtype)
         self.chunk_nnz = int(chunk_nnz)

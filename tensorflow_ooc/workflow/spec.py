@@ -1319,6 +1319,36 @@ def _produces(step: PlannedStep, location: str) -> bool:
     return False
 
 
+def _outputs_over_inputs(planned: list[PlannedStep], src: Source) -> list[Problem]:
+    """An output that is, contains or lies inside an input of its own step, or an input of the spec
+    that no step makes (the user's data): refused before anything runs."""
+    from ..store.destinations import overlap
+
+    problems = []
+    for st in planned:
+        for orole, out in st.outputs.items():
+            for other in planned:
+                for irole, location in other.inputs.items():
+                    if loc.has_glob(location):
+                        continue
+                    if other is not st and any(_produces(o, location) for o in planned):
+                        continue  # made by a step of this spec: the flow between steps
+                    how = overlap(out, location)
+                    if how is None:
+                        continue
+                    where = ("steps", st.name, orole)
+                    whose = "its own input" if other is st else f"the input of step {other.name!r}"
+                    verb = {"is": "is", "contains": "contains", "inside": "lies inside"}[how]
+                    problems.append(
+                        Problem(
+                            src.line(where),
+                            _display(where),
+                            f"{out} {verb} {whose} {irole} ({location}); writing there would destroy it",
+                        )
+                    )
+    return problems
+
+
 def _find_cycle(order: list[str], deps: dict[str, list[str]]) -> list[str] | None:
     state: dict[str, int] = {}
     stack: list[str] = []
@@ -1477,6 +1507,7 @@ def plan(
             )
         )
     else:
+        problems.extend(_outputs_over_inputs(planned, src))
         # inputs that no step makes must exist now
         for st in planned:
             for role, location in st.inputs.items():
