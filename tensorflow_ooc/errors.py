@@ -51,7 +51,9 @@ class NonFiniteValueError(IngestError):
 
 class ValueRangeError(IngestError):
     """A value is finite but outside what float64 arithmetic on it can hold: its square overflows
-    (so ||X||^2 and the fit would be infinite or NaN) or it is subnormal (its square is 0)."""
+    (magnitude above sqrt(DBL_MAX), about 1.34e154, so ||X||^2 and the fit would be infinite or NaN)
+    or, the value not being 0, its square is subnormal or 0 (magnitude below sqrt(DBL_MIN) = 2^-511,
+    about 1.49e-154)."""
 
 
 class DuplicateError(IngestError):

@@ -1,5 +1,7 @@
-"""CP-APR input checks: negative values refused (naming the nonzero and its coordinates), non-integers warned once."""
+"""CP-APR input checks: negative values refused (naming the nonzero and its coordinates), non-integers warned once
+(a log line, not a Python warning), all-zero counts refused."""
 
+import logging
 import re
 import warnings
 
@@ -29,19 +31,27 @@ def store_positions(store, coords):
     return np.array([where[int(x)] for x in np.ravel_multi_index(tuple(np.atleast_2d(coords).T), SHAPE)])
 
 
-def test_clean_counts_are_silent(rng, tmp_path):
+def test_clean_counts_are_silent(rng, tmp_path, caplog):
     coords, values, write = counts_store(rng, tmp_path)
     store = write(values)
     assert store.nchunks > 3
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING):
         warnings.simplefilter("error")
         assert check_counts(store) == pytest.approx(float(values.sum()), rel=1e-12)  # the total count
         check_counts(store.path)  # a path is opened
     zeros = values.copy()
     zeros[: len(zeros) // 2] = 0.0  # explicit zeros are counts too
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING):
         warnings.simplefilter("error")
         check_counts(tfo.convert((coords, zeros), tmp_path / "z.zarr", shape=SHAPE))
+    assert not _warnings(caplog)
+
+
+def test_all_zero_counts_are_refused(rng, tmp_path):
+    coords, values, write = counts_store(rng, tmp_path)
+    store = write(np.zeros_like(values))
+    with pytest.raises(DecompositionError, match=rf"all {len(values):,} values are zero: CP-APR needs positive counts"):
+        check_counts(store)
 
 
 def test_negative_value_names_the_nonzero_and_its_coordinates(rng, tmp_path):
@@ -69,34 +79,38 @@ def test_stops_at_the_first_negative_in_store_order(rng, tmp_path):
         check_counts(store)
 
 
-def test_non_integers_warn_exactly_once(rng, tmp_path):
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_non_integers_warn_exactly_once(rng, tmp_path, caplog):
     coords, values, write = counts_store(rng, tmp_path)
     ks = rng.choice(len(values), size=40, replace=False)  # spread over several chunks
     values[ks] += 0.5
     store = write(values)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING):
+        warnings.simplefilter("error")  # a log line, not a Python warning
         check_counts(store)
-    assert len(caught) == 1
-    msg = str(caught[0].message)
+    assert len(_warnings(caplog)) == 1
+    msg = _warnings(caplog)[0]
     pos = store_positions(store, coords[ks])
     first = ks[np.argmin(pos)]
     where = "(" + ", ".join(str(int(i)) for i in coords[first]) + ")"
     assert where in msg and f"is {float(values[first])!r}, not an integer" in msg
     assert re.search(rf"nonzero {pos.min()} at", msg)
     # each call warns again (once)
-    with pytest.warns(UserWarning, match="not an integer") as again:
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
         check_counts(store)
-    assert len(again) == 1
+    assert len(_warnings(caplog)) == 1 and "not an integer" in _warnings(caplog)[0]
 
 
-def test_negative_after_non_integer_still_refused(rng, tmp_path):
+def test_negative_after_non_integer_still_refused(rng, tmp_path, caplog):
     coords, values, write = counts_store(rng, tmp_path)
     values[:] += 0.25
     values[int(rng.integers(len(values)))] = -3.0
     store = write(values)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with caplog.at_level(logging.WARNING):
         with pytest.raises(DecompositionError, match=r"is -3\.0$"):
             check_counts(store)
-    assert len(caught) <= 1
+    assert len(_warnings(caplog)) <= 1

@@ -345,7 +345,7 @@ def test_cli(tmp_path, rng, capsys):
     ref = tfo.tt_als(store, [3, 2], seed=1, max_sweeps=3, tol=0)
     assert abs(r.fit - ref.fit) < 1e-12
     assert main([*args, "-q"]) == 2  # the result exists
-    assert "earlier run" in capsys.readouterr().err
+    assert "holds a tensor-train result written by tensorflow_ooc" in capsys.readouterr().err
     assert main([*args[:-4], "--sweeps", "5", "--out", str(out), "--resume", "-q"]) == 0
     assert tfo.TTResult.load(out).sweeps == 5
     capsys.readouterr()

@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Callable
 
-from .options import _positive_int, _tolerance, print_no_iterations, run_outputs, this_run
+from .options import _positive_int, _seed, _tolerance, print_no_iterations, run_outputs, this_run
 
 
 def cmd_apr(args: argparse.Namespace) -> int:
@@ -113,7 +113,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     d.add_argument(
         "--tol", type=_tolerance, default=1e-4, help="stop when every mode's KKT violation is below TOL (default 1e-4)"
     )
-    d.add_argument("--seed", type=int, default=None, help="seed of the random initial factors (uniform [0, 1))")
+    d.add_argument("--seed", type=_seed, default=None, help="seed of the random initial factors (uniform [0, 1))")
     d.add_argument("--kappa", type=_tolerance, default=0.01, help="mu: offset for entries stuck at zero (default 0.01)")
     d.add_argument(
         "--kappa-tol", type=_tolerance, default=1e-10, help="mu: an entry below this counts as zero (default 1e-10)"

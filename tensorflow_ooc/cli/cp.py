@@ -9,6 +9,7 @@ from typing import Callable
 
 from .options import (
     _positive_int,
+    _seed,
     _tolerance,
     iteration_bar,
     mean_seconds,
@@ -122,7 +123,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     )
     d.add_argument("--max-iters", type=_positive_int, default=50, help="iterations at most (default 50)")
     d.add_argument("--tol", type=_tolerance, default=1e-5, help="stop when the fit changes by less (default 1e-5)")
-    d.add_argument("--seed", type=int, default=None, help="seed of the random initial factors")
+    d.add_argument("--seed", type=_seed, default=None, help="seed of the random initial factors")
     d.add_argument("--dtype", choices=["float64", "float32"], default="float64", help="factor precision")
     d.add_argument(
         "--execution",

@@ -9,7 +9,7 @@ import os
 import time
 from typing import Callable
 
-from .options import _positive_int, _tolerance, log, parse_shape, parse_size, parse_skew
+from .options import _positive_int, _seed, _tolerance, claim, log, parse_shape, parse_size, parse_skew
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -33,6 +33,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     header = f"tensorflow_ooc synthetic {args.kind} tensor, shape {','.join(map(str, shape))}, seed {args.seed}"
     factors_path = (out[:-7] if out.endswith(".tns.gz") else out[:-4] if text else out.rstrip("/")) + ".factors.npz"
+    # replaced only if this package wrote it; one writer at a time
+    claim(args, {"--out": out, "the planted model": factors_path if args.kind.startswith("planted") else None}, {})
     runs = None  # sorted ALTO runs with their values, for a store
     if args.kind == "planted":
         planted = synthetic.planted_cp(shape, args.rank, nnz, noise=args.noise, seed=args.seed, skew=args.skew)
@@ -164,6 +166,7 @@ def _generate_dense(args: argparse.Namespace) -> int:
     out = str(args.out).rstrip("/")
     if out.endswith(".tns") or out.endswith(".tns.gz"):
         raise ValueError(f"{out}: a dense tensor is written as a Zarr array; give a directory path or URL")
+    claim(args, {"--out": out, "the planted model": out + ".factors.npz"}, {})
     if args.chunks is not None and len(args.chunks) != len(args.dense):
         raise ValueError(f"--chunks has {len(args.chunks)} lengths for a tensor of order {len(args.dense)}")
     t0 = time.perf_counter()
@@ -363,9 +366,15 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         help="planted-poisson: gamma shape of the factor entries (default 0.5; below 1 each column has "
         "a few large entries and many near 0, so components are distinct; larger: flatter columns)",
     )
-    g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    g.add_argument("--seed", type=_seed, default=0, help="random seed (default 0)")
     g.add_argument("--zero-based", action="store_true", help="write 0-based indices to .tns (default 1-based)")
-    g.add_argument("--memory-limit", type=parse_size, help="peak memory when writing a store directly")
+    g.add_argument(
+        "--memory-limit",
+        type=parse_size,
+        help="peak memory of the whole tfooc process when writing a store directly, e.g. 1GB (default: "
+        "half the available memory); it includes the ~120 MiB the process holds before it starts "
+        "(Python and its libraries), so leave at least 80 MiB above that",
+    )
     g.add_argument("--tmp-dir", help="directory for out-of-core buckets when writing a store (default: beside it)")
     g.add_argument(
         "--out-of-core",
@@ -412,7 +421,8 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         "convert",
         help="convert a .tns/.tns.gz file to a BLCO Zarr store (or --rewrite a store)",
         description="Convert a FROSTT .tns or .tns.gz file into a BLCO Zarr store (local path or "
-        "fsspec URL). Inputs larger than --memory-limit are converted out of core. "
+        "fsspec URL). Inputs that do not fit --memory-limit (the whole process's peak memory) are converted "
+        "out of core. "
         "Nothing is left at STORE if conversion fails. With --rewrite, INPUT is a store of any "
         "format version this build reads, written again in the current one (its compression, "
         "chunking and value dtype kept unless given).",
@@ -459,7 +469,9 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     c.add_argument(
         "--memory-limit",
         type=parse_size,
-        help="peak memory of the conversion, e.g. 512MB (default: half the available memory)",
+        help="peak memory of the whole tfooc process, e.g. 512MB (default: half the available memory); it "
+        "includes the ~120 MiB the process holds before the conversion starts (Python and its libraries), "
+        "so leave at least 80 MiB above that",
     )
     c.add_argument("--workers", type=_positive_int, help="parallel parse tasks (default: cores)")
     c.add_argument("--tmp-dir", help="directory for out-of-core buckets (default: beside the store)")

@@ -97,6 +97,18 @@ def _nonnegative_int(text: str) -> int:
     return _count(text, 0)
 
 
+def _seed(text: str) -> int:
+    """A random seed (``--seed``): an integer >= 0, as NumPy's generators take; a negative one is
+    refused here, where argparse names the option, rather than by NumPy without it."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return v
+
+
 def _tolerance(text: str) -> float:
     """A finite number >= 0 (``--tol``): NaN, infinities and negative numbers are refused."""
     try:
@@ -127,20 +139,39 @@ def _fraction(text: str) -> float:
     return v
 
 
+def claim(args: argparse.Namespace, outputs: dict, inputs: dict) -> None:
+    """Claim a command's ``outputs`` (flag -> path) for as long as it runs: refused when one is,
+    contains or lies inside one of ``inputs`` (name -> path) or holds something this package did
+    not write; then locked against a second writer until the command ends (``args.cleanup``, the
+    command's exit stack, set by :func:`tensorflow_ooc.cli.main`)."""
+    from ..store.output_claim import claim_outputs, refuse_unsafe
+
+    cleanup = getattr(args, "cleanup", None)
+    if cleanup is None:
+        refuse_unsafe(outputs, inputs)  # called as a function: the API takes the locks
+    else:
+        what = getattr(args, "store", None) or getattr(args, "input", None)
+        cleanup.enter_context(claim_outputs(outputs, inputs, f"tfooc {args.command} on {what}"))
+
+
 def run_outputs(args: argparse.Namespace, tag: str) -> tuple[str, str]:
     """The result store and checkpoint paths of a decomposition command (``--out``, default
-    ``STORE.<tag>.zarr``; ``--checkpoint``, default beside it), refusing to replace an earlier
-    result without ``--overwrite`` or ``--resume``; a fresh ``--overwrite`` run drops the old
-    checkpoint so it never resumes from the old run's state."""
+    ``STORE.<tag>.zarr``; ``--checkpoint``, default beside it), claimed for the command: refused
+    when one is, contains or lies inside the input or holds something this package did not write,
+    locked against a second writer (released when the command ends), and refused when it holds
+    an earlier result without ``--overwrite`` or ``--resume``; a fresh ``--overwrite`` run drops
+    the old checkpoint so it never resumes from the old run's state."""
     from ..store import paths
+    from ..store.destinations import holding
 
     out = args.out or f"{str(args.store).rstrip('/')}.{tag}.zarr"
     checkpoint = args.checkpoint or f"{out}.checkpoint.npz"
+    claim(args, {"--out": out, "--checkpoint": checkpoint}, {"store": args.store})
     if paths.exists(out) and not (args.overwrite or args.resume):
         # an earlier result and its checkpoint would be replaced without a word: refuse, as
         # cp_als(out=...) does, and say how to go on
         raise FileExistsError(
-            f"{out} holds the result of an earlier run; pass --out NEW to keep it, --overwrite "
+            f"{out} holds {holding(out).text}; pass --out NEW to keep it, --overwrite "
             f"to replace it, or --resume to continue from its checkpoint"
         )
     if args.resume and not paths.exists(checkpoint):
@@ -151,11 +182,11 @@ def run_outputs(args: argparse.Namespace, tag: str) -> tuple[str, str]:
     if paths.exists(checkpoint) and not (args.overwrite or args.resume):
         # a run that stopped before writing its result left this: starting afresh would replace it
         raise FileExistsError(
-            f"{checkpoint} holds the checkpoint of an earlier run that did not finish; pass "
-            f"--resume to continue it, or --overwrite to start over and replace it"
+            f"{checkpoint} holds {holding(checkpoint).text}, left by an earlier run that did not "
+            f"finish; pass --resume to continue it, or --overwrite to start over and replace it"
         )
     if args.overwrite and not args.resume and paths.exists(checkpoint):
-        paths.remove(checkpoint)
+        paths.remove(checkpoint)  # this package's checkpoint (checked above), under this command's lock
     return out, checkpoint
 
 

@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Callable
 
-from .options import _positive_int, _tolerance, iteration_bar, mean_seconds, parse_ranks, run_outputs, this_run
+from .options import _positive_int, _seed, _tolerance, iteration_bar, mean_seconds, parse_ranks, run_outputs, this_run
 
 
 def cmd_tt(args: argparse.Namespace) -> int:
@@ -140,7 +140,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         default=1e-5,
         help="stop when a sweep after the first changes the fit by less (default 1e-5)",
     )
-    t.add_argument("--seed", type=int, default=None, help="seed of the random initial cores (standard normal)")
+    t.add_argument("--seed", type=_seed, default=None, help="seed of the random initial cores (standard normal)")
     t.add_argument(
         "--execution",
         choices=["auto", "streaming", "in-memory"],

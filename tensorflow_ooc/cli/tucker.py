@@ -11,6 +11,7 @@ from typing import Callable
 from .options import (
     LazyChoices,
     _positive_int,
+    _seed,
     _tolerance,
     iteration_bar,
     mean_seconds,
@@ -144,7 +145,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         help="initial factors as pyttb: random = uniform [0, 1); nvecs = leading eigenvectors of "
         "X_(n) X_(n)^T (reads the nonzeros into memory) (default random)",
     )
-    t.add_argument("--seed", type=int, default=None, help="seed of the random initial factors and randomized SVDs")
+    t.add_argument("--seed", type=_seed, default=None, help="seed of the random initial factors and randomized SVDs")
     t.add_argument(
         "--svd",
         choices=["auto", "gram", "randomized"],

@@ -14,8 +14,8 @@ however many rows there are, streamed or in memory, on any number of workers.
 
 from __future__ import annotations
 
+import logging
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -25,6 +25,8 @@ from ..execution.partials import Partial
 from ..kernels import StackedFactors
 from ..kernels.apr.cpu import hessian_width, mu_kkt, mu_multiply
 from ..kernels.update.column_scale import column_abs_sums, scale_columns
+
+log = logging.getLogger(__name__)
 
 # line search of pyttb's tt_linesearch_prowsubprob: steps 1, 1/2, ... 1/2^9, Armijo constant 1e-4
 LINE_STEPS = 0.5 ** np.arange(10)
@@ -70,6 +72,7 @@ class APRState(StackedFactors):
         self.skip = False  # the current mode (or row block) is done: its passes return at once
         self.block: RowBlock | None = None
         self.seconds: dict[str, float] = {}  # pass kind -> seconds of the slowest partition task
+        self.singular_logged = False  # a nearly singular damped Hessian was logged as a warning
 
     def copy(self) -> "APRState":
         out = APRState(self.shape, self.rank, self.dtype, self.data.copy())
@@ -267,7 +270,15 @@ def pdnr_direction(
                 bad[j] = True
     d = np.where(free, sol, d)
     if bad.any():
-        warnings.warn("CP-APR: damped Hessian is nearly singular", stacklevel=2)
+        # a log line, not a Python warning (which prints with a source line): a warning the first
+        # time in a state's life, debug after that, so a long run does not repeat it per row block
+        level = logging.DEBUG if getattr(s, "singular_logged", False) else logging.WARNING
+        log.log(
+            level,
+            "CP-APR: the damped Hessian of %d row(s) is nearly singular; they step along the negative gradient",
+            int(bad.sum()),
+        )
+        s.singular_logged = True
         d[bad] = -grad[bad]
     df = np.where(free, d, 0.0)
     q = np.einsum("ir,irs,is->i", df, np.where(both, H + mu[:, None, None] * eye, 0.0), df)
@@ -319,8 +330,10 @@ def pdnr_step(s: APRState, parts: Sequence[Partial], n: int, inner: int, inner_m
         new[fallback] = mu_step * (mu_step > 0)
         f_1[fallback] = b.f_old[fallback]
     s.views[n][b.lo + act] = new
-    actual = b.f_old - f_1
     with np.errstate(divide="ignore", invalid="ignore"):
+        # a row whose model value is 0 at a nonzero has f_old = f_1 = inf: its actual reduction is
+        # NaN, so rho is NaN and neither test below moves its damping
+        actual = b.f_old - f_1
         rho = actual / -b.pred_red
     mu = b.mu[act]
     zero = b.pred_red == 0

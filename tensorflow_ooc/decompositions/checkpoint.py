@@ -77,16 +77,68 @@ def read_npz(path: str, fmt: str | None = None, what: str = "") -> tuple[dict[st
         return None
     try:
         with fs.open(p, "rb") as f:
-            z = np.load(f)
-            arrays = {k: z[k] for k in z.files if k != "meta"}
-            meta = json.loads(bytes(z["meta"]).decode())
-    except Exception as exc:
-        raise StoreError(f"{path}: unreadable checkpoint ({exc})") from exc
+            arrays, meta = _load_npz(f)
+    except _Foreign as exc:
+        raise StoreError(
+            f"{path}: unreadable checkpoint: not a checkpoint written by tensorflow_ooc ({exc}); "
+            "name another checkpoint path (checkpoint=..., CLI --checkpoint)"
+        ) from None
+    except OSError as exc:  # the file system's refusal: permissions, a folder, an I/O error
+        raise StoreError(f"{path}: unreadable checkpoint: {exc.strerror or exc}") from exc
     if fmt is not None and meta.get("format") != fmt:
         raise StoreError(f"{path}: not a {what} checkpoint")
     if meta.get("version") != CHECKPOINT_VERSION:
         raise StoreError(f"{path}: checkpoint version {meta.get('version')} is not supported")
     return arrays, meta
+
+
+class _Foreign(Exception):
+    """A file at a checkpoint's path that this package did not write (the message says what it is)."""
+
+
+def _load_npz(f) -> tuple[dict[str, np.ndarray], dict]:
+    """The arrays and JSON meta of an open checkpoint file; :class:`_Foreign` naming what the file
+    is when it is none. Pickles are never loaded, and NumPy's errors (which advise
+    ``allow_pickle=True``, loading a stranger's code) are not passed on."""
+    head = f.read(6)
+    f.seek(0)
+    if not head.startswith(b"PK"):
+        if head.startswith(b"\x93NUMPY"):
+            raise _Foreign("a NumPy .npy array, not an .npz archive")
+        if head[:1] == b"\x80":
+            raise _Foreign("a Python pickle, which is never loaded")
+        raise _Foreign("not an .npz archive" if head else "an empty file")
+    try:
+        z = np.load(f, allow_pickle=False)
+        names = list(z.files)
+    except Exception as exc:
+        raise _Foreign(f"a damaged or foreign zip archive: {_reason(exc)}") from None
+    if "meta" not in names:
+        raise _Foreign(f"an .npz archive without a meta record, holding {', '.join(names) or 'nothing'}")
+    arrays = {}
+    for k in names:
+        try:
+            arrays[k] = z[k]
+        except Exception as exc:
+            raise _Foreign(f"its array {k!r} cannot be read: {_reason(exc)}") from None
+    try:
+        meta = json.loads(bytes(arrays.pop("meta")).decode())
+    except (ValueError, TypeError):
+        raise _Foreign("its meta record is not JSON") from None
+    if not isinstance(meta, dict):
+        raise _Foreign("its meta record is not a JSON object")
+    return arrays, meta
+
+
+def _reason(exc: Exception) -> str:
+    """An error of NumPy's or zipfile's, as a reason; pickle advice left out. The file system's own
+    errors (an ``OSError`` with an errno) are raised again, as they are."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        raise exc
+    text = str(exc)
+    if "pickle" in text or "Object arrays" in text:
+        return "it holds Python objects (pickles), which are never loaded"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def disk_full_returned(fn, *args, **kwargs):

@@ -5,7 +5,10 @@ CP-APR maximizes the Poisson likelihood ``sum x log m - m``: a negative value ha
 it is refused, naming the first such nonzero and its coordinates. Non-integer values are
 allowed (the updates and the likelihood are defined for any ``x >= 0``, e.g. rates or scaled
 counts) but are often a mistake (a tensor of real-valued data fed to a count model), so the
-first one is named in one warning per check.
+first one is named in one warning per check: a log line (logger ``tensorflow_ooc.decompositions.count_checks``),
+not a Python warning, which would print with a source line. A tensor whose values are all zero
+is refused: it has no events, and CP-APR's model of it would be zero everywhere (its updates
+divide by the model and its log-likelihood takes the log of it).
 
 Store metadata records no value statistics (no minimum, no integer flag: see ``store/writer.py``),
 so the check reads the values: chunk by chunk through :meth:`Store.read_encoded` (values mapped
@@ -15,17 +18,19 @@ stopping at the first negative value. Coordinates are decoded for the one offend
 
 from __future__ import annotations
 
+import logging
 import os
-import warnings
 
 import numpy as np
 
 from ..errors import DecompositionError
 from ..store import Store, open_store
 
+log = logging.getLogger(__name__)
+
 
 def check_counts(store: Store | str | os.PathLike) -> float:
-    """Refuse a store with a negative value; warn once if a value is not an integer.
+    """Refuse a store with a negative value or only zeros; warn once if a value is not an integer.
 
     Parameters
     ----------
@@ -41,12 +46,12 @@ def check_counts(store: Store | str | os.PathLike) -> float:
     ------
     DecompositionError
         At the first negative value, naming its position in the store's (ALTO) order, its
-        0-based coordinates and the value.
+        0-based coordinates and the value; or when every value is zero.
 
-    Warns
+    Notes
     -----
-    UserWarning
-        Once per call, at the first value that is not an integer (the scan goes on for negatives).
+    Logs one warning per call, at the first value that is not an integer (the scan goes on for
+    negatives).
     """
     if not isinstance(store, Store):
         store = open_store(store)
@@ -77,14 +82,20 @@ def check_counts(store: Store | str | os.PathLike) -> float:
             fractional = values != np.floor(values)
             if fractional.any():
                 j = int(np.argmax(fractional))
-                warnings.warn(
-                    f"{store.path}: CP-APR models counts, but nonzero {c * store.chunk_nnz + j} at "
-                    f"{_coords_text(store, c, j)} is {_value_text(values[j])}, not an integer "
+                log.warning(
+                    "%s: CP-APR models counts, but nonzero %d at %s is %s, not an integer "
                     "(the fit goes on: the Poisson likelihood is defined for any value >= 0)",
-                    UserWarning,
-                    stacklevel=2,
+                    store.path,
+                    c * store.chunk_nnz + j,
+                    _coords_text(store, c, j),
+                    _value_text(values[j]),
                 )
                 warned = True
+    if total == 0:  # nonnegative values summing to 0: every one is 0
+        raise DecompositionError(
+            f"{store.path}: all {store.nnz:,} values are zero: CP-APR needs positive counts "
+            "(a tensor without events has no Poisson model but zero)"
+        )
     return total
 
 

@@ -55,6 +55,7 @@ from .cp_steps import (
 from .model_checks import check_model, check_tensor_norm
 from .randomized import with_trees
 from .result import CPResult, arrange, fingerprint
+from .result_store import claim_run
 from .updates import HALS_SWEEPS
 
 __all__ = ["cp_als", "open_input", "FIT_EVERY_ITERATION_NNZ", "HALS_SWEEPS"]
@@ -230,7 +231,8 @@ def cp_als(
         scheduler = "inline"  # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
     if randomized:
         device = "cpu"
-    with get_client(client, scheduler, device=device) as c, ExitStack() as cleanup:
+    claim = claim_run(store, out, checkpoint, overwrite, f"cp_als of {store.path}")
+    with claim, get_client(client, scheduler, device=device) as c, ExitStack() as cleanup:
         # --- the graph, ||X||, and the initial state: fresh, or from the last checkpoint -------------
         graph = open_graph(
             c,

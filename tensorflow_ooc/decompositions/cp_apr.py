@@ -31,8 +31,9 @@ from .checkpoint import disk_full_returned, raise_returned, read_npz, write_npz_
 from .count_checks import check_counts
 from .cp_als import open_input
 from .cp_steps import open_graph
-from .model_checks import check_count, check_tolerance
+from .model_checks import check_count, check_seed, check_tolerance
 from .result import PoissonResult, fingerprint
+from .result_store import claim_run
 
 __all__ = ["cp_apr", "ALGORITHMS"]
 
@@ -203,7 +204,8 @@ def cp_apr(
     if device == "gpu":
         # the GPU streams Phi from the store; the CPU passes (log-likelihood) stream the same chunks
         execution = "streaming"
-    with get_client(client, scheduler, device=device) as c, ExitStack() as cleanup:
+    claim = claim_run(store, out, checkpoint, overwrite, f"cp_apr of {store.path}")
+    with claim, get_client(client, scheduler, device=device) as c, ExitStack() as cleanup:
         graph = open_graph(
             c,
             store,
@@ -380,6 +382,7 @@ def _row_blocks(rows: int, rank: int, threads: int) -> list[tuple[int, int]]:
 def _initial(checkpoint, input_fp, params, init, shape, rank, seed, tol):
     """The start: from ``checkpoint`` when it exists (same store, rank, algorithm), else fresh
     factors (uniform [0, 1) from ``seed``, or ``init``'s, checked nonnegative and finite)."""
+    seed = check_seed(seed)
     got = read_npz(checkpoint, CHECKPOINT_FORMAT, "CP-APR") if checkpoint else None
     if got is not None:
         arrays, meta = got

@@ -26,7 +26,7 @@ from ..store import Store, paths
 from ..store.dense import DenseArray
 from . import updates as U
 from .checkpoint import disk_full_returned, raise_returned, read_checkpoint, write_checkpoint
-from .model_checks import check_count, check_tolerance
+from .model_checks import check_count, check_seed, check_tolerance
 from .randomized import check_method, draw_samples
 
 # CP-ALS's messages keep the logger name users filter on, whichever module sends them
@@ -174,6 +174,7 @@ def initial_state(
 
     ``on_workers`` (owner-computes): ``F`` is instead ``(function, args)`` that makes the initial
     factors on each worker (args may hold futures)."""
+    seed = check_seed(seed)
     state = read_checkpoint(checkpoint) if checkpoint else None
     if state is not None:
         if state.input["store_id"] != input_fp["store_id"] or state.params.get("rank") != rank:
@@ -218,7 +219,7 @@ def run_entropy(sample_entropy: int | None, seed: int | None) -> int:
     """The randomized methods' sampling entropy: one per run, kept in checkpoints, so a resumed run
     draws what the first would have."""
     if sample_entropy is None:
-        sample_entropy = int(np.random.SeedSequence(seed).entropy) % 2**63  # seed None: fresh entropy
+        sample_entropy = int(np.random.SeedSequence(check_seed(seed)).entropy) % 2**63  # None: fresh entropy
     return int(sample_entropy)
 
 

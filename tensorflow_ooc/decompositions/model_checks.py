@@ -24,6 +24,17 @@ def check_count(name: str, value: object, low: int = 1) -> int:
     return int(value)
 
 
+def check_seed(seed: object, name: str = "seed") -> int | None:
+    """``seed`` as an int >= 0, or None (fresh entropy): the seeds NumPy's generators take. Checked
+    where a seed is first used, so a negative one is refused naming ``seed`` rather than by NumPy's
+    bare "expected non-negative integer"."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or int(seed) < 0:
+        raise DecompositionError(f"{name} must be an integer >= 0 or None, got {seed!r}")
+    return int(seed)
+
+
 def check_tolerance(tol: object, name: str = "tol") -> float:
     """``tol`` as a finite float >= 0."""
     if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not math.isfinite(tol) or tol < 0:

@@ -29,8 +29,9 @@ from ..store import Store, open_store, paths
 from . import tt_steps as S
 from .checkpoint import disk_full_returned, raise_returned
 from .cp_steps import FIT_EVERY_ITERATION_NNZ, chunk_bytes, converged, run_entropy
-from .model_checks import check_count, check_tensor_norm, check_tolerance
+from .model_checks import check_count, check_seed, check_tensor_norm, check_tolerance
 from .result import fingerprint
+from .result_store import claim_run
 from .tt_checkpoint import read_tt_checkpoint, write_tt_checkpoint
 from .tt_randomized import draw_core
 from .tt_result import TTResult
@@ -178,8 +179,6 @@ def tt_als(
         raise DecompositionError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
         raise DecompositionError(f"seed must be an integer or None, got {seed!r}")
-    if out is not None and paths.exists(str(out)) and not overwrite:
-        raise DecompositionError(f"{out}: exists; pass overwrite=True to replace the result")
     normX2 = float(store.meta["norm_sq"])
     check_tensor_norm(store.path, normX2)
     checkpoint = None if checkpoint is None else str(checkpoint)
@@ -202,7 +201,8 @@ def tt_als(
 
     if client is None and scheduler is None and store.nnz <= INLINE_MAX_NNZ:
         scheduler = "inline"  # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
-    with get_client(client, scheduler, device="cpu") as c:
+    claim = claim_run(store, out, checkpoint, overwrite, f"tt_als of {store.path}", error=DecompositionError)
+    with claim, get_client(client, scheduler, device="cpu") as c:
         graph = MTTKRPGraph(c, store.path, execution=execution, partitions=partitions, device="cpu")
         params.update(execution=graph.execution, partitions=len(graph.parts))
         params["scheduler"] = "inline" if is_inline(c) else "dask"
@@ -311,7 +311,8 @@ def tt_als(
 
 def _resumed(checkpoint: str | None, input_fp: dict, params: dict):
     """The checkpoint to resume from (None: start afresh); one of another store, other ranks or
-    another method is refused."""
+    another method is refused; so is a negative seed (before any cluster starts)."""
+    check_seed(params["seed"])
     ck = read_tt_checkpoint(checkpoint) if checkpoint else None
     if ck is None:
         return None

@@ -22,13 +22,15 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+import psutil
 from threadpoolctl import ThreadpoolController
 
-from ..errors import DecompositionError
+from ..errors import DecompositionError, format_bytes
 from ..execution.partials import Partial
 from ..kernels.sampling.krp_sampler import SampleSet
 from ..kernels.sampling.tt_sampler import CoreTree
 from ..kernels.tt.cores import TTCores
+from .model_checks import check_seed
 from .tt_randomized import sketched_slices
 
 INITS = ("random",)
@@ -134,7 +136,27 @@ def check_ranks(ranks: int | Sequence[int], shape: Sequence[int]) -> tuple[int, 
                 f"I_{k} * R_{k + 1} = {shape[k]} * {full[k + 1]} = {shape[k] * full[k + 1]}, or core {k} cannot be "
                 f"right-orthonormal: lower it or raise the ranks after it"
             )
+    check_core_memory(shape, full)
     return tuple(full)
+
+
+def check_core_memory(shape: Sequence[int], ranks: Sequence[int]) -> None:
+    """Refuse cores that this machine's memory cannot hold, before any is allocated (NumPy's
+    "array is too big" or "Unable to allocate" otherwise, naming no mode): core ``k`` holds
+    ``R_{k-1} * I_k * R_k`` float64 values, a slice for every index of mode ``k``, and the initial
+    cores are drawn here, on the client, all in one piece."""
+    sizes = [int(ranks[k]) * int(shape[k]) * int(ranks[k + 1]) * 8 for k in range(len(shape))]
+    total, memory = sum(sizes), int(psutil.virtual_memory().total)
+    if total <= memory:
+        return
+    k = max(range(len(shape)), key=sizes.__getitem__)
+    raise DecompositionError(
+        f"the tensor train's core {k} would need {sizes[k]:,} bytes ({format_bytes(sizes[k])}): mode {k} has "
+        f"length {int(shape[k]):,}, and the core holds R_{k} * I_{k} * R_{k + 1} = {int(ranks[k])} * "
+        f"{int(shape[k]):,} * {int(ranks[k + 1])} float64 values (all cores: {total:,} bytes), more than this "
+        f"machine's {memory:,} bytes of memory ({format_bytes(memory)}); TT-ALS keeps a slice for every index "
+        f"of every mode: re-index a mode to the indices it uses, or lower the ranks"
+    )
 
 
 def _product(lo: int, hi: int) -> str:
@@ -201,7 +223,7 @@ def initial_cores(
     ``init``'s); then, from the last core to core 1, each is made right-orthonormal and its left
     neighbour absorbs the rest, so core 0 carries the train's norm."""
     if isinstance(init, str):
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(check_seed(seed))
         cores = [rng.standard_normal((int(ranks[k]), int(shape[k]), int(ranks[k + 1]))) for k in range(len(shape))]
     else:
         cores = [np.array(c, dtype=np.float64) for c in init]

@@ -29,7 +29,9 @@ from ..kernels.ttm.select import KERNELS
 from ..store import Store, open_store, paths
 from . import tucker_updates as T
 from .checkpoint import disk_full_returned, raise_returned
+from .model_checks import check_seed
 from .result import fingerprint
+from .result_store import claim_run
 from .tucker_checkpoint import read_tucker_checkpoint, write_tucker_checkpoint
 from .tucker_result import TuckerResult
 
@@ -217,8 +219,6 @@ def tucker_hooi(
         raise DecompositionError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
     if int(checkpoint_every) < 1:
         raise DecompositionError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
-    if out is not None and paths.exists(str(out)) and not overwrite:
-        raise DecompositionError(f"{out}: exists; pass overwrite=True to replace the result")
     checkpoint = None if checkpoint is None else str(checkpoint)
     input_fp = fingerprint(store)
     state0 = read_tucker_checkpoint(checkpoint) if (resume and checkpoint) else None
@@ -248,7 +248,8 @@ def tucker_hooi(
         scheduler = "inline"  # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
     from tqdm.auto import tqdm
 
-    with get_client(client, scheduler, device=device) as c:
+    claim = claim_run(store, out, checkpoint, overwrite, f"tucker_hooi of {store.path}", error=DecompositionError)
+    with claim, get_client(client, scheduler, device=device) as c:
         graph = TTMGraph(c, store.path, execution=execution, partitions=partitions, kernel=kernel, device=device)
         params["device"] = graph.device
         params["execution"] = graph.execution
@@ -275,7 +276,7 @@ def tucker_hooi(
         if svd_entropy is None:
             # one entropy per run, kept in checkpoints: a resumed run draws the test vectors the
             # uninterrupted one would have
-            svd_entropy = int(np.random.SeedSequence(seed).entropy) % 2**63
+            svd_entropy = int(np.random.SeedSequence(check_seed(seed)).entropy) % 2**63
         params["svd_entropy"] = int(svd_entropy)
         params["resumed_after"] = start
         chunk_bytes = sum(paths.disk_bytes(f"{str(store.path).rstrip('/')}/{name}") for name in ("alto", "values"))

@@ -34,9 +34,11 @@ from ..execution.cluster import resolve_device, worker_resources
 from ..execution.graph import DEFAULT_SPLIT_EVERY, tree_reduce
 from ..execution.inline import INLINE_MAX_NNZ, is_inline
 from ..execution.partitions import plan_partitions
-from ..store import Store, open_store, paths
+from ..store import Store, open_store
 from .fasttucker_result import CompletionError, FastTuckerResult
+from .model_checks import check_seed
 from .result import fingerprint
+from .result_store import claim_run
 
 log = logging.getLogger(__name__)
 
@@ -321,8 +323,6 @@ def tucker_sgd(
                 )
     if store.nnz == 0:
         raise CompletionError(f"{store.path} has no entries")
-    if out is not None and paths.exists(str(out)) and not overwrite:
-        raise CompletionError(f"{out}: exists; pass overwrite=True to replace the result")
     if test_store is not None and test_store.meta.get("store_id") == store.meta.get("store_id"):
         raise CompletionError(f"the test set {test_store.path} is the training store itself")
 
@@ -346,13 +346,22 @@ def tucker_sgd(
         "algorithm": "FastTuckerPlus",
         "init": "given" if isinstance(init, FastTuckerResult) else "random",
     }
-    split_seed = int(np.random.SeedSequence(seed).entropy if seed is None else seed)
+    split_seed = int(np.random.SeedSequence(seed).entropy if seed is None else check_seed(seed))
     params["split_seed"] = split_seed  # seed None: the drawn one, to reproduce the split and batches
     input_fp = fingerprint(store)
     if client is None and scheduler is None and device != "gpu" and store.nnz <= INLINE_MAX_NNZ:
         scheduler = "inline"
 
-    with get_client(client, scheduler, device=device) as c:
+    claim = claim_run(
+        store,
+        out,
+        None,
+        overwrite,
+        f"tucker_sgd of {store.path}",
+        {"test": getattr(test_store, "path", None)},
+        CompletionError,
+    )
+    with claim, get_client(client, scheduler, device=device) as c:
         dev = "cpu" if device == "cpu" else resolve_device(c, device)[0]
         res = worker_resources(c) if not is_inline(c) else None
         dask_threads = sum(r["dask_threads"] for r in res.values()) if res else 1

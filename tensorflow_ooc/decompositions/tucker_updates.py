@@ -34,6 +34,7 @@ import scipy.sparse.linalg
 from threadpoolctl import ThreadpoolController
 
 from ..execution.ttm_graph import TTMPartial, merge_partials
+from .model_checks import check_seed
 
 SVD_METHODS = ("auto", "gram", "randomized")
 GRAM_MAX = 2048
@@ -90,7 +91,7 @@ def summary(state: TuckerState) -> TuckerSummary:
 def random_init(shape: Sequence[int], ranks: Sequence[int], seed: int | None) -> TuckerState:
     """pyttb's ``init="random"``: uniform [0, 1) factors for every mode but the first, drawn mode
     by mode from one generator (reproducible by seed); the first is computed before it is used."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))
     factors: list[np.ndarray | None] = [None]
     factors += [rng.random((int(shape[n]), int(ranks[n]))) for n in range(1, len(shape))]
     return TuckerState(tuple(shape), tuple(ranks), factors)

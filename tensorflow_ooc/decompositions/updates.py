@@ -17,6 +17,7 @@ from ..kernels.sampling.krp_sampler import build_tree
 from ..kernels.update.column_scale import column_max_abs, column_sum_squares
 from ..kernels.update.hals import hals_rows
 from ..kernels.update.normal_equations import normal_inverse_of
+from .model_checks import check_seed
 
 # The update's dense algebra is tiny (R x R factorizations, I x R solves). Multi-threaded BLAS
 # gains nothing there, and its threads keep spinning after each call, taking cores from the
@@ -458,7 +459,7 @@ def factor_rows(state: CPState, mode: int) -> np.ndarray:
 
 def random_factors(shape: tuple[int, ...], rank: int, seed: int | None, dtype: str) -> CPState:
     """Uniform [0, 1) initial factors, mode by mode from one generator (reproducible by seed)."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))
     out = StackedFactors(shape, rank, dtype)
     for v in out.views:
         if v.dtype == np.float64:

@@ -433,10 +433,13 @@ def _convert_claimed(
     else:
         budget = int(memory_limit) - rss0 - (32 << 20)
         if budget < MIN_BUDGET:
+            least = -(-(rss0 + (32 << 20) + MIN_BUDGET) // 2**20)  # MiB, rounded up
             raise ValueError(
-                f"memory_limit={memory_limit} bytes leaves {max(budget, 0) >> 20} MiB of working memory "
-                f"beside the {rss0 >> 20} MiB this process already uses; at least "
-                f"{MIN_BUDGET >> 20} MiB are needed"
+                f"memory_limit={memory_limit} bytes ({int(memory_limit) / 2**20:.0f} MiB) is the peak memory of the "
+                f"whole process, which already holds {rss0 >> 20} MiB before converting (Python and its libraries): "
+                f"that leaves {max(budget, 0) >> 20} MiB for the conversion, which needs at least "
+                f"{MIN_BUDGET >> 20} MiB; give memory_limit={least}MiB or more, or leave it unset (half the "
+                f"available memory)"
             )
     # Parse pieces sized so that the in-flight pieces use a quarter of the budget.
     src0 = as_source(source, shape=shape, one_based=one_based, workers=workers, piece_bytes=32 << 20)

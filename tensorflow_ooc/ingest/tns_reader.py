@@ -21,7 +21,7 @@ from ..errors import EmptyTensorError, IndexRangeError, NonFiniteValueError, Par
 from . import tns_parse as P
 from .value_range import first_out_of_range, range_problem
 
-#: a value whose square overflows float64, or a subnormal one (see value_range)
+#: a value whose square overflows float64, or a nonzero one whose square is subnormal or 0 (see value_range)
 ERR_VALUE_RANGE = 100
 
 GZIP_MAGIC = b"\x1f\x8b"

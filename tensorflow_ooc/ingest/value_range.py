@@ -1,10 +1,12 @@
 """Values whose squares float64 cannot hold.
 
 CP-ALS measures the fit from ||X||^2 = sum of squared values. A value above sqrt(DBL_MAX)
-(about 1.34e154) squares to infinity, so the norm becomes ``Infinity`` and the fit NaN; a
-subnormal value (below DBL_MIN, about 2.2e-308) squares to 0, and a tensor of such values has
-||X|| = 0 and an all-zero model. Both gave exit 0 before; both are refused at ingest now, naming
-the value and where it is, since no result computed from them would be right.
+(about 1.34e154) squares to infinity, so the norm becomes ``Infinity`` and the fit NaN; a nonzero
+value below sqrt(DBL_MIN) (2^-511, about 1.49e-154) squares to a subnormal number or to 0 (a
+subnormal value itself, below DBL_MIN, about 2.2e-308, squares to 0), so the norm loses it, and a
+tensor of such values has ||X|| = 0 and an all-zero model. Both gave exit 0 before; both are
+refused at ingest now, naming the value and where it is, since no result computed from them would
+be right. The test is made in float64, whatever the input's dtype: norms and fits are float64.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ import numpy as np
 SQUARE_MAX = math.sqrt(sys.float_info.max)
 #: smallest normal float64 (values below it, but not 0, are subnormal)
 NORMAL_MIN = sys.float_info.min
+#: smallest magnitude whose square is a normal float64: 2^-511 (exactly sqrt(2^-1022))
+SQUARE_MIN = math.sqrt(NORMAL_MIN)
 
 
 def first_out_of_range(values: np.ndarray) -> int:
-    """Index of the first value whose square overflows or that is subnormal, or -1."""
+    """Index of the first value whose square overflows, or is subnormal or 0 though the value is
+    not 0; -1 if there is none."""
     a = np.abs(np.asarray(values, dtype=np.float64))
-    bad = (a > SQUARE_MAX) | ((a < NORMAL_MIN) & (a != 0))
+    bad = (a > SQUARE_MAX) | ((a < SQUARE_MIN) & (a != 0))
     if not bad.any():
         return -1
     return int(np.argmax(bad))
@@ -37,7 +42,14 @@ def range_problem(value: float, text: str | None = None) -> str:
             f"value {shown} is too large: its square overflows float64 (magnitudes must stay below "
             f"{SQUARE_MAX:.4g} so that ||X||^2 and the fit are finite); rescale the data"
         )
+    if abs(value) < NORMAL_MIN:
+        return (
+            f"value {shown} is subnormal (below float64's smallest normal number {NORMAL_MIN:.4g}): its square "
+            f"is 0, so it cannot contribute to ||X|| or the fit; rescale the data or drop it"
+        )
+    square = "0" if value * value == 0 else f"subnormal ({value * value:.4g})"
     return (
-        f"value {shown} is subnormal (below float64's smallest normal number {NORMAL_MIN:.4g}): its square "
-        f"is 0, so it cannot contribute to ||X|| or the fit; rescale the data or drop it"
+        f"value {shown} is too small: its square is {square} in float64, below the smallest normal number "
+        f"{NORMAL_MIN:.4g}, so ||X||^2 and the fit lose it (nonzero magnitudes must be at least "
+        f"{SQUARE_MIN:.4g}); rescale the data or drop it"
     )

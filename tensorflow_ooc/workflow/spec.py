@@ -148,7 +148,7 @@ class GenerateStep(_Step):
     noise: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
     skew: float | list[float] | None = None
     values: Literal["uniform", "count", "normal"] = "uniform"
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0)] = 0
     zero_based: bool = False
     factors_out: str | None = Field(
         None,
@@ -262,7 +262,7 @@ class _Decompose(_Step):
         "dense Zarr array"
     )
     out: str = Field(description="the result store")
-    seed: int | None = 0
+    seed: Annotated[int, Field(ge=0)] | None = 0
     init: str = Field(
         "random",
         description="random; previous (warm start from 'previous', default 'out' as the last run left it); "
