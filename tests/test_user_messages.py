@@ -91,6 +91,24 @@ def test_tt_refuses_a_core_no_memory_holds_naming_the_mode(tmp_path, capsys):
     assert not (tmp_path / "tt.zarr").exists()
 
 
+@pytest.mark.parametrize("command", ["tucker", "complete"])
+def test_tucker_and_completion_refuse_factors_no_memory_holds(tmp_path, capsys, command):
+    """Before: NumPy's "array is too big", naming no mode."""
+    coords = np.array([[0, 0, 0], [1, 1, 1], [2, 2**62 - 1, 3]])
+    store = tfo.convert((coords, np.array([1.0, 2.0, 3.0])), tmp_path / "big.zarr", shape=(3, 2**62, 4))
+    factor_bytes = 2**62 * 2 * 8
+    with pytest.raises(DecompositionError, match=f"factor of mode 1 would need {factor_bytes:,} bytes"):
+        if command == "tucker":
+            tfo.tucker_hooi(store, 2, max_iters=1)
+        else:
+            tfo.tucker_sgd(store, 2, 2, epochs=1)
+    extra = ["--ranks", "2"] + (["--core-rank", "2", "--epochs", "1"] if command == "complete" else [])
+    assert main([command, str(store.path), *extra, "--out", str(tmp_path / "r.zarr")]) == 2
+    err = capsys.readouterr().err
+    assert f"length {2**62:,}" in err and "array is too big" not in err and "Traceback" not in err
+    assert not (tmp_path / "r.zarr").exists()
+
+
 # --- apr on all-zero counts ------------------------------------------------------------------------
 
 

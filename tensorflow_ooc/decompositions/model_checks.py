@@ -35,6 +35,26 @@ def check_seed(seed: object, name: str = "seed") -> int | None:
     return int(seed)
 
 
+def check_factor_memory(shape, widths, what: str) -> None:
+    """Refuse factor matrices (``I_n x widths[n]`` float64 each) that this machine's memory cannot
+    hold, before any is allocated: NumPy's "array is too big" names no mode."""
+    import psutil
+
+    from ..errors import format_bytes
+
+    sizes = [int(i) * int(w) * 8 for i, w in zip(shape, widths)]
+    total, memory = sum(sizes), int(psutil.virtual_memory().total)
+    if total <= memory:
+        return
+    n = max(range(len(sizes)), key=sizes.__getitem__)
+    raise DecompositionError(
+        f"{what}: the factor of mode {n} would need {sizes[n]:,} bytes ({format_bytes(sizes[n])}): the mode has "
+        f"length {int(shape[n]):,} and the factor {int(widths[n])} columns of float64 (all factors: {total:,} "
+        f"bytes), more than this machine's {format_bytes(memory)} of memory; re-index the mode to the indices "
+        f"it uses, or lower the ranks"
+    )
+
+
 def check_tolerance(tol: object, name: str = "tol") -> float:
     """``tol`` as a finite float >= 0."""
     if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not math.isfinite(tol) or tol < 0:

@@ -29,7 +29,7 @@ from ..kernels.ttm.select import KERNELS
 from ..store import Store, open_store, paths
 from . import tucker_updates as T
 from .checkpoint import disk_full_returned, raise_returned
-from .model_checks import check_seed
+from .model_checks import check_factor_memory, check_seed
 from .result import fingerprint
 from .result_store import claim_run
 from .tucker_checkpoint import read_tucker_checkpoint, write_tucker_checkpoint
@@ -204,6 +204,7 @@ def tucker_hooi(
     store = store if isinstance(store, Store) else open_store(store)
     N, shape = store.nmodes, tuple(int(s) for s in store.shape)
     ranks = check_ranks(ranks, shape)
+    check_factor_memory(shape, ranks, f"Tucker of {store.path}")
     init = check_init(init, shape, ranks)
     if isinstance(max_iters, bool) or not isinstance(max_iters, numbers.Integral) or max_iters < 1:
         raise DecompositionError(f"max_iters must be an integer >= 1, got {max_iters!r}")

@@ -36,7 +36,7 @@ from ..execution.inline import INLINE_MAX_NNZ, is_inline
 from ..execution.partitions import plan_partitions
 from ..store import Store, open_store
 from .fasttucker_result import CompletionError, FastTuckerResult
-from .model_checks import check_seed
+from .model_checks import check_factor_memory, check_seed
 from .result import fingerprint
 from .result_store import claim_run
 
@@ -259,6 +259,7 @@ def tucker_sgd(
     store = store if isinstance(store, Store) else open_store(store)
     shape, N = tuple(int(x) for x in store.shape), store.nmodes
     ranks = _check_ranks(ranks, core_rank, shape, store.path)
+    check_factor_memory(shape, ranks, f"tensor completion of {store.path}")
     core_rank = int(core_rank)
     if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1:
         raise CompletionError(f"epochs must be an integer >= 1, got {epochs!r}")
