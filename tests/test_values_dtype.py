@@ -69,6 +69,23 @@ def test_value_beyond_float32_is_refused_with_its_coordinates(tmp_path, rng):
         tfo.convert((coords, values), tmp_path / "bad.zarr", values_dtype="int8")
 
 
+@pytest.mark.parametrize("tiny", [1e-40, 1e-46, -3e-39])
+def test_value_that_float32_turns_subnormal_or_zero_is_refused(tmp_path, tiny):
+    """Before: stored silently as a float32 subnormal or as 0 (the square check is in float64)."""
+    coords = np.array([[0, 1, 2], [3, 2, 1], [4, 4, 4]])
+    values = np.array([1.0, tiny, 2.0])
+    with pytest.raises(tfo.ValueRangeError, match=r"values\[1\].* is too small for float32"):
+        tfo.convert((coords, values), tmp_path / "tiny.zarr", values_dtype="float32")
+    assert not (tmp_path / "tiny.zarr").exists()
+    tns = tmp_path / "tiny.tns"
+    tns.write_text(f"1 2 3 1.0\n4 3 2 {tiny!r}\n5 5 5 2.0\n")
+    with pytest.raises(tfo.ValueRangeError, match=r"tiny.tns.* is too small for float32"):
+        tfo.convert(str(tns), tmp_path / "tiny.zarr", values_dtype="float32")
+    assert not (tmp_path / "tiny.zarr").exists()
+    ok = tfo.convert((coords, np.array([1.0, 1.2e-38, 0.0])), tmp_path / "ok.zarr", values_dtype="float32")
+    assert ok.nnz == 3  # float32's smallest normal, and an explicit 0, are kept
+
+
 def _tfooc(*args):
     return subprocess.run(
         [sys.executable, "-m", "tensorflow_ooc.cli", *map(str, args)], capture_output=True, text=True, timeout=600

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import EmptyTensorError, IndexRangeError, IngestError, NonFiniteValueError, ShapeError, ValueRangeError
 from . import tns_reader
-from .value_range import first_out_of_range, range_problem
+from .value_range import first_lost_in, first_out_of_range, lost_problem, range_problem
 
 Batch = tuple[np.ndarray, np.ndarray]
 
@@ -123,6 +123,11 @@ class ArraySource(Source):
         for s in range(0, n, step):
             c, v = self.coords[s : s + step], self.values[s : s + step]
             validate_coo(c, v, shape, offset=s, name=self.name)
+            lost = first_lost_in(v, self.value_dtype)
+            if lost >= 0:
+                raise ValueRangeError(
+                    f"{self.name}: values[{s + lost}]: {lost_problem(float(v[lost]), self.value_dtype)}"
+                )
             with np.errstate(over="ignore"):  # a value beyond a narrower dtype: the writer names it
                 yield c, v.astype(self.value_dtype, copy=False)
 
@@ -328,7 +333,17 @@ class TextSource(Source):
         """Parsed pieces in file order (each with its per-mode max index)."""
         lim = np.full(self.nmodes, -1, dtype=np.int64) if shape is None else np.asarray(shape, dtype=np.int64)
         empty = True
+        lines = 0
         for piece in tns_reader.parse_file(self.path, self.nmodes, self.one_based, lim, self.piece_bytes, self.workers):
+            lost = first_lost_in(piece.values, self.value_dtype) if piece.error is None else -1
+            if lost >= 0:
+                # the value's line: the piece's data lines hold its rows in order, after comments
+                raise ValueRangeError(
+                    f"nonzero {lost + 1} of the piece at line {lines + 1}: "
+                    f"{lost_problem(float(piece.values[lost]), self.value_dtype)}",
+                    self.path,
+                )
+            lines += piece.lines
             if piece.coords.shape[0]:
                 empty = False
                 yield piece

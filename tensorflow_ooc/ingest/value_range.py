@@ -53,3 +53,24 @@ def range_problem(value: float, text: str | None = None) -> str:
         f"{NORMAL_MIN:.4g}, so ||X||^2 and the fit lose it (nonzero magnitudes must be at least "
         f"{SQUARE_MIN:.4g}); rescale the data or drop it"
     )
+
+
+def first_lost_in(values: np.ndarray, dtype: np.dtype) -> int:
+    """Index of the first nonzero value that ``dtype`` (narrower than float64) holds only as a
+    subnormal or as 0; -1 if there is none (float64: always -1, the square check covers it)."""
+    dtype = np.dtype(dtype)
+    if dtype.itemsize >= 8:
+        return -1
+    a = np.abs(np.asarray(values, dtype=np.float64))
+    bad = (a < float(np.finfo(dtype).tiny)) & (a != 0)
+    return int(np.argmax(bad)) if bad.any() else -1
+
+
+def lost_problem(value: float, dtype: np.dtype) -> str:
+    """Why ``value`` cannot be stored as ``dtype``."""
+    dtype = np.dtype(dtype)
+    return (
+        f"value {value!r} is too small for {dtype.name} values (smallest normal magnitude "
+        f"{float(np.finfo(dtype).tiny):.4g}): it would be stored as a subnormal or as 0; store float64 "
+        f"values instead (values_dtype='float64')"
+    )

@@ -259,8 +259,11 @@ class StoreWriter:
         self._extend_blocks(block_table(keys, self.layout, self.max_block_nnz, offset=self.received))
         with np.errstate(over="ignore"):  # an overflow is refused here or at commit, naming it
             stored = np.asarray(values, dtype=self.value_dtype)
-            if stored.dtype.itemsize < 8 and not np.isfinite(stored).all():
-                self._refuse_narrowed(keys, values, stored)
+            if stored.dtype.itemsize < 8:
+                # overflowed, or a nonzero gone subnormal or 0: the stored tensor would not be the input
+                bad = ~np.isfinite(stored) | ((np.abs(stored) < np.finfo(stored.dtype).tiny) & (np.asarray(values) != 0))
+                if bad.any():
+                    self._refuse_narrowed(keys, values, stored, int(np.flatnonzero(bad)[0]))
             # ||X||^2 of the values as stored, so the fit is that of the stored tensor
             v64 = stored.astype(np.float64, copy=False)
             self.norm_sq += float(np.dot(v64, v64))
@@ -450,20 +453,24 @@ class StoreWriter:
             where, max(more, getattr(exc, "needed", None) or 0), done + more, free_bytes(where), exc.errno
         )
 
-    def _refuse_narrowed(self, keys: np.ndarray, values: np.ndarray, stored: np.ndarray) -> None:
-        """A value that overflowed the store's narrower value dtype (inputs are finite: ingest
-        refuses the others), named with its 0-based coordinates."""
+    def _refuse_narrowed(self, keys: np.ndarray, values: np.ndarray, stored: np.ndarray, k: int) -> None:
+        """A value that the store's narrower value dtype cannot hold (it overflows, or a nonzero
+        becomes subnormal or 0; inputs are finite: ingest refuses the others), named with its
+        0-based coordinates."""
         from ..format.linearize import coords_from_words
 
-        k = int(np.flatnonzero(~np.isfinite(stored))[0])
         at = tuple(int(c) for c in coords_from_words(np.ascontiguousarray(keys[:, k : k + 1]), self.layout)[0])
         info = np.finfo(self.value_dtype)
         given = float(values[k])
         shown = f" ({given!r})" if math.isfinite(given) else ""
+        what = (
+            f"overflows {self.value_dtype.name} values (largest magnitude {float(info.max):.4g})"
+            if not np.isfinite(stored[k])
+            else f"is too small for {self.value_dtype.name} values (smallest normal magnitude {float(info.tiny):.4g})"
+        )
         raise ValueRangeError(
-            f"the value at 0-based coordinates {at}{shown} overflows {self.value_dtype.name} values "
-            f"(largest magnitude {float(info.max):.4g}); store float64 values instead "
-            f"(values_dtype='float64', CLI --values-dtype float64)"
+            f"the value at 0-based coordinates {at}{shown} {what}; store float64 values instead "
+            f"(values_dtype='float64')"
         )
 
     @staticmethod
