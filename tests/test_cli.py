@@ -1,20 +1,33 @@
 """The tfooc command line, run as a user would (subprocess)."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
 
-def tfooc(*args, cwd=None):
-    return subprocess.run(
+def tfooc(*args, cwd=None, timeout=300):
+    """Run the CLI; a command still running after ``timeout`` s fails the test with every thread's
+    stack (faulthandler, on SIGABRT), so that a hang names where it waits."""
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    p = subprocess.Popen(
         [sys.executable, "-m", "tensorflow_ooc.cli", *map(str, args)],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         cwd=cwd,
-        timeout=600,
+        env=env,
     )
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGABRT)
+        out, err = p.communicate()
+        pytest.fail(f"tfooc {' '.join(map(str, args))} hung for {timeout} s; its threads:\n{err[-20000:]}")
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def test_generate_convert_info(tmp_path):

@@ -261,7 +261,9 @@ class StoreWriter:
             stored = np.asarray(values, dtype=self.value_dtype)
             if stored.dtype.itemsize < 8:
                 # overflowed, or a nonzero gone subnormal or 0: the stored tensor would not be the input
-                bad = ~np.isfinite(stored) | ((np.abs(stored) < np.finfo(stored.dtype).tiny) & (np.asarray(values) != 0))
+                bad = ~np.isfinite(stored) | (
+                    (np.abs(stored) < np.finfo(stored.dtype).tiny) & (np.asarray(values) != 0)
+                )
                 if bad.any():
                     self._refuse_narrowed(keys, values, stored, int(np.flatnonzero(bad)[0]))
             # ||X||^2 of the values as stored, so the fit is that of the stored tensor
