@@ -269,3 +269,20 @@ def test_a_nearly_singular_hessian_is_one_log_line(tmp_path, caplog, monkeypatch
         tfo.cp_apr(store, 2, seed=1, algorithm="pdnr", max_iters=2)
     said = [r for r in caplog.records if "nearly singular" in r.getMessage()]
     assert said and [r.levelno for r in said].count(logging.WARNING) == 1  # then debug lines only
+
+
+def test_cli_errors_name_flags_not_keywords():
+    """Before: errors reached from the CLI advised ``duplicates='sum'``, ``overwrite=True``, ..."""
+    from tensorflow_ooc.cli import build_parser, in_flags
+
+    p = build_parser()
+    msg = (
+        "pass overwrite=True to replace it; duplicates='sum' merges; store values_dtype='float64'; "
+        "give memory_limit=206MiB; keep overwrite=False; unknown_keyword=3 stays"
+    )
+    got = in_flags(msg, p, "convert")
+    assert "pass --overwrite to replace it" in got and "--duplicates sum merges" in got
+    assert "--values-dtype float64" in got and "--memory-limit 206MiB" in got
+    assert "overwrite=False" in got and "unknown_keyword=3 stays" in got
+    assert "checkpoint=PATH" in in_flags("(checkpoint=PATH)", p, "convert")  # convert has no --checkpoint
+    assert in_flags("(checkpoint=PATH)", p, "cpd") == "(--checkpoint PATH)"

@@ -81,7 +81,7 @@ def read_npz(path: str, fmt: str | None = None, what: str = "") -> tuple[dict[st
     except _Foreign as exc:
         raise StoreError(
             f"{path}: unreadable checkpoint: not a checkpoint written by tensorflow_ooc ({exc}); "
-            "name another checkpoint path (checkpoint=..., CLI --checkpoint)"
+            "name another checkpoint path (checkpoint=PATH)"
         ) from None
     except OSError as exc:  # the file system's refusal: permissions, a folder, an I/O error
         raise StoreError(f"{path}: unreadable checkpoint: {exc.strerror or exc}") from exc
