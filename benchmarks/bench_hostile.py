@@ -1571,10 +1571,13 @@ def output_cases() -> list[Case]:
         elif lock.exists():
             ctx.silent("the lock file stayed after the run")
 
-    def read_only(ctx: Ctx) -> None:
-        x = _copy_store(ctx)
+    def store_and_tns(ctx: Ctx) -> tuple[Path, Path]:
         tns = ctx.dir / "small.tns"
         tns.write_bytes(_tns_lines(small_rows()))
+        return _copy_store(ctx), tns
+
+    def read_only(ctx: Ctx) -> None:
+        x, tns = store_and_tns(ctx)
         ro = ctx.dir / "ro"
         ro.mkdir()
         if (
@@ -1591,9 +1594,7 @@ def output_cases() -> list[Case]:
             subprocess.run(["umount", str(ro)])
 
     def permission_denied(ctx: Ctx) -> None:
-        x = _copy_store(ctx)
-        tns = ctx.dir / "small.tns"
-        tns.write_bytes(_tns_lines(small_rows()))
+        x, tns = store_and_tns(ctx)
         locked = ctx.dir / "locked"
         locked.mkdir()
         locked.chmod(0o555)

@@ -35,23 +35,30 @@ def check_seed(seed: object, name: str = "seed") -> int | None:
     return int(seed)
 
 
-def check_factor_memory(shape, widths, what: str) -> None:
-    """Refuse factor matrices (``I_n x widths[n]`` float64 each) that this machine's memory cannot
-    hold, before any is allocated: NumPy's "array is too big" names no mode."""
+def check_memory(sizes: list[int], refusal) -> None:
+    """Refuse arrays of ``sizes`` bytes (one a mode) that together exceed this machine's memory,
+    before any is allocated (NumPy's "array is too big" names no mode): raises
+    :class:`DecompositionError` with ``refusal(n, total, memory)``, ``n`` the largest one's mode."""
     import psutil
 
+    total, memory = sum(sizes), int(psutil.virtual_memory().total)
+    if total > memory:
+        raise DecompositionError(refusal(max(range(len(sizes)), key=sizes.__getitem__), total, memory))
+
+
+def check_factor_memory(shape, widths, what: str) -> None:
+    """Factor matrices, ``I_n x widths[n]`` float64 each, that this machine's memory can hold."""
     from ..errors import format_bytes
 
     sizes = [int(i) * int(w) * 8 for i, w in zip(shape, widths)]
-    total, memory = sum(sizes), int(psutil.virtual_memory().total)
-    if total <= memory:
-        return
-    n = max(range(len(sizes)), key=sizes.__getitem__)
-    raise DecompositionError(
-        f"{what}: the factor of mode {n} would need {sizes[n]:,} bytes ({format_bytes(sizes[n])}): the mode has "
-        f"length {int(shape[n]):,} and the factor {int(widths[n])} columns of float64 (all factors: {total:,} "
-        f"bytes), more than this machine's {format_bytes(memory)} of memory; re-index the mode to the indices "
-        f"it uses, or lower the ranks"
+    check_memory(
+        sizes,
+        lambda n, total, memory: (
+            f"{what}: the factor of mode {n} would need {sizes[n]:,} bytes ({format_bytes(sizes[n])}): the mode "
+            f"has length {int(shape[n]):,} and the factor {int(widths[n])} columns of float64 (all factors: "
+            f"{total:,} bytes), more than this machine's {format_bytes(memory)} of memory; re-index the mode to "
+            f"the indices it uses, or lower the ranks"
+        ),
     )
 
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
-import psutil
 from threadpoolctl import ThreadpoolController
 
 from ..errors import DecompositionError, format_bytes
@@ -30,7 +29,7 @@ from ..execution.partials import Partial
 from ..kernels.sampling.krp_sampler import SampleSet
 from ..kernels.sampling.tt_sampler import CoreTree
 from ..kernels.tt.cores import TTCores
-from .model_checks import check_seed
+from .model_checks import check_memory, check_seed
 from .tt_randomized import sketched_slices
 
 INITS = ("random",)
@@ -146,16 +145,15 @@ def check_core_memory(shape: Sequence[int], ranks: Sequence[int]) -> None:
     ``R_{k-1} * I_k * R_k`` float64 values, a slice for every index of mode ``k``, and the initial
     cores are drawn here, on the client, all in one piece."""
     sizes = [int(ranks[k]) * int(shape[k]) * int(ranks[k + 1]) * 8 for k in range(len(shape))]
-    total, memory = sum(sizes), int(psutil.virtual_memory().total)
-    if total <= memory:
-        return
-    k = max(range(len(shape)), key=sizes.__getitem__)
-    raise DecompositionError(
-        f"the tensor train's core {k} would need {sizes[k]:,} bytes ({format_bytes(sizes[k])}): mode {k} has "
-        f"length {int(shape[k]):,}, and the core holds R_{k} * I_{k} * R_{k + 1} = {int(ranks[k])} * "
-        f"{int(shape[k]):,} * {int(ranks[k + 1])} float64 values (all cores: {total:,} bytes), more than this "
-        f"machine's {memory:,} bytes of memory ({format_bytes(memory)}); TT-ALS keeps a slice for every index "
-        f"of every mode: re-index a mode to the indices it uses, or lower the ranks"
+    check_memory(
+        sizes,
+        lambda k, total, memory: (
+            f"the tensor train's core {k} would need {sizes[k]:,} bytes ({format_bytes(sizes[k])}): mode {k} has "
+            f"length {int(shape[k]):,}, and the core holds R_{k} * I_{k} * R_{k + 1} = {int(ranks[k])} * "
+            f"{int(shape[k]):,} * {int(ranks[k + 1])} float64 values (all cores: {total:,} bytes), more than this "
+            f"machine's {memory:,} bytes of memory ({format_bytes(memory)}); TT-ALS keeps a slice for every index "
+            f"of every mode: re-index a mode to the indices it uses, or lower the ranks"
+        ),
     )
 
 
