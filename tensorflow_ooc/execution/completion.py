@@ -149,19 +149,6 @@ def load_observed(
     )
 
 
-def in_memory_test_set(coords: np.ndarray, values: np.ndarray) -> ObservedPartition:
-    """A user's test set as a source of test entries only."""
-    N = coords.shape[1]
-    return ObservedPartition(
-        -1,
-        np.zeros((0, N), np.int64),
-        np.zeros(0),
-        np.zeros(0, np.int64),
-        np.ascontiguousarray(coords, np.int64),
-        np.ascontiguousarray(values, np.float64),
-    )
-
-
 def epoch_order(n: int, seed: int, epoch: int, part_id: int) -> np.ndarray:
     """The epoch's seeded permutation of a partition's ``n`` training entries (its batches)."""
     rng = np.random.default_rng([int(seed) % 2**63, int(epoch), int(part_id) + 1])

@@ -465,12 +465,6 @@ def _give_slots(store: Store, per: int, slots: list[DeviceBatch]) -> None:
         _SLOTS.setdefault(key, []).extend(slots)
 
 
-def release_device_buffers() -> None:
-    """Drop the pooled pinned and device buffers of this process."""
-    with _SLOTS_LOCK:
-        _SLOTS.clear()
-
-
 def _run_schedule(
     store: Store,
     schedule: StreamSchedule,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Sequence
 
 import numpy as np
 
@@ -178,7 +177,3 @@ class BitLayout:
             "index_bits": self.index_bits,
             "total_bits": self.total_bits,
         }
-
-
-def layout_for(shape: Sequence[int]) -> BitLayout:
-    return BitLayout(tuple(int(s) for s in shape))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
-import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -252,7 +251,3 @@ def local_target(location: str, suffix: str = "") -> Iterator[str]:
         if parent:
             fs.makedirs(parent, exist_ok=True)
         fs.put(local, p)
-
-
-def remove_local_tree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)

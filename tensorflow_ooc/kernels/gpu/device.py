@@ -45,10 +45,6 @@ def gpu_unavailable() -> str:
     return ""
 
 
-def gpu_available() -> bool:
-    return gpu_unavailable() == ""
-
-
 def require_gpu() -> None:
     reason = gpu_unavailable()
     if reason:

@@ -148,11 +148,6 @@ class KernelConfig:
         return self.phase_shared_bytes + max(1, self.stash_rows) * self.stash_cols * self.itemsize + 16
 
 
-def rank_chunks_for(rank: int) -> int:
-    """Register columns per lane for rank ``rank``."""
-    return max(1, math.ceil(int(rank) / lanes_for(rank)))
-
-
 def _make(cfg: KernelConfig):
     """The Python kernel function for ``cfg`` (``cuda.jit`` it, or give it to ``compile_ptx``)."""
     ex = warp_exchange(cfg.exchange)
