@@ -275,7 +275,7 @@ def test_cli_distribution(tmp_path, rng, capsys):
     code = main([*base, "--distribution", "owner", "--scheduler", "inline", "--out", str(tmp_path / "o.zarr")])
     err = capsys.readouterr().err
     assert code == 2 and err.strip().splitlines() == [
-        "tfooc: error: distribution='owner' runs CP-APR on Dask CPU workers (not the inline scheduler or a GPU)"
+        "tfooc: error: --distribution owner runs CP-APR on Dask CPU workers (not the inline scheduler or a GPU)"
     ]
     assert not (tmp_path / "o.zarr").exists()
     with pytest.raises(SystemExit):

@@ -219,7 +219,7 @@ def test_cli_flags(tmp_path, seeded, capsys):
         main(["cpd", str(tmp_path / "x.zarr"), "--rank", "2", "--reg", "-1"])
     assert exc.value.code == 2 and "must be a finite number >= 0" in capsys.readouterr().err
     assert main(["-q", "cpd", str(tmp_path / "x.zarr"), "--rank", "2", "--reg", "1"]) == 2
-    assert "pass nonnegative=True" in capsys.readouterr().err
+    assert "pass --nonnegative" in capsys.readouterr().err
 
 
 SPEC = """\
