@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import tensorflow_ooc as tfo  # noqa: E402
 from tensorflow_ooc import synthetic  # noqa: E402
-from tensorflow_ooc.decompositions.updates import solve_normal  # noqa: E402
+from tensorflow_ooc.decompositions.cp.updates import solve_normal  # noqa: E402
 from tensorflow_ooc.ingest import BatchSource  # noqa: E402
 from tensorflow_ooc.kernels import StackedFactors, compile_kernels  # noqa: E402
 

@@ -43,7 +43,7 @@ from tensorflow_ooc.execution.partitions import plan_partitions
 from tensorflow_ooc.kernels.completion import fasttucker_cpu as K
 from tensorflow_ooc.kernels.mttkrp.dispatch import numba_threads
 
-initial_state = sys.modules["tensorflow_ooc.decompositions.tucker_sgd"].initial_state
+initial_state = sys.modules["tensorflow_ooc.decompositions.completion.tucker_sgd"].initial_state
 
 RESULTS = Path(__file__).parent / "results"
 

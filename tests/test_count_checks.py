@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tensorflow_ooc as tfo
-from tensorflow_ooc.decompositions.count_checks import check_counts
+from tensorflow_ooc.decompositions.apr.count_checks import check_counts
 from tensorflow_ooc.errors import DecompositionError
 
 SHAPE = (40, 30, 20)

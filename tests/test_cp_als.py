@@ -138,7 +138,7 @@ def test_small_tensors_run_inline_with_the_same_result(tmp_path, rng, client):
 def test_update_helpers_match_numpy(rng):
     """The update's column max-norm kernel and its inverse-and-GEMM solve against NumPy, float64 and
     float32, with a zero-row factor and a singular normal matrix (pseudo-inverse)."""
-    from tensorflow_ooc.decompositions.updates import solve_normal
+    from tensorflow_ooc.decompositions.cp.updates import solve_normal
     from tensorflow_ooc.kernels.update.column_scale import STAT_BLOCK_ROWS, column_max_abs, column_sum_squares
 
     for dtype in (np.float64, np.float32):

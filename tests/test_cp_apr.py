@@ -9,7 +9,7 @@ import pytest
 import pyttb as ttb
 
 import tensorflow_ooc as tfo
-from tensorflow_ooc.decompositions import apr_steps as S
+from tensorflow_ooc.decompositions.apr import apr_steps as S
 from tensorflow_ooc.errors import DecompositionError
 from tensorflow_ooc.execution.apr_tasks import candidates_partition, newton_partition, phi_partition
 from tensorflow_ooc.execution.partitions import plan_partitions

@@ -159,7 +159,7 @@ def test_device_gpu_without_numba_cuda_says_why(tmp_path, rng):
 def test_update_on_the_array_api_path_equals_the_numpy_fast_path(rng, monkeypatch, first_iteration, deficient):
     """The device (CuPy) update runs the array-API branch of ``update_mode``; here it runs with
     NumPy's array-API namespace and must equal the LAPACK fast path, Cholesky or pseudo-inverse."""
-    from tensorflow_ooc.decompositions import updates as U
+    from tensorflow_ooc.decompositions.cp import updates as U
     from tensorflow_ooc.execution.partials import Partial
     from tensorflow_ooc.kernels import StackedFactors
 

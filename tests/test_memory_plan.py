@@ -16,7 +16,7 @@ from distributed import Client, LocalCluster
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc import cli
-from tensorflow_ooc.decompositions import updates as U
+from tensorflow_ooc.decompositions.cp import updates as U
 from tensorflow_ooc.execution.memory_plan import MemoryPlanError, candidates, choose
 from tensorflow_ooc.execution.partials import Partial
 

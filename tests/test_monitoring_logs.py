@@ -59,7 +59,7 @@ def test_json_log_lines_carry_run_step_iteration(tmp_path, capsys):
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", d["time"]) for d in lines)
     run_lines = [d for d in lines if d.get("run_id") == run_id]
     assert {d.get("step") for d in run_lines} >= {"generate", "decompose"}
-    iterations = [d for d in lines if d["logger"] == "tensorflow_ooc.decompositions.cp_als" and "iteration" in d]
+    iterations = [d for d in lines if d["logger"] == "tensorflow_ooc.decompositions.cp.cp_als" and "iteration" in d]
     assert [d["iteration"] for d in iterations] == [1, 2, 3, 4]
     assert all(d["run_id"] == run_id and d["step"] == "decompose" and d["level"] == "INFO" for d in iterations)
 

@@ -10,7 +10,7 @@ import pytest
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.cli import main
-from tensorflow_ooc.decompositions import updates as U
+from tensorflow_ooc.decompositions.cp import updates as U
 from tensorflow_ooc.execution.partials import Partial
 from tensorflow_ooc.kernels.update.hals import HALS_BLOCK_ROWS, hals_rows
 from tensorflow_ooc.workflow import SpecError, load_spec

@@ -11,7 +11,7 @@ from test_leverage_sampling import exact_leverage, explicit_krp
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc import synthetic
-from tensorflow_ooc.decompositions.cp_owner_sampling import owner_sts_sample, start_sampler
+from tensorflow_ooc.decompositions.cp.cp_owner_sampling import owner_sts_sample, start_sampler
 from tensorflow_ooc.execution.memory_plan import MemoryPlanError
 from tensorflow_ooc.execution.owner_computes import _RUNS, OwnerComputes, plan_ownership
 from tensorflow_ooc.execution.partitions import split_nonzeros

@@ -15,7 +15,7 @@ from distributed import Client, LocalCluster
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.cli import main
-from tensorflow_ooc.decompositions.tt_steps import initial_cores
+from tensorflow_ooc.decompositions.tt.tt_steps import initial_cores
 from tensorflow_ooc.errors import DecompositionError
 from tensorflow_ooc.execution.partitions import plan_partitions
 from tensorflow_ooc.execution.tasks import load_partition
@@ -427,7 +427,7 @@ def test_randomized_fit_cadence_defaults_as_randomized_cp_als(tmp_path, rng, mon
     """By default the fit is evaluated every sweep up to 2^24 nonzeros, else every 5th and at the
     last (the bound lowered below this store's nonzeros for the second run)."""
     # the module (the package's ``tt_als`` attribute is the function)
-    tt_module = importlib.import_module("tensorflow_ooc.decompositions.tt_als")
+    tt_module = importlib.import_module("tensorflow_ooc.decompositions.tt.tt_als")
     shape = (9, 8, 7)
     _, coords, values = sparse_tensor(rng, shape, 0.3)
     store = store_of(tmp_path, "s", coords, values, shape)

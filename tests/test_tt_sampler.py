@@ -10,7 +10,7 @@ import pytest
 from test_leverage_sampling import chi2_pvalue, exact_leverage
 
 import tensorflow_ooc as tfo
-from tensorflow_ooc.decompositions.tt_randomized import load_fibers, sketched_core, sketched_rhs, solve_sketched
+from tensorflow_ooc.decompositions.tt.tt_randomized import load_fibers, sketched_core, sketched_rhs, solve_sketched
 from tensorflow_ooc.kernels.sampling.tt_sampler import (
     build_core_tree,
     chain_trees,
@@ -300,8 +300,8 @@ def test_state_keeps_the_trees_of_unchanged_cores():
     core's trees go when it is written; copies hand them on; pickles leave them out."""
     import pickle
 
-    from tensorflow_ooc.decompositions import tt_steps as S
-    from tensorflow_ooc.decompositions.tt_randomized import draw_core
+    from tensorflow_ooc.decompositions.tt import tt_steps as S
+    from tensorflow_ooc.decompositions.tt.tt_randomized import draw_core
 
     shape = (12, 10, 9, 8)
     full = S.check_ranks((3, 4, 2), shape)

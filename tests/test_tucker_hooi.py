@@ -12,7 +12,7 @@ from scipy.linalg import subspace_angles
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.cli import main
-from tensorflow_ooc.decompositions import tucker_updates as T
+from tensorflow_ooc.decompositions.tucker import tucker_updates as T
 from tensorflow_ooc.errors import DecompositionError, TfoocError
 
 SHAPES = {3: (14, 11, 9), 4: (10, 8, 7, 6), 5: (7, 6, 5, 5, 4)}

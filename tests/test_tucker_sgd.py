@@ -10,7 +10,7 @@ from conftest import random_coo
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc import synthetic
-from tensorflow_ooc.decompositions.fasttucker_result import CompletionError
+from tensorflow_ooc.decompositions.completion.fasttucker_result import CompletionError
 from tensorflow_ooc.execution import completion as T
 from tensorflow_ooc.kernels.completion import fasttucker_cpu as K
 

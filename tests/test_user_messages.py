@@ -13,7 +13,8 @@ import pytest
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.cli import main
-from tensorflow_ooc.decompositions.checkpoint import read_checkpoint, read_npz
+from tensorflow_ooc.decompositions.common.checkpoint_files import read_npz
+from tensorflow_ooc.decompositions.cp.checkpoint import read_checkpoint
 from tensorflow_ooc.errors import DecompositionError, StoreError, ValueRangeError
 from tensorflow_ooc.ingest.value_range import SQUARE_MAX, SQUARE_MIN
 

@@ -23,7 +23,7 @@ from .options import (
 def cmd_cpd(args: argparse.Namespace) -> int:
 
     from ..decompositions import cp_als
-    from ..decompositions.cp_als import open_input
+    from ..decompositions.common.mttkrp_input import open_input
     from ..execution import DeviceOptions
     from ..store.dense import DenseArray
 

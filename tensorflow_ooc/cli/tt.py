@@ -13,8 +13,8 @@ from .options import _positive_int, _seed, _tolerance, iteration_bar, mean_secon
 def cmd_tt(args: argparse.Namespace) -> int:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from ..decompositions.tt_als import tt_als
-    from ..decompositions.tt_steps import check_ranks
+    from ..decompositions.tt.tt_als import tt_als
+    from ..decompositions.tt.tt_steps import check_ranks
     from ..store import open_store, paths
 
     store = open_store(paths.resolve_version(args.store))  # a versioned folder: its latest version

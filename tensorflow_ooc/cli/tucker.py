@@ -37,7 +37,7 @@ def parse_ranks(text: str) -> tuple[int, ...]:
 def cmd_tucker(args: argparse.Namespace) -> int:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from ..decompositions.tucker_hooi import check_ranks, tucker_hooi
+    from ..decompositions.tucker.tucker_hooi import check_ranks, tucker_hooi
     from ..store import open_store, paths
 
     store = open_store(paths.resolve_version(args.store))  # a versioned folder: its latest version

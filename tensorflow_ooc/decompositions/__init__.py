@@ -1,16 +1,18 @@
 """Decompositions: CP-ALS and CP-APR over Dask graph reductions, Tucker, tensor train, completion, results,
 checkpoints."""
 
-from .checkpoint import read_checkpoint
-from .cp_als import cp_als
-from .cp_apr import cp_apr
-from .fasttucker_result import CompletionError, FastTuckerResult, load_fasttucker_result
-from .result import CPResult, PoissonResult, load_result
-from .tt_als import tt_als
-from .tt_result import TTResult, load_tt
-from .tucker_hooi import tucker_hooi
-from .tucker_result import TuckerResult, load_tucker
-from .tucker_sgd import tucker_sgd
+from .apr.cp_apr import cp_apr
+from .apr.result import PoissonResult
+from .common.cp_result import CPResult
+from .completion.fasttucker_result import CompletionError, FastTuckerResult, load_fasttucker_result
+from .completion.tucker_sgd import tucker_sgd
+from .cp.checkpoint import read_checkpoint
+from .cp.cp_als import cp_als
+from .results import load_result
+from .tt.tt_als import tt_als
+from .tt.tt_result import TTResult, load_tt
+from .tucker.tucker_hooi import tucker_hooi
+from .tucker.tucker_result import TuckerResult, load_tucker
 
 __all__ = [
     "CPResult",

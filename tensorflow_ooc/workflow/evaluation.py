@@ -41,7 +41,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from ..decompositions import CPResult, FastTuckerResult, PoissonResult, TTResult, TuckerResult, load_result
-from ..decompositions.result import arrange
+from ..decompositions.common.cp_result import arrange
 from ..store import Store
 from ..store.dense import DenseArray
 from . import locations as loc

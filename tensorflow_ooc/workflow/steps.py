@@ -32,7 +32,7 @@ from ..decompositions import (
     load_result,
     read_checkpoint,
 )
-from ..decompositions.checkpoint import read_npz
+from ..decompositions.common.checkpoint_files import read_npz
 from ..errors import DecompositionError, StoreError, TfoocError
 from ..execution.inline import INLINE_MAX_NNZ
 from ..ingest import AltoRunSource, BatchSource, TextSource, convert
@@ -797,7 +797,7 @@ def _run_cp(ctx: StepContext) -> dict:
 def _run_apr(ctx: StepContext) -> dict:
     """CP-APR (Poisson CP) of a store of counts: :func:`tensorflow_ooc.cp_apr` with the step's options."""
     from ..decompositions import PoissonResult, cp_apr
-    from ..decompositions.cp_apr import CHECKPOINT_FORMAT
+    from ..decompositions.apr.cp_apr import CHECKPOINT_FORMAT
 
     m: PoissonDecomposeStep = ctx.step.model  # type: ignore[assignment]
     store = _open_decompose_input(ctx, "cp-apr")
@@ -936,8 +936,8 @@ def tt_warm_start(previous: TTResult, shape: tuple[int, ...], seed: int | None) 
 def _run_tt(ctx: StepContext) -> dict:
     """Tensor-train ALS of a store: :func:`tensorflow_ooc.tt_als` with the step's options."""
     from ..decompositions import tt_als
-    from ..decompositions.tt_checkpoint import read_tt_checkpoint
-    from ..decompositions.tt_steps import check_ranks
+    from ..decompositions.tt.tt_checkpoint import read_tt_checkpoint
+    from ..decompositions.tt.tt_steps import check_ranks
 
     m: TTDecomposeStep = ctx.step.model  # type: ignore[assignment]
     store = _open_decompose_input(ctx, "tt")
@@ -1065,8 +1065,8 @@ def tucker_warm_start(
 
 def _run_tucker(ctx: StepContext) -> dict:
     from ..decompositions import tucker_hooi
-    from ..decompositions.tucker_checkpoint import read_tucker_checkpoint
-    from ..decompositions.tucker_hooi import check_ranks
+    from ..decompositions.tucker.tucker_checkpoint import read_tucker_checkpoint
+    from ..decompositions.tucker.tucker_hooi import check_ranks
 
     m: TuckerDecomposeStep = ctx.step.model  # type: ignore[assignment]
     store = _open_decompose_input(ctx, "tucker")

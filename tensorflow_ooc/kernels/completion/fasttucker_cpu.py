@@ -7,7 +7,7 @@ array ``A`` (mode ``n`` starts at row ``offsets[n]``); modes of smaller rank ``J
 columns up to ``J = max J_n`` (with the matching rows of ``B^(n)`` zero, they stay zero).
 
 Kernels take trusted inputs (coordinates inside the shape, ``order`` a permutation of the
-entries): :func:`tensorflow_ooc.decompositions.tucker_sgd.tucker_sgd` validates them first.
+entries): :func:`tensorflow_ooc.decompositions.completion.tucker_sgd.tucker_sgd` validates them first.
 
 Loss (the seed's objectives 10 and 11, halved so the updates are its rules 12-15 exactly)::
 

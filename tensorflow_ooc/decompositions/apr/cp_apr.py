@@ -1,0 +1,440 @@
+"""CP-APR: nonnegative CP of count data by Poisson maximum likelihood (alternating Poisson
+regression), on a BLCO store, as iterated Dask passes over the nonzeros.
+
+The loop below is pyttb's ``cp_apr`` (Chi & Kolda 2012 for ``"mu"``, Hansen, Plantenga & Kolda
+2015 for ``"pdnr"``); its steps are small functions in
+:mod:`~tensorflow_ooc.decompositions.apr.apr_steps` and its passes partition tasks in
+:mod:`~tensorflow_ooc.execution.apr_tasks`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from contextlib import ExitStack
+from typing import Callable, Sequence
+
+import numpy as np
+from distributed import Client
+
+from ...errors import DecompositionError
+from ...execution import DeviceOptions, get_client
+from ...execution.apr_tasks import add_sums, candidates_partition, loglik_partition, newton_partition, phi_partition
+from ...execution.inline import INLINE_MAX_NNZ
+from ...kernels.apr.cpu import hessian_width
+from ...store import Store
+from ..common.checkpoint_files import disk_full_returned, raise_returned, read_npz, write_npz_atomic
+from ..common.fingerprint import fingerprint
+from ..common.model_checks import check_count, check_seed, check_tolerance
+from ..common.mttkrp_input import open_graph, open_input
+from ..common.result_store import claim_run
+from . import apr_steps as S
+from .apr_owner import AprConfig, owner_outer, owner_state, start_apr_owner, use_apr_owner
+from .count_checks import check_counts
+from .result import PoissonResult
+
+__all__ = ["cp_apr", "ALGORITHMS"]
+
+log = logging.getLogger(__name__)
+
+ALGORITHMS = ("mu", "pdnr")
+CHECKPOINT_FORMAT = "cp-apr"
+# PDN-R keeps, per row of the block being solved, its Newton terms (R + R(R+1)/2 + 2 values) on
+# every partition task and thread; the rows of a long mode are taken in blocks within this budget
+NEWTON_BLOCK_BYTES = 256 << 20
+
+
+def cp_apr(
+    store: Store | str | os.PathLike,
+    rank: int,
+    *,
+    algorithm: str = "mu",
+    client: Client | None = None,
+    max_iters: int = 1000,
+    max_inner_iters: int = 10,
+    tol: float = 1e-4,
+    init: str | Sequence[np.ndarray] = "random",
+    seed: int | None = None,
+    kappa: float = 0.01,
+    kappa_tol: float = 1e-10,
+    eps_div_zero: float | None = None,
+    eps_active: float = 1e-8,
+    mu0: float = 1e-5,
+    inexact: bool = True,
+    checkpoint: str | os.PathLike | None = None,
+    resume: bool = False,
+    checkpoint_every: int = 1,
+    callback: Callable[[dict], None] | None = None,
+    execution: str = "auto",
+    scheduler: str | None = None,
+    partitions: int | None = None,
+    out: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    device: str = "cpu",
+    device_options: DeviceOptions | None = None,
+    distribution: str = "auto",
+) -> PoissonResult:
+    """Rank-``rank`` Poisson CP (CP-APR) of a count tensor: nonnegative factors that maximize the
+    Poisson log-likelihood ``sum_i x_i log m_i - m_i`` of the model ``m = [[lambda; A_1, ..., A_N]]``.
+
+    Each outer iteration updates the modes in turn; mode ``n`` solves its subproblem (the other
+    factors fixed) by up to ``max_inner_iters`` inner iterations:
+
+    - ``algorithm="mu"`` (Chi & Kolda 2012): ``B <- B * Phi`` with ``B = A_n diag(lambda)`` and
+      ``Phi = (X_(n) ./ max(B Pi^T, eps_div_zero)) Pi``, ``Pi`` the Khatri-Rao product of the other
+      factors, until ``max |min(B, 1 - Phi)| < tol`` (the KKT conditions). ``Phi`` is computed
+      from the nonzeros on the fly: a model-value pass gives each nonzero ``x / max(m, eps)``, and
+      the MTTKRP kernels sum it. Entries stuck at zero with ``Phi > 0`` are moved off zero by
+      ``kappa`` when below ``kappa_tol``.
+    - ``algorithm="pdnr"`` (Hansen, Plantenga & Kolda 2015): each row of ``B`` is a convex problem
+      solved by a projected damped Newton method with an Armijo line search (damping ``mu0``,
+      active-set tolerance ``eps_active``; ``inexact``: rows stop at ``max(tol, kkt / 100)``
+      and take 2 inner iterations in the first outer iteration). The rows advance together: two
+      passes over the nonzeros per inner iteration (see :mod:`.apr_steps`).
+
+    The run stops when an outer iteration changes nothing (every mode's KKT violation below
+    ``tol``), or after ``max_iters``. The log-likelihood, the KKT violation and the least-squares
+    fit are recorded per outer iteration.
+
+    Parameters
+    ----------
+    store : Store or path
+        A BLCO store of nonnegative counts (a negative value is refused, naming it; non-integer
+        values are warned about once).
+    rank : int
+        Number of components R.
+    algorithm : {"mu", "pdnr"}
+    max_iters, max_inner_iters, tol : outer iterations, inner iterations per mode, KKT tolerance.
+    init : "random" or sequence of (I_n, R) nonnegative arrays
+        "random" draws uniform [0, 1) factors from ``seed`` (as pyttb).
+    kappa, kappa_tol, eps_active, mu0, inexact : as pyttb's ``cp_apr``.
+    eps_div_zero : float, optional
+        Floor of the model values divided by (pyttb's ``epsDivZero``). Default: pyttb's 1e-10, or
+        where the mean model value over all cells (the counts' sum over the number of cells) is
+        within 1e3 of it, 1e-3 of that mean. A huge hypersparse tensor starts with model values
+        far below 1e-10 at its nonzeros (Amazon-shaped, 86 M nonzeros in 1.5e19 cells: about
+        1e-11); floored there, every weight ``x / eps`` is too small, the rows of B shrink by
+        ``m / eps`` per inner iteration until they underflow to zero, and the log-likelihood
+        becomes -inf in the second outer iteration.
+    checkpoint, resume, checkpoint_every : an atomic ``.npz`` checkpoint every so many outer
+        iterations; ``resume`` continues from it (same store, rank and algorithm), giving the
+        result of the uninterrupted run bit for bit.
+    callback : called with each outer iteration's history record.
+    execution : {"auto", "streaming", "in-memory"}, scheduler, partitions, client : as :func:`cp_als`.
+    out : path, optional
+        Also write the result to this Zarr result store.
+    device : {"cpu", "gpu"}
+        ``"gpu"`` (MU only): each inner iteration's Phi runs on the cluster's GPU workers (the GPU
+        twin of the Phi kernels, :mod:`~tensorflow_ooc.kernels.mttkrp.gpu`), streamed from the
+        store; the log-likelihood pass and the updates run on the same workers' CPUs.
+    device_options : DeviceOptions, optional
+        GPU kernel and streaming settings, as for :func:`cp_als`.
+    distribution : {"auto", "owner", "graph"}
+        How the run spreads over several workers. "owner" (the default, "auto", on a cluster of
+        several CPU workers): owner-computes, each worker keeps its partitions and the factor rows
+        it owns, one task per worker and outer iteration, rows sent worker to worker only where
+        they are shared (:mod:`~tensorflow_ooc.decompositions.apr.apr_owner`); the history adds the
+        bytes sent per outer iteration beside their lower bound. "graph": per-mode task graphs
+        (what one worker, the inline scheduler and GPU devices always use).
+
+    Returns
+    -------
+    PoissonResult
+        ``weights`` and ``factors`` (columns of unit 1-norm, components sorted by weight),
+        ``loglik``, ``kkt``, ``fit`` (least squares) and the history.
+
+    Examples
+    --------
+    >>> import tensorflow_ooc as tfo
+    >>> from tensorflow_ooc import synthetic
+    >>> p = synthetic.planted_poisson((30, 40, 50), 3, 5000, seed=0)
+    >>> s = tfo.convert((p.coords, p.values), "memory://doc-apr")
+    >>> r = tfo.cp_apr(s, 3, seed=1, max_iters=50)        # doctest: +SKIP
+    >>> r.loglik < 0 and min(f.min() for f in r.factors) >= 0   # doctest: +SKIP
+    True
+    """
+    store = open_input(store)
+    if not isinstance(store, Store):
+        raise DecompositionError(f"{store.path}: cp_apr takes a sparse store of counts, not a dense array")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
+    check_count("rank", rank)
+    check_count("max_iters", max_iters)
+    check_count("max_inner_iters", max_inner_iters)
+    check_count("checkpoint_every", checkpoint_every)
+    check_tolerance(tol)
+    for name, value in (("kappa", kappa), ("kappa_tol", kappa_tol)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    if device == "gpu" and algorithm != "mu":
+        raise ValueError("algorithm='pdnr' runs on CPU workers; use device='cpu' (or algorithm='mu' on GPUs)")
+    if not (mu0 > 0 and eps_active >= 0):
+        raise ValueError(f"mu0 must be > 0 and eps_active >= 0, got {mu0!r} and {eps_active!r}")
+    total = check_counts(store)
+    if eps_div_zero is None:
+        eps_div_zero = default_eps_div_zero(store.shape, total)
+    elif not (isinstance(eps_div_zero, (int, float)) and math.isfinite(eps_div_zero) and eps_div_zero >= 0):
+        raise ValueError(f"eps_div_zero must be a finite number >= 0, got {eps_div_zero!r}")
+    N, shape = store.nmodes, store.shape
+    params = {
+        "model": "poisson",
+        "algorithm": algorithm,
+        "rank": int(rank),
+        "max_iters": int(max_iters),
+        "max_inner_iters": int(max_inner_iters),
+        "tol": float(tol),
+        "seed": seed,
+        "init": init if isinstance(init, str) else "given",
+        "kappa": float(kappa),
+        "kappa_tol": float(kappa_tol),
+        "eps_div_zero": float(eps_div_zero),
+    }
+    if algorithm == "pdnr":
+        params.update(eps_active=float(eps_active), mu0=float(mu0), inexact=bool(inexact))
+    checkpoint = None if checkpoint is None else str(checkpoint)
+    input_fp = fingerprint(store)
+    normX2 = float(store.meta["norm_sq"])
+
+    if client is None and scheduler is None and store.nnz <= INLINE_MAX_NNZ and device == "cpu":
+        scheduler = "inline"
+    if device == "gpu":
+        # the GPU streams Phi from the store; the CPU passes (log-likelihood) stream the same chunks
+        execution = "streaming"
+    claim = claim_run(store, out, checkpoint, overwrite, f"cp_apr of {store.path}")
+    with claim, get_client(client, scheduler, device=device) as c, ExitStack() as cleanup:
+        graph = open_graph(
+            c,
+            store,
+            params,
+            execution=execution,
+            partitions=partitions,
+            device=device,
+            device_options=device_options,
+            rank=rank,
+            dtype="float64",
+            samples=0,
+            load=distribution == "graph",
+        )
+        owner = use_apr_owner(c, graph, distribution, graph.device)
+        if owner:
+            graph.plan_owner_computes()
+            params["execution"] = graph.execution
+            params["in_place_updates"] = False
+            if graph.memory_plan is not None:
+                params["memory_plan"] = graph.memory_plan.as_dict()
+        else:
+            graph.require_plan()
+        if graph.execution == "in-memory" and graph.data is None and not owner:
+            graph.load()
+        threads, bn, mpb = graph.numba_threads, graph.batch_nnz, graph.max_private_bytes
+        start, history, row_tol, state0 = _initial(
+            checkpoint if resume else None, input_fp, params, init, shape, rank, seed, tol
+        )
+        params["resumed_after"] = start
+        if algorithm == "pdnr" and start == 0:
+            for v in state0.views:  # pyttb: a row of zeros gets a tiny first entry
+                v[v.sum(axis=1) == 0, 0] = 1e-8
+        F = c.scatter(state0, hash=False)
+        del state0
+        engine = None
+        if owner:
+            engine = start_apr_owner(c, graph, F, shape, row_tol)
+            cleanup.callback(engine.release)  # a run stopped by its callback leaves nothing on the workers
+            params["distribution"] = {"kind": "owner-computes", "workers": len(engine.addresses)}
+            blocks = [_row_blocks(I, rank, threads) for I in shape]
+            cfg = AprConfig(
+                algorithm, max_inner_iters, float(tol), kappa, kappa_tol, eps_div_zero, eps_active, mu0, inexact, blocks
+            )
+            del F
+        loglik = history[-1]["loglik"] if history else float("nan")
+        for iteration in range(start, max_iters):
+            t_iter = time.time()
+            exchange = None
+            if owner:
+                # the next outer iteration goes ahead unless this one ends the run or writes a
+                # checkpoint (whose rows must be this iteration's)
+                due = checkpoint and (iteration + 1) % checkpoint_every == 0
+                sm, exchange = owner_outer(engine, iteration, cfg, not (due or iteration + 1 >= max_iters))
+            else:
+                F = c.submit(S.begin_outer, F, pure=False, **graph.placement)
+                for n in range(N):
+                    if algorithm == "mu":
+                        F = c.submit(S.mu_begin_mode, F, n, iteration, kappa, kappa_tol, pure=False, **graph.placement)
+                        for _ in range(max_inner_iters):
+                            F = graph.pass_update(
+                                phi_partition,
+                                (n, threads, bn, eps_div_zero, mpb, graph.device, device_options),
+                                S.mu_inner,
+                                F,
+                                n,
+                                float(tol),
+                            )
+                    else:
+                        inner_max = 2 if (inexact and iteration == 0) else max_inner_iters
+                        for b, (lo, hi) in enumerate(_row_blocks(shape[n], rank, threads)):
+                            F = c.submit(S.pdnr_begin_block, F, n, lo, hi, mu0, b == 0, pure=False, **graph.placement)
+                            for i in range(inner_max):
+                                F = graph.pass_update(
+                                    newton_partition,
+                                    (n, threads, bn, eps_div_zero),
+                                    S.pdnr_direction,
+                                    F,
+                                    n,
+                                    i,
+                                    inner_max,
+                                    row_tol,
+                                    eps_active,
+                                )
+                                F = graph.pass_update(
+                                    candidates_partition, (n, threads, bn), S.pdnr_step, F, n, i, inner_max
+                                )
+                            F = c.submit(S.pdnr_end_block, F, pure=False, **graph.placement)
+                    F = c.submit(S.end_mode, F, n, pure=False, **graph.placement)
+                parts = graph.partition_pass(loglik_partition, F, threads, bn, reduce=add_sums)
+                sm = c.submit(S.summary, F, parts, pure=False, **graph.placement).result()
+            old = loglik
+            loglik = sm.loglik
+            if not math.isfinite(loglik):
+                raise DecompositionError(
+                    f"CP-APR outer iteration {iteration + 1}: the log-likelihood is {loglik} "
+                    "(a nonzero's model value reached zero); try another init or seed"
+                )
+            fit = 1 - math.sqrt(max(normX2 + sm.norm_model_sq - 2 * sm.inner_product, 0.0)) / math.sqrt(normX2)
+            record = {
+                "iteration": iteration + 1,
+                "loglik": loglik,
+                "loglik_change": loglik - old if math.isfinite(old) else float("nan"),
+                "kkt_violation": sm.kkt,
+                "fit": fit,
+                "inner_iterations": sm.inner_iters,
+                "violations": sm.violations,
+                "zeros": sm.zeros,
+                "seconds": time.time() - t_iter,
+                "pass_seconds": sm.seconds,
+                "nnz": store.nnz,
+            }
+            if exchange is not None:
+                record.update(exchange)
+            history.append(record)
+            log.info(
+                "iteration %d: log-likelihood %.8e, KKT violation %.2e, %d inner, %.3f s",
+                iteration + 1,
+                loglik,
+                sm.kkt,
+                sm.inner_iters,
+                record["seconds"],
+                extra={"iteration": iteration + 1},
+            )
+            if algorithm == "pdnr" and inexact:
+                row_tol = max(tol, sm.kkt / 100.0)
+            done = sm.converged and (algorithm == "mu" or not inexact or row_tol <= tol)
+            if checkpoint and (done or (iteration + 1) % checkpoint_every == 0 or iteration + 1 == max_iters):
+                t_ck = time.time()
+                ck_args = (checkpoint, iteration, history, params, input_fp, row_tol)
+                if owner:  # written from the driver, the rows gathered from their owners
+                    raise_returned(disk_full_returned(_write_checkpoint, owner_state(engine, shape, rank), *ck_args))
+                else:
+                    raise_returned(c.submit(disk_full_returned, _write_checkpoint, F, *ck_args, pure=False).result())
+                record["checkpoint_seconds"] = time.time() - t_ck
+            if callback is not None:
+                callback(record)
+            if done:
+                break
+        if owner:
+            state = owner_state(engine, shape, rank)
+            final, weights = S.factors_of(state), state.weights
+            engine.release()
+        else:
+            final, weights = c.submit(_factors_and_weights, F, pure=False).result()
+            del F
+        graph.release()
+    kkt = history[-1]["kkt_violation"] if history else float("nan")
+    fit = history[-1]["fit"] if history else float("nan")
+    result = PoissonResult.arranged(weights, final, loglik, kkt, fit, len(history), history, params, input_fp)
+    if out is not None:
+        result.save(out, overwrite=overwrite)
+        log.info("result written to %s", out)
+    return result
+
+
+PYTTB_EPS_DIV_ZERO = 1e-10
+
+
+def default_eps_div_zero(shape: Sequence[int], total: float) -> float:
+    """pyttb's 1e-10, or 1e-3 of the mean model value over all cells (the counts' ``total`` over
+    the cells of ``shape``) where that is smaller (see :func:`cp_apr`'s ``eps_div_zero``)."""
+    cells = math.prod(float(i) for i in shape)
+    mean = total / cells if cells else 0.0
+    return min(PYTTB_EPS_DIV_ZERO, 1e-3 * mean) if mean > 0 else PYTTB_EPS_DIV_ZERO
+
+
+def _row_blocks(rows: int, rank: int, threads: int) -> list[tuple[int, int]]:
+    """PDN-R: the mode's rows in blocks whose Newton terms fit :data:`NEWTON_BLOCK_BYTES`."""
+    per_row = hessian_width(rank) * 8 * (max(1, threads) + 3)
+    size = max(1, NEWTON_BLOCK_BYTES // per_row)
+    return [(lo, min(rows, lo + size)) for lo in range(0, rows, size)]
+
+
+def _initial(checkpoint, input_fp, params, init, shape, rank, seed, tol):
+    """The start: from ``checkpoint`` when it exists (same store, rank, algorithm), else fresh
+    factors (uniform [0, 1) from ``seed``, or ``init``'s, checked nonnegative and finite)."""
+    seed = check_seed(seed)
+    got = read_npz(checkpoint, CHECKPOINT_FORMAT, "CP-APR") if checkpoint else None
+    if got is not None:
+        arrays, meta = got
+        if (
+            meta["input"]["store_id"] != input_fp["store_id"]
+            or meta["params"]["rank"] != params["rank"]
+            or meta["params"]["algorithm"] != params["algorithm"]
+        ):
+            raise ValueError(
+                f"{checkpoint}: checkpoint is for another store, rank or algorithm; remove it or drop resume"
+            )
+        s = S.APRState(shape, rank, np.float64, np.ascontiguousarray(arrays["factors"]))
+        s.weights = arrays["weights"]
+        s.phi_positive = [arrays.get(f"phi_positive{n}") for n in range(len(shape))]
+        log.info("resuming from %s after outer iteration %d", checkpoint, meta["iteration"] + 1)
+        return meta["iteration"] + 1, list(meta["history"]), float(meta["row_tol"]), s
+    if isinstance(init, str):
+        if init != "random":
+            raise ValueError(f"init must be 'random' or a list of factor matrices, got {init!r}")
+        rng = np.random.default_rng(seed)
+        factors = [rng.random((I, rank)) for I in shape]
+    else:
+        if len(init) != len(shape) or any(np.shape(a) != (shape[n], rank) for n, a in enumerate(init)):
+            raise ValueError(f"init must hold {len(shape)} matrices of shapes {[(s, rank) for s in shape]}")
+        factors = [np.array(a, dtype=np.float64) for a in init]
+        for n, a in enumerate(factors):
+            if not np.isfinite(a).all():
+                raise DecompositionError(f"init: factor matrix {n} holds NaN or infinite entries")
+            if (a < 0).any():
+                raise DecompositionError(
+                    f"init: factor matrix {n} has a negative entry; CP-APR needs nonnegative factors"
+                )
+    return 0, [], float(tol), S.start_state(factors, None, "float64")
+
+
+def _factors_and_weights(state: S.APRState) -> tuple[list[np.ndarray], np.ndarray]:
+    """The factor matrices and weights (copies; a run resumed after its last iteration has no
+    summary of its own)."""
+    return S.factors_of(state), np.array(state.weights)
+
+
+def _write_checkpoint(state, path, iteration, history, params, input_fp, row_tol) -> str:
+    """Runs on a worker (the state lives there), or owner-computes on the driver."""
+    arrays = {"factors": state.data, "weights": state.weights}
+    arrays.update({f"phi_positive{n}": p for n, p in enumerate(state.phi_positive) if p is not None})
+    meta = {
+        "format": CHECKPOINT_FORMAT,
+        "version": 1,
+        "iteration": iteration,
+        "history": history,
+        "params": params,
+        "input": input_fp,
+        "row_tol": row_tol,
+    }
+    return write_npz_atomic(path, arrays, meta)

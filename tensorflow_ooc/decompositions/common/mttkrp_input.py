@@ -1,0 +1,73 @@
+"""The input of the MTTKRP-based families (CP-ALS, CP-APR): a store or dense array opened once, and its
+MTTKRP graph on the cluster."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+from distributed import Client
+
+from ...execution import DeviceOptions, MTTKRPGraph
+from ...execution.dense_graph import DenseMTTKRPGraph
+from ...execution.inline import is_inline
+from ...store import Store, open_store, paths
+from ...store.dense import DenseArray, is_dense_array, open_dense
+
+log = logging.getLogger(__name__)
+
+
+def open_input(x: Store | DenseArray | str | os.PathLike | np.ndarray) -> Store | DenseArray:
+    """The CP-ALS input: a BLCO store (a path or URL; a versioned store folder means its latest
+    version, ``FOLDER@vN`` version N), or a dense array (a Zarr array path, URL or ``zarr.Array``,
+    a Dask array, a NumPy array) as a :class:`~tensorflow_ooc.store.dense.DenseArray`."""
+    if isinstance(x, (Store, DenseArray)):
+        return x
+    if isinstance(x, (str, os.PathLike)):
+        x = paths.resolve_version(x)
+        return open_dense(x) if is_dense_array(x) else open_store(x)
+    return open_dense(x)
+
+
+def open_graph(
+    c: Client,
+    store: Store | DenseArray,
+    params: dict,
+    *,
+    execution: str,
+    partitions: int | None,
+    device: str,
+    device_options: DeviceOptions | None,
+    rank: int,
+    dtype: str,
+    samples: int,
+    load: bool = True,
+) -> MTTKRPGraph:
+    """The MTTKRP graph of a sparse store or a dense array; records its choices in ``params``. A dense
+    array's ||X||^2 is computed here."""
+    dense = isinstance(store, DenseArray)
+    graph_of = DenseMTTKRPGraph if dense else MTTKRPGraph
+    graph = graph_of(
+        c,
+        store if dense else store.path,
+        execution=execution,
+        partitions=partitions,
+        device=device,
+        device_options=device_options,
+        rank=rank,
+        dtype=dtype,
+        samples=samples,
+        **({} if dense else {"load": load}),
+    )
+    params["execution"] = graph.execution
+    params["in_place_updates"] = graph.in_place
+    if graph.memory_plan is not None:
+        params["memory_plan"] = graph.memory_plan.as_dict()
+    params["device"] = graph.device
+    params["scheduler"] = "inline" if is_inline(c) else "dask"
+    if dense:
+        # ||X||^2 and the NaN/Inf check in one pass over the chunks, before anything is written
+        store.set_norm_sq(graph.scan())
+        params["input_kind"] = f"dense {store.kind} array"
+    return graph

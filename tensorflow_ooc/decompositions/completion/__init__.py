@@ -1,0 +1,1 @@
+"""Tensor completion: FastTuckerPlus SGD with held-out entries, and its results."""

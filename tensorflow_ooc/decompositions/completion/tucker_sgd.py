@@ -1,0 +1,620 @@
+"""FastTuckerPlus tensor completion on a BLCO store (seed 003, Algorithm 3).
+
+The FastTucker model approximates an entry by ``xhat = sum_r prod_n (A^(n) B^(n))[i_n, r]``:
+factors ``A^(n)`` (I_n x J_n) and a Tucker core that is the Kruskal tensor of the core factors
+``B^(n)`` (J_n x R). FastTuckerPlus trains it by two alternating non-convex SGD passes per epoch:
+
+1. factor pass: batches Psi of ``batch`` entries drawn uniformly (a seeded permutation of the
+   training entries per epoch); every factor row of a batch moves at once, from one shared
+   ``C_Psi^(n) = A_Psi^(n) B^(n)`` (the matrixized rule 14), learning rate ``lr_factors`` and
+   regularization ``reg_factors``;
+2. core pass: the core gradient accumulated over all training entries, then one step of every
+   ``B^(n)`` (Algorithm 5), learning rate ``lr_core``, regularization ``reg_core``.
+
+Both passes run as partition tasks of the store (:mod:`tensorflow_ooc.execution.completion`) on
+Dask, or in this process for small stores, with tree reductions of the row moves and of the core
+gradients. After every epoch the test RMSE and MAE are measured on held-out entries.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+from distributed import Client
+
+from ...execution import completion as T
+from ...execution import component_revival as R
+from ...execution import get_client
+from ...execution.cluster import resolve_device, worker_resources
+from ...execution.graph import DEFAULT_SPLIT_EVERY, tree_reduce
+from ...execution.inline import INLINE_MAX_NNZ, is_inline
+from ...execution.partitions import plan_partitions
+from ...store import Store, open_store
+from ..common.fingerprint import fingerprint
+from ..common.model_checks import check_factor_memory, check_seed
+from ..common.result_store import claim_run
+from .fasttucker_result import CompletionError, FastTuckerResult
+
+log = logging.getLogger(__name__)
+
+MAX_PARTITION_NNZ = 1 << 24
+MAX_BACKOFFS = 6  # halvings of the learning rates after diverged epochs before giving up
+
+
+def _check_rate(name: str, value: float, positive: bool) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise CompletionError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(v) or (v <= 0 if positive else v < 0):
+        raise CompletionError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+    return v
+
+
+def _check_ranks(ranks: int | Sequence[int], core_rank: int, shape: tuple[int, ...], where: str) -> tuple[int, ...]:
+    N = len(shape)
+    if np.ndim(ranks) == 0:
+        ranks = [ranks] * N
+    ranks = list(ranks)
+    if len(ranks) != N:
+        raise CompletionError(f"ranks: {len(ranks)} given for the {N} modes of {where}")
+    out = []
+    for n, (j, L) in enumerate(zip(ranks, shape)):
+        if isinstance(j, bool) or not isinstance(j, (int, np.integer)) or j < 1:
+            raise CompletionError(f"ranks: the rank of mode {n} must be an integer >= 1, got {j!r}")
+        if j > L:
+            raise CompletionError(f"ranks: the rank {j} of mode {n} exceeds its length {L} in {where}")
+        out.append(int(j))
+    if isinstance(core_rank, bool) or not isinstance(core_rank, (int, np.integer)) or core_rank < 1:
+        raise CompletionError(f"core_rank must be an integer >= 1, got {core_rank!r}")
+    return tuple(out)
+
+
+def initial_state(
+    shape: tuple[int, ...], ranks: tuple[int, ...], core_rank: int, mean_square: float, seed: int | None
+) -> T.FastTuckerState:
+    """Seeded random model whose predictions have about the data's mean square: factor entries
+    N(0, 1/J_n), core factor entries N(0, s^2) with ``R s^(2N) = mean_square``."""
+    N = len(shape)
+    J = max(ranks)
+    rng = np.random.default_rng(seed)
+    offsets = np.concatenate([[0], np.cumsum(shape)[:-1]]).astype(np.int64)
+    A = np.zeros((int(sum(shape)), J))
+    B = np.zeros((N, J, core_rank))
+    s = (max(mean_square, 1e-12) / core_rank) ** (1.0 / (2 * N))
+    for n, (L, j) in enumerate(zip(shape, ranks)):
+        A[offsets[n] : offsets[n] + L, :j] = rng.standard_normal((L, j)) / math.sqrt(j)
+        B[n, :j, :] = s * rng.standard_normal((j, core_rank))
+    return T.FastTuckerState(A, B, offsets, tuple(shape), tuple(ranks))
+
+
+def warm_state(
+    factors: Sequence[np.ndarray],
+    core_factors: Sequence[np.ndarray],
+    shape: tuple[int, ...],
+    ranks: tuple[int, ...],
+    core_rank: int,
+    scale: float,
+    seed: int | None,
+) -> T.FastTuckerState:
+    """The training state of a previous model (``factors`` A_n, ``core_factors`` B_n at the data's
+    scale) for a store of ``shape`` whose values are scaled by ``scale`` for training.
+
+    A mode that grew keeps its old rows; its new rows are drawn N(0, s_j^2), s_j the spread of
+    column j's old rows, so they take part in the first batches at the scale of the rest (zero rows
+    would get zero gradients through the other modes' rows of their entries' products).
+    """
+    N = len(shape)
+    J = max(ranks)
+    rng = np.random.default_rng(seed)
+    offsets = np.concatenate([[0], np.cumsum(shape)[:-1]]).astype(np.int64)
+    A = np.zeros((int(sum(shape)), J))
+    B = np.zeros((N, J, core_rank))
+    for n, (L, j, F, C) in enumerate(zip(shape, ranks, factors, core_factors)):
+        F, C = np.asarray(F, dtype=np.float64), np.asarray(C, dtype=np.float64)
+        old = F.shape[0]
+        A[offsets[n] : offsets[n] + old, :j] = F
+        if L > old:
+            spread = F.std(axis=0) if old > 1 else np.full(j, 1 / math.sqrt(j))
+            spread = np.where(spread > 0, spread, 1 / math.sqrt(j))
+            A[offsets[n] + old : offsets[n] + L, :j] = rng.standard_normal((L - old, j)) * spread
+        B[n, :j, :] = C
+    B[0] *= scale  # the model predicts the training values, which are scaled
+    return T.FastTuckerState(A, B, offsets, tuple(shape), tuple(ranks))
+
+
+def tucker_sgd(
+    store: Store | str | os.PathLike,
+    ranks: int | Sequence[int],
+    core_rank: int,
+    *,
+    test: Store | str | os.PathLike | None = None,
+    test_fraction: float | None = None,
+    epochs: int = 50,
+    batch: int = 64,
+    lr_factors: float | None = None,
+    lr_core: float = 0.3,
+    reg_factors: float = 0.001,
+    reg_core: float = 0.001,
+    seed: int | None = 0,
+    client: Client | None = None,
+    patience: int | None = 5,
+    progress: bool = True,
+    out: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    threads: int | None = None,
+    device: str = "cpu",
+    scheduler: str | None = None,
+    partitions: int | None = None,
+    lr_decay: float | None = None,
+    step: str = "normalized",
+    rebalance: bool = True,
+    revive_epochs: int = 10,
+    callback: Callable[[dict], None] | None = None,
+    init: str | FastTuckerResult = "random",
+) -> FastTuckerResult:
+    """FastTucker tensor completion of a sparse store by FastTuckerPlus (seed 003, Algorithm 3).
+
+    Fits ``x[i_1..i_N] ~ sum_r prod_n (A^(n) B^(n))[i_n, r]`` to the observed entries: factors
+    ``A^(n)`` (I_n x J_n), core factors ``B^(n)`` (J_n x R). Each epoch runs the factor pass (all
+    rows of a batch of ``batch`` uniformly drawn entries updated at once from one shared
+    ``C^(n) = A^(n) B^(n)``) and then the core pass (one step along the core gradient accumulated
+    over all training entries), then measures the test RMSE and MAE. The model of the epoch with
+    the lowest test RMSE is returned.
+
+    Parameters
+    ----------
+    store : Store or path
+        Training entries (a BLCO store; see :func:`tensorflow_ooc.convert`).
+    ranks : int or sequence of int
+        Factor ranks J_n (one for every mode, or one per mode), each in 1..I_n.
+    core_rank : int
+        R, the rank of the Kruskal core.
+    test : Store or path, optional
+        Test entries (same shape, disjoint from the training entries: checked).
+    test_fraction : float, optional
+        Instead of ``test``: hold out this fraction of the store's entries, chosen by a hash of
+        the coordinates and ``seed`` (the same split for the same seed; no entry in both sets).
+    epochs : int
+        Most epochs to run.
+    batch : int
+        M, entries per batch of the factor pass (the GPU kernel takes batches of 16).
+    step : {"normalized", "plain"}
+        Factor steps. ``"plain"`` is the seed's rule 14: every row of a sample moves by
+        ``lr_factors * (e * g - reg A)``. ``"normalized"`` (the default) divides a sample's moves by
+        ``|g|^2`` over all its rows (normalized LMS): to first order each step then removes the
+        fraction ``lr_factors`` of the sample's error, whatever the scale of the other modes'
+        rows, so no sample overshoots and one rate suits every tensor. On planted models
+        (300 x 200 x 50, J = R = 8, 5 % noise) it ends 50 epochs at a median 1.07 x the noise
+        level, where plain steps sit on plateaus of 3-5 x.
+    lr_factors : float, optional
+        The factor rate: the step fraction in (0, 2) of normalized steps (default 0.3), gamma_A
+        of plain steps (default 0.01).
+    lr_core : float
+        Learning rate gamma_B of the core step. The values are scaled to unit mean square for
+        training (and the model scaled back), so the rates do not depend on the data's scale. An
+        epoch whose training RMSE is not finite or grows 4-fold is redone from its start at half
+        the rates, which stay halved (logged; each epoch's ``rate_factor`` is in the history), at
+        most 6 times.
+    lr_decay : float, optional
+        Rates of epoch ``t`` (from 0) are divided by ``1 + lr_decay * t`` (default 0.05 with
+        normalized steps, which start large; 0 with plain steps).
+    rebalance : bool
+        After every epoch, put the model in its best-conditioned gauge (same predictions; see
+        :func:`tensorflow_ooc.execution.completion.rebalance_gauge`): orthonormal core-factor rows
+        and columns of equal scale in every mode. Without it SGD slows to a crawl whenever the
+        parametrization drifts ill-conditioned.
+    revive_epochs : int
+        For this many first epochs, a component SGD has lost (strength below 5 % of the median:
+        its gradient vanishes with it, so it never comes back) is restarted as the best rank-1 fit
+        of the training residual (:mod:`tensorflow_ooc.execution.component_revival`; logged, and in
+        the epoch's history record as ``revived``). 0 turns it off. On planted 300 x 200 x 50
+        models at J = R = 8 it takes the runs that end above 1.2 x the noise from 10-14 of 30 to
+        4 of 120 (``benchmarks/bench_fasttucker_convergence.py``).
+    reg_factors, reg_core : float
+        Regularization lambda_A, lambda_B.
+    seed : int, optional
+        Seeds the initial model, the batches and the test split.
+    client : distributed.Client, optional
+        Cluster to run on; default: this process for stores up to 2^24 entries (or
+        ``scheduler``), else the embedded LocalCluster.
+    patience : int or None
+        Stop when the test RMSE has not improved for this many epochs (None: run all epochs).
+    progress : bool
+        Show a tqdm progress bar with the test RMSE and MAE.
+    out : path, optional
+        Write the result to this Zarr result store (refused if it exists, unless ``overwrite``).
+    threads : int, optional
+        numba threads per partition task. Parallel factor passes write rows without
+        synchronization (as the seed's GPU warps); ``threads=1`` makes a run reproducible.
+    device : {"cpu", "gpu", "auto"}
+        Where the partition tasks run their kernels.
+    scheduler, partitions : as for :func:`tensorflow_ooc.cp_als`.
+    callback : callable, optional
+        Called with each epoch's history record.
+    init : "random" or FastTuckerResult
+        ``"random"`` draws the initial model from ``seed``; a previous result (same ranks and core
+        rank, a shape no mode of which is shorter) continues training from its model, for a
+        tensor that grew since (new rows of a growing mode are drawn at the scale of its old rows).
+
+    Returns
+    -------
+    FastTuckerResult
+
+    Examples
+    --------
+    >>> import tensorflow_ooc as tfo
+    >>> from tensorflow_ooc import synthetic
+    >>> p = synthetic.planted_fasttucker((60, 50, 40), 4, 4, 30000, noise=0.05, seed=0)
+    >>> s = tfo.convert((p.coords, p.values), "memory://doc-fasttucker", shape=p.shape)
+    >>> r = tfo.tucker_sgd(s, 4, 4, test_fraction=0.1, epochs=20, seed=1, progress=False)   # doctest: +SKIP
+    >>> r.test_rmse < 3 * p.noise_std                                                        # doctest: +SKIP
+    True
+    """
+    store = store if isinstance(store, Store) else open_store(store)
+    shape, N = tuple(int(x) for x in store.shape), store.nmodes
+    ranks = _check_ranks(ranks, core_rank, shape, store.path)
+    check_factor_memory(shape, ranks, f"tensor completion of {store.path}")
+    core_rank = int(core_rank)
+    if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1:
+        raise CompletionError(f"epochs must be an integer >= 1, got {epochs!r}")
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise CompletionError(f"batch must be an integer >= 1, got {batch!r}")
+    if step not in ("normalized", "plain"):
+        raise CompletionError(f"step must be 'normalized' or 'plain', got {step!r}")
+    normalized = step == "normalized"
+    if lr_factors is None:
+        lr_factors = 0.3 if normalized else 0.01
+    lr_factors = _check_rate("lr_factors", lr_factors, True)
+    if normalized and lr_factors >= 2:
+        raise CompletionError(
+            f"lr_factors of normalized steps is the fraction of a sample's error each step "
+            f"removes and must be in (0, 2), got {lr_factors}"
+        )
+    lr_core = _check_rate("lr_core", lr_core, True)
+    if lr_decay is None:
+        lr_decay = 0.05 if normalized else 0.0
+    lr_decay = _check_rate("lr_decay", lr_decay, False)
+    reg_factors = _check_rate("reg_factors", reg_factors, False)
+    reg_core = _check_rate("reg_core", reg_core, False)
+    if patience is not None and (isinstance(patience, bool) or int(patience) != patience or patience < 1):
+        raise CompletionError(f"patience must be an integer >= 1 or None, got {patience!r}")
+    if isinstance(revive_epochs, bool) or not isinstance(revive_epochs, (int, np.integer)) or revive_epochs < 0:
+        raise CompletionError(f"revive_epochs must be an integer >= 0, got {revive_epochs!r}")
+    if device not in ("cpu", "gpu", "auto"):
+        raise CompletionError(f"device must be 'cpu', 'gpu' or 'auto', got {device!r}")
+    if test is not None and test_fraction is not None:
+        raise CompletionError("give either test (a test store) or test_fraction, not both")
+    if test_fraction is not None:
+        test_fraction = _check_rate("test_fraction", test_fraction, True)
+        if test_fraction >= 1:
+            raise CompletionError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    if isinstance(init, FastTuckerResult):
+        if tuple(init.ranks) != ranks or init.core_rank != int(core_rank):
+            raise CompletionError(
+                f"init: the previous model has ranks {tuple(init.ranks)} and core rank {init.core_rank}, "
+                f"this run {ranks} and {int(core_rank)}; start from init='random'"
+            )
+        shrunk = [n for n, (a, b) in enumerate(zip(init.shape, shape)) if a > b]
+        if len(init.shape) != N or shrunk:
+            raise CompletionError(
+                f"init: the previous model's shape {tuple(init.shape)} does not fit the store's {shape} "
+                "(a warm start keeps every row; a mode cannot shrink)"
+            )
+    elif init != "random":
+        raise CompletionError(f"init must be 'random' or a FastTuckerResult, got {init!r}")
+    test_store = None
+    if test is not None:
+        test_store = test if isinstance(test, Store) else open_store(test)
+        if test_store.nmodes != N:
+            raise CompletionError(f"test set {test_store.path} has {test_store.nmodes} modes, the training store {N}")
+        if test_store.nnz == 0:
+            raise CompletionError(f"test set {test_store.path} has no entries")
+        maxs = test_store.chunk_ranges[1].max(axis=0)
+        for n in range(N):
+            if int(maxs[n]) >= shape[n]:
+                raise CompletionError(
+                    f"test set {test_store.path}: index {int(maxs[n])} of mode {n} lies outside "
+                    f"the training shape {shape} (0-based indices 0..{shape[n] - 1})"
+                )
+    if store.nnz == 0:
+        raise CompletionError(f"{store.path} has no entries")
+    if test_store is not None and test_store.meta.get("store_id") == store.meta.get("store_id"):
+        raise CompletionError(f"the test set {test_store.path} is the training store itself")
+
+    params = {
+        "ranks": list(ranks),
+        "core_rank": core_rank,
+        "epochs": int(epochs),
+        "batch": int(batch),
+        "lr_factors": lr_factors,
+        "lr_core": lr_core,
+        "lr_decay": lr_decay,
+        "reg_factors": reg_factors,
+        "reg_core": reg_core,
+        "step": step,
+        "rebalance": bool(rebalance),
+        "revive_epochs": int(revive_epochs),
+        "seed": seed,
+        "patience": patience,
+        "test": None if test_store is None else str(test_store.path),
+        "test_fraction": test_fraction,
+        "algorithm": "FastTuckerPlus",
+        "init": "given" if isinstance(init, FastTuckerResult) else "random",
+    }
+    split_seed = int(np.random.SeedSequence(seed).entropy if seed is None else check_seed(seed))
+    params["split_seed"] = split_seed  # seed None: the drawn one, to reproduce the split and batches
+    input_fp = fingerprint(store)
+    if client is None and scheduler is None and device != "gpu" and store.nnz <= INLINE_MAX_NNZ:
+        scheduler = "inline"
+
+    claim = claim_run(
+        store,
+        out,
+        None,
+        overwrite,
+        f"tucker_sgd of {store.path}",
+        {"test": getattr(test_store, "path", None)},
+        CompletionError,
+    )
+    with claim, get_client(client, scheduler, device=device) as c:
+        dev = "cpu" if device == "cpu" else resolve_device(c, device)[0]
+        res = worker_resources(c) if not is_inline(c) else None
+        dask_threads = sum(r["dask_threads"] for r in res.values()) if res else 1
+        if threads is None and res:
+            threads = min(r["numba_threads"] for r in res.values())
+        n_parts = partitions or dask_threads
+        parts = plan_partitions(store, n_parts, MAX_PARTITION_NNZ)
+        offsets = np.concatenate([[0], np.cumsum(shape)[:-1]]).astype(np.int64)
+        # values scaled to unit mean square, so the learning rates mean the same for any data scale
+        mean_square = float(store.meta["norm_sq"]) / store.nnz
+        scale = 1.0 / math.sqrt(mean_square) if mean_square > 0 else 1.0
+        sources = [
+            c.submit(
+                T.load_observed, store.path, p, offsets, test_fraction or 0.0, split_seed, False, scale, pure=False
+            )
+            for p in parts
+        ]
+        test_sources = (
+            list(sources)
+            if test_store is None
+            else [
+                c.submit(T.load_observed, test_store.path, p, offsets, 0.0, 0, True, scale, pure=False)
+                for p in plan_partitions(test_store, n_parts, MAX_PARTITION_NNZ)
+            ]
+        )
+        if test_store is not None:
+            keys = [c.submit(_test_keys, s, shape, pure=False) for s in test_sources]
+            test_keys = np.unique(np.concatenate([k.result() for k in keys]))
+            overlap = sum(c.submit(T.count_overlap, s, test_keys, shape, pure=False).result() for s in sources)
+            if overlap:
+                raise CompletionError(
+                    f"the test set {test_store.path} overlaps the training store {store.path}: "
+                    f"{overlap} entries are in both"
+                )
+        counts = [c.submit(_train_test_counts, s, pure=False).result() for s in sources]
+        n_train = sum(a for a, _ in counts)
+        n_test = sum(b for _, b in counts) if test_store is None else test_store.nnz
+        if n_train == 0:
+            raise CompletionError(f"{store.path}: no training entries left after holding out the test set")
+        if n_test == 0:
+            log.warning("no test entries: the test RMSE is not measured and early stopping is off")
+        if isinstance(init, FastTuckerResult):
+            state = c.submit(
+                warm_state, init.factors, init.core_factors, shape, ranks, core_rank, scale, seed, pure=False
+            )
+        else:
+            state = c.submit(initial_state, shape, ranks, core_rank, 1.0, seed, pure=False)
+        params.update(
+            n_train=int(n_train),
+            n_test=int(n_test),
+            value_scale=scale,
+            partitions=len(parts),
+            device=dev,
+            scheduler="inline" if is_inline(c) else "dask",
+            threads=threads,
+        )
+        log.info(
+            "FastTuckerPlus: %d training and %d test entries, %d partitions on %s", n_train, n_test, len(parts), dev
+        )
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=int(epochs), desc="fasttucker+", unit="epoch", leave=False)
+        history: list[dict] = []
+        best = (math.inf, 0, None)
+        stale = 0
+        split = DEFAULT_SPLIT_EVERY
+        try:
+            epoch, backoff, last_train = 0, 1.0, math.inf
+            # values are scaled to unit mean square, so a zero model's error is about 1
+            last_check = 1.0
+            if test_store is not None and test_store.nnz:
+                last_check = max(1.0, scale * math.sqrt(float(test_store.meta["norm_sq"]) / test_store.nnz))
+            while epoch < int(epochs):
+                t0 = time.perf_counter()
+                rate = backoff / (1.0 + lr_decay * epoch)
+                before = state
+                moves = [
+                    c.submit(
+                        T.factor_pass_partition,
+                        s,
+                        state,
+                        split_seed,
+                        epoch,
+                        int(batch),
+                        lr_factors * rate,
+                        reg_factors,
+                        threads,
+                        dev,
+                        normalized,
+                        pure=False,
+                    )
+                    for s in sources
+                ]
+                state = c.submit(
+                    T.apply_moves, state, *tree_reduce(c, moves, T.combine_moves, split, last=True), pure=False
+                )
+                grads = [c.submit(T.core_gradient_partition, s, state, threads, dev, pure=False) for s in sources]
+                state = c.submit(
+                    T.apply_core,
+                    state,
+                    lr_core * rate,
+                    reg_core,
+                    *tree_reduce(c, grads, T.combine_gradients, split, last=True),
+                    rebalance=bool(rebalance),
+                    pure=False,
+                )
+                t_test = time.perf_counter()
+                errs = [c.submit(T.test_errors_partition, s, state, threads, pure=False) for s in test_sources]
+                err = c.submit(
+                    T.combine_errors, *tree_reduce(c, errs, T.combine_errors, split, last=True), pure=False
+                ).result()
+                check = err
+                if not err.n:
+                    checks = [c.submit(T.sample_errors_partition, s, state, threads, pure=False) for s in sources]
+                    check = c.submit(
+                        T.combine_errors, *tree_reduce(c, checks, T.combine_errors, split, last=True), pure=False
+                    ).result()
+                check_rmse = math.sqrt(check.sse / check.n) if check.n else 0.0
+                info = c.submit(T.state_info, state, pure=False).result()
+                now = time.perf_counter()
+                rmse = math.sqrt(err.sse / err.n) / scale if err.n else float("nan")
+                mae = err.sae / err.n / scale if err.n else float("nan")
+                record = {
+                    "epoch": epoch + 1,
+                    "test_rmse": rmse,
+                    "test_mae": mae,
+                    "train_rmse": math.sqrt(info["train_sse"] / max(info["train_n"], 1)) / scale,
+                    "factor_seconds": info["factor_seconds"],
+                    "core_seconds": info["core_seconds"],
+                    "test_seconds": now - t_test,
+                    "seconds": now - t0,
+                }
+                if (
+                    not math.isfinite(record["train_rmse"])
+                    or record["train_rmse"] > 4 * last_train
+                    or not math.isfinite(check_rmse)
+                    or check_rmse > 4 * last_check
+                ):
+                    # SGD on this non-convex model can blow up when a step overshoots (a sample of
+                    # large curvature): redo the epoch from its start at half the rates. The training
+                    # error is measured before the core step, so the epoch's final model is checked
+                    # too (test entries, else a training sample): an overshooting core step accepted
+                    # unchecked left later epochs diverging at any rate (4 of 17 seeds of a planted
+                    # 20 x 15 x 10 model gave up after 2^-6 of the rates)
+                    if backoff < 2.0**-MAX_BACKOFFS:
+                        raise CompletionError(
+                            f"epoch {epoch + 1}: the model diverged even at 2^-{MAX_BACKOFFS} of "
+                            f"the learning rates; lower lr_factors ({lr_factors}) or lr_core "
+                            f"({lr_core})"
+                        )
+                    backoff /= 2
+                    state = before
+                    log.warning(
+                        "epoch %d diverged (training RMSE %.3g, its final model's %.3g): redone at %g x the "
+                        "learning rates",
+                        epoch + 1,
+                        record["train_rmse"],
+                        check_rmse / scale,
+                        backoff,
+                    )
+                    continue
+                record["rate_factor"] = rate
+                last_train = min(last_train, record["train_rmse"])
+                last_check = check_rmse  # the previous epoch's, not the best: test error may drift up as it overfits
+                measured = state
+                if epoch < int(revive_epochs):
+                    state = _revive_lost_component(
+                        c, sources, state, record, shape, offsets, split_seed + epoch, bool(rebalance), split
+                    )
+                epoch += 1
+                history.append(record)
+                log.debug("epoch %d: test RMSE %.6g, MAE %.6g, %.3f s", epoch, rmse, mae, record["seconds"])
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(test_rmse=f"{rmse:.5g}", test_mae=f"{mae:.5g}", s=f"{record['seconds']:.2f}")
+                if callback is not None:
+                    callback(record)
+                if not err.n:
+                    best = (math.inf, epoch, measured)
+                    continue
+                if rmse < best[0] * (1 - 1e-6):
+                    best, stale = (rmse, epoch, measured), 0
+                else:
+                    stale += 1
+                    if patience is not None and stale >= patience:
+                        log.info("early stop after epoch %d: no better test RMSE for %d epochs", epoch, patience)
+                        break
+            final = best[2].result() if best[2] is not None else state.result()
+            final_epoch = best[1] if best[2] is not None else len(history)
+        finally:
+            if bar is not None:
+                bar.close()
+        del sources, test_sources, state, best
+    kept = history[final_epoch - 1]
+    core_factors = [np.array(final.core_factor(n)) for n in range(N)]
+    core_factors[0] /= scale  # back to the data's scale
+    result = FastTuckerResult(
+        [np.array(final.factor(n)) for n in range(N)],
+        core_factors,
+        kept["test_rmse"],
+        kept["test_mae"],
+        len(history),
+        final_epoch,
+        history,
+        params,
+        input_fp,
+    )
+    if out is not None:
+        result.save(out, overwrite=overwrite)
+        log.info("result written to %s", out)
+    return result
+
+
+def _revive_lost_component(
+    c,
+    sources: list,
+    state,
+    record: dict,
+    shape: tuple[int, ...],
+    offsets: np.ndarray,
+    seed: int,
+    rebalance: bool,
+    split: int,
+):
+    """``state``, or where it has lost a component, the state with that component refitted to
+    the training residual (noted in ``record["revived"]``; the time, check included, is added to
+    the epoch's ``seconds`` and kept as ``revive_seconds``)."""
+    t0 = time.perf_counter()
+    lost = R.weakest_lost_component(c.submit(R.component_strengths, state, pure=False).result())
+    new = state
+    if lost is not None:
+        new, gain = R.revive_component(c, sources, state, lost, shape, offsets, seed, rebalance, split)
+        kept = new is not state
+        record["revived"] = {"component": lost, "gain": gain, "kept": kept}
+        log.info(
+            "epoch %d: component %d was lost; its rank-1 refit to the residual takes %.1f %% of the residual's "
+            "squared sum away (%s)",
+            record["epoch"],
+            lost,
+            100 * gain,
+            "kept" if kept else "below the bar, not kept",
+        )
+    record["revive_seconds"] = time.perf_counter() - t0
+    record["seconds"] += record["revive_seconds"]
+    return new
+
+
+def _test_keys(data: T.ObservedPartition, shape: tuple[int, ...]) -> np.ndarray:
+    return T.entry_keys(data.test_coords, shape)
+
+
+def _train_test_counts(data: T.ObservedPartition) -> tuple[int, int]:
+    return int(data.coords.shape[0]), int(data.test_coords.shape[0])

@@ -1,0 +1,324 @@
+"""The pieces of the CP-ALS loop (seed 001 chapter 2, Algorithm 1; seed 000 chapter 3), each a small
+function that :func:`~tensorflow_ooc.decompositions.cp.cp_als.cp_als` calls in order: argument checks,
+the MTTKRP graph, the initial state (fresh or resumed), the per-mode steps (exact and randomized),
+the fit, the history record, the convergence test, the checkpoint write and the final factors.
+
+The per-mode steps submit tasks and return the future of the next model state at once: a whole
+iteration is submitted before the driver reads anything (see ``cp_als``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from functools import partial
+from typing import NamedTuple, Sequence
+
+import numpy as np
+from distributed import Client, Future
+
+from ...errors import DecompositionError, DenseArrayError
+from ...execution import MTTKRPGraph
+from ...store import Store
+from ...store.dense import DenseArray
+from ..common.checkpoint_files import disk_full_returned, raise_returned
+from ..common.model_checks import check_count, check_seed, check_tolerance
+from ..common.run_control import FIT_EVERY_ITERATION_NNZ
+from . import updates as U
+from .checkpoint import read_checkpoint, write_checkpoint
+from .randomized import check_method, draw_samples
+
+log = logging.getLogger(__package__ + ".cp_als")
+
+
+def check_arguments(
+    store: Store | DenseArray,
+    rank: int,
+    max_iters: int,
+    tol: float,
+    dtype: str,
+    method: str,
+    samples: int,
+    device: str,
+    fit_every: int | None,
+    nonnegative: bool = False,
+    reg: float = 0.0,
+    distribution: str = "auto",
+) -> int:
+    """Refuse bad arguments before anything is allocated; returns the ``fit_every`` to use."""
+    dense = isinstance(store, DenseArray)
+    check_count("rank", rank)
+    check_count("max_iters", max_iters)
+    check_tolerance(tol)
+    if dtype not in ("float64", "float32"):
+        raise ValueError(f"dtype must be 'float64' or 'float32', got {dtype!r}")
+    check_method(method, samples)
+    randomized = method != "exact"
+    if dense and randomized:
+        raise DenseArrayError(
+            f"{store.path}: method={method!r} samples fibers of a sparse store; a dense array takes method='exact'"
+        )
+    if randomized and device == "gpu":
+        raise ValueError(f"method={method!r} runs on CPU workers; use device='cpu' or 'auto'")
+    if fit_every is not None and int(fit_every) < 1:
+        raise ValueError(f"fit_every must be >= 1, got {fit_every}")
+    check_nonnegative(nonnegative, reg, method, distribution)
+    return int(fit_every) if fit_every is not None else (1 if store.nnz <= FIT_EVERY_ITERATION_NNZ else 5)
+
+
+def check_nonnegative(nonnegative: object, reg: object, method: str, distribution: str) -> float:
+    """Refuse a bad ``nonnegative`` / ``reg`` pair; returns ``reg`` as a float."""
+    if not isinstance(nonnegative, (bool, np.bool_)):
+        raise ValueError(f"nonnegative must be True or False, got {nonnegative!r}")
+    reg = check_tolerance(reg, "reg")  # a finite number >= 0 (a DecompositionError, a ValueError)
+    if reg > 0 and not nonnegative:
+        raise ValueError(
+            f"reg={reg!r} regularizes the HALS updates of nonnegative CP-ALS: pass nonnegative=True, or reg=0"
+        )
+    if nonnegative and method != "exact":
+        raise ValueError(
+            f"nonnegative=True solves each mode by HALS on the exact normal equations: it takes "
+            f"method='exact', not {method!r}"
+        )
+    if nonnegative and distribution == "owner":
+        raise ValueError(
+            "nonnegative=True runs the per-mode task graphs (distribution='graph' or 'auto'), not owner-computes"
+        )
+    return reg
+
+
+def check_nonnegative_init(init: Sequence[np.ndarray]) -> None:
+    """Nonnegative CP-ALS starts from nonnegative factors: refuse a given ``init`` with a negative entry."""
+    for n, a in enumerate(init):
+        a = np.asarray(a)
+        if a.size and float(a.min()) < 0:
+            raise ValueError(
+                f"init: factor matrix {n} holds negative entries (min {float(a.min()):.3g}); "
+                "nonnegative=True starts from nonnegative factors (take np.abs or clip them at 0)"
+            )
+
+
+class InitialState(NamedTuple):
+    F: Future  # the model state (factors, Grams, weights) on the cluster
+    start: int  # first iteration to run (0-based)
+    fit: float
+    history: list[dict]
+    weights: np.ndarray
+    sample_entropy: int | None  # a resumed randomized run's entropy, else None
+
+
+def initial_state(
+    c: Client,
+    checkpoint: str | None,
+    input_fp: dict,
+    init: str | Sequence[np.ndarray],
+    shape: Sequence[int],
+    rank: int,
+    seed: int | None,
+    dtype: str,
+    on_workers: bool = False,
+    same: dict | None = None,
+) -> InitialState:
+    """Algorithm 1, line 1: the factors to start from. From ``checkpoint`` when it is given and
+    exists (it must be for the same store and rank, and hold ``same``'s params, absent ones
+    counted as their value in the default run: ``False`` / ``0.0``), else fresh: random from
+    ``seed``, or ``init``'s matrices (their shapes checked, NaN and Inf refused).
+
+    ``on_workers`` (owner-computes): ``F`` is instead ``(function, args)`` that makes the initial
+    factors on each worker (args may hold futures)."""
+    seed = check_seed(seed)
+    state = read_checkpoint(checkpoint) if checkpoint else None
+    if state is not None:
+        if state.input["store_id"] != input_fp["store_id"] or state.params.get("rank") != rank:
+            raise ValueError(f"{checkpoint}: checkpoint is for another store or rank; remove it or drop resume")
+        for key, value in (same or {}).items():
+            was = state.params.get(key, type(value)())
+            if was != value:
+                raise ValueError(
+                    f"{checkpoint}: checkpoint is of a run with {key}={was!r}, not {value!r}; remove it or drop resume"
+                )
+        # scattered, not embedded in the graph: Dask warns about (and copies) graphs of
+        # tens of MB, which a long factor's rows make
+        if on_workers:
+            F = (U.stacked_copy, (c.scatter(state.factors, hash=False), dtype))
+        else:
+            F = c.submit(U.stack, c.scatter(state.factors, hash=False), dtype, state.weights, pure=False)
+        log.info("resuming from %s after iteration %d (fit %.6f)", checkpoint, state.iteration + 1, state.fit)
+        return InitialState(
+            F, state.iteration + 1, state.fit, list(state.history), state.weights, state.params.get("sample_entropy")
+        )
+    N = len(shape)
+    if isinstance(init, str):
+        if init != "random":
+            raise ValueError(f"init must be 'random' or a list of factor matrices, got {init!r}")
+        F = (
+            (U.random_factors, (tuple(shape), rank, seed, dtype))
+            if on_workers
+            else c.submit(U.random_factors, shape, rank, seed, dtype, pure=False)
+        )
+    else:
+        if len(init) != N or any(np.shape(a) != (shape[n], rank) for n, a in enumerate(init)):
+            raise ValueError(f"init must hold {N} matrices of shapes {[(s, rank) for s in shape]}")
+        bad = [n for n, a in enumerate(init) if not np.isfinite(np.asarray(a, dtype=np.float64)).all()]
+        if bad:
+            raise DecompositionError(f"init: factor matrix {bad[0]} holds NaN or infinite entries")
+        given = c.scatter([np.asarray(a) for a in init], hash=False)
+        F = (U.stacked_copy, (given, dtype)) if on_workers else c.submit(U.stack, given, dtype, pure=False)
+    return InitialState(F, 0, 0.0, [], np.ones(rank), None)
+
+
+def exact_step(
+    graph: MTTKRPGraph,
+    nmodes: int,
+    F: Future,
+    n: int,
+    iteration: int,
+    evaluate: bool,
+    nonneg: U.NonNegative | None = None,
+) -> Future:
+    """Algorithm 1, lines 3-6, for mode ``n``: the MTTKRP graph M = X_(n) (odot_{m != n} A_m), then
+    one update task (V = Hadamard product of the other modes' Grams, A_n = M V^+ by Cholesky, or
+    with ``nonneg`` HALS sweeps on the same M and V; columns normalized; after the last mode, the
+    inner-product terms of the fit, from the final factor), fused into one task when there is one
+    partition. Its fit is exact every iteration, so ``evaluate`` is not read."""
+    update = U.update_mode if nonneg is None else partial(U.update_mode, nonneg=nonneg)
+    return graph.mode_update(F, n, update, iteration == 0, n == nmodes - 1, graph.in_place)
+
+
+def randomized_step(
+    c: Client,
+    graph: MTTKRPGraph,
+    nmodes: int,
+    method: str,
+    samples: int,
+    entropy: int,
+    F: Future,
+    n: int,
+    iteration: int,
+    evaluate: bool,
+) -> Future:
+    """Algorithm 1, lines 3-6, sketched (seed 000, chapter 3), for mode ``n``: draw ``samples`` rows
+    of the Khatri-Rao product beside the state (STS-CP or CP-ARLS-LEV, seeded by the run's entropy,
+    the iteration and the mode), the sampled MTTKRP over the nonzeros of the sampled fibers, and the
+    update from the sketch's normal equations. With ``evaluate``, the last mode also runs the exact
+    MTTKRP, whose inner products give the fit."""
+    # draw beside the state, gather the sampled fibers, solve the sketched problem; the
+    # last mode of an evaluated iteration also runs the exact MTTKRP for the fit
+    S = c.submit(draw_samples, F, n, method, samples, (entropy, iteration, n), pure=False, **graph.placement)
+    return graph.sampled_mode_update(
+        F, S, n, U.update_mode, evaluate and n == nmodes - 1, iteration == 0, n == nmodes - 1, graph.in_place
+    )
+
+
+def model_norm_sq(sm: U.Summary) -> float:
+    """||M||^2 = w^T (*_n A_n^T A_n) w, from the weights and the Grams alone."""
+    rank = len(sm.weights)
+    H = np.ones((rank, rank))
+    for g in sm.grams:
+        H *= g
+    return float(sm.weights @ H @ sm.weights)
+
+
+def model_fit(sm: U.Summary, normX2: float, norm_model2: float) -> float:
+    """fit = 1 - ||X - M|| / ||X||, without forming the model: ||X - M||^2 = ||X||^2 + ||M||^2 - 2 <X, M>,
+    where <X, M> = sum_r w_r (A_N^T M_N)_rr comes from the last mode's MTTKRP (``sm.inner``)."""
+    normX = math.sqrt(normX2)
+    iprod = float((sm.inner * sm.weights).sum())
+    return 1 - math.sqrt(abs(normX2 + norm_model2 - 2 * iprod)) / normX if normX > 0 else 0.0
+
+
+def iteration_record(
+    iteration: int,
+    t_iter: float,
+    sm: U.Summary,
+    fit: float,
+    fit_old: float,
+    evaluate: bool,
+    nnz: int,
+    bytes_read: int,
+    randomized: bool,
+    samples: int,
+    empty_seen: dict[int, int],
+) -> dict:
+    """The history record of ``iteration`` (0-based), timed from ``t_iter``. Randomized runs add
+    their sampling times and the modes whose factor was kept (no sampled fiber held a nonzero;
+    ``empty_seen``, the counts already reported, is updated)."""
+    N = len(sm.grams)
+    seconds = time.time() - t_iter
+    # per-mode seconds from the update tasks' finish times (worker clocks)
+    ends = [t_iter] + [sm.finished[n] for n in range(N)]
+    mode_seconds = [max(0.0, ends[k + 1] - ends[k]) for k in range(N)]
+    mttkrp_s = [sm.timings[n][0] for n in range(N)]
+    update_s = [sm.timings[n][1] for n in range(N)]
+    sampling_s = [sm.sampling.get(n, 0.0) for n in range(N)]  # all 0 for exact CP-ALS
+    record = {
+        "iteration": iteration + 1,
+        "fit": fit,
+        "fit_change": abs(fit - fit_old) if evaluate else 0.0,
+        "fit_evaluated": evaluate,
+        "seconds": seconds,
+        "mode_seconds": mode_seconds,
+        "mttkrp_seconds": mttkrp_s,
+        "update_seconds": update_s,
+        "other_seconds": max(0.0, seconds - sum(mttkrp_s) - sum(update_s) - sum(sampling_s) - sm.fit_seconds),
+        "nnz_per_s": nnz * N / seconds,
+        "bytes_read": bytes_read,
+    }
+    if randomized:
+        # mttkrp_seconds are the sampled MTTKRPs; fit_seconds the exact one of the fit
+        record["sampling_seconds"] = sampling_s
+        record["fit_seconds"] = sm.fit_seconds  # 0 unless this iteration evaluated the fit
+        kept = [n for n in range(N) if sm.empty_sketches.get(n, 0) > empty_seen.get(n, 0)]
+        empty_seen.clear()
+        empty_seen.update(sm.empty_sketches)
+        if kept:
+            record["kept_modes"] = kept
+            log.warning(
+                "iteration %d: no sampled fiber of mode(s) %s held a nonzero, so those factors "
+                "were kept; the tensor is too sparse for %d samples (raise samples)",
+                iteration + 1,
+                kept,
+                samples,
+            )
+    return record
+
+
+def save_checkpoint(
+    c: Client,
+    path: str,
+    F: Future,
+    weights: np.ndarray,
+    iteration: int,
+    fit: float,
+    history: list[dict],
+    params: dict,
+    input_fp: dict,
+) -> float:
+    """Write the state after ``iteration`` to ``path`` (atomically, by a worker: the factors live
+    there; a full disk raised here as :class:`~tensorflow_ooc.errors.DiskFullError`). Returns the
+    seconds it took."""
+    t_ck = time.time()
+    raise_returned(
+        c.submit(
+            disk_full_returned,
+            write_checkpoint,
+            path,
+            c.submit(U.on_host, F, pure=False),
+            weights,
+            iteration,
+            fit,
+            history,
+            params,
+            input_fp,
+            pure=False,
+        ).result()
+    )
+    return time.time() - t_ck
+
+
+def final_factors(c: Client, F: Future, nmodes: int) -> list[np.ndarray]:
+    """The factor matrices, fetched to the driver."""
+    # mode by mode: sending the whole state at once would need a second copy of it on the worker
+    host = c.submit(U.on_host, F, pure=False)
+    return [c.submit(U.factor_rows, host, n, pure=False).result() for n in range(nmodes)]

@@ -1,0 +1,1 @@
+"""Tensor trains: TT-ALS and randomized rTT-ALS, their steps, checkpoints and results."""

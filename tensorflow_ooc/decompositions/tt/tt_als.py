@@ -1,0 +1,359 @@
+"""Tensor-train ALS on a BLCO store, as iterated Dask passes over the nonzeros (seed 000, chapter 5).
+
+The loop below is the sweep of section 5.2.2: cores updated left to right, then right to left,
+each by the exact least-squares solution of Proposition 5.2.2 (the contraction ``Y_j`` of the
+nonzeros with the orthonormal left and right core chains, :mod:`~tensorflow_ooc.kernels.tt.cpu`),
+then a QR that hands the orthogonality to the next core. Its steps are small functions in
+:mod:`~tensorflow_ooc.decompositions.tt.tt_steps`, its passes partition tasks in
+:mod:`~tensorflow_ooc.execution.tt_tasks` on the MTTKRP graph's partitions and reductions.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+from distributed import Client
+
+from ...errors import DecompositionError
+from ...execution import MTTKRPGraph, get_client
+from ...execution.graph import EXECUTION_MODES
+from ...execution.inline import INLINE_MAX_NNZ, is_inline
+from ...execution.tasks import sampled_partition
+from ...execution.tt_tasks import add_residuals, contraction_partition, residual_partition
+from ...store import Store, open_store, paths
+from ..common.checkpoint_files import disk_full_returned, raise_returned
+from ..common.fingerprint import fingerprint
+from ..common.model_checks import check_count, check_seed, check_tensor_norm, check_tolerance
+from ..common.result_store import claim_run
+from ..common.run_control import FIT_EVERY_ITERATION_NNZ, chunk_bytes, converged, run_entropy
+from . import tt_steps as S
+from .tt_checkpoint import read_tt_checkpoint, write_tt_checkpoint
+from .tt_randomized import draw_core
+from .tt_result import TTResult
+
+__all__ = ["tt_als", "METHODS"]
+
+log = logging.getLogger(__name__)
+
+METHODS = ("exact", "randomized")
+
+
+def tt_als(
+    store: Store | str | os.PathLike,
+    ranks: int | Sequence[int],
+    *,
+    method: str = "exact",
+    samples: int = 65536,
+    fit_every: int | None = None,
+    client: Client | None = None,
+    max_sweeps: int = 20,
+    tol: float = 1e-5,
+    init: str | Sequence[np.ndarray] = "random",
+    seed: int | None = None,
+    checkpoint: str | os.PathLike | None = None,
+    resume: bool = False,
+    checkpoint_every: int = 1,
+    callback: Callable[[dict], None] | None = None,
+    execution: str = "auto",
+    scheduler: str | None = None,
+    partitions: int | None = None,
+    out: str | os.PathLike | None = None,
+    overwrite: bool = False,
+) -> TTResult:
+    """Tensor-train decomposition of a sparse store by alternating least squares (TT-ALS).
+
+    The model is ``T[i_0, ..., i_{N-1}] = core_0[:, i_0, :] @ ... @ core_{N-1}[:, i_{N-1}, :]``,
+    core ``k`` of shape ``(R_{k-1}, I_k, R_k)`` with ``R_0 = R_N = 1`` (TensorLy's convention).
+    A sweep updates cores ``0 .. N-2`` left to right, then ``N-1 .. 1`` right to left. When core
+    ``j`` is updated the cores left of it are left-orthonormal and those right of it
+    right-orthonormal, so its least-squares problem (seed 000, Proposition 5.2.2) has an
+    orthonormal design matrix and its solution is
+
+        Y_j[a, i, b] = sum over nonzeros x with i_j = i of  x * L(i_<j)[a] * Rt(i_>j)[b],
+
+    ``L`` the product of the slices ``core_k[:, i_k, :]`` of the cores before ``j`` and ``Rt``
+    that of the cores after it, evaluated at the nonzeros only (partition tasks on the cluster,
+    tree-reduced). A QR of the new core then moves the orthogonality on (the neighbour in the
+    sweep's direction absorbs the triangular factor). With orthonormal chains
+    ``||X - T||^2 = ||X||^2 - ||Y_j||^2``, so the fit ``1 - ||X - T|| / ||X||`` of each sweep (that of
+    its last update) costs nothing extra. Its rounding (the difference of two near-equal sums) leaves
+    ``1 - fit`` at about 1e-8 at best; where the store holds every cell, the fit is instead the
+    squared error summed at the nonzeros (one pass more per sweep), exact to rounding.
+
+    Parameters
+    ----------
+    store : Store or path
+        A BLCO store (see :func:`tensorflow_ooc.convert`) of order >= 2.
+    ranks : int or sequence of int
+        The ``N - 1`` inner TT ranks ``R_1 .. R_{N-1}`` (one integer: all of them). ``ranks[k]``
+        links cores ``k`` and ``k + 1``; it must be >= 1, at most the smaller side of the unfolding
+        ``X_(<=k)`` (``min(prod I_0..I_k, prod I_{k+1}..I_{N-1})``) and at most ``R_k I_k`` and
+        ``I_{k+1} R_{k+2}`` (each core's unfolding must keep its rank). Others raise
+        :class:`~tensorflow_ooc.errors.DecompositionError` (a ``ValueError``) naming the rank.
+    method : {"exact", "randomized"}
+        "exact": the contraction over every nonzero (above). "randomized" (rTT-ALS, seed 000,
+        sections 5.3-5.4): each update draws ``samples`` rows of the design by their exact leverage
+        scores (the orthonormal core-chain sampler,
+        :mod:`~tensorflow_ooc.kernels.sampling.tt_sampler`, run beside the state), gathers the
+        nonzeros of the sampled mode-``j`` fibers on the partitions, and solves the sketched normal
+        equations. Draws are seeded per (run, sweep, update), so a resumed run draws what the
+        uninterrupted one drew.
+    samples : int
+        Rows of the design matrix drawn per core update by the randomized method (J; default 2^16).
+    fit_every : int, optional
+        Randomized method: evaluate the fit (a pass over every nonzero, as costly as an exact core
+        update) every this many sweeps and at the last; default every sweep up to 2^24 nonzeros,
+        else every 5th, as randomized CP-ALS does (nell2-shaped 20 M, R 8: an exact sweep of 6
+        core updates took 0.47 s, a randomized sweep 0.32 s). Its stopping test is
+        randomized CP-ALS's: the best of the last 3 evaluated fits does not beat the best before
+        them by ``tol``. The exact method's fit is free and evaluated every sweep.
+    client : distributed.Client, optional
+        Cluster to run on. Default: tensors of at most 2^24 nonzeros run the same task functions in
+        this process (:mod:`tensorflow_ooc.execution.inline`), larger ones on an embedded
+        LocalCluster, or on the scheduler at ``scheduler``.
+    max_sweeps, tol : int, float
+        Stop after ``max_sweeps`` sweeps, or when a sweep after the first changes the fit by less
+        than ``tol``.
+    init : "random" or sequence of (R_{k-1}, I_k, R_k) arrays
+        "random" draws every core standard normal from ``np.random.default_rng(seed)`` (core 0
+        first). Random or given, the cores are then made right-orthonormal from the last to core 1
+        (a QR with ``diag(R) >= 0`` each; core ``k - 1`` absorbs ``R^T``), so core 0 carries the norm.
+    seed : int, optional
+        Seed of the random initial cores.
+    checkpoint : path, optional
+        Checkpoint file (the cores), written atomically every ``checkpoint_every`` sweeps and at the last.
+    resume : bool
+        Continue from ``checkpoint`` if it exists (same store, ranks and method): the result is that
+        of the uninterrupted run, bit for bit.
+    callback : callable, optional
+        Called with each sweep's history record (after its checkpoint is written).
+    execution : {"auto", "streaming", "in-memory"}
+        Stream each partition's chunks on every pass, or decode them once and keep them on the
+        workers (``auto``: in memory when that takes at most half of the workers' memory).
+    scheduler : str, optional
+        Address of a Dask scheduler, or "embedded" or "inline" to choose the local execution.
+    partitions : int, optional
+        Partition tasks per pass (default one per Dask thread).
+    out : path, optional
+        Also write the result to this Zarr result store (:meth:`TTResult.load` reads it back).
+    overwrite : bool
+        Replace an existing result at ``out`` (without it, an existing ``out`` is refused before
+        anything runs).
+
+    Returns
+    -------
+    TTResult
+        ``cores`` (cores 1 .. N-1 right-orthonormal), ``fit``, ``sweeps`` and ``history`` (per
+        sweep: fit, fit change, seconds, and per core update its contraction and update seconds).
+
+    Examples
+    --------
+    >>> import tensorflow_ooc as tfo
+    >>> from tensorflow_ooc import synthetic
+    >>> c, v = synthetic.heavy_tailed((30, 40, 50), 5000, seed=0)
+    >>> s = tfo.convert((c, v), "memory://doc-tt")
+    >>> r = tfo.tt_als(s, 4, seed=1, max_sweeps=5)          # doctest: +SKIP
+    >>> r.ranks, [c.shape for c in r.cores]                 # doctest: +SKIP
+    ((1, 4, 4, 1), [(1, 30, 4), (4, 40, 4), (4, 50, 1)])
+    >>> tt = r.to_tensorly()                                # doctest: +SKIP
+    """
+    store = store if isinstance(store, Store) else open_store(paths.resolve_version(store))
+    N, shape = store.nmodes, tuple(int(s) for s in store.shape)
+    full_ranks = S.check_ranks(ranks, shape)
+    init = S.check_init(init, shape, full_ranks)
+    if method not in METHODS:
+        raise DecompositionError(f"method must be one of {METHODS}, got {method!r}")
+    check_count("samples", samples)
+    check_count("max_sweeps", max_sweeps)
+    check_count("checkpoint_every", checkpoint_every)
+    if fit_every is None:  # randomized CP-ALS's default: the fit's pass costs an exact update
+        fit_every = 1 if store.nnz <= FIT_EVERY_ITERATION_NNZ else 5
+    check_count("fit_every", fit_every)
+    tol = check_tolerance(tol)
+    if execution not in EXECUTION_MODES:
+        raise DecompositionError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+        raise DecompositionError(f"seed must be an integer or None, got {seed!r}")
+    normX2 = float(store.meta["norm_sq"])
+    check_tensor_norm(store.path, normX2)
+    checkpoint = None if checkpoint is None else str(checkpoint)
+    input_fp = fingerprint(store)
+    params = {
+        "ranks": list(full_ranks[1:-1]),
+        "method": method,
+        "max_sweeps": int(max_sweeps),
+        "tol": tol,
+        "seed": None if seed is None else int(seed),
+        "init": init if isinstance(init, str) else "given",
+        # every cell stored: the squared error summed at the nonzeros, exact to rounding (one pass
+        # more per sweep); else ||X||^2 - ||Y_j||^2, free, whose cancellation leaves 1 - fit >~ 1e-8
+        # randomized: the sketched solution is no projection, so the identity does not hold
+        "fit_from": "residual" if store.nnz == math.prod(shape) or method == "randomized" else "identity",
+    }
+    if method == "randomized":
+        params.update(samples=int(samples), fit_every=int(fit_every))
+    resumed = _resumed(checkpoint if resume else None, input_fp, params)
+
+    if client is None and scheduler is None and store.nnz <= INLINE_MAX_NNZ:
+        scheduler = "inline"  # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
+    claim = claim_run(store, out, checkpoint, overwrite, f"tt_als of {store.path}", error=DecompositionError)
+    with claim, get_client(client, scheduler, device="cpu") as c:
+        graph = MTTKRPGraph(c, store.path, execution=execution, partitions=partitions, device="cpu")
+        params.update(execution=graph.execution, partitions=len(graph.parts))
+        params["scheduler"] = "inline" if is_inline(c) else "dask"
+        threads, batch_nnz = graph.numba_threads, graph.batch_nnz
+        # --- initial cores: right-orthonormal from a fresh start, or the checkpoint's as they were ---
+        if resumed is not None:
+            state0, start, fit, history = resumed.state, resumed.sweep + 1, resumed.fit, list(resumed.history)
+            params["sample_entropy"] = resumed.params.get("sample_entropy")
+            log.info("resuming from %s after sweep %d (fit %.6f)", checkpoint, start, fit)
+        else:
+            cores = S.initial_cores(init, shape, full_ranks, seed)
+            state0, start, fit, history = S.start_state(shape, full_ranks, cores), 0, 0.0, []
+        params["resumed_after"] = start
+        if method == "randomized":
+            params["sample_entropy"] = run_entropy(params.get("sample_entropy"), seed)
+        F = c.scatter(state0, hash=False)  # scattered: a long mode's cores would bloat the graph
+        del state0
+        streamed = graph.execution == "streaming"
+        stored = chunk_bytes(store)
+
+        # --- the sweeps: each core update is a pass over the partitions, then one update task (one
+        # task in all with one partition); a whole sweep is submitted before the driver reads its
+        # small summary
+        for sweep in range(start, max_sweeps):
+            t_sweep = time.time()
+            fit_old = fit
+            F = c.submit(S.begin_sweep, F, pure=False, **graph.placement)
+            for step, (mode, direction) in enumerate(S.sweep_order(N)):
+                if method == "exact":
+                    F = graph.pass_update(
+                        contraction_partition, (mode, threads, batch_nnz), S.update_core, F, mode, direction
+                    )
+                else:  # draw beside the state, gather the sampled fibers, solve the sketched problem
+                    seed_k = (params["sample_entropy"], sweep, step)
+                    D = c.submit(draw_core, F, mode, samples, seed_k, pure=False, **graph.placement)
+                    parts = graph.partition_pass(sampled_partition, D, mode, threads, batch_nnz)
+                    F = c.submit(S.update_core, F, parts, mode, direction, D, pure=False, **graph.placement)
+            sm = c.submit(S.summary, F, pure=False).result()
+            t_fit = time.time()
+            evaluate = method == "exact" or (sweep + 1) % fit_every == 0 or sweep + 1 == max_sweeps
+            if not evaluate:
+                pass  # randomized: the fit is a pass over every nonzero; kept from the last evaluation
+            elif params["fit_from"] == "residual":
+                parts = graph.partition_pass(residual_partition, F, threads, batch_nnz, reduce=add_residuals)
+                res, t2 = add_residuals(*[p.result() for p in parts])[:2]
+                # ||X - T||^2: the error at the nonzeros plus ||T||^2 off them (||T|| = ||Y_j||;
+                # none off them where every cell is stored)
+                off = 0.0 if store.nnz == math.prod(shape) else max(0.0, sm.norm_sq - t2)
+                fit = S.residual_fit(normX2, res + off)
+            else:
+                fit = S.sweep_fit(normX2, sm.norm_sq)
+            t_fit = time.time() - t_fit
+            if not math.isfinite(fit):
+                raise DecompositionError(
+                    f"sweep {sweep + 1}: the fit is {fit!r}: the values are too large or too small for float64 "
+                    "products of the cores, or the initial cores hold NaN/Inf; rescale the data or use another init"
+                )
+            record = _sweep_record(sweep, t_sweep, sm, fit, fit_old, t_fit, store.nnz, stored, streamed, start)
+            record["fit_evaluated"] = evaluate
+            history.append(record)
+            log.info(
+                "sweep %d: fit %.6f (change %.2e), %.3f s",
+                sweep + 1,
+                fit,
+                record["fit_change"],
+                record["seconds"],
+                extra={"iteration": sweep + 1},
+            )  # a field of its own in JSON logs
+            if method == "exact":
+                done = sweep > 0 and record["fit_change"] < tol
+            else:  # sketched updates make the fit noisy: the randomized CP-ALS rule on evaluated fits
+                evaluated = [h["fit"] for h in history if h.get("fit_evaluated", True)]
+                done = converged(True, tol, sweep, fit, fit_old, evaluate, evaluated)
+            if checkpoint and (done or (sweep + 1) % checkpoint_every == 0 or sweep + 1 == max_sweeps):
+                t_ck = time.time()
+                raise_returned(
+                    c.submit(
+                        disk_full_returned,
+                        write_tt_checkpoint,
+                        checkpoint,
+                        F,
+                        sweep,
+                        fit,
+                        history,
+                        params,
+                        input_fp,
+                        pure=False,
+                    ).result()
+                )
+                record["checkpoint_seconds"] = time.time() - t_ck
+            # after the write, so a callback that stops the run finds this sweep saved
+            if callback is not None:
+                callback(record)
+            if done:
+                break
+        cores = c.submit(S.cores_of, F, pure=False).result()
+        del F
+        graph.release()
+
+    result = TTResult([np.array(k) for k in cores], fit, len(history), history, params, input_fp)
+    if out is not None:
+        result.save(out, overwrite=overwrite)
+        log.info("result written to %s", out)
+    return result
+
+
+def _resumed(checkpoint: str | None, input_fp: dict, params: dict):
+    """The checkpoint to resume from (None: start afresh); one of another store, other ranks or
+    another method is refused; so is a negative seed (before any cluster starts)."""
+    check_seed(params["seed"])
+    ck = read_tt_checkpoint(checkpoint) if checkpoint else None
+    if ck is None:
+        return None
+    for key, want in (("ranks", params["ranks"]), ("method", params["method"])):
+        if ck.params.get(key) != want:
+            raise DecompositionError(
+                f"{checkpoint}: checkpoint is of a run with {key}={ck.params.get(key)!r}, not {want!r}; "
+                "remove it or drop resume"
+            )
+    if ck.input["store_id"] != input_fp["store_id"]:
+        raise DecompositionError(f"{checkpoint}: checkpoint is for another store; remove it or drop resume")
+    return ck
+
+
+def _sweep_record(
+    sweep: int,
+    t_sweep: float,
+    sm: S.SweepSummary,
+    fit: float,
+    fit_old: float,
+    fit_seconds: float,
+    nnz: int,
+    stored: int,
+    streamed: bool,
+    start: int,
+) -> dict:
+    """The history record of ``sweep`` (0-based), timed from ``t_sweep``."""
+    seconds = time.time() - t_sweep
+    contraction = [st[1] for st in sm.steps]
+    update = [st[2] for st in sm.steps]
+    return {
+        "sweep": sweep + 1,
+        "fit": fit,
+        "fit_change": abs(fit - fit_old),
+        "seconds": seconds,
+        "modes": [st[0] for st in sm.steps],
+        "contraction_seconds": contraction,
+        "update_seconds": update,
+        "fit_seconds": fit_seconds,
+        "other_seconds": max(0.0, seconds - sum(contraction) - sum(update) - fit_seconds),
+        "nnz_per_s": nnz * len(sm.steps) / seconds if seconds > 0 else 0.0,
+        # a streaming pass reads every compressed chunk; in memory they were read before the first sweep
+        "bytes_read": stored * len(sm.steps) if streamed else (stored if sweep == start else 0),
+    }

@@ -1,0 +1,311 @@
+"""The pieces of exact TT-ALS (seed 000, section 5.2), each a small function that
+:func:`~tensorflow_ooc.decompositions.tt.tt_als.tt_als` calls in order: rank and init checks, the
+initial cores (random, then right-orthonormal), the sweep order, the core update that a Dask
+worker runs on the partitions' right-hand sides, and the summary the driver reads per sweep.
+
+The canonical form the updates keep (Proposition 5.2.1): when core ``j`` is updated, the cores
+left of it are left-orthonormal (``core_k`` reshaped ``(R_{k-1} I_k, R_k)`` has orthonormal
+columns) and those right of it right-orthonormal (reshaped ``(R_{k-1}, I_k R_k)``, orthonormal
+rows). The least-squares problem of Proposition 5.2.2 then has an orthonormal design matrix, its
+solution is the contraction ``Y_j`` (:mod:`~tensorflow_ooc.kernels.tt.cpu`), and the error of the
+updated train is ``||X||^2 - ||Y_j||^2``. After the update a QR moves the orthogonality on: the
+core keeps ``Q`` and its neighbour in the sweep's direction absorbs ``R``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+from threadpoolctl import ThreadpoolController
+
+from ...errors import DecompositionError, format_bytes
+from ...execution.partials import Partial
+from ...kernels.sampling.krp_sampler import SampleSet
+from ...kernels.sampling.tt_sampler import CoreTree
+from ...kernels.tt.cores import TTCores
+from ..common.model_checks import check_memory, check_seed
+from .tt_randomized import sketched_slices
+
+INITS = ("random",)
+
+_BLAS = ThreadpoolController()
+# a core's QR below this many entries runs on one BLAS thread: a tall, thin QR gains little from
+# more, and spinning BLAS threads take the cores from the numba passes around it (a 12000 x 8 QR:
+# 1.4 ms on one thread, 50 ms with OpenBLAS's threads on a busy 2-core machine)
+ONE_BLAS_THREAD_ENTRIES = 1 << 22
+
+
+class TTState(TTCores):
+    """The tensor train between core updates, with what the sweep's updates report: ``norm_sq``
+    (``||Y_j||^2`` of the last update) and per update ``(mode, contraction seconds of the slowest
+    partition task, update seconds, finish time)``.
+
+    ``trees``: randomized TT-ALS's sampler trees by ``(core, side)``
+    (:func:`~tensorflow_ooc.decompositions.tt.tt_randomized.draw_core` fills it), handed on by
+    :meth:`copy` and dropped for a core :meth:`set_core` writes: an update changes two cores, and
+    rebuilding every other core's tree took 2-22 ms an update at R = 4-12 on nell2-shaped cores. A
+    cache: not pickled (a state moved to another worker rebuilds its trees there)."""
+
+    def __init__(self, shape: Sequence[int], ranks: Sequence[int], data: np.ndarray | None = None) -> None:
+        super().__init__(shape, ranks, data)
+        self.norm_sq = 0.0
+        self.steps: list[tuple[int, float, float, float]] = []
+        self.trees: dict[tuple[int, str], CoreTree] = {}
+
+    def set_core(self, k: int, core: np.ndarray) -> None:
+        super().set_core(k, core)
+        for key in [key for key in self.trees if key[0] == k]:
+            del self.trees[key]
+
+    def copy(self) -> "TTState":
+        out = TTState(self.shape, self.ranks, self.data.copy())
+        out.norm_sq, out.steps, out.trees = self.norm_sq, list(self.steps), dict(self.trees)
+        return out
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "trees": {}}
+
+
+@dataclass
+class SweepSummary:
+    """What the driver reads after a sweep."""
+
+    norm_sq: float  # ||Y_j||^2 of the sweep's last update: ||X||^2 minus the squared error
+    steps: list[tuple[int, float, float, float]] = field(default_factory=list)
+
+
+# --- checks --------------------------------------------------------------------------------------
+
+
+def check_ranks(ranks: int | Sequence[int], shape: Sequence[int]) -> tuple[int, ...]:
+    """The full rank vector ``(R_0, R_1, ..., R_{N-1}, R_N)`` with ``R_0 = R_N = 1``, from one
+    integer (every inner rank) or ``N - 1`` integers; :class:`DecompositionError` (a ValueError)
+    naming the rank and the reason otherwise.
+
+    ``ranks[k]`` links cores ``k`` and ``k + 1`` (0-based). It can be at most the smaller side
+    of the unfolding ``X_(<=k)`` (``prod I_0..I_k`` rows, ``prod I_{k+1}..I_{N-1}`` columns), and
+    the canonical form needs ``R_{k+1} <= R_k I_k`` and ``R_k <= I_k R_{k+1}`` for every core
+    (else its QR cannot keep the rank)."""
+    shape = [int(s) for s in shape]
+    N = len(shape)
+    if N < 2:
+        raise DecompositionError(f"a tensor train needs a tensor of order >= 2, got shape {tuple(shape)}")
+    if isinstance(ranks, numbers.Integral) and not isinstance(ranks, bool):
+        ranks = [int(ranks)] * (N - 1)
+    try:
+        if isinstance(ranks, (str, bytes)):
+            raise TypeError
+        inner = list(ranks)
+    except TypeError:
+        raise DecompositionError(f"ranks must be an integer or {N - 1} integers, got {ranks!r}") from None
+    if len(inner) != N - 1:
+        raise DecompositionError(
+            f"ranks {tuple(inner)} give {len(inner)} values; a tensor train of order {N} (shape {tuple(shape)}) "
+            f"has {N - 1} inner ranks (R_0 = R_N = 1 are implied)"
+        )
+    for k, r in enumerate(inner):
+        if isinstance(r, bool) or not isinstance(r, numbers.Integral):
+            raise DecompositionError(f"ranks[{k}] must be an integer, got {r!r}")
+        if int(r) < 1:
+            raise DecompositionError(f"ranks[{k}] is {int(r)}; every TT rank must be >= 1")
+        rows, cols = math.prod(shape[: k + 1]), math.prod(shape[k + 1 :])
+        if int(r) > min(rows, cols):
+            raise DecompositionError(
+                f"ranks[{k}] is {int(r)} (between cores {k} and {k + 1}); it can be at most {min(rows, cols)}, the "
+                f"smaller side of the unfolding X_(<={k}) ({rows} rows = {_product(0, k)}, {cols} columns = "
+                f"{_product(k + 1, N - 1)})"
+            )
+    full = [1] + [int(r) for r in inner] + [1]
+    for k in range(N):
+        if full[k + 1] > full[k] * shape[k]:
+            raise DecompositionError(
+                f"ranks[{k}] is {full[k + 1]} (between cores {k} and {k + 1}); it can be at most "
+                f"R_{k} * I_{k} = {full[k]} * {shape[k]} = {full[k] * shape[k]}, or core {k} cannot be "
+                f"left-orthonormal: lower it or raise the ranks before it"
+            )
+        if full[k] > shape[k] * full[k + 1]:
+            raise DecompositionError(
+                f"ranks[{k - 1}] is {full[k]} (between cores {k - 1} and {k}); it can be at most "
+                f"I_{k} * R_{k + 1} = {shape[k]} * {full[k + 1]} = {shape[k] * full[k + 1]}, or core {k} cannot be "
+                f"right-orthonormal: lower it or raise the ranks after it"
+            )
+    check_core_memory(shape, full)
+    return tuple(full)
+
+
+def check_core_memory(shape: Sequence[int], ranks: Sequence[int]) -> None:
+    """Refuse cores that this machine's memory cannot hold, before any is allocated (NumPy's
+    "array is too big" or "Unable to allocate" otherwise, naming no mode): core ``k`` holds
+    ``R_{k-1} * I_k * R_k`` float64 values, a slice for every index of mode ``k``, and the initial
+    cores are drawn here, on the client, all in one piece."""
+    sizes = [int(ranks[k]) * int(shape[k]) * int(ranks[k + 1]) * 8 for k in range(len(shape))]
+    check_memory(
+        sizes,
+        lambda k, total, memory: (
+            f"the tensor train's core {k} would need {sizes[k]:,} bytes ({format_bytes(sizes[k])}): mode {k} has "
+            f"length {int(shape[k]):,}, and the core holds R_{k} * I_{k} * R_{k + 1} = {int(ranks[k])} * "
+            f"{int(shape[k]):,} * {int(ranks[k + 1])} float64 values (all cores: {total:,} bytes), more than this "
+            f"machine's {memory:,} bytes of memory ({format_bytes(memory)}); TT-ALS keeps a slice for every index "
+            f"of every mode: re-index a mode to the indices it uses, or lower the ranks"
+        ),
+    )
+
+
+def _product(lo: int, hi: int) -> str:
+    """The name of the product of the mode lengths ``I_lo .. I_hi``."""
+    return f"I_{lo}" if lo == hi else f"I_{lo}*...*I_{hi}"
+
+
+def check_init(init: str | Sequence[np.ndarray], shape: Sequence[int], ranks: Sequence[int]) -> str | list[np.ndarray]:
+    """``init`` is "random" or ``N`` finite cores of shapes ``(R_{k-1}, I_k, R_k)`` (``ranks`` the
+    full rank vector), returned as float64 copies."""
+    if isinstance(init, str):
+        if init not in INITS:
+            raise DecompositionError(f"init must be one of {INITS} or a list of cores, got {init!r}")
+        return init
+    try:
+        cores = [np.array(c, dtype=np.float64) for c in init]
+    except (TypeError, ValueError):
+        raise DecompositionError(f"init must be one of {INITS} or a list of cores, got {init!r}") from None
+    if len(cores) != len(shape):
+        raise DecompositionError(f"init holds {len(cores)} cores; the tensor has {len(shape)} modes")
+    for k, c in enumerate(cores):
+        want = (int(ranks[k]), int(shape[k]), int(ranks[k + 1]))
+        if c.shape != want:
+            raise DecompositionError(f"init core {k} has shape {c.shape}; expected {want} (R_{k}, I_{k}, R_{k + 1})")
+        if not np.isfinite(c).all():
+            raise DecompositionError(f"init core {k} holds NaN or infinite values")
+    return cores
+
+
+# --- the canonical form --------------------------------------------------------------------------
+
+
+def qr_positive(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reduced QR of a tall matrix with ``diag(R) >= 0``: unique for a full-rank ``a``, so the
+    cores do not change sign with the LAPACK build."""
+    q, r = np.linalg.qr(a)
+    s = np.where(np.diag(r) < 0, -1.0, 1.0)
+    return q * s, r * s[:, None]
+
+
+def left_orthonormalize(cores: list[np.ndarray], k: int) -> None:
+    """Core ``k`` becomes left-orthonormal (``Q`` of its ``(R_{k-1} I_k, R_k)`` unfolding); core
+    ``k + 1`` absorbs ``R``. The train's tensor is unchanged."""
+    a, i, b = cores[k].shape
+    q, r = qr_positive(cores[k].reshape(a * i, b))
+    cores[k] = q.reshape(a, i, b)
+    cores[k + 1] = np.einsum("ab,bic->aic", r, cores[k + 1])
+
+
+def right_orthonormalize(cores: list[np.ndarray], k: int) -> None:
+    """Core ``k`` becomes right-orthonormal (``Q^T`` of the QR of its ``(R_{k-1}, I_k R_k)``
+    unfolding's transpose); core ``k - 1`` absorbs ``R^T``. The train's tensor is unchanged."""
+    a, i, b = cores[k].shape
+    q, r = qr_positive(cores[k].reshape(a, i * b).T)
+    cores[k] = q.T.reshape(a, i, b)
+    cores[k - 1] = np.einsum("aib,bc->aic", cores[k - 1], r.T)
+
+
+def initial_cores(
+    init: str | list[np.ndarray], shape: Sequence[int], ranks: Sequence[int], seed: int | None
+) -> list[np.ndarray]:
+    """The cores before the first sweep: "random" draws them standard normal from
+    ``np.random.default_rng(seed)``, core 0 first, each of shape ``(R_{k-1}, I_k, R_k)`` (or
+    ``init``'s); then, from the last core to core 1, each is made right-orthonormal and its left
+    neighbour absorbs the rest, so core 0 carries the train's norm."""
+    if isinstance(init, str):
+        rng = np.random.default_rng(check_seed(seed))
+        cores = [rng.standard_normal((int(ranks[k]), int(shape[k]), int(ranks[k + 1]))) for k in range(len(shape))]
+    else:
+        cores = [np.array(c, dtype=np.float64) for c in init]
+    for k in range(len(cores) - 1, 0, -1):
+        right_orthonormalize(cores, k)
+    return cores
+
+
+def sweep_order(nmodes: int) -> list[tuple[int, str]]:
+    """The core updates of one sweep: left to right (cores 0 .. N-2, each then made
+    left-orthonormal), then right to left (cores N-1 .. 1, each then made right-orthonormal)."""
+    return [(j, "right") for j in range(nmodes - 1)] + [(j, "left") for j in range(nmodes - 1, 0, -1)]
+
+
+# --- tasks on the workers ------------------------------------------------------------------------
+
+
+def start_state(shape: Sequence[int], ranks: Sequence[int], cores: Sequence[np.ndarray]) -> TTState:
+    """The state holding ``cores``."""
+    s = TTState(shape, ranks)
+    for k, c in enumerate(cores):
+        s.set_core(k, c)
+    return s
+
+
+def begin_sweep(s: TTState) -> TTState:
+    """Clear the previous sweep's step records."""
+    s.steps = []
+    return s
+
+
+def update_core(
+    s: TTState, parts: Sequence[Partial], mode: int, direction: str, sketch: SampleSet | None = None
+) -> TTState:
+    """Proposition 5.2.2 for core ``mode``: sum the partitions' rows of ``Y_mode`` (the least-squares
+    solution, the other cores being orthonormal), record ``||Y||^2``, then move the orthogonality on
+    in the sweep's ``direction`` ("right": the core keeps ``Q`` and core ``mode + 1`` absorbs ``R``;
+    "left": the core keeps the rows of ``Q^T`` and core ``mode - 1`` absorbs ``R^T``). Returns a new
+    state (the input's futures stay valid)."""
+    t0 = time.perf_counter()
+    parts = [parts] if isinstance(parts, Partial) else list(parts)
+    Ra, I, Rb = int(s.ranks[mode]), s.shape[mode], int(s.ranks[mode + 1])
+    slices = np.zeros((I, Ra * Rb))  # row i: Y[:, i, :], as the partitions hand it up
+    for p in parts:
+        slices[p.lo : p.lo + p.rows.shape[0]] += p.rows
+    with _BLAS.limit(limits=1, user_api="blas") if slices.size < ONE_BLAS_THREAD_ENTRIES else nullcontext():
+        if sketch is not None:
+            # randomized TT-ALS: the parts are the sketched right-hand side; solve the sketched normal
+            # equations (their Gram is I in expectation, the design being orthonormal). One BLAS
+            # thread as for the QR: the (I, R^2) x (R^2, R^2) product, 9184 x 144 at R = 12 on
+            # nell2's mode 1, takes 10 ms on one; OpenBLAS's two threads on a busy 2-core machine
+            # took 0.1-1.6 s for this solve's products
+            slices = sketched_slices(sketch, slices)
+        out = s.copy()
+        out.norm_sq = float(np.dot(slices.ravel(), slices.ravel()))
+        cores = {mode: slices.reshape(I, Ra, Rb).transpose(1, 0, 2)}
+        if direction == "right" and mode + 1 < s.nmodes:
+            pair = [cores[mode], s.core(mode + 1)]
+            left_orthonormalize(pair, 0)
+            cores.update({mode: pair[0], mode + 1: pair[1]})
+        elif direction == "left" and mode > 0:
+            pair = [s.core(mode - 1), cores[mode]]
+            right_orthonormalize(pair, 1)
+            cores.update({mode - 1: pair[0], mode: pair[1]})
+    for k, c in cores.items():
+        out.set_core(k, c)
+    out.steps.append((mode, max(float(p.seconds) for p in parts), time.perf_counter() - t0, time.time()))
+    return out
+
+
+def summary(s: TTState) -> SweepSummary:
+    return SweepSummary(float(s.norm_sq), list(s.steps))
+
+
+def cores_of(s: TTState) -> list[np.ndarray]:
+    """The cores, ``(R_{k-1}, I_k, R_k)`` C arrays (copies)."""
+    return s.cores()
+
+
+def sweep_fit(norm_x_sq: float, norm_y_sq: float) -> float:
+    """fit = 1 - ||X - T|| / ||X||, with ``||X - T||^2 = ||X||^2 - ||Y_j||^2`` (orthonormal chains)."""
+    return 1 - math.sqrt(max(norm_x_sq - norm_y_sq, 0.0)) / math.sqrt(norm_x_sq)
+
+
+def residual_fit(norm_x_sq: float, residual_sq: float) -> float:
+    """fit = 1 - ||X - T|| / ||X||, the squared error summed at the nonzeros (every cell stored)."""
+    return 1 - math.sqrt(max(residual_sq, 0.0)) / math.sqrt(norm_x_sq)

@@ -1,0 +1,1 @@
+"""Tucker HOOI: per-mode TTM chains and SVD updates, checkpoints and results."""

@@ -1,0 +1,99 @@
+"""Tucker results: in memory (``TuckerResult``), in a Zarr result store, exported to npz, pyttb, TensorLy."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..common.result_store import read_result_store, write_result_store
+
+RESULT_FORMAT = "tucker-result"
+RESULT_VERSION = 1
+
+
+@dataclass
+class TuckerResult:
+    """A Tucker model ``core x_1 U_1 x_2 U_2 ... x_N U_N``.
+
+    Attributes
+    ----------
+    core : (J_1, ..., J_N) array
+    factors : list of (I_n, J_n) arrays with orthonormal columns
+    fit : float             1 - ||X - model|| / ||X||
+    iterations : int        iterations run (including any before a resume)
+    history : list of dict  per iteration: fit, fit change, seconds, TTM and SVD seconds per mode
+    params : dict           ranks, tolerance, seed, init, execution, ...
+    input : dict            fingerprint of the input store
+    """
+
+    core: np.ndarray
+    factors: list[np.ndarray]
+    fit: float
+    iterations: int
+    history: list[dict] = field(default_factory=list)
+    params: dict = field(default_factory=dict)
+    input: dict = field(default_factory=dict)
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(int(j) for j in self.core.shape)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(f.shape[0]) for f in self.factors)
+
+    def to_numpy(self) -> dict[str, np.ndarray]:
+        """``{"core": ..., "factor0": ..., ...}``."""
+        out = {"core": self.core}
+        out.update({f"factor{n}": f for n, f in enumerate(self.factors)})
+        return out
+
+    def save_npz(self, path: str | os.PathLike) -> None:
+        np.savez(path, **self.to_numpy(), history=json.dumps(self.history), fit=self.fit)
+
+    def to_pyttb(self):
+        """A ``pyttb.ttensor``."""
+        import pyttb
+
+        return pyttb.ttensor(pyttb.tensor(np.array(self.core)), [np.array(f) for f in self.factors])
+
+    def to_tensorly(self):
+        """A ``tensorly.tucker_tensor.TuckerTensor`` (the ``(core, factors)`` pair)."""
+        from tensorly.tucker_tensor import TuckerTensor
+
+        return TuckerTensor((np.array(self.core), [np.array(f) for f in self.factors]))
+
+    def full(self) -> np.ndarray:
+        """The dense model (small tensors only)."""
+        out = np.asarray(self.core)
+        for n, U in enumerate(self.factors):
+            out = np.moveaxis(np.tensordot(U, out, axes=(1, n)), 0, n)
+        return out
+
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> str:
+        """Write a Zarr result store (atomically for local paths). Returns its path."""
+        return write_result_store(
+            path,
+            self.to_numpy(),
+            {
+                "format": RESULT_FORMAT,
+                "format_version": RESULT_VERSION,
+                "fit": float(self.fit),
+                "iterations": int(self.iterations),
+                "history": self.history,
+                "params": self.params,
+                "input": self.input,
+            },
+            overwrite,
+        )
+
+
+def load_tucker(path: str | os.PathLike) -> TuckerResult:
+    """Read a result store written by :meth:`TuckerResult.save`."""
+    root, meta = read_result_store(path, RESULT_FORMAT, "Tucker")
+    core = root["core"][...]
+    factors = [root[f"factor{n}"][...] for n in range(core.ndim)]
+    return TuckerResult(core, factors, meta["fit"], meta["iterations"], meta["history"], meta["params"], meta["input"])
