@@ -635,4 +635,5 @@ def test_an_overshooting_core_step_is_redone_not_kept(rng, test_fraction, seed, 
         if seed is not None:  # the known overshoot was caught in epoch 1 and redone
             assert "epoch 1 diverged" in caplog.text and r.history[0]["rate_factor"] == 0.5
         if test_fraction is not None:
-            assert r.history[-1]["test_rmse"] < rms, (s, r.history)
+            # the result is the epoch with the best held-out RMSE (a later one may overfit 150 entries)
+            assert r.test_rmse < rms and r.test_rmse == min(h["test_rmse"] for h in r.history), (s, r.history)

@@ -20,6 +20,7 @@ Inputs are trusted: indices must decode inside the factor matrices (the store va
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 import numba as nb
 import numpy as np
@@ -466,7 +467,19 @@ def _build(
         name = f"table_threads_items_{tag}"
         exec(compile(_table_source(name, nmodes, rank_const), __file__, "exec"), scope)
         table = SLPKernel(nb.njit(parallel=True, nogil=True, cache=True)(scope[name]))
-    return tuple(kernels) + (table,)
+    return ItemKernels(*kernels, table)
+
+
+class ItemKernels(NamedTuple):
+    """The compiled item kernels of one order, rank, encoding, prefetch and Phi form, by conflict
+    resolution (``table_threads`` None where it does not apply: run-time ranks, Delta items, Poisson)."""
+
+    direct: SLPKernel
+    runs: SLPKernel
+    runs_atomic: SLPKernel
+    threads: SLPKernel
+    runs_threads: SLPKernel
+    table_threads: SLPKernel | None
 
 
 class SLPKernel:
@@ -508,9 +521,10 @@ def kernel_variants() -> list[tuple]:
     return list(_KERNELS)
 
 
-def kernel_for(nmodes: int, rank: int, delta: bool = False, prefetch: bool = False, poisson: bool = False):
-    """The compiled kernels ``(direct_items, runs_items, runs_atomic_items, threads_items,
-    runs_threads_items, table_threads_items)`` (the last None where it does not apply: run-time
+def kernel_for(
+    nmodes: int, rank: int, delta: bool = False, prefetch: bool = False, poisson: bool = False
+) -> ItemKernels:
+    """The compiled :class:`ItemKernels` (``table_threads`` None where it does not apply: run-time
     ranks, Delta items, Poisson) for this order, rank and
     index encoding (fixed-rank code for ``SPECIALIZED_RANKS``); ``prefetch`` kernels prefetch
     factor rows ahead (for factors far larger than the caches); ``poisson`` kernels compute

@@ -264,9 +264,10 @@ def run_items(
     if items.nitems == 0:
         return plan
     priv_buf = private_scratch(max(1, int(plan.size.sum())), R, out.dtype)
-    direct, runs, runs_atomic, threads_k, runs_threads, table_threads = kernel_for(
-        layout.nmodes, R, items.delta, factors.data.nbytes > PREFETCH_MIN_BYTES, poisson
-    )
+    k = kernel_for(layout.nmodes, R, items.delta, factors.data.nbytes > PREFETCH_MIN_BYTES, poisson)
+    direct, runs, runs_atomic, threads_k, runs_threads, table_threads = (
+        k.direct, k.runs, k.runs_atomic, k.threads, k.runs_threads, k.table_threads
+    )  # fmt: skip
     eps = (float(poisson_eps),) if poisson else ()
     mask = items.masks(layout)
     common = (
