@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -365,3 +366,30 @@ def test_a_workflow_step_never_writes_over_its_input(tmp_path, tensor, capsys):
     code, err = run(capsys, "-q", "run", spec, "--storage", root)
     assert code == 2 and "would destroy it" in err, err
     assert digest(root / "in.tns") == before
+
+
+@pytest.mark.parametrize("url", ["memory://lock-test-{}", "memory://bucket/dir/lock-test-{}.zarr"])
+def test_locks_of_urls_stay_in_their_file_system(tmp_path, monkeypatch, rng, url):
+    """Before: memory://x's lock went to a local folder named 'memory:' in the working directory."""
+    import fsspec
+
+    monkeypatch.chdir(tmp_path)
+    out = url.format(rng.integers(2**62))
+    lock = lock_path(out)
+    assert lock.startswith("memory://") and lock.endswith(LOCK_SUFFIX) and "/." in lock
+    with OutputLock([out], "a run"):
+        assert fsspec.filesystem("memory").exists(lock.split("://", 1)[1])
+        refused = []
+
+        def another_run() -> None:  # another thread: not a re-entry of this one's lock
+            try:
+                OutputLock([out], "another run").acquire()
+            except OutputLockedError as exc:
+                refused.append(exc)
+
+        t = threading.Thread(target=another_run)
+        t.start()
+        t.join()
+        assert refused
+    assert not fsspec.filesystem("memory").exists(lock.split("://", 1)[1])
+    assert list(tmp_path.iterdir()) == []

@@ -293,7 +293,7 @@ def test_shipped_completion_spec_validates(tmp_path):
 
 
 def test_schema_has_every_method():
-    from tensorflow_ooc.workflow.spec import spec_schema
+    from tensorflow_ooc.workflow.plan import spec_schema
 
     defs = spec_schema()["$defs"]
     assert {"ranks", "max_iters", "tol", "init", "svd"} <= set(defs["TuckerDecomposeStep"]["properties"])

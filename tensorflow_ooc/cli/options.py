@@ -42,8 +42,8 @@ def paths_for_workers(args: argparse.Namespace) -> None:
 
 
 def parse_size(text: str) -> int:
-    """'512MB', '2GiB', '1000000' -> bytes: the sizes specs take (:func:`~..workflow.spec.parse_size`)."""
-    from ..workflow.spec import parse_size as size_of  # pydantic and yaml load only when a size is given
+    """'512MB', '2GiB', '1000000' -> bytes: the sizes specs take (:func:`~..workflow.step_models.parse_size`)."""
+    from ..workflow.step_models import parse_size as size_of  # pydantic and yaml load only when a size is given
 
     try:
         return size_of(text)

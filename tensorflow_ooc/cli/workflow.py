@@ -67,7 +67,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_schema(args: argparse.Namespace) -> int:
     """Print the JSON Schema of workflow specs."""
-    from ..workflow.spec import spec_schema
+    from ..workflow.plan import spec_schema
 
     print(json.dumps(spec_schema(), indent=2))
     return 0

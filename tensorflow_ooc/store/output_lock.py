@@ -22,7 +22,6 @@ import getpass
 import json
 import logging
 import os
-import posixpath
 import socket
 import threading
 import time
@@ -54,9 +53,12 @@ def stale_seconds() -> float:
 def lock_path(output: str | os.PathLike) -> str:
     """The lock file of ``output``: a hidden sibling."""
     c = canonical(output)
-    parent, name = posixpath.split(c.rstrip("/")) if "://" in c else os.path.split(c.rstrip(os.sep))
-    join = posixpath.join if "://" in c else os.path.join
-    return join(parent, f".{name}{LOCK_SUFFIX}")
+    if "://" not in c:
+        parent, name = os.path.split(c.rstrip(os.sep))
+        return os.path.join(parent, f".{name}{LOCK_SUFFIX}")
+    protocol, rest = c.split("://", 1)
+    parent, _, name = rest.rstrip("/").rpartition("/")  # memory://x has no parent folder
+    return f"{protocol}://{parent + '/' if parent else ''}.{name}{LOCK_SUFFIX}"
 
 
 def _user() -> str:

@@ -3,7 +3,8 @@ foreground or submitted to a Dask cluster, idempotent and resumable, with run re
 storage root. See ``workflows/README.md``."""
 
 from .errors import InputError, LockError, Problem, RunCancelled, RunNotFound, SpecError, StepFailed
-from .spec import Spec, Workflow, load_spec
+from .plan import Workflow, load_spec
+from .step_models import Spec
 
 __all__ = [
     "InputError",

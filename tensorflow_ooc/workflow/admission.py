@@ -28,7 +28,7 @@ from typing import Any
 from ..execution.cluster import scheduler_workers
 from ..limits import SLOT_RESOURCE
 from .errors import Problem, SpecError
-from .spec import Workflow
+from .plan import Workflow
 
 log = logging.getLogger("tensorflow_ooc.workflow")
 

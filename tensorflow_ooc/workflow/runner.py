@@ -35,6 +35,7 @@ from ..errors import DiskFullError
 from .errors import InputError, LockError, Problem, RunCancelled, SpecError, StepFailed
 from .fingerprint import OutputIndex, location_fingerprint, step_fingerprint
 from .lock import OutputLocks
+from .plan import Workflow
 from .records import (
     EXIT_CODES,
     Attempt,
@@ -48,7 +49,7 @@ from .records import (
     now_iso,
     parse_iso,
 )
-from .spec import Workflow, confined, real_location
+from .sandbox import confined, real_location
 from .steps import StepContext, run_step
 
 log = logging.getLogger("tensorflow_ooc.workflow")

@@ -41,20 +41,19 @@ from ..store.dense import DenseArray, is_dense_array, open_dense
 from . import locations as loc
 from .errors import InputError, StepFailed
 from .evaluation import KIND_NAMES, evaluate_tensor, factor_match, load_model, model_of, model_values
+from .plan import PlannedStep, Workflow
 from .records import Recorder
-from .spec import (
+from .step_models import (
     CompletionDecomposeStep,
     ConvertStep,
     DecomposeStep,
     EvaluateStep,
     ExportStep,
     GenerateStep,
-    PlannedStep,
     PoissonDecomposeStep,
     PredictStep,
     TTDecomposeStep,
     TuckerDecomposeStep,
-    Workflow,
 )
 
 TNS_SUFFIXES = (".tns", ".tns.gz")
@@ -415,7 +414,7 @@ def _rebuild_sources(
 
 def _append_version(ctx: StepContext, m: ConvertStep, files: list[str], out: str, one_based: bool, args: dict) -> dict:
     """Append the files whose content is not in the latest version to its nonzeros, as the next
-    version (see :class:`~tensorflow_ooc.workflow.spec.ConvertStep` for changed files)."""
+    version (see :class:`~tensorflow_ooc.workflow.step_models.ConvertStep` for changed files)."""
     versions = read_versions(out)
     latest = versions["versions"][-1] if versions["versions"] else None
     records = [dict(r) for r in (latest["files"] if latest else [])]

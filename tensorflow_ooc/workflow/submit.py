@@ -27,8 +27,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .errors import RunNotFound, SpecError
+from .plan import Workflow, load_spec
 from .records import EXIT_CODES, RunRecord, RunStore, host_info, new_run_id, now_iso
-from .spec import Workflow, load_spec
 
 if TYPE_CHECKING:
     from .runner import RunOutcome
