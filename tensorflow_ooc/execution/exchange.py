@@ -134,8 +134,7 @@ class ExchangePlugin(WorkerPlugin):
 
         # Dask serializes messages over 10 MiB in a thread of its own (offload), which costs two
         # thread hops per message; NumPy rows serialize as frames without a copy, so the hops were
-        # the cost: 100,000 x 16 float64 rows each way between 2 process workers took 38 ms with
-        # offload, 14 ms without (small messages 1.8 -> 0.9 ms a round)
+        # the cost (docs/EXECUTION.md, "Measurements")
         comm_utils.OFFLOAD_THRESHOLD = 0
         box = mailbox(worker.address)
 

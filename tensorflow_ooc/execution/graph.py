@@ -366,8 +366,7 @@ class MTTKRPGraph:
         if is_inline(client):
             # in this process nothing recomputes an earlier state (no worker can be lost), so the
             # copy a mode update makes to keep earlier futures valid buys nothing; updating in place
-            # also spares a fresh state allocation per mode (nips-shaped, 2.5 MB of factors, R16:
-            # updates 2.65 -> 1.93 ms per iteration, CP-ALS 24.1 -> 22.3 ms)
+            # also spares a fresh state allocation per mode (docs/EXECUTION.md, "Measurements")
             plans.sort(key=lambda p: not p.in_place)
         plan = choose(plans, f"a rank-{rank} CP-ALS of {self.path}")
         self.parts = parts_of[id(plan)]

@@ -177,9 +177,8 @@ class WorkerState:
         span = plan.span
         if span is not None:
             # owned rows in one range: summed where the partial holds them (a view; the partial
-            # is this mode's own buffer), the other workers' rows added in rank order. Gathering
-            # 82 k owned rows and scattering them back cost vast-shaped mode 0 about 10 ms of its
-            # 55 on 2 workers
+            # is this mode's own buffer), the other workers' rows added in rank order: no gather
+            # and scatter of the owned rows (docs/EXECUTION.md, "Measurements")
             out = rows[span[0] - partial.lo : span[1] - partial.lo]
             for k in range(self.team.size):
                 if k in plan.recv_pos:
@@ -451,7 +450,7 @@ def _iterate(run: str, step: Callable, args: tuple, seq: int) -> dict:
         st.team.wait_seconds = st.team.send_seconds = 0.0
         # every numba call of the step (the update's column statistics too) on this worker's
         # cores only: a parallel region wider than the cores waits for a thread another worker's
-        # kernel holds (solving 183 rows took up to 15 ms on 2 workers of 1 core, 0.3 ms on one)
+        # kernel holds
         with numba_threads(st.threads):
             out = step(st, st.last, *args)
         st.team.flush()
@@ -708,7 +707,7 @@ class OwnerComputes:
     def _submit(self, step: Callable, args: tuple) -> list:
         # no dependency on the iteration before: a task submitted ahead reaches its worker at once
         # and starts there as soon as that one ends (WorkerState.wait_turn); depending on its
-        # future took a scheduler round trip between iterations (4-9 ms on 2 cores)
+        # future took a scheduler round trip between iterations
         seq, self._seq = self._seq, self._seq + 1
         self._last = [
             self.client.submit(_iterate, self.run, step, args, seq, workers=[a], allow_other_workers=False, pure=False)

@@ -8,10 +8,8 @@ from typing import Any, Sequence
 import numpy as np
 
 # NumPy's allocations start 16 bytes past a cache line, so a 128-byte row (rank 16 in float64)
-# spans three lines instead of two. MTTKRP on factors far larger than the caches fetches every
-# line of each nonzero's rows: Amazon-shaped, 86 M nonzeros, one mode, 1 thread, 4.5 s with
-# NumPy's placement against 2.9 s with rows on cache lines. Factor matrices and MTTKRP outputs
-# therefore start on a page.
+# spans three lines instead of two: factor matrices and MTTKRP outputs start on a page
+# (docs/KERNELS.md, "Measurements").
 ALIGN_BYTES = 4096
 
 

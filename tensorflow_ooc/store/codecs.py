@@ -6,37 +6,12 @@ Values get shuffle + the compressor, which pays off for integer-valued (count) d
 carries a CRC32C so a damaged chunk is detected when read instead of feeding garbage indices to
 unchecked kernels.
 
-Two profiles (the ``compression`` option of ``convert``), measured on 2^20-nonzero chunks of the
-nell2- and uber-shaped benchmark tensors:
-
-- ``"fast"`` (default): index lz4hc level 3 in 1 MiB Blosc blocks, values
-  shuffle + lz4 (~2 ms). Streaming MTTKRP decodes every chunk once per mode, so decode speed is
-  throughput. Values that shuffle + lz4 does not shrink to at most half on the first chunk
-  (random floats: 6.3 of 8 bytes) are stored uncompressed instead: reading them compressed cost
-  2.6 ns a nonzero per pass, more than the mode's kernel (about 1 ns), to save a fifth, and
-  uncompressed chunks are used where they lie in the page cache (mapped, as with ``"none"``).
-  Read from a disk at 2 GB/s, 8 raw bytes take 4 ns, and a compressed copy only wins below
-  about a third of the size. Counts and other repetitive values stay compressed.
-- ``"small"``: zstd level 3 for both, 1 MiB blocks: the smallest stores, values decode about
-  twice as slowly. For archives and slow disks.
-- ``"none"``: no compressor, only the CRC32C (the index keeps its Delta filter): 16 bytes per
-  nonzero, about a third more than ``"fast"``, and nothing to decode. Streamed, a chunk is then
-  used where it lies in the page cache, mapped (:meth:`ChunkFiles.view`), and a read pass costs
-  little beyond its checksum: uber-shaped, one pass over 3.3 M nonzeros took 13 ms with
-  ``"fast"`` (9.5 ms of it Blosc). For stores streamed many times from a fast local disk.
-
-The index codec, measured on the 32-bit differences of format version 2 (byte shuffle, one Blosc
-thread, best of 15 decodes of whole stores): lz4hc writes the format lz4 reads, so it costs time
-only when writing (about 60 ms per million nonzeros at level 3, against 10 for lz4) and finds
-longer matches. Bytes per nonzero, lz4 level 1 against lz4hc level 3: uber-shaped 2.01 / 1.92,
-nips-shaped 3.01 / 2.94, chicago-shaped 1.17 / 1.12, nell2-shaped 2.84 / 2.62; decode ms per
-million nonzeros 0.59 / 0.86, 1.96 / 2.18, 0.99 / 0.86, 2.14 / 2.26, against a streamed mode's
-kernel of about 5 ms per million. Levels above 3 saved under 1 % more; zstd level 1 was smaller
-(nips 2.68 B) but decoded 2 to 4 times as slowly. Version 1's 64-bit differences: lz4 level 1
-took 2.0 B and 1.0 ms per 2^20-nonzero uber-shaped chunk, zstd level 1 1.7 B and 1.8 ms.
-
-Big Blosc blocks matter for the index: zstd with the default (256 KiB) blocks measured 2.6 B and
-6.5 ms on the same chunk.
+Three profiles (the ``compression`` option of ``convert``): ``"fast"`` (default; index lz4hc level
+3, values shuffle + lz4, or no compressor for values that do not shrink to half: streaming decodes
+every chunk once per mode, so decode speed is throughput), ``"small"`` (zstd level 3 for both: the
+smallest stores, for archives and slow disks) and ``"none"`` (only the CRC32C; streamed chunks are
+used mapped where they lie). Big (1 MiB) Blosc blocks for the index. The measurements that chose
+them are in docs/FORMAT.md ("Group layout": the profiles and their measurements).
 """
 
 from __future__ import annotations

@@ -19,11 +19,8 @@ from ...kernels.update.hals import hals_rows
 from ...kernels.update.normal_equations import normal_inverse_of
 from ..common.model_checks import check_seed
 
-# The update's dense algebra is tiny (R x R factorizations, I x R solves). Multi-threaded BLAS
-# gains nothing there, and its threads keep spinning after each call, taking cores from the
-# numba MTTKRP kernels that follow: on 2 cores that doubled the whole CP-ALS iteration (uber-shaped
-# 3.3 M nonzeros, R16: 0.148 s with threaded BLAS, 0.070 s with one BLAS thread, MTTKRP itself
-# 0.122 s vs 0.058 s). Mode updates therefore run BLAS on one thread.
+# The update's algebra is tiny, and threaded BLAS keeps spinning on the cores the MTTKRP kernels
+# need next: mode updates run BLAS on one thread (docs/EXECUTION.md, "Measurements").
 _BLAS = ThreadpoolController()
 
 # HALS sweeps per mode update of nonnegative CP-ALS: the inner iterations TensorLy 0.10's

@@ -36,8 +36,7 @@ INITS = ("random",)
 
 _BLAS = ThreadpoolController()
 # a core's QR below this many entries runs on one BLAS thread: a tall, thin QR gains little from
-# more, and spinning BLAS threads take the cores from the numba passes around it (a 12000 x 8 QR:
-# 1.4 ms on one thread, 50 ms with OpenBLAS's threads on a busy 2-core machine)
+# more, and spinning BLAS threads take the cores from the numba passes (docs/EXECUTION.md)
 ONE_BLAS_THREAD_ENTRIES = 1 << 22
 
 
@@ -270,10 +269,8 @@ def update_core(
     with _BLAS.limit(limits=1, user_api="blas") if slices.size < ONE_BLAS_THREAD_ENTRIES else nullcontext():
         if sketch is not None:
             # randomized TT-ALS: the parts are the sketched right-hand side; solve the sketched normal
-            # equations (their Gram is I in expectation, the design being orthonormal). One BLAS
-            # thread as for the QR: the (I, R^2) x (R^2, R^2) product, 9184 x 144 at R = 12 on
-            # nell2's mode 1, takes 10 ms on one; OpenBLAS's two threads on a busy 2-core machine
-            # took 0.1-1.6 s for this solve's products
+            # equations (their Gram is I in expectation, the design being orthonormal), on one
+            # BLAS thread as for the QR
             slices = sketched_slices(sketch, slices)
         out = s.copy()
         out.norm_sq = float(np.dot(slices.ravel(), slices.ravel()))

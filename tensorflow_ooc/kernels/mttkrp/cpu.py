@@ -31,9 +31,8 @@ from ..atomics import atomic_add  # noqa: F401
 from ..prefetch import prefetch_row  # noqa: F401
 
 # Kernels for factor matrices far larger than the caches prefetch the factor rows of the nonzero
-# PREFETCH_DISTANCE ahead. Amazon-shaped (1 GiB of factors, 5 M nonzeros, rank 16, mostly atomic
-# items): 2.75 -> 2.59 s for all three modes. Where the factors fit the caches the extra decode
-# only costs (nips-shaped: 0.066 -> 0.085 s), so they are chosen above PREFETCH_MIN_BYTES.
+# PREFETCH_DISTANCE ahead; where the factors fit the caches the extra decode only costs, so they
+# are chosen above PREFETCH_MIN_BYTES (docs/KERNELS.md, "Measurements").
 PREFETCH_DISTANCE = 16
 PREFETCH_MIN_BYTES = 256 << 20
 
@@ -136,9 +135,8 @@ def _source(
     add("    zero = F[0, 0] * 0")
     # rows are addressed in 1-D views: row i starts at i * R, a shift or a constant multiply,
     # where a 2-D index multiplies by the run-time row stride and keeps each array's stride in a
-    # register (the loop then ran out of registers and reloaded them from the stack). Zen 5, 2
-    # threads, all-mode R16: uber 17.7 -> 15.8 ms, chicago 29.3 -> 26.3, nips 20.8 -> 19.9
-    # (docs/KERNELS.md, "Row addressing").
+    # register (the loop then ran out of registers and reloaded them from the stack; docs/KERNELS.md,
+    # "Row addressing").
     add("    Ff = F.reshape(F.size)")
     if kind in ("direct", "runs"):
         add("    Pb = priv_buf.reshape(priv_buf.size)")
@@ -237,8 +235,7 @@ def _source(
     if kind in ("direct", "threads"):
         # every product before any store: a store into priv_buf between two loads of F may
         # alias them, which kept SLP from vectorizing the unrolled rank loop (16 scalar
-        # multiply-add-store chains at rank 16; Amazon-shaped, 86 M nonzeros, 1 thread: 77 ns
-        # per nonzero against ALTO's 45)
+        # multiply-add-store chains at rank 16; docs/KERNELS.md)
         for r in range(RC):
             add(f"            p{r} = {prod(r)}")
         add(f"            dq = d * np.uint64({RC})")

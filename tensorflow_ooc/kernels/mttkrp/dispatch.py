@@ -255,8 +255,7 @@ def run_items(
     if own_outputs:
         thread_outputs = ThreadOutputs(out, nb.get_num_threads())
     # with per-thread outputs every item adds there: private accumulators over an item's interval
-    # of a long mode cost more to zero and merge than the item's nonzeros (20 M Amazon-shaped,
-    # the longer two modes: 2.9 s with them, 1.6 s without)
+    # of a long mode cost more to zero and merge than the item's nonzeros (docs/KERNELS.md)
     threads_plan = conflict == "threads" or (conflict == "auto" and thread_outputs is not None)
     plan = plan_conflicts(
         items, mode, R, out.dtype.itemsize, "threads" if threads_plan else conflict, max_private_bytes

@@ -53,10 +53,8 @@ _PREFETCH_SAMPLES = 8
 # Matches per part of the index's scatter (each part reads every match's row, so parts pay only
 # where they have many to add).
 _PART_MATCHES = 1 << 16
-# the parts' row cuts are counted over about this many samples' matches: counting all of them was
-# a sequential pass over every match, 10 ms of a 67 ms nell2-shaped (20 M, R 8, J = 2^16) rTT
-# update; every 16th sample's gave the same balance (the scatter 17 -> 16 ms) and sweeps of
-# 0.235-0.26 s against 0.27-0.30 s
+# the parts' row cuts are counted over about this many samples' matches: counting all of them is
+# a sequential pass over every match, and a subset balances the parts as well (docs/KERNELS.md)
 _CUT_SAMPLES = 1 << 12
 
 

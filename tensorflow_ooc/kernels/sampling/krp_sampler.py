@@ -961,7 +961,7 @@ def unique_rows(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return idx.copy(), np.zeros(0, dtype=np.int64)
     N = idx.shape[1]
     if N > 0 and np.issubdtype(idx.dtype, np.signedinteger) and idx.min() >= 0:
-        # column by column: max(axis=0) over a (J, 3) array took 1 ms for 65536 rows
+        # column by column: max(axis=0) over a tall, narrow array is slow (docs/KERNELS.md)
         dims = [int(idx[:, k].max()) + 1 for k in range(N)]
         if math.prod(dims) <= np.iinfo(np.int64).max:
             strides = [math.prod(dims[k + 1 :]) for k in range(N)]
@@ -1014,7 +1014,6 @@ def krp_rows(factors: Sequence[np.ndarray], coords: np.ndarray, exclude: int) ->
     if not ks:
         return np.ones((coords.shape[0], factors[0].shape[1]))
     # np.ones touches the fresh pages on this thread: first touches from parallel threads contend
-    # (65536 x 50: 5 ms here, 25-35 ms from 2 numba threads)
     rows = np.ones((coords.shape[0], factors[0].shape[1]))
     fs = tuple(np.ascontiguousarray(factors[k], dtype=np.float64) for k in ks)
     _krp_rows(fs, np.array(ks, dtype=np.int64), np.ascontiguousarray(coords, dtype=np.int64), rows)

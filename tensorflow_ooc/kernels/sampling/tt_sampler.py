@@ -68,8 +68,7 @@ _DRAW_BLOCK = 1024
 # Draws walked together, level by level (:func:`_descend_lanes`): 32 measured as good as 16 or 64.
 _WALK_LANES = 32
 
-# The process's BLAS libraries: the sketched Gram's product runs on one thread (OpenBLAS's two
-# threads on a busy 2-core machine took up to 1.4 s for a 65536-row Gram product one does in 0.03 s).
+# The process's BLAS libraries: the sketched Gram's product runs on one thread (docs/EXECUTION.md).
 _BLAS = ThreadpoolController()
 
 
