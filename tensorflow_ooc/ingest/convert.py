@@ -400,107 +400,95 @@ def convert(
         raise ValueError(f"index_encoding must be one of {list(ENCODINGS)}, got {index_encoding!r}")
     if values_dtype is not None and np.dtype(values_dtype) not in (np.float32, np.float64):
         raise ValueError(f"values_dtype must be float64 or float32, got {values_dtype!r}")
+    from ..store import paths as store_paths
+    from ..store.destinations import holding
     from ..store.output_claim import claim_outputs
 
     # before anything is read or written: the store apart from the input, replacing only what
     # this package wrote, and one writer at a time (held until the store is published)
     inputs = {"source": source} if isinstance(source, (str, os.PathLike)) else {}
     with claim_outputs({"store": store}, inputs, f"convert to {store}", temporaries={"tmp_dir": tmp_dir}):
-        return _convert_claimed(
-            source, store, shape, one_based, duplicates, chunk_nnz, max_block_nnz, memory_limit, overwrite,
-            progress, workers, tmp_dir, out_of_core, sort_nnz, compression, values_dtype, index_encoding,
-        )  # fmt: skip
-
-
-def _convert_claimed(
-    source, store, shape, one_based, duplicates, chunk_nnz, max_block_nnz, memory_limit, overwrite,
-    progress, workers, tmp_dir, out_of_core, sort_nnz, compression, values_dtype, index_encoding,
-) -> Store:  # fmt: skip
-    """:func:`convert` once its destination is claimed."""
-    from ..store import paths as store_paths
-    from ..store.destinations import holding
-
-    if not overwrite and store_paths.exists(store):
-        # before any input is read: parsing a 193 MB file took 12.8 s only to be refused here
-        raise StoreExistsError(f"{store}: already holds {holding(store).text}; pass overwrite=True to replace it")
-    chunk_nnz = int(chunk_nnz or DEFAULT_CHUNK_NNZ)
-    max_block_nnz = int(max_block_nnz or DEFAULT_MAX_BLOCK_NNZ)
-    workers = int(workers or os.cpu_count() or 1)
-    t0 = time.perf_counter()
-    rss0 = _rss()
-    if memory_limit is None:
-        budget = psutil.virtual_memory().available // 2
-    else:
-        budget = int(memory_limit) - rss0 - (32 << 20)
-        if budget < MIN_BUDGET:
-            least = -(-(rss0 + (32 << 20) + MIN_BUDGET) // 2**20)  # MiB, rounded up
-            raise ValueError(
-                f"memory_limit={memory_limit} bytes ({int(memory_limit) / 2**20:.0f} MiB) is the peak memory of the "
-                f"whole process, which already holds {rss0 >> 20} MiB before converting (Python and its libraries): "
-                f"that leaves {max(budget, 0) >> 20} MiB for the conversion, which needs at least "
-                f"{MIN_BUDGET >> 20} MiB; give memory_limit={least}MiB or more, or leave it unset (half the "
-                f"available memory)"
-            )
-    # Parse pieces sized so that the in-flight pieces use a quarter of the budget.
-    src0 = as_source(source, shape=shape, one_based=one_based, workers=workers, piece_bytes=32 << 20)
-    if isinstance(src0, TextSource):
-        per_line = _parse_bytes_per_nnz(src0.nmodes, 4) + src0.bytes_per_line
-        src0.piece_bytes = int(max(1 << 20, min(8 << 20, budget / 4 / workers / per_line * src0.bytes_per_line)))
-    src: Source = src0
-    if values_dtype is not None:
-        src.value_dtype = np.dtype(values_dtype)
-    given = shape if shape is not None else src.given_shape
-    est_nnz = src.nnz_estimate()
-    if isinstance(src, AltoRunSource):
-        if shape is not None and tuple(int(x) for x in shape) != src.layout.shape:
-            raise ShapeError(f"shape {tuple(shape)} differs from the shape {src.layout.shape} of the ALTO runs")
-        # the runs as they arrive, their merge, and the values
-        in_memory_bytes = est_nnz * (2 * 8 * src.layout.nwords + 16)
-    else:
-        # coords + values as read, then ALTO words (up to two words assumed) sorted with their values
-        in_memory_bytes = est_nnz * (8 * src.nmodes + 8 + 2 * (2 * 8 + 8) + 16)
-    fits = in_memory_bytes <= budget if out_of_core is None else not out_of_core
-    log.info(
-        "converting %s (%s nonzeros estimated) -> %s, %s",
-        src.name,
-        f"{est_nnz:,}",
-        store,
-        "in memory" if fits else f"out of core (budget {budget >> 20} MiB)",
-    )
-    writer_args = {
-        "chunk_nnz": chunk_nnz,
-        "max_block_nnz": max_block_nnz,
-        "overwrite": overwrite,
-        "compression": compression,
-        "index_encoding": index_encoding,
-    }
-    attrs = {
-        "input": src.name,
-        "one_based": bool(one_based) if isinstance(src, TextSource) else False,
-        "duplicates": duplicates,
-    }
-    if not store_paths.is_url(store):
-        # half-written stores and bucket folders that killed runs left beside this one
-        clean_stale(store_paths.local_path(store).absolute().parent)
-    try:
-        if fits and isinstance(src, AltoRunSource):
-            result = _convert_runs_in_memory(src, store, duplicates, writer_args, progress, attrs)
-        elif fits:
-            result = _convert_in_memory(src, store, given, duplicates, writer_args, progress, attrs)
+        if not overwrite and store_paths.exists(store):
+            # before any input is read: parsing a 193 MB file took 12.8 s only to be refused here
+            raise StoreExistsError(f"{store}: already holds {holding(store).text}; pass overwrite=True to replace it")
+        chunk_nnz = int(chunk_nnz or DEFAULT_CHUNK_NNZ)
+        max_block_nnz = int(max_block_nnz or DEFAULT_MAX_BLOCK_NNZ)
+        workers = int(workers or os.cpu_count() or 1)
+        t0 = time.perf_counter()
+        rss0 = _rss()
+        if memory_limit is None:
+            budget = psutil.virtual_memory().available // 2
         else:
-            result = _convert_out_of_core(
-                src, store, given, duplicates, writer_args, progress, attrs, budget, tmp_dir, sort_nnz
-            )
-    except DuplicateError as exc:
-        if exc.path is None and isinstance(src, TextSource):
-            raise DuplicateError(exc.problem, src.path) from None
-        raise
-    except OSError as exc:
-        if isinstance(exc, DiskFullError) or not is_disk_full(exc):
+            budget = int(memory_limit) - rss0 - (32 << 20)
+            if budget < MIN_BUDGET:
+                least = -(-(rss0 + (32 << 20) + MIN_BUDGET) // 2**20)  # MiB, rounded up
+                raise ValueError(
+                    f"memory_limit={memory_limit} bytes ({int(memory_limit) / 2**20:.0f} MiB) is the peak memory "
+                    f"of the whole process, which already holds {rss0 >> 20} MiB before converting (Python and its "
+                    f"libraries): that leaves {max(budget, 0) >> 20} MiB for the conversion, which needs at least "
+                    f"{MIN_BUDGET >> 20} MiB; give memory_limit={least}MiB or more, or leave it unset (half the "
+                    f"available memory)"
+                )
+        # Parse pieces sized so that the in-flight pieces use a quarter of the budget.
+        src0 = as_source(source, shape=shape, one_based=one_based, workers=workers, piece_bytes=32 << 20)
+        if isinstance(src0, TextSource):
+            per_line = _parse_bytes_per_nnz(src0.nmodes, 4) + src0.bytes_per_line
+            src0.piece_bytes = int(max(1 << 20, min(8 << 20, budget / 4 / workers / per_line * src0.bytes_per_line)))
+        src: Source = src0
+        if values_dtype is not None:
+            src.value_dtype = np.dtype(values_dtype)
+        given = shape if shape is not None else src.given_shape
+        est_nnz = src.nnz_estimate()
+        if isinstance(src, AltoRunSource):
+            if shape is not None and tuple(int(x) for x in shape) != src.layout.shape:
+                raise ShapeError(f"shape {tuple(shape)} differs from the shape {src.layout.shape} of the ALTO runs")
+            # the runs as they arrive, their merge, and the values
+            in_memory_bytes = est_nnz * (2 * 8 * src.layout.nwords + 16)
+        else:
+            # coords + values as read, then ALTO words (up to two words assumed) sorted with their values
+            in_memory_bytes = est_nnz * (8 * src.nmodes + 8 + 2 * (2 * 8 + 8) + 16)
+        fits = in_memory_bytes <= budget if out_of_core is None else not out_of_core
+        log.info(
+            "converting %s (%s nonzeros estimated) -> %s, %s",
+            src.name,
+            f"{est_nnz:,}",
+            store,
+            "in memory" if fits else f"out of core (budget {budget >> 20} MiB)",
+        )
+        writer_args = {
+            "chunk_nnz": chunk_nnz,
+            "max_block_nnz": max_block_nnz,
+            "overwrite": overwrite,
+            "compression": compression,
+            "index_encoding": index_encoding,
+        }
+        attrs = {
+            "input": src.name,
+            "one_based": bool(one_based) if isinstance(src, TextSource) else False,
+            "duplicates": duplicates,
+        }
+        if not store_paths.is_url(store):
+            # half-written stores and bucket folders that killed runs left beside this one
+            clean_stale(store_paths.local_path(store).absolute().parent)
+        try:
+            if fits and isinstance(src, AltoRunSource):
+                result = _convert_runs_in_memory(src, store, duplicates, writer_args, progress, attrs)
+            elif fits:
+                result = _convert_in_memory(src, store, given, duplicates, writer_args, progress, attrs)
+            else:
+                result = _convert_out_of_core(
+                    src, store, given, duplicates, writer_args, progress, attrs, budget, tmp_dir, sort_nnz
+                )
+        except DuplicateError as exc:
+            if exc.path is None and isinstance(src, TextSource):
+                raise DuplicateError(exc.problem, src.path) from None
             raise
-        raise disk_full_error(exc, store) from exc  # a write no site below named
-    log.info("converted %s nonzeros in %.2f s", f"{result.nnz:,}", time.perf_counter() - t0)
-    return result
+        except OSError as exc:
+            if isinstance(exc, DiskFullError) or not is_disk_full(exc):
+                raise
+            raise disk_full_error(exc, store) from exc  # a write no site below named
+        log.info("converted %s nonzeros in %.2f s", f"{result.nnz:,}", time.perf_counter() - t0)
+        return result
 
 
 def _progress(total: int, desc: str, unit: str, enabled: bool) -> tqdm:

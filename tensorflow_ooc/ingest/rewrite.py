@@ -64,52 +64,47 @@ def rewrite(
     src = source if isinstance(source, Store) else open_store(source)
     # the source is read while the new store is written: never the same place, never inside it
     with claim_outputs({"store": store}, {"source": src.path}, f"rewrite of {src.path}"):
-        return _rewrite_claimed(src, store, compression, index_encoding, chunk_nnz, values_dtype, overwrite, progress)
+        compression = check_compression(compression or src.meta.get("compression", "small"))
+        chunk_nnz = int(chunk_nnz or src.chunk_nnz)
+        value_dtype = np.dtype(values_dtype) if values_dtype is not None else src.value_dtype
+        if value_dtype not in (np.float32, np.float64):
+            raise ValueError(f"values_dtype must be float64 or float32, got {values_dtype!r}")
+        attrs = dict(src.meta.get("source") or {})
+        attrs["rewritten_from"] = {
+            "path": src.path,
+            "store_id": src.meta.get("store_id"),
+            "format_version": src.meta.get("format_version"),
+        }
+        t0 = time.perf_counter()
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
 
-
-def _rewrite_claimed(src, store, compression, index_encoding, chunk_nnz, values_dtype, overwrite, progress) -> Store:
-    """:func:`rewrite` once its destination is claimed."""
-    compression = check_compression(compression or src.meta.get("compression", "small"))
-    chunk_nnz = int(chunk_nnz or src.chunk_nnz)
-    value_dtype = np.dtype(values_dtype) if values_dtype is not None else src.value_dtype
-    if value_dtype not in (np.float32, np.float64):
-        raise ValueError(f"values_dtype must be float64 or float32, got {values_dtype!r}")
-    attrs = dict(src.meta.get("source") or {})
-    attrs["rewritten_from"] = {
-        "path": src.path,
-        "store_id": src.meta.get("store_id"),
-        "format_version": src.meta.get("format_version"),
-    }
-    t0 = time.perf_counter()
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=src.nnz, unit="nnz", unit_scale=True, desc="rewrite")
-    with StoreWriter(
-        store,
-        src.layout,
-        value_dtype,
-        src.nnz,
-        chunk_nnz=chunk_nnz,
-        max_block_nnz=src.max_block_nnz,
-        overwrite=overwrite,
-        attrs=attrs,
-        flush_chunks=1,
-        compression=compression,
-        index_encoding=index_encoding,
-    ) as w:
-        for c in range(src.nchunks):
-            keys, values = src.read_alto(c)
-            w.append(keys, values)
-            if bar is not None:
-                bar.update(values.shape[0])
-        w.commit()
-    if bar is not None:
-        bar.close()
-    out = open_store(store)
-    if out.nnz != src.nnz or abs(out.norm() - src.norm()) > 1e-9 * max(1.0, src.norm()):
-        paths.remove(str(store))
-        raise RuntimeError(f"{store}: the rewritten store does not hold the source's nonzeros; removed")
-    log.info("rewrote %s -> %s (%s nonzeros) in %.2f s", src.path, store, f"{src.nnz:,}", time.perf_counter() - t0)
-    return out
+            bar = tqdm(total=src.nnz, unit="nnz", unit_scale=True, desc="rewrite")
+        with StoreWriter(
+            store,
+            src.layout,
+            value_dtype,
+            src.nnz,
+            chunk_nnz=chunk_nnz,
+            max_block_nnz=src.max_block_nnz,
+            overwrite=overwrite,
+            attrs=attrs,
+            flush_chunks=1,
+            compression=compression,
+            index_encoding=index_encoding,
+        ) as w:
+            for c in range(src.nchunks):
+                keys, values = src.read_alto(c)
+                w.append(keys, values)
+                if bar is not None:
+                    bar.update(values.shape[0])
+            w.commit()
+        if bar is not None:
+            bar.close()
+        out = open_store(store)
+        if out.nnz != src.nnz or abs(out.norm() - src.norm()) > 1e-9 * max(1.0, src.norm()):
+            paths.remove(str(store))
+            raise RuntimeError(f"{store}: the rewritten store does not hold the source's nonzeros; removed")
+        log.info("rewrote %s -> %s (%s nonzeros) in %.2f s", src.path, store, f"{src.nnz:,}", time.perf_counter() - t0)
+        return out

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import fsspec
 
 from ..errors import DestinationError
+from .metadata import META_KEY  # the attribute every Zarr output of this package carries
 
-META_KEY = "tensorflow_ooc"  # the attribute every Zarr output of this package carries
 VERSIONS_FORMAT = "tfooc-store-versions"
 GENERATED_TNS_HEADER = b"# tensorflow_ooc synthetic"
 _FACTOR_MEMBER = re.compile(r"^(weights|factor\d+|core(_factor)?\d*)\.npy$")
@@ -45,7 +45,7 @@ _FORMATS = {
 @dataclass(frozen=True)
 class Holding:
     """What a path holds: ``kind`` (``"nothing"``, ``"store"``, ``"dense"``, ``"result"``,
-    ``"checkpoint"``, ``"versions"``, ``"tns"``, ``"empty"``, ``"file"`` or ``"folder"``), whether
+    ``"checkpoint"``, ``"factors"``, ``"versions"``, ``"tns"``, ``"empty"``, ``"file"`` or ``"folder"``), whether
     this package wrote it, and a phrase for messages ("a CP result written by tensorflow_ooc")."""
 
     kind: str

@@ -26,11 +26,10 @@ import socket
 import threading
 import time
 import uuid
-from contextlib import contextmanager
-from typing import Iterator
 
 import fsspec
 import psutil
+from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import OutputLockedError
 from .destinations import canonical
@@ -81,7 +80,7 @@ def _read(fs, p: str) -> dict | None:
 
 def _create(fs, p: str, data: bytes) -> bool:
     """Create ``p`` holding ``data`` unless it exists; True if this call created it."""
-    if "Local" in type(fs).__name__:
+    if isinstance(fs, LocalFileSystem):
         os.makedirs(os.path.dirname(p), exist_ok=True)
         try:
             fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -239,10 +238,3 @@ class OutputLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
-
-
-@contextmanager
-def locked(outputs: list[str | os.PathLike | None], purpose: str) -> Iterator[OutputLock]:
-    """``with locked([out, checkpoint], "cp_als rank 8"):`` holds both for the block."""
-    with OutputLock([o for o in outputs if o is not None], purpose) as lock:
-        yield lock

@@ -41,7 +41,7 @@ from .codecs import (
     value_codecs,
     value_padding,
 )
-from .destinations import check_replaceable, holding
+from .destinations import check_replaceable
 from .metadata import (
     CHECKSUM_KEY,
     FORMAT_NAME,
@@ -205,9 +205,9 @@ class StoreWriter:
         check_compression(compression)
         self.final_path = str(path)
         if paths.exists(path):
-            check_replaceable(path)  # only what this package wrote is ever replaced
-        if paths.exists(path) and not overwrite:
-            raise StoreExistsError(f"{path}: already holds {holding(path).text}; pass overwrite=True to replace it")
+            held = check_replaceable(path)  # only what this package wrote is ever replaced
+            if not overwrite:
+                raise StoreExistsError(f"{path}: already holds {held.text}; pass overwrite=True to replace it")
         self.layout = layout
         self.value_dtype = np.dtype(value_dtype)
         self.chunk_nnz = int(chunk_nnz)
