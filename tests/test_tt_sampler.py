@@ -14,6 +14,7 @@ from tensorflow_ooc.decompositions.tt.tt_randomized import load_fibers, sketched
 from tensorflow_ooc.kernels.sampling.tt_sampler import (
     build_core_tree,
     chain_trees,
+    design_rows,
     draw_core_samples,
     draw_left_chain,
     draw_right_chain,
@@ -318,3 +319,12 @@ def test_state_keeps_the_trees_of_unchanged_cores():
     cp.set_core(2, cp.core(2))
     assert (2, "right") not in cp.trees and (1, "right") in cp.trees and (2, "right") in st.trees
     assert pickle.loads(pickle.dumps(st)).trees == {}
+
+
+def test_design_rows_of_no_samples_keep_their_width(rng):
+    """Before: reshape(0, -1) raised, so a partition that matched none of a sweep's samples ended
+    the run (seed 2890721824 of test_randomized_streamed_workers_and_resume_draw_what_one_run_drew)."""
+    r1, r2 = int(rng.integers(1, 6)), int(rng.integers(1, 6))
+    assert design_rows(np.zeros((0, r1)), np.zeros((0, r2))).shape == (0, r1 * r2)
+    left, right = rng.standard_normal((5, r1)), rng.standard_normal((5, r2))
+    np.testing.assert_array_equal(design_rows(left, right), np.stack([np.kron(a, b) for a, b in zip(left, right)]))

@@ -785,7 +785,8 @@ def design_rows(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     """Rows ``kron(L(s), Rt(t))`` (S, R_{j-1} R_j) of the design ``A_{<j} (x) A_{>j}^T``: entry
     ``a R_j + b`` is ``L[a] Rt[b]``, so the model value ``X[s, i, t]`` is the row times
     ``core_j[:, i, :].ravel()``."""
-    return (left[:, :, None] * right[:, None, :]).reshape(left.shape[0], -1)
+    # the width named: a partition that matched no sample has zero rows, and -1 cannot be solved for
+    return (left[:, :, None] * right[:, None, :]).reshape(left.shape[0], left.shape[1] * right.shape[1])
 
 
 def kron_gram(left: np.ndarray, right: np.ndarray, weights: np.ndarray, left_coords: np.ndarray) -> np.ndarray:
