@@ -13,8 +13,7 @@ import pytest
 import tensorflow_ooc as tfo
 from tensorflow_ooc import synthetic
 from tensorflow_ooc.cli import main
-from tensorflow_ooc.workflow import SpecError, load_spec
-from tensorflow_ooc.workflow import steps as workflow_steps
+from tensorflow_ooc.workflow import SpecError, decompose_step, load_spec
 from tensorflow_ooc.workflow.fingerprint import step_fingerprint
 from tensorflow_ooc.workflow.records import RunStore
 from tensorflow_ooc.workflow.runner import execute
@@ -224,7 +223,7 @@ def test_warm_start_from_cp_als_and_resume(tmp_path, rng, monkeypatch):
     tfo.CPResult(p.weights, factors, 0.5, 10).save(storage / "als.zarr")
 
     # the first run stops after outer iteration 3 (as a cancel would), its checkpoint kept
-    real = workflow_steps._iteration_events
+    real = decompose_step._iteration_events
 
     def interrupted(ctx, total, key="iteration"):
         progress = real(ctx, total, key)
@@ -236,7 +235,7 @@ def test_warm_start_from_cp_als_and_resume(tmp_path, rng, monkeypatch):
 
         return stop
 
-    monkeypatch.setattr(workflow_steps, "_iteration_events", interrupted)
+    monkeypatch.setattr(decompose_step, "_iteration_events", interrupted)
     first = execute(load_spec(text=WARM, storage=str(storage)))
     assert first.exit_code == 1 and first.record.steps["apr"].state == "cancelled"
     events = RunStore(str(storage)).events(first.run_id)
@@ -244,14 +243,14 @@ def test_warm_start_from_cp_als_and_resume(tmp_path, rng, monkeypatch):
     assert warm and "least-squares fit 0.500000 after 10 iterations" in warm[0]
     assert f"{negative} negative entries of 225 made positive (CP-APR needs nonnegative factors)" in warm[0]
 
-    monkeypatch.setattr(workflow_steps, "_iteration_events", real)
+    monkeypatch.setattr(decompose_step, "_iteration_events", real)
     second = execute(load_spec(text=WARM, storage=str(storage)))
     assert second.exit_code == 0, second.record.error
     st = second.record.steps["apr"]
     assert st.resumed_from_iteration == 3 and st.metrics["iterations_this_run"] == 5
     assert st.metrics["warm_start"] == str(storage / "als.zarr") and st.metrics["iterations"] == 8
     # the same result as one uninterrupted run from the same start, bit for bit
-    init, _ = workflow_steps.warm_start(tfo.load_result(storage / "als.zarr"), store.shape, 3, 1)
+    init, _ = decompose_step.warm_start(tfo.load_result(storage / "als.zarr"), store.shape, 3, 1)
     whole = tfo.cp_apr(store, 3, init=[np.abs(a) for a in init], max_iters=8, tol=0, seed=1)
     result = tfo.load_result(storage / "counts.apr.zarr")
     assert result.loglik == whole.loglik and all(np.array_equal(a, b) for a, b in zip(result.factors, whole.factors))

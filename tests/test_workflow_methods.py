@@ -483,7 +483,7 @@ steps:
 
 
 def test_tensor_train_warm_start_and_resume(tmp_path, rng, monkeypatch):
-    from tensorflow_ooc.workflow import steps as workflow_steps
+    from tensorflow_ooc.workflow import decompose_step
 
     storage = tmp_path / "storage"
     storage.mkdir()
@@ -496,7 +496,7 @@ def test_tensor_train_warm_start_and_resume(tmp_path, rng, monkeypatch):
     prev = tfo.load_result(storage / "first.tt.zarr")
 
     # the first run stops after sweep 2 (as a cancel would), its checkpoint kept
-    real = workflow_steps._iteration_events
+    real = decompose_step._iteration_events
 
     def interrupted(ctx, total, key="iteration"):
         progress = real(ctx, total, key)
@@ -508,14 +508,14 @@ def test_tensor_train_warm_start_and_resume(tmp_path, rng, monkeypatch):
 
         return stop
 
-    monkeypatch.setattr(workflow_steps, "_iteration_events", interrupted)
+    monkeypatch.setattr(decompose_step, "_iteration_events", interrupted)
     one = execute(load_spec(text=TT_WARM, storage=str(storage)))
     assert one.exit_code == 1 and one.record.steps["tt"].state == "cancelled"
     events = RunStore(str(storage)).events(one.run_id)
     warm = [e["message"] for e in events if "warm start from" in (e.get("message") or "")]
     assert warm and f"(fit {prev.fit:.6f} after 3 sweeps); mode 0: 2 new slices initialized" in warm[0]
 
-    monkeypatch.setattr(workflow_steps, "_iteration_events", real)
+    monkeypatch.setattr(decompose_step, "_iteration_events", real)
     two = execute(load_spec(text=TT_WARM, storage=str(storage)))
     assert two.exit_code == 0, two.record.error
     st = two.record.steps["tt"]
@@ -523,7 +523,7 @@ def test_tensor_train_warm_start_and_resume(tmp_path, rng, monkeypatch):
     assert st.metrics["warm_start"] == str(storage / "first.tt.zarr") and st.metrics["iterations"] == 5
     assert not list((storage / ".tfooc" / "checkpoints").glob("tt-*"))  # served, removed
     # the same result as one uninterrupted run from the same start, bit for bit
-    init, _ = workflow_steps.tt_warm_start(prev, shape, 1)
+    init, _ = decompose_step.tt_warm_start(prev, shape, 1)
     whole = tfo.tt_als(store, [3, 2], init=init, max_sweeps=5, tol=0, seed=1)
     result = tfo.load_result(storage / "grown.tt.zarr")
     assert result.fit == whole.fit and all(np.array_equal(a, b) for a, b in zip(result.cores, whole.cores))

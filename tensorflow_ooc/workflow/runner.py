@@ -50,7 +50,8 @@ from .records import (
     parse_iso,
 )
 from .sandbox import confined, real_location
-from .steps import StepContext, run_step
+from .step_context import StepContext
+from .steps import run_step
 
 log = logging.getLogger("tensorflow_ooc.workflow")
 
