@@ -1,34 +1,44 @@
 """Decompositions: CP-ALS and CP-APR over Dask graph reductions, Tucker, tensor train, completion, results,
-checkpoints."""
+checkpoints.
 
-from .apr.cp_apr import cp_apr
-from .apr.result import PoissonResult
-from .common.cp_result import CPResult
-from .completion.fasttucker_result import CompletionError, FastTuckerResult, load_fasttucker_result
-from .completion.tucker_sgd import tucker_sgd
-from .cp.checkpoint import read_checkpoint
-from .cp.cp_als import cp_als
-from .results import load_result
-from .tt.tt_als import tt_als
-from .tt.tt_result import TTResult, load_tt
-from .tucker.tucker_hooi import tucker_hooi
-from .tucker.tucker_result import TuckerResult, load_tucker
+The names below load on first use, so that a family's declared options
+(``decompositions.<family>.options``) can be read without loading any kernel.
+"""
 
-__all__ = [
-    "CPResult",
-    "cp_als",
-    "cp_apr",
-    "PoissonResult",
-    "load_result",
-    "read_checkpoint",
-    "CompletionError",
-    "FastTuckerResult",
-    "load_fasttucker_result",
-    "tucker_sgd",
-    "TuckerResult",
-    "load_tucker",
-    "tucker_hooi",
-    "TTResult",
-    "load_tt",
-    "tt_als",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "cp_apr": ".apr.cp_apr",
+    "PoissonResult": ".apr.result",
+    "CPResult": ".common.cp_result",
+    "CompletionError": ".completion.fasttucker_result",
+    "FastTuckerResult": ".completion.fasttucker_result",
+    "load_fasttucker_result": ".completion.fasttucker_result",
+    "tucker_sgd": ".completion.tucker_sgd",
+    "read_checkpoint": ".cp.checkpoint",
+    "cp_als": ".cp.cp_als",
+    "load_result": ".results",
+    "tt_als": ".tt.tt_als",
+    "TTResult": ".tt.tt_result",
+    "load_tt": ".tt.tt_result",
+    "tucker_hooi": ".tucker.tucker_hooi",
+    "TuckerResult": ".tucker.tucker_result",
+    "load_tucker": ".tucker.tucker_result",
+}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

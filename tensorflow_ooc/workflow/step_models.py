@@ -7,16 +7,26 @@ import re
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
     Field,
     Tag,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
 
+from ..decompositions.apr.options import CP_APR
+from ..decompositions.apr.options import FOR_ALGORITHM as APR_FOR_ALGORITHM
+from ..decompositions.common.options import Option, OptionSet
+from ..decompositions.completion.options import TUCKER_SGD
+from ..decompositions.cp.options import CP_ALS
+from ..decompositions.tt.options import RANDOMIZED_ONLY as TT_RANDOMIZED_ONLY
+from ..decompositions.tt.options import TT_ALS
+from ..decompositions.tucker.options import TUCKER_HOOI
 from ..limits import MAX_COUNT
 
 SPEC_VERSION = 1
@@ -243,9 +253,45 @@ class ConvertStep(_Step):
         return {"input": self.input}
 
 
+def _annotation(o: Option) -> Any:
+    """The pydantic type of a declared option's values in a spec."""
+    v = o.values
+    choices = o.spec_choices or v.choices
+    if choices:
+        kind: Any = Literal[choices]  # type: ignore[valid-type]
+    elif v.kind == "bool":
+        kind = bool
+    elif v.kind == "str":
+        kind = str
+    elif v.kind == "size":
+        kind = Annotated[Union[int, str], AfterValidator(parse_size)]
+    elif v.kind in ("int", "seed"):
+        kind = Annotated[int, Field(ge=int(v.low or 0), le=MAX_COUNT)]
+    else:
+        bounds = {
+            ("gt" if v.low_open else "ge"): v.low,
+            ("lt" if v.high_open else "le"): v.high,
+        }
+        kind = Annotated[float, Field(allow_inf_nan=False, **{k: b for k, b in bounds.items() if b is not None})]
+    default = o.default_on("spec")
+    return kind | None if v.optional or default is None else kind
+
+
+def _declared(name: str, base: type, options: OptionSet) -> type:
+    """``base`` with a field for each of ``options`` that specs take (its declared name, values,
+    default and help), and ``_added_later`` the keys specs gained after their first version."""
+    fields = {
+        o.spec_key: (_annotation(o), Field(o.default_on("spec"), description=o.help))
+        for o in options.in_spec()
+    }
+    model = create_model(name, __base__=base, __module__=__name__, **fields)  # type: ignore[call-overload]
+    model._declared_options = options
+    return model
+
+
 class _Decompose(_Step):
-    """What every decomposition step shares: its input, its result store, the seed, the warm
-    start and where it runs."""
+    """What every decomposition step shares: its input, its result store, the warm start and where
+    it runs; each method's own settings come from its declared options."""
 
     kind: Literal["decompose"]
     input: str = Field(
@@ -253,26 +299,33 @@ class _Decompose(_Step):
         "dense Zarr array"
     )
     out: str = Field(description="the result store")
-    seed: Annotated[int, Field(ge=0)] | None = 0
     init: str = Field(
         "random",
         description="random; previous (warm start from 'previous', default 'out' as the last run left it); "
         "or a result store path",
     )
     previous: str | None = None
-    partitions: PositiveInt | None = None
     scheduler: Literal["auto", "inline", "cluster"] = Field(
         "auto",
         description="auto: in the driver for tensors of at most 2^24 nonzeros, on the cluster above; "
         "inline: always in the driver; cluster: always as Dask graphs on the cluster",
     )
     _inits: ClassVar[tuple[str, ...]] = ("random", "previous")
+    _declared_options: ClassVar[OptionSet]
 
     @model_validator(mode="after")
     def _previous(self) -> _Decompose:
         if self.previous is not None and self.init != "previous":
             raise ValueError("'previous' is only used with init: previous")
         return self
+
+    @property
+    def _added_later(self) -> tuple[str, ...]:
+        return tuple(o.spec_key for o in self._declared_options.in_spec() if o.spec_added_later)
+
+    def declared_values(self) -> dict[str, Any]:
+        """The step's values of its method's declared options, by option name (the API's)."""
+        return {o.name: getattr(self, o.spec_key) for o in self._declared_options.in_spec()}
 
     @property
     def method_name(self) -> str:
@@ -298,7 +351,7 @@ class _Decompose(_Step):
         return out
 
 
-class DecomposeStep(_Decompose):
+class DecomposeStep(_declared("_CPOptions", _Decompose, CP_ALS)):  # type: ignore[misc]
     """Rank-``rank`` CP-ALS of a store or a dense Zarr array (:func:`tensorflow_ooc.cp_als` with its
     options); ``method: cp`` (the default) or one of CP-ALS's solvers.
 
@@ -311,38 +364,7 @@ class DecomposeStep(_Decompose):
     defaults, so specs written before them keep theirs.
     """
 
-    method: Literal["cp", "exact", "sts", "arls-lev", "arls-lev-hybrid"] = Field(
-        "cp",
-        description="cp (the default: CP-ALS), tucker (Tucker HOOI), completion (FastTucker tensor "
-        "completion); for CP also its least-squares solver: exact (= cp), or randomized solves from "
-        "sampled Khatri-Rao rows: sts (exact leverage scores), arls-lev, arls-lev-hybrid",
-    )
     rank: PositiveInt
-    max_iters: PositiveInt = 50
-    tol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1e-5
-    dtype: Literal["float64", "float32"] = "float64"
-    execution: Literal["auto", "streaming", "in-memory"] = "auto"
-    device: Literal["auto", "cpu", "gpu"] | None = None
-    conflict: Literal["auto", "hierarchical", "register"] = "auto"
-    streams: PositiveInt = 8
-    device_memory_limit: Size | None = None
-    checkpoint_every: PositiveInt = 1
-    samples: PositiveInt = Field(65536, description="randomized methods: rows drawn per mode and iteration")
-    fit_every: PositiveInt | None = Field(
-        None,
-        description="randomized methods: evaluate the fit every N iterations (default 1 up to 2^24 nonzeros, else 5)",
-    )
-    nonnegative: bool = Field(
-        False,
-        description="nonnegative CP-ALS: every factor >= 0, each mode solved by HALS (hierarchical ALS) on the "
-        "normal equations; method cp (exact) only",
-    )
-    reg: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
-        0.0,
-        description="with nonnegative: L2 (ridge) regularization added to the diagonal of each HALS update's "
-        "normal equations, shrinking the factors (0: none)",
-    )
-    _added_later: ClassVar[tuple[str, ...]] = ("nonnegative", "reg")
 
     @model_validator(mode="after")
     def _nonnegative(self) -> DecomposeStep:
@@ -352,15 +374,13 @@ class DecomposeStep(_Decompose):
             raise ValueError(f"nonnegative: true takes method: cp (exact), not {self.method}")
         return self
 
-    @field_validator("device_memory_limit")
-    @classmethod
-    def _size(cls, v: Size | None) -> Size | None:
-        return None if v is None else parse_size(v)
-
     @property
     def solver(self) -> str:
         """CP-ALS's ``method``: ``exact`` or a randomized solver."""
         return "exact" if self.method == "cp" else self.method
+
+    def declared_values(self) -> dict[str, Any]:
+        return {**super().declared_values(), "method": self.solver}
 
     def fingerprint_settings(self, config: dict) -> dict:
         # 'cp' is CP-ALS's exact solver, which specs wrote as 'exact' (the default) before methods
@@ -368,7 +388,7 @@ class DecomposeStep(_Decompose):
         return {**config, "method": self.solver}
 
 
-class TuckerDecomposeStep(_Decompose):
+class TuckerDecomposeStep(_declared("_TuckerOptions", _Decompose, TUCKER_HOOI)):  # type: ignore[misc]
     """Tucker HOOI of a store (:func:`tensorflow_ooc.tucker_hooi`, ``tfooc tucker``): core size
     ``ranks`` (one per mode, or one for every mode). ``init: previous`` (or a Tucker result)
     starts from that result's factors: rows a growing mode gained since are drawn at random at the
@@ -376,15 +396,6 @@ class TuckerDecomposeStep(_Decompose):
 
     method: Literal["tucker"]
     ranks: PositiveInt | list[PositiveInt] = Field(description="core size per mode, or one for every mode")
-    max_iters: PositiveInt = 50
-    tol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
-        1e-4, description="stop when the fit changes by less (pyttb's rule, its first iteration included)"
-    )
-    svd: Literal["auto", "gram", "randomized"] = "auto"
-    kernel: Literal["coo", "csr", "fiber"] | None = None
-    execution: Literal["auto", "streaming", "in-memory"] = "auto"
-    device: Literal["auto", "cpu", "gpu"] | None = None
-    checkpoint_every: PositiveInt = 1
     _inits: ClassVar[tuple[str, ...]] = ("random", "nvecs", "previous")
 
     @property
@@ -392,7 +403,7 @@ class TuckerDecomposeStep(_Decompose):
         return "tucker"
 
 
-class CompletionDecomposeStep(_Decompose):
+class CompletionDecomposeStep(_declared("_CompletionOptions", _Decompose, TUCKER_SGD)):  # type: ignore[misc]
     """FastTucker tensor completion of a store by FastTuckerPlus SGD (:func:`tensorflow_ooc.tucker_sgd`,
     ``tfooc complete``): factor ranks ``ranks``, Kruskal core rank ``core_rank``, tested every epoch
     on ``test`` (a store) or a seeded ``test_fraction`` of the input. ``init: previous`` (or a
@@ -402,23 +413,6 @@ class CompletionDecomposeStep(_Decompose):
     method: Literal["completion"]
     ranks: PositiveInt | list[PositiveInt] = Field(description="factor ranks J_n, one per mode or one for every mode")
     core_rank: PositiveInt = Field(description="rank R of the Kruskal core")
-    test: str | None = Field(None, description="test entries: a store of the same shape, disjoint from the input")
-    test_fraction: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] | None = Field(
-        None, description="hold out this fraction of the input as the test set (default 0.1 without 'test')"
-    )
-    epochs: PositiveInt = 50
-    batch: PositiveInt = 64
-    step: Literal["normalized", "plain"] = "normalized"
-    lr_factors: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
-    lr_core: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 0.3
-    lr_decay: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
-    reg_factors: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.001
-    reg_core: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.001
-    rebalance: bool = True
-    revive_epochs: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 10
-    patience: PositiveInt | None = 5
-    threads: PositiveInt | None = Field(None, description="numba threads per task (1: reproducible)")
-    device: Literal["auto", "cpu", "gpu"] | None = None
 
     @model_validator(mode="after")
     def _test(self) -> CompletionDecomposeStep:
@@ -437,7 +431,14 @@ class CompletionDecomposeStep(_Decompose):
         return out
 
 
-class PoissonDecomposeStep(_Decompose):
+def _only_for(field: str, allowed: str, data: dict) -> None:
+    # an option of another algorithm is an error at its own line rather than a setting silently unused
+    algorithm = data.get("algorithm")
+    if algorithm is not None and algorithm != allowed:
+        raise ValueError(f"{field!r} is only for algorithm: {allowed} (this step runs algorithm: {algorithm})")
+
+
+class PoissonDecomposeStep(_declared("_PoissonOptions", _Decompose, CP_APR)):  # type: ignore[misc]
     """CP-APR of a store of counts (:func:`tensorflow_ooc.cp_apr`, ``tfooc apr``): rank-``rank``
     nonnegative CP by Poisson maximum likelihood, by multiplicative updates (``algorithm: mu``) or
     row-wise projected damped Newton (``algorithm: pdnr``). ``init: previous`` (or a CP result:
@@ -447,48 +448,12 @@ class PoissonDecomposeStep(_Decompose):
 
     method: Literal["cp-apr"]
     rank: PositiveInt
-    algorithm: Literal["mu", "pdnr"] = Field(
-        "mu",
-        description="mu: multiplicative updates (Chi & Kolda); pdnr: projected damped Newton per row (Hansen, "
-        "Plantenga & Kolda)",
-    )
-    max_iters: PositiveInt = Field(1000, description="outer iterations at most")
-    max_inner_iters: PositiveInt = Field(10, description="inner iterations per mode and outer iteration")
-    tol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
-        1e-4, description="stop when every mode's KKT violation is below it"
-    )
-    kappa: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
-        0.01, description="mu: offset that moves entries stuck at zero"
-    )
-    kappa_tol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
-        1e-10, description="mu: an entry below it counts as zero"
-    )
-    eps_div_zero: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = Field(
-        None,
-        description="floor of model values in divisions (default pyttb's 1e-10, or 1e-3 of the mean model "
-        "value over all cells where that is smaller: huge hypersparse tensors)",
-    )
-    eps_active: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
-        1e-8, description="pdnr: active-set tolerance"
-    )
-    mu0: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(1e-5, description="pdnr: initial damping")
-    inexact: bool = Field(
-        True, description="pdnr: rows stop at max(tol, KKT violation / 100), 2 inner iterations in the first outer one"
-    )
-    execution: Literal["auto", "streaming", "in-memory"] = "auto"
-    checkpoint_every: PositiveInt = 1
 
-    @field_validator("kappa", "kappa_tol", "eps_active", "mu0", "inexact")
+    @field_validator(*APR_FOR_ALGORITHM, check_fields=False)
     @classmethod
     def _for_algorithm(cls, v: Any, info: ValidationInfo) -> Any:
-        # run for given keys only, after 'algorithm' (declared first): an option of the other
-        # algorithm is an error at its own line rather than a setting silently unused
-        algorithm = info.data.get("algorithm")
-        want = "mu" if info.field_name in ("kappa", "kappa_tol") else "pdnr"
-        if algorithm is not None and algorithm != want:
-            raise ValueError(
-                f"{info.field_name!r} is only for algorithm: {want} (this step runs algorithm: {algorithm})"
-            )
+        # run for given keys only, after 'algorithm' (declared first)
+        _only_for(info.field_name, APR_FOR_ALGORITHM[info.field_name], info.data)
         return v
 
     @property
@@ -496,7 +461,7 @@ class PoissonDecomposeStep(_Decompose):
         return "cp-apr"
 
 
-class TTDecomposeStep(_Decompose):
+class TTDecomposeStep(_declared("_TTOptions", _Decompose, TT_ALS)):  # type: ignore[misc]
     """Tensor-train ALS of a store (:func:`tensorflow_ooc.tt_als`, ``tfooc tt``): inner TT ranks
     ``ranks`` (``N - 1`` of them, or one for all), by exact sweeps or randomized rTT-ALS
     (``algorithm: randomized``: each core update solves a sketch of ``samples`` rows drawn by
@@ -510,23 +475,6 @@ class TTDecomposeStep(_Decompose):
         description="inner TT ranks R_1 .. R_{N-1} (N - 1 of them), or one for all; each at most what the "
         "tensor's shape allows (checked when the step runs)"
     )
-    algorithm: Literal["exact", "randomized"] = Field(
-        "exact",
-        description="exact: each core's least-squares update contracted over every nonzero; randomized: "
-        "rTT-ALS, each update solved from 'samples' rows of its design drawn by their leverage scores",
-    )
-    max_iters: PositiveInt = Field(20, description="sweeps at most (tt_als's max_sweeps)")
-    tol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
-        1e-5, description="stop when a sweep after the first changes the fit by less"
-    )
-    samples: PositiveInt = Field(65536, description="randomized: design rows drawn per core update")
-    fit_every: PositiveInt | None = Field(
-        None,
-        description="randomized: evaluate the fit every N sweeps and at the last "
-        "(default 1 up to 2^24 nonzeros, else 5)",
-    )
-    execution: Literal["auto", "streaming", "in-memory"] = "auto"
-    checkpoint_every: PositiveInt = 1
 
     @field_validator("ranks", mode="before")
     @classmethod
@@ -549,16 +497,10 @@ class TTDecomposeStep(_Decompose):
             raise ValueError(f"every TT rank must be >= 1, got {v}")
         return v
 
-    @field_validator("samples", "fit_every")
+    @field_validator(*TT_RANDOMIZED_ONLY, check_fields=False)
     @classmethod
     def _for_algorithm(cls, v: Any, info: ValidationInfo) -> Any:
-        # run for given keys only, after 'algorithm' (declared first): an option the exact
-        # sweeps do not use is an error at its own line rather than a setting silently unused
-        algorithm = info.data.get("algorithm")
-        if algorithm is not None and algorithm != "randomized":
-            raise ValueError(
-                f"{info.field_name!r} is only for algorithm: randomized (this step runs algorithm: {algorithm})"
-            )
+        _only_for(info.field_name, "randomized", info.data)
         return v
 
     @property

@@ -14,13 +14,12 @@ import math
 import os
 import time
 from contextlib import ExitStack
-from typing import Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
-from distributed import Client
 
 from ...errors import DecompositionError
-from ...execution import DeviceOptions, get_client
+from ...execution import get_client
 from ...execution.apr_tasks import add_sums, candidates_partition, loglik_partition, newton_partition, phi_partition
 from ...execution.inline import INLINE_MAX_NNZ
 from ...kernels.apr.cpu import hessian_width
@@ -29,10 +28,12 @@ from ..common.checkpoint_files import disk_full_returned, raise_returned, read_n
 from ..common.fingerprint import fingerprint
 from ..common.model_checks import check_count, check_seed, check_tolerance
 from ..common.mttkrp_input import open_graph, open_input
+from ..common.options import declared
 from ..common.result_store import claim_run
 from . import apr_steps as S
 from .apr_owner import AprConfig, owner_outer, owner_state, start_apr_owner, use_apr_owner
 from .count_checks import check_counts
+from .options import CP_APR
 from .result import PoissonResult
 
 __all__ = ["cp_apr", "ALGORITHMS"]
@@ -46,36 +47,8 @@ CHECKPOINT_FORMAT = "cp-apr"
 NEWTON_BLOCK_BYTES = 256 << 20
 
 
-def cp_apr(
-    store: Store | str | os.PathLike,
-    rank: int,
-    *,
-    algorithm: str = "mu",
-    client: Client | None = None,
-    max_iters: int = 1000,
-    max_inner_iters: int = 10,
-    tol: float = 1e-4,
-    init: str | Sequence[np.ndarray] = "random",
-    seed: int | None = None,
-    kappa: float = 0.01,
-    kappa_tol: float = 1e-10,
-    eps_div_zero: float | None = None,
-    eps_active: float = 1e-8,
-    mu0: float = 1e-5,
-    inexact: bool = True,
-    checkpoint: str | os.PathLike | None = None,
-    resume: bool = False,
-    checkpoint_every: int = 1,
-    callback: Callable[[dict], None] | None = None,
-    execution: str = "auto",
-    scheduler: str | None = None,
-    partitions: int | None = None,
-    out: str | os.PathLike | None = None,
-    overwrite: bool = False,
-    device: str = "cpu",
-    device_options: DeviceOptions | None = None,
-    distribution: str = "auto",
-) -> PoissonResult:
+@declared(CP_APR)
+def cp_apr(store: Store | str | os.PathLike, rank: int, **options: Any) -> PoissonResult:
     """Rank-``rank`` Poisson CP (CP-APR) of a count tensor: nonnegative factors that maximize the
     Poisson log-likelihood ``sum_i x_i log m_i - m_i`` of the model ``m = [[lambda; A_1, ..., A_N]]``.
 
@@ -105,39 +78,7 @@ def cp_apr(
         values are warned about once).
     rank : int
         Number of components R.
-    algorithm : {"mu", "pdnr"}
-    max_iters, max_inner_iters, tol : outer iterations, inner iterations per mode, KKT tolerance.
-    init : "random" or sequence of (I_n, R) nonnegative arrays
-        "random" draws uniform [0, 1) factors from ``seed`` (as pyttb).
-    kappa, kappa_tol, eps_active, mu0, inexact : as pyttb's ``cp_apr``.
-    eps_div_zero : float, optional
-        Floor of the model values divided by (pyttb's ``epsDivZero``). Default: pyttb's 1e-10, or
-        where the mean model value over all cells (the counts' sum over the number of cells) is
-        within 1e3 of it, 1e-3 of that mean. A huge hypersparse tensor starts with model values
-        far below 1e-10 at its nonzeros (Amazon-shaped, 86 M nonzeros in 1.5e19 cells: about
-        1e-11); floored there, every weight ``x / eps`` is too small, the rows of B shrink by
-        ``m / eps`` per inner iteration until they underflow to zero, and the log-likelihood
-        becomes -inf in the second outer iteration.
-    checkpoint, resume, checkpoint_every : an atomic ``.npz`` checkpoint every so many outer
-        iterations; ``resume`` continues from it (same store, rank and algorithm), giving the
-        result of the uninterrupted run bit for bit.
-    callback : called with each outer iteration's history record.
-    execution : {"auto", "streaming", "in-memory"}, scheduler, partitions, client : as :func:`cp_als`.
-    out : path, optional
-        Also write the result to this Zarr result store.
-    device : {"cpu", "gpu"}
-        ``"gpu"`` (MU only): each inner iteration's Phi runs on the cluster's GPU workers (the GPU
-        twin of the Phi kernels, :mod:`~tensorflow_ooc.kernels.mttkrp.gpu`), streamed from the
-        store; the log-likelihood pass and the updates run on the same workers' CPUs.
-    device_options : DeviceOptions, optional
-        GPU kernel and streaming settings, as for :func:`cp_als`.
-    distribution : {"auto", "owner", "graph"}
-        How the run spreads over several workers. "owner" (the default, "auto", on a cluster of
-        several CPU workers): owner-computes, each worker keeps its partitions and the factor rows
-        it owns, one task per worker and outer iteration, rows sent worker to worker only where
-        they are shared (:mod:`~tensorflow_ooc.decompositions.apr.apr_owner`); the history adds the
-        bytes sent per outer iteration beside their lower bound. "graph": per-mode task graphs
-        (what one worker, the inline scheduler and GPU devices always use).
+    {options}
 
     Returns
     -------
@@ -155,71 +96,72 @@ def cp_apr(
     >>> r.loglik < 0 and min(f.min() for f in r.factors) >= 0   # doctest: +SKIP
     True
     """
+    run, o = CP_APR.settings(options)
     store = open_input(store)
     if not isinstance(store, Store):
         raise DecompositionError(f"{store.path}: cp_apr takes a sparse store of counts, not a dense array")
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
+    if o.algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {o.algorithm!r}")
     check_count("rank", rank)
-    check_count("max_iters", max_iters)
-    check_count("max_inner_iters", max_inner_iters)
-    check_count("checkpoint_every", checkpoint_every)
-    check_tolerance(tol)
-    for name, value in (("kappa", kappa), ("kappa_tol", kappa_tol)):
+    check_count("max_iters", o.max_iters)
+    check_count("max_inner_iters", o.max_inner_iters)
+    check_count("checkpoint_every", run.checkpoint_every)
+    check_tolerance(o.tol)
+    for name, value in (("kappa", o.kappa), ("kappa_tol", o.kappa_tol)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    if device not in ("cpu", "gpu"):
-        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
-    if device == "gpu" and algorithm != "mu":
+    if run.device not in ("cpu", "gpu"):
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {run.device!r}")
+    if run.device == "gpu" and o.algorithm != "mu":
         raise ValueError("algorithm='pdnr' runs on CPU workers; use device='cpu' (or algorithm='mu' on GPUs)")
-    if not (mu0 > 0 and eps_active >= 0):
-        raise ValueError(f"mu0 must be > 0 and eps_active >= 0, got {mu0!r} and {eps_active!r}")
+    if not (o.mu0 > 0 and o.eps_active >= 0):
+        raise ValueError(f"mu0 must be > 0 and eps_active >= 0, got {o.mu0!r} and {o.eps_active!r}")
     total = check_counts(store)
-    if eps_div_zero is None:
-        eps_div_zero = default_eps_div_zero(store.shape, total)
-    elif not (isinstance(eps_div_zero, (int, float)) and math.isfinite(eps_div_zero) and eps_div_zero >= 0):
-        raise ValueError(f"eps_div_zero must be a finite number >= 0, got {eps_div_zero!r}")
+    if o.eps_div_zero is None:
+        o.eps_div_zero = default_eps_div_zero(store.shape, total)
+    elif not (isinstance(o.eps_div_zero, (int, float)) and math.isfinite(o.eps_div_zero) and o.eps_div_zero >= 0):
+        raise ValueError(f"eps_div_zero must be a finite number >= 0, got {o.eps_div_zero!r}")
     N, shape = store.nmodes, store.shape
     params = {
         "model": "poisson",
-        "algorithm": algorithm,
+        "algorithm": o.algorithm,
         "rank": int(rank),
-        "max_iters": int(max_iters),
-        "max_inner_iters": int(max_inner_iters),
-        "tol": float(tol),
-        "seed": seed,
-        "init": init if isinstance(init, str) else "given",
-        "kappa": float(kappa),
-        "kappa_tol": float(kappa_tol),
-        "eps_div_zero": float(eps_div_zero),
+        "max_iters": int(o.max_iters),
+        "max_inner_iters": int(o.max_inner_iters),
+        "tol": float(o.tol),
+        "seed": o.seed,
+        "init": o.init if isinstance(o.init, str) else "given",
+        "kappa": float(o.kappa),
+        "kappa_tol": float(o.kappa_tol),
+        "eps_div_zero": float(o.eps_div_zero),
     }
-    if algorithm == "pdnr":
-        params.update(eps_active=float(eps_active), mu0=float(mu0), inexact=bool(inexact))
-    checkpoint = None if checkpoint is None else str(checkpoint)
+    if o.algorithm == "pdnr":
+        params.update(eps_active=float(o.eps_active), mu0=float(o.mu0), inexact=bool(o.inexact))
+    run.checkpoint = None if run.checkpoint is None else str(run.checkpoint)
     input_fp = fingerprint(store)
     normX2 = float(store.meta["norm_sq"])
 
-    if client is None and scheduler is None and store.nnz <= INLINE_MAX_NNZ and device == "cpu":
-        scheduler = "inline"
-    if device == "gpu":
+    if run.client is None and run.scheduler is None and store.nnz <= INLINE_MAX_NNZ and run.device == "cpu":
+        run.scheduler = "inline"
+    if run.device == "gpu":
         # the GPU streams Phi from the store; the CPU passes (log-likelihood) stream the same chunks
-        execution = "streaming"
-    claim = claim_run(store, out, checkpoint, overwrite, f"cp_apr of {store.path}")
-    with claim, get_client(client, scheduler, device=device) as c, ExitStack() as cleanup:
+        run.execution = "streaming"
+    claim = claim_run(store, run.out, run.checkpoint, run.overwrite, f"cp_apr of {store.path}")
+    with claim, get_client(run.client, run.scheduler, device=run.device) as c, ExitStack() as cleanup:
         graph = open_graph(
             c,
             store,
             params,
-            execution=execution,
-            partitions=partitions,
-            device=device,
-            device_options=device_options,
+            execution=run.execution,
+            partitions=run.partitions,
+            device=run.device,
+            device_options=run.device_options,
             rank=rank,
             dtype="float64",
             samples=0,
-            load=distribution == "graph",
+            load=run.distribution == "graph",
         )
-        owner = use_apr_owner(c, graph, distribution, graph.device)
+        owner = use_apr_owner(c, graph, run.distribution, graph.device)
         if owner:
             graph.plan_owner_computes()
             params["execution"] = graph.execution
@@ -232,10 +174,10 @@ def cp_apr(
             graph.load()
         threads, bn, mpb = graph.numba_threads, graph.batch_nnz, graph.max_private_bytes
         start, history, row_tol, state0 = _initial(
-            checkpoint if resume else None, input_fp, params, init, shape, rank, seed, tol
+            run.checkpoint if run.resume else None, input_fp, params, o.init, shape, rank, o.seed, o.tol
         )
         params["resumed_after"] = start
-        if algorithm == "pdnr" and start == 0:
+        if o.algorithm == "pdnr" and start == 0:
             for v in state0.views:  # pyttb: a row of zeros gets a tiny first entry
                 v[v.sum(axis=1) == 0, 0] = 1e-8
         F = c.scatter(state0, hash=False)
@@ -247,47 +189,58 @@ def cp_apr(
             params["distribution"] = {"kind": "owner-computes", "workers": len(engine.addresses)}
             blocks = [_row_blocks(I, rank, threads) for I in shape]
             cfg = AprConfig(
-                algorithm, max_inner_iters, float(tol), kappa, kappa_tol, eps_div_zero, eps_active, mu0, inexact, blocks
+                o.algorithm,
+                o.max_inner_iters,
+                float(o.tol),
+                o.kappa,
+                o.kappa_tol,
+                o.eps_div_zero,
+                o.eps_active,
+                o.mu0,
+                o.inexact,
+                blocks,
             )
             del F
         loglik = history[-1]["loglik"] if history else float("nan")
-        for iteration in range(start, max_iters):
+        for iteration in range(start, o.max_iters):
             t_iter = time.time()
             exchange = None
             if owner:
                 # the next outer iteration goes ahead unless this one ends the run or writes a
                 # checkpoint (whose rows must be this iteration's)
-                due = checkpoint and (iteration + 1) % checkpoint_every == 0
-                sm, exchange = owner_outer(engine, iteration, cfg, not (due or iteration + 1 >= max_iters))
+                due = run.checkpoint and (iteration + 1) % run.checkpoint_every == 0
+                sm, exchange = owner_outer(engine, iteration, cfg, not (due or iteration + 1 >= o.max_iters))
             else:
                 F = c.submit(S.begin_outer, F, pure=False, **graph.placement)
                 for n in range(N):
-                    if algorithm == "mu":
-                        F = c.submit(S.mu_begin_mode, F, n, iteration, kappa, kappa_tol, pure=False, **graph.placement)
-                        for _ in range(max_inner_iters):
+                    if o.algorithm == "mu":
+                        F = c.submit(
+                            S.mu_begin_mode, F, n, iteration, o.kappa, o.kappa_tol, pure=False, **graph.placement
+                        )
+                        for _ in range(o.max_inner_iters):
                             F = graph.pass_update(
                                 phi_partition,
-                                (n, threads, bn, eps_div_zero, mpb, graph.device, device_options),
+                                (n, threads, bn, o.eps_div_zero, mpb, graph.device, run.device_options),
                                 S.mu_inner,
                                 F,
                                 n,
-                                float(tol),
+                                float(o.tol),
                             )
                     else:
-                        inner_max = 2 if (inexact and iteration == 0) else max_inner_iters
+                        inner_max = 2 if (o.inexact and iteration == 0) else o.max_inner_iters
                         for b, (lo, hi) in enumerate(_row_blocks(shape[n], rank, threads)):
-                            F = c.submit(S.pdnr_begin_block, F, n, lo, hi, mu0, b == 0, pure=False, **graph.placement)
+                            F = c.submit(S.pdnr_begin_block, F, n, lo, hi, o.mu0, b == 0, pure=False, **graph.placement)
                             for i in range(inner_max):
                                 F = graph.pass_update(
                                     newton_partition,
-                                    (n, threads, bn, eps_div_zero),
+                                    (n, threads, bn, o.eps_div_zero),
                                     S.pdnr_direction,
                                     F,
                                     n,
                                     i,
                                     inner_max,
                                     row_tol,
-                                    eps_active,
+                                    o.eps_active,
                                 )
                                 F = graph.pass_update(
                                     candidates_partition, (n, threads, bn), S.pdnr_step, F, n, i, inner_max
@@ -329,19 +282,19 @@ def cp_apr(
                 record["seconds"],
                 extra={"iteration": iteration + 1},
             )
-            if algorithm == "pdnr" and inexact:
-                row_tol = max(tol, sm.kkt / 100.0)
-            done = sm.converged and (algorithm == "mu" or not inexact or row_tol <= tol)
-            if checkpoint and (done or (iteration + 1) % checkpoint_every == 0 or iteration + 1 == max_iters):
+            if o.algorithm == "pdnr" and o.inexact:
+                row_tol = max(o.tol, sm.kkt / 100.0)
+            done = sm.converged and (o.algorithm == "mu" or not o.inexact or row_tol <= o.tol)
+            if run.checkpoint and (done or (iteration + 1) % run.checkpoint_every == 0 or iteration + 1 == o.max_iters):
                 t_ck = time.time()
-                ck_args = (checkpoint, iteration, history, params, input_fp, row_tol)
+                ck_args = (run.checkpoint, iteration, history, params, input_fp, row_tol)
                 if owner:  # written from the driver, the rows gathered from their owners
                     raise_returned(disk_full_returned(_write_checkpoint, owner_state(engine, shape, rank), *ck_args))
                 else:
                     raise_returned(c.submit(disk_full_returned, _write_checkpoint, F, *ck_args, pure=False).result())
                 record["checkpoint_seconds"] = time.time() - t_ck
-            if callback is not None:
-                callback(record)
+            if run.callback is not None:
+                run.callback(record)
             if done:
                 break
         if owner:
@@ -355,9 +308,9 @@ def cp_apr(
     kkt = history[-1]["kkt_violation"] if history else float("nan")
     fit = history[-1]["fit"] if history else float("nan")
     result = PoissonResult.arranged(weights, final, loglik, kkt, fit, len(history), history, params, input_fp)
-    if out is not None:
-        result.save(out, overwrite=overwrite)
-        log.info("result written to %s", out)
+    if run.out is not None:
+        result.save(run.out, overwrite=run.overwrite)
+        log.info("result written to %s", run.out)
     return result
 
 

@@ -22,10 +22,9 @@ import logging
 import math
 import os
 import time
-from typing import Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
-from distributed import Client
 
 from ...execution import completion as T
 from ...execution import component_revival as R
@@ -37,8 +36,10 @@ from ...execution.partitions import plan_partitions
 from ...store import Store, open_store
 from ..common.fingerprint import fingerprint
 from ..common.model_checks import check_factor_memory, check_seed
+from ..common.options import declared
 from ..common.result_store import claim_run
 from .fasttucker_result import CompletionError, FastTuckerResult
+from .options import TUCKER_SGD
 
 log = logging.getLogger(__name__)
 
@@ -128,35 +129,9 @@ def warm_state(
     return T.FastTuckerState(A, B, offsets, tuple(shape), tuple(ranks))
 
 
+@declared(TUCKER_SGD)
 def tucker_sgd(
-    store: Store | str | os.PathLike,
-    ranks: int | Sequence[int],
-    core_rank: int,
-    *,
-    test: Store | str | os.PathLike | None = None,
-    test_fraction: float | None = None,
-    epochs: int = 50,
-    batch: int = 64,
-    lr_factors: float | None = None,
-    lr_core: float = 0.3,
-    reg_factors: float = 0.001,
-    reg_core: float = 0.001,
-    seed: int | None = 0,
-    client: Client | None = None,
-    patience: int | None = 5,
-    progress: bool = True,
-    out: str | os.PathLike | None = None,
-    overwrite: bool = False,
-    threads: int | None = None,
-    device: str = "cpu",
-    scheduler: str | None = None,
-    partitions: int | None = None,
-    lr_decay: float | None = None,
-    step: str = "normalized",
-    rebalance: bool = True,
-    revive_epochs: int = 10,
-    callback: Callable[[dict], None] | None = None,
-    init: str | FastTuckerResult = "random",
+    store: Store | str | os.PathLike, ranks: int | Sequence[int], core_rank: int, **options: Any
 ) -> FastTuckerResult:
     """FastTucker tensor completion of a sparse store by FastTuckerPlus (seed 003, Algorithm 3).
 
@@ -175,72 +150,7 @@ def tucker_sgd(
         Factor ranks J_n (one for every mode, or one per mode), each in 1..I_n.
     core_rank : int
         R, the rank of the Kruskal core.
-    test : Store or path, optional
-        Test entries (same shape, disjoint from the training entries: checked).
-    test_fraction : float, optional
-        Instead of ``test``: hold out this fraction of the store's entries, chosen by a hash of
-        the coordinates and ``seed`` (the same split for the same seed; no entry in both sets).
-    epochs : int
-        Most epochs to run.
-    batch : int
-        M, entries per batch of the factor pass (the GPU kernel takes batches of 16).
-    step : {"normalized", "plain"}
-        Factor steps. ``"plain"`` is the seed's rule 14: every row of a sample moves by
-        ``lr_factors * (e * g - reg A)``. ``"normalized"`` (the default) divides a sample's moves by
-        ``|g|^2`` over all its rows (normalized LMS): to first order each step then removes the
-        fraction ``lr_factors`` of the sample's error, whatever the scale of the other modes'
-        rows, so no sample overshoots and one rate suits every tensor. On planted models
-        (300 x 200 x 50, J = R = 8, 5 % noise) it ends 50 epochs at a median 1.07 x the noise
-        level, where plain steps sit on plateaus of 3-5 x.
-    lr_factors : float, optional
-        The factor rate: the step fraction in (0, 2) of normalized steps (default 0.3), gamma_A
-        of plain steps (default 0.01).
-    lr_core : float
-        Learning rate gamma_B of the core step. The values are scaled to unit mean square for
-        training (and the model scaled back), so the rates do not depend on the data's scale. An
-        epoch whose training RMSE is not finite or grows 4-fold is redone from its start at half
-        the rates, which stay halved (logged; each epoch's ``rate_factor`` is in the history), at
-        most 6 times.
-    lr_decay : float, optional
-        Rates of epoch ``t`` (from 0) are divided by ``1 + lr_decay * t`` (default 0.05 with
-        normalized steps, which start large; 0 with plain steps).
-    rebalance : bool
-        After every epoch, put the model in its best-conditioned gauge (same predictions; see
-        :func:`tensorflow_ooc.execution.completion.rebalance_gauge`): orthonormal core-factor rows
-        and columns of equal scale in every mode. Without it SGD slows to a crawl whenever the
-        parametrization drifts ill-conditioned.
-    revive_epochs : int
-        For this many first epochs, a component SGD has lost (strength below 5 % of the median:
-        its gradient vanishes with it, so it never comes back) is restarted as the best rank-1 fit
-        of the training residual (:mod:`tensorflow_ooc.execution.component_revival`; logged, and in
-        the epoch's history record as ``revived``). 0 turns it off. On planted 300 x 200 x 50
-        models at J = R = 8 it takes the runs that end above 1.2 x the noise from 10-14 of 30 to
-        4 of 120 (``benchmarks/bench_fasttucker_convergence.py``).
-    reg_factors, reg_core : float
-        Regularization lambda_A, lambda_B.
-    seed : int, optional
-        Seeds the initial model, the batches and the test split.
-    client : distributed.Client, optional
-        Cluster to run on; default: this process for stores up to 2^24 entries (or
-        ``scheduler``), else the embedded LocalCluster.
-    patience : int or None
-        Stop when the test RMSE has not improved for this many epochs (None: run all epochs).
-    progress : bool
-        Show a tqdm progress bar with the test RMSE and MAE.
-    out : path, optional
-        Write the result to this Zarr result store (refused if it exists, unless ``overwrite``).
-    threads : int, optional
-        numba threads per partition task. Parallel factor passes write rows without
-        synchronization (as the seed's GPU warps); ``threads=1`` makes a run reproducible.
-    device : {"cpu", "gpu", "auto"}
-        Where the partition tasks run their kernels.
-    scheduler, partitions : as for :func:`tensorflow_ooc.cp_als`.
-    callback : callable, optional
-        Called with each epoch's history record.
-    init : "random" or FastTuckerResult
-        ``"random"`` draws the initial model from ``seed``; a previous result (same ranks and core
-        rank, a shape no mode of which is shorter) continues training from its model, for a
-        tensor that grew since (new rows of a growing mode are drawn at the scale of its old rows).
+    {options}
 
     Returns
     -------
@@ -256,61 +166,62 @@ def tucker_sgd(
     >>> r.test_rmse < 3 * p.noise_std                                                        # doctest: +SKIP
     True
     """
+    run, o = TUCKER_SGD.settings(options)
     store = store if isinstance(store, Store) else open_store(store)
     shape, N = tuple(int(x) for x in store.shape), store.nmodes
     ranks = _check_ranks(ranks, core_rank, shape, store.path)
     check_factor_memory(shape, ranks, f"tensor completion of {store.path}")
     core_rank = int(core_rank)
-    if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1:
-        raise CompletionError(f"epochs must be an integer >= 1, got {epochs!r}")
-    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-        raise CompletionError(f"batch must be an integer >= 1, got {batch!r}")
-    if step not in ("normalized", "plain"):
-        raise CompletionError(f"step must be 'normalized' or 'plain', got {step!r}")
-    normalized = step == "normalized"
-    if lr_factors is None:
-        lr_factors = 0.3 if normalized else 0.01
-    lr_factors = _check_rate("lr_factors", lr_factors, True)
-    if normalized and lr_factors >= 2:
+    if isinstance(o.epochs, bool) or not isinstance(o.epochs, (int, np.integer)) or o.epochs < 1:
+        raise CompletionError(f"epochs must be an integer >= 1, got {o.epochs!r}")
+    if isinstance(o.batch, bool) or not isinstance(o.batch, (int, np.integer)) or o.batch < 1:
+        raise CompletionError(f"batch must be an integer >= 1, got {o.batch!r}")
+    if o.step not in ("normalized", "plain"):
+        raise CompletionError(f"step must be 'normalized' or 'plain', got {o.step!r}")
+    normalized = o.step == "normalized"
+    if o.lr_factors is None:
+        o.lr_factors = 0.3 if normalized else 0.01
+    o.lr_factors = _check_rate("lr_factors", o.lr_factors, True)
+    if normalized and o.lr_factors >= 2:
         raise CompletionError(
             f"lr_factors of normalized steps is the fraction of a sample's error each step "
-            f"removes and must be in (0, 2), got {lr_factors}"
+            f"removes and must be in (0, 2), got {o.lr_factors}"
         )
-    lr_core = _check_rate("lr_core", lr_core, True)
-    if lr_decay is None:
-        lr_decay = 0.05 if normalized else 0.0
-    lr_decay = _check_rate("lr_decay", lr_decay, False)
-    reg_factors = _check_rate("reg_factors", reg_factors, False)
-    reg_core = _check_rate("reg_core", reg_core, False)
-    if patience is not None and (isinstance(patience, bool) or int(patience) != patience or patience < 1):
-        raise CompletionError(f"patience must be an integer >= 1 or None, got {patience!r}")
-    if isinstance(revive_epochs, bool) or not isinstance(revive_epochs, (int, np.integer)) or revive_epochs < 0:
-        raise CompletionError(f"revive_epochs must be an integer >= 0, got {revive_epochs!r}")
-    if device not in ("cpu", "gpu", "auto"):
-        raise CompletionError(f"device must be 'cpu', 'gpu' or 'auto', got {device!r}")
-    if test is not None and test_fraction is not None:
+    o.lr_core = _check_rate("lr_core", o.lr_core, True)
+    if o.lr_decay is None:
+        o.lr_decay = 0.05 if normalized else 0.0
+    o.lr_decay = _check_rate("lr_decay", o.lr_decay, False)
+    o.reg_factors = _check_rate("reg_factors", o.reg_factors, False)
+    o.reg_core = _check_rate("reg_core", o.reg_core, False)
+    if o.patience is not None and (isinstance(o.patience, bool) or int(o.patience) != o.patience or o.patience < 1):
+        raise CompletionError(f"patience must be an integer >= 1 or None, got {o.patience!r}")
+    if isinstance(o.revive_epochs, bool) or not isinstance(o.revive_epochs, (int, np.integer)) or o.revive_epochs < 0:
+        raise CompletionError(f"revive_epochs must be an integer >= 0, got {o.revive_epochs!r}")
+    if run.device not in ("cpu", "gpu", "auto"):
+        raise CompletionError(f"device must be 'cpu', 'gpu' or 'auto', got {run.device!r}")
+    if o.test is not None and o.test_fraction is not None:
         raise CompletionError("give either test (a test store) or test_fraction, not both")
-    if test_fraction is not None:
-        test_fraction = _check_rate("test_fraction", test_fraction, True)
-        if test_fraction >= 1:
-            raise CompletionError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    if isinstance(init, FastTuckerResult):
-        if tuple(init.ranks) != ranks or init.core_rank != int(core_rank):
+    if o.test_fraction is not None:
+        o.test_fraction = _check_rate("test_fraction", o.test_fraction, True)
+        if o.test_fraction >= 1:
+            raise CompletionError(f"test_fraction must be in (0, 1), got {o.test_fraction}")
+    if isinstance(o.init, FastTuckerResult):
+        if tuple(o.init.ranks) != ranks or o.init.core_rank != int(core_rank):
             raise CompletionError(
-                f"init: the previous model has ranks {tuple(init.ranks)} and core rank {init.core_rank}, "
+                f"init: the previous model has ranks {tuple(o.init.ranks)} and core rank {o.init.core_rank}, "
                 f"this run {ranks} and {int(core_rank)}; start from init='random'"
             )
-        shrunk = [n for n, (a, b) in enumerate(zip(init.shape, shape)) if a > b]
-        if len(init.shape) != N or shrunk:
+        shrunk = [n for n, (a, b) in enumerate(zip(o.init.shape, shape)) if a > b]
+        if len(o.init.shape) != N or shrunk:
             raise CompletionError(
-                f"init: the previous model's shape {tuple(init.shape)} does not fit the store's {shape} "
+                f"init: the previous model's shape {tuple(o.init.shape)} does not fit the store's {shape} "
                 "(a warm start keeps every row; a mode cannot shrink)"
             )
-    elif init != "random":
-        raise CompletionError(f"init must be 'random' or a FastTuckerResult, got {init!r}")
+    elif o.init != "random":
+        raise CompletionError(f"init must be 'random' or a FastTuckerResult, got {o.init!r}")
     test_store = None
-    if test is not None:
-        test_store = test if isinstance(test, Store) else open_store(test)
+    if o.test is not None:
+        test_store = o.test if isinstance(o.test, Store) else open_store(o.test)
         if test_store.nmodes != N:
             raise CompletionError(f"test set {test_store.path} has {test_store.nmodes} modes, the training store {N}")
         if test_store.nnz == 0:
@@ -330,45 +241,45 @@ def tucker_sgd(
     params = {
         "ranks": list(ranks),
         "core_rank": core_rank,
-        "epochs": int(epochs),
-        "batch": int(batch),
-        "lr_factors": lr_factors,
-        "lr_core": lr_core,
-        "lr_decay": lr_decay,
-        "reg_factors": reg_factors,
-        "reg_core": reg_core,
-        "step": step,
-        "rebalance": bool(rebalance),
-        "revive_epochs": int(revive_epochs),
-        "seed": seed,
-        "patience": patience,
+        "epochs": int(o.epochs),
+        "batch": int(o.batch),
+        "lr_factors": o.lr_factors,
+        "lr_core": o.lr_core,
+        "lr_decay": o.lr_decay,
+        "reg_factors": o.reg_factors,
+        "reg_core": o.reg_core,
+        "step": o.step,
+        "rebalance": bool(o.rebalance),
+        "revive_epochs": int(o.revive_epochs),
+        "seed": o.seed,
+        "patience": o.patience,
         "test": None if test_store is None else str(test_store.path),
-        "test_fraction": test_fraction,
+        "test_fraction": o.test_fraction,
         "algorithm": "FastTuckerPlus",
-        "init": "given" if isinstance(init, FastTuckerResult) else "random",
+        "init": "given" if isinstance(o.init, FastTuckerResult) else "random",
     }
-    split_seed = int(np.random.SeedSequence(seed).entropy if seed is None else check_seed(seed))
+    split_seed = int(np.random.SeedSequence(o.seed).entropy if o.seed is None else check_seed(o.seed))
     params["split_seed"] = split_seed  # seed None: the drawn one, to reproduce the split and batches
     input_fp = fingerprint(store)
-    if client is None and scheduler is None and device != "gpu" and store.nnz <= INLINE_MAX_NNZ:
-        scheduler = "inline"
+    if run.client is None and run.scheduler is None and run.device != "gpu" and store.nnz <= INLINE_MAX_NNZ:
+        run.scheduler = "inline"
 
     claim = claim_run(
         store,
-        out,
+        run.out,
         None,
-        overwrite,
+        run.overwrite,
         f"tucker_sgd of {store.path}",
         {"test": getattr(test_store, "path", None)},
         CompletionError,
     )
-    with claim, get_client(client, scheduler, device=device) as c:
-        dev = "cpu" if device == "cpu" else resolve_device(c, device)[0]
+    with claim, get_client(run.client, run.scheduler, device=run.device) as c:
+        dev = "cpu" if run.device == "cpu" else resolve_device(c, run.device)[0]
         res = worker_resources(c) if not is_inline(c) else None
         dask_threads = sum(r["dask_threads"] for r in res.values()) if res else 1
-        if threads is None and res:
-            threads = min(r["numba_threads"] for r in res.values())
-        n_parts = partitions or dask_threads
+        if o.threads is None and res:
+            o.threads = min(r["numba_threads"] for r in res.values())
+        n_parts = run.partitions or dask_threads
         parts = plan_partitions(store, n_parts, MAX_PARTITION_NNZ)
         offsets = np.concatenate([[0], np.cumsum(shape)[:-1]]).astype(np.int64)
         # values scaled to unit mean square, so the learning rates mean the same for any data scale
@@ -376,7 +287,7 @@ def tucker_sgd(
         scale = 1.0 / math.sqrt(mean_square) if mean_square > 0 else 1.0
         sources = [
             c.submit(
-                T.load_observed, store.path, p, offsets, test_fraction or 0.0, split_seed, False, scale, pure=False
+                T.load_observed, store.path, p, offsets, o.test_fraction or 0.0, split_seed, False, scale, pure=False
             )
             for p in parts
         ]
@@ -404,12 +315,12 @@ def tucker_sgd(
             raise CompletionError(f"{store.path}: no training entries left after holding out the test set")
         if n_test == 0:
             log.warning("no test entries: the test RMSE is not measured and early stopping is off")
-        if isinstance(init, FastTuckerResult):
+        if isinstance(o.init, FastTuckerResult):
             state = c.submit(
-                warm_state, init.factors, init.core_factors, shape, ranks, core_rank, scale, seed, pure=False
+                warm_state, o.init.factors, o.init.core_factors, shape, ranks, core_rank, scale, o.seed, pure=False
             )
         else:
-            state = c.submit(initial_state, shape, ranks, core_rank, 1.0, seed, pure=False)
+            state = c.submit(initial_state, shape, ranks, core_rank, 1.0, o.seed, pure=False)
         params.update(
             n_train=int(n_train),
             n_test=int(n_test),
@@ -417,16 +328,16 @@ def tucker_sgd(
             partitions=len(parts),
             device=dev,
             scheduler="inline" if is_inline(c) else "dask",
-            threads=threads,
+            threads=o.threads,
         )
         log.info(
             "FastTuckerPlus: %d training and %d test entries, %d partitions on %s", n_train, n_test, len(parts), dev
         )
         bar = None
-        if progress:
+        if run.progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=int(epochs), desc="fasttucker+", unit="epoch", leave=False)
+            bar = tqdm(total=int(o.epochs), desc="fasttucker+", unit="epoch", leave=False)
         history: list[dict] = []
         best = (math.inf, 0, None)
         stale = 0
@@ -437,9 +348,9 @@ def tucker_sgd(
             last_check = 1.0
             if test_store is not None and test_store.nnz:
                 last_check = max(1.0, scale * math.sqrt(float(test_store.meta["norm_sq"]) / test_store.nnz))
-            while epoch < int(epochs):
+            while epoch < int(o.epochs):
                 t0 = time.perf_counter()
-                rate = backoff / (1.0 + lr_decay * epoch)
+                rate = backoff / (1.0 + o.lr_decay * epoch)
                 before = state
                 moves = [
                     c.submit(
@@ -448,10 +359,10 @@ def tucker_sgd(
                         state,
                         split_seed,
                         epoch,
-                        int(batch),
-                        lr_factors * rate,
-                        reg_factors,
-                        threads,
+                        int(o.batch),
+                        o.lr_factors * rate,
+                        o.reg_factors,
+                        o.threads,
                         dev,
                         normalized,
                         pure=False,
@@ -461,24 +372,24 @@ def tucker_sgd(
                 state = c.submit(
                     T.apply_moves, state, *tree_reduce(c, moves, T.combine_moves, split, last=True), pure=False
                 )
-                grads = [c.submit(T.core_gradient_partition, s, state, threads, dev, pure=False) for s in sources]
+                grads = [c.submit(T.core_gradient_partition, s, state, o.threads, dev, pure=False) for s in sources]
                 state = c.submit(
                     T.apply_core,
                     state,
-                    lr_core * rate,
-                    reg_core,
+                    o.lr_core * rate,
+                    o.reg_core,
                     *tree_reduce(c, grads, T.combine_gradients, split, last=True),
-                    rebalance=bool(rebalance),
+                    rebalance=bool(o.rebalance),
                     pure=False,
                 )
                 t_test = time.perf_counter()
-                errs = [c.submit(T.test_errors_partition, s, state, threads, pure=False) for s in test_sources]
+                errs = [c.submit(T.test_errors_partition, s, state, o.threads, pure=False) for s in test_sources]
                 err = c.submit(
                     T.combine_errors, *tree_reduce(c, errs, T.combine_errors, split, last=True), pure=False
                 ).result()
                 check = err
                 if not err.n:
-                    checks = [c.submit(T.sample_errors_partition, s, state, threads, pure=False) for s in sources]
+                    checks = [c.submit(T.sample_errors_partition, s, state, o.threads, pure=False) for s in sources]
                     check = c.submit(
                         T.combine_errors, *tree_reduce(c, checks, T.combine_errors, split, last=True), pure=False
                     ).result()
@@ -512,8 +423,8 @@ def tucker_sgd(
                     if backoff < 2.0**-MAX_BACKOFFS:
                         raise CompletionError(
                             f"epoch {epoch + 1}: the model diverged even at 2^-{MAX_BACKOFFS} of "
-                            f"the learning rates; lower lr_factors ({lr_factors}) or lr_core "
-                            f"({lr_core})"
+                            f"the learning rates; lower lr_factors ({o.lr_factors}) or lr_core "
+                            f"({o.lr_core})"
                         )
                     backoff /= 2
                     state = before
@@ -530,9 +441,9 @@ def tucker_sgd(
                 last_train = min(last_train, record["train_rmse"])
                 last_check = check_rmse  # the previous epoch's, not the best: test error may drift up as it overfits
                 measured = state
-                if epoch < int(revive_epochs):
+                if epoch < int(o.revive_epochs):
                     state = _revive_lost_component(
-                        c, sources, state, record, shape, offsets, split_seed + epoch, bool(rebalance), split
+                        c, sources, state, record, shape, offsets, split_seed + epoch, bool(o.rebalance), split
                     )
                 epoch += 1
                 history.append(record)
@@ -540,8 +451,8 @@ def tucker_sgd(
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(test_rmse=f"{rmse:.5g}", test_mae=f"{mae:.5g}", s=f"{record['seconds']:.2f}")
-                if callback is not None:
-                    callback(record)
+                if run.callback is not None:
+                    run.callback(record)
                 if not err.n:
                     best = (math.inf, epoch, measured)
                     continue
@@ -549,8 +460,8 @@ def tucker_sgd(
                     best, stale = (rmse, epoch, measured), 0
                 else:
                     stale += 1
-                    if patience is not None and stale >= patience:
-                        log.info("early stop after epoch %d: no better test RMSE for %d epochs", epoch, patience)
+                    if o.patience is not None and stale >= o.patience:
+                        log.info("early stop after epoch %d: no better test RMSE for %d epochs", epoch, o.patience)
                         break
             final = best[2].result() if best[2] is not None else state.result()
             final_epoch = best[1] if best[2] is not None else len(history)
@@ -572,9 +483,9 @@ def tucker_sgd(
         params,
         input_fp,
     )
-    if out is not None:
-        result.save(out, overwrite=overwrite)
-        log.info("result written to %s", out)
+    if run.out is not None:
+        result.save(run.out, overwrite=run.overwrite)
+        log.info("result written to %s", run.out)
     return result
 
 

@@ -14,10 +14,9 @@ import logging
 import math
 import os
 import time
-from typing import Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
-from distributed import Client
 
 from ...errors import DecompositionError
 from ...execution import MTTKRPGraph, get_client
@@ -29,9 +28,11 @@ from ...store import Store, open_store, paths
 from ..common.checkpoint_files import disk_full_returned, raise_returned
 from ..common.fingerprint import fingerprint
 from ..common.model_checks import check_count, check_seed, check_tensor_norm, check_tolerance
+from ..common.options import declared
 from ..common.result_store import claim_run
 from ..common.run_control import FIT_EVERY_ITERATION_NNZ, chunk_bytes, converged, run_entropy
 from . import tt_steps as S
+from .options import TT_ALS
 from .tt_checkpoint import read_tt_checkpoint, write_tt_checkpoint
 from .tt_randomized import draw_core
 from .tt_result import TTResult
@@ -43,28 +44,8 @@ log = logging.getLogger(__name__)
 METHODS = ("exact", "randomized")
 
 
-def tt_als(
-    store: Store | str | os.PathLike,
-    ranks: int | Sequence[int],
-    *,
-    method: str = "exact",
-    samples: int = 65536,
-    fit_every: int | None = None,
-    client: Client | None = None,
-    max_sweeps: int = 20,
-    tol: float = 1e-5,
-    init: str | Sequence[np.ndarray] = "random",
-    seed: int | None = None,
-    checkpoint: str | os.PathLike | None = None,
-    resume: bool = False,
-    checkpoint_every: int = 1,
-    callback: Callable[[dict], None] | None = None,
-    execution: str = "auto",
-    scheduler: str | None = None,
-    partitions: int | None = None,
-    out: str | os.PathLike | None = None,
-    overwrite: bool = False,
-) -> TTResult:
+@declared(TT_ALS)
+def tt_als(store: Store | str | os.PathLike, ranks: int | Sequence[int], **options: Any) -> TTResult:
     """Tensor-train decomposition of a sparse store by alternating least squares (TT-ALS).
 
     The model is ``T[i_0, ..., i_{N-1}] = core_0[:, i_0, :] @ ... @ core_{N-1}[:, i_{N-1}, :]``,
@@ -95,55 +76,7 @@ def tt_als(
         ``X_(<=k)`` (``min(prod I_0..I_k, prod I_{k+1}..I_{N-1})``) and at most ``R_k I_k`` and
         ``I_{k+1} R_{k+2}`` (each core's unfolding must keep its rank). Others raise
         :class:`~tensorflow_ooc.errors.DecompositionError` (a ``ValueError``) naming the rank.
-    method : {"exact", "randomized"}
-        "exact": the contraction over every nonzero (above). "randomized" (rTT-ALS, seed 000,
-        sections 5.3-5.4): each update draws ``samples`` rows of the design by their exact leverage
-        scores (the orthonormal core-chain sampler,
-        :mod:`~tensorflow_ooc.kernels.sampling.tt_sampler`, run beside the state), gathers the
-        nonzeros of the sampled mode-``j`` fibers on the partitions, and solves the sketched normal
-        equations. Draws are seeded per (run, sweep, update), so a resumed run draws what the
-        uninterrupted one drew.
-    samples : int
-        Rows of the design matrix drawn per core update by the randomized method (J; default 2^16).
-    fit_every : int, optional
-        Randomized method: evaluate the fit (a pass over every nonzero, as costly as an exact core
-        update) every this many sweeps and at the last; default every sweep up to 2^24 nonzeros,
-        else every 5th, as randomized CP-ALS does (nell2-shaped 20 M, R 8: an exact sweep of 6
-        core updates took 0.47 s, a randomized sweep 0.32 s). Its stopping test is
-        randomized CP-ALS's: the best of the last 3 evaluated fits does not beat the best before
-        them by ``tol``. The exact method's fit is free and evaluated every sweep.
-    client : distributed.Client, optional
-        Cluster to run on. Default: tensors of at most 2^24 nonzeros run the same task functions in
-        this process (:mod:`tensorflow_ooc.execution.inline`), larger ones on an embedded
-        LocalCluster, or on the scheduler at ``scheduler``.
-    max_sweeps, tol : int, float
-        Stop after ``max_sweeps`` sweeps, or when a sweep after the first changes the fit by less
-        than ``tol``.
-    init : "random" or sequence of (R_{k-1}, I_k, R_k) arrays
-        "random" draws every core standard normal from ``np.random.default_rng(seed)`` (core 0
-        first). Random or given, the cores are then made right-orthonormal from the last to core 1
-        (a QR with ``diag(R) >= 0`` each; core ``k - 1`` absorbs ``R^T``), so core 0 carries the norm.
-    seed : int, optional
-        Seed of the random initial cores.
-    checkpoint : path, optional
-        Checkpoint file (the cores), written atomically every ``checkpoint_every`` sweeps and at the last.
-    resume : bool
-        Continue from ``checkpoint`` if it exists (same store, ranks and method): the result is that
-        of the uninterrupted run, bit for bit.
-    callback : callable, optional
-        Called with each sweep's history record (after its checkpoint is written).
-    execution : {"auto", "streaming", "in-memory"}
-        Stream each partition's chunks on every pass, or decode them once and keep them on the
-        workers (``auto``: in memory when that takes at most half of the workers' memory).
-    scheduler : str, optional
-        Address of a Dask scheduler, or "embedded" or "inline" to choose the local execution.
-    partitions : int, optional
-        Partition tasks per pass (default one per Dask thread).
-    out : path, optional
-        Also write the result to this Zarr result store (:meth:`TTResult.load` reads it back).
-    overwrite : bool
-        Replace an existing result at ``out`` (without it, an existing ``out`` is refused before
-        anything runs).
+    {options}
 
     Returns
     -------
@@ -162,48 +95,51 @@ def tt_als(
     ((1, 4, 4, 1), [(1, 30, 4), (4, 40, 4), (4, 50, 1)])
     >>> tt = r.to_tensorly()                                # doctest: +SKIP
     """
+    run, o = TT_ALS.settings(options)
     store = store if isinstance(store, Store) else open_store(paths.resolve_version(store))
     N, shape = store.nmodes, tuple(int(s) for s in store.shape)
     full_ranks = S.check_ranks(ranks, shape)
-    init = S.check_init(init, shape, full_ranks)
-    if method not in METHODS:
-        raise DecompositionError(f"method must be one of {METHODS}, got {method!r}")
-    check_count("samples", samples)
-    check_count("max_sweeps", max_sweeps)
-    check_count("checkpoint_every", checkpoint_every)
-    if fit_every is None:  # randomized CP-ALS's default: the fit's pass costs an exact update
-        fit_every = 1 if store.nnz <= FIT_EVERY_ITERATION_NNZ else 5
-    check_count("fit_every", fit_every)
-    tol = check_tolerance(tol)
-    if execution not in EXECUTION_MODES:
-        raise DecompositionError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-        raise DecompositionError(f"seed must be an integer or None, got {seed!r}")
+    o.init = S.check_init(o.init, shape, full_ranks)
+    if o.method not in METHODS:
+        raise DecompositionError(f"method must be one of {METHODS}, got {o.method!r}")
+    check_count("samples", o.samples)
+    check_count("max_sweeps", o.max_sweeps)
+    check_count("checkpoint_every", run.checkpoint_every)
+    if o.fit_every is None:  # randomized CP-ALS's default: the fit's pass costs an exact update
+        o.fit_every = 1 if store.nnz <= FIT_EVERY_ITERATION_NNZ else 5
+    check_count("fit_every", o.fit_every)
+    o.tol = check_tolerance(o.tol)
+    if run.execution not in EXECUTION_MODES:
+        raise DecompositionError(f"execution must be one of {EXECUTION_MODES}, got {run.execution!r}")
+    if o.seed is not None and (isinstance(o.seed, bool) or not isinstance(o.seed, (int, np.integer))):
+        raise DecompositionError(f"seed must be an integer or None, got {o.seed!r}")
     normX2 = float(store.meta["norm_sq"])
     check_tensor_norm(store.path, normX2)
-    checkpoint = None if checkpoint is None else str(checkpoint)
+    run.checkpoint = None if run.checkpoint is None else str(run.checkpoint)
     input_fp = fingerprint(store)
     params = {
         "ranks": list(full_ranks[1:-1]),
-        "method": method,
-        "max_sweeps": int(max_sweeps),
-        "tol": tol,
-        "seed": None if seed is None else int(seed),
-        "init": init if isinstance(init, str) else "given",
+        "method": o.method,
+        "max_sweeps": int(o.max_sweeps),
+        "tol": o.tol,
+        "seed": None if o.seed is None else int(o.seed),
+        "init": o.init if isinstance(o.init, str) else "given",
         # every cell stored: the squared error summed at the nonzeros, exact to rounding (one pass
         # more per sweep); else ||X||^2 - ||Y_j||^2, free, whose cancellation leaves 1 - fit >~ 1e-8
         # randomized: the sketched solution is no projection, so the identity does not hold
-        "fit_from": "residual" if store.nnz == math.prod(shape) or method == "randomized" else "identity",
+        "fit_from": "residual" if store.nnz == math.prod(shape) or o.method == "randomized" else "identity",
     }
-    if method == "randomized":
-        params.update(samples=int(samples), fit_every=int(fit_every))
-    resumed = _resumed(checkpoint if resume else None, input_fp, params)
+    if o.method == "randomized":
+        params.update(samples=int(o.samples), fit_every=int(o.fit_every))
+    resumed = _resumed(run.checkpoint if run.resume else None, input_fp, params)
 
-    if client is None and scheduler is None and store.nnz <= INLINE_MAX_NNZ:
-        scheduler = "inline"  # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
-    claim = claim_run(store, out, checkpoint, overwrite, f"tt_als of {store.path}", error=DecompositionError)
-    with claim, get_client(client, scheduler, device="cpu") as c:
-        graph = MTTKRPGraph(c, store.path, execution=execution, partitions=partitions, device="cpu")
+    if run.client is None and run.scheduler is None and store.nnz <= INLINE_MAX_NNZ:
+        run.scheduler = "inline"  # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
+    claim = claim_run(
+        store, run.out, run.checkpoint, run.overwrite, f"tt_als of {store.path}", error=DecompositionError
+    )
+    with claim, get_client(run.client, run.scheduler, device="cpu") as c:
+        graph = MTTKRPGraph(c, store.path, execution=run.execution, partitions=run.partitions, device="cpu")
         params.update(execution=graph.execution, partitions=len(graph.parts))
         params["scheduler"] = "inline" if is_inline(c) else "dask"
         threads, batch_nnz = graph.numba_threads, graph.batch_nnz
@@ -211,13 +147,13 @@ def tt_als(
         if resumed is not None:
             state0, start, fit, history = resumed.state, resumed.sweep + 1, resumed.fit, list(resumed.history)
             params["sample_entropy"] = resumed.params.get("sample_entropy")
-            log.info("resuming from %s after sweep %d (fit %.6f)", checkpoint, start, fit)
+            log.info("resuming from %s after sweep %d (fit %.6f)", run.checkpoint, start, fit)
         else:
-            cores = S.initial_cores(init, shape, full_ranks, seed)
+            cores = S.initial_cores(o.init, shape, full_ranks, o.seed)
             state0, start, fit, history = S.start_state(shape, full_ranks, cores), 0, 0.0, []
         params["resumed_after"] = start
-        if method == "randomized":
-            params["sample_entropy"] = run_entropy(params.get("sample_entropy"), seed)
+        if o.method == "randomized":
+            params["sample_entropy"] = run_entropy(params.get("sample_entropy"), o.seed)
         F = c.scatter(state0, hash=False)  # scattered: a long mode's cores would bloat the graph
         del state0
         streamed = graph.execution == "streaming"
@@ -226,23 +162,23 @@ def tt_als(
         # --- the sweeps: each core update is a pass over the partitions, then one update task (one
         # task in all with one partition); a whole sweep is submitted before the driver reads its
         # small summary
-        for sweep in range(start, max_sweeps):
+        for sweep in range(start, o.max_sweeps):
             t_sweep = time.time()
             fit_old = fit
             F = c.submit(S.begin_sweep, F, pure=False, **graph.placement)
             for step, (mode, direction) in enumerate(S.sweep_order(N)):
-                if method == "exact":
+                if o.method == "exact":
                     F = graph.pass_update(
                         contraction_partition, (mode, threads, batch_nnz), S.update_core, F, mode, direction
                     )
                 else:  # draw beside the state, gather the sampled fibers, solve the sketched problem
                     seed_k = (params["sample_entropy"], sweep, step)
-                    D = c.submit(draw_core, F, mode, samples, seed_k, pure=False, **graph.placement)
+                    D = c.submit(draw_core, F, mode, o.samples, seed_k, pure=False, **graph.placement)
                     parts = graph.partition_pass(sampled_partition, D, mode, threads, batch_nnz)
                     F = c.submit(S.update_core, F, parts, mode, direction, D, pure=False, **graph.placement)
             sm = c.submit(S.summary, F, pure=False).result()
             t_fit = time.time()
-            evaluate = method == "exact" or (sweep + 1) % fit_every == 0 or sweep + 1 == max_sweeps
+            evaluate = o.method == "exact" or (sweep + 1) % o.fit_every == 0 or sweep + 1 == o.max_sweeps
             if not evaluate:
                 pass  # randomized: the fit is a pass over every nonzero; kept from the last evaluation
             elif params["fit_from"] == "residual":
@@ -271,18 +207,18 @@ def tt_als(
                 record["seconds"],
                 extra={"iteration": sweep + 1},
             )  # a field of its own in JSON logs
-            if method == "exact":
-                done = sweep > 0 and record["fit_change"] < tol
+            if o.method == "exact":
+                done = sweep > 0 and record["fit_change"] < o.tol
             else:  # sketched updates make the fit noisy: the randomized CP-ALS rule on evaluated fits
                 evaluated = [h["fit"] for h in history if h.get("fit_evaluated", True)]
-                done = converged(True, tol, sweep, fit, fit_old, evaluate, evaluated)
-            if checkpoint and (done or (sweep + 1) % checkpoint_every == 0 or sweep + 1 == max_sweeps):
+                done = converged(True, o.tol, sweep, fit, fit_old, evaluate, evaluated)
+            if run.checkpoint and (done or (sweep + 1) % run.checkpoint_every == 0 or sweep + 1 == o.max_sweeps):
                 t_ck = time.time()
                 raise_returned(
                     c.submit(
                         disk_full_returned,
                         write_tt_checkpoint,
-                        checkpoint,
+                        run.checkpoint,
                         F,
                         sweep,
                         fit,
@@ -294,8 +230,8 @@ def tt_als(
                 )
                 record["checkpoint_seconds"] = time.time() - t_ck
             # after the write, so a callback that stops the run finds this sweep saved
-            if callback is not None:
-                callback(record)
+            if run.callback is not None:
+                run.callback(record)
             if done:
                 break
         cores = c.submit(S.cores_of, F, pure=False).result()
@@ -303,9 +239,9 @@ def tt_als(
         graph.release()
 
     result = TTResult([np.array(k) for k in cores], fit, len(history), history, params, input_fp)
-    if out is not None:
-        result.save(out, overwrite=overwrite)
-        log.info("result written to %s", out)
+    if run.out is not None:
+        result.save(run.out, overwrite=run.overwrite)
+        log.info("result written to %s", run.out)
     return result
 
 

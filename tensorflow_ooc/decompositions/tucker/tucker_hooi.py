@@ -15,10 +15,9 @@ import math
 import numbers
 import os
 import time
-from typing import Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
-from distributed import Client
 
 from ...errors import DecompositionError
 from ...execution import DEVICES, get_client
@@ -30,8 +29,10 @@ from ...store import Store, open_store, paths
 from ..common.checkpoint_files import disk_full_returned, raise_returned
 from ..common.fingerprint import fingerprint
 from ..common.model_checks import check_factor_memory, check_seed
+from ..common.options import declared
 from ..common.result_store import claim_run
 from . import tucker_updates as T
+from .options import TUCKER_HOOI
 from .tucker_checkpoint import read_tucker_checkpoint, write_tucker_checkpoint
 from .tucker_result import TuckerResult
 
@@ -97,29 +98,8 @@ def check_init(init, shape: Sequence[int], ranks: Sequence[int]) -> str | list[n
     return out
 
 
-def tucker_hooi(
-    store: Store | str | os.PathLike,
-    ranks: int | Sequence[int],
-    *,
-    client: Client | None = None,
-    max_iters: int = 50,
-    tol: float = 1e-4,
-    init: str | Sequence[np.ndarray | None] = "random",
-    seed: int | None = None,
-    svd: str = "auto",
-    kernel: str | None = None,
-    device: str = "cpu",
-    checkpoint: str | os.PathLike | None = None,
-    resume: bool = False,
-    checkpoint_every: int = 1,
-    callback: Callable[[dict], None] | None = None,
-    execution: str = "auto",
-    scheduler: str | None = None,
-    partitions: int | None = None,
-    out: str | os.PathLike | None = None,
-    overwrite: bool = False,
-    progress: bool = True,
-) -> TuckerResult:
+@declared(TUCKER_HOOI)
+def tucker_hooi(store: Store | str | os.PathLike, ranks: int | Sequence[int], **options: Any) -> TuckerResult:
     """Rank-``(J_1, ..., J_N)`` Tucker decomposition of a sparse tensor store by HOOI.
 
     Each iteration updates the modes in order: ``Y = X x_{m != n} U_m^T`` by the semi-sparse TTM
@@ -137,49 +117,7 @@ def tucker_hooi(
         A BLCO store (see :func:`tensorflow_ooc.convert`).
     ranks : int or sequence of int
         Core size ``J_n`` per mode (one integer: every mode), ``1 <= J_n <= I_n``.
-    client : distributed.Client, optional
-        Cluster to run on. Default: tensors of at most 2^24 nonzeros run the same task functions
-        in this process (:mod:`tensorflow_ooc.execution.inline`), larger ones on an embedded
-        LocalCluster (dashboard link logged), or on the scheduler at ``scheduler``.
-    scheduler : str, optional
-        Address of a Dask scheduler, or "embedded" or "inline" to choose the local execution.
-    max_iters, tol : stop after ``max_iters`` iterations or when the fit changes by less than ``tol``.
-    init : "random", "nvecs" or a sequence of (I_n, J_n) arrays
-        As pyttb: "random" draws uniform [0, 1) factors (seeded by ``seed``) for every mode but
-        the first; "nvecs" takes the ``J_n`` leading eigenvectors of ``X_(n) X_(n)^T`` (it reads
-        the store's nonzeros into one process, as pyttb holds them; use "random" for stores
-        larger than memory). Given factors: the first may be None.
-    seed : int, optional
-        Seed of the random initial factors and of the randomized SVD's test vectors.
-    svd : {"auto", "gram", "randomized"}
-        How the leading singular vectors are found (:mod:`.tucker_updates`): "auto" takes the
-        Gram matrix's eigendecomposition when the smaller side of the ``F x P`` block (``F``
-        non-empty slices, ``P = prod_{m != n} J_m``) is at most 2048, else a randomized range
-        finder with two power iterations.
-    kernel : {"coo", "csr", "fiber"}, optional
-        TTM kernel (default: the kernel selector's choice per mode; see ``ttm_chain``).
-    device : {"cpu", "gpu", "auto"}
-        Where the partition tasks run: "gpu" on the cluster's GPU workers, the sparse TTM that
-        starts each chain on the device (the ``csr`` kernel needs CuPy there); "auto" on GPUs
-        when the cluster has them. The SVDs run on the workers' CPUs. Default "cpu".
-    checkpoint : path, optional
-        Checkpoint file (the factors), written atomically every ``checkpoint_every`` iterations.
-    resume : bool
-        Continue from ``checkpoint`` if it exists (same store and ranks required).
-    callback : callable, optional
-        Called with each iteration's history record.
-    execution : {"auto", "streaming", "in-memory"}
-        Stream each partition's chunks on every pass, or decode them once and keep them on the
-        workers (``auto``: in memory when that takes at most half of the workers' memory).
-    partitions : int, optional
-        Partition tasks per mode (default one per Dask thread).
-    out : path, optional
-        Also write the result to this Zarr result store (:func:`load_tucker` reads it back).
-    overwrite : bool
-        Replace an existing result at ``out`` (without it, an existing ``out`` is refused before
-        anything runs).
-    progress : bool
-        Show a progress bar (tqdm, on terminals only) with the fit and seconds per iteration.
+    {options}
 
     Returns
     -------
@@ -201,57 +139,62 @@ def tucker_hooi(
     ((4, 4, 4), (50, 4))
     >>> M = r.to_pyttb()                                           # doctest: +SKIP
     """
+    run, o = TUCKER_HOOI.settings(options)
     store = store if isinstance(store, Store) else open_store(store)
     N, shape = store.nmodes, tuple(int(s) for s in store.shape)
     ranks = check_ranks(ranks, shape)
     check_factor_memory(shape, ranks, f"Tucker of {store.path}")
-    init = check_init(init, shape, ranks)
-    if isinstance(max_iters, bool) or not isinstance(max_iters, numbers.Integral) or max_iters < 1:
-        raise DecompositionError(f"max_iters must be an integer >= 1, got {max_iters!r}")
-    if not isinstance(tol, numbers.Real) or not math.isfinite(tol) or tol < 0:
-        raise DecompositionError(f"tol must be a finite number >= 0, got {tol!r}")
-    if svd not in T.SVD_METHODS:
-        raise DecompositionError(f"svd must be one of {T.SVD_METHODS}, got {svd!r}")
-    if kernel is not None and kernel not in KERNELS:
-        raise DecompositionError(f"kernel must be one of {KERNELS} or None (the selector's choice), got {kernel!r}")
-    if device not in DEVICES:
-        raise DecompositionError(f"device must be one of {DEVICES}, got {device!r}")
-    if execution not in EXECUTION_MODES:
-        raise DecompositionError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
-    if int(checkpoint_every) < 1:
-        raise DecompositionError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
-    checkpoint = None if checkpoint is None else str(checkpoint)
+    o.init = check_init(o.init, shape, ranks)
+    if isinstance(o.max_iters, bool) or not isinstance(o.max_iters, numbers.Integral) or o.max_iters < 1:
+        raise DecompositionError(f"max_iters must be an integer >= 1, got {o.max_iters!r}")
+    if not isinstance(o.tol, numbers.Real) or not math.isfinite(o.tol) or o.tol < 0:
+        raise DecompositionError(f"tol must be a finite number >= 0, got {o.tol!r}")
+    if o.svd not in T.SVD_METHODS:
+        raise DecompositionError(f"svd must be one of {T.SVD_METHODS}, got {o.svd!r}")
+    if o.kernel is not None and o.kernel not in KERNELS:
+        raise DecompositionError(f"kernel must be one of {KERNELS} or None (the selector's choice), got {o.kernel!r}")
+    if run.device not in DEVICES:
+        raise DecompositionError(f"device must be one of {DEVICES}, got {run.device!r}")
+    if run.execution not in EXECUTION_MODES:
+        raise DecompositionError(f"execution must be one of {EXECUTION_MODES}, got {run.execution!r}")
+    if int(run.checkpoint_every) < 1:
+        raise DecompositionError(f"checkpoint_every must be >= 1, got {run.checkpoint_every}")
+    run.checkpoint = None if run.checkpoint is None else str(run.checkpoint)
     input_fp = fingerprint(store)
-    state0 = read_tucker_checkpoint(checkpoint) if (resume and checkpoint) else None
+    state0 = read_tucker_checkpoint(run.checkpoint) if (run.resume and run.checkpoint) else None
     if state0 is not None and (
         state0.input["store_id"] != input_fp["store_id"] or tuple(state0.params.get("ranks", ())) != ranks
     ):
         raise DecompositionError(
-            f"{checkpoint}: checkpoint is for another store or other ranks "
+            f"{run.checkpoint}: checkpoint is for another store or other ranks "
             f"({state0.params.get('ranks')}); remove it or drop resume"
         )
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise DecompositionError(f"seed must be an integer or None, got {seed!r}")
-    seed = None if seed is None else int(seed)
+    if o.seed is not None and (isinstance(o.seed, bool) or not isinstance(o.seed, numbers.Integral)):
+        raise DecompositionError(f"seed must be an integer or None, got {o.seed!r}")
+    o.seed = None if o.seed is None else int(o.seed)
     params = {
         "ranks": list(ranks),
-        "max_iters": int(max_iters),
-        "tol": float(tol),
-        "seed": seed,
-        "init": init if isinstance(init, str) else "given",
-        "svd": svd,
-        "kernel": kernel,
+        "max_iters": int(o.max_iters),
+        "tol": float(o.tol),
+        "seed": o.seed,
+        "init": o.init if isinstance(o.init, str) else "given",
+        "svd": o.svd,
+        "kernel": o.kernel,
     }
     normX2 = float(store.meta["norm_sq"])
     normX = math.sqrt(normX2)
 
-    if client is None and scheduler is None and device != "gpu" and store.nnz <= INLINE_MAX_NNZ:
-        scheduler = "inline"  # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
+    if run.client is None and run.scheduler is None and run.device != "gpu" and store.nnz <= INLINE_MAX_NNZ:
+        run.scheduler = "inline"  # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
     from tqdm.auto import tqdm
 
-    claim = claim_run(store, out, checkpoint, overwrite, f"tucker_hooi of {store.path}", error=DecompositionError)
-    with claim, get_client(client, scheduler, device=device) as c:
-        graph = TTMGraph(c, store.path, execution=execution, partitions=partitions, kernel=kernel, device=device)
+    claim = claim_run(
+        store, run.out, run.checkpoint, run.overwrite, f"tucker_hooi of {store.path}", error=DecompositionError
+    )
+    with claim, get_client(run.client, run.scheduler, device=run.device) as c:
+        graph = TTMGraph(
+            c, store.path, execution=run.execution, partitions=run.partitions, kernel=o.kernel, device=run.device
+        )
         params["device"] = graph.device
         params["execution"] = graph.execution
         params["partitions"] = len(graph.parts)
@@ -264,42 +207,42 @@ def tucker_hooi(
             )
             start, fit, history = state0.iteration + 1, state0.fit, list(state0.history)
             svd_entropy = state0.params.get("svd_entropy")
-            log.info("resuming from %s after iteration %d (fit %.6f)", checkpoint, start, fit)
+            log.info("resuming from %s after iteration %d (fit %.6f)", run.checkpoint, start, fit)
         else:
-            if init == "random":
-                S = c.submit(T.random_init, shape, ranks, seed, pure=False)
-            elif init == "nvecs":
+            if o.init == "random":
+                S = c.submit(T.random_init, shape, ranks, o.seed, pure=False)
+            elif o.init == "nvecs":
                 S = c.submit(T.nvecs_init, store.path, shape, ranks, pure=False)
             else:
-                given = [None if a is None else np.asarray(a) for a in init]
+                given = [None if a is None else np.asarray(a) for a in o.init]
                 S = c.submit(T.given_init, shape, ranks, c.scatter(given, hash=False), pure=False)
             start, fit, history, svd_entropy = 0, 0.0, [], None
         if svd_entropy is None:
             # one entropy per run, kept in checkpoints: a resumed run draws the test vectors the
             # uninterrupted one would have
-            svd_entropy = int(np.random.SeedSequence(check_seed(seed)).entropy) % 2**63
+            svd_entropy = int(np.random.SeedSequence(check_seed(o.seed)).entropy) % 2**63
         params["svd_entropy"] = int(svd_entropy)
         params["resumed_after"] = start
         chunk_bytes = sum(paths.disk_bytes(f"{str(store.path).rstrip('/')}/{name}") for name in ("alto", "values"))
         streamed = graph.execution == "streaming"
         bar = tqdm(
-            total=max_iters,
+            total=o.max_iters,
             initial=start,
             desc="tucker-hooi",
             unit="it",
             leave=False,
-            disable=None if progress else True,
+            disable=None if run.progress else True,
         )
 
         # A whole iteration is submitted at once: per mode the TTM partition tasks, the reduction
         # and one update task (one task in all when there is one partition), so the modes follow
         # each other on the cluster; the driver reads the small summary once per iteration.
         try:
-            for iteration in range(start, max_iters):
+            for iteration in range(start, o.max_iters):
                 t_iter = time.time()
                 fit_old = fit
                 for n in range(N):
-                    S = graph.mode_update(S, n, T.update_factor, n == N - 1, svd, (svd_entropy, iteration, n))
+                    S = graph.mode_update(S, n, T.update_factor, n == N - 1, o.svd, (svd_entropy, iteration, n))
                 sm = c.submit(T.summary, S, pure=False).result()
                 fit = 1 - math.sqrt(abs(normX2 - sm.core_norm2)) / normX if normX > 0 else 0.0
                 seconds = time.time() - t_iter
@@ -333,14 +276,16 @@ def tucker_hooi(
                     sum(svd_s),
                     extra={"iteration": iteration + 1},
                 )
-                done = record["fit_change"] < tol  # pyttb's rule, its first iteration included
-                if checkpoint and (done or (iteration + 1) % checkpoint_every == 0 or iteration + 1 == max_iters):
+                done = record["fit_change"] < o.tol  # pyttb's rule, its first iteration included
+                if run.checkpoint and (
+                    done or (iteration + 1) % run.checkpoint_every == 0 or iteration + 1 == o.max_iters
+                ):
                     t_ck = time.time()
                     raise_returned(
                         c.submit(
                             disk_full_returned,
                             write_tucker_checkpoint,
-                            checkpoint,
+                            run.checkpoint,
                             S,
                             iteration,
                             fit,
@@ -353,8 +298,8 @@ def tucker_hooi(
                     record["checkpoint_seconds"] = time.time() - t_ck
                 bar.update(1)
                 bar.set_postfix(fit=f"{fit:.6f}", dfit=f"{record['fit_change']:.1e}", s_per_it=f"{seconds:.3f}")
-                if callback is not None:
-                    callback(record)
+                if run.callback is not None:
+                    run.callback(record)
                 if done:
                     break
         finally:
@@ -365,7 +310,7 @@ def tucker_hooi(
         graph.release()
 
     result = TuckerResult(core, [np.array(f) for f in factors], fit, len(history), history, params, input_fp)
-    if out is not None:
-        result.save(out, overwrite=overwrite)
-        log.info("result written to %s", out)
+    if run.out is not None:
+        result.save(run.out, overwrite=run.overwrite)
+        log.info("result written to %s", run.out)
     return result

@@ -1,0 +1,91 @@
+"""TT-ALS's options: the run control it takes and its own knobs (see :mod:`..common.options`)."""
+
+from __future__ import annotations
+
+from ..common.options import (
+    ANY,
+    COUNT,
+    OPTIONAL_COUNT,
+    TOLERANCE,
+    Option,
+    choice,
+    option_set,
+    run_control,
+    seed_option,
+)
+
+TT_ALS = option_set(
+    "tt_als",
+    run_control(
+        "client",
+        "scheduler",
+        "execution",
+        "partitions",
+        "checkpoint",
+        "resume",
+        "checkpoint_every",
+        "out",
+        "overwrite",
+        "callback",
+    ),
+    (
+        Option(
+            "method",
+            "exact",
+            choice("exact", "randomized"),
+            "str",
+            "exact = each core's least-squares update contracted over every nonzero; randomized = "
+            "rTT-ALS, each update solved from SAMPLES rows of its design drawn by their leverage scores "
+            "(seed 000, chapter 5)",
+            details="Draws are seeded per (run, sweep, update), so a resumed run draws what the "
+            "uninterrupted one drew.",
+            spec="algorithm",
+        ),
+        Option(
+            "samples",
+            65536,
+            COUNT,
+            "int",
+            "randomized: design-matrix rows drawn per core update",
+            metavar="J",
+        ),
+        Option(
+            "fit_every",
+            None,
+            OPTIONAL_COUNT,
+            "int | None",
+            "randomized: evaluate the fit (a pass over every nonzero) every K sweeps and at the last "
+            "(default every sweep up to 2^24 nonzeros, else every 5th)",
+            details="It stops when the best of the last 3 evaluated fits does not beat the best before "
+            "them by ``tol``; the exact method's fit is free and evaluated every sweep.",
+            metavar="K",
+        ),
+        Option(
+            "max_sweeps",
+            20,
+            COUNT,
+            "int",
+            "sweeps at most, each left to right and back",
+            flags=("--sweeps", "--max-sweeps"),
+            metavar="N",
+            spec="max_iters",
+        ),
+        Option("tol", 1e-5, TOLERANCE, "float", "stop when a sweep after the first changes the fit by less"),
+        Option(
+            "init",
+            "random",
+            ANY,
+            "str | Sequence[np.ndarray]",
+            "initial cores: 'random' draws every core standard normal from SEED (core 0 first); or a "
+            "sequence of (R_{k-1}, I_k, R_k) arrays",
+            details="Random or given, the cores are then made right-orthonormal from the last to core 1, "
+            "so core 0 carries the norm.",
+            flags=None,
+            spec=None,
+        ),
+        seed_option("seed of the random initial cores (standard normal)"),
+    ),
+)
+
+# options of the randomized method only: giving one to the exact sweeps is an error at its own line
+RANDOMIZED_ONLY = ("samples", "fit_every")
