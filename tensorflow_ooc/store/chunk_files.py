@@ -23,17 +23,18 @@ import threading
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import zarr
 from numcodecs import blosc
 from zarr.abc.store import SuffixByteRequest
-from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from .chunk_cache import CachedChunk, ChunkCache
+from .codecs import StoredChain
 
 BLOSC_HEADER = 16
 ABSENT = -1  # recorded checksum of a chunk with no stored bytes (Zarr skips all-fill-value chunks)
@@ -83,6 +84,16 @@ def _unreadable(c: int, key: str, exc: OSError) -> ChunkDecodeError:
     return ChunkDecodeError(f"chunk {c} ({key}) cannot be read: {exc.strerror or exc}")
 
 
+class FileVersion(NamedTuple):
+    """One version of a chunk's file: a file replaced or changed in place gets another, and with
+    it another CRC32C check. ``version[1:]`` is the chunk cache's version of its copies."""
+
+    chunk: int
+    inode: int
+    mtime_ns: int
+    size: int
+
+
 @dataclass
 class ChunkRead:
     """Decoded chunk: ``data`` (a view of the caller's buffer) holds the index's differences when
@@ -92,13 +103,6 @@ class ChunkRead:
     data: np.ndarray
     is_delta: bool
     checksum: int | None = None  # the stored CRC32C, ABSENT for no stored bytes, None: not read here
-
-
-def _is_delta(codec) -> bool:
-    cfg = getattr(codec, "codec_config", None) or {}
-    return getattr(codec, "codec_name", "") == "numcodecs.delta" and np.dtype(cfg.get("dtype", "|V0")) == np.dtype(
-        "<u8"
-    )
 
 
 class ChunkFiles:
@@ -119,37 +123,24 @@ class ChunkFiles:
         self.array = array
         self.chunk_len = int(array.chunks[0])
         self.dtype = np.dtype(array.dtype)
-        codecs = list(array.metadata.codecs)
+        chain = StoredChain.of(array)
         # the Delta filter in the chain (format version 1's index), which Zarr's own reads undo
-        self.filtered = bool(codecs) and _is_delta(codecs[0])
+        self.filtered = chain.delta
         # whether the chunks hold differences: the filter's, or (``delta`` given) ``delta32``'s,
         # which are the stored elements themselves
         self.delta = self.filtered if delta is None else bool(delta)
-        rest = codecs[1:] if self.filtered else codecs
-        little = (
-            isinstance(rest[0], BytesCodec) and (rest[0].endian is None or rest[0].endian.value == "little")
-            if rest
-            else False
-        )
-        native = self.dtype.itemsize == 1 or self.dtype.byteorder in "<="
         # compression "none": the chunk's bytes are the little-endian elements and their CRC32C
-        self.raw = len(rest) == 2 and little and isinstance(rest[1], Crc32cCodec) and native
-        self.fast = self.raw or (
-            len(rest) == 3
-            and little
-            and isinstance(rest[1], BloscCodec)
-            and isinstance(rest[2], Crc32cCodec)
-            and native
-        )
-        self.has_crc = bool(codecs) and isinstance(codecs[-1], Crc32cCodec)
+        self.raw = chain.raw
+        self.fast = chain.known
+        self.has_crc = chain.crc
         store = array.store
         self.local_root = Path(store.root) if isinstance(store, LocalStore) else None
         # the cache holds the stored bytes the fast path reads; other chains go through Zarr
         self.cache = cache if self.local_root is None and self.fast else None
         self._cache_key = tuple(cache_key)
         self._expected = expected
-        self._verified: set[tuple[int, int, int, int]] = set()  # mapped chunk files whose CRC32C held
-        self._mapped: dict[int, tuple[tuple[int, int, int, int], mmap.mmap]] = {}  # kept mappings
+        self._verified: set[FileVersion] = set()  # mapped chunk files whose CRC32C held
+        self._mapped: dict[int, tuple[FileVersion, mmap.mmap]] = {}  # kept mappings
         self._kept = 0
 
     def _key(self, c: int) -> str:
@@ -181,12 +172,12 @@ class ChunkFiles:
             return 0
         return self.cache.prefetch([self._cache_job(c) for c in chunks])
 
-    def _map_file(self, path: Path, c: int, key: str) -> tuple[np.ndarray, tuple[int, int, int, int]]:
+    def _map_file(self, path: Path, c: int, key: str) -> tuple[np.ndarray, FileVersion]:
         """A chunk file mapped, pre-faulted, and its version; FileNotFoundError if there is none."""
         try:
             with open(path, "rb", buffering=0) as f:
                 st = os.fstat(f.fileno())
-                version = (c, st.st_ino, st.st_mtime_ns, st.st_size)
+                version = FileVersion(c, st.st_ino, st.st_mtime_ns, st.st_size)
                 if st.st_size == 0:
                     return np.zeros(0, dtype=np.uint8), version
                 mm = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | _MAP_POPULATE, prot=mmap.PROT_READ)
@@ -196,7 +187,7 @@ class ChunkFiles:
             raise _unreadable(c, key, exc) from exc
         return np.frombuffer(mm, dtype=np.uint8), version  # the array keeps the mapping alive
 
-    def _bytes(self, c: int) -> tuple[np.ndarray | None, tuple[int, int, int, int] | None]:
+    def _bytes(self, c: int) -> tuple[np.ndarray | None, FileVersion | None]:
         """The stored bytes of chunk ``c`` (None if it was never written) and, for a local file,
         its version (chunk, inode, modification time, size). Local files are memory-mapped,
         pre-faulted: checksum and decompression then read the page cache directly, which halves
@@ -308,7 +299,7 @@ class ChunkFiles:
         size = st.st_size
         if size == 0:
             return None
-        version = (c, st.st_ino, st.st_mtime_ns, size)
+        version = FileVersion(c, st.st_ino, st.st_mtime_ns, size)
         kept = self._mapped.get(c)
         if kept is not None and kept[0] == version:
             mm = kept[1]

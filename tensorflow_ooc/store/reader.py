@@ -28,6 +28,7 @@ from ..format.index_encoding import (
 from ..format.linearize import field_minmax
 from . import chunk_cache, paths
 from .chunk_files import ABSENT, UNCHECKED, ChunkDecodeError, ChunkFiles
+from .codecs import quiet_numcodecs
 from .metadata import (
     ARRAY_NAMES,
     CHECKSUM_KEY,
@@ -529,14 +530,40 @@ class Store:
         }
 
 
-class _RemoteGroup:
-    """A store's group in object storage, whose arrays are looked up once: every lookup of a
-    Zarr group's member reads the member's ``zarr.json``, a request each (opening a store looked
-    its arrays up 40 times). The arrays this package writes are fetched together, in parallel,
-    when the group is wrapped; everything else is the group's."""
+class _StoreGroup:
+    """A store's Zarr group whose member lookups keep zarr's numcodecs notice quiet (every lookup
+    of a ``delta64`` store's ``alto`` re-creates its Delta filter, and zarr warns each time);
+    everything else is the group's."""
 
     def __init__(self, group: zarr.Group) -> None:
         self._group = group
+
+    def _lookup(self, name: str):
+        with quiet_numcodecs():
+            return self._group[name]
+
+    def __getitem__(self, name: str):
+        return self._lookup(name)
+
+    def __contains__(self, name: str) -> bool:
+        try:
+            self[name]
+        except KeyError:
+            return False
+        return True
+
+    def __getattr__(self, attr: str):
+        return getattr(self._group, attr)
+
+
+class _RemoteGroup(_StoreGroup):
+    """A store's group in object storage, whose arrays are looked up once: every lookup of a
+    Zarr group's member reads the member's ``zarr.json``, a request each (opening a store looked
+    its arrays up 40 times). The arrays this package writes are fetched together, in parallel,
+    when the group is wrapped."""
+
+    def __init__(self, group: zarr.Group) -> None:
+        super().__init__(group)
         self._nodes: dict[str, object] = {}
         self._lock = threading.Lock()
         agroup = group._async_group
@@ -550,7 +577,9 @@ class _RemoteGroup:
         async def all_arrays():
             return await asyncio.gather(*(lookup(n) for n in ARRAY_NAMES))
 
-        for name, node in zarr_sync(all_arrays()):
+        with quiet_numcodecs():
+            found = zarr_sync(all_arrays())
+        for name, node in found:
             self._nodes[name] = None if node is None else zarr.Array(node)
 
     def __getitem__(self, name: str):
@@ -559,22 +588,12 @@ class _RemoteGroup:
                 node = self._nodes[name]
             else:
                 try:
-                    node = self._nodes[name] = self._group[name]
+                    node = self._nodes[name] = self._lookup(name)
                 except KeyError:
                     node = self._nodes[name] = None
         if node is None:
             raise KeyError(name)
         return node
-
-    def __contains__(self, name: str) -> bool:
-        try:
-            self[name]
-        except KeyError:
-            return False
-        return True
-
-    def __getattr__(self, attr: str):
-        return getattr(self._group, attr)
 
 
 def open_store(path: str | os.PathLike) -> Store:
@@ -598,8 +617,8 @@ def open_store(path: str | os.PathLike) -> Store:
         root = zarr.open_group(path, mode="r", **paths.read_options(path))
     except Exception as exc:
         raise ForeignStoreError(f"{path}: not a Zarr v3 group, so not a tensorflow_ooc store ({exc})") from exc
-    if chunk_cache.wants_cache(root.store):
-        root = _RemoteGroup(root)  # each array's metadata read once, all at once
+    # a remote store's arrays' metadata read once, all at once
+    root = _RemoteGroup(root) if chunk_cache.wants_cache(root.store) else _StoreGroup(root)
     attrs = dict(root.attrs)
     meta = attrs.get(META_KEY)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:

@@ -34,11 +34,12 @@ from . import paths
 from .chunk_files import ChunkFiles
 from .codecs import (
     DEFAULT_COMPRESSION,
+    IndexCodecs,
+    StoredChain,
+    TableCodecs,
+    ValueCodecs,
     check_compression,
-    index_codecs,
     quiet_numcodecs,
-    table_codecs,
-    value_codecs,
     value_padding,
 )
 from .destinations import check_replaceable
@@ -90,33 +91,14 @@ class DirectChunkWriter:
 
     @classmethod
     def for_array(cls, array: zarr.Array) -> "DirectChunkWriter | None":
-        from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
         from zarr.storage import LocalStore
-
-        from .chunk_files import _is_delta
 
         if not isinstance(array.store, LocalStore) or array.ndim != 1:
             return None
-        codecs = list(array.metadata.codecs)
-        delta = bool(codecs) and _is_delta(codecs[0])
-        rest = codecs[1:] if delta else codecs
-        dtype = np.dtype(array.dtype)
-        little = (
-            bool(rest)
-            and isinstance(rest[0], BytesCodec)
-            and dtype.byteorder in "<=|"
-            and (rest[0].endian is None or rest[0].endian.value == "little")
-        )
-        if little and len(rest) == 2 and isinstance(rest[1], Crc32cCodec):  # compression "none"
-            return cls(array, Path(array.store.root), delta, None)
-        if not (little and len(rest) == 3 and isinstance(rest[1], BloscCodec) and isinstance(rest[2], Crc32cCodec)):
+        chain = StoredChain.of(array)
+        if not chain.known:
             return None
-        b = rest[1]
-        shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[b.shuffle.value]
-        blosc = numcodecs.Blosc(
-            cname=b.cname.value, clevel=b.clevel, shuffle=shuffle, blocksize=b.blocksize, typesize=b.typesize
-        )
-        return cls(array, Path(array.store.root), delta, blosc)
+        return cls(array, Path(array.store.root), chain.delta, chain.numcodecs_blosc())
 
     def write(self, c: int, data: np.ndarray) -> None:
         """Chunk ``c`` from exactly ``chunk_len`` elements."""
@@ -400,32 +382,32 @@ class StoreWriter:
             if self.index_encoding is None:
                 wide = sample is not None and patch_fraction(sample) > PATCH_MAX_FRACTION
                 self.index_encoding = DELTA64 if wide else DELTA32
-            with quiet_numcodecs():
+            options = IndexCodecs(self.compression, self.index_encoding).array_options()
+            with quiet_numcodecs():  # the array's metadata re-creates its Delta filter
                 self.alto = self.root.create_array(
                     "alto",
                     shape=(self.capacity,),
                     chunks=(self.chunk_nnz,),
                     dtype="<u4" if self.index_encoding == DELTA32 else "<u8",
                     fill_value=0,
-                    **index_codecs(self.compression, self.index_encoding),
+                    **options,
                 )
         return self.alto
 
     def _values_array(self, sample: np.ndarray | None):
         if self.values is None:
             # the capacity bounds the nonzeros from above: the padding is at least this
-            codecs = value_codecs(
+            codecs = ValueCodecs.for_sample(
                 self.value_dtype, self.compression, sample, value_padding(self.capacity, self.chunk_nnz)
             )
-            first = codecs["compressors"][0]
-            self.values_shuffle = first.shuffle.value if hasattr(first, "shuffle") else "none"
+            self.values_shuffle = codecs.shuffle
             self.values = self.root.create_array(
                 "values",
                 shape=(self.capacity,),
                 chunks=(self.chunk_nnz,),
                 dtype=self.value_dtype,
                 fill_value=0,
-                **codecs,
+                **codecs.array_options(),
             )
         return self.values
 
@@ -514,10 +496,12 @@ class StoreWriter:
             shape = arr.shape
             chunks = tuple(max(1, s) for s in shape)
             a = self.root.create_array(
-                name, shape=shape, chunks=chunks, dtype=arr.dtype, fill_value=0, **table_codecs()
+                name, shape=shape, chunks=chunks, dtype=arr.dtype, fill_value=0, **TableCodecs().array_options()
             )
             if arr.size:
                 a[...] = arr
+        with quiet_numcodecs():  # its lookups of alto re-create a delta64 store's Delta filter
+            checksum = arrays_checksum(self.root)
         meta = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
@@ -539,7 +523,7 @@ class StoreWriter:
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "source": self.attrs,
             "complete": True,
-            "arrays_checksum": arrays_checksum(self.root),
+            "arrays_checksum": checksum,
         }
         if self.index_encoding == DELTA32:
             meta["patches_checksum"] = patches_checksum(tables["patches/position"], tables["patches/word"])
