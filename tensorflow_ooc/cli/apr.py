@@ -7,7 +7,9 @@ import logging
 import time
 from typing import Callable
 
-from .options import _positive_int, _seed, _tolerance, print_no_iterations, run_outputs, this_run
+from ..decompositions.apr.options import CP_APR
+from .declared_flags import add_declared, declared_keywords
+from .options import _positive_int, print_no_iterations, run_outputs, this_run
 
 
 def cmd_apr(args: argparse.Namespace) -> int:
@@ -29,26 +31,9 @@ def cmd_apr(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     with bar, logging_redirect_tqdm(loggers=[logging.getLogger("tensorflow_ooc")]):
-        result = cp_apr(
-            store,
-            args.rank,
-            algorithm=args.algorithm,
-            scheduler=args.scheduler,
-            max_iters=args.max_iters,
-            max_inner_iters=args.max_inner_iters,
-            tol=args.tol,
-            seed=args.seed,
-            kappa=args.kappa,
-            kappa_tol=args.kappa_tol,
-            eps_div_zero=args.eps_div_zero,
-            checkpoint=checkpoint,
-            resume=args.resume,
-            callback=progress,
-            execution=args.execution,
-            distribution=args.distribution,
-            out=out,
-            overwrite=True,
-        )
+        options = declared_keywords(args, CP_APR)
+        options.update(checkpoint=checkpoint, callback=progress, out=out, overwrite=True)
+        result = cp_apr(store, args.rank, **options)
     wall = time.perf_counter() - t0
     new, steady, per_it = this_run(result)
     print(
@@ -90,62 +75,5 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         "FOLDER@vN: version N); a negative value is refused, naming it",
     )
     d.add_argument("--rank", type=_positive_int, required=True, help="number of components R")
-    d.add_argument(
-        "--algorithm",
-        choices=["mu", "pdnr"],
-        default="mu",
-        help="mu = multiplicative updates (cheap inner iterations), pdnr = projected damped Newton "
-        "per row (fewer, costlier inner iterations; default mu)",
-    )
-    d.add_argument("--out", help="result store (default STORE.apr-rR.zarr)")
-    d.add_argument(
-        "--scheduler",
-        help="address of an existing Dask scheduler; 'embedded' for the in-process Dask cluster; "
-        "'inline' to run in this process without Dask (default: inline up to 2^24 nonzeros)",
-    )
-    d.add_argument("--max-iters", type=_positive_int, default=1000, help="outer iterations at most (default 1000)")
-    d.add_argument(
-        "--max-inner-iters",
-        type=_positive_int,
-        default=10,
-        help="inner iterations per mode and outer iteration (default 10)",
-    )
-    d.add_argument(
-        "--tol", type=_tolerance, default=1e-4, help="stop when every mode's KKT violation is below TOL (default 1e-4)"
-    )
-    d.add_argument("--seed", type=_seed, default=None, help="seed of the random initial factors (uniform [0, 1))")
-    d.add_argument("--kappa", type=_tolerance, default=0.01, help="mu: offset for entries stuck at zero (default 0.01)")
-    d.add_argument(
-        "--kappa-tol", type=_tolerance, default=1e-10, help="mu: an entry below this counts as zero (default 1e-10)"
-    )
-    d.add_argument(
-        "--eps-div-zero",
-        type=_tolerance,
-        default=None,
-        help="floor of model values in divisions (default pyttb's 1e-10, or 1e-3 of the mean model value "
-        "over all cells where that is smaller, as for huge hypersparse tensors)",
-    )
-    d.add_argument(
-        "--execution",
-        choices=["auto", "streaming", "in-memory"],
-        default="auto",
-        help="stream chunks each pass or keep decoded blocks on workers (default: by memory)",
-    )
-    d.add_argument(
-        "--distribution",
-        choices=["auto", "owner", "graph"],
-        default="auto",
-        help="how the run spreads over several workers: owner = owner-computes (each worker keeps its "
-        "partitions and the factor rows it owns, one task per worker and outer iteration, rows sent only "
-        "where shared; needs Dask CPU workers, not --scheduler inline); graph = per-mode task graphs (what "
-        "one worker and the inline scheduler always use); auto = owner on a cluster of several CPU workers, "
-        "else graph (default auto)",
-    )
-    d.add_argument("--checkpoint", help="checkpoint file (default OUT.checkpoint.npz)")
-    d.add_argument("--resume", action="store_true", help="continue from the checkpoint if it exists")
-    d.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an existing result at OUT (without it, an existing result is an error)",
-    )
+    add_declared(d, CP_APR)
     d.set_defaults(func=cmd_apr)

@@ -7,7 +7,9 @@ import logging
 import time
 from typing import Callable
 
-from .options import _finite_float, _fraction, _nonnegative_int, _positive_int, _seed, claim, parse_ranks
+from ..decompositions.completion.options import TUCKER_SGD
+from .declared_flags import add_declared, declared_keywords
+from .options import _positive_int, claim, parse_ranks
 
 
 def cmd_complete(args: argparse.Namespace) -> int:
@@ -27,38 +29,15 @@ def cmd_complete(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     with logging_redirect_tqdm(loggers=[logging.getLogger("tensorflow_ooc")]):
-        training = {
-            k: getattr(args, k)
-            for k in (
-                "lr_factors",
-                "lr_core",
-                "lr_decay",
-                "reg_factors",
-                "reg_core",
-                "step",
-                "rebalance",
-                "revive_epochs",
-            )
-        }
+        options = declared_keywords(args, TUCKER_SGD)
         fraction = args.test_fraction if args.test is not None or args.test_fraction is not None else 0.1
-        result = tucker_sgd(
-            store,
-            ranks,
-            args.core_rank,
-            test=args.test,
+        options.update(
             test_fraction=None if args.test is not None else fraction,
-            epochs=args.epochs,
-            batch=args.batch,
-            seed=args.seed,
-            patience=args.patience,
-            **training,
             progress=args.progress,
             out=out,
             overwrite=args.overwrite,
-            scheduler=args.scheduler,
-            device=args.device,
-            threads=args.threads,
         )
+        result = tucker_sgd(store, ranks, args.core_rank, **options)
     wall = time.perf_counter() - t0
     h = result.history
     steady = h[1:] or h
@@ -99,74 +78,5 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     )
     t.add_argument("--ranks", type=parse_ranks, required=True, help="factor ranks J_n, e.g. 8,8,8 (or one for all)")
     t.add_argument("--core-rank", type=_positive_int, required=True, help="rank R of the Kruskal core")
-    tt = t.add_mutually_exclusive_group()
-    tt.add_argument("--test", help="test entries: a store of the same shape, disjoint from STORE")
-    tt.add_argument(
-        "--test-fraction",
-        type=_fraction,
-        default=None,
-        help="hold out this fraction of STORE's entries as the test set (seeded; default 0.1 when --test is not given)",
-    )
-    t.add_argument("--epochs", type=_positive_int, default=50, help="epochs at most (default 50)")
-    t.add_argument("--batch", type=_positive_int, default=64, help="entries per batch of the factor pass (default 64)")
-    t.add_argument(
-        "--step",
-        choices=["normalized", "plain"],
-        default="normalized",
-        help="factor steps: 'normalized' divides a sample's moves by the squared norm of its gradient "
-        "(normalized LMS; default), 'plain' is the seed's rule 14",
-    )
-    t.add_argument(
-        "--lr-factors",
-        type=_finite_float,
-        default=None,
-        help="factor rate: the step fraction in (0, 2) of normalized steps (default 0.3), or the "
-        "learning rate of plain steps (default 0.01)",
-    )
-    t.add_argument("--lr-core", type=_finite_float, default=0.3, help="learning rate of the core (default 0.3)")
-    t.add_argument(
-        "--lr-decay",
-        type=_finite_float,
-        default=None,
-        help="rates of epoch t divided by 1 + DECAY * t (default 0.05 with normalized steps, 0 with plain)",
-    )
-    t.add_argument(
-        "--no-rebalance",
-        dest="rebalance",
-        action="store_false",
-        help="do not reset the model's gauge after every epoch (orthonormal core-factor rows, columns of "
-        "equal scale in every mode; same predictions)",
-    )
-    t.add_argument(
-        "--revive-epochs",
-        type=_nonnegative_int,
-        default=10,
-        help="for this many first epochs, restart a component SGD has lost (strength under 5%% of the "
-        "median) as the best rank-1 fit of the training residual; 0: never (default 10)",
-    )
-    t.add_argument(
-        "--reg-factors", type=_finite_float, default=0.001, help="regularization of the factors (default 0.001)"
-    )
-    t.add_argument("--reg-core", type=_finite_float, default=0.001, help="regularization of the core (default 0.001)")
-    t.add_argument(
-        "--patience",
-        type=_positive_int,
-        default=5,
-        help="stop when the test RMSE has not improved for this many epochs (default 5)",
-    )
-    t.add_argument(
-        "--seed", type=_seed, default=0, help="seed of the initial model, the batches and the split (default 0)"
-    )
-    t.add_argument(
-        "--threads", type=_positive_int, default=None, help="numba threads per task (1: reproducible; default all)"
-    )
-    t.add_argument(
-        "--device", choices=["cpu", "gpu", "auto"], default="cpu", help="where the kernels run (default cpu)"
-    )
-    t.add_argument(
-        "--scheduler",
-        help="address of a Dask scheduler, 'embedded' or 'inline' (default: inline up to 2^24 entries, embedded above)",
-    )
-    t.add_argument("--out", help="result store (default STORE.fasttucker-rR.zarr)")
-    t.add_argument("--overwrite", action="store_true", help="replace an existing result at OUT")
+    add_declared(t, TUCKER_SGD)
     t.set_defaults(func=cmd_complete)

@@ -38,7 +38,7 @@ def parser_for(values: Values) -> Callable[[str], Any] | None:
 
 def _help(o: Option, default: Any) -> str:
     text = o.help.replace("%", "%%")
-    if default is None or "(default" in text or o.values.kind == "bool":
+    if default is None or "(default" in text or o.values.kind == "bool" or f"{default}:" in text:
         return text
     return f"{text} (default {default})"
 
@@ -49,7 +49,9 @@ def add_declared(parser: argparse.ArgumentParser, options: OptionSet) -> None:
     for o in options.on_cli():
         target: Any = parser
         if o.group:
-            target = groups.setdefault(o.group, parser.add_mutually_exclusive_group())
+            if o.group not in groups:
+                groups[o.group] = parser.add_mutually_exclusive_group()
+            target = groups[o.group]
         default = o.default_on("cli")
         kw: dict[str, Any] = {"dest": o.name, "default": default, "help": _help(o, default)}
         if o.values.kind == "bool":

@@ -234,29 +234,6 @@ def parse_ranks(text: str) -> tuple[int, ...]:
     return _positive_ints(text, "not ranks", "8,8,8", "every rank must be >= 1")
 
 
-class LazyChoices:
-    """An option's ``choices`` read from a module's constant when argparse first needs them (the
-    option is given, or its command's help is shown), so that building the parser, which every
-    command line does, does not import that module's stage (numba kernels, for example)."""
-
-    def __init__(self, module: str, name: str) -> None:
-        self.module, self.name = module, name
-
-    def _values(self) -> tuple:
-        import importlib
-
-        return tuple(getattr(importlib.import_module(self.module), self.name))
-
-    def __contains__(self, value: object) -> bool:
-        return value in self._values()
-
-    def __iter__(self):
-        return iter(self._values())
-
-    def __len__(self) -> int:
-        return len(self._values())
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse with the CLI's one error line: ``tfooc: error: cpd: argument --tol: ...`` and a
     pointer to ``--help`` (exit 2), the same form every other bad input gets."""

@@ -7,7 +7,9 @@ import logging
 import time
 from typing import Callable
 
-from .options import _positive_int, _seed, _tolerance, iteration_bar, mean_seconds, parse_ranks, run_outputs, this_run
+from ..decompositions.tt.options import TT_ALS
+from .declared_flags import add_declared, declared_keywords
+from .options import iteration_bar, mean_seconds, parse_ranks, run_outputs, this_run
 
 
 def cmd_tt(args: argparse.Namespace) -> int:
@@ -25,24 +27,9 @@ def cmd_tt(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     # the bar is closed (its line cleared) on errors too, before the one error line
     with bar, logging_redirect_tqdm(loggers=[logging.getLogger("tensorflow_ooc")]):
-        result = tt_als(
-            store,
-            ranks,
-            method=args.method,
-            samples=args.samples,
-            fit_every=args.fit_every,
-            scheduler=args.scheduler,
-            max_sweeps=args.max_sweeps,
-            tol=args.tol,
-            seed=args.seed,
-            checkpoint=checkpoint,
-            resume=args.resume,
-            callback=progress,
-            execution=args.execution,
-            partitions=args.partitions,
-            out=out,
-            overwrite=True,
-        )
+        options = declared_keywords(args, TT_ALS)
+        options.update(checkpoint=checkpoint, callback=progress, out=out, overwrite=True)
+        result = tt_als(store, ranks, **options)
     wall = time.perf_counter() - t0
     new, steady, per_sweep = this_run(result)  # the first sweep also compiles the kernel
     print(
@@ -96,65 +83,5 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         help="the N-1 inner TT ranks R_1..R_{N-1}, e.g. 8,8,8 for an order-4 tensor (one value: all of "
         "them); ranks[k] is at most min(I_0*..*I_k, I_{k+1}*..*I_{N-1})",
     )
-    t.add_argument(
-        "--method",
-        choices=["exact", "randomized"],
-        default="exact",
-        help="exact = each core's least-squares solution from every nonzero; randomized = a "
-        "leverage-score sampled solve (seed 000, chapter 5) (default exact)",
-    )
-    t.add_argument(
-        "--samples",
-        metavar="J",
-        type=_positive_int,
-        default=65536,
-        help="randomized: design-matrix rows drawn per core update (default 65536)",
-    )
-    t.add_argument(
-        "--fit-every",
-        metavar="K",
-        type=_positive_int,
-        default=None,
-        help="randomized: evaluate the fit (a pass over every nonzero) every K sweeps and at the last "
-        "(default every sweep up to 2^24 nonzeros, else every 5th)",
-    )
-    t.add_argument("--out", help="result store (default STORE.tt-R1xR2x...zarr)")
-    t.add_argument(
-        "--scheduler",
-        help="address of an existing Dask scheduler; 'embedded' for the in-process Dask "
-        "cluster (dashboard link logged); 'inline' to run in this process without "
-        "Dask (default: inline up to 2^24 nonzeros, embedded above)",
-    )
-    t.add_argument(
-        "--sweeps",
-        "--max-sweeps",
-        dest="max_sweeps",
-        metavar="N",
-        type=_positive_int,
-        default=20,
-        help="sweeps at most, each left to right and back (default 20)",
-    )
-    t.add_argument(
-        "--tol",
-        type=_tolerance,
-        default=1e-5,
-        help="stop when a sweep after the first changes the fit by less (default 1e-5)",
-    )
-    t.add_argument("--seed", type=_seed, default=None, help="seed of the random initial cores (standard normal)")
-    t.add_argument(
-        "--execution",
-        choices=["auto", "streaming", "in-memory"],
-        default="auto",
-        help="stream chunks each pass or keep decoded partitions on workers (default: by memory)",
-    )
-    t.add_argument(
-        "--partitions", type=_positive_int, default=None, help="partition tasks per pass (default one per Dask thread)"
-    )
-    t.add_argument("--checkpoint", help="checkpoint file (default OUT.checkpoint.npz)")
-    t.add_argument("--resume", action="store_true", help="continue from the checkpoint if it exists")
-    t.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an existing result at OUT (without it, an existing result is an error)",
-    )
+    add_declared(t, TT_ALS)
     t.set_defaults(func=cmd_tt)

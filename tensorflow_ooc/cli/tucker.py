@@ -8,11 +8,9 @@ import re
 import time
 from typing import Callable
 
+from ..decompositions.tucker.options import TUCKER_HOOI
+from .declared_flags import add_declared, declared_keywords
 from .options import (
-    LazyChoices,
-    _positive_int,
-    _seed,
-    _tolerance,
     iteration_bar,
     mean_seconds,
     print_no_iterations,
@@ -48,26 +46,9 @@ def cmd_tucker(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     # the bar is closed (its line cleared) on errors too, before the one error line
     with bar, logging_redirect_tqdm(loggers=[logging.getLogger("tensorflow_ooc")]):
-        result = tucker_hooi(
-            store,
-            ranks,
-            scheduler=args.scheduler,
-            max_iters=args.max_iters,
-            tol=args.tol,
-            init=args.init,
-            seed=args.seed,
-            svd=args.svd,
-            kernel=args.kernel,
-            checkpoint=checkpoint,
-            resume=args.resume,
-            callback=progress,
-            execution=args.execution,
-            partitions=args.partitions,
-            device=args.device,
-            out=out,
-            overwrite=True,
-            progress=False,
-        )
+        options = declared_keywords(args, TUCKER_HOOI)
+        options.update(checkpoint=checkpoint, callback=progress, out=out, overwrite=True, progress=False)
+        result = tucker_hooi(store, ranks, **options)
     wall = time.perf_counter() - t0
     new, steady, per_it = this_run(result)  # the first iteration also compiles kernels and sorts layouts
     print(
@@ -117,72 +98,5 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         required=True,
         help="core size per mode, e.g. 8,8,8 (one value: every mode); each in 1..mode length",
     )
-    t.add_argument("--out", help="result store (default STORE.tucker-J1xJ2x...zarr)")
-    t.add_argument(
-        "--scheduler",
-        help="address of an existing Dask scheduler; 'embedded' for the in-process Dask "
-        "cluster (dashboard link logged); 'inline' to run in this process without "
-        "Dask (default: inline up to 2^24 nonzeros, embedded above)",
-    )
-    t.add_argument(
-        "--max-iters",
-        "--iters",
-        dest="max_iters",
-        type=_positive_int,
-        default=50,
-        help="iterations at most (default 50)",
-    )
-    t.add_argument(
-        "--tol",
-        type=_tolerance,
-        default=1e-4,
-        help="stop when the fit changes by less, the first iteration included, as pyttb (default 1e-4)",
-    )
-    t.add_argument(
-        "--init",
-        choices=["random", "nvecs"],
-        default="random",
-        help="initial factors as pyttb: random = uniform [0, 1); nvecs = leading eigenvectors of "
-        "X_(n) X_(n)^T (reads the nonzeros into memory) (default random)",
-    )
-    t.add_argument("--seed", type=_seed, default=None, help="seed of the random initial factors and randomized SVDs")
-    t.add_argument(
-        "--svd",
-        choices=["auto", "gram", "randomized"],
-        default="auto",
-        help="leading singular vectors by the Gram matrix's eigendecomposition or a randomized range "
-        "finder (default auto: gram when the smaller side of the non-empty unfolding is <= 2048)",
-    )
-    t.add_argument(
-        "--kernel",
-        # the kernel module (numba) loads only when --kernel is given or tucker's help is shown
-        choices=LazyChoices("tensorflow_ooc.kernels.ttm.select", "KERNELS"),
-        metavar="KERNEL",  # argparse lists choices in the usage line while building the parser
-        default=None,
-        help="TTM kernel for every mode: %(choices)s (default: the decision tree's choice per mode)",
-    )
-    t.add_argument(
-        "--device",
-        choices=["cpu", "gpu", "auto"],
-        default="cpu",
-        help="where partition tasks run: gpu = GPU workers, whose sparse TTMs run on the device "
-        "(LocalCUDACluster when GPUs are visible and dask-cuda is installed); auto = GPUs when the "
-        "cluster has them (default cpu)",
-    )
-    t.add_argument(
-        "--execution",
-        choices=["auto", "streaming", "in-memory"],
-        default="auto",
-        help="stream chunks each pass or keep decoded partitions on workers (default: by memory)",
-    )
-    t.add_argument(
-        "--partitions", type=_positive_int, default=None, help="partition tasks per mode (default one per Dask thread)"
-    )
-    t.add_argument("--checkpoint", help="checkpoint file (default OUT.checkpoint.npz)")
-    t.add_argument("--resume", action="store_true", help="continue from the checkpoint if it exists")
-    t.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an existing result at OUT (without it, an existing result is an error)",
-    )
+    add_declared(t, TUCKER_HOOI)
     t.set_defaults(func=cmd_tucker)

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..decompositions import CPResult, TTResult, TuckerResult, cp_als, load_result, read_checkpoint
 from ..decompositions.common.checkpoint_files import read_npz
+from ..decompositions.common.option_values import api_keywords
 from ..errors import DecompositionError, StoreError, TfoocError
 from ..execution.inline import INLINE_MAX_NNZ
 from ..store.dense import DenseArray, is_dense_array, open_dense
@@ -146,6 +147,12 @@ def _steady(history: list[dict], resumed_after: int = 0) -> tuple[list[dict], fl
     return new, sum(h["seconds"] for h in steady) / max(1, len(steady))
 
 
+def _keywords(m: Any, **this_run: Any) -> dict[str, Any]:
+    """A method's API keywords: the step's settings of its declared options, then this run's own
+    (client, checkpoint, warm start, ...)."""
+    return {**api_keywords(m._declared_options, m.declared_values()), **this_run}
+
+
 def run_decompose(ctx: StepContext) -> dict:
     """A decompose step: CP-ALS, Tucker HOOI, FastTucker completion, CP-APR or TT-ALS, by its ``method``."""
     method = ctx.step.model.method_name  # type: ignore[attr-defined]
@@ -201,7 +208,6 @@ def _same_store(checkpoint_input: dict, store: Any) -> bool:
 
 def _run_cp(ctx: StepContext) -> dict:
     m: DecomposeStep = ctx.step.model  # type: ignore[assignment]
-    from ..execution import DeviceOptions
 
     store = _open_decompose_input(ctx, "cp")
     dense = isinstance(store, DenseArray)
@@ -237,32 +243,21 @@ def _run_cp(ctx: StepContext) -> dict:
     )
     client, scheduler = _scheduler(ctx, m, store.nnz, device)
     t0 = time.perf_counter()
-    opts = DeviceOptions(conflict=m.conflict, streams=m.streams, device_memory_limit=m.device_memory_limit)
     result = cp_als(
         store,
         m.rank,
-        client=client,
-        scheduler=scheduler,
-        max_iters=m.max_iters,
-        tol=m.tol,
-        init=init,
-        seed=m.seed,
-        dtype=m.dtype,
-        checkpoint=checkpoint,
-        resume=resume,
-        callback=_iteration_events(ctx, m.max_iters),
-        execution=m.execution,
-        checkpoint_every=m.checkpoint_every,
-        partitions=m.partitions,
-        out=out,
-        overwrite=True,
-        device=device,
-        device_options=opts,
-        method=m.solver,
-        samples=m.samples,
-        fit_every=m.fit_every,
-        nonnegative=m.nonnegative,
-        reg=m.reg,
+        **_keywords(
+            m,
+            client=client,
+            scheduler=scheduler,
+            init=init,
+            checkpoint=checkpoint,
+            resume=resume,
+            callback=_iteration_events(ctx, m.max_iters),
+            out=out,
+            overwrite=True,
+            device=device,
+        ),
     )
     wall = time.perf_counter() - t0
     loc.remove(checkpoint)  # the result is published: the checkpoint has served
@@ -345,33 +340,24 @@ def _run_apr(ctx: StepContext) -> dict:
             int(meta["iteration"]) + 1,
         ),
     )
-    client, scheduler = _scheduler(ctx, m, store.nnz, "cpu")
+    device = m.device or "cpu"
+    client, scheduler = _scheduler(ctx, m, store.nnz, device)
     t0 = time.perf_counter()
     result = cp_apr(
         store,
         m.rank,
-        algorithm=m.algorithm,
-        client=client,
-        scheduler=scheduler,
-        max_iters=m.max_iters,
-        max_inner_iters=m.max_inner_iters,
-        tol=m.tol,
-        init=init,
-        seed=m.seed,
-        kappa=m.kappa,
-        kappa_tol=m.kappa_tol,
-        eps_div_zero=m.eps_div_zero,
-        eps_active=m.eps_active,
-        mu0=m.mu0,
-        inexact=m.inexact,
-        checkpoint=checkpoint,
-        resume=resume,
-        checkpoint_every=m.checkpoint_every,
-        callback=_iteration_events(ctx, m.max_iters),
-        execution=m.execution,
-        partitions=m.partitions,
-        out=out,
-        overwrite=True,
+        **_keywords(
+            m,
+            client=client,
+            scheduler=scheduler,
+            init=init,
+            checkpoint=checkpoint,
+            resume=resume,
+            callback=_iteration_events(ctx, m.max_iters),
+            out=out,
+            overwrite=True,
+            device=device,
+        ),
     )
     wall = time.perf_counter() - t0
     loc.remove(checkpoint)  # the result is published: the checkpoint has served
@@ -481,23 +467,17 @@ def _run_tt(ctx: StepContext) -> dict:
         result = tt_als(
             store,
             ranks,
-            method=m.algorithm,
-            samples=m.samples,
-            fit_every=m.fit_every,
-            client=client,
-            scheduler=scheduler,
-            max_sweeps=m.max_iters,
-            tol=m.tol,
-            init=init,
-            seed=m.seed,
-            checkpoint=checkpoint,
-            resume=resume,
-            checkpoint_every=m.checkpoint_every,
-            callback=_iteration_events(ctx, m.max_iters, key="sweep"),
-            execution=m.execution,
-            partitions=m.partitions,
-            out=out,
-            overwrite=True,
+            **_keywords(
+                m,
+                client=client,
+                scheduler=scheduler,
+                init=init,
+                checkpoint=checkpoint,
+                resume=resume,
+                callback=_iteration_events(ctx, m.max_iters, key="sweep"),
+                out=out,
+                overwrite=True,
+            ),
         )
     except DecompositionError as exc:
         raise InputError(f"step {ctx.step.name!r}: {exc}") from None
@@ -595,24 +575,19 @@ def _run_tucker(ctx: StepContext) -> dict:
     result = tucker_hooi(
         store,
         ranks,
-        client=client,
-        scheduler=scheduler,
-        max_iters=m.max_iters,
-        tol=m.tol,
-        init=init,
-        seed=m.seed,
-        svd=m.svd,
-        kernel=m.kernel,
-        device=device,
-        checkpoint=checkpoint,
-        resume=resume,
-        checkpoint_every=m.checkpoint_every,
-        callback=_iteration_events(ctx, m.max_iters),
-        execution=m.execution,
-        partitions=m.partitions,
-        out=out,
-        overwrite=True,
-        progress=False,
+        **_keywords(
+            m,
+            client=client,
+            scheduler=scheduler,
+            init=init,
+            checkpoint=checkpoint,
+            resume=resume,
+            callback=_iteration_events(ctx, m.max_iters),
+            out=out,
+            overwrite=True,
+            device=device,
+            progress=False,
+        ),
     )
     wall = time.perf_counter() - t0
     loc.remove(checkpoint)
@@ -678,30 +653,19 @@ def _run_completion(ctx: StepContext) -> dict:
             store,
             ranks,
             m.core_rank,
-            test=test,
-            test_fraction=None if test is not None else fraction,
-            epochs=m.epochs,
-            batch=m.batch,
-            lr_factors=m.lr_factors,
-            lr_core=m.lr_core,
-            reg_factors=m.reg_factors,
-            reg_core=m.reg_core,
-            seed=m.seed,
-            client=client,
-            patience=m.patience,
-            progress=False,
-            out=out,
-            overwrite=True,
-            threads=m.threads,
-            device=device,
-            scheduler=scheduler,
-            partitions=m.partitions,
-            lr_decay=m.lr_decay,
-            step=m.step,
-            rebalance=m.rebalance,
-            revive_epochs=m.revive_epochs,
-            callback=_iteration_events(ctx, m.epochs, key="epoch"),
-            init=init,
+            **_keywords(
+                m,
+                test=test,
+                test_fraction=None if test is not None else fraction,
+                client=client,
+                scheduler=scheduler,
+                progress=False,
+                out=out,
+                overwrite=True,
+                device=device,
+                callback=_iteration_events(ctx, m.epochs, key="epoch"),
+                init=init,
+            ),
         )
     except CompletionError as exc:
         raise InputError(f"step {ctx.step.name!r}: {exc}") from None

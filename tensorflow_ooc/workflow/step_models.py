@@ -280,10 +280,7 @@ def _annotation(o: Option) -> Any:
 def _declared(name: str, base: type, options: OptionSet) -> type:
     """``base`` with a field for each of ``options`` that specs take (its declared name, values,
     default and help), and ``_added_later`` the keys specs gained after their first version."""
-    fields = {
-        o.spec_key: (_annotation(o), Field(o.default_on("spec"), description=o.help))
-        for o in options.in_spec()
-    }
+    fields = {o.spec_key: (_annotation(o), Field(o.default_on("spec"), description=o.help)) for o in options.in_spec()}
     model = create_model(name, __base__=base, __module__=__name__, **fields)  # type: ignore[call-overload]
     model._declared_options = options
     return model

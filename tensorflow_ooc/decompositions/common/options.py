@@ -319,9 +319,7 @@ CALLBACK = Option(
     flags=None,
     spec=None,
 )
-PROGRESS = Option(
-    "progress", True, FLAG, "bool", "show a progress bar of the iterations", flags=None, spec=None
-)
+PROGRESS = Option("progress", True, FLAG, "bool", "show a progress bar of the iterations", flags=None, spec=None)
 DISTRIBUTION = Option(
     "distribution",
     "auto",
