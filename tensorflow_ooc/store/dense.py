@@ -67,6 +67,7 @@ class DenseArray:
     """
 
     kind: str  # "zarr", "dask" or "numpy"
+    dense = True  # the decompositions' one input interface, shared with Store
 
     def __init__(
         self,
@@ -131,6 +132,11 @@ class DenseArray:
         lo = tuple(int(b[i]) for b, i in zip(self.bounds, idx))
         hi = tuple(int(b[i + 1]) for b, i in zip(self.bounds, idx))
         return lo, tuple(h - l for l, h in zip(lo, hi))
+
+    @property
+    def norm_sq(self) -> float:
+        """||X||^2, known once the validation pass has scanned the chunks."""
+        return float(self.meta["norm_sq"])
 
     def set_norm_sq(self, norm_sq: float) -> None:
         """Record ||X||^2 from the validation pass; it also enters the identity (``store_id``), so a

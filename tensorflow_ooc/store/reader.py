@@ -156,9 +156,21 @@ class Store:
 
     # --- summary ---------------------------------------------------------------------------------
 
+    dense = False  # the decompositions' one input interface, shared with DenseArray
+
     def norm(self) -> float:
         """Frobenius norm of the tensor."""
         return math.sqrt(float(self.meta["norm_sq"]))
+
+    @property
+    def norm_sq(self) -> float:
+        """||X||^2, recorded when the store was written."""
+        return float(self.meta["norm_sq"])
+
+    def stored_bytes(self) -> int:
+        """Bytes one full pass reads: the compressed chunks of the index and value arrays."""
+        base = str(self.path).rstrip("/")
+        return sum(paths.disk_bytes(f"{base}/{name}") for name in ("alto", "values"))
 
     @cached_property
     def blocks(self) -> BlockTable:

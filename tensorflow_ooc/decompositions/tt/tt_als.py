@@ -14,14 +14,15 @@ import logging
 import math
 import os
 import time
+from contextlib import ExitStack
 from typing import Any, Sequence
 
 import numpy as np
 
 from ...errors import DecompositionError
-from ...execution import MTTKRPGraph, get_client
+from ...execution import MTTKRPGraph
 from ...execution.graph import EXECUTION_MODES
-from ...execution.inline import INLINE_MAX_NNZ, is_inline
+from ...execution.inline import is_inline
 from ...execution.tasks import sampled_partition
 from ...execution.tt_tasks import add_residuals, contraction_partition, residual_partition
 from ...store import Store, open_store, paths
@@ -29,8 +30,8 @@ from ..common.checkpoint_files import disk_full_returned, raise_returned
 from ..common.fingerprint import fingerprint
 from ..common.model_checks import check_count, check_seed, check_tensor_norm, check_tolerance
 from ..common.options import declared
-from ..common.result_store import claim_run
-from ..common.run_control import FIT_EVERY_ITERATION_NNZ, chunk_bytes, converged, run_entropy
+from ..common.run_control import FIT_EVERY_ITERATION_NNZ, converged, run_entropy
+from ..common.run_loop import inline_when_small, run_iterations
 from . import tt_steps as S
 from .options import TT_ALS
 from .tt_checkpoint import read_tt_checkpoint, write_tt_checkpoint
@@ -97,152 +98,155 @@ def tt_als(store: Store | str | os.PathLike, ranks: int | Sequence[int], **optio
     """
     run, o = TT_ALS.settings(options)
     store = store if isinstance(store, Store) else open_store(paths.resolve_version(store))
-    N, shape = store.nmodes, tuple(int(s) for s in store.shape)
-    full_ranks = S.check_ranks(ranks, shape)
-    o.init = S.check_init(o.init, shape, full_ranks)
-    if o.method not in METHODS:
-        raise DecompositionError(f"method must be one of {METHODS}, got {o.method!r}")
-    check_count("samples", o.samples)
-    check_count("max_sweeps", o.max_sweeps)
-    check_count("checkpoint_every", run.checkpoint_every)
-    if o.fit_every is None:  # randomized CP-ALS's default: the fit's pass costs an exact update
-        o.fit_every = 1 if store.nnz <= FIT_EVERY_ITERATION_NNZ else 5
-    check_count("fit_every", o.fit_every)
-    o.tol = check_tolerance(o.tol)
-    if run.execution not in EXECUTION_MODES:
-        raise DecompositionError(f"execution must be one of {EXECUTION_MODES}, got {run.execution!r}")
-    if o.seed is not None and (isinstance(o.seed, bool) or not isinstance(o.seed, (int, np.integer))):
-        raise DecompositionError(f"seed must be an integer or None, got {o.seed!r}")
-    normX2 = float(store.meta["norm_sq"])
-    check_tensor_norm(store.path, normX2)
-    run.checkpoint = None if run.checkpoint is None else str(run.checkpoint)
-    input_fp = fingerprint(store)
-    params = {
-        "ranks": list(full_ranks[1:-1]),
-        "method": o.method,
-        "max_sweeps": int(o.max_sweeps),
-        "tol": o.tol,
-        "seed": None if o.seed is None else int(o.seed),
-        "init": o.init if isinstance(o.init, str) else "given",
-        # every cell stored: the squared error summed at the nonzeros, exact to rounding (one pass
-        # more per sweep); else ||X||^2 - ||Y_j||^2, free, whose cancellation leaves 1 - fit >~ 1e-8
-        # randomized: the sketched solution is no projection, so the identity does not hold
-        "fit_from": "residual" if store.nnz == math.prod(shape) or o.method == "randomized" else "identity",
-    }
-    if o.method == "randomized":
-        params.update(samples=int(o.samples), fit_every=int(o.fit_every))
-    resumed = _resumed(run.checkpoint if run.resume else None, input_fp, params)
+    return run_iterations(TTSweeps(store, ranks, run, o), store, run)
 
-    if run.client is None and run.scheduler is None and store.nnz <= INLINE_MAX_NNZ:
-        run.scheduler = "inline"  # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
-    claim = claim_run(
-        store, run.out, run.checkpoint, run.overwrite, f"tt_als of {store.path}", error=DecompositionError
-    )
-    with claim, get_client(run.client, run.scheduler, device="cpu") as c:
-        graph = MTTKRPGraph(c, store.path, execution=run.execution, partitions=run.partitions, device="cpu")
+
+class TTSweeps:
+    """TT-ALS's steps for the run loop: a sweep per iteration (seed 000, section 5.2.2)."""
+
+    name, title, device, claim_error = "tt_als", "TT-ALS", "cpu", DecompositionError
+
+    def __init__(self, store: Store, ranks: int | Sequence[int], run: Any, o: Any) -> None:
+        self.store, self.run, self.o = store, run, o
+        shape = self.shape = tuple(int(s) for s in store.shape)
+        self.full_ranks = full_ranks = S.check_ranks(ranks, shape)
+        o.init = S.check_init(o.init, shape, full_ranks)
+        if o.method not in METHODS:
+            raise DecompositionError(f"method must be one of {METHODS}, got {o.method!r}")
+        check_count("samples", o.samples)
+        check_count("max_sweeps", o.max_sweeps)
+        check_count("checkpoint_every", run.checkpoint_every)
+        if o.fit_every is None:  # randomized CP-ALS's default: the fit's pass costs an exact update
+            o.fit_every = 1 if store.nnz <= FIT_EVERY_ITERATION_NNZ else 5
+        check_count("fit_every", o.fit_every)
+        o.tol = check_tolerance(o.tol)
+        if run.execution not in EXECUTION_MODES:
+            raise DecompositionError(f"execution must be one of {EXECUTION_MODES}, got {run.execution!r}")
+        if o.seed is not None and (isinstance(o.seed, bool) or not isinstance(o.seed, (int, np.integer))):
+            raise DecompositionError(f"seed must be an integer or None, got {o.seed!r}")
+        self.normX2 = store.norm_sq
+        check_tensor_norm(store.path, self.normX2)
+        run.checkpoint = None if run.checkpoint is None else str(run.checkpoint)
+        self.input_fp = fingerprint(store)
+        self.max_iters = o.max_sweeps
+        self.base_params = {
+            "ranks": list(full_ranks[1:-1]),
+            "method": o.method,
+            "max_sweeps": int(o.max_sweeps),
+            "tol": o.tol,
+            "seed": None if o.seed is None else int(o.seed),
+            "init": o.init if isinstance(o.init, str) else "given",
+            # every cell stored: the squared error summed at the nonzeros, exact to rounding (one pass
+            # more per sweep); else ||X||^2 - ||Y_j||^2, free, whose cancellation leaves 1 - fit >~ 1e-8
+            # randomized: the sketched solution is no projection, so the identity does not hold
+            "fit_from": "residual" if store.nnz == math.prod(shape) or o.method == "randomized" else "identity",
+        }
+        if o.method == "randomized":
+            self.base_params.update(samples=int(o.samples), fit_every=int(o.fit_every))
+        self.resumed = _resumed(run.checkpoint if run.resume else None, self.input_fp, self.base_params)
+        inline_when_small(run, store.nnz, "cpu")
+
+    def start(self, c: Any, cleanup: ExitStack, resume: bool) -> int:
+        run, o = self.run, self.o
+        self.c = c
+        self.graph = graph = MTTKRPGraph(
+            c, self.store.path, execution=run.execution, partitions=run.partitions, device="cpu"
+        )
+        cleanup.callback(graph.release)
+        params = self.params = dict(self.base_params)
         params.update(execution=graph.execution, partitions=len(graph.parts))
         params["scheduler"] = "inline" if is_inline(c) else "dask"
-        threads, batch_nnz = graph.numba_threads, graph.batch_nnz
         # --- initial cores: right-orthonormal from a fresh start, or the checkpoint's as they were ---
+        if resume and not self.run.resume:  # a restart after a lost worker, from the checkpoint
+            self.resumed = _resumed(run.checkpoint, self.input_fp, self.base_params)
+        resumed = self.resumed if resume else None
         if resumed is not None:
-            state0, start, fit, history = resumed.state, resumed.sweep + 1, resumed.fit, list(resumed.history)
+            state0, start, self.fit, self.history = resumed.state, resumed.sweep + 1, resumed.fit, list(resumed.history)
             params["sample_entropy"] = resumed.params.get("sample_entropy")
-            log.info("resuming from %s after sweep %d (fit %.6f)", run.checkpoint, start, fit)
+            log.info("resuming from %s after sweep %d (fit %.6f)", run.checkpoint, start, self.fit)
         else:
-            cores = S.initial_cores(o.init, shape, full_ranks, o.seed)
-            state0, start, fit, history = S.start_state(shape, full_ranks, cores), 0, 0.0, []
-        params["resumed_after"] = start
+            cores = S.initial_cores(o.init, self.shape, self.full_ranks, o.seed)
+            state0, start, self.fit, self.history = S.start_state(self.shape, self.full_ranks, cores), 0, 0.0, []
+        params["resumed_after"] = self.start_at = start
         if o.method == "randomized":
             params["sample_entropy"] = run_entropy(params.get("sample_entropy"), o.seed)
-        F = c.scatter(state0, hash=False)  # scattered: a long mode's cores would bloat the graph
-        del state0
-        streamed = graph.execution == "streaming"
-        stored = chunk_bytes(store)
+        self.F = c.scatter(state0, hash=False)  # scattered: a long mode's cores would bloat the graph
+        self.stored = self.store.stored_bytes()
+        return start
 
-        # --- the sweeps: each core update is a pass over the partitions, then one update task (one
-        # task in all with one partition); a whole sweep is submitted before the driver reads its
-        # small summary
-        for sweep in range(start, o.max_sweeps):
-            t_sweep = time.time()
-            fit_old = fit
-            F = c.submit(S.begin_sweep, F, pure=False, **graph.placement)
-            for step, (mode, direction) in enumerate(S.sweep_order(N)):
-                if o.method == "exact":
-                    F = graph.pass_update(
-                        contraction_partition, (mode, threads, batch_nnz), S.update_core, F, mode, direction
-                    )
-                else:  # draw beside the state, gather the sampled fibers, solve the sketched problem
-                    seed_k = (params["sample_entropy"], sweep, step)
-                    D = c.submit(draw_core, F, mode, o.samples, seed_k, pure=False, **graph.placement)
-                    parts = graph.partition_pass(sampled_partition, D, mode, threads, batch_nnz)
-                    F = c.submit(S.update_core, F, parts, mode, direction, D, pure=False, **graph.placement)
-            sm = c.submit(S.summary, F, pure=False).result()
-            t_fit = time.time()
-            evaluate = o.method == "exact" or (sweep + 1) % o.fit_every == 0 or sweep + 1 == o.max_sweeps
-            if not evaluate:
-                pass  # randomized: the fit is a pass over every nonzero; kept from the last evaluation
-            elif params["fit_from"] == "residual":
-                parts = graph.partition_pass(residual_partition, F, threads, batch_nnz, reduce=add_residuals)
-                res, t2 = add_residuals(*[p.result() for p in parts])[:2]
-                # ||X - T||^2: the error at the nonzeros plus ||T||^2 off them (||T|| = ||Y_j||;
-                # none off them where every cell is stored)
-                off = 0.0 if store.nnz == math.prod(shape) else max(0.0, sm.norm_sq - t2)
-                fit = S.residual_fit(normX2, res + off)
-            else:
-                fit = S.sweep_fit(normX2, sm.norm_sq)
-            t_fit = time.time() - t_fit
-            if not math.isfinite(fit):
-                raise DecompositionError(
-                    f"sweep {sweep + 1}: the fit is {fit!r}: the values are too large or too small for float64 "
-                    "products of the cores, or the initial cores hold NaN/Inf; rescale the data or use another init"
-                )
-            record = _sweep_record(sweep, t_sweep, sm, fit, fit_old, t_fit, store.nnz, stored, streamed, start)
-            record["fit_evaluated"] = evaluate
-            history.append(record)
-            log.info(
-                "sweep %d: fit %.6f (change %.2e), %.3f s",
-                sweep + 1,
-                fit,
-                record["fit_change"],
-                record["seconds"],
-                extra={"iteration": sweep + 1},
-            )  # a field of its own in JSON logs
+    def iterate(self, sweep: int) -> dict:
+        """One sweep: each core update a pass over the partitions, then one update task (one task in
+        all with one partition); the whole sweep is submitted before the driver reads its summary."""
+        c, graph, o, store = self.c, self.graph, self.o, self.store
+        threads, batch_nnz = graph.numba_threads, graph.batch_nnz
+        t_sweep = time.time()
+        fit_old = self.fit_old = self.fit
+        F = c.submit(S.begin_sweep, self.F, pure=False, **graph.placement)
+        for step, (mode, direction) in enumerate(S.sweep_order(store.nmodes)):
             if o.method == "exact":
-                done = sweep > 0 and record["fit_change"] < o.tol
-            else:  # sketched updates make the fit noisy: the randomized CP-ALS rule on evaluated fits
-                evaluated = [h["fit"] for h in history if h.get("fit_evaluated", True)]
-                done = converged(True, o.tol, sweep, fit, fit_old, evaluate, evaluated)
-            if run.checkpoint and (done or (sweep + 1) % run.checkpoint_every == 0 or sweep + 1 == o.max_sweeps):
-                t_ck = time.time()
-                raise_returned(
-                    c.submit(
-                        disk_full_returned,
-                        write_tt_checkpoint,
-                        run.checkpoint,
-                        F,
-                        sweep,
-                        fit,
-                        history,
-                        params,
-                        input_fp,
-                        pure=False,
-                    ).result()
+                F = graph.pass_update(
+                    contraction_partition, (mode, threads, batch_nnz), S.update_core, F, mode, direction
                 )
-                record["checkpoint_seconds"] = time.time() - t_ck
-            # after the write, so a callback that stops the run finds this sweep saved
-            if run.callback is not None:
-                run.callback(record)
-            if done:
-                break
-        cores = c.submit(S.cores_of, F, pure=False).result()
-        del F
-        graph.release()
+            else:  # draw beside the state, gather the sampled fibers, solve the sketched problem
+                seed_k = (self.params["sample_entropy"], sweep, step)
+                D = c.submit(draw_core, F, mode, o.samples, seed_k, pure=False, **graph.placement)
+                parts = graph.partition_pass(sampled_partition, D, mode, threads, batch_nnz)
+                F = c.submit(S.update_core, F, parts, mode, direction, D, pure=False, **graph.placement)
+        self.F = F
+        sm = c.submit(S.summary, F, pure=False).result()
+        t_fit = time.time()
+        evaluate = o.method == "exact" or (sweep + 1) % o.fit_every == 0 or sweep + 1 == o.max_sweeps
+        fit = self.fit  # randomized, not evaluated: the fit is a pass over every nonzero; kept
+        if evaluate and self.params["fit_from"] == "residual":
+            parts = graph.partition_pass(residual_partition, F, threads, batch_nnz, reduce=add_residuals)
+            res, t2 = add_residuals(*[p.result() for p in parts])[:2]
+            # ||X - T||^2: the error at the nonzeros plus ||T||^2 off them (||T|| = ||Y_j||; none
+            # off them where every cell is stored)
+            off = 0.0 if store.nnz == math.prod(self.shape) else max(0.0, sm.norm_sq - t2)
+            fit = S.residual_fit(self.normX2, res + off)
+        elif evaluate:
+            fit = S.sweep_fit(self.normX2, sm.norm_sq)
+        t_fit = time.time() - t_fit
+        if not math.isfinite(fit):
+            raise DecompositionError(
+                f"sweep {sweep + 1}: the fit is {fit!r}: the values are too large or too small for float64 "
+                "products of the cores, or the initial cores hold NaN/Inf; rescale the data or use another init"
+            )
+        self.fit = fit
+        streamed = graph.execution == "streaming"
+        record = _sweep_record(sweep, t_sweep, sm, fit, fit_old, t_fit, store.nnz, self.stored, streamed, self.start_at)
+        record["fit_evaluated"] = evaluate
+        self.history.append(record)
+        log.info(
+            "sweep %d: fit %.6f (change %.2e), %.3f s",
+            sweep + 1,
+            fit,
+            record["fit_change"],
+            record["seconds"],
+            extra={"iteration": sweep + 1},
+        )  # a field of its own in JSON logs
+        self.evaluate = evaluate
+        return record
 
-    result = TTResult([np.array(k) for k in cores], fit, len(history), history, params, input_fp)
-    if run.out is not None:
-        result.save(run.out, overwrite=run.overwrite)
-        log.info("result written to %s", run.out)
-    return result
+    def converged(self, sweep: int, record: dict) -> bool:
+        if self.o.method == "exact":
+            return sweep > 0 and record["fit_change"] < self.o.tol
+        # sketched updates make the fit noisy: the randomized CP-ALS rule on evaluated fits
+        evaluated = [h["fit"] for h in self.history if h.get("fit_evaluated", True)]
+        return converged(True, self.o.tol, sweep, self.fit, self.fit_old, self.evaluate, evaluated)
+
+    def save_checkpoint(self, path: str, sweep: int) -> float:
+        t_ck = time.time()
+        args = (path, self.F, sweep, self.fit, self.history, self.params, self.input_fp)
+        raise_returned(self.c.submit(disk_full_returned, write_tt_checkpoint, *args, pure=False).result())
+        return time.time() - t_ck
+
+    def finish(self) -> TTResult:
+        cores = self.c.submit(S.cores_of, self.F, pure=False).result()
+        del self.F
+        return TTResult(
+            [np.array(k) for k in cores], self.fit, len(self.history), self.history, self.params, self.input_fp
+        )
 
 
 def _resumed(checkpoint: str | None, input_fp: dict, params: dict):

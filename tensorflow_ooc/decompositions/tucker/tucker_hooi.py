@@ -15,22 +15,23 @@ import math
 import numbers
 import os
 import time
+from contextlib import ExitStack
 from typing import Any, Sequence
 
 import numpy as np
 
 from ...errors import DecompositionError
-from ...execution import DEVICES, get_client
+from ...execution import DEVICES
 from ...execution.graph import EXECUTION_MODES
-from ...execution.inline import INLINE_MAX_NNZ, is_inline
+from ...execution.inline import is_inline
 from ...execution.ttm_graph import TTMGraph
 from ...kernels.ttm.select import KERNELS
-from ...store import Store, open_store, paths
+from ...store import Store, open_store
 from ..common.checkpoint_files import disk_full_returned, raise_returned
 from ..common.fingerprint import fingerprint
 from ..common.model_checks import check_factor_memory, check_seed
 from ..common.options import declared
-from ..common.result_store import claim_run
+from ..common.run_loop import inline_when_small, run_iterations
 from . import tucker_updates as T
 from .options import TUCKER_HOOI
 from .tucker_checkpoint import read_tucker_checkpoint, write_tucker_checkpoint
@@ -141,91 +142,107 @@ def tucker_hooi(store: Store | str | os.PathLike, ranks: int | Sequence[int], **
     """
     run, o = TUCKER_HOOI.settings(options)
     store = store if isinstance(store, Store) else open_store(store)
-    N, shape = store.nmodes, tuple(int(s) for s in store.shape)
-    ranks = check_ranks(ranks, shape)
-    check_factor_memory(shape, ranks, f"Tucker of {store.path}")
-    o.init = check_init(o.init, shape, ranks)
-    if isinstance(o.max_iters, bool) or not isinstance(o.max_iters, numbers.Integral) or o.max_iters < 1:
-        raise DecompositionError(f"max_iters must be an integer >= 1, got {o.max_iters!r}")
-    if not isinstance(o.tol, numbers.Real) or not math.isfinite(o.tol) or o.tol < 0:
-        raise DecompositionError(f"tol must be a finite number >= 0, got {o.tol!r}")
-    if o.svd not in T.SVD_METHODS:
-        raise DecompositionError(f"svd must be one of {T.SVD_METHODS}, got {o.svd!r}")
-    if o.kernel is not None and o.kernel not in KERNELS:
-        raise DecompositionError(f"kernel must be one of {KERNELS} or None (the selector's choice), got {o.kernel!r}")
-    if run.device not in DEVICES:
-        raise DecompositionError(f"device must be one of {DEVICES}, got {run.device!r}")
-    if run.execution not in EXECUTION_MODES:
-        raise DecompositionError(f"execution must be one of {EXECUTION_MODES}, got {run.execution!r}")
-    if int(run.checkpoint_every) < 1:
-        raise DecompositionError(f"checkpoint_every must be >= 1, got {run.checkpoint_every}")
-    run.checkpoint = None if run.checkpoint is None else str(run.checkpoint)
-    input_fp = fingerprint(store)
-    state0 = read_tucker_checkpoint(run.checkpoint) if (run.resume and run.checkpoint) else None
-    if state0 is not None and (
-        state0.input["store_id"] != input_fp["store_id"] or tuple(state0.params.get("ranks", ())) != ranks
-    ):
-        raise DecompositionError(
-            f"{run.checkpoint}: checkpoint is for another store or other ranks "
-            f"({state0.params.get('ranks')}); remove it or drop resume"
-        )
-    if o.seed is not None and (isinstance(o.seed, bool) or not isinstance(o.seed, numbers.Integral)):
-        raise DecompositionError(f"seed must be an integer or None, got {o.seed!r}")
-    o.seed = None if o.seed is None else int(o.seed)
-    params = {
-        "ranks": list(ranks),
-        "max_iters": int(o.max_iters),
-        "tol": float(o.tol),
-        "seed": o.seed,
-        "init": o.init if isinstance(o.init, str) else "given",
-        "svd": o.svd,
-        "kernel": o.kernel,
-    }
-    normX2 = float(store.meta["norm_sq"])
-    normX = math.sqrt(normX2)
+    return run_iterations(TuckerIterations(store, ranks, run, o), store, run)
 
-    if run.client is None and run.scheduler is None and run.device != "gpu" and store.nnz <= INLINE_MAX_NNZ:
-        run.scheduler = "inline"  # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
-    from tqdm.auto import tqdm
 
-    claim = claim_run(
-        store, run.out, run.checkpoint, run.overwrite, f"tucker_hooi of {store.path}", error=DecompositionError
-    )
-    with claim, get_client(run.client, run.scheduler, device=run.device) as c:
-        graph = TTMGraph(
-            c, store.path, execution=run.execution, partitions=run.partitions, kernel=o.kernel, device=run.device
+class TuckerIterations:
+    """Tucker HOOI's steps for the run loop (pyttb's ``tucker_als``, iterated Dask reductions)."""
+
+    name, title, claim_error = "tucker_hooi", "Tucker HOOI", DecompositionError
+
+    def __init__(self, store: Store, ranks: int | Sequence[int], run: Any, o: Any) -> None:
+        self.store, self.run, self.o = store, run, o
+        shape = self.shape = tuple(int(s) for s in store.shape)
+        self.ranks = ranks = check_ranks(ranks, shape)
+        check_factor_memory(shape, ranks, f"Tucker of {store.path}")
+        o.init = check_init(o.init, shape, ranks)
+        if isinstance(o.max_iters, bool) or not isinstance(o.max_iters, numbers.Integral) or o.max_iters < 1:
+            raise DecompositionError(f"max_iters must be an integer >= 1, got {o.max_iters!r}")
+        if not isinstance(o.tol, numbers.Real) or not math.isfinite(o.tol) or o.tol < 0:
+            raise DecompositionError(f"tol must be a finite number >= 0, got {o.tol!r}")
+        if o.svd not in T.SVD_METHODS:
+            raise DecompositionError(f"svd must be one of {T.SVD_METHODS}, got {o.svd!r}")
+        if o.kernel is not None and o.kernel not in KERNELS:
+            raise DecompositionError(
+                f"kernel must be one of {KERNELS} or None (the selector's choice), got {o.kernel!r}"
+            )
+        if run.device not in DEVICES:
+            raise DecompositionError(f"device must be one of {DEVICES}, got {run.device!r}")
+        if run.execution not in EXECUTION_MODES:
+            raise DecompositionError(f"execution must be one of {EXECUTION_MODES}, got {run.execution!r}")
+        if int(run.checkpoint_every) < 1:
+            raise DecompositionError(f"checkpoint_every must be >= 1, got {run.checkpoint_every}")
+        run.checkpoint = None if run.checkpoint is None else str(run.checkpoint)
+        self.input_fp = fingerprint(store)
+        self.state0 = self._resumed() if run.resume else None
+        if o.seed is not None and (isinstance(o.seed, bool) or not isinstance(o.seed, numbers.Integral)):
+            raise DecompositionError(f"seed must be an integer or None, got {o.seed!r}")
+        o.seed = None if o.seed is None else int(o.seed)
+        self.base_params = {
+            "ranks": list(ranks),
+            "max_iters": int(o.max_iters),
+            "tol": float(o.tol),
+            "seed": o.seed,
+            "init": o.init if isinstance(o.init, str) else "given",
+            "svd": o.svd,
+            "kernel": o.kernel,
+        }
+        self.normX2 = store.norm_sq
+        self.max_iters, self.device = o.max_iters, run.device
+        inline_when_small(run, store.nnz, run.device)
+
+    def _resumed(self) -> Any:
+        """The checkpoint's state (None: there is none); one of another store or other ranks is refused."""
+        state0 = read_tucker_checkpoint(self.run.checkpoint) if self.run.checkpoint else None
+        if state0 is not None and (
+            state0.input["store_id"] != self.input_fp["store_id"] or tuple(state0.params.get("ranks", ())) != self.ranks
+        ):
+            raise DecompositionError(
+                f"{self.run.checkpoint}: checkpoint is for another store or other ranks "
+                f"({state0.params.get('ranks')}); remove it or drop resume"
+            )
+        return state0
+
+    def start(self, c: Any, cleanup: ExitStack, resume: bool) -> int:
+        from tqdm.auto import tqdm
+
+        run, o, shape, ranks = self.run, self.o, self.shape, self.ranks
+        self.c = c
+        self.graph = graph = TTMGraph(
+            c, self.store.path, execution=run.execution, partitions=run.partitions, kernel=o.kernel, device=run.device
         )
+        cleanup.callback(graph.release)
+        params = self.params = dict(self.base_params)
         params["device"] = graph.device
         params["execution"] = graph.execution
         params["partitions"] = len(graph.parts)
         params["scheduler"] = "inline" if is_inline(c) else "dask"
+        state0 = self.state0 if (resume and run.resume) else (self._resumed() if resume else None)
         # --- initial state: fresh, or from the last checkpoint -----------------------------------
         if state0 is not None:
             # factors scattered, not embedded: Dask warns about (and copies) graphs of tens of MB
-            S = c.submit(
-                T.given_init, shape, ranks, c.scatter(list(state0.factors), hash=False), state0.core, pure=False
-            )
-            start, fit, history = state0.iteration + 1, state0.fit, list(state0.history)
+            given = c.scatter(list(state0.factors), hash=False)
+            self.S = c.submit(T.given_init, shape, ranks, given, state0.core, pure=False)
+            start, self.fit, self.history = state0.iteration + 1, state0.fit, list(state0.history)
             svd_entropy = state0.params.get("svd_entropy")
-            log.info("resuming from %s after iteration %d (fit %.6f)", run.checkpoint, start, fit)
+            log.info("resuming from %s after iteration %d (fit %.6f)", run.checkpoint, start, self.fit)
         else:
             if o.init == "random":
-                S = c.submit(T.random_init, shape, ranks, o.seed, pure=False)
+                self.S = c.submit(T.random_init, shape, ranks, o.seed, pure=False)
             elif o.init == "nvecs":
-                S = c.submit(T.nvecs_init, store.path, shape, ranks, pure=False)
+                self.S = c.submit(T.nvecs_init, self.store.path, shape, ranks, pure=False)
             else:
                 given = [None if a is None else np.asarray(a) for a in o.init]
-                S = c.submit(T.given_init, shape, ranks, c.scatter(given, hash=False), pure=False)
-            start, fit, history, svd_entropy = 0, 0.0, [], None
+                self.S = c.submit(T.given_init, shape, ranks, c.scatter(given, hash=False), pure=False)
+            start, self.fit, self.history, svd_entropy = 0, 0.0, [], None
         if svd_entropy is None:
             # one entropy per run, kept in checkpoints: a resumed run draws the test vectors the
             # uninterrupted one would have
             svd_entropy = int(np.random.SeedSequence(check_seed(o.seed)).entropy) % 2**63
-        params["svd_entropy"] = int(svd_entropy)
-        params["resumed_after"] = start
-        chunk_bytes = sum(paths.disk_bytes(f"{str(store.path).rstrip('/')}/{name}") for name in ("alto", "values"))
-        streamed = graph.execution == "streaming"
-        bar = tqdm(
+        params["svd_entropy"] = self.svd_entropy = int(svd_entropy)
+        params["resumed_after"] = self.start_at = start
+        self.stored = self.store.stored_bytes()
+        self.bar = tqdm(
             total=o.max_iters,
             initial=start,
             desc="tucker-hooi",
@@ -233,84 +250,69 @@ def tucker_hooi(store: Store | str | os.PathLike, ranks: int | Sequence[int], **
             leave=False,
             disable=None if run.progress else True,
         )
+        cleanup.callback(self.bar.close)
+        return start
 
-        # A whole iteration is submitted at once: per mode the TTM partition tasks, the reduction
-        # and one update task (one task in all when there is one partition), so the modes follow
-        # each other on the cluster; the driver reads the small summary once per iteration.
-        try:
-            for iteration in range(start, o.max_iters):
-                t_iter = time.time()
-                fit_old = fit
-                for n in range(N):
-                    S = graph.mode_update(S, n, T.update_factor, n == N - 1, o.svd, (svd_entropy, iteration, n))
-                sm = c.submit(T.summary, S, pure=False).result()
-                fit = 1 - math.sqrt(abs(normX2 - sm.core_norm2)) / normX if normX > 0 else 0.0
-                seconds = time.time() - t_iter
-                ends = [t_iter] + [sm.finished[n] for n in range(N)]
-                ttm_s = [sm.timings[n][0] for n in range(N)]
-                svd_s = [sm.timings[n][1] for n in range(N)]
-                layout_s = [sm.timings[n][2] for n in range(N)]
-                record = {
-                    "iteration": iteration + 1,
-                    "fit": fit,
-                    "fit_change": abs(fit - fit_old),
-                    "seconds": seconds,
-                    "mode_seconds": [max(0.0, ends[k + 1] - ends[k]) for k in range(N)],
-                    "ttm_seconds": ttm_s,
-                    "layout_seconds": layout_s,
-                    "svd_seconds": svd_s,
-                    "other_seconds": max(0.0, seconds - sum(ttm_s) - sum(svd_s)),
-                    "svd_methods": [sm.methods[n] for n in range(N)],
-                    "nonempty_slices": [sm.rows[n] for n in range(N)],
-                    "nnz_per_s": store.nnz * N / seconds,
-                    "bytes_read": chunk_bytes * N if streamed else (chunk_bytes if iteration == start else 0),
-                }
-                history.append(record)
-                log.info(
-                    "iteration %d: fit %.6f (change %.2e), %.3f s (TTM %.3f s, SVD %.3f s)",
-                    iteration + 1,
-                    fit,
-                    record["fit_change"],
-                    seconds,
-                    sum(ttm_s),
-                    sum(svd_s),
-                    extra={"iteration": iteration + 1},
-                )
-                done = record["fit_change"] < o.tol  # pyttb's rule, its first iteration included
-                if run.checkpoint and (
-                    done or (iteration + 1) % run.checkpoint_every == 0 or iteration + 1 == o.max_iters
-                ):
-                    t_ck = time.time()
-                    raise_returned(
-                        c.submit(
-                            disk_full_returned,
-                            write_tucker_checkpoint,
-                            run.checkpoint,
-                            S,
-                            iteration,
-                            fit,
-                            history,
-                            params,
-                            input_fp,
-                            pure=False,
-                        ).result()
-                    )
-                    record["checkpoint_seconds"] = time.time() - t_ck
-                bar.update(1)
-                bar.set_postfix(fit=f"{fit:.6f}", dfit=f"{record['fit_change']:.1e}", s_per_it=f"{seconds:.3f}")
-                if run.callback is not None:
-                    run.callback(record)
-                if done:
-                    break
-        finally:
-            bar.close()
-        core = c.submit(T.core_of, S, pure=False).result()
-        factors = [c.submit(T.factor_of, S, n, pure=False).result() for n in range(N)]
-        del S
-        graph.release()
+    def iterate(self, iteration: int) -> dict:
+        """One iteration, submitted at once: per mode the TTM partition tasks, the reduction and one
+        update task (one task in all with one partition); the driver reads the small summary."""
+        c, graph, N, store = self.c, self.graph, self.store.nmodes, self.store
+        t_iter = time.time()
+        fit_old = self.fit
+        for n in range(N):
+            entropy = (self.svd_entropy, iteration, n)
+            self.S = graph.mode_update(self.S, n, T.update_factor, n == N - 1, self.o.svd, entropy)
+        sm = c.submit(T.summary, self.S, pure=False).result()
+        normX = math.sqrt(self.normX2)
+        fit = self.fit = 1 - math.sqrt(abs(self.normX2 - sm.core_norm2)) / normX if normX > 0 else 0.0
+        seconds = time.time() - t_iter
+        ends = [t_iter] + [sm.finished[n] for n in range(N)]
+        ttm_s = [sm.timings[n][0] for n in range(N)]
+        svd_s = [sm.timings[n][1] for n in range(N)]
+        streamed = graph.execution == "streaming"
+        record = {
+            "iteration": iteration + 1,
+            "fit": fit,
+            "fit_change": abs(fit - fit_old),
+            "seconds": seconds,
+            "mode_seconds": [max(0.0, ends[k + 1] - ends[k]) for k in range(N)],
+            "ttm_seconds": ttm_s,
+            "layout_seconds": [sm.timings[n][2] for n in range(N)],
+            "svd_seconds": svd_s,
+            "other_seconds": max(0.0, seconds - sum(ttm_s) - sum(svd_s)),
+            "svd_methods": [sm.methods[n] for n in range(N)],
+            "nonempty_slices": [sm.rows[n] for n in range(N)],
+            "nnz_per_s": store.nnz * N / seconds,
+            "bytes_read": self.stored * N if streamed else (self.stored if iteration == self.start_at else 0),
+        }
+        self.history.append(record)
+        log.info(
+            "iteration %d: fit %.6f (change %.2e), %.3f s (TTM %.3f s, SVD %.3f s)",
+            iteration + 1,
+            fit,
+            record["fit_change"],
+            seconds,
+            sum(ttm_s),
+            sum(svd_s),
+            extra={"iteration": iteration + 1},
+        )
+        self.bar.update(1)
+        self.bar.set_postfix(fit=f"{fit:.6f}", dfit=f"{record['fit_change']:.1e}", s_per_it=f"{seconds:.3f}")
+        return record
 
-    result = TuckerResult(core, [np.array(f) for f in factors], fit, len(history), history, params, input_fp)
-    if run.out is not None:
-        result.save(run.out, overwrite=run.overwrite)
-        log.info("result written to %s", run.out)
-    return result
+    def converged(self, iteration: int, record: dict) -> bool:
+        return record["fit_change"] < self.o.tol  # pyttb's rule, its first iteration included
+
+    def save_checkpoint(self, path: str, iteration: int) -> float:
+        t_ck = time.time()
+        args = (path, self.S, iteration, self.fit, self.history, self.params, self.input_fp)
+        raise_returned(self.c.submit(disk_full_returned, write_tucker_checkpoint, *args, pure=False).result())
+        return time.time() - t_ck
+
+    def finish(self) -> TuckerResult:
+        c, N = self.c, self.store.nmodes
+        core = c.submit(T.core_of, self.S, pure=False).result()
+        factors = [c.submit(T.factor_of, self.S, n, pure=False).result() for n in range(N)]
+        del self.S
+        args = (self.fit, len(self.history), self.history, self.params, self.input_fp)
+        return TuckerResult(core, [np.array(f) for f in factors], *args)
