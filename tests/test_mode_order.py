@@ -103,8 +103,8 @@ def test_public_mttkrp_keeps_copies_only_where_runs_pay(rng):
     for mode in range(3):
         got = tfo.mttkrp(t, factors, mode)
         assert rel_err(got, dense_mttkrp(shape, coords, values, factors, mode)) < 1e-12
-    assert t._mode_items[0] is None
-    assert t._mode_items[1].sorted_mode == 1 and t._mode_items[2].sorted_mode == 2
+    assert tensor_items(t, 0) is tensor_items(t)  # no copy kept for the long mode
+    assert tensor_items(t, 1).sorted_mode == 1 and tensor_items(t, 2).sorted_mode == 2
 
 
 def test_sorted_items_take_per_thread_outputs_only_where_they_move_less(rng):
@@ -158,3 +158,21 @@ def test_cp_als_in_memory_uses_mode_copies(tmp_path, rng):
     assert abs(r.fit - s.fit) < 1e-10
     for a, b in zip(r.factors, s.factors):
         np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-10)
+
+
+def test_an_in_memory_tensor_keeps_what_the_kernels_derive_from_it(rng, monkeypatch):
+    import importlib
+
+    from tensorflow_ooc.kernels.ttm import as_layouts
+
+    dispatch = importlib.import_module("tensorflow_ooc.kernels.mttkrp.dispatch")  # the package's name is a function
+    shape = (20, 30, 40)
+    coords, values = random_coo(rng, shape, 2000)
+    t = tfo.encode_coo(coords, values, shape)
+    monkeypatch.setattr(dispatch, "copies_fit", lambda items, nmodes: True)
+    items = tensor_items(t)
+    assert tensor_items(t) is items and as_layouts(t) is as_layouts(t)
+    copy = tensor_items(t, 1)
+    assert copy is not items and copy.sorted_mode == 1 and tensor_items(t, 1) is copy
+    # kept in the tensor's own declared field: nothing else is set on it from outside
+    assert set(vars(t)) == {"layout", "index", "values", "blocks", "_derived"}

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Sequence, TypeVar
 
 import numpy as np
 
@@ -14,6 +14,8 @@ from .linearize import alto_words, delinearize, reencode
 from .radix_sort import sort_alto
 
 DEFAULT_MAX_BLOCK_NNZ = 1 << 24
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -33,6 +35,18 @@ class BLCOTensor:
     index: np.ndarray
     values: np.ndarray
     blocks: BlockTable
+    _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def derived(self, key: Hashable, build: Callable[[], T]) -> T:
+        """What ``build()`` makes of this tensor, made the first time ``key`` is asked for and kept
+        with it: the structures the layers above derive from it (the kernels' work items and
+        mode-sorted copies, TTM layouts), which this layer cannot name. The tensor is not changed
+        after construction, so they stay valid."""
+        try:
+            return self._derived[key]
+        except KeyError:
+            made = self._derived[key] = build()
+            return made
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -171,17 +171,18 @@ def tensor_items(tensor: BLCOTensor, mode: int | None = None) -> WorkItems:
     """Work items of an in-memory BLCO tensor, computed once and kept on the tensor; with
     ``mode``, its mode-sorted copy where that pays and fits the free memory
     (:mod:`~tensorflow_ooc.kernels.mttkrp.mode_order`), made on first use and kept too."""
-    cached = getattr(tensor, "_work_items", None)
-    if cached is None:
-        b = tensor.blocks
-        cached = work_items(tensor.index, tensor.values, b.start, b.start + b.count, b.base, tensor.layout)
-        tensor._work_items = cached
+    b = tensor.blocks
+    whole = tensor.derived(
+        "work_items", lambda: work_items(tensor.index, tensor.values, b.start, b.start + b.count, b.base, tensor.layout)
+    )
     if mode is None:
-        return cached
-    copies = tensor.__dict__.setdefault("_mode_items", {})
-    if mode not in copies:
-        copies[mode] = mode_sorted(cached, tensor.layout, mode) if copies_fit(cached, tensor.layout.nmodes) else None
-    return copies[mode] if copies[mode] is not None else cached
+        return whole
+    layout = tensor.layout
+    copy = tensor.derived(
+        ("mode_items", mode),
+        lambda: mode_sorted(whole, layout, mode) if copies_fit(whole, layout.nmodes) else None,
+    )
+    return copy if copy is not None else whole
 
 
 def chunk_items(chunk: Chunk, layout: BitLayout) -> WorkItems:

@@ -55,11 +55,7 @@ def as_layouts(tensor: TensorLike) -> TTMLayouts:
     if isinstance(tensor, TTMLayouts):
         return tensor
     if isinstance(tensor, BLCOTensor):
-        cached = getattr(tensor, "_ttm_layouts", None)
-        if cached is None:
-            coords, values = tensor.to_coo()
-            cached = tensor._ttm_layouts = TTMLayouts(coords, values, tensor.shape)
-        return cached
+        return tensor.derived("ttm_layouts", lambda: TTMLayouts(*tensor.to_coo(), tensor.shape))
     if isinstance(tensor, tuple) and len(tensor) == 3:
         return TTMLayouts(*tensor)
     raise TypeError(
