@@ -18,10 +18,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...errors import DecompositionError
-from ...execution import get_client
+from ...errors import DecompositionError, StoreError
 from ...execution.apr_tasks import add_sums, candidates_partition, loglik_partition, newton_partition, phi_partition
-from ...execution.inline import INLINE_MAX_NNZ
 from ...kernels.apr.cpu import hessian_width
 from ...store import Store
 from ..common.checkpoint_files import disk_full_returned, raise_returned, read_npz, write_npz_atomic
@@ -29,7 +27,7 @@ from ..common.fingerprint import fingerprint
 from ..common.model_checks import check_count, check_seed, check_tolerance
 from ..common.mttkrp_input import open_graph, open_input
 from ..common.options import declared
-from ..common.result_store import claim_run
+from ..common.run_loop import inline_when_small, run_iterations
 from . import apr_steps as S
 from .apr_owner import AprConfig, owner_outer, owner_state, start_apr_owner, use_apr_owner
 from .count_checks import check_counts
@@ -98,56 +96,67 @@ def cp_apr(store: Store | str | os.PathLike, rank: int, **options: Any) -> Poiss
     """
     run, o = CP_APR.settings(options)
     store = open_input(store)
-    if not isinstance(store, Store):
-        raise DecompositionError(f"{store.path}: cp_apr takes a sparse store of counts, not a dense array")
-    if o.algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {o.algorithm!r}")
-    check_count("rank", rank)
-    check_count("max_iters", o.max_iters)
-    check_count("max_inner_iters", o.max_inner_iters)
-    check_count("checkpoint_every", run.checkpoint_every)
-    check_tolerance(o.tol)
-    for name, value in (("kappa", o.kappa), ("kappa_tol", o.kappa_tol)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    if run.device not in ("cpu", "gpu"):
-        raise ValueError(f"device must be 'cpu' or 'gpu', got {run.device!r}")
-    if run.device == "gpu" and o.algorithm != "mu":
-        raise ValueError("algorithm='pdnr' runs on CPU workers; use device='cpu' (or algorithm='mu' on GPUs)")
-    if not (o.mu0 > 0 and o.eps_active >= 0):
-        raise ValueError(f"mu0 must be > 0 and eps_active >= 0, got {o.mu0!r} and {o.eps_active!r}")
-    total = check_counts(store)
-    if o.eps_div_zero is None:
-        o.eps_div_zero = default_eps_div_zero(store.shape, total)
-    elif not (isinstance(o.eps_div_zero, (int, float)) and math.isfinite(o.eps_div_zero) and o.eps_div_zero >= 0):
-        raise ValueError(f"eps_div_zero must be a finite number >= 0, got {o.eps_div_zero!r}")
-    N, shape = store.nmodes, store.shape
-    params = {
-        "model": "poisson",
-        "algorithm": o.algorithm,
-        "rank": int(rank),
-        "max_iters": int(o.max_iters),
-        "max_inner_iters": int(o.max_inner_iters),
-        "tol": float(o.tol),
-        "seed": o.seed,
-        "init": o.init if isinstance(o.init, str) else "given",
-        "kappa": float(o.kappa),
-        "kappa_tol": float(o.kappa_tol),
-        "eps_div_zero": float(o.eps_div_zero),
-    }
-    if o.algorithm == "pdnr":
-        params.update(eps_active=float(o.eps_active), mu0=float(o.mu0), inexact=bool(o.inexact))
-    run.checkpoint = None if run.checkpoint is None else str(run.checkpoint)
-    input_fp = fingerprint(store)
-    normX2 = float(store.meta["norm_sq"])
+    return run_iterations(APRIterations(store, rank, run, o), store, run)
 
-    if run.client is None and run.scheduler is None and store.nnz <= INLINE_MAX_NNZ and run.device == "cpu":
-        run.scheduler = "inline"
-    if run.device == "gpu":
-        # the GPU streams Phi from the store; the CPU passes (log-likelihood) stream the same chunks
-        run.execution = "streaming"
-    claim = claim_run(store, run.out, run.checkpoint, run.overwrite, f"cp_apr of {store.path}")
-    with claim, get_client(run.client, run.scheduler, device=run.device) as c, ExitStack() as cleanup:
+
+class APRIterations:
+    """CP-APR's steps for the run loop: an outer iteration per iteration, its inner iterations on
+    per-mode task graphs (:class:`GraphOuter`) or owner-computes on the workers (:class:`OwnerOuter`)."""
+
+    name, title, claim_error = "cp_apr", "CP-APR", StoreError
+
+    def __init__(self, store: Any, rank: int, run: Any, o: Any) -> None:
+        if store.dense:
+            raise DecompositionError(f"{store.path}: cp_apr takes a sparse store of counts, not a dense array")
+        if o.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {o.algorithm!r}")
+        check_count("rank", rank)
+        check_count("max_iters", o.max_iters)
+        check_count("max_inner_iters", o.max_inner_iters)
+        check_count("checkpoint_every", run.checkpoint_every)
+        check_tolerance(o.tol)
+        for name, value in (("kappa", o.kappa), ("kappa_tol", o.kappa_tol)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if run.device not in ("cpu", "gpu"):
+            raise ValueError(f"device must be 'cpu' or 'gpu', got {run.device!r}")
+        if run.device == "gpu" and o.algorithm != "mu":
+            raise ValueError("algorithm='pdnr' runs on CPU workers; use device='cpu' (or algorithm='mu' on GPUs)")
+        if not (o.mu0 > 0 and o.eps_active >= 0):
+            raise ValueError(f"mu0 must be > 0 and eps_active >= 0, got {o.mu0!r} and {o.eps_active!r}")
+        total = check_counts(store)
+        if o.eps_div_zero is None:
+            o.eps_div_zero = default_eps_div_zero(store.shape, total)
+        elif not (isinstance(o.eps_div_zero, (int, float)) and math.isfinite(o.eps_div_zero) and o.eps_div_zero >= 0):
+            raise ValueError(f"eps_div_zero must be a finite number >= 0, got {o.eps_div_zero!r}")
+        self.store, self.rank, self.run, self.o = store, int(rank), run, o
+        self.base_params = {
+            "model": "poisson",
+            "algorithm": o.algorithm,
+            "rank": int(rank),
+            "max_iters": int(o.max_iters),
+            "max_inner_iters": int(o.max_inner_iters),
+            "tol": float(o.tol),
+            "seed": o.seed,
+            "init": o.init if isinstance(o.init, str) else "given",
+            "kappa": float(o.kappa),
+            "kappa_tol": float(o.kappa_tol),
+            "eps_div_zero": float(o.eps_div_zero),
+        }
+        if o.algorithm == "pdnr":
+            self.base_params.update(eps_active=float(o.eps_active), mu0=float(o.mu0), inexact=bool(o.inexact))
+        run.checkpoint = None if run.checkpoint is None else str(run.checkpoint)
+        self.input_fp = fingerprint(store)
+        self.normX2 = store.norm_sq
+        self.max_iters, self.device = o.max_iters, run.device
+        inline_when_small(run, store.nnz, "cpu" if run.device == "cpu" else "gpu")
+        if run.device == "gpu":
+            # the GPU streams Phi from the store; the CPU passes (log-likelihood) stream the same chunks
+            run.execution = "streaming"
+
+    def start(self, c: Any, cleanup: ExitStack, resume: bool) -> int:
+        run, o, store, rank = self.run, self.o, self.store, self.rank
+        params = self.params = dict(self.base_params)
         graph = open_graph(
             c,
             store,
@@ -161,6 +170,7 @@ def cp_apr(store: Store | str | os.PathLike, rank: int, **options: Any) -> Poiss
             samples=0,
             load=run.distribution == "graph",
         )
+        cleanup.callback(graph.release)
         owner = use_apr_owner(c, graph, run.distribution, graph.device)
         if owner:
             graph.plan_owner_computes()
@@ -172,9 +182,9 @@ def cp_apr(store: Store | str | os.PathLike, rank: int, **options: Any) -> Poiss
             graph.require_plan()
         if graph.execution == "in-memory" and graph.data is None and not owner:
             graph.load()
-        threads, bn, mpb = graph.numba_threads, graph.batch_nnz, graph.max_private_bytes
-        start, history, row_tol, state0 = _initial(
-            run.checkpoint if run.resume else None, input_fp, params, o.init, shape, rank, o.seed, o.tol
+        checkpoint = run.checkpoint if resume else None
+        start, self.history, self.row_tol, state0 = _initial(
+            checkpoint, self.input_fp, params, o.init, store.shape, rank, o.seed, o.tol
         )
         params["resumed_after"] = start
         if o.algorithm == "pdnr" and start == 0:
@@ -182,136 +192,152 @@ def cp_apr(store: Store | str | os.PathLike, rank: int, **options: Any) -> Poiss
                 v[v.sum(axis=1) == 0, 0] = 1e-8
         F = c.scatter(state0, hash=False)
         del state0
-        engine = None
         if owner:
-            engine = start_apr_owner(c, graph, F, shape, row_tol)
-            cleanup.callback(engine.release)  # a run stopped by its callback leaves nothing on the workers
-            params["distribution"] = {"kind": "owner-computes", "workers": len(engine.addresses)}
-            blocks = [_row_blocks(I, rank, threads) for I in shape]
-            cfg = AprConfig(
-                o.algorithm,
-                o.max_inner_iters,
-                float(o.tol),
-                o.kappa,
-                o.kappa_tol,
-                o.eps_div_zero,
-                o.eps_active,
-                o.mu0,
-                o.inexact,
-                blocks,
-            )
-            del F
-        loglik = history[-1]["loglik"] if history else float("nan")
-        for iteration in range(start, o.max_iters):
-            t_iter = time.time()
-            exchange = None
-            if owner:
-                # the next outer iteration goes ahead unless this one ends the run or writes a
-                # checkpoint (whose rows must be this iteration's)
-                due = run.checkpoint and (iteration + 1) % run.checkpoint_every == 0
-                sm, exchange = owner_outer(engine, iteration, cfg, not (due or iteration + 1 >= o.max_iters))
-            else:
-                F = c.submit(S.begin_outer, F, pure=False, **graph.placement)
-                for n in range(N):
-                    if o.algorithm == "mu":
-                        F = c.submit(
-                            S.mu_begin_mode, F, n, iteration, o.kappa, o.kappa_tol, pure=False, **graph.placement
-                        )
-                        for _ in range(o.max_inner_iters):
-                            F = graph.pass_update(
-                                phi_partition,
-                                (n, threads, bn, o.eps_div_zero, mpb, graph.device, run.device_options),
-                                S.mu_inner,
-                                F,
-                                n,
-                                float(o.tol),
-                            )
-                    else:
-                        inner_max = 2 if (o.inexact and iteration == 0) else o.max_inner_iters
-                        for b, (lo, hi) in enumerate(_row_blocks(shape[n], rank, threads)):
-                            F = c.submit(S.pdnr_begin_block, F, n, lo, hi, o.mu0, b == 0, pure=False, **graph.placement)
-                            for i in range(inner_max):
-                                F = graph.pass_update(
-                                    newton_partition,
-                                    (n, threads, bn, o.eps_div_zero),
-                                    S.pdnr_direction,
-                                    F,
-                                    n,
-                                    i,
-                                    inner_max,
-                                    row_tol,
-                                    o.eps_active,
-                                )
-                                F = graph.pass_update(
-                                    candidates_partition, (n, threads, bn), S.pdnr_step, F, n, i, inner_max
-                                )
-                            F = c.submit(S.pdnr_end_block, F, pure=False, **graph.placement)
-                    F = c.submit(S.end_mode, F, n, pure=False, **graph.placement)
-                parts = graph.partition_pass(loglik_partition, F, threads, bn, reduce=add_sums)
-                sm = c.submit(S.summary, F, parts, pure=False, **graph.placement).result()
-            old = loglik
-            loglik = sm.loglik
-            if not math.isfinite(loglik):
-                raise DecompositionError(
-                    f"CP-APR outer iteration {iteration + 1}: the log-likelihood is {loglik} "
-                    "(a nonzero's model value reached zero); try another init or seed"
-                )
-            fit = 1 - math.sqrt(max(normX2 + sm.norm_model_sq - 2 * sm.inner_product, 0.0)) / math.sqrt(normX2)
-            record = {
-                "iteration": iteration + 1,
-                "loglik": loglik,
-                "loglik_change": loglik - old if math.isfinite(old) else float("nan"),
-                "kkt_violation": sm.kkt,
-                "fit": fit,
-                "inner_iterations": sm.inner_iters,
-                "violations": sm.violations,
-                "zeros": sm.zeros,
-                "seconds": time.time() - t_iter,
-                "pass_seconds": sm.seconds,
-                "nnz": store.nnz,
-            }
-            if exchange is not None:
-                record.update(exchange)
-            history.append(record)
-            log.info(
-                "iteration %d: log-likelihood %.8e, KKT violation %.2e, %d inner, %.3f s",
-                iteration + 1,
-                loglik,
-                sm.kkt,
-                sm.inner_iters,
-                record["seconds"],
-                extra={"iteration": iteration + 1},
-            )
-            if o.algorithm == "pdnr" and o.inexact:
-                row_tol = max(o.tol, sm.kkt / 100.0)
-            done = sm.converged and (o.algorithm == "mu" or not o.inexact or row_tol <= o.tol)
-            if run.checkpoint and (done or (iteration + 1) % run.checkpoint_every == 0 or iteration + 1 == o.max_iters):
-                t_ck = time.time()
-                ck_args = (run.checkpoint, iteration, history, params, input_fp, row_tol)
-                if owner:  # written from the driver, the rows gathered from their owners
-                    raise_returned(disk_full_returned(_write_checkpoint, owner_state(engine, shape, rank), *ck_args))
-                else:
-                    raise_returned(c.submit(disk_full_returned, _write_checkpoint, F, *ck_args, pure=False).result())
-                record["checkpoint_seconds"] = time.time() - t_ck
-            if run.callback is not None:
-                run.callback(record)
-            if done:
-                break
-        if owner:
-            state = owner_state(engine, shape, rank)
-            final, weights = S.factors_of(state), state.weights
-            engine.release()
+            self.outer = OwnerOuter(c, graph, F, store.shape, rank, self.row_tol, o, run, cleanup)
+            params["distribution"] = {"kind": "owner-computes", "workers": len(self.outer.engine.addresses)}
         else:
-            final, weights = c.submit(_factors_and_weights, F, pure=False).result()
-            del F
-        graph.release()
-    kkt = history[-1]["kkt_violation"] if history else float("nan")
-    fit = history[-1]["fit"] if history else float("nan")
-    result = PoissonResult.arranged(weights, final, loglik, kkt, fit, len(history), history, params, input_fp)
-    if run.out is not None:
-        result.save(run.out, overwrite=run.overwrite)
-        log.info("result written to %s", run.out)
-    return result
+            self.outer = GraphOuter(c, graph, F, store.shape, rank, o, run)
+        self.loglik = self.history[-1]["loglik"] if self.history else float("nan")
+        return start
+
+    def iterate(self, iteration: int) -> dict:
+        o = self.o
+        t_iter = time.time()
+        sm, exchange = self.outer.run(iteration, self.row_tol)
+        old, self.loglik = self.loglik, sm.loglik
+        if not math.isfinite(self.loglik):
+            raise DecompositionError(
+                f"CP-APR outer iteration {iteration + 1}: the log-likelihood is {self.loglik} "
+                "(a nonzero's model value reached zero); try another init or seed"
+            )
+        normX2 = self.normX2
+        fit = 1 - math.sqrt(max(normX2 + sm.norm_model_sq - 2 * sm.inner_product, 0.0)) / math.sqrt(normX2)
+        record = {
+            "iteration": iteration + 1,
+            "loglik": self.loglik,
+            "loglik_change": self.loglik - old if math.isfinite(old) else float("nan"),
+            "kkt_violation": sm.kkt,
+            "fit": fit,
+            "inner_iterations": sm.inner_iters,
+            "violations": sm.violations,
+            "zeros": sm.zeros,
+            "seconds": time.time() - t_iter,
+            "pass_seconds": sm.seconds,
+            "nnz": self.store.nnz,
+        }
+        if exchange is not None:
+            record.update(exchange)
+        self.history.append(record)
+        log.info(
+            "iteration %d: log-likelihood %.8e, KKT violation %.2e, %d inner, %.3f s",
+            iteration + 1,
+            self.loglik,
+            sm.kkt,
+            sm.inner_iters,
+            record["seconds"],
+            extra={"iteration": iteration + 1},
+        )
+        if o.algorithm == "pdnr" and o.inexact:
+            self.row_tol = max(o.tol, sm.kkt / 100.0)
+        self.converges = sm.converged
+        return record
+
+    def converged(self, iteration: int, record: dict) -> bool:
+        o = self.o
+        return self.converges and (o.algorithm == "mu" or not o.inexact or self.row_tol <= o.tol)
+
+    def save_checkpoint(self, path: str, iteration: int) -> float:
+        t_ck = time.time()
+        self.outer.checkpoint(path, iteration, self.history, self.params, self.input_fp, self.row_tol)
+        return time.time() - t_ck
+
+    def finish(self) -> PoissonResult:
+        final, weights = self.outer.final()
+        kkt = self.history[-1]["kkt_violation"] if self.history else float("nan")
+        fit = self.history[-1]["fit"] if self.history else float("nan")
+        args = (self.loglik, kkt, fit, len(self.history), self.history, self.params, self.input_fp)
+        return PoissonResult.arranged(weights, final, *args)
+
+
+class GraphOuter:
+    """Outer iterations as per-mode task graphs: each inner iteration a pass over the partitions and
+    one update task beside the model state (what one worker, the inline scheduler and GPUs use)."""
+
+    def __init__(self, c: Any, graph: Any, F: Any, shape: Sequence[int], rank: int, o: Any, run: Any) -> None:
+        self.c, self.graph, self.F, self.shape, self.rank, self.o, self.control = c, graph, F, shape, rank, o, run
+
+    def run(self, iteration: int, row_tol: float) -> tuple[Any, None]:
+        c, graph, o = self.c, self.graph, self.o
+        threads, bn, mpb = graph.numba_threads, graph.batch_nnz, graph.max_private_bytes
+        F = c.submit(S.begin_outer, self.F, pure=False, **graph.placement)
+        for n in range(len(self.shape)):
+            if o.algorithm == "mu":
+                F = c.submit(S.mu_begin_mode, F, n, iteration, o.kappa, o.kappa_tol, pure=False, **graph.placement)
+                for _ in range(o.max_inner_iters):
+                    phi = (n, threads, bn, o.eps_div_zero, mpb, graph.device, self.control.device_options)
+                    F = graph.pass_update(phi_partition, phi, S.mu_inner, F, n, float(o.tol))
+            else:
+                inner_max = 2 if (o.inexact and iteration == 0) else o.max_inner_iters
+                for b, (lo, hi) in enumerate(_row_blocks(self.shape[n], self.rank, threads)):
+                    F = c.submit(S.pdnr_begin_block, F, n, lo, hi, o.mu0, b == 0, pure=False, **graph.placement)
+                    for i in range(inner_max):
+                        newton = (n, threads, bn, o.eps_div_zero)
+                        args = (n, i, inner_max, row_tol, o.eps_active)
+                        F = graph.pass_update(newton_partition, newton, S.pdnr_direction, F, *args)
+                        F = graph.pass_update(candidates_partition, (n, threads, bn), S.pdnr_step, F, n, i, inner_max)
+                    F = c.submit(S.pdnr_end_block, F, pure=False, **graph.placement)
+            F = c.submit(S.end_mode, F, n, pure=False, **graph.placement)
+        self.F = F
+        parts = graph.partition_pass(loglik_partition, F, threads, bn, reduce=add_sums)
+        return c.submit(S.summary, F, parts, pure=False, **graph.placement).result(), None
+
+    def checkpoint(self, *args: Any) -> None:
+        raise_returned(self.c.submit(disk_full_returned, _write_checkpoint, self.F, *args, pure=False).result())
+
+    def final(self) -> tuple[list[np.ndarray], np.ndarray]:
+        out = self.c.submit(_factors_and_weights, self.F, pure=False).result()
+        del self.F
+        return out
+
+
+class OwnerOuter:
+    """Outer iterations owner-computes: each worker keeps its partitions and the factor rows it owns,
+    one task per worker and outer iteration, rows sent only where shared (:mod:`.apr_owner`)."""
+
+    def __init__(
+        self,
+        c: Any,
+        graph: Any,
+        F: Any,
+        shape: Sequence[int],
+        rank: int,
+        row_tol: float,
+        o: Any,
+        run: Any,
+        cleanup: ExitStack,
+    ) -> None:
+        self.engine = start_apr_owner(c, graph, F, shape, row_tol)
+        cleanup.callback(self.engine.release)  # a run stopped by its callback leaves nothing on the workers
+        self.shape, self.rank, self.control, self.o = shape, rank, run, o
+        blocks = [_row_blocks(I, rank, graph.numba_threads) for I in shape]
+        args = (o.max_inner_iters, float(o.tol), o.kappa, o.kappa_tol, o.eps_div_zero, o.eps_active, o.mu0, o.inexact)
+        self.cfg = AprConfig(o.algorithm, *args, blocks)
+
+    def run(self, iteration: int, row_tol: float) -> tuple[Any, dict]:
+        # the next outer iteration goes ahead unless this one ends the run or writes a checkpoint
+        # (whose rows must be this iteration's)
+        run = self.control
+        due = run.checkpoint and (iteration + 1) % run.checkpoint_every == 0
+        return owner_outer(self.engine, iteration, self.cfg, not (due or iteration + 1 >= self.o.max_iters))
+
+    def checkpoint(self, *args: Any) -> None:
+        # written from the driver, the rows gathered from their owners
+        raise_returned(disk_full_returned(_write_checkpoint, owner_state(self.engine, self.shape, self.rank), *args))
+
+    def final(self) -> tuple[list[np.ndarray], np.ndarray]:
+        state = owner_state(self.engine, self.shape, self.rank)
+        self.engine.release()
+        return S.factors_of(state), state.weights
 
 
 PYTTB_EPS_DIV_ZERO = 1e-10
