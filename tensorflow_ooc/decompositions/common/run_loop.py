@@ -80,7 +80,8 @@ def run_iterations(method: IterativeMethod, store: Any, run: Any) -> Any:
                 break
             except TeamLost as exc:
                 if attempt == MAX_RESTARTS:
-                    raise DecompositionError(f"{method.title} lost a worker {attempt + 1} times; giving up ({exc})") from exc
+                    lost = f"{method.title} lost a worker {attempt + 1} times; giving up ({exc})"
+                    raise DecompositionError(lost) from exc
                 log.warning(
                     "%s; restarting %s on %d worker(s)",
                     exc,

@@ -11,17 +11,11 @@ import logging
 import os
 import time
 from contextlib import ExitStack
-from functools import partial
 from typing import Any
 
 import numpy as np
-from distributed import Client
 
-from ...errors import DecompositionError
-from ...execution import get_client
-from ...execution.cluster import scheduler_workers
-from ...execution.inline import INLINE_MAX_NNZ
-from ...execution.owner_computes import TeamLost
+from ...errors import StoreError
 from ...store import Store
 from ...store.dense import DenseArray
 from ..common.cp_result import CPResult, arrange
@@ -29,32 +23,19 @@ from ..common.fingerprint import fingerprint
 from ..common.model_checks import check_model, check_tensor_norm
 from ..common.mttkrp_input import open_graph, open_input
 from ..common.options import declared
-from ..common.result_store import claim_run
-from ..common.run_control import FIT_EVERY_ITERATION_NNZ, chunk_bytes, converged, run_entropy
-from . import updates as U
-from .cp_owner import (
-    OWNER_METHODS,
-    owner_checkpoint,
-    owner_factors,
-    owner_iteration,
-    owner_summary,
-    start_owner_computes,
-    use_owner_computes,
-)
+from ..common.run_control import FIT_EVERY_ITERATION_NNZ, converged, run_entropy
+from ..common.run_loop import inline_when_small, run_iterations
+from .cp_owner import OWNER_METHODS, use_owner_computes
 from .cp_steps import (
     check_arguments,
     check_nonnegative_init,
-    exact_step,
-    final_factors,
     initial_state,
     iteration_record,
     model_fit,
     model_norm_sq,
-    randomized_step,
-    save_checkpoint,
 )
+from .iteration import GraphModes, OwnerModes
 from .options import CP_ALS
-from .randomized import with_trees
 from .updates import HALS_SWEEPS
 
 log = logging.getLogger(__name__)
@@ -119,81 +100,48 @@ def cp_als(store: Store | DenseArray | str | os.PathLike | np.ndarray, rank: int
     """
     run, o = CP_ALS.settings(options)
     store = open_input(store)
-    o.fit_every = check_arguments(
-        store,
-        rank,
-        o.max_iters,
-        o.tol,
-        o.dtype,
-        o.method,
-        o.samples,
-        run.device,
-        o.fit_every,
-        o.nonnegative,
-        o.reg,
-        run.distribution,
-    )
-    o.nonnegative, o.reg = bool(o.nonnegative), float(o.reg)
-    if o.nonnegative:
-        run.distribution = "graph"  # the HALS update runs in the per-mode update tasks
-        if not isinstance(o.init, str):
-            check_nonnegative_init(o.init)
-    randomized = o.method != "exact"
-    params = {
-        "rank": int(rank),
-        "max_iters": int(o.max_iters),
-        "tol": float(o.tol),
-        "seed": o.seed,
-        "dtype": o.dtype,
-        "init": o.init if isinstance(o.init, str) else "given",
-        "method": o.method,
-        "nonnegative": o.nonnegative,
-        "reg": o.reg,
-    }
-    if randomized:
-        params.update(samples=int(o.samples), fit_every=o.fit_every)
-    run.checkpoint = None if run.checkpoint is None else str(run.checkpoint)
-
-    if run.client is None and run.scheduler is None and run.device != "gpu" and store.nnz <= INLINE_MAX_NNZ:
-        run.scheduler = "inline"  # Dask's per-task cost would outweigh the kernels (see execution/inline.py)
-    if randomized:
-        run.device = "cpu"
-    claim = claim_run(store, run.out, run.checkpoint, run.overwrite, f"cp_als of {store.path}")
-    with claim, get_client(run.client, run.scheduler, device=run.device) as c:
-        # a worker lost by an owner-computes run: again on the workers left, from the checkpoint
-        # when there is one, else from the first iteration (the same initial factors, the same result)
-        for attempt in range(MAX_RESTARTS + 1):
-            try:
-                lam, factors, fit, history, params, input_fp = _attempt(c, store, rank, run, o, dict(params))
-                break
-            except TeamLost as exc:
-                if attempt == MAX_RESTARTS:
-                    raise DecompositionError(f"CP-ALS lost a worker {attempt + 1} times; giving up ({exc})") from exc
-                log.warning(
-                    "%s; restarting %s on %d worker(s)",
-                    exc,
-                    f"from checkpoint {run.checkpoint}" if run.checkpoint else "from the first iteration",
-                    len(scheduler_workers(c)),
-                )
-                run.resume = bool(run.checkpoint) or run.resume
-    result = CPResult(lam, factors, fit, len(history), history, params, input_fp)
-    if run.out is not None:
-        result.save(run.out, overwrite=run.overwrite)
-        log.info("result written to %s", run.out)
-    return result
+    return run_iterations(CPIterations(store, rank, run, o), store, run)
 
 
-MAX_RESTARTS = 3
+class CPIterations:
+    """CP-ALS's steps for the run loop: Algorithm 1's iterations, each by :class:`~.iteration.GraphModes`
+    or :class:`~.iteration.OwnerModes`."""
 
+    name, title, claim_error = "cp_als", "CP-ALS", StoreError
 
-def _attempt(c: Client, store: Any, rank: int, run: Any, o: Any, params: dict) -> tuple:
-    """One run of Algorithm 1 on client ``c`` (fresh, or from the checkpoint when ``run.resume``):
-    the arranged weights and factors, the fit, the history, the parameters and the input's
-    fingerprint. Raises :class:`TeamLost` when an owner-computes worker is lost."""
-    N, shape = store.nmodes, store.shape
-    dense, randomized = isinstance(store, DenseArray), o.method != "exact"
-    with ExitStack() as cleanup:
-        # --- the graph, ||X||, and the initial state: fresh, or from the last checkpoint -------------
+    def __init__(self, store: Any, rank: int, run: Any, o: Any) -> None:
+        settings = (o.max_iters, o.tol, o.dtype, o.method, o.samples, run.device, o.fit_every, o.nonnegative, o.reg)
+        o.fit_every = check_arguments(store, rank, *settings, run.distribution)
+        o.nonnegative, o.reg = bool(o.nonnegative), float(o.reg)
+        if o.nonnegative:
+            run.distribution = "graph"  # the HALS update runs in the per-mode update tasks
+            if not isinstance(o.init, str):
+                check_nonnegative_init(o.init)
+        self.store, self.rank, self.run, self.o = store, rank, run, o
+        self.randomized = o.method != "exact"
+        self.base_params = {
+            "rank": int(rank),
+            "max_iters": int(o.max_iters),
+            "tol": float(o.tol),
+            "seed": o.seed,
+            "dtype": o.dtype,
+            "init": o.init if isinstance(o.init, str) else "given",
+            "method": o.method,
+            "nonnegative": o.nonnegative,
+            "reg": o.reg,
+        }
+        if self.randomized:
+            self.base_params.update(samples=int(o.samples), fit_every=o.fit_every)
+        run.checkpoint = None if run.checkpoint is None else str(run.checkpoint)
+        inline_when_small(run, store.nnz, run.device)
+        if self.randomized:
+            run.device = "cpu"
+        self.max_iters, self.device = o.max_iters, run.device
+
+    def start(self, c: Any, cleanup: ExitStack, resume: bool) -> int:
+        """The graph, ||X|| and the initial state: fresh, or from the last checkpoint."""
+        run, o, store, rank = self.run, self.o, self.store, self.rank
+        params = self.params = dict(self.base_params)
         graph = open_graph(
             c,
             store,
@@ -204,10 +152,11 @@ def _attempt(c: Client, store: Any, rank: int, run: Any, o: Any, params: dict) -
             device_options=run.device_options,
             rank=rank,
             dtype=o.dtype,
-            samples=int(o.samples) if randomized else 0,
-            load=run.distribution == "graph" or o.method not in OWNER_METHODS or dense,
+            samples=int(o.samples) if self.randomized else 0,
+            load=run.distribution == "graph" or o.method not in OWNER_METHODS or store.dense,
         )
-        owner = use_owner_computes(c, graph, dense, o.method, run.distribution)
+        cleanup.callback(graph.release)
+        owner = use_owner_computes(c, graph, store.dense, o.method, run.distribution)
         if not owner:
             graph.require_plan()
         else:
@@ -218,129 +167,86 @@ def _attempt(c: Client, store: Any, rank: int, run: Any, o: Any, params: dict) -
                 params["memory_plan"] = graph.memory_plan.as_dict()
         if graph.execution == "in-memory" and graph.data is None and not owner:
             graph.load()
-        input_fp = fingerprint(store)
-        normX2 = float(store.meta["norm_sq"])
-        check_tensor_norm(store.path, normX2)
-        F, start, fit, history, weights, sample_entropy = initial_state(
+        self.input_fp = fingerprint(store)
+        self.normX2 = store.norm_sq
+        check_tensor_norm(store.path, self.normX2)
+        F, start, self.fit, self.history, self.weights, sample_entropy = initial_state(
             c,
-            run.checkpoint if run.resume else None,
-            input_fp,
+            run.checkpoint if resume else None,
+            self.input_fp,
             o.init,
-            shape,
+            store.shape,
             rank,
             o.seed,
             o.dtype,
             on_workers=owner,
             same={"nonnegative": o.nonnegative, "reg": o.reg},
         )
-        engine = start_owner_computes(c, graph, F, N) if owner else None
-        if owner:
-            cleanup.callback(engine.release)  # a run stopped by its callback leaves nothing on the workers
-            params["distribution"] = {"kind": "owner-computes", "workers": len(engine.addresses)}
-        on_cluster = graph.placement  # update tasks run where the MTTKRP partials are made
-        if graph.device == "gpu" and not owner:
-            F = c.submit(U.on_device, F, pure=False, **on_cluster)
-        params["resumed_after"] = start
-        if randomized:
+        params["resumed_after"] = self.start_at = start
+        if self.randomized:
             params["sample_entropy"] = run_entropy(sample_entropy, o.seed)
-            if o.method == "sts" and not owner:
-                F = c.submit(with_trees, F, pure=False, **on_cluster)
-            step = partial(randomized_step, c, graph, N, o.method, o.samples, params["sample_entropy"])
+        if owner:
+            self.modes = OwnerModes(c, graph, F, self, cleanup)
+            params["distribution"] = {"kind": "owner-computes", "workers": len(self.modes.engine.addresses)}
         else:
-            step = partial(exact_step, graph, N, nonneg=U.NonNegative(o.reg) if o.nonnegative else None)
-        evaluated = [h["fit"] for h in history if h.get("fit_evaluated", True)]
-        empty_seen: dict[int, int] = {}
+            self.modes = GraphModes(c, graph, F, self)
+        self.evaluated = [h["fit"] for h in self.history if h.get("fit_evaluated", True)]
+        self.empty_seen: dict[int, int] = {}
         # bytes read from the store per iteration (for monitoring): a streaming pass reads every
         # compressed chunk once per mode; in memory, the partitions were read once, before the first
         # iteration of this run, and are counted there
-        stored = store.stored_bytes() if dense else chunk_bytes(store)
-        streamed = graph.execution == "streaming"
+        self.stored, self.streamed = store.stored_bytes(), graph.execution == "streaming"
+        return start
 
-        # --- Algorithm 1 -----------------------------------------------------------------------------
-        # F is the future of the model state (factors, Grams, weights). A whole iteration is
-        # submitted at once: each mode is its MTTKRP graph and one update task (Hadamard product of
-        # Grams, Cholesky solve, normalization), one task in all when there is one partition, so
-        # modes follow each other on the cluster with no round trip to the driver; the driver reads
-        # the small summary once per iteration.
-        for iteration in range(start, o.max_iters):
-            t_iter = time.time()
-            fit_old = fit
-            evaluate = not randomized or (iteration + 1) % o.fit_every == 0 or iteration + 1 == o.max_iters
-            exchange = None
-            if owner:
-                try:
-                    # the next iteration goes ahead unless this one ends the run or writes a
-                    # checkpoint (whose rows must be this iteration's)
-                    due = run.checkpoint and (iteration + 1) % run.checkpoint_every == 0
-                    # randomized runs stop by the driver's test on the evaluated fits: never ahead
-                    last = due or iteration + 1 >= o.max_iters or randomized
-                    ahead = None if last else (iteration + 1, False, normX2, o.tol)
-                    sketch = (int(o.samples), params["sample_entropy"], evaluate) if randomized else None
-                    sm, exchange = owner_summary(
-                        engine.iterate(owner_iteration, (iteration, iteration == 0, normX2, o.tol, sketch), ahead),
-                        engine.plan.mode_lower_bound_bytes(rank, np.dtype(o.dtype).itemsize),
-                    )
-                except TeamLost as exc:
-                    engine.release()
-                    graph.release()
-                    raise exc
-            else:
-                for n in range(N):
-                    F = step(F, n, iteration, evaluate)
-                sm = c.submit(U.summary, F, pure=False).result()
-            weights = sm.weights
-            norm_model2 = model_norm_sq(sm)
-            if evaluate:
-                fit = model_fit(sm, normX2, norm_model2)
-                evaluated.append(fit)
-            # a NaN fit or an all-zero model stops the run here, naming the cause, never exit 0
-            check_model(iteration + 1, fit, weights, norm_model2, normX2)
-            record = iteration_record(
-                iteration,
-                t_iter,
-                sm,
-                fit,
-                fit_old,
-                evaluate,
-                store.nnz,
-                stored * N if streamed else (stored if iteration == start else 0),
-                randomized,
-                o.samples,
-                empty_seen,
-            )
-            if exchange is not None:
-                record.update(exchange)
-            history.append(record)
-            log.info(
-                "iteration %d: fit %.6f (change %.2e), %.3f s",
-                iteration + 1,
-                fit,
-                record["fit_change"],
-                record["seconds"],
-                extra={"iteration": iteration + 1},
-            )  # a field of its own in JSON logs
-            done = converged(randomized, o.tol, iteration, fit, fit_old, evaluate, evaluated)
-            if run.checkpoint and (done or (iteration + 1) % run.checkpoint_every == 0 or iteration + 1 == o.max_iters):
-                if owner:
-                    record["checkpoint_seconds"] = owner_checkpoint(
-                        engine, run.checkpoint, shape, rank, o.dtype, weights, iteration, fit, history, params, input_fp
-                    )
-                else:
-                    record["checkpoint_seconds"] = save_checkpoint(
-                        c, run.checkpoint, F, weights, iteration, fit, history, params, input_fp
-                    )
-            # after the write, so a callback that stops the run (cancel) finds this iteration saved
-            if run.callback is not None:
-                run.callback(record)
-            if done:
-                break
-        if owner:
-            final = owner_factors(engine, shape, rank, o.dtype)
-            engine.release()
-        else:
-            final = final_factors(c, F, N)
-        del F
-        graph.release()
+    def iterate(self, iteration: int) -> dict:
+        o, store = self.o, self.store
+        t_iter = time.time()
+        self.fit_old = fit_old = self.fit
+        self.evaluate = evaluate = (
+            not self.randomized or (iteration + 1) % o.fit_every == 0 or iteration + 1 == o.max_iters
+        )
+        sm, exchange = self.modes.iterate(iteration, evaluate)
+        self.weights = sm.weights
+        norm_model2 = model_norm_sq(sm)
+        if evaluate:
+            self.fit = model_fit(sm, self.normX2, norm_model2)
+            self.evaluated.append(self.fit)
+        # a NaN fit or an all-zero model stops the run here, naming the cause, never exit 0
+        check_model(iteration + 1, self.fit, self.weights, norm_model2, self.normX2)
+        N, stored = store.nmodes, self.stored
+        read = stored * N if self.streamed else (stored if iteration == self.start_at else 0)
+        record = iteration_record(
+            iteration,
+            t_iter,
+            sm,
+            self.fit,
+            fit_old,
+            evaluate,
+            store.nnz,
+            read,
+            self.randomized,
+            o.samples,
+            self.empty_seen,
+        )
+        if exchange is not None:
+            record.update(exchange)
+        self.history.append(record)
+        log.info(
+            "iteration %d: fit %.6f (change %.2e), %.3f s",
+            iteration + 1,
+            self.fit,
+            record["fit_change"],
+            record["seconds"],
+            extra={"iteration": iteration + 1},
+        )  # a field of its own in JSON logs
+        return record
 
-    lam, factors = arrange(weights, [np.array(v) for v in final])
-    return lam, factors, fit, history, params, input_fp
+    def converged(self, iteration: int, record: dict) -> bool:
+        return converged(self.randomized, self.o.tol, iteration, self.fit, self.fit_old, self.evaluate, self.evaluated)
+
+    def save_checkpoint(self, path: str, iteration: int) -> float:
+        return self.modes.checkpoint(path, self.weights, iteration, self.fit, self.history, self.params, self.input_fp)
+
+    def finish(self) -> CPResult:
+        lam, factors = arrange(self.weights, [np.array(v) for v in self.modes.final()])
+        return CPResult(lam, factors, self.fit, len(self.history), self.history, self.params, self.input_fp)

@@ -1,0 +1,83 @@
+"""One CP-ALS iteration, two ways: per-mode task graphs with a reduce-scatter of the partials
+(:class:`GraphModes`), or owner-computes, each worker updating the factor rows it owns
+(:class:`OwnerModes`). The run loop's method (:class:`~.cp_als.CPIterations`) calls either the same way."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from . import updates as U
+from .cp_owner import owner_checkpoint, owner_factors, owner_iteration, owner_summary, start_owner_computes
+from .cp_steps import exact_step, final_factors, randomized_step, save_checkpoint
+from .randomized import with_trees
+
+
+class GraphModes:
+    """Each mode its MTTKRP graph and one update task beside the model state ``F`` (a future): a
+    whole iteration is submitted at once, so the modes follow each other on the cluster with no
+    round trip to the driver, which reads the small summary once per iteration."""
+
+    def __init__(self, c: Any, graph: Any, F: Any, method: Any) -> None:
+        o, on_cluster = method.o, graph.placement  # update tasks run where the MTTKRP partials are made
+        if graph.device == "gpu":
+            F = c.submit(U.on_device, F, pure=False, **on_cluster)
+        N = method.store.nmodes
+        if method.randomized:
+            if o.method == "sts":
+                F = c.submit(with_trees, F, pure=False, **on_cluster)
+            self.step = partial(randomized_step, c, graph, N, o.method, o.samples, method.params["sample_entropy"])
+        else:
+            self.step = partial(exact_step, graph, N, nonneg=U.NonNegative(o.reg) if o.nonnegative else None)
+        self.c, self.F, self.N = c, F, N
+
+    def iterate(self, iteration: int, evaluate: bool) -> tuple[U.Summary, None]:
+        F = self.F
+        for n in range(self.N):
+            F = self.step(F, n, iteration, evaluate)
+        self.F = F
+        return self.c.submit(U.summary, F, pure=False).result(), None
+
+    def checkpoint(self, path: str, weights: np.ndarray, *record: Any) -> float:
+        return save_checkpoint(self.c, path, self.F, weights, *record)
+
+    def final(self) -> list[np.ndarray]:
+        out = final_factors(self.c, self.F, self.N)
+        del self.F
+        return out
+
+
+class OwnerModes:
+    """Owner-computes (:mod:`.cp_owner`): each worker keeps its partitions and the factor rows it
+    owns, one task per worker and iteration, rows sent worker to worker only where shared."""
+
+    def __init__(self, c: Any, graph: Any, F: Any, method: Any, cleanup: ExitStack) -> None:
+        self.engine = start_owner_computes(c, graph, F, method.store.nmodes)
+        cleanup.callback(self.engine.release)  # a run stopped by its callback leaves nothing on the workers
+        self.method = method
+        self.lower = self.engine.plan.mode_lower_bound_bytes(method.rank, np.dtype(method.o.dtype).itemsize)
+
+    def iterate(self, iteration: int, evaluate: bool) -> tuple[U.Summary, dict]:
+        m, o, run = self.method, self.method.o, self.method.run
+        # the next iteration goes ahead unless this one ends the run or writes a checkpoint (whose
+        # rows must be this iteration's); randomized runs stop by the driver's test on the
+        # evaluated fits: never ahead
+        due = run.checkpoint and (iteration + 1) % run.checkpoint_every == 0
+        last = due or iteration + 1 >= o.max_iters or m.randomized
+        ahead = None if last else (iteration + 1, False, m.normX2, o.tol)
+        sketch = (int(o.samples), m.params["sample_entropy"], evaluate) if m.randomized else None
+        this = (iteration, iteration == 0, m.normX2, o.tol, sketch)
+        return owner_summary(self.engine.iterate(owner_iteration, this, ahead), self.lower)
+
+    def checkpoint(self, path: str, weights: np.ndarray, *record: Any) -> float:
+        m = self.method
+        return owner_checkpoint(self.engine, path, m.store.shape, m.rank, m.o.dtype, weights, *record)
+
+    def final(self) -> list[np.ndarray]:
+        m = self.method
+        out = owner_factors(self.engine, m.store.shape, m.rank, m.o.dtype)
+        self.engine.release()
+        return out
