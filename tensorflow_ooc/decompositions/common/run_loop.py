@@ -35,6 +35,7 @@ class IterativeMethod(Protocol):
     device: str  # the device the client is asked for
     max_iters: int
     claim_error: type[Exception]  # what a refused output raises
+    # optional: claim_inputs, further inputs ({name: path}) the outputs must not overlap
 
     def start(self, c: Client, cleanup: ExitStack, resume: bool) -> int:
         """Open the graph on ``c`` (releases registered on ``cleanup``) and set the initial state:
@@ -68,9 +69,8 @@ def checkpoint_due(run: Any, iteration: int, max_iters: int) -> bool:
 def run_iterations(method: IterativeMethod, store: Any, run: Any) -> Any:
     """Run ``method`` on ``store`` under ``run`` (a :class:`~.options.RunControl`); its result, also
     written to ``run.out`` when given."""
-    claim = claim_run(
-        store, run.out, run.checkpoint, run.overwrite, f"{method.name} of {store.path}", error=method.claim_error
-    )
+    purpose, inputs = f"{method.name} of {store.path}", getattr(method, "claim_inputs", None)
+    claim = claim_run(store, run.out, run.checkpoint, run.overwrite, purpose, inputs, method.claim_error)
     resume = run.resume
     with claim, get_client(run.client, run.scheduler, device=method.device) as c:
         for attempt in range(MAX_RESTARTS + 1):

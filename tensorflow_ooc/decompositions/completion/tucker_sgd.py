@@ -22,22 +22,22 @@ import logging
 import math
 import os
 import time
+from contextlib import ExitStack
 from typing import Any, Sequence
 
 import numpy as np
 
 from ...execution import completion as T
 from ...execution import component_revival as R
-from ...execution import get_client
 from ...execution.cluster import resolve_device, worker_resources
 from ...execution.graph import DEFAULT_SPLIT_EVERY, tree_reduce
-from ...execution.inline import INLINE_MAX_NNZ, is_inline
+from ...execution.inline import is_inline
 from ...execution.partitions import plan_partitions
 from ...store import Store, open_store
 from ..common.fingerprint import fingerprint
 from ..common.model_checks import check_factor_memory, check_seed
 from ..common.options import declared
-from ..common.result_store import claim_run
+from ..common.run_loop import inline_when_small, run_iterations
 from .fasttucker_result import CompletionError, FastTuckerResult
 from .options import TUCKER_SGD
 
@@ -168,10 +168,203 @@ def tucker_sgd(
     """
     run, o = TUCKER_SGD.settings(options)
     store = store if isinstance(store, Store) else open_store(store)
-    shape, N = tuple(int(x) for x in store.shape), store.nmodes
+    return run_iterations(CompletionEpochs(store, ranks, core_rank, run, o), store, run)
+
+
+class CompletionEpochs:
+    """FastTuckerPlus's steps for the run loop: an iteration is one accepted epoch (factor pass,
+    core pass, test errors); the model of the lowest test RMSE is the result. No checkpoint."""
+
+    name, title, claim_error = "tucker_sgd", "FastTuckerPlus", CompletionError
+
+    def __init__(self, store: Store, ranks: int | Sequence[int], core_rank: int, run: Any, o: Any) -> None:
+        self.store, self.run, self.o = store, run, o
+        self.shape = tuple(int(x) for x in store.shape)
+        self.ranks, self.test_store = _check_options(store, ranks, core_rank, self.shape, run, o)
+        self.core_rank, self.normalized = int(core_rank), o.step == "normalized"
+        self.claim_inputs = {"test": getattr(self.test_store, "path", None)}
+        self.split_seed = int(np.random.SeedSequence(o.seed).entropy if o.seed is None else check_seed(o.seed))
+        self.base_params = _params(o, self.ranks, self.core_rank, self.test_store, self.split_seed)
+        self.input_fp = fingerprint(store)
+        self.max_iters, self.device = int(o.epochs), run.device
+        inline_when_small(run, store.nnz, run.device)
+
+    def start(self, c: Any, cleanup: ExitStack, resume: bool) -> int:
+        from tqdm.auto import tqdm
+
+        run, o, store, test_store, shape, ranks = self.run, self.o, self.store, self.test_store, self.shape, self.ranks
+        self.c = c
+        self.dev = dev = "cpu" if run.device == "cpu" else resolve_device(c, run.device)[0]
+        res = worker_resources(c) if not is_inline(c) else None
+        dask_threads = sum(r["dask_threads"] for r in res.values()) if res else 1
+        if o.threads is None and res:
+            o.threads = min(r["numba_threads"] for r in res.values())
+        n_parts = run.partitions or dask_threads
+        parts = plan_partitions(store, n_parts, MAX_PARTITION_NNZ)
+        self.offsets = offsets = np.concatenate([[0], np.cumsum(shape)[:-1]]).astype(np.int64)
+        # values scaled to unit mean square, so the learning rates mean the same for any data scale
+        mean_square = float(store.meta["norm_sq"]) / store.nnz
+        self.scale = scale = 1.0 / math.sqrt(mean_square) if mean_square > 0 else 1.0
+        args = (offsets, o.test_fraction or 0.0, self.split_seed, False, scale)
+        self.sources = sources = [c.submit(T.load_observed, store.path, p, *args, pure=False) for p in parts]
+        self.test_sources = list(sources)
+        if test_store is not None:
+            test_parts = plan_partitions(test_store, n_parts, MAX_PARTITION_NNZ)
+            args = (offsets, 0.0, 0, True, scale)
+            self.test_sources = [c.submit(T.load_observed, test_store.path, p, *args, pure=False) for p in test_parts]
+            _check_disjoint(c, store, test_store, sources, self.test_sources, shape)
+        counts = [c.submit(_train_test_counts, s, pure=False).result() for s in sources]
+        n_train = sum(a for a, _ in counts)
+        n_test = sum(b for _, b in counts) if test_store is None else test_store.nnz
+        if n_train == 0:
+            raise CompletionError(f"{store.path}: no training entries left after holding out the test set")
+        if n_test == 0:
+            log.warning("no test entries: the test RMSE is not measured and early stopping is off")
+        if isinstance(o.init, FastTuckerResult):
+            warm = (o.init.factors, o.init.core_factors, shape, ranks, self.core_rank, scale, o.seed)
+            self.state = c.submit(warm_state, *warm, pure=False)
+        else:
+            self.state = c.submit(initial_state, shape, ranks, self.core_rank, 1.0, o.seed, pure=False)
+        self.params = dict(self.base_params)
+        self.params.update(
+            n_train=int(n_train),
+            n_test=int(n_test),
+            value_scale=scale,
+            partitions=len(parts),
+            device=dev,
+            scheduler="inline" if is_inline(c) else "dask",
+            threads=o.threads,
+        )
+        log.info(
+            "FastTuckerPlus: %d training and %d test entries, %d partitions on %s", n_train, n_test, len(parts), dev
+        )
+        self.bar = tqdm(total=self.max_iters, desc="fasttucker+", unit="epoch", leave=False, disable=not run.progress)
+        cleanup.callback(self.bar.close)
+        self.history: list[dict] = []
+        self.best, self.stale, self.backoff, self.last_train = (math.inf, 0, None), 0, 1.0, math.inf
+        # values are scaled to unit mean square, so a zero model's error is about 1
+        self.last_check = 1.0
+        if test_store is not None and test_store.nnz:
+            self.last_check = max(1.0, scale * math.sqrt(float(test_store.meta["norm_sq"]) / test_store.nnz))
+        return 0
+
+    def iterate(self, epoch: int) -> dict:
+        """One accepted epoch: a diverged one is redone from its start at half the rates."""
+        o, scale = self.o, self.scale
+        while True:
+            t0 = time.perf_counter()
+            rate = self.backoff / (1.0 + o.lr_decay * epoch)
+            before = self.state
+            record, err, check_rmse = self._epoch(epoch, rate, t0)
+            train = record["train_rmse"]
+            # the training error predates the core step, so the final model is checked too: an
+            # overshooting core step accepted unchecked leaves later epochs diverging at any rate
+            if math.isfinite(train) and math.isfinite(check_rmse):
+                if train <= 4 * self.last_train and check_rmse <= 4 * self.last_check:
+                    break
+            # SGD on this non-convex model blows up when a step overshoots: redo the epoch at half the rates
+            if self.backoff < 2.0**-MAX_BACKOFFS:
+                raise CompletionError(
+                    f"epoch {epoch + 1}: the model diverged even at 2^-{MAX_BACKOFFS} of the learning rates; "
+                    f"lower lr_factors ({o.lr_factors}) or lr_core ({o.lr_core})"
+                )
+            self.backoff /= 2
+            self.state = before
+            diverged = (
+                "epoch %d diverged (training RMSE %.3g, its final model's %.3g): redone at %g x the learning rates"
+            )
+            log.warning(diverged, epoch + 1, train, check_rmse / scale, self.backoff)
+        record["rate_factor"] = rate
+        self.last_train = min(self.last_train, record["train_rmse"])
+        self.last_check = check_rmse  # the previous epoch's, not the best: test error may drift up as it overfits
+        self.measured, self.tested = self.state, bool(err.n)
+        if epoch < int(o.revive_epochs):
+            args = (self.shape, self.offsets, self.split_seed + epoch, bool(o.rebalance), DEFAULT_SPLIT_EVERY)
+            self.state = _revive_lost_component(self.c, self.sources, self.state, record, *args)
+        self.history.append(record)
+        rmse, mae = record["test_rmse"], record["test_mae"]
+        log.debug("epoch %d: test RMSE %.6g, MAE %.6g, %.3f s", epoch + 1, rmse, mae, record["seconds"])
+        self.bar.update(1)
+        self.bar.set_postfix(test_rmse=f"{rmse:.5g}", test_mae=f"{mae:.5g}", s=f"{record['seconds']:.2f}")
+        return record
+
+    def _epoch(self, epoch: int, rate: float, t0: float) -> tuple[dict, Any, float]:
+        """The factor pass, the core pass and the errors of the new model: its record, its test
+        errors and the RMSE of its check (the test entries, else a training sample)."""
+        c, o, sources, dev, split, scale = self.c, self.o, self.sources, self.dev, DEFAULT_SPLIT_EVERY, self.scale
+        state = self.state
+        step = (self.split_seed, epoch, int(o.batch), o.lr_factors * rate, o.reg_factors, o.threads, dev)
+        moves = [c.submit(T.factor_pass_partition, s, state, *step, self.normalized, pure=False) for s in sources]
+        state = c.submit(T.apply_moves, state, *tree_reduce(c, moves, T.combine_moves, split, last=True), pure=False)
+        grads = [c.submit(T.core_gradient_partition, s, state, o.threads, dev, pure=False) for s in sources]
+        grad = tree_reduce(c, grads, T.combine_gradients, split, last=True)
+        state = c.submit(
+            T.apply_core, state, o.lr_core * rate, o.reg_core, *grad, rebalance=bool(o.rebalance), pure=False
+        )
+        self.state = state
+        t_test = time.perf_counter()
+        errs = [c.submit(T.test_errors_partition, s, state, o.threads, pure=False) for s in self.test_sources]
+        err = c.submit(T.combine_errors, *tree_reduce(c, errs, T.combine_errors, split, last=True), pure=False).result()
+        check = err
+        if not err.n:
+            checks = [c.submit(T.sample_errors_partition, s, state, o.threads, pure=False) for s in sources]
+            checks = tree_reduce(c, checks, T.combine_errors, split, last=True)
+            check = c.submit(T.combine_errors, *checks, pure=False).result()
+        check_rmse = math.sqrt(check.sse / check.n) if check.n else 0.0
+        info = c.submit(T.state_info, state, pure=False).result()
+        now = time.perf_counter()
+        record = {
+            "epoch": epoch + 1,
+            "test_rmse": math.sqrt(err.sse / err.n) / scale if err.n else float("nan"),
+            "test_mae": err.sae / err.n / scale if err.n else float("nan"),
+            "train_rmse": math.sqrt(info["train_sse"] / max(info["train_n"], 1)) / scale,
+            "factor_seconds": info["factor_seconds"],
+            "core_seconds": info["core_seconds"],
+            "test_seconds": now - t_test,
+            "seconds": now - t0,
+        }
+        return record, err, check_rmse
+
+    def converged(self, epoch: int, record: dict) -> bool:
+        """Keeps the model of the lowest test RMSE (without test entries: the last); stops after
+        ``patience`` epochs without a better one."""
+        if not self.tested:
+            self.best = (math.inf, epoch + 1, self.measured)
+            return False
+        if record["test_rmse"] < self.best[0] * (1 - 1e-6):
+            self.best, self.stale = (record["test_rmse"], epoch + 1, self.measured), 0
+            return False
+        self.stale += 1
+        if self.o.patience is not None and self.stale >= self.o.patience:
+            log.info("early stop after epoch %d: no better test RMSE for %d epochs", epoch + 1, self.o.patience)
+            return True
+        return False
+
+    def save_checkpoint(self, path: str, iteration: int) -> float:
+        raise NotImplementedError("tucker_sgd writes no checkpoint (its run control has none)")
+
+    def finish(self) -> FastTuckerResult:
+        _, best_epoch, model = self.best
+        final = (model if model is not None else self.state).result()
+        final_epoch = best_epoch if model is not None else len(self.history)
+        self.sources = self.test_sources = self.state = self.best = self.measured = None  # futures go before the client
+        N, history = self.store.nmodes, self.history
+        kept = history[final_epoch - 1]
+        core_factors = [np.array(final.core_factor(n)) for n in range(N)]
+        core_factors[0] /= self.scale  # back to the data's scale
+        factors = [np.array(final.factor(n)) for n in range(N)]
+        args = (kept["test_rmse"], kept["test_mae"], len(history), final_epoch, history, self.params, self.input_fp)
+        return FastTuckerResult(factors, core_factors, *args)
+
+
+def _check_options(
+    store: Store, ranks: int | Sequence[int], core_rank: int, shape: tuple[int, ...], run: Any, o: Any
+) -> tuple[tuple[int, ...], Store | None]:
+    """The checked ranks and the opened test store (None: a fraction of the input is held out);
+    fills in the defaults of ``o`` that depend on ``step``. :class:`CompletionError` otherwise."""
+    N = len(shape)
     ranks = _check_ranks(ranks, core_rank, shape, store.path)
     check_factor_memory(shape, ranks, f"tensor completion of {store.path}")
-    core_rank = int(core_rank)
     if isinstance(o.epochs, bool) or not isinstance(o.epochs, (int, np.integer)) or o.epochs < 1:
         raise CompletionError(f"epochs must be an integer >= 1, got {o.epochs!r}")
     if isinstance(o.batch, bool) or not isinstance(o.batch, (int, np.integer)) or o.batch < 1:
@@ -237,8 +430,12 @@ def tucker_sgd(
         raise CompletionError(f"{store.path} has no entries")
     if test_store is not None and test_store.meta.get("store_id") == store.meta.get("store_id"):
         raise CompletionError(f"the test set {test_store.path} is the training store itself")
+    return ranks, test_store
 
-    params = {
+
+def _params(o: Any, ranks: tuple[int, ...], core_rank: int, test_store: Store | None, split_seed: int) -> dict:
+    """The run's settings, as the result records them."""
+    return {
         "ranks": list(ranks),
         "core_rank": core_rank,
         "epochs": int(o.epochs),
@@ -257,236 +454,19 @@ def tucker_sgd(
         "test_fraction": o.test_fraction,
         "algorithm": "FastTuckerPlus",
         "init": "given" if isinstance(o.init, FastTuckerResult) else "random",
+        "split_seed": split_seed,  # seed None: the drawn one, to reproduce the split and batches
     }
-    split_seed = int(np.random.SeedSequence(o.seed).entropy if o.seed is None else check_seed(o.seed))
-    params["split_seed"] = split_seed  # seed None: the drawn one, to reproduce the split and batches
-    input_fp = fingerprint(store)
-    if run.client is None and run.scheduler is None and run.device != "gpu" and store.nnz <= INLINE_MAX_NNZ:
-        run.scheduler = "inline"
 
-    claim = claim_run(
-        store,
-        run.out,
-        None,
-        run.overwrite,
-        f"tucker_sgd of {store.path}",
-        {"test": getattr(test_store, "path", None)},
-        CompletionError,
-    )
-    with claim, get_client(run.client, run.scheduler, device=run.device) as c:
-        dev = "cpu" if run.device == "cpu" else resolve_device(c, run.device)[0]
-        res = worker_resources(c) if not is_inline(c) else None
-        dask_threads = sum(r["dask_threads"] for r in res.values()) if res else 1
-        if o.threads is None and res:
-            o.threads = min(r["numba_threads"] for r in res.values())
-        n_parts = run.partitions or dask_threads
-        parts = plan_partitions(store, n_parts, MAX_PARTITION_NNZ)
-        offsets = np.concatenate([[0], np.cumsum(shape)[:-1]]).astype(np.int64)
-        # values scaled to unit mean square, so the learning rates mean the same for any data scale
-        mean_square = float(store.meta["norm_sq"]) / store.nnz
-        scale = 1.0 / math.sqrt(mean_square) if mean_square > 0 else 1.0
-        sources = [
-            c.submit(
-                T.load_observed, store.path, p, offsets, o.test_fraction or 0.0, split_seed, False, scale, pure=False
-            )
-            for p in parts
-        ]
-        test_sources = (
-            list(sources)
-            if test_store is None
-            else [
-                c.submit(T.load_observed, test_store.path, p, offsets, 0.0, 0, True, scale, pure=False)
-                for p in plan_partitions(test_store, n_parts, MAX_PARTITION_NNZ)
-            ]
-        )
-        if test_store is not None:
-            keys = [c.submit(_test_keys, s, shape, pure=False) for s in test_sources]
-            test_keys = np.unique(np.concatenate([k.result() for k in keys]))
-            overlap = sum(c.submit(T.count_overlap, s, test_keys, shape, pure=False).result() for s in sources)
-            if overlap:
-                raise CompletionError(
-                    f"the test set {test_store.path} overlaps the training store {store.path}: "
-                    f"{overlap} entries are in both"
-                )
-        counts = [c.submit(_train_test_counts, s, pure=False).result() for s in sources]
-        n_train = sum(a for a, _ in counts)
-        n_test = sum(b for _, b in counts) if test_store is None else test_store.nnz
-        if n_train == 0:
-            raise CompletionError(f"{store.path}: no training entries left after holding out the test set")
-        if n_test == 0:
-            log.warning("no test entries: the test RMSE is not measured and early stopping is off")
-        if isinstance(o.init, FastTuckerResult):
-            state = c.submit(
-                warm_state, o.init.factors, o.init.core_factors, shape, ranks, core_rank, scale, o.seed, pure=False
-            )
-        else:
-            state = c.submit(initial_state, shape, ranks, core_rank, 1.0, o.seed, pure=False)
-        params.update(
-            n_train=int(n_train),
-            n_test=int(n_test),
-            value_scale=scale,
-            partitions=len(parts),
-            device=dev,
-            scheduler="inline" if is_inline(c) else "dask",
-            threads=o.threads,
-        )
-        log.info(
-            "FastTuckerPlus: %d training and %d test entries, %d partitions on %s", n_train, n_test, len(parts), dev
-        )
-        bar = None
-        if run.progress:
-            from tqdm.auto import tqdm
 
-            bar = tqdm(total=int(o.epochs), desc="fasttucker+", unit="epoch", leave=False)
-        history: list[dict] = []
-        best = (math.inf, 0, None)
-        stale = 0
-        split = DEFAULT_SPLIT_EVERY
-        try:
-            epoch, backoff, last_train = 0, 1.0, math.inf
-            # values are scaled to unit mean square, so a zero model's error is about 1
-            last_check = 1.0
-            if test_store is not None and test_store.nnz:
-                last_check = max(1.0, scale * math.sqrt(float(test_store.meta["norm_sq"]) / test_store.nnz))
-            while epoch < int(o.epochs):
-                t0 = time.perf_counter()
-                rate = backoff / (1.0 + o.lr_decay * epoch)
-                before = state
-                moves = [
-                    c.submit(
-                        T.factor_pass_partition,
-                        s,
-                        state,
-                        split_seed,
-                        epoch,
-                        int(o.batch),
-                        o.lr_factors * rate,
-                        o.reg_factors,
-                        o.threads,
-                        dev,
-                        normalized,
-                        pure=False,
-                    )
-                    for s in sources
-                ]
-                state = c.submit(
-                    T.apply_moves, state, *tree_reduce(c, moves, T.combine_moves, split, last=True), pure=False
-                )
-                grads = [c.submit(T.core_gradient_partition, s, state, o.threads, dev, pure=False) for s in sources]
-                state = c.submit(
-                    T.apply_core,
-                    state,
-                    o.lr_core * rate,
-                    o.reg_core,
-                    *tree_reduce(c, grads, T.combine_gradients, split, last=True),
-                    rebalance=bool(o.rebalance),
-                    pure=False,
-                )
-                t_test = time.perf_counter()
-                errs = [c.submit(T.test_errors_partition, s, state, o.threads, pure=False) for s in test_sources]
-                err = c.submit(
-                    T.combine_errors, *tree_reduce(c, errs, T.combine_errors, split, last=True), pure=False
-                ).result()
-                check = err
-                if not err.n:
-                    checks = [c.submit(T.sample_errors_partition, s, state, o.threads, pure=False) for s in sources]
-                    check = c.submit(
-                        T.combine_errors, *tree_reduce(c, checks, T.combine_errors, split, last=True), pure=False
-                    ).result()
-                check_rmse = math.sqrt(check.sse / check.n) if check.n else 0.0
-                info = c.submit(T.state_info, state, pure=False).result()
-                now = time.perf_counter()
-                rmse = math.sqrt(err.sse / err.n) / scale if err.n else float("nan")
-                mae = err.sae / err.n / scale if err.n else float("nan")
-                record = {
-                    "epoch": epoch + 1,
-                    "test_rmse": rmse,
-                    "test_mae": mae,
-                    "train_rmse": math.sqrt(info["train_sse"] / max(info["train_n"], 1)) / scale,
-                    "factor_seconds": info["factor_seconds"],
-                    "core_seconds": info["core_seconds"],
-                    "test_seconds": now - t_test,
-                    "seconds": now - t0,
-                }
-                if (
-                    not math.isfinite(record["train_rmse"])
-                    or record["train_rmse"] > 4 * last_train
-                    or not math.isfinite(check_rmse)
-                    or check_rmse > 4 * last_check
-                ):
-                    # SGD on this non-convex model can blow up when a step overshoots (a sample of
-                    # large curvature): redo the epoch from its start at half the rates. The training
-                    # error is measured before the core step, so the epoch's final model is checked
-                    # too (test entries, else a training sample): an overshooting core step accepted
-                    # unchecked left later epochs diverging at any rate (4 of 17 seeds of a planted
-                    # 20 x 15 x 10 model gave up after 2^-6 of the rates)
-                    if backoff < 2.0**-MAX_BACKOFFS:
-                        raise CompletionError(
-                            f"epoch {epoch + 1}: the model diverged even at 2^-{MAX_BACKOFFS} of "
-                            f"the learning rates; lower lr_factors ({o.lr_factors}) or lr_core "
-                            f"({o.lr_core})"
-                        )
-                    backoff /= 2
-                    state = before
-                    log.warning(
-                        "epoch %d diverged (training RMSE %.3g, its final model's %.3g): redone at %g x the "
-                        "learning rates",
-                        epoch + 1,
-                        record["train_rmse"],
-                        check_rmse / scale,
-                        backoff,
-                    )
-                    continue
-                record["rate_factor"] = rate
-                last_train = min(last_train, record["train_rmse"])
-                last_check = check_rmse  # the previous epoch's, not the best: test error may drift up as it overfits
-                measured = state
-                if epoch < int(o.revive_epochs):
-                    state = _revive_lost_component(
-                        c, sources, state, record, shape, offsets, split_seed + epoch, bool(o.rebalance), split
-                    )
-                epoch += 1
-                history.append(record)
-                log.debug("epoch %d: test RMSE %.6g, MAE %.6g, %.3f s", epoch, rmse, mae, record["seconds"])
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(test_rmse=f"{rmse:.5g}", test_mae=f"{mae:.5g}", s=f"{record['seconds']:.2f}")
-                if run.callback is not None:
-                    run.callback(record)
-                if not err.n:
-                    best = (math.inf, epoch, measured)
-                    continue
-                if rmse < best[0] * (1 - 1e-6):
-                    best, stale = (rmse, epoch, measured), 0
-                else:
-                    stale += 1
-                    if o.patience is not None and stale >= o.patience:
-                        log.info("early stop after epoch %d: no better test RMSE for %d epochs", epoch, o.patience)
-                        break
-            final = best[2].result() if best[2] is not None else state.result()
-            final_epoch = best[1] if best[2] is not None else len(history)
-        finally:
-            if bar is not None:
-                bar.close()
-        del sources, test_sources, state, best
-    kept = history[final_epoch - 1]
-    core_factors = [np.array(final.core_factor(n)) for n in range(N)]
-    core_factors[0] /= scale  # back to the data's scale
-    result = FastTuckerResult(
-        [np.array(final.factor(n)) for n in range(N)],
-        core_factors,
-        kept["test_rmse"],
-        kept["test_mae"],
-        len(history),
-        final_epoch,
-        history,
-        params,
-        input_fp,
-    )
-    if run.out is not None:
-        result.save(run.out, overwrite=run.overwrite)
-        log.info("result written to %s", run.out)
-    return result
+def _check_disjoint(c: Any, store: Store, test_store: Store, sources: list, test_sources: list, shape: tuple) -> None:
+    """A test store that shares entries with the training store is refused."""
+    keys = [c.submit(_test_keys, s, shape, pure=False) for s in test_sources]
+    test_keys = np.unique(np.concatenate([k.result() for k in keys]))
+    overlap = sum(c.submit(T.count_overlap, s, test_keys, shape, pure=False).result() for s in sources)
+    if overlap:
+        raise CompletionError(
+            f"the test set {test_store.path} overlaps the training store {store.path}: {overlap} entries are in both"
+        )
 
 
 def _revive_lost_component(
