@@ -23,10 +23,9 @@ def cmd_cpd(args: argparse.Namespace) -> int:
 
     from ..decompositions import cp_als
     from ..decompositions.common.mttkrp_input import open_input
-    from ..store.dense import DenseArray
 
     store = open_input(args.store)  # a BLCO store or a dense Zarr array
-    entries, entry = ("entries", "entry") if isinstance(store, DenseArray) else ("nonzeros", "nonzero")
+    entries, entry = ("entries", "entry") if store.dense else ("nonzeros", "nonzero")
     out, checkpoint = run_outputs(args, f"cp-r{args.rank}")
     bar, progress = iteration_bar(args, "cp-als")
 

@@ -319,7 +319,7 @@ def evaluate_tensor(tensor: Store | DenseArray, model: Model) -> dict:
     sse = sae = 0.0
     xlogm = 0.0
     count = 0
-    if isinstance(tensor, DenseArray):
+    if tensor.dense:
         norm_x2 = 0.0
         for c, block in tensor.iter_chunks():
             origin, size = tensor.chunk_box(c)

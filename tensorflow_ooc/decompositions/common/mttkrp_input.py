@@ -46,7 +46,7 @@ def open_graph(
 ) -> MTTKRPGraph:
     """The MTTKRP graph of a sparse store or a dense array; records its choices in ``params``. A dense
     array's ||X||^2 is computed here."""
-    dense = isinstance(store, DenseArray)
+    dense = store.dense
     graph_of = DenseMTTKRPGraph if dense else MTTKRPGraph
     graph = graph_of(
         c,

@@ -47,7 +47,7 @@ def check_arguments(
     distribution: str = "auto",
 ) -> int:
     """Refuse bad arguments before anything is allocated; returns the ``fit_every`` to use."""
-    dense = isinstance(store, DenseArray)
+    dense = store.dense
     check_count("rank", rank)
     check_count("max_iters", max_iters)
     check_tolerance(tol)
