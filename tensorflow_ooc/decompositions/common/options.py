@@ -158,7 +158,8 @@ class OptionSet:
         for o in self.options:
             if not o.api:
                 continue
-            lines.append(f"{o.name} : {o.annotation}, default {o.default!r}")
+            kind = "{" + ", ".join(repr(c) for c in o.values.choices) + "}" if o.values.choices else o.annotation
+            lines.append(f"{o.name} : {kind}, default {o.default!r}")
             text = o.help[0].upper() + o.help[1:] + "." if o.help else ""
             if o.details:
                 text += " " + o.details
@@ -350,6 +351,21 @@ RUN_CONTROL = (
     CALLBACK,
     PROGRESS,
     DISTRIBUTION,
+)
+
+
+# the run control of a family that checkpoints its iterations (names; a family adds its own)
+CHECKPOINTED = (
+    "client",
+    "scheduler",
+    "execution",
+    "partitions",
+    "checkpoint",
+    "resume",
+    "checkpoint_every",
+    "out",
+    "overwrite",
+    "callback",
 )
 
 

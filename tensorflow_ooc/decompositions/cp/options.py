@@ -2,59 +2,39 @@
 
 from __future__ import annotations
 
-from ..common.options import (
-    ANY,
-    COUNT,
-    FLAG,
-    OPTIONAL_COUNT,
-    TOLERANCE,
-    Option,
-    choice,
-    option_set,
-    run_control,
-    seed_option,
-)
+from ..common import options as O
 
 METHODS = ("exact", "sts", "arls-lev", "arls-lev-hybrid")
 
-CP_ALS = option_set(
+CP_ALS = O.option_set(
     "cp_als",
-    run_control(
-        "client",
-        "scheduler",
-        "execution",
-        "partitions",
+    O.run_control(
+        *O.CHECKPOINTED,
         "device",
         "device_options",
+        "distribution",
         "conflict",
         "streams",
         "device_memory_limit",
-        "checkpoint",
-        "resume",
-        "checkpoint_every",
-        "out",
-        "overwrite",
-        "callback",
-        "distribution",
     ),
     (
-        Option("max_iters", 50, COUNT, "int", "iterations at most"),
-        Option("tol", 1e-5, TOLERANCE, "float", "stop when the fit changes by less"),
-        Option(
+        O.Option("max_iters", 50, O.COUNT, "int", "iterations at most"),
+        O.Option("tol", 1e-5, O.TOLERANCE, "float", "stop when the fit changes by less"),
+        O.Option(
             "init",
             "random",
-            ANY,
+            O.ANY,
             "str | Sequence[np.ndarray]",
             "initial factors: 'random' draws uniform [0, 1) factors from SEED; or a sequence of (I_n, R) arrays",
             flags=None,
             spec=None,  # a step's init (random, previous, a result) is every decompose step's key
         ),
-        seed_option("seed of the random initial factors"),
-        Option("dtype", "float64", choice("float64", "float32"), "str", "factor precision"),
-        Option(
+        O.seed_option("seed of the random initial factors"),
+        O.Option("dtype", "float64", O.choice("float64", "float32"), "str", "factor precision"),
+        O.Option(
             "method",
             "exact",
-            choice(*METHODS),
+            O.choice(*METHODS),
             "str",
             "least-squares solves: exact (full MTTKRP), or randomized by sampling rows of the Khatri-Rao "
             "product: sts = exact leverage scores (STS-CP), arls-lev = product of the factors' leverage "
@@ -66,37 +46,37 @@ CP_ALS = option_set(
             spec_choices=("cp", *METHODS),
             spec_default="cp",
         ),
-        Option(
+        O.Option(
             "samples",
             65536,
-            COUNT,
+            O.COUNT,
             "int",
             "randomized methods: Khatri-Rao rows drawn per mode and iteration",
         ),
-        Option(
+        O.Option(
             "fit_every",
             None,
-            OPTIONAL_COUNT,
+            O.OPTIONAL_COUNT,
             "int | None",
             "randomized methods: evaluate the fit (one exact MTTKRP) every N iterations and at the last "
             "(default 1 up to 2^24 nonzeros, else 5)",
             details="They stop when the best fit of the last 3 evaluations improves on the best before "
             "by less than ``tol``.",
         ),
-        Option(
+        O.Option(
             "nonnegative",
             False,
-            FLAG,
+            O.FLAG,
             "bool",
             "nonnegative CP: every factor >= 0, each mode solved by HALS (hierarchical ALS, column by "
             "column on the normal equations, as TensorLy's non_negative_parafac_hals) instead of the "
             "least-squares solve; method exact only",
             spec_added_later=True,
         ),
-        Option(
+        O.Option(
             "reg",
             0.0,
-            TOLERANCE,
+            O.TOLERANCE,
             "float",
             "with nonnegative: L2 (ridge) regularization REG >= 0 added to the diagonal of each HALS "
             "update's normal equations, shrinking the factors (0: none)",

@@ -2,37 +2,18 @@
 
 from __future__ import annotations
 
-from ..common.options import (
-    ANY,
-    COUNT,
-    OPTIONAL_COUNT,
-    TOLERANCE,
-    Option,
-    choice,
-    option_set,
-    run_control,
-    seed_option,
-)
+from ..common import options as O
 
-TT_ALS = option_set(
+TT_ALS = O.option_set(
     "tt_als",
-    run_control(
-        "client",
-        "scheduler",
-        "execution",
-        "partitions",
-        "checkpoint",
-        "resume",
-        "checkpoint_every",
-        "out",
-        "overwrite",
-        "callback",
+    O.run_control(
+        *O.CHECKPOINTED,
     ),
     (
-        Option(
+        O.Option(
             "method",
             "exact",
-            choice("exact", "randomized"),
+            O.choice("exact", "randomized"),
             "str",
             "exact = each core's least-squares update contracted over every nonzero; randomized = "
             "rTT-ALS, each update solved from SAMPLES rows of its design drawn by their leverage scores "
@@ -41,18 +22,18 @@ TT_ALS = option_set(
             "uninterrupted one drew.",
             spec="algorithm",
         ),
-        Option(
+        O.Option(
             "samples",
             65536,
-            COUNT,
+            O.COUNT,
             "int",
             "randomized: design-matrix rows drawn per core update",
             metavar="J",
         ),
-        Option(
+        O.Option(
             "fit_every",
             None,
-            OPTIONAL_COUNT,
+            O.OPTIONAL_COUNT,
             "int | None",
             "randomized: evaluate the fit (a pass over every nonzero) every K sweeps and at the last "
             "(default every sweep up to 2^24 nonzeros, else every 5th)",
@@ -60,21 +41,21 @@ TT_ALS = option_set(
             "them by ``tol``; the exact method's fit is free and evaluated every sweep.",
             metavar="K",
         ),
-        Option(
+        O.Option(
             "max_sweeps",
             20,
-            COUNT,
+            O.COUNT,
             "int",
             "sweeps at most, each left to right and back",
             flags=("--sweeps", "--max-sweeps"),
             metavar="N",
             spec="max_iters",
         ),
-        Option("tol", 1e-5, TOLERANCE, "float", "stop when a sweep after the first changes the fit by less"),
-        Option(
+        O.Option("tol", 1e-5, O.TOLERANCE, "float", "stop when a sweep after the first changes the fit by less"),
+        O.Option(
             "init",
             "random",
-            ANY,
+            O.ANY,
             "str | Sequence[np.ndarray]",
             "initial cores: 'random' draws every core standard normal from SEED (core 0 first); or a "
             "sequence of (R_{k-1}, I_k, R_k) arrays",
@@ -83,7 +64,7 @@ TT_ALS = option_set(
             flags=None,
             spec=None,
         ),
-        seed_option("seed of the random initial cores (standard normal)"),
+        O.seed_option("seed of the random initial cores (standard normal)"),
     ),
 )
 

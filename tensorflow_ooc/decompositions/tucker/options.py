@@ -2,64 +2,45 @@
 
 from __future__ import annotations
 
-from ..common.options import (
-    ANY,
-    COUNT,
-    DEVICE,
-    TOLERANCE,
-    Option,
-    choice,
-    option_set,
-    run_control,
-    seed_option,
-)
+from ..common import options as O
 
 # the TTM kernels (kernels.ttm.select.KERNELS, which loads numba; a test keeps the two equal)
 TTM_KERNELS = ("coo", "csr", "fiber")
 
-TUCKER_HOOI = option_set(
+TUCKER_HOOI = O.option_set(
     "tucker_hooi",
-    run_control(
-        "client",
-        "scheduler",
-        "execution",
-        "partitions",
+    O.run_control(
+        *O.CHECKPOINTED,
         "device",
-        "checkpoint",
-        "resume",
-        "checkpoint_every",
-        "out",
-        "overwrite",
-        "callback",
         "progress",
-        device=DEVICE.replace(
+        device=O.DEVICE.replace(
             default="cpu",
-            values=choice("cpu", "gpu", "auto"),
+            values=O.choice("cpu", "gpu", "auto"),
             help="where partition tasks run: gpu = GPU workers, whose sparse TTMs run on the device "
             "(LocalCUDACluster when GPUs are visible and dask-cuda is installed); auto = GPUs when the "
             "cluster has them; the SVDs run on the workers' CPUs",
         ),
     ),
     (
-        Option(
+        O.Option(
             "max_iters",
             50,
-            COUNT,
+            O.COUNT,
             "int",
             "iterations at most",
             flags=("--max-iters", "--iters"),
         ),
-        Option(
+        O.Option(
             "tol",
             1e-4,
-            TOLERANCE,
+            O.TOLERANCE,
             "float",
             "stop when the fit changes by less, the first iteration included, as pyttb",
         ),
-        Option(
+        O.Option(
             "init",
             "random",
-            ANY,
+            O.ANY,
             "str | Sequence[np.ndarray | None]",
             "initial factors as pyttb: random = uniform [0, 1); nvecs = leading eigenvectors of "
             "X_(n) X_(n)^T (reads the nonzeros into memory)",
@@ -68,21 +49,21 @@ TUCKER_HOOI = option_set(
             cli_choices=("random", "nvecs"),
             spec=None,  # a step's init (random, nvecs, previous, a result) is every decompose step's key
         ),
-        seed_option("seed of the random initial factors and randomized SVDs"),
-        Option(
+        O.seed_option("seed of the random initial factors and randomized SVDs"),
+        O.Option(
             "svd",
             "auto",
-            choice("auto", "gram", "randomized"),
+            O.choice("auto", "gram", "randomized"),
             "str",
             "leading singular vectors by the Gram matrix's eigendecomposition or a randomized range "
             "finder (auto: gram when the smaller side of the non-empty unfolding is <= 2048)",
         ),
-        Option(
+        O.Option(
             "kernel",
             None,
-            choice(*TTM_KERNELS, optional=True),
+            O.choice(*TTM_KERNELS, optional=True),
             "str | None",
-            "TTM kernel for every mode (default: the decision tree's choice per mode)",
+            "TTM kernel for every mode (default: the decision tree's O.choice per mode)",
             metavar="KERNEL",
         ),
     ),
