@@ -99,6 +99,33 @@ def cp_apr(store: Store | str | os.PathLike, rank: int, **options: Any) -> Poiss
     return run_iterations(APRIterations(store, rank, run, o), store, run)
 
 
+def _check_settings(store: Any, rank: int, run: Any, o: Any) -> None:
+    """Refuse bad settings and inputs before anything runs (``o.eps_div_zero`` set to its default)."""
+    if store.dense:
+        raise DecompositionError(f"{store.path}: cp_apr takes a sparse store of counts, not a dense array")
+    if o.algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {o.algorithm!r}")
+    check_count("rank", rank)
+    check_count("max_iters", o.max_iters)
+    check_count("max_inner_iters", o.max_inner_iters)
+    check_count("checkpoint_every", run.checkpoint_every)
+    check_tolerance(o.tol)
+    for name, value in (("kappa", o.kappa), ("kappa_tol", o.kappa_tol)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if run.device not in ("cpu", "gpu"):
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {run.device!r}")
+    if run.device == "gpu" and o.algorithm != "mu":
+        raise ValueError("algorithm='pdnr' runs on CPU workers; use device='cpu' (or algorithm='mu' on GPUs)")
+    if not (o.mu0 > 0 and o.eps_active >= 0):
+        raise ValueError(f"mu0 must be > 0 and eps_active >= 0, got {o.mu0!r} and {o.eps_active!r}")
+    total = check_counts(store)
+    if o.eps_div_zero is None:
+        o.eps_div_zero = default_eps_div_zero(store.shape, total)
+    elif not (isinstance(o.eps_div_zero, (int, float)) and math.isfinite(o.eps_div_zero) and o.eps_div_zero >= 0):
+        raise ValueError(f"eps_div_zero must be a finite number >= 0, got {o.eps_div_zero!r}")
+
+
 class APRIterations:
     """CP-APR's steps for the run loop: an outer iteration per iteration, its inner iterations on
     per-mode task graphs (:class:`GraphOuter`) or owner-computes on the workers (:class:`OwnerOuter`)."""
@@ -106,29 +133,7 @@ class APRIterations:
     name, title, claim_error = "cp_apr", "CP-APR", StoreError
 
     def __init__(self, store: Any, rank: int, run: Any, o: Any) -> None:
-        if store.dense:
-            raise DecompositionError(f"{store.path}: cp_apr takes a sparse store of counts, not a dense array")
-        if o.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {o.algorithm!r}")
-        check_count("rank", rank)
-        check_count("max_iters", o.max_iters)
-        check_count("max_inner_iters", o.max_inner_iters)
-        check_count("checkpoint_every", run.checkpoint_every)
-        check_tolerance(o.tol)
-        for name, value in (("kappa", o.kappa), ("kappa_tol", o.kappa_tol)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if run.device not in ("cpu", "gpu"):
-            raise ValueError(f"device must be 'cpu' or 'gpu', got {run.device!r}")
-        if run.device == "gpu" and o.algorithm != "mu":
-            raise ValueError("algorithm='pdnr' runs on CPU workers; use device='cpu' (or algorithm='mu' on GPUs)")
-        if not (o.mu0 > 0 and o.eps_active >= 0):
-            raise ValueError(f"mu0 must be > 0 and eps_active >= 0, got {o.mu0!r} and {o.eps_active!r}")
-        total = check_counts(store)
-        if o.eps_div_zero is None:
-            o.eps_div_zero = default_eps_div_zero(store.shape, total)
-        elif not (isinstance(o.eps_div_zero, (int, float)) and math.isfinite(o.eps_div_zero) and o.eps_div_zero >= 0):
-            raise ValueError(f"eps_div_zero must be a finite number >= 0, got {o.eps_div_zero!r}")
+        _check_settings(store, rank, run, o)
         self.store, self.rank, self.run, self.o = store, int(rank), run, o
         self.base_params = {
             "model": "poisson",

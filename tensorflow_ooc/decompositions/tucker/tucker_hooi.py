@@ -145,6 +145,25 @@ def tucker_hooi(store: Store | str | os.PathLike, ranks: int | Sequence[int], **
     return run_iterations(TuckerIterations(store, ranks, run, o), store, run)
 
 
+def _check_settings(o: Any, run: Any, shape: tuple[int, ...], ranks: tuple[int, ...]) -> None:
+    """Refuse bad settings before anything runs (``o.init`` checked against the shape and ranks)."""
+    o.init = check_init(o.init, shape, ranks)
+    if isinstance(o.max_iters, bool) or not isinstance(o.max_iters, numbers.Integral) or o.max_iters < 1:
+        raise DecompositionError(f"max_iters must be an integer >= 1, got {o.max_iters!r}")
+    if not isinstance(o.tol, numbers.Real) or not math.isfinite(o.tol) or o.tol < 0:
+        raise DecompositionError(f"tol must be a finite number >= 0, got {o.tol!r}")
+    if o.svd not in T.SVD_METHODS:
+        raise DecompositionError(f"svd must be one of {T.SVD_METHODS}, got {o.svd!r}")
+    if o.kernel is not None and o.kernel not in KERNELS:
+        raise DecompositionError(f"kernel must be one of {KERNELS} or None (the selector's choice), got {o.kernel!r}")
+    if run.device not in DEVICES:
+        raise DecompositionError(f"device must be one of {DEVICES}, got {run.device!r}")
+    if run.execution not in EXECUTION_MODES:
+        raise DecompositionError(f"execution must be one of {EXECUTION_MODES}, got {run.execution!r}")
+    if int(run.checkpoint_every) < 1:
+        raise DecompositionError(f"checkpoint_every must be >= 1, got {run.checkpoint_every}")
+
+
 class TuckerIterations:
     """Tucker HOOI's steps for the run loop (pyttb's ``tucker_als``, iterated Dask reductions)."""
 
@@ -155,23 +174,7 @@ class TuckerIterations:
         shape = self.shape = tuple(int(s) for s in store.shape)
         self.ranks = ranks = check_ranks(ranks, shape)
         check_factor_memory(shape, ranks, f"Tucker of {store.path}")
-        o.init = check_init(o.init, shape, ranks)
-        if isinstance(o.max_iters, bool) or not isinstance(o.max_iters, numbers.Integral) or o.max_iters < 1:
-            raise DecompositionError(f"max_iters must be an integer >= 1, got {o.max_iters!r}")
-        if not isinstance(o.tol, numbers.Real) or not math.isfinite(o.tol) or o.tol < 0:
-            raise DecompositionError(f"tol must be a finite number >= 0, got {o.tol!r}")
-        if o.svd not in T.SVD_METHODS:
-            raise DecompositionError(f"svd must be one of {T.SVD_METHODS}, got {o.svd!r}")
-        if o.kernel is not None and o.kernel not in KERNELS:
-            raise DecompositionError(
-                f"kernel must be one of {KERNELS} or None (the selector's choice), got {o.kernel!r}"
-            )
-        if run.device not in DEVICES:
-            raise DecompositionError(f"device must be one of {DEVICES}, got {run.device!r}")
-        if run.execution not in EXECUTION_MODES:
-            raise DecompositionError(f"execution must be one of {EXECUTION_MODES}, got {run.execution!r}")
-        if int(run.checkpoint_every) < 1:
-            raise DecompositionError(f"checkpoint_every must be >= 1, got {run.checkpoint_every}")
+        _check_settings(o, run, shape, ranks)
         run.checkpoint = None if run.checkpoint is None else str(run.checkpoint)
         self.input_fp = fingerprint(store)
         self.state0 = self._resumed() if run.resume else None
