@@ -110,8 +110,7 @@ class CPIterations:
     name, title, claim_error = "cp_als", "CP-ALS", StoreError
 
     def __init__(self, store: Any, rank: int, run: Any, o: Any) -> None:
-        settings = (o.max_iters, o.tol, o.dtype, o.method, o.samples, run.device, o.fit_every, o.nonnegative, o.reg)
-        o.fit_every = check_arguments(store, rank, *settings, run.distribution)
+        o.fit_every = check_arguments(store, rank, run, o)
         o.nonnegative, o.reg = bool(o.nonnegative), float(o.reg)
         if o.nonnegative:
             run.distribution = "graph"  # the HALS update runs in the per-mode update tasks

@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from functools import partial
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 from distributed import Client, Future
@@ -32,22 +32,12 @@ from .randomized import check_method, draw_samples
 log = logging.getLogger(__package__ + ".cp_als")
 
 
-def check_arguments(
-    store: Store | DenseArray,
-    rank: int,
-    max_iters: int,
-    tol: float,
-    dtype: str,
-    method: str,
-    samples: int,
-    device: str,
-    fit_every: int | None,
-    nonnegative: bool = False,
-    reg: float = 0.0,
-    distribution: str = "auto",
-) -> int:
-    """Refuse bad arguments before anything is allocated; returns the ``fit_every`` to use."""
+def check_arguments(store: Store | DenseArray, rank: int, run: Any, o: Any) -> int:
+    """Refuse bad arguments (``run`` the run control, ``o`` CP-ALS's knobs) before anything is
+    allocated; returns the ``fit_every`` to use."""
     dense = store.dense
+    max_iters, tol, dtype, method, samples, fit_every = o.max_iters, o.tol, o.dtype, o.method, o.samples, o.fit_every
+    nonnegative, reg, device, distribution = o.nonnegative, o.reg, run.device, run.distribution
     check_count("rank", rank)
     check_count("max_iters", max_iters)
     check_tolerance(tol)
