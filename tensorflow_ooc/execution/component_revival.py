@@ -36,7 +36,7 @@ import numpy as np
 from ..kernels.completion import fasttucker_cpu as K
 from ..kernels.completion.rank1_residual import rank1_row_sums, rank1_sse
 from .completion import FastTuckerState, ObservedPartition, rebalance_gauge
-from .graph import tree_reduce
+from .task_graph import tree_reduce
 
 log = logging.getLogger(__name__)
 

@@ -18,27 +18,32 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import psutil
 from distributed import Client, Future, wait
 
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
-from ..store import open_store
-from .cluster import resolve_device, scheduler_workers, worker_resources
 from .inline import is_inline
 from .memory_plan import MemoryPlan, MemoryPlanError, candidates, choose
 from .output_buffers import release_outputs
-from .partitions import Partition, contiguous_runs, owner_rows, plan_partitions
+from .partitions import contiguous_runs, owner_rows, plan_partitions
 from .stream import batch_nnz_for
+from .task_graph import (
+    DEFAULT_SPLIT_EVERY,
+    EXECUTION_MODES,
+    PartitionedGraph,
+    fits_in_memory,
+    tree_reduce,
+)
 from .tasks import combine, load_partition, mttkrp_partition, row_slice, sampled_partition
 
 log = logging.getLogger(__name__)
 
-EXECUTION_MODES = ("auto", "streaming", "in-memory")
-IN_MEMORY_FRACTION = 0.5
-DEFAULT_SPLIT_EVERY = 4
+# the task graphs' shared names, importable from here as before
+__all__ = ["DEFAULT_SPLIT_EVERY", "EXECUTION_MODES", "MTTKRPGraph", "PlanRequest", "tree_reduce"]
 
 
 def _mttkrp_then(
@@ -109,24 +114,17 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-def tree_reduce(
-    client: Client, futures: list[Future], fn: Callable, split_every: int, last: bool = False
-) -> list[Future]:
-    """Tree reduction of ``futures`` by ``fn`` with fan-in ``split_every``, in a fixed order (so
-    sums are reproducible), down to one future, or with ``last`` to the last level (at most
-    ``split_every`` futures, for the consumer to combine)."""
-    level = list(futures)
-    while len(level) > (split_every if last else 1):
-        level = [
-            client.submit(fn, *level[i : i + split_every], pure=False)
-            if len(level[i : i + split_every]) > 1
-            else level[i]
-            for i in range(0, len(level), split_every)
-        ]
-    return level
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a graph's worker memory plan was asked for (an owner-computes run plans again from it)."""
+
+    execution: str
+    rank: int | None
+    dtype: str
+    samples: int
 
 
-class MTTKRPGraph:
+class MTTKRPGraph(PartitionedGraph):
     """Builds and submits MTTKRP graphs for one store on one Dask cluster.
 
     Parameters
@@ -173,47 +171,30 @@ class MTTKRPGraph:
         samples: int = 0,
         load: bool = True,
     ) -> None:
-        if execution not in EXECUTION_MODES:
-            raise ValueError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
-        self.client = client
-        self.path, self.store = self._open(path)
-        self.split_every = max(2, int(split_every))
-        res = worker_resources(client)
-        if not res:
-            raise RuntimeError("the Dask cluster has no workers")
-        self.device, gpu_addrs = resolve_device(client, device)
         self.device_options = device_options
-        self.placement: dict = {}
-        if self.device == "gpu":
-            res = {a: r for a, r in res.items() if a in gpu_addrs}
-            info = scheduler_workers(client)
-            if all(info[a].get("resources", {}).get("GPU") for a in gpu_addrs):
-                self.placement = {"resources": {"GPU": 1}}
-            else:
-                self.placement = {"workers": gpu_addrs, "allow_other_workers": False}
-        self.resources = res
-        self.numba_threads = min(r["numba_threads"] for r in res.values())
-        dask_threads = sum(r["dask_threads"] for r in res.values())
-        # One partition per Dask thread: every extra task per mode costs a scheduling hop, and a
-        # streaming task reads ahead inside itself, so more partitions buy nothing on one worker.
-        # On GPU workers one partition per GPU: a device runs one task's batches over its streams.
-        n_parts = partitions or (len(gpu_addrs) if self.device == "gpu" else dask_threads)
-        self.n_parts = n_parts
-        self.parts: list[Partition] = self._partitions(n_parts, max_partition_nnz)
+        super().__init__(
+            client,
+            path,
+            execution=execution,
+            partitions=partitions,
+            split_every=split_every,
+            max_partition_nnz=max_partition_nnz,
+            device=device,
+        )
+        res = self.resources
         decoded = sum(p.decoded_bytes(self.store.nmodes) for p in self.parts)
-        limits = [r["memory_limit"] for r in res.values()]
-        budget = sum(limits) if all(limits) else None
+        budget = self.task_placement.memory_budget
         if self.device == "gpu":
-            dev_limits = client.run(_device_limit, device_options, workers=gpu_addrs)
+            dev_limits = client.run(_device_limit, device_options, workers=self.task_placement.gpu_workers)
             budget = sum(dev_limits.values())
-        self._batch_nnz_cap = batch_nnz_for(min(limits) if all(limits) else None)  # what the limits allow
+        self._batch_nnz_cap = batch_nnz_for(self.task_placement.smallest_limit)  # what the limits allow
         self.batch_nnz = self._batch_nnz_cap
         self.max_private_bytes = DEFAULT_MAX_PRIVATE_BYTES
         # one worker running one task at a time: workers of one process may share a state object
         # (in-process transfers pass it by reference), so lending needs a single worker
         self._one_task_at_a_time = len(res) == 1 and all(r["dask_threads"] == 1 for r in res.values())
         self.memory_plan: MemoryPlan | None = None
-        self._asked = (execution, rank, dtype, int(samples))  # for plan_owner_computes
+        self._asked = PlanRequest(execution, rank, dtype, int(samples))  # for plan_owner_computes
         self.memory_plan_error: MemoryPlanError | None = None
         if rank is not None and self.device == "cpu":
             try:
@@ -231,8 +212,7 @@ class MTTKRPGraph:
         elif self.memory_plan_error is not None:
             execution = "streaming"
         elif execution == "auto":
-            fits = budget is None or decoded <= IN_MEMORY_FRACTION * budget
-            execution = "in-memory" if fits else "streaming"
+            execution = "in-memory" if fits_in_memory(decoded, budget) else "streaming"
         self.execution = execution
         self.in_place = bool(self.memory_plan and self.memory_plan.in_place)
         # exact CP-ALS mode updates may lend the target mode's factor rows to the MTTKRP as a
@@ -241,7 +221,6 @@ class MTTKRPGraph:
         self.lend_target = self.in_place and self._one_task_at_a_time
         # several CPU workers: partials are reduce-scattered instead of tree-reduced onto one
         self.scatter_reduce = len(res) > 1 and self.device == "cpu"
-        self.data: list[Future] | None = None
         log.info(
             "MTTKRP graph: %d partitions on %s, %s execution (decoded %.1f MiB, %s memory %s), "
             "%d numba threads per task",
@@ -262,13 +241,6 @@ class MTTKRPGraph:
         if not is_inline(self.client):
             wait(self.data)
 
-    def _open(self, path) -> tuple[str, object]:
-        """The input's path and its opened form (here a BLCO store; see the dense graph)."""
-        return str(path), open_store(str(path))
-
-    def _partitions(self, n_parts: int, max_partition_nnz: int | None) -> list:
-        return plan_partitions(self.store, n_parts, max_partition_nnz)
-
     def _load(self, part) -> Future:
         """Submit the task that holds ``part`` in worker (or device) memory for in-memory execution."""
         copies = bool(self.memory_plan and self.memory_plan.mode_copies)
@@ -285,10 +257,6 @@ class MTTKRPGraph:
             **self.placement,
         )
 
-    def _source_ref(self):
-        """What a streaming partition task is given to read its partition from (the store path)."""
-        return self.path
-
     def require_plan(self) -> None:
         """Raise the memory plan's refusal of these task graphs, if it refused them (a run that
         goes owner-computes plans again instead, :meth:`plan_owner_computes`)."""
@@ -301,12 +269,17 @@ class MTTKRPGraph:
         execution: its in-memory partitions are each worker's share, where the task graphs' plan
         would have streamed (STS-CP at 86 M on 2 workers of 12 GB: in memory, not 17.7 s/it
         streaming the whole store for each mode's sampled fibers)."""
-        execution, rank, dtype, samples = self._asked
-        if rank is None or self.device != "cpu":
+        asked = self._asked
+        if asked.rank is None or self.device != "cpu":
             return
-        res = self.resources
         self.memory_plan = self._plan_memory(
-            self.client, res, int(rank), np.dtype(dtype).itemsize, execution, samples, owner=True
+            self.client,
+            self.resources,
+            int(asked.rank),
+            np.dtype(asked.dtype).itemsize,
+            asked.execution,
+            asked.samples,
+            owner=True,
         )
         self.execution = self._adopt(self.memory_plan, "owner-computes memory plan")
         self.in_place = self.lend_target = False
@@ -397,12 +370,6 @@ class MTTKRPGraph:
             owner=owner,
             **common,
         )
-
-    def sources(self) -> Sequence:
-        if self.data is not None:
-            return self.data
-        ref = self._source_ref()
-        return [(ref, p) for p in self.parts]
 
     def partials(self, factors: Future, mode: int, lend_target: bool = False) -> list[Future]:
         """Submit the mode-``mode`` MTTKRP up to the last level of its reduction: at most

@@ -23,12 +23,10 @@ import numpy as np
 from distributed import Client, Future, wait
 
 from ..kernels.ttm.chain import SemiSparse, TTMLayouts, merge, merge_many, ttm_chain
-from ..store import open_store
-from .cluster import resolve_device, scheduler_workers, worker_resources
-from .graph import DEFAULT_SPLIT_EVERY, EXECUTION_MODES, IN_MEMORY_FRACTION, tree_reduce
 from .inline import is_inline
-from .partitions import Partition, plan_partitions
+from .partitions import Partition
 from .stream import BATCH_NNZ, batch_nnz_for
+from .task_graph import DEFAULT_SPLIT_EVERY, PartitionedGraph, fits_in_memory, tree_reduce
 from .tasks import cached_store
 
 log = logging.getLogger(__name__)
@@ -142,7 +140,7 @@ def _ttm_then(
     return update(state, [partial], mode, *args)
 
 
-class TTMGraph:
+class TTMGraph(PartitionedGraph):
     """Builds and submits TTM-chain graphs for one store on one Dask cluster.
 
     Parameters
@@ -176,37 +174,22 @@ class TTMGraph:
         kernel: str | None = None,
         device: str = "cpu",
     ) -> None:
-        if execution not in EXECUTION_MODES:
-            raise ValueError(f"execution must be one of {EXECUTION_MODES}, got {execution!r}")
-        self.client = client
-        self.path = str(path)
-        self.store = open_store(self.path)
-        self.split_every = max(2, int(split_every))
         self.kernel = kernel
-        res = worker_resources(client)
-        if not res:
-            raise RuntimeError("the Dask cluster has no workers")
-        self.device, gpu_addrs = resolve_device(client, device)
-        self.placement: dict = {}
-        if self.device == "gpu":
-            res = {a: r for a, r in res.items() if a in gpu_addrs}
-            info = scheduler_workers(client)
-            if all(info[a].get("resources", {}).get("GPU") for a in gpu_addrs):
-                self.placement = {"resources": {"GPU": 1}}
-            else:
-                self.placement = {"workers": gpu_addrs, "allow_other_workers": False}
-        self.numba_threads = min(r["numba_threads"] for r in res.values())
-        dask_threads = sum(r["dask_threads"] for r in res.values())
-        default_parts = len(gpu_addrs) if self.device == "gpu" else dask_threads
-        self.parts: list[Partition] = plan_partitions(self.store, partitions or default_parts, max_partition_nnz)
-        limits = [r["memory_limit"] for r in res.values()]
-        budget = sum(limits) if all(limits) else None
-        self.batch_nnz = batch_nnz_for(min(limits) if all(limits) else None)
+        super().__init__(
+            client,
+            path,
+            execution=execution,
+            partitions=partitions,
+            split_every=split_every,
+            max_partition_nnz=max_partition_nnz,
+            device=device,
+        )
+        budget = self.task_placement.memory_budget
+        self.batch_nnz = batch_nnz_for(self.task_placement.smallest_limit)
         decoded = decoded_bytes(self.store.nnz, self.store.nmodes)
         if execution == "auto":
-            execution = "in-memory" if budget is None or decoded <= IN_MEMORY_FRACTION * budget else "streaming"
+            execution = "in-memory" if fits_in_memory(decoded, budget) else "streaming"
         self.execution = execution
-        self.data: list[Future] | None = None
         log.info(
             "TTM graph: %d partitions on %s, %s execution (decoded %.1f MiB, worker memory %s), %d numba threads "
             "per task",
@@ -225,9 +208,6 @@ class TTMGraph:
             ]
             if not is_inline(client):
                 wait(self.data)
-
-    def sources(self) -> Sequence:
-        return self.data if self.data is not None else [(self.path, p) for p in self.parts]
 
     def partials(self, state: Future, mode: int) -> list[Future]:
         """Submit the mode-``mode`` TTM chain up to the last level of its reduction (at most
