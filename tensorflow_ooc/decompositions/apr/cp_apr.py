@@ -25,7 +25,7 @@ from ...store import Store
 from ..common.checkpoint_files import disk_full_returned, raise_returned, read_npz, write_npz_atomic
 from ..common.fingerprint import fingerprint
 from ..common.model_checks import check_count, check_seed, check_tolerance
-from ..common.mttkrp_input import open_graph, open_input
+from ..common.mttkrp_input import open_graph, open_input, plan_graph
 from ..common.options import declared
 from ..common.run_loop import inline_when_small, run_iterations
 from . import apr_steps as S
@@ -166,10 +166,7 @@ class APRIterations:
             c,
             store,
             params,
-            execution=run.execution,
-            partitions=run.partitions,
-            device=run.device,
-            device_options=run.device_options,
+            run,
             rank=rank,
             dtype="float64",
             samples=0,
@@ -177,16 +174,7 @@ class APRIterations:
         )
         cleanup.callback(graph.release)
         owner = use_apr_owner(c, graph, run.distribution, graph.device)
-        if owner:
-            graph.plan_owner_computes()
-            params["execution"] = graph.execution
-            params["in_place_updates"] = False
-            if graph.memory_plan is not None:
-                params["memory_plan"] = graph.memory_plan.as_dict()
-        else:
-            graph.require_plan()
-        if graph.execution == "in-memory" and graph.data is None and not owner:
-            graph.load()
+        plan_graph(graph, params, owner, in_place=False)
         checkpoint = run.checkpoint if resume else None
         start, self.history, self.row_tol, state0 = _initial(
             checkpoint, self.input_fp, params, o.init, store.shape, rank, o.seed, o.tol

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import numpy as np
 from distributed import Client
 
-from ...execution import DeviceOptions, MTTKRPGraph
+from ...execution import MTTKRPGraph
 from ...execution.dense_graph import DenseMTTKRPGraph
 from ...execution.inline import is_inline
 from ...store import Store, open_store, paths
@@ -34,27 +35,25 @@ def open_graph(
     c: Client,
     store: Store | DenseArray,
     params: dict,
+    run: Any,
     *,
-    execution: str,
-    partitions: int | None,
-    device: str,
-    device_options: DeviceOptions | None,
     rank: int,
     dtype: str,
     samples: int,
     load: bool = True,
 ) -> MTTKRPGraph:
-    """The MTTKRP graph of a sparse store or a dense array; records its choices in ``params``. A dense
-    array's ||X||^2 is computed here."""
+    """The MTTKRP graph of a sparse store or a dense array under ``run`` (its execution, partitions,
+    device and device options); records its choices in ``params``. A dense array's ||X||^2 is
+    computed here."""
     dense = store.dense
     graph_of = DenseMTTKRPGraph if dense else MTTKRPGraph
     graph = graph_of(
         c,
         store if dense else store.path,
-        execution=execution,
-        partitions=partitions,
-        device=device,
-        device_options=device_options,
+        execution=run.execution,
+        partitions=run.partitions,
+        device=run.device,
+        device_options=run.device_options,
         rank=rank,
         dtype=dtype,
         samples=samples,
@@ -71,3 +70,18 @@ def open_graph(
         store.set_norm_sq(graph.scan())
         params["input_kind"] = f"dense {store.kind} array"
     return graph
+
+
+def plan_graph(graph: MTTKRPGraph, params: dict, owner: bool, in_place: bool) -> None:
+    """Plan ``graph`` for owner-computes (``owner``; its updates ``in_place`` or not) or for per-mode
+    task graphs, recording the plan in ``params``, and load the partitions kept in memory."""
+    if owner:
+        graph.plan_owner_computes()
+        params["execution"] = graph.execution
+        params["in_place_updates"] = in_place
+        if graph.memory_plan is not None:
+            params["memory_plan"] = graph.memory_plan.as_dict()
+    else:
+        graph.require_plan()
+    if graph.execution == "in-memory" and graph.data is None and not owner:
+        graph.load()

@@ -21,7 +21,7 @@ from ...store.dense import DenseArray
 from ..common.cp_result import CPResult, arrange
 from ..common.fingerprint import fingerprint
 from ..common.model_checks import check_model, check_tensor_norm
-from ..common.mttkrp_input import open_graph, open_input
+from ..common.mttkrp_input import open_graph, open_input, plan_graph
 from ..common.options import declared
 from ..common.run_control import FIT_EVERY_ITERATION_NNZ, converged, run_entropy
 from ..common.run_loop import inline_when_small, run_iterations
@@ -145,10 +145,7 @@ class CPIterations:
             c,
             store,
             params,
-            execution=run.execution,
-            partitions=run.partitions,
-            device=run.device,
-            device_options=run.device_options,
+            run,
             rank=rank,
             dtype=o.dtype,
             samples=int(o.samples) if self.randomized else 0,
@@ -156,16 +153,7 @@ class CPIterations:
         )
         cleanup.callback(graph.release)
         owner = use_owner_computes(c, graph, store.dense, o.method, run.distribution)
-        if not owner:
-            graph.require_plan()
-        else:
-            graph.plan_owner_computes()
-            params["execution"] = graph.execution
-            params["in_place_updates"] = True
-            if graph.memory_plan is not None:
-                params["memory_plan"] = graph.memory_plan.as_dict()
-        if graph.execution == "in-memory" and graph.data is None and not owner:
-            graph.load()
+        plan_graph(graph, params, owner, in_place=True)
         self.input_fp = fingerprint(store)
         self.normX2 = store.norm_sq
         check_tensor_norm(store.path, self.normX2)
