@@ -66,9 +66,11 @@ def test_api_signature_and_docstring_come_from_the_declaration(name):
     declared = {o.name: o.default for o in options if o.api}
     keywords = {p.name: p.default for p in params.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
     assert keywords == declared
-    for o in options:
+    for o in (*options.arguments, *options):
         if o.api:
             assert f"\n    {o.name} : " in function.__doc__, o.name
+    positional = [p.name for p in params.values() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert positional[1:] == [a.name for a in options.arguments]
     assert "{options}" not in function.__doc__
 
 
@@ -90,6 +92,10 @@ def test_cli_flags_and_spec_keys_give_the_api_the_same_values(name):
     parser = argparse.ArgumentParser()
     add_declared(parser, options)
     argv, expected, spec = [], {}, dict(required)
+    for a in options.arguments:  # the method's required arguments, as the spec's
+        value = required[a.name]
+        argv += [a.cli_flags[0], str(value)]
+        expected[a.name] = (value,) if a.values.kind == "ranks" else value
     for o in options.on_cli():
         if o.group and any(p.group == o.group and p.name in expected for p in options.on_cli()):
             continue  # one of a group that excludes the others
@@ -100,11 +106,16 @@ def test_cli_flags_and_spec_keys_give_the_api_the_same_values(name):
             spec[o.spec_key] = value if o.values.kind != "size" else f"{value // 2**30}GiB"
     keywords = declared_keywords(parser.parse_args(argv), options)
     for key, value in expected.items():
+        if key in {a.name for a in options.arguments}:
+            continue  # the command passes its arguments itself
         if key in ("conflict", "streams", "device_memory_limit"):
             assert getattr(keywords["device_options"], key) == value, key
         else:
             assert keywords[key] == value, key
     assert set(keywords) <= set(options.names)
+    parsed = parser.parse_args(argv)
+    for a in options.arguments:
+        assert getattr(parsed, a.name) == expected[a.name], a.name
 
     if name == "cp_als" and spec.get("nonnegative") and spec.get("method") not in ("cp", "exact"):
         spec["method"] = "exact"  # nonnegative CP-ALS takes the exact solver only

@@ -9,7 +9,7 @@ from typing import Callable
 
 from ..decompositions.apr.options import CP_APR
 from .declared_flags import add_declared, declared_keywords
-from .options import _positive_int, print_no_iterations, run_outputs, this_run
+from .options import print_no_iterations, run_outputs, this_run
 
 
 def cmd_apr(args: argparse.Namespace) -> int:
@@ -74,6 +74,5 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         help="input BLCO store of nonnegative counts (a versioned store folder: its latest version; "
         "FOLDER@vN: version N); a negative value is refused, naming it",
     )
-    d.add_argument("--rank", type=_positive_int, required=True, help="number of components R")
     add_declared(d, CP_APR)
     d.set_defaults(func=cmd_apr)

@@ -9,7 +9,7 @@ from typing import Callable
 
 from ..decompositions.completion.options import TUCKER_SGD
 from .declared_flags import add_declared, declared_keywords
-from .options import _positive_int, claim, parse_ranks
+from .options import claim
 
 
 def cmd_complete(args: argparse.Namespace) -> int:
@@ -76,7 +76,5 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         help="training entries: a BLCO store (path or URL; a versioned store folder: its latest "
         "version, FOLDER@vN: version N)",
     )
-    t.add_argument("--ranks", type=parse_ranks, required=True, help="factor ranks J_n, e.g. 8,8,8 (or one for all)")
-    t.add_argument("--core-rank", type=_positive_int, required=True, help="rank R of the Kruskal core")
     add_declared(t, TUCKER_SGD)
     t.set_defaults(func=cmd_complete)

@@ -10,7 +10,6 @@ from typing import Callable
 from ..decompositions.cp.options import CP_ALS
 from .declared_flags import add_declared, declared_keywords
 from .options import (
-    _positive_int,
     iteration_bar,
     mean_seconds,
     print_no_iterations,
@@ -89,6 +88,5 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         help="input BLCO store (a versioned store folder: its latest version; FOLDER@vN: version N), "
         "or a dense Zarr array of order 3-6 (path or URL)",
     )
-    d.add_argument("--rank", type=_positive_int, required=True, help="number of components R")
     add_declared(d, CP_ALS)
     d.set_defaults(func=cmd_cpd)

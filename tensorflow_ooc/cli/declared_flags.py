@@ -8,7 +8,16 @@ import math
 from typing import Any, Callable
 
 from ..decompositions.common.options import Option, OptionSet, Values
-from .options import _finite_float, _fraction, _nonnegative_int, _positive_int, _seed, _tolerance, parse_size
+from .options import (
+    _finite_float,
+    _fraction,
+    _nonnegative_int,
+    _positive_int,
+    _seed,
+    _tolerance,
+    parse_ranks,
+    parse_size,
+)
 
 
 def _positive_float(text: str) -> float:
@@ -27,6 +36,8 @@ def parser_for(values: Values) -> Callable[[str], Any] | None:
         return _positive_int if (values.low or 0) >= 1 else _nonnegative_int
     if values.kind == "size":
         return parse_size
+    if values.kind == "ranks":
+        return parse_ranks
     if values.kind == "float":
         if values.high is not None:
             return _fraction
@@ -44,7 +55,10 @@ def _help(o: Option, default: Any) -> str:
 
 
 def add_declared(parser: argparse.ArgumentParser, options: OptionSet) -> None:
-    """Add a flag for each of ``options`` shown on the CLI (options of one ``group`` exclude each other)."""
+    """Add a required flag for each of the method's arguments, then a flag for each of ``options``
+    shown on the CLI (options of one ``group`` exclude each other)."""
+    for a in options.required():
+        parser.add_argument(*a.cli_flags, dest=a.name, type=parser_for(a.values), required=True, help=a.help)
     groups: dict[str, Any] = {}
     for o in options.on_cli():
         target: Any = parser

@@ -9,7 +9,7 @@ from typing import Callable
 
 from ..decompositions.tt.options import TT_ALS
 from .declared_flags import add_declared, declared_keywords
-from .options import iteration_bar, mean_seconds, parse_ranks, run_outputs, this_run
+from .options import iteration_bar, mean_seconds, run_outputs, this_run
 
 
 def cmd_tt(args: argparse.Namespace) -> int:
@@ -75,13 +75,6 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     t.add_argument(
         "store",
         help="input BLCO store (path or URL; a versioned store folder: its latest version, FOLDER@vN: version N)",
-    )
-    t.add_argument(
-        "--ranks",
-        type=parse_ranks,
-        required=True,
-        help="the N-1 inner TT ranks R_1..R_{N-1}, e.g. 8,8,8 for an order-4 tensor (one value: all of "
-        "them); ranks[k] is at most min(I_0*..*I_k, I_{k+1}*..*I_{N-1})",
     )
     add_declared(t, TT_ALS)
     t.set_defaults(func=cmd_tt)

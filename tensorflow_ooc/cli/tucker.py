@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import time
 from typing import Callable
 
@@ -19,17 +18,6 @@ from .options import (
 )
 
 log = logging.getLogger("tensorflow_ooc.cli")
-
-
-def parse_ranks(text: str) -> tuple[int, ...]:
-    """'8,8,8' or '8x8x8' (one rank per mode) or '8' (every mode)."""
-    try:
-        ranks = tuple(int(s) for s in re.split(r"[x,\s]+", text.strip()) if s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not ranks: {text!r} (examples: 8,8,8 or 8 for every mode)") from None
-    if not ranks:
-        raise argparse.ArgumentTypeError(f"not ranks: {text!r} (examples: 8,8,8 or 8 for every mode)")
-    return ranks
 
 
 def cmd_tucker(args: argparse.Namespace) -> int:
@@ -91,12 +79,6 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     t.add_argument(
         "store",
         help="input BLCO store (path or URL; a versioned store folder: its latest version, FOLDER@vN: version N)",
-    )
-    t.add_argument(
-        "--ranks",
-        type=parse_ranks,
-        required=True,
-        help="core size per mode, e.g. 8,8,8 (one value: every mode); each in 1..mode length",
     )
     add_declared(t, TUCKER_HOOI)
     t.set_defaults(func=cmd_tucker)

@@ -277,10 +277,18 @@ def _annotation(o: Option) -> Any:
     return kind | None if v.optional or default is None else kind
 
 
+def _required(a: Option) -> Any:
+    """The pydantic type of a method's required argument: a rank, or ranks (one, or a list)."""
+    return PositiveInt | list[PositiveInt] if a.values.kind == "ranks" else PositiveInt
+
+
 def _declared(name: str, base: type, options: OptionSet) -> type:
     """``base`` with a field for each of ``options`` that specs take (its declared name, values,
     default and help), and ``_added_later`` the keys specs gained after their first version."""
-    fields = {o.spec_key: (_annotation(o), Field(o.default_on("spec"), description=o.help)) for o in options.in_spec()}
+    fields = {a.name: (_required(a), Field(description=a.help)) for a in options.required()}
+    fields.update(
+        {o.spec_key: (_annotation(o), Field(o.default_on("spec"), description=o.help)) for o in options.in_spec()}
+    )
     model = create_model(name, __base__=base, __module__=__name__, **fields)  # type: ignore[call-overload]
     model._declared_options = options
     return model
@@ -361,8 +369,6 @@ class DecomposeStep(_declared("_CPOptions", _Decompose, CP_ALS)):  # type: ignor
     defaults, so specs written before them keep theirs.
     """
 
-    rank: PositiveInt
-
     @model_validator(mode="after")
     def _nonnegative(self) -> DecomposeStep:
         if self.reg > 0 and not self.nonnegative:
@@ -392,7 +398,6 @@ class TuckerDecomposeStep(_declared("_TuckerOptions", _Decompose, TUCKER_HOOI)):
     scale of the old rows, a larger rank gets random columns, a smaller one keeps the leading ones."""
 
     method: Literal["tucker"]
-    ranks: PositiveInt | list[PositiveInt] = Field(description="core size per mode, or one for every mode")
     _inits: ClassVar[tuple[str, ...]] = ("random", "nvecs", "previous")
 
     @property
@@ -408,8 +413,6 @@ class CompletionDecomposeStep(_declared("_CompletionOptions", _Decompose, TUCKER
     at random at the scale of the old rows; other ranks than the previous model's start at random."""
 
     method: Literal["completion"]
-    ranks: PositiveInt | list[PositiveInt] = Field(description="factor ranks J_n, one per mode or one for every mode")
-    core_rank: PositiveInt = Field(description="rank R of the Kruskal core")
 
     @model_validator(mode="after")
     def _test(self) -> CompletionDecomposeStep:
@@ -444,7 +447,6 @@ class PoissonDecomposeStep(_declared("_PoissonOptions", _Decompose, CP_APR)):  #
     step logs how many). Checkpoints and resumes as CP-ALS does."""
 
     method: Literal["cp-apr"]
-    rank: PositiveInt
 
     @field_validator(*APR_FOR_ALGORITHM, check_fields=False)
     @classmethod
@@ -468,10 +470,6 @@ class TTDecomposeStep(_declared("_TTOptions", _Decompose, TT_ALS)):  # type: ign
     Checkpoints and resumes as CP-ALS does."""
 
     method: Literal["tt"]
-    ranks: PositiveInt | list[PositiveInt] = Field(
-        description="inner TT ranks R_1 .. R_{N-1} (N - 1 of them), or one for all; each at most what the "
-        "tensor's shape allows (checked when the step runs)"
-    )
 
     @field_validator("ranks", mode="before")
     @classmethod

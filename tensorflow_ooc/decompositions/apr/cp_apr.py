@@ -74,8 +74,6 @@ def cp_apr(store: Store | str | os.PathLike, rank: int, **options: Any) -> Poiss
     store : Store or path
         A BLCO store of nonnegative counts (a negative value is refused, naming it; non-integer
         values are warned about once).
-    rank : int
-        Number of components R.
     {options}
 
     Returns

@@ -66,6 +66,7 @@ CP_APR = O.option_set(
             "pdnr: rows stop at max(tol, KKT violation / 100), 2 inner iterations in the first outer one",
         ),
     ),
+    arguments=(O.argument("rank", O.COUNT, "int", "number of components R"),),
 )
 
 # options of one algorithm only: giving one to the other is an error at its own line

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 SAME: Any = object()  # a surface's default or key that is the API's
+REQUIRED: Any = inspect.Parameter.empty  # an argument's default: it has none
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ class OptionSet:
     method: str
     options: tuple[Option, ...]
     run_control: frozenset[str] = field(default_factory=frozenset)
+    arguments: tuple[Option, ...] = ()  # the method's required arguments, after the input, in order
 
     def __iter__(self) -> Iterator[Option]:
         return iter(self.options)
@@ -124,6 +126,10 @@ class OptionSet:
 
     def in_spec(self) -> list[Option]:
         return [o for o in self.options if o.spec_key is not None]
+
+    def required(self) -> list[Option]:
+        """The arguments as a CLI command's required flags and a spec's required keys."""
+        return list(self.arguments)
 
     def bind(self, given: dict[str, Any]) -> dict[str, Any]:
         """Every API option's value: ``given`` over the defaults; an unknown keyword is a TypeError
@@ -153,13 +159,13 @@ class OptionSet:
         ]
 
     def docstring(self) -> str:
-        """The numpy-style lines for the keyword options (after the function's own Parameters)."""
+        """The numpy-style lines for the arguments and keyword options (after the input's)."""
         lines = []
-        for o in self.options:
+        for o in (*self.arguments, *self.options):
             if not o.api:
                 continue
             kind = "{" + ", ".join(repr(c) for c in o.values.choices) + "}" if o.values.choices else o.annotation
-            lines.append(f"{o.name} : {kind}, default {o.default!r}")
+            lines.append(f"{o.name} : {kind}" + ("" if o.default is REQUIRED else f", default {o.default!r}"))
             text = o.help[0].upper() + o.help[1:] + "." if o.help else ""
             if o.details:
                 text += " " + o.details
@@ -174,9 +180,16 @@ def _knobs_type(options: OptionSet) -> type:
     return dataclasses.make_dataclass(name, [f for f in fields if f[0] not in options.run_control], kw_only=True)
 
 
-def option_set(method: str, run_control: Iterable[Option], knobs: Iterable[Option]) -> OptionSet:
+def option_set(
+    method: str, run_control: Iterable[Option], knobs: Iterable[Option], arguments: Iterable[Option] = ()
+) -> OptionSet:
     run = tuple(run_control)
-    return OptionSet(method, run + tuple(knobs), frozenset(o.name for o in run))
+    return OptionSet(method, run + tuple(knobs), frozenset(o.name for o in run), tuple(arguments))
+
+
+def argument(name: str, values: Values, annotation: str, help_text: str) -> Option:
+    """A required argument of a method (its rank, its ranks)."""
+    return Option(name, REQUIRED, values, annotation, help_text)
 
 
 def _wrap(text: str, width: int) -> list[str]:
@@ -192,6 +205,8 @@ def declared(options: OptionSet) -> Callable[[Callable], Callable]:
 
     def wrap(f: Callable) -> Callable:
         own = [p for p in inspect.signature(f).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        if [p.name for p in own[1:]] != [a.name for a in options.arguments]:
+            raise TypeError(f"{f.__name__} takes {[p.name for p in own[1:]]}, declared {options.arguments}")
         f.__signature__ = inspect.signature(f).replace(parameters=own + options.parameters())  # type: ignore[attr-defined]
         if f.__doc__ and "{options}" in f.__doc__:
             indent = f.__doc__.split("{options}")[0].rsplit("\n", 1)[-1]

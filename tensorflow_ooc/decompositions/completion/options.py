@@ -122,4 +122,8 @@ TUCKER_SGD = O.option_set(
             spec=None,
         ),
     ),
+    arguments=(
+        O.argument("ranks", O.RANKS, "int | Sequence[int]", "factor ranks J_n, e.g. 8,8,8 (one value: every mode)"),
+        O.argument("core_rank", O.COUNT, "int", "rank R of the Kruskal core"),
+    ),
 )

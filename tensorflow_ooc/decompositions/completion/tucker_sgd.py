@@ -146,10 +146,6 @@ def tucker_sgd(
     ----------
     store : Store or path
         Training entries (a BLCO store; see :func:`tensorflow_ooc.convert`).
-    ranks : int or sequence of int
-        Factor ranks J_n (one for every mode, or one per mode), each in 1..I_n.
-    core_rank : int
-        R, the rank of the Kruskal core.
     {options}
 
     Returns

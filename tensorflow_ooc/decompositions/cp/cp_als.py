@@ -73,8 +73,6 @@ def cp_als(store: Store | DenseArray | str | os.PathLike | np.ndarray, rank: int
         on whole chunks, so a Zarr array larger than the workers' memory is streamed. Its values
         are checked (NaN, Inf) in the pass that computes ||X||^2, before the first iteration.
         Dense inputs take ``method="exact"`` only.
-    rank : int
-        Number of components R.
     {options}
 
     Returns

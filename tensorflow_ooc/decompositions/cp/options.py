@@ -84,4 +84,5 @@ CP_ALS = O.option_set(
             spec_added_later=True,
         ),
     ),
+    arguments=(O.argument("rank", O.COUNT, "int", "number of components R"),),
 )

@@ -66,6 +66,18 @@ TT_ALS = O.option_set(
         ),
         O.seed_option("seed of the random initial cores (standard normal)"),
     ),
+    arguments=(
+        O.argument(
+            "ranks",
+            O.RANKS,
+            "int | Sequence[int]",
+            "the N-1 inner TT ranks R_1..R_{N-1}, e.g. 8,8,8 for an order-4 tensor (one value: all of them); "
+            "ranks[k] is at most min(I_0*..*I_k, I_{k+1}*..*I_{N-1})",
+        ).replace(
+            details="Each is also at most R_k I_k and I_{k+1} R_{k+2} (each core's unfolding keeps its "
+            "rank); others raise DecompositionError (a ValueError) naming the rank."
+        ),
+    ),
 )
 
 # options of the randomized method only: giving one to the exact sweeps is an error at its own line

@@ -71,12 +71,6 @@ def tt_als(store: Store | str | os.PathLike, ranks: int | Sequence[int], **optio
     ----------
     store : Store or path
         A BLCO store (see :func:`tensorflow_ooc.convert`) of order >= 2.
-    ranks : int or sequence of int
-        The ``N - 1`` inner TT ranks ``R_1 .. R_{N-1}`` (one integer: all of them). ``ranks[k]``
-        links cores ``k`` and ``k + 1``; it must be >= 1, at most the smaller side of the unfolding
-        ``X_(<=k)`` (``min(prod I_0..I_k, prod I_{k+1}..I_{N-1})``) and at most ``R_k I_k`` and
-        ``I_{k+1} R_{k+2}`` (each core's unfolding must keep its rank). Others raise
-        :class:`~tensorflow_ooc.errors.DecompositionError` (a ``ValueError``) naming the rank.
     {options}
 
     Returns

@@ -67,4 +67,12 @@ TUCKER_HOOI = O.option_set(
             metavar="KERNEL",
         ),
     ),
+    arguments=(
+        O.argument(
+            "ranks",
+            O.RANKS,
+            "int | Sequence[int]",
+            "core size per mode, e.g. 8,8,8 (one value: every mode); each in 1..mode length",
+        ),
+    ),
 )

@@ -116,8 +116,6 @@ def tucker_hooi(store: Store | str | os.PathLike, ranks: int | Sequence[int], **
     ----------
     store : Store or path
         A BLCO store (see :func:`tensorflow_ooc.convert`).
-    ranks : int or sequence of int
-        Core size ``J_n`` per mode (one integer: every mode), ``1 <= J_n <= I_n``.
     {options}
 
     Returns
