@@ -26,6 +26,7 @@ import psutil
 from distributed import Client, Future, wait
 
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
+from ..store import Store
 from .inline import is_inline
 from .memory_plan import MemoryPlan, MemoryPlanError, candidates, choose
 from .output_buffers import release_outputs
@@ -131,7 +132,7 @@ class MTTKRPGraph(PartitionedGraph):
     ----------
     client : distributed.Client
     path : str
-        Store path or URL (workers open it themselves).
+        Store (used as opened) or its path or URL (workers open it themselves).
     execution : {"auto", "streaming", "in-memory"}
     partitions : int, optional
         Number of partition tasks (default: 1 per Dask thread, more if a partition would exceed
@@ -158,7 +159,7 @@ class MTTKRPGraph(PartitionedGraph):
     def __init__(
         self,
         client: Client,
-        path: str,
+        path: str | Store,
         *,
         execution: str = "auto",
         partitions: int | None = None,

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 from distributed import Client, Future
 
-from ..store import open_store
+from ..store import Store, open_store
 from .cluster import resolve_device, scheduler_workers, worker_resources
 from .partitions import plan_partitions
 
@@ -141,7 +141,10 @@ class PartitionedGraph:
         self.data: list[Future] | None = None
 
     def _open(self, path) -> tuple[str, object]:
-        """The input's path and its opened form (here a BLCO store; see the dense graph)."""
+        """The input's path and its opened form (here a BLCO store; see the dense graph); a store the
+        caller opened is used as it is, not opened (and its chunk positions checked) again."""
+        if isinstance(path, Store):
+            return str(path.path), path
         return str(path), open_store(str(path))
 
     def _partitions(self, n_parts: int, max_partition_nnz: int | None) -> list:

@@ -23,6 +23,7 @@ import numpy as np
 from distributed import Client, Future, wait
 
 from ..kernels.ttm.chain import SemiSparse, TTMLayouts, merge, merge_many, ttm_chain
+from ..store import Store
 from .inline import is_inline
 from .partitions import Partition
 from .stream import BATCH_NNZ, batch_nnz_for
@@ -147,7 +148,7 @@ class TTMGraph(PartitionedGraph):
     ----------
     client : distributed.Client (or the in-process client of :mod:`.inline`)
     path : str
-        Store path or URL (workers open it themselves).
+        Store (used as opened) or its path or URL (workers open it themselves).
     execution : {"auto", "streaming", "in-memory"}
         ``auto``: in-memory when the decoded partitions and their layouts (:func:`decoded_bytes`)
         take at most half of the cluster's worker memory, else streaming.
@@ -165,7 +166,7 @@ class TTMGraph(PartitionedGraph):
     def __init__(
         self,
         client: Client,
-        path: str,
+        path: str | Store,
         *,
         execution: str = "auto",
         partitions: int | None = None,

@@ -49,7 +49,7 @@ def open_graph(
     graph_of = DenseMTTKRPGraph if dense else MTTKRPGraph
     graph = graph_of(
         c,
-        store if dense else store.path,
+        store,
         execution=run.execution,
         partitions=run.partitions,
         device=run.device,

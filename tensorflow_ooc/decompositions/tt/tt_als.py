@@ -144,7 +144,7 @@ class TTSweeps:
         run, o = self.run, self.o
         self.c = c
         self.graph = graph = MTTKRPGraph(
-            c, self.store.path, execution=run.execution, partitions=run.partitions, device="cpu"
+            c, self.store, execution=run.execution, partitions=run.partitions, device="cpu"
         )
         cleanup.callback(graph.release)
         params = self.params = dict(self.base_params)

@@ -210,7 +210,7 @@ class TuckerIterations:
         run, o, shape, ranks = self.run, self.o, self.shape, self.ranks
         self.c = c
         self.graph = graph = TTMGraph(
-            c, self.store.path, execution=run.execution, partitions=run.partitions, kernel=o.kernel, device=run.device
+            c, self.store, execution=run.execution, partitions=run.partitions, kernel=o.kernel, device=run.device
         )
         cleanup.callback(graph.release)
         params = self.params = dict(self.base_params)
