@@ -167,6 +167,38 @@ def tucker_sgd(
     return run_iterations(CompletionEpochs(store, ranks, core_rank, run, o), store, run)
 
 
+def _load_entries(
+    c: Any,
+    store: Store,
+    test_store: Store | None,
+    n_parts: int,
+    offsets: np.ndarray,
+    test_fraction: float,
+    split_seed: int,
+    scale: float,
+) -> tuple[list, list, int, int, list]:
+    """The training and test entries loaded on the workers, by partition (a seeded ``test_fraction``
+    of the store held out, or ``test_store``'s entries, checked disjoint from the store's): their
+    futures, the counts of each, and the store's partitions."""
+    parts = plan_partitions(store, n_parts, MAX_PARTITION_NNZ)
+    args = (offsets, test_fraction, split_seed, False, scale)
+    sources = [c.submit(T.load_observed, store.path, p, *args, pure=False) for p in parts]
+    test_sources = list(sources)
+    if test_store is not None:
+        test_parts = plan_partitions(test_store, n_parts, MAX_PARTITION_NNZ)
+        args = (offsets, 0.0, 0, True, scale)
+        test_sources = [c.submit(T.load_observed, test_store.path, p, *args, pure=False) for p in test_parts]
+        _check_disjoint(c, store, test_store, sources, test_sources, tuple(int(x) for x in store.shape))
+    counts = [c.submit(_train_test_counts, s, pure=False).result() for s in sources]
+    n_train = sum(a for a, _ in counts)
+    n_test = sum(b for _, b in counts) if test_store is None else test_store.nnz
+    if n_train == 0:
+        raise CompletionError(f"{store.path}: no training entries left after holding out the test set")
+    if n_test == 0:
+        log.warning("no test entries: the test RMSE is not measured and early stopping is off")
+    return sources, test_sources, n_train, n_test, parts
+
+
 class CompletionEpochs:
     """FastTuckerPlus's steps for the run loop: an iteration is one accepted epoch (factor pass,
     core pass, test errors); the model of the lowest test RMSE is the result. No checkpoint."""
@@ -196,26 +228,12 @@ class CompletionEpochs:
         if o.threads is None and res:
             o.threads = min(r["numba_threads"] for r in res.values())
         n_parts = run.partitions or dask_threads
-        parts = plan_partitions(store, n_parts, MAX_PARTITION_NNZ)
         self.offsets = offsets = np.concatenate([[0], np.cumsum(shape)[:-1]]).astype(np.int64)
         # values scaled to unit mean square, so the learning rates mean the same for any data scale
-        mean_square = float(store.meta["norm_sq"]) / store.nnz
+        mean_square = store.norm_sq / store.nnz
         self.scale = scale = 1.0 / math.sqrt(mean_square) if mean_square > 0 else 1.0
-        args = (offsets, o.test_fraction or 0.0, self.split_seed, False, scale)
-        self.sources = sources = [c.submit(T.load_observed, store.path, p, *args, pure=False) for p in parts]
-        self.test_sources = list(sources)
-        if test_store is not None:
-            test_parts = plan_partitions(test_store, n_parts, MAX_PARTITION_NNZ)
-            args = (offsets, 0.0, 0, True, scale)
-            self.test_sources = [c.submit(T.load_observed, test_store.path, p, *args, pure=False) for p in test_parts]
-            _check_disjoint(c, store, test_store, sources, self.test_sources, shape)
-        counts = [c.submit(_train_test_counts, s, pure=False).result() for s in sources]
-        n_train = sum(a for a, _ in counts)
-        n_test = sum(b for _, b in counts) if test_store is None else test_store.nnz
-        if n_train == 0:
-            raise CompletionError(f"{store.path}: no training entries left after holding out the test set")
-        if n_test == 0:
-            log.warning("no test entries: the test RMSE is not measured and early stopping is off")
+        entries = _load_entries(c, store, test_store, n_parts, offsets, o.test_fraction or 0.0, self.split_seed, scale)
+        self.sources, self.test_sources, n_train, n_test, parts = entries
         if isinstance(o.init, FastTuckerResult):
             warm = (o.init.factors, o.init.core_factors, shape, ranks, self.core_rank, scale, o.seed)
             self.state = c.submit(warm_state, *warm, pure=False)
@@ -241,7 +259,7 @@ class CompletionEpochs:
         # values are scaled to unit mean square, so a zero model's error is about 1
         self.last_check = 1.0
         if test_store is not None and test_store.nnz:
-            self.last_check = max(1.0, scale * math.sqrt(float(test_store.meta["norm_sq"]) / test_store.nnz))
+            self.last_check = max(1.0, scale * math.sqrt(test_store.norm_sq / test_store.nnz))
         return 0
 
     def iterate(self, epoch: int) -> dict:
@@ -251,7 +269,7 @@ class CompletionEpochs:
             t0 = time.perf_counter()
             rate = self.backoff / (1.0 + o.lr_decay * epoch)
             before = self.state
-            record, err, check_rmse = self._epoch(epoch, rate, t0)
+            self.state, record, err, check_rmse = _epoch(self, epoch, rate, t0)
             train = record["train_rmse"]
             # the training error predates the core step, so the final model is checked too: an
             # overshooting core step accepted unchecked leaves later epochs diverging at any rate
@@ -283,43 +301,6 @@ class CompletionEpochs:
         self.bar.update(1)
         self.bar.set_postfix(test_rmse=f"{rmse:.5g}", test_mae=f"{mae:.5g}", s=f"{record['seconds']:.2f}")
         return record
-
-    def _epoch(self, epoch: int, rate: float, t0: float) -> tuple[dict, Any, float]:
-        """The factor pass, the core pass and the errors of the new model: its record, its test
-        errors and the RMSE of its check (the test entries, else a training sample)."""
-        c, o, sources, dev, split, scale = self.c, self.o, self.sources, self.dev, DEFAULT_SPLIT_EVERY, self.scale
-        state = self.state
-        step = (self.split_seed, epoch, int(o.batch), o.lr_factors * rate, o.reg_factors, o.threads, dev)
-        moves = [c.submit(T.factor_pass_partition, s, state, *step, self.normalized, pure=False) for s in sources]
-        state = c.submit(T.apply_moves, state, *tree_reduce(c, moves, T.combine_moves, split, last=True), pure=False)
-        grads = [c.submit(T.core_gradient_partition, s, state, o.threads, dev, pure=False) for s in sources]
-        grad = tree_reduce(c, grads, T.combine_gradients, split, last=True)
-        state = c.submit(
-            T.apply_core, state, o.lr_core * rate, o.reg_core, *grad, rebalance=bool(o.rebalance), pure=False
-        )
-        self.state = state
-        t_test = time.perf_counter()
-        errs = [c.submit(T.test_errors_partition, s, state, o.threads, pure=False) for s in self.test_sources]
-        err = c.submit(T.combine_errors, *tree_reduce(c, errs, T.combine_errors, split, last=True), pure=False).result()
-        check = err
-        if not err.n:
-            checks = [c.submit(T.sample_errors_partition, s, state, o.threads, pure=False) for s in sources]
-            checks = tree_reduce(c, checks, T.combine_errors, split, last=True)
-            check = c.submit(T.combine_errors, *checks, pure=False).result()
-        check_rmse = math.sqrt(check.sse / check.n) if check.n else 0.0
-        info = c.submit(T.state_info, state, pure=False).result()
-        now = time.perf_counter()
-        record = {
-            "epoch": epoch + 1,
-            "test_rmse": math.sqrt(err.sse / err.n) / scale if err.n else float("nan"),
-            "test_mae": err.sae / err.n / scale if err.n else float("nan"),
-            "train_rmse": math.sqrt(info["train_sse"] / max(info["train_n"], 1)) / scale,
-            "factor_seconds": info["factor_seconds"],
-            "core_seconds": info["core_seconds"],
-            "test_seconds": now - t_test,
-            "seconds": now - t0,
-        }
-        return record, err, check_rmse
 
     def converged(self, epoch: int, record: dict) -> bool:
         """Keeps the model of the lowest test RMSE (without test entries: the last); stops after
@@ -505,3 +486,39 @@ def _test_keys(data: T.ObservedPartition, shape: tuple[int, ...]) -> np.ndarray:
 
 def _train_test_counts(data: T.ObservedPartition) -> tuple[int, int]:
     return int(data.coords.shape[0]), int(data.test_coords.shape[0])
+
+
+def _epoch(m: CompletionEpochs, epoch: int, rate: float, t0: float) -> tuple[Any, dict, Any, float]:
+    """One epoch from ``m``'s model (its run's client, entries and settings): the factor pass, the
+    core pass and the errors of the new model. The new model, its record, its test errors and the
+    RMSE of its check (the test entries, else a training sample)."""
+    c, o, sources, dev, split, scale = m.c, m.o, m.sources, m.dev, DEFAULT_SPLIT_EVERY, m.scale
+    state = m.state
+    step = (m.split_seed, epoch, int(o.batch), o.lr_factors * rate, o.reg_factors, o.threads, dev)
+    moves = [c.submit(T.factor_pass_partition, s, state, *step, m.normalized, pure=False) for s in sources]
+    state = c.submit(T.apply_moves, state, *tree_reduce(c, moves, T.combine_moves, split, last=True), pure=False)
+    grads = [c.submit(T.core_gradient_partition, s, state, o.threads, dev, pure=False) for s in sources]
+    grad = tree_reduce(c, grads, T.combine_gradients, split, last=True)
+    state = c.submit(T.apply_core, state, o.lr_core * rate, o.reg_core, *grad, rebalance=bool(o.rebalance), pure=False)
+    t_test = time.perf_counter()
+    errs = [c.submit(T.test_errors_partition, s, state, o.threads, pure=False) for s in m.test_sources]
+    err = c.submit(T.combine_errors, *tree_reduce(c, errs, T.combine_errors, split, last=True), pure=False).result()
+    check = err
+    if not err.n:
+        checks = [c.submit(T.sample_errors_partition, s, state, o.threads, pure=False) for s in sources]
+        checks = tree_reduce(c, checks, T.combine_errors, split, last=True)
+        check = c.submit(T.combine_errors, *checks, pure=False).result()
+    check_rmse = math.sqrt(check.sse / check.n) if check.n else 0.0
+    info = c.submit(T.state_info, state, pure=False).result()
+    now = time.perf_counter()
+    record = {
+        "epoch": epoch + 1,
+        "test_rmse": math.sqrt(err.sse / err.n) / scale if err.n else float("nan"),
+        "test_mae": err.sae / err.n / scale if err.n else float("nan"),
+        "train_rmse": math.sqrt(info["train_sse"] / max(info["train_n"], 1)) / scale,
+        "factor_seconds": info["factor_seconds"],
+        "core_seconds": info["core_seconds"],
+        "test_seconds": now - t_test,
+        "seconds": now - t0,
+    }
+    return state, record, err, check_rmse
