@@ -5,6 +5,10 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("NUMBA_NUM_THREADS", "2")
+# Dask's worker profiler calls sys._current_frames() every 10 ms; on CPython 3.11 a GC callback run
+# inside it can deadlock a thread being started (the CUDA simulator starts one per CUDA thread):
+# see docs/TESTING.md. Workers and CLI subprocesses inherit this.
+os.environ.setdefault("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", "False")
 # GPU kernels run in numba's CUDA simulator unless a GPU is visible (tiny inputs only: one Python
 # thread per CUDA thread). CPU kernels are unaffected; set before anything imports numba.cuda.
 if not shutil.which("nvidia-smi"):
