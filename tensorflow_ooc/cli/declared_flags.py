@@ -57,7 +57,7 @@ def _help(o: Option, default: Any) -> str:
 def add_declared(parser: argparse.ArgumentParser, options: OptionSet) -> None:
     """Add a required flag for each of the method's arguments, then a flag for each of ``options``
     shown on the CLI (options of one ``group`` exclude each other)."""
-    for a in options.required():
+    for a in options.arguments:
         parser.add_argument(*a.cli_flags, dest=a.name, type=parser_for(a.values), required=True, help=a.help)
     groups: dict[str, Any] = {}
     for o in options.on_cli():

@@ -10,6 +10,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ..decompositions import CPResult, TTResult, TuckerResult, read_checkpoint
+from ..decompositions.tt.tt_checkpoint import read_tt_checkpoint
+from ..decompositions.tucker.tucker_checkpoint import read_tucker_checkpoint
 from ..errors import DecompositionError, StoreError
 from .errors import InputError
 from .step_context import StepContext, open_input_store
@@ -36,6 +38,7 @@ class DecomposeMethod:
     device: Callable[[StepContext, Any], str]
     warm: Callable[[StepContext, Any, Any, tuple, Any, str], Any]  # the initial model, or None: not used
     metrics: Callable[[Any, Any, Any, tuple], dict]  # (m, result, store, arguments) -> its own figures
+    figures: Callable[[Any, Any, float], dict]  # (result, store, wall seconds) -> what every run of it reports
     summary: Callable[[Any, Any, tuple], str]  # (m, result, arguments) -> the step's last log line
     checkpoints: Checkpoints | None = None
     refusals: tuple[type[Exception], ...] = ()  # the method's refusals of the step's settings: input errors
@@ -64,6 +67,59 @@ def _usable(read: Callable[[str], Any]) -> Callable[[StepContext], Callable[[str
 
 def _notes(*parts: str) -> str:
     return "; ".join(filter(None, parts))
+
+
+def _steady(history: list[dict], resumed_after: int = 0) -> tuple[list[dict], float]:
+    """A run's history records of this run, and the mean seconds of its steady ones (the first
+    also compiles kernels)."""
+    new = history[resumed_after:]
+    steady = new[1:] or new
+    return new, sum(h["seconds"] for h in steady) / max(1, len(steady))
+
+
+def _iteration_figures(result: Any, store: Any, wall: float) -> dict:
+    """What a run of iterations toward a fit reports: its iterations, their seconds, the input and
+    where it ran."""
+    new, per_it = _steady(result.history, result.params.get("resumed_after", 0))
+    return {
+        "fit": result.fit,
+        "iterations": len(result.history),
+        "iterations_this_run": len(new),
+        "seconds_per_iteration": per_it,
+        "first_iteration_seconds": new[0]["seconds"] if new else None,
+        "nnz": store.nnz,
+        "execution": result.params.get("execution"),
+        "device": result.params.get("device"),
+        "scheduler": result.params.get("scheduler"),
+        "nnz_modes_per_second": store.nnz * store.nmodes / max(per_it, 1e-12),
+        "wall_seconds": wall,
+        "input_store": store.path,
+    }
+
+
+def _epoch_figures(result: Any, store: Any, wall: float) -> dict:
+    """What a completion run reports: epochs measured on the test set, no fit."""
+    _, per_epoch = _steady(result.history)
+    return {
+        "test_rmse": result.test_rmse,
+        "test_mae": result.test_mae,
+        "best_epoch": result.best_epoch,
+        "epochs": result.epochs,
+        "iterations": result.epochs,
+        "first_epoch_train_rmse": result.history[0]["train_rmse"] if result.history else None,
+        "seconds_per_epoch": per_epoch,
+        "first_iteration_seconds": result.history[0]["seconds"] if result.history else None,
+        "nnz": store.nnz,
+        "n_train": result.params.get("n_train"),
+        "n_test": result.params.get("n_test"),
+        "method": "completion",
+        "ranks": list(result.ranks),
+        "core_rank": result.core_rank,
+        "device": result.params.get("device"),
+        "scheduler": result.params.get("scheduler"),
+        "wall_seconds": wall,
+        "input_store": store.path,
+    }
 
 
 # --- CP-ALS -----------------------------------------------------------------------------------------
@@ -100,6 +156,7 @@ def _cp_metrics(m: Any, result: Any, store: Any, args: tuple) -> dict:
 
 
 CP = DecomposeMethod(
+    figures=_iteration_figures,
     function="cp_als",
     counter="iteration",
     total=lambda m: m.max_iters,
@@ -167,6 +224,7 @@ def _apr_metrics(m: Any, result: Any, store: Any, args: tuple) -> dict:
 
 
 APR = DecomposeMethod(
+    figures=_iteration_figures,
     function="cp_apr",
     counter="iteration",
     total=lambda m: m.max_iters,
@@ -231,13 +289,8 @@ def _tt_metrics(m: Any, result: Any, store: Any, args: tuple) -> dict:
     return out
 
 
-def _tt_checkpoint(path: str) -> Any:
-    from ..decompositions.tt.tt_checkpoint import read_tt_checkpoint
-
-    return read_tt_checkpoint(path)
-
-
 TT = DecomposeMethod(
+    figures=_iteration_figures,
     function="tt_als",
     counter="sweep",
     total=lambda m: m.max_iters,
@@ -249,7 +302,7 @@ TT = DecomposeMethod(
         f"TT-ALS ({m.algorithm}) ranks {'x'.join(map(str, args[0]))}: fit {r.fit:.6f} after {r.sweeps} sweeps"
     ),
     checkpoints=Checkpoints(
-        _usable(_tt_checkpoint),
+        _usable(read_tt_checkpoint),
         lambda st, m, store, args: (
             _same_store(st.input, store)
             and (st.params.get("ranks"), st.params.get("method")) == (list(args[0]), m.algorithm)
@@ -277,13 +330,8 @@ def _tucker_warm(ctx: StepContext, m: Any, store: Any, args: tuple, prev: Any, w
     return init
 
 
-def _tucker_checkpoint(path: str) -> Any:
-    from ..decompositions.tucker.tucker_checkpoint import read_tucker_checkpoint
-
-    return read_tucker_checkpoint(path)
-
-
 TUCKER = DecomposeMethod(
+    figures=_iteration_figures,
     function="tucker_hooi",
     counter="iteration",
     total=lambda m: m.max_iters,
@@ -295,7 +343,7 @@ TUCKER = DecomposeMethod(
         f"Tucker ranks {'x'.join(map(str, args[0]))}: fit {r.fit:.6f} after {r.iterations} iterations"
     ),
     checkpoints=Checkpoints(
-        lambda ctx: _tucker_checkpoint,
+        lambda ctx: read_tucker_checkpoint,
         lambda st, m, store, args: _same_store(st.input, store) and tuple(st.params.get("ranks", ())) == args[0],
         lambda st: (f"iteration {st.iteration + 1} (fit {st.fit:.6f})", st.iteration + 1),
     ),
@@ -346,7 +394,8 @@ COMPLETION = DecomposeMethod(
     arguments=lambda m, store: (m.ranks if isinstance(m.ranks, int) else tuple(m.ranks), m.core_rank),
     device=lambda ctx, m: m.device or ("gpu" if ctx.default_device == "gpu" else "cpu"),
     warm=_completion_warm,
-    metrics=lambda m, r, store, args: {},  # run_decompose's completion figures (no iterations of a fit)
+    metrics=lambda m, r, store, args: {},
+    figures=_epoch_figures,
     summary=lambda m, r, args: (
         f"FastTucker ranks {'x'.join(map(str, r.ranks))}, core rank {r.core_rank}: test RMSE "
         f"{r.test_rmse:.6g} (MAE {r.test_mae:.6g}) at epoch {r.best_epoch} of {r.epochs}"

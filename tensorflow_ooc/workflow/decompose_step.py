@@ -71,54 +71,12 @@ def run_decompose(ctx: StepContext) -> dict:
     wall = time.perf_counter() - t0
     if checkpoint is not None:
         loc.remove(checkpoint)  # the result is published: the checkpoint has served
-    figures = _figures(method.counter, result, store, wall) | method.metrics(m, result, store, args)
+    figures = method.figures(result, store, wall) | method.metrics(m, result, store, args)
     figures["warm_start"] = warm if prev is not None else None
-    per = figures.get("seconds_per_iteration", figures.get("seconds_per_epoch"))
-    unit = "epoch" if method.counter == "epoch" else method.counter
-    steady = "" if method.counter == "epoch" else f", {per:.3f} s per {unit} steady state"
+    per = figures.get("seconds_per_iteration")  # completion reports its epochs' own figures
+    steady = "" if per is None else f", {per:.3f} s per {method.counter} steady state"
     ctx.log(f"{method.summary(m, result, args)}{steady} -> {out}")
     return figures
-
-
-def _figures(counter: str, result: Any, store: Any, wall: float) -> dict:
-    """What every run reports: its iterations, their seconds, the input and where it ran."""
-    if counter == "epoch":  # completion: epochs measured on the test set, no fit
-        _, per_epoch = _steady(result.history)
-        return {
-            "test_rmse": result.test_rmse,
-            "test_mae": result.test_mae,
-            "best_epoch": result.best_epoch,
-            "epochs": result.epochs,
-            "iterations": result.epochs,
-            "first_epoch_train_rmse": result.history[0]["train_rmse"] if result.history else None,
-            "seconds_per_epoch": per_epoch,
-            "first_iteration_seconds": result.history[0]["seconds"] if result.history else None,
-            "nnz": store.nnz,
-            "n_train": result.params.get("n_train"),
-            "n_test": result.params.get("n_test"),
-            "method": "completion",
-            "ranks": list(result.ranks),
-            "core_rank": result.core_rank,
-            "device": result.params.get("device"),
-            "scheduler": result.params.get("scheduler"),
-            "wall_seconds": wall,
-            "input_store": store.path,
-        }
-    new, per_it = _steady(result.history, result.params.get("resumed_after", 0))
-    return {
-        "fit": result.fit,
-        "iterations": len(result.history),
-        "iterations_this_run": len(new),
-        "seconds_per_iteration": per_it,
-        "first_iteration_seconds": new[0]["seconds"] if new else None,
-        "nnz": store.nnz,
-        "execution": result.params.get("execution"),
-        "device": result.params.get("device"),
-        "scheduler": result.params.get("scheduler"),
-        "nnz_modes_per_second": store.nnz * store.nmodes / max(per_it, 1e-12),
-        "wall_seconds": wall,
-        "input_store": store.path,
-    }
 
 
 def _keywords(m: Any, **this_run: Any) -> dict[str, Any]:
@@ -194,12 +152,6 @@ def _warm_result(ctx: StepContext, m: Any) -> tuple[Any, str | None]:
         ctx.log(f"no previous result at {warm} yet: random initial model")
         return None, warm
     raise InputError(f"init: {warm} does not exist")
-
-
-def _steady(history: list[dict], resumed_after: int = 0) -> tuple[list[dict], float]:
-    new = history[resumed_after:]
-    steady = new[1:] or new
-    return new, sum(h["seconds"] for h in steady) / max(1, len(steady))
 
 
 def _scheduler(ctx: StepContext, m: Any, nnz: int, device: str) -> tuple[Any, str | None]:

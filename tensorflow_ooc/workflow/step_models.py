@@ -285,7 +285,7 @@ def _required(a: Option) -> Any:
 def _declared(name: str, base: type, options: OptionSet) -> type:
     """``base`` with a field for each of ``options`` that specs take (its declared name, values,
     default and help), and ``_added_later`` the keys specs gained after their first version."""
-    fields = {a.name: (_required(a), Field(description=a.help)) for a in options.required()}
+    fields = {a.name: (_required(a), Field(description=a.help)) for a in options.arguments}
     fields.update(
         {o.spec_key: (_annotation(o), Field(o.default_on("spec"), description=o.help)) for o in options.in_spec()}
     )

@@ -111,12 +111,6 @@ class OptionSet:
     def __iter__(self) -> Iterator[Option]:
         return iter(self.options)
 
-    def __getitem__(self, name: str) -> Option:
-        for o in self.options:
-            if o.name == name:
-                return o
-        raise KeyError(name)
-
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(o.name for o in self.options if o.api)
@@ -127,10 +121,6 @@ class OptionSet:
     def in_spec(self) -> list[Option]:
         return [o for o in self.options if o.spec_key is not None]
 
-    def required(self) -> list[Option]:
-        """The arguments as a CLI command's required flags and a spec's required keys."""
-        return list(self.arguments)
-
     def bind(self, given: dict[str, Any]) -> dict[str, Any]:
         """Every API option's value: ``given`` over the defaults; an unknown keyword is a TypeError
         naming it, as Python's own for a written-out signature."""
@@ -138,11 +128,6 @@ class OptionSet:
         if unknown:
             raise TypeError(f"{self.method}() got an unexpected keyword argument {unknown[0]!r}")
         return {o.name: given.get(o.name, o.default) for o in self.options if o.api}
-
-    def split(self, values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(run control, the method's own knobs) of bound ``values``."""
-        run = {k: v for k, v in values.items() if k in self.run_control}
-        return run, {k: v for k, v in values.items() if k not in self.run_control}
 
     def settings(self, given: dict[str, Any]) -> tuple[Any, Any]:
         """(run control, the method's own knobs) as typed objects: ``given`` over the defaults."""

@@ -1,5 +1,4 @@
-"""What every iterative family shares to run: the convergence test, the run's sampling entropy, and
-the bytes a pass reads from the store."""
+"""What every iterative family shares to run: the convergence test and the run's sampling entropy."""
 
 from __future__ import annotations
 
@@ -7,7 +6,6 @@ import logging
 
 import numpy as np
 
-from ...store import Store, paths
 from .model_checks import check_seed
 
 log = logging.getLogger(__package__ + ".cp_als")
@@ -35,9 +33,3 @@ def converged(
         # does not beat the best before them by tol (seed 000, section 3.6.9)
         return tol > 0 and evaluate and len(evaluated) > 3 and max(evaluated[-3:]) - max(evaluated[:-3]) < tol
     return iteration > 0 and abs(fit - fit_old) < tol
-
-
-def chunk_bytes(store: Store) -> int:
-    """Compressed bytes of the store's chunk data (its index and value arrays)."""
-    base = str(store.path).rstrip("/")
-    return sum(paths.disk_bytes(f"{base}/{name}") for name in ("alto", "values"))
