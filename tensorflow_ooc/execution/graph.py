@@ -39,6 +39,7 @@ from .task_graph import (
     fits_in_memory,
     tree_reduce,
 )
+from .fiber_reads import indexed_sampled_partial
 from .tasks import combine, load_partition, mttkrp_partition, row_slice, sampled_partition
 
 log = logging.getLogger(__name__)
@@ -439,6 +440,19 @@ class MTTKRPGraph(PartitionedGraph):
             update, factors, self.partials(factors, mode, self.lend_target), mode, *args, pure=False, **self.placement
         )
 
+    def reads_fiber_index(self, mode: int) -> bool:
+        """Whether mode ``mode``'s sampled rounds read the store's fiber index: a streamed run of a
+        store indexed in that mode (in memory, each partition keeps its own index)."""
+        return self.execution == "streaming" and self.device == "cpu" and mode in self.store.fiber_modes()
+
+    def sampled_reads(self) -> dict[str, str]:
+        """Per mode, how a sampled round finds its fibers: "index" (the store's fiber index),
+        "memory" (each in-memory partition's) or "scan" (every nonzero streamed past the samples)."""
+        return {
+            str(m): "index" if self.reads_fiber_index(m) else ("memory" if self.execution == "in-memory" else "scan")
+            for m in range(self.store.nmodes)
+        }
+
     def sampled_mode_update(
         self, factors: Future, samples: Future, mode: int, update: Callable, exact: bool, *args
     ) -> Future:
@@ -447,6 +461,33 @@ class MTTKRPGraph(PartitionedGraph):
         ``update(factors, partials, mode, *args, sketch=samples, exact=exact_partials)``; one task
         when there is one partition. Runs on CPU workers."""
         sources = self.sources()
+        if self.reads_fiber_index(mode):
+            # only the sampled fibers' index chunks are read: one share of the sample keys a worker
+            shares = max(1, len(self.resources))
+            partials = [
+                self.client.submit(
+                    indexed_sampled_partial,
+                    self.path,
+                    samples,
+                    mode,
+                    self.numba_threads,
+                    (k, shares),
+                    pure=False,
+                    **self.placement,
+                )
+                for k in range(shares)
+            ]
+            return self.client.submit(
+                update,
+                factors,
+                self.reduce(partials, last=True),
+                mode,
+                *args,
+                sketch=samples,
+                exact=self.partials(factors, mode) if exact else None,
+                pure=False,
+                **self.placement,
+            )
         if len(sources) == 1:
             return self.client.submit(
                 _sampled_then,

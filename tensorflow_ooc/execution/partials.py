@@ -20,6 +20,24 @@ class Partial:
     lo: int
     rows: np.ndarray
     seconds: float = 0.0
+    # a sampled MTTKRP's reads: nonzeros matched and read, bytes read, chunks, which path
+    reads: dict | None = None
+
+
+def merged_reads(*reads: dict | None) -> dict | None:
+    """The reads of several partials as one: counts summed, paths joined."""
+    got = [r for r in reads if r]
+    if not got:
+        return None
+    out: dict = {}
+    for r in got:
+        for k, v in r.items():
+            if k == "path":
+                paths = set(str(out.get("path", "")).split("+")) - {""}
+                out["path"] = "+".join(sorted(paths | {v}))
+            else:
+                out[k] = out.get(k, 0) + v
+    return out
 
 
 def worker_threads() -> int:

@@ -23,7 +23,7 @@ from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..kernels.sampling.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
 from ..store import Store, open_store
 from .output_buffers import zeroed_output
-from .partials import Partial, worker_threads
+from .partials import Partial, merged_reads, worker_threads
 from .partitions import Partition
 from .stream import BATCH_NNZ, MAP_MAX_OUTPUT_BYTES, BatchBuffers, fill_batch, read_ahead_pays, stream_batches
 
@@ -241,13 +241,28 @@ def sampled_partition(
                 if index is None:
                     index = source.fiber_index[mode] = FiberIndex.build(source.items, source.layout, mode)
             sampled_mttkrp_items(source.items, source.layout, mode, samples.coords, Hw, out, lo, index=index)
+            reads = {"path": "memory", "nnz_read": 0, "bytes_read": 0}
         else:
             path, part = source
             store = cached_store(path)
             table = SampleTable.build(sample_keys(samples.coords, store.shape, mode))
             for items in partition_batches(store, part, batch_nnz, read_ahead_pays(threads * worker_threads())):
                 sampled_mttkrp_items(items, store.layout, mode, samples.coords, Hw, out, lo, table=table)
-    return Partial(lo, out, time.perf_counter() - t0)
+            # every nonzero of the partition streamed past the samples: its share of the store's bytes
+            reads = {"path": "scan", "nnz_read": part.nnz, "bytes_read": _share_of_bytes(store, part.nnz)}
+    return Partial(lo, out, time.perf_counter() - t0, reads)
+
+
+def _share_of_bytes(store: Store, nnz: int) -> int:
+    """The compressed bytes of ``nnz`` of the store's nonzeros, at its average (listed once a
+    process)."""
+    total = _STORED_BYTES.get(store.path)
+    if total is None:
+        total = _STORED_BYTES[store.path] = store.stored_bytes()
+    return int(total * nnz / max(1, store.nnz))
+
+
+_STORED_BYTES: dict[str, int] = {}
 
 
 def _mttkrp_partition_gpu(
@@ -284,4 +299,4 @@ def combine(*partials: Partial) -> Partial:
     out = np.zeros((hi - lo, partials[0].rows.shape[1]), dtype=partials[0].rows.dtype)
     for p in some:
         out[p.lo - lo : p.lo - lo + p.rows.shape[0]] += p.rows
-    return Partial(lo, out, max(p.seconds for p in partials))
+    return Partial(lo, out, max(p.seconds for p in partials), merged_reads(*(p.reads for p in partials)))

@@ -173,6 +173,18 @@ class Store:
         return sum(paths.disk_bytes(f"{base}/{name}") for name in ("alto", "values"))
 
     @cached_property
+    def fibers(self):
+        """The store's fiber index (:class:`~tensorflow_ooc.store.fiber_index.FiberIndex`), its
+        binding to this store checked; None where it has none."""
+        from .fiber_index import open_fiber_index
+
+        return open_fiber_index(self)
+
+    def fiber_modes(self) -> list[int]:
+        """The modes the fiber index holds (none without an index)."""
+        return [] if self.fibers is None else self.fibers.modes
+
+    @cached_property
     def blocks(self) -> BlockTable:
         g = self.root
         return BlockTable(g["blocks/key"][...], g["blocks/start"][...], g["blocks/count"][...], g["blocks/base"][...])

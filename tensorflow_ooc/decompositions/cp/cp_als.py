@@ -31,6 +31,7 @@ from .cp_steps import (
     check_nonnegative_init,
     initial_state,
     iteration_record,
+    sampled_reads_plan,
     model_fit,
     model_norm_sq,
 )
@@ -175,6 +176,8 @@ class CPIterations:
             params["distribution"] = {"kind": "owner-computes", "workers": len(self.modes.engine.addresses)}
         else:
             self.modes = GraphModes(c, graph, F, self)
+            if self.randomized:
+                params["sampled_reads"] = sampled_reads_plan(graph, store)
         self.evaluated = [h["fit"] for h in self.history if h.get("fit_evaluated", True)]
         self.empty_seen: dict[int, int] = {}
         # bytes read from the store per iteration (for monitoring): a streaming pass reads every
@@ -200,6 +203,8 @@ class CPIterations:
         check_model(iteration + 1, self.fit, self.weights, norm_model2, self.normX2)
         N, stored = store.nmodes, self.stored
         read = stored * N if self.streamed else (stored if iteration == self.start_at else 0)
+        if self.randomized and self.streamed:  # the sampled reads, and the fit's exact pass
+            read = sum(r.get("bytes_read", 0) for r in sm.reads.values()) + (stored if evaluate else 0)
         record = iteration_record(
             iteration,
             t_iter,

@@ -201,6 +201,26 @@ def randomized_step(
     )
 
 
+def sampled_reads_plan(graph: MTTKRPGraph, store: Any) -> dict[str, str]:
+    """Per mode, how the sampled rounds find their fibers (logged; the run's params keep it):
+    through the store's fiber index, each in-memory partition's index, or a scan of every nonzero."""
+    plan = graph.sampled_reads()
+    scans = [m for m, how in plan.items() if how == "scan"]
+    log.info(
+        "sampled rounds: %s",
+        ", ".join(f"mode {m} {how}" for m, how in plan.items()),
+        extra={"sampled_reads": plan},
+    )
+    if scans:
+        log.info(
+            "modes %s scan every nonzero of the store each round; a fiber index makes them read only the "
+            "sampled fibers: tfooc fiber-index %s",
+            ",".join(scans),
+            getattr(store, "path", "STORE"),
+        )
+    return plan
+
+
 def model_norm_sq(sm: U.Summary) -> float:
     """||M||^2 = w^T (*_n A_n^T A_n) w, from the weights and the Grams alone."""
     rank = len(sm.weights)
@@ -259,6 +279,10 @@ def iteration_record(
         # mttkrp_seconds are the sampled MTTKRPs; fit_seconds the exact one of the fit
         record["sampling_seconds"] = sampling_s
         record["fit_seconds"] = sm.fit_seconds  # 0 unless this iteration evaluated the fit
+        record["round_seconds"] = max(0.0, seconds - sm.fit_seconds)  # the round without the fit's pass
+        # per mode what the sampled MTTKRP read, beside the store's totals
+        record["reads"] = {str(n): dict(sm.reads.get(n) or {}) for n in range(N)}
+        record["store_nnz"] = nnz
         kept = [n for n in range(N) if sm.empty_sketches.get(n, 0) > empty_seen.get(n, 0)]
         empty_seen.clear()
         empty_seen.update(sm.empty_sketches)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 from threadpoolctl import ThreadpoolController
 
-from ...execution.partials import Partial, to_host
+from ...execution.partials import Partial, merged_reads, to_host
 from ...kernels import StackedFactors
 from ...kernels.factors import aligned_copy
 from ...kernels.sampling.krp_sampler import build_tree
@@ -55,6 +55,7 @@ class CPState(StackedFactors):
         self.finished: dict[int, float] = {}
         self.timings: dict[int, tuple[float, float]] = {}  # mode -> (MTTKRP seconds, update seconds)
         self.sampling: dict[int, float] = {}  # mode -> seconds drawing its samples
+        self.reads: dict[int, dict] = {}  # mode -> what its sampled MTTKRP read (Partial.reads)
         self.fit_seconds = 0.0  # randomized CP: the exact MTTKRP run for the last fit evaluation
         # randomized CP: per mode, how often its update was skipped (no sampled fiber had a nonzero)
         self.empty_sketches: dict[int, int] = {}
@@ -145,6 +146,9 @@ def update_mode(
     out.sampling = (
         {**state.sampling, mode: getattr(sketch, "seconds", 0.0)} if sketch is not None else dict(state.sampling)
     )
+    out.reads = dict(state.reads)
+    if sketch is not None:
+        out.reads[mode] = merged_reads(*(p.reads for p in parts)) or {}
     out.fit_seconds = max((p.seconds for p in exact), default=0.0) if (sketch is not None and exact) else 0.0
     return out
 
@@ -385,6 +389,7 @@ class Summary:
     sampling: dict[int, float]
     fit_seconds: float
     empty_sketches: dict[int, int]
+    reads: dict[int, dict] = field(default_factory=dict)
 
 
 def summary(state: CPState) -> Summary:
@@ -397,6 +402,7 @@ def summary(state: CPState) -> Summary:
         dict(state.sampling),
         state.fit_seconds,
         dict(state.empty_sketches),
+        dict(state.reads),
     )
 
 
@@ -423,7 +429,7 @@ def _with_arrays(state: CPState, data: Any, grams: list) -> CPState:
         dict(state.finished),
         dict(state.timings),
     )
-    out.sampling, out.trees = dict(state.sampling), state.trees
+    out.sampling, out.trees, out.reads = dict(state.sampling), state.trees, dict(state.reads)
     out.fit_seconds, out.empty_sketches = state.fit_seconds, state.empty_sketches
     return out
 

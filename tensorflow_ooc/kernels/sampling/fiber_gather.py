@@ -39,7 +39,8 @@ import numpy as np
 
 from ...format import BitLayout
 from ...format.bits import pext
-from ...format.radix_sort import sort_keys
+from ...format.fiber_keys import exact_keys, key_strides, sample_keys
+from ...format.radix_sort import stable_key_order
 from ..mttkrp.plan import WorkItems
 from ..prefetch import prefetch_row
 
@@ -56,33 +57,6 @@ _PART_MATCHES = 1 << 16
 # the parts' row cuts are counted over about this many samples' matches: counting all of them is
 # a sequential pass over every match, and a subset balances the parts as well (docs/KERNELS.md)
 _CUT_SAMPLES = 1 << 12
-
-
-def key_strides(shape: tuple[int, ...], mode: int) -> np.ndarray:
-    """uint64 (N,) strides of the mixed-radix key over the modes other than ``mode`` (0 for it);
-    products wrap modulo 2^64 where the key space is larger."""
-    strides = np.zeros(len(shape), dtype=np.uint64)
-    s = 1
-    for m in range(len(shape) - 1, -1, -1):
-        if m != mode:
-            strides[m] = np.uint64(s % 2**64)
-            s *= int(shape[m])
-    return strides
-
-
-def exact_keys(shape: tuple[int, ...], mode: int) -> bool:
-    """Whether mode ``mode``'s keys are exact (the other modes' index space fits in 63 bits)."""
-    p = 1
-    for m, s in enumerate(shape):
-        if m != mode:
-            p *= int(s)
-    return p < 2**63
-
-
-def sample_keys(coords: np.ndarray, shape: tuple[int, ...], mode: int) -> np.ndarray:
-    """uint64 keys of sampled multi-indices ``coords`` (S, N); column ``mode`` is ignored."""
-    strides = key_strides(shape, mode)
-    return (np.asarray(coords, dtype=np.int64).astype(np.uint64) * strides[None, :]).sum(axis=1, dtype=np.uint64)
 
 
 @dataclass
@@ -496,48 +470,6 @@ class FiberIndex:
         return cls(mode, keys, rows, vals, np.ascontiguousarray(keys[::FENCE]))
 
 
-def stable_key_order(keys: np.ndarray, key_space: int) -> tuple[np.ndarray, np.ndarray]:
-    """``np.argsort(keys, kind="stable")`` for uint64 ``keys`` below ``key_space``, and the keys in
-    that order.
-
-    Where a key and a position fit in 64 bits together, each key is joined with its position
-    below it and the joined words sorted by value: the words are distinct, so their order is the
-    stable order of the keys. They are sorted by the store's parallel radix sort
-    (:func:`~tensorflow_ooc.format.radix_sort.sort_keys`, in the words' buffer, with 16 bytes a word
-    of scratch: the index's build still peaks at about 56 bytes a nonzero, in the gather after it).
-    Joined words of 3.3 M keys of 24 bits, 2 threads: 0.03 s against 0.195 s for numpy's sort,
-    20 M of 30 bits 0.20 s against 1.59 s (numpy's stable argsort of 20 M nell2-shaped keys took
-    2.6 s)."""
-    n = keys.shape[0]
-    pbits = max(1, (n - 1).bit_length())
-    total_bits = (max(1, key_space) - 1).bit_length() + pbits
-    if total_bits > 64:
-        order = np.argsort(keys, kind="stable")
-        return order, keys[order]
-    joined = _join_positions(keys, pbits)
-    joined = sort_keys(joined[None, :], total_bits)[0]
-    return _split_positions(joined, pbits)
-
-
-@nb.njit(parallel=True, nogil=True, cache=True)
-def _join_positions(keys, pbits):
-    out = np.empty(keys.shape[0], dtype=np.uint64)
-    for i in nb.prange(keys.shape[0]):
-        out[i] = (keys[i] << np.uint64(pbits)) | np.uint64(i)
-    return out
-
-
-@nb.njit(parallel=True, nogil=True, cache=True)
-def _split_positions(joined, pbits):
-    order = np.empty(joined.shape[0], dtype=np.int64)
-    keys = np.empty(joined.shape[0], dtype=np.uint64)
-    mask = np.uint64((1 << pbits) - 1)
-    for i in nb.prange(joined.shape[0]):
-        order[i] = np.int64(joined[i] & mask)
-        keys[i] = joined[i] >> np.uint64(pbits)
-    return order, keys
-
-
 @nb.njit(parallel=True, nogil=True, cache=True)
 def _gather_pair(a, b, order):
     """``a[:] = a[order]; b[:] = b[order]`` (one parallel pass, through copies)."""
@@ -582,7 +514,7 @@ def sampled_mttkrp_items(
     if index is not None:
         if index.mode != mode:
             raise ValueError(f"the fiber index is for mode {index.mode}, not {mode}")
-        _index_gather(index, sample_keys(coords, layout.shape, mode), Hw, out, out_lo)
+        index_gather(index, sample_keys(coords, layout.shape, mode), Hw, out, out_lo)
         return
     if table is None:
         table = SampleTable.build(sample_keys(coords, layout.shape, mode))
@@ -620,17 +552,36 @@ def _asked_rows(rows_of: Callable[[np.ndarray], np.ndarray], used: np.ndarray, o
     return Hw
 
 
-def _index_gather(
+def run_rows(index: FiberIndex, first: np.ndarray, offsets: np.ndarray) -> tuple[int, int]:
+    """The smallest and largest row of the runs (``first``, ``offsets`` of :meth:`FiberIndex.ranges`);
+    (0, -1) when every run is empty."""
+    return _run_rows(index.rows, first, offsets)
+
+
+@nb.njit(nogil=True, cache=True)
+def _run_rows(rows, first, offsets):
+    lo, hi = np.int64(np.iinfo(np.int64).max), np.int64(-1)
+    for s in range(first.shape[0]):
+        for e in range(offsets[s + 1] - offsets[s]):
+            r = rows[first[s] + e]
+            lo = min(lo, r)
+            hi = max(hi, r)
+    return (0, -1) if hi < 0 else (lo, hi)
+
+
+def index_gather(
     index: FiberIndex,
     skeys: np.ndarray,
     Hw: np.ndarray | Callable[[np.ndarray], np.ndarray],
     out: np.ndarray,
     out_lo: int,
+    runs: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> None:
     """The index path of :func:`sampled_mttkrp_items`: each sample's fiber found by its key
     ``skeys[s]`` and added in (:func:`_scatter_runs`); a callable ``Hw`` is asked for the rows of
-    the samples whose fibers hold nonzeros only."""
-    offsets, first = index.ranges(skeys)
+    the samples whose fibers hold nonzeros only. ``runs``: the keys' ``(offsets, first)`` from
+    :meth:`FiberIndex.ranges` where the caller has them."""
+    offsets, first = index.ranges(skeys) if runs is None else runs
     if callable(Hw):
         used = np.flatnonzero(offsets[1:] > offsets[:-1])
         Hw = _asked_rows(Hw, used, out)

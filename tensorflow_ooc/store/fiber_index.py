@@ -1,0 +1,521 @@
+"""The fiber index of a store: per mode, its nonzeros ordered by fiber, so a sampled round reads
+only the chunks that hold the sampled fibers.
+
+A mode-``m`` fiber is the set of nonzeros sharing every index but the mode-``m`` one; its *key* is
+the mixed-radix number of those other indices (:func:`~tensorflow_ooc.format.fiber_keys.key_strides`).
+Under the store's ``fibers`` group, per indexed mode ``m`` (docs/FORMAT.md, "Fiber index"):
+
+- ``m{m}/key`` uint64 (nnz,): the keys, sorted (nonzeros of one fiber in store order); Delta +
+  the profile's Blosc + CRC32C, as the ALTO index;
+- ``m{m}/row`` uint32 (uint64 past 2^32 rows): each nonzero's mode-``m`` index;
+- ``m{m}/value``: its value, coded as the store's values;
+- ``m{m}/first`` uint64 (nchunks,): each chunk's first key, the small table that finds the chunks
+  of a fiber (one binary search; a fiber longer than a chunk spans neighbours);
+- ``m{m}/crc`` int64 (3, nchunks): the CRC32C each chunk of key, row and value ended with, by
+  position, so moved or swapped chunks are refused as the store's own are.
+
+The group's metadata binds the index to the store: the store's id and metadata checksum, and per
+mode the checksums of its arrays' Zarr metadata and of its tables. An index built for another
+store, or edited, is refused at open; a store without one (or without a mode) is unchanged: the
+sampled rounds then scan the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import zarr
+
+from ..errors import CorruptStoreError
+from ..format.fiber_keys import exact_keys
+from . import chunk_cache, paths
+from .chunk_files import ABSENT, ChunkDecodeError, ChunkFiles
+from .codecs import IndexCodecs, TableCodecs, ValueCodecs, quiet_numcodecs, value_padding
+from .metadata import CHECKSUM_KEY
+from .writer import DirectChunkWriter
+
+if TYPE_CHECKING:
+    from .reader import Store
+
+GROUP = "fibers"
+INDEX_KEY = "fiber_index"
+INDEX_VERSION = 1
+#: nonzeros per chunk of an index: a sampled fiber costs the read of its chunk, so chunks are
+#: small (docs/FORMAT.md, "Fiber index", has the measurements that chose it)
+DEFAULT_FIBER_CHUNK_NNZ = 4096
+ARRAYS = ("key", "row", "value")
+
+
+def _sha(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def _body_checksum(meta: dict) -> str:
+    body = {k: v for k, v in meta.items() if k != CHECKSUM_KEY}
+    return _sha(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False))
+
+
+def _arrays_checksum(group) -> str:
+    """SHA-256 over the Zarr metadata of a mode's arrays (codecs, dtypes, shapes, chunk grids)."""
+    body = {}
+    for name in (*ARRAYS, "first", "crc"):
+        d = dict(group[name].metadata.to_dict())
+        d.pop("attributes", None)
+        body[name] = d
+    return _sha(json.dumps(body, sort_keys=True, separators=(",", ":"), default=str))
+
+
+def _tables_checksum(first: np.ndarray, crc: np.ndarray) -> str:
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(first, dtype="<u8").tobytes())
+    h.update(np.ascontiguousarray(crc, dtype="<i8").tobytes())
+    return "sha256:" + h.hexdigest()
+
+
+def row_dtype(length: int) -> np.dtype:
+    """The dtype of a mode's ``row`` array: uint32 where its indices fit."""
+    return np.dtype(np.uint32 if length <= 2**32 else np.uint64)
+
+
+@dataclass
+class Gathered:
+    """The index entries of some chunks of one mode, in key order: what a sampled round reads.
+
+    ``keys`` uint64, ``rows`` int64 and ``values`` (n,), with the bytes and chunks read."""
+
+    keys: np.ndarray
+    rows: np.ndarray
+    values: np.ndarray
+    bytes_read: int
+    chunks_read: int
+
+
+class ModeIndex:
+    """One mode's fiber index, opened: its small tables in memory, its chunks read on demand."""
+
+    def __init__(self, store: Store, mode: int, group, meta: dict) -> None:
+        self.store = store
+        self.mode = mode
+        self.group = group
+        self.meta = meta
+        self.nnz = int(meta["nnz"])
+        self.chunk_nnz = int(meta["chunk_nnz"])
+        self.nchunks = int(meta["nchunks"])
+        self.first: np.ndarray = group["first"][...] if self.nchunks else np.zeros(0, np.uint64)
+        self.crc: np.ndarray = group["crc"][...] if self.nchunks else np.zeros((3, 0), np.int64)
+
+    def check(self) -> None:
+        """Refuse arrays or tables that are not the ones the index was built with."""
+        where = f"fiber index of mode {self.mode}"
+        if _arrays_checksum(self.group) != self.meta["arrays_checksum"]:
+            raise CorruptStoreError(
+                f"{self.store.path}: {where}: the Zarr metadata of its arrays was changed after it was built; "
+                f"build it again (tfooc fiber-index --overwrite)"
+            )
+        if self.first.shape != (self.nchunks,) or self.crc.shape != (3, self.nchunks):
+            raise CorruptStoreError(f"{self.store.path}: {where}: its chunk tables do not have {self.nchunks} chunks")
+        if _tables_checksum(self.first, self.crc) != self.meta["tables_checksum"]:
+            raise CorruptStoreError(
+                f"{self.store.path}: {where}: its chunk tables were edited after it was built; build it again"
+            )
+        if self.nchunks and np.any(self.first[1:] < self.first[:-1]):
+            raise CorruptStoreError(f"{self.store.path}: {where}: its chunk table is not sorted")
+
+    @cached_property
+    def _files(self) -> tuple[ChunkFiles, ...]:
+        store_id = self.store.meta.get("store_id")
+        cache = chunk_cache.default_cache() if store_id and chunk_cache.wants_cache(self.group.store) else None
+        return tuple(
+            ChunkFiles(self.group[name], cache, (str(store_id), f"{GROUP}/m{self.mode}/{name}"), self.crc[k])
+            for k, name in enumerate(ARRAYS)
+        )
+
+    @property
+    def row_dtype(self) -> np.dtype:
+        return np.dtype(self.meta["row_dtype"])
+
+    def chunks_of(self, keys: np.ndarray) -> np.ndarray:
+        """The sorted distinct chunks that may hold the fibers of ``keys`` (uint64, any order): for
+        each key, the chunk its run starts in through the chunk its run ends in."""
+        if self.nchunks == 0 or keys.shape[0] == 0:
+            return np.zeros(0, dtype=np.int64)
+        keys = np.unique(np.asarray(keys, dtype=np.uint64))
+        lo = np.maximum(np.searchsorted(self.first, keys, side="left") - 1, 0)
+        hi = np.maximum(np.searchsorted(self.first, keys, side="right") - 1, 0)
+        if np.array_equal(lo, hi):
+            return np.unique(lo)
+        span = hi - lo + 1
+        starts = np.repeat(lo - np.cumsum(np.concatenate([[0], span[:-1]])), span)
+        return np.unique(starts + np.arange(int(span.sum())))
+
+    def chunk_bytes(self, chunks: np.ndarray) -> int:
+        """Stored bytes of ``chunks`` (of the three arrays): what reading them costs."""
+        return sum(self._stored(k, int(c)) for c in chunks for k in range(3))
+
+    def _stored(self, k: int, c: int) -> int:
+        return self._sizes[k][c]
+
+    @cached_property
+    def _sizes(self) -> list[np.ndarray]:
+        return [np.asarray(self.meta["chunk_bytes"][name], dtype=np.int64) for name in ARRAYS]
+
+    def read(self, chunks: np.ndarray, threads: int = 1) -> Gathered:
+        """The entries of ``chunks`` (sorted chunk ids), concatenated in key order; every chunk's
+        CRC32C and position checked."""
+        chunks = np.asarray(chunks, dtype=np.int64)
+        n = self.nnz
+        sizes = np.minimum(n, (chunks + 1) * self.chunk_nnz) - chunks * self.chunk_nnz
+        total = int(sizes.sum())
+        keys = np.empty(total, dtype=np.uint64)
+        rows = np.empty(total, dtype=np.int64)
+        values = np.empty(total, dtype=self.store.value_dtype)
+        kbuf = np.empty(self.chunk_nnz, dtype=np.uint64)
+        rbuf = np.empty(self.chunk_nnz, dtype=self.row_dtype)
+        vbuf = np.empty(self.chunk_nnz, dtype=self.store.value_dtype)
+        files = self._files
+        for f in files:
+            f.prefetch(chunks.tolist())
+        at = 0
+        nbytes = 0
+        for c, size in zip(chunks.tolist(), sizes.tolist()):
+            got = []
+            for k, (f, buf) in enumerate(zip(files, (kbuf, rbuf, vbuf))):
+                try:
+                    r = f.read(c, buf)
+                except ChunkDecodeError as exc:
+                    raise CorruptStoreError(f"{self.store.path}: fiber index of mode {self.mode}: {exc}") from exc
+                self._check_position(k, c, r.checksum)
+                got.append(r)
+                nbytes += self._sizes[k][c]
+            kr, rr, vr = got
+            if kr.data.shape[0] != size or rr.data.shape[0] != size or vr.data.shape[0] != size:
+                raise CorruptStoreError(f"{self.store.path}: fiber index of mode {self.mode}: chunk {c} is short")
+            if kr.is_delta:
+                np.cumsum(kr.data, dtype=np.uint64, out=keys[at : at + size])
+            else:
+                keys[at : at + size] = kr.data
+            rows[at : at + size] = rr.data
+            values[at : at + size] = vr.data
+            at += size
+        self._check_entries(chunks, keys, rows)
+        return Gathered(keys, rows, values, nbytes, int(chunks.shape[0]))
+
+    def _check_position(self, k: int, c: int, got: int | None) -> None:
+        want = int(self.crc[k, c])
+        if got is None or got == want:
+            return
+        name = ARRAYS[k]
+        if got == ABSENT:
+            raise CorruptStoreError(f"{self.store.path}: fiber index of mode {self.mode}: chunk {c} of '{name}' is missing")
+        raise CorruptStoreError(
+            f"{self.store.path}: fiber index of mode {self.mode}: chunk {c} of '{name}' does not belong at this "
+            f"position (checksum {got:#010x}, recorded {want:#010x}); build the index again"
+        )
+
+    def _check_entries(self, chunks: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> None:
+        """What the kernels index with is checked here: rows inside the mode, keys sorted and
+        starting at each chunk's recorded first key, inside the key space."""
+        if keys.shape[0] == 0:
+            return
+        length = self.store.shape[self.mode]
+        if int(rows.min()) < 0 or int(rows.max()) >= length:
+            raise CorruptStoreError(
+                f"{self.store.path}: fiber index of mode {self.mode}: a row index outside 0..{length - 1}"
+            )
+        starts = np.cumsum(
+            np.concatenate([[0], np.minimum(self.nnz, (chunks[:-1] + 1) * self.chunk_nnz) - chunks[:-1] * self.chunk_nnz])
+        )
+        if not np.array_equal(keys[starts], self.first[chunks]) or np.any(keys[1:] < keys[:-1]):
+            raise CorruptStoreError(
+                f"{self.store.path}: fiber index of mode {self.mode}: chunk keys do not match the chunk table"
+            )
+        if int(keys[-1]) >= int(self.meta["key_space"]):
+            raise CorruptStoreError(f"{self.store.path}: fiber index of mode {self.mode}: a key beyond the key space")
+
+    def stored_bytes(self) -> int:
+        return int(sum(int(np.sum(s)) for s in self._sizes))
+
+
+class FiberIndex:
+    """A store's fiber index: the modes it holds (see :func:`open_fiber_index`)."""
+
+    def __init__(self, store: Store, meta: dict, group) -> None:
+        self.store = store
+        self.meta = meta
+        self.group = group
+        self._modes: dict[int, ModeIndex] = {}
+
+    @property
+    def modes(self) -> list[int]:
+        return sorted(int(m) for m in self.meta["modes"])
+
+    def mode(self, mode: int) -> ModeIndex | None:
+        """Mode ``mode``'s index, opened and checked on first use; None where it has none."""
+        if str(mode) not in self.meta["modes"]:
+            return None
+        if mode not in self._modes:
+            try:
+                with quiet_numcodecs():  # the key array's Delta filter
+                    idx = ModeIndex(self.store, mode, self.group[f"m{mode}"], self.meta["modes"][str(mode)])
+                    idx.check()
+                    idx._files  # noqa: B018 - its arrays opened here, inside the quiet block
+            except KeyError as exc:
+                raise CorruptStoreError(
+                    f"{self.store.path}: fiber index of mode {mode}: array {exc} is missing; build it again"
+                ) from exc
+            self._modes[mode] = idx
+        return self._modes[mode]
+
+    def describe(self) -> dict:
+        """Per mode, for ``tfooc info``: chunks, bytes and bytes per nonzero."""
+        out = {}
+        for m in self.modes:
+            mm = self.meta["modes"][str(m)]
+            nbytes = int(sum(sum(v) for v in mm["chunk_bytes"].values()))
+            out[str(m)] = {
+                "nnz": mm["nnz"],
+                "chunks": mm["nchunks"],
+                "chunk_nnz": mm["chunk_nnz"],
+                "bytes": nbytes,
+                "bytes_per_nnz": nbytes / max(1, mm["nnz"]),
+                "build_seconds": mm.get("build_seconds"),
+            }
+        return out
+
+
+def open_fiber_index(store: Store) -> FiberIndex | None:
+    """The fiber index of ``store``, its binding checked; None where it has none.
+
+    Raises :class:`~tensorflow_ooc.errors.CorruptStoreError` for an index that another store wrote,
+    or whose metadata was edited."""
+    if GROUP not in store.root:
+        return None
+    group = store.root[GROUP]
+    meta = dict(group.attrs).get(INDEX_KEY)
+    if not isinstance(meta, dict) or not meta.get("modes"):
+        return None
+    where = f"{store.path}: fiber index"
+    if meta.get(CHECKSUM_KEY) != _body_checksum(meta):
+        raise CorruptStoreError(f"{where}: its metadata was edited after it was built; build it again")
+    if meta.get("version") != INDEX_VERSION:
+        raise CorruptStoreError(f"{where}: version {meta.get('version')!r} is not supported (this build reads 1)")
+    if meta.get("store_id") != store.meta.get("store_id") or meta.get("store_checksum") != store.meta.get(CHECKSUM_KEY):
+        raise CorruptStoreError(
+            f"{where}: it was built for another store (or before this store's metadata changed); build it again "
+            f"(tfooc fiber-index --overwrite)"
+        )
+    return FiberIndex(store, meta, group)
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+
+class ModeIndexWriter:
+    """Writes one mode's index from entries appended in key order, chunk by chunk, into a staging
+    group; :func:`publish_modes` moves finished modes into the store and records them."""
+
+    def __init__(self, store: Store, mode: int, chunk_nnz: int = DEFAULT_FIBER_CHUNK_NNZ) -> None:
+        if not exact_keys(store.shape, mode):
+            raise ValueError(
+                f"mode {mode}: the other modes' index space ({math.prod(s for m, s in enumerate(store.shape) if m != mode):,} "
+                "cells) exceeds 2^63, so its fibers have no exact key; that mode cannot be indexed"
+            )
+        if chunk_nnz < 1:
+            raise ValueError(f"chunk_nnz must be >= 1, got {chunk_nnz}")
+        self.store = store
+        self.mode = mode
+        self.chunk_nnz = int(chunk_nnz)
+        self.t0 = time.perf_counter()
+        compression = store.meta.get("compression", "small")
+        self.row_dtype = row_dtype(store.shape[mode])
+        self.remote = paths.is_url(store.path)
+        base = store.path.rstrip("/")
+        if self.remote:
+            self.staging = f"{base}/{GROUP}/m{mode}"
+            paths.remove(self.staging)
+        else:
+            parent = Path(base).parent
+            self.staging = str(parent / f".{Path(base).name}.{GROUP}-m{mode}.staging-{uuid.uuid4().hex[:8]}")
+        self.group = zarr.open_group(self.staging, mode="w", zarr_format=3, **paths.read_options(self.staging))
+        n = max(1, store.nnz)
+        opts = {"shape": (n,), "chunks": (self.chunk_nnz,), "fill_value": 0}
+        with quiet_numcodecs():
+            self.arrays = {
+                "key": self.group.create_array(
+                    "key", dtype=np.uint64, **opts, **IndexCodecs(compression, "delta64").array_options()
+                ),
+                "row": self.group.create_array(
+                    "row", dtype=self.row_dtype, **opts, **ValueCodecs(self.row_dtype, compression).array_options()
+                ),
+            }
+        self._value_codecs = None
+        self._value_opts = (compression, opts)
+        self.pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.pending_n = 0
+        self.written = 0
+        self.first: list[int] = []
+        self.last_key = -1
+        self._direct: dict = {}
+
+    def _values_array(self, sample: np.ndarray):
+        if "value" not in self.arrays:
+            compression, opts = self._value_opts
+            dtype = self.store.value_dtype
+            padding = value_padding(self.store.nnz, self.chunk_nnz)
+            codecs = ValueCodecs.for_sample(dtype, compression, sample, padding)
+            self.arrays["value"] = self.group.create_array("value", dtype=dtype, **opts, **codecs.array_options())
+        return self.arrays["value"]
+
+    def append(self, keys: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+        """Entries following every entry appended so far in key order."""
+        if keys.shape[0] == 0:
+            return
+        if int(keys[0]) < self.last_key:
+            raise ValueError("fiber index entries must be appended in key order")
+        self.last_key = int(keys[-1])
+        self.pending.append((keys, rows, values))
+        self.pending_n += keys.shape[0]
+        if self.pending_n >= self.chunk_nnz:
+            self._flush(final=False)
+
+    def _flush(self, final: bool) -> None:
+        if not self.pending:
+            return
+        keys = np.concatenate([p[0] for p in self.pending])
+        rows = np.concatenate([p[1] for p in self.pending])
+        values = np.concatenate([p[2] for p in self.pending])
+        take = keys.shape[0] if final else keys.shape[0] // self.chunk_nnz * self.chunk_nnz
+        if take:
+            stop = self.written + take
+            self._values_array(values[: self.chunk_nnz])
+            self._write("key", keys[:take])
+            self._write("row", rows[:take].astype(self.row_dtype))
+            self._write("value", values[:take].astype(self.store.value_dtype))
+            self.first.extend(int(k) for k in keys[:take:self.chunk_nnz])
+            self.written = stop
+        rest = keys.shape[0] - take
+        self.pending = [(keys[take:], rows[take:], values[take:])] if rest else []
+        self.pending_n = rest
+
+    def _write(self, name: str, data: np.ndarray) -> None:
+        """Entries ``written ..`` of array ``name``: whole chunks, the last padded with zeros as
+        Zarr pads it (local stores write the chunk files directly, as the store writer does)."""
+        arr = self.arrays[name]
+        if name not in self._direct:
+            self._direct[name] = DirectChunkWriter.for_array(arr)
+        direct = self._direct[name]
+        if direct is None:
+            with quiet_numcodecs():
+                arr[self.written : self.written + data.shape[0]] = data
+            return
+        c0 = self.written // self.chunk_nnz
+        for k in range(-(-data.shape[0] // self.chunk_nnz)):
+            part = data[k * self.chunk_nnz : (k + 1) * self.chunk_nnz]
+            if part.shape[0] < self.chunk_nnz:
+                part = np.concatenate([part, np.zeros(self.chunk_nnz - part.shape[0], dtype=part.dtype)])
+            direct.write(c0 + k, part)
+
+    def finish(self) -> dict:
+        """Write what is pending and the chunk tables; the mode's metadata for :func:`publish_modes`."""
+        self._flush(final=True)
+        if self.written != self.store.nnz:
+            raise RuntimeError(
+                f"fiber index of mode {self.mode}: {self.written:,} entries written for {self.store.nnz:,} nonzeros"
+            )
+        nchunks = len(self.first)
+        self._values_array(np.zeros(1, self.store.value_dtype))
+        crc = np.zeros((3, nchunks), dtype=np.int64)
+        sizes = {}
+        for k, name in enumerate(ARRAYS):
+            files = ChunkFiles(self.arrays[name])
+            crc[k] = [files.stored_checksum(c) for c in range(nchunks)]
+            sizes[name] = [self._chunk_size(name, c) for c in range(nchunks)]
+        first = np.asarray(self.first, dtype=np.uint64)
+        for name, arr in (("first", first), ("crc", crc)):
+            a = self.group.create_array(
+                name,
+                shape=arr.shape,
+                chunks=tuple(max(1, s) for s in arr.shape),
+                dtype=arr.dtype,
+                fill_value=0,
+                **TableCodecs().array_options(),
+            )
+            if arr.size:
+                a[...] = arr
+        with quiet_numcodecs():
+            arrays_sum = _arrays_checksum(self.group)
+        return {
+            "nnz": self.written,
+            "chunk_nnz": self.chunk_nnz,
+            "nchunks": nchunks,
+            "row_dtype": self.row_dtype.str,
+            "key_space": math.prod(s for m, s in enumerate(self.store.shape) if m != self.mode),
+            "arrays_checksum": arrays_sum,
+            "tables_checksum": _tables_checksum(first, crc),
+            "chunk_bytes": sizes,
+            "build_seconds": time.perf_counter() - self.t0,
+        }
+
+    def _chunk_size(self, name: str, c: int) -> int:
+        arr = self.arrays[name]
+        key = arr.metadata.chunk_key_encoding.encode_chunk_key((c,))
+        full = f"{self.staging.rstrip('/')}/{name}/{key}"
+        if self.remote:
+            import fsspec
+
+            fs, p = fsspec.core.url_to_fs(full)
+            return int(fs.size(p)) if fs.exists(p) else 0
+        try:
+            return Path(full).stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def abort(self) -> None:
+        """Remove the staging group (the store's published index is untouched; remote: the mode)."""
+        paths.remove(self.staging)
+
+
+def publish_modes(store: Store, written: dict[int, tuple[ModeIndexWriter, dict]]) -> None:
+    """Move finished modes into the store's ``fibers`` group and record them in its metadata (the
+    last write: until then readers see the index as it was, less the replaced modes)."""
+    base = store.path.rstrip("/")
+    group_path = f"{base}/{GROUP}"
+    opts = paths.read_options(group_path)
+    if GROUP in store.root:
+        meta = dict(dict(zarr.open_group(group_path, mode="r", **opts).attrs).get(INDEX_KEY) or {})
+    else:
+        meta = {}
+    modes = dict(meta.get("modes") or {}) if meta.get("store_id") == store.meta.get("store_id") else {}
+    group = zarr.open_group(group_path, mode="a", zarr_format=3, **opts)
+    for m in written:
+        modes.pop(str(m), None)
+    group.attrs.put({INDEX_KEY: _with_checksum(store, modes)})  # replaced modes leave first
+    for m, (w, mode_meta) in written.items():
+        if not w.remote:
+            final = Path(group_path) / f"m{m}"
+            if final.exists():
+                shutil.rmtree(final)  # this package's own index of the mode, replaced
+            Path(w.staging).rename(final)
+        modes[str(m)] = mode_meta
+    group.attrs.put({INDEX_KEY: _with_checksum(store, modes)})
+
+
+def _with_checksum(store: Store, modes: dict) -> dict:
+    meta = {
+        "version": INDEX_VERSION,
+        "store_id": store.meta.get("store_id"),
+        "store_checksum": store.meta.get(CHECKSUM_KEY),
+        "modes": modes,
+    }
+    meta[CHECKSUM_KEY] = _body_checksum(meta)
+    return meta
