@@ -37,7 +37,9 @@ def share_keys(keys: np.ndarray, share: tuple[int, int]) -> np.ndarray:
     return np.flatnonzero(keep)
 
 
-def indexed_sampled_partial(path: str, samples: Any, mode: int, threads: int = 1, share: tuple[int, int] = (0, 1)) -> Partial:
+def indexed_sampled_partial(
+    path: str, samples: Any, mode: int, threads: int = 1, share: tuple[int, int] = (0, 1)
+) -> Partial:
     """Mode-``mode`` sampled MTTKRP of the ``samples`` (a
     :class:`~tensorflow_ooc.kernels.sampling.krp_sampler.SampleSet`) in share ``share`` (k of K)
     of their keys, from the fiber index of the store at ``path``. Its ``reads`` say what the

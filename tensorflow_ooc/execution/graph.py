@@ -27,6 +27,7 @@ from distributed import Client, Future, wait
 
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..store import Store
+from .fiber_reads import indexed_sampled_partial
 from .inline import is_inline
 from .memory_plan import MemoryPlan, MemoryPlanError, candidates, choose
 from .output_buffers import release_outputs
@@ -39,7 +40,6 @@ from .task_graph import (
     fits_in_memory,
     tree_reduce,
 )
-from .fiber_reads import indexed_sampled_partial
 from .tasks import combine, load_partition, mttkrp_partition, row_slice, sampled_partition
 
 log = logging.getLogger(__name__)

@@ -216,7 +216,9 @@ class ModeIndex:
             return
         name = ARRAYS[k]
         if got == ABSENT:
-            raise CorruptStoreError(f"{self.store.path}: fiber index of mode {self.mode}: chunk {c} of '{name}' is missing")
+            raise CorruptStoreError(
+                f"{self.store.path}: fiber index of mode {self.mode}: chunk {c} of '{name}' is missing"
+            )
         raise CorruptStoreError(
             f"{self.store.path}: fiber index of mode {self.mode}: chunk {c} of '{name}' does not belong at this "
             f"position (checksum {got:#010x}, recorded {want:#010x}); build the index again"
@@ -233,7 +235,9 @@ class ModeIndex:
                 f"{self.store.path}: fiber index of mode {self.mode}: a row index outside 0..{length - 1}"
             )
         starts = np.cumsum(
-            np.concatenate([[0], np.minimum(self.nnz, (chunks[:-1] + 1) * self.chunk_nnz) - chunks[:-1] * self.chunk_nnz])
+            np.concatenate(
+                [[0], np.minimum(self.nnz, (chunks[:-1] + 1) * self.chunk_nnz) - chunks[:-1] * self.chunk_nnz]
+            )
         )
         if not np.array_equal(keys[starts], self.first[chunks]) or np.any(keys[1:] < keys[:-1]):
             raise CorruptStoreError(
@@ -326,9 +330,10 @@ class ModeIndexWriter:
 
     def __init__(self, store: Store, mode: int, chunk_nnz: int = DEFAULT_FIBER_CHUNK_NNZ) -> None:
         if not exact_keys(store.shape, mode):
+            cells = math.prod(s for m, s in enumerate(store.shape) if m != mode)
             raise ValueError(
-                f"mode {mode}: the other modes' index space ({math.prod(s for m, s in enumerate(store.shape) if m != mode):,} "
-                "cells) exceeds 2^63, so its fibers have no exact key; that mode cannot be indexed"
+                f"mode {mode}: the other modes' index space ({cells:,} cells) exceeds 2^63, so its fibers "
+                "have no exact key; that mode cannot be indexed"
             )
         if chunk_nnz < 1:
             raise ValueError(f"chunk_nnz must be >= 1, got {chunk_nnz}")
@@ -401,7 +406,7 @@ class ModeIndexWriter:
             self._write("key", keys[:take])
             self._write("row", rows[:take].astype(self.row_dtype))
             self._write("value", values[:take].astype(self.store.value_dtype))
-            self.first.extend(int(k) for k in keys[:take:self.chunk_nnz])
+            self.first.extend(int(k) for k in keys[: take : self.chunk_nnz])
             self.written = stop
         rest = keys.shape[0] - take
         self.pending = [(keys[take:], rows[take:], values[take:])] if rest else []

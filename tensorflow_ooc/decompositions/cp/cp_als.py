@@ -31,9 +31,9 @@ from .cp_steps import (
     check_nonnegative_init,
     initial_state,
     iteration_record,
-    sampled_reads_plan,
     model_fit,
     model_norm_sq,
+    sampled_reads_plan,
 )
 from .iteration import GraphModes, OwnerModes
 from .options import CP_ALS
