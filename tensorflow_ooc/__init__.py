@@ -8,6 +8,9 @@ convert(source, store, ...) -> Store
 rewrite(old, new, ...) -> Store
     A store of an older format version (or another compression, chunking, value dtype) written
     again in the current format.
+build_fiber_index(store, modes="all", ...) -> FiberIndex
+    Per mode, the nonzeros ordered by fiber in the store, so randomized CP and rTT-ALS read only
+    the sampled fibers (built out of core; ``tfooc fiber-index``).
 open_store(path) -> Store
     Open and validate a store (local path or fsspec URL); a versioned store folder (a workflow's
     ``append: true`` output) opens its latest version, ``FOLDER@vN`` version N.
@@ -91,7 +94,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers, editors a
     )
     from .execution.stream import mttkrp
     from .format import BitLayout, BLCOTensor, encode_coo
-    from .ingest import convert, rewrite
+    from .ingest import build_fiber_index, convert, rewrite
     from .kernels.factors import StackedFactors
     from .kernels.ttm.chain import SemiSparse, ttm, ttm_chain
     from .store import Store
@@ -121,7 +124,7 @@ _LAZY: dict[str, str] = {
     ),
     "mttkrp": ".execution.stream",
     **dict.fromkeys(("BitLayout", "BLCOTensor", "encode_coo"), ".format"),
-    **dict.fromkeys(("convert", "rewrite"), ".ingest"),
+    **dict.fromkeys(("build_fiber_index", "convert", "rewrite"), ".ingest"),
     "StackedFactors": ".kernels.factors",
     **dict.fromkeys(("SemiSparse", "ttm", "ttm_chain"), ".kernels.ttm.chain"),
     "Store": ".store",
@@ -154,6 +157,7 @@ __all__ = [
     "__version__",
     "convert",
     "rewrite",
+    "build_fiber_index",
     "encode_coo",
     "mttkrp",
     "open_store",

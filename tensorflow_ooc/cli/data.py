@@ -227,6 +227,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
             values_dtype=args.values_dtype,
             overwrite=args.overwrite,
             progress=args.progress,
+            fiber_index=args.fiber_index,
         )
         dt = time.perf_counter() - t0
         print(
@@ -251,6 +252,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         values_dtype=args.values_dtype,
         out_of_core=args.out_of_core or None,
         index_encoding=args.index_encoding,
+        fiber_index=args.fiber_index,
+        fiber_chunk_nnz=args.fiber_chunk_nnz,
     )
     dt = time.perf_counter() - t0
     print(
@@ -297,7 +300,35 @@ def _format_info(info: dict) -> str:
             f"{m['mode']:>4} {m['length']:>12,} {m['bits']:>5} {m['key_bits']:>8} "
             f"{m['chunk_index_span_mean']:>16,.1f} {m['chunk_index_span_max']:>15,}"
         )
+    fibers = info.get("fiber_index") or {}
+    if fibers:
+        lines += ["", f"{'fiber index':<12} {'nonzeros':>14} {'chunks':>9} {'bytes':>15} {'bytes/nnz':>10}"]
+        for m, f in fibers.items():
+            lines.append(
+                f"{'mode ' + m:<12} {f['nnz']:>14,} {f['chunks']:>9,} {f['bytes']:>15,} {f['bytes_per_nnz']:>10.2f}"
+            )
+    else:
+        lines += ["", "fiber index  none (sampled rounds scan the store; tfooc fiber-index STORE builds one)"]
     return "\n".join(lines)
+
+
+def cmd_fiber_index(args: argparse.Namespace) -> int:
+    from ..ingest import build_fiber_index
+
+    t0 = time.perf_counter()
+    index = build_fiber_index(
+        args.store,
+        args.modes,
+        chunk_nnz=args.chunk_nnz,
+        memory_limit=args.memory_limit,
+        overwrite=args.overwrite,
+        progress=args.progress,
+    )
+    dt = time.perf_counter() - t0
+    described = index.describe()
+    per = ", ".join(f"mode {m} {f['bytes_per_nnz']:.2f}" for m, f in described.items())
+    print(f"{args.store}: fiber index of modes {','.join(described)} in {dt:.2f} s (bytes a nonzero: {per})")
+    return 0
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -479,7 +510,36 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         "--out-of-core", action="store_true", help="convert through on-disk buckets even when the input fits in memory"
     )
     c.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    c.add_argument(
+        "--fiber-index",
+        metavar="MODES",
+        help="also write the fiber index of these modes ('all' or mode numbers like 0,2): randomized CP "
+        "and rTT-ALS then read only the sampled fibers each round (--rewrite: default the source's modes)",
+    )
+    c.add_argument("--fiber-chunk-nnz", type=_positive_int, help="entries per fiber-index chunk (default 4096)")
     c.set_defaults(func=cmd_convert)
+
+    f = add(
+        "fiber-index",
+        help="write a store's fiber index, so sampled rounds read only the sampled fibers",
+        description="Write, inside STORE, per mode its nonzeros ordered by fiber (their indices in the "
+        "other modes) in small chunks with a chunk table: randomized CP (sts, arls-lev) and rTT-ALS, "
+        "streamed, then read only the chunks holding the sampled fibers instead of every nonzero. "
+        "Built out of core in passes over the store that each sort one range of keys within "
+        "--memory-limit. The index is bound to the store (refused if edited or copied from another "
+        "store); tfooc info reports it.",
+    )
+    f.add_argument("store", help="store path or URL")
+    f.add_argument("--modes", default="all", help="modes to index: 'all' (default) or mode numbers like 0,2")
+    f.add_argument(
+        "--chunk-nnz",
+        type=_positive_int,
+        default=4096,
+        help="entries per index chunk, the unit a sampled fiber is read in (default 4096)",
+    )
+    f.add_argument("--memory-limit", type=parse_size, help="memory the sort may hold, e.g. 2GB (default 2 GiB)")
+    f.add_argument("--overwrite", action="store_true", help="rebuild modes that already have an index")
+    f.set_defaults(func=cmd_fiber_index)
 
     i = add(
         "info",

@@ -326,6 +326,8 @@ def convert(
     compression: str = DEFAULT_COMPRESSION,
     values_dtype: str | np.dtype | None = None,
     index_encoding: str | None = None,
+    fiber_index: str | Sequence[int] | None = None,
+    fiber_chunk_nnz: int | None = None,
 ) -> Store:
     """Convert a sparse tensor into a BLCO Zarr store.
 
@@ -365,6 +367,11 @@ def convert(
         does not fit the memory budget.
     sort_nnz : int, optional
         Out of core: most nonzeros sorted in memory at once (default: from the memory budget).
+    fiber_index : "all" or mode numbers, optional
+        Also write the fiber index of these modes (see :func:`~tensorflow_ooc.build_fiber_index`),
+        so randomized CP and rTT-ALS read only the sampled fibers; built in the same memory budget.
+    fiber_chunk_nnz : int, optional
+        Entries per fiber-index chunk (default 4096).
     compression : {"fast", "small", "none"}
         Chunk compression profile: "fast" (default) decodes quickly, which streaming MTTKRP feels
         on every mode; "small" makes the smallest stores; "none" stores raw chunks (with their
@@ -488,7 +495,26 @@ def convert(
                 raise
             raise disk_full_error(exc, store) from exc  # a write no site below named
         log.info("converted %s nonzeros in %.2f s", f"{result.nnz:,}", time.perf_counter() - t0)
+        if fiber_index:
+            result = with_fiber_index(result, fiber_index, fiber_chunk_nnz, budget, progress)
         return result
+
+
+def with_fiber_index(store: Store, modes, chunk_nnz: int | None, budget: int | None, progress: bool) -> Store:
+    """``store`` (just written) with its fiber index for ``modes``; a build that fails removes the
+    store, as a failed conversion leaves nothing."""
+    from ..store import paths as store_paths
+    from ..store.fiber_index import DEFAULT_FIBER_CHUNK_NNZ
+    from .fiber_index_build import build_fiber_index
+
+    try:
+        build_fiber_index(
+            store, modes, chunk_nnz=chunk_nnz or DEFAULT_FIBER_CHUNK_NNZ, memory_limit=budget, progress=progress
+        )
+    except BaseException:
+        store_paths.remove(store.path)
+        raise
+    return open_store(store.path)
 
 
 def _progress(total: int, desc: str, unit: str, enabled: bool) -> tqdm:

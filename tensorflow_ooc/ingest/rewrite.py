@@ -18,6 +18,7 @@ from ..store import StoreWriter, open_store, paths
 from ..store.codecs import check_compression
 from ..store.output_claim import claim_outputs
 from ..store.reader import Store
+from .convert import with_fiber_index
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ def rewrite(
     values_dtype: str | np.dtype | None = None,
     overwrite: bool = False,
     progress: bool = False,
+    fiber_index: str | list[int] | None = None,
 ) -> Store:
     """Write the tensor of store ``source`` as a new store at ``store`` in the current format.
 
@@ -47,6 +49,9 @@ def rewrite(
         Default: chosen from the data, as :func:`~tensorflow_ooc.convert` does.
     overwrite : replace an existing store at ``store``
     progress : show a progress bar
+    fiber_index : "all" or mode numbers, optional
+        Fiber index modes of the new store (default: the modes the source's index holds, so a
+        rewrite keeps it; ``[]``: none).
 
     Returns
     -------
@@ -106,5 +111,9 @@ def rewrite(
         if out.nnz != src.nnz or abs(out.norm() - src.norm()) > 1e-9 * max(1.0, src.norm()):
             paths.remove(str(store))
             raise RuntimeError(f"{store}: the rewritten store does not hold the source's nonzeros; removed")
+        modes = src.fiber_modes() if fiber_index is None else fiber_index
+        if modes:  # the source's index is kept: built again for the new store's chunks
+            chunk = src.fibers.meta["modes"][str(src.fibers.modes[0])]["chunk_nnz"] if src.fibers else None
+            out = with_fiber_index(out, modes, chunk, None, progress)
         log.info("rewrote %s -> %s (%s nonzeros) in %.2f s", src.path, store, f"{src.nnz:,}", time.perf_counter() - t0)
         return out

@@ -551,6 +551,7 @@ class Store:
                 }
                 for n in range(self.nmodes)
             ],
+            "fiber_index": self.fibers.describe() if self.fibers is not None else {},
         }
 
 
