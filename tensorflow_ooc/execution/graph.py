@@ -462,25 +462,10 @@ class MTTKRPGraph(PartitionedGraph):
         when there is one partition. Runs on CPU workers."""
         sources = self.sources()
         if self.reads_fiber_index(mode):
-            # only the sampled fibers' index chunks are read: one share of the sample keys a worker
-            shares = max(1, len(self.resources))
-            partials = [
-                self.client.submit(
-                    indexed_sampled_partial,
-                    self.path,
-                    samples,
-                    mode,
-                    self.numba_threads,
-                    (k, shares),
-                    pure=False,
-                    **self.placement,
-                )
-                for k in range(shares)
-            ]
             return self.client.submit(
                 update,
                 factors,
-                self.reduce(partials, last=True),
+                self.sampled_partials(samples, mode),
                 mode,
                 *args,
                 sketch=samples,
@@ -529,6 +514,29 @@ class MTTKRPGraph(PartitionedGraph):
             pure=False,
             **self.placement,
         )
+
+    def sampled_partials(self, samples: Future, mode: int) -> list[Future]:
+        """The mode-``mode`` sampled MTTKRP of the drawn ``samples`` (CP's or the tensor train's), reduced
+        to the last level: through the store's fiber index where :meth:`reads_fiber_index` (one share
+        of the sample keys a worker, each reading only the chunks of its fibers), else a pass over
+        every partition."""
+        if not self.reads_fiber_index(mode):
+            return self.partition_pass(sampled_partition, samples, mode, self.numba_threads, self.batch_nnz)
+        shares = max(1, len(self.resources))
+        partials = [
+            self.client.submit(
+                indexed_sampled_partial,
+                self.path,
+                samples,
+                mode,
+                self.numba_threads,
+                (k, shares),
+                pure=False,
+                **self.placement,
+            )
+            for k in range(shares)
+        ]
+        return self.reduce(partials, last=True)
 
     def partition_pass(self, fn: Callable, state: Future, *args, reduce: Callable = combine) -> list[Future]:
         """Submit ``fn(source, state, *args)`` on every partition and reduce the results by

@@ -75,27 +75,31 @@ def planted_cp(
             support.append(idx)
         boxes.append(support)
     weights = np.ones(rank)
-    if math.prod(shape) < 2**62:
+    if math.prod(shape) < 2**64:
         # Fast path: each box's cells as C-order linear keys (their order is the rows' lexicographic
         # order), one 1-D unique, and each cell's value as the sum over the boxes covering it of
         # that component's outer-product value (a bincount); about 6x faster than a row-wise
         # unique and an (nnz x rank) product at uber size, and the same tensor.
-        strides = [math.prod(shape[n + 1 :]) for n in range(N)]
+        # (unsigned keys: an Amazon-shaped tensor's 1.5e19 cells fit 64 bits, not 63; the slow
+        # path below held 24 GB at 86 M nonzeros)
+        strides = [np.uint64(math.prod(shape[n + 1 :])) for n in range(N)]
         keys, vals = [], []
         for r, support in enumerate(boxes):
-            k = np.zeros(1, dtype=np.int64)
+            k = np.zeros(1, dtype=np.uint64)
             v = np.full(1, weights[r])
             for n, idx in enumerate(support):
-                k = (k[:, None] + idx[None, :].astype(np.int64) * strides[n]).ravel()
+                k = (k[:, None] + idx[None, :].astype(np.uint64) * strides[n]).ravel()
                 v = (v[:, None] * factors[n][idx, r][None, :]).ravel()
             keys.append(k)
             vals.append(v)
         lin, inverse = np.unique(np.concatenate(keys), return_inverse=True)
         values = np.bincount(inverse, weights=np.concatenate(vals), minlength=lin.shape[0])
+        del keys, vals
         coords = np.empty((lin.shape[0], N), dtype=np.int64)
         rest = lin
         for n in range(N):
-            coords[:, n], rest = np.divmod(rest, strides[n])
+            q, rest = np.divmod(rest, strides[n])
+            coords[:, n] = q
     else:
         grids = [np.meshgrid(*support, indexing="ij") for support in boxes]
         coords = np.unique(np.concatenate([np.stack([g.ravel() for g in gr], axis=1) for gr in grids]), axis=0)

@@ -23,7 +23,6 @@ from ...errors import DecompositionError
 from ...execution import MTTKRPGraph
 from ...execution.graph import EXECUTION_MODES
 from ...execution.inline import is_inline
-from ...execution.tasks import sampled_partition
 from ...execution.tt_tasks import add_residuals, contraction_partition, residual_partition
 from ...store import Store, open_store, paths
 from ..common.checkpoint_files import disk_full_returned, raise_returned
@@ -184,7 +183,7 @@ class TTSweeps:
             else:  # draw beside the state, gather the sampled fibers, solve the sketched problem
                 seed_k = (self.params["sample_entropy"], sweep, step)
                 D = c.submit(draw_core, F, mode, o.samples, seed_k, pure=False, **graph.placement)
-                parts = graph.partition_pass(sampled_partition, D, mode, threads, batch_nnz)
+                parts = graph.sampled_partials(D, mode)
                 F = c.submit(S.update_core, F, parts, mode, direction, D, pure=False, **graph.placement)
         self.F = F
         sm = c.submit(S.summary, F, pure=False).result()

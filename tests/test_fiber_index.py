@@ -1,0 +1,231 @@
+"""The store's fiber index: contents against a sort of to_coo, fibers read against the in-memory
+gather, sampled decompositions streamed through it equal to in memory, its binding to the store,
+and a store without one unchanged."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import random_coo
+
+import tensorflow_ooc as tfo
+from tensorflow_ooc.errors import CorruptStoreError
+from tensorflow_ooc.execution.fiber_reads import indexed_sampled_partial, share_keys
+from tensorflow_ooc.format.fiber_keys import key_strides
+from tensorflow_ooc.kernels.sampling.fiber_gather import FiberIndex, sampled_mttkrp_items
+from tensorflow_ooc.kernels.sampling.krp_sampler import SampleSet
+from tensorflow_ooc.store.fiber_index import open_fiber_index
+
+
+def _store(tmp_path, rng, nmodes, nnz=3000, name="s", **kw):
+    shape = tuple(int(s) for s in rng.integers(4, 16 if nmodes < 5 else 8, nmodes))
+    coords, values = random_coo(rng, shape, nnz)
+    store = tfo.convert((coords, values), tmp_path / name, shape=shape, chunk_nnz=512, **kw)
+    return store, coords, values
+
+
+def _sorted_by_fiber(store, mode):
+    coords, values = store.to_coo()
+    keys = (coords.astype(np.uint64) * key_strides(store.shape, mode)).sum(axis=1, dtype=np.uint64)
+    order = np.argsort(keys, kind="stable")  # each fiber in store order
+    return keys[order], coords[order, mode], values[order]
+
+
+def _samples(rng, coords, shape, mode, count, R):
+    """Draws of the other modes' indices, half on nonzeros' fibers, some repeated; weights and rows."""
+    hits = coords[rng.integers(0, coords.shape[0], count // 2)]
+    rand = np.stack([rng.integers(0, s, count - count // 2) for s in shape], axis=1)
+    s = np.concatenate([hits, rand, hits[: count // 8]])
+    s[:, mode] = 0
+    return SampleSet(mode, s, rng.random(s.shape[0]) + 0.5, rng.standard_normal((s.shape[0], R)), s.shape[0])
+
+
+@pytest.mark.parametrize("nmodes", [3, 4, 5])
+def test_index_holds_the_nonzeros_sorted_by_fiber(tmp_path, rng, nmodes):
+    store, _, _ = _store(tmp_path, rng, nmodes)
+    # a budget of a few hundred entries: several key-range passes per mode
+    index = tfo.build_fiber_index(store, "all", chunk_nnz=int(rng.choice([64, 100, 512])), memory_limit=64 * 700)
+    assert index.modes == list(range(nmodes))
+    for mode in range(nmodes):
+        got = index.mode(mode).read(np.arange(index.mode(mode).nchunks))
+        keys, rows, values = _sorted_by_fiber(store, mode)
+        assert np.array_equal(got.keys, keys)
+        assert np.array_equal(got.rows, rows)
+        assert np.array_equal(got.values, values)
+        assert got.bytes_read == index.mode(mode).stored_bytes() > 0
+
+
+@pytest.mark.parametrize("nmodes", [3, 4, 5])
+def test_fibers_read_through_the_index_equal_the_in_memory_gather(tmp_path, rng, nmodes):
+    store, coords, _ = _store(tmp_path, rng, nmodes)
+    tfo.build_fiber_index(store, "all", chunk_nnz=128)
+    from tensorflow_ooc.execution.stream import BatchBuffers, fill_batch
+
+    items = fill_batch(store, range(store.nchunks), BatchBuffers(store, store.nchunks), delta=False)
+    R = int(rng.choice([1, 4, 16]))
+    for mode in range(nmodes):
+        S = _samples(rng, coords, store.shape, mode, 80, R)
+        want = np.zeros((store.shape[mode], R))
+        index = FiberIndex.build(items, store.layout, mode)
+        sampled_mttkrp_items(items, store.layout, mode, S.coords, S.weighted_rows(), want, 0, index=index)
+        assert np.abs(want).sum() > 0
+        got = indexed_sampled_partial(str(store.path), S, mode)
+        full = np.zeros_like(want)
+        full[got.lo : got.lo + got.rows.shape[0]] = got.rows
+        assert np.array_equal(full, want)  # the same sums in the same order
+        # the index read only the chunks of the sampled fibers, and says so
+        assert got.reads["path"] == "index" and got.reads["nnz_read"] <= store.nnz
+        # shares of the keys: every sample in exactly one, the sums those of the whole
+        K = 3
+        keys = np.asarray(
+            (S.coords.astype(np.uint64) * key_strides(store.shape, mode)).sum(1, dtype=np.uint64), dtype=np.uint64
+        )
+        parts = [share_keys(keys, (k, K)) for k in range(K)]
+        assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(keys.shape[0]))
+        total = np.zeros_like(want)
+        for k in range(K):
+            p = indexed_sampled_partial(str(store.path), S, mode, share=(k, K))
+            total[p.lo : p.lo + p.rows.shape[0]] += p.rows
+        np.testing.assert_allclose(total, want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_round_reads_only_the_sampled_fibers_chunks(tmp_path, rng):
+    shape = (200, 300, 400)
+    coords, values = random_coo(rng, shape, 60000)
+    store = tfo.convert((coords, values), tmp_path / "s", shape=shape)
+    index = tfo.build_fiber_index(store, [1], chunk_nnz=256)
+    S = _samples(rng, coords, shape, 1, 20, 4)
+    got = indexed_sampled_partial(str(store.path), S, 1)
+    assert got.reads["chunks_read"] <= 2 * len(np.unique(S.coords, axis=0))
+    mode_index = index.mode(1)
+    assert got.reads["chunks_read"] < mode_index.nchunks / 4
+    # exactly the stored bytes of the chunks read, a fraction of the index
+    chunks = mode_index.chunks_of((S.coords.astype(np.uint64) * key_strides(shape, 1)).sum(axis=1, dtype=np.uint64))
+    assert got.reads["bytes_read"] == mode_index.chunk_bytes(chunks) < mode_index.stored_bytes() / 4
+    assert got.reads["fibers"] >= 1 and got.reads["nnz"] >= 1
+
+
+@pytest.mark.parametrize("method", ["sts", "arls-lev", "arls-lev-hybrid"])
+def test_sampled_cp_streamed_through_the_index_equals_in_memory(tmp_path, rng, method):
+    store, _, _ = _store(tmp_path, rng, int(rng.integers(3, 6)), nnz=4000)
+    plain = tfo.convert(store.to_coo(), tmp_path / "plain", shape=store.shape)
+    tfo.build_fiber_index(store, "all", chunk_nnz=256)
+    kw = dict(method=method, samples=600, seed=int(rng.integers(1 << 30)), max_iters=3, partitions=1)
+    mem = tfo.cp_als(plain, 3, execution="in-memory", **kw)
+    idx = tfo.cp_als(store, 3, execution="streaming", **kw)
+    scan = tfo.cp_als(plain, 3, execution="streaming", **kw)
+    assert set(idx.params["sampled_reads"].values()) == {"index"}
+    assert set(scan.params["sampled_reads"].values()) == {"scan"}  # a store without an index: unchanged
+    for a, b in zip(mem.factors, idx.factors):
+        assert np.array_equal(a, b)  # one share, one partition: the same sums in the same order
+    for a, b in zip(mem.factors, scan.factors):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    rec = idx.history[-1]
+    assert set(rec["reads"]) == {str(m) for m in range(store.nmodes)}
+    for r in rec["reads"].values():
+        assert r["path"] == "index" and 0 < r["bytes_read"] and r["nnz"] <= r["nnz_read"] <= store.nnz
+    assert rec["store_nnz"] == store.nnz and rec["round_seconds"] <= rec["seconds"]
+
+
+def test_sampled_cp_on_two_process_workers_equals_one(tmp_path, rng, two_workers):
+    store, _, _ = _store(tmp_path, rng, 4, nnz=5000)
+    tfo.build_fiber_index(store, "all", chunk_nnz=256)
+    kw = dict(method="sts", samples=800, seed=int(rng.integers(1 << 30)), max_iters=3, execution="streaming")
+    one = tfo.cp_als(store, 4, partitions=1, **kw)
+    two = tfo.cp_als(store, 4, client=two_workers, distribution="graph", **kw)
+    assert set(two.params["sampled_reads"].values()) == {"index"}
+    for a, b in zip(one.factors, two.factors):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+
+
+def test_randomized_tensor_train_through_the_index(tmp_path, rng):
+    store, _, _ = _store(tmp_path, rng, 4, nnz=4000)
+    plain = tfo.convert(store.to_coo(), tmp_path / "plain", shape=store.shape)
+    tfo.build_fiber_index(store, "all", chunk_nnz=256)
+    kw = dict(method="randomized", samples=500, seed=int(rng.integers(1 << 30)), max_sweeps=2, execution="streaming")
+    a = tfo.tt_als(store, 2, **kw)
+    b = tfo.tt_als(plain, 2, **kw)
+    for x, y in zip(a.cores, b.cores):
+        np.testing.assert_allclose(x, y, rtol=1e-8, atol=1e-10)
+
+
+def _meta_path(store):
+    return Path(store.path) / "fibers" / "zarr.json"
+
+
+def test_an_edited_or_foreign_index_is_refused(tmp_path, rng):
+    store, coords, _ = _store(tmp_path, rng, 3)
+    tfo.build_fiber_index(store, "all", chunk_nnz=128)
+    S = _samples(rng, coords, store.shape, 0, 40, 2)
+    # metadata edited: a count changed
+    meta_file = _meta_path(store)
+    original = meta_file.read_text()
+    doc = json.loads(original)
+    doc["attributes"]["fiber_index"]["modes"]["0"]["nnz"] += 1
+    meta_file.write_text(json.dumps(doc))
+    with pytest.raises(CorruptStoreError, match="edited"):
+        open_fiber_index(tfo.open_store(store.path))
+    meta_file.write_text(original)
+    # a chunk table edited (its own CRC32C rewritten by Zarr): the tables' checksum sees it
+    import zarr
+
+    first = zarr.open_array(str(Path(store.path) / "fibers" / "m1" / "first"), mode="r+")
+    first[0] = int(first[0]) + 1
+    with pytest.raises(CorruptStoreError, match="tables were edited"):
+        open_fiber_index(tfo.open_store(store.path)).mode(1)
+    # chunks swapped: each chunk's CRC32C holds, its position does not
+    m2 = Path(store.path) / "fibers" / "m2" / "value" / "c"
+    c0, c1 = m2 / "0", m2 / "1"
+    b0, b1 = c0.read_bytes(), c1.read_bytes()
+    c0.write_bytes(b1)
+    c1.write_bytes(b0)
+    with pytest.raises(CorruptStoreError, match="does not belong at this position"):
+        indexed_sampled_partial(str(store.path), S, 2)
+    # an index copied from another store of the same shape
+    other, _, _ = _store(tmp_path, rng, 3, name="other")
+    shutil.rmtree(Path(other.path) / "fibers", ignore_errors=True)
+    shutil.copytree(Path(store.path) / "fibers", Path(other.path) / "fibers")
+    with pytest.raises(CorruptStoreError, match="another store"):
+        open_fiber_index(tfo.open_store(other.path))
+
+
+def test_rewrite_keeps_the_index_and_info_reports_it(tmp_path, rng):
+    store, _, _ = _store(tmp_path, rng, 3)
+    tfo.build_fiber_index(store, [0, 2], chunk_nnz=128)
+    new = tfo.rewrite(store, tmp_path / "new", compression="small")
+    assert new.fiber_modes() == [0, 2]
+    for mode in (0, 2):
+        got = new.fibers.mode(mode).read(np.arange(new.fibers.mode(mode).nchunks))
+        assert np.array_equal(got.keys, _sorted_by_fiber(new, mode)[0])
+    info = new.info()["fiber_index"]
+    assert set(info) == {"0", "2"} and all(v["bytes_per_nnz"] > 0 for v in info.values())
+    with pytest.raises(FileExistsError, match="already have a fiber index"):
+        tfo.build_fiber_index(new, [2])
+    assert tfo.build_fiber_index(new, [1, 2], overwrite=True).modes == [0, 1, 2]
+
+
+def _cli(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "tensorflow_ooc.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
+
+
+def test_cli_builds_reports_and_refuses(tmp_path, rng):
+    coords, values = random_coo(rng, (20, 30, 40), 3000)
+    tns = tmp_path / "x.tns"
+    tns.write_text("".join(f"{a + 1} {b + 1} {c + 1} {float(v)!r}\n" for (a, b, c), v in zip(coords, values)))
+    r = _cli("convert", str(tns), str(tmp_path / "s"), "--fiber-index", "0,2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = _cli("info", str(tmp_path / "s"), cwd=tmp_path)
+    assert r.returncode == 0 and "mode 0" in r.stdout and "mode 2" in r.stdout and "mode 1 " not in r.stdout
+    r = _cli("fiber-index", str(tmp_path / "s"), "--modes", "1", "--chunk-nnz", "256", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(_cli("info", str(tmp_path / "s"), "--json", cwd=tmp_path).stdout)
+    assert sorted(info["fiber_index"]) == ["0", "1", "2"] and info["fiber_index"]["1"]["chunk_nnz"] == 256
+    for bad, said in ((["--modes", "1"], "already have a fiber index"), (["--modes", "7"], "not modes")):
+        r = _cli("fiber-index", str(tmp_path / "s"), *bad, cwd=tmp_path)
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr
