@@ -277,6 +277,7 @@ def _sweep_record(
     seconds = time.time() - t_sweep
     contraction = [st[1] for st in sm.steps]
     update = [st[2] for st in sm.steps]
+    draws = [st[4] if len(st) > 4 else 0.0 for st in sm.steps]  # a state checkpointed before draws were kept
     return {
         "sweep": sweep + 1,
         "fit": fit,
@@ -285,8 +286,9 @@ def _sweep_record(
         "modes": [st[0] for st in sm.steps],
         "contraction_seconds": contraction,
         "update_seconds": update,
+        "draw_seconds": draws,
         "fit_seconds": fit_seconds,
-        "other_seconds": max(0.0, seconds - sum(contraction) - sum(update) - fit_seconds),
+        "other_seconds": max(0.0, seconds - sum(contraction) - sum(update) - sum(draws) - fit_seconds),
         "nnz_per_s": nnz * len(sm.steps) / seconds if seconds > 0 else 0.0,
         # a streaming pass reads every compressed chunk; in memory they were read before the first sweep
         "bytes_read": stored * len(sm.steps) if streamed else (stored if sweep == start else 0),
