@@ -55,7 +55,7 @@ def chain_matrices(cores, j):
     for c in cores[:j]:
         left = np.einsum("sa,aib->sib", left, c).reshape(-1, c.shape[2])
     right = np.ones((1, 1))
-    for c in cores[: j : -1]:
+    for c in cores[:j:-1]:
         right = np.einsum("aib,tb->ait", c, right).reshape(c.shape[0], -1).T
     return left, right
 
