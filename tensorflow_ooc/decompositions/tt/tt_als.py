@@ -35,7 +35,7 @@ from ..common.run_loop import inline_when_small, run_iterations
 from . import tt_steps as S
 from .options import TT_ALS
 from .tt_checkpoint import read_tt_checkpoint, write_tt_checkpoint
-from .tt_randomized import draw_core
+from .tt_randomized import draw_core, sketch_threads
 from .tt_result import TTResult
 
 __all__ = ["tt_als", "METHODS"]
@@ -188,7 +188,8 @@ class TTSweeps:
             else:  # draw beside the state, gather the sampled fibers, solve the sketched problem
                 seed_k = (self.params["sample_entropy"], sweep, step)
                 D = c.submit(draw_core, F, mode, o.samples, seed_k, pure=False, **graph.placement)
-                parts = graph.partition_pass(sampled_partition, D, mode, threads, batch_nnz)
+                gather = sketch_threads(o.samples, store.nmodes, threads)
+                parts = graph.partition_pass(sampled_partition, D, mode, gather, batch_nnz)
                 F = c.submit(S.update_core, F, parts, mode, direction, D, pure=False, **graph.placement)
         self.F = F
         sm = c.submit(S.summary, F, pure=False).result()
