@@ -47,10 +47,15 @@ def cmd_tt(args: argparse.Namespace) -> int:
         print(f"  first sweep    {new[0]['seconds']:.3f} s  (includes kernel compilation or cache loading)")
         print(f"  per sweep      {per_sweep:.3f} s  steady state ({len(new)} sweeps in this run, {wall:.1f} s wall)")
         parts = mean_seconds(steady, ("contraction_seconds", "update_seconds", "other_seconds"))
+        # randomized: the sampled fibers' gathers, and the exact update that ends an evaluated sweep
+        what = "contractions" if args.method == "exact" else "fiber gathers (+ exact for the fit)"
         print(
-            f"  of which       contractions {parts['contraction_seconds']:.3f} s, core updates "
+            f"  of which       {what} {parts['contraction_seconds']:.3f} s, core updates "
             f"{parts['update_seconds']:.3f} s, scheduling and transfers {parts['other_seconds']:.3f} s"
         )
+        if args.method != "exact":
+            draw = sum(sum(h.get("draw_seconds", [])) for h in steady) / len(steady)
+            print(f"                 drawing samples {draw:.3f} s")
     print(f"  result         {out}")
     print(f"  checkpoint     {checkpoint}")
     return 0

@@ -515,13 +515,14 @@ class MTTKRPGraph(PartitionedGraph):
             **self.placement,
         )
 
-    def sampled_partials(self, samples: Future, mode: int) -> list[Future]:
+    def sampled_partials(self, samples: Future, mode: int, threads: int | None = None) -> list[Future]:
         """The mode-``mode`` sampled MTTKRP of the drawn ``samples`` (CP's or the tensor train's), reduced
         to the last level: through the store's fiber index where :meth:`reads_fiber_index` (one share
         of the sample keys a worker, each reading only the chunks of its fibers), else a pass over
-        every partition."""
+        every partition. ``threads``: numba threads a task (default the graph's)."""
+        threads = self.numba_threads if threads is None else int(threads)
         if not self.reads_fiber_index(mode):
-            return self.partition_pass(sampled_partition, samples, mode, self.numba_threads, self.batch_nnz)
+            return self.partition_pass(sampled_partition, samples, mode, threads, self.batch_nnz)
         shares = max(1, len(self.resources))
         partials = [
             self.client.submit(
@@ -529,7 +530,7 @@ class MTTKRPGraph(PartitionedGraph):
                 self.path,
                 samples,
                 mode,
-                self.numba_threads,
+                threads,
                 (k, shares),
                 pure=False,
                 **self.placement,

@@ -35,8 +35,9 @@ TT_ALS = O.option_set(
             None,
             O.OPTIONAL_COUNT,
             "int | None",
-            "randomized: evaluate the fit (a pass over every nonzero) every K sweeps and at the last "
-            "(default every sweep up to 2^24 nonzeros, else every 5th)",
+            "randomized: evaluate the fit every K sweeps and at the last, those sweeps ending with an exact "
+            "update (a pass over every nonzero) whose ||Y_j||^2 gives it (default every sweep up to 2^24 "
+            "nonzeros, else every 5th)",
             details="It stops when the best of the last 3 evaluated fits does not beat the best before "
             "them by ``tol``; the exact method's fit is free and evaluated every sweep.",
             metavar="K",

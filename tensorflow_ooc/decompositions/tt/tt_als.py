@@ -34,7 +34,7 @@ from ..common.run_loop import inline_when_small, run_iterations
 from . import tt_steps as S
 from .options import TT_ALS
 from .tt_checkpoint import read_tt_checkpoint, write_tt_checkpoint
-from .tt_randomized import draw_core
+from .tt_randomized import draw_core, sketch_threads
 from .tt_result import TTResult
 
 __all__ = ["tt_als", "METHODS"]
@@ -131,8 +131,8 @@ class TTSweeps:
             "init": o.init if isinstance(o.init, str) else "given",
             # every cell stored: the squared error summed at the nonzeros, exact to rounding (one pass
             # more per sweep); else ||X||^2 - ||Y_j||^2, free, whose cancellation leaves 1 - fit >~ 1e-8
-            # randomized: the sketched solution is no projection, so the identity does not hold
-            "fit_from": "residual" if store.nnz == math.prod(shape) or o.method == "randomized" else "identity",
+            # (randomized: from the exact update that ends each evaluated sweep)
+            "fit_from": "residual" if store.nnz == math.prod(shape) else "identity",
         }
         if o.method == "randomized":
             self.base_params.update(samples=int(o.samples), fit_every=int(o.fit_every))
@@ -174,29 +174,30 @@ class TTSweeps:
         threads, batch_nnz = graph.numba_threads, graph.batch_nnz
         t_sweep = time.time()
         fit_old = self.fit_old = self.fit
+        evaluate = o.method == "exact" or (sweep + 1) % o.fit_every == 0 or sweep + 1 == o.max_sweeps
+        order = S.sweep_order(store.nmodes)
         F = c.submit(S.begin_sweep, self.F, pure=False, **graph.placement)
-        for step, (mode, direction) in enumerate(S.sweep_order(store.nmodes)):
-            if o.method == "exact":
+        for step, (mode, direction) in enumerate(order):
+            if o.method == "exact" or (evaluate and step == len(order) - 1):
+                # randomized: an evaluated sweep ends with an exact update, so its ||Y_j||^2 gives the
+                # fit (the identity needs the last core to be the projection; a sketched one is not)
                 F = graph.pass_update(
                     contraction_partition, (mode, threads, batch_nnz), S.update_core, F, mode, direction
                 )
             else:  # draw beside the state, gather the sampled fibers, solve the sketched problem
                 seed_k = (self.params["sample_entropy"], sweep, step)
                 D = c.submit(draw_core, F, mode, o.samples, seed_k, pure=False, **graph.placement)
-                parts = graph.sampled_partials(D, mode)
+                gather = sketch_threads(o.samples, store.nmodes, threads)
+                parts = graph.sampled_partials(D, mode, gather)
                 F = c.submit(S.update_core, F, parts, mode, direction, D, pure=False, **graph.placement)
         self.F = F
         sm = c.submit(S.summary, F, pure=False).result()
         t_fit = time.time()
-        evaluate = o.method == "exact" or (sweep + 1) % o.fit_every == 0 or sweep + 1 == o.max_sweeps
-        fit = self.fit  # randomized, not evaluated: the fit is a pass over every nonzero; kept
+        fit = self.fit  # randomized, not evaluated: the fit needs an exact update; kept
         if evaluate and self.params["fit_from"] == "residual":
             parts = graph.partition_pass(residual_partition, F, threads, batch_nnz, reduce=add_residuals)
-            res, t2 = add_residuals(*[p.result() for p in parts])[:2]
-            # ||X - T||^2: the error at the nonzeros plus ||T||^2 off them (||T|| = ||Y_j||; none
-            # off them where every cell is stored)
-            off = 0.0 if store.nnz == math.prod(self.shape) else max(0.0, sm.norm_sq - t2)
-            fit = S.residual_fit(self.normX2, res + off)
+            res = add_residuals(*[p.result() for p in parts])[0]
+            fit = S.residual_fit(self.normX2, res)  # every cell stored: no error off the nonzeros
         elif evaluate:
             fit = S.sweep_fit(self.normX2, sm.norm_sq)
         t_fit = time.time() - t_fit
@@ -276,6 +277,7 @@ def _sweep_record(
     seconds = time.time() - t_sweep
     contraction = [st[1] for st in sm.steps]
     update = [st[2] for st in sm.steps]
+    draws = [st[4] if len(st) > 4 else 0.0 for st in sm.steps]  # a state checkpointed before draws were kept
     return {
         "sweep": sweep + 1,
         "fit": fit,
@@ -284,8 +286,9 @@ def _sweep_record(
         "modes": [st[0] for st in sm.steps],
         "contraction_seconds": contraction,
         "update_seconds": update,
+        "draw_seconds": draws,
         "fit_seconds": fit_seconds,
-        "other_seconds": max(0.0, seconds - sum(contraction) - sum(update) - fit_seconds),
+        "other_seconds": max(0.0, seconds - sum(contraction) - sum(update) - sum(draws) - fit_seconds),
         "nnz_per_s": nnz * len(sm.steps) / seconds if seconds > 0 else 0.0,
         # a streaming pass reads every compressed chunk; in memory they were read before the first sweep
         "bytes_read": stored * len(sm.steps) if streamed else (stored if sweep == start else 0),

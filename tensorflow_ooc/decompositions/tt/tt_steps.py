@@ -43,7 +43,7 @@ ONE_BLAS_THREAD_ENTRIES = 1 << 22
 class TTState(TTCores):
     """The tensor train between core updates, with what the sweep's updates report: ``norm_sq``
     (``||Y_j||^2`` of the last update) and per update ``(mode, contraction seconds of the slowest
-    partition task, update seconds, finish time)``.
+    partition task, update seconds, finish time, draw seconds)`` (draws: 0 for an exact update).
 
     ``trees``: randomized TT-ALS's sampler trees by ``(core, side)``
     (:func:`~tensorflow_ooc.decompositions.tt.tt_randomized.draw_core` fills it), handed on by
@@ -54,7 +54,7 @@ class TTState(TTCores):
     def __init__(self, shape: Sequence[int], ranks: Sequence[int], data: np.ndarray | None = None) -> None:
         super().__init__(shape, ranks, data)
         self.norm_sq = 0.0
-        self.steps: list[tuple[int, float, float, float]] = []
+        self.steps: list[tuple[int, float, float, float, float]] = []
         self.trees: dict[tuple[int, str], CoreTree] = {}
 
     def set_core(self, k: int, core: np.ndarray) -> None:
@@ -76,7 +76,7 @@ class SweepSummary:
     """What the driver reads after a sweep."""
 
     norm_sq: float  # ||Y_j||^2 of the sweep's last update: ||X||^2 minus the squared error
-    steps: list[tuple[int, float, float, float]] = field(default_factory=list)
+    steps: list[tuple[int, float, float, float, float]] = field(default_factory=list)
 
 
 # --- checks --------------------------------------------------------------------------------------
@@ -285,7 +285,8 @@ def update_core(
             cores.update({mode - 1: pair[0], mode: pair[1]})
     for k, c in cores.items():
         out.set_core(k, c)
-    out.steps.append((mode, max(float(p.seconds) for p in parts), time.perf_counter() - t0, time.time()))
+    draw = 0.0 if sketch is None else float(getattr(sketch, "seconds", 0.0))  # drawn in a task before this one
+    out.steps.append((mode, max(float(p.seconds) for p in parts), time.perf_counter() - t0, time.time(), draw))
     return out
 
 
