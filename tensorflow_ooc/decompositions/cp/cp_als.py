@@ -190,8 +190,9 @@ class CPIterations:
         o, store = self.o, self.store
         t_iter = time.time()
         self.fit_old = fit_old = self.fit
+        warmup = self.randomized and iteration < o.warmup  # an exact iteration: its fit costs nothing more
         self.evaluate = evaluate = (
-            not self.randomized or (iteration + 1) % o.fit_every == 0 or iteration + 1 == o.max_iters
+            not self.randomized or warmup or (iteration + 1) % o.fit_every == 0 or iteration + 1 == o.max_iters
         )
         sm, exchange = self.modes.iterate(iteration, evaluate)
         self.weights = sm.weights
@@ -203,7 +204,7 @@ class CPIterations:
         check_model(iteration + 1, self.fit, self.weights, norm_model2, self.normX2)
         N, stored = store.nmodes, self.stored
         read = stored * N if self.streamed else (stored if iteration == self.start_at else 0)
-        if self.randomized and self.streamed:  # the sampled reads, and the fit's exact pass
+        if self.randomized and self.streamed and not warmup:  # the sampled reads, and the fit's exact pass
             read = sum(r.get("bytes_read", 0) for r in sm.reads.values()) + (stored if evaluate else 0)
         record = iteration_record(
             iteration,
@@ -218,6 +219,8 @@ class CPIterations:
             o.samples,
             self.empty_seen,
         )
+        if warmup:
+            record["warmup"] = True
         if exchange is not None:
             record.update(exchange)
         self.history.append(record)

@@ -26,18 +26,20 @@ class GraphModes:
         if graph.device == "gpu":
             F = c.submit(U.on_device, F, pure=False, **on_cluster)
         N = method.store.nmodes
+        self.exact = partial(exact_step, graph, N, nonneg=U.NonNegative(o.reg) if o.nonnegative else None)
+        self.step, self.warmup = self.exact, 0
         if method.randomized:
             if o.method == "sts":
                 F = c.submit(with_trees, F, pure=False, **on_cluster)
             self.step = partial(randomized_step, c, graph, N, o.method, o.samples, method.params["sample_entropy"])
-        else:
-            self.step = partial(exact_step, graph, N, nonneg=U.NonNegative(o.reg) if o.nonnegative else None)
+            self.warmup = int(o.warmup)
         self.c, self.F, self.N = c, F, N
 
     def iterate(self, iteration: int, evaluate: bool) -> tuple[U.Summary, None]:
         F = self.F
+        step = self.exact if iteration < self.warmup else self.step  # randomized runs' exact warm-up
         for n in range(self.N):
-            F = self.step(F, n, iteration, evaluate)
+            F = step(F, n, iteration, evaluate)
         self.F = F
         return self.c.submit(U.summary, F, pure=False).result(), None
 
@@ -68,7 +70,8 @@ class OwnerModes:
         due = run.checkpoint and (iteration + 1) % run.checkpoint_every == 0
         last = due or iteration + 1 >= o.max_iters or m.randomized
         ahead = None if last else (iteration + 1, False, m.normX2, o.tol)
-        sketch = (int(o.samples), m.params["sample_entropy"], evaluate) if m.randomized else None
+        sampled = m.randomized and iteration >= int(o.warmup)  # randomized runs' exact warm-up first
+        sketch = (int(o.samples), m.params["sample_entropy"], evaluate) if sampled else None
         this = (iteration, iteration == 0, m.normX2, o.tol, sketch)
         return owner_summary(self.engine.iterate(owner_iteration, this, ahead), self.lower)
 

@@ -54,6 +54,16 @@ CP_ALS = O.option_set(
             "randomized methods: Khatri-Rao rows drawn per mode and iteration",
         ),
         O.Option(
+            "warmup",
+            1,
+            O.NONNEGATIVE_COUNT,
+            "int",
+            "randomized methods: exact iterations before the sampled ones (random factors spread the "
+            "leverage scores over rows that hold no nonzero, so on a sparse tensor almost no sampled "
+            "fiber holds one; an exact iteration zeroes those rows)",
+            spec_added_later=True,
+        ),
+        O.Option(
             "fit_every",
             None,
             O.OPTIONAL_COUNT,
