@@ -95,10 +95,16 @@ def test_dask_graph_matches_in_process_run(tmp_path, client, execution):
 def test_fit_every_and_stopping(tmp_path):
     p = synthetic.planted_cp((30, 30, 30), 3, 5_000, seed=fresh_seed())
     store = tfo.convert((p.coords, p.values), tmp_path / "p.zarr", shape=p.shape)
-    r = tfo.cp_als(store, 3, seed=1, method="arls-lev", samples=1000, max_iters=7, tol=0, fit_every=3)
+    kw = dict(seed=1, method="arls-lev", samples=1000, max_iters=7, tol=0, fit_every=3)
+    r = tfo.cp_als(store, 3, warmup=0, **kw)
     assert [h["fit_evaluated"] for h in r.history] == [False, False, True, False, False, True, True]
     assert r.history[0]["fit"] == 0.0 and r.history[2]["fit"] > 0
     assert r.history[3]["fit"] == r.history[2]["fit"]  # carried until the next evaluation
+    # the exact warm-up iteration (the default) evaluates its fit, which costs nothing more there
+    r = tfo.cp_als(store, 3, **kw)
+    assert [h["fit_evaluated"] for h in r.history] == [True, False, True, False, False, True, True]
+    assert r.history[0]["warmup"] and "reads" not in r.history[0] or not any(r.history[0]["reads"].values())
+    assert r.history[0]["fit"] > 0 and not any(h.get("warmup") for h in r.history[1:])
     r = tfo.cp_als(store, 3, seed=1, method="sts", samples=1000, max_iters=200, tol=1e-3)
     assert r.iterations < 200  # the best-of-last-3 rule stopped it
 

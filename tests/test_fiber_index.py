@@ -114,7 +114,8 @@ def test_sampled_cp_streamed_through_the_index_equals_in_memory(tmp_path, rng, m
     store, _, _ = _store(tmp_path, rng, int(rng.integers(3, 6)), nnz=4000)
     plain = tfo.convert(store.to_coo(), tmp_path / "plain", shape=store.shape)
     tfo.build_fiber_index(store, "all", chunk_nnz=256)
-    kw = dict(method=method, samples=600, seed=int(rng.integers(1 << 30)), max_iters=3, partitions=1)
+    # no exact warm-up: the in-memory and streamed exact MTTKRPs differ in rounding, the gathers do not
+    kw = dict(method=method, samples=600, seed=int(rng.integers(1 << 30)), max_iters=3, partitions=1, warmup=0)
     mem = tfo.cp_als(plain, 3, execution="in-memory", **kw)
     idx = tfo.cp_als(store, 3, execution="streaming", **kw)
     scan = tfo.cp_als(plain, 3, execution="streaming", **kw)
