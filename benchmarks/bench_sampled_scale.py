@@ -130,7 +130,8 @@ def main() -> None:
                     f"  {r['method']:<16} {r['seconds_per_round']:>8.2f} {ratio:>8.3f} "
                     f"{(r['nnz_read_per_round'] or 0):>13,.0f} {(nbytes or 0):>14,.0f} "
                     f"{(nbytes or 3 * entry['store_bytes']) / (3 * entry['store_bytes']):>8.3f} {r['fit']:>9.5f} "
-                    f"{(r['fit_ratio'] or 0):>8.3f} {(t95 or float('nan')):>8.1f} {(r['t95_ratio'] or float('nan')):>8.3f}"
+                    f"{(r['fit_ratio'] or 0):>8.3f} {(t95 or float('nan')):>8.1f} "
+                    f"{(r['t95_ratio'] or float('nan')):>8.3f}"
                 )
             out["stores"].append(entry)
     finally:
