@@ -101,9 +101,8 @@ def main() -> None:
             }
             print(f"\n{path}: {store.nnz:,} nonzeros, {entry['store_bytes'] / store.nnz:.2f} bytes a nonzero")
             for m, f in info["fiber_index"].items():
-                print(
-                    f"  fiber index mode {m}: {f['bytes_per_nnz']:.2f} bytes a nonzero, built in {f['build_seconds']:.1f} s"
-                )
+                built = f["build_seconds"]
+                print(f"  fiber index mode {m}: {f['bytes_per_nnz']:.2f} bytes a nonzero, built in {built:.1f} s")
             for method in args.methods.split(","):
                 row = _run(client, path, method, args)
                 entry["runs"].append(row)
