@@ -13,6 +13,7 @@ import pytest
 from conftest import random_coo
 
 import tensorflow_ooc as tfo
+from tensorflow_ooc.store.chunk_files import _crc32c as crc32c
 from tensorflow_ooc.errors import CorruptStoreError
 from tensorflow_ooc.execution.fiber_reads import indexed_sampled_partial, share_keys
 from tensorflow_ooc.format.fiber_keys import key_strides
@@ -57,6 +58,12 @@ def test_index_holds_the_nonzeros_sorted_by_fiber(tmp_path, rng, nmodes):
         assert np.array_equal(got.rows, rows)
         assert np.array_equal(got.values, values)
         assert got.bytes_read == index.mode(mode).stored_bytes() > 0
+        # the shard files are Zarr's: Zarr reads the same arrays back
+        import zarr
+
+        group = zarr.open_group(str(Path(store.path) / "fibers" / f"m{mode}"), mode="r")
+        assert np.array_equal(group["key"][:], keys) and np.array_equal(group["row"][:], rows)
+        assert np.array_equal(group["value"][:], values)
 
 
 @pytest.mark.parametrize("nmodes", [3, 4, 5])
@@ -178,12 +185,16 @@ def test_an_edited_or_foreign_index_is_refused(tmp_path, rng):
     first[0] = int(first[0]) + 1
     with pytest.raises(CorruptStoreError, match="tables were edited"):
         open_fiber_index(tfo.open_store(store.path)).mode(1)
-    # chunks swapped: each chunk's CRC32C holds, its position does not
-    m2 = Path(store.path) / "fibers" / "m2" / "value" / "c"
-    c0, c1 = m2 / "0", m2 / "1"
-    b0, b1 = c0.read_bytes(), c1.read_bytes()
-    c0.write_bytes(b1)
-    c1.write_bytes(b0)
+    # inner chunks swapped in their shard (its index rewritten with a valid CRC32C): each chunk's
+    # CRC32C holds, its position does not
+    shard = Path(store.path) / "fibers" / "m2" / "value" / "c" / "0"
+    raw = bytearray(shard.read_bytes())
+    n = 256 * 16 + 4
+    index = np.frombuffer(bytes(raw[-n:-4]), dtype="<u8").reshape(256, 2).copy()
+    index[[0, 1]] = index[[1, 0]]
+    body = index.tobytes()
+    raw[-n:] = body + int(crc32c(body)).to_bytes(4, "little")
+    shard.write_bytes(bytes(raw))
     with pytest.raises(CorruptStoreError, match="does not belong at this position"):
         indexed_sampled_partial(str(store.path), S, 2)
     # an index copied from another store of the same shape

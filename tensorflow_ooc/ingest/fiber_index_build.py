@@ -216,7 +216,7 @@ def _build_mode(src: Store, mode: int, chunk_nnz: int, max_entries: int, progres
         mode,
         f"{src.nnz:,}",
         meta["nchunks"],
-        sum(sum(v) for v in meta["chunk_bytes"].values()) / max(1, src.nnz),
+        meta["bytes"] / max(1, src.nnz),
         len(buckets) + (len(buckets) > 1),
         time.perf_counter() - t0,
     )

@@ -6,13 +6,15 @@ the mixed-radix number of those other indices (:func:`~tensorflow_ooc.format.fib
 Under the store's ``fibers`` group, per indexed mode ``m`` (docs/FORMAT.md, "Fiber index"):
 
 - ``m{m}/key`` uint64 (nnz,): the keys, sorted (nonzeros of one fiber in store order); Delta +
-  the profile's Blosc + CRC32C, as the ALTO index;
+  the profile's Blosc + CRC32C, as the ALTO index; like the two below, a Zarr v3 *sharded* array:
+  small inner chunks (the unit a fiber is read in), 256 to a shard file (:mod:`.shard_files`);
 - ``m{m}/row`` uint32 (uint64 past 2^32 rows): each nonzero's mode-``m`` index;
 - ``m{m}/value``: its value, coded as the store's values;
 - ``m{m}/first`` uint64 (nchunks,): each chunk's first key, the small table that finds the chunks
   of a fiber (one binary search; a fiber longer than a chunk spans neighbours);
 - ``m{m}/crc`` int64 (3, nchunks): the CRC32C each chunk of key, row and value ended with, by
-  position, so moved or swapped chunks are refused as the store's own are.
+  position, so moved or swapped chunks are refused as the store's own are;
+- ``m{m}/size`` int64 (3, nchunks): each chunk's stored bytes (what a round reports it read).
 
 The group's metadata binds the index to the store: the store's id and metadata checksum, and per
 mode the checksums of its arrays' Zarr metadata and of its tables. An index built for another
@@ -39,11 +41,11 @@ import zarr
 
 from ..errors import CorruptStoreError
 from ..format.fiber_keys import exact_keys
-from . import chunk_cache, paths
-from .chunk_files import ABSENT, ChunkDecodeError, ChunkFiles
+from . import paths
+from .chunk_files import ABSENT
 from .codecs import IndexCodecs, TableCodecs, ValueCodecs, quiet_numcodecs, value_padding
 from .metadata import CHECKSUM_KEY
-from .writer import DirectChunkWriter
+from .shard_files import SHARD_CHUNKS, ShardError, ShardReader, ShardWriter
 
 if TYPE_CHECKING:
     from .reader import Store
@@ -69,17 +71,18 @@ def _body_checksum(meta: dict) -> str:
 def _arrays_checksum(group) -> str:
     """SHA-256 over the Zarr metadata of a mode's arrays (codecs, dtypes, shapes, chunk grids)."""
     body = {}
-    for name in (*ARRAYS, "first", "crc"):
+    for name in (*ARRAYS, "first", "crc", "size"):
         d = dict(group[name].metadata.to_dict())
         d.pop("attributes", None)
         body[name] = d
     return _sha(json.dumps(body, sort_keys=True, separators=(",", ":"), default=str))
 
 
-def _tables_checksum(first: np.ndarray, crc: np.ndarray) -> str:
+def _tables_checksum(first: np.ndarray, crc: np.ndarray, size: np.ndarray) -> str:
     h = hashlib.sha256()
     h.update(np.ascontiguousarray(first, dtype="<u8").tobytes())
     h.update(np.ascontiguousarray(crc, dtype="<i8").tobytes())
+    h.update(np.ascontiguousarray(size, dtype="<i8").tobytes())
     return "sha256:" + h.hexdigest()
 
 
@@ -114,6 +117,7 @@ class ModeIndex:
         self.nchunks = int(meta["nchunks"])
         self.first: np.ndarray = group["first"][...] if self.nchunks else np.zeros(0, np.uint64)
         self.crc: np.ndarray = group["crc"][...] if self.nchunks else np.zeros((3, 0), np.int64)
+        self.size: np.ndarray = group["size"][...] if self.nchunks else np.zeros((3, 0), np.int64)
 
     def check(self) -> None:
         """Refuse arrays or tables that are not the ones the index was built with."""
@@ -123,9 +127,9 @@ class ModeIndex:
                 f"{self.store.path}: {where}: the Zarr metadata of its arrays was changed after it was built; "
                 f"build it again (tfooc fiber-index --overwrite)"
             )
-        if self.first.shape != (self.nchunks,) or self.crc.shape != (3, self.nchunks):
+        if self.first.shape != (self.nchunks,) or self.crc.shape != self.size.shape != (3, self.nchunks):
             raise CorruptStoreError(f"{self.store.path}: {where}: its chunk tables do not have {self.nchunks} chunks")
-        if _tables_checksum(self.first, self.crc) != self.meta["tables_checksum"]:
+        if _tables_checksum(self.first, self.crc, self.size) != self.meta["tables_checksum"]:
             raise CorruptStoreError(
                 f"{self.store.path}: {where}: its chunk tables were edited after it was built; build it again"
             )
@@ -133,13 +137,8 @@ class ModeIndex:
             raise CorruptStoreError(f"{self.store.path}: {where}: its chunk table is not sorted")
 
     @cached_property
-    def _files(self) -> tuple[ChunkFiles, ...]:
-        store_id = self.store.meta.get("store_id")
-        cache = chunk_cache.default_cache() if store_id and chunk_cache.wants_cache(self.group.store) else None
-        return tuple(
-            ChunkFiles(self.group[name], cache, (str(store_id), f"{GROUP}/m{self.mode}/{name}"), self.crc[k])
-            for k, name in enumerate(ARRAYS)
-        )
+    def _files(self) -> tuple[ShardReader, ...]:
+        return tuple(ShardReader(self.group[name]) for name in ARRAYS)
 
     @property
     def row_dtype(self) -> np.dtype:
@@ -161,14 +160,7 @@ class ModeIndex:
 
     def chunk_bytes(self, chunks: np.ndarray) -> int:
         """Stored bytes of ``chunks`` (of the three arrays): what reading them costs."""
-        return sum(self._stored(k, int(c)) for c in chunks for k in range(3))
-
-    def _stored(self, k: int, c: int) -> int:
-        return self._sizes[k][c]
-
-    @cached_property
-    def _sizes(self) -> list[np.ndarray]:
-        return [np.asarray(self.meta["chunk_bytes"][name], dtype=np.int64) for name in ARRAYS]
+        return int(self.size[:, np.asarray(chunks, dtype=np.int64)].sum())
 
     def read(self, chunks: np.ndarray, threads: int = 1) -> Gathered:
         """The entries of ``chunks`` (sorted chunk ids), concatenated in key order; every chunk's
@@ -185,21 +177,19 @@ class ModeIndex:
         values = np.empty(total + C, dtype=self.store.value_dtype)
         files = self._files
         ids = chunks.tolist()
-        for f in files:
-            f.prefetch(ids)
 
         def one(j: int) -> None:
             c, at, size = ids[j], int(starts[j]), int(sizes[j])
             for k, (f, out) in enumerate(zip(files, (keys, rows, values))):
                 try:
-                    r = f.read(c, out[at : at + C])
-                except ChunkDecodeError as exc:
-                    raise CorruptStoreError(f"{self.store.path}: fiber index of mode {self.mode}: {exc}") from exc
-                self._check_position(k, c, r.checksum)
-                if r.data.shape[0] != size:
-                    raise CorruptStoreError(f"{self.store.path}: fiber index of mode {self.mode}: chunk {c} is short")
-                if k == 0 and r.is_delta:
-                    np.cumsum(r.data, dtype=np.uint64, out=r.data)
+                    crc, _ = f.read(c, out[at : at + C])
+                except (ShardError, OSError) as exc:
+                    raise CorruptStoreError(
+                        f"{self.store.path}: fiber index of mode {self.mode}, '{ARRAYS[k]}': {exc}"
+                    ) from exc
+                self._check_position(k, c, crc)
+                if k == 0 and f.delta:
+                    np.cumsum(out[at : at + size], dtype=np.uint64, out=out[at : at + size])
 
         workers = max(1, min(int(threads), len(ids)))
         if workers > 1:
@@ -210,7 +200,7 @@ class ModeIndex:
                 one(j)
         keys, rows, values = keys[:total], rows[:total], values[:total]
         self._check_entries(chunks, starts[:-1], keys, rows)
-        nbytes = int(sum(self._sizes[k][chunks].sum() for k in range(3))) if ids else 0
+        nbytes = self.chunk_bytes(chunks) if ids else 0
         return Gathered(keys, rows, values, nbytes, len(ids))
 
     def _check_position(self, k: int, c: int, got: int | None) -> None:
@@ -245,7 +235,7 @@ class ModeIndex:
             raise CorruptStoreError(f"{self.store.path}: fiber index of mode {self.mode}: a key beyond the key space")
 
     def stored_bytes(self) -> int:
-        return int(sum(int(np.sum(s)) for s in self._sizes))
+        return int(self.size.sum())
 
 
 class FiberIndex:
@@ -283,7 +273,7 @@ class FiberIndex:
         out = {}
         for m in self.modes:
             mm = self.meta["modes"][str(m)]
-            nbytes = int(sum(sum(v) for v in mm["chunk_bytes"].values()))
+            nbytes = int(mm["bytes"])
             out[str(m)] = {
                 "nnz": mm["nnz"],
                 "chunks": mm["nchunks"],
@@ -323,8 +313,8 @@ def open_fiber_index(store: Store) -> FiberIndex | None:
 
 
 class ModeIndexWriter:
-    """Writes one mode's index from entries appended in key order, chunk by chunk, into a staging
-    group; :func:`publish_modes` moves finished modes into the store and records them."""
+    """Writes one mode's index from entries appended in key order, a shard at a time, into a
+    staging group; :func:`publish_modes` moves finished modes into the store and records them."""
 
     def __init__(self, store: Store, mode: int, chunk_nnz: int = DEFAULT_FIBER_CHUNK_NNZ) -> None:
         if not exact_keys(store.shape, mode):
@@ -338,8 +328,9 @@ class ModeIndexWriter:
         self.store = store
         self.mode = mode
         self.chunk_nnz = int(chunk_nnz)
+        self.shard_nnz = self.chunk_nnz * SHARD_CHUNKS
         self.t0 = time.perf_counter()
-        compression = store.meta.get("compression", "small")
+        self.compression = store.meta.get("compression", "small")
         self.row_dtype = row_dtype(store.shape[mode])
         self.remote = paths.is_url(store.path)
         base = store.path.rstrip("/")
@@ -350,34 +341,33 @@ class ModeIndexWriter:
             parent = Path(base).parent
             self.staging = str(parent / f".{Path(base).name}.{GROUP}-m{mode}.staging-{uuid.uuid4().hex[:8]}")
         self.group = zarr.open_group(self.staging, mode="w", zarr_format=3, **paths.read_options(self.staging))
-        n = max(1, store.nnz)
-        opts = {"shape": (n,), "chunks": (self.chunk_nnz,), "fill_value": 0}
-        with quiet_numcodecs():
-            self.arrays = {
-                "key": self.group.create_array(
-                    "key", dtype=np.uint64, **opts, **IndexCodecs(compression, "delta64").array_options()
-                ),
-                "row": self.group.create_array(
-                    "row", dtype=self.row_dtype, **opts, **ValueCodecs(self.row_dtype, compression).array_options()
-                ),
-            }
-        self._value_codecs = None
-        self._value_opts = (compression, opts)
+        self.arrays: dict = {}
+        self.writers: dict[str, ShardWriter] = {}
         self.pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.pending_n = 0
         self.written = 0
-        self.first: list[int] = []
+        self.first: list[np.ndarray] = []
+        self.crc: dict[str, list[np.ndarray]] = {name: [] for name in ARRAYS}
+        self.size: dict[str, list[np.ndarray]] = {name: [] for name in ARRAYS}
         self.last_key = -1
-        self._direct: dict = {}
 
-    def _values_array(self, sample: np.ndarray):
-        if "value" not in self.arrays:
-            compression, opts = self._value_opts
-            dtype = self.store.value_dtype
-            padding = value_padding(self.store.nnz, self.chunk_nnz)
-            codecs = ValueCodecs.for_sample(dtype, compression, sample, padding)
-            self.arrays["value"] = self.group.create_array("value", dtype=dtype, **opts, **codecs.array_options())
-        return self.arrays["value"]
+    def _create(self, sample_values: np.ndarray) -> None:
+        """The three sharded arrays (the values' codecs chosen from a sample, as the store's)."""
+        n = max(1, self.store.nnz)
+        opts = {"shape": (n,), "chunks": (self.chunk_nnz,), "shards": (self.shard_nnz,), "fill_value": 0}
+        padding = value_padding(self.store.nnz, self.chunk_nnz)
+        codecs = {
+            "key": IndexCodecs(self.compression, "delta64").array_options(),
+            "row": ValueCodecs(self.row_dtype, self.compression).array_options(),
+            "value": ValueCodecs.for_sample(
+                self.store.value_dtype, self.compression, sample_values, padding
+            ).array_options(),
+        }
+        dtypes = {"key": np.uint64, "row": self.row_dtype, "value": self.store.value_dtype}
+        with quiet_numcodecs():
+            for name in ARRAYS:
+                self.arrays[name] = self.group.create_array(name, dtype=dtypes[name], **opts, **codecs[name])
+                self.writers[name] = ShardWriter(self.arrays[name])
 
     def append(self, keys: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
         """Entries following every entry appended so far in key order."""
@@ -388,7 +378,7 @@ class ModeIndexWriter:
         self.last_key = int(keys[-1])
         self.pending.append((keys, rows, values))
         self.pending_n += keys.shape[0]
-        if self.pending_n >= self.chunk_nnz:
+        if self.pending_n >= self.shard_nnz:
             self._flush(final=False)
 
     def _flush(self, final: bool) -> None:
@@ -397,36 +387,25 @@ class ModeIndexWriter:
         keys = np.concatenate([p[0] for p in self.pending])
         rows = np.concatenate([p[1] for p in self.pending])
         values = np.concatenate([p[2] for p in self.pending])
-        take = keys.shape[0] if final else keys.shape[0] // self.chunk_nnz * self.chunk_nnz
-        if take:
-            stop = self.written + take
-            self._values_array(values[: self.chunk_nnz])
-            self._write("key", keys[:take])
-            self._write("row", rows[:take].astype(self.row_dtype))
-            self._write("value", values[:take].astype(self.store.value_dtype))
-            self.first.extend(int(k) for k in keys[: take : self.chunk_nnz])
-            self.written = stop
+        take = keys.shape[0] if final else keys.shape[0] // self.shard_nnz * self.shard_nnz
+        if not self.arrays:
+            self._create(values[: self.chunk_nnz])
+        for at in range(0, take, self.shard_nnz):
+            stop = min(take, at + self.shard_nnz)
+            shard = (self.written + at) // self.shard_nnz
+            for name, data in (
+                ("key", keys[at:stop]),
+                ("row", rows[at:stop].astype(self.row_dtype)),
+                ("value", values[at:stop].astype(self.store.value_dtype)),
+            ):
+                crcs, sizes = self.writers[name].write(shard, data)
+                self.crc[name].append(crcs)
+                self.size[name].append(sizes)
+            self.first.append(np.ascontiguousarray(keys[at : stop : self.chunk_nnz]))
+        self.written += take
         rest = keys.shape[0] - take
         self.pending = [(keys[take:], rows[take:], values[take:])] if rest else []
         self.pending_n = rest
-
-    def _write(self, name: str, data: np.ndarray) -> None:
-        """Entries ``written ..`` of array ``name``: whole chunks, the last padded with zeros as
-        Zarr pads it (local stores write the chunk files directly, as the store writer does)."""
-        arr = self.arrays[name]
-        if name not in self._direct:
-            self._direct[name] = DirectChunkWriter.for_array(arr)
-        direct = self._direct[name]
-        if direct is None:
-            with quiet_numcodecs():
-                arr[self.written : self.written + data.shape[0]] = data
-            return
-        c0 = self.written // self.chunk_nnz
-        for k in range(-(-data.shape[0] // self.chunk_nnz)):
-            part = data[k * self.chunk_nnz : (k + 1) * self.chunk_nnz]
-            if part.shape[0] < self.chunk_nnz:
-                part = np.concatenate([part, np.zeros(self.chunk_nnz - part.shape[0], dtype=part.dtype)])
-            direct.write(c0 + k, part)
 
     def finish(self) -> dict:
         """Write what is pending and the chunk tables; the mode's metadata for :func:`publish_modes`."""
@@ -435,16 +414,17 @@ class ModeIndexWriter:
             raise RuntimeError(
                 f"fiber index of mode {self.mode}: {self.written:,} entries written for {self.store.nnz:,} nonzeros"
             )
-        nchunks = len(self.first)
-        self._values_array(np.zeros(1, self.store.value_dtype))
-        crc = np.zeros((3, nchunks), dtype=np.int64)
-        sizes = {}
-        for k, name in enumerate(ARRAYS):
-            files = ChunkFiles(self.arrays[name])
-            crc[k] = [files.stored_checksum(c) for c in range(nchunks)]
-            sizes[name] = [self._chunk_size(name, c) for c in range(nchunks)]
-        first = np.asarray(self.first, dtype=np.uint64)
-        for name, arr in (("first", first), ("crc", crc)):
+        if not self.arrays:
+            self._create(np.zeros(1, self.store.value_dtype))
+        first = np.concatenate([np.zeros(0, np.uint64), *self.first])
+        nchunks = first.shape[0]
+        crc = np.array([np.concatenate([np.zeros(0, np.int64), *self.crc[name]]) for name in ARRAYS]).reshape(
+            3, nchunks
+        )
+        size = np.array([np.concatenate([np.zeros(0, np.int64), *self.size[name]]) for name in ARRAYS]).reshape(
+            3, nchunks
+        )
+        for name, arr in (("first", first), ("crc", crc), ("size", size)):
             a = self.group.create_array(
                 name,
                 shape=arr.shape,
@@ -464,24 +444,10 @@ class ModeIndexWriter:
             "row_dtype": self.row_dtype.str,
             "key_space": math.prod(s for m, s in enumerate(self.store.shape) if m != self.mode),
             "arrays_checksum": arrays_sum,
-            "tables_checksum": _tables_checksum(first, crc),
-            "chunk_bytes": sizes,
+            "tables_checksum": _tables_checksum(first, crc, size),
+            "bytes": int(size.sum()),
             "build_seconds": time.perf_counter() - self.t0,
         }
-
-    def _chunk_size(self, name: str, c: int) -> int:
-        arr = self.arrays[name]
-        key = arr.metadata.chunk_key_encoding.encode_chunk_key((c,))
-        full = f"{self.staging.rstrip('/')}/{name}/{key}"
-        if self.remote:
-            import fsspec
-
-            fs, p = fsspec.core.url_to_fs(full)
-            return int(fs.size(p)) if fs.exists(p) else 0
-        try:
-            return Path(full).stat().st_size
-        except FileNotFoundError:
-            return 0
 
     def abort(self) -> None:
         """Remove the staging group (the store's published index is untouched; remote: the mode)."""

@@ -1,0 +1,205 @@
+"""Inner chunks of sharded 1-D Zarr arrays, written and read straight from their shard files.
+
+Zarr v3's sharding codec keeps many small inner chunks in one file per shard, followed by an index
+of (offset, bytes) per inner chunk and its CRC32C. A sampled round reads a few thousand inner
+chunks scattered over a fiber index: one file a chunk cost about 30 us an array in opening,
+mapping and checking it (measured in docs/FORMAT.md, "Fiber index"); here a chunk is one ``pread``
+of a file kept open (a ranged GET in object storage), its CRC32C checked and Blosc decoding it into
+the caller's buffer. The bytes are those Zarr writes and reads (a test compares them), for this
+package's inner chains only: optional Delta on uint64, little-endian bytes, Blosc, CRC32C.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import zarr
+from numcodecs import blosc
+from zarr.storage import LocalStore
+
+from ..disk import disk_full_error, is_disk_full
+from .chunk_files import _crc32c
+from .codecs import StoredChain
+
+EMPTY = np.uint64(2**64 - 1)  # an inner chunk never written (Zarr's fill value)
+SHARD_CHUNKS = 256  # inner chunks a shard
+
+
+class ShardError(ValueError):
+    """A shard's index or an inner chunk fails its checksum or does not decode."""
+
+
+def _inner(array: zarr.Array) -> tuple[int, int, StoredChain]:
+    codec = array.metadata.codecs[0]
+    inner = int(codec.chunk_shape[0])
+    per = int(array.metadata.chunk_grid.chunk_shape[0]) // inner
+    chain = StoredChain.of(SimpleNamespace(metadata=SimpleNamespace(codecs=list(codec.codecs)), dtype=array.dtype))
+    if not chain.known or not chain.crc:
+        raise ValueError(f"{array.path}: not one of this package's inner codec chains")
+    return inner, per, chain
+
+
+class _Files:
+    """Where an array's shard files are: a local folder, or an fsspec file system and prefix."""
+
+    def __init__(self, array: zarr.Array) -> None:
+        self.array = array
+        store = array.store
+        self.local = Path(store.root) if isinstance(store, LocalStore) else None
+        self.fs = getattr(store, "fs", None)
+        self.prefix = str(getattr(store, "path", "")).rstrip("/")
+
+    def path(self, s: int) -> str:
+        key = self.array.metadata.chunk_key_encoding.encode_chunk_key((s,))
+        rel = f"{self.array.path}/{key}" if self.array.path else key
+        if self.local is not None:
+            return str(self.local / rel)
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+
+class ShardWriter:
+    """Writes whole shards of a sharded 1-D array, as Zarr would (the bytes are Zarr's)."""
+
+    def __init__(self, array: zarr.Array) -> None:
+        self.array = array
+        self.chunk_len, self.per_shard, chain = _inner(array)
+        self.delta = chain.delta
+        self.blosc = chain.numcodecs_blosc()
+        self.dtype = np.dtype(array.dtype)
+        self.files = _Files(array)
+
+    def write(self, s: int, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Shard ``s`` from ``data`` (a whole shard, or the array's last entries); the last inner
+        chunk is padded with zeros as Zarr pads it. Returns per inner chunk written its CRC32C
+        and stored bytes."""
+        data = np.ascontiguousarray(data, dtype=self.dtype)
+        C = self.chunk_len
+        n = -(-data.shape[0] // C)
+        parts, crcs, sizes = [], np.zeros(n, np.int64), np.zeros(n, np.int64)
+        index = np.full((self.per_shard, 2), EMPTY, dtype="<u8")
+        at = 0
+        for j in range(n):
+            chunk = data[j * C : (j + 1) * C]
+            if chunk.shape[0] < C:
+                chunk = np.concatenate([chunk, np.zeros(C - chunk.shape[0], dtype=self.dtype)])
+            if self.delta:
+                d = np.empty_like(chunk)
+                d[0] = chunk[0]
+                np.subtract(chunk[1:], chunk[:-1], out=d[1:])
+                chunk = d
+            body = self.blosc.encode(chunk) if self.blosc is not None else chunk.view(np.uint8).tobytes()
+            crc = int(_crc32c(body))
+            blob = bytes(body) + crc.to_bytes(4, "little")
+            parts.append(blob)
+            index[j] = (at, len(blob))
+            crcs[j], sizes[j] = crc, len(blob)
+            at += len(blob)
+        raw = index.tobytes()
+        parts.append(raw + int(_crc32c(raw)).to_bytes(4, "little"))
+        payload = b"".join(parts)
+        path = self.files.path(s)
+        try:
+            if self.files.local is not None:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(payload)
+            else:
+                self.files.fs.pipe_file(path, payload)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            if self.files.local is not None:
+                Path(path).unlink(missing_ok=True)
+            raise disk_full_error(exc, path, needed=len(payload)) from exc
+        return crcs, sizes
+
+
+class ShardReader:
+    """Reads inner chunks of a sharded 1-D array: each shard's index once, then one ranged read
+    of the chunk's bytes (local files stay open)."""
+
+    def __init__(self, array: zarr.Array) -> None:
+        self.array = array
+        self.chunk_len, self.per_shard, chain = _inner(array)
+        self.delta = chain.delta
+        self.raw = chain.raw
+        self.dtype = np.dtype(array.dtype)
+        self.files = _Files(array)
+        self._index: dict[int, np.ndarray] = {}
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def _range(self, s: int, start: int, stop: int) -> bytes:
+        if self.files.local is not None:
+            fd = self._fds.get(s)
+            if fd is None:
+                with self._lock:
+                    fd = self._fds.get(s)
+                    if fd is None:
+                        fd = self._fds[s] = os.open(self.files.path(s), os.O_RDONLY)
+            return os.pread(fd, stop - start, start)
+        return self.files.fs.cat_file(self.files.path(s), start=start, end=stop)
+
+    def _shard_index(self, s: int) -> np.ndarray:
+        got = self._index.get(s)
+        if got is not None:
+            return got
+        n = self.per_shard * 16 + 4
+        try:
+            if self.files.local is not None:
+                size = os.path.getsize(self.files.path(s))
+            else:
+                size = int(self.files.fs.size(self.files.path(s)))
+        except FileNotFoundError:
+            raise ShardError(f"shard {s} is missing") from None
+        if size < n:
+            raise ShardError(f"shard {s} is shorter than its index")
+        raw = self._range(s, size - n, size)
+        if int(_crc32c(raw[:-4])) != int.from_bytes(raw[-4:], "little"):
+            raise ShardError(f"shard {s}: its index fails its CRC32C checksum")
+        index = np.frombuffer(raw[:-4], dtype="<u8").reshape(self.per_shard, 2)
+        live = index[:, 0] != EMPTY
+        if np.any(index[live, 0] + index[live, 1] > size - n):
+            raise ShardError(f"shard {s}: its index points past its chunks")
+        self._index[s] = index
+        return index
+
+    def read(self, c: int, out: np.ndarray) -> tuple[int, int]:
+        """Inner chunk ``c`` decoded into ``out`` (``chunk_len`` elements; Delta's differences are
+        left for the caller, see :attr:`delta`). Returns its CRC32C and stored bytes."""
+        s, j = divmod(int(c), self.per_shard)
+        off, nbytes = (int(x) for x in self._shard_index(s)[j])
+        if off == int(EMPTY):
+            raise ShardError(f"chunk {c} is missing")
+        blob = self._range(s, off, off + nbytes)
+        body, crc = memoryview(blob)[:-4], int.from_bytes(blob[-4:], "little")
+        if int(_crc32c(body)) != crc:
+            raise ShardError(f"chunk {c}: CRC32C checksum mismatch")
+        if self.raw:
+            view = np.frombuffer(body, dtype=self.dtype)
+            if view.shape[0] != self.chunk_len:
+                raise ShardError(f"chunk {c}: {view.shape[0]} elements, expected {self.chunk_len}")
+            out[: self.chunk_len] = view
+            return crc, nbytes
+        if len(body) < 16 or int.from_bytes(body[4:8], "little") != self.chunk_len * self.dtype.itemsize:
+            raise ShardError(f"chunk {c}: does not decode to {self.chunk_len} elements")
+        try:
+            blosc.decompress(body, out[: self.chunk_len])
+        except Exception as exc:
+            raise ShardError(f"chunk {c}: Blosc cannot decode it ({exc})") from exc
+        return crc, nbytes
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __del__(self) -> None:  # pragma: no cover - process exit
+        try:
+            self.close()
+        except Exception:
+            pass
