@@ -13,12 +13,12 @@ import pytest
 from conftest import random_coo
 
 import tensorflow_ooc as tfo
-from tensorflow_ooc.store.chunk_files import _crc32c as crc32c
 from tensorflow_ooc.errors import CorruptStoreError
 from tensorflow_ooc.execution.fiber_reads import indexed_sampled_partial, share_keys
 from tensorflow_ooc.format.fiber_keys import key_strides
 from tensorflow_ooc.kernels.sampling.fiber_gather import FiberIndex, sampled_mttkrp_items
 from tensorflow_ooc.kernels.sampling.krp_sampler import SampleSet
+from tensorflow_ooc.store.chunk_files import _crc32c as crc32c
 from tensorflow_ooc.store.fiber_index import open_fiber_index
 
 

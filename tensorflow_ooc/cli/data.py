@@ -516,7 +516,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         help="also write the fiber index of these modes ('all' or mode numbers like 0,2): randomized CP "
         "and rTT-ALS then read only the sampled fibers each round (--rewrite: default the source's modes)",
     )
-    c.add_argument("--fiber-chunk-nnz", type=_positive_int, help="entries per fiber-index chunk (default 4096)")
+    c.add_argument("--fiber-chunk-nnz", type=_positive_int, help="entries per fiber-index chunk (default 1024)")
     c.set_defaults(func=cmd_convert)
 
     f = add(
@@ -534,8 +534,8 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     f.add_argument(
         "--chunk-nnz",
         type=_positive_int,
-        default=4096,
-        help="entries per index chunk, the unit a sampled fiber is read in (default 4096)",
+        default=1024,
+        help="entries per index chunk, the unit a sampled fiber is read in (default 1024)",
     )
     f.add_argument("--memory-limit", type=parse_size, help="memory the sort may hold, e.g. 2GB (default 2 GiB)")
     f.add_argument("--overwrite", action="store_true", help="rebuild modes that already have an index")

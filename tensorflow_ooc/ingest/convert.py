@@ -371,7 +371,7 @@ def convert(
         Also write the fiber index of these modes (see :func:`~tensorflow_ooc.build_fiber_index`),
         so randomized CP and rTT-ALS read only the sampled fibers; built in the same memory budget.
     fiber_chunk_nnz : int, optional
-        Entries per fiber-index chunk (default 4096).
+        Entries per fiber-index chunk (default 1024).
     compression : {"fast", "small", "none"}
         Chunk compression profile: "fast" (default) decodes quickly, which streaming MTTKRP feels
         on every mode; "small" makes the smallest stores; "none" stores raw chunks (with their

@@ -55,7 +55,7 @@ INDEX_KEY = "fiber_index"
 INDEX_VERSION = 1
 #: nonzeros per chunk of an index: a sampled fiber costs the read of its chunk, so chunks are
 #: small (docs/FORMAT.md, "Fiber index", has the measurements that chose it)
-DEFAULT_FIBER_CHUNK_NNZ = 4096
+DEFAULT_FIBER_CHUNK_NNZ = 1024
 ARRAYS = ("key", "row", "value")
 
 
