@@ -241,3 +241,49 @@ def test_cli_builds_reports_and_refuses(tmp_path, rng):
     for bad, said in ((["--modes", "1"], "already have a fiber index"), (["--modes", "7"], "not modes")):
         r = _cli("fiber-index", str(tmp_path / "s"), *bad, cwd=tmp_path)
         assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr
+
+
+def test_estimated_fit_against_the_dense_fit(tmp_path, rng):
+    from tensorflow_ooc.decompositions.cp import updates as U
+    from tensorflow_ooc.decompositions.cp.cp_steps import model_norm_sq
+    from tensorflow_ooc.decompositions.cp.fit_estimate import estimated_fit
+    from tensorflow_ooc.execution.nonzero_sample import sample_nonzeros
+
+    store, coords, values = _store(tmp_path, rng, int(rng.integers(3, 6)), nnz=4000)
+    R = 3
+    state = U.random_factors(store.shape, R, int(rng.integers(1 << 30)), "float64")
+    state.weights = rng.random(R) + 0.5
+    X = np.zeros(store.shape)
+    X[tuple(coords.T)] = values
+    M = np.zeros(store.shape)
+    for r in range(R):
+        t = state.weights[r]
+        for n in range(store.nmodes):
+            t = np.multiply.outer(t, state.views[n][:, r])
+        M += t
+    true = 1 - np.linalg.norm(X - M) / np.linalg.norm(X)
+    norm_model2 = model_norm_sq(U.summary(state))
+    full = sample_nonzeros(str(store.path), store.nnz, 1)  # rate 1: every nonzero, the exact fit
+    fit, se = estimated_fit(state, full, store.norm_sq, norm_model2)
+    assert full.values.shape[0] == store.nnz and se == 0.0
+    assert abs(fit - true) < 1e-9
+    # a third of the nonzeros: within a few standard errors, over fresh samples
+    z = []
+    for seed in range(20):
+        part = sample_nonzeros(str(store.path), store.nnz // 3, int(rng.integers(1 << 30)) + seed)
+        est, se = estimated_fit(state, part, store.norm_sq, norm_model2)
+        assert se > 0
+        z.append((est - true) / se)
+    assert np.all(np.abs(z) < 5) and abs(np.mean(z)) < 1.5
+
+
+def test_randomized_records_say_which_fit_they_hold(tmp_path, rng):
+    shape = (20, 25, 30)
+    store = tfo.convert(random_coo(rng, shape, 4000), tmp_path / "s", shape=shape)
+    r = tfo.cp_als(store, 3, method="sts", samples=500, max_iters=5, fit_every=4, tol=0, seed=1, fit_sample=1000)
+    sources = [h["fit_source"] for h in r.history]
+    assert sources == ["exact", "carried", "carried", "exact", "exact"]  # warm-up, 2 sampled, every 4th, last
+    for h in r.history:
+        assert ("fit_estimate" in h) == (h["fit_source"] == "carried")
+    h = r.history[2]
+    assert 0 < h["fit_estimate_se"] < 0.1 and abs(h["fit_estimate"] - r.history[3]["fit"]) < 0.2

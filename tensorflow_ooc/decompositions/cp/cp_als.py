@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import StoreError
+from ...execution.nonzero_sample import sample_nonzeros
 from ...store import Store
 from ...store.dense import DenseArray
 from ..common.cp_result import CPResult, arrange
@@ -35,6 +36,7 @@ from .cp_steps import (
     model_norm_sq,
     sampled_reads_plan,
 )
+from .fit_estimate import estimated_fit
 from .iteration import GraphModes, OwnerModes
 from .options import CP_ALS
 from .updates import HALS_SWEEPS
@@ -178,6 +180,13 @@ class CPIterations:
             self.modes = GraphModes(c, graph, F, self)
             if self.randomized:
                 params["sampled_reads"] = sampled_reads_plan(graph, store)
+        self.fit_sample = None  # randomized runs: the nonzeros their estimated fits evaluate the model at
+        if self.randomized and o.fit_sample and isinstance(self.modes, GraphModes) and not store.dense:
+            seed = params["sample_entropy"]
+            self.fit_sample = c.submit(
+                sample_nonzeros, store.path, int(o.fit_sample), seed, pure=False, **graph.placement
+            )
+        self.c, self.placement = c, graph.placement
         self.evaluated = [h["fit"] for h in self.history if h.get("fit_evaluated", True)]
         self.empty_seen: dict[int, int] = {}
         # bytes read from the store per iteration (for monitoring): a streaming pass reads every
@@ -221,9 +230,28 @@ class CPIterations:
         )
         if warmup:
             record["warmup"] = True
+        if self.randomized:
+            # which fit the record holds: evaluated exactly (a full pass), or the last one carried
+            record["fit_source"] = "exact" if evaluate else "carried"
+            if self.fit_sample is not None and not evaluate:
+                est = self.c.submit(
+                    estimated_fit, self.modes.F, self.fit_sample, self.normX2, norm_model2, pure=False, **self.placement
+                )
+                record["fit_estimate"], record["fit_estimate_se"] = est.result()
         if exchange is not None:
             record.update(exchange)
         self.history.append(record)
+        if "fit_estimate" in record:  # a sampled round between exact fits
+            log.info(
+                "iteration %d: fit %.6f (carried), estimated %.6f +- %.1e, %.3f s",
+                iteration + 1,
+                self.fit,
+                record["fit_estimate"],
+                record["fit_estimate_se"],
+                record["seconds"],
+                extra={"iteration": iteration + 1},
+            )
+            return record
         log.info(
             "iteration %d: fit %.6f (change %.2e), %.3f s",
             iteration + 1,

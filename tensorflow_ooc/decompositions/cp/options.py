@@ -64,6 +64,17 @@ CP_ALS = O.option_set(
             spec_added_later=True,
         ),
         O.Option(
+            "fit_sample",
+            65536,
+            O.NONNEGATIVE_COUNT,
+            "int",
+            "randomized methods: nonzeros sampled once per run for an estimated fit (with its standard "
+            "error) of the rounds whose exact fit is not evaluated (0: none)",
+            details="The exact fit is a full pass over the nonzeros; the estimate evaluates the model at "
+            "the sample only. Stopping still uses the exact fits.",
+            spec_added_later=True,
+        ),
+        O.Option(
             "fit_every",
             None,
             O.OPTIONAL_COUNT,
