@@ -111,8 +111,16 @@ def test_a_round_reads_only_the_sampled_fibers_chunks(tmp_path, rng):
     mode_index = index.mode(1)
     assert got.reads["chunks_read"] < mode_index.nchunks / 4
     # exactly the stored bytes of the chunks read, a fraction of the index
-    chunks = mode_index.chunks_of((S.coords.astype(np.uint64) * key_strides(shape, 1)).sum(axis=1, dtype=np.uint64))
+    keys = (S.coords.astype(np.uint64) * key_strides(shape, 1)).sum(axis=1, dtype=np.uint64)
+    chunks = mode_index.chunks_of(keys[mode_index.may_hold(keys)])
     assert got.reads["bytes_read"] == mode_index.chunk_bytes(chunks) < mode_index.stored_bytes() / 4
+    # the Bloom filter: every fiber with nonzeros passes, nearly all without are skipped unread
+    coords1 = coords.copy()
+    coords1[:, 1] = 0
+    real = np.unique((coords1.astype(np.uint64) * key_strides(shape, 1)).sum(axis=1, dtype=np.uint64))
+    assert mode_index.may_hold(real).all()
+    absent = np.setdiff1d(rng.integers(0, 200 * 400, 20000).astype(np.uint64), real)
+    assert mode_index.may_hold(absent).mean() < 0.05
     assert got.reads["fibers"] >= 1 and got.reads["nnz"] >= 1
 
 
@@ -166,7 +174,9 @@ def _meta_path(store):
 
 
 def test_an_edited_or_foreign_index_is_refused(tmp_path, rng):
-    store, coords, _ = _store(tmp_path, rng, 3)
+    shape = (20, 25, 30)  # 3000 nonzeros: shards of many 128-entry chunks
+    coords, values = random_coo(rng, shape, 3000)
+    store = tfo.convert((coords, values), tmp_path / "s", shape=shape)
     tfo.build_fiber_index(store, "all", chunk_nnz=128)
     S = _samples(rng, coords, store.shape, 0, 40, 2)
     # metadata edited: a count changed
@@ -198,11 +208,17 @@ def test_an_edited_or_foreign_index_is_refused(tmp_path, rng):
     with pytest.raises(CorruptStoreError, match="does not belong at this position"):
         indexed_sampled_partial(str(store.path), S, 2)
     # an index copied from another store of the same shape
-    other, _, _ = _store(tmp_path, rng, 3, name="other")
+    other = tfo.convert(random_coo(rng, shape, 3000), tmp_path / "other", shape=shape)
     shutil.rmtree(Path(other.path) / "fibers", ignore_errors=True)
     shutil.copytree(Path(store.path) / "fibers", Path(other.path) / "fibers")
     with pytest.raises(CorruptStoreError, match="another store"):
         open_fiber_index(tfo.open_store(other.path))
+    # the Bloom filter edited: refused when first used
+    tfo.build_fiber_index(store, [0], overwrite=True, chunk_nnz=128)
+    bloom = zarr.open_array(str(Path(store.path) / "fibers" / "m0" / "bloom"), mode="r+")
+    bloom[0] = int(bloom[0]) ^ 1
+    with pytest.raises(CorruptStoreError, match="Bloom filter was edited"):
+        indexed_sampled_partial(str(store.path), S, 0)
 
 
 def test_rewrite_keeps_the_index_and_info_reports_it(tmp_path, rng):

@@ -8,6 +8,7 @@ lengths exceeds 2^63 the keys wrap (a hash); :func:`exact_keys` says whether the
 
 from __future__ import annotations
 
+import numba as nb
 import numpy as np
 
 
@@ -36,3 +37,57 @@ def sample_keys(coords: np.ndarray, shape: tuple[int, ...], mode: int) -> np.nda
     """uint64 keys of sampled multi-indices ``coords`` (S, N); column ``mode`` is ignored."""
     strides = key_strides(shape, mode)
     return (np.asarray(coords, dtype=np.int64).astype(np.uint64) * strides[None, :]).sum(axis=1, dtype=np.uint64)
+
+
+# --- a Bloom filter of the keys a fiber index holds: sampled fibers that hold no nonzero are
+# most draws on sparse tensors (CP-ARLS-LEV on an 86 M planted tensor: 2 M matched of 65 k fibers
+# a mode), and each cost the read of the chunk its key falls in; the filter skips nearly all
+
+BLOOM_BITS_PER_KEY = 8
+BLOOM_HASHES = 4
+
+
+def bloom_words(distinct_keys: int) -> int:
+    """uint64 words of a filter for ``distinct_keys`` keys: a power of two, at least 8 bits a key."""
+    bits = max(64, BLOOM_BITS_PER_KEY * max(1, int(distinct_keys)))
+    return 1 << max(0, (bits - 1).bit_length() - 6)
+
+
+@nb.njit(inline="always")
+def _mix(x):
+    # splitmix64's finalizer: every bit of the key reaches every bit of the hash
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@nb.njit(nogil=True, cache=True)
+def bloom_insert(keys, words):
+    """Set the bits of ``keys`` (uint64) in the filter ``words`` (uint64, a power of two long)."""
+    mask = np.uint64(words.shape[0] * 64 - 1)
+    for i in range(keys.shape[0]):
+        h = _mix(keys[i])
+        step = _mix(h) | np.uint64(1)
+        for _ in range(BLOOM_HASHES):
+            b = h & mask
+            words[b >> np.uint64(6)] |= np.uint64(1) << (b & np.uint64(63))
+            h += step
+
+
+@nb.njit(nogil=True, cache=True)
+def bloom_query(keys, words):
+    """Whether each key may be in the filter (no false negatives)."""
+    mask = np.uint64(words.shape[0] * 64 - 1)
+    out = np.empty(keys.shape[0], dtype=np.bool_)
+    for i in range(keys.shape[0]):
+        h = _mix(keys[i])
+        step = _mix(h) | np.uint64(1)
+        hit = True
+        for _ in range(BLOOM_HASHES):
+            b = h & mask
+            if (words[b >> np.uint64(6)] >> (b & np.uint64(63))) & np.uint64(1) == 0:
+                hit = False
+                break
+            h += step
+        out[i] = hit
+    return out

@@ -14,7 +14,9 @@ Under the store's ``fibers`` group, per indexed mode ``m`` (docs/FORMAT.md, "Fib
   of a fiber (one binary search; a fiber longer than a chunk spans neighbours);
 - ``m{m}/crc`` int64 (3, nchunks): the CRC32C each chunk of key, row and value ended with, by
   position, so moved or swapped chunks are refused as the store's own are;
-- ``m{m}/size`` int64 (3, nchunks): each chunk's stored bytes (what a round reports it read).
+- ``m{m}/size`` int64 (3, nchunks): each chunk's stored bytes (what a round reports it read);
+- ``m{m}/bloom`` uint64: a Bloom filter of the keys (8 bits a fiber, 4 hashes), so sampled fibers
+  that hold no nonzero (most draws on sparse tensors) cost no chunk read.
 
 The group's metadata binds the index to the store: the store's id and metadata checksum, and per
 mode the checksums of its arrays' Zarr metadata and of its tables. An index built for another
@@ -40,7 +42,7 @@ import numpy as np
 import zarr
 
 from ..errors import CorruptStoreError
-from ..format.fiber_keys import exact_keys
+from ..format.fiber_keys import bloom_insert, bloom_query, bloom_words, exact_keys
 from . import paths
 from .chunk_files import ABSENT
 from .codecs import IndexCodecs, TableCodecs, ValueCodecs, quiet_numcodecs, value_padding
@@ -71,7 +73,7 @@ def _body_checksum(meta: dict) -> str:
 def _arrays_checksum(group) -> str:
     """SHA-256 over the Zarr metadata of a mode's arrays (codecs, dtypes, shapes, chunk grids)."""
     body = {}
-    for name in (*ARRAYS, "first", "crc", "size"):
+    for name in (*ARRAYS, "first", "crc", "size", "bloom"):
         d = dict(group[name].metadata.to_dict())
         d.pop("attributes", None)
         body[name] = d
@@ -84,6 +86,10 @@ def _tables_checksum(first: np.ndarray, crc: np.ndarray, size: np.ndarray) -> st
     h.update(np.ascontiguousarray(crc, dtype="<i8").tobytes())
     h.update(np.ascontiguousarray(size, dtype="<i8").tobytes())
     return "sha256:" + h.hexdigest()
+
+
+def _array_sha(a: np.ndarray) -> str:
+    return "sha256:" + hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
 
 
 def row_dtype(length: int) -> np.dtype:
@@ -157,6 +163,21 @@ class ModeIndex:
         span = hi - lo + 1
         starts = np.repeat(lo - np.cumsum(np.concatenate([[0], span[:-1]])), span)
         return np.unique(starts + np.arange(int(span.sum())))
+
+    @cached_property
+    def bloom(self) -> np.ndarray:
+        """The Bloom filter of the mode's keys (read on first use, its checksum checked)."""
+        words = self.group["bloom"][...]
+        if _array_sha(words) != self.meta["bloom_checksum"]:
+            raise CorruptStoreError(
+                f"{self.store.path}: fiber index of mode {self.mode}: its Bloom filter was edited after it was "
+                "built; build it again"
+            )
+        return words
+
+    def may_hold(self, keys: np.ndarray) -> np.ndarray:
+        """Whether each key's fiber may hold nonzeros (False: it holds none, for certain)."""
+        return bloom_query(np.ascontiguousarray(keys, dtype=np.uint64), self.bloom)
 
     def chunk_bytes(self, chunks: np.ndarray) -> int:
         """Stored bytes of ``chunks`` (of the three arrays): what reading them costs."""
@@ -350,6 +371,7 @@ class ModeIndexWriter:
         self.crc: dict[str, list[np.ndarray]] = {name: [] for name in ARRAYS}
         self.size: dict[str, list[np.ndarray]] = {name: [] for name in ARRAYS}
         self.last_key = -1
+        self.distinct = 0  # distinct keys (fibers): the Bloom filter's size
 
     def _create(self, sample_values: np.ndarray) -> None:
         """The three sharded arrays (the values' codecs chosen from a sample, as the store's)."""
@@ -375,6 +397,8 @@ class ModeIndexWriter:
             return
         if int(keys[0]) < self.last_key:
             raise ValueError("fiber index entries must be appended in key order")
+        starts_new = 1 if int(keys[0]) != self.last_key else 0
+        self.distinct += starts_new + int(np.count_nonzero(keys[1:] != keys[:-1]))
         self.last_key = int(keys[-1])
         self.pending.append((keys, rows, values))
         self.pending_n += keys.shape[0]
@@ -424,7 +448,8 @@ class ModeIndexWriter:
         size = np.array([np.concatenate([np.zeros(0, np.int64), *self.size[name]]) for name in ARRAYS]).reshape(
             3, nchunks
         )
-        for name, arr in (("first", first), ("crc", crc), ("size", size)):
+        bloom = self._bloom(nchunks)
+        for name, arr in (("first", first), ("crc", crc), ("size", size), ("bloom", bloom)):
             a = self.group.create_array(
                 name,
                 shape=arr.shape,
@@ -446,8 +471,24 @@ class ModeIndexWriter:
             "arrays_checksum": arrays_sum,
             "tables_checksum": _tables_checksum(first, crc, size),
             "bytes": int(size.sum()),
+            "fibers": self.distinct,
+            "bloom_checksum": _array_sha(bloom),
             "build_seconds": time.perf_counter() - self.t0,
         }
+
+    def _bloom(self, nchunks: int) -> np.ndarray:
+        """The Bloom filter of the mode's keys, from the key chunks just written (one more read of
+        the keys alone; the filter is the only memory it holds)."""
+        words = np.zeros(bloom_words(self.distinct), dtype=np.uint64)
+        reader = ShardReader(self.arrays["key"])
+        buf = np.empty(self.chunk_nnz, dtype=np.uint64)
+        for c in range(nchunks):
+            reader.read(c, buf)
+            np.cumsum(buf, dtype=np.uint64, out=buf)
+            n = min(self.chunk_nnz, self.written - c * self.chunk_nnz)
+            bloom_insert(buf[:n], words)
+        reader.close()
+        return words
 
     def abort(self) -> None:
         """Remove the staging group (the store's published index is untouched; remote: the mode)."""
