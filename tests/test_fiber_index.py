@@ -303,3 +303,22 @@ def test_randomized_records_say_which_fit_they_hold(tmp_path, rng):
         assert ("fit_estimate" in h) == (h["fit_source"] == "carried")
     h = r.history[2]
     assert 0 < h["fit_estimate_se"] < 0.1 and abs(h["fit_estimate"] - r.history[3]["fit"]) < 0.2
+
+
+def test_gathers_in_bounded_groups_sum_the_same(tmp_path, rng, monkeypatch):
+    import tensorflow_ooc.execution.fiber_reads as fr
+
+    store, coords, _ = _store(tmp_path, rng, 3, nnz=3000)
+    tfo.build_fiber_index(store, "all", chunk_nnz=64)
+    for mode in range(3):
+        S = _samples(rng, coords, store.shape, mode, 200, 5)
+        whole = indexed_sampled_partial(str(store.path), S, mode)
+        monkeypatch.setattr(fr, "GATHER_ENTRIES", 256)  # groups of at most 4 chunks
+        grouped = indexed_sampled_partial(str(store.path), S, mode)
+        monkeypatch.undo()
+        a = np.zeros((store.shape[mode], 5))
+        b = np.zeros_like(a)
+        a[whole.lo : whole.lo + whole.rows.shape[0]] = whole.rows
+        b[grouped.lo : grouped.lo + grouped.rows.shape[0]] = grouped.rows
+        np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
+        assert grouped.reads["nnz"] == whole.reads["nnz"] and grouped.reads["fibers"] == whole.reads["fibers"]

@@ -328,3 +328,26 @@ def test_owner_computes_plan_has_no_state_copies_or_factors_in_transit():
     half = -(-AMAZON[0] // 2) * 16 * 8  # rows shared with the other worker: a 1/W share by default
     assert owner.terms["reduction"] == half and owner.terms["update"] == half
     assert owner.terms["outputs"] == AMAZON[0] * 16 * 8
+
+
+def test_randomized_plans_count_the_sampler_they_use_and_the_index_reads():
+    from tensorflow_ooc.kernels.sampling.krp_sampler import tree_nbytes
+
+    trees = sum(tree_nbytes(n, 16) for n in AMAZON)
+    sts = {(p.execution, p.in_place, p.batch_nnz): p for p in _plans(None, samples=65536, execution="streaming")}
+    arls = {
+        (p.execution, p.in_place, p.batch_nnz): p
+        for p in _plans(None, samples=65536, execution="streaming", trees=False)
+    }
+    for key, p in sts.items():
+        # CP-ARLS-LEV keeps no segment trees: the plan that refused it at 6 GB counted them
+        assert p.terms["sampling"] - arls[key].terms["sampling"] == trees
+    # fiber-index reads are never live with an exact pass's buffers: only what exceeds them counts
+    for key, p in sts.items():
+        buffers = p.terms["data"] + p.terms["private"] + p.terms["buckets"]
+        small = _plans(None, samples=65536, execution="streaming", index_reads=buffers // 2)
+        big = _plans(None, samples=65536, execution="streaming", index_reads=buffers + 12345)
+        s = {(q.execution, q.in_place, q.batch_nnz): q for q in small}[key]
+        b = {(q.execution, q.in_place, q.batch_nnz): q for q in big}[key]
+        assert s.terms["sampling"] == p.terms["sampling"]
+        assert b.terms["sampling"] == p.terms["sampling"] + 12345

@@ -27,7 +27,7 @@ from distributed import Client, Future, wait
 
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..store import Store
-from .fiber_reads import indexed_sampled_partial
+from .fiber_reads import GATHER_BYTES, indexed_sampled_partial
 from .inline import is_inline
 from .memory_plan import MemoryPlan, MemoryPlanError, candidates, choose
 from .output_buffers import release_outputs
@@ -172,8 +172,10 @@ class MTTKRPGraph(PartitionedGraph):
         dtype: str = "float64",
         samples: int = 0,
         load: bool = True,
+        sampler: str = "sts",
     ) -> None:
         self.device_options = device_options
+        self.sampler = sampler
         super().__init__(
             client,
             path,
@@ -365,6 +367,8 @@ class MTTKRPGraph(PartitionedGraph):
             chunk_nnz=self.store.chunk_nnz,
             value_itemsize=self.store.value_dtype.itemsize,
             samples=samples,
+            trees=self.sampler == "sts",
+            index_reads=GATHER_BYTES if self.store.fiber_modes() else 0,
             kernel_threads=min(r["numba_threads"] * r["dask_threads"] for r in res.values())
             if owner
             else self.numba_threads,

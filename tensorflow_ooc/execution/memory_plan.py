@@ -22,9 +22,11 @@ Before anything runs, the plan adds up the bytes the busiest worker holds at onc
 ``column_groups`` ranks run as padded column groups: the factors' padded copy and one output per
                group, per task (:mod:`~tensorflow_ooc.kernels.mttkrp.column_groups`)
 ``transfer``   a state arriving from another worker while the previous one is still held
-``sampling``   randomized CP-ALS: the STS-CP segment trees (at most one factor's size each), two
-               sample sets (multi-indices and weighted Khatri-Rao rows), and for in-memory
-               partitions the per-mode fiber indexes (24 bytes a nonzero and mode)
+``sampling``   randomized CP-ALS: the STS-CP segment trees (at most one factor's size each; not
+               for CP-ARLS-LEV), two sample sets (multi-indices and weighted Khatri-Rao rows), for
+               in-memory partitions the per-mode fiber indexes (24 bytes a nonzero and mode), and
+               streamed through a store's fiber index the round's reads beyond what an exact
+               pass's buffers take (they are never live together)
 ============== ==================================================================================
 
 and chooses, from fastest to leanest, the first execution whose peak stays under the usable
@@ -227,6 +229,8 @@ def candidates(
     lend_target: bool = False,
     owner: bool = False,
     owner_rows: tuple[Sequence[int], Sequence[int]] | None = None,
+    trees: bool = True,
+    index_reads: int = 0,
 ) -> list[MemoryPlan]:
     """Every execution :func:`choose` may take, fastest first, each with its peak terms.
 
@@ -243,6 +247,8 @@ def candidates(
     limit : the worker's memory limit in bytes (None or 0: unlimited).
     execution : "auto", "in-memory" or "streaming": the executions to consider.
     samples : Khatri-Rao rows drawn per mode by randomized CP-ALS (0: exact CP-ALS).
+    trees : the sampler keeps STS-CP's segment trees (CP-ARLS-LEV does not).
+    index_reads : bytes a sampled round's fiber-index reads hold at most (0: no index).
     kernel_threads : numba threads per task: with more than one, each execution is first tried
         with a private bound that holds per-thread copies of the longest mode's output
         (:class:`~tensorflow_ooc.kernels.mttkrp.dispatch.ThreadOutputs`, faster than row-owned tiles on
@@ -312,11 +318,15 @@ def candidates(
             "transfer": S if workers > 1 and not owner else 0,
             "sampling": 0
             if not samples
-            else sum(tree_nbytes(n, rank) for n in shape)
+            else (sum(tree_nbytes(n, rank) for n in shape) if trees else 0)
             + 2 * samples * (len(shape) + rank + 1) * 8
             + (worker_nnz * 24 * len(shape) if mode == "in-memory" else 0)
             + (-(-S // workers) if owner else 0),
         }
+        if samples and index_reads and mode == "streaming":
+            # a round's fiber-index reads are not live while an exact pass (the fit's) holds its
+            # batch buffers and private rows: only what they exceed adds to the peak
+            terms["sampling"] += max(0, index_reads - terms["data"] - terms["private"] - terms["buckets"])
         # ranks run as padded column groups copy the factors (and keep an output per group)
         terms["column_groups"] = tasks * column_group_bytes(S, max(shape), rank, itemsize)
         if owner:

@@ -41,6 +41,7 @@ def open_graph(
     dtype: str,
     samples: int,
     load: bool = True,
+    sampler: str = "sts",
 ) -> MTTKRPGraph:
     """The MTTKRP graph of a sparse store or a dense array under ``run`` (its execution, partitions,
     device and device options); records its choices in ``params``. A dense array's ||X||^2 is
@@ -57,7 +58,7 @@ def open_graph(
         rank=rank,
         dtype=dtype,
         samples=samples,
-        **({} if dense else {"load": load}),
+        **({} if dense else {"load": load, "sampler": sampler}),
     )
     params["execution"] = graph.execution
     params["in_place_updates"] = graph.in_place

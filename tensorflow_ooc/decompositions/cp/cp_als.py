@@ -150,6 +150,7 @@ class CPIterations:
             rank=rank,
             dtype=o.dtype,
             samples=int(o.samples) if self.randomized else 0,
+            sampler=o.method,
             load=run.distribution == "graph" or o.method not in OWNER_METHODS or store.dense,
         )
         cleanup.callback(graph.release)
