@@ -72,7 +72,7 @@ def indexed_sampled_partial(
 
 
 #: entries of index chunks a gather holds at once (about 20 bytes each: key, row, value)
-GATHER_ENTRIES = 1 << 23
+GATHER_ENTRIES = 1 << 22
 GATHER_BYTES = GATHER_ENTRIES * 24
 
 
