@@ -33,6 +33,8 @@ def _cluster(workers: int, threads: int, memory_limit: str):
 
 def _run(client, store: str, method: str, args) -> dict:
     kw = dict(seed=args.seed, max_iters=args.rounds, tol=0, execution="streaming", client=client)
+    if args.distribution:
+        kw["distribution"] = args.distribution
     if method != "exact":
         kw.update(method=method, samples=args.samples, fit_every=1)
     t0 = time.time()
@@ -84,6 +86,9 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--memory-limit", default="6GB")
+    p.add_argument(
+        "--distribution", help="several workers: graph (the task graphs, which read the fiber index) or owner"
+    )
     p.add_argument("--json")
     args = p.parse_args()
     out = {"args": vars(args), "stores": []}
