@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import zarr
@@ -49,8 +49,8 @@ from .codecs import IndexCodecs, TableCodecs, ValueCodecs, quiet_numcodecs, valu
 from .metadata import CHECKSUM_KEY
 from .shard_files import SHARD_CHUNKS, ShardError, ShardReader, ShardWriter
 
-if TYPE_CHECKING:
-    from .reader import Store
+# ``Store`` (store.reader) is not imported here: the reader imports this module to open the index
+Store = Any
 
 GROUP = "fibers"
 INDEX_KEY = "fiber_index"
