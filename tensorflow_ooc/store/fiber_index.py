@@ -144,7 +144,7 @@ class ModeIndex:
 
     @cached_property
     def _files(self) -> tuple[ShardReader, ...]:
-        return tuple(ShardReader(self.group[name]) for name in ARRAYS)
+        return tuple(ShardReader(self.group[name], self.store.path) for name in ARRAYS)
 
     @property
     def row_dtype(self) -> np.dtype:
@@ -361,7 +361,7 @@ class ModeIndexWriter:
         else:
             parent = Path(base).parent
             self.staging = str(parent / f".{Path(base).name}.{GROUP}-m{mode}.staging-{uuid.uuid4().hex[:8]}")
-        self.group = zarr.open_group(self.staging, mode="w", zarr_format=3, **paths.read_options(self.staging))
+        self.group = zarr.open_group(self.staging, mode="w", **{**paths.read_options(self.staging), "zarr_format": 3})
         self.arrays: dict = {}
         self.writers: dict[str, ShardWriter] = {}
         self.pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -389,7 +389,7 @@ class ModeIndexWriter:
         with quiet_numcodecs():
             for name in ARRAYS:
                 self.arrays[name] = self.group.create_array(name, dtype=dtypes[name], **opts, **codecs[name])
-                self.writers[name] = ShardWriter(self.arrays[name])
+                self.writers[name] = ShardWriter(self.arrays[name], self.staging)
 
     def append(self, keys: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
         """Entries following every entry appended so far in key order."""
@@ -480,7 +480,7 @@ class ModeIndexWriter:
         """The Bloom filter of the mode's keys, from the key chunks just written (one more read of
         the keys alone; the filter is the only memory it holds)."""
         words = np.zeros(bloom_words(self.distinct), dtype=np.uint64)
-        reader = ShardReader(self.arrays["key"])
+        reader = ShardReader(self.arrays["key"], self.staging)
         buf = np.empty(self.chunk_nnz, dtype=np.uint64)
         for c in range(nchunks):
             reader.read(c, buf)
@@ -506,7 +506,7 @@ def publish_modes(store: Store, written: dict[int, tuple[ModeIndexWriter, dict]]
     else:
         meta = {}
     modes = dict(meta.get("modes") or {}) if meta.get("store_id") == store.meta.get("store_id") else {}
-    group = zarr.open_group(group_path, mode="a", zarr_format=3, **opts)
+    group = zarr.open_group(group_path, mode="a", **{**opts, "zarr_format": 3})
     for m in written:
         modes.pop(str(m), None)
     group.attrs.put({INDEX_KEY: _with_checksum(store, modes)})  # replaced modes leave first

@@ -19,7 +19,6 @@ from types import SimpleNamespace
 import numpy as np
 import zarr
 from numcodecs import blosc
-from zarr.storage import LocalStore
 
 from ..disk import disk_full_error, is_disk_full
 from .chunk_files import _crc32c
@@ -44,33 +43,39 @@ def _inner(array: zarr.Array) -> tuple[int, int, StoredChain]:
 
 
 class _Files:
-    """Where an array's shard files are: a local folder, or an fsspec file system and prefix."""
+    """Where an array's shard files are: under ``root``, the path or URL of the Zarr store the
+    array is in (URLs through fsspec's synchronous file systems)."""
 
-    def __init__(self, array: zarr.Array) -> None:
+    def __init__(self, array: zarr.Array, root: str) -> None:
         self.array = array
-        store = array.store
-        self.local = Path(store.root) if isinstance(store, LocalStore) else None
-        self.fs = getattr(store, "fs", None)
-        self.prefix = str(getattr(store, "path", "")).rstrip("/")
+        root = str(root).rstrip("/")
+        if "://" in root and not root.startswith("file://"):
+            import fsspec
+
+            self.fs, self.prefix = fsspec.core.url_to_fs(root)
+            self.local = None
+        else:
+            self.fs, self.prefix = None, ""
+            self.local = Path(root.removeprefix("file://"))
 
     def path(self, s: int) -> str:
         key = self.array.metadata.chunk_key_encoding.encode_chunk_key((s,))
         rel = f"{self.array.path}/{key}" if self.array.path else key
         if self.local is not None:
             return str(self.local / rel)
-        return f"{self.prefix}/{rel}" if self.prefix else rel
+        return f"{self.prefix.rstrip('/')}/{rel}"
 
 
 class ShardWriter:
     """Writes whole shards of a sharded 1-D array, as Zarr would (the bytes are Zarr's)."""
 
-    def __init__(self, array: zarr.Array) -> None:
+    def __init__(self, array: zarr.Array, root: str) -> None:
         self.array = array
         self.chunk_len, self.per_shard, chain = _inner(array)
         self.delta = chain.delta
         self.blosc = chain.numcodecs_blosc()
         self.dtype = np.dtype(array.dtype)
-        self.files = _Files(array)
+        self.files = _Files(array, root)
 
     def write(self, s: int, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Shard ``s`` from ``data`` (a whole shard, or the array's last entries); the last inner
@@ -122,13 +127,13 @@ class ShardReader:
     """Reads inner chunks of a sharded 1-D array: each shard's index once, then one ranged read
     of the chunk's bytes (local files stay open)."""
 
-    def __init__(self, array: zarr.Array) -> None:
+    def __init__(self, array: zarr.Array, root: str) -> None:
         self.array = array
         self.chunk_len, self.per_shard, chain = _inner(array)
         self.delta = chain.delta
         self.raw = chain.raw
         self.dtype = np.dtype(array.dtype)
-        self.files = _Files(array)
+        self.files = _Files(array, root)
         self._index: dict[int, np.ndarray] = {}
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
