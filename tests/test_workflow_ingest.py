@@ -271,3 +271,20 @@ def test_on_changed_is_validated(nightly, extra, field, message):
     )
     with pytest.raises(SpecError, match="'on_changed' is only for append: true"):
         load_spec(spec, storage=str(storage))
+
+
+def test_appended_versions_keep_the_fiber_index(nightly, rng):
+    storage, setup = nightly
+    spec = setup("\n    fiber_index: [0, 2]")
+    first = _random_file(rng, storage / "incoming" / "a.tns")
+    assert _run(spec, storage) == 0
+    store = tfo.open_store(storage / "tensor" / _versions(storage)[-1]["path"])
+    assert store.fiber_modes() == [0, 2]
+    second = _random_file(rng, storage / "incoming" / "b.tns")
+    assert _run(setup(), storage) == 0  # the spec no longer names the modes: the index is kept
+    store = tfo.open_store(storage / "tensor" / _versions(storage)[-1]["path"])
+    assert len(_versions(storage)) == 2 and store.fiber_modes() == [0, 2]
+    _assert_same(_latest(storage), _sum(first, second))
+    coords, values = store.to_coo()
+    got = store.fibers.mode(2).read(np.arange(store.fibers.mode(2).nchunks))
+    assert got.keys.shape[0] == store.nnz and np.isclose(np.sort(got.values).sum(), np.sort(values).sum())

@@ -160,6 +160,7 @@ def run_convert(ctx: StepContext) -> dict:
         compression=m.compression,
         values_dtype=m.values_dtype,
         memory_limit=m.memory_limit,
+        fiber_index=m.fiber_index,
     )
     if not m.append:
         if not files:
@@ -388,6 +389,8 @@ def _append_version(ctx: StepContext, m: ConvertStep, files: list[str], out: str
     )
     if old is not None and args.get("values_dtype") is None:
         args = {**args, "values_dtype": old.value_dtype.name}  # a version keeps the values' dtype
+    if old is not None and args.get("fiber_index") is None and old.fiber_modes():
+        args = {**args, "fiber_index": old.fiber_modes()}  # and its fiber index
     store = convert(src, target, shape=shape, overwrite=True, **args)
     entry = {
         "version": number,

@@ -12,6 +12,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    NonNegativeInt,
     Tag,
     ValidationInfo,
     create_model,
@@ -234,7 +235,10 @@ class ConvertStep(_Step):
     compression: Literal["fast", "small", "none"] = "fast"
     values_dtype: Literal["float64", "float32"] | None = None
     memory_limit: Size | None = None
-    _added_later: ClassVar[tuple[str, ...]] = ("values_dtype",)
+    # the fiber index of these modes ("all" or mode numbers): sampled rounds read only the sampled
+    # fibers; an append keeps the modes the latest version's index holds
+    fiber_index: Literal["all"] | list[NonNegativeInt] | None = None
+    _added_later: ClassVar[tuple[str, ...]] = ("values_dtype", "fiber_index")
 
     @field_validator("memory_limit")
     @classmethod
