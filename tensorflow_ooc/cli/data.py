@@ -302,10 +302,15 @@ def _format_info(info: dict) -> str:
         )
     fibers = info.get("fiber_index") or {}
     if fibers:
-        lines += ["", f"{'fiber index':<12} {'nonzeros':>14} {'chunks':>9} {'bytes':>15} {'bytes/nnz':>10}"]
+        lines += [
+            "",
+            f"{'fiber index':<12} {'nonzeros':>14} {'fibers':>14} {'chunks':>9} {'bytes':>15} {'Bloom bytes':>13} "
+            f"{'bytes/nnz':>10}",
+        ]
         for m, f in fibers.items():
             lines.append(
-                f"{'mode ' + m:<12} {f['nnz']:>14,} {f['chunks']:>9,} {f['bytes']:>15,} {f['bytes_per_nnz']:>10.2f}"
+                f"{'mode ' + m:<12} {f['nnz']:>14,} {f['fibers'] or 0:>14,} {f['chunks']:>9,} {f['bytes']:>15,} "
+                f"{f['bloom_bytes']:>13,} {f['bytes_per_nnz']:>10.2f}"
             )
     else:
         lines += ["", "fiber index  none (sampled rounds scan the store; tfooc fiber-index STORE builds one)"]

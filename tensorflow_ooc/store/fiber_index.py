@@ -294,13 +294,17 @@ class FiberIndex:
         out = {}
         for m in self.modes:
             mm = self.meta["modes"][str(m)]
+            # the entries' chunks, and the Bloom filter beside them (8 bits a fiber, before compression)
             nbytes = int(mm["bytes"])
+            bloom = 8 * bloom_words(int(mm.get("fibers", 0)))
             out[str(m)] = {
                 "nnz": mm["nnz"],
+                "fibers": mm.get("fibers"),
                 "chunks": mm["nchunks"],
                 "chunk_nnz": mm["chunk_nnz"],
                 "bytes": nbytes,
-                "bytes_per_nnz": nbytes / max(1, mm["nnz"]),
+                "bloom_bytes": bloom,
+                "bytes_per_nnz": (nbytes + bloom) / max(1, mm["nnz"]),
                 "build_seconds": mm.get("build_seconds"),
             }
         return out
