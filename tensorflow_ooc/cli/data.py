@@ -542,7 +542,12 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         default=1024,
         help="entries per index chunk, the unit a sampled fiber is read in (default 1024)",
     )
-    f.add_argument("--memory-limit", type=parse_size, help="memory the sort may hold, e.g. 2GB (default 2 GiB)")
+    f.add_argument(
+        "--memory-limit",
+        type=parse_size,
+        help="memory the sort may hold, e.g. 2GB (default: half the available memory); each range of keys "
+        "that fits it is one pass over the store",
+    )
     f.add_argument("--overwrite", action="store_true", help="rebuild modes that already have an index")
     f.set_defaults(func=cmd_fiber_index)
 

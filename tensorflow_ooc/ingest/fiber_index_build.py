@@ -17,6 +17,7 @@ from typing import Iterable, Sequence
 
 import numba as nb
 import numpy as np
+import psutil
 
 from ..format.fiber_keys import exact_keys, key_strides
 from ..format.radix_sort import stable_key_order
@@ -31,7 +32,6 @@ log = logging.getLogger(__name__)
 #: the sort's joined words, positions and scratch, the reordered copies (a 500 M build at 64 held
 #: 11.3 GB under a 10 GB limit)
 ENTRY_BYTES = 112
-DEFAULT_MEMORY = 2 << 30
 _HIST_BITS = 16
 
 
@@ -141,8 +141,8 @@ def build_fiber_index(
     chunk_nnz : int
         Entries per index chunk: the unit a sampled fiber is read in.
     memory_limit : int, optional
-        Bytes the build may hold (default 2 GiB): keys are sorted in ranges that fit it, one pass
-        over the store each.
+        Bytes the build may hold (default: half the memory available, as ``convert``): keys are
+        sorted in ranges that fit it, one pass over the store each.
     overwrite : bool
         Replace the index of modes that have one (else they are an error).
     progress : bool
@@ -171,7 +171,8 @@ def build_fiber_index(
     have = [m for m in todo if existing is not None and m in existing.modes]
     if have and not overwrite:
         raise FileExistsError(f"{src.path}: modes {have} already have a fiber index; pass overwrite=True to rebuild")
-    budget = int(memory_limit or DEFAULT_MEMORY)
+    # as convert: half the memory available now, unless given (each bucket is one more pass)
+    budget = int(memory_limit or psutil.virtual_memory().available // 2)
     max_entries = max(chunk_nnz, budget // ENTRY_BYTES)
     limit_heap_growth()
     with OutputLock([f"{src.path.rstrip('/')}/fibers"], f"fiber index of {src.path}"):
