@@ -182,7 +182,8 @@ def test_too_few_samples_for_a_very_sparse_tensor_keep_the_factor(tmp_path, capl
     coords = np.unique(np.stack([rng.integers(0, s, 200) for s in shape], axis=1), axis=0)
     store = tfo.convert((coords, rng.random(len(coords)) + 0.5), tmp_path / "s.zarr", shape=shape)
     with caplog.at_level("WARNING", logger="tensorflow_ooc"):
-        r = tfo.cp_als(store, 2, seed=1, method=method, samples=3, max_iters=4, tol=0)
+        # no exact warm-up: from random factors 3 draws miss every fiber, which the test needs
+        r = tfo.cp_als(store, 2, seed=1, method=method, samples=3, max_iters=4, tol=0, warmup=0)
     kept = [h.get("kept_modes", []) for h in r.history]
     assert any(kept) and "raise samples" in caplog.text
     assert all(np.isfinite(f).all() and np.abs(f).sum() > 0 for f in r.factors)

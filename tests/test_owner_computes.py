@@ -284,7 +284,8 @@ def test_sts_on_workers_keeps_a_factor_no_sampled_fiber_touches(two_workers, tmp
     shape = (300, 400, 500)
     coords = np.unique(np.stack([rng.integers(0, s, 400) for s in shape], axis=1), axis=0)
     store = tfo.convert((coords, rng.random(len(coords)) + 0.5), tmp_path / "s.zarr", shape=shape, chunk_nnz=64)
-    r = tfo.cp_als(store, 2, seed=1, method="sts", samples=3, max_iters=4, tol=0, client=two_workers)
+    # no exact warm-up: from random factors 3 draws miss every fiber, which the test needs
+    r = tfo.cp_als(store, 2, seed=1, method="sts", samples=3, max_iters=4, tol=0, client=two_workers, warmup=0)
     assert r.params["distribution"]["kind"] == "owner-computes"
     assert any(h.get("kept_modes") for h in r.history)
     assert all(np.isfinite(f).all() and np.abs(f).sum() > 0 for f in r.factors)
