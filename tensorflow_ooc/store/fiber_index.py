@@ -133,7 +133,8 @@ class ModeIndex:
                 f"{self.store.path}: {where}: the Zarr metadata of its arrays was changed after it was built; "
                 f"build it again (tfooc fiber-index --overwrite)"
             )
-        if self.first.shape != (self.nchunks,) or self.crc.shape != self.size.shape != (3, self.nchunks):
+        tables = (self.first.shape, self.crc.shape, self.size.shape)
+        if tables != ((self.nchunks,), (3, self.nchunks), (3, self.nchunks)):
             raise CorruptStoreError(f"{self.store.path}: {where}: its chunk tables do not have {self.nchunks} chunks")
         if _tables_checksum(self.first, self.crc, self.size) != self.meta["tables_checksum"]:
             raise CorruptStoreError(
