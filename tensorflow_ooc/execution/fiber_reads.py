@@ -53,8 +53,9 @@ def indexed_sampled_partial(
     idx = store.fibers.mode(mode) if store.fibers is not None else None
     if idx is None:
         raise ValueError(f"{path}: mode {mode} has no fiber index")
-    mine = share_keys(sample_keys(samples.coords, store.shape, mode), share)
-    skeys = sample_keys(samples.coords[mine], store.shape, mode)
+    keys = sample_keys(samples.coords, store.shape, mode)
+    mine = share_keys(keys, share)
+    skeys = keys[mine]
     # only fibers the Bloom filter may hold are looked up: the others hold no nonzero for certain
     held = idx.may_hold(skeys)
     groups = _key_groups(idx, np.unique(skeys[held]))
@@ -110,9 +111,7 @@ def _gather_group(
 ) -> tuple[int, np.ndarray]:
     """One group's sampled rows (lo, rows) from its chunks, or added ``into`` the whole mode's
     rows; ``reads`` counts what it read."""
-    # one thread decodes: each chunk is a few us of Blosc between Python calls, and two threads
-    # contending for the GIL took 2.6 s where one took 1.0 (65 k fibers, 86 M heavy-tailed)
-    got = idx.read(chunks, 1)
+    got = idx.read(chunks)
     fence = np.ascontiguousarray(got.keys[::FENCE]) if got.keys.shape[0] >= FENCE else None
     index = FiberIndex(idx.mode, got.keys, got.rows, got.values, fence)
     runs = index.ranges(skeys)

@@ -54,7 +54,7 @@ ARRAY_NAMES = (
 )
 
 
-def arrays_checksum(root) -> str:
+def arrays_checksum(root, names: tuple[str, ...] = ARRAY_NAMES) -> str:
     """SHA-256 over the Zarr metadata of the store's arrays (``root`` a zarr Group).
 
     Each array's ``zarr.json`` is plain JSON beside the data: removing the delta filter from
@@ -62,7 +62,7 @@ def arrays_checksum(root) -> str:
     codec chains, dtypes, shapes and chunk grids are bound to the store here and checked at open.
     """
     body = {}
-    for name in ARRAY_NAMES:
+    for name in names:
         if name in root:
             d = dict(root[name].metadata.to_dict())
             d.pop("attributes", None)

@@ -23,6 +23,7 @@ from numcodecs import blosc
 from ..disk import disk_full_error, is_disk_full
 from .chunk_files import _crc32c
 from .codecs import StoredChain
+from .writer import encoded_chunk
 
 EMPTY = np.uint64(2**64 - 1)  # an inner chunk never written (Zarr's fill value)
 SHARD_CHUNKS = 256  # inner chunks a shard
@@ -91,12 +92,7 @@ class ShardWriter:
             chunk = data[j * C : (j + 1) * C]
             if chunk.shape[0] < C:
                 chunk = np.concatenate([chunk, np.zeros(C - chunk.shape[0], dtype=self.dtype)])
-            if self.delta:
-                d = np.empty_like(chunk)
-                d[0] = chunk[0]
-                np.subtract(chunk[1:], chunk[:-1], out=d[1:])
-                chunk = d
-            body = self.blosc.encode(chunk) if self.blosc is not None else chunk.view(np.uint8).tobytes()
+            body = encoded_chunk(chunk, self.delta, self.blosc)
             crc = int(_crc32c(body))
             blob = bytes(body) + crc.to_bytes(4, "little")
             parts.append(blob)

@@ -69,6 +69,16 @@ def _delta_u8(x, out):
         out[i] = x[i] - x[i - 1]
 
 
+def encoded_chunk(data: np.ndarray, delta: bool, blosc: numcodecs.Blosc | None) -> bytes:
+    """A chunk's stored bytes before its CRC32C, as Zarr encodes them with this package's chains:
+    Delta on uint64 (``delta``), little-endian bytes, then Blosc if given."""
+    if delta:
+        d = np.empty_like(data)
+        _delta_u8(data, d)
+        data = d
+    return blosc.encode(data) if blosc is not None else data.view(np.uint8).tobytes()
+
+
 class DirectChunkWriter:
     """Writes whole chunks of a local 1-D store array straight to their files.
 
@@ -107,11 +117,7 @@ class DirectChunkWriter:
         data = np.ascontiguousarray(data, dtype=self.dtype)
         if data.shape[0] != self.chunk_len:
             raise ValueError(f"a direct chunk write needs {self.chunk_len} elements, got {data.shape[0]}")
-        if self.delta:
-            d = np.empty_like(data)
-            _delta_u8(data, d)
-            data = d
-        body = self.blosc.encode(data) if self.blosc is not None else data.view(np.uint8).tobytes()
+        body = encoded_chunk(data, self.delta, self.blosc)
         key = self.array.metadata.chunk_key_encoding.encode_chunk_key((c,))
         path = self.root / (f"{self.array.path}/{key}" if self.array.path else key)
         try:
