@@ -17,8 +17,8 @@ import numpy as np
 
 from ..format.fiber_keys import sample_keys
 from ..kernels.mttkrp.dispatch import numba_threads
-from ..kernels.sampling.fiber_gather import FENCE, FiberIndex, index_gather, run_rows
-from .partials import Partial
+from ..kernels.sampling.fiber_gather import FENCE, FiberIndex, compact_run_rows, index_gather, run_rows
+from .partials import SPARSE_ROWS, Partial
 from .tasks import cached_store
 
 
@@ -62,8 +62,8 @@ def indexed_sampled_partial(
     reads = {"path": "index", "nnz": 0, "nnz_read": 0, "bytes_read": 0, "chunks_read": 0, "fibers": 0}
     if len(groups) <= 1:
         chunks = groups[0][2] if groups else np.zeros(0, np.int64)
-        lo, out = _gather_group(idx, samples, mine, skeys, chunks, threads, reads)
-        return Partial(lo, out, time.perf_counter() - t0, reads)
+        lo, out, hit = _gather_group(idx, samples, mine, skeys, chunks, threads, reads, nrows=store.shape[mode])
+        return Partial(lo, out, time.perf_counter() - t0, reads, index=hit)
     # several groups add into one output over the whole mode (one output a task, as the plan counts)
     out = np.zeros((store.shape[mode], samples.ncols), dtype=samples.dtype)
     for lo_key, hi_key, chunks in groups:
@@ -108,29 +108,42 @@ def _gather_group(
     threads: int,
     reads: dict,
     into: np.ndarray | None = None,
-) -> tuple[int, np.ndarray]:
-    """One group's sampled rows (lo, rows) from its chunks, or added ``into`` the whole mode's
-    rows; ``reads`` counts what it read."""
+    nrows: int = 0,
+) -> tuple[int, np.ndarray, np.ndarray | None]:
+    """One group's sampled rows (lo, rows, None) from its chunks, or added ``into`` the whole
+    mode's rows; ``reads`` counts what it read. Where the matches hit at most ``nrows /
+    SPARSE_ROWS`` distinct rows (``nrows``: the mode's), only those are formed: (0, their rows,
+    their row numbers)."""
     got = idx.read(chunks)
     fence = np.ascontiguousarray(got.keys[::FENCE]) if got.keys.shape[0] >= FENCE else None
     index = FiberIndex(idx.mode, got.keys, got.rows, got.values, fence)
     runs = index.ranges(skeys)
     offsets, first = runs
     lo, hi = run_rows(index, first, offsets)
+    hit = local = None
     if into is not None:
         lo, out = 0, into
     else:
-        out = np.zeros((max(0, hi - lo + 1), samples.ncols), dtype=samples.dtype)
+        # matches on few distinct rows: those rows alone, not the span from the first to the last
+        hit, local = compact_run_rows(index.rows, first, offsets, lo, hi - lo + 1) if hi >= 0 else (_NO_ROWS, None)
+        if hit.shape[0] * SPARSE_ROWS > nrows:
+            hit = local = None
+            out = np.zeros((hi - lo + 1, samples.ncols), dtype=samples.dtype)
+        else:
+            lo, out = 0, np.zeros((hit.shape[0], samples.ncols), dtype=samples.dtype)
     if hi >= 0:
 
         def rows_of(used: np.ndarray) -> np.ndarray:
             return samples.weighted_rows(mine[used])
 
         with numba_threads(threads):
-            index_gather(index, skeys, rows_of, out, lo, runs)
+            index_gather(index, skeys, rows_of, out, lo, runs, out_rows=local)
     reads["nnz"] += int(offsets[-1])
     reads["nnz_read"] += int(got.keys.shape[0])
     reads["bytes_read"] += int(got.bytes_read)
     reads["chunks_read"] += int(got.chunks_read)
     reads["fibers"] += int(np.count_nonzero(offsets[1:] > offsets[:-1]))
-    return int(lo), out
+    return int(lo), out, hit
+
+
+_NO_ROWS = np.zeros(0, dtype=np.int64)

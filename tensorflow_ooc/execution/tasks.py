@@ -23,7 +23,7 @@ from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..kernels.sampling.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
 from ..store import Store, open_store
 from .output_buffers import zeroed_output
-from .partials import Partial, merged_reads, worker_threads
+from .partials import Partial, merged_reads, sparse_sum, worker_threads
 from .partitions import Partition
 from .stream import BATCH_NNZ, MAP_MAX_OUTPUT_BYTES, BatchBuffers, fill_batch, read_ahead_pays, stream_batches
 
@@ -293,10 +293,14 @@ def row_slice(partial: Partial, lo: int, hi: int) -> Partial:
 def combine(*partials: Partial) -> Partial:
     """Sum partials into one covering the union of their row ranges (partials without rows add
     nothing to it)."""
+    seconds, reads = max(p.seconds for p in partials), merged_reads(*(p.reads for p in partials))
+    if all(p.index is not None for p in partials):  # sparse sampled partials stay sparse
+        index, rows = sparse_sum(list(partials))
+        return Partial(0, rows, seconds, reads, index=index)
     some = [p for p in partials if p.rows.shape[0]] or list(partials[:1])
-    lo = min(p.lo for p in some)
-    hi = max(p.lo + p.rows.shape[0] for p in some)
+    lo = min(p.row_span[0] for p in some)
+    hi = max(p.row_span[1] for p in some)
     out = np.zeros((hi - lo, partials[0].rows.shape[1]), dtype=partials[0].rows.dtype)
     for p in some:
-        out[p.lo - lo : p.lo - lo + p.rows.shape[0]] += p.rows
-    return Partial(lo, out, max(p.seconds for p in partials), merged_reads(*(p.reads for p in partials)))
+        p.add_into(out, lo)
+    return Partial(lo, out, seconds, reads)

@@ -10,11 +10,11 @@ import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 from threadpoolctl import ThreadpoolController
 
-from ...execution.partials import Partial, merged_reads, to_host
+from ...execution.partials import SPARSE_ROWS, Partial, merged_reads, sparse_sum, to_host
 from ...kernels import StackedFactors
 from ...kernels.factors import aligned_copy
-from ...kernels.sampling.krp_sampler import build_tree
-from ...kernels.update.column_scale import column_max_abs, column_sum_squares
+from ...kernels.sampling.krp_sampler import build_tree, update_tree
+from ...kernels.update.column_scale import column_max_abs, column_sum_squares, nonzero_rows
 from ...kernels.update.hals import hals_rows
 from ...kernels.update.normal_equations import normal_inverse_of
 from ..common.model_checks import check_seed
@@ -61,6 +61,9 @@ class CPState(StackedFactors):
         self.empty_sketches: dict[int, int] = {}
         # randomized CP (STS-CP): each mode's leverage-score segment tree, rebuilt after its update
         self.trees: list | None = None
+        # randomized CP: per mode whose last update was sketched over few rows, the rows that may
+        # be nonzero (every other row is zero); a mode not here may be nonzero anywhere
+        self.support: dict[int, np.ndarray] = {}
 
     @classmethod
     def of(cls, factors: StackedFactors) -> "CPState":
@@ -132,6 +135,21 @@ def update_mode(
     inner_parts = parts if sketch is None else (list(exact) if exact is not None else None)
     if sketch is not None and not any(bool(np.any(p.rows)) for p in parts):
         out = _keep_mode(state, mode, last_mode, inner_parts)
+    elif sketch is not None and nonneg is None and is_numpy_array(state.data):
+        V = sketch.gram().astype(state.dtype)
+        with _BLAS.limit(limits=1, user_api="blas"):
+            hit, M = _sketch_rows(parts, state.shape[mode])
+            if hit is not None:
+                out = _update_mode_sparse(state, hit, M, mode, first_iteration, last_mode, V, inner_parts, in_place)
+            else:
+                whole = [Partial(0, M)]
+                if in_place:
+                    out = _update_mode_in_place(state, whole, mode, first_iteration, last_mode, V, inner_parts)
+                else:
+                    out = _update_mode(state, whole, mode, first_iteration, last_mode, V, inner_parts)
+                if state.trees is not None:
+                    out.trees = list(state.trees)
+                    out.trees[mode] = build_tree(out.views[mode])
     else:
         V = None if sketch is None else sketch.gram().astype(state.dtype)
         with _BLAS.limit(limits=1, user_api="blas"):
@@ -161,6 +179,65 @@ def _keep_mode(state: CPState, mode: int, last_mode: bool, inner_parts: Sequence
     out.finished = {**state.finished, mode: time.time()}
     out.inner = _inner(state.views[mode], inner_parts, last_mode, state.inner)
     out.empty_sketches = {**state.empty_sketches, mode: state.empty_sketches.get(mode, 0) + 1}
+    return out
+
+
+def _sketch_rows(parts: list[Partial], nrows: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """A sampled MTTKRP as (its hit rows, their rows) when it hits at most ``nrows / SPARSE_ROWS``
+    rows, else (None, the whole (nrows, R) MTTKRP). Dense partials (the in-memory and scanning
+    paths) are summed, then their nonzero rows taken, so every path updates the same rows."""
+    if all(p.index is not None for p in parts):
+        hit, M = sparse_sum(parts)
+        if hit.shape[0] * SPARSE_ROWS <= nrows:
+            return hit, M
+    M = full_rows(parts, nrows)
+    hit = nonzero_rows(M)
+    if hit.shape[0] * SPARSE_ROWS <= nrows:
+        return hit, M[hit]
+    return None, M
+
+
+def _update_mode_sparse(
+    state: CPState,
+    hit: np.ndarray,
+    M: np.ndarray,
+    mode: int,
+    first_iteration: bool,
+    last_mode: bool,
+    V: np.ndarray,
+    inner_parts: Sequence[Partial] | None,
+    in_place: bool,
+) -> CPState:
+    """A sketched update whose MTTKRP ``M`` is nonzero in the rows ``hit`` only: A = M V^+ is zero
+    elsewhere, so the solve, the column norms, the Gram and the segment tree's leaves are computed
+    over those rows, and only the rows the mode's last sketched update left nonzero are zeroed."""
+    data = state.data if in_place else aligned_copy(state.data)
+    out = CPState(state.shape, state.rank, state.dtype, data, grams=list(state.grams))
+    out.empty_sketches = state.empty_sketches
+    A = out.views[mode]
+    old = state.support.get(mode)
+    if old is None:
+        A[...] = 0
+    else:
+        A[old] = 0
+    Ah = np.matmul(M, normal_inverse_of(None, -1, V).astype(A.dtype, copy=False))
+    stats = column_sum_squares(Ah) if first_iteration else column_max_abs(Ah)
+    weights = np.sqrt(stats) if first_iteration else np.maximum(stats, 1.0)
+    if not (weights == 0).all():
+        Ah *= (1 / np.where(weights == 0, 1, weights)).astype(A.dtype)
+    A[hit] = Ah
+    out.weights = weights.astype(np.float64)
+    out.grams[mode] = Ah.T @ Ah
+    out.support = {**state.support, mode: hit}
+    out.trees = state.trees
+    if state.trees is not None:
+        out.trees = list(state.trees)
+        if in_place and old is not None:  # the tree is the factor's, which changes in place too
+            out.trees[mode] = update_tree(state.trees[mode], A, np.concatenate([old, hit]))
+        else:
+            out.trees[mode] = build_tree(A)
+    out.finished = {**state.finished, mode: time.time()}
+    out.inner = _inner(A, inner_parts, last_mode, state.inner)
     return out
 
 
@@ -213,6 +290,7 @@ def _update_mode(
         A = A / xp.where(weights == 0, xp.asarray(1, dtype=A.dtype), weights)
     out = CPState(state.shape, R, state.dtype, xp.asarray(state.data, copy=True), grams=state.grams)
     out.trees, out.empty_sketches = state.trees, state.empty_sketches
+    out.support = _without(state.support, mode)
     out.views[mode][...] = A
     out.grams[mode] = A.T @ A
     out.weights = to_host(weights).astype(np.float64)
@@ -235,6 +313,7 @@ def _update_mode_numpy(
     algebra is :func:`_solve_rows`)."""
     out = CPState(state.shape, state.rank, state.dtype, aligned_copy(state.data), grams=state.grams)
     out.trees, out.empty_sketches = state.trees, state.empty_sketches
+    out.support = _without(state.support, mode)
     A = out.views[mode]
     out.weights, out.grams[mode] = _solve_rows(
         A, [(0, state.shape[mode], M)], state.grams, mode, V, first_iteration, nonneg, state.weights
@@ -266,6 +345,7 @@ def _update_mode_in_place(
     weights, grams[mode] = _solve_rows(A, spans, state.grams, mode, V, first_iteration, nonneg, state.weights)
     out = CPState(state.shape, state.rank, state.dtype, state.data, grams=grams)
     out.trees, out.empty_sketches = state.trees, state.empty_sketches
+    out.support = _without(state.support, mode)
     out.weights = weights
     out.finished = {**state.finished, mode: time.time()}
     out.inner = _inner(A, inner_parts, last_mode, state.inner)
@@ -431,7 +511,13 @@ def _with_arrays(state: CPState, data: Any, grams: list) -> CPState:
     )
     out.sampling, out.trees, out.reads = dict(state.sampling), state.trees, dict(state.reads)
     out.fit_seconds, out.empty_sketches = state.fit_seconds, state.empty_sketches
+    out.support = state.support
     return out
+
+
+def _without(support: dict[int, np.ndarray], mode: int) -> dict[int, np.ndarray]:
+    """``support`` after a dense update of ``mode`` (its rows may now be nonzero anywhere)."""
+    return {m: rows for m, rows in support.items() if m != mode}
 
 
 def on_device(state: CPState) -> CPState:

@@ -86,7 +86,7 @@ def sketched_rhs(source: FiberSource, samples: SampleSet, rows: int) -> np.ndarr
     out = np.zeros((rows, samples.ncols))
     for data in _partitions(source):
         p = sampled_partition(data, samples, samples.mode, threads=nb.get_num_threads())
-        out[p.lo : p.lo + p.rows.shape[0]] += p.rows
+        p.add_into(out)
     return out
 
 

@@ -265,7 +265,7 @@ def update_core(
     Ra, I, Rb = int(s.ranks[mode]), s.shape[mode], int(s.ranks[mode + 1])
     slices = np.zeros((I, Ra * Rb))  # row i: Y[:, i, :], as the partitions hand it up
     for p in parts:
-        slices[p.lo : p.lo + p.rows.shape[0]] += p.rows
+        p.add_into(slices)
     with _BLAS.limit(limits=1, user_api="blas") if slices.size < ONE_BLAS_THREAD_ENTRIES else nullcontext():
         if sketch is not None:
             # randomized TT-ALS: the parts are the sketched right-hand side; solve the sketched normal

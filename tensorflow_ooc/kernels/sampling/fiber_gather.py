@@ -569,6 +569,45 @@ def _run_rows(rows, first, offsets):
     return (0, -1) if hi < 0 else (lo, hi)
 
 
+@nb.njit(nogil=True, cache=True)
+def compact_run_rows(rows, first, offsets, lo, nspan):
+    """The distinct rows the runs' matches hit, and each match's position among them.
+
+    Parameters
+    ----------
+    rows : int (E,)          mode row of each index entry
+    first, offsets : int64   the runs of :meth:`FiberIndex.ranges`
+    lo : int                 the smallest row of the runs (:func:`run_rows`)
+    nspan : int              rows from ``lo`` to the largest row of the runs
+
+    Returns
+    -------
+    hit : int64 (H,)         the distinct rows hit, sorted
+    local : int64 (E,)       ``local[e]``: the position of ``rows[e]`` in ``hit`` for every matched
+                             entry ``e`` (the others are left undefined)
+    """
+    pos = np.zeros(nspan, dtype=np.int64)
+    for s in range(first.shape[0]):
+        for e in range(first[s], first[s] + offsets[s + 1] - offsets[s]):
+            pos[rows[e] - lo] = 1
+    n = 0
+    for i in range(nspan):
+        if pos[i]:
+            pos[i] = n
+            n += 1
+        else:
+            pos[i] = -1
+    hit = np.empty(n, dtype=np.int64)
+    for i in range(nspan):
+        if pos[i] >= 0:
+            hit[pos[i]] = lo + i
+    local = np.empty(rows.shape[0], dtype=np.int64)
+    for s in range(first.shape[0]):
+        for e in range(first[s], first[s] + offsets[s + 1] - offsets[s]):
+            local[e] = pos[rows[e] - lo]
+    return hit, local
+
+
 def index_gather(
     index: FiberIndex,
     skeys: np.ndarray,
@@ -576,11 +615,15 @@ def index_gather(
     out: np.ndarray,
     out_lo: int,
     runs: tuple[np.ndarray, np.ndarray] | None = None,
+    out_rows: np.ndarray | None = None,
 ) -> None:
     """The index path of :func:`sampled_mttkrp_items`: each sample's fiber found by its key
     ``skeys[s]`` and added in (:func:`_scatter_runs`); a callable ``Hw`` is asked for the rows of
     the samples whose fibers hold nonzeros only. ``runs``: the keys' ``(offsets, first)`` from
-    :meth:`FiberIndex.ranges` where the caller has them."""
+    :meth:`FiberIndex.ranges` where the caller has them. ``out_rows``: each entry's row of ``out``
+    in place of the index's rows (the ``local`` of :func:`compact_run_rows`: ``out`` then holds
+    the hit rows only, with ``out_lo`` 0)."""
+    rows = index.rows if out_rows is None else out_rows
     offsets, first = index.ranges(skeys) if runs is None else runs
     if callable(Hw):
         used = np.flatnonzero(offsets[1:] > offsets[:-1])
@@ -594,8 +637,8 @@ def index_gather(
     cut = np.array([0, out.shape[0]], dtype=np.int64)
     if parts > 1:
         step = max(1, skeys.shape[0] // _CUT_SAMPLES)
-        cut = _row_cuts(index.rows, first, offsets, out_lo, out.shape[0], parts, step)
-    _scatter_runs(index.rows, index.vals, first, offsets, Hw, slot, out, out_lo, cut)
+        cut = _row_cuts(rows, first, offsets, out_lo, out.shape[0], parts, step)
+    _scatter_runs(rows, index.vals, first, offsets, Hw, slot, out, out_lo, cut)
 
 
 @nb.njit(nogil=True, cache=True)

@@ -125,3 +125,23 @@ def scale_columns(A: np.ndarray, scale: np.ndarray) -> None:
         for i in range(b * STAT_BLOCK_ROWS, min(n, (b + 1) * STAT_BLOCK_ROWS)):
             for r in range(R):
                 A[i, r] = A[i, r] * scale[r]
+
+
+@nb.njit(nogil=True, cache=True)
+def nonzero_rows(A: np.ndarray) -> np.ndarray:
+    """The rows of ``A`` (n, R) holding a nonzero, in order (int64): one row-major pass."""
+    keep = np.zeros(A.shape[0], dtype=np.bool_)
+    n = 0
+    for i in range(A.shape[0]):
+        for r in range(A.shape[1]):
+            if A[i, r] != 0:
+                keep[i] = True
+                n += 1
+                break
+    out = np.empty(n, dtype=np.int64)
+    k = 0
+    for i in range(A.shape[0]):
+        if keep[i]:
+            out[k] = i
+            k += 1
+    return out
