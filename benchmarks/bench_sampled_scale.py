@@ -109,6 +109,9 @@ def main() -> None:
                 built = f["build_seconds"]
                 print(f"  fiber index mode {m}: {f['bytes_per_nnz']:.2f} bytes a nonzero, built in {built:.1f} s")
             for method in args.methods.split(","):
+                # fresh workers for each method: the memory plan measures each worker's baseline,
+                # which the caches of a run before (Bloom filters, decoded chunks) would raise
+                client.restart()
                 row = _run(client, path, method, args)
                 entry["runs"].append(row)
                 print("  ", json.dumps({k: v for k, v in row.items() if k not in ("fits", "clock")}), flush=True)
