@@ -322,3 +322,25 @@ def test_gathers_in_bounded_groups_sum_the_same(tmp_path, rng, monkeypatch):
         b[grouped.lo : grouped.lo + grouped.rows.shape[0]] = grouped.rows
         np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
         assert grouped.reads["nnz"] == whole.reads["nnz"] and grouped.reads["fibers"] == whole.reads["fibers"]
+
+
+def test_owner_computes_reads_each_workers_draws_through_the_index(tmp_path, rng, two_workers):
+    shape = tuple(int(x) for x in rng.integers(30, 80, int(rng.integers(3, 5))))
+    coords, values = random_coo(rng, shape, 6000)
+    store = tfo.convert((coords, values), tmp_path / "s", shape=shape, chunk_nnz=512)
+    plain = tfo.convert((coords, values), tmp_path / "plain", shape=shape, chunk_nnz=512)
+    tfo.build_fiber_index(store, "all", chunk_nnz=64)
+    kw = dict(method="sts", samples=300, seed=int(rng.integers(1 << 30)), max_iters=3, execution="streaming")
+    owner = tfo.cp_als(store, 4, client=two_workers, distribution="owner", **kw)
+    scan = tfo.cp_als(plain, 4, client=two_workers, distribution="owner", **kw)
+    assert owner.params["distribution"]["kind"] == "owner-computes"
+    assert set(owner.params["sampled_reads"].values()) == {"index"}
+    assert set(scan.params["sampled_reads"].values()) == {"scan"}
+    # the same draws (the owners' sampler), the fibers read through the index or by a scan
+    for a, b in zip(scan.factors, owner.factors):
+        np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-11)
+    sampled = [h for h in owner.history if h.get("reads")]
+    assert sampled
+    for r in sampled[-1]["reads"].values():
+        # each worker read the chunks of its share of the draws' fibers: a fraction of the store
+        assert r["path"] == "index" and 0 < r["nnz"] <= r["nnz_read"] < store.nnz / 2

@@ -42,6 +42,7 @@ from ..kernels import StackedFactors
 from ..kernels.mttkrp.dispatch import numba_threads
 from .cluster import scheduler_workers
 from .exchange import ExchangeAborted, ExchangePlugin, Team, abort_run, task_released
+from .fiber_reads import indexed_sampled_partial
 from .partials import Partial
 from .partitions import Partition, contiguous_runs, split_nonzeros
 from .stream import BatchBuffers, fill_batch
@@ -66,6 +67,9 @@ class ModePlan:
     owned: np.ndarray
     send: dict[int, np.ndarray]
     recv_pos: dict[int, np.ndarray]
+    # sampled rounds read through the fiber index: every touched row of the mode (sorted) and its
+    # owner's rank, so the rows a gather hits go to their owners, whoever touches them
+    directory: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def span(self) -> tuple[int, int] | None:
@@ -93,6 +97,8 @@ class WorkerState:
     max_private_bytes: int
     device: str = "cpu"  # where the local MTTKRP runs ("gpu": this worker's GPU)
     device_options: Any = None
+    path: str = ""  # the store
+    index_modes: frozenset = frozenset()  # modes whose sampled rounds read the store's fiber index
     weights: np.ndarray = field(default_factory=lambda: np.ones(0))
     sampler: Any = None  # randomized CP-ALS: the worker's part of the distributed sampler
     model: Any = None  # the decomposition's own state here (CP-APR: weights, Phi masks, rows no nonzero touches)
@@ -159,6 +165,40 @@ class WorkerState:
         if not parts:
             return Partial(0, np.zeros((0, self.factors.rank), dtype=samples.rows.dtype))
         return parts[0] if len(parts) == 1 else combine(*parts)
+
+    def index_sampled_mttkrp(self, mode: int, samples: Any) -> Partial:
+        """The mode-``mode`` *sampled* MTTKRP of this worker's share of the sample keys (one range
+        of keys a rank, so each fiber is read once), through the store's fiber index: its rows
+        may be any rows of the mode, which :meth:`scatter_to_owners` sends to their owners."""
+        return indexed_sampled_partial(self.path, samples, mode, self.threads, (self.team.rank, self.team.size))
+
+    def scatter_to_owners(self, mode: int, partial: Partial, tag: Any) -> np.ndarray:
+        """Send each owner the rows of ``partial`` that are not zero and that it owns, with their
+        row numbers (the rows of an index gather are not those this worker's partitions touch);
+        return the rows this worker owns, summed over every worker's partial in rank order
+        (``len(owned) x R``)."""
+        plan = self.plans[mode]
+        if plan.directory is None:
+            raise RuntimeError(f"owner-computes: mode {mode} has no row directory for index reads")
+        if partial.index is not None:
+            ids, rows = partial.index, partial.rows
+        else:
+            live = np.flatnonzero(partial.rows.any(axis=1))
+            ids, rows = live + partial.lo, partial.rows[live]
+        known, owners = plan.directory
+        at = np.searchsorted(known, ids)
+        if ids.shape[0] and (at.max() >= known.shape[0] or not np.array_equal(known[at], ids)):
+            raise RuntimeError(f"owner-computes: mode {mode}: a fiber index gather hit rows no partition holds")
+        owner = owners[at]
+        W, me = self.team.size, self.team.rank
+        self.team.send_many(tag, {k: [ids[owner == k], rows[owner == k]] for k in range(W) if k != me})
+        out = np.zeros((plan.owned.shape[0], rows.shape[1]), dtype=self.factors.dtype)
+        for k in range(W):
+            got = [ids[owner == me], rows[owner == me]] if k == me else self.team.receive(tag, k)
+            k_ids, k_rows = np.asarray(got[0]), np.asarray(got[1])
+            if k_ids.shape[0]:
+                out[np.searchsorted(plan.owned, k_ids)] += k_rows  # distinct rows: one add each
+        return out
 
     def reduce_scatter(self, mode: int, partial: Partial, tag: Any, sparse: bool = False) -> np.ndarray:
         """Send each owner the rows of ``partial`` it owns; return the rows this worker owns,
@@ -394,6 +434,8 @@ def _setup(
     max_private_bytes: int,
     device: str = "cpu",
     device_options: Any = None,
+    path: str = "",
+    index_modes: Sequence[int] = (),
     dask_worker=None,
 ) -> None:
     """Run on a worker: make the initial factors (``init(*init_args)``, the same on every worker)
@@ -418,6 +460,8 @@ def _setup(
         max_private_bytes,
         device,
         device_options,
+        path,
+        frozenset(index_modes),
     )
     st.weights = np.ones(factors.rank)
     with _RUNS_LOCK:
@@ -527,14 +571,18 @@ class OwnerPlan:
         return sum(self.mode_lower_bound_bytes(rank, itemsize))
 
 
-def plan_ownership(counts: list[list[tuple[np.ndarray, np.ndarray]]]) -> tuple[OwnerPlan, list[list[ModePlan]]]:
+def plan_ownership(
+    counts: list[list[tuple[np.ndarray, np.ndarray]]], directory_modes: Sequence[int] = ()
+) -> tuple[OwnerPlan, list[list[ModePlan]]]:
     """Owners of every touched row (most nonzeros, ties to the lower rank), from each worker's
-    per-mode (rows, counts); and each worker's :class:`ModePlan` per mode."""
+    per-mode (rows, counts); and each worker's :class:`ModePlan` per mode (for the modes in
+    ``directory_modes``, with every row's owner)."""
     W, N = len(counts), len(counts[0])
     touched = [[counts[w][n][0] for n in range(N)] for w in range(W)]
     owned: list[list[np.ndarray]] = [[None] * N for _ in range(W)]
     owner_of_touched: list[list[np.ndarray]] = [[None] * N for _ in range(W)]
     shared = []
+    directory: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for n in range(N):
         ids = np.concatenate([counts[w][n][0] for w in range(W)])
         cnt = np.concatenate([counts[w][n][1] for w in range(W)])
@@ -544,6 +592,8 @@ def plan_ownership(counts: list[list[tuple[np.ndarray, np.ndarray]]]) -> tuple[O
         first = np.ones(ids_s.shape[0], dtype=bool)
         first[1:] = ids_s[1:] != ids_s[:-1]
         rows, owners = ids_s[first], rk_s[first]
+        if n in directory_modes:
+            directory[n] = (rows, owners.astype(np.int16))
         for w in range(W):
             owned[w][n] = rows[owners == w]
             owner_of_touched[w][n] = owners[np.searchsorted(rows, touched[w][n])]
@@ -564,7 +614,7 @@ def plan_ownership(counts: list[list[tuple[np.ndarray, np.ndarray]]]) -> tuple[O
                 theirs = touched[k][n][owner_of_touched[k][n] == w]
                 if theirs.shape[0]:
                     recv_pos[k] = np.searchsorted(owned[w][n], theirs)
-            mode_plans.append(ModePlan(owned[w][n], send, recv_pos))
+            mode_plans.append(ModePlan(owned[w][n], send, recv_pos, directory.get(n)))
         plans.append(mode_plans)
     return OwnerPlan(touched, owned, shared), plans
 
@@ -621,6 +671,7 @@ class OwnerComputes:
         workers: list[str] | None = None,
         device: str = "cpu",
         device_options: Any = None,
+        index_modes: Sequence[int] = (),
     ) -> None:
         self.client = client
         self.run = f"tfooc-owner-{uuid.uuid4().hex[:12]}"
@@ -660,7 +711,8 @@ class OwnerComputes:
                 for k, a in enumerate(addresses)
             ]
         )
-        self.plan, plans = plan_ownership(counts)
+        self.index_modes = sorted(int(m) for m in index_modes)
+        self.plan, plans = plan_ownership(counts, self.index_modes)
         futures = []
         for k, a in enumerate(addresses):
             [plan_k] = client.scatter([plans[k]], workers=[a], hash=False)
@@ -678,6 +730,8 @@ class OwnerComputes:
                     max_private_bytes,
                     device,
                     device_options,
+                    path,
+                    self.index_modes,
                     workers=[a],
                     allow_other_workers=False,
                     pure=False,

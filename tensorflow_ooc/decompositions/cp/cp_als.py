@@ -179,8 +179,8 @@ class CPIterations:
             params["distribution"] = {"kind": "owner-computes", "workers": len(self.modes.engine.addresses)}
         else:
             self.modes = GraphModes(c, graph, F, self)
-            if self.randomized:
-                params["sampled_reads"] = sampled_reads_plan(graph, store)
+        if self.randomized:
+            params["sampled_reads"] = sampled_reads_plan(graph, store)
         self.fit_sample = None  # randomized runs: the nonzeros their estimated fits evaluate the model at
         if self.randomized and o.fit_sample and isinstance(self.modes, GraphModes) and not store.dense:
             seed = params["sample_entropy"]

@@ -24,6 +24,7 @@ import numpy as np
 
 from ...execution.inline import is_inline
 from ...execution.owner_computes import OwnerComputes, SparseRows, WorkerState, exchange_record
+from ...execution.partials import merged_reads
 from ...kernels import StackedFactors
 from ...kernels.update.column_scale import column_max_abs, column_sum_squares
 from ...kernels.update.normal_equations import normal_inverse_of
@@ -61,7 +62,7 @@ def owner_iteration(
         return {"skipped": True, "stop": True}
     started = time.time()
     N, R = ws.nmodes, ws.factors.rank
-    timings, finished, sent, waits, sampling = {}, {}, {}, {}, {}
+    timings, finished, sent, waits, sampling, reads = {}, {}, {}, {}, {}, {}
     fit_seconds = 0.0
     inner = np.zeros(R)
     if sketch is not None and ws.sampler is None:
@@ -79,10 +80,16 @@ def owner_iteration(
             sampling[n] = S.seconds
             t0 = time.perf_counter()
             V = normal_inverse_of(None, n, S.gram())
-            P = ws.local_sampled_mttkrp(n, S)
+            # through the store's fiber index, each worker reads the fibers of its share of the draws
+            P = ws.index_sampled_mttkrp(n, S) if n in ws.index_modes else ws.local_sampled_mttkrp(n, S)
+            if P.reads:
+                reads[n] = P.reads
         t_mttkrp = time.perf_counter() - t0
         # the owned rows, summed over workers (a sampled MTTKRP's rows travel sparse)
-        M = ws.reduce_scatter(n, P, (iteration, n, "M"), sparse=sketch is not None)
+        if sketch is not None and n in ws.index_modes:
+            M = ws.scatter_to_owners(n, P, (iteration, n, "M"))
+        else:
+            M = ws.reduce_scatter(n, P, (iteration, n, "M"), sparse=sketch is not None)
         Mx = M  # the exact MTTKRP's owned rows, for the fit's inner products
         if sketch is not None:
             Mx = None
@@ -163,6 +170,7 @@ def owner_iteration(
         "sampling": sampling,
         "fit_seconds": fit_seconds,
         "empty_sketches": empty,
+        "reads": reads,
     }
 
 
@@ -207,8 +215,9 @@ def use_owner_computes(client, graph, dense: bool, method: str, distribution: st
     return distribution == "owner" or len(graph.resources) > 1
 
 
-def start_owner_computes(client, graph, init: tuple, nmodes: int) -> OwnerComputes:
-    """The owner-computes run of ``graph``'s store and partitions (its memory plan's execution)."""
+def start_owner_computes(client, graph, init: tuple, nmodes: int, sampled: bool = False) -> OwnerComputes:
+    """The owner-computes run of ``graph``'s store and partitions (its memory plan's execution);
+    ``sampled`` (randomized CP-ALS): modes the store's fiber index holds read their fibers through it."""
     fn, args = init
     plan = graph.memory_plan
     return OwnerComputes(
@@ -227,6 +236,7 @@ def start_owner_computes(client, graph, init: tuple, nmodes: int) -> OwnerComput
         workers=sorted(graph.resources),  # on GPU devices, the GPU workers
         device=graph.device,
         device_options=graph.device_options,
+        index_modes=[m for m in range(nmodes) if graph.reads_fiber_index(m)] if sampled else [],
     )
 
 
@@ -250,6 +260,8 @@ def owner_summary(summaries: list[dict], lower: list[int]) -> tuple[U.Summary, d
         sampling,
         max(s.get("fit_seconds", 0.0) for s in summaries),
         dict(first.get("empty_sketches", {})),
+        # what the sampled MTTKRPs read, summed over the workers
+        {n: merged_reads(*(s.get("reads", {}).get(n) for s in summaries)) or {} for n in range(N)},
     )
     return sm, exchange_record(summaries, lower)
 

@@ -57,7 +57,7 @@ class OwnerModes:
     owns, one task per worker and iteration, rows sent worker to worker only where shared."""
 
     def __init__(self, c: Any, graph: Any, F: Any, method: Any, cleanup: ExitStack) -> None:
-        self.engine = start_owner_computes(c, graph, F, method.store.nmodes)
+        self.engine = start_owner_computes(c, graph, F, method.store.nmodes, sampled=method.randomized)
         cleanup.callback(self.engine.release)  # a run stopped by its callback leaves nothing on the workers
         self.method = method
         self.lower = self.engine.plan.mode_lower_bound_bytes(method.rank, np.dtype(method.o.dtype).itemsize)
