@@ -18,7 +18,6 @@ from ..ingest import TextSource
 from . import locations as loc
 from .errors import InputError
 from .evaluation import KIND_NAMES, load_model, model_of, model_values
-from .optional_packages import require
 from .step_context import StepContext, is_tns, open_input_store, save_npz
 from .step_models import ExportStep, PredictStep
 
@@ -63,7 +62,6 @@ def run_export(ctx: StepContext) -> dict:
     elif m.format == "zarr":
         result.save(out, overwrite=True)
     elif m.format == "tensorly":
-        require("tensorly", f"step {ctx.step.name} (export format tensorly)")
         loc.write_bytes(out, pickle.dumps(result.to_tensorly()))
     elif m.format == "pyttb":
         if not isinstance(result, CPResult):
@@ -71,7 +69,6 @@ def run_export(ctx: StepContext) -> dict:
                 f"{src} is a {KIND_NAMES[kind]} result: pyttb's export_data writes CP models (ktensor) only; "
                 "export it as npz, tensorly or zarr"
             )
-        require("pyttb", f"step {ctx.step.name} (export format pyttb)")
         import pyttb
 
         with loc.local_target(out) as tmp:

@@ -1,27 +1,21 @@
 """The packages a workflow imports beyond the core dependencies, and the extra of the package
 (``pip install 'tensorflow_ooc[EXTRA]'``) that installs each.
 
-An export to TensorLy or pyttb imports that library, a location in object storage the fsspec
-implementation of its scheme (``s3://``: s3fs), the ``gpu`` cluster dask-cuda and a GPU decompose
-numba-cuda. :func:`needed_modules` lists them for a loaded workflow (the deployment test checks
-that the images install them for the shipped workflows), and :func:`require` turns a missing one
-into an :class:`~.errors.InputError` that names the extra, rather than an ``ImportError`` that a
-step would retry as if it could pass.
+An export to TensorLy or pyttb imports that library (``step_models.EXPORT_NEEDS``), a location in
+object storage the fsspec implementation of its scheme (``s3://``: s3fs), the ``gpu`` cluster
+dask-cuda and a GPU decompose numba-cuda. :func:`needed_modules` lists them for a loaded workflow
+(the deployment test checks that the images install them for the shipped workflows), and
+:func:`install_hint` says how to install one (the planner's message for an export whose package is
+missing).
 """
 
 from __future__ import annotations
 
-import importlib.util
-from typing import TYPE_CHECKING
+from typing import Any
 
 from . import locations as loc
-from .errors import InputError
+from .step_models import EXPORT_NEEDS
 
-if TYPE_CHECKING:
-    from .plan import Workflow
-
-#: what an export format imports (format -> module)
-EXPORT_MODULES = {"tensorly": "tensorly", "pyttb": "pyttb"}
 #: what fsspec imports for a URL scheme (scheme -> module)
 SCHEME_MODULES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
 #: the module a ``cluster: gpu`` spec and a ``device: gpu`` step import
@@ -37,13 +31,14 @@ def location_module(location: str) -> str | None:
     return SCHEME_MODULES.get(location.split("://", 1)[0].lower())
 
 
-def needed_modules(workflow: Workflow) -> dict[str, list[str]]:
+def needed_modules(workflow: Any) -> dict[str, list[str]]:
     """The optional modules ``workflow`` imports when it runs, each with what needs it.
 
     Parameters
     ----------
     workflow : Workflow
-        A loaded spec (:func:`~tensorflow_ooc.workflow.load_spec`).
+        A loaded spec (:func:`~tensorflow_ooc.workflow.load_spec`; not imported here: the planner
+        imports this module).
 
     Returns
     -------
@@ -63,7 +58,7 @@ def needed_modules(workflow: Workflow) -> dict[str, list[str]]:
     for step in workflow.steps:
         config = step.model.model_dump(mode="json")
         if step.kind == "export":
-            need(EXPORT_MODULES.get(config.get("format")), f"step {step.name}: format {config.get('format')}")
+            need(EXPORT_NEEDS.get(config.get("format")), f"step {step.name}: format {config.get('format')}")
         if config.get("device") == "gpu":
             need(GPU_DEVICE_MODULE, f"step {step.name}: device gpu")
         for location in {**step.inputs, **step.outputs}.values():
@@ -75,10 +70,3 @@ def install_hint(module: str) -> str:
     """How to install ``module``: the package's extra that has it, else the module itself."""
     extra = EXTRAS.get(module)
     return f"pip install 'tensorflow_ooc[{extra}]'" if extra else f"pip install {module}"
-
-
-def require(module: str, what: str) -> None:
-    """Raise an :class:`~.errors.InputError` naming ``what`` needs ``module`` and how to install
-    it, when ``module`` cannot be imported here."""
-    if importlib.util.find_spec(module) is None:
-        raise InputError(f"{what} needs the package {module}, which is not installed here ({install_hint(module)})")
