@@ -1,7 +1,8 @@
 """The ``/tfooc`` page: one HTML document with inline CSS and JavaScript, no external files.
 
 The script polls ``tfooc/runs.json`` and ``tfooc/runs/RUN.json`` (every second by default;
-``?poll=MS`` changes it) and draws the plots as inline SVG, so the page needs nothing beyond what
+``?poll=MS`` changes it; ``?page=N`` and ``?limit=N`` pick the runs table's page, 25 runs a page,
+newest first) and draws the plots as inline SVG, so the page needs nothing beyond what
 the scheduler's HTTP server serves and works offline. Plot points carry ``data-iteration`` and
 ``data-value`` attributes and every plot block ``data-iterations`` (how many iterations it
 shows), which the browser test checks against the run's events.
@@ -10,6 +11,11 @@ A step whose iterations carry a log-likelihood (``loglik``: a CP-APR run, Poisso
 is drawn as what it is: its log-likelihood (``pt-loglik``) and its KKT violation on a log axis
 (``pt-kkt``) where a CP-ALS step has its fit and fit change, and seconds per outer iteration in
 place of the per-mode bars its iterations do not record.
+
+The runs table fits the window (fixed columns; long ids wrap; an error's first line is cut, all of
+it on hover and on a click). A queued run has no start time. A run's errors are split by the
+driver's attempt (``errors``: its latest attempt's; ``earlier_attempts``: those of attempts lost
+before it), and a run that succeeded shows neither in red.
 """
 
 from __future__ import annotations
@@ -108,7 +114,7 @@ function since(iso) {
 function duration(a, b) {
   if (!a) return "";
   const s = ((b ? Date.parse(b) : Date.now()) - Date.parse(a)) / 1000;
-  return s < 120 ? s.toFixed(1) + " s" : (s / 60).toFixed(1) + " min";
+  return s < 120 ? s.toFixed(1) + " s" : s < 7200 ? (s / 60).toFixed(1) + " min" : (s / 3600).toFixed(1) + " h";
 }
 function badge(state) { return `<span class="state state-${esc(state)}">${esc(state)}</span>`; }
 
@@ -360,7 +366,7 @@ function renderRuns(data) {
             + `older &rarr;</button></nav>`;
   let html = `<h2>runs</h2><table id="runs-table"><colgroup><col style="width:19%"><col style="width:86px">`
            + `<col style="width:13%"><col style="width:9%"><col style="width:76px"><col style="width:120px">`
-           + `<col style="width:92px"><col style="width:84px"><col></colgroup>`
+           + `<col style="width:112px"><col style="width:84px"><col></colgroup>`
            + `<tr><th>run</th><th>state</th><th>workflow</th><th>step</th>`
            + `<th>iterations</th><th>fit</th><th>started</th><th>duration</th><th>errors</th></tr>`;
   for (const r of runs) {
