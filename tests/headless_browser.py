@@ -139,8 +139,10 @@ class HeadlessPage:
     def open(self, url: str, ready: str = "document.body && document.body.dataset.state === 'ready'") -> None:
         """Load ``url`` and wait until ``ready`` holds (the tfooc page sets ``data-state="ready"``
         once it has drawn what it fetched)."""
+        # a mark on the document being left: until it is gone, "ready" is the old page's
+        self.evaluate("window.__leaving = true")
         self.call("Page.navigate", {"url": url})
-        self.wait_for(f"location.href === {json.dumps(url)} && ({ready})", what=f"{url} ready")
+        self.wait_for(f"!window.__leaving && location.href === {json.dumps(url)} && ({ready})", what=f"{url} ready")
 
     def close(self) -> None:
         if self._proc.poll() is None:
