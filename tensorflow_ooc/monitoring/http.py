@@ -1,8 +1,9 @@
 """Routes of the monitoring page on the Dask scheduler's own HTTP server (the dashboard's).
 
 - ``/tfooc``: the page (:mod:`.page`);
-- ``/tfooc/runs.json``: running and past runs (summaries), the queue of submitted runs waiting for
-  a worker slot, and each worker's memory limit against its runs' memory plan peak;
+- ``/tfooc/runs.json``: a page of the runs (summaries, newest first; ``?page=N`` from 1 and
+  ``?limit=N`` runs a page, 25 by default), the queue of submitted runs waiting for a worker slot,
+  and each worker's memory limit against its runs' memory plan peak;
 - ``/tfooc/runs/RUN.json``: one run: steps, CP-ALS iterations, checkpoints, errors.
 
 The handlers are added to the running server's Tornado application (``add_handlers``), so no
@@ -147,20 +148,53 @@ def cluster_view(scheduler: Any, state: Any, rows: list[dict]) -> dict[str, list
     return {"queue": queue, "workers": workers}
 
 
+PAGE_SIZE = 25  # runs a page of the runs table, unless ?limit= says otherwise
+MAX_PAGE_SIZE = 500
+
+
+def _positive_int(text: str, name: str, most: int | None = None) -> int:
+    """``?NAME=`` as a whole number from 1 (to ``most``), or a ValueError that says which."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1 or (most is not None and value > most):
+        upto = f" to {most}" if most is not None else ""
+        raise ValueError(f"?{name}={text!r}: expected a whole number from 1{upto}")
+    return value
+
+
+def runs_listing(state: Any, page: int, limit: int) -> dict[str, Any]:
+    """One page of the runs table, newest first: its rows, and where it is among all the runs
+    (``page``, ``limit``, ``total``, ``pages``)."""
+    rows = [] if state is None else state.runs(limit, (page - 1) * limit)
+    total = 0 if state is None else state.total()
+    return {"runs": rows, "page": page, "limit": limit, "total": total, "pages": max(1, -(-total // limit))}
+
+
 class RunsHandler(_Handler):
-    """Running and past runs, the queue and the workers."""
+    """A page of the running and past runs (``?page=N``, from 1, newest first; ``?limit=N`` runs
+    a page), the queue and the workers."""
 
     async def get(self) -> None:
         state = _state(self.server)
-        limit = int(self.get_argument("limit", "50"))
-        rows = [] if state is None else await _off_loop(state.runs, limit)
+        try:
+            page = _positive_int(self.get_argument("page", "1"), "page")
+            limit = _positive_int(self.get_argument("limit", str(PAGE_SIZE)), "limit", MAX_PAGE_SIZE)
+        except ValueError as exc:
+            self.json({"error": str(exc)}, status=400)
+            return
+        listing = await _off_loop(runs_listing, state, page, limit)
+        # the queue holds every queued run this scheduler follows, whichever page is shown
+        shown = {r["run_id"] for r in listing["runs"]}
+        active = [] if state is None else [r for r in state.active() if r["run_id"] not in shown]
         self.json(
             {
                 "scheduler": self.server.address,
                 "time": time.time(),
                 "storage": [] if state is None else list(state.roots),
-                "runs": rows,
-                **cluster_view(self.server, state, rows),
+                **listing,
+                **cluster_view(self.server, state, listing["runs"] + active),
             }
         )
 

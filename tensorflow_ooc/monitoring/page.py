@@ -1,7 +1,8 @@
 """The ``/tfooc`` page: one HTML document with inline CSS and JavaScript, no external files.
 
 The script polls ``tfooc/runs.json`` and ``tfooc/runs/RUN.json`` (every second by default;
-``?poll=MS`` changes it) and draws the plots as inline SVG, so the page needs nothing beyond what
+``?poll=MS`` changes it; ``?page=N`` and ``?limit=N`` pick the runs table's page, 25 runs a page,
+newest first) and draws the plots as inline SVG, so the page needs nothing beyond what
 the scheduler's HTTP server serves and works offline. Plot points carry ``data-iteration`` and
 ``data-value`` attributes and every plot block ``data-iterations`` (how many iterations it
 shows), which the browser test checks against the run's events.
@@ -10,6 +11,11 @@ A step whose iterations carry a log-likelihood (``loglik``: a CP-APR run, Poisso
 is drawn as what it is: its log-likelihood (``pt-loglik``) and its KKT violation on a log axis
 (``pt-kkt``) where a CP-ALS step has its fit and fit change, and seconds per outer iteration in
 place of the per-mode bars its iterations do not record.
+
+The runs table fits the window (fixed columns; long ids wrap; an error's first line is cut, all of
+it on hover and on a click). A queued run has no start time. A run's errors are split by the
+driver's attempt (``errors``: its latest attempt's; ``earlier_attempts``: those of attempts lost
+before it), and a run that succeeded shows neither in red.
 """
 
 from __future__ import annotations
@@ -42,8 +48,20 @@ PAGE = r"""<!doctype html>
   figure { margin: 0; background: #fff; border: 1px solid var(--line); border-radius: 4px; padding: 4px 6px; }
   figcaption { font-size: 12px; color: var(--muted); }
   svg text { font-size: 10px; fill: var(--muted); }
-  .errors { background: #fff0f0; border: 1px solid #f5c2c7; border-radius: 4px; padding: 6px 10px; margin: 8px 0; }
-  .errors pre { white-space: pre-wrap; font-size: 11px; max-height: 240px; overflow: auto; }
+  .errors, .note { border-radius: 4px; padding: 6px 10px; margin: 8px 0; overflow-wrap: anywhere; }
+  .errors { background: #fff0f0; border: 1px solid #f5c2c7; }
+  .note { background: #f3f4f6; border: 1px solid var(--line); color: #3b4350; }
+  .errors pre, .note pre { white-space: pre-wrap; font-size: 11px; max-height: 240px; overflow: auto; }
+  /* the runs table fits the window: fixed columns, long ids and names wrap, an error's first line
+     is cut with an ellipsis (all of it on hover, and on a click, which unfolds it) */
+  #runs-table { table-layout: fixed; width: 100%; }
+  #runs-table td { white-space: normal; overflow-wrap: anywhere; vertical-align: top; }
+  #runs-table td.error-line, #runs-table td.earlier { white-space: nowrap; overflow: hidden; text-overflow: ellipsis; cursor: pointer; }
+  #runs-table td.error-line.unfolded { white-space: pre-wrap; }
+  #runs-table td.earlier { color: var(--muted); }
+  td.wrap { white-space: normal; overflow-wrap: anywhere; }
+  nav.pages { margin: 6px 0; display: flex; gap: 10px; align-items: baseline; }
+  nav.pages button { font: inherit; padding: 1px 8px; }
   .empty { color: var(--muted); font-style: italic; }
 </style>
 </head>
@@ -66,6 +84,9 @@ const params = new URLSearchParams(location.search);
 const POLL = Math.max(200, parseInt(params.get("poll") || "1000", 10));
 const BASE = location.pathname.replace(/\/+$/, "");          // .../tfooc
 let selected = params.get("run") || (location.hash ? decodeURIComponent(location.hash.slice(1)) : null);
+// the runs table's page (1 the newest runs) and its size (runs.json's ?page= and ?limit=)
+let pageNo = Math.max(1, parseInt(params.get("page") || "1", 10) || 1);
+const LIMIT = params.get("limit") ? Math.max(1, parseInt(params.get("limit"), 10) || 25) : null;
 let polling = false;
 
 function esc(s) {
@@ -93,7 +114,7 @@ function since(iso) {
 function duration(a, b) {
   if (!a) return "";
   const s = ((b ? Date.parse(b) : Date.now()) - Date.parse(a)) / 1000;
-  return s < 120 ? s.toFixed(1) + " s" : (s / 60).toFixed(1) + " min";
+  return s < 120 ? s.toFixed(1) + " s" : s < 7200 ? (s / 60).toFixed(1) + " min" : (s / 3600).toFixed(1) + " h";
 }
 function badge(state) { return `<span class="state state-${esc(state)}">${esc(state)}</span>`; }
 
@@ -106,6 +127,9 @@ const FIT_SPAN = 2e-6, CHANGE_FLOOR = 1e-12;
 const LOGLIK_SPAN = 1e-12;
 function sig(v) { return Math.abs(v) >= 1e6 ? v.toExponential(3) : String(Number(v.toPrecision(6))); }
 function exp8(v) { return v === null || v === undefined || Number.isNaN(v) ? "" : v.toExponential(8); }
+// A log axis's label: two significant digits (fmt's fixed decimals wrote 0.003 as "0.0", a value a
+// log axis never holds), in exponent form outside [1e-3, 1e4).
+function logLabel(v) { const a = Math.abs(v); return a < 1e-3 || a >= 1e4 ? v.toExponential(1) : String(Number(v.toPrecision(2))); }
 const COLORS = ["#1f6feb", "#d4a72c", "#1a7f37", "#cf222e", "#8250df", "#0598bc", "#bc4c00", "#57606a"];
 
 // Axis labels that differ wherever the values do: the plot's own format first, then more
@@ -149,12 +173,12 @@ function linePlot(title, xs, ys, cls, opts) {
     if (y1 === y0) { const d = Math.abs(y0) * 0.05 || 1; y0 = opts.zero && !opts.log ? Math.max(0, y0 - d) : y0 - d; y1 += d; }
     const sx = x => L + (x - x0) / (x1 - x0) * (W - L - R);
     const sy = y => T + (1 - (tx(y) - y0) / (y1 - y0)) * (H - T - B);
-    const ylab = v => opts.log ? fmt(Math.pow(10, v), 1) : (opts.format ? opts.format(v) : fmt(v));
+    const ylab = v => opts.format ? opts.format(v) : fmt(v);
     body += `<line x1="${L}" y1="${H - B}" x2="${W - R}" y2="${H - B}" stroke="#aaa"/>`
           + `<line x1="${L}" y1="${T}" x2="${L}" y2="${H - B}" stroke="#aaa"/>`;
     const ticks = [0, 0.5, 1].map(f => y0 + f * (y1 - y0));
     const labels = axisLabels(opts.log ? ticks.map(v => Math.pow(10, v)) : ticks,
-                              opts.log ? (v => fmt(v, 1)) : (v => ylab(v)));
+                              opts.log ? logLabel : ylab);
     [0, 0.5, 1].forEach((f, i) => {
       const yy = T + (1 - f) * (H - T - B);
       body += `<text class="ylab" x="${L - 4}" y="${yy + 3}" text-anchor="end">${esc(labels[i])}</text>`
@@ -224,15 +248,55 @@ function modePlot(its) {
        + `&nbsp; ${legend}</figcaption><svg width="${W}" height="${H}" viewBox="0 0 ${W} ${H}">${body}</svg></figure>`;
 }
 
-// The errors column: the first line of a failed, cancelled or lost run's error (all of it on hover),
-// else how many error events the run logged.
+// The errors column: the first line of a failed, cancelled or lost run's error (cut to the column;
+// all of it on hover, and unfolded on a click); a run that succeeded after earlier attempts were lost
+// says so, in grey, not as an error; else how many errors its latest attempt logged.
+const unfolded = new Set();  // runs whose error cell was clicked open (kept across polls)
+function unfold(td) {
+  const id = td.parentNode.dataset.runId;
+  if (unfolded.has(id)) unfolded.delete(id); else unfolded.add(id);
+  td.classList.toggle("unfolded", unfolded.has(id));
+  td.textContent = unfolded.has(id) ? td.title : td.title.split("\n")[0];
+}
 function errorCell(r) {
   const line = String(r.error || "").split("\n")[0];
   if (line && ["failed", "cancelled", "lost"].includes(r.state)) {
-    const short = line.length > 100 ? line.slice(0, 99) + "\u2026" : line;
-    return `<td class="error-line" title="${esc(r.error)}">${esc(short)}</td>`;
+    return `<td class="error-line${unfolded.has(r.run_id) ? " unfolded" : ""}" title="${esc(r.error)}" `
+         + `onclick="unfold(this)">${esc(unfolded.has(r.run_id) ? r.error : line)}</td>`;
+  }
+  if (r.attempts > 1 && !r.errors) {  // a driver restarted after a lost worker: its earlier attempts
+    const n = r.attempts - 1;
+    const note = `attempt ${r.attempts}; ${n} earlier attempt${n > 1 ? "s" : ""} lost (see the run's earlier attempts)`;
+    return `<td class="earlier" title="${esc(note)}">${esc(note)}</td>`;
   }
   return `<td class="num">${r.errors || ""}</td>`;
+}
+
+// When a run started: nothing for a queued one (waiting for a worker slot: it has not started, even
+// when an earlier attempt had), its submission time on hover.
+function startedCell(r) {
+  if (r.state === "queued") {
+    return `<td class="started" data-started="" title="submitted ${esc(r.created_at || "")}, not started"></td>`;
+  }
+  return `<td class="started" data-started="${esc(r.started_at || "")}" title="${esc(r.started_at || "")}">`
+       + `${esc(since(r.started_at || r.created_at))}</td>`;
+}
+
+// The address of what is shown: the selected run, the runs table's page, the poll interval.
+function pageQuery() {
+  const q = new URLSearchParams();
+  if (selected) q.set("run", selected);
+  if (pageNo > 1) q.set("page", pageNo);
+  if (LIMIT) q.set("limit", LIMIT);
+  if (params.get("poll")) q.set("poll", POLL);
+  return "?" + q.toString();
+}
+
+function goPage(n) {
+  pageNo = Math.max(1, n);
+  history.replaceState(null, "", pageQuery());
+  poll();
+  return false;
 }
 
 function mib(v) { return v ? (v / 1048576).toLocaleString(undefined, {maximumFractionDigits: 0}) + " MiB" : ""; }
@@ -287,12 +351,23 @@ function renderRuns(data) {
   document.getElementById("scheduler").textContent = data.scheduler ? "scheduler " + data.scheduler : "";
   const runs = data.runs || [];
   if (!selected && runs.length) selected = runs[0].run_id;
+  if (!runs.length && data.total && data.page > 1) { goPage(data.pages); return; }  // past the last page
   if (!runs.length) {
     document.getElementById("runs").innerHTML = `<p class="empty">no runs yet: tfooc submit SPEC --scheduler `
       + `${esc(data.scheduler || "ADDRESS")} (or tfooc run SPEC --scheduler ...) and they appear here</p>`;
     return;
   }
-  let html = `<h2>runs</h2><table id="runs-table"><tr><th>run</th><th>state</th><th>workflow</th><th>step</th>`
+  const first = (data.page - 1) * data.limit;
+  const nav = `<nav class="pages" id="runs-pages" data-page="${data.page}" data-pages="${data.pages}" `
+            + `data-total="${data.total}"><button class="newer" onclick="return goPage(${data.page - 1})"`
+            + `${data.page > 1 ? "" : " disabled"}>&larr; newer</button><span class="meta">runs ${first + 1}`
+            + `&ndash;${first + runs.length} of ${data.total}, newest first (page ${data.page} of ${data.pages})</span>`
+            + `<button class="older" onclick="return goPage(${data.page + 1})"${data.page < data.pages ? "" : " disabled"}>`
+            + `older &rarr;</button></nav>`;
+  let html = `<h2>runs</h2><table id="runs-table"><colgroup><col style="width:19%"><col style="width:86px">`
+           + `<col style="width:13%"><col style="width:9%"><col style="width:76px"><col style="width:120px">`
+           + `<col style="width:112px"><col style="width:84px"><col></colgroup>`
+           + `<tr><th>run</th><th>state</th><th>workflow</th><th>step</th>`
            + `<th>iterations</th><th>fit</th><th>started</th><th>duration</th><th>errors</th></tr>`;
   for (const r of runs) {
     html += `<tr class="run-row${r.run_id === selected ? " selected" : ""}" data-run-id="${esc(r.run_id)}" `
@@ -303,10 +378,10 @@ function renderRuns(data) {
              ? `<td class="num loglik" title="log-likelihood (least-squares fit ${esc(fmt(r.fit, 6))})">`
                + `log-lik ${esc(sig(r.loglik))}</td>`
              : `<td class="num">${r.fit === null || r.fit === undefined ? "" : fmt(r.fit, 6)}</td>`)
-          + `<td>${esc(since(r.started_at || r.created_at))}</td><td class="num">${esc(duration(r.started_at, r.finished_at))}</td>`
+          + startedCell(r) + `<td class="num">${r.state === "queued" ? "" : esc(duration(r.started_at, r.finished_at))}</td>`
           + errorCell(r) + `</tr>`;
   }
-  document.getElementById("runs").innerHTML = html + "</table>";
+  document.getElementById("runs").innerHTML = html + "</table>" + nav;
 }
 
 function renderRun(v) {
@@ -315,18 +390,29 @@ function renderRun(v) {
   el.dataset.runId = v.run_id;
   el.dataset.state = v.state;
   let html = `<h2>${esc(v.run_id)} ${badge(v.state)}</h2><div class="meta">${esc(v.workflow || "")} · `
-           + `${esc(v.mode || "")} on ${esc(v.cluster || "")} · started ${esc(v.started_at || v.created_at || "")} · `
-           + `${esc(duration(v.started_at, v.finished_at))} · storage ${esc(v.storage || "?")}`
+           + `${esc(v.mode || "")} on ${esc(v.cluster || "")} · `
+           + (v.state === "queued"
+              ? `<span id="run-start">queued since ${esc(v.created_at || "")}, not started</span>`
+              : `<span id="run-start">started ${esc(v.started_at || v.created_at || "")}</span> · `
+                + `${esc(duration(v.started_at, v.finished_at))}`)
+           + (v.attempt > 1 ? ` · attempt ${esc(v.attempt)}` : "") + ` · storage ${esc(v.storage || "?")}`
            + (v.dashboard ? ` · <a href="${esc(v.dashboard)}">dashboard</a>` : "") + `</div>`;
-  const errs = v.errors || [];
+  const errs = v.errors || [], earlier = v.earlier_attempts || [];
+  const entry = e => `<div class="error" data-attempt="${esc(e.attempt || "")}">${esc(e.time || "")} `
+    + `${esc(e.step ? "[" + e.step + "] " : "")}${esc(e.message)}`
+    + (e.traceback ? `<details><summary>traceback</summary><pre>${esc(e.traceback)}</pre></details>` : "") + `</div>`;
+  // a run that succeeded has no error of its own: what its attempts logged is a note, in grey
+  const succeeded = v.state === "done" || v.state === "skipped";
   if (v.error || errs.length) {
-    html += `<div class="errors" id="errors"><b>errors</b>` + (v.error ? `<div>${esc(v.error)}</div>` : "");
-    for (const e of errs) {
-      html += `<div class="error">${esc(e.time || "")} ${esc(e.step ? "[" + e.step + "] " : "")}${esc(e.message)}`
-            + (e.traceback ? `<details><summary>traceback</summary><pre>${esc(e.traceback)}</pre></details>` : "")
-            + `</div>`;
-    }
-    html += `</div>`;
+    html += succeeded
+      ? `<div class="note" id="logged-errors"><b>errors logged by the attempt that succeeded</b>`
+      : `<div class="errors" id="errors"><b>errors</b>` + (v.error ? `<div>${esc(v.error)}</div>` : "");
+    html += errs.map(entry).join("") + `</div>`;
+  }
+  if (earlier.length) {
+    html += `<div class="note" id="earlier-attempts"><b>earlier attempts</b> <span class="meta">(before attempt `
+          + `${esc(v.attempt)}, which ${succeeded ? "succeeded" : "is the run's latest"})</span>`
+          + earlier.map(entry).join("") + `</div>`;
   }
   html += `<table id="steps"><tr><th>step</th><th>kind</th><th>state</th><th>seconds</th><th>result</th></tr>`;
   for (const [name, st] of Object.entries(v.steps || {})) {
@@ -338,10 +424,10 @@ function renderRun(v) {
     if (m.fms !== undefined) bits.push("factor match " + fmt(m.fms, 4));
     if (m.iterations !== undefined) bits.push(m.iterations + " iterations");
     if (m.nnz !== undefined) bits.push(Number(m.nnz).toLocaleString() + " nonzeros");
-    if (st.error) bits.push(st.error);
+    if (st.error) bits.push(st.state === "done" ? "earlier attempt: " + st.error : st.error);
     html += `<tr data-step="${esc(name)}"><td>${esc(name)}</td><td>${esc(st.kind || "")}</td><td>${badge(st.state)}</td>`
           + `<td class="num">${st.seconds === null || st.seconds === undefined ? "" : fmt(st.seconds, 1)}</td>`
-          + `<td>${esc(bits.join("; "))}</td></tr>`;
+          + `<td class="wrap">${esc(bits.join("; "))}</td></tr>`;
   }
   html += `</table>`;
   for (const [step, its] of Object.entries(v.iterations || {})) {
@@ -416,7 +502,7 @@ function renderRun(v) {
 
 function pick(runId) {
   selected = runId;
-  history.replaceState(null, "", "?run=" + encodeURIComponent(runId) + (params.get("poll") ? "&poll=" + POLL : ""));
+  history.replaceState(null, "", pageQuery());
   poll();
   return false;
 }
@@ -431,7 +517,7 @@ async function poll() {
   if (polling) return;
   polling = true;
   try {
-    const data = await getJSON(BASE + "/runs.json");
+    const data = await getJSON(BASE + "/runs.json?page=" + pageNo + (LIMIT ? "&limit=" + LIMIT : ""));
     renderRuns(data);
     renderCluster(data);
     renderRun(selected ? await getJSON(BASE + "/runs/" + encodeURIComponent(selected) + ".json") : null);

@@ -82,6 +82,10 @@ def new_view(run_id: str) -> dict[str, Any]:
         "counters": {},
         "memory_plans": {},  # per step, the latest worker memory plan (its figures)
         "errors": [],
+        # the driver's attempt the events belong to (a restarted driver after a lost worker is
+        # attempt 2, ...); errors carry theirs, so that a run that finally succeeded shows the
+        # earlier attempts' errors as a note, not as its own
+        "attempt": 1,
         "last_event": None,
         "events": 0,
         "source": "events",
@@ -101,6 +105,7 @@ def apply_event(view: dict[str, Any], ev: dict[str, Any]) -> None:
     if kind == "submitted":
         view["created_at"] = view["created_at"] or ev.get("time")
     elif kind == "run-started":
+        view["attempt"] = ev.get("attempt") or view["attempt"]
         view["state"] = "running"
         view["started_at"] = view["started_at"] or ev.get("time")
         view["finished_at"] = None
@@ -153,6 +158,7 @@ def apply_event(view: dict[str, Any], ev: dict[str, Any]) -> None:
                 "message": ev.get("message"),
                 "traceback": ev.get("traceback"),
                 "level": ev.get("level"),
+                "attempt": view["attempt"],
             }
         )
         del view["errors"][:-MAX_ERRORS]
@@ -178,6 +184,20 @@ def view_from_events(run_id: str, events: list[dict[str, Any]]) -> dict[str, Any
     return view
 
 
+def split_attempts(view: dict[str, Any]) -> dict[str, Any]:
+    """``view`` with its errors split by attempt (a copy; the live view keeps them all).
+
+    ``errors``: those of the run's latest attempt, its own; ``earlier_attempts``: those of the
+    attempts before it (a driver lost with its worker, then restarted), which a run that finally
+    succeeded shows as a note rather than as its error."""
+    latest = view.get("attempt") or 1
+    errors = view.get("errors") or []
+    return view | {
+        "errors": [e for e in errors if (e.get("attempt") or latest) >= latest],
+        "earlier_attempts": [e for e in errors if (e.get("attempt") or latest) < latest],
+    }
+
+
 def merge_record(view: dict[str, Any], record: Any) -> dict[str, Any]:
     """Take the run's state, times, steps and error from its record (a ``RunRecord``)."""
     view.update(
@@ -193,6 +213,7 @@ def merge_record(view: dict[str, Any], record: Any) -> dict[str, Any]:
         error=record.error,
         exit_code=record.exit_code,
         dashboard=record.dashboard or view.get("dashboard"),
+        attempt=max(view.get("attempt") or 1, len(record.attempts)),
         source="record",
     )
     for name, st in record.steps.items():
@@ -217,6 +238,7 @@ def summary(view: dict[str, Any]) -> dict[str, Any]:
     also has ``loglik`` (its log-likelihood; ``fit`` is then the least-squares fit)."""
     fit = loglik = None
     iterations = 0
+    split = split_attempts(view)
     for its in view["iterations"].values():
         if its:
             fit, loglik, iterations = its[-1].get("fit"), its[-1].get("loglik"), its[-1].get("iteration", len(its))
@@ -246,7 +268,9 @@ def summary(view: dict[str, Any]) -> dict[str, Any]:
     } | {
         "fit": fit,
         "iterations": iterations,
-        "errors": len(view["errors"]),
+        "attempts": view.get("attempt") or 1,
+        "errors": len(split["errors"]),
+        "earlier_attempt_errors": len(split["earlier_attempts"]),
         "steps": {n: st.get("state") for n, st in view["steps"].items()},
     }
     if loglik is not None:  # a CP-APR run
@@ -316,10 +340,11 @@ class RunsState:
                 log.debug("cannot list runs under %s: %s", root, exc)
         return out
 
-    def runs(self, limit: int = 50) -> list[dict[str, Any]]:
-        """Summaries of the latest runs, running ones first, then newest first."""
+    def runs(self, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
+        """Summaries of runs, newest first (by submission time): ``limit`` of them after the
+        ``offset`` newest (a page of the runs table)."""
         rows: dict[str, dict[str, Any]] = {}
-        for rec in self._records(limit):
+        for rec in self._records(offset + limit):
             rows[rec.run_id] = summary(merge_record(new_view(rec.run_id), rec))
         with self._lock:
             live = [(k, summary(v)) for k, v in self.live.items()]
@@ -332,9 +357,32 @@ class RunsState:
                         rows[run_id]["loglik"] = row["loglik"]
             else:
                 rows[run_id] = row
-        order = sorted(rows.values(), key=lambda r: r.get("created_at") or r.get("started_at") or "", reverse=True)
-        order.sort(key=lambda r: r["state"] not in ("running", "queued"))
-        return order[:limit]
+        order = sorted(
+            rows.values(), key=lambda r: (r.get("created_at") or r.get("started_at") or "", r["run_id"]), reverse=True
+        )
+        return order[offset : offset + limit]
+
+    def total(self) -> int:
+        """How many runs there are: those recorded under the storage roots, and the live ones
+        without a record there (names of folders only: no record is read)."""
+        from ..workflow import locations as loc
+        from ..workflow.records import RunStore
+
+        ids: set[str] = set()
+        for root in list(self.roots):
+            try:
+                ids.update(loc.listdir(RunStore(root).dir))
+            except Exception as exc:  # a root the scheduler cannot read, as in _records
+                log.debug("cannot list runs under %s: %s", root, exc)
+        with self._lock:
+            ids.update(self.live)
+        return len(ids)
+
+    def active(self) -> list[dict[str, Any]]:
+        """Summaries of the runs this scheduler follows that are queued or running (for the queue,
+        whichever page of the runs table is shown)."""
+        with self._lock:
+            return [summary(v) for v in self.live.values() if v["state"] in ("queued", "running")]
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         """The full view of one run: from its events file and record when its storage root can be
@@ -354,10 +402,10 @@ class RunsState:
                 view["storage"] = root
                 if live and sum(map(len, live["iterations"].values())) > sum(map(len, view["iterations"].values())):
                     view["iterations"] = live["iterations"]
-                return view
+                return split_attempts(view)
             except Exception as exc:  # unreadable here: fall back to the live view
                 log.debug("cannot read run %s under %s: %s", run_id, root, exc)
-        return live
+        return None if live is None else split_attempts(live)
 
     def counts(self, max_age: float = 2.0) -> dict[str, int]:
         """Runs per state (``tfooc_runs{state=...}``); the records are read at most every

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from . import locations as loc
 from .errors import Problem, SpecError
+from .optional_packages import install_hint
 from .sandbox import ALLOW_ENV, _resolve, config_path, confined, default_storage, operator_allow_paths, real_location
 from .spec_source import Source, _display, read_source, validate_source
 from .step_models import CP_RESULT_METHODS, EXPORT_NEEDS, Spec, _Step
@@ -356,7 +357,7 @@ def _export_problems(planned: list[PlannedStep], src: Source, problems: list[Pro
                     Problem(
                         src.line(where),
                         _display(where),
-                        f"format {fmt!r} needs the {need} package: pip install {need}",
+                        f"format {fmt!r} needs the {need} package: {install_hint(need)}",
                     )
                 )
 
