@@ -351,3 +351,9 @@ def test_randomized_plans_count_the_sampler_they_use_and_the_index_reads():
         b = {(q.execution, q.in_place, q.batch_nnz): q for q in big}[key]
         assert s.terms["sampling"] == p.terms["sampling"]
         assert b.terms["sampling"] == p.terms["sampling"] + 12345
+        # the Bloom filters a worker keeps once read count in full (500 MB a mode at 500 M fibers
+        # took a 4 GB worker past its limit when they did not)
+        f = _plans(None, samples=65536, execution="streaming", index_reads=buffers // 2, index_filters=1 << 29)
+        assert {(q.execution, q.in_place, q.batch_nnz): q for q in f}[key].terms["sampling"] == p.terms["sampling"] + (
+            1 << 29
+        )

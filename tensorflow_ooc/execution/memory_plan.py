@@ -26,7 +26,7 @@ Before anything runs, the plan adds up the bytes the busiest worker holds at onc
                for CP-ARLS-LEV), two sample sets (multi-indices and weighted Khatri-Rao rows), for
                in-memory partitions the per-mode fiber indexes (24 bytes a nonzero and mode), and
                streamed through a store's fiber index the round's reads beyond what an exact
-               pass's buffers take (they are never live together)
+               pass's buffers take (they are never live together) and the index's Bloom filters
 ============== ==================================================================================
 
 and chooses, from fastest to leanest, the first execution whose peak stays under the usable
@@ -231,6 +231,7 @@ def candidates(
     owner_rows: tuple[Sequence[int], Sequence[int]] | None = None,
     trees: bool = True,
     index_reads: int = 0,
+    index_filters: int = 0,
 ) -> list[MemoryPlan]:
     """Every execution :func:`choose` may take, fastest first, each with its peak terms.
 
@@ -249,6 +250,7 @@ def candidates(
     samples : Khatri-Rao rows drawn per mode by randomized CP-ALS (0: exact CP-ALS).
     trees : the sampler keeps STS-CP's segment trees (CP-ARLS-LEV does not).
     index_reads : bytes a sampled round's fiber-index reads hold at most (0: no index).
+    index_filters : bytes of the fiber index's Bloom filters, which a worker keeps once read.
     kernel_threads : numba threads per task: with more than one, each execution is first tried
         with a private bound that holds per-thread copies of the longest mode's output
         (:class:`~tensorflow_ooc.kernels.mttkrp.dispatch.ThreadOutputs`, faster than row-owned tiles on
@@ -327,6 +329,7 @@ def candidates(
             # a round's fiber-index reads are not live while an exact pass (the fit's) holds its
             # batch buffers and private rows: only what they exceed adds to the peak
             terms["sampling"] += max(0, index_reads - terms["data"] - terms["private"] - terms["buckets"])
+            terms["sampling"] += int(index_filters)  # kept beside everything else
         # ranks run as padded column groups copy the factors (and keep an output per group)
         terms["column_groups"] = tasks * column_group_bytes(S, max(shape), rank, itemsize)
         if owner:

@@ -271,6 +271,12 @@ class FiberIndex:
             self._modes[mode] = idx
         return self._modes[mode]
 
+    def bloom_bytes(self, modes: list[int] | None = None) -> int:
+        """Bytes the Bloom filters of ``modes`` (default all) hold in memory once read: a worker
+        keeps each it has used."""
+        modes = self.modes if modes is None else modes
+        return sum(8 * bloom_words(int(self.meta["modes"][str(m)].get("fibers", 0))) for m in modes)
+
     def describe(self) -> dict:
         """Per mode, for ``tfooc info``: chunks, bytes and bytes per nonzero."""
         out = {}
