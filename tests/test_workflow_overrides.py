@@ -155,6 +155,7 @@ def test_schema_is_the_json_schema_of_the_models(tmp_path):
     fine = yaml.safe_load(SPEC.replace("${TFOOC_TEST_NNZ}", "300"))
     assert not list(validator.iter_errors(fine))
     wrong = yaml.safe_load(SPEC.replace("${TFOOC_TEST_NNZ}", "three hundred"))
-    assert [e.json_path for e in validator.iter_errors(wrong)] == ["$.steps.generate"]  # a wrong type does not
+    # a wrong type does not, and the error is at the field (each step is checked as its kind)
+    assert [e.json_path for e in validator.iter_errors(wrong)] == ["$.steps.generate.nnz"]
     with pytest.raises(SpecError):  # as tfooc itself says
         load_spec(text=yaml.safe_dump(wrong), storage=str(tmp_path), interpolate=False)

@@ -73,7 +73,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_schema(args: argparse.Namespace) -> int:
     """Print the JSON Schema of workflow specs."""
-    from ..workflow.plan import spec_schema
+    from ..workflow.json_schema import spec_schema
 
     print(json.dumps(spec_schema(), indent=2))
     return 0

@@ -480,11 +480,7 @@ def load_spec(
 
 
 def spec_schema() -> dict:
-    """The JSON Schema (draft 2020-12) of a workflow spec, from the pydantic models: for editors
-    (YAML language servers) and for checking specs outside tfooc (``tfooc schema``)."""
-    schema = Spec.model_json_schema()
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "title": "tfooc workflow spec",
-        **{k: v for k, v in schema.items() if k != "title"},
-    }
+    """The JSON Schema of a workflow spec (:func:`.json_schema.spec_schema`)."""
+    from .json_schema import spec_schema as schema
+
+    return schema()

@@ -157,6 +157,18 @@ def _check_expansion(root: yaml.Node) -> None:
         stack.extend((k, False) for k in kids if id(k) not in sizes)
 
 
+class SpecLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading ``1e-6`` as the float it is (YAML 1.1, which PyYAML follows,
+    wants ``1.0e-6``: ``tol: 1e-6`` was the text '1e-6')."""
+
+
+SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 #: an upper-case ``--set NAME=VALUE`` sets the variable ``${NAME}`` (the spec's own keys are lower case)
 _VARIABLE_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 
@@ -305,7 +317,7 @@ def read_source(
     loader = None
     shielded, tokens = _shield(text)
     try:
-        loader = yaml.SafeLoader(shielded)  # refuses control characters (a ReaderError) here already
+        loader = SpecLoader(shielded)  # refuses control characters (a ReaderError) here already
         node = loader.get_single_node()
         changed, shown = False, {}
         marked: list[str] = []
@@ -532,7 +544,7 @@ def apply_override(data: dict, given: str, spec_name: str = "<string>") -> str:
     if not eq or not dotted:
         raise fail("expected KEY=VALUE with KEY a dotted path into the spec, e.g. steps.decompose.rank=32")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml.load(raw, Loader=SpecLoader) if raw.strip() else None  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         raise fail(f"the value is not YAML ({str(exc).splitlines()[0]}); quote it to give text") from None
     parts = dotted.split(".")
