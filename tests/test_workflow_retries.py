@@ -5,7 +5,6 @@ file appears after it, the step fails at once: it is not retried."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -41,31 +40,6 @@ def _spec(tmp_path, retries=0, delay=0.05, hook=""):
     path = tmp_path / "flaky.yaml"
     path.write_text(SPEC.format(retries=retries, delay=delay, hook=hook))
     return path, storage
-
-
-@pytest.fixture
-def full_share(tmp_path):
-    """``storage/shared``: a 64 kB tmpfs filled to the last byte by a ballast file (a transient
-    failure: the step fails with "no space left" until the ballast goes)."""
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        pytest.skip("needs root to mount a small tmpfs")
-    share = tmp_path / "storage" / "shared"
-    share.mkdir(parents=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(share)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {r.stderr.decode().strip()}")
-    ballast = share / "ballast"
-    try:
-        with open(ballast, "wb") as f:
-            while True:
-                f.write(b"x" * 1024)
-                f.flush()
-    except OSError:
-        pass
-    try:
-        yield ballast
-    finally:
-        subprocess.run(["umount", "-l", str(share)], check=False)
 
 
 def _free_after_first_retry(storage, ballast):

@@ -8,7 +8,6 @@ run (the webhook was called at the URL holding the token)."""
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import subprocess
@@ -149,7 +148,10 @@ def test_secret_marks_patterns_and_the_resolved_text(tmp_path, monkeypatch):
     monkeypatch.setenv("MY_TOKEN", "t0k3n-value")
     monkeypatch.setenv("PLAIN", "seen")
     monkeypatch.setenv("TFOOC_SECRET_PATTERNS", "*PLAINLY*")
-    text = "name: s\nsteps:\n  g: {kind: generate, out: t.tns, shape: [3, 4, 5], nnz: 9, description: '${MY_TOKEN}/${PLAIN}'}\n"
+    text = (
+        "name: s\nsteps:\n  g: {kind: generate, out: t.tns, shape: [3, 4, 5], nnz: 9,"
+        " description: '${MY_TOKEN}/${PLAIN}'}\n"
+    )
     wf = load_spec(text=text, storage=str(tmp_path))
     assert wf.step("g").model.description == "t0k3n-value/seen"  # the run gets the value
     assert wf.source.secret_values == ("t0k3n-value",)

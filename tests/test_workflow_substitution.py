@@ -123,7 +123,9 @@ def test_schema_accepts_references_where_validate_does(tmp_path, schema, monkeyp
 def test_schema_errors_name_the_field(schema, change, path, words):
     bad = {
         "rank: ${RANK:-4}": "rank: sixteen",
-        "kind: decompose\n    input: t.zarr\n    out: t.cp.zarr": "kind: decompos\n    input: t.zarr\n    out: t.cp.zarr",
+        "kind: decompose\n    input: t.zarr\n    out: t.cp.zarr": (
+            "kind: decompos\n    input: t.zarr\n    out: t.cp.zarr"
+        ),
         "- ${R:-2}": "- two",
         "nnz: ${NNZ:-500}": "nnzz: 500",
     }[change]

@@ -51,7 +51,7 @@ ITERATION_FIELDS = (
 )
 # what the per-run counters add up over iteration events: iterations, then summed fields
 COUNTERS = ("iterations", "bytes_read", "bytes_sent", "bytes_lower_bound")
-RUN_STATES = ("queued", "running", "done", "failed", "cancelled", "skipped", "lost")
+RUN_STATES = ("queued", "retrying", "running", "done", "failed", "cancelled", "skipped", "lost")
 MAX_LIVE_RUNS = 200  # views kept in memory per scheduler (oldest finished ones dropped first)
 MAX_ERRORS = 50
 MAX_CHECKPOINTS = 50
@@ -301,7 +301,7 @@ class RunsState:
 
     def _evict(self) -> None:
         while len(self.live) > MAX_LIVE_RUNS:
-            done = next((k for k, v in self.live.items() if v["state"] not in ("queued", "running")), None)
+            done = next((k for k, v in self.live.items() if v["state"] not in ("queued", "retrying", "running")), None)
             self.live.pop(done if done is not None else next(iter(self.live)))
 
     # --- reading -----------------------------------------------------------------------------------
@@ -333,7 +333,7 @@ class RunsState:
             else:
                 rows[run_id] = row
         order = sorted(rows.values(), key=lambda r: r.get("created_at") or r.get("started_at") or "", reverse=True)
-        order.sort(key=lambda r: r["state"] not in ("running", "queued"))
+        order.sort(key=lambda r: r["state"] not in ("running", "queued", "retrying"))
         return order[:limit]
 
     def run(self, run_id: str) -> dict[str, Any] | None:

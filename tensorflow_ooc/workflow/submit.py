@@ -151,6 +151,15 @@ def submit(workflow: Workflow, scheduler: str, *, force: bool = False, timeout: 
             hook(client, storage=workflow.root)
         runs.write_spec(run_id, workflow.source.record_text)  # secret variables kept as ${NAME}
         runs.write(record, workflow.source.mask)
+        queue: dict = {}
+        if placement.submit_kwargs:
+            # slotted: the driver waits on the scheduler, and the slot queue hands it the first free
+            # slot in submission order (:mod:`.slot_queue`)
+            from .slot_queue import PLUGIN, QUEUE, SlotQueue, note_run
+
+            client.register_plugin(SlotQueue(), name=PLUGIN)
+            client.run_on_scheduler(note_run, key=driver_key(run_id), storage=workflow.root)
+            queue = {"workers": [QUEUE], "allow_other_workers": False}
         fut = client.submit(
             driver_task,
             workflow.source.effective_text,
@@ -163,6 +172,7 @@ def submit(workflow: Workflow, scheduler: str, *, force: bool = False, timeout: 
             key=driver_key(run_id),
             pure=False,
             **placement.submit_kwargs,  # a tfooc-slot: the run waits, queued, for a free worker
+            **queue,
         )
         fire_and_forget(fut)
         # the submission travels on the client's batched stream: make sure the scheduler has it
