@@ -37,6 +37,8 @@ QUEUE = "tfooc-slot-queue"
 
 DRIVER_PREFIX = "tfooc-run-"  # workflow.submit.driver_key
 
+PLACE_EVERY_MS = 1000  # how often waiting drivers are also checked against free slots
+
 
 def _slots(ws: Any) -> float:
     return float((ws.resources or {}).get(SLOT_RESOURCE) or 0)
@@ -57,7 +59,18 @@ class SlotQueue(SchedulerPlugin):
         self._pending = False
 
     async def start(self, scheduler: Any) -> None:
+        from tornado.ioloop import PeriodicCallback
+
         self.scheduler = scheduler
+        # besides the events: a worker is added before it runs, and a slot it brings is free
+        # only once it does
+        self._periodic = PeriodicCallback(self.place, PLACE_EVERY_MS)
+        self._periodic.start()
+
+    async def close(self) -> None:
+        periodic = getattr(self, "_periodic", None)
+        if periodic is not None:
+            periodic.stop()
 
     # --- scheduler events ----------------------------------------------------------------------
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
@@ -68,7 +81,8 @@ class SlotQueue(SchedulerPlugin):
             ts = self.scheduler.tasks.get(key)
             if ts is not None and ts.processing_on is not None:
                 self.placed[key] = ts.processing_on.address
-        elif start == "processing":
+        elif finish in ("memory", "erred", "forgotten"):
+            # kept while the driver is rescheduled: remove_worker comes after its transitions
             self.placed.pop(key, None)
         if finish == "erred":
             why = kwargs.get("exception_text") or "the driver task failed on the cluster"
@@ -76,7 +90,8 @@ class SlotQueue(SchedulerPlugin):
         if finish in ("forgotten", "erred", "memory"):
             self.storage.pop(key, None)
             self.order.pop(key, None)
-        self.soon()  # a slot may be free, or a driver waiting
+        if start == "processing" or finish == "no-worker":
+            self.soon()  # a slot may be free, or a driver waiting
 
     def add_worker(self, scheduler: Any = None, worker: str | None = None) -> None:
         self.soon()
@@ -85,6 +100,9 @@ class SlotQueue(SchedulerPlugin):
         lost = [k for k, w in self.placed.items() if w == worker]
         for key in lost:
             self.placed.pop(key, None)
+            ts = self.scheduler.tasks.get(key) if self.scheduler is not None else None
+            if ts is None or ts.state in ("memory", "erred"):
+                continue  # finished there before the worker left
             self._write(
                 key,
                 "queued",
@@ -110,6 +128,8 @@ class SlotQueue(SchedulerPlugin):
         s = self.scheduler
         waiting = []
         busy: dict[str, int] = {}
+        if s is None:
+            return []
         for key in list(self.storage) + [k for k in self.placed if k not in self.storage]:
             ts = s.tasks.get(key)
             if ts is None:
@@ -136,6 +156,7 @@ class SlotQueue(SchedulerPlugin):
             slot = max(free, key=lambda f: (f[1], -f[0].occupancy))  # the emptiest worker
             slot[1] -= 1
             ts.worker_restrictions = {slot[0].address}
+            ts.host_restrictions = None  # the queue's name: the worker restriction is the one now
             ts.loose_restrictions = False
             recommendations[ts.key] = "processing"
             moves.append((str(ts.key), slot[0].address))
