@@ -311,7 +311,8 @@ def read_source(
         if env.get(RUN_DATE)
         else (RUN_DATE, None)
     )
-    env[RUN_DATE] = run_date(given_date[1], given_date[0], name)
+    # a text resolved already (a submitted driver's) has its date in it: the worker's is not checked
+    env[RUN_DATE] = run_date(given_date[1], given_date[0], name) if interpolate else given_date[1] or ""
     patterns = secret_patterns() if patterns is None else tuple(patterns)
     used: dict[str, str] = {}
     loader = None
@@ -387,7 +388,7 @@ def read_source(
     if problems:
         raise SpecError(name, problems)
     mask = Mask(secret_values)
-    src = Source(name, text, data, marks, secret_values=tuple(mask.values), run_date=env[RUN_DATE])
+    src = Source(name, text, data, marks, secret_values=tuple(mask.values), run_date=env[RUN_DATE] or None)
     for given in settings:
         field_name = apply_override(data, given, name)
         if recorded is not data:
