@@ -366,7 +366,7 @@ def test_tensor_train_steps(tmp_path, rng, capsys):
     storage.mkdir()
     spec = tmp_path / "trains.yaml"
     spec.write_text(TT.format(seed=int(rng.integers(1000))))
-    assert main(["run", str(spec), "--storage", str(storage), "-q"]) == 0
+    assert main(["run", str(spec), "--storage", str(storage)]) == 0  # not -q: the summary is read
     summary = capsys.readouterr().out
     runs = RunStore(str(storage))
     rec = runs.list()[0]
