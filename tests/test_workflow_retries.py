@@ -212,4 +212,5 @@ def test_an_output_through_a_file_is_refused_by_validate_and_never_retried(tmp_p
     tries = out.record.steps["generate"].tries
     assert len(tries) == 1 and "retry_in" not in tries[0], tries
     assert "FileExistsError" in tries[0]["error"] or "NotADirectoryError" in tries[0]["error"]
+    assert "not retried: another try would fail the same way" in tries[0]["error"]
     assert not [e for e in RunStore(str(storage)).events(out.run_id) if e["event"] == "step-retry"]

@@ -559,6 +559,8 @@ def run_with_retries(ctx: StepContext, rec: Recorder) -> dict:
             if is_permanent(exc) or not isinstance(exc, Exception) or last:
                 if isinstance(exc, Exception) and not is_permanent(exc):
                     entry["error"] += f" (try {number} of {retries + 1}: no retries left)"
+                elif isinstance(exc, OSError) and not isinstance(exc, NOT_RETRIED):
+                    entry["error"] += " (not retried: another try would fail the same way)"
                 rec.step(name, tries=tries)
                 raise
             wait = min(delay * 2 ** (number - 1), MAX_RETRY_WAIT)

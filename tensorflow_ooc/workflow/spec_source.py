@@ -307,7 +307,7 @@ def read_source(
     given_date = (
         ("--set RUN_DATE", set_variables[RUN_DATE])
         if RUN_DATE in set_variables
-        else (RUN_DATE, env[RUN_DATE])
+        else ("RUN_DATE (the environment's or --run-date)", env[RUN_DATE])
         if env.get(RUN_DATE)
         else (RUN_DATE, None)
     )
