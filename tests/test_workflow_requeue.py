@@ -15,12 +15,14 @@ import time
 
 import pytest
 from dask_processes import dask_processes, until
+from webhook_server import webhook_server
 
 from tensorflow_ooc.cli import main
 from tensorflow_ooc.workflow.records import RunStore, parse_iso
 
 SPEC = """\
 name: {name}
+webhooks: {{on_retry: "{hook}"}}
 steps:
   generate: {{kind: generate, out: {name}.zarr, shape: [{shape}], nnz: {nnz}, model: planted, rank: 3, seed: {seed}}}
   decompose: {{kind: decompose, input: {name}.zarr, out: {name}.cp.zarr, rank: 3, max_iters: {iters}, tol: 0,
@@ -51,7 +53,14 @@ def test_a_lost_workers_driver_takes_the_first_free_slot_in_submission_order(tmp
         spec = tmp_path / f"{name}.yaml"
         shape = ", ".join(str(int(rng.integers(20, 30))) for _ in range(3))
         spec.write_text(
-            SPEC.format(name=name, shape=shape, nnz=int(rng.integers(2000, 3000)), seed=rng.integers(1000), iters=iters)
+            SPEC.format(
+                name=name,
+                shape=shape,
+                nnz=int(rng.integers(2000, 3000)),
+                seed=rng.integers(1000),
+                iters=iters,
+                hook=f"{hooks['url']}/{name}",
+            )
         )
         code, out, err = _cli("submit", str(spec), "--scheduler", dask["address"], "--storage", str(storage))
         assert code == 0, err
@@ -60,9 +69,12 @@ def test_a_lost_workers_driver_takes_the_first_free_slot_in_submission_order(tmp
     def iterations(run_id: str) -> int:
         return sum(e["event"] == "iteration" for e in runs.events(run_id))
 
-    with dask_processes(
-        tmp_path, str(storage), workers=2, nthreads=2, resources="tfooc-slot=1", env=ENV, memory_limit="1500MB"
-    ) as dask:
+    with (
+        webhook_server() as hooks,
+        dask_processes(
+            tmp_path, str(storage), workers=2, nthreads=2, resources="tfooc-slot=1", env=ENV, memory_limit="1500MB"
+        ) as dask,
+    ):
         a = submit("a", 1_000_000)
         until(lambda: iterations(a) >= 2, 240, "run A's iterations")
         b = submit("b", 1_000_000)
@@ -94,6 +106,10 @@ def test_a_lost_workers_driver_takes_the_first_free_slot_in_submission_order(tmp
         assert runs.read(c).state == "queued" and not runs.read(c).attempts
         assert any(e["event"] == "requeued" and "left the cluster" in e["message"] for e in runs.events(a))
         assert runs.read(a).attempts[0].outcome.startswith("lost during step 'decompose'")
+        # the on_retry webhook was told of the driver's restart, from the worker it restarted on
+        (told,) = [p["json"] for p in hooks["posts"] if p["path"] == "/a"]
+        assert told["event"] == "on_retry" and told["retry"] == "driver" and told["run_id"] == a
+        assert told["lost_attempt"] == 1 and told["attempt"] == 2 and "lost during step" in told["reason"]
         # the slots go: C runs and ends
         for r in (a, b):
             assert _cli("cancel", r, "--storage", str(storage), "--wait", "--timeout", "120")[0] == 0
