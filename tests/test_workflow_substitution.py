@@ -103,8 +103,10 @@ def test_schema_accepts_references_where_validate_does(tmp_path, schema, monkeyp
     wf = load_spec(text=SPEC, storage=str(tmp_path))  # validate's view: the defaults, typed
     assert wf.step("cp").model.rank == 4 and wf.step("generate").model.shape == [30, 20, 25]
     assert wf.step("cp").model.tol == 1e-6  # 1e-6 is a float (PyYAML alone reads the text '1e-6')
-    tol = float(f"{rng.uniform(1, 9):.2f}e-{rng.integers(4, 9)}")
-    assert load_spec(text=SPEC, storage=str(tmp_path), overrides=[f"steps.cp.tol={tol:e}"]).step("cp").model.tol == tol
+    text = f"{rng.integers(1, 10)}e-{rng.integers(4, 9)}"  # no dot: YAML 1.2's float, not PyYAML's
+    assert load_spec(text=SPEC, storage=str(tmp_path), overrides=[f"steps.cp.tol={text}"]).step(
+        "cp"
+    ).model.tol == float(text)
     validator = jsonschema.Draft202012Validator(schema)
     # an editor's view: the text as written (block style: a plain YAML parser reads a reference
     # in a flow collection as braces)
