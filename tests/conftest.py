@@ -1,5 +1,6 @@
 import os
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -88,3 +89,28 @@ def random_coo(rng, shape, nnz):
 def sort_rows(coords, values):
     order = np.lexsort(coords.T[::-1])
     return coords[order], values[order]
+
+
+@pytest.fixture
+def full_share(tmp_path):
+    """``storage/shared``: a 64 kB tmpfs filled to the last byte by a ballast file (a transient
+    failure: the step fails with "no space left" until the ballast goes)."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("needs root to mount a small tmpfs")
+    share = tmp_path / "storage" / "shared"
+    share.mkdir(parents=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(share)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.decode().strip()}")
+    ballast = share / "ballast"
+    try:
+        with open(ballast, "wb") as f:
+            while True:
+                f.write(b"x" * 1024)
+                f.flush()
+    except OSError:
+        pass
+    try:
+        yield ballast
+    finally:
+        subprocess.run(["umount", "-l", str(share)], check=False)

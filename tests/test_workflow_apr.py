@@ -70,7 +70,7 @@ def test_planted_poisson_cp_apr_evaluate_export(tmp_path, rng, capsys):
     spec = tmp_path / "counts.yaml"
     seed = int(rng.integers(1000))
     spec.write_text(APR.format(seed=seed))
-    assert main(["run", str(spec), "--storage", str(storage), "-q"]) == 0
+    assert main(["run", str(spec), "--storage", str(storage)]) == 0  # not -q: the summary is read
     summary = capsys.readouterr().out
     runs = RunStore(str(storage))
     rec = runs.list()[0]

@@ -1,7 +1,11 @@
 """Per-step retries with backoff and the on_failure command, by real runs of the workflow runner:
-a step whose output folder is blocked by a file fails with an OSError until the file goes away."""
+a step whose output folder is a full disk (a small tmpfs) fails with "no space left" until space is
+freed, and is tried again; a path through a regular file is refused by validate, and when such a
+file appears after it, the step fails at once: it is not retried."""
 
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -38,16 +42,16 @@ def _spec(tmp_path, retries=0, delay=0.05, hook=""):
     return path, storage
 
 
-def _unblock_after_first_retry(storage, blocker):
-    """Remove the file blocking the output folder once the runner has recorded a retry (what an
-    operator mounting a share, or a network coming back, does between tries)."""
+def _free_after_first_retry(storage, ballast):
+    """Remove the ballast filling the output's disk once the runner has recorded a retry (what an
+    operator freeing space does between tries)."""
 
     def watch():
         deadline = time.time() + 60
         while time.time() < deadline:
             for events in (storage / ".tfooc" / "runs").glob("*/events.jsonl"):
                 if '"step-retry"' in events.read_text():
-                    blocker.unlink()
+                    ballast.unlink()
                     return
             time.sleep(0.02)
 
@@ -56,11 +60,9 @@ def _unblock_after_first_retry(storage, blocker):
     return t
 
 
-def test_transient_failure_is_retried_with_backoff(tmp_path):
+def test_transient_failure_is_retried_with_backoff(tmp_path, full_share):
     path, storage = _spec(tmp_path, retries=4, delay=0.3)
-    blocker = storage / "shared"
-    blocker.write_text("not a folder yet")
-    watcher = _unblock_after_first_retry(storage, blocker)
+    watcher = _free_after_first_retry(storage, full_share)
     out = execute(load_spec(path, storage=str(storage)))
     watcher.join(timeout=5)
     assert out.exit_code == 0, out.record.error
@@ -68,7 +70,7 @@ def test_transient_failure_is_retried_with_backoff(tmp_path):
     assert step.state == "done" and (storage / "shared" / "t.tns").exists()
     tries = step.tries
     assert len(tries) >= 2 and tries[-1]["error"] is None
-    assert "FileExistsError" in tries[0]["error"] and tries[0]["retry_in"] == 0.3
+    assert "no space left" in tries[0]["error"] and tries[0]["retry_in"] == 0.3
     # backoff: each retry waits twice as long as the one before
     assert [t["retry_in"] for t in tries[:-1]] == [0.3 * 2**k for k in range(len(tries) - 1)]
     events = RunStore(str(storage)).events(out.run_id)
@@ -83,23 +85,22 @@ def test_transient_failure_is_retried_with_backoff(tmp_path):
     assert execute(load_spec(path, storage=str(storage))).exit_code == 3
 
 
-def test_retries_run_out_and_the_failure_hook_gets_run_id_and_error(tmp_path):
+def test_retries_run_out_and_the_failure_hook_gets_run_id_and_error(tmp_path, full_share):
     hook = (
         'on_failure: \'printf "%s|%s|%s|%s" "$TFOOC_RUN_ID" "$TFOOC_STEP" "$TFOOC_EXIT_CODE" '
         '"$TFOOC_ERROR" > hook.txt\'\n'
     )
     path, storage = _spec(tmp_path, retries=2, delay=0.01, hook=hook)
-    (storage / "shared").write_text("never a folder")
     assert main(["run", str(path), "--storage", str(storage), "-q"]) == 1
     rec = RunStore(str(storage)).list()[0]
     tries = rec.steps["generate"].tries
-    assert rec.state == "failed" and len(tries) == 3 and all("FileExistsError" in t["error"] for t in tries)
+    assert rec.state == "failed" and len(tries) == 3 and all("no space left" in t["error"] for t in tries)
     assert "no retries left" in tries[-1]["error"] and "retry_in" not in tries[-1]
     assert rec.steps["evaluate-later"].state == "not run"
     # the command ran in the storage root once the record was final, with the run in its environment
     run_id, step, code, error = (storage / "hook.txt").read_text().split("|", 3)
     assert (run_id, step, code) == (rec.run_id, "generate", "1") and error == rec.error
-    assert "FileExistsError" in error
+    assert "no space left" in error
     assert rec.on_failure["exit_code"] == 0 and rec.on_failure["command"].startswith("printf")
     events = RunStore(str(storage)).events(rec.run_id)
     assert [e["event"] for e in events][-2:] == ["run-finished", "on-failure"]
@@ -165,13 +166,14 @@ def test_a_submitted_runs_hook_runs_only_where_the_operator_allows(tmp_path, mon
     TFOOC_ALLOW_ON_FAILURE=1 in the worker's environment, else it is skipped, logged and recorded."""
     hook = "on_failure: 'echo ran > hook.txt'\n"
     path, storage = _spec(tmp_path, retries=0, hook=hook)
-    (storage / "shared").write_text("never a folder")
     monkeypatch.chdir(storage)
     if allowed:
         monkeypatch.setenv("TFOOC_ALLOW_ON_FAILURE", "1")
     else:
         monkeypatch.delenv("TFOOC_ALLOW_ON_FAILURE", raising=False)
-    outcome = execute(load_spec(str(path), storage=str(storage)), mode="submitted")
+    workflow = load_spec(str(path), storage=str(storage))
+    (storage / "shared").write_text("a file where the output's folder goes, made after the spec was checked")
+    outcome = execute(workflow, mode="submitted")
     rec = RunStore(str(storage)).list()[0]
     assert rec.state == "failed" and rec.mode == "submitted" and outcome is not None
     assert (storage / "hook.txt").exists() == allowed
@@ -181,3 +183,34 @@ def test_a_submitted_runs_hook_runs_only_where_the_operator_allows(tmp_path, mon
         assert "TFOOC_ALLOW_ON_FAILURE=1" in rec.on_failure["skipped"]
         events = RunStore(str(storage)).events(rec.run_id)
         assert events[-1]["event"] == "on-failure" and events[-1]["level"] == "warning"
+
+
+def test_an_output_through_a_file_is_refused_by_validate_and_never_retried(tmp_path, rng):
+    """validate names the file in the way; a file made after the check fails the step at once
+    (FileExistsError, NotADirectoryError are not transient: every try would fail the same)."""
+    delay = float(rng.uniform(0.05, 0.2))
+    path, storage = _spec(tmp_path, retries=int(rng.integers(2, 5)), delay=delay)
+    (storage / "shared").write_text("a regular file, not a folder")
+    with pytest.raises(SpecError) as info:
+        load_spec(path, storage=str(storage))
+    (p,) = [p for p in info.value.problems if p.field == "steps.generate.out"]
+    assert p.line == 5 and f"goes through {storage / 'shared'}, which is a file, not a folder" in p.message
+    r = subprocess.run(
+        [sys.executable, "-m", "tensorflow_ooc.cli", "validate", str(path), "--storage", str(storage)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "which is a file, not a folder" in r.stderr
+    # the file appears after the check: one try, no retry
+    (storage / "shared").unlink()
+    workflow = load_spec(path, storage=str(storage))
+    (storage / "shared").write_text("made after the check")
+    t0 = time.time()
+    out = execute(workflow)
+    assert out.exit_code == 1 and time.time() - t0 < 30
+    tries = out.record.steps["generate"].tries
+    assert len(tries) == 1 and "retry_in" not in tries[0], tries
+    assert "FileExistsError" in tries[0]["error"] or "NotADirectoryError" in tries[0]["error"]
+    assert "not retried: another try would fail the same way" in tries[0]["error"]
+    assert not [e for e in RunStore(str(storage)).events(out.run_id) if e["event"] == "step-retry"]

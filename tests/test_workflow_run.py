@@ -73,7 +73,7 @@ def _states(rec):
 def test_run_done_then_skipped_then_only_changes_rerun(tmp_path, rng, capsys):
     path, params = _write(tmp_path, rng)
     storage = tmp_path / "storage"
-    assert main(["run", str(path), "--storage", str(storage), "-q"]) == 0
+    assert main(["run", str(path), "--storage", str(storage)]) == 0  # not -q: the summary is read
     out = capsys.readouterr().out
     runs = RunStore(str(storage))
     first = runs.list()[0]
@@ -145,7 +145,7 @@ def test_failed_run_resumes_from_its_last_finished_step(tmp_path, rng, capsys):
     assert f"tfooc logs {failed.run_id}" in err and not (storage / "t.evaluation.json").exists()
     assert any(e["event"] == "error" and "StepFailed" in e["message"] for e in runs.events(failed.run_id))
     path.write_text(path.read_text().replace("\n    min_fit: 1.5", "\n    min_fit: 0.0"))
-    assert main(["run", str(path), "--storage", str(storage), "-q"]) == 0
+    assert main(["run", str(path), "--storage", str(storage)]) == 0  # not -q: the summary is read
     resumed = runs.list()[0]
     assert _states(resumed)["generate"] == _states(resumed)["convert"] == _states(resumed)["decompose"] == "skipped"
     assert _states(resumed)["evaluate"] == "done" and _states(resumed)["zarr"] == "done"

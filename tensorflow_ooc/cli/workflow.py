@@ -45,12 +45,18 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace):
     from ..workflow import load_spec
+    from ..workflow.spec_source import RUN_DATE, run_date
 
+    variables = {}
+    if getattr(args, "run_date", None) is not None:
+        variables[RUN_DATE] = run_date(args.run_date, "--run-date", args.spec)
     return load_spec(
         args.spec,
         storage=args.storage,
         allow_paths=getattr(args, "allow_paths", None),
         overrides=getattr(args, "overrides", None) or (),
+        variables=variables,
+        secret_patterns=getattr(args, "secret_patterns", None),
     )
 
 
@@ -67,7 +73,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_schema(args: argparse.Namespace) -> int:
     """Print the JSON Schema of workflow specs."""
-    from ..workflow.plan import spec_schema
+    from ..workflow.json_schema import spec_schema
 
     print(json.dumps(spec_schema(), indent=2))
     return 0
@@ -79,10 +85,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..workflow.runner import execute
 
     outcome = execute(workflow, cluster=args.scheduler, force=args.force)
-    print(run_summary(outcome.record))
+    mask = workflow.source.mask
+    if not args.quiet:  # quiet means quiet: the exit status and the record tell the outcome
+        print(mask.text(run_summary(outcome.record)))
     if outcome.state == "failed":
         print(
-            f"tfooc: run {outcome.run_id} failed: {outcome.record.error}\n  details: "
+            f"tfooc: run {outcome.run_id} failed: {mask.text(outcome.record.error or '')}\n  details: "
             f"{shell_command('logs', outcome.run_id, '--storage', workflow.root)}\n  after fixing the cause, "
             "run the spec again: finished steps are skipped and CP-ALS resumes from its checkpoint",
             file=sys.stderr,
@@ -198,8 +206,27 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         metavar="KEY=VALUE",
         help="override a setting of the spec: KEY is a dotted path into it (steps.decompose.rank, "
         "cluster, steps.generate.shape.0), VALUE is read as YAML (32, 1e-6, true, [10, 20]; quote a "
-        "number to give text); repeatable. Specs also take ${VAR} and ${VAR:-default} from the "
-        "environment",
+        "number to give text); an upper-case KEY sets the variable ${KEY} instead (RUN_DATE=2026-11-20); "
+        "repeatable. Specs also take ${VAR} and ${VAR:-default} from the environment",
+    )
+    # secrets and the run date (run, submit, validate)
+    secret_args = ("--secret-pattern",)
+    secret_kw = dict(
+        dest="secret_patterns",
+        action="append",
+        default=None,
+        metavar="PATTERNS",
+        help="variables whose names match these shell patterns (comma-separated, case-insensitive; "
+        "repeatable) are secret besides the defaults (*TOKEN*, *PASSWORD*, *PASSWD*, *SECRET*, "
+        "*CREDENTIAL*, *API_KEY*, *APIKEY*, *ACCESS_KEY*, *PRIVATE_KEY*), $TFOOC_SECRET_PATTERNS and the "
+        "spec's secrets: list: their values are never written to run records, events, logs or webhooks",
+    )
+    date_args = ("--run-date",)
+    date_kw = dict(
+        default=None,
+        metavar="YYYY-MM-DD",
+        help="the run date, ${RUN_DATE} in the spec (default today; or --set RUN_DATE=...): run a "
+        "missed night again for its own date",
     )
     q = add(
         "quickstart",
@@ -241,6 +268,8 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     r.add_argument("--force", action="store_true", help="run every step even when up to date")
     r.add_argument("--allow-path", dest="allow_paths", action="append", default=None, metavar="PATH", help=allow_help)
     r.add_argument(*set_args, **set_kw)
+    r.add_argument(*secret_args, **secret_kw)
+    r.add_argument(*date_args, **date_kw)
     r.set_defaults(func=cmd_run)
 
     sb = add(
@@ -258,6 +287,8 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sb.add_argument("--force", action="store_true", help="run every step even when up to date")
     sb.add_argument("--allow-path", dest="allow_paths", action="append", default=None, metavar="PATH", help=allow_help)
     sb.add_argument(*set_args, **set_kw)
+    sb.add_argument(*secret_args, **secret_kw)
+    sb.add_argument(*date_args, **date_kw)
     sb.set_defaults(func=cmd_submit)
 
     v = add(
@@ -278,6 +309,8 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     )
     v.add_argument("--allow-path", dest="allow_paths", action="append", default=None, metavar="PATH", help=allow_help)
     v.add_argument(*set_args, **set_kw)
+    v.add_argument(*secret_args, **secret_kw)
+    v.add_argument(*date_args, **date_kw)
     v.set_defaults(func=cmd_validate)
 
     sc = add(

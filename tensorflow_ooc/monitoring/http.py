@@ -102,7 +102,8 @@ def cluster_view(scheduler: Any, state: Any, rows: list[dict]) -> dict[str, list
     it runs and those waiting there, and the peak of the running ones' latest memory plan (which
     the plan kept under the usable part of the limit)."""
     tasks = scheduler.tasks
-    queued = {str(r["run_id"]) for r in rows if r.get("state") == "queued"}
+    # a run whose driver waits again after its worker was lost shows "retrying": it queues too
+    queued = {str(r["run_id"]) for r in rows if r.get("state") in ("queued", "retrying")}
     queue = []
     for row in sorted(rows, key=lambda r: r.get("created_at") or ""):
         ts = tasks.get(DRIVER_PREFIX + str(row["run_id"]))

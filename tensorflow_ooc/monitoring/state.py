@@ -51,7 +51,7 @@ ITERATION_FIELDS = (
 )
 # what the per-run counters add up over iteration events: iterations, then summed fields
 COUNTERS = ("iterations", "bytes_read", "bytes_sent", "bytes_lower_bound")
-RUN_STATES = ("queued", "running", "done", "failed", "cancelled", "skipped", "lost")
+RUN_STATES = ("queued", "retrying", "running", "done", "failed", "cancelled", "skipped", "lost")
 MAX_LIVE_RUNS = 200  # views kept in memory per scheduler (oldest finished ones dropped first)
 MAX_ERRORS = 50
 MAX_CHECKPOINTS = 50
@@ -325,7 +325,7 @@ class RunsState:
 
     def _evict(self) -> None:
         while len(self.live) > MAX_LIVE_RUNS:
-            done = next((k for k, v in self.live.items() if v["state"] not in ("queued", "running")), None)
+            done = next((k for k, v in self.live.items() if v["state"] not in ("queued", "retrying", "running")), None)
             self.live.pop(done if done is not None else next(iter(self.live)))
 
     # --- reading -----------------------------------------------------------------------------------
@@ -382,7 +382,7 @@ class RunsState:
         """Summaries of the runs this scheduler follows that are queued or running (for the queue,
         whichever page of the runs table is shown)."""
         with self._lock:
-            return [summary(v) for v in self.live.values() if v["state"] in ("queued", "running")]
+            return [summary(v) for v in self.live.values() if v["state"] in ("queued", "running", "retrying")]
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         """The full view of one run: from its events file and record when its storage root can be

@@ -167,7 +167,8 @@ def check_fits(workflow: Workflow, workers: dict) -> None:
             )
         )
     if problems:
-        raise SpecError(workflow.path, problems)
+        # a rank set by --set is named by the option: the file's line holds another value
+        raise SpecError(workflow.path, workflow.source.annotate(problems))
 
 
 __all__ = ["Admission", "admission", "check_fits", "needs_slot"]

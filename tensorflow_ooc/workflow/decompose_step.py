@@ -122,7 +122,13 @@ def _iteration_events(ctx: StepContext, total: int, key: str = "iteration") -> C
             "train_rmse",
         )
         rec = {"iteration": number, **{k: record[k] for k in figures if k in record}}
-        ctx.recorder.step(ctx.step.name, save=False, progress=rec)
+        checkpointed = record.get("checkpoint_seconds") is not None
+        if checkpointed:
+            rec["checkpoint_iteration"] = number
+        elif ctx.recorder.record.steps[ctx.step.name].progress.get("checkpoint_iteration") is not None:
+            rec["checkpoint_iteration"] = ctx.recorder.record.steps[ctx.step.name].progress["checkpoint_iteration"]
+        # saved with each checkpoint: a driver killed now shows the iteration a rerun resumes after
+        ctx.recorder.step(ctx.step.name, save=checkpointed, progress=rec)
         ctx.recorder.event(
             "iteration",
             "",

@@ -8,13 +8,14 @@ import hashlib
 import importlib.util
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from . import locations as loc
 from .errors import Problem, SpecError
 from .optional_packages import install_hint
 from .sandbox import ALLOW_ENV, _resolve, config_path, confined, default_storage, operator_allow_paths, real_location
+from .secret_values import secret_patterns as secret_patterns_of
 from .spec_source import Source, _display, read_source, validate_source
 from .step_models import CP_RESULT_METHODS, EXPORT_NEEDS, Spec, _Step
 
@@ -182,7 +183,7 @@ def plan(
         root,
         allowed,
         _dependency_order(planned),
-        hashlib.sha256(src.effective_text.encode()).hexdigest(),
+        hashlib.sha256(src.record_text.encode()).hexdigest(),  # of what the record keeps: no secret in it
         [a for a, _ in operator],
     )
 
@@ -271,6 +272,17 @@ def _locate_steps(spec: Spec, src: Source, root: str, allowed: list[str], proble
                             )
                         )
                         continue
+                    blocker = _file_on_the_way(location)
+                    if blocker is not None:
+                        problems.append(
+                            Problem(
+                                src.line(where),
+                                _display(where),
+                                f"output {location} goes through {blocker}, which is a file, not a folder: "
+                                "nothing can be written there (name another path, or move the file)",
+                            )
+                        )
+                        continue
                     if location in writers:
                         problems.append(
                             Problem(
@@ -293,6 +305,20 @@ def _locate_steps(spec: Spec, src: Source, root: str, allowed: list[str], proble
                 )
         planned.append(PlannedStep(name, model, resolved["in"], resolved["out"]))
     return planned
+
+
+def _file_on_the_way(location: str) -> str | None:
+    """The existing ancestor of a local ``location`` that is a file rather than a folder, if any
+    (writing the output would fail with FileExistsError or NotADirectoryError on every try)."""
+    if loc.is_url(location):
+        return None
+    path = os.path.abspath(location)
+    parent = os.path.dirname(path)
+    while parent != path:
+        if os.path.lexists(parent):
+            return None if os.path.isdir(parent) else parent
+        path, parent = parent, os.path.dirname(parent)
+    return None
 
 
 def _find_dependencies(spec: Spec, planned: list[PlannedStep]) -> None:
@@ -384,6 +410,9 @@ def load_spec(
     operator_config: bool = True,
     overrides: Sequence[str] = (),
     interpolate: bool = True,
+    variables: Mapping[str, str] | None = None,
+    secret_patterns: Sequence[str] | None = None,
+    secret_values: Sequence[str] = (),
 ) -> Workflow:
     """Read, validate and plan a spec.
 
@@ -405,11 +434,21 @@ def load_spec(
         the list the submitting command used).
     overrides : sequence of str
         ``dotted.path=VALUE`` settings applied over the file (``tfooc run --set``), e.g.
-        ``steps.decompose.rank=32`` (:func:`apply_override`).
+        ``steps.decompose.rank=32`` (:func:`apply_override`); ``NAME=VALUE`` with an upper-case
+        ``NAME`` sets the variable ``${NAME}`` instead (``RUN_DATE=2026-11-20``).
     interpolate : bool
         Replace ``${VAR}`` and ``${VAR:-default}`` in values from the environment
         (:func:`interpolate_value`); False for a text resolved already (a submitted driver's,
         which must not depend on the worker's environment).
+    variables : mapping, optional
+        Variables over the environment's for ``${NAME}`` (``tfooc run --run-date`` sets
+        ``RUN_DATE``).
+    secret_patterns : sequence of str, optional
+        Name patterns of secret variables added to the defaults and ``$TFOOC_SECRET_PATTERNS``
+        (``tfooc run --secret-pattern``; :func:`~.secret_values.secret_patterns`).
+    secret_values : sequence of str
+        Values to mask besides the secret variables' (a submitted driver gets those of the spec
+        it runs, which was resolved where it was submitted).
 
     Returns
     -------
@@ -421,17 +460,28 @@ def load_spec(
         Naming the file, line and field of every problem found.
     """
     operator = operator_allow_paths(allow_paths, environment=operator_config)
-    src = read_source(path, text, overrides=overrides, interpolate=interpolate)
-    spec = validate_source(src)
-    return plan(spec, src, storage, operator)
+    patterns = secret_patterns_of(secret_patterns, environment=operator_config)
+    src = read_source(
+        path,
+        text,
+        overrides=overrides,
+        interpolate=interpolate,
+        variables=variables,
+        patterns=patterns,
+        secret_values=secret_values,
+    )
+    try:
+        spec = validate_source(src)
+        return plan(spec, src, storage, operator)
+    except SpecError as exc:  # a message quoting a secret value (a path, a wrong value) shows it masked
+        if not src.secret_values:
+            raise
+        mask = src.mask
+        raise SpecError(exc.path, [Problem(p.line, p.field, mask.text(p.message)) for p in exc.problems]) from None
 
 
 def spec_schema() -> dict:
-    """The JSON Schema (draft 2020-12) of a workflow spec, from the pydantic models: for editors
-    (YAML language servers) and for checking specs outside tfooc (``tfooc schema``)."""
-    schema = Spec.model_json_schema()
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "title": "tfooc workflow spec",
-        **{k: v for k, v in schema.items() if k != "title"},
-    }
+    """The JSON Schema of a workflow spec (:func:`.json_schema.spec_schema`)."""
+    from .json_schema import spec_schema as schema
+
+    return schema()

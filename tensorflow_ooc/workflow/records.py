@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from . import locations as loc
 from .errors import RunNotFound
+from .secret_values import Mask
 
 log = logging.getLogger("tensorflow_ooc.workflow")
 
@@ -128,9 +129,17 @@ class RunRecord(BaseModel):
     error: str | None = None
     cancel_requested_at: str | None = None
     took_over: list[str] = Field(default_factory=list)
+    run_date: str | None = None  # ${RUN_DATE}: the night the run is for
+    # why a submitted run that had started waits again (its worker was lost): shown ``retrying``
+    requeued: str | None = None
+    # each webhook told of the run: event, url (secrets masked), status or error, seconds
+    notifications: list[dict[str, Any]] = Field(default_factory=list)
 
     def display_state(self, now: float | None = None) -> str:
-        """The state, with ``lost`` for a running record whose driver stopped heartbeating."""
+        """The state, with ``lost`` for a running record whose driver stopped heartbeating, and
+        ``retrying`` for a queued one whose driver had started before (its worker was lost)."""
+        if self.state == "queued" and (self.attempts or self.requeued):
+            return "retrying"
         if self.state == "running":
             beat = parse_iso(self.heartbeat_at)
             if beat is not None and (now or time.time()) - beat > stale_after():
@@ -171,8 +180,13 @@ class RunStore:
     def exists(self, run_id: str) -> bool:
         return loc.exists(self._file(run_id, "record.json"))
 
-    def write(self, record: RunRecord) -> None:
-        loc.write_text(self._file(record.run_id, "record.json"), record.model_dump_json(indent=1))
+    def write(self, record: RunRecord, mask: Mask | None = None) -> None:
+        """Write ``record`` (atomically), its strings through ``mask`` (no secret value on disk)."""
+        if mask:
+            text = json.dumps(mask.apply(record.model_dump(mode="json")), indent=1)
+        else:
+            text = record.model_dump_json(indent=1)
+        loc.write_text(self._file(record.run_id, "record.json"), text)
 
     def write_spec(self, run_id: str, text: str) -> None:
         loc.write_text(self._file(run_id, "spec.yaml"), text)
@@ -212,7 +226,9 @@ class RunStore:
         out.sort(key=lambda r: r.created_at, reverse=True)
         return out if limit is None else out[:limit]
 
-    def append_events(self, run_id: str, events: list[dict]) -> None:
+    def append_events(self, run_id: str, events: list[dict], mask: Mask | None = None) -> None:
+        if mask:
+            events = [mask.apply(e) for e in events]
         loc.append_text(self._file(run_id, "events.jsonl"), "".join(json.dumps(e, default=str) + "\n" for e in events))
 
     def events(self, run_id: str) -> list[dict]:
@@ -242,10 +258,11 @@ class Recorder:
     (``Client.log_event``), where a dashboard page or ``Client.subscribe_topic`` can follow it.
     """
 
-    def __init__(self, runs: RunStore, record: RunRecord, client: Any = None) -> None:
+    def __init__(self, runs: RunStore, record: RunRecord, client: Any = None, mask: Mask | None = None) -> None:
         self.runs = runs
         self.record = record
         self.client = client
+        self.mask = mask or Mask()  # the run's secret values: masked in every file and event
         self.cancel_event = threading.Event()
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -255,7 +272,7 @@ class Recorder:
     def save(self) -> None:
         with self._lock:
             self.record.heartbeat_at = now_iso()
-            self.runs.write(self.record)
+            self.runs.write(self.record, self.mask)
 
     def update(self, **fields: Any) -> None:
         with self._lock:
@@ -293,6 +310,7 @@ class Recorder:
             "message": message,
             **fields,
         }
+        ev = self.mask.apply(ev)
         try:
             self.runs.append_events(self.record.run_id, [ev])
         except Exception as exc:  # the run goes on; the record still has the state
@@ -308,7 +326,7 @@ class Recorder:
                 logging.ERROR if level == "error" else logging.WARNING if level == "warning" else logging.INFO,
                 "%s%s",
                 f"[{step}] " if step else "",
-                message,
+                ev["message"],
             )
         return ev
 

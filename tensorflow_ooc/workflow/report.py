@@ -100,6 +100,8 @@ def run_summary(rec: RunRecord) -> str:
     lost = [a for a in rec.attempts if a.outcome and a.outcome.startswith("lost")]
     for a in lost:
         lines.append(f"  attempt {a.attempt}: {a.outcome}")
+    if state == "retrying" and rec.requeued:
+        lines.append(f"  retrying: {rec.requeued}")
     if rec.took_over:
         lines.append(f"  took over the outputs of lost run(s): {', '.join(rec.took_over)}")
     if rec.dashboard:
@@ -118,7 +120,9 @@ def status_table(records: list[RunRecord]) -> str:
         secs = _seconds(r)
         step = r.current_step or ""
         note = ""
-        if step and r.steps[step].progress:
+        if r.display_state() == "retrying":
+            note = "its worker was lost: waits for the first free slot"
+        elif step and r.steps[step].progress:
             p = r.steps[step].progress
             if "test_rmse" in p:
                 note = f"epoch {p.get('iteration')} test RMSE {p['test_rmse']:.4g}"

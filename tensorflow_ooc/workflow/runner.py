@@ -19,6 +19,7 @@ CP-ALS continues from its checkpoint (kept per step fingerprint under ``ROOT/.tf
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shlex
@@ -35,6 +36,7 @@ from ..errors import DiskFullError
 from .errors import InputError, LockError, Problem, RunCancelled, SpecError, StepFailed
 from .fingerprint import OutputIndex, location_fingerprint, step_fingerprint
 from .lock import OutputLocks
+from .notifications import notify
 from .plan import Workflow
 from .records import (
     EXIT_CODES,
@@ -50,6 +52,7 @@ from .records import (
     parse_iso,
 )
 from .sandbox import confined, real_location
+from .secret_values import masked_logs
 from .step_context import StepContext
 from .steps import run_step
 
@@ -181,6 +184,7 @@ def new_record(workflow: Workflow, run_id: str, mode: str, cluster: str, schedul
         host=h["host"],
         created_at=now_iso(),
         steps=steps,
+        run_date=workflow.source.run_date,
     )
 
 
@@ -254,10 +258,27 @@ def execute(
             record.steps.setdefault(s.name, StepRecord(kind=s.kind, inputs=s.inputs, outputs=s.outputs))
     else:
         record = new_record(workflow, run_id or new_run_id(workflow.name), mode, cluster)
-        runs.write_spec(record.run_id, workflow.source.effective_text)  # as it runs: ${VAR}, --set resolved
+        # as it runs (${VAR}, --set resolved), secret variables kept as ${NAME}
+        runs.write_spec(record.run_id, workflow.source.record_text)
+    rec = Recorder(runs, record, client, workflow.source.mask)
+    with masked_logs(rec.mask):
+        return _execute(workflow, runs, index, record, rec, client, mode, cluster, force)
+
+
+def _execute(
+    workflow: Workflow,
+    runs: RunStore,
+    index: OutputIndex,
+    record: RunRecord,
+    rec: Recorder,
+    client: Any,
+    mode: str,
+    cluster: str,
+    force: bool,
+) -> RunOutcome:
+    """:func:`execute` once the record is there, with the run's secret values masked in the logs."""
     run_id = record.run_id
     h = host_info()
-    rec = Recorder(runs, record, client)
     number = len(record.attempts) + 1
     lost = record.attempts[-1] if record.attempts and record.attempts[-1].ended_at is None else None
     if lost is not None:
@@ -273,8 +294,10 @@ def execute(
     record.attempts.append(
         Attempt(attempt=number, host=h["host"], pid=h["pid"], worker=_worker_address(), started_at=now_iso())
     )
+    record.requeued = None  # started again: no longer waiting
     if lost is not None:
         rec.event("attempt-lost", lost.outcome or "", level="warning")
+        notify(workflow.spec.webhooks, rec, "on_retry", retry="driver", lost_attempt=lost.attempt, reason=lost.outcome)
     if runs.cancel_requested(run_id):
         rec.update(
             state="cancelled",
@@ -324,6 +347,7 @@ def execute(
         rec.save()
         rec.event("run-finished", f"run {run_id} not started: {exc}", level="error", state="failed")
         run_on_failure(workflow, record, rec, None, str(exc))
+        notify(workflow.spec.webhooks, rec, "on_failure", step=None)
         return RunOutcome(run_id, "failed", EXIT_CODES["failed"], record)
     for holder, why in dict(taken).items():  # one entry per run, not per output
         _mark_lost(runs, holder, why, run_id)
@@ -478,6 +502,9 @@ def execute(
         )
         if state == "failed":  # after the record is final, so the command can read it
             run_on_failure(workflow, record, rec, current, error)
+            notify(workflow.spec.webhooks, rec, "on_failure", step=current)
+        elif state in ("done", "skipped"):
+            notify(workflow.spec.webhooks, rec, "on_success")
     return RunOutcome(run_id, state, EXIT_CODES[state], record)
 
 
@@ -487,6 +514,20 @@ def execute(
 #: and bad input (every input error of the package is a ValueError: a spec, a .tns line, a store,
 #: ranks...); others (an OSError, a full disk, a lost worker) may pass and are tried again
 NOT_RETRIED = (RunCancelled, SpecError, InputError, StepFailed, LockError, ValueError)
+#: OS errors that stay whatever the wait: a file where a folder must be (or the reverse), a name
+#: too long, a read-only file system, no permission
+PERMANENT_OS_ERRORS = (FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
+PERMANENT_ERRNOS = (errno.ENAMETOOLONG, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR)
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether another try of a step cannot mend ``exc`` (:data:`NOT_RETRIED`, or an OS error
+    about the paths themselves)."""
+    if isinstance(exc, NOT_RETRIED) or isinstance(exc, PERMANENT_OS_ERRORS):
+        return True
+    return isinstance(exc, OSError) and exc.errno in PERMANENT_ERRNOS
+
+
 MAX_RETRY_WAIT = 3600.0  # seconds: the doubling of retry_delay stops here
 #: set to 1 in a worker's environment to let submitted runs' on_failure commands run there
 ALLOW_ON_FAILURE_ENV = "TFOOC_ALLOW_ON_FAILURE"
@@ -515,9 +556,11 @@ def run_with_retries(ctx: StepContext, rec: Recorder) -> dict:
                 finished_at=now_iso(), seconds=round(time.time() - t0, 3), error=f"{type(exc).__name__}: {exc}"
             )
             last = number == retries + 1
-            if isinstance(exc, NOT_RETRIED) or not isinstance(exc, Exception) or last:
-                if not isinstance(exc, NOT_RETRIED) and isinstance(exc, Exception):
+            if is_permanent(exc) or not isinstance(exc, Exception) or last:
+                if isinstance(exc, Exception) and not is_permanent(exc):
                     entry["error"] += f" (try {number} of {retries + 1}: no retries left)"
+                elif isinstance(exc, OSError) and not isinstance(exc, NOT_RETRIED):
+                    entry["error"] += " (not retried: another try would fail the same way)"
                 rec.step(name, tries=tries)
                 raise
             wait = min(delay * 2 ** (number - 1), MAX_RETRY_WAIT)
@@ -532,6 +575,17 @@ def run_with_retries(ctx: StepContext, rec: Recorder) -> dict:
                 retry_in=wait,
                 error=entry["error"],
                 traceback=traceback.format_exc(),
+            )
+            notify(
+                ctx.workflow.spec.webhooks,
+                rec,
+                "on_retry",
+                retry="step",
+                step=name,
+                attempt_of_step=number,
+                tries=retries + 1,
+                retry_in=wait,
+                error=entry["error"],
             )
             end = time.monotonic() + wait
             while time.monotonic() < end:  # a cancel ends the wait
@@ -577,7 +631,8 @@ def run_on_failure(workflow: Workflow, record: RunRecord, rec: Recorder, step: s
     env = {
         **os.environ,
         "TFOOC_RUN_ID": record.run_id,
-        "TFOOC_ERROR": error or "",
+        "TFOOC_ERROR": rec.mask.text(error or ""),
+        "TFOOC_RUN_DATE": record.run_date or "",
         "TFOOC_STEP": step or "",
         "TFOOC_WORKFLOW": workflow.name,
         "TFOOC_STORAGE": workflow.root,

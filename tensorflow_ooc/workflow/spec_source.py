@@ -4,9 +4,10 @@ errors that name the file, line and field."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from pydantic import (
 
 from . import locations as loc
 from .errors import Problem, SpecError
+from .secret_values import MASKED, Mask, is_secret, secret_patterns
 from .step_models import (
     _METHOD_OF,
     DECOMPOSE_METHODS,
@@ -68,6 +70,23 @@ class Source:
     marks: dict[tuple, int]
     overrides: dict[str, str] = field(default_factory=dict)
     resolved_text: str | None = None
+    #: the spec as the run record keeps it: resolved as ``resolved_text``, except that references to
+    #: secret variables stay ``${NAME}`` (None: the file's text)
+    recorded_text: str | None = None
+    #: the values of the secret variables the spec used (masked wherever the run writes)
+    secret_values: tuple[str, ...] = ()
+    #: the run date, ``${RUN_DATE}`` (``YYYY-MM-DD``)
+    run_date: str | None = None
+
+    @property
+    def record_text(self) -> str:
+        """The spec as the run record keeps it (secret values never in it)."""
+        return self.recorded_text if self.recorded_text is not None else self.text
+
+    @property
+    def mask(self) -> Mask:
+        """What keeps this spec's secret values out of records, events and logs."""
+        return Mask(self.secret_values)
 
     @property
     def effective_text(self) -> str:
@@ -138,6 +157,107 @@ def _check_expansion(root: yaml.Node) -> None:
         stack.extend((k, False) for k in kids if id(k) not in sizes)
 
 
+class SpecLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading ``1e-6`` as the float it is (YAML 1.1, which PyYAML follows,
+    wants ``1.0e-6``: ``tol: 1e-6`` was the text '1e-6')."""
+
+
+SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+#: an upper-case ``--set NAME=VALUE`` sets the variable ``${NAME}`` (the spec's own keys are lower case)
+_VARIABLE_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+
+#: the run date variable: today unless given (``--set RUN_DATE=...``, ``--run-date``, the environment)
+RUN_DATE = "RUN_DATE"
+
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def split_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """``--set`` entries split into spec overrides (``dotted.path=VALUE``) and variables
+    (``NAME=VALUE`` with an upper-case ``NAME``: ``--set RUN_DATE=2026-11-20``)."""
+    settings, variables = [], {}
+    for given in overrides:
+        name, eq, value = given.partition("=")
+        if eq and _VARIABLE_NAME.fullmatch(name.strip()):
+            variables[name.strip()] = value
+        else:
+            settings.append(given)
+    return settings, variables
+
+
+def run_date(value: str | None, where: str, spec_name: str = "<string>") -> str:
+    """The run date: ``value`` checked as ``YYYY-MM-DD`` (a :class:`SpecError` naming ``where``
+    otherwise), else today's date on this machine."""
+    if value is None or value == "":
+        return datetime.date.today().isoformat()
+    try:
+        if not _DATE.fullmatch(value):
+            raise ValueError("not YYYY-MM-DD")
+        datetime.date.fromisoformat(value)
+    except ValueError:
+        raise SpecError(
+            spec_name, [Problem(None, where, f"expected a date as YYYY-MM-DD (2026-11-20), got {value!r}")]
+        ) from None
+    return value
+
+
+# a reference inside a flow collection ({rank: ${RANK:-16}}) would close the collection at its '}':
+# YAML reads the text with each reference swapped for a plain token, and the token is swapped back
+_SHIELDED = re.compile(r"\$\$\{|\$\{[^}\n]*\}")
+
+
+def _shield(text: str) -> tuple[str, dict[str, str]]:
+    """``text`` with each ``${...}`` replaced by a unique plain token of (at least) its length, and
+    the tokens' originals; lines and most columns stay where they were."""
+    marker = next(m for m in ("$Q", "$QQ", "$QQQ", "$QQQQ") if m not in text)
+    tokens: dict[str, str] = {}
+
+    def swap(m: re.Match) -> str:
+        if m.group(0) == "$${":
+            return m.group(0)
+        token = f"{marker}{len(tokens)}"
+        token = token + "_" * max(0, len(m.group(0)) - len(token) - 1) + "$"
+        tokens[token] = m.group(0)
+        return token
+
+    return _SHIELDED.sub(swap, text), tokens
+
+
+def _unshield(node: yaml.Node, tokens: dict[str, str]) -> None:
+    """Put the references :func:`_shield` swapped out back into every scalar (keys too)."""
+    seen: set[int] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, yaml.MappingNode):
+            stack.extend(x for kv in n.value for x in kv)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+        elif isinstance(n, yaml.ScalarNode) and "$" in n.value:
+            for token, original in tokens.items():
+                if token in n.value:
+                    n.value = n.value.replace(token, original)
+
+
+def _marked_secrets(node: yaml.Node) -> list[str]:
+    """The variable names a spec's top-level ``secrets`` lists (read before substitution)."""
+    if not isinstance(node, yaml.MappingNode):
+        return []
+    for k, v in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.value == "secrets" and isinstance(v, yaml.SequenceNode):
+            return [item.value for item in v.value if isinstance(item, yaml.ScalarNode)]
+    return []
+
+
 def read_source(
     path: str | os.PathLike | None = None,
     text: str | None = None,
@@ -145,13 +265,22 @@ def read_source(
     overrides: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
     interpolate: bool = True,
+    variables: Mapping[str, str] | None = None,
+    patterns: Sequence[str] | None = None,
+    secret_values: Sequence[str] = (),
 ) -> Source:
     """Read and safe-load a spec; YAML errors become a :class:`SpecError` with the line.
 
     ``${VAR}``, ``${VAR:-default}`` and ``${VAR-default}`` in values are replaced from ``environ``
-    (default ``os.environ``; see :func:`interpolate_node`) unless ``interpolate`` is false (a text
-    that was resolved already), then each ``overrides`` entry ``dotted.path=VALUE`` is applied
-    (:func:`apply_override`)."""
+    (default ``os.environ``; see :func:`interpolate_value`) with ``variables`` over it (``--set
+    NAME=VALUE`` entries of ``overrides`` too) and ``${RUN_DATE}`` today's date unless given, unless
+    ``interpolate`` is false (a text that was resolved already), then each other ``overrides`` entry
+    ``dotted.path=VALUE`` is applied (:func:`apply_override`).
+
+    Variables named in the spec's ``secrets`` list or matching one of ``patterns`` (default
+    :func:`~.secret_values.secret_patterns`) are secret: their values are in ``data`` but not in
+    ``recorded_text``, which keeps their ``${NAME}``, and are listed in ``secret_values`` (with
+    those given for an already resolved text) for the run to mask."""
     name = str(path) if path is not None else "<string>"
     if text is None:
         if path is None:
@@ -171,19 +300,49 @@ def read_source(
             name,
             [Problem(None, None, f"the spec is {len(text):,} characters long; a spec is at most {MAX_SPEC_CHARS:,}")],
         )
+    settings, set_variables = split_overrides(overrides)
+    env: dict[str, str] = dict(os.environ if environ is None else environ)
+    env.update(variables or {})
+    env.update(set_variables)
+    given_date = (
+        ("--set RUN_DATE", set_variables[RUN_DATE])
+        if RUN_DATE in set_variables
+        else ("RUN_DATE (the environment's or --run-date)", env[RUN_DATE])
+        if env.get(RUN_DATE)
+        else (RUN_DATE, None)
+    )
+    # a text resolved already (a submitted driver's) has its date in it: the worker's is not checked
+    env[RUN_DATE] = run_date(given_date[1], given_date[0], name) if interpolate else given_date[1] or ""
+    patterns = secret_patterns() if patterns is None else tuple(patterns)
+    used: dict[str, str] = {}
     loader = None
+    shielded, tokens = _shield(text)
     try:
-        loader = yaml.SafeLoader(text)  # refuses control characters (a ReaderError) here already
+        loader = SpecLoader(shielded)  # refuses control characters (a ReaderError) here already
         node = loader.get_single_node()
-        changed = False
+        changed, shown = False, {}
+        marked: list[str] = []
+
+        def secret(var: str) -> bool:
+            return is_secret(var, patterns, marked)
+
         if node is not None:
             _check_expansion(node)
+            if tokens:
+                _unshield(node, tokens)
+            marked.extend(_marked_secrets(node))
             if interpolate:
                 env_problems: list[Problem] = []
-                changed = interpolate_node(node, loader, os.environ if environ is None else environ, env_problems)
+                changed, shown = interpolate_node(node, loader, env, env_problems, secret=secret, used=used)
                 if env_problems:
                     raise SpecError(name, env_problems)
+                secret_values = (*secret_values, *(v for k, v in used.items() if secret(k)))
         data = loader.construct_document(node) if node is not None else None
+        recorded = data
+        if shown:  # the same document with the secret references kept, for the record
+            for n, value in shown.values():
+                n.value, n.tag = value, "tag:yaml.org,2002:str"
+            recorded = loader.construct_document(node)
     except RecursionError:
         raise SpecError(name, [Problem(None, None, "the YAML is nested too deeply to be a workflow spec")]) from None
     except yaml.MarkedYAMLError as exc:
@@ -193,6 +352,8 @@ def read_source(
         what = " ".join(s for s in (exc.context, exc.problem) if s)
         if exc.context_mark and exc.problem_mark and exc.problem_mark.line != exc.context_mark.line:
             what += f" (on line {exc.problem_mark.line + 1})"
+        for token, original in tokens.items():
+            what = what.replace(token, original)
         raise SpecError(
             name,
             [
@@ -226,15 +387,29 @@ def read_source(
     _walk(node, (), marks, problems)
     if problems:
         raise SpecError(name, problems)
-    src = Source(name, text, data, marks)
-    for given in overrides:
+    mask = Mask(secret_values)
+    src = Source(name, text, data, marks, secret_values=tuple(mask.values), run_date=env[RUN_DATE] or None)
+    for given in settings:
         field_name = apply_override(data, given, name)
+        if recorded is not data:
+            apply_override(recorded, given, name)
         src.overrides[field_name] = given
-    if changed or overrides:
-        what = ", ".join((["environment variables substituted"] if changed else []) + [f"--set {o}" for o in overrides])
+    if changed or settings:
+        shown_sets = [f"--set {o}" for o in settings] + [
+            f"--set {k}={MASKED if secret(k) or mask.text(v) != v else v}" for k, v in set_variables.items()
+        ]
+        what = ", ".join((["environment variables substituted"] if changed else []) + shown_sets)
         src.resolved_text = f"# {name}, resolved ({what})\n" + yaml.safe_dump(
             data, sort_keys=False, default_flow_style=False, allow_unicode=True
         )
+        kept = sorted(k for k in used if any(v == used[k] for v in mask.values))
+        note = f"; secret variables kept as ${{NAME}}: {', '.join(kept)}" if kept else ""
+        src.recorded_text = mask.text(
+            f"# {name}, resolved ({what}{note})\n"
+            + yaml.safe_dump(recorded, sort_keys=False, default_flow_style=False, allow_unicode=True)
+        )
+    elif mask:
+        src.recorded_text = mask.text(text)
     return src
 
 
@@ -245,8 +420,17 @@ _REFERENCE = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
 _REFERENCE_BODY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)(.*))?", re.DOTALL)
 
 
-def interpolate_value(value: str, environ: Mapping[str, str]) -> tuple[str, list[str]]:
+def interpolate_value(
+    value: str,
+    environ: Mapping[str, str],
+    *,
+    keep: Callable[[str], bool] | None = None,
+    used: dict[str, str] | None = None,
+) -> tuple[str, list[str]]:
     """``value`` with its ``${VAR}`` references replaced, and what is wrong with them.
+
+    References to a variable for which ``keep`` is true stay as written (the record's copy of a
+    secret); ``used`` collects each variable substituted, with its value.
 
     ``${VAR}`` is the variable's value (an error when it is not set), ``${VAR:-default}`` the
     default when the variable is unset or empty, ``${VAR-default}`` the default only when it is
@@ -274,6 +458,8 @@ def interpolate_value(value: str, environ: Mapping[str, str]) -> tuple[str, list
             )
             return m.group(0)
         var, op, default = ref.groups()
+        if keep is not None and keep(var):
+            return m.group(0)
         got = environ.get(var)
         if op == ":-" and not got:
             got = default
@@ -282,21 +468,32 @@ def interpolate_value(value: str, environ: Mapping[str, str]) -> tuple[str, list
         if got is None:
             errors.append(f"environment variable {var} is not set (set it, or give a default: ${{{var}:-DEFAULT}})")
             return m.group(0)
+        if used is not None:
+            used[var] = got
         return got
 
     return _REFERENCE.sub(replace, value), errors
 
 
 def interpolate_node(
-    node: yaml.Node, loader: yaml.SafeLoader, environ: Mapping[str, str], problems: list[Problem]
-) -> bool:
+    node: yaml.Node,
+    loader: yaml.SafeLoader,
+    environ: Mapping[str, str],
+    problems: list[Problem],
+    *,
+    secret: Callable[[str], bool] | None = None,
+    used: dict[str, str] | None = None,
+) -> tuple[bool, dict[int, tuple[yaml.ScalarNode, str]]]:
     """Replace ``${VAR}`` references (:func:`interpolate_value`) in the values of a composed YAML
-    document, in place; return whether any value changed. Keys are left as they are.
+    document, in place; return whether any value changed, and for each value that holds a
+    reference to a ``secret`` variable, its node and its text with those references kept (what
+    the run record shows). ``used`` collects the variables substituted. Keys are left as they are.
 
     A plain (unquoted) value is typed again after the substitution, as YAML types what is written
     in the file: ``rank: ${RANK:-16}`` is the integer 16, ``tol: ${TOL}`` with ``TOL=1e-6`` a
     float. A quoted value stays a string. Each problem has the line and the dotted field."""
     changed = False
+    shown: dict[int, tuple[yaml.ScalarNode, str]] = {}
     seen: set[int] = set()  # an anchored node is visited once, however many aliases name it
     stack: list[tuple[yaml.Node, tuple]] = [(node, ())]
     while stack:
@@ -310,15 +507,19 @@ def interpolate_node(
         elif isinstance(n, yaml.SequenceNode):
             stack.extend((v, where + (i,)) for i, v in enumerate(n.value))
         elif isinstance(n, yaml.ScalarNode) and "$" in n.value and "${" in n.value:
-            value, errors = interpolate_value(n.value, environ)
+            value, errors = interpolate_value(n.value, environ, used=used)
             problems.extend(Problem(n.start_mark.line + 1, _display(where) or None, e) for e in errors)
+            if secret is not None and not errors:
+                kept = interpolate_value(n.value, environ, keep=secret)[0]
+                if kept != value:
+                    shown[id(n)] = (n, kept)
             if value != n.value:
                 changed = True
                 if n.style is None and n.tag == loader.resolve(yaml.ScalarNode, n.value, (True, False)):
                     n.tag = loader.resolve(yaml.ScalarNode, value, (True, False))
                 n.value = value
     problems.sort(key=lambda p: p.line or 0)
-    return changed
+    return changed, shown
 
 
 def apply_override(data: dict, given: str, spec_name: str = "<string>") -> str:
@@ -344,7 +545,7 @@ def apply_override(data: dict, given: str, spec_name: str = "<string>") -> str:
     if not eq or not dotted:
         raise fail("expected KEY=VALUE with KEY a dotted path into the spec, e.g. steps.decompose.rank=32")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml.load(raw, Loader=SpecLoader) if raw.strip() else None  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         raise fail(f"the value is not YAML ({str(exc).splitlines()[0]}); quote it to give text") from None
     parts = dotted.split(".")

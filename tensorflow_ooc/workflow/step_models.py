@@ -650,6 +650,38 @@ Step = Annotated[
 ]
 
 
+_URL = re.compile(r"^https?://[^\s/]+\S*$")
+
+
+_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Webhooks(_Model):
+    """URLs that receive one JSON object (an HTTP POST) when a run succeeds, fails, or retries a
+    step or its driver; a webhook that fails is logged, never the run's failure."""
+
+    on_success: str | list[str] | None = Field(None, description="URL(s) told when a run ends done or skipped")
+    on_failure: str | list[str] | None = Field(None, description="URL(s) told when a run fails")
+    on_retry: str | list[str] | None = Field(
+        None, description="URL(s) told when a step is tried again, or a driver restarts after a lost worker"
+    )
+
+    @field_validator("on_success", "on_failure", "on_retry")
+    @classmethod
+    def _urls(cls, v: str | list[str] | None) -> str | list[str] | None:
+        for url in [v] if isinstance(v, str) else v or []:
+            if not _URL.match(url):
+                raise ValueError(f"expected an http:// or https:// URL, got {url!r}")
+        if isinstance(v, list) and not v:
+            raise ValueError("expected a URL or a list of URLs")
+        return v
+
+    def urls(self, event: str) -> list[str]:
+        """The URLs of ``event`` (``on_success``, ``on_failure`` or ``on_retry``)."""
+        v = getattr(self, event)
+        return [v] if isinstance(v, str) else list(v or [])
+
+
 class Spec(_Model):
     """A workflow spec (see the module docstring and ``workflows/README.md``)."""
 
@@ -665,7 +697,23 @@ class Spec(_Model):
         "TFOOC_WORKFLOW, TFOOC_STORAGE and TFOOC_EXIT_CODE in its environment: a string (run by "
         "/bin/sh) or a list (the program and its arguments); its own failure is logged, not fatal",
     )
+    webhooks: Webhooks | None = Field(
+        None, description="URLs told of the run's success, failure and retries (one JSON object, POST)"
+    )
+    secrets: list[str] = Field(
+        default_factory=list,
+        description="names of variables whose values are secret: never written to run records, events, "
+        "logs or notifications (besides those matching the operator's patterns, *TOKEN*, *PASSWORD*, ...)",
+    )
     steps: dict[str, Step]
+
+    @field_validator("secrets")
+    @classmethod
+    def _secrets(cls, v: list[str]) -> list[str]:
+        bad = [n for n in v if not _VARIABLE.match(n)]
+        if bad:
+            raise ValueError(f"expected variable names (letters, digits, '_'), got {bad[0]!r}")
+        return v
 
     @field_validator("on_failure")
     @classmethod

@@ -46,7 +46,13 @@ def driver_key(run_id: str) -> str:
 
 
 def driver_task(
-    spec_text: str, spec_path: str, storage: str, run_id: str, force: bool = False, allow_paths: list[str] | None = None
+    spec_text: str,
+    spec_path: str,
+    storage: str,
+    run_id: str,
+    force: bool = False,
+    allow_paths: list[str] | None = None,
+    secret_values: list[str] | None = None,
 ) -> int:
     """The workflow driver, as a Dask task. Returns the run's exit code.
 
@@ -54,7 +60,10 @@ def driver_task(
     ``--set`` overrides applied), read here without interpolating it again.
 
     ``allow_paths``: what the operator allowed where the run was submitted (the worker's own
-    environment and config file are not consulted then)."""
+    environment and config file are not consulted then).
+
+    ``secret_values``: the values of the spec's secret variables, which ``spec_text`` holds: the
+    driver masks them in everything it writes and logs."""
     from distributed import get_client, rejoin, secede
 
     lib = logging.getLogger("tensorflow_ooc")
@@ -73,6 +82,7 @@ def driver_task(
                 allow_paths=allow_paths,
                 operator_config=allow_paths is None,
                 interpolate=False,
+                secret_values=secret_values or (),
             )
         except SpecError as exc:  # an input that existed at submission is gone, for example
             runs = RunStore(storage)
@@ -139,8 +149,17 @@ def submit(workflow: Workflow, scheduler: str, *, force: bool = False, timeout: 
         record.dashboard = client.dashboard_link
         for hook in ON_CLIENT:  # the tfooc page and metrics on its dashboard (execution.cluster)
             hook(client, storage=workflow.root)
-        runs.write_spec(run_id, workflow.source.effective_text)
-        runs.write(record)
+        runs.write_spec(run_id, workflow.source.record_text)  # secret variables kept as ${NAME}
+        runs.write(record, workflow.source.mask)
+        queue: dict = {}
+        if placement.submit_kwargs:
+            # slotted: the driver waits on the scheduler, and the slot queue hands it the first free
+            # slot in submission order (:mod:`.slot_queue`)
+            from .slot_queue import PLUGIN, QUEUE, SlotQueue, note_run
+
+            client.register_plugin(SlotQueue(), name=PLUGIN)
+            client.run_on_scheduler(note_run, key=driver_key(run_id), storage=workflow.root)
+            queue = {"workers": [QUEUE], "allow_other_workers": False}
         fut = client.submit(
             driver_task,
             workflow.source.effective_text,
@@ -149,9 +168,11 @@ def submit(workflow: Workflow, scheduler: str, *, force: bool = False, timeout: 
             run_id,
             force,
             list(workflow.operator_allowed),
+            list(workflow.source.secret_values),
             key=driver_key(run_id),
             pure=False,
             **placement.submit_kwargs,  # a tfooc-slot: the run waits, queued, for a free worker
+            **queue,
         )
         fire_and_forget(fut)
         # the submission travels on the client's batched stream: make sure the scheduler has it
