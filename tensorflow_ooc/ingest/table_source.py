@@ -1,0 +1,380 @@
+"""Tables as a source: Parquet or CSV files (one file, a folder, a glob, local or any fsspec URL
+such as ``s3://``), a pandas DataFrame, a Dask DataFrame or a pyarrow Table, with the columns that
+are the modes named, and optionally a value column (without one, each row counts one).
+
+Read in two passes of record batches, never the whole table at once: the first reads the mode
+columns and numbers each mode's keys in order of first appearance
+(:class:`~tensorflow_ooc.ingest.key_dictionary.KeyDictionary`), which gives the shape; the second
+maps each batch's keys to indices and yields ``(coords, values)`` as any other source, so the
+conversion (in memory or out of core) is the one of ``.tns`` files. The dictionaries go into the
+store (:mod:`tensorflow_ooc.store.labels`). A source built on a store (``base``, an append) starts
+from its dictionaries and yields its nonzeros first.
+
+Rows that cannot be read are refused with the file, the row and the column: a null key or value,
+a value that is not a finite number, a key of another type than the column's before, a CSV line
+with the wrong number of fields.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Iterator, Mapping, Sequence
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import EmptyTensorError, IngestError, ShapeError
+from .key_dictionary import KeyDictionary, KeyProblem, plain_type
+from .sources import Source
+from .value_range import first_out_of_range, range_problem
+
+PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.zst", ".tsv")
+TABLE_FORMATS = ("parquet", "csv")
+DEFAULT_BATCH_ROWS = 1 << 20
+
+
+def is_table_location(location: str) -> bool:
+    """Whether a location names Parquet or CSV files by its suffix."""
+    return str(location).lower().endswith(PARQUET_SUFFIXES + CSV_SUFFIXES)
+
+
+def format_of(location: str, given: str | None) -> str:
+    """``parquet`` or ``csv``: ``given``, else from the file's suffix."""
+    if given is not None:
+        if given not in TABLE_FORMATS:
+            raise ValueError(f"table format must be one of {TABLE_FORMATS}, got {given!r}")
+        return given
+    low = location.lower()
+    if low.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    if low.endswith(CSV_SUFFIXES):
+        return "csv"
+    raise IngestError("neither a Parquet (.parquet) nor a CSV (.csv) file; give the table format", location)
+
+
+def table_files(location: str | os.PathLike | Sequence[str], table_format: str | None = None) -> list[str]:
+    """The files a table location names, sorted by name: one file, a glob's matches, or a folder's
+    Parquet or CSV files (recursively, as Hive-partitioned datasets are laid out)."""
+    if isinstance(location, (list, tuple)):
+        return [f for loc in location for f in table_files(loc, table_format)]
+    location = str(location)
+    fs, p = fsspec.core.url_to_fs(location)
+    proto = location.split("://", 1)[0] + "://" if "://" in location else ""
+    if any(c in location for c in "*?["):
+        found = sorted(f for f in fs.glob(p) if not fs.isdir(f))
+    elif fs.isdir(p):
+        suffixes = {"parquet": PARQUET_SUFFIXES, "csv": CSV_SUFFIXES}.get(table_format or "", ())
+        wanted = suffixes or PARQUET_SUFFIXES + CSV_SUFFIXES
+        found = sorted(f for f in fs.find(p) if f.lower().endswith(wanted))
+        if not found:
+            raise IngestError("a folder without Parquet or CSV files", location)
+    else:
+        if not fs.exists(p):
+            raise IngestError("no such file", location)
+        return [location]
+    if not found:
+        raise IngestError("no file matches", location)
+    return [proto + f if proto and not f.startswith(proto) else f for f in found]
+
+
+def _is_dask_frame(obj: Any) -> bool:
+    return hasattr(obj, "npartitions") and hasattr(obj, "get_partition")
+
+
+def _is_pandas_frame(obj: Any) -> bool:
+    return type(obj).__module__.startswith("pandas") and hasattr(obj, "columns") and hasattr(obj, "iloc")
+
+
+def is_table(obj: Any) -> bool:
+    """Whether ``obj`` is an in-memory table (pandas, Dask or pyarrow)."""
+    return isinstance(obj, (pa.Table, pa.RecordBatch)) or _is_pandas_frame(obj) or _is_dask_frame(obj)
+
+
+_CSV_WHERE = re.compile(
+    r"(?:In CSV column #(?P<col>\d+): )?(?:CSV parse error: )?Row #(?P<row>\d+): (?P<what>.*)", re.S
+)
+
+
+class TableSource(Source):
+    """A table whose named columns are the modes (see the module's doc).
+
+    Parameters
+    ----------
+    table : path, URL, glob, folder, list of them, pandas/Dask DataFrame or pyarrow Table
+    modes : sequence of str
+        The key columns, one per mode, in mode order.
+    value : str, optional
+        The value column (numbers); None: each row counts one.
+    bucket : mapping, optional
+        ``{column: unit}``: a date or timestamp mode floored to ``day``, ``hour``, ... first.
+    table_format : {"parquet", "csv"}, optional
+        Default: from the files' suffixes.
+    base : Store, optional
+        A labelled store this table is appended to: its keys keep their indices, new keys get
+        the next ones, and its nonzeros come first.
+    batch_rows : int
+        Rows read at once.
+    """
+
+    def __init__(
+        self,
+        table: Any,
+        modes: Sequence[str],
+        value: str | None = None,
+        bucket: Mapping[str, str] | None = None,
+        table_format: str | None = None,
+        base: Any = None,
+        batch_rows: int = DEFAULT_BATCH_ROWS,
+    ) -> None:
+        modes = [str(m) for m in modes]
+        if not modes:
+            raise ValueError("modes: name at least one key column")
+        if len(set(modes)) != len(modes):
+            raise ValueError(f"modes: a column named twice in {modes}")
+        if value is not None and value in modes:
+            raise ValueError(f"value column {value!r} is also a mode")
+        bucket = dict(bucket or {})
+        for col in bucket:
+            if col not in modes:
+                raise ValueError(f"bucket names {col!r}, which is not one of the modes {modes}")
+        self.modes = modes
+        self.value = value
+        self.bucket = bucket
+        self.nmodes = len(modes)
+        self.batch_rows = int(batch_rows)
+        self.base = base
+        self.value_dtype = np.dtype(np.float64)
+        self.table = table
+        if is_table(table):
+            self.files: list[str] = []
+            self.formats: list[str] = []
+            self.name = f"{type(table).__name__} with columns {', '.join(modes)}"
+        else:
+            self.files = table_files(table, table_format)
+            self.formats = [format_of(f, table_format) for f in self.files]
+            first = self.files[0] if len(self.files) == 1 else f"{len(self.files)} files of {table}"
+            self.name = str(first)
+        keys: list[Any] = [None] * self.nmodes
+        if base is not None:
+            labels = base.labels
+            if labels is None:
+                raise IngestError(
+                    "a store converted from coordinates has no label dictionaries to append to", base.path
+                )
+            if labels.names != modes:
+                raise IngestError(f"its modes are {labels.names}, the table's {modes}", base.path)
+            keys = [labels.keys(m) for m in range(self.nmodes)]
+        self.dictionaries = [KeyDictionary(c, keys[m], bucket.get(c)) for m, c in enumerate(modes)]
+        self.base_sizes = [0 if k is None else len(k) for k in keys]
+        self.rows: int | None = None
+        self.given_shape = None
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def _pieces(self, columns: list[str]) -> Iterator[tuple[str, int, bool, pa.RecordBatch]]:
+        """``(where, first row of the batch in its file (0-based), is CSV, batch)`` in order."""
+        if isinstance(self.table, (pa.Table, pa.RecordBatch)) or _is_pandas_frame(self.table):
+            t = (
+                self.table
+                if not _is_pandas_frame(self.table)
+                else pa.Table.from_pandas(self.table, preserve_index=False)
+            )
+            t = pa.Table.from_batches([t]) if isinstance(t, pa.RecordBatch) else t
+            self._check_columns(t.schema.names, columns, "the table")
+            at = 0
+            for b in t.select(columns).to_batches(self.batch_rows):
+                yield "the table", at, False, b
+                at += b.num_rows
+            return
+        if _is_dask_frame(self.table):
+            for i in range(self.table.npartitions):
+                part = self.table.get_partition(i).compute()
+                t = pa.Table.from_pandas(part, preserve_index=False)
+                where = f"partition {i} of the Dask DataFrame"
+                self._check_columns(t.schema.names, columns, where)
+                at = 0
+                for b in t.select(columns).to_batches(self.batch_rows):
+                    yield where, at, False, b
+                    at += b.num_rows
+            return
+        for f, kind in zip(self.files, self.formats):
+            if kind == "parquet":
+                yield from self._parquet(f, columns)
+            else:
+                yield from self._csv(f, columns)
+
+    def _check_columns(self, names: list[str], columns: list[str], where: str) -> None:
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise IngestError(f"no column {', '.join(map(repr, missing))}; the columns are {names}", where)
+
+    def _parquet(self, location: str, columns: list[str]) -> Iterator[tuple[str, int, bool, pa.RecordBatch]]:
+        import pyarrow.parquet as pq
+
+        fs, p = fsspec.core.url_to_fs(location)
+        with fs.open(p, "rb") as fh:
+            try:
+                schema = pq.read_schema(fh)
+                fh.seek(0)
+                self._check_columns(schema.names, columns, location)
+                # string keys read as dictionaries: Parquet keeps them so, and a batch maps its dictionary
+                strings = [
+                    c
+                    for c in columns
+                    if c in self.modes and plain_type(schema.field(c).type) in (pa.string(), pa.binary())
+                ]
+                pf = pq.ParquetFile(fh, read_dictionary=strings)
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise IngestError(f"not a Parquet file ({exc})", location) from None
+            at = 0
+            try:
+                for b in pf.iter_batches(batch_size=self.batch_rows, columns=columns):
+                    yield location, at, False, b
+                    at += b.num_rows
+            except pa.ArrowInvalid as exc:
+                raise IngestError(f"row {at + 1} or after: {exc}", location) from None
+
+    def _csv(self, location: str, columns: list[str]) -> Iterator[tuple[str, int, bool, pa.RecordBatch]]:
+        import pyarrow.csv as csv
+
+        fs, p = fsspec.core.url_to_fs(location)
+        compression = (
+            "gzip" if p.endswith(".gz") else "bz2" if p.endswith(".bz2") else "zstd" if p.endswith(".zst") else None
+        )
+        types = {self.value: pa.float64()} if self.value in columns else {}
+        delimiter = "\t" if p.endswith(".tsv") else ","
+        with fs.open(p, "rb", compression=compression) as fh:
+            header: list[str] = []
+            try:
+                reader = csv.open_csv(
+                    fh,
+                    read_options=csv.ReadOptions(block_size=32 << 20, use_threads=True),
+                    parse_options=csv.ParseOptions(delimiter=delimiter),
+                    convert_options=csv.ConvertOptions(
+                        include_columns=columns, column_types=types, strings_can_be_null=True
+                    ),
+                )
+                header = reader.schema.names
+                at = 0
+                for b in reader:
+                    yield location, at, True, b
+                    at += b.num_rows
+            except KeyError as exc:
+                raise IngestError(f"no column {exc.args[0] if exc.args else exc}", location) from None
+            except pa.ArrowInvalid as exc:
+                raise self._csv_error(location, str(exc), columns, header) from None
+
+    def _csv_error(self, location: str, text: str, columns: list[str], header: list[str]) -> IngestError:
+        m = _CSV_WHERE.search(text)
+        if m is None:
+            return IngestError(text, location)
+        what = m.group("what").strip()
+        if m.group("col") is not None:
+            k = int(m.group("col"))
+            names = header or columns
+            col = names[k] if k < len(names) else f"#{k}"
+            return IngestError(f"row {int(m.group('row')) - 1}, column {col!r}: {what}", location, int(m.group("row")))
+        return IngestError(f"row {int(m.group('row')) - 1}: {what}", location, int(m.group("row")))
+
+    def _where(self, where: str, csv: bool, row: int, column: str, problem: str) -> IngestError:
+        """An error at 0-based data row ``row`` of ``where``: rows count from 1, CSV lines too."""
+        if csv:
+            return IngestError(f"row {row + 1}, column {column!r}: {problem}", where, row + 2)
+        return IngestError(f"row {row + 1}, column {column!r}: {problem}", where)
+
+    # --- the two passes --------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Pass one: number every mode's keys (the shape follows); idempotent."""
+        if self.rows is not None:
+            return
+        rows = 0
+        for where, at, csv, batch in self._pieces(self.modes):
+            for d, col in zip(self.dictionaries, self.modes):
+                try:
+                    d.add(batch.column(col))
+                except KeyProblem as exc:
+                    raise self._key_error(where, csv, at, col, exc) from None
+            rows += batch.num_rows
+        if rows == 0 and not any(self.base_sizes):
+            raise EmptyTensorError("the table has no rows", self.name)
+        self.rows = rows
+
+    def _key_error(self, where: str, csv: bool, at: int, col: str, exc: KeyProblem) -> IngestError:
+        if exc.row is None:
+            return IngestError(exc.problem, where)
+        problem = exc.problem.replace(f"column {col!r} ", "").replace(f"column {col!r}: ", "")
+        return self._where(where, csv, at + exc.row, col, problem)
+
+    def nnz_estimate(self) -> int:
+        self.prepare()
+        return int(self.rows or 0) + (self.base.nnz if self.base is not None else 0)
+
+    def infer_shape(self) -> tuple[int, ...]:
+        self.prepare()
+        return tuple(max(1, len(d)) for d in self.dictionaries)
+
+    def shape_from_max(self, mx: np.ndarray) -> tuple[int, ...]:
+        return self.infer_shape()
+
+    def labels(self) -> tuple[list[str], list[pa.Array]]:
+        """The modes' names and keys in index order, for the store."""
+        self.prepare()
+        return list(self.modes), [d.finished() for d in self.dictionaries]
+
+    def new_keys(self) -> dict[str, int]:
+        """Per mode, how many keys the table added to the base store's (all of them without one)."""
+        self.prepare()
+        return {c: len(d) - b for c, d, b in zip(self.modes, self.dictionaries, self.base_sizes)}
+
+    def batches(self, shape, batch_nnz=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Pass two: the base store's nonzeros, then each batch's rows as coordinates and values."""
+        self.prepare()
+        if self.base is not None:
+            for ch in self.base.iter_chunks():
+                yield ch.coords(self.base.layout), np.asarray(ch.values, dtype=self.value_dtype)
+        columns = self.modes + ([self.value] if self.value is not None else [])
+        for where, at, csv, batch in self._pieces(columns):
+            n = batch.num_rows
+            if n == 0:
+                continue
+            coords = np.empty((n, self.nmodes), dtype=np.int64)
+            for m, (d, col) in enumerate(zip(self.dictionaries, self.modes)):
+                try:
+                    coords[:, m] = d.lookup(batch.column(col))
+                except KeyProblem as exc:
+                    raise self._key_error(where, csv, at, col, exc) from None
+            if shape is not None:
+                over = coords >= np.asarray(shape, dtype=np.int64)
+                if over.any():
+                    r, m = np.argwhere(over)[0]
+                    raise ShapeError(
+                        f"row {at + r + 1}: key {batch.column(self.modes[m])[r].as_py()!r} of mode "
+                        f"{self.modes[m]!r} is index {coords[r, m]}, beyond the given shape {tuple(shape)}",
+                        where,
+                    )
+            yield coords, self._values(where, csv, at, batch, n)
+
+    def _values(self, where: str, csv: bool, at: int, batch: pa.RecordBatch, n: int) -> np.ndarray:
+        if self.value is None:
+            return np.ones(n, dtype=self.value_dtype)
+        col = batch.column(self.value)
+        t = col.type
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_decimal(t)):
+            raise IngestError(f"value column {self.value!r} holds {t}, not numbers", where)
+        if col.null_count:
+            r = int(pc.index(col.is_null(), True).as_py())
+            raise self._where(where, csv, at + r, self.value, "empty (null) value")
+        v = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        bad = ~np.isfinite(v)
+        if bad.any():
+            r = int(np.flatnonzero(bad)[0])
+            raise self._where(where, csv, at + r, self.value, f"value {v[r]} is not a finite number")
+        r = first_out_of_range(v)
+        if r >= 0:
+            raise self._where(where, csv, at + r, self.value, range_problem(float(v[r])))
+        return v
