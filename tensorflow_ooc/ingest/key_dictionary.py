@@ -15,8 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-#: time buckets a date or timestamp key can be floored to (``bucket={"day": "day"}``)
-BUCKETS = ("second", "minute", "hour", "day", "week", "month", "year")
+from .table_options import BUCKET_UNITS as BUCKETS
 
 
 class KeyProblem(ValueError):

@@ -27,13 +27,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import EmptyTensorError, IngestError, ShapeError
+from .table_options import CSV_SUFFIXES, PARQUET_SUFFIXES, TABLE_FORMATS
 from .key_dictionary import KeyDictionary, KeyProblem, plain_type
 from .sources import Source
 from .value_range import first_out_of_range, range_problem
 
-PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
-CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.zst", ".tsv")
-TABLE_FORMATS = ("parquet", "csv")
 DEFAULT_BATCH_ROWS = 1 << 20
 
 
