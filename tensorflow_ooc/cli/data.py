@@ -265,7 +265,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if store.labels is not None:
         for d in store.labels.describe():
             print(
-                f"  mode {d['mode']} {d['name']!r}: {d['count']:,} keys ({d['key_type']}), {d['bytes_per_key']:.1f} bytes a key"
+                f"  mode {d['mode']} {d['name']!r}: {d['count']:,} keys ({d['key_type']}), "
+                f"{d['bytes_per_key']:.1f} bytes a key"
             )
     return 0
 

@@ -41,6 +41,7 @@ def plain_type(t: pa.DataType) -> pa.DataType:
 
 
 def _check_type(t: pa.DataType, column: str, bucket: str | None) -> None:
+    t = plain_type(t)
     if pa.types.is_floating(t) or pa.types.is_decimal(t):
         raise KeyProblem(
             f"column {column!r} holds numbers with a fraction ({t}): keys are strings, integers, dates or "

@@ -27,9 +27,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import EmptyTensorError, IngestError, ShapeError
-from .table_options import CSV_SUFFIXES, PARQUET_SUFFIXES, TABLE_FORMATS
 from .key_dictionary import KeyDictionary, KeyProblem, plain_type
 from .sources import Source
+from .table_options import CSV_SUFFIXES, PARQUET_SUFFIXES, TABLE_FORMATS
 from .value_range import first_out_of_range, range_problem
 
 DEFAULT_BATCH_ROWS = 1 << 20
@@ -236,34 +236,38 @@ class TableSource(Source):
             except pa.ArrowInvalid as exc:
                 raise IngestError(f"row {at + 1} or after: {exc}", location) from None
 
-    def _csv(self, location: str, columns: list[str]) -> Iterator[tuple[str, int, bool, pa.RecordBatch]]:
+    def _csv(
+        self, location: str, columns: list[str], threads: bool = True
+    ) -> Iterator[tuple[str, int, bool, pa.RecordBatch]]:
         import pyarrow.csv as csv
 
         fs, p = fsspec.core.url_to_fs(location)
-        compression = (
-            "gzip" if p.endswith(".gz") else "bz2" if p.endswith(".bz2") else "zstd" if p.endswith(".zst") else None
-        )
+        low = p.lower()
+        compression = next((c for s, c in (("gz", "gzip"), ("bz2", "bz2"), ("zst", "zstd")) if low.endswith(s)), None)
         types = {self.value: pa.float64()} if self.value in columns else {}
-        delimiter = "\t" if p.endswith(".tsv") else ","
         with fs.open(p, "rb", compression=compression) as fh:
             header: list[str] = []
+            at = 0
             try:
                 reader = csv.open_csv(
                     fh,
-                    read_options=csv.ReadOptions(block_size=32 << 20, use_threads=True),
-                    parse_options=csv.ParseOptions(delimiter=delimiter),
+                    read_options=csv.ReadOptions(block_size=32 << 20, use_threads=threads),
+                    parse_options=csv.ParseOptions(delimiter="\t" if ".tsv" in low else ","),
                     convert_options=csv.ConvertOptions(
                         include_columns=columns, column_types=types, strings_can_be_null=True
                     ),
                 )
                 header = reader.schema.names
-                at = 0
                 for b in reader:
                     yield location, at, True, b
                     at += b.num_rows
             except KeyError as exc:
                 raise IngestError(f"no column {exc.args[0] if exc.args else exc}", location) from None
             except pa.ArrowInvalid as exc:
+                if "Row #" not in str(exc) and threads:
+                    # threaded parsing leaves the row out of the message: find it reading on one thread
+                    for _ in self._csv(location, columns, threads=False):
+                        pass
                 raise self._csv_error(location, str(exc), columns, header) from None
 
     def _csv_error(self, location: str, text: str, columns: list[str], header: list[str]) -> IngestError:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -81,6 +82,16 @@ def write_labels(store_path: str, names: Sequence[str], keys: Sequence[Any]) -> 
             }
         )
     return {"version": LABELS_VERSION, "modes": modes}
+
+
+def _arrow_type(name: str) -> Any:
+    """The pyarrow type a key type's name stands for (``timestamp[s]``, ``timestamp[us, tz=UTC]``)."""
+    import pyarrow as pa
+
+    m = re.fullmatch(r"timestamp\[(\w+)(?:, tz=(.+))?\]", name)
+    if m:
+        return pa.timestamp(m.group(1), tz=m.group(2))
+    return pa.type_for_alias(name)
 
 
 @dataclass
@@ -151,6 +162,9 @@ class StoreLabels:
                     "convert the table again"
                 )
             keys = pq.read_table(io.BytesIO(data)).column("key").combine_chunks()
+            if key_type(keys) != ml.key_type:
+                # Parquet has no seconds unit: timestamp[s] keys come back as timestamp[ms]
+                keys = keys.cast(_arrow_type(ml.key_type))
             if len(keys) != ml.count or key_type(keys) != ml.key_type:
                 raise CorruptStoreError(f"{where}: holds {len(keys)} keys of {keys.type}, recorded {ml.count}")
             self._keys[m] = keys
