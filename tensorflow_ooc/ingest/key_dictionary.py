@@ -2,9 +2,11 @@
 the values of categoricals) get indices in order of first appearance, and a dictionary that
 starts from a store's keys (an append) gives new keys the next indices, never renumbering.
 
-Keys are pyarrow arrays and the work is pyarrow's hash kernels: ``unique`` keeps the order of
-first appearance, ``index_in`` maps a batch to indices. Dictionary-encoded columns (Parquet's
-dictionary pages, pandas categoricals) are mapped through their small dictionary, not row by row.
+Keys are pyarrow arrays, normalized by pyarrow (strings as ``string``, integers as ``int64``,
+time buckets floored) and numbered by a hash table kept across batches
+(:class:`~tensorflow_ooc.ingest.key_table.KeyTable`) over their bytes, one probe a row.
+Dictionary-encoded columns (Parquet's dictionary pages, pandas categoricals) are numbered through
+their small dictionary, not row by row.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .key_table import KeyTable
 from .table_options import BUCKET_UNITS as BUCKETS
 
 
@@ -61,8 +64,34 @@ def _check_type(t: pa.DataType, column: str, bucket: str | None) -> None:
         raise KeyProblem(f"column {column!r} holds dates ({t}), which have no {bucket!r} bucket")
 
 
+def _as_bytes(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, bytes) of each value of a plain array, without copying: a string's UTF-8, a
+    fixed-width value's little-endian bytes."""
+    n = len(values)
+    bufs = values.buffers()
+    if pa.types.is_string(values.type) or pa.types.is_binary(values.type):
+        offsets = np.frombuffer(bufs[1], dtype=np.int32, count=n + 1, offset=4 * values.offset)
+        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+        return offsets, data
+    width = values.type.bit_width // 8
+    data = np.frombuffer(bufs[1], dtype=np.uint8, count=n * width, offset=values.offset * width)
+    return np.arange(0, (n + 1) * width, width, dtype=np.int64), data
+
+
+def _from_bytes(t: pa.DataType, offsets: np.ndarray, data: np.ndarray) -> pa.Array:
+    n = offsets.shape[0] - 1
+    if pa.types.is_string(t) or pa.types.is_binary(t):
+        if data.shape[0] >= 2**31:
+            big = pa.large_string() if pa.types.is_string(t) else pa.large_binary()
+            return pa.Array.from_buffers(big, n, [None, pa.py_buffer(offsets.copy()), pa.py_buffer(data.copy())])
+        return pa.Array.from_buffers(t, n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data.copy())])
+    if pa.types.is_boolean(t):
+        return pa.array(data.view(np.int8)[:n].astype(bool))
+    return pa.Array.from_buffers(t, n, [None, pa.py_buffer(data.copy())])
+
+
 class KeyDictionary:
-    """Keys -> indices of one mode.
+    """Keys -> indices of one mode, numbered in order of first appearance.
 
     Parameters
     ----------
@@ -79,19 +108,14 @@ class KeyDictionary:
             raise ValueError(f"bucket of {column!r} must be one of {BUCKETS}, got {bucket!r}")
         self.column = column
         self.bucket = bucket
-        self.keys: pa.Array | None = None if keys is None else keys
-        self._pending: list[pa.Array] = []
-        self._pending_n = 0
-
-    @property
-    def type(self) -> pa.DataType | None:
-        if self.keys is not None:
-            return self.keys.type
-        return self._pending[0].type if self._pending else None
+        self.type: pa.DataType | None = None
+        self.table = KeyTable(1 << 12 if keys is None else max(1 << 12, 2 * len(keys)))
+        if keys is not None:
+            self.type = keys.type
+            self._ids(keys.cast(pa.int8()) if pa.types.is_boolean(keys.type) else keys)
 
     def __len__(self) -> int:
-        self._merge()
-        return 0 if self.keys is None else len(self.keys)
+        return len(self.table)
 
     def _normalized(self, values: pa.Array) -> pa.Array:
         """``values`` (a plain array) as keys: the dictionary's type, floored to the bucket."""
@@ -101,19 +125,25 @@ class KeyDictionary:
         if t != want:
             values = values.cast(want)
         if self.bucket is not None:
-            unit = self.bucket
-            values = pc.floor_temporal(values, unit=unit, week_starts_monday=True)
-        have = self.type
-        if have is not None and values.type != have:
+            values = pc.floor_temporal(values, unit=self.bucket, week_starts_monday=True)
+        if self.type is None:
+            self.type = values.type
+        elif values.type != self.type:
             try:
-                values = values.cast(have)
+                values = values.cast(self.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                raise KeyProblem(f"column {self.column!r} holds {values.type} here, {have} before") from None
+                raise KeyProblem(f"column {self.column!r} holds {values.type} here, {self.type} before") from None
         return values
 
-    def _split(self, column: pa.Array) -> tuple[pa.Array, pa.Array | None]:
-        """(distinct-ish values to hash, indices into them or None): a dictionary column is
-        handled through its dictionary."""
+    def _ids(self, values: pa.Array) -> np.ndarray:
+        if pa.types.is_boolean(values.type):
+            values = values.cast(pa.int8())
+        offsets, data = _as_bytes(values)
+        return self.table.index(offsets, data)
+
+    def index(self, column: pa.Array) -> np.ndarray:
+        """Each row's index (int64), numbering keys not seen before in order of first appearance.
+        Raises :class:`KeyProblem` naming the first row with a null key."""
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
         if column.null_count:
@@ -121,47 +151,15 @@ class KeyDictionary:
                 f"column {self.column!r} is empty (null) here", int(pc.index(column.is_null(), True).as_py())
             )
         if pa.types.is_dictionary(column.type):
-            return self._normalized(column.dictionary), column.indices
-        return self._normalized(column), None
-
-    def add(self, column: pa.Array) -> None:
-        """Number the keys of ``column`` not seen yet, in order of first appearance."""
-        values, indices = self._split(column)
-        if indices is not None:
-            values = values.take(pc.unique(indices))  # the dictionary's entries in use, first seen first
-        u = pc.unique(values)
-        self._pending.append(u)
-        self._pending_n += len(u)
-        # merged once the pending keys outweigh the dictionary: each key is hashed a few times at most
-        if self._pending_n > max(1 << 20, 0 if self.keys is None else len(self.keys)):
-            self._merge()
-
-    def _merge(self) -> None:
-        if not self._pending:
-            return
-        parts = ([self.keys] if self.keys is not None else []) + self._pending
-        # unique keeps first appearances in order: the numbered keys stay a prefix
-        self.keys = pc.unique(pa.concat_arrays(parts))
-        self._pending, self._pending_n = [], 0
-
-    def lookup(self, column: pa.Array) -> np.ndarray:
-        """Each row's index (int64); every key must have been added. Raises :class:`KeyProblem`
-        naming the first row whose key is unknown."""
-        self._merge()
-        values, indices = self._split(column)
-        if self.keys is None:
-            raise KeyProblem(f"column {self.column!r}: no keys numbered yet", 0)
-        idx = pc.index_in(values, value_set=self.keys)
-        if indices is not None:
-            idx = idx.take(indices)
-        if idx.null_count:
-            r = int(pc.index(idx.is_null(), True).as_py())
-            raise KeyProblem(f"column {self.column!r}: key {column[r].as_py()!r} is not in the dictionary", r)
-        return idx.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            # the dictionary's entries in use, first seen first, numbered; rows through their codes
+            codes = column.indices.to_numpy(zero_copy_only=False)
+            used = pc.unique(column.indices).to_numpy(zero_copy_only=False)
+            ids = np.zeros(len(column.dictionary), dtype=np.int64)
+            ids[used] = self._ids(self._normalized(column.dictionary.take(pa.array(used))))
+            return ids[codes]
+        return self._ids(self._normalized(column))
 
     def finished(self) -> pa.Array:
         """The keys in index order."""
-        self._merge()
-        if self.keys is None:
-            return pa.array([], type=pa.string())
-        return self.keys
+        offsets, data = self.table.keys()
+        return _from_bytes(self.type or pa.string(), offsets, data)

@@ -2,11 +2,12 @@
 such as ``s3://``), a pandas DataFrame, a Dask DataFrame or a pyarrow Table, with the columns that
 are the modes named, and optionally a value column (without one, each row counts one).
 
-Read in two passes of record batches, never the whole table at once: the first reads the mode
-columns and numbers each mode's keys in order of first appearance
-(:class:`~tensorflow_ooc.ingest.key_dictionary.KeyDictionary`), which gives the shape; the second
-maps each batch's keys to indices and yields ``(coords, values)`` as any other source, so the
-conversion (in memory or out of core) is the one of ``.tns`` files. The dictionaries go into the
+Read once, in record batches, never the whole table at once (the next batch is read while one is
+mapped): each mode's keys are numbered in order of first appearance as they come
+(:class:`~tensorflow_ooc.ingest.key_dictionary.KeyDictionary`), and each batch's indices (uint32 a
+mode) and values are spilled to a temporary folder. Once read, the dictionaries give the shape,
+and the spilled rows are yielded as ``(coords, values)`` as any other source's, so the conversion
+(in memory or out of core) is the one of ``.tns`` files. The dictionaries go into the
 store (:mod:`tensorflow_ooc.store.labels`). A source built on a store (``base``, an append) starts
 from its dictionaries and yields its nonzeros first.
 
@@ -18,7 +19,10 @@ with the wrong number of fields.
 from __future__ import annotations
 
 import os
+import queue
 import re
+import shutil
+import threading
 from typing import Any, Iterator, Mapping, Sequence
 
 import fsspec
@@ -26,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import EmptyTensorError, IngestError, ShapeError
+from ..errors import EmptyTensorError, IngestError
 from .key_dictionary import KeyDictionary, KeyProblem, plain_type
 from .sources import Source
 from .table_options import CSV_SUFFIXES, PARQUET_SUFFIXES, TABLE_FORMATS
@@ -116,6 +120,11 @@ class TableSource(Source):
         the next ones, and its nonzeros come first.
     batch_rows : int
         Rows read at once.
+    spill_dir : str, optional
+        Where the read rows' indices and values wait for the conversion (a folder of this
+        process, removed by :meth:`close`; default the system's temporary folder).
+    target : str
+        The store being written (recorded with the folder, for the clean-up of killed runs).
     """
 
     def __init__(
@@ -127,6 +136,8 @@ class TableSource(Source):
         table_format: str | None = None,
         base: Any = None,
         batch_rows: int = DEFAULT_BATCH_ROWS,
+        spill_dir: str | None = None,
+        target: str = "",
     ) -> None:
         modes = [str(m) for m in modes]
         if not modes:
@@ -170,6 +181,10 @@ class TableSource(Source):
         self.base_sizes = [0 if k is None else len(k) for k in keys]
         self.rows: int | None = None
         self.given_shape = None
+        self.spill_parent = spill_dir
+        self.target = str(target)
+        self.spill: str | None = None
+        self.batch_sizes: list[int] = []
 
     # --- reading ---------------------------------------------------------------------------------
 
@@ -288,23 +303,47 @@ class TableSource(Source):
             return IngestError(f"row {row + 1}, column {column!r}: {problem}", where, row + 2)
         return IngestError(f"row {row + 1}, column {column!r}: {problem}", where)
 
-    # --- the two passes --------------------------------------------------------------------------
+    # --- the pass over the table, and the nonzeros it spilled --------------------------------------
 
     def prepare(self) -> None:
-        """Pass one: number every mode's keys (the shape follows); idempotent."""
+        """Read the table once: number every mode's keys (the shape follows) and spill each
+        batch's indices (uint32 a mode) and values to this source's folder; idempotent."""
         if self.rows is not None:
             return
+        from ..tempdirs import make_bucket_dir
+
+        self.spill = make_bucket_dir(self.spill_parent, self.target)
+        columns = self.modes + ([self.value] if self.value is not None else [])
         rows = 0
-        for where, at, csv, batch in self._pieces(self.modes):
-            for d, col in zip(self.dictionaries, self.modes):
-                try:
-                    d.add(batch.column(col))
-                except KeyProblem as exc:
-                    raise self._key_error(where, csv, at, col, exc) from None
-            rows += batch.num_rows
+        with (
+            open(os.path.join(self.spill, "coords.bin"), "wb") as cf,
+            open(os.path.join(self.spill, "values.bin"), "wb") as vf,
+        ):
+            for where, at, csv, batch in _read_ahead(self._pieces(columns)):
+                n = batch.num_rows
+                if n == 0:
+                    continue
+                coords = np.empty((n, self.nmodes), dtype=np.uint32)
+                for m, (d, col) in enumerate(zip(self.dictionaries, self.modes)):
+                    try:
+                        coords[:, m] = d.index(batch.column(col))
+                    except KeyProblem as exc:
+                        raise self._key_error(where, csv, at, col, exc) from None
+                    if len(d) >= 2**32:
+                        raise IngestError(f"mode {col!r} has more than 2^32 keys", where)
+                cf.write(coords.data)
+                vf.write(self._values(where, csv, at, batch, n).data)
+                self.batch_sizes.append(n)
+                rows += n
         if rows == 0 and not any(self.base_sizes):
             raise EmptyTensorError("the table has no rows", self.name)
         self.rows = rows
+
+    def close(self) -> None:
+        """Remove the spilled nonzeros."""
+        if self.spill is not None:
+            shutil.rmtree(self.spill, ignore_errors=True)
+            self.spill = None
 
     def _key_error(self, where: str, csv: bool, at: int, col: str, exc: KeyProblem) -> IngestError:
         if exc.row is None:
@@ -334,32 +373,24 @@ class TableSource(Source):
         return {c: len(d) - b for c, d, b in zip(self.modes, self.dictionaries, self.base_sizes)}
 
     def batches(self, shape, batch_nnz=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Pass two: the base store's nonzeros, then each batch's rows as coordinates and values."""
+        """The base store's nonzeros, then the table's rows as spilled: coordinates and values."""
         self.prepare()
         if self.base is not None:
             for ch in self.base.iter_chunks():
                 yield ch.coords(self.base.layout), np.asarray(ch.values, dtype=self.value_dtype)
-        columns = self.modes + ([self.value] if self.value is not None else [])
-        for where, at, csv, batch in self._pieces(columns):
-            n = batch.num_rows
-            if n == 0:
-                continue
-            coords = np.empty((n, self.nmodes), dtype=np.int64)
-            for m, (d, col) in enumerate(zip(self.dictionaries, self.modes)):
-                try:
-                    coords[:, m] = d.lookup(batch.column(col))
-                except KeyProblem as exc:
-                    raise self._key_error(where, csv, at, col, exc) from None
-            if shape is not None:
-                over = coords >= np.asarray(shape, dtype=np.int64)
-                if over.any():
-                    r, m = np.argwhere(over)[0]
-                    raise ShapeError(
-                        f"row {at + r + 1}: key {batch.column(self.modes[m])[r].as_py()!r} of mode "
-                        f"{self.modes[m]!r} is index {coords[r, m]}, beyond the given shape {tuple(shape)}",
-                        where,
-                    )
-            yield coords, self._values(where, csv, at, batch, n)
+        if self.spill is None:
+            raise IngestError("a table source's rows are read once", self.name)
+        step = max(1, int(batch_nnz or self.batch_rows))
+        with (
+            open(os.path.join(self.spill, "coords.bin"), "rb") as cf,
+            open(os.path.join(self.spill, "values.bin"), "rb") as vf,
+        ):
+            left = int(self.rows or 0)
+            while left:
+                n = min(step, left)
+                coords = np.fromfile(cf, dtype=np.uint32, count=n * self.nmodes).reshape(n, self.nmodes)
+                yield coords.astype(np.int64), np.fromfile(vf, dtype=np.float64, count=n)
+                left -= n
 
     def _values(self, where: str, csv: bool, at: int, batch: pa.RecordBatch, n: int) -> np.ndarray:
         if self.value is None:
@@ -380,3 +411,40 @@ class TableSource(Source):
         if r >= 0:
             raise self._where(where, csv, at + r, self.value, range_problem(float(v[r])))
         return v
+
+
+def _read_ahead(pieces: Iterator, depth: int = 2) -> Iterator:
+    """``pieces``, read on a thread ahead of the consumer (Parquet and CSV decoding release the
+    GIL, as the key mapping does): the next batch is read while this one is mapped."""
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    end = object()
+
+    def produce() -> None:
+        try:
+            for item in pieces:
+                while not stop.is_set():
+                    try:
+                        q.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put((end, None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            q.put((end, exc))
+
+    t = threading.Thread(target=produce, name="table-read-ahead", daemon=True)
+    t.start()
+    try:
+        while True:
+            item, exc = q.get()
+            if item is end:
+                if exc is not None:
+                    raise exc
+                return
+            yield item
+    finally:
+        stop.set()
+        t.join(timeout=5)
