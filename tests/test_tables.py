@@ -356,3 +356,23 @@ def test_a_table_in_object_storage_converts(tmp_path, rng):
     keys, _, dense = _reference(frame)
     np.testing.assert_allclose(_dense(store), dense)
     assert Path(store.path).exists()
+
+
+def test_key_dictionary_numbers_like_pandas_factorize(rng):
+    from tensorflow_ooc.ingest.key_dictionary import KeyDictionary
+
+    # long keys sharing their first 16 bytes, empty and one-byte keys, in batches that grow the table
+    pool = [f"a-long-common-prefix-{i}" for i in range(3000)] + ["", "x", "é", "a-long-common-prefix-"]
+    batches = [list(rng.choice(pool, int(rng.integers(1, 4000)))) for _ in range(5)]
+    d = KeyDictionary("k")
+    got = np.concatenate([d.index(pa.array(b)) for b in batches])
+    codes, uniq = pd.factorize(pd.Series(sum(batches, [])), sort=False)
+    np.testing.assert_array_equal(got, codes)
+    assert d.finished().to_pylist() == list(uniq)
+    # integers and dates, and a dictionary (categorical) column, continue the same way
+    ints = KeyDictionary("i")
+    vals = rng.integers(-(2**62), 2**62, 50)[rng.integers(0, 50, 3000)]
+    np.testing.assert_array_equal(ints.index(pa.array(vals)), pd.factorize(vals)[0])
+    cat = pd.Categorical(rng.choice(["b", "a", "c"], 40), categories=["c", "b", "a"])
+    cats = KeyDictionary("c")
+    np.testing.assert_array_equal(cats.index(pa.array(cat)), pd.factorize(np.asarray(cat))[0])

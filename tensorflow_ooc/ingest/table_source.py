@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import EmptyTensorError, IngestError
-from .key_dictionary import KeyDictionary, KeyProblem, plain_type
+from .key_dictionary import KeyDictionary, KeyProblem
 from .sources import Source
 from .table_options import CSV_SUFFIXES, PARQUET_SUFFIXES, TABLE_FORMATS
 from .value_range import first_out_of_range, range_problem
@@ -234,13 +234,9 @@ class TableSource(Source):
                 schema = pq.read_schema(fh)
                 fh.seek(0)
                 self._check_columns(schema.names, columns, location)
-                # string keys read as dictionaries: Parquet keeps them so, and a batch maps its dictionary
-                strings = [
-                    c
-                    for c in columns
-                    if c in self.modes and plain_type(schema.field(c).type) in (pa.string(), pa.binary())
-                ]
-                pf = pq.ParquetFile(fh, read_dictionary=strings)
+                # strings read plain: asking for dictionaries hashes every row of a column whose
+                # dictionary Parquet gave up on (over 1 MiB), once more than the key table does
+                pf = pq.ParquetFile(fh)
             except (pa.ArrowInvalid, OSError) as exc:
                 raise IngestError(f"not a Parquet file ({exc})", location) from None
             at = 0
