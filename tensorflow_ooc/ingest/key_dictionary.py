@@ -109,13 +109,20 @@ class KeyDictionary:
         self.column = column
         self.bucket = bucket
         self.type: pa.DataType | None = None
-        self.table = KeyTable(1 << 12 if keys is None else max(1 << 12, 2 * len(keys)))
+        self._final: pa.Array | None = None
+        self.table: KeyTable | None = KeyTable(1 << 12 if keys is None else max(1 << 12, 2 * len(keys)))
         if keys is not None:
             self.type = keys.type
             self._ids(keys.cast(pa.int8()) if pa.types.is_boolean(keys.type) else keys)
 
     def __len__(self) -> int:
-        return len(self.table)
+        return len(self.table) if self.table is not None else len(self._final)
+
+    def release(self) -> None:
+        """Keep only the keys (the hash table is not needed once the table is read)."""
+        if self.table is not None:
+            self._final = self.finished()
+            self.table = None
 
     def _normalized(self, values: pa.Array) -> pa.Array:
         """``values`` (a plain array) as keys: the dictionary's type, floored to the bucket."""
@@ -161,5 +168,7 @@ class KeyDictionary:
 
     def finished(self) -> pa.Array:
         """The keys in index order."""
+        if self.table is None:
+            return self._final
         offsets, data = self.table.keys()
         return _from_bytes(self.type or pa.string(), offsets, data)

@@ -333,6 +333,8 @@ class TableSource(Source):
                 rows += n
         if rows == 0 and not any(self.base_sizes):
             raise EmptyTensorError("the table has no rows", self.name)
+        for d in self.dictionaries:
+            d.release()  # the hash tables' memory goes back before the conversion sorts
         self.rows = rows
 
     def close(self) -> None:
