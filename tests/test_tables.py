@@ -191,6 +191,8 @@ def test_columns_that_cannot_be_keys_or_values_are_refused(tmp_path, rng):
         tfo.convert(frame, tmp_path / "d.zarr", modes=["user"], bucket={"user": "day"})
     with pytest.raises(ValueError, match=r"modes="):
         tfo.convert(frame, tmp_path / "e.zarr")
+    with pytest.raises(ValueError, match=r"e.parquet is a table: name its key columns"):
+        tfo.convert(tmp_path / "e.parquet", tmp_path / "f.zarr")
 
 
 def test_cli_converts_tables_and_refuses_bad_ones_with_exit_2(tmp_path, rng, capsys):

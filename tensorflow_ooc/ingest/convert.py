@@ -546,9 +546,17 @@ def _table_source(
         given = [k for k, v in table_args.items() if v is not None]
         if given:
             raise ValueError(f"{', '.join(given)} apply to tables only: name the key columns with modes=")
+        from .table_options import is_table_location
+
+        if isinstance(source, (str, os.PathLike)):
+            if is_table_location(str(source)):
+                raise ValueError(
+                    f"{source} is a table: name its key columns, one per mode, with modes= (tfooc convert --modes)"
+                )
+            return None
         from .table_source import is_table
 
-        if not isinstance(source, (str, os.PathLike)) and is_table(source):
+        if is_table(source):
             raise ValueError("a table needs modes=: the columns that are the modes, in order")
         return None
     if shape is not None:

@@ -14,6 +14,11 @@ CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.zst", ".tsv")
 TABLE_SUFFIXES = PARQUET_SUFFIXES + CSV_SUFFIXES
 
 
+def is_table_location(location: str) -> bool:
+    """Whether a location names Parquet or CSV files by its suffix."""
+    return str(location).lower().endswith(TABLE_SUFFIXES)
+
+
 def parse_names(text: str) -> list[str]:
     """``user,item,day`` -> ``["user", "item", "day"]``."""
     names = [t.strip() for t in str(text).split(",")]

@@ -39,11 +39,6 @@ from .value_range import first_out_of_range, range_problem
 DEFAULT_BATCH_ROWS = 1 << 20
 
 
-def is_table_location(location: str) -> bool:
-    """Whether a location names Parquet or CSV files by its suffix."""
-    return str(location).lower().endswith(PARQUET_SUFFIXES + CSV_SUFFIXES)
-
-
 def format_of(location: str, given: str | None) -> str:
     """``parquet`` or ``csv``: ``given``, else from the file's suffix."""
     if given is not None:
@@ -188,7 +183,7 @@ class TableSource(Source):
 
     # --- reading ---------------------------------------------------------------------------------
 
-    def _pieces(self, columns: list[str]) -> Iterator[tuple[str, int, bool, pa.RecordBatch]]:
+    def record_batches(self, columns: list[str]) -> Iterator[tuple[str, int, bool, pa.RecordBatch]]:
         """``(where, first row of the batch in its file (0-based), is CSV, batch)`` in order."""
         if isinstance(self.table, (pa.Table, pa.RecordBatch)) or _is_pandas_frame(self.table):
             t = (
@@ -315,7 +310,7 @@ class TableSource(Source):
             open(os.path.join(self.spill, "coords.bin"), "wb") as cf,
             open(os.path.join(self.spill, "values.bin"), "wb") as vf,
         ):
-            for where, at, csv, batch in _read_ahead(self._pieces(columns)):
+            for where, at, csv, batch in _read_ahead(self.record_batches(columns)):
                 n = batch.num_rows
                 if n == 0:
                     continue

@@ -141,7 +141,7 @@ def _predict_keys(ctx: StepContext, m: PredictStep, src: str, keys_loc: str, out
     writer = None
     with loc.local_target(out) as tmp:
         try:
-            for _, _, _, batch in TableSource(keys_loc, names)._pieces(names):
+            for _, _, _, batch in TableSource(keys_loc, names).record_batches(names):
                 ctx.check_cancel()
                 frame = batch.to_pandas()
                 try:
