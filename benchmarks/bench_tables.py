@@ -144,6 +144,8 @@ def main() -> None:
         "nnz": store.nnz,
         "shape": list(store.shape),
         "tns_shape": list(ref.shape),
+        "tns_nnz": ref.nnz,
+        "same_nnz_and_norm": ref.nnz == store.nnz and ref.norm_sq == store.norm_sq,
         "tns_bytes": tns.stat().st_size,
         "parquet_bytes": table_bytes,
         "memory_limit": a.memory_limit,
@@ -163,6 +165,7 @@ def main() -> None:
     print(f"{'.tns':<10} {rows:>13,} {t_tns:>9.1f} {rows / t_tns / 1e6:>9.2f} {rss_tns / mb:>13,.0f}")
     print(f"{'Parquet':<10} {rows:>13,} {t_tab:>9.1f} {rows / t_tab / 1e6:>9.2f} {rss_tab / mb:>13,.0f}")
     print(f"table / .tns speed: {t_tns / t_tab:.2f}x (target >= 0.5x); limit {a.memory_limit}")
+    print(f"same tensor: {result['same_nnz_and_norm']} ({store.nnz:,} nonzeros, ||X||^2 {store.norm_sq:.6g} both)")
     print(f"{'mode':<6} {'keys':>10} {'bytes':>12} {'bytes/key':>10}")
     for d in labels:
         print(f"{d['name']:<6} {d['count']:>10,} {d['bytes']:>12,} {d['bytes_per_key']:>10.2f}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -205,6 +204,15 @@ def test_cli_converts_tables_and_refuses_bad_ones_with_exit_2(tmp_path, rng, cap
     assert main(["info", str(tmp_path / "s.zarr")]) == 0
     out = capsys.readouterr().out
     assert "labels" in out and "user" in out and "timestamp" in out
+    # the next night, appended: the growing modes are reported
+    night = _events(rng, 60)
+    night.to_csv(tmp_path / "night.csv", index=False)
+    args2 = ["convert", str(tmp_path / "night.csv"), str(tmp_path / "s2.zarr"), "--modes", ",".join(MODES)]
+    opts = ["--value", "count", "--bucket", "day=day", "--duplicates", "sum", "--append-to", str(tmp_path / "s.zarr")]
+    assert main([*args2, *opts]) == 0
+    out = capsys.readouterr().out
+    grown = tfo.open_store(tmp_path / "s2.zarr").shape[0] - tfo.open_store(tmp_path / "s.zarr").shape[0]
+    assert grown > 0 and "mode 0 'user' grew: " in out and f"(+{grown:,})" in out
     # a null key: exit 2, the file, row and column, no traceback
     frame.loc[7, "item"] = None
     frame.to_csv(tmp_path / "bad.csv", index=False)
@@ -349,15 +357,23 @@ def test_dictionaries_stay_small_for_many_keys(tmp_path, rng):
 
 
 def test_a_table_in_object_storage_converts(tmp_path, rng):
-    fsspec = pytest.importorskip("fsspec")
-    frame = _events(rng, 80)
-    fs = fsspec.filesystem("memory")
-    with fs.open("/tables/e.parquet", "wb") as f:
-        frame.to_parquet(f)
-    store = _convert("memory://tables/e.parquet", tmp_path / "s.zarr")
-    keys, _, dense = _reference(frame)
-    np.testing.assert_allclose(_dense(store), dense)
-    assert Path(store.path).exists()
+    pytest.importorskip("moto")
+    pytest.importorskip("s3fs")
+    import fsspec
+    from s3_server import s3_server
+
+    a, b = _events(rng, 80), _events(rng, 60)
+    with s3_server() as bucket:
+        fs = fsspec.filesystem("s3")
+        for name, part in (("part-0.parquet", a), ("part-1.parquet", b)):
+            with fs.open(f"{bucket}/events/{name}", "wb") as f:
+                part.to_parquet(f)
+        # a folder in object storage into a store in object storage
+        store = _convert(f"{bucket}/events/", f"{bucket}/events.zarr")
+        keys, _, dense = _reference(pd.concat([a, b], ignore_index=True))
+        np.testing.assert_allclose(_dense(store), dense)
+        again = tfo.open_store(f"{bucket}/events.zarr")
+        assert again.labels.keys("user").to_pylist() == keys[0]
 
 
 def test_key_dictionary_numbers_like_pandas_factorize(rng):

@@ -263,7 +263,17 @@ def cmd_convert(args: argparse.Namespace) -> int:
         f"{store.nblocks} blocks, {store.nchunks} chunks, {dt:.2f} s ({store.nnz / dt / 1e6:.2f} M nonzeros/s)"
     )
     if store.labels is not None:
+        before = None
+        if args.append_to:
+            from ..store import open_store
+
+            before = open_store(args.append_to).shape
         for d in store.labels.describe():
+            if before is not None and before[d["mode"]] != d["count"]:
+                grew = before[d["mode"]]
+                print(
+                    f"  mode {d['mode']} {d['name']!r} grew: {grew:,} -> {d['count']:,} keys (+{d['count'] - grew:,})"
+                )
             print(
                 f"  mode {d['mode']} {d['name']!r}: {d['count']:,} keys ({d['key_type']}), "
                 f"{d['bytes_per_key']:.1f} bytes a key"
