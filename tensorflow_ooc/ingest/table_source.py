@@ -179,7 +179,6 @@ class TableSource(Source):
         self.spill_parent = spill_dir
         self.target = str(target)
         self.spill: str | None = None
-        self.batch_sizes: list[int] = []
 
     # --- reading ---------------------------------------------------------------------------------
 
@@ -324,7 +323,6 @@ class TableSource(Source):
                         raise IngestError(f"mode {col!r} has more than 2^32 keys", where)
                 cf.write(coords.data)
                 vf.write(self._values(where, csv, at, batch, n).data)
-                self.batch_sizes.append(n)
                 rows += n
         if rows == 0 and not any(self.base_sizes):
             raise EmptyTensorError("the table has no rows", self.name)
