@@ -565,7 +565,10 @@ def _table_source(
 
     base = None
     if append_to is not None:
-        base = append_to if isinstance(append_to, Store) else open_store(append_to)
+        from ..store.paths import resolve_version
+
+        # a versioned store folder appends to its latest version
+        base = append_to if isinstance(append_to, Store) else open_store(resolve_version(append_to))
     # batches of rows sized so that one batch's columns and coordinates take a sixteenth of the budget
     rows = int(min(1 << 22, max(1 << 14, budget // 16 // (40 * (len(modes) + 1)))))
     from ..store import paths as store_paths
