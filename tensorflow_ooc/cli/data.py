@@ -9,6 +9,7 @@ import os
 import time
 from typing import Callable
 
+from ..ingest.table_options import TABLE_OPTIONS
 from .options import _positive_int, _seed, _tolerance, claim, log, parse_shape, parse_size, parse_skew
 
 
@@ -254,13 +255,42 @@ def cmd_convert(args: argparse.Namespace) -> int:
         index_encoding=args.index_encoding,
         fiber_index=args.fiber_index,
         fiber_chunk_nnz=args.fiber_chunk_nnz,
+        **{o.name: getattr(args, o.name) for o in TABLE_OPTIONS},
     )
     dt = time.perf_counter() - t0
     print(
         f"{store.path}: {store.nnz:,} nonzeros, shape {'x'.join(map(str, store.shape))}, "
         f"{store.nblocks} blocks, {store.nchunks} chunks, {dt:.2f} s ({store.nnz / dt / 1e6:.2f} M nonzeros/s)"
     )
+    if store.labels is not None:
+        before = None
+        if args.append_to:
+            from ..store import open_store
+
+            before = open_store(args.append_to).shape
+        for d in store.labels.describe():
+            if before is not None and before[d["mode"]] != d["count"]:
+                grew = before[d["mode"]]
+                print(
+                    f"  mode {d['mode']} {d['name']!r} grew: {grew:,} -> {d['count']:,} keys (+{d['count'] - grew:,})"
+                )
+            print(
+                f"  mode {d['mode']} {d['name']!r}: {d['count']:,} keys ({d['key_type']}), "
+                f"{d['bytes_per_key']:.1f} bytes a key"
+            )
     return 0
+
+
+def _cli_type(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """A table option's parser for argparse: its ValueError becomes the usage error."""
+
+    def typed(text: str) -> object:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return typed
 
 
 def _chunk_text(info: dict) -> str:
@@ -300,6 +330,14 @@ def _format_info(info: dict) -> str:
             f"{m['mode']:>4} {m['length']:>12,} {m['bits']:>5} {m['key_bits']:>8} "
             f"{m['chunk_index_span_mean']:>16,.1f} {m['chunk_index_span_max']:>15,}"
         )
+    labels = info.get("labels") or []
+    if labels:
+        lines += ["", f"{'labels':<12} {'name':<16} {'key type':<16} {'keys':>12} {'bytes':>12} {'bytes/key':>10}"]
+        for d in labels:
+            lines.append(
+                f"{'mode ' + str(d['mode']):<12} {d['name']:<16} {d['key_type']:<16} {d['count']:>12,} "
+                f"{d['bytes']:>12,} {d['bytes_per_key']:>10.2f}"
+            )
     fibers = info.get("fiber_index") or {}
     if fibers:
         lines += [
@@ -455,15 +493,20 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
 
     c = add(
         "convert",
-        help="convert a .tns/.tns.gz file to a BLCO Zarr store (or --rewrite a store)",
-        description="Convert a FROSTT .tns or .tns.gz file into a BLCO Zarr store (local path or "
+        help="convert a .tns/.tns.gz file or a Parquet/CSV table to a BLCO Zarr store (or --rewrite a store)",
+        description="Convert a FROSTT .tns or .tns.gz file, or with --modes a Parquet or CSV table (a file, "
+        "a folder, a glob, an s3:// URL), into a BLCO Zarr store (local path or "
         "fsspec URL). Inputs that do not fit --memory-limit (the whole process's peak memory) are converted "
         "out of core. "
         "Nothing is left at STORE if conversion fails. With --rewrite, INPUT is a store of any "
         "format version this build reads, written again in the current one (its compression, "
         "chunking and value dtype kept unless given).",
     )
-    c.add_argument("input", help="input .tns or .tns.gz file (gzip detected by content); with --rewrite, a store")
+    c.add_argument(
+        "input",
+        help="input .tns or .tns.gz file (gzip detected by content); with --modes, Parquet or CSV files; with "
+        "--rewrite, a store",
+    )
     c.add_argument("store", help="output store: a local path or an fsspec URL")
     c.add_argument("--shape", type=parse_shape, help="mode lengths (default: max index per mode)")
     c.add_argument("--zero-based", action="store_true", help="indices start at 0 (default: 1, as in FROSTT)")
@@ -522,6 +565,8 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         "and rTT-ALS then read only the sampled fibers each round (--rewrite: default the source's modes)",
     )
     c.add_argument("--fiber-chunk-nnz", type=_positive_int, help="entries per fiber-index chunk (default 1024)")
+    for o in TABLE_OPTIONS:
+        c.add_argument(o.flag, dest=o.name, type=_cli_type(o.parse), choices=o.choices, metavar=o.metavar, help=o.help)
     c.set_defaults(func=cmd_convert)
 
     f = add(

@@ -1,18 +1,33 @@
-"""Ingest: read tensors from text files and in-memory formats, validate, and convert to BLCO stores."""
+"""Ingest: read tensors from text files, tables and in-memory formats, validate, and convert to BLCO stores.
 
-from .convert import convert
-from .fiber_index_build import build_fiber_index
-from .rewrite import rewrite
-from .sources import AltoRunSource, ArraySource, BatchSource, Source, TextSource, as_source
+The names below load on first use, so that the table options (``ingest.table_options``) can be
+read by the CLI's parser without loading any kernel.
+"""
 
-__all__ = [
-    "AltoRunSource",
-    "ArraySource",
-    "BatchSource",
-    "Source",
-    "TextSource",
-    "as_source",
-    "build_fiber_index",
-    "convert",
-    "rewrite",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "convert": ".convert",
+    "build_fiber_index": ".fiber_index_build",
+    "rewrite": ".rewrite",
+    "AltoRunSource": ".sources",
+    "ArraySource": ".sources",
+    "BatchSource": ".sources",
+    "Source": ".sources",
+    "TextSource": ".sources",
+    "as_source": ".sources",
+    "TableSource": ".table_source",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value

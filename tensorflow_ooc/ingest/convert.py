@@ -328,15 +328,22 @@ def convert(
     index_encoding: str | None = None,
     fiber_index: str | Sequence[int] | None = None,
     fiber_chunk_nnz: int | None = None,
+    modes: Sequence[str] | None = None,
+    value: str | None = None,
+    bucket: dict[str, str] | None = None,
+    table_format: str | None = None,
+    append_to: str | os.PathLike | Store | None = None,
 ) -> Store:
     """Convert a sparse tensor into a BLCO Zarr store.
 
     Parameters
     ----------
-    source : str or PathLike, tuple, sparse.COO, scipy.sparse matrix, pyttb.sptensor, Source
+    source : str or PathLike, tuple, sparse.COO, scipy.sparse matrix, pyttb.sptensor, Source, table
         A FROSTT ``.tns`` / ``.tns.gz`` file, or ``(coords, values)`` with 0-based ``coords``
         (nnz, nmodes), or a pydata-sparse / scipy / pyttb sparse object, or a ``BatchSource`` of
         COO batches or an ``AltoRunSource`` of sorted ALTO runs (streams larger than memory).
+        With ``modes``: a table, as Parquet or CSV files (a file, a folder, a glob, a list; local
+        or an fsspec URL such as ``s3://``), a pandas or Dask DataFrame or a pyarrow Table.
     store : str or PathLike
         Destination: a local path or an fsspec URL such as ``memory://name``.
     shape : sequence of int, optional
@@ -372,6 +379,20 @@ def convert(
         so randomized CP and rTT-ALS read only the sampled fibers; built in the same memory budget.
     fiber_chunk_nnz : int, optional
         Entries per fiber-index chunk (default 1024).
+    modes : sequence of str, optional
+        A table's key columns, one per mode: each mode's keys (strings, integers, dates,
+        categories) are numbered in order of first appearance, and the dictionaries kept in the
+        store (``Store.labels``) label the results (``CPResult.factor_frame``).
+    value : str, optional
+        A table's value column; without one each row counts one (with ``duplicates="sum"``, the
+        number of rows of each coordinate).
+    bucket : dict, optional
+        ``{column: unit}``: floor a date or timestamp mode to ``day``, ``hour``, ``week``, ...
+    table_format : {"parquet", "csv"}, optional
+        The table files' format (default: from their suffix).
+    append_to : str or Store, optional
+        A store converted from a table: its nonzeros come first, its keys keep their indices and
+        the table's new keys get the next ones (the modes grow, never renumber).
     compression : {"fast", "small", "none"}
         Chunk compression profile: "fast" (default) decodes quickly, which streaming MTTKRP feels
         on every mode; "small" makes the smallest stores; "none" stores raw chunks (with their
@@ -437,67 +458,133 @@ def convert(
                     f"available memory)"
                 )
         # Parse pieces sized so that the in-flight pieces use a quarter of the budget.
-        src0 = as_source(source, shape=shape, one_based=one_based, workers=workers, piece_bytes=32 << 20)
-        if isinstance(src0, TextSource):
-            per_line = _parse_bytes_per_nnz(src0.nmodes, 4) + src0.bytes_per_line
-            src0.piece_bytes = int(max(1 << 20, min(8 << 20, budget / 4 / workers / per_line * src0.bytes_per_line)))
-        src: Source = src0
-        if values_dtype is not None:
-            src.value_dtype = np.dtype(values_dtype)
-        given = shape if shape is not None else src.given_shape
-        est_nnz = src.nnz_estimate()
-        if isinstance(src, AltoRunSource):
-            if shape is not None and tuple(int(x) for x in shape) != src.layout.shape:
-                raise ShapeError(f"shape {tuple(shape)} differs from the shape {src.layout.shape} of the ALTO runs")
-            # the runs as they arrive, their merge, and the values
-            in_memory_bytes = est_nnz * (2 * 8 * src.layout.nwords + 16)
-        else:
-            # coords + values as read, then ALTO words (up to two words assumed) sorted with their values
-            in_memory_bytes = est_nnz * (8 * src.nmodes + 8 + 2 * (2 * 8 + 8) + 16)
-        fits = in_memory_bytes <= budget if out_of_core is None else not out_of_core
-        log.info(
-            "converting %s (%s nonzeros estimated) -> %s, %s",
-            src.name,
-            f"{est_nnz:,}",
-            store,
-            "in memory" if fits else f"out of core (budget {budget >> 20} MiB)",
-        )
-        writer_args = {
-            "chunk_nnz": chunk_nnz,
-            "max_block_nnz": max_block_nnz,
-            "overwrite": overwrite,
-            "compression": compression,
-            "index_encoding": index_encoding,
-        }
-        attrs = {
-            "input": src.name,
-            "one_based": bool(one_based) if isinstance(src, TextSource) else False,
-            "duplicates": duplicates,
-        }
-        if not store_paths.is_url(store):
-            # half-written stores and bucket folders that killed runs left beside this one
-            clean_stale(store_paths.local_path(store).absolute().parent)
+        src0 = _table_source(source, modes, value, bucket, table_format, append_to, shape, budget, tmp_dir, store)
+        if src0 is None:
+            src0 = as_source(source, shape=shape, one_based=one_based, workers=workers, piece_bytes=32 << 20)
         try:
-            if fits and isinstance(src, AltoRunSource):
-                result = _convert_runs_in_memory(src, store, duplicates, writer_args, progress, attrs)
-            elif fits:
-                result = _convert_in_memory(src, store, given, duplicates, writer_args, progress, attrs)
-            else:
-                result = _convert_out_of_core(
-                    src, store, given, duplicates, writer_args, progress, attrs, budget, tmp_dir, sort_nnz
+            if isinstance(src0, TextSource):
+                per_line = _parse_bytes_per_nnz(src0.nmodes, 4) + src0.bytes_per_line
+                src0.piece_bytes = int(
+                    max(1 << 20, min(8 << 20, budget / 4 / workers / per_line * src0.bytes_per_line))
                 )
-        except DuplicateError as exc:
-            if exc.path is None and isinstance(src, TextSource):
-                raise DuplicateError(exc.problem, src.path) from None
-            raise
-        except OSError as exc:
-            if isinstance(exc, DiskFullError) or not is_disk_full(exc):
+            src: Source = src0
+            if values_dtype is not None:
+                src.value_dtype = np.dtype(values_dtype)
+            given = shape if shape is not None else src.given_shape
+            labels = None
+            if modes is not None:
+                log.info("pass 1: numbering the keys of %s", src.name)
+                given = src.infer_shape()  # type: ignore[attr-defined]
+                labels = src.labels()  # type: ignore[attr-defined]
+            est_nnz = src.nnz_estimate()
+            if isinstance(src, AltoRunSource):
+                if shape is not None and tuple(int(x) for x in shape) != src.layout.shape:
+                    raise ShapeError(f"shape {tuple(shape)} differs from the shape {src.layout.shape} of the ALTO runs")
+                # the runs as they arrive, their merge, and the values
+                in_memory_bytes = est_nnz * (2 * 8 * src.layout.nwords + 16)
+            else:
+                # coords + values as read, then ALTO words (up to two words assumed) sorted with their values
+                in_memory_bytes = est_nnz * (8 * src.nmodes + 8 + 2 * (2 * 8 + 8) + 16)
+            fits = in_memory_bytes <= budget if out_of_core is None else not out_of_core
+            log.info(
+                "converting %s (%s nonzeros estimated) -> %s, %s",
+                src.name,
+                f"{est_nnz:,}",
+                store,
+                "in memory" if fits else f"out of core (budget {budget >> 20} MiB)",
+            )
+            writer_args = {
+                "chunk_nnz": chunk_nnz,
+                "max_block_nnz": max_block_nnz,
+                "overwrite": overwrite,
+                "compression": compression,
+                "index_encoding": index_encoding,
+                "labels": labels,
+            }
+            attrs = {
+                "input": src.name,
+                "one_based": bool(one_based) if isinstance(src, TextSource) else False,
+                "duplicates": duplicates,
+            }
+            if modes is not None:
+                attrs["table"] = {"modes": list(modes), "value": value, "bucket": dict(bucket or {})}
+            if not store_paths.is_url(store):
+                # half-written stores and bucket folders that killed runs left beside this one
+                clean_stale(store_paths.local_path(store).absolute().parent)
+            try:
+                if fits and isinstance(src, AltoRunSource):
+                    result = _convert_runs_in_memory(src, store, duplicates, writer_args, progress, attrs)
+                elif fits:
+                    result = _convert_in_memory(src, store, given, duplicates, writer_args, progress, attrs)
+                else:
+                    result = _convert_out_of_core(
+                        src, store, given, duplicates, writer_args, progress, attrs, budget, tmp_dir, sort_nnz
+                    )
+            except DuplicateError as exc:
+                if exc.path is None and isinstance(src, TextSource):
+                    raise DuplicateError(exc.problem, src.path) from None
                 raise
-            raise disk_full_error(exc, store) from exc  # a write no site below named
-        log.info("converted %s nonzeros in %.2f s", f"{result.nnz:,}", time.perf_counter() - t0)
-        if fiber_index:
-            result = with_fiber_index(result, fiber_index, fiber_chunk_nnz, budget, progress)
-        return result
+            except OSError as exc:
+                if isinstance(exc, DiskFullError) or not is_disk_full(exc):
+                    raise
+                raise disk_full_error(exc, store) from exc  # a write no site below named
+            log.info("converted %s nonzeros in %.2f s", f"{result.nnz:,}", time.perf_counter() - t0)
+            if fiber_index:
+                result = with_fiber_index(result, fiber_index, fiber_chunk_nnz, budget, progress)
+            return result
+        finally:
+            if hasattr(src0, "close"):
+                src0.close()  # a table's spilled rows
+
+
+def _table_source(
+    source, modes, value, bucket, table_format, append_to, shape, budget, tmp_dir, store
+) -> Source | None:
+    """The table source of ``convert``'s table arguments, or None for other inputs."""
+    table_args = {"value": value, "bucket": bucket, "table_format": table_format, "append_to": append_to}
+    if modes is None:
+        given = [k for k, v in table_args.items() if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to tables only: name the key columns with modes=")
+        from .table_options import is_table_location
+
+        if isinstance(source, (str, os.PathLike)):
+            if is_table_location(str(source)):
+                raise ValueError(
+                    f"{source} is a table: name its key columns, one per mode, with modes= (tfooc convert --modes)"
+                )
+            return None
+        from .table_source import is_table
+
+        if is_table(source):
+            raise ValueError("a table needs modes=: the columns that are the modes, in order")
+        return None
+    if shape is not None:
+        raise ValueError("a table's shape is the number of keys of each mode: give no shape")
+    from .table_source import TableSource
+
+    base = None
+    if append_to is not None:
+        from ..store.paths import resolve_version
+
+        # a versioned store folder appends to its latest version
+        base = append_to if isinstance(append_to, Store) else open_store(resolve_version(append_to))
+    # batches of rows sized so that one batch's columns and coordinates take a sixteenth of the budget
+    rows = int(min(1 << 22, max(1 << 14, budget // 16 // (40 * (len(modes) + 1)))))
+    from ..store import paths as store_paths
+
+    spill = tmp_dir or (None if store_paths.is_url(store) else str(store_paths.local_path(store).absolute().parent))
+    return TableSource(
+        source,
+        modes,
+        value=value,
+        bucket=bucket,
+        table_format=table_format,
+        base=base,
+        batch_rows=rows,
+        spill_dir=spill,
+        target=str(store),
+    )
 
 
 def with_fiber_index(store: Store, modes, chunk_nnz: int | None, budget: int | None, progress: bool) -> Store:

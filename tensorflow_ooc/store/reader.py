@@ -180,6 +180,14 @@ class Store:
 
         return open_fiber_index(self)
 
+    @cached_property
+    def labels(self):
+        """The store's label dictionaries (:class:`~tensorflow_ooc.store.labels.StoreLabels`), when
+        it was converted from a table; None for a store of coordinates."""
+        from .labels import open_labels
+
+        return open_labels(self.path, self.meta, self.shape)
+
     def fiber_modes(self) -> list[int]:
         """The modes the fiber index holds (none without an index)."""
         return [] if self.fibers is None else self.fibers.modes
@@ -552,6 +560,7 @@ class Store:
                 for n in range(self.nmodes)
             ],
             "fiber_index": self.fibers.describe() if self.fibers is not None else {},
+            "labels": self.labels.describe() if self.labels is not None else [],
         }
 
 

@@ -43,6 +43,7 @@ from .codecs import (
     value_padding,
 )
 from .destinations import check_replaceable
+from .labels import write_labels
 from .metadata import (
     CHECKSUM_KEY,
     FORMAT_NAME,
@@ -169,6 +170,8 @@ class StoreWriter:
     index_encoding : "delta32", "delta64" or None (default: ``delta32`` unless more than
         ``PATCH_MAX_FRACTION`` of the first chunk's gaps need patches); see
         :mod:`~tensorflow_ooc.format.index_encoding`
+    labels : (mode names, keys per mode as pyarrow Arrays), optional
+        The label dictionaries of a table's modes, written in the store (:mod:`.labels`)
     """
 
     def __init__(
@@ -185,6 +188,7 @@ class StoreWriter:
         flush_chunks: int = FLUSH_CHUNKS,
         compression: str = DEFAULT_COMPRESSION,
         index_encoding: str | None = None,
+        labels: tuple[list[str], list] | None = None,
     ) -> None:
         if index_encoding is not None and index_encoding not in ENCODINGS:
             raise ValueError(f"index_encoding must be one of {ENCODINGS} or None, got {index_encoding!r}")
@@ -202,6 +206,7 @@ class StoreWriter:
         self.max_block_nnz = int(max_block_nnz)
         self.overwrite = overwrite
         self.attrs = attrs or {}
+        self.labels = labels
         self.flush_chunks = max(1, int(flush_chunks))
         self.compression = compression
         if paths.is_url(path) and paths.exists(path):
@@ -531,6 +536,11 @@ class StoreWriter:
             "complete": True,
             "arrays_checksum": checksum,
         }
+        if self.labels is not None:
+            names, keys = self.labels
+            if [len(k) for k in keys] != list(self.layout.shape):
+                raise ValueError(f"label dictionaries of {[len(k) for k in keys]} keys for shape {self.layout.shape}")
+            meta["labels"] = write_labels(self.staging, names, keys)
         if self.index_encoding == DELTA32:
             meta["patches_checksum"] = patches_checksum(tables["patches/position"], tables["patches/word"])
         meta[CHECKSUM_KEY] = meta_checksum(meta)

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import synthetic
 from ..ingest import AltoRunSource, BatchSource, TextSource, convert
+from ..ingest.table_options import TABLE_SUFFIXES
 from ..store import open_store
 from . import locations as loc
 from .errors import InputError
@@ -22,13 +23,15 @@ from .step_context import TNS_SUFFIXES, VERSIONS_FILE, StepContext, cancellable,
 from .step_models import ConvertStep, GenerateStep
 
 
-def input_files(location: str) -> list[str]:
-    """The ``.tns`` files a convert input names: one file, a glob's matches, or a folder's
-    ``*.tns`` / ``*.tns.gz`` (sorted by name, which is also the order new files are appended)."""
+def input_files(location: str, table: bool = False) -> list[str]:
+    """The files a convert input names: one file, a glob's matches, or a folder's ``*.tns`` /
+    ``*.tns.gz`` (a table's: its Parquet or CSV files), sorted by name, which is also the order
+    new files are appended."""
     if loc.has_glob(location):
         return [m for m in loc.glob(location) if not loc.isdir(m)]
     if loc.isdir(location):
-        return [loc.child(location, n) for n in loc.listdir(location) if n.endswith(TNS_SUFFIXES)]
+        suffixes = TABLE_SUFFIXES if table else TNS_SUFFIXES
+        return [loc.child(location, n) for n in loc.listdir(location) if n.lower().endswith(suffixes)]
     return [location]
 
 
@@ -151,7 +154,7 @@ def _grow(shape: list[int], *others: Any) -> tuple[int, ...]:
 def run_convert(ctx: StepContext) -> dict:
     m: ConvertStep = ctx.step.model  # type: ignore[assignment]
     src_loc, out = ctx.step.inputs["input"], ctx.step.outputs["out"]
-    files = input_files(src_loc)
+    files = input_files(src_loc, table=m.modes is not None)
     one_based = not m.zero_based
     args = dict(
         duplicates=m.duplicates,
@@ -162,9 +165,15 @@ def run_convert(ctx: StepContext) -> dict:
         memory_limit=m.memory_limit,
         fiber_index=m.fiber_index,
     )
+    if m.modes is not None:
+        args.update(modes=m.modes, value=m.value, bucket=m.bucket, table_format=m.table_format)
     if not m.append:
         if not files:
-            raise InputError(f"{src_loc}: no .tns or .tns.gz files")
+            raise InputError(f"{src_loc}: no {'Parquet or CSV' if m.modes else '.tns or .tns.gz'} files")
+        if m.modes is not None:
+            store = convert(files, out, overwrite=True, **args)
+            ctx.log(f"{len(files)} table file(s) -> {out}: {store.nnz:,} nonzeros, shape {_labelled_shape(store)}")
+            return {"nnz": store.nnz, "shape": list(store.shape), "files": len(files), "keys": _key_counts(store)}
         if len(files) == 1 and not loc.has_glob(src_loc) and not loc.isdir(src_loc):
             with loc.local_copy(files[0], suffix=".gz" if files[0].endswith(".gz") else ".tns") as lp:
                 store = convert(lp, out, shape=m.shape, one_based=one_based, overwrite=True, **args)
@@ -182,6 +191,17 @@ def run_convert(ctx: StepContext) -> dict:
         ctx.log(f"{len(files)} file(s) -> {out}: {store.nnz:,} nonzeros, shape {'x'.join(map(str, store.shape))}")
         return {"nnz": store.nnz, "shape": list(store.shape), "files": len(files)}
     return _append_version(ctx, m, files, out, one_based, args)
+
+
+def _labelled_shape(store) -> str:
+    """``user 120 x item 40 x day 5`` for a store with labels, else ``120x40x5``."""
+    if store.labels is None:
+        return "x".join(map(str, store.shape))
+    return " x ".join(f"{n} {s:,}" for n, s in zip(store.labels.names, store.shape))
+
+
+def _key_counts(store) -> dict[str, int]:
+    return {} if store.labels is None else dict(zip(store.labels.names, map(int, store.shape)))
 
 
 def file_sha256(location: str) -> str:
@@ -365,6 +385,8 @@ def _append_version(ctx: StepContext, m: ConvertStep, files: list[str], out: str
         texts = [k["location"] for k in new]
         what = f"previous nonzeros + {len(new)} new file(s)"
         file_records = records + new
+    if m.modes is not None:
+        return _append_table_version(ctx, m, out, args, versions, old, replace, texts, what, file_records, new, changed)
     need, est = _files_shape(texts, one_based)
     # the shape never shrinks: a warm start cannot drop rows
     shape = _grow(need, m.shape, old.shape if old else None)
@@ -378,7 +400,7 @@ def _append_version(ctx: StepContext, m: ConvertStep, files: list[str], out: str
                 yield ch.coords(old.layout), ch.values
         yield from _text_batches(texts, one_based, shape)
 
-    name = f"v{number:06d}.zarr"
+    name = _version_name(number)
     target = loc.child(out, name)
     src = BatchSource(
         cancellable(batches(), ctx),
@@ -392,6 +414,50 @@ def _append_version(ctx: StepContext, m: ConvertStep, files: list[str], out: str
     if old is not None and args.get("fiber_index") is None and old.fiber_modes():
         args = {**args, "fiber_index": old.fiber_modes()}  # and its fiber index
     store = convert(src, target, shape=shape, overwrite=True, **args)
+    return _record_version(ctx, m, out, versions, store, number, name, file_records, new, changed, replace, what)
+
+
+def _version_name(number: int) -> str:
+    return f"v{number:06d}.zarr"
+
+
+def _append_table_version(ctx, m, out, args, versions, old, replace, files, what, file_records, new, changed) -> dict:
+    """The next version of a versioned store of a table: the latest version's nonzeros and label
+    dictionaries, then the new files' rows, whose new keys get the next indices (old keys keep
+    theirs, so a warm start from the last result lines up); each growing mode is reported."""
+    number = versions["versions"][-1]["version"] + 1 if versions["versions"] else 1
+    name = _version_name(number)
+    target = loc.child(out, name)
+    base = None if replace else old
+    if old is not None and args.get("values_dtype") is None:
+        args = {**args, "values_dtype": old.value_dtype.name}  # a version keeps the values' dtype
+    if old is not None and args.get("fiber_index") is None and old.fiber_modes():
+        args = {**args, "fiber_index": old.fiber_modes()}  # and its fiber index
+    ctx.check_cancel()
+    store = convert(files, target, overwrite=True, append_to=base, **args)
+    if old is not None and old.labels is not None and store.labels is not None:
+        if old.labels.names != store.labels.names:
+            raise InputError(f"{out}: the modes were {old.labels.names}, the step names {store.labels.names}")
+        grown = {
+            n: {"from": int(a), "to": int(b), "new_keys": int(b - a)}
+            for n, a, b in zip(store.labels.names, old.shape, store.shape)
+            if b != a
+        }
+    else:
+        grown = {n: {"from": 0, "to": int(b), "new_keys": int(b)} for n, b in _key_counts(store).items()}
+    if grown:
+        ctx.log(
+            "the tensor grows: "
+            + ", ".join(f"{n} {g['from']:,} -> {g['to']:,} (+{g['new_keys']:,} new keys)" for n, g in grown.items())
+        )
+    metrics = _record_version(ctx, m, out, versions, store, number, name, file_records, new, changed, replace, what)
+    metrics.update(grown=grown, keys=_key_counts(store))
+    return metrics
+
+
+def _record_version(ctx, m, out, versions, store, number, name, file_records, new, changed, replace, what) -> dict:
+    """Record version ``number`` in the versions file (written last), drop the versions beyond
+    ``keep_versions``, and return the step's metrics."""
     entry = {
         "version": number,
         "path": name,
@@ -415,8 +481,7 @@ def _append_version(ctx: StepContext, m: ConvertStep, files: list[str], out: str
         loc.remove(loc.child(out, d["path"]))
     ctx.log(
         f"version {number} of {out}: {store.nnz:,} nonzeros ({what}), shape "
-        f"{'x'.join(map(str, store.shape))}"
-        + (f"; dropped versions {[d['version'] for d in dropped]}" if dropped else "")
+        f"{_labelled_shape(store)}" + (f"; dropped versions {[d['version'] for d in dropped]}" if dropped else "")
     )
     metrics = {"version": number, "new_files": len(new), "nnz": store.nnz, "shape": list(store.shape)}
     if changed:

@@ -61,6 +61,16 @@ def run_export(ctx: StepContext) -> dict:
         save_npz(out, {**result.to_numpy(), "history": json.dumps(result.history), **arrays})
     elif m.format == "zarr":
         result.save(out, overwrite=True)
+    elif m.format == "parquet":
+        if not isinstance(result, CPResult) or not (result.input or {}).get("labels"):
+            raise InputError(
+                f"{src}: a parquet export writes a CP result's factors keyed by its table's labels; this result "
+                "is not a CP result of a table converted with modes (export it as npz or zarr)"
+            )
+        try:
+            summary["files"] = len(result.to_parquet(out))
+        except StoreError as exc:
+            raise InputError(str(exc)) from None
     elif m.format == "tensorly":
         loc.write_bytes(out, pickle.dumps(result.to_tensorly()))
     elif m.format == "pyttb":
@@ -110,9 +120,60 @@ def _coordinate_batches(location: str, nmodes: int, one_based: bool) -> Iterator
             yield coords
 
 
+def _predict_keys(ctx: StepContext, m: PredictStep, src: str, keys_loc: str, out: str) -> dict:
+    """A CP result of a table, at the rows of a Parquet or CSV file of keys: the keys and
+    ``prediction`` written to ``out`` (Parquet or CSV), batch by batch."""
+    import pyarrow as pa
+    import pyarrow.csv as pa_csv
+    import pyarrow.parquet as pq
+
+    from ..decompositions.common.labelled_factors import mode_names
+    from ..ingest.table_source import TableSource
+
+    try:
+        result = load_result(src) if loc.isdir(src) else None
+    except StoreError as exc:
+        raise InputError(str(exc)) from None
+    if not isinstance(result, CPResult) or not mode_names(result):
+        raise InputError(f"{src}: predicting at keys needs a CP result of a table converted with modes")
+    names = mode_names(result)
+    written = skipped = 0
+    writer = None
+    with loc.local_target(out) as tmp:
+        try:
+            for _, _, _, batch in TableSource(keys_loc, names).record_batches(names):
+                ctx.check_cancel()
+                frame = batch.to_pandas()
+                try:
+                    got = result.predict(frame, unknown=m.unknown)
+                except (KeyError, ValueError) as exc:
+                    raise InputError(f"{keys_loc}: {exc.args[0] if exc.args else exc}") from None
+                except StoreError as exc:
+                    raise InputError(str(exc)) from None
+                table = pa.Table.from_pandas(got, preserve_index=False)
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, table.schema) if out.endswith(".parquet") else None
+                    csv_out = None if writer is not None else pa_csv.CSVWriter(tmp, table.schema)
+                (writer or csv_out).write_table(table)
+                written += len(got)
+                skipped += len(frame) - len(got)
+        finally:
+            if writer is not None:
+                writer.close()
+            elif "csv_out" in locals() and csv_out is not None:
+                csv_out.close()
+    ctx.log(
+        f"{written:,} predictions of {src} at the keys of {keys_loc} -> {out}"
+        + (f" ({skipped:,} rows with unknown keys left out)" if skipped else "")
+    )
+    return {"predictions": written, "skipped": skipped, "model": "cp", "coords": keys_loc}
+
+
 def run_predict(ctx: StepContext) -> dict:
     m: PredictStep = ctx.step.model  # type: ignore[assignment]
     src, coords_loc, out = ctx.step.inputs["result"], ctx.step.inputs["coords"], ctx.step.outputs["out"]
+    if out.endswith((".parquet", ".csv")):
+        return _predict_keys(ctx, m, src, coords_loc, out)
     model = load_model(src)
     shape = model.shape
     one_based = not m.zero_based

@@ -28,6 +28,7 @@ from ..decompositions.cp.options import CP_ALS
 from ..decompositions.tt.options import RANDOMIZED_ONLY as TT_RANDOMIZED_ONLY
 from ..decompositions.tt.options import TT_ALS
 from ..decompositions.tucker.options import TUCKER_HOOI
+from ..ingest.table_options import BUCKET_UNITS, TABLE_FORMATS, TABLE_SUFFIXES, table_option
 from ..limits import MAX_COUNT
 
 SPEC_VERSION = 1
@@ -46,7 +47,7 @@ CP_RESULT_METHODS = ("cp", "cp-apr")
 PRESET_NAMES = ("uber", "nips", "chicago", "nell2", "vast", "hypersparse", "amazon")
 
 
-EXPORT_FORMATS = ("npz", "pyttb", "tensorly", "zarr")
+EXPORT_FORMATS = ("npz", "pyttb", "tensorly", "zarr", "parquet")
 
 
 # an export format and the package it needs (checked before anything starts)
@@ -238,7 +239,23 @@ class ConvertStep(_Step):
     # the fiber index of these modes ("all" or mode numbers): sampled rounds read only the sampled
     # fibers; an append keeps the modes the latest version's index holds
     fiber_index: Literal["all"] | list[NonNegativeInt] | None = None
-    _added_later: ClassVar[tuple[str, ...]] = ("values_dtype", "fiber_index")
+    # a table's columns (Parquet or CSV input): declared once in ingest.table_options
+    modes: list[str] | None = Field(None, description=table_option("modes").help)
+    value: str | None = Field(None, description=table_option("value").help)
+    bucket: dict[str, Literal[BUCKET_UNITS]] | None = Field(  # type: ignore[valid-type]
+        None, description=table_option("bucket").help
+    )
+    table_format: Literal[TABLE_FORMATS] | None = Field(  # type: ignore[valid-type]
+        None, description=table_option("table_format").help
+    )
+    _added_later: ClassVar[tuple[str, ...]] = (
+        "values_dtype",
+        "fiber_index",
+        "modes",
+        "value",
+        "bucket",
+        "table_format",
+    )
 
     @field_validator("memory_limit")
     @classmethod
@@ -251,6 +268,11 @@ class ConvertStep(_Step):
             raise ValueError("'keep_versions' is only for append: true")
         if "on_changed" in self.model_fields_set and not self.append:
             raise ValueError("'on_changed' is only for append: true")
+        table = [k for k in ("value", "bucket", "table_format") if getattr(self, k) is not None]
+        if table and self.modes is None:
+            raise ValueError(f"{', '.join(table)} apply to tables only: name the key columns with 'modes'")
+        if self.modes is not None and self.shape is not None:
+            raise ValueError("a table's shape is the number of keys of each mode: give no 'shape'")
         return self
 
     def input_fields(self) -> dict[str, str]:
@@ -573,16 +595,33 @@ class PredictStep(_Step):
 
     kind: Literal["predict"]
     result: str = Field(description="a result store (CP, Tucker, FastTucker or tensor train) or a model .npz")
-    coords: str = Field(description="a .tns/.tns.gz file of coordinates or a store")
-    out: str = Field(description=".tns, .tns.gz or .npz")
+    coords: str = Field(
+        description="a .tns/.tns.gz file of coordinates or a store; for a CP result of a table, a Parquet or "
+        "CSV file of keys (a column per mode name)"
+    )
+    out: str = Field(description=".tns, .tns.gz or .npz; for keys, .parquet or .csv (the keys and 'prediction')")
     zero_based: bool = Field(False, description=".tns files in and out: indices from 0 (default from 1, as FROSTT)")
+    unknown: Literal["error", "skip"] = Field(
+        "error", description="keys the model does not know: an error naming them, or their rows left out"
+    )
+    _added_later: ClassVar[tuple[str, ...]] = ("unknown",)
 
     @field_validator("out")
     @classmethod
     def _out(cls, v: str) -> str:
-        if not v.endswith((".tns", ".tns.gz", ".npz")):
-            raise ValueError(f"expected a .tns, .tns.gz or .npz file, got {v!r}")
+        if not v.endswith((".tns", ".tns.gz", ".npz", ".parquet", ".csv")):
+            raise ValueError(f"expected a .tns, .tns.gz, .npz, .parquet or .csv file, got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _keys(self) -> PredictStep:
+        keyed = self.coords.lower().endswith(TABLE_SUFFIXES)
+        if keyed != self.out.endswith((".parquet", ".csv")):
+            raise ValueError(
+                "keys in, keys out: a Parquet or CSV file of keys predicts into a .parquet or .csv, coordinates "
+                "into .tns, .tns.gz or .npz"
+            )
+        return self
 
     def input_fields(self) -> dict[str, str]:
         return {"result": self.result, "coords": self.coords}

@@ -69,6 +69,43 @@ class CPResult:
 
         return CPTensor((np.array(self.weights), [np.array(f) for f in self.factors]))
 
+    # --- labels: a store converted from a table (tfo.convert(..., modes=[...])) ---------------------
+
+    def factor_frame(self, mode: int | str, labels=None):
+        """Mode ``mode`` (its number or name)'s factor as a pandas DataFrame indexed by the mode's
+        keys (the table's values, in index order), one column per component: ``c0``, ``c1``, ...
+
+        ``labels``: the store to read the keys from (default: the input store; a later version
+        appended to it also serves, its first keys being the same)."""
+        from .labelled_factors import factor_frame
+
+        return factor_frame(self, mode, labels)
+
+    def top_keys(self, mode: int | str, k: int = 10, labels=None):
+        """The ``k`` keys of mode ``mode`` with the largest entries in each component, as a
+        DataFrame (``component``, ``rank``, the key, ``value``)."""
+        from .labelled_factors import top_keys
+
+        return top_keys(self, mode, k, labels)
+
+    def predict(self, keys, unknown: str = "error", labels=None):
+        """The model's values at rows of keys (a DataFrame or mapping with a column per mode
+        name): a DataFrame of the keys and ``prediction``. Unknown keys are an error naming them,
+        or with ``unknown="skip"`` their rows are left out. An integer array (n, nmodes) of 0-based
+        coordinates gives the values as an array."""
+        from .labelled_factors import cp_values, predict_keys
+
+        if isinstance(keys, np.ndarray):
+            return cp_values(self.weights, self.factors, np.asarray(keys, dtype=np.int64))
+        return predict_keys(self, keys, unknown, labels)
+
+    def to_parquet(self, folder: str | os.PathLike, labels=None) -> list[str]:
+        """The model as Parquet files with the keys: ``NAME.parquet`` per mode (key column, then
+        ``c0``, ``c1``, ...) and ``weights.parquet``. Returns the files written."""
+        from .labelled_factors import export_parquet
+
+        return export_parquet(self, folder, labels)
+
     def full(self) -> np.ndarray:
         """The dense model (small tensors only)."""
         letters = "abcdefgh"[: len(self.factors)]
