@@ -42,7 +42,7 @@ PAGE = r"""<!doctype html>
   .state { display: inline-block; padding: 0 6px; border-radius: 8px; font-size: 12px; color: #fff; background: #888; }
   .state-running { background: #1f6feb; } .state-done { background: #1a7f37; } .state-failed { background: #cf222e; }
   .state-cancelled { background: #9a6700; } .state-lost { background: #8250df; } .state-skipped { background: #57606a; }
-  .state-queued { background: #6e7781; }
+  .state-queued { background: #6e7781; } .state-retrying { background: #bc4c00; }
   .meta { color: var(--muted); }
   .plots { display: flex; flex-wrap: wrap; gap: 10px; }
   figure { margin: 0; background: #fff; border: 1px solid var(--line); border-radius: 4px; padding: 4px 6px; }
