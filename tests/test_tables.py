@@ -392,3 +392,26 @@ def test_key_dictionary_numbers_like_pandas_factorize(rng):
     cat = pd.Categorical(rng.choice(["b", "a", "c"], 40), categories=["c", "b", "a"])
     cats = KeyDictionary("c")
     np.testing.assert_array_equal(cats.index(pa.array(cat)), pd.factorize(np.asarray(cat))[0])
+
+
+def test_tucker_and_completion_results_carry_the_labels(labelled, rng):
+    tmp, frame, store, _ = labelled
+    keys, coords, dense = _reference(frame)
+    tucker = tfo.tucker_hooi(store, [3, 2, 2, 2], seed=3, max_iters=5)
+    full = np.einsum("abcd,ia,jb,kc,ld->ijkl", tucker.core, *tucker.factors)
+    for m, name in enumerate(MODES):
+        ff = tucker.factor_frame(name)
+        assert ff.shape == (dense.shape[m], tucker.ranks[m]) and ff.index.name == name
+        np.testing.assert_array_equal(ff.to_numpy(), tucker.factors[m])
+    sample = frame.sample(6, random_state=int(rng.integers(1 << 30)))
+    at = {"user": sample["user"], "item": sample["item"], "day": sample["day"].dt.floor("D"),
+          "kind": sample["kind"].astype(str)}  # fmt: skip
+    idx = tuple(np.array([list(tucker.factor_frame(n).index).index(k) for k in at[n]]) for n in MODES)
+    np.testing.assert_allclose(tucker.predict(at)["prediction"], full[idx], rtol=1e-12, atol=1e-14)
+    assert len(tucker.top_keys("item", k=2)) == 2 * tucker.ranks[1]
+    fast = tfo.tucker_sgd(store, 2, core_rank=2, epochs=2, seed=1)
+    got = fast.predict(at)
+    np.testing.assert_allclose(got["prediction"], fast.predict(np.stack(idx, axis=1)), rtol=0, atol=0)
+    assert fast.factor_frame("user").shape == (dense.shape[0], 2)
+    with pytest.raises(KeyError, match="does not know"):
+        fast.predict(dict(at, user=["nobody"] * len(sample)))

@@ -100,7 +100,8 @@ def factor_frame(result: Any, mode: int | str, labels: str | os.PathLike | Store
     keys = mode_keys(result, m, labels)
     names = mode_names(result)
     index = pd.Index(keys.to_pandas(), name=names[m] if names else f"mode{m}")
-    return pd.DataFrame(np.asarray(result.factors[m]), index=index, columns=component_names(result.rank))
+    factor = np.asarray(result.factors[m])  # CP: R columns; Tucker: the mode's rank J_m
+    return pd.DataFrame(factor, index=index, columns=component_names(factor.shape[1]))
 
 
 def top_keys(
@@ -181,8 +182,21 @@ def predict_keys(
 
     coords, kept = key_coordinates(result, keys, unknown, labels)
     frame = pd.DataFrame({c: np.asarray(keys[c])[kept] for c in mode_names(result)})
-    frame["prediction"] = cp_values(result.weights, result.factors, coords)
+    if hasattr(result, "core_factors"):  # FastTucker: its own predict at coordinates
+        frame["prediction"] = result.predict(coords)
+    elif hasattr(result, "core"):
+        frame["prediction"] = tucker_values(result.core, result.factors, coords)
+    else:
+        frame["prediction"] = cp_values(result.weights, result.factors, coords)
     return frame
+
+
+def tucker_values(core: np.ndarray, factors: Sequence[np.ndarray], coords: np.ndarray) -> np.ndarray:
+    """The Tucker model ``core x_1 U_1 ... x_N U_N`` at each row of ``coords``."""
+    out = np.broadcast_to(np.asarray(core, dtype=np.float64), (coords.shape[0], *np.shape(core))).copy()
+    for n in reversed(range(len(factors))):  # contract the last mode first: out[p, j_1..j_n]
+        out = np.einsum("p...j,pj->p...", out, np.asarray(factors[n])[coords[:, n]])
+    return out
 
 
 def cp_values(weights: np.ndarray, factors: Sequence[np.ndarray], coords: np.ndarray) -> np.ndarray:
@@ -213,8 +227,9 @@ def export_parquet(
         with fs.open(f"{root}/{names[m]}.parquet", "wb") as f:
             frame.to_parquet(f, index=False)
         written.append(path)
-    w = pd.DataFrame({"component": np.arange(result.rank), "weight": np.asarray(result.weights)})
-    with fs.open(f"{root}/weights.parquet", "wb") as f:
-        w.to_parquet(f, index=False)
-    written.append(f"{folder}/weights.parquet")
+    if hasattr(result, "weights"):
+        w = pd.DataFrame({"component": np.arange(result.rank), "weight": np.asarray(result.weights)})
+        with fs.open(f"{root}/weights.parquet", "wb") as f:
+            w.to_parquet(f, index=False)
+        written.append(f"{folder}/weights.parquet")
     return written

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -60,14 +61,34 @@ class FastTuckerResult:
     def core_rank(self) -> int:
         return int(self.core_factors[0].shape[1])
 
-    def predict(self, coords: np.ndarray) -> np.ndarray:
-        """Predicted values at ``coords`` ((n, N) 0-based integer coordinates).
+    def factor_frame(self, mode: int | str, labels=None):
+        """Mode ``mode`` (its number or name)'s factor ``A^(n)`` as a pandas DataFrame indexed by
+        the mode's keys (a store converted from a table), one column per column (``c0`` ..)."""
+        from ..common.labelled_factors import factor_frame
+
+        return factor_frame(self, mode, labels)
+
+    def top_keys(self, mode: int | str, k: int = 10, labels=None):
+        """The ``k`` keys of mode ``mode`` with the largest entries in each column of ``A^(n)``."""
+        from ..common.labelled_factors import top_keys
+
+        return top_keys(self, mode, k, labels)
+
+    def predict(self, coords: Any, unknown: str = "error", labels=None) -> Any:
+        """Predicted values at ``coords`` ((n, N) 0-based integer coordinates), or at rows of keys
+        (a DataFrame or mapping with a column per mode name of a table's store: a DataFrame of the
+        keys and ``prediction``; unknown keys an error naming them, or skipped with
+        ``unknown="skip"``).
 
         Examples
         --------
         >>> r.predict(np.array([[0, 1, 2], [3, 4, 5]]))   # doctest: +SKIP
         array([ 0.31, -1.02])
         """
+        if not isinstance(coords, (np.ndarray, list, tuple)):
+            from ..common.labelled_factors import predict_keys
+
+            return predict_keys(self, coords, unknown, labels)
         c = np.asarray(coords)
         N = len(self.factors)
         if c.ndim != 2 or c.shape[1] != N:

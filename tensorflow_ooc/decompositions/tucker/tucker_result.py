@@ -45,6 +45,38 @@ class TuckerResult:
     def shape(self) -> tuple[int, ...]:
         return tuple(int(f.shape[0]) for f in self.factors)
 
+    # --- labels: a store converted from a table (tfo.convert(..., modes=[...])) ---------------------
+
+    def factor_frame(self, mode: int | str, labels=None):
+        """Mode ``mode`` (its number or name)'s factor as a pandas DataFrame indexed by the mode's
+        keys, one column per column of the factor (``c0`` .. ``c{J_n - 1}``); ``labels``: the store
+        to read the keys from (default the input store, or a later version appended to it)."""
+        from ..common.labelled_factors import factor_frame
+
+        return factor_frame(self, mode, labels)
+
+    def top_keys(self, mode: int | str, k: int = 10, labels=None):
+        """The ``k`` keys of mode ``mode`` with the largest entries in each column of its factor."""
+        from ..common.labelled_factors import top_keys
+
+        return top_keys(self, mode, k, labels)
+
+    def predict(self, keys, unknown: str = "error", labels=None):
+        """The model's values at rows of keys (a DataFrame or mapping with a column per mode name;
+        unknown keys an error naming them, or skipped with ``unknown="skip"``), or at an integer
+        array (n, nmodes) of 0-based coordinates (then an array)."""
+        from ..common.labelled_factors import predict_keys, tucker_values
+
+        if isinstance(keys, np.ndarray):
+            return tucker_values(self.core, self.factors, np.asarray(keys, dtype=np.int64))
+        return predict_keys(self, keys, unknown, labels)
+
+    def to_parquet(self, folder: str | os.PathLike, labels=None) -> list[str]:
+        """The factors as Parquet files with the keys (``NAME.parquet`` per mode); returns them."""
+        from ..common.labelled_factors import export_parquet
+
+        return export_parquet(self, folder, labels)
+
     def to_numpy(self) -> dict[str, np.ndarray]:
         """``{"core": ..., "factor0": ..., ...}``."""
         out = {"core": self.core}
