@@ -16,12 +16,12 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from dask_processes import until
 
 from tensorflow_ooc.cli import main
 from tensorflow_ooc.workflow.records import RunStore
@@ -43,13 +43,7 @@ SCREENSHOT = os.environ.get("TFOOC_SCREENSHOT")  # also keep the screenshot here
 
 
 def _until(predicate, timeout=120.0, what="condition", every=0.2):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return until(predicate, timeout, what, every)
 
 
 def _get(url: str) -> str:

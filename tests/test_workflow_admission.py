@@ -22,6 +22,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+from dask_processes import until
 from test_monitoring_run import CHROMIUM, _dom
 
 import tensorflow_ooc as tfo
@@ -41,13 +42,7 @@ steps:
 
 
 def _until(predicate, timeout=120.0, what="condition", every=0.1):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return until(predicate, timeout, what, every)
 
 
 def _get(url: str) -> dict:
