@@ -313,6 +313,10 @@ def test_runs_table_pages_newest_first(site, browser):
 
     rows = "[...document.querySelectorAll('#runs-table tr.run-row')].map(tr => tr.dataset.runId)"
     browser.open(site["base"])
+    browser.wait_for(
+        f"JSON.stringify({rows}) === {json.dumps(json.dumps(order[:25], separators=(',', ':')))}",
+        what="the first page drawn",
+    )
     assert browser.evaluate(rows) == order[:25]
     assert browser.evaluate("document.querySelector('#runs-pages button.newer').disabled") is True
     for page in range(2, pages + 1):
@@ -324,8 +328,10 @@ def test_runs_table_pages_newest_first(site, browser):
     assert browser.evaluate("document.getElementById('runs-pages').dataset.total") == str(total)
     browser.evaluate("document.querySelector('#runs-pages button.newer').click()")
     browser.wait_for(f"document.getElementById('runs-pages').dataset.page === '{pages - 1}'")
-    # a page's address opens that page
+    # a page's address opens that page (its rows are drawn once runs.json answers)
     browser.open(f"{site['base']}?page=2&limit=10")
+    want = json.dumps(order[10:20], separators=(",", ":"))
+    browser.wait_for(f"JSON.stringify({rows}) === {json.dumps(want)}", what="page 2 of 10 runs drawn")
     assert browser.evaluate(rows) == order[10:20]
 
 
