@@ -178,9 +178,6 @@ class APRIterations:
             checkpoint, self.input_fp, params, o.init, store.shape, rank, o.seed, o.tol
         )
         params["resumed_after"] = start
-        if o.algorithm == "pdnr" and start == 0:
-            for v in state0.views:  # pyttb: a row of zeros gets a tiny first entry
-                v[v.sum(axis=1) == 0, 0] = 1e-8
         F = c.scatter(state0, hash=False)
         del state0
         if owner:
@@ -385,6 +382,9 @@ def _initial(checkpoint, input_fp, params, init, shape, rank, seed, tol):
                 raise DecompositionError(
                     f"init: factor matrix {n} has a negative entry; CP-APR needs nonnegative factors"
                 )
+    if params["algorithm"] == "pdnr":
+        for a in factors:  # pyttb: a row of zeros gets a tiny first entry, before the columns are normalized
+            a[a.sum(axis=1) == 0, 0] = 1e-8
     return 0, [], float(tol), S.start_state(factors, None, "float64")
 
 
