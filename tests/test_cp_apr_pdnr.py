@@ -86,3 +86,56 @@ def test_pdnr_equals_pyttb_after_every_outer_iteration(tmp_path, rng, order):
         assert r.history[k - 1]["kkt_violation"] == pytest.approx(out["kktViolations"][-1], rel=1e-10)
     assert r.loglik == pytest.approx(out["obj"], rel=1e-10)
     assert not ours[-1].factors[empty_mode][-1].any()
+
+
+def clustered_start(rng, shape, rank):
+    """Each factor row in one component (a clustering of the rows): most nonzeros of a random
+    binary tensor then start with model value 0."""
+    init = []
+    for I in shape:
+        a = np.zeros((I, rank))
+        a[np.arange(I), rng.integers(0, rank, I)] = rng.random(I) + 0.5
+        init.append(a)
+    return init
+
+
+def test_pdnr_stays_finite_where_pyttb_returns_minus_infinity(tmp_path, rng, recwarn, caplog):
+    """A sparse binary tensor from a clustered start: pyttb's PDN-R keeps nonzeros at model value 0
+    (its rows' objectives are infinite, so its line search takes any unit step) and returns -inf;
+    ours leaves out of a row's problem the nonzeros no value of the row can reach, takes the first
+    step with a finite objective, lifts such rows off zero, says so in the history, and ends finite."""
+    shape, R, nnz = (200, 200, 50), 8, 3000
+    lin = rng.choice(int(np.prod(shape)), nnz, replace=False)
+    coords = np.stack(np.unravel_index(lin, shape), axis=1)
+    vals = np.ones(nnz)
+    init = clustered_start(rng, shape, R)
+    start = np.sum(np.prod([a[coords[:, n]] for n, a in enumerate(init)], axis=0), axis=1)
+    assert (start == 0).mean() > 0.5
+    _, out = pyttb_pdnr(coords, vals, shape, R, init, 2, 1e-4)
+    assert out["obj"] == -np.inf
+    store = store_of(tmp_path, "binary", coords, vals, shape)
+    with caplog.at_level("WARNING", logger="tensorflow_ooc"):
+        r = tfo.cp_apr(store, R, algorithm="pdnr", init=init, max_iters=4)
+    assert all(np.isfinite(h["loglik"]) for h in r.history) and np.isfinite(r.loglik)
+    model = np.sum(r.weights * np.prod([f[coords[:, n]] for n, f in enumerate(r.factors)], axis=0), axis=1)
+    assert model.min() > 0
+    first = r.history[0]["safeguards"]
+    assert sum(first["zero_model_rows"]) > 0 and sum(first["unreachable_nonzeros"]) > 0
+    assert all(len(v) == 3 for v in first.values())
+    assert any("where pyttb's log-likelihood is -inf" in m for m in caplog.messages)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    # from a start positive at every nonzero nothing is needed: no safeguards in the history
+    plain = tfo.cp_apr(store, R, algorithm="pdnr", seed=int(rng.integers(1 << 30)), max_iters=2)
+    assert not any("safeguards" in h for h in plain.history)
+
+
+def test_pdnr_error_names_the_nonzeros_no_update_reaches():
+    """Where the log-likelihood is still not finite after an outer iteration, the error says why:
+    nonzeros no row update could reach (no component positive on all the other modes), or factors
+    beyond float64's range; not 'try another init or seed'."""
+    from tensorflow_ooc.decompositions.apr.cp_apr import _non_finite
+
+    msg = _non_finite(0, -np.inf, "pdnr", {"unreachable_nonzeros": [3, 0, 1], "zero_model_rows": [1, 0, 0]})
+    assert "no component positive on all the other modes" in msg and "4 nonzero-mode pairs" in msg
+    assert "NaN or infinite" in _non_finite(2, float("nan"), "pdnr", {})
+    assert "seed" not in msg

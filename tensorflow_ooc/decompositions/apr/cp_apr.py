@@ -193,11 +193,9 @@ class APRIterations:
         t_iter = time.time()
         sm, exchange = self.outer.run(iteration, self.row_tol)
         old, self.loglik = self.loglik, sm.loglik
+        safeguards = S.safeguard_record(sm.safeguards)
         if not math.isfinite(self.loglik):
-            raise DecompositionError(
-                f"CP-APR outer iteration {iteration + 1}: the log-likelihood is {self.loglik} "
-                "(a nonzero's model value reached zero); try another init or seed"
-            )
+            raise DecompositionError(_non_finite(iteration, self.loglik, o.algorithm, safeguards))
         normX2 = self.normX2
         fit = 1 - math.sqrt(max(normX2 + sm.norm_model_sq - 2 * sm.inner_product, 0.0)) / math.sqrt(normX2)
         record = {
@@ -215,6 +213,15 @@ class APRIterations:
         }
         if exchange is not None:
             record.update(exchange)
+        if safeguards:
+            record["safeguards"] = safeguards
+            log.warning(
+                "CP-APR outer iteration %d: nonzeros with model value 0 (where pyttb's log-likelihood is -inf): "
+                "%s rows stepped to a finite objective, %s nonzeros left out of their row's problem, %s rows "
+                "kept, %s rows lifted off zero (per mode)",
+                iteration + 1,
+                *safeguards.values(),
+            )
         self.history.append(record)
         log.info(
             "iteration %d: log-likelihood %.8e, KKT violation %.2e, %d inner, %.3f s",
@@ -326,6 +333,24 @@ class OwnerOuter:
         state = owner_state(self.engine, self.shape, self.rank)
         self.engine.release()
         return S.factors_of(state), state.weights
+
+
+def _non_finite(iteration: int, loglik: float, algorithm: str, safeguards: dict) -> str:
+    """The error of an outer iteration whose log-likelihood is not finite, naming what made it so."""
+    head = f"CP-APR outer iteration {iteration + 1}: the log-likelihood is {loglik}"
+    if math.isnan(loglik):
+        return f"{head}: the factors hold NaN or infinite entries (values beyond float64's range)"
+    if algorithm == "pdnr" and safeguards:
+        left = sum(safeguards["unreachable_nonzeros"])
+        return (
+            f"{head}: nonzeros still have model value 0 after every mode was updated (in this outer "
+            f"iteration {left} nonzero-mode pairs had no component positive on all the other modes, so no "
+            "row update could reach them); an initial model that is positive at every nonzero (init='random') avoids it"
+        )
+    return (
+        f"{head}: a nonzero's model value reached 0 (every component is 0 at one of its factor rows); "
+        "an initial model that is positive at every nonzero (init='random') avoids it"
+    )
 
 
 PYTTB_EPS_DIV_ZERO = 1e-10
