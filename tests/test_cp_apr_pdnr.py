@@ -83,7 +83,8 @@ def test_pdnr_equals_pyttb_after_every_outer_iteration(tmp_path, rng, order):
         diff = relative_difference(ours[k - 1], ref)
         assert diff < 1e-10, f"outer iteration {k}: factors {diff:.2e} apart"
         assert r.history[k - 1]["inner_iterations"] == int(out["nInnerIters"][-1])
-        assert r.history[k - 1]["kkt_violation"] == pytest.approx(out["kktViolations"][-1], rel=1e-10)
+        # the KKT violation is 1 - phi at its largest: rounding of phi (about 1) bounds it absolutely
+        assert r.history[k - 1]["kkt_violation"] == pytest.approx(out["kktViolations"][-1], rel=1e-10, abs=1e-12)
     assert r.loglik == pytest.approx(out["obj"], rel=1e-10)
     assert not ours[-1].factors[empty_mode][-1].any()
 
