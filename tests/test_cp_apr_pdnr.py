@@ -14,6 +14,7 @@ from test_cp_apr import poisson_tensor, store_of
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.decompositions.common.checkpoint_files import read_npz
+from tensorflow_ooc.errors import DecompositionError
 
 OUTER = 10
 
@@ -140,3 +141,14 @@ def test_pdnr_error_names_the_nonzeros_no_update_reaches():
     assert "no component positive on all the other modes" in msg and "4 nonzero-mode pairs" in msg
     assert "NaN or infinite" in _non_finite(2, float("nan"), "pdnr", {})
     assert "seed" not in msg
+
+
+def test_initial_factors_beyond_float64_are_refused_without_warnings(tmp_path, rng, recwarn):
+    shape = (6, 5, 4)
+    X, coords, vals = poisson_tensor(rng, shape, 2, 300)
+    store = store_of(tmp_path, "s", coords, vals, shape)
+    init = [rng.random((I, 2)) * 1e250 for I in shape]
+    for algorithm in ("pdnr", "mu"):
+        with pytest.raises(DecompositionError, match="exceed float64's range; scale the initial factors down"):
+            tfo.cp_apr(store, 2, algorithm=algorithm, init=init, max_iters=2)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

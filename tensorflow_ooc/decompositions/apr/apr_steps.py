@@ -14,13 +14,15 @@ however many rows there are, streamed or in memory, on any number of workers.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ...errors import DecompositionError
 from ...execution.partials import Partial
 from ...kernels import StackedFactors
 from ...kernels.apr.cpu import hessian_width, mu_kkt, mu_multiply
@@ -101,8 +103,14 @@ def start_state(factors: Sequence[np.ndarray], weights: np.ndarray | None, dtype
     for v, f in zip(s.views, factors):
         v[...] = f
     s.weights = np.ones(s.rank) if weights is None else np.array(weights, dtype=np.float64)
-    for n in range(len(shape)):
-        normalize_mode(s, n)
+    with np.errstate(over="ignore"):  # checked below, with the error naming it
+        for n in range(len(shape)):
+            normalize_mode(s, n)
+    if not np.isfinite(s.weights).all():
+        raise DecompositionError(
+            "init: the products of the factor matrices' column sums (the components' weights) exceed "
+            "float64's range; scale the initial factors down"
+        )
     return s
 
 
@@ -223,6 +231,20 @@ def _summed(parts: Sequence[Partial], rows: int, width: int) -> tuple[np.ndarray
     return out, max((p.seconds for p in parts), default=0.0)
 
 
+def _quiet(step: Callable) -> Callable:
+    """``step`` with NumPy's floating-point warnings off: values beyond float64's range end in a
+    log-likelihood that is not finite, which stops the run with an error naming the cause
+    (a RuntimeWarning would only print a source line first)."""
+
+    @functools.wraps(step)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with np.errstate(all="ignore"):
+            return step(*args, **kwargs)
+
+    return run
+
+
+@_quiet
 def pdnr_direction(
     s: APRState, parts: Sequence[Partial], n: int, inner: int, inner_max: int, row_tol: float, eps_active: float
 ) -> APRState:
@@ -324,6 +346,7 @@ def pdnr_direction(
     return s
 
 
+@_quiet
 def pdnr_step(s: APRState, parts: Sequence[Partial], n: int, inner: int, inner_max: int) -> APRState:
     """Each active row takes the step its backtracking line search would take (the first
     candidate with sufficient decrease; the multiplicative update where the search fails) and
