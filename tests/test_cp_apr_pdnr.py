@@ -5,6 +5,7 @@ initial factors); and on sparse binary tensors, where the reference's log-likeli
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import numpy as np
@@ -24,9 +25,19 @@ def arranged(weights, factors):
 
 
 def relative_difference(a, b) -> float:
-    """The largest entry difference of the factor matrices and weights, relative to each one's largest entry."""
-    parts = [np.max(np.abs(x - y)) / np.max(np.abs(y)) for x, y in zip(a.factors, b.factors)]
-    return max(parts + [float(np.max(np.abs(a.weights - b.weights)) / np.max(b.weights))])
+    """The largest entry difference of the factor matrices and weights, relative to each one's
+    largest entry, under the best matching of components (two weights equal to rounding can sort
+    either way); a component of weight 0 (no part of the model) is compared by its weight only."""
+    live = b.weights > 0
+
+    def apart(order) -> float:
+        parts = [
+            np.max(np.abs(x[:, order][:, live] - y[:, live])) / np.max(np.abs(y[:, live]))
+            for x, y in zip(a.factors, b.factors)
+        ]
+        return max(parts + [float(np.max(np.abs(a.weights[list(order)] - b.weights)) / np.max(b.weights))])
+
+    return min(apart(list(p)) for p in itertools.permutations(range(len(b.weights))))
 
 
 def pyttb_pdnr(coords, vals, shape, rank, init, iters, tol):
