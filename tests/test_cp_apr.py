@@ -129,8 +129,8 @@ def test_newton_row_terms_match_dense_reference(tmp_path, rng, order):
             ref[d, :R] = (x / np.maximum(v, 1e-10)) @ P
             H = (P * (x / np.maximum(v * v, 1e-10))[:, None]).T @ P
             ref[d, R : R + iu[0].size] = H[iu]
-            ref[d, -2] = np.sum(x * np.log(v))
-            ref[d, -1] = j.size
+            ref[d, -3] = np.sum(x * np.log(v))
+            ref[d, -2] = j.size  # nonzeros; none with a zero Khatri-Rao row (positive factors): last column 0
             ref_c[d] = np.log(P @ state.block.candidates[d].T).T @ x
         for src in sources(store):
             got = newton_partition(src, state, n, 2, 1000, 1e-10)

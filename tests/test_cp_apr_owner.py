@@ -150,3 +150,21 @@ def test_mu_complementary_slackness_fix_reaches_the_rows_other_workers_hold(two_
     assert sum(h["violations"] for h in ref.history) > 0
     assert [h["violations"] for h in got.history] == [h["violations"] for h in ref.history]
     _assert_same(got, ref)
+
+
+def test_pdnr_safeguards_on_workers_as_in_one_process(two_workers, rng, tmp_path):
+    """A binary tensor from a clustered start (most nonzeros at model value 0): the owners' rows
+    take the same safeguarded steps as one process's, counted in the same history field."""
+    from test_cp_apr_pdnr import clustered_start
+
+    shape, R = (40, 36, 20), 4
+    lin = rng.choice(int(np.prod(shape)), 900, replace=False)
+    coords = np.stack(np.unravel_index(lin, shape), axis=1)
+    store = store_of(tmp_path, "binary", coords, np.ones(len(lin)), shape, chunk_nnz=64)
+    kw = dict(algorithm="pdnr", init=clustered_start(rng, shape, R), max_iters=3)
+    ref = tfo.cp_apr(store, R, scheduler="inline", **kw)
+    got = tfo.cp_apr(store, R, client=two_workers, execution="in-memory", **kw)
+    assert got.params["distribution"] == {"kind": "owner-computes", "workers": 2}
+    assert got.history[0]["safeguards"] == ref.history[0]["safeguards"]
+    assert sum(ref.history[0]["safeguards"]["unreachable_nonzeros"]) > 0
+    assert np.isfinite(got.loglik) and got.loglik == pytest.approx(ref.loglik, rel=1e-6)

@@ -467,3 +467,65 @@ def test_randomized_streamed_workers_and_resume_draw_what_one_run_drew(tmp_path,
     for a, b in zip(rest.cores, base.cores):
         assert np.array_equal(a, b)
     assert rest.fit == base.fit
+
+
+# --- stopping: the relative change of the fit; sweeps whose fit is not evaluated ---------------------
+
+
+def test_stops_by_the_relative_change_of_the_fit(tmp_path, rng):
+    """Uniform sparse counts: a rank-2 train explains a few millionths after 2 sweeps and 20-100
+    times more a few sweeps later. cp_als's absolute rule (|fit - fit_old| < 1e-5) stops where the
+    fit is still rising by tens of percent per sweep; TT-ALS stops at the first sweep whose fit changed
+    by less than tol times the fit before it."""
+    shape = (1000, 1000, 1000)
+    coords = np.unique(np.stack([rng.integers(0, I, 100_000) for I in shape], axis=1), axis=0)
+    values = (1 + rng.geometric(0.3, len(coords))).astype(np.float64)
+    store = store_of(tmp_path, "counts", coords, values, shape)
+    seed = int(rng.integers(1 << 30))
+    free = tfo.tt_als(store, 2, seed=seed, max_sweeps=10, tol=0)
+    fits = [h["fit"] for h in free.history]
+    assert free.history[0]["fit_change_relative"] is None  # no fit before the first sweep
+    for k in range(1, len(fits)):
+        h = free.history[k]
+        assert h["fit_change"] == pytest.approx(abs(fits[k] - fits[k - 1]), rel=1e-12)
+        assert h["fit_change_relative"] == pytest.approx(abs(fits[k] - fits[k - 1]) / abs(fits[k - 1]), rel=1e-12)
+    absolute_stop = next(k + 1 for k in range(1, len(fits)) if abs(fits[k] - fits[k - 1]) < 1e-5)
+    relative = [free.history[k]["fit_change_relative"] for k in range(len(fits))]
+    relative_stop = next((k + 1 for k in range(1, len(fits)) if relative[k] < 1e-5), len(fits))
+    r = tfo.tt_als(store, 2, seed=seed, max_sweeps=10)  # tol's default, 1e-5
+    assert r.params["tol"] == 1e-5 and r.sweeps == relative_stop
+    assert [h["fit"] for h in r.history] == fits[: r.sweeps]
+    assert fits[absolute_stop - 1] < 1e-3 and relative[absolute_stop - 1] >= 1e-5
+    assert r.sweeps > absolute_stop and r.fit > fits[absolute_stop - 1] * (1 + 1e-3), (fits, absolute_stop)
+
+
+def test_unevaluated_sweeps_are_logged_and_recorded_as_such(tmp_path, rng, caplog):
+    shape = (9, 8, 7)
+    _, coords, values = sparse_tensor(rng, shape, 0.3)
+    store = store_of(tmp_path, "s", coords, values, shape)
+    kw = dict(method="randomized", samples=200, fit_every=3, seed=int(rng.integers(1 << 30)), max_sweeps=4, tol=0)
+    with caplog.at_level("INFO", logger="tensorflow_ooc"):
+        r = tfo.tt_als(store, 2, **kw)
+    lines = [m for m in caplog.messages if m.startswith("sweep ")]
+    assert [m.split(":")[0] for m in lines] == ["sweep 1", "sweep 2", "sweep 3", "sweep 4"]
+    assert "fit not evaluated" in lines[0] and "fit not evaluated" in lines[1]
+    assert "not evaluated" not in lines[2] and "relative" in lines[3]
+    assert not any("fit 0.000000" in m or "fit 0 " in m for m in lines)
+    assert [h["fit_evaluated"] for h in r.history] == [False, False, True, True]
+    for h in r.history[:2]:
+        assert not {"fit", "fit_change", "fit_change_relative"} & set(h)
+    # the first evaluated sweep has no fit before it; the next is compared with it
+    assert r.history[2]["fit_change_relative"] is None
+    f3, f4 = r.history[2]["fit"], r.history[3]["fit"]
+    assert r.history[3]["fit_change_relative"] == pytest.approx(abs(f4 - f3) / abs(f3), rel=1e-12)
+    assert r.fit == f4
+
+
+def test_randomized_stopping_rule_is_relative():
+    from tensorflow_ooc.decompositions.tt.tt_als import stalled
+
+    tiny = [1e-6, 2e-6, 3.0e-6, 3.1e-6, 3.2e-6, 3.3e-6]  # absolute gains of 3e-7, relative 10 %
+    assert not stalled(tiny, 1e-5) and stalled(tiny, 0.2)
+    big = [0.5, 0.6, 0.7, 0.7000001, 0.7000002, 0.7000003]
+    assert stalled(big, 1e-5) and not stalled(big, 1e-7)
+    assert not stalled(big[:3], 1.0) and not stalled(big, 0)

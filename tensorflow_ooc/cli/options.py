@@ -224,6 +224,9 @@ def iteration_bar(args: argparse.Namespace, desc: str, unit: str = "it", counter
     def progress(record: dict) -> None:
         bar.n = record[counter]
         seconds = {f"s_per_{unit}": f"{record['seconds']:.3f}"}
+        if "fit" not in record:  # a randomized sweep whose fit was not evaluated
+            bar.set_postfix(fit="not evaluated", **seconds)
+            return
         bar.set_postfix(fit=f"{record['fit']:.6f}", dfit=f"{record['fit_change']:.1e}", **seconds)
 
     return bar, progress

@@ -120,6 +120,7 @@ class _Tally:
         self.converged = True
         self.seconds: dict[str, float] = {}
         self.lower = [0] * self.nmodes  # the shared rows' payload bytes this worker sent
+        self.safeguards = np.zeros((len(S.SAFEGUARDS), self.nmodes))  # PDN-R beyond pyttb, its owned rows
 
     def add_seconds(self, key: str, t0: float) -> None:
         self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
@@ -165,6 +166,7 @@ def apr_owner_iteration(ws: WorkerState, previous: dict | None, iteration: int, 
             sums,
             [sum(int(np.count_nonzero(a == 0)) for a in mine), pdnr_inner, pdnr_moved],
             tally.kkt_mode,
+            tally.safeguards.ravel(),
             np.concatenate([a.sum(axis=0) for a in mine]),
             np.concatenate([(a.T @ a).ravel() for a in mine]),
         ]
@@ -174,8 +176,10 @@ def apr_owner_iteration(ws: WorkerState, previous: dict | None, iteration: int, 
     sent[-1] += ws.team.bytes_sent - sent0
     total = smalls.sum(axis=0)
     kkt_mode = smalls[:, 5 : 5 + N].max(axis=0)
-    col = total[5 + N : 5 + N + N * R].reshape(N, R)
-    grams = total[5 + N + N * R :].reshape(N, R, R)
+    G0 = 5 + N + len(S.SAFEGUARDS) * N
+    safeguards = total[5 + N : G0].reshape(len(S.SAFEGUARDS), N).astype(np.int64)
+    col = total[G0 : G0 + N * R].reshape(N, R)
+    grams = total[G0 + N * R :].reshape(N, R, R)
     w = md.weights
     model_sum = float(np.sum(w * np.prod(col, axis=0)))
     G = np.prod(grams, axis=0)
@@ -205,6 +209,7 @@ def apr_owner_iteration(ws: WorkerState, previous: dict | None, iteration: int, 
         "bytes_sent": sent,
         "bytes_lower_bound": tally.lower,
         "exchange_seconds": waits,
+        "safeguards": safeguards,
     }
 
 
@@ -433,6 +438,7 @@ def _pdnr_block(ws, md: AprRows, n: int, lo: int, hi: int, inner_max: int, tag, 
         for k, ids in send_b.items():
             got = np.asarray(team.receive(tag + (i, "rows"), k))
             view[ids[act_send[k]]] = got
+    tally.safeguards[:, n] += s.safeguards[:, 0]
     return int(b.inner.sum()), bool(b.notconverged)
 
 
@@ -509,6 +515,7 @@ def owner_outer(engine: OwnerComputes, iteration: int, cfg: AprConfig, ahead: bo
         first["zeros"],
         seconds,
         max(max(s["finished"]) for s in summaries),
+        first.get("safeguards"),
     )
     N = len(first["bytes_sent"])
     lower = [int(sum(s["bytes_lower_bound"][n] for s in summaries)) for n in range(N)]

@@ -14,19 +14,31 @@ however many rows there are, streamed or in memory, on any number of workers.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ...errors import DecompositionError
 from ...execution.partials import Partial
 from ...kernels import StackedFactors
 from ...kernels.apr.cpu import hessian_width, mu_kkt, mu_multiply
 from ...kernels.update.column_scale import column_abs_sums, scale_columns
 
 log = logging.getLogger(__name__)
+
+# rows of APRState.safeguards (per mode): what PDN-R did beyond pyttb where a nonzero's model value
+# was 0 (pyttb's log-likelihood is -inf there): rows that started with such a nonzero and took a step
+# with a finite objective, nonzeros left out of their row's problem (no row value reaches them), rows
+# all of whose nonzeros were such (kept as they were), rows lifted off zero (LIFT)
+ZERO_MODEL, UNREACHABLE, FROZEN, LIFTED = 0, 1, 2, 3
+SAFEGUARDS = ("zero_model_rows", "unreachable_nonzeros", "frozen_rows", "lifted_rows")
+# a row with nonzeros it cannot reach takes this fraction of its mean entry on its zero entries
+# after each step, so the next modes' rows can reach those nonzeros (row updates alone never can)
+LIFT = 1e-3
 
 # line search of pyttb's tt_linesearch_prowsubprob: steps 1, 1/2, ... 1/2^9, Armijo constant 1e-4
 LINE_STEPS = 0.5 ** np.arange(10)
@@ -44,6 +56,7 @@ class RowBlock:
     mu: np.ndarray  # damping per row
     inner: np.ndarray  # int (rows,): inner iterations counted (pyttb's countInnerIters)
     started: bool = False  # the first Newton pass of the block has run (empty rows known)
+    unreachable: np.ndarray | None = None  # per row: nonzeros no value of the row reaches
     notconverged: bool = False  # some row took a step
     # between the Newton pass and the candidate pass
     grad: np.ndarray | None = None
@@ -73,6 +86,7 @@ class APRState(StackedFactors):
         self.block: RowBlock | None = None
         self.seconds: dict[str, float] = {}  # pass kind -> seconds of the slowest partition task
         self.singular_logged = False  # a nearly singular damped Hessian was logged as a warning
+        self.safeguards = np.zeros((len(SAFEGUARDS), len(self.shape)), dtype=np.int64)  # per outer iteration
 
     def copy(self) -> "APRState":
         out = APRState(self.shape, self.rank, self.dtype, self.data.copy())
@@ -89,8 +103,14 @@ def start_state(factors: Sequence[np.ndarray], weights: np.ndarray | None, dtype
     for v, f in zip(s.views, factors):
         v[...] = f
     s.weights = np.ones(s.rank) if weights is None else np.array(weights, dtype=np.float64)
-    for n in range(len(shape)):
-        normalize_mode(s, n)
+    with np.errstate(over="ignore"):  # checked below, with the error naming it
+        for n in range(len(shape)):
+            normalize_mode(s, n)
+    if not np.isfinite(s.weights).all():
+        raise DecompositionError(
+            "init: the products of the factor matrices' column sums (the components' weights) exceed "
+            "float64's range; scale the initial factors down"
+        )
     return s
 
 
@@ -123,6 +143,7 @@ def begin_outer(s: APRState) -> APRState:
     s.violations = 0
     s.converged = True
     s.seconds = {}
+    s.safeguards = np.zeros((len(SAFEGUARDS), len(s.shape)), dtype=np.int64)
     return s
 
 
@@ -190,14 +211,15 @@ def pdnr_begin_block(s: APRState, n: int, lo: int, hi: int, mu0: float, first_bl
     return s
 
 
-def _unpack(terms: np.ndarray, R: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """phi (rows, R), the symmetric Hessian (rows, R, R), sum x log v, nonzero counts."""
+def _unpack(terms: np.ndarray, R: int) -> tuple[np.ndarray, ...]:
+    """phi (rows, R), the symmetric Hessian (rows, R, R), sum x log v, nonzero counts, counts of
+    nonzeros left out (a zero Khatri-Rao row)."""
     phi = terms[:, :R]
     iu = np.triu_indices(R)
     H = np.zeros((terms.shape[0], R, R))
     H[:, iu[0], iu[1]] = terms[:, R : R + iu[0].size]
     H[:, iu[1], iu[0]] = terms[:, R : R + iu[0].size]
-    return phi, H, terms[:, -2], terms[:, -1]
+    return phi, H, terms[:, -3], terms[:, -2], terms[:, -1]
 
 
 def _summed(parts: Sequence[Partial], rows: int, width: int) -> tuple[np.ndarray, float]:
@@ -209,6 +231,20 @@ def _summed(parts: Sequence[Partial], rows: int, width: int) -> tuple[np.ndarray
     return out, max((p.seconds for p in parts), default=0.0)
 
 
+def _quiet(step: Callable) -> Callable:
+    """``step`` with NumPy's floating-point warnings off: values beyond float64's range end in a
+    log-likelihood that is not finite, which stops the run with an error naming the cause
+    (a RuntimeWarning would only print a source line first)."""
+
+    @functools.wraps(step)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with np.errstate(all="ignore"):
+            return step(*args, **kwargs)
+
+    return run
+
+
+@_quiet
 def pdnr_direction(
     s: APRState, parts: Sequence[Partial], n: int, inner: int, inner_max: int, row_tol: float, eps_active: float
 ) -> APRState:
@@ -223,22 +259,33 @@ def pdnr_direction(
     R = s.rank
     terms, sec = _summed(parts, b.active.shape[0], hessian_width(R))
     s.seconds["newton"] = s.seconds.get("newton", 0.0) + sec
-    phi_all, H_all, ll_all, count = _unpack(terms, R)
+    phi_all, H_all, ll_all, count, unreachable = _unpack(terms, R)
     A = s.views[n][b.lo : b.lo + b.active.shape[0]]
     if not b.started:
         # rows without nonzeros: pyttb sets them to zero and counts no inner iteration
         empty = count == 0
         A[empty] = 0
-        b.active &= ~empty
+        # beyond pyttb: rows all of whose nonzeros have a zero Khatri-Rao row (model value 0
+        # whatever the row is) have no problem to solve; they are kept as they are, not emptied
+        frozen = (count > 0) & (unreachable == count) & b.active
+        b.active &= ~(empty | frozen)
         b.started = True
+        b.unreachable = unreachable.copy()
+        s.safeguards[UNREACHABLE, n] += int(unreachable.sum())
+        s.safeguards[FROZEN, n] += int(frozen.sum())
     act = np.flatnonzero(b.active)
     m = A[act].astype(np.float64)
     phi = phi_all[act]
     grad = 1 - phi
     kkt = np.max(np.abs(np.minimum(m, grad)), axis=1) if act.size else np.zeros(0)
-    if inner == 0 and kkt.size:
-        s.kkt_mode[n] = max(s.kkt_mode[n], float(kkt.max()))
+    # a row with a nonzero of model value 0 (sum x log v = -inf) has a gradient from the floor eps of
+    # the division, not a KKT violation: it would set the next outer iteration's row tolerance
+    counted = np.isfinite(ll_all[act])
+    if inner == 0 and counted.any():
+        s.kkt_mode[n] = max(s.kkt_mode[n], float(kkt[counted].max()))
     done = kkt < row_tol
+    if inner == 0:
+        done &= b.unreachable[act] == 0  # such a row steps at least once, to be lifted
     b.inner[act[done]] += inner + 1
     b.active[act[done]] = False
     keep = ~done
@@ -289,7 +336,7 @@ def pdnr_direction(
     full = np.zeros((b.active.shape[0], len(LINE_STEPS), R))
     full[act] = cand
     b.grad, b.phi, b.direction, b.pred_red = grad, phi, d, pred
-    b.f_old = np.sum(m, axis=1) - ll_all[act]
+    b.f_old = np.sum(m, axis=1) - ll_all[act]  # +inf: a nonzero of the row has model value 0
     b.candidates = full
     b.step_rows = act
     if not act.size:
@@ -299,6 +346,7 @@ def pdnr_direction(
     return s
 
 
+@_quiet
 def pdnr_step(s: APRState, parts: Sequence[Partial], n: int, inner: int, inner_max: int) -> APRState:
     """Each active row takes the step its backtracking line search would take (the first
     candidate with sufficient decrease; the multiplicative update where the search fails) and
@@ -318,17 +366,33 @@ def pdnr_step(s: APRState, parts: Sequence[Partial], n: int, inner: int, inner_m
         f = np.where((gd > 0) | (csum < MIN_DESCENT), np.inf, csum - ll)
         f = np.where(np.isnan(f), np.inf, f)
         ok = f <= b.f_old[:, None] + SUFFICIENT_DECREASE * gd
+    # beyond pyttb: a row with a nonzero of model value 0 starts at f_old = inf, where pyttb's test
+    # takes the unit step even when its objective stays infinite; here the first step with a finite
+    # one (every nonzero of the row above 0), else the multiplicative update below
+    infinite = np.isinf(b.f_old)
+    if infinite.any():
+        ok[infinite] = np.isfinite(f[infinite])
+        if inner == 0:
+            s.safeguards[ZERO_MODEL, n] += int(infinite.sum())
     accepted = ok.any(axis=1)
     k = np.where(accepted, ok.argmax(axis=1), len(LINE_STEPS) - 1)
     rows = np.arange(act.size)
     new = cand[rows, k]
     f_new = f[rows, k]
     f_1 = np.where(np.isinf(f[:, 0]), b.f_old, f[:, 0])
-    fallback = (~accepted & (f_new > b.f_old)) | (new.sum(axis=1) < SMALL_STEP)
+    fallback = (~accepted & ((f_new > b.f_old) | infinite)) | (new.sum(axis=1) < SMALL_STEP)
     if fallback.any():
         mu_step = m[fallback] * b.phi[fallback]
         new[fallback] = mu_step * (mu_step > 0)
         f_1[fallback] = b.f_old[fallback]
+    # rows with nonzeros they cannot reach, and rows that found no step with a finite objective
+    lift = (b.unreachable[act] > 0) | (infinite & ~accepted)
+    if lift.any():
+        rows_sum = np.maximum(new[lift].sum(axis=1), m[lift].sum(axis=1))
+        floor = LIFT * rows_sum / new.shape[1]
+        new[lift] = np.where(new[lift] > 0, new[lift], floor[:, None])
+        if inner == 0:
+            s.safeguards[LIFTED, n] += int(lift.sum())
     s.views[n][b.lo + act] = new
     with np.errstate(divide="ignore", invalid="ignore"):
         # a row whose model value is 0 at a nonzero has f_old = f_1 = inf: its actual reduction is
@@ -373,6 +437,7 @@ class APRSummary:
     zeros: int
     seconds: dict
     finished: float
+    safeguards: np.ndarray | None = None  # (len(SAFEGUARDS), modes): PDN-R beyond pyttb
 
 
 def summary(s: APRState, parts: Sequence[np.ndarray]) -> APRSummary:
@@ -399,7 +464,15 @@ def summary(s: APRState, parts: Sequence[np.ndarray]) -> APRSummary:
         int(sum(int(np.count_nonzero(v == 0)) for v in s.views)),
         sec,
         time.time(),
+        s.safeguards.copy(),
     )
+
+
+def safeguard_record(safeguards: np.ndarray | None) -> dict:
+    """History fields of the PDN-R safeguards (per mode), only where one acted."""
+    if safeguards is None or not np.any(safeguards):
+        return {}
+    return {name: [int(v) for v in row] for name, row in zip(SAFEGUARDS, safeguards)}
 
 
 def factors_of(s: APRState) -> list[np.ndarray]:

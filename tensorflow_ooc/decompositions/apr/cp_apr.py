@@ -178,9 +178,6 @@ class APRIterations:
             checkpoint, self.input_fp, params, o.init, store.shape, rank, o.seed, o.tol
         )
         params["resumed_after"] = start
-        if o.algorithm == "pdnr" and start == 0:
-            for v in state0.views:  # pyttb: a row of zeros gets a tiny first entry
-                v[v.sum(axis=1) == 0, 0] = 1e-8
         F = c.scatter(state0, hash=False)
         del state0
         if owner:
@@ -196,11 +193,9 @@ class APRIterations:
         t_iter = time.time()
         sm, exchange = self.outer.run(iteration, self.row_tol)
         old, self.loglik = self.loglik, sm.loglik
+        safeguards = S.safeguard_record(sm.safeguards)
         if not math.isfinite(self.loglik):
-            raise DecompositionError(
-                f"CP-APR outer iteration {iteration + 1}: the log-likelihood is {self.loglik} "
-                "(a nonzero's model value reached zero); try another init or seed"
-            )
+            raise DecompositionError(_non_finite(iteration, self.loglik, o.algorithm, safeguards))
         normX2 = self.normX2
         fit = 1 - math.sqrt(max(normX2 + sm.norm_model_sq - 2 * sm.inner_product, 0.0)) / math.sqrt(normX2)
         record = {
@@ -218,6 +213,15 @@ class APRIterations:
         }
         if exchange is not None:
             record.update(exchange)
+        if safeguards:
+            record["safeguards"] = safeguards
+            log.warning(
+                "CP-APR outer iteration %d: nonzeros with model value 0 (where pyttb's log-likelihood is -inf): "
+                "%s rows stepped to a finite objective, %s nonzeros left out of their row's problem, %s rows "
+                "kept, %s rows lifted off zero (per mode)",
+                iteration + 1,
+                *safeguards.values(),
+            )
         self.history.append(record)
         log.info(
             "iteration %d: log-likelihood %.8e, KKT violation %.2e, %d inner, %.3f s",
@@ -331,6 +335,24 @@ class OwnerOuter:
         return S.factors_of(state), state.weights
 
 
+def _non_finite(iteration: int, loglik: float, algorithm: str, safeguards: dict) -> str:
+    """The error of an outer iteration whose log-likelihood is not finite, naming what made it so."""
+    head = f"CP-APR outer iteration {iteration + 1}: the log-likelihood is {loglik}"
+    if math.isnan(loglik):
+        return f"{head}: the factors hold NaN or infinite entries (values beyond float64's range)"
+    if algorithm == "pdnr" and safeguards:
+        left = sum(safeguards["unreachable_nonzeros"])
+        return (
+            f"{head}: nonzeros still have model value 0 after every mode was updated (in this outer "
+            f"iteration {left} nonzero-mode pairs had no component positive on all the other modes, so no "
+            "row update could reach them); an initial model that is positive at every nonzero (init='random') avoids it"
+        )
+    return (
+        f"{head}: a nonzero's model value reached 0 (every component is 0 at one of its factor rows); "
+        "an initial model that is positive at every nonzero (init='random') avoids it"
+    )
+
+
 PYTTB_EPS_DIV_ZERO = 1e-10
 
 
@@ -385,6 +407,9 @@ def _initial(checkpoint, input_fp, params, init, shape, rank, seed, tol):
                 raise DecompositionError(
                     f"init: factor matrix {n} has a negative entry; CP-APR needs nonnegative factors"
                 )
+    if params["algorithm"] == "pdnr":
+        for a in factors:  # pyttb: a row of zeros gets a tiny first entry, before the columns are normalized
+            a[a.sum(axis=1) == 0, 0] = 1e-8
     return 0, [], float(tol), S.start_state(factors, None, "float64")
 
 

@@ -39,7 +39,9 @@ TT_ALS = O.option_set(
             "update (a pass over every nonzero) whose ||Y_j||^2 gives it (default every sweep up to 2^24 "
             "nonzeros, else every 5th)",
             details="It stops when the best of the last 3 evaluated fits does not beat the best before "
-            "them by ``tol``; the exact method's fit is free and evaluated every sweep.",
+            "them by ``tol`` times that best; the exact method's fit is free and evaluated every sweep. "
+            "A sweep whose fit is not evaluated is logged as such, its history record without ``fit`` "
+            "(``fit_evaluated`` False).",
             metavar="K",
         ),
         O.Option(
@@ -52,7 +54,17 @@ TT_ALS = O.option_set(
             metavar="N",
             spec="max_iters",
         ),
-        O.Option("tol", 1e-5, O.TOLERANCE, "float", "stop when a sweep after the first changes the fit by less"),
+        O.Option(
+            "tol",
+            1e-5,
+            O.TOLERANCE,
+            "float",
+            "stop when a sweep after the first changes the fit by less than TOL times the fit before it "
+            "(|fit - fit_old| / |fit_old|)",
+            details="Relative, not cp_als's absolute change: a train of a sparse count tensor may explain "
+            "a millionth of it and still gain half its fit per sweep, which an absolute 1e-5 would stop. "
+            "Both changes are in each sweep's history record (``fit_change``, ``fit_change_relative``).",
+        ),
         O.Option(
             "init",
             "random",

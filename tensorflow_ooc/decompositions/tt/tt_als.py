@@ -29,7 +29,7 @@ from ..common.checkpoint_files import disk_full_returned, raise_returned
 from ..common.fingerprint import fingerprint
 from ..common.model_checks import check_count, check_seed, check_tensor_norm, check_tolerance
 from ..common.options import declared
-from ..common.run_control import FIT_EVERY_ITERATION_NNZ, converged, run_entropy
+from ..common.run_control import FIT_EVERY_ITERATION_NNZ, run_entropy
 from ..common.run_loop import inline_when_small, run_iterations
 from . import tt_steps as S
 from .options import TT_ALS
@@ -42,6 +42,7 @@ __all__ = ["tt_als", "METHODS"]
 log = logging.getLogger(__name__)
 
 METHODS = ("exact", "randomized")
+TINY = float(np.finfo(np.float64).tiny)  # a fit of exactly 0 before: any change is relatively large
 
 
 @declared(TT_ALS)
@@ -173,7 +174,8 @@ class TTSweeps:
         c, graph, o, store = self.c, self.graph, self.o, self.store
         threads, batch_nnz = graph.numba_threads, graph.batch_nnz
         t_sweep = time.time()
-        fit_old = self.fit_old = self.fit
+        # None: no fit evaluated before this sweep (a fresh run's first, or randomized ones before it)
+        fit_old = self.fit_old = self.fit if any(h.get("fit_evaluated", True) for h in self.history) else None
         evaluate = o.method == "exact" or (sweep + 1) % o.fit_every == 0 or sweep + 1 == o.max_sweeps
         order = S.sweep_order(store.nmodes)
         F = c.submit(S.begin_sweep, self.F, pure=False, **graph.placement)
@@ -208,26 +210,33 @@ class TTSweeps:
             )
         self.fit = fit
         streamed = graph.execution == "streaming"
-        record = _sweep_record(sweep, t_sweep, sm, fit, fit_old, t_fit, store.nnz, self.stored, streamed, self.start_at)
-        record["fit_evaluated"] = evaluate
+        args = (sweep, t_sweep, sm, fit if evaluate else None, fit_old, t_fit, store.nnz, self.stored, streamed)
+        record = _sweep_record(*args, self.start_at)
         self.history.append(record)
-        log.info(
-            "sweep %d: fit %.6f (change %.2e), %.3f s",
-            sweep + 1,
-            fit,
-            record["fit_change"],
-            record["seconds"],
-            extra={"iteration": sweep + 1},
-        )  # a field of its own in JSON logs
+        if evaluate:
+            relative = record["fit_change_relative"]
+            log.info(
+                "sweep %d: fit %.6g (change %.2e, relative %s), %.3f s",
+                sweep + 1,
+                fit,
+                record["fit_change"],
+                "-" if relative is None else f"{relative:.2e}",
+                record["seconds"],
+                extra={"iteration": sweep + 1},
+            )  # a field of its own in JSON logs
+        else:
+            log.info(
+                "sweep %d: fit not evaluated, %.3f s", sweep + 1, record["seconds"], extra={"iteration": sweep + 1}
+            )
         self.evaluate = evaluate
         return record
 
     def converged(self, sweep: int, record: dict) -> bool:
         if self.o.method == "exact":
-            return sweep > 0 and record["fit_change"] < self.o.tol
-        # sketched updates make the fit noisy: the randomized CP-ALS rule on evaluated fits
+            return self.fit_old is not None and record["fit_change_relative"] < self.o.tol
+        # sketched updates make the fit noisy: the randomized CP-ALS rule on evaluated fits, relative
         evaluated = [h["fit"] for h in self.history if h.get("fit_evaluated", True)]
-        return converged(True, self.o.tol, sweep, self.fit, self.fit_old, self.evaluate, evaluated)
+        return self.evaluate and stalled(evaluated, self.o.tol)
 
     def save_checkpoint(self, path: str, sweep: int) -> float:
         t_ck = time.time()
@@ -261,27 +270,53 @@ def _resumed(checkpoint: str | None, input_fp: dict, params: dict):
     return ck
 
 
+def relative_change(new: float, old: float | None) -> float | None:
+    """``|new - old| / |old|``: the change of a fit relative to its size (a train of a sparse tensor
+    can explain 1e-6 of it and still be improving by half its fit per sweep); None without a fit
+    before (``old`` None), huge from a fit of exactly 0."""
+    if old is None:
+        return None
+    return abs(new - old) / max(abs(old), TINY)
+
+
+def stalled(evaluated: Sequence[float], tol: float) -> bool:
+    """Randomized sweeps' stopping test on the evaluated fits (this run's and a resumed one's): the
+    best of the last 3 beats the best before them by less than ``tol`` relative to that best."""
+    if not (tol > 0 and len(evaluated) > 3):
+        return False
+    before = max(evaluated[:-3])
+    return (max(evaluated[-3:]) - before) / max(abs(before), TINY) < tol
+
+
 def _sweep_record(
     sweep: int,
     t_sweep: float,
     sm: S.SweepSummary,
-    fit: float,
-    fit_old: float,
+    fit: float | None,
+    fit_old: float | None,
     fit_seconds: float,
     nnz: int,
     stored: int,
     streamed: bool,
     start: int,
 ) -> dict:
-    """The history record of ``sweep`` (0-based), timed from ``t_sweep``."""
+    """The history record of ``sweep`` (0-based), timed from ``t_sweep``; ``fit`` None: a sweep
+    whose fit was not evaluated (randomized, ``fit_every``), recorded without fit or change."""
     seconds = time.time() - t_sweep
     contraction = [st[1] for st in sm.steps]
     update = [st[2] for st in sm.steps]
     draws = [st[4] if len(st) > 4 else 0.0 for st in sm.steps]  # a state checkpointed before draws were kept
+    figures = {"fit_evaluated": False}
+    if fit is not None:
+        figures = {
+            "fit": fit,
+            "fit_change": abs(fit - (fit_old or 0.0)),
+            "fit_change_relative": relative_change(fit, fit_old),
+            "fit_evaluated": True,
+        }
     return {
         "sweep": sweep + 1,
-        "fit": fit,
-        "fit_change": abs(fit - fit_old),
+        **figures,
         "seconds": seconds,
         "modes": [st[0] for st in sm.steps],
         "contraction_seconds": contraction,

@@ -24,8 +24,11 @@ class TTResult:
             cores 1 .. N-1 are right-orthonormal, core 0 carries the norm
     fit : float             1 - ||X - T|| / ||X||
     sweeps : int            sweeps run (including any before a resume)
-    history : list of dict  per sweep: ``sweep``, ``fit``, ``fit_change``, ``seconds``, and per
-                            core update its mode, contraction and update seconds
+    history : list of dict  per sweep: ``sweep``, ``fit``, ``fit_change`` (absolute),
+                            ``fit_change_relative`` (what ``tol`` bounds; None without a fit
+                            before), ``fit_evaluated`` (False: a randomized sweep whose fit was
+                            not evaluated, recorded without the three before), ``seconds``, and
+                            per core update its mode, contraction and update seconds
     params : dict           ranks, method, tolerance, seed, init, execution, ...
     input : dict            fingerprint of the input store
     """

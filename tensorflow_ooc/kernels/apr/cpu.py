@@ -11,7 +11,9 @@ model value ``m = sum_r lam_r prod_n A_n[i_n, r]`` and the Khatri-Rao row of the
   conflict resolution and memory plan, instead of a second copy of them.
 - :func:`newton_terms` adds, per target row, the gradient term ``phi``, the Hessian
   ``sum x / max(v^2, eps) pi pi^T`` (upper triangle, row-major) and ``sum x log v`` of the row
-  subproblem, ``v = b . pi`` with ``b`` the row of the mode's factor.
+  subproblem, ``v = b . pi`` with ``b`` the row of the mode's factor. A nonzero whose ``pi`` is zero
+  (the other modes' rows share no positive component) has model value 0 whatever ``b`` is: it is
+  counted and left out (pyttb keeps it, and the row's objective is then infinite).
 - :func:`candidate_terms` adds, per target row and line-search candidate ``c_k``, ``sum x log(c_k . pi)``:
   all of a row's backtracking steps in one pass.
 
@@ -182,6 +184,14 @@ def _row_and_pi(x, word, k, item_base, shift, mask, delta, F, offs, mode, row_lo
     return d
 
 
+@nb.njit(inline="always")
+def _all_zero(pi):
+    for r in range(pi.shape[0]):
+        if pi[r] != 0.0:
+            return False
+    return True
+
+
 @nb.njit(parallel=True, nogil=True, cache=True)
 def _newton_terms(
     index, values, item_start, item_end, item_base, item_prev, shift, mask, delta, F, offs, mode, row_lo, active,
@@ -202,6 +212,12 @@ def _newton_terms(
                     word += x
                 d = _row_and_pi(x, word, k, item_base, shift, mask, delta, F, offs, mode, row_lo, active, rows, pi)
                 if d < 0:
+                    continue
+                if _all_zero(pi):
+                    # no component is positive on every other mode: no value of the row gives this
+                    # nonzero a model value above 0; it is left out of the row's problem, counted
+                    out[d, out.shape[1] - 2] += 1.0
+                    out[d, out.shape[1] - 1] += 1.0
                     continue
                 v = 0.0
                 for r in range(R):
@@ -241,7 +257,7 @@ def _candidate_terms(
                 if delta:
                     word += x
                 d = _row_and_pi(x, word, k, item_base, shift, mask, delta, F, offs, mode, row_lo, active, rows, pi)
-                if d < 0:
+                if d < 0 or _all_zero(pi):  # left out of the row's problem (see _newton_terms)
                     continue
                 xv = values[i]
                 for c in range(K):
@@ -253,8 +269,9 @@ def _candidate_terms(
 
 def hessian_width(rank: int) -> int:
     """Columns of a row's Newton terms: R (phi), R (R + 1) / 2 (Hessian, upper triangle, row by
-    row), sum x log v, and the row's nonzero count."""
-    return rank + rank * (rank + 1) // 2 + 2
+    row), sum x log v, the row's nonzero count, and its count of nonzeros whose Khatri-Rao row is
+    zero (left out of phi, the Hessian and sum x log v)."""
+    return rank + rank * (rank + 1) // 2 + 3
 
 
 def newton_terms(items, layout, factors, mode: int, row_lo: int, active: np.ndarray, eps: float, out: np.ndarray):
