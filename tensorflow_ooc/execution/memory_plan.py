@@ -71,6 +71,7 @@ from ..kernels.mttkrp.owned import GROUP_NNZ as OWNED_GROUP_NNZ
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
 from ..kernels.sampling.krp_sampler import tree_nbytes
 from ..kernels.update.column_scale import STAT_BLOCK_ROWS
+from .partials import SPARSE_ROWS
 from .stream import BATCH_NNZ
 
 LEAN_BATCH_NNZ = 1 << 18
@@ -169,6 +170,18 @@ def usable_fraction() -> float:
 _ORDER = {("in-memory", False): 0, ("in-memory", True): 1, ("streaming", False): 2, ("streaming", True): 3}
 
 
+def _output_terms(
+    out_rows: int, tasks: int, partitions_per_mode: int, split_every: int, workers: int
+) -> tuple[int, int]:
+    """The bytes of an exact MTTKRP's partial outputs and of their reduction, for a mode of
+    ``out_rows`` bytes of rows (see :func:`_state_terms`)."""
+    if partitions_per_mode <= 1:
+        return tasks * out_rows, 0
+    if workers > 1:
+        return tasks * out_rows + -(-out_rows // workers), out_rows
+    return max(tasks, min(partitions_per_mode, split_every)) * out_rows, out_rows
+
+
 def _state_terms(
     shape: tuple[int, ...],
     rank: int,
@@ -187,12 +200,7 @@ def _state_terms(
     its own tasks' partials and its slice's sum, and the update's worker all slices, one output."""
     S = sum(shape) * rank * itemsize
     out_rows = max(shape) * rank * itemsize
-    if partitions_per_mode <= 1:
-        outputs, reduction = tasks * out_rows, 0
-    elif workers > 1:
-        outputs, reduction = tasks * out_rows + -(-out_rows // workers), out_rows
-    else:
-        outputs, reduction = max(tasks, min(partitions_per_mode, split_every)) * out_rows, out_rows
+    outputs, reduction = _output_terms(out_rows, tasks, partitions_per_mode, split_every, workers)
     return {
         "baseline": int(baseline),
         "kernels": KERNEL_CODE_BYTES,
@@ -329,7 +337,15 @@ def candidates(
             # a round's fiber-index reads are not live while an exact pass (the fit's) holds its
             # batch buffers and private rows: only what they exceed adds to the peak
             terms["sampling"] += max(0, index_reads - terms["data"] - terms["private"] - terms["buckets"])
-            terms["sampling"] += int(index_filters)  # kept beside everything else
+            # the Bloom filters are read in the first sampled round and kept. From then on an exact
+            # MTTKRP runs for the last mode only (the fit), and a gather's output holds at most one
+            # mode's rows (and a quarter more for its hit rows): the outputs of the exact warm-up's
+            # longest mode, counted above, are free for them then
+            row = rank * itemsize
+            last = sum(_output_terms(shape[-1] * row, tasks, partitions_per_mode, split_every, workers))
+            sampled = max(last, max(shape) * row * (SPARSE_ROWS + 1) // SPARSE_ROWS)
+            free = 0 if owner else max(0, terms["outputs"] + terms["reduction"] - sampled)
+            terms["sampling"] += max(0, int(index_filters) - free)
         # ranks run as padded column groups copy the factors (and keep an output per group)
         terms["column_groups"] = tasks * column_group_bytes(S, max(shape), rank, itemsize)
         if owner:
