@@ -22,8 +22,9 @@ Dask finds ``dask_setup`` with ``getattr``, which loads it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy_names import lazy_names
 
 if TYPE_CHECKING:  # for type checkers, editors and the import contract
     from .http import PAGE_PATH, page_link
@@ -41,13 +42,4 @@ _LAZY = {
 __all__ = ["PAGE_PATH", "MonitorPlugin", "attach", "dask_setup", "page_link"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
