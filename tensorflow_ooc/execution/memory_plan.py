@@ -341,9 +341,8 @@ def candidates(
             # MTTKRP runs for the last mode only (the fit), and a gather's output holds at most one
             # mode's rows (and a quarter more for its hit rows): the outputs of the exact warm-up's
             # longest mode, counted above, are free for them then
-            row = rank * itemsize
-            last = sum(_output_terms(shape[-1] * row, tasks, partitions_per_mode, split_every, workers))
-            sampled = max(last, max(shape) * row * (SPARSE_ROWS + 1) // SPARSE_ROWS)
+            last = sum(_output_terms(shape[-1] * rank * itemsize, tasks, partitions_per_mode, split_every, workers))
+            sampled = max(last, out_bytes * (SPARSE_ROWS + 1) // SPARSE_ROWS)
             free = 0 if owner else max(0, terms["outputs"] + terms["reduction"] - sampled)
             terms["sampling"] += max(0, int(index_filters) - free)
         # ranks run as padded column groups copy the factors (and keep an output per group)

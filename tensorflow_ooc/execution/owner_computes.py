@@ -40,6 +40,7 @@ from distributed import Client, wait
 from ..format import delinearize
 from ..kernels import StackedFactors
 from ..kernels.mttkrp.dispatch import numba_threads
+from ..kernels.update.column_scale import nonzero_rows
 from .cluster import scheduler_workers
 from .exchange import ExchangeAborted, ExchangePlugin, Team, abort_run, task_released
 from .fiber_reads import indexed_sampled_partial
@@ -183,18 +184,18 @@ class WorkerState:
         if partial.index is not None:
             ids, rows = partial.index, partial.rows
         else:
-            live = np.flatnonzero(partial.rows.any(axis=1))
+            live = nonzero_rows(partial.rows)
             ids, rows = live + partial.lo, partial.rows[live]
         known, owners = plan.directory
         at = np.searchsorted(known, ids)
         if ids.shape[0] and (at.max() >= known.shape[0] or not np.array_equal(known[at], ids)):
             raise RuntimeError(f"owner-computes: mode {mode}: a fiber index gather hit rows no partition holds")
-        owner = owners[at]
         W, me = self.team.size, self.team.rank
-        self.team.send_many(tag, {k: [ids[owner == k], rows[owner == k]] for k in range(W) if k != me})
+        share = [[ids[sel], rows[sel]] for sel in (owners[at] == k for k in range(W))]
+        self.team.send_many(tag, {k: share[k] for k in range(W) if k != me})
         out = np.zeros((plan.owned.shape[0], rows.shape[1]), dtype=self.factors.dtype)
         for k in range(W):
-            got = [ids[owner == me], rows[owner == me]] if k == me else self.team.receive(tag, k)
+            got = share[me] if k == me else self.team.receive(tag, k)
             k_ids, k_rows = np.asarray(got[0]), np.asarray(got[1])
             if k_ids.shape[0]:
                 out[np.searchsorted(plan.owned, k_ids)] += k_rows  # distinct rows: one add each

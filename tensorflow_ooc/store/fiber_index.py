@@ -275,7 +275,7 @@ class FiberIndex:
         """Bytes the Bloom filters of ``modes`` (default all) hold in memory once read: a worker
         keeps each it has used."""
         modes = self.modes if modes is None else modes
-        return sum(8 * bloom_words(int(self.meta["modes"][str(m)].get("fibers", 0))) for m in modes)
+        return sum(_bloom_bytes(self.meta["modes"][str(m)]) for m in modes)
 
     def describe(self) -> dict:
         """Per mode, for ``tfooc info``: chunks, bytes and bytes per nonzero."""
@@ -284,7 +284,7 @@ class FiberIndex:
             mm = self.meta["modes"][str(m)]
             # the entries' chunks, and the Bloom filter beside them (8 bits a fiber, before compression)
             nbytes = int(mm["bytes"])
-            bloom = 8 * bloom_words(int(mm.get("fibers", 0)))
+            bloom = _bloom_bytes(mm)
             out[str(m)] = {
                 "nnz": mm["nnz"],
                 "fibers": mm.get("fibers"),
@@ -296,6 +296,11 @@ class FiberIndex:
                 "build_seconds": mm.get("build_seconds"),
             }
         return out
+
+
+def _bloom_bytes(mode_meta: dict) -> int:
+    """Bytes of a mode's Bloom filter (8 bits a fiber, uncompressed) from its metadata."""
+    return 8 * bloom_words(int(mode_meta.get("fibers", 0)))
 
 
 def open_fiber_index(store: Store) -> FiberIndex | None:

@@ -135,31 +135,24 @@ def update_mode(
     inner_parts = parts if sketch is None else (list(exact) if exact is not None else None)
     if sketch is not None and not any(bool(np.any(p.rows)) for p in parts):
         out = _keep_mode(state, mode, last_mode, inner_parts)
-    elif sketch is not None and nonneg is None and is_numpy_array(state.data):
-        V = sketch.gram().astype(state.dtype)
-        with _BLAS.limit(limits=1, user_api="blas"):
-            hit, M = _sketch_rows(parts, state.shape[mode])
-            if hit is not None:
-                out = _update_mode_sparse(state, hit, M, mode, first_iteration, last_mode, V, inner_parts, in_place)
-            else:
-                whole = [Partial(0, M)]
-                if in_place:
-                    out = _update_mode_in_place(state, whole, mode, first_iteration, last_mode, V, inner_parts)
-                else:
-                    out = _update_mode(state, whole, mode, first_iteration, last_mode, V, inner_parts)
-                if state.trees is not None:
-                    out.trees = list(state.trees)
-                    out.trees[mode] = build_tree(out.views[mode])
     else:
         V = None if sketch is None else sketch.gram().astype(state.dtype)
         with _BLAS.limit(limits=1, user_api="blas"):
-            if in_place and is_numpy_array(state.data):
-                out = _update_mode_in_place(state, parts, mode, first_iteration, last_mode, V, inner_parts, nonneg)
+            hit, rows = None, parts
+            if sketch is not None and nonneg is None and is_numpy_array(state.data):
+                # a sketch that hits few rows is solved over them; else its sum, formed once here
+                hit, M = _sketch_rows(parts, state.shape[mode])
+                rows = [Partial(0, M)]
+            if hit is not None:
+                out = _update_mode_sparse(state, hit, M, mode, first_iteration, last_mode, V, inner_parts, in_place)
             else:
-                out = _update_mode(state, parts, mode, first_iteration, last_mode, V, inner_parts, nonneg)
-            if state.trees is not None:
-                out.trees = list(state.trees)
-                out.trees[mode] = build_tree(to_host(out.views[mode]))
+                if in_place and is_numpy_array(state.data):
+                    out = _update_mode_in_place(state, rows, mode, first_iteration, last_mode, V, inner_parts, nonneg)
+                else:
+                    out = _update_mode(state, rows, mode, first_iteration, last_mode, V, inner_parts, nonneg)
+                if state.trees is not None:
+                    out.trees = list(state.trees)
+                    out.trees[mode] = build_tree(to_host(out.views[mode]))
     out.timings = {**state.timings, mode: (max(p.seconds for p in parts), time.perf_counter() - t0)}
     out.sampling = (
         {**state.sampling, mode: getattr(sketch, "seconds", 0.0)} if sketch is not None else dict(state.sampling)
