@@ -15,14 +15,12 @@ import contextlib
 import io
 import json
 import os
-import subprocess
-import sys
 import time
 import urllib.request
 
 import numpy as np
 import pytest
-from dask_processes import until
+from dask_processes import dask_processes, until
 from test_monitoring_run import CHROMIUM, _dom
 
 import tensorflow_ooc as tfo
@@ -63,44 +61,9 @@ def slotted(tmp_path_factory):
     and one tfooc-slot, as separate processes."""
     tmp = tmp_path_factory.mktemp("admission")
     root = str(tmp / "storage")
-    sched_file = tmp / "scheduler.json"
-    env = {**os.environ, "TFOOC_HEARTBEAT_S": "0.3", "NUMBA_NUM_THREADS": "1"}
-    procs = []
-    with contextlib.ExitStack() as files:
-        logs = [files.enter_context(open(tmp / n, "w")) for n in ("scheduler.log", "worker.log")]
-        try:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", "0"]
-                    + ["--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(sched_file)]
-                    + ["--preload", "tensorflow_ooc.monitoring", "--tfooc-storage", root],
-                    env=env,
-                    stdout=logs[0],
-                    stderr=subprocess.STDOUT,
-                )
-            )
-            info = _until(lambda: sched_file.exists() and json.loads(sched_file.read_text() or "{}"), 60, "scheduler")
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "dask", "worker", "--scheduler-file", str(sched_file)]
-                    + ["--nthreads", "2", "--memory-limit", str(LIMIT), "--resources", "tfooc-slot=1"]
-                    + ["--no-dashboard"],
-                    env=env,
-                    stdout=logs[1],
-                    stderr=subprocess.STDOUT,
-                )
-            )
-            base = f"http://127.0.0.1:{info['services']['dashboard']}"
-            _until(lambda: _get(base + "/json/counts.json")["workers"] >= 1, 60, "the worker")
-            yield {"address": info["address"], "base": base, "root": root, "tmp": tmp}
-        finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+    env = {"TFOOC_HEARTBEAT_S": "0.3", "NUMBA_NUM_THREADS": "1"}
+    with dask_processes(tmp, root, nthreads=2, memory_limit=str(LIMIT), resources="tfooc-slot=1", env=env) as site:
+        yield {"address": site["address"], "base": site["base"], "root": root, "tmp": tmp}
 
 
 def _submit(slotted, name: str, iters: int) -> str:
