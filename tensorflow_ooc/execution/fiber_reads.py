@@ -57,9 +57,10 @@ def indexed_sampled_partial(
     mine = share_keys(keys, share)
     skeys = keys[mine]
     # only fibers the Bloom filter may hold are looked up: the others hold no nonzero for certain
-    held = idx.may_hold(skeys)
+    with numba_threads(threads):
+        held, filter_bytes = idx.may_hold(skeys)
     groups = _key_groups(idx, np.unique(skeys[held]))
-    reads = {"path": "index", "nnz": 0, "nnz_read": 0, "bytes_read": 0, "chunks_read": 0, "fibers": 0}
+    reads = {"path": "index", "nnz": 0, "nnz_read": 0, "bytes_read": filter_bytes, "chunks_read": 0, "fibers": 0}
     if len(groups) <= 1:
         chunks = groups[0][2] if groups else np.zeros(0, np.int64)
         lo, out, hit = _gather_group(idx, samples, mine, skeys, chunks, threads, reads, nrows=store.shape[mode])
@@ -114,7 +115,8 @@ def _gather_group(
     mode's rows; ``reads`` counts what it read. Where the matches hit at most ``nrows /
     SPARSE_ROWS`` distinct rows (``nrows``: the mode's), only those are formed: (0, their rows,
     their row numbers)."""
-    got = idx.read(chunks)
+    with numba_threads(threads):  # the chunks decode on the task's threads
+        got = idx.read(chunks)
     fence = np.ascontiguousarray(got.keys[::FENCE]) if got.keys.shape[0] >= FENCE else None
     index = FiberIndex(idx.mode, got.keys, got.rows, got.values, fence)
     runs = index.ranges(skeys)

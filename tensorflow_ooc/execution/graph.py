@@ -369,7 +369,7 @@ class MTTKRPGraph(PartitionedGraph):
             samples=samples,
             trees=self.sampler == "sts",
             index_reads=GATHER_BYTES if self.store.fiber_modes() else 0,
-            index_filters=self.store.fibers.bloom_bytes() if self.store.fiber_modes() else 0,
+            index_filters=self.store.fibers.bloom_bytes(samples=samples) if self.store.fiber_modes() else 0,
             kernel_threads=min(r["numba_threads"] * r["dask_threads"] for r in res.values())
             if owner
             else self.numba_threads,

@@ -61,33 +61,53 @@ def _mix(x):
     return x ^ (x >> np.uint64(31))
 
 
+# blocked: a key's bits lie in one 512-bit block, so a query reads one small piece of the filter
+# instead of holding all of it (three whole filters of 512 MB at 500 M fibers a mode did not fit a
+# 4 GB worker beside exact ALS's own peak)
+BLOOM_BLOCK_WORDS = 8
+
+
+def blocked_bloom_words(distinct_keys: int) -> int:
+    """uint64 words of a blocked filter: as :func:`bloom_words`, at least one block."""
+    return max(BLOOM_BLOCK_WORDS, bloom_words(distinct_keys))
+
+
 @nb.njit(nogil=True, cache=True)
-def bloom_insert(keys, words):
-    """Set the bits of ``keys`` (uint64) in the filter ``words`` (uint64, a power of two long)."""
-    mask = np.uint64(words.shape[0] * 64 - 1)
+def bloom_blocks(keys, nblocks):
+    """The block of each key (uint64) in a blocked filter of ``nblocks`` blocks (a power of two)."""
+    mask = np.uint64(nblocks - 1)
+    out = np.empty(keys.shape[0], dtype=np.int64)
+    for i in range(keys.shape[0]):
+        out[i] = np.int64(_mix(keys[i]) & mask)
+    return out
+
+
+@nb.njit(nogil=True, cache=True)
+def blocked_insert(keys, words):
+    """Set the bits of ``keys`` (uint64) in the blocked filter ``words`` (uint64, a power of two
+    long, at least one block)."""
+    mask = np.uint64(words.shape[0] // BLOOM_BLOCK_WORDS - 1)
     for i in range(keys.shape[0]):
         h = _mix(keys[i])
-        step = _mix(h) | np.uint64(1)
-        for _ in range(BLOOM_HASHES):
-            b = h & mask
-            words[b >> np.uint64(6)] |= np.uint64(1) << (b & np.uint64(63))
-            h += step
+        base = np.int64(h & mask) * BLOOM_BLOCK_WORDS
+        g = _mix(h)
+        for j in range(BLOOM_HASHES):
+            b = (g >> np.uint64(9 * j)) & np.uint64(511)
+            words[base + np.int64(b >> np.uint64(6))] |= np.uint64(1) << (b & np.uint64(63))
 
 
 @nb.njit(nogil=True, cache=True)
-def bloom_query(keys, words):
-    """Whether each key may be in the filter (no false negatives)."""
-    mask = np.uint64(words.shape[0] * 64 - 1)
+def blocked_query(keys, words, slots):
+    """Whether each key may be in a blocked filter (no false negatives), with key ``i``'s block at
+    ``words[slots[i]:slots[i] + 8]`` (the blocks a query read, not the whole filter)."""
     out = np.empty(keys.shape[0], dtype=np.bool_)
     for i in range(keys.shape[0]):
-        h = _mix(keys[i])
-        step = _mix(h) | np.uint64(1)
+        g = _mix(_mix(keys[i]))
         hit = True
-        for _ in range(BLOOM_HASHES):
-            b = h & mask
-            if (words[b >> np.uint64(6)] >> (b & np.uint64(63))) & np.uint64(1) == 0:
+        for j in range(BLOOM_HASHES):
+            b = (g >> np.uint64(9 * j)) & np.uint64(511)
+            if (words[slots[i] + np.int64(b >> np.uint64(6))] >> (b & np.uint64(63))) & np.uint64(1) == 0:
                 hit = False
                 break
-            h += step
         out[i] = hit
     return out

@@ -37,6 +37,7 @@ from ..format.blocking import DUPLICATE_POLICIES
 from ..format.index_encoding import ENCODINGS
 from ..format.merge import merge_runs
 from ..store import DEFAULT_CHUNK_NNZ, Store, StoreWriter, open_store
+from ..store.chunk_cache import parse_bytes
 from ..store.codecs import DEFAULT_COMPRESSION, check_compression
 from ..tempdirs import clean_stale, make_bucket_dir
 from .memory import limit_heap_growth, trim
@@ -316,7 +317,7 @@ def convert(
     duplicates: str = "error",
     chunk_nnz: int | None = None,
     max_block_nnz: int | None = None,
-    memory_limit: int | None = None,
+    memory_limit: int | str | None = None,
     overwrite: bool = False,
     progress: bool = False,
     workers: int | None = None,
@@ -356,9 +357,9 @@ def convert(
         Nonzeros per stored chunk (default 2**20).
     max_block_nnz : int, optional
         Largest BLCO block (default 2**24).
-    memory_limit : int, optional
-        Bytes the converting process may hold (peak RSS). Inputs that do not fit are converted out
-        of core. Default: half of the available memory.
+    memory_limit : int or str, optional
+        Bytes the converting process may hold (peak RSS; a count or ``"4GiB"``). Inputs that do
+        not fit are converted out of core. Default: half of the available memory.
     overwrite : bool
         Replace an existing store.
     progress : bool
@@ -447,7 +448,8 @@ def convert(
         if memory_limit is None:
             budget = psutil.virtual_memory().available // 2
         else:
-            budget = int(memory_limit) - rss0 - (32 << 20)
+            memory_limit = parse_bytes(memory_limit)
+            budget = memory_limit - rss0 - (32 << 20)
             if budget < MIN_BUDGET:
                 least = -(-(rss0 + (32 << 20) + MIN_BUDGET) // 2**20)  # MiB, rounded up
                 raise ValueError(

@@ -22,6 +22,7 @@ import psutil
 from ..format.fiber_keys import exact_keys, key_strides
 from ..format.radix_sort import stable_key_order
 from ..store import Store, open_store
+from ..store.chunk_cache import parse_bytes
 from ..store.fiber_index import DEFAULT_FIBER_CHUNK_NNZ, FiberIndex, ModeIndexWriter, open_fiber_index, publish_modes
 from ..store.output_lock import OutputLock
 from .memory import limit_heap_growth, trim
@@ -124,7 +125,7 @@ def build_fiber_index(
     modes: str | Sequence[int] | None = "all",
     *,
     chunk_nnz: int = DEFAULT_FIBER_CHUNK_NNZ,
-    memory_limit: int | None = None,
+    memory_limit: int | str | None = None,
     overwrite: bool = False,
     progress: bool = False,
 ) -> FiberIndex:
@@ -140,9 +141,9 @@ def build_fiber_index(
         Modes to index (0-based). A mode whose other modes span more than 2^63 cells cannot be.
     chunk_nnz : int
         Entries per index chunk: the unit a sampled fiber is read in.
-    memory_limit : int, optional
-        Bytes the build may hold (default: half the memory available, as ``convert``): keys are
-        sorted in ranges that fit it, one pass over the store each.
+    memory_limit : int or str, optional
+        Bytes the build may hold, a count or ``"4GiB"`` (default: half the memory available, as
+        ``convert``): keys are sorted in ranges that fit it, one pass over the store each.
     overwrite : bool
         Replace the index of modes that have one (else they are an error).
     progress : bool
@@ -172,7 +173,7 @@ def build_fiber_index(
     if have and not overwrite:
         raise FileExistsError(f"{src.path}: modes {have} already have a fiber index; pass overwrite=True to rebuild")
     # as convert: half the memory available now, unless given (each bucket is one more pass)
-    budget = int(memory_limit or psutil.virtual_memory().available // 2)
+    budget = parse_bytes(memory_limit) if memory_limit else psutil.virtual_memory().available // 2
     max_entries = max(chunk_nnz, budget // ENTRY_BYTES)
     limit_heap_growth()
     with OutputLock([f"{src.path.rstrip('/')}/fibers"], f"fiber index of {src.path}"):

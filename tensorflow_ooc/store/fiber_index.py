@@ -15,8 +15,11 @@ Under the store's ``fibers`` group, per indexed mode ``m`` (docs/FORMAT.md, "Fib
 - ``m{m}/crc`` int64 (3, nchunks): the CRC32C each chunk of key, row and value ended with, by
   position, so moved or swapped chunks are refused as the store's own are;
 - ``m{m}/size`` int64 (3, nchunks): each chunk's stored bytes (what a round reports it read);
-- ``m{m}/bloom`` uint64: a Bloom filter of the keys (8 bits a fiber, 4 hashes), so sampled fibers
-  that hold no nonzero (most draws on sparse tensors) cost no chunk read.
+- ``m{m}/bloom`` uint64: a blocked Bloom filter of the keys (8 bits a fiber, 4 hashes in one
+  512-bit block), so sampled fibers that hold no nonzero (most draws on sparse tensors) cost no
+  chunk read; sharded, uncompressed, in inner chunks of 8 blocks, so a query reads its block's
+  chunk and never the whole filter;
+- ``m{m}/bloom_crc`` int64 (bloom chunks,): each filter chunk's CRC32C, by position.
 
 The group's metadata binds the index to the store: the store's id and metadata checksum, and per
 mode the checksums of its arrays' Zarr metadata and of its tables. An index built for another
@@ -38,13 +41,22 @@ from typing import Any
 
 import numpy as np
 import zarr
+from zarr.codecs import Crc32cCodec
 
 from ..errors import CorruptStoreError
-from ..format.fiber_keys import bloom_insert, bloom_query, bloom_words, exact_keys
+from ..format.fiber_keys import (
+    BLOOM_BLOCK_WORDS,
+    blocked_bloom_words,
+    blocked_insert,
+    blocked_query,
+    bloom_blocks,
+    exact_keys,
+)
 from . import paths
 from .chunk_files import ABSENT
 from .codecs import IndexCodecs, TableCodecs, ValueCodecs, quiet_numcodecs, value_padding
 from .metadata import CHECKSUM_KEY, arrays_checksum, meta_checksum
+from .shard_decode import undelta_chunks
 from .shard_files import SHARD_CHUNKS, ShardError, ShardReader, ShardWriter
 
 # ``Store`` (store.reader) is not imported here: the reader imports this module to open the index
@@ -52,28 +64,31 @@ Store = Any
 
 GROUP = "fibers"
 INDEX_KEY = "fiber_index"
-INDEX_VERSION = 1
+#: 2: the Bloom filter blocked and read per query (version 1 kept it as one array, read whole)
+INDEX_VERSION = 2
 #: nonzeros per chunk of an index: a sampled fiber costs the read of its chunk, so chunks are
 #: small (docs/FORMAT.md, "Fiber index", has the measurements that chose it)
 DEFAULT_FIBER_CHUNK_NNZ = 1024
 ARRAYS = ("key", "row", "value")
+#: the blocked Bloom filter's inner chunks (8 blocks: a query reads 512 bytes) and shard files
+BLOOM_CHUNK_WORDS = 64
+BLOOM_SHARD_CHUNKS = 4096
+#: index entries a filter build decodes at once
+BLOOM_GROUP_ENTRIES = 1 << 20
 
 
 def _arrays_checksum(group) -> str:
     """SHA-256 over the Zarr metadata of a mode's arrays (codecs, dtypes, shapes, chunk grids)."""
-    return arrays_checksum(group, (*ARRAYS, "first", "crc", "size", "bloom"))
+    return arrays_checksum(group, (*ARRAYS, "first", "crc", "size", "bloom", "bloom_crc"))
 
 
-def _tables_checksum(first: np.ndarray, crc: np.ndarray, size: np.ndarray) -> str:
+def _tables_checksum(first: np.ndarray, crc: np.ndarray, size: np.ndarray, bloom_crc: np.ndarray) -> str:
     h = hashlib.sha256()
     h.update(np.ascontiguousarray(first, dtype="<u8").tobytes())
     h.update(np.ascontiguousarray(crc, dtype="<i8").tobytes())
     h.update(np.ascontiguousarray(size, dtype="<i8").tobytes())
+    h.update(np.ascontiguousarray(bloom_crc, dtype="<i8").tobytes())
     return "sha256:" + h.hexdigest()
-
-
-def _array_sha(a: np.ndarray) -> str:
-    return "sha256:" + hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
 
 
 def row_dtype(length: int) -> np.dtype:
@@ -108,6 +123,8 @@ class ModeIndex:
         self.first: np.ndarray = group["first"][...] if self.nchunks else np.zeros(0, np.uint64)
         self.crc: np.ndarray = group["crc"][...] if self.nchunks else np.zeros((3, 0), np.int64)
         self.size: np.ndarray = group["size"][...] if self.nchunks else np.zeros((3, 0), np.int64)
+        # the filter's chunk checksums (its words are read per query)
+        self.bloom_crc: np.ndarray = group["bloom_crc"][...]
 
     def check(self) -> None:
         """Refuse arrays or tables that are not the ones the index was built with."""
@@ -118,9 +135,10 @@ class ModeIndex:
                 f"build it again (tfooc fiber-index --overwrite)"
             )
         tables = (self.first.shape, self.crc.shape, self.size.shape)
-        if tables != ((self.nchunks,), (3, self.nchunks), (3, self.nchunks)):
+        bloom_chunks = int(self.meta["bloom_words"]) // BLOOM_CHUNK_WORDS
+        if tables != ((self.nchunks,), (3, self.nchunks), (3, self.nchunks)) or self.bloom_crc.shape != (bloom_chunks,):
             raise CorruptStoreError(f"{self.store.path}: {where}: its chunk tables do not have {self.nchunks} chunks")
-        if _tables_checksum(self.first, self.crc, self.size) != self.meta["tables_checksum"]:
+        if _tables_checksum(self.first, self.crc, self.size, self.bloom_crc) != self.meta["tables_checksum"]:
             raise CorruptStoreError(
                 f"{self.store.path}: {where}: its chunk tables were edited after it was built; build it again"
             )
@@ -150,19 +168,28 @@ class ModeIndex:
         return np.unique(starts + np.arange(int(span.sum())))
 
     @cached_property
-    def bloom(self) -> np.ndarray:
-        """The Bloom filter of the mode's keys (read on first use, its checksum checked)."""
-        words = self.group["bloom"][...]
-        if _array_sha(words) != self.meta["bloom_checksum"]:
-            raise CorruptStoreError(
-                f"{self.store.path}: fiber index of mode {self.mode}: its Bloom filter was edited after it was "
-                "built; build it again"
-            )
-        return words
+    def _bloom_file(self) -> ShardReader:
+        return ShardReader(self.group["bloom"], self.store.path)
 
-    def may_hold(self, keys: np.ndarray) -> np.ndarray:
-        """Whether each key's fiber may hold nonzeros (False: it holds none, for certain)."""
-        return bloom_query(np.ascontiguousarray(keys, dtype=np.uint64), self.bloom)
+    def may_hold(self, keys: np.ndarray) -> tuple[np.ndarray, int]:
+        """Whether each key's fiber may hold nonzeros (False: it holds none, for certain), and the
+        bytes of the filter read to say so (the chunks of these keys' blocks only)."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        per = BLOOM_CHUNK_WORDS // BLOOM_BLOCK_WORDS
+        blocks = bloom_blocks(keys, int(self.meta["bloom_words"]) // BLOOM_BLOCK_WORDS)
+        chunks = np.unique(blocks // per)
+        words = np.empty(chunks.shape[0] * BLOOM_CHUNK_WORDS, dtype=np.uint64)
+        try:
+            crcs, nbytes = self._bloom_file.read_many(chunks, words)
+        except (ShardError, OSError) as exc:
+            raise CorruptStoreError(f"{self.store.path}: fiber index of mode {self.mode}, 'bloom': {exc}") from exc
+        if not np.array_equal(crcs, self.bloom_crc[chunks]):
+            raise CorruptStoreError(
+                f"{self.store.path}: fiber index of mode {self.mode}: its Bloom filter was edited after it was built; "
+                "build it again"
+            )
+        slots = np.searchsorted(chunks, blocks // per) * BLOOM_CHUNK_WORDS + (blocks % per) * BLOOM_BLOCK_WORDS
+        return blocked_query(keys, words, slots), nbytes
 
     def chunk_bytes(self, chunks: np.ndarray) -> int:
         """Stored bytes of ``chunks`` (of the three arrays): what reading them costs."""
@@ -170,41 +197,35 @@ class ModeIndex:
 
     def read(self, chunks: np.ndarray) -> Gathered:
         """The entries of ``chunks`` (sorted chunk ids), concatenated in key order; every chunk's
-        CRC32C and position checked. Each chunk is decoded straight into its place in the output
-        (rows keep their stored dtype), on one thread: a chunk is a few us of Blosc between Python
-        calls, and two threads contending for the GIL took 2.6 s where one took 1.0 (65 k fibers,
-        86 M heavy-tailed)."""
+        CRC32C and position checked. Each array's chunks are read together and decoded straight
+        into their places in the output (rows keep their stored dtype) on the calling numba
+        threads (:meth:`ShardReader.read_many`)."""
         chunks = np.asarray(chunks, dtype=np.int64)
         n, C = self.nnz, self.chunk_nnz
-        sizes = np.minimum(n, (chunks + 1) * C) - chunks * C
-        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        total = int(starts[-1])
-        # a whole chunk decodes into each slot: the last one's padding lands in the spare tail
-        keys = np.empty(total + C, dtype=np.uint64)
-        rows = np.empty(total + C, dtype=self.row_dtype)
-        values = np.empty(total + C, dtype=self.store.value_dtype)
-        files = self._files
-        ids = chunks.tolist()
-
-        def one(j: int) -> None:
-            c, at, size = ids[j], int(starts[j]), int(sizes[j])
-            for k, (f, out) in enumerate(zip(files, (keys, rows, values))):
-                try:
-                    crc, _ = f.read(c, out[at : at + C])
-                except (ShardError, OSError) as exc:
-                    raise CorruptStoreError(
-                        f"{self.store.path}: fiber index of mode {self.mode}, '{ARRAYS[k]}': {exc}"
-                    ) from exc
-                self._check_position(k, c, crc)
-                if k == 0 and f.delta:
-                    np.cumsum(out[at : at + size], dtype=np.uint64, out=out[at : at + size])
-
-        for j in range(len(ids)):
-            one(j)
+        total = int(np.sum(np.minimum(n, (chunks + 1) * C) - chunks * C))
+        # chunk j decodes whole into slot j: only the array's last chunk is short, and it sorts last
+        space = chunks.shape[0] * C
+        keys = np.empty(space, dtype=np.uint64)
+        rows = np.empty(space, dtype=self.row_dtype)
+        values = np.empty(space, dtype=self.store.value_dtype)
+        nbytes = 0
+        for k, (f, out) in enumerate(zip(self._files, (keys, rows, values))):
+            try:
+                crcs, got = f.read_many(chunks, out)
+            except (ShardError, OSError) as exc:
+                raise CorruptStoreError(
+                    f"{self.store.path}: fiber index of mode {self.mode}, '{ARRAYS[k]}': {exc}"
+                ) from exc
+            moved = crcs != self.crc[k, chunks]
+            if np.any(moved):
+                j = int(np.argmax(moved))
+                self._check_position(k, int(chunks[j]), int(crcs[j]))
+            nbytes += got
+        if self._files[0].delta:
+            undelta_chunks(keys, chunks.shape[0], C)
         keys, rows, values = keys[:total], rows[:total], values[:total]
-        self._check_entries(chunks, starts[:-1], keys, rows)
-        nbytes = self.chunk_bytes(chunks) if ids else 0
-        return Gathered(keys, rows, values, nbytes, len(ids))
+        self._check_entries(chunks, np.arange(chunks.shape[0], dtype=np.int64) * C, keys, rows)
+        return Gathered(keys, rows, values, nbytes, int(chunks.shape[0]))
 
     def _check_position(self, k: int, c: int, got: int | None) -> None:
         want = int(self.crc[k, c])
@@ -271,11 +292,16 @@ class FiberIndex:
             self._modes[mode] = idx
         return self._modes[mode]
 
-    def bloom_bytes(self, modes: list[int] | None = None) -> int:
-        """Bytes the Bloom filters of ``modes`` (default all) hold in memory once read: a worker
-        keeps each it has used."""
+    def bloom_bytes(self, modes: list[int] | None = None, samples: int = 0) -> int:
+        """Bytes the Bloom filters of ``modes`` (default all) hold in memory: their chunk checksums
+        and shard tables, kept once read, and the chunks one query of ``samples`` keys reads
+        (twice: the read and the decoded words)."""
         modes = self.modes if modes is None else modes
-        return sum(_bloom_bytes(self.meta["modes"][str(m)]) for m in modes)
+        total = 0
+        for m in modes:
+            chunks = int(self.meta["modes"][str(m)]["bloom_words"]) // BLOOM_CHUNK_WORDS
+            total += 24 * chunks + min(chunks, int(samples)) * BLOOM_CHUNK_WORDS * 8 * 2
+        return total
 
     def describe(self) -> dict:
         """Per mode, for ``tfooc info``: chunks, bytes and bytes per nonzero."""
@@ -300,7 +326,7 @@ class FiberIndex:
 
 def _bloom_bytes(mode_meta: dict) -> int:
     """Bytes of a mode's Bloom filter (8 bits a fiber, uncompressed) from its metadata."""
-    return 8 * bloom_words(int(mode_meta.get("fibers", 0)))
+    return 8 * int(mode_meta["bloom_words"])
 
 
 def open_fiber_index(store: Store) -> FiberIndex | None:
@@ -318,7 +344,10 @@ def open_fiber_index(store: Store) -> FiberIndex | None:
     if meta.get(CHECKSUM_KEY) != meta_checksum(meta):
         raise CorruptStoreError(f"{where}: its metadata was edited after it was built; build it again")
     if meta.get("version") != INDEX_VERSION:
-        raise CorruptStoreError(f"{where}: version {meta.get('version')!r} is not supported (this build reads 1)")
+        raise CorruptStoreError(
+            f"{where}: version {meta.get('version')!r} is not supported (this build reads {INDEX_VERSION}: its Bloom "
+            "filter is read per query); build it again (tfooc fiber-index --overwrite)"
+        )
     if meta.get("store_id") != store.meta.get("store_id") or meta.get("store_checksum") != store.meta.get(CHECKSUM_KEY):
         raise CorruptStoreError(
             f"{where}: it was built for another store (or before this store's metadata changed); build it again "
@@ -446,7 +475,8 @@ class ModeIndexWriter:
             3, nchunks
         )
         bloom = self._bloom(nchunks)
-        for name, arr in (("first", first), ("crc", crc), ("size", size), ("bloom", bloom)):
+        bloom_crc = self._write_bloom(bloom)
+        for name, arr in (("first", first), ("crc", crc), ("size", size), ("bloom_crc", bloom_crc)):
             a = self.group.create_array(
                 name,
                 shape=arr.shape,
@@ -466,26 +496,43 @@ class ModeIndexWriter:
             "row_dtype": self.row_dtype.str,
             "key_space": math.prod(s for m, s in enumerate(self.store.shape) if m != self.mode),
             "arrays_checksum": arrays_sum,
-            "tables_checksum": _tables_checksum(first, crc, size),
+            "tables_checksum": _tables_checksum(first, crc, size, bloom_crc),
             "bytes": int(size.sum()),
             "fibers": self.distinct,
-            "bloom_checksum": _array_sha(bloom),
+            "bloom_words": int(bloom.shape[0]),
             "build_seconds": time.perf_counter() - self.t0,
         }
 
     def _bloom(self, nchunks: int) -> np.ndarray:
-        """The Bloom filter of the mode's keys, from the key chunks just written (one more read of
-        the keys alone; the filter is the only memory it holds)."""
-        words = np.zeros(bloom_words(self.distinct), dtype=np.uint64)
+        """The blocked Bloom filter of the mode's keys, from the key chunks just written (one more
+        read of the keys alone, in groups; the filter is the only memory it holds beyond one)."""
+        words = np.zeros(max(BLOOM_CHUNK_WORDS, blocked_bloom_words(self.distinct)), dtype=np.uint64)
         reader = ShardReader(self.arrays["key"], self.staging)
-        buf = np.empty(self.chunk_nnz, dtype=np.uint64)
-        for c in range(nchunks):
-            reader.read(c, buf)
-            np.cumsum(buf, dtype=np.uint64, out=buf)
-            n = min(self.chunk_nnz, self.written - c * self.chunk_nnz)
-            bloom_insert(buf[:n], words)
+        C, per = self.chunk_nnz, max(1, BLOOM_GROUP_ENTRIES // self.chunk_nnz)
+        buf = np.empty(per * C, dtype=np.uint64)
+        for c0 in range(0, nchunks, per):
+            chunks = np.arange(c0, min(nchunks, c0 + per), dtype=np.int64)
+            reader.read_many(chunks, buf)
+            undelta_chunks(buf, chunks.shape[0], C)
+            blocked_insert(buf[: min(self.written - c0 * C, chunks.shape[0] * C)], words)
         reader.close()
         return words
+
+    def _write_bloom(self, words: np.ndarray) -> np.ndarray:
+        """The filter as a sharded, uncompressed array of small chunks; their CRC32Cs."""
+        shard = BLOOM_CHUNK_WORDS * min(BLOOM_SHARD_CHUNKS, words.shape[0] // BLOOM_CHUNK_WORDS)
+        array = self.group.create_array(
+            "bloom",
+            shape=words.shape,
+            chunks=(BLOOM_CHUNK_WORDS,),
+            shards=(shard,),
+            dtype=np.uint64,
+            fill_value=0,
+            compressors=[Crc32cCodec()],
+        )
+        writer = ShardWriter(array, self.staging)
+        crcs = [writer.write(s, words[at : at + shard])[0] for s, at in enumerate(range(0, words.shape[0], shard))]
+        return np.concatenate(crcs)
 
     def abort(self) -> None:
         """Remove the staging group (the store's published index is untouched; remote: the mode)."""

@@ -3,9 +3,10 @@
 Zarr v3's sharding codec keeps many small inner chunks in one file per shard, followed by an index
 of (offset, bytes) per inner chunk and its CRC32C. A sampled round reads a few thousand inner
 chunks scattered over a fiber index: one file a chunk cost about 30 us an array in opening,
-mapping and checking it (measured in docs/FORMAT.md, "Fiber index"); here a chunk is one ``pread``
-of a file kept open (a ranged GET in object storage), its CRC32C checked and Blosc decoding it into
-the caller's buffer. The bytes are those Zarr writes and reads (a test compares them), for this
+mapping and checking it (measured in docs/FORMAT.md, "Fiber index"); here the chunks a round needs are read
+as runs of touching chunks, one ``pread`` of a file kept open each (ranged GETs in object storage),
+their CRC32Cs checked, and decoded together into the caller's buffer in native code
+(:mod:`.shard_decode`). The bytes are those Zarr writes and reads (a test compares them), for this
 package's inner chains only: optional Delta on uint64, little-endian bytes, Blosc, CRC32C.
 """
 
@@ -23,6 +24,7 @@ from numcodecs import blosc
 from ..disk import disk_full_error, is_disk_full
 from .chunk_files import _crc32c
 from .codecs import StoredChain
+from .shard_decode import BAD_HEADER, OK, decode_chunks
 from .writer import encoded_chunk
 
 EMPTY = np.uint64(2**64 - 1)  # an inner chunk never written (Zarr's fill value)
@@ -134,15 +136,18 @@ class ShardReader:
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
 
+    def _fd(self, s: int) -> int:
+        fd = self._fds.get(s)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(s)
+                if fd is None:
+                    fd = self._fds[s] = os.open(self.files.path(s), os.O_RDONLY)
+        return fd
+
     def _range(self, s: int, start: int, stop: int) -> bytes:
         if self.files.local is not None:
-            fd = self._fds.get(s)
-            if fd is None:
-                with self._lock:
-                    fd = self._fds.get(s)
-                    if fd is None:
-                        fd = self._fds[s] = os.open(self.files.path(s), os.O_RDONLY)
-            return os.pread(fd, stop - start, start)
+            return os.pread(self._fd(s), stop - start, start)
         return self.files.fs.cat_file(self.files.path(s), start=start, end=stop)
 
     def _shard_index(self, s: int) -> np.ndarray:
@@ -193,6 +198,83 @@ class ShardReader:
         except Exception as exc:
             raise ShardError(f"chunk {c}: Blosc cannot decode it ({exc})") from exc
         return crc, nbytes
+
+    def read_many(self, chunks: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, int]:
+        """Inner chunks ``chunks`` (int64) decoded into ``out``, chunk ``j`` into slot ``j`` of
+        ``chunk_len`` elements (Delta's differences left for the caller). Chunks next to each
+        other in a shard file are read together (one ``pread``, or one ranged GET of the ranges at
+        once); each one's CRC32C is checked before it is decoded. Returns their CRC32Cs and the
+        bytes read."""
+        chunks = np.asarray(chunks, dtype=np.int64)
+        n = chunks.shape[0]
+        if n == 0:
+            return np.zeros(0, dtype=np.int64), 0
+        shard, slot = np.divmod(chunks, self.per_shard)
+        off, length = np.empty(n, np.int64), np.empty(n, np.int64)
+        bounds = np.flatnonzero(np.diff(shard)) + 1
+        for a, b in zip(np.concatenate([[0], bounds]).tolist(), np.concatenate([bounds, [n]]).tolist()):
+            where = self._shard_index(int(shard[a]))[slot[a:b]]
+            if np.any(where[:, 0] == EMPTY):
+                raise ShardError(f"chunk {int(chunks[a + int(np.argmax(where[:, 0] == EMPTY))])} is missing")
+            off[a:b], length[a:b] = where[:, 0], where[:, 1]
+        # byte ranges: chunks that touch in one shard file are one read
+        order = np.lexsort((off, shard))
+        s_, o_, e_ = shard[order], off[order], off[order] + length[order]
+        new = np.ones(n, dtype=bool)
+        new[1:] = (s_[1:] != s_[:-1]) | (o_[1:] != e_[:-1])
+        rid = np.cumsum(new) - 1
+        r_start, r_shard = o_[new], s_[new]
+        r_end = np.maximum.reduceat(e_, np.flatnonzero(new))
+        r_at = np.concatenate([[0], np.cumsum(r_end - r_start)])
+        buf = np.empty(int(r_at[-1]), dtype=np.uint8)
+        self._read_ranges(r_shard, r_start, r_end, r_at, buf)
+        pos = np.empty(n, np.int64)
+        pos[order] = r_at[rid] + o_ - r_start[rid]
+        crcs = self._check_crcs(chunks, buf, pos, length)
+        status = decode_chunks(
+            buf,
+            pos,
+            length - 4,
+            out[: n * self.chunk_len].view(np.uint8),
+            self.chunk_len * self.dtype.itemsize,
+            self.raw,
+        )
+        if np.any(status != OK):
+            j = int(np.argmax(status != OK))
+            if status[j] == BAD_HEADER:
+                raise ShardError(f"chunk {int(chunks[j])}: does not decode to {self.chunk_len} elements")
+            raise ShardError(f"chunk {int(chunks[j])}: Blosc cannot decode it")
+        return crcs, int(buf.shape[0])
+
+    def _read_ranges(self, shard: np.ndarray, start: np.ndarray, end: np.ndarray, at: np.ndarray, buf) -> None:
+        if self.files.local is not None:
+            view = memoryview(buf)
+            for s, a, b, p in zip(shard.tolist(), start.tolist(), end.tolist(), at.tolist()):
+                if os.preadv(self._fd(s), [view[p : p + b - a]], a) != b - a:
+                    raise ShardError(f"shard {s} is shorter than its index says")
+            return
+        paths_ = [self.files.path(s) for s in shard.tolist()]
+        for p, got in zip(at.tolist(), self.files.fs.cat_ranges(paths_, start.tolist(), end.tolist())):
+            if isinstance(got, Exception):
+                raise got
+            buf[p : p + len(got)] = np.frombuffer(got, dtype=np.uint8)
+
+    @staticmethod
+    def _check_crcs(chunks: np.ndarray, buf: np.ndarray, pos: np.ndarray, length: np.ndarray) -> np.ndarray:
+        tail = pos + length - 4
+        stored = (
+            buf[tail].astype(np.int64)
+            | (buf[tail + 1].astype(np.int64) << 8)
+            | (buf[tail + 2].astype(np.int64) << 16)
+            | (buf[tail + 3].astype(np.int64) << 24)
+        )
+        view = memoryview(buf)
+        got = np.fromiter(
+            (_crc32c(view[p:t]) for p, t in zip(pos.tolist(), tail.tolist())), dtype=np.int64, count=pos.shape[0]
+        )
+        if not np.array_equal(got, stored):
+            raise ShardError(f"chunk {int(chunks[int(np.argmax(got != stored))])}: CRC32C checksum mismatch")
+        return stored
 
     def close(self) -> None:
         for fd in self._fds.values():
