@@ -206,12 +206,13 @@ def test_index_scatter_does_not_depend_on_the_parts(rng):
 
 
 @pytest.mark.parametrize("n", [50000, 300000])
-@pytest.mark.parametrize("key_space", [1000, 2**62])
+@pytest.mark.parametrize("key_space", [1000, 2**62, 2**64])
 def test_stable_key_order_is_the_stable_argsort(rng, key_space, n):
     """Keys joined with their positions (small key space; radix-sorted by one thread, or by
-    several from 2^17 keys) or the stable argsort (where key and position need more than 64
-    bits): the stable order and the sorted keys, ties included."""
-    keys = rng.integers(0, 1000, n).astype(np.uint64)
+    several from 2^17 keys; two words where key and position need more than 64 bits): the
+    stable order and the sorted keys, ties included."""
+    keys = rng.integers(0, min(key_space, 2**62), n).astype(np.uint64)
+    keys[rng.integers(0, n, n // 3)] = keys[0]  # ties
     order, sorted_keys = stable_key_order(keys, key_space)
     np.testing.assert_array_equal(order, np.argsort(keys, kind="stable"))
     np.testing.assert_array_equal(sorted_keys, np.sort(keys))

@@ -118,6 +118,9 @@ def test_a_round_reads_only_the_sampled_fibers_chunks(tmp_path, rng):
     assert got.reads["bytes_read"] == mode_index.chunk_bytes(chunks) + filter_bytes < mode_index.stored_bytes() / 4
     # the filter read its keys' blocks only: one 512-byte chunk (and its CRC32C) a key at most
     assert 0 < filter_bytes <= 516 * len(np.unique(keys))
+    # what the memory plan counts for the filters covers that query's read and decoded blocks
+    tables = 24 * (mode_index.bloom_crc.shape[0])
+    assert tables + 2 * filter_bytes * 512 // 516 <= index.bloom_bytes([1], samples=len(keys))
     # the Bloom filter: every fiber with nonzeros passes, nearly all without are skipped unread
     coords1 = coords.copy()
     coords1[:, 1] = 0

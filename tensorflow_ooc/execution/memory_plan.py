@@ -258,7 +258,8 @@ def candidates(
     samples : Khatri-Rao rows drawn per mode by randomized CP-ALS (0: exact CP-ALS).
     trees : the sampler keeps STS-CP's segment trees (CP-ARLS-LEV does not).
     index_reads : bytes a sampled round's fiber-index reads hold at most (0: no index).
-    index_filters : bytes of the fiber index's Bloom filters, which a worker keeps once read.
+    index_filters : bytes the fiber index's Bloom filters hold: their tables, kept once read, and
+        one query's blocks.
     kernel_threads : numba threads per task: with more than one, each execution is first tried
         with a private bound that holds per-thread copies of the longest mode's output
         (:class:`~tensorflow_ooc.kernels.mttkrp.dispatch.ThreadOutputs`, faster than row-owned tiles on
@@ -337,7 +338,8 @@ def candidates(
             # a round's fiber-index reads are not live while an exact pass (the fit's) holds its
             # batch buffers and private rows: only what they exceed adds to the peak
             terms["sampling"] += max(0, index_reads - terms["data"] - terms["private"] - terms["buckets"])
-            # the Bloom filters are read in the first sampled round and kept. From then on an exact
+            # the Bloom filters' tables are read in the first sampled round and kept, beside one
+            # query's blocks (see FiberIndex.bloom_bytes). From then on an exact
             # MTTKRP runs for the last mode only (the fit), and a gather's output holds at most one
             # mode's rows (and a quarter more for its hit rows): the outputs of the exact warm-up's
             # longest mode, counted above, are free for them then

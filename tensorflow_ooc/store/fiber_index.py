@@ -295,13 +295,11 @@ class FiberIndex:
     def bloom_bytes(self, modes: list[int] | None = None, samples: int = 0) -> int:
         """Bytes the Bloom filters of ``modes`` (default all) hold in memory: their chunk checksums
         and shard tables, kept once read, and the chunks one query of ``samples`` keys reads
-        (twice: the read and the decoded words)."""
+        (twice: as read and decoded; one mode is queried at a time)."""
         modes = self.modes if modes is None else modes
-        total = 0
-        for m in modes:
-            chunks = int(self.meta["modes"][str(m)]["bloom_words"]) // BLOOM_CHUNK_WORDS
-            total += 24 * chunks + min(chunks, int(samples)) * BLOOM_CHUNK_WORDS * 8 * 2
-        return total
+        chunks = [int(self.meta["modes"][str(m)]["bloom_words"]) // BLOOM_CHUNK_WORDS for m in modes]
+        query = max((min(c, int(samples)) for c in chunks), default=0)
+        return 24 * sum(chunks) + query * BLOOM_CHUNK_WORDS * 8 * 2
 
     def describe(self) -> dict:
         """Per mode, for ``tfooc info``: chunks, bytes and bytes per nonzero."""

@@ -19,7 +19,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import numba as nb
 import numcodecs
 import numpy as np
 import zarr
@@ -60,14 +59,13 @@ DEFAULT_CHUNK_NNZ = 1 << 20
 FLUSH_CHUNKS = 4
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def _delta_u8(x, out):
-    """numcodecs Delta on uint64: out[0] = x[0], out[i] = x[i] - x[i - 1] (wrapping)."""
-    n = x.shape[0]
-    if n:
+def _delta_u8(x: np.ndarray, out: np.ndarray) -> None:
+    """numcodecs Delta on uint64: out[0] = x[0], out[i] = x[i] - x[i - 1] (wrapping). NumPy, not a
+    parallel kernel: waking numba's threads for a fiber index's 1024-entry chunks cost 2 ms a
+    chunk on a loaded machine, 59 of a 92 s index build."""
+    if x.shape[0]:
         out[0] = x[0]
-    for i in nb.prange(1, n):
-        out[i] = x[i] - x[i - 1]
+        np.subtract(x[1:], x[:-1], out=out[1:])
 
 
 def encoded_chunk(data: np.ndarray, delta: bool, blosc: numcodecs.Blosc | None) -> bytes:
