@@ -181,10 +181,12 @@ def test_sums_do_not_depend_on_the_thread_count(tmp_path, rng):
     np.testing.assert_allclose(got[1][0], brute_force(coords, values, shape, 0, samples, Hw), rtol=1e-10, atol=1e-10)
 
 
-def test_index_scatter_does_not_depend_on_the_parts(rng):
+@pytest.mark.parametrize("nrows", [37, 300000])
+def test_index_scatter_does_not_depend_on_the_parts(rng, nrows):
     """The index's runs added into the output rows, each part into its own rows, give the sums of
-    one sequential loop (samples in order, each fiber in index order) for any number of parts."""
-    nrows, out_lo, R = 37, 5, 3
+    one sequential loop (samples in order, each fiber in index order) for any number of parts;
+    the cuts balance the matches whether counted by row (few rows) or sorted (many)."""
+    out_lo, R = 5, 3
     rows = rng.integers(out_lo, out_lo + nrows, 4000)
     vals = rng.standard_normal(4000)
     lengths = rng.integers(0, 40, 150)
@@ -200,6 +202,10 @@ def test_index_scatter_does_not_depend_on_the_parts(rng):
         # step: the cuts counted over every step-th sample's matches (1000: one sample, or none)
         cut = _row_cuts(rows, first, offsets, out_lo, nrows, parts, step)
         assert cut[0] == 0 and cut[-1] == nrows and np.all(np.diff(cut) >= 0)
+        if step == 1 and parts <= 3:
+            matched = np.concatenate([rows[f : f + n] for f, n in zip(first, lengths)]) - out_lo
+            per_part = np.histogram(matched, bins=cut)[0]
+            assert per_part.max() <= matched.shape[0] / parts + np.bincount(matched).max() + 1
         got = np.zeros((nrows, R))
         _scatter_runs(rows, vals, first, offsets, Hw, slot, got, out_lo, cut)
         np.testing.assert_array_equal(got, want)
