@@ -4,11 +4,13 @@
                                                       # + peers (uber-shaped, 3.3 M)
     python benchmarks/bench_cpals.py --ooc            # adds the out-of-core run (store >= 4x worker memory)
     python benchmarks/bench_cpals.py --sections peers --iters 3
+    python benchmarks/bench_cpals.py --sections nonneg  # nonnegative CP-ALS: a store against the same dense array
 
 Prints tables; writes JSON to benchmarks/results/cpals-<time>.json. Targets (issue 4): embedded
 LocalCluster iteration <= 1.15x the kernels called directly; streaming >= 70 % of in-memory
 throughput; faster per iteration than GenTen through the embedded default; out of core, every
-worker's peak RSS under its memory limit.
+worker's peak RSS under its memory limit. Nonnegative CP-ALS (issue 49): on a store holding every
+entry of a dense array, s/iteration within the dense path's for the same tensor, same factors.
 """
 
 from __future__ import annotations
@@ -220,9 +222,66 @@ def section_ooc(tmp: Path, args) -> dict:
     return res
 
 
+def section_nonneg(tmp: Path, args) -> dict:
+    """Nonnegative CP-ALS (HALS) on a sparse store holding every entry of a dense array against the
+    same array given dense, from the same initial factors: s/iteration of each, their ratio, and the
+    largest factor difference."""
+    rng = np.random.default_rng(49)
+    rows = []
+    print(
+        f"\nNonnegative CP-ALS, store against the same tensor dense: rank {args.rank}, {args.rounds} rounds x "
+        f"{args.iters} iterations interleaved (after one warm-up each); s/iteration best (median)"
+    )
+    print(f"{'shape':>22}{'entries':>11}{'store s/it':>22}{'dense s/it':>22}{'store/dense':>13}{'max |dF|':>10}")
+    for text in args.nonneg_shapes:
+        shape = tuple(int(v) for v in text.split("x"))
+        letters = "".join(chr(105 + n) for n in range(len(shape)))
+        planted = [rng.random((n, args.rank)) for n in shape]
+        X = np.einsum(",".join(f"{c}r" for c in letters) + "->" + letters, *planted)
+        X += 0.05 * X.mean() * rng.random(shape)
+        coords = np.argwhere(np.ones(shape, dtype=bool))
+        store = tfo.convert((coords, X[tuple(coords.T)]), tmp / f"nonneg-{text}.zarr", shape=shape, overwrite=True)
+        del coords
+        init = [rng.random((n, args.rank)) for n in shape]
+        runs: dict[str, list[float]] = {"store": [], "dense": []}
+        last = {}
+        for _ in range(args.rounds):
+            for kind, source in (("store", store), ("dense", X)):
+                r = tfo.cp_als(source, args.rank, init=init, max_iters=args.iters + 1, tol=0, nonnegative=True)
+                runs[kind] += [h["seconds"] for h in r.history[1:]]
+                last[kind] = r
+        diff = max(float(np.abs(a - b).max()) for a, b in zip(last["store"].factors, last["dense"].factors))
+        row = {
+            "shape": list(shape),
+            "entries": int(X.size),
+            "rank": args.rank,
+            "store_s": min(runs["store"]),
+            "dense_s": min(runs["dense"]),
+            "store_median_s": float(np.median(runs["store"])),
+            "dense_median_s": float(np.median(runs["dense"])),
+            "ratio": min(runs["store"]) / min(runs["dense"]),
+            "ratio_median": float(np.median(runs["store"]) / np.median(runs["dense"])),
+            "max_factor_difference": diff,
+            "fit_store": last["store"].fit,
+            "fit_dense": last["dense"].fit,
+            "execution": last["store"].params.get("execution"),
+            "all": runs,
+        }
+        rows.append(row)
+        print(
+            f"{text:>22}{X.size:>11,}{row['store_s']:>12.5f} ({row['store_median_s']:.5f})"
+            f"{row['dense_s']:>12.5f} ({row['dense_median_s']:.5f}){row['ratio']:>6.2f} ({row['ratio_median']:.2f})"
+            f"{diff:>10.1e}"
+        )
+    return {"rows": rows}
+
+
+SECTIONS = {"overhead": section_overhead, "peers": section_peers, "ooc": section_ooc, "nonneg": section_nonneg}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sections", nargs="+", default=["overhead", "peers"], choices=["overhead", "peers", "ooc"])
+    ap.add_argument("--sections", nargs="+", default=["overhead", "peers"], choices=list(SECTIONS))
     ap.add_argument("--ooc", action="store_true", help="add the out-of-core section")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--iters", type=int, default=3)
@@ -232,6 +291,12 @@ def main() -> None:
     ap.add_argument("--small", default="uber", help="tensor for peers (default uber, 3.3 M)")
     ap.add_argument("--worker-memory-mb", type=int, default=450)
     ap.add_argument("--ooc-factor", type=float, default=4.2, help="decoded store size / worker memory")
+    ap.add_argument(
+        "--nonneg-shapes",
+        nargs="+",
+        default=["64x64x64", "128x128x128", "24x24x24x24", "12x12x12x12x12"],
+        help="nonneg section: dense tensors stored whole",
+    )
     ap.add_argument("--tmp", default=None)
     args = ap.parse_args()
     sections = list(args.sections) + (["ooc"] if args.ooc and "ooc" not in args.sections else [])
@@ -241,7 +306,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.tmp) as d:
         tmp = Path(d)
         for s in sections:
-            out[s] = {"overhead": section_overhead, "peers": section_peers, "ooc": section_ooc}[s](tmp, args)
+            out[s] = SECTIONS[s](tmp, args)
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"cpals-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(out, indent=2, default=str))

@@ -19,6 +19,16 @@ import time
 from typing import Any
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+# every headless Chromium the tests start: no sandbox (containers run as root), no GPU, /tmp for
+# shared memory (a container's /dev/shm is small), no scrollbars in the measured widths
+HEADLESS_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+    "--no-first-run",
+)
 
 
 class BrowserError(RuntimeError):
@@ -55,12 +65,7 @@ class HeadlessPage:
         self._proc = subprocess.Popen(
             [
                 CHROMIUM,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-                "--hide-scrollbars",
-                "--no-first-run",
+                *HEADLESS_FLAGS,
                 "--remote-debugging-pipe",
                 f"--user-data-dir={self._profile.name}",
                 f"--window-size={width},{height}",

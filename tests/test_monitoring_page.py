@@ -72,8 +72,9 @@ def site(tmp_path_factory):
     runs = RunStore(root)
     created: dict[str, datetime] = {}
 
-    # past nightly runs: more than two pages, at random times over the last year
-    n_past = int(rng.integers(56, 90))
+    # past nightly runs: more than two pages, at random times over the last year; more than a page
+    # of 10 reads by the seconds in new_run_id's ids (their ids have none: each is read)
+    n_past = int(rng.integers(90, 130))
     for i, days in enumerate(rng.permutation(rng.choice(np.arange(2, 365), n_past, replace=False))):
         run_id = f"nightly-{i:03d}"
         created[run_id] = NOW - timedelta(days=int(days), seconds=int(rng.integers(0, 3600)))

@@ -15,13 +15,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from dask_processes import until
+from dask_processes import dask_processes, until
+from headless_browser import CHROMIUM, HEADLESS_FLAGS
 
 from tensorflow_ooc.cli import main
 from tensorflow_ooc.workflow.records import RunStore
@@ -34,7 +34,6 @@ steps:
   decompose: {kind: decompose, input: t.zarr, out: t.cp.zarr, rank: 6, max_iters: 100000, tol: 0, seed: 1,
               scheduler: cluster, execution: streaming}
 """
-CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None,
     reason="headless Chromium not installed (Debian: apt-get install chromium); the browser checks of /tfooc need it",
@@ -53,17 +52,7 @@ def _get(url: str) -> str:
 
 
 def _chromium(*args: str, timeout: float = 90) -> str:
-    cmd = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--hide-scrollbars",
-        "--no-first-run",
-        "--virtual-time-budget=4000",
-        *args,
-    ]
+    cmd = [CHROMIUM, *HEADLESS_FLAGS, "--virtual-time-budget=4000", *args]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
@@ -101,77 +90,18 @@ def served(tmp_path_factory):
     """Scheduler (with the preload) and worker processes, and a submitted run that keeps iterating."""
     tmp = tmp_path_factory.mktemp("monitoring")
     root = str(tmp / "storage")
-    sched_file = tmp / "scheduler.json"
-    env = {**os.environ, "TFOOC_HEARTBEAT_S": "0.5", "NUMBA_NUM_THREADS": "1"}
-    procs = []
-    with contextlib.ExitStack() as files:
-        logs = [files.enter_context(open(tmp / name, "w")) for name in ("scheduler.log", "worker.log")]
-        yield from _serve(tmp, root, sched_file, env, procs, logs)
-
-
-def _serve(tmp, root, sched_file, env, procs, logs):
-    try:
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "dask",
-                    "scheduler",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    "0",
-                    "--dashboard-address",
-                    "127.0.0.1:0",
-                    "--scheduler-file",
-                    str(sched_file),
-                    "--preload",
-                    "tensorflow_ooc.monitoring",
-                    "--tfooc-storage",
-                    root,
-                ],
-                env=env,
-                stdout=logs[0],
-                stderr=subprocess.STDOUT,
-            )
-        )
-        info = _until(
-            lambda: sched_file.exists() and json.loads(sched_file.read_text() or "{}"), 60, "the scheduler file"
-        )
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "dask",
-                    "worker",
-                    "--scheduler-file",
-                    str(sched_file),
-                    "--nthreads",
-                    "1",
-                    "--nworkers",
-                    "2",  # owner-computes: the page and /metrics show the bytes sent between workers
-                    "--memory-limit",
-                    "2GiB",
-                    "--no-dashboard",
-                ],
-                env=env,
-                stdout=logs[1],
-                stderr=subprocess.STDOUT,
-            )
-        )
-        base = f"http://127.0.0.1:{info['services']['dashboard']}"
-        _until(lambda: json.loads(_get(base + "/json/counts.json"))["workers"] >= 2, 60, "the workers")
+    env = {"TFOOC_HEARTBEAT_S": "0.5", "NUMBA_NUM_THREADS": "1"}
+    # two workers: owner-computes, so the page and /metrics show the bytes sent between workers
+    with dask_processes(tmp, root, workers=2, env=env) as cluster:
         spec = tmp / "monitored.yaml"
         spec.write_text(SPEC)
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()) as out:
-            assert main(["submit", str(spec), "--scheduler", info["address"], "--storage", root]) == 0
+            assert main(["submit", str(spec), "--scheduler", cluster["address"], "--storage", root]) == 0
         run_id = out.getvalue().strip()
         yield {
-            "base": base,
-            "address": info["address"],
+            "base": cluster["base"],
+            "address": cluster["address"],
             "root": root,
             "run_id": run_id,
             "log": err.getvalue(),
@@ -180,14 +110,6 @@ def _serve(tmp, root, sched_file, env, procs, logs):
         rec = RunStore(root).read(run_id)
         if not rec.final:
             main(["cancel", run_id, "--storage", root, "--wait", "--timeout", "60"])
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 def _progress(served) -> int:

@@ -21,13 +21,10 @@ from typing import Iterator
 import numpy as np
 
 from ..kernels import StackedFactors
-from ..kernels.mttkrp.dispatch import numba_threads
+from ..kernels.mttkrp.dispatch import numba_threads, threads_for
 from ..store.dense import ChunkScan, DenseArray, scan_chunk
 from .partials import Partial, to_host, worker_threads
 from .stream import read_ahead_pays
-
-# entries per kernel thread below which a chunk's MTTKRP runs on fewer threads
-PARALLEL_MIN_ENTRIES = 1 << 15
 
 
 @dataclass(frozen=True)
@@ -190,8 +187,7 @@ def dense_mttkrp_partition(
 
     for origin, block in blocks:
         o = origin[mode] - lo
-        # a small chunk runs on one thread: starting a parallel region costs more than it saves
-        # (and on a loaded machine, waiting for a descheduled thread costs milliseconds)
-        with numba_threads(min(threads, max(1, block.size // PARALLEL_MIN_ENTRIES))):
+        # a small chunk runs on fewer threads: a parallel region costs more than it saves
+        with numba_threads(threads_for(threads, block.size)):
             dense_mttkrp(block, views, mode, origin=origin, out=out[o : o + block.shape[mode]])
     return Partial(lo, out, time.perf_counter() - t0)

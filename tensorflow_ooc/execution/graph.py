@@ -155,6 +155,9 @@ class MTTKRPGraph(PartitionedGraph):
     load : bool
         Load in-memory partitions now (False: only plan them, for an owner-computes run whose
         workers load their own, :mod:`.owner_computes`).
+    keep_target : bool
+        The mode update reads the target mode's old rows (nonnegative CP's HALS warm start): they
+        are never lent to the MTTKRP as scratch (``lend_target``), and the plan counts no lending.
     """
 
     def __init__(
@@ -173,6 +176,7 @@ class MTTKRPGraph(PartitionedGraph):
         samples: int = 0,
         load: bool = True,
         sampler: str = "sts",
+        keep_target: bool = False,
     ) -> None:
         self.device_options = device_options
         self.sampler = sampler
@@ -197,6 +201,7 @@ class MTTKRPGraph(PartitionedGraph):
         # one worker running one task at a time: workers of one process may share a state object
         # (in-process transfers pass it by reference), so lending needs a single worker
         self._one_task_at_a_time = len(res) == 1 and all(r["dask_threads"] == 1 for r in res.values())
+        self._may_lend = self._one_task_at_a_time and not keep_target
         self.memory_plan: MemoryPlan | None = None
         self._asked = PlanRequest(execution, rank, dtype, int(samples))  # for plan_owner_computes
         self.memory_plan_error: MemoryPlanError | None = None
@@ -222,7 +227,7 @@ class MTTKRPGraph(PartitionedGraph):
         # exact CP-ALS mode updates may lend the target mode's factor rows to the MTTKRP as a
         # per-thread output copy (ThreadOutputs) when the update overwrites them in place and no
         # other task can read them meanwhile
-        self.lend_target = self.in_place and self._one_task_at_a_time
+        self.lend_target = self.in_place and self._may_lend
         # several CPU workers: partials are reduce-scattered instead of tree-reduced onto one
         self.scatter_reduce = len(res) > 1 and self.device == "cpu"
         log.info(
@@ -373,7 +378,7 @@ class MTTKRPGraph(PartitionedGraph):
             kernel_threads=min(r["numba_threads"] * r["dask_threads"] for r in res.values())
             if owner
             else self.numba_threads,
-            lend_target=self._one_task_at_a_time and not owner,
+            lend_target=self._may_lend and not owner,
             owner=owner,
             **common,
         )

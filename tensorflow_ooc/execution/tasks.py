@@ -17,7 +17,7 @@ import numpy as np
 from ..format import BitLayout
 from ..kernels import StackedFactors, WorkItems
 from ..kernels.apr.cpu import model_values
-from ..kernels.mttkrp.dispatch import MttkrpPass, ThreadOutputs, numba_threads
+from ..kernels.mttkrp.dispatch import MttkrpPass, ThreadOutputs, numba_threads, threads_for
 from ..kernels.mttkrp.mode_order import mode_sorted
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..kernels.sampling.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
@@ -177,8 +177,9 @@ def mttkrp_partition(
     out = zeroed_output((hi - lo + 1, factors.rank), factors.dtype)
     if read_ahead is None:
         read_ahead = read_ahead_pays(threads * worker_threads())
-    with numba_threads(threads):
-        nnz = source.items.nnz.sum() if isinstance(source, PartitionData) else lo_hi.nnz
+    nnz = source.items.nnz.sum() if isinstance(source, PartitionData) else lo_hi.nnz
+    # a small partition runs on one thread, as a small dense chunk does (threads_for)
+    with numba_threads(threads_for(threads, nnz)):
         sorted_items = source.mode_items.get(mode) if isinstance(source, PartitionData) else None
         shared = ThreadOutputs.for_items(
             out,

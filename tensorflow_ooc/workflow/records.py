@@ -151,6 +151,10 @@ class RunRecord(BaseModel):
         return self.state in FINAL_STATES
 
 
+# the second of an id made by new_run_id: NAME-YYYYmmdd-HHMMSS-xxxx
+_ID_SECOND = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
+
+
 def new_run_id(workflow: str) -> str:
     """``NAME-YYYYmmdd-HHMMSS-xxxx``: sortable by time, unique by the random tail."""
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", workflow)[:40] or "run"
@@ -212,18 +216,23 @@ class RunStore:
         return RunRecord.model_validate_json(loc.read_text(self._file(run_id, "record.json")))
 
     def list(self, limit: int | None = None) -> list[RunRecord]:
-        """Records, newest first (by creation time: ids only resolve seconds)."""
+        """Records, newest first: by creation time, then by id, so that runs created in the same
+        millisecond keep one order and every page of a listing is a slice of the same list.
+
+        With ``limit`` only the newest are read: ids of :func:`new_run_id` carry their second, so
+        the newest of those are read with a margin (ids resolve seconds only); an id of any other
+        form (a run id given to ``execute``) is always read, its time being in its record only."""
         ids = loc.listdir(self.dir)
         if limit is not None:
-            # ids start with the workflow name, then the second: take a margin per name and sort
-            ids = sorted(ids, key=lambda i: i.rsplit("-", 3)[-3:], reverse=True)[: limit * 4 + 16]
+            timed = sorted(((m.group(1), i) for i in ids if (m := _ID_SECOND.search(i))), reverse=True)
+            ids = [i for _, i in timed[: limit * 4 + 16]] + [i for i in ids if not _ID_SECOND.search(i)]
         out = []
         for run_id in ids:
             try:
                 out.append(self.read(run_id))
             except Exception:  # a record being created right now, or foreign files
                 continue
-        out.sort(key=lambda r: r.created_at, reverse=True)
+        out.sort(key=lambda r: (r.created_at, r.run_id), reverse=True)
         return out if limit is None else out[:limit]
 
     def append_events(self, run_id: str, events: list[dict], mask: Mask | None = None) -> None:

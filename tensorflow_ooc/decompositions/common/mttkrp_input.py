@@ -42,10 +42,12 @@ def open_graph(
     samples: int,
     load: bool = True,
     sampler: str = "sts",
+    keep_target: bool = False,
 ) -> MTTKRPGraph:
     """The MTTKRP graph of a sparse store or a dense array under ``run`` (its execution, partitions,
     device and device options); records its choices in ``params``. A dense array's ||X||^2 is
-    computed here."""
+    computed here. ``keep_target``: the mode update reads the target mode's old rows (see
+    :class:`~tensorflow_ooc.execution.MTTKRPGraph`)."""
     dense = store.dense
     graph_of = DenseMTTKRPGraph if dense else MTTKRPGraph
     graph = graph_of(
@@ -58,7 +60,7 @@ def open_graph(
         rank=rank,
         dtype=dtype,
         samples=samples,
-        **({} if dense else {"load": load, "sampler": sampler}),
+        **({} if dense else {"load": load, "sampler": sampler, "keep_target": keep_target}),
     )
     params["execution"] = graph.execution
     params["in_place_updates"] = graph.in_place

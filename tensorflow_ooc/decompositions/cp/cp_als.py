@@ -152,6 +152,7 @@ class CPIterations:
             samples=int(o.samples) if self.randomized else 0,
             sampler=o.method,
             load=run.distribution == "graph" or o.method not in OWNER_METHODS or store.dense,
+            keep_target=o.nonnegative,  # HALS starts from the mode's old rows
         )
         cleanup.callback(graph.release)
         owner = use_owner_computes(c, graph, store.dense, o.method, run.distribution)

@@ -14,7 +14,14 @@ from ...format import BitLayout, BLCOTensor
 from ...store import Chunk, Store
 from ..factors import StackedFactors, aligned_empty, aligned_zeros
 from .column_groups import column_block, column_groups
-from .cpu import PREFETCH_MIN_BYTES, kernel_for, merge_private, merge_thread_buffers
+from .cpu import (
+    PREFETCH_MIN_BYTES,
+    kernel_for,
+    merge_private,
+    merge_private_serial,
+    merge_thread_buffers,
+    merge_thread_buffers_serial,
+)
 from .mode_order import copies_fit, mode_sorted
 from .owned import run_owned
 from .plan import DEFAULT_MAX_PRIVATE_BYTES, ConflictPlan, WorkItems, plan_conflicts, work_items
@@ -43,6 +50,21 @@ def private_scratch(rows: int, rank: int, dtype: Any) -> np.ndarray:
     if buf is None or buf.nbytes < nbytes:
         buf = _SCRATCH.buf = aligned_empty(max(nbytes, 1 << 20), np.uint8)
     return buf[:nbytes].view(dtype).reshape(rows, rank)
+
+
+# entries (dense) or nonzeros (sparse) per kernel thread below which a pass runs on fewer
+# threads: a parallel region's start and barrier cost more than a smaller share, and on a loaded
+# machine a descheduled thread makes every region wait milliseconds (a 64^3 store, R16, 2 threads
+# under load: 22 ms a mode against 0.36 ms on one thread)
+PARALLEL_MIN_ENTRIES = 1 << 15
+
+
+def threads_for(threads: int | None, entries: int) -> int | None:
+    """The kernel threads of a pass over ``entries`` entries or nonzeros: ``threads`` (None: the
+    caller's setting), fewer where a thread's share would hold under ``PARALLEL_MIN_ENTRIES``."""
+    if threads is None:
+        return None
+    return max(1, min(int(threads), int(entries) // PARALLEL_MIN_ENTRIES))
 
 
 @contextmanager
@@ -163,7 +185,8 @@ class ThreadOutputs:
 
     def merge(self) -> None:
         if self.bufs is not None and self.threads > 1:
-            merge_thread_buffers(self.out, self.first, self.bufs)
+            serial = threads_for(nb.get_num_threads(), self.out.size * (self.bufs.shape[0] + 1)) == 1
+            (merge_thread_buffers_serial if serial else merge_thread_buffers)(self.out, self.first, self.bufs)
         self.first = self.bufs = None
 
 
@@ -348,7 +371,10 @@ def run_items(
         if own_outputs:
             thread_outputs.merge()
     if plan.private.any():
-        merge_private(out, out_lo, plan.private, plan.offset, items.lo, items.hi, mode, priv_buf, MERGE_TILE)
+        serial = threads_for(nb.get_num_threads(), int(plan.size.sum()) * R) == 1
+        (merge_private_serial if serial else merge_private)(
+            out, out_lo, plan.private, plan.offset, items.lo, items.hi, mode, priv_buf, MERGE_TILE
+        )
     return plan
 
 
