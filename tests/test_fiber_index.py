@@ -399,3 +399,22 @@ def test_an_index_of_an_earlier_version_is_refused_by_name(tmp_path, rng):
     meta_file.write_text(json.dumps(doc))
     with pytest.raises(CorruptStoreError, match=r"version 1 is not supported.*fiber-index --overwrite"):
         open_fiber_index(tfo.open_store(store.path))
+
+
+def test_a_store_replaced_at_the_same_path_is_read_anew(tmp_path, rng):
+    """A store converted again over the same path (overwrite) in one process, then decomposed, is
+    read as the new store, not the one this process opened before; an index rebuilt is too."""
+    shape = (15, 12, 10)
+    first = tfo.convert(random_coo(rng, shape, 900), tmp_path / "s", shape=shape)
+    tfo.cp_als(first, 3, max_iters=2, seed=0)
+    coords, values = random_coo(rng, shape, 1200)
+    second = tfo.convert((coords, values), tmp_path / "s", shape=shape, overwrite=True)
+    dense = np.zeros(shape)
+    np.add.at(dense, tuple(coords.T), values)
+    r = tfo.cp_als(second, 3, max_iters=3, seed=0)
+    got = np.einsum("r,ir,jr,kr->ijk", r.weights, *r.factors)
+    assert abs((1 - np.linalg.norm(dense - got) / np.linalg.norm(dense)) - r.fit) < 1e-8
+    # sampled reads through an index built after the store was opened here
+    tfo.build_fiber_index(second, "all")
+    r = tfo.cp_als(str(second.path), 3, method="sts", samples=256, max_iters=2, seed=0, execution="streaming")
+    assert all(v == "index" for v in r.params["sampled_reads"].values())

@@ -7,6 +7,7 @@ per-chunk ranges), so partials stay small for long modes and the reduction moves
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,22 +23,41 @@ from ..kernels.mttkrp.mode_order import mode_sorted
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..kernels.sampling.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
 from ..store import Store, open_store
+from ..store.paths import is_url
 from .output_buffers import zeroed_output
 from .partials import Partial, merged_reads, sparse_sum, worker_threads
 from .partitions import Partition
 from .stream import BATCH_NNZ, MAP_MAX_OUTPUT_BYTES, BatchBuffers, fill_batch, read_ahead_pays, stream_batches
 
-_STORES: dict[str, Store] = {}
+_STORES: dict[str, tuple[tuple, Store]] = {}
 _STORES_LOCK = threading.Lock()
 
 
+def _local_version(path: str) -> tuple:
+    """(inode, mtime, size) of a local store's metadata and its fiber index's: a store replaced
+    (``convert(..., overwrite=True)`` stages and moves in a new one) or re-indexed since it was
+    opened reads as another version; () for object storage."""
+    if is_url(path):
+        return ()
+    out = []
+    for meta in (os.path.join(path, "zarr.json"), os.path.join(path, "fibers", "zarr.json")):
+        try:
+            st = os.stat(meta)
+            out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
 def cached_store(path: str) -> Store:
-    """The store at ``path``, opened (and validated) once per worker process."""
+    """The store at ``path``, opened (and validated) once per worker process, and again where a
+    local store was replaced or re-indexed since (two ``stat`` calls a lookup)."""
+    version = _local_version(path)
     with _STORES_LOCK:
-        s = _STORES.get(path)
-        if s is None:
-            s = _STORES[path] = open_store(path)
-        return s
+        got = _STORES.get(path)
+        if got is None or got[0] != version:
+            got = _STORES[path] = (version, open_store(path))
+        return got[1]
 
 
 @dataclass
