@@ -557,9 +557,31 @@ def merge_private(out, out_lo, private, priv_row, item_lo, item_hi, mode, priv_b
                     out[dst, r] += priv_buf[src, r]
 
 
+# thread buffers of at most this many values in all are merged on one thread: waking numba's
+# threads costs more than the adds (and, on a loaded machine, a scheduler slice)
+SERIAL_MERGE_VALUES = 1 << 16
+
+
+def merge_thread_buffers(out: np.ndarray, first: np.ndarray, bufs: np.ndarray) -> None:
+    """``out += first + sum_g bufs[g]``, rows split over the threads when large (a fixed order of
+    addition either way)."""
+    one = out.size * (bufs.shape[0] + 1) <= SERIAL_MERGE_VALUES
+    (_merge_thread_buffers_one if one else _merge_thread_buffers)(out, first, bufs)
+
+
+@nb.njit(nogil=True, cache=True)
+def _merge_thread_buffers_one(out, first, bufs):
+    nrows, R = out.shape
+    for i in range(nrows):
+        for r in range(R):
+            out[i, r] += first[i, r]
+        for g in range(bufs.shape[0]):
+            for r in range(R):
+                out[i, r] += bufs[g, i, r]
+
+
 @nb.njit(parallel=True, nogil=True, cache=True)
-def merge_thread_buffers(out, first, bufs):
-    """``out += first + sum_g bufs[g]``, rows split over the threads (a fixed order of addition)."""
+def _merge_thread_buffers(out, first, bufs):
     nrows, R = out.shape
     for i in nb.prange(nrows):
         for r in range(R):
