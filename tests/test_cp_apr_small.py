@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tensorflow_ooc as tfo
-from tensorflow_ooc.kernels.apr.mu_mode import khatri_rao_rows, mode_runs, model_sums, mu_mode_iterations
+from tensorflow_ooc.kernels.apr.mu_mode import mode_runs, model_sums, mu_mode
 from tensorflow_ooc.kernels.factors import StackedFactors
 
 LETTERS = "abcdef"
@@ -50,21 +50,22 @@ def khatri_rao(factors, n):
     return out
 
 
-def dense_mode_iterations(X, factors, B, n, eps, tol, max_inner):
-    """pyttb's inner loop of mode ``n`` on the dense tensor: Phi, KKT, stop or ``B <- B * Phi``."""
+def dense_mode_iterations(X, factors, B, n, eps, tol, max_inner, trace=False):
+    """pyttb's inner loop of mode ``n`` on the dense tensor: Phi, KKT, stop or ``B <- B * Phi``
+    (``trace``: the KKT violation of every inner iteration instead of the last)."""
     Pi = khatri_rao(factors, n)
     Xn = unfold(X, n)
-    inner = 0
+    inner, kkts = 0, []
     while True:
         inner += 1
         Phi = (Xn / np.maximum(B @ Pi.T, eps)) @ Pi
-        kkt = float(np.max(np.abs(np.minimum(B, 1 - Phi))))
-        if kkt < tol:
+        kkts.append(float(np.max(np.abs(np.minimum(B, 1 - Phi)))))
+        if kkts[-1] < tol:
             break
         B = B * Phi
         if inner == max_inner:
             break
-    return B, Phi, kkt, inner
+    return B, Phi, kkts if trace else kkts[-1], inner
 
 
 def dense_mu(X, init, outer, max_inner, tol, eps, kappa=0.01, kappa_tol=1e-10):
@@ -95,7 +96,7 @@ def dense_mu(X, init, outer, max_inner, tol, eps, kappa=0.01, kappa_tol=1e-10):
 
 
 @pytest.mark.parametrize("order", [3, 4, 5])
-def test_mode_kernel_matches_dense_reference_at_every_share_count(rng, order):
+def test_mode_kernel_matches_dense_reference_at_every_share_and_block_size(rng, order):
     shape = tuple(int(s) for s in rng.integers(4, 8, order))
     X, coords, values = count_tensor(rng, shape, 4 * int(np.prod(shape)) // 10)
     R = int(rng.integers(2, 9))
@@ -103,26 +104,29 @@ def test_mode_kernel_matches_dense_reference_at_every_share_count(rng, order):
     F.data[:] = rng.random(F.data.shape) + 0.05
     n = int(rng.integers(order))
     eps, max_inner = 1e-10, 6
-    tol = float(rng.choice([1e-300, 1e-2]))  # never stops, or stops early in some runs
     B0 = F.views[n].copy()
-    B_ref, Phi_ref, kkt_ref, inner_ref = dense_mode_iterations(X, F.views, B0, n, eps, tol, max_inner)
-    pi = np.empty((len(values), R))
-    for shares in range(1, 9):
-        m = mode_runs(coords[:, n], values, shape[n], shares)
-        F.views[n][:] = B0
-        khatri_rao_rows(coords, m.perm, F.data, F.offsets, n, pi)
-        phi = np.full((shape[n], R), np.nan)
-        positive = np.zeros((shape[n], R), dtype=bool)
-        args = (m.ptr, m.rows, m.empty, m.share, m.first_run, m.last_run, m.cut_rows, m.cut_ptr, m.cut_parts)
-        kkt, inner, updates = mu_mode_iterations(*args, m.values, pi, F.views[n], phi, positive, eps, tol, max_inner)
-        assert inner == inner_ref and updates == (inner if kkt >= tol else inner - 1)
-        assert kkt == pytest.approx(kkt_ref, rel=1e-12)
-        np.testing.assert_allclose(phi, Phi_ref, rtol=1e-12, atol=1e-300)
-        np.testing.assert_array_equal(positive, Phi_ref > 0)
-        np.testing.assert_allclose(F.views[n], B_ref, rtol=1e-12, atol=1e-300)
-    # the log-likelihood's data term and <X, M> from the sorted mode's rows
+    # never stops, stops at the first inner iteration, stops after a few
+    _, _, kkts, _ = dense_mode_iterations(X, F.views, B0, n, eps, 0.0, max_inner, trace=True)
+    for tol in (1e-300, kkts[0] * 1.001, kkts[2] * 1.001):
+        B_ref, Phi_ref, kkt_ref, inner_ref = dense_mode_iterations(X, F.views, B0, n, eps, tol, max_inner)
+        updates_ref = inner_ref if kkt_ref >= tol else inner_ref - 1
+        for shares, block in [(1, 1), (1, 10**9), (2, 3), (3, 1), (5, 7), (8, 2)]:
+            m = mode_runs(coords[:, n], values, shape[n], shares, block)
+            F.views[n][:] = B0
+            S = m.share.shape[0] - 1
+            pi = np.full((S, max(1, m.block_nnz), R), np.nan)
+            before = np.full((max_inner, shape[n] + 2, R), np.nan)
+            positive_at = np.ones((max_inner, shape[n] + 2, R), dtype=bool)
+            positive = np.ones((shape[n], R), dtype=bool)
+            scratch = (pi, before, positive_at, np.full((S + 1, max_inner), np.nan))
+            kkt, inner, updates = mu_mode(m, coords, F.data, F.offsets, n, eps, tol, max_inner, *scratch, positive)
+            assert (inner, updates) == (inner_ref, updates_ref)
+            assert kkt == pytest.approx(kkt_ref, rel=1e-12)
+            np.testing.assert_array_equal(positive, Phi_ref > 0)
+            np.testing.assert_allclose(F.views[n], B_ref, rtol=1e-12, atol=1e-300)
+    # the log-likelihood's data term and <X, M>
     lam = rng.uniform(0.5, 2, R)
-    ll, xm = model_sums(m.ptr, m.rows, m.values, pi, F.views[n], lam)
+    ll, xm = model_sums(coords, m.perm, m.values, F.data, F.offsets, lam, 3)
     M = dense_model(F.views, lam)
     nz = X > 0
     assert ll == pytest.approx(float(np.sum(X[nz] * np.log(M[nz]))), rel=1e-12)

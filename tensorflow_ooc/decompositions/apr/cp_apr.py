@@ -162,13 +162,9 @@ class APRIterations:
     def start(self, c: Any, cleanup: ExitStack, resume: bool) -> int:
         run, o, store, rank = self.run, self.o, self.store, self.rank
         params = self.params = dict(self.base_params)
-        # small tensors under the inline scheduler: MU's inner loops in one kernel call per mode
-        small = (
-            is_inline(c)
-            and o.algorithm == "mu"
-            and run.device == "cpu"
-            and inline_mu_bytes(store.nnz, tuple(store.shape), rank) <= SMALL_MU_BYTES
-        )
+        # small tensors under the inline scheduler: MU's inner loops in two kernel calls per mode
+        keeps = inline_mu_bytes(store.nnz, tuple(store.shape), rank, o.max_inner_iters, os.cpu_count() or 1)
+        small = is_inline(c) and o.algorithm == "mu" and run.device == "cpu" and keeps <= SMALL_MU_BYTES
         graph = open_graph(
             c,
             store,
@@ -317,7 +313,7 @@ class InlineOuter:
 
     def __init__(self, store: Any, state: S.APRState, rank: int, o: Any, threads: int) -> None:
         self.state, self.o = state, o
-        self.mu = InlineMU(store, rank, threads)
+        self.mu = InlineMU(store, rank, o.max_inner_iters, threads)
 
     def run(self, iteration: int, row_tol: float) -> tuple[Any, None]:
         return self.mu.outer(self.state, iteration, self.o), None

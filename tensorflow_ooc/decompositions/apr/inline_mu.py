@@ -1,12 +1,13 @@
-"""CP-APR's multiplicative updates on a small tensor in this process: an outer iteration is one
-call per mode into :mod:`~tensorflow_ooc.kernels.apr.mu_mode` (all its inner iterations), the
-nonzeros kept as coordinates sorted per mode, every buffer made once for the run.
+"""CP-APR's multiplicative updates on a small tensor in this process: an outer iteration is two
+kernel calls per mode (:mod:`~tensorflow_ooc.kernels.apr.mu_mode`: the rows run their inner
+iterations back to back on Khatri-Rao rows kept in the cache), the nonzeros kept as coordinates
+sorted per mode, every buffer made once for the run.
 
-At 10 k-100 k nonzeros a pass over the nonzeros takes tens of microseconds; the per-mode task
-graphs spend more than that per inner iteration on tasks, array allocation, the conflict plan and
-the start of numba's threads. The steps around the inner loop (complementary-slackness fix,
-weights, normalization, summary) are :mod:`.apr_steps`', so the results are the general path's up
-to the order of floating-point sums.
+At 10 k-100 k nonzeros an inner iteration's pass takes tens of microseconds; the per-mode task
+graphs spent more than that per inner iteration on tasks, array allocation, the conflict plan and
+waking numba's threads (issue 49: 1.2-2.3x ALTO's APR). The steps around the inner loop
+(complementary-slackness fix, weights, normalization, summary) are :mod:`.apr_steps`', so the
+results are the general path's up to the order of floating-point sums.
 """
 
 from __future__ import annotations
@@ -16,22 +17,28 @@ from typing import Any
 
 import numpy as np
 
-from ...kernels.apr.mu_mode import khatri_rao_rows, mode_runs, model_sums, mu_mode_iterations
+from ...kernels.apr.mu_mode import BLOCK_NNZ, mode_runs, model_sums, mu_mode
 from ...kernels.mttkrp.dispatch import numba_threads
 from . import apr_steps as S
 
 __all__ = ["SMALL_MU_BYTES", "InlineMU", "inline_mu_bytes"]
 
-# the largest run this path takes: the Khatri-Rao rows of one mode and the per-mode sorted
-# nonzeros (above, the general path's passes are dominated by the kernels anyway)
-SMALL_MU_BYTES = 64 << 20
+# the largest run this path takes, in bytes of what it keeps (above, the general path's memory
+# plan, streaming and partitions take over)
+SMALL_MU_BYTES = 1 << 30
 
 
-def inline_mu_bytes(nnz: int, shape: tuple[int, ...], rank: int) -> int:
-    """Bytes :class:`InlineMU` keeps: coordinates, per mode the sorted order and values, the
-    Khatri-Rao rows of one mode, Phi and its sign per mode."""
-    nmodes = len(shape)
-    return int(nnz * 8 * (nmodes + 2 * nmodes + 1 + rank) + sum(shape) * rank * 9)
+def inline_mu_bytes(nnz: int, shape: tuple[int, ...], rank: int, max_inner: int, threads: int) -> int:
+    """Bytes :class:`InlineMU` keeps: coordinates, per mode the sorted order and values, each
+    mode's rows before each inner iteration's update and Phi's sign (the longest mode's), the
+    Khatri-Rao buffers."""
+    nmodes, longest = len(shape), max(shape)
+    return int(
+        nnz * 8 * (3 * nmodes + 1)
+        + max_inner * longest * rank * 9
+        + sum(shape) * rank
+        + max(1, threads) * BLOCK_NNZ * rank * 8
+    )
 
 
 class InlineMU:
@@ -43,48 +50,46 @@ class InlineMU:
         The sparse store (read whole with ``to_coo``).
     rank : int
         The rank.
+    max_inner : int
+        Inner iterations per mode at most.
     threads : int
-        Numba threads of the kernels (the nonzeros of each mode are cut into as many shares).
+        Numba threads of the kernels (each mode's rows are cut into as many shares).
     """
 
-    def __init__(self, store: Any, rank: int, threads: int) -> None:
+    def __init__(self, store: Any, rank: int, max_inner: int, threads: int) -> None:
         coords, values = store.to_coo()
         self.coords = np.ascontiguousarray(coords)
         self.threads = max(1, int(threads))
         shape = tuple(int(i) for i in store.shape)
         self.runs = [mode_runs(self.coords[:, n], values, rows, self.threads) for n, rows in enumerate(shape)]
-        self.pi = np.empty((self.coords.shape[0], int(rank)))
-        self.phi = [np.zeros((rows, int(rank))) for rows in shape]
-        self.positive = [np.zeros((rows, int(rank)), dtype=bool) for rows in shape]
+        R, T = int(rank), max(1, int(max_inner))
+        self.pi = np.empty((self.threads, max(1, max(m.block_nnz for m in self.runs)), R))
+        self.before = np.empty((T, max(shape), R))
+        self.positive_at = np.zeros((T, max(shape), R), dtype=bool)
+        self.worst = np.zeros((self.threads, T))
+        self.positive = [np.zeros((rows, R), dtype=bool) for rows in shape]
 
     def outer(self, s: S.APRState, iteration: int, o: Any) -> S.APRSummary:
         """One outer iteration on ``s`` (changed in place) with the options ``o`` (``kappa``,
         ``kappa_tol``, ``eps_div_zero``, ``tol``, ``max_inner_iters``); its summary."""
         S.begin_outer(s)
         phi_seconds = 0.0
+        scratch = (self.pi, self.before, self.positive_at, self.worst)
         with numba_threads(self.threads):
             for n, m in enumerate(self.runs):
                 S.mu_begin_mode(s, n, iteration, o.kappa, o.kappa_tol)
                 t0 = time.perf_counter()
-                khatri_rao_rows(self.coords, m.perm, s.data, s.offsets, n, self.pi)
-                kkt, inner, updates = mu_mode_iterations(
-                    m.ptr,
-                    m.rows,
-                    m.empty,
-                    m.share,
-                    m.first_run,
-                    m.last_run,
-                    m.cut_rows,
-                    m.cut_ptr,
-                    m.cut_parts,
-                    m.values,
-                    self.pi,
-                    s.views[n],
-                    self.phi[n],
-                    self.positive[n],
+                kkt, inner, updates = mu_mode(
+                    m,
+                    self.coords,
+                    s.data,
+                    s.offsets,
+                    n,
                     float(o.eps_div_zero),
                     float(o.tol),
                     int(o.max_inner_iters),
+                    *scratch,
+                    self.positive[n],
                 )
                 phi_seconds += time.perf_counter() - t0
                 s.inner_iters += int(inner)
@@ -94,8 +99,7 @@ class InlineMU:
                     s.converged = False
                 S.end_mode(s, n)
             t0 = time.perf_counter()
-            # the last mode's Khatri-Rao rows still hold: the other factors have not changed since
             last = self.runs[-1]
-            ll, xm = model_sums(last.ptr, last.rows, last.values, self.pi, s.views[-1], s.weights)
+            ll, xm = model_sums(self.coords, last.perm, last.values, s.data, s.offsets, s.weights, self.threads)
         s.seconds["phi"] = phi_seconds
         return S.summary(s, [np.array([ll, xm, time.perf_counter() - t0])])

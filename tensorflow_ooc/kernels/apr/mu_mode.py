@@ -1,15 +1,19 @@
-"""CP-APR's multiplicative updates of one mode, all its inner iterations in one call, on nonzeros
-held in memory as coordinates (tensors small enough that a pass over them costs less than the
-Python, task and thread-start work around it: 10 k-100 k nonzeros take tens of microseconds).
+"""CP-APR's multiplicative updates of one mode, all its inner iterations in two kernel calls, on
+nonzeros held in memory as coordinates sorted by the mode's index.
 
-The other factors stay fixed while a mode is updated, so each nonzero's Khatri-Rao row ``pi`` is
-formed once per mode (:func:`khatri_rao_rows`, pyttb's ``calc_partials``) and every inner iteration
-reads it: ``m = b . pi`` (``b`` the nonzero's row of ``B = A_n diag(lambda)``), ``Phi[i] += x /
-max(m, eps) pi``. The nonzeros are sorted by the mode's index (:class:`ModeRuns`); each thread takes
-an equal contiguous share of them, so a row is summed in registers and only a row cut by a share's
-edge is added up after the pass (a knowledge graph's relation mode has a few rows holding most
-nonzeros). ``B <- B * Phi`` of a row is taken at the start of the next pass over it, so an inner
-iteration is one parallel loop.
+While mode ``n`` is updated the other factors are fixed, and each row of ``B = A_n diag(lambda)``
+is its own problem: ``Phi[i] = sum_k x_k / max(b_i . pi_k, eps) pi_k`` over the row's nonzeros,
+``pi_k`` their Khatri-Rao rows. Only the stopping test couples the rows (inner iteration ``t``
+stops the mode when ``max |min(B, 1 - Phi)| < tol`` over all rows). So the rows are taken one at a
+time, a block of rows' ``pi`` formed once into a buffer that stays in the cache, and each row runs
+its inner iterations back to back, recording per iteration its row of ``B`` before the update, where
+its ``Phi`` is positive, and its KKT violation (:func:`row_iterations`). The first inner iteration
+runs alone (a converged mode stops there, as it does in the general path); the others follow in one
+call, and the mode's rows are then set to those of the first iteration whose violation over all rows
+is below ``tol``. The result is the per-iteration passes' (pyttb's order of operations), with the
+Khatri-Rao rows formed twice per mode instead of once per inner iteration and read from the cache.
+
+Threads take contiguous shares of whole rows (equal in nonzeros as far as rows allow).
 """
 
 from __future__ import annotations
@@ -19,23 +23,23 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
-__all__ = ["ModeRuns", "mode_runs", "khatri_rao_rows", "mu_mode_iterations", "model_sums"]
+__all__ = ["BLOCK_NNZ", "ModeRuns", "mode_runs", "row_iterations", "mu_mode", "model_sums"]
+
+# nonzeros per block of rows whose Khatri-Rao rows are formed together (R16: 256 KiB, within L2)
+BLOCK_NNZ = 2048
 
 
 @dataclass
 class ModeRuns:
-    """The nonzeros of one mode sorted by its index and cut into equal thread shares.
+    """The nonzeros of one mode sorted by its index, in blocks of whole rows and thread shares.
 
     perm : int64 (nnz,): position of the ``k``-th sorted nonzero among the input nonzeros
     values : float (nnz,): the values in sorted order
     ptr : int64 (runs + 1,): nonzeros ``ptr[q] .. ptr[q + 1]`` have row ``rows[q]``
     rows : int64 (runs,): the row of each run (increasing)
     empty : int64 (E,): rows without nonzeros (their Phi is 0)
-    share : int64 (S + 1,): share ``g`` holds nonzeros ``share[g] .. share[g + 1]``
-    first_run, last_run : int64 (S,): the runs a share touches
-    cut_rows : int64 (C,): rows whose run more than one share holds a part of
-    cut_ptr : int64 (C + 1,), cut_parts : int64 (P,): row ``c``'s parts are ``cut_parts[cut_ptr[c]
-        .. cut_ptr[c + 1]]`` in order, each ``2 g`` (share ``g``'s first run) or ``2 g + 1`` (its last)
+    block : int64 (blocks + 1,): block ``b`` holds runs ``block[b] .. block[b + 1]``
+    share : int64 (S + 1,): thread share ``g`` holds blocks ``share[g] .. share[g + 1]``
     """
 
     perm: np.ndarray
@@ -43,21 +47,23 @@ class ModeRuns:
     ptr: np.ndarray
     rows: np.ndarray
     empty: np.ndarray
+    block: np.ndarray
     share: np.ndarray
-    first_run: np.ndarray
-    last_run: np.ndarray
-    cut_rows: np.ndarray
-    cut_ptr: np.ndarray
-    cut_parts: np.ndarray
 
     @property
     def nbytes(self) -> int:
         return int(sum(a.nbytes for a in vars(self).values()))
 
+    @property
+    def block_nnz(self) -> int:
+        """The most nonzeros of a block (the Khatri-Rao buffer's rows)."""
+        return int(np.max(np.diff(self.ptr[self.block]), initial=0))
 
-def mode_runs(index: np.ndarray, values: np.ndarray, rows: int, shares: int) -> ModeRuns:
-    """The nonzeros with mode index ``index`` (int, (nnz,)) sorted by it (stable), in ``shares``
-    equal contiguous shares."""
+
+def mode_runs(index: np.ndarray, values: np.ndarray, rows: int, shares: int, block_nnz: int = BLOCK_NNZ) -> ModeRuns:
+    """The nonzeros with mode index ``index`` (int, (nnz,)) sorted by it (stable), in blocks of
+    whole rows of about ``block_nnz`` nonzeros (a longer row is a block of its own) and ``shares``
+    contiguous shares of blocks of about equal nonzeros."""
     nnz = int(index.shape[0])
     perm = np.argsort(index, kind="stable").astype(np.int64)
     ordered = index[perm]
@@ -69,208 +75,212 @@ def mode_runs(index: np.ndarray, values: np.ndarray, rows: int, shares: int) -> 
     run_rows = ordered[starts].astype(np.int64)
     seen = np.zeros(rows, dtype=bool)
     seen[run_rows] = True
-    shares = max(1, min(int(shares), max(nnz, 1)))
-    share = np.linspace(0, nnz, shares + 1).round().astype(np.int64)
-    # the run holding a share's first and last nonzero (a share never ends before it starts)
-    first_run = np.searchsorted(ptr, share[:-1], side="right") - 1
-    last_run = np.searchsorted(ptr, np.maximum(share[1:] - 1, share[:-1]), side="right") - 1
-    parts: dict[int, list[int]] = {}
-    for g in range(shares):
-        if share[g + 1] == share[g]:
-            continue
-        for slot, q in ((0, first_run[g]), (1, last_run[g])):
-            if (slot == 1 and q == first_run[g]) or (ptr[q] >= share[g] and ptr[q + 1] <= share[g + 1]):
-                continue
-            parts.setdefault(int(q), []).append(2 * g + slot)
-    cut = sorted(parts)
+    # blocks: cut before the first run that would take a block past block_nnz
+    cuts = [0]
+    for q in range(len(run_rows)):
+        if ptr[q + 1] - ptr[cuts[-1]] > block_nnz and q > cuts[-1]:
+            cuts.append(q)
+    cuts.append(len(run_rows))
+    block = np.array(cuts if len(run_rows) else [0], dtype=np.int64)
+    # shares: the block boundary nearest to each equal split of the nonzeros
+    shares = max(1, min(int(shares), len(block) - 1)) if len(block) > 1 else 1
+    at = ptr[block]
+    share = np.searchsorted(at, np.linspace(0, nnz, shares + 1)[1:-1])
+    share = np.unique(np.concatenate([[0], share, [len(block) - 1]])).astype(np.int64)
     return ModeRuns(
         perm,
         np.ascontiguousarray(values[perm], dtype=np.float64),
         ptr,
         run_rows,
         np.flatnonzero(~seen).astype(np.int64),
+        block,
         share,
-        first_run.astype(np.int64),
-        last_run.astype(np.int64),
-        run_rows[cut] if cut else np.zeros(0, dtype=np.int64),
-        np.concatenate([[0], np.cumsum([len(parts[q]) for q in cut], dtype=np.int64)]).astype(np.int64),
-        np.array([p for q in cut for p in parts[q]], dtype=np.int64),
     )
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def khatri_rao_rows(coords: np.ndarray, perm: np.ndarray, F: np.ndarray, offs: np.ndarray, mode: int, pi: np.ndarray):
-    """``pi[k] = prod_{j != mode} A_j[coords[perm[k], j]]`` (the modes in order), the factors
-    ``A_j`` the row blocks ``offs[j] ..`` of ``F``.
-
-    coords : int (nnz, N); perm : int64 (nnz,); F : float (sum I, R); offs : int64 (N,);
-    pi : float (nnz, R), written."""
-    nnz, N = coords.shape
-    R = F.shape[1]
-    for k in nb.prange(nnz):
-        p = perm[k]
-        first = True
-        for j in range(N):
-            if j == mode:
-                continue
-            row = offs[j] + coords[p, j]
-            if first:
-                for r in range(R):
-                    pi[k, r] = F[row, r]
-                first = False
-            else:
-                for r in range(R):
-                    pi[k, r] *= F[row, r]
-        if first:  # a one-mode tensor: the empty product
-            for r in range(R):
-                pi[k, r] = 1.0
-
-
-@nb.njit(inline="always")
-def _row_terms(B, i, pi, x, lo, hi, eps, acc):
-    # acc = sum_{k in lo..hi} x_k / max(b_i . pi_k, eps) pi_k
-    R = B.shape[1]
-    for r in range(R):
-        acc[r] = 0.0
-    for k in range(lo, hi):
-        m = 0.0
-        for r in range(R):
-            m += B[i, r] * pi[k, r]
-        v = x[k] / max(m, eps)
-        for r in range(R):
-            acc[r] += v * pi[k, r]
-
-
-@nb.njit(inline="always")
-def _finish_row(B, phi, positive, i, acc):
-    # Phi's row, where it is positive, and the row's KKT violation max |min(b, 1 - Phi)|
-    worst = 0.0
-    for r in range(B.shape[1]):
-        p = acc[r]
-        phi[i, r] = p
-        positive[i, r] = p > 0
-        v = abs(min(B[i, r], 1.0 - p))
-        if v > worst:
-            worst = v
-    return worst
-
-
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath={"reassoc", "contract"})
-def mu_mode_iterations(
+def row_iterations(
+    coords: np.ndarray,
+    perm: np.ndarray,
+    x: np.ndarray,
     ptr: np.ndarray,
     rows: np.ndarray,
-    empty: np.ndarray,
+    block: np.ndarray,
     share: np.ndarray,
-    first_run: np.ndarray,
-    last_run: np.ndarray,
-    cut_rows: np.ndarray,
-    cut_ptr: np.ndarray,
-    cut_parts: np.ndarray,
-    x: np.ndarray,
-    pi: np.ndarray,
-    B: np.ndarray,
-    phi: np.ndarray,
+    F: np.ndarray,
+    offs: np.ndarray,
+    mode: int,
+    eps: float,
+    t0: int,
+    t1: int,
+    pi_buf: np.ndarray,
+    before: np.ndarray,
     positive: np.ndarray,
+    worst: np.ndarray,
+) -> None:
+    """Inner iterations ``t0 .. t1 - 1`` of every row with nonzeros, row after row: ``Phi`` of the
+    row, then ``b <- b * Phi``. Per iteration ``t`` it records the row before the update into
+    ``before[t]``, where Phi is positive into ``positive[t]`` and the largest KKT violation
+    ``|min(b, 1 - Phi)|`` of share ``g``'s rows into ``worst[g, t]``.
+
+    coords : int (nnz, N), the input order; perm, x, ptr, rows, block, share : a :class:`ModeRuns`';
+    F : float (sum I, R), the stacked factors, mode ``mode``'s rows being ``B`` (written);
+    offs : int64 (N,); pi_buf : float (S, block_nnz, R), scratch; before : float (T, I, R);
+    positive : bool (T, I, R); worst : float (S, T)."""
+    S = share.shape[0] - 1
+    N = coords.shape[1]
+    R = F.shape[1]
+    base = offs[mode]
+    for g in nb.prange(S):
+        pi = pi_buf[g]
+        acc = np.empty(R)
+        for t in range(t0, t1):
+            worst[g, t] = 0.0
+        for b in range(share[g], share[g + 1]):
+            q0, q1 = block[b], block[b + 1]
+            k0 = ptr[q0]
+            # the block's Khatri-Rao rows (the other modes in order)
+            for k in range(k0, ptr[q1]):
+                p = perm[k]
+                first = True
+                for j in range(N):
+                    if j == mode:
+                        continue
+                    row = offs[j] + coords[p, j]
+                    if first:
+                        for r in range(R):
+                            pi[k - k0, r] = F[row, r]
+                        first = False
+                    else:
+                        for r in range(R):
+                            pi[k - k0, r] *= F[row, r]
+                if first:  # a one-mode tensor: the empty product
+                    for r in range(R):
+                        pi[k - k0, r] = 1.0
+            for q in range(q0, q1):
+                i = rows[q]
+                fi = base + i
+                for t in range(t0, t1):
+                    for r in range(R):
+                        acc[r] = 0.0
+                    for k in range(ptr[q] - k0, ptr[q + 1] - k0):
+                        m = 0.0
+                        for r in range(R):
+                            m += F[fi, r] * pi[k, r]
+                        v = x[k + k0] / max(m, eps)
+                        for r in range(R):
+                            acc[r] += v * pi[k, r]
+                    w = worst[g, t]
+                    for r in range(R):
+                        bv = F[fi, r]
+                        p = acc[r]
+                        before[t, i, r] = bv
+                        positive[t, i, r] = p > 0
+                        v = abs(min(bv, 1.0 - p))
+                        if v > w:
+                            w = v
+                        F[fi, r] = bv * p
+                    worst[g, t] = w
+
+
+@nb.njit(nogil=True, cache=True)
+def _empty_kkt(empty, B):
+    # rows without nonzeros have Phi = 0: their violation is |min(b, 1)|
+    w = 0.0
+    for i in empty:
+        for r in range(B.shape[1]):
+            v = abs(min(B[i, r], 1.0))
+            if v > w:
+                w = v
+    return w
+
+
+@nb.njit(nogil=True, cache=True)
+def _settle(rows, empty, B, before, positive, t_stop, updates, out_positive):
+    # the rows after ``updates`` updates (the stopping iteration's undone), Phi's sign at ``t_stop``
+    R = B.shape[1]
+    if updates <= t_stop:
+        for i in rows:
+            for r in range(R):
+                B[i, r] = before[updates, i, r]
+    for i in rows:
+        for r in range(R):
+            out_positive[i, r] = positive[t_stop, i, r]
+    for i in empty:
+        for r in range(R):
+            out_positive[i, r] = False
+            if updates > 0:
+                B[i, r] = B[i, r] * 0.0
+
+
+def mu_mode(
+    runs: ModeRuns,
+    coords: np.ndarray,
+    F: np.ndarray,
+    offs: np.ndarray,
+    mode: int,
     eps: float,
     tol: float,
     max_inner: int,
-):
-    """Up to ``max_inner`` inner iterations of the multiplicative update on ``B`` (the mode's
-    factor times the weights), as pyttb's: Phi, then stop when ``max |min(B, 1 - Phi)| < tol``,
-    else ``B <- B * Phi``. Returns ``(kkt, inner iterations, updates taken)``; ``phi`` and
-    ``positive`` (bool, Phi > 0) hold the last Phi.
+    pi_buf: np.ndarray,
+    before: np.ndarray,
+    positive: np.ndarray,
+    worst: np.ndarray,
+    out_positive: np.ndarray,
+) -> tuple[float, int, int]:
+    """Up to ``max_inner`` inner iterations of the multiplicative update on mode ``mode``'s rows of
+    ``F`` (the factor times the weights), as pyttb's: Phi, then stop when ``max |min(B, 1 - Phi)| <
+    tol``, else ``B <- B * Phi``. Returns ``(kkt, inner iterations, updates taken)``; ``out_positive``
+    (bool (I, R)) holds where the last Phi is positive.
 
-    The run table (``ptr`` .. ``cut_parts``) and ``x`` are a :class:`ModeRuns`'; ``pi`` its
-    Khatri-Rao rows (:func:`khatri_rao_rows`)."""
-    S = share.shape[0] - 1
-    R = B.shape[1]
-    worst = np.zeros(S)
-    parts = np.zeros((2 * S, R))  # a share's sums over its cut first and last runs
-    for i in empty:
-        for r in range(R):
-            phi[i, r] = 0.0
-            positive[i, r] = False
-    acc = np.zeros(R)
-    kkt = 0.0
-    for it in range(max_inner):
-        for g in nb.prange(S):
-            row = np.empty(R)
-            w = 0.0
-            lo, hi = share[g], share[g + 1]
-            if hi > lo:
-                for q in range(first_run[g], last_run[g] + 1):
-                    i = rows[q]
-                    a, b = max(ptr[q], lo), min(ptr[q + 1], hi)
-                    whole = a == ptr[q] and b == ptr[q + 1]
-                    if whole and it > 0:  # the previous iteration's update of this row
-                        for r in range(R):
-                            B[i, r] = B[i, r] * phi[i, r]
-                    _row_terms(B, i, pi, x, a, b, eps, row)
-                    if whole:
-                        v = _finish_row(B, phi, positive, i, row)
-                        if v > w:
-                            w = v
-                    else:
-                        slot = 2 * g + (0 if q == first_run[g] else 1)
-                        for r in range(R):
-                            parts[slot, r] = row[r]
-            worst[g] = w
-        w = worst.max() if S else 0.0
-        for c in range(cut_rows.shape[0]):
-            for r in range(R):
-                acc[r] = 0.0
-            for p in range(cut_ptr[c], cut_ptr[c + 1]):
-                for r in range(R):
-                    acc[r] += parts[cut_parts[p], r]
-            v = _finish_row(B, phi, positive, cut_rows[c], acc)
-            if v > w:
-                w = v
-        for i in empty:
-            for r in range(R):
-                v = abs(min(B[i, r], 1.0))
-                if v > w:
-                    w = v
-        kkt = w
-        if kkt < tol:
-            return kkt, it + 1, it
-        # cut and empty rows update now, whole rows at the start of the next pass
-        for i in cut_rows:
-            for r in range(R):
-                B[i, r] = B[i, r] * phi[i, r]
-        for i in empty:
-            for r in range(R):
-                B[i, r] = B[i, r] * 0.0
-    # the last iteration's update of the whole rows
-    for g in nb.prange(S):
-        lo, hi = share[g], share[g + 1]
-        if hi > lo:
-            for q in range(first_run[g], last_run[g] + 1):
-                if ptr[q] >= lo and ptr[q + 1] <= hi:
-                    i = rows[q]
-                    for r in range(R):
-                        B[i, r] = B[i, r] * phi[i, r]
-    return kkt, max_inner, max_inner
+    Scratch: ``pi_buf`` float (S, runs.block_nnz, R); ``before`` float (T, I', R) and ``positive``
+    bool (T, I', R) with ``T >= max_inner`` and ``I' >= I``; ``worst`` float (S', T), S' >= S."""
+    B = F[offs[mode] : offs[mode] + out_positive.shape[0]]
+    worst = worst[: runs.share.shape[0] - 1]
+    args = (coords, runs.perm, runs.values, runs.ptr, runs.rows, runs.block, runs.share, F, offs, mode, float(eps))
+    scratch = (pi_buf, before, positive, worst)
+    # the first inner iteration alone: a converged mode stops there
+    row_iterations(*args, 0, 1, *scratch)
+    kkt = max(float(worst[:, 0].max(initial=0.0)), _empty_kkt(runs.empty, B))
+    t_stop, updates = 0, 0 if kkt < tol else 1
+    if updates and max_inner > 1:
+        row_iterations(*args, 1, int(max_inner), *scratch)
+        # rows without nonzeros are 0 after the first update: no violation
+        for t_stop in range(1, int(max_inner)):
+            kkt = float(worst[:, t_stop].max(initial=0.0))
+            if kkt < tol:
+                break
+        updates = t_stop if kkt < tol else t_stop + 1
+    _settle(runs.rows, runs.empty, B, before, positive, t_stop, updates, out_positive)
+    return kkt, t_stop + 1, updates
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath={"reassoc", "contract"})
-def model_sums(ptr: np.ndarray, rows: np.ndarray, x: np.ndarray, pi: np.ndarray, A: np.ndarray, lam: np.ndarray):
-    """``(sum x log m, sum x m)`` over the nonzeros, ``m = sum_r lam_r A[i, r] pi[k, r]`` (``A``
-    the sorted mode's factor, ``pi`` its Khatri-Rao rows): the log-likelihood's data term and
-    <X, M>, summed per run then over runs in order."""
-    nr = rows.shape[0]
-    R = A.shape[1]
-    ll = np.zeros(nr)
-    xm = np.zeros(nr)
-    for q in nb.prange(nr):
-        i = rows[q]
+def model_sums(
+    coords: np.ndarray, perm: np.ndarray, x: np.ndarray, F: np.ndarray, offs: np.ndarray, lam: np.ndarray, shares: int
+):
+    """``(sum x log m, sum x m)`` over the nonzeros (``perm`` their order, ``x`` their values in it),
+    ``m = sum_r lam_r prod_j F[offs[j] + coords[p, j], r]``: the log-likelihood's data term and
+    <X, M>, summed per share then over shares in order."""
+    nnz, N = coords.shape
+    R = F.shape[1]
+    ll = np.zeros(shares)
+    xm = np.zeros(shares)
+    for g in nb.prange(shares):
+        lo = nnz * g // shares
+        hi = nnz * (g + 1) // shares
         s1 = 0.0
         s2 = 0.0
-        for k in range(ptr[q], ptr[q + 1]):
+        for k in range(lo, hi):
+            p = perm[k]
             m = 0.0
             for r in range(R):
-                m += lam[r] * A[i, r] * pi[k, r]
+                v = lam[r]
+                for j in range(N):
+                    v *= F[offs[j] + coords[p, j], r]
+                m += v
             s1 += x[k] * np.log(m)
             s2 += x[k] * m
-        ll[q] = s1
-        xm[q] = s2
+        ll[g] = s1
+        xm[g] = s2
     return ll.sum(), xm.sum()
