@@ -110,7 +110,14 @@ def test_mode_kernel_matches_dense_reference_at_every_share_and_block_size(rng, 
     for tol in (1e-300, kkts[0] * 1.001, kkts[2] * 1.001):
         B_ref, Phi_ref, kkt_ref, inner_ref = dense_mode_iterations(X, F.views, B0, n, eps, tol, max_inner)
         updates_ref = inner_ref if kkt_ref >= tol else inner_ref - 1
-        for shares, block in [(1, 1), (1, 10**9), (2, 3), (3, 1), (5, 7), (8, 2)]:
+        for shares, block, threads in [
+            (1, 1, True),
+            (1, 10**9, False),
+            (2, 3, True),
+            (3, 1, False),
+            (5, 7, True),
+            (8, 2, True),
+        ]:
             m = mode_runs(coords[:, n], values, shape[n], shares, block)
             F.views[n][:] = B0
             S = m.share.shape[0] - 1
@@ -119,7 +126,8 @@ def test_mode_kernel_matches_dense_reference_at_every_share_and_block_size(rng, 
             positive_at = np.ones((max_inner, shape[n] + 2, R), dtype=bool)
             positive = np.ones((shape[n], R), dtype=bool)
             scratch = (pi, before, positive_at, np.full((S + 1, max_inner), np.nan))
-            kkt, inner, updates = mu_mode(m, coords, F.data, F.offsets, n, eps, tol, max_inner, *scratch, positive)
+            args = (m, coords, F.data, F.offsets, n, eps, tol, max_inner, *scratch, positive, threads)
+            kkt, inner, updates = mu_mode(*args)
             assert (inner, updates) == (inner_ref, updates_ref)
             assert kkt == pytest.approx(kkt_ref, rel=1e-12)
             np.testing.assert_array_equal(positive, Phi_ref > 0)
@@ -127,6 +135,7 @@ def test_mode_kernel_matches_dense_reference_at_every_share_and_block_size(rng, 
     # the log-likelihood's data term and <X, M>
     lam = rng.uniform(0.5, 2, R)
     ll, xm = model_sums(coords, m.perm, m.values, F.data, F.offsets, lam, 3)
+    assert model_sums(coords, m.perm, m.values, F.data, F.offsets, lam, 3, False) == (ll, xm)
     M = dense_model(F.views, lam)
     nz = X > 0
     assert ll == pytest.approx(float(np.sum(X[nz] * np.log(M[nz]))), rel=1e-12)

@@ -21,7 +21,12 @@ from ...kernels.apr.mu_mode import BLOCK_NNZ, mode_runs, model_sums, mu_mode
 from ...kernels.mttkrp.dispatch import numba_threads
 from . import apr_steps as S
 
-__all__ = ["SMALL_MU_BYTES", "InlineMU", "inline_mu_bytes"]
+__all__ = ["SERIAL_NNZ_RANK", "SMALL_MU_BYTES", "InlineMU", "inline_mu_bytes"]
+
+# up to this many nonzeros x rank, one thread: a mode's inner iterations take about a millisecond,
+# and each parallel region waits for every thread to be scheduled (on a shared machine, a
+# scheduler slice: kinship, 10.7 k nonzeros, R16, 2 threads, 0.04-3.7 ms per inner iteration)
+SERIAL_NNZ_RANK = 1 << 18
 
 # the largest run this path takes, in bytes of what it keeps (above, the general path's memory
 # plan, streaming and partitions take over)
@@ -53,13 +58,15 @@ class InlineMU:
     max_inner : int
         Inner iterations per mode at most.
     threads : int
-        Numba threads of the kernels (each mode's rows are cut into as many shares).
+        Numba threads of the kernels (each mode's rows are cut into as many shares); one up to
+        :data:`SERIAL_NNZ_RANK` nonzeros x rank.
     """
 
     def __init__(self, store: Any, rank: int, max_inner: int, threads: int) -> None:
         coords, values = store.to_coo()
         self.coords = np.ascontiguousarray(coords)
-        self.threads = max(1, int(threads))
+        nnz = self.coords.shape[0]
+        self.threads = 1 if nnz * int(rank) <= SERIAL_NNZ_RANK else max(1, int(threads))
         shape = tuple(int(i) for i in store.shape)
         self.runs = [mode_runs(self.coords[:, n], values, rows, self.threads) for n, rows in enumerate(shape)]
         R, T = int(rank), max(1, int(max_inner))
@@ -90,6 +97,7 @@ class InlineMU:
                     int(o.max_inner_iters),
                     *scratch,
                     self.positive[n],
+                    self.threads > 1,
                 )
                 phi_seconds += time.perf_counter() - t0
                 s.inner_iters += int(inner)
@@ -100,6 +108,7 @@ class InlineMU:
                 S.end_mode(s, n)
             t0 = time.perf_counter()
             last = self.runs[-1]
-            ll, xm = model_sums(self.coords, last.perm, last.values, s.data, s.offsets, s.weights, self.threads)
+            args = (self.coords, last.perm, last.values, s.data, s.offsets, s.weights, self.threads)
+            ll, xm = model_sums(*args, self.threads > 1)
         s.seconds["phi"] = phi_seconds
         return S.summary(s, [np.array([ll, xm, time.perf_counter() - t0])])

@@ -98,7 +98,69 @@ def mode_runs(index: np.ndarray, values: np.ndarray, rows: int, shares: int, blo
     )
 
 
-@nb.njit(parallel=True, nogil=True, cache=True, fastmath={"reassoc", "contract"})
+FLAGS = {"nogil": True, "cache": True, "fastmath": {"reassoc", "contract"}}
+
+
+@nb.njit(inline="always", fastmath={"reassoc", "contract"})
+def _share_rows(
+    g, coords, perm, x, ptr, rows, block, share, F, offs, mode, eps, t0, t1, pi_buf, before, positive, worst
+):
+    # share g's rows: their blocks' Khatri-Rao rows, then each row's inner iterations t0 .. t1 - 1
+    N = coords.shape[1]
+    R = F.shape[1]
+    base = offs[mode]
+    pi = pi_buf[g]
+    acc = np.empty(R)
+    for t in range(t0, t1):
+        worst[g, t] = 0.0
+    for b in range(share[g], share[g + 1]):
+        q0, q1 = block[b], block[b + 1]
+        k0 = ptr[q0]
+        # the block's Khatri-Rao rows (the other modes in order)
+        for k in range(k0, ptr[q1]):
+            p = perm[k]
+            first = True
+            for j in range(N):
+                if j == mode:
+                    continue
+                row = offs[j] + coords[p, j]
+                if first:
+                    for r in range(R):
+                        pi[k - k0, r] = F[row, r]
+                    first = False
+                else:
+                    for r in range(R):
+                        pi[k - k0, r] *= F[row, r]
+            if first:  # a one-mode tensor: the empty product
+                for r in range(R):
+                    pi[k - k0, r] = 1.0
+        for q in range(q0, q1):
+            i = rows[q]
+            fi = base + i
+            for t in range(t0, t1):
+                for r in range(R):
+                    acc[r] = 0.0
+                for k in range(ptr[q] - k0, ptr[q + 1] - k0):
+                    m = 0.0
+                    for r in range(R):
+                        m += F[fi, r] * pi[k, r]
+                    v = x[k + k0] / max(m, eps)
+                    for r in range(R):
+                        acc[r] += v * pi[k, r]
+                w = worst[g, t]
+                for r in range(R):
+                    bv = F[fi, r]
+                    p = acc[r]
+                    before[t, i, r] = bv
+                    positive[t, i, r] = p > 0
+                    v = abs(min(bv, 1.0 - p))
+                    if v > w:
+                        w = v
+                    F[fi, r] = bv * p
+                worst[g, t] = w
+
+
+@nb.njit(parallel=True, **FLAGS)
 def row_iterations(
     coords: np.ndarray,
     perm: np.ndarray,
@@ -127,60 +189,21 @@ def row_iterations(
     F : float (sum I, R), the stacked factors, mode ``mode``'s rows being ``B`` (written);
     offs : int64 (N,); pi_buf : float (S, block_nnz, R), scratch; before : float (T, I, R);
     positive : bool (T, I, R); worst : float (S, T)."""
-    S = share.shape[0] - 1
-    N = coords.shape[1]
-    R = F.shape[1]
-    base = offs[mode]
-    for g in nb.prange(S):
-        pi = pi_buf[g]
-        acc = np.empty(R)
-        for t in range(t0, t1):
-            worst[g, t] = 0.0
-        for b in range(share[g], share[g + 1]):
-            q0, q1 = block[b], block[b + 1]
-            k0 = ptr[q0]
-            # the block's Khatri-Rao rows (the other modes in order)
-            for k in range(k0, ptr[q1]):
-                p = perm[k]
-                first = True
-                for j in range(N):
-                    if j == mode:
-                        continue
-                    row = offs[j] + coords[p, j]
-                    if first:
-                        for r in range(R):
-                            pi[k - k0, r] = F[row, r]
-                        first = False
-                    else:
-                        for r in range(R):
-                            pi[k - k0, r] *= F[row, r]
-                if first:  # a one-mode tensor: the empty product
-                    for r in range(R):
-                        pi[k - k0, r] = 1.0
-            for q in range(q0, q1):
-                i = rows[q]
-                fi = base + i
-                for t in range(t0, t1):
-                    for r in range(R):
-                        acc[r] = 0.0
-                    for k in range(ptr[q] - k0, ptr[q + 1] - k0):
-                        m = 0.0
-                        for r in range(R):
-                            m += F[fi, r] * pi[k, r]
-                        v = x[k + k0] / max(m, eps)
-                        for r in range(R):
-                            acc[r] += v * pi[k, r]
-                    w = worst[g, t]
-                    for r in range(R):
-                        bv = F[fi, r]
-                        p = acc[r]
-                        before[t, i, r] = bv
-                        positive[t, i, r] = p > 0
-                        v = abs(min(bv, 1.0 - p))
-                        if v > w:
-                            w = v
-                        F[fi, r] = bv * p
-                    worst[g, t] = w
+    for g in nb.prange(share.shape[0] - 1):
+        _share_rows(
+            g, coords, perm, x, ptr, rows, block, share, F, offs, mode, eps, t0, t1, pi_buf, before, positive, worst
+        )
+
+
+@nb.njit(**FLAGS)
+def row_iterations_one_thread(
+    coords, perm, x, ptr, rows, block, share, F, offs, mode, eps, t0, t1, pi_buf, before, positive, worst
+):
+    """:func:`row_iterations` on this thread, the shares in turn (no parallel region to start)."""
+    for g in range(share.shape[0] - 1):
+        _share_rows(
+            g, coords, perm, x, ptr, rows, block, share, F, offs, mode, eps, t0, t1, pi_buf, before, positive, worst
+        )
 
 
 @nb.njit(nogil=True, cache=True)
@@ -227,6 +250,7 @@ def mu_mode(
     positive: np.ndarray,
     worst: np.ndarray,
     out_positive: np.ndarray,
+    threads: bool = True,
 ) -> tuple[float, int, int]:
     """Up to ``max_inner`` inner iterations of the multiplicative update on mode ``mode``'s rows of
     ``F`` (the factor times the weights), as pyttb's: Phi, then stop when ``max |min(B, 1 - Phi)| <
@@ -234,17 +258,19 @@ def mu_mode(
     (bool (I, R)) holds where the last Phi is positive.
 
     Scratch: ``pi_buf`` float (S, runs.block_nnz, R); ``before`` float (T, I', R) and ``positive``
-    bool (T, I', R) with ``T >= max_inner`` and ``I' >= I``; ``worst`` float (S', T), S' >= S."""
+    bool (T, I', R) with ``T >= max_inner`` and ``I' >= I``; ``worst`` float (S', T), S' >= S.
+    ``threads``: the shares on numba's threads, else in turn on this one."""
     B = F[offs[mode] : offs[mode] + out_positive.shape[0]]
     worst = worst[: runs.share.shape[0] - 1]
     args = (coords, runs.perm, runs.values, runs.ptr, runs.rows, runs.block, runs.share, F, offs, mode, float(eps))
     scratch = (pi_buf, before, positive, worst)
+    kernel = row_iterations if threads else row_iterations_one_thread
     # the first inner iteration alone: a converged mode stops there
-    row_iterations(*args, 0, 1, *scratch)
+    kernel(*args, 0, 1, *scratch)
     kkt = max(float(worst[:, 0].max(initial=0.0)), _empty_kkt(runs.empty, B))
     t_stop, updates = 0, 0 if kkt < tol else 1
     if updates and max_inner > 1:
-        row_iterations(*args, 1, int(max_inner), *scratch)
+        kernel(*args, 1, int(max_inner), *scratch)
         # rows without nonzeros are 0 after the first update: no violation
         for t_stop in range(1, int(max_inner)):
             kkt = float(worst[:, t_stop].max(initial=0.0))
@@ -255,32 +281,56 @@ def mu_mode(
     return kkt, t_stop + 1, updates
 
 
-@nb.njit(parallel=True, nogil=True, cache=True, fastmath={"reassoc", "contract"})
-def model_sums(
-    coords: np.ndarray, perm: np.ndarray, x: np.ndarray, F: np.ndarray, offs: np.ndarray, lam: np.ndarray, shares: int
-):
-    """``(sum x log m, sum x m)`` over the nonzeros (``perm`` their order, ``x`` their values in it),
-    ``m = sum_r lam_r prod_j F[offs[j] + coords[p, j], r]``: the log-likelihood's data term and
-    <X, M>, summed per share then over shares in order."""
+@nb.njit(inline="always", fastmath={"reassoc", "contract"})
+def _share_sums(g, shares, coords, perm, x, F, offs, lam, ll, xm):
     nnz, N = coords.shape
     R = F.shape[1]
+    s1 = 0.0
+    s2 = 0.0
+    for k in range(nnz * g // shares, nnz * (g + 1) // shares):
+        p = perm[k]
+        m = 0.0
+        for r in range(R):
+            v = lam[r]
+            for j in range(N):
+                v *= F[offs[j] + coords[p, j], r]
+            m += v
+        s1 += x[k] * np.log(m)
+        s2 += x[k] * m
+    ll[g] = s1
+    xm[g] = s2
+
+
+@nb.njit(parallel=True, **FLAGS)
+def _model_sums_threads(coords, perm, x, F, offs, lam, shares):
     ll = np.zeros(shares)
     xm = np.zeros(shares)
     for g in nb.prange(shares):
-        lo = nnz * g // shares
-        hi = nnz * (g + 1) // shares
-        s1 = 0.0
-        s2 = 0.0
-        for k in range(lo, hi):
-            p = perm[k]
-            m = 0.0
-            for r in range(R):
-                v = lam[r]
-                for j in range(N):
-                    v *= F[offs[j] + coords[p, j], r]
-                m += v
-            s1 += x[k] * np.log(m)
-            s2 += x[k] * m
-        ll[g] = s1
-        xm[g] = s2
+        _share_sums(g, shares, coords, perm, x, F, offs, lam, ll, xm)
     return ll.sum(), xm.sum()
+
+
+@nb.njit(**FLAGS)
+def _model_sums_one(coords, perm, x, F, offs, lam, shares):
+    ll = np.zeros(shares)
+    xm = np.zeros(shares)
+    for g in range(shares):
+        _share_sums(g, shares, coords, perm, x, F, offs, lam, ll, xm)
+    return ll.sum(), xm.sum()
+
+
+def model_sums(
+    coords: np.ndarray,
+    perm: np.ndarray,
+    x: np.ndarray,
+    F: np.ndarray,
+    offs: np.ndarray,
+    lam: np.ndarray,
+    shares: int,
+    threads: bool = True,
+) -> tuple[float, float]:
+    """``(sum x log m, sum x m)`` over the nonzeros (``perm`` their order, ``x`` their values in it),
+    ``m = sum_r lam_r prod_j F[offs[j] + coords[p, j], r]``: the log-likelihood's data term and
+    <X, M>, summed per share then over shares in order (on numba's threads with ``threads``)."""
+    kernel = _model_sums_threads if threads else _model_sums_one
+    return kernel(coords, perm, x, F, offs, np.ascontiguousarray(lam, dtype=np.float64), max(1, int(shares)))
