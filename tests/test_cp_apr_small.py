@@ -95,11 +95,12 @@ def dense_mu(X, init, outer, max_inner, tol, eps, kappa=0.01, kappa_tol=1e-10):
     return lam, A, float(np.sum(X[nz] * np.log(M[nz])) - M.sum()), inners
 
 
-@pytest.mark.parametrize("order", [3, 4, 5])
-def test_mode_kernel_matches_dense_reference_at_every_share_and_block_size(rng, order):
+@pytest.mark.parametrize("order,fixed", [(3, True), (4, False), (5, True), (3, False)])
+def test_mode_kernel_matches_dense_reference_at_every_share_and_block_size(rng, order, fixed):
     shape = tuple(int(s) for s in rng.integers(4, 8, order))
     X, coords, values = count_tensor(rng, shape, 4 * int(np.prod(shape)) // 10)
-    R = int(rng.integers(2, 9))
+    # a rank whose kernel is unrolled, or one taken at run time
+    R = int(rng.choice([4, 8, 16])) if fixed else int(rng.choice([3, 5, 7]))
     F = StackedFactors(shape, R)
     F.data[:] = rng.random(F.data.shape) + 0.05
     n = int(rng.integers(order))
@@ -118,15 +119,15 @@ def test_mode_kernel_matches_dense_reference_at_every_share_and_block_size(rng, 
             (5, 7, True),
             (8, 2, True),
         ]:
-            m = mode_runs(coords[:, n], values, shape[n], shares, block)
+            m = mode_runs(coords, n, values, shape[n], shares, block)
             F.views[n][:] = B0
             S = m.share.shape[0] - 1
             pi = np.full((S, max(1, m.block_nnz), R), np.nan)
-            before = np.full((max_inner, shape[n] + 2, R), np.nan)
-            positive_at = np.ones((max_inner, shape[n] + 2, R), dtype=bool)
+            before = np.full((shape[n] + 2, max_inner, R), np.nan)
+            positive_at = np.ones((shape[n] + 2, max_inner, R), dtype=bool)
             positive = np.ones((shape[n], R), dtype=bool)
             scratch = (pi, before, positive_at, np.full((S + 1, max_inner), np.nan))
-            args = (m, coords, F.data, F.offsets, n, eps, tol, max_inner, *scratch, positive, threads)
+            args = (m, F.data, F.offsets, n, eps, tol, max_inner, *scratch, positive, threads)
             kkt, inner, updates = mu_mode(*args)
             assert (inner, updates) == (inner_ref, updates_ref)
             assert kkt == pytest.approx(kkt_ref, rel=1e-12)
@@ -134,8 +135,8 @@ def test_mode_kernel_matches_dense_reference_at_every_share_and_block_size(rng, 
             np.testing.assert_allclose(F.views[n], B_ref, rtol=1e-12, atol=1e-300)
     # the log-likelihood's data term and <X, M>
     lam = rng.uniform(0.5, 2, R)
-    ll, xm = model_sums(coords, m.perm, m.values, F.data, F.offsets, lam, 3)
-    assert model_sums(coords, m.perm, m.values, F.data, F.offsets, lam, 3, False) == (ll, xm)
+    ll, xm = model_sums(m.coords, m.values, F.data, F.offsets, lam, 3)
+    assert model_sums(m.coords, m.values, F.data, F.offsets, lam, 3, False) == (ll, xm)
     M = dense_model(F.views, lam)
     nz = X > 0
     assert ll == pytest.approx(float(np.sum(X[nz] * np.log(M[nz]))), rel=1e-12)

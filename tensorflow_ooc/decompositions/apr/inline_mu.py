@@ -34,12 +34,12 @@ SMALL_MU_BYTES = 1 << 30
 
 
 def inline_mu_bytes(nnz: int, shape: tuple[int, ...], rank: int, max_inner: int, threads: int) -> int:
-    """Bytes :class:`InlineMU` keeps: coordinates, per mode the sorted order and values, each
+    """Bytes :class:`InlineMU` keeps: per mode the coordinates and values in its order, each
     mode's rows before each inner iteration's update and Phi's sign (the longest mode's), the
     Khatri-Rao buffers."""
     nmodes, longest = len(shape), max(shape)
     return int(
-        nnz * 8 * (3 * nmodes + 1)
+        nnz * 8 * (nmodes * nmodes + nmodes + 2)
         + max_inner * longest * rank * 9
         + sum(shape) * rank
         + max(1, threads) * BLOCK_NNZ * rank * 8
@@ -64,15 +64,15 @@ class InlineMU:
 
     def __init__(self, store: Any, rank: int, max_inner: int, threads: int) -> None:
         coords, values = store.to_coo()
-        self.coords = np.ascontiguousarray(coords)
-        nnz = self.coords.shape[0]
+        nnz = coords.shape[0]
         self.threads = 1 if nnz * int(rank) <= SERIAL_NNZ_RANK else max(1, int(threads))
         shape = tuple(int(i) for i in store.shape)
-        self.runs = [mode_runs(self.coords[:, n], values, rows, self.threads) for n, rows in enumerate(shape)]
+        # each mode keeps the coordinates in its own order
+        self.runs = [mode_runs(coords, n, values, rows, self.threads) for n, rows in enumerate(shape)]
         R, T = int(rank), max(1, int(max_inner))
         self.pi = np.empty((self.threads, max(1, max(m.block_nnz for m in self.runs)), R))
-        self.before = np.empty((T, max(shape), R))
-        self.positive_at = np.zeros((T, max(shape), R), dtype=bool)
+        self.before = np.empty((max(shape), T, R))
+        self.positive_at = np.zeros((max(shape), T, R), dtype=bool)
         self.worst = np.zeros((self.threads, T))
         self.positive = [np.zeros((rows, R), dtype=bool) for rows in shape]
 
@@ -88,7 +88,6 @@ class InlineMU:
                 t0 = time.perf_counter()
                 kkt, inner, updates = mu_mode(
                     m,
-                    self.coords,
                     s.data,
                     s.offsets,
                     n,
@@ -108,7 +107,7 @@ class InlineMU:
                 S.end_mode(s, n)
             t0 = time.perf_counter()
             last = self.runs[-1]
-            args = (self.coords, last.perm, last.values, s.data, s.offsets, s.weights, self.threads)
+            args = (last.coords, last.values, s.data, s.offsets, s.weights, self.threads)
             ll, xm = model_sums(*args, self.threads > 1)
         s.seconds["phi"] = phi_seconds
         return S.summary(s, [np.array([ll, xm, time.perf_counter() - t0])])

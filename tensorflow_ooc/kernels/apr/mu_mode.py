@@ -7,7 +7,7 @@ is its own problem: ``Phi[i] = sum_k x_k / max(b_i . pi_k, eps) pi_k`` over the 
 stops the mode when ``max |min(B, 1 - Phi)| < tol`` over all rows). So the rows are taken one at a
 time, a block of rows' ``pi`` formed once into a buffer that stays in the cache, and each row runs
 its inner iterations back to back, recording per iteration its row of ``B`` before the update, where
-its ``Phi`` is positive, and its KKT violation (:func:`row_iterations`). The first inner iteration
+its ``Phi`` is positive, and its KKT violation (:func:`row_iterations_kernel`). The first inner iteration
 runs alone (a converged mode stops there, as it does in the general path); the others follow in one
 call, and the mode's rows are then set to those of the first iteration whose violation over all rows
 is below ``tol``. The result is the per-iteration passes' (pyttb's order of operations), with the
@@ -23,7 +23,10 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
-__all__ = ["BLOCK_NNZ", "ModeRuns", "mode_runs", "row_iterations", "mu_mode", "model_sums"]
+from ..mttkrp.cpu import SLPKernel, _tree_sum
+from .cpu import FIXED_RANKS
+
+__all__ = ["BLOCK_NNZ", "ModeRuns", "mode_runs", "row_iterations_kernel", "mu_mode", "model_sums"]
 
 # nonzeros per block of rows whose Khatri-Rao rows are formed together (R16: 256 KiB, within L2)
 BLOCK_NNZ = 2048
@@ -33,7 +36,8 @@ BLOCK_NNZ = 2048
 class ModeRuns:
     """The nonzeros of one mode sorted by its index, in blocks of whole rows and thread shares.
 
-    perm : int64 (nnz,): position of the ``k``-th sorted nonzero among the input nonzeros
+    coords : int64 (nnz, N): the coordinates in sorted order (each mode's nonzeros are read in
+        order, their factor rows gathered without an indirection)
     values : float (nnz,): the values in sorted order
     ptr : int64 (runs + 1,): nonzeros ``ptr[q] .. ptr[q + 1]`` have row ``rows[q]``
     rows : int64 (runs,): the row of each run (increasing)
@@ -42,7 +46,7 @@ class ModeRuns:
     share : int64 (S + 1,): thread share ``g`` holds blocks ``share[g] .. share[g + 1]``
     """
 
-    perm: np.ndarray
+    coords: np.ndarray
     values: np.ndarray
     ptr: np.ndarray
     rows: np.ndarray
@@ -60,12 +64,15 @@ class ModeRuns:
         return int(np.max(np.diff(self.ptr[self.block]), initial=0))
 
 
-def mode_runs(index: np.ndarray, values: np.ndarray, rows: int, shares: int, block_nnz: int = BLOCK_NNZ) -> ModeRuns:
-    """The nonzeros with mode index ``index`` (int, (nnz,)) sorted by it (stable), in blocks of
+def mode_runs(
+    coords: np.ndarray, mode: int, values: np.ndarray, rows: int, shares: int, block_nnz: int = BLOCK_NNZ
+) -> ModeRuns:
+    """The nonzeros (``coords`` int (nnz, N)) sorted by mode ``mode``'s index (stable), in blocks of
     whole rows of about ``block_nnz`` nonzeros (a longer row is a block of its own) and ``shares``
     contiguous shares of blocks of about equal nonzeros."""
+    index = coords[:, mode]
     nnz = int(index.shape[0])
-    perm = np.argsort(index, kind="stable").astype(np.int64)
+    perm = np.argsort(index, kind="stable")
     ordered = index[perm]
     if nnz:
         starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
@@ -88,7 +95,7 @@ def mode_runs(index: np.ndarray, values: np.ndarray, rows: int, shares: int, blo
     share = np.searchsorted(at, np.linspace(0, nnz, shares + 1)[1:-1])
     share = np.unique(np.concatenate([[0], share, [len(block) - 1]])).astype(np.int64)
     return ModeRuns(
-        perm,
+        np.ascontiguousarray(coords[perm], dtype=np.int64),
         np.ascontiguousarray(values[perm], dtype=np.float64),
         ptr,
         run_rows,
@@ -101,109 +108,110 @@ def mode_runs(index: np.ndarray, values: np.ndarray, rows: int, shares: int, blo
 FLAGS = {"nogil": True, "cache": True, "fastmath": {"reassoc", "contract"}}
 
 
-@nb.njit(inline="always", fastmath={"reassoc", "contract"})
-def _share_rows(
-    g, coords, perm, x, ptr, rows, block, share, F, offs, mode, eps, t0, t1, pi_buf, before, positive, worst
-):
-    # share g's rows: their blocks' Khatri-Rao rows, then each row's inner iterations t0 .. t1 - 1
-    N = coords.shape[1]
-    R = F.shape[1]
-    base = offs[mode]
-    pi = pi_buf[g]
-    acc = np.empty(R)
-    for t in range(t0, t1):
-        worst[g, t] = 0.0
-    for b in range(share[g], share[g + 1]):
-        q0, q1 = block[b], block[b + 1]
-        k0 = ptr[q0]
-        # the block's Khatri-Rao rows (the other modes in order)
-        for k in range(k0, ptr[q1]):
-            p = perm[k]
-            first = True
-            for j in range(N):
-                if j == mode:
-                    continue
-                row = offs[j] + coords[p, j]
-                if first:
-                    for r in range(R):
-                        pi[k - k0, r] = F[row, r]
-                    first = False
-                else:
-                    for r in range(R):
-                        pi[k - k0, r] *= F[row, r]
-            if first:  # a one-mode tensor: the empty product
-                for r in range(R):
-                    pi[k - k0, r] = 1.0
-        for q in range(q0, q1):
-            i = rows[q]
-            fi = base + i
-            for t in range(t0, t1):
-                for r in range(R):
-                    acc[r] = 0.0
-                for k in range(ptr[q] - k0, ptr[q + 1] - k0):
-                    m = 0.0
-                    for r in range(R):
-                        m += F[fi, r] * pi[k, r]
-                    v = x[k + k0] / max(m, eps)
-                    for r in range(R):
-                        acc[r] += v * pi[k, r]
-                w = worst[g, t]
-                for r in range(R):
-                    bv = F[fi, r]
-                    p = acc[r]
-                    before[t, i, r] = bv
-                    positive[t, i, r] = p > 0
-                    v = abs(min(bv, 1.0 - p))
-                    if v > w:
-                        w = v
-                    F[fi, r] = bv * p
-                worst[g, t] = w
+def _rows_source(name: str, rank_const: int, threads: bool) -> str:
+    """Python source of a row-iterations kernel: shares on numba's threads (``threads``) or in turn.
+    With ``rank_const``, a row's ``b``, its Phi sum and each nonzero's ``pi`` are that many scalars
+    (SLP packs them into vector registers; arrays of run-time length kept the sums in memory, a
+    store and a load per term), the model value a balanced sum."""
+    RC = rank_const
+    L = []
+    add = L.append
+    add(f"def {name}(coords, x, ptr, rows, block, share, F, offs, mode, eps, t0, t1, pi_buf, before, positive, worst):")
+    add("    N = coords.shape[1]")
+    add("    R = F.shape[1]")
+    add("    base = offs[mode]")
+    add("    for g in nb.prange(share.shape[0] - 1):" if threads else "    for g in range(share.shape[0] - 1):")
+    add("        pi = pi_buf[g]")
+    add("        acc = np.empty(R)")
+    add("        for t in range(t0, t1):")
+    add("            worst[g, t] = 0.0")
+    add("        for b in range(share[g], share[g + 1]):")
+    add("            q0, q1 = block[b], block[b + 1]")
+    add("            k0 = ptr[q0]")
+    # the block's Khatri-Rao rows (the other modes in order)
+    add("            for k in range(k0, ptr[q1]):")
+    add("                first = True")
+    add("                for j in range(N):")
+    add("                    if j == mode:")
+    add("                        continue")
+    add("                    row = offs[j] + coords[k, j]")
+    add("                    if first:")
+    add("                        for r in range(R):")
+    add("                            pi[k - k0, r] = F[row, r]")
+    add("                        first = False")
+    add("                    else:")
+    add("                        for r in range(R):")
+    add("                            pi[k - k0, r] *= F[row, r]")
+    add("                if first:")
+    add("                    for r in range(R):")
+    add("                        pi[k - k0, r] = 1.0")
+    add("            for q in range(q0, q1):")
+    add("                i = rows[q]")
+    add("                fi = base + i")
+    add("                for t in range(t0, t1):")
+    if RC:
+        rr = range(RC)
+        for r in rr:
+            add(f"                    b{r} = F[fi, {r}]")
+            add(f"                    a{r} = 0.0")
+        add("                    for k in range(ptr[q] - k0, ptr[q + 1] - k0):")
+        for r in rr:
+            add(f"                        p{r} = pi[k, {r}]")
+        add("                        m = " + _tree_sum([f"b{r} * p{r}" for r in rr]))
+        add("                        v = x[k + k0] / max(m, eps)")
+        for r in rr:
+            add(f"                        a{r} += v * p{r}")
+        add("                    w = worst[g, t]")
+        for r in rr:
+            add(f"                    before[i, t, {r}] = b{r}")
+            add(f"                    positive[i, t, {r}] = a{r} > 0")
+            add(f"                    w = max(w, abs(min(b{r}, 1.0 - a{r})))")
+            add(f"                    F[fi, {r}] = b{r} * a{r}")
+        add("                    worst[g, t] = w")
+    else:
+        add("                    for r in range(R):")
+        add("                        acc[r] = 0.0")
+        add("                    for k in range(ptr[q] - k0, ptr[q + 1] - k0):")
+        add("                        m = 0.0")
+        add("                        for r in range(R):")
+        add("                            m += F[fi, r] * pi[k, r]")
+        add("                        v = x[k + k0] / max(m, eps)")
+        add("                        for r in range(R):")
+        add("                            acc[r] += v * pi[k, r]")
+        add("                    w = worst[g, t]")
+        add("                    for r in range(R):")
+        add("                        bv = F[fi, r]")
+        add("                        before[i, t, r] = bv")
+        add("                        positive[i, t, r] = acc[r] > 0")
+        add("                        w = max(w, abs(min(bv, 1.0 - acc[r])))")
+        add("                        F[fi, r] = bv * acc[r]")
+        add("                    worst[g, t] = w")
+    return "\n".join(L) + "\n"
 
 
-@nb.njit(parallel=True, **FLAGS)
-def row_iterations(
-    coords: np.ndarray,
-    perm: np.ndarray,
-    x: np.ndarray,
-    ptr: np.ndarray,
-    rows: np.ndarray,
-    block: np.ndarray,
-    share: np.ndarray,
-    F: np.ndarray,
-    offs: np.ndarray,
-    mode: int,
-    eps: float,
-    t0: int,
-    t1: int,
-    pi_buf: np.ndarray,
-    before: np.ndarray,
-    positive: np.ndarray,
-    worst: np.ndarray,
-) -> None:
-    """Inner iterations ``t0 .. t1 - 1`` of every row with nonzeros, row after row: ``Phi`` of the
-    row, then ``b <- b * Phi``. Per iteration ``t`` it records the row before the update into
-    ``before[t]``, where Phi is positive into ``positive[t]`` and the largest KKT violation
-    ``|min(b, 1 - Phi)|`` of share ``g``'s rows into ``worst[g, t]``.
-
-    coords : int (nnz, N), the input order; perm, x, ptr, rows, block, share : a :class:`ModeRuns`';
-    F : float (sum I, R), the stacked factors, mode ``mode``'s rows being ``B`` (written);
-    offs : int64 (N,); pi_buf : float (S, block_nnz, R), scratch; before : float (T, I, R);
-    positive : bool (T, I, R); worst : float (S, T)."""
-    for g in nb.prange(share.shape[0] - 1):
-        _share_rows(
-            g, coords, perm, x, ptr, rows, block, share, F, offs, mode, eps, t0, t1, pi_buf, before, positive, worst
-        )
+_ROW_KERNELS: dict[tuple, object] = {}
 
 
-@nb.njit(**FLAGS)
-def row_iterations_one_thread(
-    coords, perm, x, ptr, rows, block, share, F, offs, mode, eps, t0, t1, pi_buf, before, positive, worst
-):
-    """:func:`row_iterations` on this thread, the shares in turn (no parallel region to start)."""
-    for g in range(share.shape[0] - 1):
-        _share_rows(
-            g, coords, perm, x, ptr, rows, block, share, F, offs, mode, eps, t0, t1, pi_buf, before, positive, worst
-        )
+def row_iterations_kernel(rank: int, threads: bool):
+    """The row-iterations kernel for ``rank`` (a fixed rank of :data:`FIXED_RANKS` unrolled, others
+    at run time), its shares on numba's threads or in turn on this one (no parallel region).
+
+    The kernel runs inner iterations ``t0 .. t1 - 1`` of every row with nonzeros, row after row:
+    ``Phi`` of the row, then ``b <- b * Phi``. Per iteration ``t`` it records the row before the
+    update into ``before[t]``, where Phi is positive into ``positive[t]`` and the largest KKT
+    violation ``|min(b, 1 - Phi)|`` of share ``g``'s rows into ``worst[g, t]``. Arguments:
+    ``coords, x, ptr, rows, block, share``, a
+    :class:`ModeRuns`'; ``F`` float (sum I, R), the stacked factors, mode ``mode``'s rows being
+    ``B`` (written); ``offs`` int64 (N,); ``eps``; ``t0, t1``; ``pi_buf`` float (S, block_nnz, R),
+    scratch; ``before`` float (I, T, R); ``positive`` bool (I, T, R); ``worst`` float (S, T)."""
+    fixed = rank if rank in FIXED_RANKS else 0
+    key = (fixed, bool(threads))
+    if key not in _ROW_KERNELS:
+        name = f"row_iterations_r{fixed}_{'threads' if threads else 'one'}"
+        scope = globals()
+        exec(compile(_rows_source(name, fixed, bool(threads)), __file__, "exec"), scope)
+        _ROW_KERNELS[key] = SLPKernel(nb.njit(parallel=bool(threads), **FLAGS)(scope[name]))
+    return _ROW_KERNELS[key]
 
 
 @nb.njit(nogil=True, cache=True)
@@ -225,10 +233,10 @@ def _settle(rows, empty, B, before, positive, t_stop, updates, out_positive):
     if updates <= t_stop:
         for i in rows:
             for r in range(R):
-                B[i, r] = before[updates, i, r]
+                B[i, r] = before[i, updates, r]
     for i in rows:
         for r in range(R):
-            out_positive[i, r] = positive[t_stop, i, r]
+            out_positive[i, r] = positive[i, t_stop, r]
     for i in empty:
         for r in range(R):
             out_positive[i, r] = False
@@ -238,7 +246,6 @@ def _settle(rows, empty, B, before, positive, t_stop, updates, out_positive):
 
 def mu_mode(
     runs: ModeRuns,
-    coords: np.ndarray,
     F: np.ndarray,
     offs: np.ndarray,
     mode: int,
@@ -257,14 +264,14 @@ def mu_mode(
     tol``, else ``B <- B * Phi``. Returns ``(kkt, inner iterations, updates taken)``; ``out_positive``
     (bool (I, R)) holds where the last Phi is positive.
 
-    Scratch: ``pi_buf`` float (S, runs.block_nnz, R); ``before`` float (T, I', R) and ``positive``
-    bool (T, I', R) with ``T >= max_inner`` and ``I' >= I``; ``worst`` float (S', T), S' >= S.
+    Scratch: ``pi_buf`` float (S, runs.block_nnz, R); ``before`` float (I', T, R) and ``positive``
+    bool (I', T, R) with ``T >= max_inner`` and ``I' >= I``; ``worst`` float (S', T), S' >= S.
     ``threads``: the shares on numba's threads, else in turn on this one."""
     B = F[offs[mode] : offs[mode] + out_positive.shape[0]]
     worst = worst[: runs.share.shape[0] - 1]
-    args = (coords, runs.perm, runs.values, runs.ptr, runs.rows, runs.block, runs.share, F, offs, mode, float(eps))
+    args = (runs.coords, runs.values, runs.ptr, runs.rows, runs.block, runs.share, F, offs, mode, float(eps))
     scratch = (pi_buf, before, positive, worst)
-    kernel = row_iterations if threads else row_iterations_one_thread
+    kernel = row_iterations_kernel(F.shape[1], threads)
     # the first inner iteration alone: a converged mode stops there
     kernel(*args, 0, 1, *scratch)
     kkt = max(float(worst[:, 0].max(initial=0.0)), _empty_kkt(runs.empty, B))
@@ -282,18 +289,17 @@ def mu_mode(
 
 
 @nb.njit(inline="always", fastmath={"reassoc", "contract"})
-def _share_sums(g, shares, coords, perm, x, F, offs, lam, ll, xm):
+def _share_sums(g, shares, coords, x, F, offs, lam, ll, xm):
     nnz, N = coords.shape
     R = F.shape[1]
     s1 = 0.0
     s2 = 0.0
     for k in range(nnz * g // shares, nnz * (g + 1) // shares):
-        p = perm[k]
         m = 0.0
         for r in range(R):
             v = lam[r]
             for j in range(N):
-                v *= F[offs[j] + coords[p, j], r]
+                v *= F[offs[j] + coords[k, j], r]
             m += v
         s1 += x[k] * np.log(m)
         s2 += x[k] * m
@@ -302,26 +308,25 @@ def _share_sums(g, shares, coords, perm, x, F, offs, lam, ll, xm):
 
 
 @nb.njit(parallel=True, **FLAGS)
-def _model_sums_threads(coords, perm, x, F, offs, lam, shares):
+def _model_sums_threads(coords, x, F, offs, lam, shares):
     ll = np.zeros(shares)
     xm = np.zeros(shares)
     for g in nb.prange(shares):
-        _share_sums(g, shares, coords, perm, x, F, offs, lam, ll, xm)
+        _share_sums(g, shares, coords, x, F, offs, lam, ll, xm)
     return ll.sum(), xm.sum()
 
 
 @nb.njit(**FLAGS)
-def _model_sums_one(coords, perm, x, F, offs, lam, shares):
+def _model_sums_one(coords, x, F, offs, lam, shares):
     ll = np.zeros(shares)
     xm = np.zeros(shares)
     for g in range(shares):
-        _share_sums(g, shares, coords, perm, x, F, offs, lam, ll, xm)
+        _share_sums(g, shares, coords, x, F, offs, lam, ll, xm)
     return ll.sum(), xm.sum()
 
 
 def model_sums(
     coords: np.ndarray,
-    perm: np.ndarray,
     x: np.ndarray,
     F: np.ndarray,
     offs: np.ndarray,
@@ -329,8 +334,8 @@ def model_sums(
     shares: int,
     threads: bool = True,
 ) -> tuple[float, float]:
-    """``(sum x log m, sum x m)`` over the nonzeros (``perm`` their order, ``x`` their values in it),
-    ``m = sum_r lam_r prod_j F[offs[j] + coords[p, j], r]``: the log-likelihood's data term and
+    """``(sum x log m, sum x m)`` over the nonzeros (``coords`` int (nnz, N), ``x`` their values),
+    ``m = sum_r lam_r prod_j F[offs[j] + coords[k, j], r]``: the log-likelihood's data term and
     <X, M>, summed per share then over shares in order (on numba's threads with ``threads``)."""
     kernel = _model_sums_threads if threads else _model_sums_one
-    return kernel(coords, perm, x, F, offs, np.ascontiguousarray(lam, dtype=np.float64), max(1, int(shares)))
+    return kernel(coords, x, F, offs, np.ascontiguousarray(lam, dtype=np.float64), max(1, int(shares)))
