@@ -5,6 +5,8 @@ against a dense NumPy reference of the multiplicative updates, at orders 3-5."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -108,6 +110,7 @@ def test_mode_kernel_matches_dense_reference_at_every_share_and_block_size(rng, 
     B0 = F.views[n].copy()
     # never stops, stops at the first inner iteration, stops after a few
     _, _, kkts, _ = dense_mode_iterations(X, F.views, B0, n, eps, 0.0, max_inner, trace=True)
+    pool = ThreadPoolExecutor(3)
     for tol in (1e-300, kkts[0] * 1.001, kkts[2] * 1.001):
         B_ref, Phi_ref, kkt_ref, inner_ref = dense_mode_iterations(X, F.views, B0, n, eps, tol, max_inner)
         updates_ref = inner_ref if kkt_ref >= tol else inner_ref - 1
@@ -127,12 +130,13 @@ def test_mode_kernel_matches_dense_reference_at_every_share_and_block_size(rng, 
             positive_at = np.ones((shape[n] + 2, max_inner, R), dtype=bool)
             positive = np.ones((shape[n], R), dtype=bool)
             scratch = (pi, before, positive_at, np.full((S + 1, max_inner), np.nan))
-            args = (m, F.data, F.offsets, n, eps, tol, max_inner, *scratch, positive, threads)
+            args = (m, F.data, F.offsets, n, eps, tol, max_inner, *scratch, positive, pool if threads else None)
             kkt, inner, updates = mu_mode(*args)
             assert (inner, updates) == (inner_ref, updates_ref)
             assert kkt == pytest.approx(kkt_ref, rel=1e-12)
             np.testing.assert_array_equal(positive, Phi_ref > 0)
             np.testing.assert_allclose(F.views[n], B_ref, rtol=1e-12, atol=1e-300)
+    pool.shutdown()
     # the log-likelihood's data term and <X, M>
     lam = rng.uniform(0.5, 2, R)
     ll, xm = model_sums(m.coords, m.values, F.data, F.offsets, lam, 3)

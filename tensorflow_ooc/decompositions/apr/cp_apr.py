@@ -188,6 +188,7 @@ class APRIterations:
         if small:
             params["inner_loop"] = "inline"
             self.outer = InlineOuter(store, state0, rank, o, graph.numba_threads)
+            cleanup.callback(self.outer.mu.close)
             self.loglik = self.history[-1]["loglik"] if self.history else float("nan")
             return start
         F = c.scatter(state0, hash=False)

@@ -13,6 +13,7 @@ results are the general path's up to the order of floating-point sums.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ SERIAL_NNZ_RANK = 1 << 18
 
 # the largest run this path takes, in bytes of what it keeps (above, the general path's memory
 # plan, streaming and partitions take over)
-SMALL_MU_BYTES = 1 << 30
+SMALL_MU_BYTES = 64 << 20
 
 
 def inline_mu_bytes(nnz: int, shape: tuple[int, ...], rank: int, max_inner: int, threads: int) -> int:
@@ -75,6 +76,14 @@ class InlineMU:
         self.positive_at = np.zeros((max(shape), T, R), dtype=bool)
         self.worst = np.zeros((self.threads, T))
         self.positive = [np.zeros((rows, R), dtype=bool) for rows in shape]
+        # the kernels release the GIL: threads beyond this one run a share of each mode's rows
+        self.pool = ThreadPoolExecutor(self.threads - 1) if self.threads > 1 else None
+
+    def close(self) -> None:
+        """Stop the pool's threads."""
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
 
     def outer(self, s: S.APRState, iteration: int, o: Any) -> S.APRSummary:
         """One outer iteration on ``s`` (changed in place) with the options ``o`` (``kappa``,
@@ -82,7 +91,7 @@ class InlineMU:
         S.begin_outer(s)
         phi_seconds = 0.0
         scratch = (self.pi, self.before, self.positive_at, self.worst)
-        with numba_threads(self.threads):
+        with numba_threads(self.threads):  # the log-likelihood's pass
             for n, m in enumerate(self.runs):
                 S.mu_begin_mode(s, n, iteration, o.kappa, o.kappa_tol)
                 t0 = time.perf_counter()
@@ -96,7 +105,7 @@ class InlineMU:
                     int(o.max_inner_iters),
                     *scratch,
                     self.positive[n],
-                    self.threads > 1,
+                    self.pool,
                 )
                 phi_seconds += time.perf_counter() - t0
                 s.inner_iters += int(inner)

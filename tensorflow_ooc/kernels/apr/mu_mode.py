@@ -19,6 +19,7 @@ Threads take contiguous shares of whole rows (equal in nonzeros as far as rows a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numba as nb
 import numpy as np
@@ -108,20 +109,31 @@ def mode_runs(
 FLAGS = {"nogil": True, "cache": True, "fastmath": {"reassoc", "contract"}}
 
 
-def _rows_source(name: str, rank_const: int, threads: bool) -> str:
-    """Python source of a row-iterations kernel: shares on numba's threads (``threads``) or in turn.
+def _rows_source(name: str, rank_const: int) -> str:
+    """Python source of a row-iterations kernel over shares ``g_lo .. g_hi - 1`` in turn.
     With ``rank_const``, a row's ``b``, its Phi sum and each nonzero's ``pi`` are that many scalars
     (SLP packs them into vector registers; arrays of run-time length kept the sums in memory, a
     store and a load per term), the model value a balanced sum."""
     RC = rank_const
     L = []
     add = L.append
-    add(f"def {name}(coords, x, ptr, rows, block, share, F, offs, mode, eps, t0, t1, pi_buf, before, positive, worst):")
+    add(
+        f"def {name}(coords, x, ptr, rows, block, share, F, offs, mode, eps, t0, t1, pi_buf, before, positive, "
+        "worst, g_lo, g_hi):"
+    )
     add("    N = coords.shape[1]")
     add("    R = F.shape[1]")
     add("    base = offs[mode]")
-    add("    for g in nb.prange(share.shape[0] - 1):" if threads else "    for g in range(share.shape[0] - 1):")
+    add("    T = before.shape[1]")
+    if RC:
+        add("    Ff = F.reshape(F.size)")
+        add("    pf = pi_buf.reshape(pi_buf.size)")
+        add("    bf = before.reshape(before.size)")
+        add("    sf = positive.reshape(positive.size)")
+    add("    for g in range(g_lo, g_hi):")
     add("        pi = pi_buf[g]")
+    if RC:
+        add(f"        pb = np.uint64(g) * np.uint64(pi_buf.shape[1] * {RC})")
     add("        acc = np.empty(R)")
     add("        for t in range(t0, t1):")
     add("            worst[g, t] = 0.0")
@@ -150,23 +162,29 @@ def _rows_source(name: str, rank_const: int, threads: bool) -> str:
     add("                fi = base + i")
     add("                for t in range(t0, t1):")
     if RC:
+        # 1-D views and unsigned offsets: row i of a 2-D array at i * RC (a constant multiply),
+        # no negative-index fix-up (as the MTTKRP kernels)
         rr = range(RC)
+        U = "np.uint64"
+        add(f"                    fq = {U}(fi) * {U}({RC})")
+        add(f"                    hq = ({U}(i) * {U}(T) + {U}(t)) * {U}({RC})")
         for r in rr:
-            add(f"                    b{r} = F[fi, {r}]")
+            add(f"                    b{r} = Ff[fq + {U}({r})]")
             add(f"                    a{r} = 0.0")
-        add("                    for k in range(ptr[q] - k0, ptr[q + 1] - k0):")
+        add(f"                    for k in range({U}(ptr[q] - k0), {U}(ptr[q + 1] - k0)):")
+        add(f"                        kq = pb + k * {U}({RC})")
         for r in rr:
-            add(f"                        p{r} = pi[k, {r}]")
+            add(f"                        p{r} = pf[kq + {U}({r})]")
         add("                        m = " + _tree_sum([f"b{r} * p{r}" for r in rr]))
-        add("                        v = x[k + k0] / max(m, eps)")
+        add(f"                        v = x[{U}(k0) + k] / max(m, eps)")
         for r in rr:
             add(f"                        a{r} += v * p{r}")
         add("                    w = worst[g, t]")
         for r in rr:
-            add(f"                    before[i, t, {r}] = b{r}")
-            add(f"                    positive[i, t, {r}] = a{r} > 0")
+            add(f"                    bf[hq + {U}({r})] = b{r}")
+            add(f"                    sf[hq + {U}({r})] = a{r} > 0")
             add(f"                    w = max(w, abs(min(b{r}, 1.0 - a{r})))")
-            add(f"                    F[fi, {r}] = b{r} * a{r}")
+            add(f"                    Ff[fq + {U}({r})] = b{r} * a{r}")
         add("                    worst[g, t] = w")
     else:
         add("                    for r in range(R):")
@@ -192,9 +210,11 @@ def _rows_source(name: str, rank_const: int, threads: bool) -> str:
 _ROW_KERNELS: dict[tuple, object] = {}
 
 
-def row_iterations_kernel(rank: int, threads: bool):
+def row_iterations_kernel(rank: int):
     """The row-iterations kernel for ``rank`` (a fixed rank of :data:`FIXED_RANKS` unrolled, others
-    at run time), its shares on numba's threads or in turn on this one (no parallel region).
+    at run time), over shares ``g_lo .. g_hi - 1`` in turn on the calling thread (it releases the
+    GIL: threads run a share each, see :func:`mu_mode`; numba's parallel loop compiled the same
+    body 1.5-2x slower).
 
     The kernel runs inner iterations ``t0 .. t1 - 1`` of every row with nonzeros, row after row:
     ``Phi`` of the row, then ``b <- b * Phi``. Per iteration ``t`` it records the row before the
@@ -203,15 +223,26 @@ def row_iterations_kernel(rank: int, threads: bool):
     ``coords, x, ptr, rows, block, share``, a
     :class:`ModeRuns`'; ``F`` float (sum I, R), the stacked factors, mode ``mode``'s rows being
     ``B`` (written); ``offs`` int64 (N,); ``eps``; ``t0, t1``; ``pi_buf`` float (S, block_nnz, R),
-    scratch; ``before`` float (I, T, R); ``positive`` bool (I, T, R); ``worst`` float (S, T)."""
+    scratch; ``before`` float (I, T, R); ``positive`` bool (I, T, R); ``worst`` float (S, T);
+    ``g_lo, g_hi``."""
     fixed = rank if rank in FIXED_RANKS else 0
-    key = (fixed, bool(threads))
-    if key not in _ROW_KERNELS:
-        name = f"row_iterations_r{fixed}_{'threads' if threads else 'one'}"
+    if fixed not in _ROW_KERNELS:
+        name = f"row_iterations_r{fixed}"
         scope = globals()
-        exec(compile(_rows_source(name, fixed, bool(threads)), __file__, "exec"), scope)
-        _ROW_KERNELS[key] = SLPKernel(nb.njit(parallel=bool(threads), **FLAGS)(scope[name]))
-    return _ROW_KERNELS[key]
+        exec(compile(_rows_source(name, fixed), __file__, "exec"), scope)
+        _ROW_KERNELS[fixed] = SLPKernel(nb.njit(**FLAGS)(scope[name]))
+    return _ROW_KERNELS[fixed]
+
+
+def _run_shares(kernel, args: tuple, shares: int, pool) -> None:
+    # share 0 on this thread, the others on the pool's threads (the kernel releases the GIL)
+    if pool is None or shares <= 1:
+        kernel(*args, 0, shares)
+        return
+    futures = [pool.submit(kernel, *args, g, g + 1) for g in range(1, shares)]
+    kernel(*args, 0, 1)
+    for f in futures:
+        f.result()
 
 
 @nb.njit(nogil=True, cache=True)
@@ -257,7 +288,7 @@ def mu_mode(
     positive: np.ndarray,
     worst: np.ndarray,
     out_positive: np.ndarray,
-    threads: bool = True,
+    pool: Any = None,
 ) -> tuple[float, int, int]:
     """Up to ``max_inner`` inner iterations of the multiplicative update on mode ``mode``'s rows of
     ``F`` (the factor times the weights), as pyttb's: Phi, then stop when ``max |min(B, 1 - Phi)| <
@@ -266,18 +297,20 @@ def mu_mode(
 
     Scratch: ``pi_buf`` float (S, runs.block_nnz, R); ``before`` float (I', T, R) and ``positive``
     bool (I', T, R) with ``T >= max_inner`` and ``I' >= I``; ``worst`` float (S', T), S' >= S.
-    ``threads``: the shares on numba's threads, else in turn on this one."""
+    ``pool``: a thread pool (``concurrent.futures``) whose threads run the shares beyond the first,
+    else all run in turn on this thread."""
     B = F[offs[mode] : offs[mode] + out_positive.shape[0]]
     worst = worst[: runs.share.shape[0] - 1]
     args = (runs.coords, runs.values, runs.ptr, runs.rows, runs.block, runs.share, F, offs, mode, float(eps))
     scratch = (pi_buf, before, positive, worst)
-    kernel = row_iterations_kernel(F.shape[1], threads)
+    kernel = row_iterations_kernel(F.shape[1])
+    S = runs.share.shape[0] - 1
     # the first inner iteration alone: a converged mode stops there
-    kernel(*args, 0, 1, *scratch)
+    _run_shares(kernel, args + (0, 1) + scratch, S, pool)
     kkt = max(float(worst[:, 0].max(initial=0.0)), _empty_kkt(runs.empty, B))
     t_stop, updates = 0, 0 if kkt < tol else 1
     if updates and max_inner > 1:
-        kernel(*args, 1, int(max_inner), *scratch)
+        _run_shares(kernel, args + (1, int(max_inner)) + scratch, S, pool)
         # rows without nonzeros are 0 after the first update: no violation
         for t_stop in range(1, int(max_inner)):
             kkt = float(worst[:, t_stop].max(initial=0.0))
