@@ -136,11 +136,11 @@ def test_mode_kernel_matches_dense_reference_at_every_share_and_block_size(rng, 
             assert kkt == pytest.approx(kkt_ref, rel=1e-12)
             np.testing.assert_array_equal(positive, Phi_ref > 0)
             np.testing.assert_allclose(F.views[n], B_ref, rtol=1e-12, atol=1e-300)
-    pool.shutdown()
     # the log-likelihood's data term and <X, M>
     lam = rng.uniform(0.5, 2, R)
     ll, xm = model_sums(m.coords, m.values, F.data, F.offsets, lam, 3)
-    assert model_sums(m.coords, m.values, F.data, F.offsets, lam, 3, False) == (ll, xm)
+    assert model_sums(m.coords, m.values, F.data, F.offsets, lam, 3, pool) == (ll, xm)
+    pool.shutdown()
     M = dense_model(F.views, lam)
     nz = X > 0
     assert ll == pytest.approx(float(np.sum(X[nz] * np.log(M[nz]))), rel=1e-12)

@@ -24,10 +24,9 @@ from . import apr_steps as S
 
 __all__ = ["SERIAL_NNZ_RANK", "SMALL_MU_BYTES", "InlineMU", "inline_mu_bytes"]
 
-# up to this many nonzeros x rank, one thread: a mode's inner iterations take about a millisecond,
-# and each parallel region waits for every thread to be scheduled (on a shared machine, a
-# scheduler slice: kinship, 10.7 k nonzeros, R16, 2 threads, 0.04-3.7 ms per inner iteration)
-SERIAL_NNZ_RANK = 1 << 18
+# up to this many nonzeros x rank, one thread: handing a share to another thread costs tens of
+# microseconds (6.5 k binary nonzeros at rank 8 already gain from two threads)
+SERIAL_NNZ_RANK = 1 << 15
 
 # the largest run this path takes, in bytes of what it keeps (above, the general path's memory
 # plan, streaming and partitions take over)
@@ -77,6 +76,7 @@ class InlineMU:
         self.worst = np.zeros((self.threads, T))
         self.positive = [np.zeros((rows, R), dtype=bool) for rows in shape]
         # the kernels release the GIL: threads beyond this one run a share of each mode's rows
+        # (no numba parallel region: its threads spin after one and took a core from these)
         self.pool = ThreadPoolExecutor(self.threads - 1) if self.threads > 1 else None
 
     def close(self) -> None:
@@ -91,7 +91,8 @@ class InlineMU:
         S.begin_outer(s)
         phi_seconds = 0.0
         scratch = (self.pi, self.before, self.positive_at, self.worst)
-        with numba_threads(self.threads):  # the log-likelihood's pass
+        # numba's own threads only where a factor is long (column sums and scaling)
+        with numba_threads(self.threads):
             for n, m in enumerate(self.runs):
                 S.mu_begin_mode(s, n, iteration, o.kappa, o.kappa_tol)
                 t0 = time.perf_counter()
@@ -117,6 +118,6 @@ class InlineMU:
             t0 = time.perf_counter()
             last = self.runs[-1]
             args = (last.coords, last.values, s.data, s.offsets, s.weights, self.threads)
-            ll, xm = model_sums(*args, self.threads > 1)
+            ll, xm = model_sums(*args, self.pool)
         s.seconds["phi"] = phi_seconds
         return S.summary(s, [np.array([ll, xm, time.perf_counter() - t0])])

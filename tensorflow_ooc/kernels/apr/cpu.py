@@ -332,6 +332,33 @@ def mu_kkt(A: np.ndarray, phi: np.ndarray, positive: np.ndarray) -> float:
     return (_mu_kkt_one if A.size <= SERIAL_MAX_ENTRIES else _mu_kkt_threads)(A, phi, positive)
 
 
+def mu_kappa_fix(A: np.ndarray, positive: np.ndarray, kappa: float, kappa_tol: float) -> bool:
+    """MU's complementary-slackness fix: ``A += kappa`` where ``positive`` (Phi > 0) and
+    ``A < kappa_tol``; whether any entry moved. One pass, no temporaries (on one thread for small
+    factors, as :func:`mu_kkt`).
+
+    A : float (I, R), written; positive : bool (I, R)."""
+    if A.size <= SERIAL_MAX_ENTRIES:
+        return bool(_mu_kappa_fix_one(A, positive, float(kappa), float(kappa_tol)))
+    V = positive & (A < kappa_tol)
+    if not V.any():
+        return False
+    A[V] += kappa
+    return True
+
+
+@nb.njit(nogil=True, cache=True)
+def _mu_kappa_fix_one(A, positive, kappa, kappa_tol):
+    moved = False
+    rows, R = A.shape
+    for i in range(rows):
+        for r in range(R):
+            if positive[i, r] and A[i, r] < kappa_tol:
+                A[i, r] += kappa
+                moved = True
+    return moved
+
+
 @nb.njit(parallel=True, nogil=True, cache=True)
 def _mu_multiply_threads(A, phi):
     rows, R = A.shape

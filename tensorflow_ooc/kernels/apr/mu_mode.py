@@ -157,10 +157,12 @@ def _rows_source(name: str, rank_const: int) -> str:
     add("                if first:")
     add("                    for r in range(R):")
     add("                        pi[k - k0, r] = 1.0")
-    add("            for q in range(q0, q1):")
-    add("                i = rows[q]")
-    add("                fi = base + i")
-    add("                for t in range(t0, t1):")
+    # iterations outside, the block's rows inside: the rows are independent, so the processor
+    # overlaps one row's divisions and sums with the next's (a row's iterations form one chain)
+    add("            for t in range(t0, t1):")
+    add("                for q in range(q0, q1):")
+    add("                    i = rows[q]")
+    add("                    fi = base + i")
     if RC:
         # 1-D views and unsigned offsets: row i of a 2-D array at i * RC (a constant multiply),
         # no negative-index fix-up (as the MTTKRP kernels)
@@ -234,13 +236,14 @@ def row_iterations_kernel(rank: int):
     return _ROW_KERNELS[fixed]
 
 
-def _run_shares(kernel, args: tuple, shares: int, pool) -> None:
-    # share 0 on this thread, the others on the pool's threads (the kernel releases the GIL)
+def _run_shares(kernel, args: tuple, shares: int, pool, tail: tuple = ()) -> None:
+    # share 0 on this thread, the others on the pool's threads (the kernel releases the GIL);
+    # a kernel's arguments are ``args``, its share range, then ``tail``
     if pool is None or shares <= 1:
-        kernel(*args, 0, shares)
+        kernel(*args, 0, shares, *tail)
         return
-    futures = [pool.submit(kernel, *args, g, g + 1) for g in range(1, shares)]
-    kernel(*args, 0, 1)
+    futures = [pool.submit(kernel, *args, g, g + 1, *tail) for g in range(1, shares)]
+    kernel(*args, 0, 1, *tail)
     for f in futures:
         f.result()
 
@@ -340,22 +343,10 @@ def _share_sums(g, shares, coords, x, F, offs, lam, ll, xm):
     xm[g] = s2
 
 
-@nb.njit(parallel=True, **FLAGS)
-def _model_sums_threads(coords, x, F, offs, lam, shares):
-    ll = np.zeros(shares)
-    xm = np.zeros(shares)
-    for g in nb.prange(shares):
-        _share_sums(g, shares, coords, x, F, offs, lam, ll, xm)
-    return ll.sum(), xm.sum()
-
-
 @nb.njit(**FLAGS)
-def _model_sums_one(coords, x, F, offs, lam, shares):
-    ll = np.zeros(shares)
-    xm = np.zeros(shares)
-    for g in range(shares):
+def _model_sums_shares(coords, x, F, offs, lam, shares, g_lo, g_hi, ll, xm):
+    for g in range(g_lo, g_hi):
         _share_sums(g, shares, coords, x, F, offs, lam, ll, xm)
-    return ll.sum(), xm.sum()
 
 
 def model_sums(
@@ -365,10 +356,14 @@ def model_sums(
     offs: np.ndarray,
     lam: np.ndarray,
     shares: int,
-    threads: bool = True,
+    pool: Any = None,
 ) -> tuple[float, float]:
     """``(sum x log m, sum x m)`` over the nonzeros (``coords`` int (nnz, N), ``x`` their values),
     ``m = sum_r lam_r prod_j F[offs[j] + coords[k, j], r]``: the log-likelihood's data term and
-    <X, M>, summed per share then over shares in order (on numba's threads with ``threads``)."""
-    kernel = _model_sums_threads if threads else _model_sums_one
-    return kernel(coords, x, F, offs, np.ascontiguousarray(lam, dtype=np.float64), max(1, int(shares)))
+    <X, M>, summed per share then over shares in order (the shares beyond the first on ``pool``'s
+    threads, as :func:`mu_mode`)."""
+    shares = max(1, int(shares))
+    ll, xm = np.zeros(shares), np.zeros(shares)
+    args = (coords, x, F, offs, np.ascontiguousarray(lam, dtype=np.float64), shares)
+    _run_shares(_model_sums_shares, args, shares, pool, (ll, xm))
+    return float(ll.sum()), float(xm.sum())
