@@ -160,6 +160,7 @@ def _rows_source(name: str, rank_const: int) -> str:
     # iterations outside, the block's rows inside: the rows are independent, so the processor
     # overlaps one row's divisions and sums with the next's (a row's iterations form one chain)
     add("            for t in range(t0, t1):")
+    add("                w = worst[g, t]")
     add("                for q in range(q0, q1):")
     add("                    i = rows[q]")
     add("                    fi = base + i")
@@ -181,13 +182,11 @@ def _rows_source(name: str, rank_const: int) -> str:
         add(f"                        v = x[{U}(k0) + k] / max(m, eps)")
         for r in rr:
             add(f"                        a{r} += v * p{r}")
-        add("                    w = worst[g, t]")
         for r in rr:
             add(f"                    bf[hq + {U}({r})] = b{r}")
             add(f"                    sf[hq + {U}({r})] = a{r} > 0")
             add(f"                    w = max(w, abs(min(b{r}, 1.0 - a{r})))")
             add(f"                    Ff[fq + {U}({r})] = b{r} * a{r}")
-        add("                    worst[g, t] = w")
     else:
         add("                    for r in range(R):")
         add("                        acc[r] = 0.0")
@@ -198,14 +197,13 @@ def _rows_source(name: str, rank_const: int) -> str:
         add("                        v = x[k + k0] / max(m, eps)")
         add("                        for r in range(R):")
         add("                            acc[r] += v * pi[k, r]")
-        add("                    w = worst[g, t]")
         add("                    for r in range(R):")
         add("                        bv = F[fi, r]")
         add("                        before[i, t, r] = bv")
         add("                        positive[i, t, r] = acc[r] > 0")
         add("                        w = max(w, abs(min(bv, 1.0 - acc[r])))")
         add("                        F[fi, r] = bv * acc[r]")
-        add("                    worst[g, t] = w")
+    add("                worst[g, t] = w")
     return "\n".join(L) + "\n"
 
 
