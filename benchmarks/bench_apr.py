@@ -395,13 +395,13 @@ def table(out: dict) -> None:
         return "-" if v is None else f"{v:.{p}f}"
 
     print()
-    head = f"{'tensor':9} {'nnz':>11} {'R':>3} | {'MU s/inner':>10} {'ALTO':>8} {'x ALTO':>7}"
+    head = f"{'tensor':9} {'nnz':>11} {'R':>3} | {'MU s/inner':>10} {'ALTO':>10} {'x ALTO':>7}"
     print(head + f" | {'loglik ours':>13} {'ALTO':>13}")
     for r in out["rows"]:
         o, a = r["ours_mu"], r.get("alto_mu") or {}
         ratio = o["inner_s"] / a["inner_s"] if a.get("inner_s") else None
         print(
-            f"{r['tensor']:9} {r['nnz']:>11,} {r['rank']:>3} | {f(o['inner_s'])} {f(a.get('inner_s'))} "
+            f"{r['tensor']:9} {r['nnz']:>11,} {r['rank']:>3} | {f(o['inner_s'], 6):>10} {f(a.get('inner_s'), 6):>10} "
             f"{f(ratio, 2):>7} | {o['loglik']:>13.6e} {a.get('loglik', float('nan')):>13.6e}"
         )
     rows = [r for r in out["rows"] if "ours_pdnr" in r]
