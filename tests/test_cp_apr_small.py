@@ -1,6 +1,7 @@
-"""CP-APR MU's small-tensor path (each mode's inner iterations in one kernel call, in this
-process): the kernel against a dense NumPy reference with the nonzeros cut into shares at every
-place a row can be cut, and whole runs against the general path (per-inner-iteration passes) and
+"""CP-APR MU's small-tensor path (each mode's inner iterations in two kernel calls, in this
+process): the mode kernel against a dense NumPy reference at several share counts and block sizes,
+fixed and run-time ranks, on this thread and on a pool, never stopping, stopping at the first
+inner iteration or later; and whole runs against the general path (per-inner-iteration passes) and
 against a dense NumPy reference of the multiplicative updates, at orders 3-5."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def dense_model(factors, weights):
 
 def count_tensor(rng, shape, nnz):
     """Random counts at ``nnz`` distinct random cells, one row of the first two modes heavy and
-    the last row of every mode empty (rows cut across shares, rows with no nonzero)."""
+    the last row of every mode empty (rows longer than a block, rows with no nonzero)."""
     cells = np.array(np.unravel_index(rng.choice(int(np.prod(shape)), nnz, replace=False), shape)).T
     heavy = rng.random(nnz) < 0.4
     cells[heavy, 0] = 1
