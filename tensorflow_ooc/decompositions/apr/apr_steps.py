@@ -25,7 +25,7 @@ import numpy as np
 from ...errors import DecompositionError
 from ...execution.partials import Partial
 from ...kernels import StackedFactors
-from ...kernels.apr.cpu import hessian_width, mu_kkt, mu_multiply
+from ...kernels.apr.cpu import hessian_width, mu_kappa_fix, mu_kkt, mu_multiply
 from ...kernels.update.column_scale import column_abs_sums, scale_columns
 
 log = logging.getLogger(__name__)
@@ -155,10 +155,8 @@ def mu_begin_mode(s: APRState, n: int, iteration: int, kappa: float, kappa_tol: 
     but the entry below ``kappa_tol``) are moved off zero by ``kappa``; then the weights go into
     the mode's factor."""
     if iteration > 0 and s.phi_positive[n] is not None:
-        V = s.phi_positive[n] & (s.views[n] < kappa_tol)
-        if V.any():
+        if mu_kappa_fix(s.views[n], s.phi_positive[n], kappa, kappa_tol):
             s.violations += 1
-            s.views[n][V] += kappa
     redistribute(s, n)
     s.skip = False
     return s

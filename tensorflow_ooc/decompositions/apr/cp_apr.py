@@ -20,6 +20,7 @@ import numpy as np
 
 from ...errors import DecompositionError, StoreError
 from ...execution.apr_tasks import add_sums, candidates_partition, loglik_partition, newton_partition, phi_partition
+from ...execution.inline import is_inline
 from ...kernels.apr.cpu import hessian_width
 from ...store import Store
 from ..common.checkpoint_files import disk_full_returned, raise_returned, read_npz, write_npz_atomic
@@ -31,6 +32,7 @@ from ..common.run_loop import inline_when_small, run_iterations
 from . import apr_steps as S
 from .apr_owner import AprConfig, owner_outer, owner_state, start_apr_owner, use_apr_owner
 from .count_checks import check_counts
+from .inline_mu import SMALL_MU_BYTES, InlineMU, inline_mu_bytes
 from .options import CP_APR
 from .result import PoissonResult
 
@@ -160,6 +162,9 @@ class APRIterations:
     def start(self, c: Any, cleanup: ExitStack, resume: bool) -> int:
         run, o, store, rank = self.run, self.o, self.store, self.rank
         params = self.params = dict(self.base_params)
+        # small tensors under the inline scheduler: MU's inner loops in two kernel calls per mode
+        keeps = inline_mu_bytes(store.nnz, tuple(store.shape), rank, o.max_inner_iters, os.cpu_count() or 1)
+        small = is_inline(c) and o.algorithm == "mu" and run.device == "cpu" and keeps <= SMALL_MU_BYTES
         graph = open_graph(
             c,
             store,
@@ -168,16 +173,24 @@ class APRIterations:
             rank=rank,
             dtype="float64",
             samples=0,
-            load=run.distribution == "graph",
+            load=run.distribution == "graph" and not small,
         )
         cleanup.callback(graph.release)
         owner = use_apr_owner(c, graph, run.distribution, graph.device)
-        plan_graph(graph, params, owner, in_place=False)
+        small = small and graph.execution == "in-memory"
+        if not small:
+            plan_graph(graph, params, owner, in_place=False)
         checkpoint = run.checkpoint if resume else None
         start, self.history, self.row_tol, state0 = _initial(
             checkpoint, self.input_fp, params, o.init, store.shape, rank, o.seed, o.tol
         )
         params["resumed_after"] = start
+        if small:
+            params["inner_loop"] = "inline"
+            self.outer = InlineOuter(store, state0, rank, o, graph.numba_threads)
+            cleanup.callback(self.outer.mu.close)
+            self.loglik = self.history[-1]["loglik"] if self.history else float("nan")
+            return start
         F = c.scatter(state0, hash=False)
         del state0
         if owner:
@@ -293,6 +306,24 @@ class GraphOuter:
         out = self.c.submit(_factors_and_weights, self.F, pure=False).result()
         del self.F
         return out
+
+
+class InlineOuter:
+    """Outer iterations of the multiplicative updates in this process, the model state a local
+    object, each mode's inner iterations one kernel call (:mod:`.inline_mu`; small tensors)."""
+
+    def __init__(self, store: Any, state: S.APRState, rank: int, o: Any, threads: int) -> None:
+        self.state, self.o = state, o
+        self.mu = InlineMU(store, rank, o.max_inner_iters, threads)
+
+    def run(self, iteration: int, row_tol: float) -> tuple[Any, None]:
+        return self.mu.outer(self.state, iteration, self.o), None
+
+    def checkpoint(self, *args: Any) -> None:
+        raise_returned(disk_full_returned(_write_checkpoint, self.state, *args))
+
+    def final(self) -> tuple[list[np.ndarray], np.ndarray]:
+        return _factors_and_weights(self.state)
 
 
 class OwnerOuter:

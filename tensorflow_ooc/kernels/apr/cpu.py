@@ -309,25 +309,74 @@ def _row_pass(kernel, items, layout, factors, mode, row_lo, active, extra, out) 
     out += bufs.sum(axis=0)
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
+# factors of at most this many entries are updated on one thread: waking numba's threads costs
+# more than the work (and, on a loaded machine, a scheduler slice per parallel region)
+SERIAL_MAX_ENTRIES = 1 << 16
+
+
 def mu_multiply(A: np.ndarray, phi: np.ndarray) -> None:
-    """``A *= Phi`` (the multiplicative update), rows on numba's threads: NumPy's one-thread
-    in-place multiply of an Amazon-shaped mode (4.8 M x 16) reads and writes 1.2 GB on one core.
+    """``A *= Phi`` (the multiplicative update), rows on numba's threads for large factors:
+    NumPy's one-thread in-place multiply of an Amazon-shaped mode (4.8 M x 16) reads and writes
+    1.2 GB on one core.
 
     A : float (I, R), written; phi : float (I, R)."""
-    rows, R = A.shape
-    for i in nb.prange(rows):
-        for r in range(R):
-            A[i, r] = A[i, r] * phi[i, r]
+    (_mu_multiply_one if A.size <= SERIAL_MAX_ENTRIES else _mu_multiply_threads)(A, phi)
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
 def mu_kkt(A: np.ndarray, phi: np.ndarray, positive: np.ndarray) -> float:
     """``max |min(A, 1 - Phi)|`` (the multiplicative update's KKT violation) and, into
     ``positive``, where ``Phi > 0``: one pass, no temporaries of the factor's size (an
     Amazon-shaped mode's are 600 MB at rank 16).
 
     A, phi : float (I, R); positive : bool (I, R), written."""
+    return (_mu_kkt_one if A.size <= SERIAL_MAX_ENTRIES else _mu_kkt_threads)(A, phi, positive)
+
+
+def mu_kappa_fix(A: np.ndarray, positive: np.ndarray, kappa: float, kappa_tol: float) -> bool:
+    """MU's complementary-slackness fix: ``A += kappa`` where ``positive`` (Phi > 0) and
+    ``A < kappa_tol``; whether any entry moved. One pass, no temporaries (on one thread for small
+    factors, as :func:`mu_kkt`).
+
+    A : float (I, R), written; positive : bool (I, R)."""
+    if A.size <= SERIAL_MAX_ENTRIES:
+        return bool(_mu_kappa_fix_one(A, positive, float(kappa), float(kappa_tol)))
+    V = positive & (A < kappa_tol)
+    if not V.any():
+        return False
+    A[V] += kappa
+    return True
+
+
+@nb.njit(nogil=True, cache=True)
+def _mu_kappa_fix_one(A, positive, kappa, kappa_tol):
+    moved = False
+    rows, R = A.shape
+    for i in range(rows):
+        for r in range(R):
+            if positive[i, r] and A[i, r] < kappa_tol:
+                A[i, r] += kappa
+                moved = True
+    return moved
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _mu_multiply_threads(A, phi):
+    rows, R = A.shape
+    for i in nb.prange(rows):
+        for r in range(R):
+            A[i, r] = A[i, r] * phi[i, r]
+
+
+@nb.njit(nogil=True, cache=True)
+def _mu_multiply_one(A, phi):
+    rows, R = A.shape
+    for i in range(rows):
+        for r in range(R):
+            A[i, r] = A[i, r] * phi[i, r]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _mu_kkt_threads(A, phi, positive):
     rows, R = A.shape
     worst = np.zeros(rows)
     for i in nb.prange(rows):
@@ -340,3 +389,17 @@ def mu_kkt(A: np.ndarray, phi: np.ndarray, positive: np.ndarray) -> float:
                 w = v
         worst[i] = w
     return worst.max() if rows else 0.0
+
+
+@nb.njit(nogil=True, cache=True)
+def _mu_kkt_one(A, phi, positive):
+    rows, R = A.shape
+    w = 0.0
+    for i in range(rows):
+        for r in range(R):
+            p = phi[i, r]
+            positive[i, r] = p > 0
+            v = abs(min(A[i, r], 1.0 - p))
+            if v > w:
+                w = v
+    return w

@@ -115,11 +115,24 @@ def column_abs_sums(A: np.ndarray) -> np.ndarray:
     return _column_stats(A, SUM_ABS)
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
 def scale_columns(A: np.ndarray, scale: np.ndarray) -> None:
-    """``A[:, r] *= scale[r]`` in place, rows on numba's threads (one pass over A).
+    """``A[:, r] *= scale[r]`` in place, in one pass over A: blocks of rows on numba's threads, a
+    matrix of one block on this thread (as :func:`_column_stats`).
 
     A : float (I, R), C-contiguous, written; scale : float64 (R,)."""
+    (_scale_one_block if A.shape[0] <= STAT_BLOCK_ROWS else _scale_blocks)(A, scale)
+
+
+@nb.njit(nogil=True, cache=True)
+def _scale_one_block(A, scale):
+    n, R = A.shape
+    for i in range(n):
+        for r in range(R):
+            A[i, r] = A[i, r] * scale[r]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _scale_blocks(A, scale):
     n, R = A.shape
     for b in nb.prange((n + STAT_BLOCK_ROWS - 1) // STAT_BLOCK_ROWS):
         for i in range(b * STAT_BLOCK_ROWS, min(n, (b + 1) * STAT_BLOCK_ROWS)):
