@@ -48,13 +48,12 @@ def test_sweep_submitted_ahead_leaves_a_converged_run_as_it_was(tmp_path, rng, c
     must leave the (in-place updated) state alone, so the factors are those of the last iteration."""
     store = _store(tmp_path, rng)
     probe = tfo.cp_als(store, 4, seed=5, max_iters=12, tol=0, scheduler="inline")
-    changes = [h["fit_change"] for h in probe.history[1:]]
-    stop = int(rng.integers(2, len(changes) - 2))  # converge after iteration stop + 1 of 12
-    tol = float(np.nextafter(changes[stop - 1], np.inf))
-    assert all(c >= tol for c in changes[: stop - 1])
+    stop = int(rng.integers(2, 10))
+    # just above iteration stop's change: the run stops there or at an earlier smaller change
+    tol = float(np.nextafter(probe.history[stop]["fit_change"], np.inf))
     inline = tfo.cp_als(store, 4, seed=5, max_iters=12, tol=tol, scheduler="inline")
     dask = tfo.cp_als(store, 4, client=client, seed=5, max_iters=12, tol=tol)
-    assert dask.iterations == inline.iterations == stop + 1 < 12
+    assert dask.iterations == inline.iterations <= stop + 1 < 12
     _same(dask, inline)
     # and with a checkpoint every other iteration (those are not run ahead), resumed to the end
     ck = tmp_path / "ck.npz"

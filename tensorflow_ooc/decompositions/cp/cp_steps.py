@@ -283,12 +283,13 @@ def iteration_record(
     randomized: bool,
     samples: int,
     empty_seen: dict[int, int],
+    ended: float | None = None,
 ) -> dict:
-    """The history record of ``iteration`` (0-based), timed from ``t_iter``. Randomized runs add
-    their sampling times and the modes whose factor was kept (no sampled fiber held a nonzero;
-    ``empty_seen``, the counts already reported, is updated)."""
+    """The history record of ``iteration`` (0-based), timed from ``t_iter`` to ``ended`` (default
+    now). Randomized runs add their sampling times and the modes whose factor was kept (no sampled
+    fiber held a nonzero; ``empty_seen``, the counts already reported, is updated)."""
     N = len(sm.grams)
-    seconds = time.time() - t_iter
+    seconds = (time.time() if ended is None else ended) - t_iter
     # per-mode seconds from the update tasks' finish times (worker clocks)
     ends = [t_iter] + [sm.finished[n] for n in range(N)]
     mode_seconds = [max(0.0, ends[k + 1] - ends[k]) for k in range(N)]

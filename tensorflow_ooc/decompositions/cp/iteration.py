@@ -39,12 +39,15 @@ class GraphModes:
         self.sweep = partial(exact_sweep, graph, N, nonneg=nonneg) if graph.fuses_modes() else None
         self.ahead: tuple[int, Any] | None = None  # (iteration, its sweep's future) submitted ahead
         self.finished: dict | None = None  # the last summary's update finish times
+        # (start, end) on the worker's clock of an iteration whose sweep was submitted ahead
+        self.worker_span: tuple[float, float] | None = None
         self.c, self.F, self.N, self.method = c, F, N, method
 
     def iterate(self, iteration: int, evaluate: bool) -> tuple[U.Summary, None]:
         F = self.F
         step = self.exact if iteration < self.warmup else self.step  # randomized runs' exact warm-up
-        if self.ahead is not None and self.ahead[0] == iteration:
+        ran_ahead = self.ahead is not None and self.ahead[0] == iteration
+        if ran_ahead:
             F = self.ahead[1]
         elif step is self.exact and self.sweep is not None:
             F = self.sweep(F, iteration)
@@ -58,6 +61,10 @@ class GraphModes:
         sm = summary.result()
         if sm.finished == self.finished:  # the sweep was skipped where the driver goes on: never expected
             raise RuntimeError(f"iteration {iteration + 1}: the sweep submitted ahead stopped where the driver goes on")
+        # a sweep run ahead starts when the one before ends, maybe before the driver has read that
+        # one's summary: its iteration is from that end to its own (the worker's clock)
+        last = self.N - 1
+        self.worker_span = (self.finished[last], sm.finished[last]) if ran_ahead and self.finished else None
         self.finished = sm.finished
         return sm, None
 
