@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from distributed import Client, LocalCluster
 
@@ -183,6 +183,26 @@ def scheduler_workers(client: Client) -> dict:
     if not isinstance(client, Client) or client.asynchronous:  # the inline scheduler's, or async
         return client.scheduler_info()["workers"]
     return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
+def in_this_process(addresses: Iterable[str]) -> bool:
+    """Whether every one of these workers runs in this process (an in-process ``LocalCluster``,
+    such as the embedded default: ``inproc://`` addresses carrying this process's id). Such a
+    worker is never lost alone: it goes with the driver.
+
+    Parameters
+    ----------
+    addresses : iterable of str
+        Worker addresses.
+
+    Returns
+    -------
+    bool
+        False for no addresses.
+    """
+    found = list(addresses)
+    pid = str(os.getpid())
+    return bool(found) and all(a.startswith("inproc://") and a.split("/")[-2] == pid for a in found)
 
 
 def worker_resources(client: Client) -> dict:

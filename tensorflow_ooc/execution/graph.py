@@ -27,6 +27,7 @@ from distributed import Client, Future, wait
 
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..store import Store
+from .cluster import in_this_process
 from .fiber_reads import GATHER_BYTES, indexed_sampled_partial
 from .inline import is_inline
 from .memory_plan import MemoryPlan, MemoryPlanError, candidates, choose
@@ -74,6 +75,30 @@ def _mttkrp_then(
         lend_target=lend_target,
     )
     return update(factors, [partial], mode, *args)
+
+
+def _modes_then(update: Callable, source, factors, steps: tuple, proceed: Callable | None, *options):
+    """One task: ``_mttkrp_then`` for each ``(mode, args)`` of ``steps`` in turn, each on the state
+    the one before returned, unless ``proceed(factors)`` is false: then ``factors`` as they are
+    (see :meth:`MTTKRPGraph.modes_update`)."""
+    if proceed is not None and not proceed(factors):
+        return factors
+    threads, batch_nnz, device, device_options, max_private_bytes, lend_target = options
+    for mode, args in steps:
+        factors = _mttkrp_then(
+            update,
+            source,
+            factors,
+            mode,
+            threads,
+            batch_nnz,
+            device,
+            device_options,
+            max_private_bytes,
+            args,
+            lend_target,
+        )
+    return factors
 
 
 def _pass_then(update: Callable, fn: Callable, source, state, fn_args: tuple, args: tuple):
@@ -345,10 +370,11 @@ class MTTKRPGraph(PartitionedGraph):
             )
             plans += found
             parts_of.update({id(p): parts for p in found})
-        if is_inline(client):
-            # in this process nothing recomputes an earlier state (no worker can be lost), so the
-            # copy a mode update makes to keep earlier futures valid buys nothing; updating in place
-            # also spares a fresh state allocation per mode (docs/EXECUTION.md, "Measurements")
+        if is_inline(client) or in_this_process(res):
+            # in this process nothing recomputes an earlier state (no worker can be lost alone: the
+            # inline scheduler, or the embedded in-process cluster), so the copy a mode update makes
+            # to keep earlier futures valid buys nothing; updating in place also spares a fresh
+            # state allocation per mode and lends the target rows to the MTTKRP (docs/EXECUTION.md)
             plans.sort(key=lambda p: not p.in_place)
         plan = choose(plans, f"a rank-{rank} CP-ALS of {self.path}")
         self.parts = parts_of[id(plan)]
@@ -448,6 +474,36 @@ class MTTKRPGraph(PartitionedGraph):
             )
         return self.client.submit(
             update, factors, self.partials(factors, mode, self.lend_target), mode, *args, pure=False, **self.placement
+        )
+
+    def fuses_modes(self) -> bool:
+        """Whether :meth:`modes_update` runs a whole sweep over the modes as one task: a single
+        partition, so each mode is one task anyway and the next needs nothing but its result."""
+        return len(self.sources()) == 1
+
+    def modes_update(
+        self, factors: Future, update: Callable, steps: list[tuple[int, tuple]], proceed: Callable | None = None
+    ) -> Future:
+        """Submit, as one task, :meth:`mode_update`'s fused task for each ``(mode, args)`` of
+        ``steps`` in turn (only where :meth:`fuses_modes`): ``update(state, partials, mode, *args)``
+        after each mode's MTTKRP, each on the state the one before returned. One scheduling hop
+        per sweep instead of one per mode (each costs 1-2 ms on the in-process cluster, more
+        where the scheduler shares busy cores). ``proceed``: called on the worker with the state
+        first; when it returns false the task returns the state untouched (a sweep submitted
+        before the driver knows whether the run goes on). Returns the future of the last state."""
+        if not self.fuses_modes():
+            raise ValueError("modes_update takes a graph of one partition (see fuses_modes)")
+        options = (
+            self.numba_threads,
+            self.batch_nnz,
+            self.device,
+            self.device_options,
+            self.max_private_bytes,
+            self.lend_target,
+        )
+        source = self.sources()[0]
+        return self.client.submit(
+            _modes_then, update, source, factors, tuple(steps), proceed, *options, pure=False, **self.placement
         )
 
     def reads_fiber_index(self, mode: int) -> bool:

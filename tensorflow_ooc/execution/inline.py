@@ -62,6 +62,7 @@ class InlineClient:
         resources: dict | None = None,
         workers: Any = None,
         allow_other_workers: bool | None = None,
+        priority: int = 0,
         **kwargs: Any,
     ) -> InlineFuture:
         return InlineFuture(fn(*_resolve(list(args)), **{k: _resolve(v) for k, v in kwargs.items()}))

@@ -217,6 +217,9 @@ class CPIterations:
         read = stored * N if self.streamed else (stored if iteration == self.start_at else 0)
         if self.randomized and self.streamed and not warmup:  # the sampled reads, and the fit's exact pass
             read = sum(r.get("bytes_read", 0) for r in sm.reads.values()) + (stored if evaluate else 0)
+        # a sweep run ahead began on the worker before this call: its iteration is timed there,
+        # from the end of the sweep before to the end of its own (GraphModes.worker_span)
+        t_iter, ended = getattr(self.modes, "worker_span", None) or (t_iter, None)
         record = iteration_record(
             iteration,
             t_iter,
@@ -229,6 +232,7 @@ class CPIterations:
             self.randomized,
             o.samples,
             self.empty_seen,
+            ended,
         )
         if warmup:
             record["warmup"] = True

@@ -24,7 +24,7 @@ from ...store import Store
 from ...store.dense import DenseArray
 from ..common.checkpoint_files import disk_full_returned, raise_returned
 from ..common.model_checks import check_count, check_seed, check_tolerance
-from ..common.run_control import FIT_EVERY_ITERATION_NNZ
+from ..common.run_control import FIT_EVERY_ITERATION_NNZ, converged
 from . import updates as U
 from .checkpoint import read_checkpoint, write_checkpoint
 from .randomized import check_method, draw_samples
@@ -176,6 +176,39 @@ def exact_step(
     return graph.mode_update(F, n, update, iteration == 0, n == nmodes - 1, graph.in_place)
 
 
+def exact_sweep(
+    graph: MTTKRPGraph,
+    nmodes: int,
+    F: Future,
+    iteration: int,
+    nonneg: U.NonNegative | None = None,
+    unless_stopped: tuple[float, float, float] | None = None,
+) -> Future:
+    """Algorithm 1, lines 2-7: :func:`exact_step` for every mode in turn, as one task (a graph of
+    one partition, :meth:`~tensorflow_ooc.execution.MTTKRPGraph.fuses_modes`). With copying
+    updates only the first mode copies the state: the states between modes live inside the task,
+    where nothing else can refer to them, so the later modes update the copy in place (the
+    update's result is the same either way).
+
+    ``unless_stopped``: ``(||X||^2, tol, fit before the previous iteration)`` for a sweep submitted
+    before the driver has read the previous one: the task then returns ``F`` untouched where the
+    driver's test stops the run after it (:func:`sweep_wanted`)."""
+    update = U.update_mode if nonneg is None else partial(U.update_mode, nonneg=nonneg)
+    steps = [(n, (iteration == 0, n == nmodes - 1, graph.in_place or n > 0)) for n in range(nmodes)]
+    proceed = None if unless_stopped is None else partial(sweep_wanted, iteration - 1, *unless_stopped)
+    return graph.modes_update(F, update, steps, proceed)
+
+
+def sweep_wanted(iteration: int, normX2: float, tol: float, fit_old: float, state: U.CPState) -> bool:
+    """Run on the worker before a sweep submitted ahead: whether the run goes on after
+    ``iteration`` (0-based), whose model is ``state``, by the numbers and test the driver applies
+    to it (:func:`model_fit`, :func:`~..common.run_control.converged`); a fit that is not finite
+    stops the driver too."""
+    sm = U.summary(state)
+    fit = model_fit(sm, normX2, model_norm_sq(sm))
+    return math.isfinite(fit) and not converged(False, tol, iteration, fit, fit_old, True, [])
+
+
 def randomized_step(
     c: Client,
     graph: MTTKRPGraph,
@@ -250,12 +283,13 @@ def iteration_record(
     randomized: bool,
     samples: int,
     empty_seen: dict[int, int],
+    ended: float | None = None,
 ) -> dict:
-    """The history record of ``iteration`` (0-based), timed from ``t_iter``. Randomized runs add
-    their sampling times and the modes whose factor was kept (no sampled fiber held a nonzero;
-    ``empty_seen``, the counts already reported, is updated)."""
+    """The history record of ``iteration`` (0-based), timed from ``t_iter`` to ``ended`` (default
+    now). Randomized runs add their sampling times and the modes whose factor was kept (no sampled
+    fiber held a nonzero; ``empty_seen``, the counts already reported, is updated)."""
     N = len(sm.grams)
-    seconds = time.time() - t_iter
+    seconds = (time.time() if ended is None else ended) - t_iter
     # per-mode seconds from the update tasks' finish times (worker clocks)
     ends = [t_iter] + [sm.finished[n] for n in range(N)]
     mode_seconds = [max(0.0, ends[k + 1] - ends[k]) for k in range(N)]
