@@ -137,7 +137,13 @@ def count_tensor(
     values = (1 + np.random.default_rng(seed + 1).geometric(0.5, len(coords))).astype(np.float64)
     digest = hashlib.sha1(np.ascontiguousarray(coords).data)
     digest.update(np.ascontiguousarray(values).data)
-    tag = f"{name}-counts-s{seed}-{len(coords)}-{digest.hexdigest()[:10]}"
+    return _written(f"{name}-counts-s{seed}-{len(coords)}-{digest.hexdigest()[:10]}", workdir, coords, values, shape)
+
+
+def _written(
+    tag: str, workdir: Path, coords: np.ndarray, values: np.ndarray, shape
+) -> tuple[Path, Path, np.ndarray, np.ndarray, tuple]:
+    """The tensor as ``.tns`` and store under ``workdir``, named by ``tag`` (each made once)."""
     tns, store_path = workdir / f"{tag}.tns", workdir / f"{tag}.zarr"
     if not tns.exists():
         synthetic.write_tns(tns, [(coords, values)], one_based=True)
@@ -194,16 +200,7 @@ def binary_tensor(
         coords, shape = kg_triples(name, kg_dir)
     values = np.ones(len(coords))
     digest = hashlib.sha1(np.ascontiguousarray(coords).data)
-    tag = f"{name}-binary-s{seed}-{len(coords)}-{digest.hexdigest()[:10]}"
-    tns, store_path = workdir / f"{tag}.tns", workdir / f"{tag}.zarr"
-    if not tns.exists():
-        synthetic.write_tns(tns, [(coords, values)], one_based=True)
-    try:
-        if tfo.open_store(store_path).meta["format_version"] != FORMAT_VERSION:
-            raise ValueError("older format")
-    except Exception:
-        tfo.convert((coords, values), store_path, shape=shape, overwrite=True)
-    return tns, store_path, coords, values, tuple(shape)
+    return _written(f"{name}-binary-s{seed}-{len(coords)}-{digest.hexdigest()[:10]}", workdir, coords, values, shape)
 
 
 def fastest(runs: list[dict]) -> dict:

@@ -375,8 +375,7 @@ def _mu_multiply_one(A, phi):
             A[i, r] = A[i, r] * phi[i, r]
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def _mu_kkt_threads(A, phi, positive):
+def _mu_kkt(A, phi, positive):
     rows, R = A.shape
     worst = np.zeros(rows)
     for i in nb.prange(rows):
@@ -391,15 +390,6 @@ def _mu_kkt_threads(A, phi, positive):
     return worst.max() if rows else 0.0
 
 
-@nb.njit(nogil=True, cache=True)
-def _mu_kkt_one(A, phi, positive):
-    rows, R = A.shape
-    w = 0.0
-    for i in range(rows):
-        for r in range(R):
-            p = phi[i, r]
-            positive[i, r] = p > 0
-            v = abs(min(A[i, r], 1.0 - p))
-            if v > w:
-                w = v
-    return w
+# one body, compiled for threads and for one (small factors: no parallel region to wake)
+_mu_kkt_threads = nb.njit(parallel=True, nogil=True, cache=True)(_mu_kkt)
+_mu_kkt_one = nb.njit(nogil=True, cache=True)(_mu_kkt)
