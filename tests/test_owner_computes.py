@@ -279,6 +279,51 @@ def test_sts_streaming_and_resume_draw_what_the_straight_run_drew(three_workers,
     _assert_same(resumed, straight, tol=1e-9)
 
 
+def _trees_as_built(ws):
+    """Per mode: whether this worker's tree equals a fresh build over its owned rows bitwise."""
+    from tensorflow_ooc.kernels.sampling.krp_sampler import build_tree
+
+    out = []
+    for mode, tree in enumerate(ws.sampler.trees):
+        rows = np.ascontiguousarray(ws.owned_rows(mode)[1], dtype=np.float64)
+        out.append(tree is None or np.array_equal(tree.grams, build_tree(rows).grams))
+    return out
+
+
+def test_sts_on_workers_update_their_trees_over_the_changed_rows_only(two_workers, tmp_path):
+    """After sketched updates (which change the rows their draws hit and those the update before
+    hit), each worker's trees, brought up to date over those rows only, equal fresh builds over
+    its owned rows bitwise, in every mode."""
+    from tensorflow_ooc.decompositions.cp.cp_owner import owner_iteration
+
+    rng = np.random.default_rng(int(np.random.default_rng().integers(1 << 30)))
+    shape = (400, 300, 350)
+    coords = np.unique(np.stack([rng.integers(0, s, 6000) for s in shape], axis=1), axis=0)
+    store = tfo.convert((coords, rng.random(len(coords)) + 0.5), tmp_path / "s.zarr", shape=shape, chunk_nnz=512)
+    factors = [rng.random((s, 4)) for s in shape]
+    addresses = list(two_workers.scheduler_info()["workers"])
+    engine = OwnerComputes(
+        two_workers,
+        store.path,
+        split_nonzeros(store, 2),
+        in_memory=True,
+        init=StackedFactors.from_list,
+        init_args=(factors, "float64"),
+        nmodes=3,
+        threads={a: 1 for a in addresses},
+        batch_nnz=1 << 16,
+        max_private_bytes=1 << 26,
+    )
+    try:
+        normX2 = float(store.meta["norm_sq"])
+        engine.iterate(owner_iteration, (0, True, normX2, 0.0, None))  # the exact warm-up
+        for it in range(1, 5):  # 200 draws hit a few hundred rows of each mode
+            engine.iterate(owner_iteration, (it, False, normX2, 0.0, (200, 12345, it == 4)))
+            assert all(all(ok) for ok in engine.each(_trees_as_built)), it
+    finally:
+        engine.release()
+
+
 def test_sts_on_workers_keeps_a_factor_no_sampled_fiber_touches(two_workers, tmp_path):
     rng = np.random.default_rng(int(np.random.default_rng().integers(1 << 30)))
     shape = (300, 400, 500)

@@ -137,6 +137,9 @@ def owner_iteration(
             else:
                 weights = np.maximum(smalls[:, :R].max(axis=0), 1.0)
             scale = np.ones(R) if (weights == 0).all() else 1 / np.where(weights == 0, 1, weights)
+            # the owned rows a sketched update changes: those it hits and those the one before hit
+            before = ws.live.get((n, -1)) if isinstance(rows, SparseRows) else None
+            changed = None if before is None else np.union1d(before, rows.hit)
             ws.set_rows(n, rows, received, scale.astype(A.dtype))
             outer = np.outer(scale, scale)
             ws.grams[n] = (total[R : R + R * R].reshape(R, R) * outer).astype(A.dtype)
@@ -144,7 +147,7 @@ def owner_iteration(
             if last:
                 inner = total[R + R * R : R + R * R + R] * scale if Mx is not None else np.full(R, np.nan)
             if sketch is not None:
-                ws.sampler.refresh(ws, n, smalls[:, R : R + R * R].reshape(-1, R, R) * outer)
+                ws.sampler.refresh(ws, n, smalls[:, R : R + R * R].reshape(-1, R, R) * outer, changed)
         t_update += time.perf_counter() - t2
         timings[n] = (t_mttkrp, t_update)
         finished[n] = time.time()

@@ -41,6 +41,7 @@ from ...kernels.sampling.krp_sampler import (
     draw_rows,
     khatri_rao_gram,
     leverage_sample_set,
+    update_tree,
 )
 
 _BELOW_ONE = float(np.nextafter(1.0, 0.0))
@@ -56,9 +57,20 @@ class OwnerSampler:
     owner_grams: list[np.ndarray]
     empty_sketches: dict[int, int] = field(default_factory=dict)
 
-    def refresh(self, ws: WorkerState, mode: int, owner_grams: np.ndarray) -> None:
-        """After mode ``mode``'s update: its owned rows' tree again, and the owners' new Grams."""
-        self.rows[mode], self.trees[mode] = _own_tree(ws, mode)
+    def refresh(self, ws: WorkerState, mode: int, owner_grams: np.ndarray, changed: np.ndarray | None = None) -> None:
+        """After mode ``mode``'s update: its owned rows' tree again, and the owners' new Grams.
+        ``changed``: the positions among the owned rows that changed (a sketched update changes
+        only the rows its sampled fibers hit and those the one before hit): only their leaves and
+        the nodes above are recomputed (:func:`update_tree`, the same sums as a rebuild); None:
+        the tree is built afresh."""
+        tree, rows = self.trees[mode], self.rows[mode]
+        if changed is None or tree is None or rows.shape[0] != tree.nrows:
+            self.rows[mode], self.trees[mode] = _own_tree(ws, mode)
+        else:
+            plan = ws.plans[mode]
+            if plan.span is None or ws.factors.views[mode].dtype != np.float64:  # a compact copy
+                rows[changed] = ws.factors.views[mode][plan.owned[changed]]
+            update_tree(tree, rows, changed)
         self.owner_grams[mode] = owner_grams
 
 
