@@ -67,9 +67,10 @@ def _mix(x):
 BLOOM_BLOCK_WORDS = 8
 
 
-def blocked_bloom_words(distinct_keys: int) -> int:
-    """uint64 words of a blocked filter: as :func:`bloom_words`, at least one block."""
-    return max(BLOOM_BLOCK_WORDS, bloom_words(distinct_keys))
+@nb.njit(inline="always")
+def _block_bit(g, j):
+    # hash ``j`` of a key's bits in its block: 9 bits of its second hash ``g`` each
+    return (g >> np.uint64(9 * j)) & np.uint64(511)
 
 
 @nb.njit(nogil=True, cache=True)
@@ -92,7 +93,7 @@ def blocked_insert(keys, words):
         base = np.int64(h & mask) * BLOOM_BLOCK_WORDS
         g = _mix(h)
         for j in range(BLOOM_HASHES):
-            b = (g >> np.uint64(9 * j)) & np.uint64(511)
+            b = _block_bit(g, j)
             words[base + np.int64(b >> np.uint64(6))] |= np.uint64(1) << (b & np.uint64(63))
 
 
@@ -105,7 +106,7 @@ def blocked_query(keys, words, slots):
         g = _mix(_mix(keys[i]))
         hit = True
         for j in range(BLOOM_HASHES):
-            b = (g >> np.uint64(9 * j)) & np.uint64(511)
+            b = _block_bit(g, j)
             if (words[slots[i] + np.int64(b >> np.uint64(6))] >> (b & np.uint64(63))) & np.uint64(1) == 0:
                 hit = False
                 break

@@ -46,10 +46,10 @@ from zarr.codecs import Crc32cCodec
 from ..errors import CorruptStoreError
 from ..format.fiber_keys import (
     BLOOM_BLOCK_WORDS,
-    blocked_bloom_words,
     blocked_insert,
     blocked_query,
     bloom_blocks,
+    bloom_words,
     exact_keys,
 )
 from . import paths
@@ -504,7 +504,7 @@ class ModeIndexWriter:
     def _bloom(self, nchunks: int) -> np.ndarray:
         """The blocked Bloom filter of the mode's keys, from the key chunks just written (one more
         read of the keys alone, in groups; the filter is the only memory it holds beyond one)."""
-        words = np.zeros(max(BLOOM_CHUNK_WORDS, blocked_bloom_words(self.distinct)), dtype=np.uint64)
+        words = np.zeros(max(BLOOM_CHUNK_WORDS, bloom_words(self.distinct)), dtype=np.uint64)
         reader = ShardReader(self.arrays["key"], self.staging)
         C, per = self.chunk_nnz, max(1, BLOOM_GROUP_ENTRIES // self.chunk_nnz)
         buf = np.empty(per * C, dtype=np.uint64)

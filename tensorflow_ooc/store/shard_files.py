@@ -19,7 +19,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import zarr
-from numcodecs import blosc
 
 from ..disk import disk_full_error, is_disk_full
 from .chunk_files import _crc32c
@@ -123,7 +122,7 @@ class ShardWriter:
 
 class ShardReader:
     """Reads inner chunks of a sharded 1-D array: each shard's index once, then one ranged read
-    of the chunk's bytes (local files stay open)."""
+    per run of touching chunks (local files stay open)."""
 
     def __init__(self, array: zarr.Array, root: str) -> None:
         self.array = array
@@ -173,31 +172,6 @@ class ShardReader:
             raise ShardError(f"shard {s}: its index points past its chunks")
         self._index[s] = index
         return index
-
-    def read(self, c: int, out: np.ndarray) -> tuple[int, int]:
-        """Inner chunk ``c`` decoded into ``out`` (``chunk_len`` elements; Delta's differences are
-        left for the caller, see :attr:`delta`). Returns its CRC32C and stored bytes."""
-        s, j = divmod(int(c), self.per_shard)
-        off, nbytes = (int(x) for x in self._shard_index(s)[j])
-        if off == int(EMPTY):
-            raise ShardError(f"chunk {c} is missing")
-        blob = self._range(s, off, off + nbytes)
-        body, crc = memoryview(blob)[:-4], int.from_bytes(blob[-4:], "little")
-        if int(_crc32c(body)) != crc:
-            raise ShardError(f"chunk {c}: CRC32C checksum mismatch")
-        if self.raw:
-            view = np.frombuffer(body, dtype=self.dtype)
-            if view.shape[0] != self.chunk_len:
-                raise ShardError(f"chunk {c}: {view.shape[0]} elements, expected {self.chunk_len}")
-            out[: self.chunk_len] = view
-            return crc, nbytes
-        if len(body) < 16 or int.from_bytes(body[4:8], "little") != self.chunk_len * self.dtype.itemsize:
-            raise ShardError(f"chunk {c}: does not decode to {self.chunk_len} elements")
-        try:
-            blosc.decompress(body, out[: self.chunk_len])
-        except Exception as exc:
-            raise ShardError(f"chunk {c}: Blosc cannot decode it ({exc})") from exc
-        return crc, nbytes
 
     def read_many(self, chunks: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, int]:
         """Inner chunks ``chunks`` (int64) decoded into ``out``, chunk ``j`` into slot ``j`` of

@@ -28,7 +28,7 @@ from ..common.fingerprint import fingerprint
 from ..common.model_checks import check_count, check_seed, check_tolerance
 from ..common.mttkrp_input import open_graph, open_input, plan_graph
 from ..common.options import declared
-from ..common.run_loop import inline_when_small, run_iterations
+from ..common.run_loop import ends_or_checkpoints, inline_when_small, run_iterations
 from . import apr_steps as S
 from .apr_owner import AprConfig, owner_outer, owner_state, start_apr_owner, use_apr_owner
 from .count_checks import check_counts
@@ -352,9 +352,8 @@ class OwnerOuter:
     def run(self, iteration: int, row_tol: float) -> tuple[Any, dict]:
         # the next outer iteration goes ahead unless this one ends the run or writes a checkpoint
         # (whose rows must be this iteration's)
-        run = self.control
-        due = run.checkpoint and (iteration + 1) % run.checkpoint_every == 0
-        return owner_outer(self.engine, iteration, self.cfg, not (due or iteration + 1 >= self.o.max_iters))
+        ahead = not ends_or_checkpoints(self.control, iteration, self.o.max_iters)
+        return owner_outer(self.engine, iteration, self.cfg, ahead)
 
     def checkpoint(self, *args: Any) -> None:
         # written from the driver, the rows gathered from their owners

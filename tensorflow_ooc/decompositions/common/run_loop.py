@@ -66,6 +66,12 @@ def checkpoint_due(run: Any, iteration: int, max_iters: int) -> bool:
     return bool(run.checkpoint) and ((iteration + 1) % run.checkpoint_every == 0 or iteration + 1 == max_iters)
 
 
+def ends_or_checkpoints(run: Any, iteration: int, max_iters: int) -> bool:
+    """Whether ``iteration`` is the run's last or writes the checkpoint: then no iteration may be
+    submitted ahead of it (a checkpoint's rows must be this iteration's)."""
+    return iteration + 1 >= max_iters or checkpoint_due(run, iteration, max_iters)
+
+
 def run_iterations(method: IterativeMethod, store: Any, run: Any) -> Any:
     """Run ``method`` on ``store`` under ``run`` (a :class:`~.options.RunControl`); its result, also
     written to ``run.out`` when given."""

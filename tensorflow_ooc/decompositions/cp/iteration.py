@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ...execution.inline import is_inline
+from ..common.run_loop import ends_or_checkpoints
 from . import updates as U
 from .cp_owner import owner_checkpoint, owner_factors, owner_iteration, owner_summary, start_owner_computes
 from .cp_steps import exact_step, exact_sweep, final_factors, randomized_step, save_checkpoint
@@ -74,9 +75,13 @@ class GraphModes:
         the run here. Not where this iteration is the last, writes a checkpoint (whose rows must be
         this iteration's), the run is randomized (stopped by the driver's test on its fits), or
         runs inline (where a submitted sweep runs at once: nothing to overlap)."""
-        m, run = self.method, self.method.run
-        due = run.checkpoint and (iteration + 1) % run.checkpoint_every == 0
-        if self.sweep is None or is_inline(self.c) or m.randomized or due or iteration + 1 >= m.o.max_iters:
+        m = self.method
+        if (
+            self.sweep is None
+            or is_inline(self.c)
+            or m.randomized
+            or ends_or_checkpoints(m.run, iteration, m.o.max_iters)
+        ):
             return None
         return iteration + 1, self.sweep(F, iteration + 1, unless_stopped=(m.normX2, m.o.tol, m.fit))
 
@@ -107,8 +112,7 @@ class OwnerModes:
         # the next iteration goes ahead unless this one ends the run or writes a checkpoint (whose
         # rows must be this iteration's); randomized runs stop by the driver's test on the
         # evaluated fits: never ahead
-        due = run.checkpoint and (iteration + 1) % run.checkpoint_every == 0
-        last = due or iteration + 1 >= o.max_iters or m.randomized
+        last = ends_or_checkpoints(run, iteration, o.max_iters) or m.randomized
         ahead = None if last else (iteration + 1, False, m.normX2, o.tol)
         sampled = m.randomized and iteration >= int(o.warmup)  # randomized runs' exact warm-up first
         sketch = (int(o.samples), m.params["sample_entropy"], evaluate) if sampled else None

@@ -359,18 +359,9 @@ def _mu_kappa_fix_one(A, positive, kappa, kappa_tol):
     return moved
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def _mu_multiply_threads(A, phi):
+def _mu_multiply(A, phi):
     rows, R = A.shape
     for i in nb.prange(rows):
-        for r in range(R):
-            A[i, r] = A[i, r] * phi[i, r]
-
-
-@nb.njit(nogil=True, cache=True)
-def _mu_multiply_one(A, phi):
-    rows, R = A.shape
-    for i in range(rows):
         for r in range(R):
             A[i, r] = A[i, r] * phi[i, r]
 
@@ -390,6 +381,8 @@ def _mu_kkt(A, phi, positive):
     return worst.max() if rows else 0.0
 
 
-# one body, compiled for threads and for one (small factors: no parallel region to wake)
+# each body compiled for threads and for one (small factors: no parallel region to wake)
+_mu_multiply_threads = nb.njit(parallel=True, nogil=True, cache=True)(_mu_multiply)
+_mu_multiply_one = nb.njit(nogil=True, cache=True)(_mu_multiply)
 _mu_kkt_threads = nb.njit(parallel=True, nogil=True, cache=True)(_mu_kkt)
 _mu_kkt_one = nb.njit(nogil=True, cache=True)(_mu_kkt)
