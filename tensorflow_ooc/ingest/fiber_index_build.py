@@ -13,18 +13,18 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
-import numba as nb
 import numpy as np
 import psutil
 
-from ..format.fiber_keys import exact_keys, key_strides
+from ..format.fiber_keys import exact_keys
 from ..format.radix_sort import stable_key_order
 from ..store import Store, open_store
 from ..store.chunk_cache import parse_bytes
 from ..store.fiber_index import DEFAULT_FIBER_CHUNK_NNZ, FiberIndex, ModeIndexWriter, open_fiber_index, publish_modes
 from ..store.output_lock import OutputLock
+from .fiber_partitions import FiberPartitions
 from .memory import limit_heap_growth, trim
 
 log = logging.getLogger(__name__)
@@ -57,67 +57,56 @@ def parse_modes(modes: str | int | Iterable[int] | None, nmodes: int) -> list[in
     return sorted(set(items))
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def _keys_rows(coords, mode, strides, keys, rows):
-    for i in nb.prange(coords.shape[0]):
-        k = np.uint64(0)
-        for m in range(coords.shape[1]):
-            if m == mode:
-                rows[i] = coords[i, m]
-            else:
-                k += np.uint64(coords[i, m]) * strides[m]
-        keys[i] = k
-
-
-def _entries(store: Store, mode: int) -> Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per store chunk, in store order: the fiber keys, mode-``mode`` rows and values."""
-    strides = key_strides(store.shape, mode)
-    for c in range(store.nchunks):
-        ch = store.read_chunk(c)
-        coords = ch.coords(store.layout)
-        keys = np.empty(coords.shape[0], dtype=np.uint64)
-        rows = np.empty(coords.shape[0], dtype=np.int64)
-        _keys_rows(coords, mode, strides, keys, rows)
-        yield keys, rows, ch.values
-
-
-def _buckets(store: Store, mode: int, max_entries: int) -> list[tuple[int, int]]:
-    """Key ranges ``[lo, hi)`` in order, each of at most ``max_entries`` entries where one range
-    of the histogram allows (a single heavier range is one bucket of its own)."""
-    key_space = int(np.prod([s for m, s in enumerate(store.shape) if m != mode], dtype=object))
-    if store.nnz <= max_entries:
-        return [(0, key_space)]
-    shift = max(0, (key_space - 1).bit_length() - _HIST_BITS)
-    hist = np.zeros((key_space - 1 >> shift) + 1, dtype=np.int64)
-    for keys, _, _ in _entries(store, mode):
-        hist += np.bincount((keys >> np.uint64(shift)).astype(np.int64), minlength=hist.shape[0])
-    out, lo, n = [], 0, 0
+def _buckets(keys: Iterable[np.ndarray], lo: int, hi: int, max_entries: int) -> list[tuple[int, int]]:
+    """Key ranges ``[a, b)`` covering ``[lo, hi)`` in order, each of at most ``max_entries`` of the
+    entries whose ``keys`` are given in pieces, where one range of a 2^16-bin histogram allows
+    (a single heavier range is one bucket of its own)."""
+    shift = max(0, (hi - lo - 1).bit_length() - _HIST_BITS)
+    hist = np.zeros(((hi - lo - 1) >> shift) + 1, dtype=np.int64)
+    for k in keys:
+        hist += np.bincount(((k - np.uint64(lo)) >> np.uint64(shift)).astype(np.int64), minlength=hist.shape[0])
+    out, a, n = [], lo, 0
     for b, count in enumerate(hist.tolist()):
         if n and n + count > max_entries:
-            out.append((lo, b << shift))
-            lo, n = b << shift, 0
+            out.append((a, lo + (b << shift)))
+            a, n = lo + (b << shift), 0
         n += count
-    out.append((lo, key_space))
+    out.append((a, hi))
     return out
 
 
-def _bucket(store: Store, mode: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The entries with key in ``[lo, hi)``, sorted by key (stably: each fiber in store order)."""
-    ks, rs, vs = [], [], []
-    whole = lo == 0 and hi >= int(np.prod([s for m, s in enumerate(store.shape) if m != mode], dtype=object))
-    for keys, rows, values in _entries(store, mode):
-        if not whole:
-            keep = (keys >= np.uint64(lo)) & (keys < np.uint64(hi))
-            keys, rows, values = keys[keep], rows[keep], values[keep]
-        ks.append(keys)
-        rs.append(rows)
-        vs.append(values)
-    keys = np.concatenate(ks) if ks else np.zeros(0, np.uint64)
-    rows = np.concatenate(rs) if rs else np.zeros(0, np.int64)
-    values = np.concatenate(vs) if vs else np.zeros(0, store.value_dtype)
-    del ks, rs, vs
-    order, keys = stable_key_order(keys, hi)
-    return keys, rows[order], values[order]
+def _sorted(entries: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Keys, rows and values of ``entries`` (keys in ``[lo, hi)``, store order) sorted by key,
+    stably (each fiber in store order); the keys sorted relative to ``lo``, in fewer bits."""
+    keys = entries["key"] - np.uint64(lo)
+    order, keys = stable_key_order(keys, hi - lo)
+    keys += np.uint64(lo)
+    return keys, entries["row"][order], entries["value"][order]
+
+
+def _mode_runs(
+    parts: FiberPartitions, mode: int, max_entries: int
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Mode ``mode``'s entries sorted by key, run by run: a partition at a time, or a heavier
+    partition in key ranges of at most ``max_entries`` entries (one read of it each)."""
+    most = max(1, max_entries // 4)
+    for p in range(parts.nparts(mode)):
+        n = int(parts.counts[mode][p])
+        if n == 0:
+            continue
+        lo, hi = parts.bounds(mode, p)
+        if n <= max_entries:
+            yield _sorted(parts.entries(mode, p), lo, hi)
+        else:
+            for a, b in _buckets((e["key"] for e in parts.pieces(mode, p, most)), lo, hi, max_entries):
+                kept = []
+                for e in parts.pieces(mode, p, most):
+                    keep = (e["key"] >= np.uint64(a)) & (e["key"] < np.uint64(b))
+                    kept.append(e[keep])
+                yield _sorted(np.concatenate(kept), a, b)
+                del kept
+        parts.drop(mode, p)
+        trim()
 
 
 def build_fiber_index(
@@ -174,13 +163,26 @@ def build_fiber_index(
         raise FileExistsError(f"{src.path}: modes {have} already have a fiber index; pass overwrite=True to rebuild")
     # as convert: half the memory available now, unless given (each bucket is one more pass)
     budget = parse_bytes(memory_limit) if memory_limit else psutil.virtual_memory().available // 2
-    max_entries = max(chunk_nnz, budget // ENTRY_BYTES)
+    # every mode's entries stay in memory where they take at most half the budget (the sorts
+    # get the rest), else they are spilled to files and the sorts get all of it
+    held = FiberPartitions.held_bytes(src, todo)
+    in_memory = held <= budget // 2
+    max_entries = max(chunk_nnz, (budget - (held if in_memory else 0)) // ENTRY_BYTES)
     limit_heap_growth()
     with OutputLock([f"{src.path.rstrip('/')}/fibers"], f"fiber index of {src.path}"):
         written: dict[int, tuple[ModeIndexWriter, dict]] = {}
         try:
-            for m in todo:
-                written[m] = _build_mode(src, m, chunk_nnz, max_entries, progress)
+            with FiberPartitions(src, todo, max_entries, in_memory) as parts:
+                t0 = time.perf_counter()
+                parts.fill(progress)
+                log.info(
+                    "fiber index: the store read once for modes %s in %.1f s (entries %s)",
+                    todo,
+                    time.perf_counter() - t0,
+                    "in memory" if parts.in_memory else f"spilled to {parts.folder}",
+                )
+                for m in todo:
+                    written[m] = _build_mode(src, m, parts, chunk_nnz, max_entries, progress)
             publish_modes(src, written)
         except BaseException:
             for w, _ in written.values():
@@ -191,7 +193,7 @@ def build_fiber_index(
     return out
 
 
-def _build_mode(src: Store, mode: int, chunk_nnz: int, max_entries: int, progress: bool):
+def _build_mode(src: Store, mode: int, parts: FiberPartitions, chunk_nnz: int, max_entries: int, progress: bool):
     t0 = time.perf_counter()
     w = ModeIndexWriter(src, mode, chunk_nnz)
     bar = None
@@ -199,15 +201,14 @@ def _build_mode(src: Store, mode: int, chunk_nnz: int, max_entries: int, progres
         from tqdm.auto import tqdm
 
         bar = tqdm(total=src.nnz, unit="nnz", unit_scale=True, desc=f"fiber index, mode {mode}")
+    runs = 0
     try:
-        buckets = _buckets(src, mode, max_entries)
-        for lo, hi in buckets:
-            keys, rows, values = _bucket(src, mode, lo, hi)
+        for keys, rows, values in _mode_runs(parts, mode, max_entries):
             w.append(keys, rows, values)
+            runs += 1
             if bar is not None:
                 bar.update(keys.shape[0])
             del keys, rows, values
-            trim()
         meta = w.finish()
     except BaseException:
         w.abort()
@@ -216,12 +217,12 @@ def _build_mode(src: Store, mode: int, chunk_nnz: int, max_entries: int, progres
         if bar is not None:
             bar.close()
     log.info(
-        "fiber index of mode %d: %s nonzeros, %d chunks, %.2f bytes a nonzero, %d pass(es) in %.1f s",
+        "fiber index of mode %d: %s nonzeros, %d chunks, %.2f bytes a nonzero, %d sorted run(s) in %.1f s",
         mode,
         f"{src.nnz:,}",
         meta["nchunks"],
         meta["bytes"] / max(1, src.nnz),
-        len(buckets) + (len(buckets) > 1),
+        runs,
         time.perf_counter() - t0,
     )
     return w, meta
