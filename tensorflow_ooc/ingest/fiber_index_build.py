@@ -75,13 +75,15 @@ def _buckets(keys: Iterable[np.ndarray], lo: int, hi: int, max_entries: int) -> 
     return out
 
 
-def _sorted(entries: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Keys, rows and values of ``entries`` (keys in ``[lo, hi)``, store order) sorted by key,
-    stably (each fiber in store order); the keys sorted relative to ``lo``, in fewer bits."""
-    keys = entries["key"] - np.uint64(lo)
-    order, keys = stable_key_order(keys, hi - lo)
+def _sorted(
+    entries: tuple[np.ndarray, np.ndarray, np.ndarray], lo: int, hi: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Keys, rows and values (keys in ``[lo, hi)``, store order) sorted by key, stably (each
+    fiber in store order); the keys sorted relative to ``lo``, in fewer bits."""
+    keys, rows, values = entries
+    order, keys = stable_key_order(keys - np.uint64(lo), hi - lo)
     keys += np.uint64(lo)
-    return keys, entries["row"][order], entries["value"][order]
+    return keys, rows[order], values[order]
 
 
 def _mode_runs(
@@ -98,12 +100,12 @@ def _mode_runs(
         if n <= max_entries:
             yield _sorted(parts.entries(mode, p), lo, hi)
         else:
-            for a, b in _buckets((e["key"] for e in parts.pieces(mode, p, most)), lo, hi, max_entries):
-                kept = []
+            for a, b in _buckets((e[0] for e in parts.pieces(mode, p, most)), lo, hi, max_entries):
+                kept: list[tuple[np.ndarray, ...]] = []
                 for e in parts.pieces(mode, p, most):
-                    keep = (e["key"] >= np.uint64(a)) & (e["key"] < np.uint64(b))
-                    kept.append(e[keep])
-                yield _sorted(np.concatenate(kept), a, b)
+                    keep = (e[0] >= np.uint64(a)) & (e[0] < np.uint64(b))
+                    kept.append(tuple(x[keep] for x in e))
+                yield _sorted(tuple(np.concatenate([k[i] for k in kept]) for i in range(3)), a, b)
                 del kept
         parts.drop(mode, p)
         trim()

@@ -31,9 +31,17 @@ PARTITION_ENTRIES = 1 << 21
 MAX_PARTITIONS = 1 << 12
 
 
-def entry_dtype(store: Store, mode: int) -> np.dtype:
-    """One entry as held in a partition: key, mode-``mode`` row (the index's dtype), value."""
-    return np.dtype([("key", "<u8"), ("row", row_dtype(store.shape[mode]).newbyteorder("<")), ("value", store.value_dtype)])
+ARRAYS = ("key", "row", "value")
+
+
+def entry_dtypes(store: Store, mode: int) -> dict[str, np.dtype]:
+    """An entry's arrays as held in a partition: key, mode-``mode`` row (the index's dtype), value."""
+    return {"key": np.dtype("<u8"), "row": row_dtype(store.shape[mode]), "value": np.dtype(store.value_dtype)}
+
+
+def entry_bytes(store: Store, mode: int) -> int:
+    """Bytes an entry of mode ``mode`` takes held."""
+    return sum(dt.itemsize for dt in entry_dtypes(store, mode).values())
 
 
 def key_space(shape: Sequence[int], mode: int) -> int:
@@ -46,18 +54,15 @@ def key_space(shape: Sequence[int], mode: int) -> int:
 
 
 @nb.njit(nogil=True, cache=True)
-def _partition(coords, mode, strides, shift, counts, keys, rows, order):
-    # keys and rows of one chunk's entries, and their order grouped by partition (stable)
+def _partition(coords, values, mode, strides, shift, counts, keys, rows, vals):
+    # one chunk's keys, rows and values grouped by partition (each in store order)
     n = coords.shape[0]
     part = np.empty(n, dtype=np.int64)
     for i in range(n):
         k = np.uint64(0)
         for m in range(coords.shape[1]):
-            if m == mode:
-                rows[i] = coords[i, m]
-            else:
+            if m != mode:
                 k += np.uint64(coords[i, m]) * strides[m]
-        keys[i] = k
         p = np.int64(k >> shift)
         part[i] = p
         counts[p] += 1
@@ -67,8 +72,15 @@ def _partition(coords, mode, strides, shift, counts, keys, rows, order):
         at[p] = s
         s += counts[p]
     for i in range(n):
-        order[at[part[i]]] = i
-        at[part[i]] += 1
+        j = at[part[i]]
+        at[part[i]] = j + 1
+        k = np.uint64(0)
+        for m in range(coords.shape[1]):
+            if m != mode:
+                k += np.uint64(coords[i, m]) * strides[m]
+        keys[j] = k
+        rows[j] = coords[i, mode]
+        vals[j] = values[i]
 
 
 class FiberPartitions:
@@ -95,7 +107,7 @@ class FiberPartitions:
     ) -> None:
         self.store = store
         self.modes = list(modes)
-        self.dtypes = {m: entry_dtype(store, m) for m in self.modes}
+        self.dtypes = {m: entry_dtypes(store, m) for m in self.modes}
         self.in_memory = in_memory
         self.shift: dict[int, int] = {}
         for m in self.modes:
@@ -104,7 +116,7 @@ class FiberPartitions:
             p = min((max(1, want) - 1).bit_length(), MAX_PARTITIONS.bit_length() - 1, bits)
             self.shift[m] = bits - p
         self.counts = {m: np.zeros(self.nparts(m), dtype=np.int64) for m in self.modes}
-        self._memory: dict[tuple[int, int], list[np.ndarray]] = {}
+        self._memory: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
         self.folder: Path | None = None
         if not self.in_memory:
             where = spill_dir
@@ -115,7 +127,7 @@ class FiberPartitions:
     @staticmethod
     def held_bytes(store: Store, modes: Sequence[int]) -> int:
         """Bytes the entries of ``modes`` take, all of them held."""
-        return store.nnz * sum(entry_dtype(store, m).itemsize for m in modes)
+        return store.nnz * sum(entry_bytes(store, m) for m in modes)
 
     def nparts(self, mode: int) -> int:
         return ((max(1, key_space(self.store.shape, mode)) - 1) >> self.shift[mode]) + 1
@@ -125,9 +137,9 @@ class FiberPartitions:
         lo = p << self.shift[mode]
         return lo, min(key_space(self.store.shape, mode), (p + 1) << self.shift[mode])
 
-    def _file(self, mode: int, p: int) -> Path:
+    def _file(self, mode: int, p: int, name: str) -> Path:
         assert self.folder is not None
-        return self.folder / f"m{mode}-p{p}.entries"
+        return self.folder / f"m{mode}-p{p}.{name}"
 
     def fill(self, progress: bool = False) -> None:
         """The one decode of the store: every chunk's entries into their partitions."""
@@ -150,24 +162,20 @@ class FiberPartitions:
 
     def _add(self, mode: int, coords: np.ndarray, values: np.ndarray) -> None:
         n = coords.shape[0]
+        dts = self.dtypes[mode]
         counts = np.zeros(self.nparts(mode), dtype=np.int64)
-        keys = np.empty(n, dtype=np.uint64)
-        rows = np.empty(n, dtype=np.int64)
-        order = np.empty(n, dtype=np.int64)
+        got = tuple(np.empty(n, dtype=dts[name]) for name in ARRAYS)
         strides = key_strides(self.store.shape, mode)
-        _partition(coords, mode, strides, np.uint64(self.shift[mode]), counts, keys, rows, order)
-        rec = np.empty(n, dtype=self.dtypes[mode])
-        rec["key"] = keys[order]
-        rec["row"] = rows[order]
-        rec["value"] = values[order]
+        _partition(coords, values, mode, strides, np.uint64(self.shift[mode]), counts, *got)
         self.counts[mode] += counts
         ends = np.cumsum(counts)
         for p in np.flatnonzero(counts).tolist():
-            part = rec[ends[p] - counts[p] : ends[p]]
+            part = tuple(a[ends[p] - counts[p] : ends[p]] for a in got)
             if self.folder is None:
                 self._memory.setdefault((mode, p), []).append(part)
             else:
-                self._append_file(self._file(mode, p), part)
+                for name, a in zip(ARRAYS, part):
+                    self._append_file(self._file(mode, p, name), a)
 
     @staticmethod
     def _append_file(path: Path, part: np.ndarray) -> None:
@@ -179,30 +187,39 @@ class FiberPartitions:
                 raise disk_full_error(exc, str(path), needed=part.nbytes) from exc
             raise
 
-    def pieces(self, mode: int, p: int, most: int) -> Iterator[np.ndarray]:
-        """Partition ``p`` of ``mode`` in store order, in pieces of at most ``most`` entries
-        (where it is in memory: the pieces it was added in)."""
+    def pieces(self, mode: int, p: int, most: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Partition ``p`` of ``mode`` (keys, rows, values) in store order, in pieces of at most
+        ``most`` entries (where it is in memory: the pieces it was added in)."""
         if self.folder is None:
             yield from self._memory.get((mode, p), [])
             return
         n = int(self.counts[mode][p])
-        dt = self.dtypes[mode]
-        with open(self._file(mode, p), "rb") as f:
+        dts = self.dtypes[mode]
+        files = [open(self._file(mode, p, name), "rb") for name in ARRAYS]
+        try:
             for at in range(0, n, max(1, most)):
-                yield np.fromfile(f, dtype=dt, count=min(most, n - at))
+                k = min(most, n - at)
+                yield tuple(np.fromfile(f, dtype=dts[name], count=k) for f, name in zip(files, ARRAYS))
+        finally:
+            for f in files:
+                f.close()
 
-    def entries(self, mode: int, p: int) -> np.ndarray:
-        """All of partition ``p`` of ``mode``, in store order."""
+    def entries(self, mode: int, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All of partition ``p`` of ``mode`` (keys, rows, values), in store order."""
         parts = list(self.pieces(mode, p, int(self.counts[mode][p])))
-        if not parts:
-            return np.zeros(0, dtype=self.dtypes[mode])
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if len(parts) == 1:
+            return parts[0]
+        dts = self.dtypes[mode]
+        return tuple(
+            np.concatenate([q[i] for q in parts]) if parts else np.zeros(0, dts[name]) for i, name in enumerate(ARRAYS)
+        )
 
     def drop(self, mode: int, p: int) -> None:
-        """Forget partition ``p`` of ``mode`` (its memory or file) once it is sorted."""
+        """Forget partition ``p`` of ``mode`` (its memory or files) once it is sorted."""
         self._memory.pop((mode, p), None)
         if self.folder is not None:
-            self._file(mode, p).unlink(missing_ok=True)
+            for name in ARRAYS:
+                self._file(mode, p, name).unlink(missing_ok=True)
 
     def close(self) -> None:
         """Remove the spill folder (this build's own) and what is held."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import math
 import shutil
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -73,7 +74,7 @@ ARRAYS = ("key", "row", "value")
 #: the blocked Bloom filter's inner chunks (8 blocks: a query reads 512 bytes) and shard files
 BLOOM_CHUNK_WORDS = 64
 BLOOM_SHARD_CHUNKS = 4096
-#: index entries a filter build decodes at once
+#: distinct keys a filter build reads back at once
 BLOOM_GROUP_ENTRIES = 1 << 20
 
 
@@ -396,6 +397,9 @@ class ModeIndexWriter:
         self.size: dict[str, list[np.ndarray]] = {name: [] for name in ARRAYS}
         self.last_key = -1
         self.distinct = 0  # distinct keys (fibers): the Bloom filter's size
+        # the distinct keys as appended, raw, for the filter (sized by their count, known at the
+        # end): reading back the written key chunks cost a decode of every one
+        self.fibers_file = tempfile.TemporaryFile(prefix="fiber-keys-")
 
     def _create(self, sample_values: np.ndarray) -> None:
         """The three sharded arrays (the values' codecs chosen from a sample, as the store's)."""
@@ -421,8 +425,12 @@ class ModeIndexWriter:
             return
         if int(keys[0]) < self.last_key:
             raise ValueError("fiber index entries must be appended in key order")
-        starts_new = 1 if int(keys[0]) != self.last_key else 0
-        self.distinct += starts_new + int(np.count_nonzero(keys[1:] != keys[:-1]))
+        new = np.empty(keys.shape[0], dtype=bool)
+        new[0] = int(keys[0]) != self.last_key
+        np.not_equal(keys[1:], keys[:-1], out=new[1:])
+        fresh = np.ascontiguousarray(keys[new], dtype="<u8")
+        self.distinct += fresh.shape[0]
+        fresh.tofile(self.fibers_file)
         self.last_key = int(keys[-1])
         self.pending.append((keys, rows, values))
         self.pending_n += keys.shape[0]
@@ -502,18 +510,14 @@ class ModeIndexWriter:
         }
 
     def _bloom(self, nchunks: int) -> np.ndarray:
-        """The blocked Bloom filter of the mode's keys, from the key chunks just written (one more
-        read of the keys alone, in groups; the filter is the only memory it holds beyond one)."""
+        """The blocked Bloom filter of the mode's keys, from the distinct keys kept as appended
+        (read back in groups; the filter is the only memory it holds beyond one)."""
         words = np.zeros(max(BLOOM_CHUNK_WORDS, bloom_words(self.distinct)), dtype=np.uint64)
-        reader = ShardReader(self.arrays["key"], self.staging)
-        C, per = self.chunk_nnz, max(1, BLOOM_GROUP_ENTRIES // self.chunk_nnz)
-        buf = np.empty(per * C, dtype=np.uint64)
-        for c0 in range(0, nchunks, per):
-            chunks = np.arange(c0, min(nchunks, c0 + per), dtype=np.int64)
-            reader.read_many(chunks, buf)
-            undelta_chunks(buf, chunks.shape[0], C)
-            blocked_insert(buf[: min(self.written - c0 * C, chunks.shape[0] * C)], words)
-        reader.close()
+        self.fibers_file.seek(0)
+        for at in range(0, self.distinct, BLOOM_GROUP_ENTRIES):
+            keys = np.fromfile(self.fibers_file, dtype="<u8", count=min(BLOOM_GROUP_ENTRIES, self.distinct - at))
+            blocked_insert(keys, words)
+        self.fibers_file.close()
         return words
 
     def _write_bloom(self, words: np.ndarray) -> np.ndarray:
@@ -534,6 +538,7 @@ class ModeIndexWriter:
 
     def abort(self) -> None:
         """Remove the staging group (the store's published index is untouched; remote: the mode)."""
+        self.fibers_file.close()
         paths.remove(self.staging)
 
 

@@ -24,6 +24,7 @@ from ..disk import disk_full_error, is_disk_full
 from .chunk_files import _crc32c
 from .codecs import StoredChain
 from .shard_decode import BAD_HEADER, OK, decode_chunks
+from .shard_encode import compress_chunks
 from .writer import encoded_chunk
 
 EMPTY = np.uint64(2**64 - 1)  # an inner chunk never written (Zarr's fill value)
@@ -86,20 +87,24 @@ class ShardWriter:
         data = np.ascontiguousarray(data, dtype=self.dtype)
         C = self.chunk_len
         n = -(-data.shape[0] // C)
+        if n * C != data.shape[0]:
+            data = np.concatenate([data, np.zeros(n * C - data.shape[0], dtype=self.dtype)])
+        if self.blosc is not None:
+            # every chunk of the shard compressed in one native loop (the bytes numcodecs writes)
+            bodies = compress_chunks(data, C, self.delta, self.blosc)
+        else:
+            bodies = [encoded_chunk(data[j * C : (j + 1) * C], self.delta, None) for j in range(n)]
         parts, crcs, sizes = [], np.zeros(n, np.int64), np.zeros(n, np.int64)
         index = np.full((self.per_shard, 2), EMPTY, dtype="<u8")
         at = 0
-        for j in range(n):
-            chunk = data[j * C : (j + 1) * C]
-            if chunk.shape[0] < C:
-                chunk = np.concatenate([chunk, np.zeros(C - chunk.shape[0], dtype=self.dtype)])
-            body = encoded_chunk(chunk, self.delta, self.blosc)
+        for j, body in enumerate(bodies):
             crc = int(_crc32c(body))
-            blob = bytes(body) + crc.to_bytes(4, "little")
-            parts.append(blob)
-            index[j] = (at, len(blob))
-            crcs[j], sizes[j] = crc, len(blob)
-            at += len(blob)
+            parts.append(body)
+            parts.append(crc.to_bytes(4, "little"))
+            size = len(body) + 4
+            index[j] = (at, size)
+            crcs[j], sizes[j] = crc, size
+            at += size
         raw = index.tobytes()
         parts.append(raw + int(_crc32c(raw)).to_bytes(4, "little"))
         payload = b"".join(parts)
