@@ -590,8 +590,8 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     f.add_argument(
         "--memory-limit",
         type=parse_size,
-        help="memory the sort may hold, e.g. 2GB (default: half the available memory); each range of keys "
-        "that fits it is one pass over the store",
+        help="memory the build may hold, e.g. 2GB (default: half the available memory); the store is read "
+        "once, its entries held or spilled to files beside it, and sorted in ranges of keys that fit it",
     )
     f.add_argument("--overwrite", action="store_true", help="rebuild modes that already have an index")
     f.set_defaults(func=cmd_fiber_index)

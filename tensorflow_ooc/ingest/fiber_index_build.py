@@ -1,11 +1,13 @@
-"""Build a store's fiber index out of core: per mode, the nonzeros sorted by fiber key in passes
-that each hold one range of keys (``tfooc fiber-index``, ``convert --fiber-index``).
+"""Build a store's fiber index out of core: per mode, the nonzeros sorted by fiber key
+(``tfooc fiber-index``, ``convert --fiber-index``).
 
-A first pass counts the keys per range of their top bits; the ranges are then grouped into
-buckets of at most the memory budget's entries, and each bucket is one pass over the store that
-keeps the entries whose key falls in it, sorts them stably (each fiber in store order) and
-appends them to the mode's index. Memory: about 112 bytes an entry of the largest bucket (its
-keys, rows, values and the sort's scratch), whatever the store's size.
+The store is decoded once for every mode (:mod:`.fiber_partitions`): each entry goes to its mode's
+partition of key range, held in memory where all modes' entries take at most half the budget,
+else spilled to files. Each partition is then sorted alone, stably (each fiber in store order), in
+key order, and appended to the mode's index; a partition heavier than a sort's share of the
+budget is sorted in key ranges of it, one read of its file each. Memory: the entries held (20-24
+bytes an entry a mode, or none when spilled) and about 112 bytes an entry of the largest sort
+(its keys, rows, values and the sort's scratch), whatever the store's size.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from .memory import limit_heap_growth, trim
 
 log = logging.getLogger(__name__)
 
-#: bytes an entry of a bucket costs while it is sorted: keys, rows and values as read and concatenated,
-#: the sort's joined words, positions and scratch, the reordered copies (a 500 M build at 64 held
-#: 11.3 GB under a 10 GB limit)
+#: bytes an entry of a sort costs: keys, rows and values as read and concatenated, the sort's
+#: joined words, positions and scratch, the reordered copies (a 500 M build at 64 held 11.3 GB
+#: under a 10 GB limit)
 ENTRY_BYTES = 112
 _HIST_BITS = 16
 
@@ -134,7 +136,8 @@ def build_fiber_index(
         Entries per index chunk: the unit a sampled fiber is read in.
     memory_limit : int or str, optional
         Bytes the build may hold, a count or ``"4GiB"`` (default: half the memory available, as
-        ``convert``): keys are sorted in ranges that fit it, one pass over the store each.
+        ``convert``): the store is read once; its entries are held, or spilled to files beside
+        a local store, and sorted in key ranges that fit it.
     overwrite : bool
         Replace the index of modes that have one (else they are an error).
     progress : bool
@@ -163,7 +166,7 @@ def build_fiber_index(
     have = [m for m in todo if existing is not None and m in existing.modes]
     if have and not overwrite:
         raise FileExistsError(f"{src.path}: modes {have} already have a fiber index; pass overwrite=True to rebuild")
-    # as convert: half the memory available now, unless given (each bucket is one more pass)
+    # as convert: half the memory available now, unless given
     budget = parse_bytes(memory_limit) if memory_limit else psutil.virtual_memory().available // 2
     # every mode's entries stay in memory where they take at most half the budget (the sorts
     # get the rest), else they are spilled to files and the sorts get all of it

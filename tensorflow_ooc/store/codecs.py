@@ -65,16 +65,20 @@ class Compressor:
 
 @dataclass(frozen=True)
 class Profile:
-    """A ``compression`` profile: the compressors of the index and of the values."""
+    """A ``compression`` profile: the compressors of the index, of the values and of a fiber
+    index's keys."""
 
     index: Compressor
     values: Compressor
+    fiber_keys: Compressor
 
 
 PROFILES: dict[str, Profile] = {
-    "fast": Profile(Compressor("lz4hc", 3), Compressor("lz4", 5)),
-    "small": Profile(Compressor("zstd", 3), Compressor("zstd", 3)),
-    "none": Profile(Compressor(None, 0), Compressor(None, 0)),
+    # fiber keys: lz4hc took 5x lz4's time for 3 % fewer bytes (137 against 27 ms for 2.1 M
+    # Amazon-shaped keys, 2.99 against 3.08 bytes each): most of an index build's encoding
+    "fast": Profile(Compressor("lz4hc", 3), Compressor("lz4", 5), Compressor("lz4", 5)),
+    "small": Profile(Compressor("zstd", 3), Compressor("zstd", 3), Compressor("zstd", 3)),
+    "none": Profile(Compressor(None, 0), Compressor(None, 0), Compressor(None, 0)),
 }
 
 
@@ -92,6 +96,7 @@ class IndexCodecs:
 
     compression: str = DEFAULT_COMPRESSION
     encoding: str = "delta64"
+    fiber_keys: bool = False  # a fiber index's keys: the profile's ``fiber_keys`` compressor
 
     def __post_init__(self) -> None:
         check_compression(self.compression)
@@ -105,7 +110,8 @@ class IndexCodecs:
             return [Delta(dtype="<u8")]
 
     def compressors(self) -> list:
-        compressor = PROFILES[self.compression].index
+        profile = PROFILES[self.compression]
+        compressor = profile.fiber_keys if self.fiber_keys else profile.index
         if compressor.cname is None:
             return [Crc32cCodec()]
         return [compressor.codec(), Crc32cCodec()]

@@ -6,8 +6,9 @@ the mixed-radix number of those other indices (:func:`~tensorflow_ooc.format.fib
 Under the store's ``fibers`` group, per indexed mode ``m`` (docs/FORMAT.md, "Fiber index"):
 
 - ``m{m}/key`` uint64 (nnz,): the keys, sorted (nonzeros of one fiber in store order); Delta +
-  the profile's Blosc + CRC32C, as the ALTO index; like the two below, a Zarr v3 *sharded* array:
-  small inner chunks (the unit a fiber is read in), 256 to a shard file (:mod:`.shard_files`);
+  the profile's fiber-key Blosc (lz4 where the ALTO index has lz4hc) + CRC32C; like the two
+  below, a Zarr v3 *sharded* array: small inner chunks (the unit a fiber is read in), 256 to a
+  shard file (:mod:`.shard_files`);
 - ``m{m}/row`` uint32 (uint64 past 2^32 rows): each nonzero's mode-``m`` index;
 - ``m{m}/value``: its value, coded as the store's values;
 - ``m{m}/first`` uint64 (nchunks,): each chunk's first key, the small table that finds the chunks
@@ -407,7 +408,7 @@ class ModeIndexWriter:
         opts = {"shape": (n,), "chunks": (self.chunk_nnz,), "shards": (self.shard_nnz,), "fill_value": 0}
         padding = value_padding(self.store.nnz, self.chunk_nnz)
         codecs = {
-            "key": IndexCodecs(self.compression, "delta64").array_options(),
+            "key": IndexCodecs(self.compression, "delta64", fiber_keys=True).array_options(),
             "row": ValueCodecs(self.row_dtype, self.compression).array_options(),
             "value": ValueCodecs.for_sample(
                 self.store.value_dtype, self.compression, sample_values, padding

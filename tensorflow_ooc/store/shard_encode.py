@@ -10,28 +10,33 @@ writes: a test compares them) compresses every chunk of a shard in one parallel 
 
 from __future__ import annotations
 
-import ctypes
+from typing import Any, Callable
 
+import llvmlite.binding as llvm
 import numba as nb
 import numcodecs
 import numpy as np
 from numcodecs import blosc as _numcodecs_blosc
 
-_lib = ctypes.CDLL(_numcodecs_blosc.__file__)
-_compress_ctx = _lib.blosc_compress_ctx
-_compress_ctx.argtypes = [
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_size_t,
-    ctypes.c_size_t,
-    ctypes.c_void_p,
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_void_p,  # the compressor's name, NUL-terminated
-    ctypes.c_size_t,
-    ctypes.c_int,
-]
-_compress_ctx.restype = ctypes.c_int
+# declared by name, not as a ctypes pointer, so the kernel is cached between processes (numba
+# cannot cache a function that holds a ctypes pointer); pointers are passed as integers, which
+# the x86-64 and AArch64 calling conventions pass as they pass pointers
+llvm.load_library_permanently(_numcodecs_blosc.__file__)
+_compress_ctx = nb.types.ExternalFunction(
+    "blosc_compress_ctx",
+    nb.types.intc(
+        nb.types.intc,  # clevel
+        nb.types.intc,  # doshuffle
+        nb.types.uintp,  # typesize
+        nb.types.uintp,  # nbytes
+        nb.types.uintp,  # src
+        nb.types.uintp,  # dest
+        nb.types.uintp,  # destsize
+        nb.types.uintp,  # compressor name, NUL-terminated
+        nb.types.uintp,  # blocksize
+        nb.types.intc,  # numinternalthreads
+    ),
+)
 
 #: Blosc's bound on a frame: the input plus its 16-byte header (BLOSC_MAX_OVERHEAD)
 BLOSC_OVERHEAD = 16
@@ -66,7 +71,22 @@ def _compress_chunks(src, nchunks, nbytes, delta, clevel, shuffle, typesize, cna
         )
 
 
-def compress_chunks(data: np.ndarray, chunk_len: int, delta: bool, blosc: numcodecs.Blosc) -> list[memoryview]:
+@nb.njit(nogil=True, cache=True)
+def _frames(dst, cap, sizes, crcs, out):
+    # frame j (sizes[j] bytes at dst[j * cap]) then its CRC32C, little-endian, back to back
+    at = 0
+    for j in range(sizes.shape[0]):
+        s = sizes[j]
+        out[at : at + s] = dst[j * cap : j * cap + s]
+        c = crcs[j]
+        for b in range(4):
+            out[at + s + b] = np.uint8((c >> (8 * b)) & 0xFF)
+        at += s + 4
+
+
+def compress_chunks(
+    data: np.ndarray, chunk_len: int, delta: bool, blosc: numcodecs.Blosc
+) -> tuple[np.ndarray, np.ndarray]:
     """The Blosc frames of ``data`` (1-D, a whole number of ``chunk_len``-element chunks) chunk by
     chunk, with numcodecs' parameters (so numcodecs' and Zarr's bytes), after the Delta filter
     when ``delta`` (uint64): each frame as ``encoded_chunk`` returns it.
@@ -84,8 +104,10 @@ def compress_chunks(data: np.ndarray, chunk_len: int, delta: bool, blosc: numcod
 
     Returns
     -------
-    list of memoryview
-        One frame a chunk, views into one buffer.
+    frames : uint8 ndarray
+        Frame ``j`` at ``frames[j * (chunk bytes + 16):]``.
+    sizes : int64 ndarray (n,)
+        Each frame's bytes.
     """
     data = np.ascontiguousarray(data)
     nbytes = chunk_len * data.dtype.itemsize
@@ -93,8 +115,7 @@ def compress_chunks(data: np.ndarray, chunk_len: int, delta: bool, blosc: numcod
     if n * chunk_len != data.shape[0]:
         raise ValueError(f"{data.shape[0]} elements are not whole chunks of {chunk_len}")
     raw = data.view(np.uint8)
-    cap = nbytes + BLOSC_OVERHEAD
-    dst = np.empty(n * cap, dtype=np.uint8)
+    dst = np.empty(n * (nbytes + BLOSC_OVERHEAD), dtype=np.uint8)
     scratch = np.empty(raw.shape[0] if delta else 0, dtype=np.uint8)
     sizes = np.zeros(n, dtype=np.int64)
     # numcodecs' choices: its typesize (else the element size), its shuffle (AUTOSHUFFLE: byte
@@ -109,5 +130,30 @@ def compress_chunks(data: np.ndarray, chunk_len: int, delta: bool, blosc: numcod
     )
     if np.any(sizes <= 0):
         raise RuntimeError(f"Blosc could not compress chunk {int(np.argmax(sizes <= 0))}")
+    return dst, sizes
+
+
+def framed_chunks(
+    data: np.ndarray, chunk_len: int, delta: bool, blosc: numcodecs.Blosc, crc32c: Callable[[Any], int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What a shard holds before its index: each chunk's Blosc frame (:func:`compress_chunks`)
+    followed by its CRC32C (``crc32c`` of the frame), back to back.
+
+    Returns
+    -------
+    payload : uint8 ndarray
+        The frames and their checksums.
+    crcs : int64 ndarray (n,)
+        Each chunk's CRC32C.
+    sizes : int64 ndarray (n,)
+        Each chunk's stored bytes (its frame and checksum).
+    """
+    dst, sizes = compress_chunks(data, chunk_len, delta, blosc)
+    cap = chunk_len * data.dtype.itemsize + BLOSC_OVERHEAD
     view = memoryview(dst)
-    return [view[j * cap : j * cap + s] for j, s in enumerate(sizes.tolist())]
+    crcs = np.fromiter(
+        (crc32c(view[j * cap : j * cap + s]) for j, s in enumerate(sizes.tolist())), dtype=np.int64, count=len(sizes)
+    )
+    payload = np.empty(int(sizes.sum()) + 4 * sizes.shape[0], dtype=np.uint8)
+    _frames(dst, cap, sizes, crcs, payload)
+    return payload, crcs, sizes + 4

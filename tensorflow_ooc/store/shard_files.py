@@ -24,7 +24,7 @@ from ..disk import disk_full_error, is_disk_full
 from .chunk_files import _crc32c
 from .codecs import StoredChain
 from .shard_decode import BAD_HEADER, OK, decode_chunks
-from .shard_encode import compress_chunks
+from .shard_encode import framed_chunks
 from .writer import encoded_chunk
 
 EMPTY = np.uint64(2**64 - 1)  # an inner chunk never written (Zarr's fill value)
@@ -89,22 +89,23 @@ class ShardWriter:
         n = -(-data.shape[0] // C)
         if n * C != data.shape[0]:
             data = np.concatenate([data, np.zeros(n * C - data.shape[0], dtype=self.dtype)])
+        index = np.full((self.per_shard, 2), EMPTY, dtype="<u8")
         if self.blosc is not None:
             # every chunk of the shard compressed in one native loop (the bytes numcodecs writes)
-            bodies = compress_chunks(data, C, self.delta, self.blosc)
+            body, crcs, sizes = framed_chunks(data, C, self.delta, self.blosc, _crc32c)
+            index[:n, 0] = np.cumsum(sizes) - sizes
+            index[:n, 1] = sizes
+            parts = [body.data]
         else:
-            bodies = [encoded_chunk(data[j * C : (j + 1) * C], self.delta, None) for j in range(n)]
-        parts, crcs, sizes = [], np.zeros(n, np.int64), np.zeros(n, np.int64)
-        index = np.full((self.per_shard, 2), EMPTY, dtype="<u8")
-        at = 0
-        for j, body in enumerate(bodies):
-            crc = int(_crc32c(body))
-            parts.append(body)
-            parts.append(crc.to_bytes(4, "little"))
-            size = len(body) + 4
-            index[j] = (at, size)
-            crcs[j], sizes[j] = crc, size
-            at += size
+            parts, crcs, sizes = [], np.zeros(n, np.int64), np.zeros(n, np.int64)
+            at = 0
+            for j in range(n):
+                chunk = encoded_chunk(data[j * C : (j + 1) * C], self.delta, None)
+                crc = int(_crc32c(chunk))
+                parts.append(chunk + crc.to_bytes(4, "little"))
+                index[j] = (at, len(chunk) + 4)
+                crcs[j], sizes[j] = crc, len(chunk) + 4
+                at += len(chunk) + 4
         raw = index.tobytes()
         parts.append(raw + int(_crc32c(raw)).to_bytes(4, "little"))
         payload = b"".join(parts)

@@ -1,0 +1,181 @@
+"""Building the fiber index: one decode of the store for every mode (entries in memory or spilled)
+equals a build of each mode alone, heavy key ranges are split under the budget, the native shard
+encoder writes the bytes numcodecs writes, and the build stays under its memory limit."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+from conftest import random_coo
+
+import tensorflow_ooc as tfo
+from tensorflow_ooc.format.fiber_keys import blocked_insert, bloom_words, key_strides
+from tensorflow_ooc.store.chunk_files import _crc32c as crc32c
+from tensorflow_ooc.store.shard_encode import framed_chunks
+from tensorflow_ooc.store.writer import encoded_chunk
+
+ARRAYS = ("key", "row", "value", "first", "crc", "size", "bloom", "bloom_crc")
+
+
+def _arrays(store_path, mode):
+    group = zarr.open_group(str(Path(store_path) / "fibers" / f"m{mode}"), mode="r")
+    return {name: group[name][...] for name in ARRAYS}
+
+
+def _meta(store_path, mode):
+    meta = json.loads((Path(store_path) / "fibers" / "zarr.json").read_text())["attributes"]["fiber_index"]
+    return {k: v for k, v in meta["modes"][str(mode)].items() if k not in ("build_seconds", "arrays_checksum")}
+
+
+def _spill_folders(path):
+    return sorted(p.name for p in Path(path).parent.iterdir() if p.name.startswith(".fiber-index-spill"))
+
+
+@pytest.mark.parametrize("codec", ["lz4hc", "lz4", "zstd", "noshuffle"])
+def test_native_frames_equal_numcodecs(rng, codec):
+    C = int(rng.choice([64, 1024]))
+    n = int(rng.integers(1, 40))
+    if codec == "lz4hc":
+        data, delta = np.sort(rng.integers(0, 2**45, n * C, dtype=np.uint64)), True
+        blosc = numcodecs.Blosc("lz4hc", 3, 1, 1 << 20, typesize=8)
+    elif codec == "lz4":
+        data, delta = rng.integers(0, 5000, n * C).astype(np.uint32), False
+        blosc = numcodecs.Blosc("lz4", 5, 1, 1 << 20, typesize=4)
+    elif codec == "zstd":
+        data, delta = rng.standard_normal(n * C).round(1), False
+        blosc = numcodecs.Blosc("zstd", 3, 1, 1 << 20, typesize=8)
+    else:
+        data, delta = rng.random(n * C), False
+        blosc = numcodecs.Blosc("lz4", 5, 0, 1 << 20)
+    payload, crcs, sizes = framed_chunks(data, C, delta, blosc, crc32c)
+    at = 0
+    for j in range(n):
+        want = encoded_chunk(data[j * C : (j + 1) * C], delta, blosc)
+        want += int(crc32c(want)).to_bytes(4, "little")
+        assert payload[at : at + sizes[j]].tobytes() == want
+        assert crcs[j] == crc32c(want[:-4])
+        at += sizes[j]
+    assert at == payload.shape[0]
+
+
+def _heavy_tensor(rng):
+    # most nonzeros in one slice of mode 1: mode 0's keys (i1 * n2 + i2) crowd one key range
+    shape = (int(rng.integers(30, 60)), int(rng.integers(30, 60)), int(rng.integers(30, 60)))
+    coords, values = random_coo(rng, shape, 6000)
+    coords[:4500, 1] = 0
+    coords, first = np.unique(coords, axis=0, return_index=True)
+    perm = rng.permutation(coords.shape[0])
+    return coords[perm], values[first][perm], shape
+
+
+def _heavy_store(tmp_path, rng, name):
+    coords, values, shape = _heavy_tensor(rng)
+    return tfo.convert((coords, values), tmp_path / name, shape=shape, chunk_nnz=1024)
+
+
+def test_one_pass_build_equals_each_mode_built_alone(tmp_path, rng):
+    """All modes from one decode (in memory, or spilled under a small budget with heavy key
+    ranges split) write the same arrays, tables and filters as each mode built on its own."""
+    chunk_nnz = int(rng.choice([64, 256]))
+    coords, values, shape = _heavy_tensor(rng)
+    store, spilled, *alone = (
+        tfo.convert((coords, values), tmp_path / name, shape=shape, chunk_nnz=1024)
+        for name in ("all", "spilled", "alone0", "alone1", "alone2")
+    )
+    tfo.build_fiber_index(store, "all", chunk_nnz=chunk_nnz)
+    for m, s in enumerate(alone):
+        tfo.build_fiber_index(s, [m], chunk_nnz=chunk_nnz)
+    # about 300 entries a sort: partitions spilled to files, the crowded one split by key range
+    tfo.build_fiber_index(spilled, "all", chunk_nnz=chunk_nnz, memory_limit=112 * 300)
+    assert _spill_folders(tmp_path / "x") == []  # the spill folder is gone
+    coords, values = store.to_coo()
+    for m in range(3):
+        want = _arrays(store.path, m)
+        for other in (alone[m].path, spilled.path):
+            got = _arrays(other, m)
+            for name in ARRAYS:
+                assert np.array_equal(got[name], want[name]), (m, name)
+            assert _meta(other, m) == _meta(store.path, m)
+        # against a sort of to_coo: keys, rows, values, each fiber in store order
+        keys = (coords.astype(np.uint64) * key_strides(store.shape, m)).sum(axis=1, dtype=np.uint64)
+        order = np.argsort(keys, kind="stable")
+        assert np.array_equal(want["key"], keys[order])
+        assert np.array_equal(want["row"], coords[order, m])
+        assert np.array_equal(want["value"], values[order])
+        # the filter holds exactly the bits of the distinct keys
+        distinct = np.unique(keys)
+        words = np.zeros(max(64, bloom_words(distinct.shape[0])), dtype=np.uint64)
+        blocked_insert(distinct, words)
+        assert np.array_equal(want["bloom"], words)
+        assert _meta(store.path, m)["fibers"] == distinct.shape[0]
+
+
+def test_a_failed_build_leaves_no_spill_and_no_index(tmp_path, rng, monkeypatch):
+    store = _heavy_store(tmp_path, rng, "s")
+    from tensorflow_ooc.store import fiber_index
+
+    def refuse(self, *a, **k):
+        raise OSError("injected write failure")
+
+    monkeypatch.setattr(fiber_index.ModeIndexWriter, "finish", refuse)
+    with pytest.raises(OSError, match="injected"):
+        tfo.build_fiber_index(store, "all", memory_limit=112 * 300)
+    assert _spill_folders(tmp_path / "x") == []
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    assert tfo.open_store(store.path).fibers is None
+
+
+_PEAK = textwrap.dedent(
+    """
+    import gc, json, sys
+    import tensorflow_ooc as tfo
+    from tensorflow_ooc.ingest.memory import trim
+
+    def rss(field):
+        for line in open("/proc/self/status"):
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+
+    small, big, limit = sys.argv[1], sys.argv[2], sys.argv[3]
+    tfo.build_fiber_index(small, "all", memory_limit=limit)  # compiled and loaded before the baseline
+    store = tfo.open_store(big)
+    gc.collect()
+    trim()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak (VmHWM) starts again from here
+    before = rss("VmRSS:")
+    tfo.build_fiber_index(store, "all", memory_limit=limit)
+    print(json.dumps({"grew": rss("VmHWM:") - before}))
+    """
+)
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's resettable peak RSS")
+def test_the_build_stays_under_its_memory_limit(tmp_path, rng):
+    """1 M nonzeros of 3 modes: 60 MB of entries held; under a 24 MB limit they are spilled and
+    the process grows by about the limit, not by the entries."""
+    shape = tuple(int(s) for s in rng.integers(200, 400, 3))
+    coords = np.stack([rng.integers(0, s, 1_000_000) for s in shape], axis=1)
+    coords = np.unique(coords, axis=0)
+    coords = coords[rng.permutation(coords.shape[0])]
+    values = rng.standard_normal(coords.shape[0])
+    tfo.convert((coords, values), tmp_path / "big", shape=shape, chunk_nnz=1 << 16)
+    tfo.convert((coords[:5000], values[:5000]), tmp_path / "small", shape=shape, chunk_nnz=1 << 16)
+    limit = 24 << 20
+    out = subprocess.run(
+        [sys.executable, "-c", _PEAK, str(tmp_path / "small"), str(tmp_path / "big"), str(limit)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    grew = json.loads(out.stdout.strip().splitlines()[-1])["grew"]
+    assert grew < limit + (8 << 20), f"the build grew by {grew / 2**20:.1f} MiB under a {limit >> 20} MiB limit"
+    index = tfo.open_store(tmp_path / "big").fibers
+    assert index is not None and index.modes == [0, 1, 2]
+    assert _spill_folders(tmp_path / "x") == []
