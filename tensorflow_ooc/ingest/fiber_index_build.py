@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 #: joined words, positions and scratch, the reordered copies (a 500 M build at 64 held 11.3 GB
 #: under a 10 GB limit)
 ENTRY_BYTES = 112
+#: bytes an entry of the sorted run being written while the next one is sorted
+RUN_BYTES = 24
 _HIST_BITS = 16
 
 
@@ -172,7 +175,7 @@ def build_fiber_index(
     # get the rest), else they are spilled to files and the sorts get all of it
     held = FiberPartitions.held_bytes(src, todo)
     in_memory = held <= budget // 2
-    max_entries = max(chunk_nnz, (budget - (held if in_memory else 0)) // ENTRY_BYTES)
+    max_entries = max(chunk_nnz, (budget - (held if in_memory else 0)) // (ENTRY_BYTES + RUN_BYTES))
     limit_heap_growth()
     with OutputLock([f"{src.path.rstrip('/')}/fibers"], f"fiber index of {src.path}"):
         written: dict[int, tuple[ModeIndexWriter, dict]] = {}
@@ -186,8 +189,7 @@ def build_fiber_index(
                     time.perf_counter() - t0,
                     "in memory" if parts.in_memory else f"spilled to {parts.folder}",
                 )
-                for m in todo:
-                    written[m] = _build_mode(src, m, parts, chunk_nnz, max_entries, progress)
+                written = _write_modes(src, todo, parts, chunk_nnz, max_entries, progress)
             publish_modes(src, written)
         except BaseException:
             for w, _ in written.values():
@@ -198,36 +200,56 @@ def build_fiber_index(
     return out
 
 
-def _build_mode(src: Store, mode: int, parts: FiberPartitions, chunk_nnz: int, max_entries: int, progress: bool):
-    t0 = time.perf_counter()
-    w = ModeIndexWriter(src, mode, chunk_nnz)
+def _write_modes(
+    src: Store, todo: list[int], parts: FiberPartitions, chunk_nnz: int, max_entries: int, progress: bool
+) -> dict[int, tuple[ModeIndexWriter, dict]]:
+    """Every mode's index, staged: runs are sorted here while the run before is encoded and
+    written on a writer thread (the numba kernels and file writes release the GIL), and a mode's
+    filter and tables are finished there while the next mode sorts. One run is written at a time."""
+    writers: dict[int, ModeIndexWriter] = {}
+    finished: dict[int, Future] = {}
+    counts = dict.fromkeys(todo, 0)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=src.nnz, unit="nnz", unit_scale=True, desc=f"fiber index, mode {mode}")
-    runs = 0
+        bar = tqdm(total=src.nnz * len(todo), unit="entries", unit_scale=True, desc="fiber index, sorting")
     try:
-        for keys, rows, values in _mode_runs(parts, mode, max_entries):
-            w.append(keys, rows, values)
-            runs += 1
-            if bar is not None:
-                bar.update(keys.shape[0])
-            del keys, rows, values
-        meta = w.finish()
+        with ThreadPoolExecutor(1, thread_name_prefix="fiber-index-writer") as pool:
+            inflight: Future | None = None
+            try:
+                for m in todo:
+                    w = writers[m] = ModeIndexWriter(src, m, chunk_nnz)
+                    for keys, rows, values in _mode_runs(parts, m, max_entries):
+                        if inflight is not None:
+                            inflight.result()
+                        inflight = pool.submit(w.append, keys, rows, values)
+                        counts[m] += 1
+                        if bar is not None:
+                            bar.update(keys.shape[0])
+                        del keys, rows, values
+                    if inflight is not None:
+                        inflight.result()
+                    inflight = finished[m] = pool.submit(w.finish)
+                out = {m: (writers[m], finished[m].result()) for m in todo}
+            finally:
+                if inflight is not None:
+                    wait([inflight])  # the writer thread idle before anything is removed
     except BaseException:
-        w.abort()
+        for w in writers.values():
+            w.abort()
         raise
     finally:
         if bar is not None:
             bar.close()
-    log.info(
-        "fiber index of mode %d: %s nonzeros, %d chunks, %.2f bytes a nonzero, %d sorted run(s) in %.1f s",
-        mode,
-        f"{src.nnz:,}",
-        meta["nchunks"],
-        meta["bytes"] / max(1, src.nnz),
-        runs,
-        time.perf_counter() - t0,
-    )
-    return w, meta
+    for m, (_, meta) in out.items():
+        log.info(
+            "fiber index of mode %d: %s nonzeros, %d chunks, %.2f bytes a nonzero, %d sorted run(s) in %.1f s",
+            m,
+            f"{src.nnz:,}",
+            meta["nchunks"],
+            meta["bytes"] / max(1, src.nnz),
+            counts[m],
+            meta["build_seconds"],
+        )
+    return out

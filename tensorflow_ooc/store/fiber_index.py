@@ -441,9 +441,12 @@ class ModeIndexWriter:
     def _flush(self, final: bool) -> None:
         if not self.pending:
             return
-        keys = np.concatenate([p[0] for p in self.pending])
-        rows = np.concatenate([p[1] for p in self.pending])
-        values = np.concatenate([p[2] for p in self.pending])
+        if len(self.pending) == 1:  # a sorted run longer than a shard: written from where it is
+            keys, rows, values = self.pending[0]
+        else:
+            keys = np.concatenate([p[0] for p in self.pending])
+            rows = np.concatenate([p[1] for p in self.pending])
+            values = np.concatenate([p[2] for p in self.pending])
         take = keys.shape[0] if final else keys.shape[0] // self.shard_nnz * self.shard_nnz
         if not self.arrays:
             self._create(values[: self.chunk_nnz])
@@ -452,8 +455,8 @@ class ModeIndexWriter:
             shard = (self.written + at) // self.shard_nnz
             for name, data in (
                 ("key", keys[at:stop]),
-                ("row", rows[at:stop].astype(self.row_dtype)),
-                ("value", values[at:stop].astype(self.store.value_dtype)),
+                ("row", rows[at:stop].astype(self.row_dtype, copy=False)),
+                ("value", values[at:stop].astype(self.store.value_dtype, copy=False)),
             ):
                 crcs, sizes = self.writers[name].write(shard, data)
                 self.crc[name].append(crcs)
@@ -461,7 +464,8 @@ class ModeIndexWriter:
             self.first.append(np.ascontiguousarray(keys[at : stop : self.chunk_nnz]))
         self.written += take
         rest = keys.shape[0] - take
-        self.pending = [(keys[take:], rows[take:], values[take:])] if rest else []
+        # the rest copied, so the run it came from is freed
+        self.pending = [(keys[take:].copy(), rows[take:].copy(), values[take:].copy())] if rest else []
         self.pending_n = rest
 
     def finish(self) -> dict:
