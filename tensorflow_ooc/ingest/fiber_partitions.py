@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -54,30 +55,27 @@ def key_space(shape: Sequence[int], mode: int) -> int:
 
 
 @nb.njit(nogil=True, cache=True)
-def _partition(coords, values, mode, strides, shift, counts, keys, rows, vals):
-    # one chunk's keys, rows and values grouped by partition (each in store order)
+def _partition(coords, values, mode, strides, shift, counts, keys, rows, vals, scratch):
+    # one chunk's keys, rows and values grouped by partition (each in store order); scratch:
+    # uint64 (n,), the keys in store order
     n = coords.shape[0]
-    part = np.empty(n, dtype=np.int64)
     for i in range(n):
         k = np.uint64(0)
         for m in range(coords.shape[1]):
             if m != mode:
                 k += np.uint64(coords[i, m]) * strides[m]
-        p = np.int64(k >> shift)
-        part[i] = p
-        counts[p] += 1
+        scratch[i] = k
+        counts[np.int64(k >> shift)] += 1
     at = np.empty(counts.shape[0], dtype=np.int64)
     s = 0
     for p in range(counts.shape[0]):
         at[p] = s
         s += counts[p]
     for i in range(n):
-        j = at[part[i]]
-        at[part[i]] = j + 1
-        k = np.uint64(0)
-        for m in range(coords.shape[1]):
-            if m != mode:
-                k += np.uint64(coords[i, m]) * strides[m]
+        k = scratch[i]
+        p = np.int64(k >> shift)
+        j = at[p]
+        at[p] = j + 1
         keys[j] = k
         rows[j] = coords[i, mode]
         vals[j] = values[i]
@@ -149,16 +147,26 @@ class FiberPartitions:
 
             bar = tqdm(total=self.store.nnz, unit="nnz", unit_scale=True, desc="fiber index, reading the store")
         try:
-            for c in range(self.store.nchunks):
-                ch = self.store.read_chunk(c)
-                coords = ch.coords(self.store.layout)
-                for m in self.modes:
-                    self._add(m, coords, ch.values)
-                if bar is not None:
-                    bar.update(coords.shape[0])
+            # the next chunk is read and decoded on a thread while this one is partitioned (the
+            # partitioning kernel is serial: only the reader's kernels use numba's thread pool)
+            with ThreadPoolExecutor(1, thread_name_prefix="fiber-index-reader") as pool:
+                ahead = pool.submit(self._decoded, 0) if self.store.nchunks else None
+                for c in range(self.store.nchunks):
+                    assert ahead is not None
+                    coords, values = ahead.result()
+                    ahead = pool.submit(self._decoded, c + 1) if c + 1 < self.store.nchunks else None
+                    for m in self.modes:
+                        self._add(m, coords, values)
+                    if bar is not None:
+                        bar.update(coords.shape[0])
+                    del coords, values
         finally:
             if bar is not None:
                 bar.close()
+
+    def _decoded(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        ch = self.store.read_chunk(c)
+        return ch.coords(self.store.layout), ch.values
 
     def _add(self, mode: int, coords: np.ndarray, values: np.ndarray) -> None:
         n = coords.shape[0]
@@ -166,7 +174,8 @@ class FiberPartitions:
         counts = np.zeros(self.nparts(mode), dtype=np.int64)
         got = tuple(np.empty(n, dtype=dts[name]) for name in ARRAYS)
         strides = key_strides(self.store.shape, mode)
-        _partition(coords, values, mode, strides, np.uint64(self.shift[mode]), counts, *got)
+        scratch = np.empty(n, dtype=np.uint64)
+        _partition(coords, values, mode, strides, np.uint64(self.shift[mode]), counts, *got, scratch)
         self.counts[mode] += counts
         ends = np.cumsum(counts)
         for p in np.flatnonzero(counts).tolist():
