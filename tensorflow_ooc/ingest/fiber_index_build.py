@@ -2,8 +2,8 @@
 (``tfooc fiber-index``, ``convert --fiber-index``).
 
 The store is decoded once for every mode (:mod:`.fiber_partitions`): each entry goes to its mode's
-partition of key range, held in memory where all modes' entries take at most half the budget,
-else spilled to files. Each partition is then sorted alone, stably (each fiber in store order), in
+partition of key range, held in memory for the modes that fit the budget beside a partition's
+sort, else spilled to files. Each partition is then sorted alone, stably (each fiber in store order), in
 key order, and appended to the mode's index; a partition heavier than a sort's share of the
 budget is sorted in key ranges of it, one read of its file each. Memory: the entries held (20-24
 bytes an entry a mode, or none when spilled) and about 112 bytes an entry of the largest sort
@@ -27,7 +27,7 @@ from ..store import Store, open_store
 from ..store.chunk_cache import parse_bytes
 from ..store.fiber_index import DEFAULT_FIBER_CHUNK_NNZ, FiberIndex, ModeIndexWriter, open_fiber_index, publish_modes
 from ..store.output_lock import OutputLock
-from .fiber_partitions import FiberPartitions
+from .fiber_partitions import PARTITION_ENTRIES, FiberPartitions
 from .memory import limit_heap_growth, trim
 
 log = logging.getLogger(__name__)
@@ -171,23 +171,29 @@ def build_fiber_index(
         raise FileExistsError(f"{src.path}: modes {have} already have a fiber index; pass overwrite=True to rebuild")
     # as convert: half the memory available now, unless given
     budget = parse_bytes(memory_limit) if memory_limit else psutil.virtual_memory().available // 2
-    # every mode's entries stay in memory where they take at most half the budget (the sorts
-    # get the rest), else they are spilled to files and the sorts get all of it
-    held = FiberPartitions.held_bytes(src, todo)
-    in_memory = held <= budget // 2
-    max_entries = max(chunk_nnz, (budget - (held if in_memory else 0)) // (ENTRY_BYTES + RUN_BYTES))
+    # modes' entries stay in memory, in order, while they leave a partition's sort its room; the
+    # others' are spilled to files, and the sorts get what the held ones leave
+    room = PARTITION_ENTRIES * (ENTRY_BYTES + RUN_BYTES)
+    held: list[int] = []
+    for m in todo:
+        if FiberPartitions.held_bytes(src, [*held, m]) + room <= budget:
+            held.append(m)
+    max_entries = max(chunk_nnz, (budget - FiberPartitions.held_bytes(src, held)) // (ENTRY_BYTES + RUN_BYTES))
     limit_heap_growth()
     with OutputLock([f"{src.path.rstrip('/')}/fibers"], f"fiber index of {src.path}"):
         written: dict[int, tuple[ModeIndexWriter, dict]] = {}
         try:
-            with FiberPartitions(src, todo, max_entries, in_memory) as parts:
+            with FiberPartitions(src, todo, max_entries, held) as parts:
                 t0 = time.perf_counter()
                 parts.fill(progress)
                 log.info(
-                    "fiber index: the store read once for modes %s in %.1f s (entries %s)",
+                    "fiber index: the store read once for modes %s in %.1f s (entries of modes %s in memory, "
+                    "of modes %s spilled to %s)",
                     todo,
                     time.perf_counter() - t0,
-                    "in memory" if parts.in_memory else f"spilled to {parts.folder}",
+                    held,
+                    [m for m in todo if m not in held],
+                    parts.folder,
                 )
                 written = _write_modes(src, todo, parts, chunk_nnz, max_entries, progress)
             publish_modes(src, written)

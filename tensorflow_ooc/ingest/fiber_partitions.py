@@ -4,8 +4,8 @@ A fiber index of ``M`` modes needs, per mode, the store's nonzeros sorted by fib
 them in bounded memory took one decode of the store per key range and mode (4 a mode of an 86 M
 store under 4 GiB: most of a 114 s build). Here the store is decoded once: each chunk's entries
 of every mode (key, row, value) go to that mode's partition of their key range (the key's top
-bits), kept in memory where all of them fit half the budget and otherwise appended to raw files
-in a spill folder. A partition is then sorted alone (its keys span fewer bits, so its sort is
+bits), kept in memory for the modes that fit the budget and otherwise appended to raw files in a
+spill folder. A partition is then sorted alone (its keys span fewer bits, so its sort is
 one word where the whole mode's was two) and read back in key order of partitions.
 """
 
@@ -92,21 +92,21 @@ class FiberPartitions:
         Modes whose entries are kept.
     max_entries : int
         Entries one sort may hold: partitions average at most a quarter of it.
-    in_memory : bool
-        Keep the entries in memory (:meth:`held_bytes` of them), else in files in a spill folder
-        (removed by :meth:`close`).
+    held : list of int
+        Modes whose entries stay in memory (:meth:`held_bytes` of them); the others' go to files
+        in a spill folder (removed by :meth:`close`).
     spill_dir : str, optional
         Where the spill folder goes (default: beside a local store, else the system's temporary
         folder).
     """
 
     def __init__(
-        self, store: Store, modes: Sequence[int], max_entries: int, in_memory: bool, spill_dir: str | None = None
+        self, store: Store, modes: Sequence[int], max_entries: int, held: Sequence[int], spill_dir: str | None = None
     ) -> None:
         self.store = store
         self.modes = list(modes)
         self.dtypes = {m: entry_dtypes(store, m) for m in self.modes}
-        self.in_memory = in_memory
+        self.held = set(held)
         self.shift: dict[int, int] = {}
         for m in self.modes:
             bits = (max(1, key_space(store.shape, m)) - 1).bit_length()
@@ -116,7 +116,7 @@ class FiberPartitions:
         self.counts = {m: np.zeros(self.nparts(m), dtype=np.int64) for m in self.modes}
         self._memory: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
         self.folder: Path | None = None
-        if not self.in_memory:
+        if any(m not in self.held for m in self.modes):
             where = spill_dir
             if where is None and not store_paths.is_url(store.path):
                 where = str(store_paths.local_path(store.path).absolute().parent)
@@ -180,7 +180,7 @@ class FiberPartitions:
         ends = np.cumsum(counts)
         for p in np.flatnonzero(counts).tolist():
             part = tuple(a[ends[p] - counts[p] : ends[p]] for a in got)
-            if self.folder is None:
+            if mode in self.held:
                 self._memory.setdefault((mode, p), []).append(part)
             else:
                 for name, a in zip(ARRAYS, part):
@@ -199,7 +199,7 @@ class FiberPartitions:
     def pieces(self, mode: int, p: int, most: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Partition ``p`` of ``mode`` (keys, rows, values) in store order, in pieces of at most
         ``most`` entries (where it is in memory: the pieces it was added in)."""
-        if self.folder is None:
+        if mode in self.held:
             yield from self._memory.get((mode, p), [])
             return
         n = int(self.counts[mode][p])
@@ -226,7 +226,7 @@ class FiberPartitions:
     def drop(self, mode: int, p: int) -> None:
         """Forget partition ``p`` of ``mode`` (its memory or files) once it is sorted."""
         self._memory.pop((mode, p), None)
-        if self.folder is not None:
+        if mode not in self.held:
             for name in ARRAYS:
                 self._file(mode, p, name).unlink(missing_ok=True)
 
