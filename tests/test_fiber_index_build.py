@@ -189,3 +189,21 @@ def test_the_build_stays_under_its_memory_limit(tmp_path, rng):
     index = tfo.open_store(tmp_path / "big").fibers
     assert index is not None and index.modes == [0, 1, 2]
     assert _spill_folders(tmp_path / "x") == []
+
+
+@pytest.mark.parametrize("span", [1000, 2**40, 2**60])
+def test_sorting_a_partition_carries_rows_and_values_stably(rng, span):
+    """Keys in [lo, lo + span) with ties: sorted with their rows and values as a stable argsort
+    orders them (one word of key and position, or two past 64 bits)."""
+    from tensorflow_ooc.format.radix_sort import stable_sort_by_key
+
+    n = int(rng.integers(1000, 300000))
+    lo = int(rng.integers(0, 2**62 - span))
+    keys = (lo + rng.integers(0, span, n)).astype(np.uint64)
+    keys[rng.integers(0, n, n // 3)] = keys[0]
+    rows = rng.integers(0, 2**32, n).astype(np.uint32)
+    values = rng.standard_normal(n)
+    got = stable_sort_by_key(keys, lo, lo + span, rows, values)
+    order = np.argsort(keys, kind="stable")
+    for g, want in zip(got, (keys[order], rows[order], values[order])):
+        assert g.dtype == want.dtype and np.array_equal(g, want)

@@ -325,3 +325,49 @@ def _split_positions_wide(wide, pbits):
         order[i] = np.int64(wide[0, i] & mask)
         keys[i] = (wide[0, i] >> np.uint64(pbits)) | (wide[1, i] << up)
     return order, keys
+
+
+def stable_sort_by_key(
+    keys: np.ndarray, lo: int, hi: int, rows: np.ndarray, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``keys`` (uint64, in ``[lo, hi)``) sorted stably, with ``rows`` and ``values`` in the same
+    order: :func:`stable_key_order` on the keys relative to ``lo`` (fewer bits), with the
+    positions' split and the gathers of rows and values fused into one parallel pass where
+    key and position fit one word.
+
+    Returns
+    -------
+    (keys, rows, values), new arrays.
+    """
+    n = keys.shape[0]
+    pbits = max(1, (n - 1).bit_length())
+    total_bits = (max(1, hi - lo) - 1).bit_length() + pbits
+    if total_bits > 64:
+        order, out = stable_key_order(keys - np.uint64(lo), hi - lo)
+        out += np.uint64(lo)
+        return out, rows[order], values[order]
+    joined = _join_positions_from(keys, np.uint64(lo), pbits)
+    joined = sort_keys(joined[None, :], total_bits)[0]
+    k_out = np.empty(n, dtype=np.uint64)
+    r_out = np.empty(n, dtype=rows.dtype)
+    v_out = np.empty(n, dtype=values.dtype)
+    _split_gather(joined, pbits, np.uint64(lo), rows, values, k_out, r_out, v_out)
+    return k_out, r_out, v_out
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _join_positions_from(keys, lo, pbits):
+    out = np.empty(keys.shape[0], dtype=np.uint64)
+    for i in nb.prange(keys.shape[0]):
+        out[i] = ((keys[i] - lo) << np.uint64(pbits)) | np.uint64(i)
+    return out
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _split_gather(joined, pbits, lo, rows, values, k_out, r_out, v_out):
+    mask = np.uint64((1 << pbits) - 1)
+    for i in nb.prange(joined.shape[0]):
+        j = np.int64(joined[i] & mask)
+        k_out[i] = (joined[i] >> np.uint64(pbits)) + lo
+        r_out[i] = rows[j]
+        v_out[i] = values[j]

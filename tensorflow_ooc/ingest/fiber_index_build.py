@@ -22,7 +22,7 @@ import numpy as np
 import psutil
 
 from ..format.fiber_keys import exact_keys
-from ..format.radix_sort import stable_key_order
+from ..format.radix_sort import stable_sort_by_key
 from ..store import Store, open_store
 from ..store.chunk_cache import parse_bytes
 from ..store.fiber_index import DEFAULT_FIBER_CHUNK_NNZ, FiberIndex, ModeIndexWriter, open_fiber_index, publish_modes
@@ -85,10 +85,7 @@ def _sorted(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Keys, rows and values (keys in ``[lo, hi)``, store order) sorted by key, stably (each
     fiber in store order); the keys sorted relative to ``lo``, in fewer bits."""
-    keys, rows, values = entries
-    order, keys = stable_key_order(keys - np.uint64(lo), hi - lo)
-    keys += np.uint64(lo)
-    return keys, rows[order], values[order]
+    return stable_sort_by_key(*entries[:1], lo, hi, *entries[1:])
 
 
 def _mode_runs(
