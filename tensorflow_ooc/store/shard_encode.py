@@ -44,19 +44,19 @@ BLOSC_OVERHEAD = 16
 
 @nb.njit(nogil=True, cache=True)
 def _compress_chunks(src, nchunks, nbytes, delta, clevel, shuffle, typesize, cname, blocksize, scratch, dst, sizes):
-    # chunk j: src[j * nbytes:(j + 1) * nbytes] (uint8), Delta'd into scratch first when asked,
+    # chunk j: src[j * nbytes:(j + 1) * nbytes] (uint8), Delta'd into scratch (one chunk) first,
     # compressed into dst[j * (nbytes + 16):]; sizes[j] its frame's bytes (<= 0: Blosc failed)
     cap = nbytes + BLOSC_OVERHEAD
     for j in range(nchunks):
         body = src[j * nbytes : (j + 1) * nbytes]
         if delta:
             words = body.view(np.uint64)
-            d = scratch[j * nbytes : (j + 1) * nbytes].view(np.uint64)
+            d = scratch[:nbytes].view(np.uint64)
             if words.shape[0]:
                 d[0] = words[0]
             for i in range(1, words.shape[0]):
                 d[i] = words[i] - words[i - 1]  # wraps as numcodecs' Delta on uint64
-            body = scratch[j * nbytes : (j + 1) * nbytes]
+            body = scratch[:nbytes]
         sizes[j] = _compress_ctx(
             clevel,
             shuffle,
@@ -84,8 +84,23 @@ def _frames(dst, cap, sizes, crcs, out):
         at += s + 4
 
 
+class FrameBuffers:
+    """Scratch of a shard writer kept from shard to shard: a fresh buffer a shard cost its page
+    faults (gigabytes of them in an 86 M-nonzero index build)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, np.ndarray] = {}
+
+    def take(self, name: str, nbytes: int) -> np.ndarray:
+        """``nbytes`` bytes of buffer ``name`` (uint8; its contents are the last user's)."""
+        buf = self._held.get(name)
+        if buf is None or buf.shape[0] < nbytes:
+            buf = self._held[name] = np.empty(nbytes, dtype=np.uint8)
+        return buf[:nbytes]
+
+
 def compress_chunks(
-    data: np.ndarray, chunk_len: int, delta: bool, blosc: numcodecs.Blosc
+    data: np.ndarray, chunk_len: int, delta: bool, blosc: numcodecs.Blosc, buffers: FrameBuffers | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """The Blosc frames of ``data`` (1-D, a whole number of ``chunk_len``-element chunks) chunk by
     chunk, with numcodecs' parameters (so numcodecs' and Zarr's bytes), after the Delta filter
@@ -101,6 +116,8 @@ def compress_chunks(
         numcodecs' Delta on uint64 first, chunk by chunk.
     blosc : numcodecs.Blosc
         The codec whose parameters are used.
+    buffers : FrameBuffers, optional
+        Where the frames are written (valid until its next use), else new arrays.
 
     Returns
     -------
@@ -115,8 +132,9 @@ def compress_chunks(
     if n * chunk_len != data.shape[0]:
         raise ValueError(f"{data.shape[0]} elements are not whole chunks of {chunk_len}")
     raw = data.view(np.uint8)
-    dst = np.empty(n * (nbytes + BLOSC_OVERHEAD), dtype=np.uint8)
-    scratch = np.empty(raw.shape[0] if delta else 0, dtype=np.uint8)
+    buffers = buffers or FrameBuffers()
+    dst = buffers.take("frames", n * (nbytes + BLOSC_OVERHEAD))
+    scratch = buffers.take("delta", nbytes if delta else 0)
     sizes = np.zeros(n, dtype=np.int64)
     # numcodecs' choices: its typesize (else the element size), its shuffle (AUTOSHUFFLE: byte
     # shuffle but for 1-byte elements)
@@ -134,10 +152,16 @@ def compress_chunks(
 
 
 def framed_chunks(
-    data: np.ndarray, chunk_len: int, delta: bool, blosc: numcodecs.Blosc, crc32c: Callable[[Any], int]
+    data: np.ndarray,
+    chunk_len: int,
+    delta: bool,
+    blosc: numcodecs.Blosc,
+    crc32c: Callable[[Any], int],
+    buffers: FrameBuffers | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What a shard holds before its index: each chunk's Blosc frame (:func:`compress_chunks`)
-    followed by its CRC32C (``crc32c`` of the frame), back to back.
+    followed by its CRC32C (``crc32c`` of the frame), back to back (in ``buffers``, when given,
+    valid until their next use).
 
     Returns
     -------
@@ -148,12 +172,13 @@ def framed_chunks(
     sizes : int64 ndarray (n,)
         Each chunk's stored bytes (its frame and checksum).
     """
-    dst, sizes = compress_chunks(data, chunk_len, delta, blosc)
+    buffers = buffers or FrameBuffers()
+    dst, sizes = compress_chunks(data, chunk_len, delta, blosc, buffers)
     cap = chunk_len * data.dtype.itemsize + BLOSC_OVERHEAD
     view = memoryview(dst)
     crcs = np.fromiter(
         (crc32c(view[j * cap : j * cap + s]) for j, s in enumerate(sizes.tolist())), dtype=np.int64, count=len(sizes)
     )
-    payload = np.empty(int(sizes.sum()) + 4 * sizes.shape[0], dtype=np.uint8)
+    payload = buffers.take("payload", int(sizes.sum()) + 4 * sizes.shape[0])
     _frames(dst, cap, sizes, crcs, payload)
     return payload, crcs, sizes + 4

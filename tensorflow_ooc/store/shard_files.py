@@ -24,7 +24,7 @@ from ..disk import disk_full_error, is_disk_full
 from .chunk_files import _crc32c
 from .codecs import StoredChain
 from .shard_decode import BAD_HEADER, OK, decode_chunks
-from .shard_encode import framed_chunks
+from .shard_encode import FrameBuffers, framed_chunks
 from .writer import encoded_chunk
 
 EMPTY = np.uint64(2**64 - 1)  # an inner chunk never written (Zarr's fill value)
@@ -79,6 +79,8 @@ class ShardWriter:
         self.blosc = chain.numcodecs_blosc()
         self.dtype = np.dtype(array.dtype)
         self.files = _Files(array, root)
+        self.buffers = FrameBuffers()
+        self._made = False  # the shard folder exists
 
     def write(self, s: int, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Shard ``s`` from ``data`` (a whole shard, or the array's last entries); the last inner
@@ -92,10 +94,10 @@ class ShardWriter:
         index = np.full((self.per_shard, 2), EMPTY, dtype="<u8")
         if self.blosc is not None:
             # every chunk of the shard compressed in one native loop (the bytes numcodecs writes)
-            body, crcs, sizes = framed_chunks(data, C, self.delta, self.blosc, _crc32c)
+            body, crcs, sizes = framed_chunks(data, C, self.delta, self.blosc, _crc32c, self.buffers)
             index[:n, 0] = np.cumsum(sizes) - sizes
             index[:n, 1] = sizes
-            parts = [body.data]
+            parts = [memoryview(body)]
         else:
             parts, crcs, sizes = [], np.zeros(n, np.int64), np.zeros(n, np.int64)
             at = 0
@@ -108,21 +110,22 @@ class ShardWriter:
                 at += len(chunk) + 4
         raw = index.tobytes()
         parts.append(raw + int(_crc32c(raw)).to_bytes(4, "little"))
-        payload = b"".join(parts)
         path = self.files.path(s)
         try:
             if self.files.local is not None:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                if not self._made:
+                    Path(path).parent.mkdir(parents=True, exist_ok=True)
+                    self._made = True
                 with open(path, "wb") as f:
-                    f.write(payload)
+                    f.writelines(parts)
             else:
-                self.files.fs.pipe_file(path, payload)
+                self.files.fs.pipe_file(path, b"".join(parts))
         except OSError as exc:
             if not is_disk_full(exc):
                 raise
             if self.files.local is not None:
                 Path(path).unlink(missing_ok=True)
-            raise disk_full_error(exc, path, needed=len(payload)) from exc
+            raise disk_full_error(exc, path, needed=sum(len(p) for p in parts)) from exc
         return crcs, sizes
 
 
