@@ -155,8 +155,9 @@ class FiberPartitions:
                     assert ahead is not None
                     coords, values = ahead.result()
                     ahead = pool.submit(self._decoded, c + 1) if c + 1 < self.store.nchunks else None
+                    scratch = np.empty(coords.shape[0], dtype=np.uint64)
                     for m in self.modes:
-                        self._add(m, coords, values)
+                        self._add(m, coords, values, scratch)
                     if bar is not None:
                         bar.update(coords.shape[0])
                     del coords, values
@@ -168,13 +169,12 @@ class FiberPartitions:
         ch = self.store.read_chunk(c)
         return ch.coords(self.store.layout), ch.values
 
-    def _add(self, mode: int, coords: np.ndarray, values: np.ndarray) -> None:
+    def _add(self, mode: int, coords: np.ndarray, values: np.ndarray, scratch: np.ndarray) -> None:
         n = coords.shape[0]
         dts = self.dtypes[mode]
         counts = np.zeros(self.nparts(mode), dtype=np.int64)
         got = tuple(np.empty(n, dtype=dts[name]) for name in ARRAYS)
         strides = key_strides(self.store.shape, mode)
-        scratch = np.empty(n, dtype=np.uint64)
         _partition(coords, values, mode, strides, np.uint64(self.shift[mode]), counts, *got, scratch)
         self.counts[mode] += counts
         ends = np.cumsum(counts)

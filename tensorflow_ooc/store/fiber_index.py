@@ -519,8 +519,11 @@ class ModeIndexWriter:
         (read back in groups; the filter is the only memory it holds beyond one)."""
         words = np.zeros(max(BLOOM_CHUNK_WORDS, bloom_words(self.distinct)), dtype=np.uint64)
         self.fibers_file.seek(0)
+        buf = np.empty(min(BLOOM_GROUP_ENTRIES, self.distinct), dtype="<u8")
         for at in range(0, self.distinct, BLOOM_GROUP_ENTRIES):
-            keys = np.fromfile(self.fibers_file, dtype="<u8", count=min(BLOOM_GROUP_ENTRIES, self.distinct - at))
+            keys = buf[: min(BLOOM_GROUP_ENTRIES, self.distinct - at)]
+            if self.fibers_file.readinto(memoryview(keys).cast("B")) != keys.nbytes:
+                raise RuntimeError(f"fiber index of mode {self.mode}: its distinct keys were cut short")
             blocked_insert(keys, words)
         self.fibers_file.close()
         return words
