@@ -1,13 +1,14 @@
 """Build a store's fiber index out of core: per mode, the nonzeros sorted by fiber key
 (``tfooc fiber-index``, ``convert --fiber-index``).
 
-The store is decoded once for every mode (:mod:`.fiber_partitions`): each entry goes to its mode's
-partition of key range, held in memory for the modes that fit the budget beside a partition's
-sort, else spilled to files. Each partition is then sorted alone, stably (each fiber in store order), in
-key order, and appended to the mode's index; a partition heavier than a sort's share of the
-budget is sorted in key ranges of it, one read of its file each. Memory: the entries held (20-24
-bytes an entry a mode, or none when spilled) and about 112 bytes an entry of the largest sort
-(its keys, rows, values and the sort's scratch), whatever the store's size.
+The store is decoded once for every mode (:mod:`.fiber_partitions`): each entry goes to its
+mode's partition of key range, held in memory for the modes that fit the budget beside a
+partition's sort, else spilled to files. Each partition is then sorted alone, stably (each fiber
+in store order), in key order, and appended to the mode's index on a writer thread; a partition
+heavier than a sort's share of the budget is sorted in key ranges of it, one read of its file
+each. Memory: the entries held (20-24 bytes an entry a mode, or none when spilled) and about 136
+bytes an entry of the largest sort (its keys, rows, values and the sort's scratch, and the run
+written beside it), whatever the store's size.
 """
 
 from __future__ import annotations
