@@ -172,11 +172,15 @@ def build_fiber_index(
     # modes' entries stay in memory, in order, while they leave a partition's sort its room; the
     # others' are spilled to files, and the sorts get what the held ones leave
     room = PARTITION_ENTRIES * (ENTRY_BYTES + RUN_BYTES)
+    # beside entries and sorts: a mode's filter (at most 16 bits a fiber) and two store chunks
+    # decoded (the one partitioned and the next, read ahead)
+    reserve = 2 * src.nnz + 2 * src.chunk_nnz * (8 * src.nmodes + 32)
     held: list[int] = []
     for m in todo:
-        if FiberPartitions.held_bytes(src, [*held, m]) + room <= budget:
+        if FiberPartitions.held_bytes(src, [*held, m]) + room + reserve <= budget:
             held.append(m)
-    max_entries = max(chunk_nnz, (budget - FiberPartitions.held_bytes(src, held)) // (ENTRY_BYTES + RUN_BYTES))
+    free = budget - FiberPartitions.held_bytes(src, held) - reserve
+    max_entries = max(chunk_nnz, free // (ENTRY_BYTES + RUN_BYTES))
     limit_heap_growth()
     with OutputLock([f"{src.path.rstrip('/')}/fibers"], f"fiber index of {src.path}"):
         written: dict[int, tuple[ModeIndexWriter, dict]] = {}
