@@ -17,7 +17,8 @@ from conftest import random_coo
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.format.fiber_keys import blocked_insert, bloom_words, key_strides
-from tensorflow_ooc.ingest.fiber_index_build import ENTRY_BYTES, RUN_BYTES
+from tensorflow_ooc.ingest import fiber_index_build
+from tensorflow_ooc.ingest.fiber_index_build import ENTRY_BYTES, RUN_BYTES, plan_rounds
 from tensorflow_ooc.ingest.fiber_partitions import PARTITION_ENTRIES, FiberPartitions
 from tensorflow_ooc.store.chunk_files import _crc32c as crc32c
 from tensorflow_ooc.store.shard_encode import framed_chunks
@@ -82,34 +83,37 @@ def _heavy_store(tmp_path, rng, name):
     return tfo.convert((coords, values), tmp_path / name, shape=shape, chunk_nnz=1024)
 
 
-def test_one_pass_build_equals_each_mode_built_alone(tmp_path, rng, caplog):
+def test_one_pass_build_equals_each_mode_built_alone(tmp_path, rng, caplog, monkeypatch):
     """All modes from one decode (in memory, spilled under a small budget with heavy key ranges
-    split, or some held and some spilled) write the same arrays, tables and filters as each mode
-    built on its own."""
+    split, one read of the store a mode, or some held and some spilled in one read) write the
+    same arrays, tables and filters as each mode built on its own."""
     chunk_nnz = int(rng.choice([64, 256]))
     coords, values, shape = _heavy_tensor(rng)
-    store, spilled, mixed, *alone = (
+    store, spilled, rounds, mixed, *alone = (
         tfo.convert((coords, values), tmp_path / name, shape=shape, chunk_nnz=1024)
-        for name in ("all", "spilled", "mixed", "alone0", "alone1", "alone2")
+        for name in ("all", "spilled", "rounds", "mixed", "alone0", "alone1", "alone2")
     )
     tfo.build_fiber_index(store, "all", chunk_nnz=chunk_nnz)
     for m, s in enumerate(alone):
         tfo.build_fiber_index(s, [m], chunk_nnz=chunk_nnz)
     # about 300 entries a sort: partitions spilled to files, the crowded one split by key range
+    assert [(h, sp) for h, sp, _ in plan_rounds(spilled, [0, 1, 2], 112 * 300)] == [([], [0, 1, 2])]
     tfo.build_fiber_index(spilled, "all", chunk_nnz=chunk_nnz, memory_limit=112 * 300)
-    # room for one mode's entries beside a partition's sort: mode 0 held, modes 1 and 2 spilled
-    room = PARTITION_ENTRIES * (ENTRY_BYTES + RUN_BYTES) + FiberPartitions.held_bytes(mixed, [0])
-    room += 2 * mixed.nnz + 2 * mixed.chunk_nnz * (8 * 3 + 32)  # the filter and two chunks decoded
+    # room for one mode's entries beside a partition's sort: one read of the store a mode
+    one = PARTITION_ENTRIES * (ENTRY_BYTES + RUN_BYTES) + FiberPartitions.held_bytes(rounds, [0])
+    one += 2 * rounds.nnz + 2 * rounds.chunk_nnz * (8 * 3 + 32)  # the filter and two chunks decoded
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="tensorflow_ooc.ingest.fiber_index_build"):
-        tfo.build_fiber_index(mixed, "all", chunk_nnz=chunk_nnz, memory_limit=room + mixed.nnz * 4)
-    held = [r.args[2] for r in caplog.records if "read once" in r.getMessage()]
-    assert held == [[0]]
+        tfo.build_fiber_index(rounds, "all", chunk_nnz=chunk_nnz, memory_limit=one + rounds.nnz * 4)
+    assert [r.args[2] for r in caplog.records if "store read" in r.getMessage()] == [[0], [1], [2]]
+    # mode 1 held while modes 0 and 2 are spilled, in one read
+    monkeypatch.setattr(fiber_index_build, "plan_rounds", lambda src, modes, budget: [([1], [0, 2], 400)])
+    tfo.build_fiber_index(mixed, "all", chunk_nnz=chunk_nnz)
     assert _spill_folders(tmp_path / "x") == []  # the spill folders are gone
     coords, values = store.to_coo()
     for m in range(3):
         want = _arrays(store.path, m)
-        for other in (alone[m].path, spilled.path, mixed.path):
+        for other in (alone[m].path, spilled.path, rounds.path, mixed.path):
             got = _arrays(other, m)
             for name in ARRAYS:
                 assert np.array_equal(got[name], want[name]), (m, name)
