@@ -2,11 +2,11 @@
 
 A fiber index of ``M`` modes needs, per mode, the store's nonzeros sorted by fiber key. Sorting
 them in bounded memory took one decode of the store per key range and mode (4 a mode of an 86 M
-store under 4 GiB: most of a 114 s build). Here the store is decoded once: each chunk's entries
-of every mode (key, row, value) go to that mode's partition of their key range (the key's top
-bits), kept in memory for the modes that fit the budget and otherwise appended to raw files in a
-spill folder. A partition is then sorted alone (its keys span fewer bits, so its sort is
-one word where the whole mode's was two) and read back in key order of partitions.
+store under 4 GiB: most of a 114 s build). Here one decode serves several modes: each chunk's
+entries of every mode (key, row, value) go to that mode's partition of their key range (the key's
+top bits), kept in memory for the modes the build holds and otherwise appended to raw files in a
+spill folder. A partition is then sorted alone (its keys span fewer bits, so its sort is one word
+where the whole mode's was two) and read back in key order of partitions.
 """
 
 from __future__ import annotations
