@@ -422,3 +422,30 @@ def test_a_store_replaced_at_the_same_path_is_read_anew(tmp_path, rng):
     tfo.build_fiber_index(second, "all")
     r = tfo.cp_als(str(second.path), 3, method="sts", samples=256, max_iters=2, seed=0, execution="streaming")
     assert all(v == "index" for v in r.params["sampled_reads"].values())
+
+
+def test_chunks_follow_each_modes_mean_fiber_length(tmp_path, rng):
+    from tensorflow_ooc.store.fiber_index import auto_chunk_nnz
+
+    # one mean fiber a chunk (a power of two, 128..1024), 1024 where fibers average under 16 entries
+    assert [auto_chunk_nnz(n, 1000) for n in (1000, 15_000, 20_000, 175_000, 300_000, 5_000_000)] == [
+        1024,
+        1024,
+        128,
+        128,
+        256,
+        1024,
+    ]
+    # more than a shard's entries, so the chunk is chosen at a write before the last
+    shape = (600, 40, 25)
+    coords, values = random_coo(rng, shape, 300_000)
+    store = tfo.convert((coords, values), tmp_path / "s", shape=shape)
+    index = tfo.build_fiber_index(store, "all")
+    # mode 0: 1,000 fibers of 300; mode 1: 15,000 of 20; mode 2: 24,000 of 12.5
+    assert [index.mode(m).chunk_nnz for m in range(3)] == [256, 128, 1024]
+    for mode in range(3):
+        got = index.mode(mode).read(np.arange(index.mode(mode).nchunks))
+        keys, rows, vals = _sorted_by_fiber(store, mode)
+        assert np.array_equal(got.keys, keys) and np.array_equal(got.rows, rows) and np.array_equal(got.values, vals)
+    # an explicit size is kept
+    assert tfo.build_fiber_index(store, [1], chunk_nnz=512, overwrite=True).mode(1).chunk_nnz == 512

@@ -124,7 +124,7 @@ def build_fiber_index(
     store: Store | str | os.PathLike,
     modes: str | Sequence[int] | None = "all",
     *,
-    chunk_nnz: int = DEFAULT_FIBER_CHUNK_NNZ,
+    chunk_nnz: int | None = None,
     memory_limit: int | str | None = None,
     overwrite: bool = False,
     progress: bool = False,
@@ -139,8 +139,9 @@ def build_fiber_index(
         A BLCO store (local path or URL) this package wrote.
     modes : "all" or mode numbers
         Modes to index (0-based). A mode whose other modes span more than 2^63 cells cannot be.
-    chunk_nnz : int
-        Entries per index chunk: the unit a sampled fiber is read in.
+    chunk_nnz : int, optional
+        Entries per index chunk: the unit a sampled fiber is read in. Default: per mode about its
+        fibers' mean length, 128 to 1024 (1024 where fibers average under 16 entries).
     memory_limit : int or str, optional
         Bytes the build may hold, a count or ``"4GiB"`` (default: half the memory available, as
         ``convert``): keys are sorted in ranges that fit it, one pass over the store each.
@@ -174,7 +175,7 @@ def build_fiber_index(
         raise FileExistsError(f"{src.path}: modes {have} already have a fiber index; pass overwrite=True to rebuild")
     # as convert: half the memory available now, unless given (each bucket is one more pass)
     budget = parse_bytes(memory_limit) if memory_limit else psutil.virtual_memory().available // 2
-    max_entries = max(chunk_nnz, budget // ENTRY_BYTES)
+    max_entries = max(chunk_nnz or DEFAULT_FIBER_CHUNK_NNZ, budget // ENTRY_BYTES)
     limit_heap_growth()
     with OutputLock([f"{src.path.rstrip('/')}/fibers"], f"fiber index of {src.path}"):
         written: dict[int, tuple[ModeIndexWriter, dict]] = {}
@@ -191,7 +192,7 @@ def build_fiber_index(
     return out
 
 
-def _build_mode(src: Store, mode: int, chunk_nnz: int, max_entries: int, progress: bool):
+def _build_mode(src: Store, mode: int, chunk_nnz: int | None, max_entries: int, progress: bool):
     t0 = time.perf_counter()
     w = ModeIndexWriter(src, mode, chunk_nnz)
     bar = None
