@@ -116,6 +116,7 @@ def test_a_round_reads_only_the_sampled_fibers_chunks(tmp_path, rng):
     held, filter_bytes = mode_index.may_hold(keys)
     chunks = mode_index.chunks_of(keys[held])
     assert got.reads["bytes_read"] == mode_index.chunk_bytes(chunks) + filter_bytes < mode_index.stored_bytes() / 4
+    assert got.reads["filter_bytes"] == filter_bytes
     # the filter read its keys' blocks only: one 512-byte chunk (and its CRC32C) a key at most
     assert 0 < filter_bytes <= 516 * len(np.unique(keys))
     # what the memory plan counts for the filters covers that query's read and decoded blocks

@@ -60,7 +60,15 @@ def indexed_sampled_partial(
     with numba_threads(threads):
         held, filter_bytes = idx.may_hold(skeys)
     groups = _key_groups(idx, np.unique(skeys[held]))
-    reads = {"path": "index", "nnz": 0, "nnz_read": 0, "bytes_read": filter_bytes, "chunks_read": 0, "fibers": 0}
+    reads = {
+        "path": "index",
+        "nnz": 0,
+        "nnz_read": 0,
+        "bytes_read": filter_bytes,  # the filter blocks read, and below the chunks
+        "filter_bytes": filter_bytes,
+        "chunks_read": 0,
+        "fibers": 0,
+    }
     if len(groups) <= 1:
         chunks = groups[0][2] if groups else np.zeros(0, np.int64)
         lo, out, hit = _gather_group(idx, samples, mine, skeys, chunks, threads, reads, nrows=store.shape[mode])
