@@ -21,6 +21,7 @@ from tensorflow_ooc.kernels.sampling.krp_sampler import SampleSet
 from tensorflow_ooc.store.chunk_files import _crc32c as crc32c
 from tensorflow_ooc.store.codecs import quiet_numcodecs
 from tensorflow_ooc.store.fiber_index import open_fiber_index
+from tensorflow_ooc.store.shard_files import shard_chunks
 
 
 def _store(tmp_path, rng, nmodes, nnz=3000, name="s", **kw):
@@ -207,8 +208,9 @@ def test_an_edited_or_foreign_index_is_refused(tmp_path, rng):
     # CRC32C holds, its position does not
     shard = Path(store.path) / "fibers" / "m2" / "value" / "c" / "0"
     raw = bytearray(shard.read_bytes())
-    n = 256 * 16 + 4
-    index = np.frombuffer(bytes(raw[-n:-4]), dtype="<u8").reshape(256, 2).copy()
+    per = shard_chunks(128)
+    n = per * 16 + 4
+    index = np.frombuffer(bytes(raw[-n:-4]), dtype="<u8").reshape(per, 2).copy()
     index[[0, 1]] = index[[1, 0]]
     body = index.tobytes()
     raw[-n:] = body + int(crc32c(body)).to_bytes(4, "little")
@@ -450,3 +452,24 @@ def test_chunks_follow_each_modes_mean_fiber_length(tmp_path, rng):
         assert np.array_equal(got.keys, keys) and np.array_equal(got.rows, rows) and np.array_equal(got.values, vals)
     # an explicit size is kept
     assert tfo.build_fiber_index(store, [1], chunk_nnz=512, overwrite=True).mode(1).chunk_nnz == 512
+
+
+def test_a_reader_keeps_few_shard_files_open(tmp_path, rng, monkeypatch):
+    from tensorflow_ooc.store import shard_files
+
+    # shards of 64 entries (16 chunks of 4), at most 3 kept open: many rounds over many shards
+    monkeypatch.setattr(shard_files, "SHARD_ENTRIES", 64)
+    monkeypatch.setattr(shard_files, "MAX_OPEN_SHARDS", 3)
+    shape = tuple(int(s) for s in rng.integers(15, 25, 3))
+    coords, values = random_coo(rng, shape, 2000)
+    store = tfo.convert((coords, values), tmp_path / "s", shape=shape, chunk_nnz=512)
+    index = tfo.build_fiber_index(store, [0], chunk_nnz=4)
+    mode_index = index.mode(0)
+    keys, rows, values = _sorted_by_fiber(store, 0)
+    assert mode_index.nchunks == -(-store.nnz // 4) and mode_index.nchunks // 16 > 10
+    for _ in range(5):
+        chunks = np.unique(rng.integers(0, mode_index.nchunks, 40))
+        got = mode_index.read(chunks)
+        take = np.concatenate([np.arange(c * 4, min(store.nnz, c * 4 + 4)) for c in chunks])
+        assert np.array_equal(got.keys, keys[take]) and np.array_equal(got.values, values[take])
+        assert all(len(r._fds) <= 3 for r in mode_index._files)

@@ -7,7 +7,7 @@ Under the store's ``fibers`` group, per indexed mode ``m`` (docs/FORMAT.md, "Fib
 
 - ``m{m}/key`` uint64 (nnz,): the keys, sorted (nonzeros of one fiber in store order); Delta +
   the profile's Blosc + CRC32C, as the ALTO index; like the two below, a Zarr v3 *sharded* array:
-  small inner chunks (the unit a fiber is read in), 256 to a shard file (:mod:`.shard_files`);
+  small inner chunks (the unit a fiber is read in), about 262,144 entries to a shard file (:mod:`.shard_files`);
 - ``m{m}/row`` uint32 (uint64 past 2^32 rows): each nonzero's mode-``m`` index;
 - ``m{m}/value``: its value, coded as the store's values;
 - ``m{m}/first`` uint64 (nchunks,): each chunk's first key, the small table that finds the chunks
@@ -57,7 +57,7 @@ from .chunk_files import ABSENT
 from .codecs import IndexCodecs, TableCodecs, ValueCodecs, quiet_numcodecs, value_padding
 from .metadata import CHECKSUM_KEY, arrays_checksum, meta_checksum
 from .shard_decode import undelta_chunks
-from .shard_files import SHARD_CHUNKS, ShardError, ShardReader, ShardWriter
+from .shard_files import ShardError, ShardReader, ShardWriter, shard_chunks
 
 # ``Store`` (store.reader) is not imported here: the reader imports this module to open the index
 Store = Any
@@ -230,9 +230,13 @@ class ModeIndex:
         for k, (f, out) in enumerate(zip(self._files, (keys, rows, values))):
             try:
                 crcs, got = f.read_many(chunks, out)
-            except (ShardError, OSError) as exc:
+            except (ShardError, FileNotFoundError) as exc:
                 raise CorruptStoreError(
                     f"{self.store.path}: fiber index of mode {self.mode}, '{ARRAYS[k]}': {exc}"
+                ) from exc
+            except OSError as exc:  # the system's limits (open files, I/O errors) are not the index's fault
+                raise OSError(
+                    exc.errno, f"{self.store.path}: reading the fiber index of mode {self.mode}: {exc.strerror}"
                 ) from exc
             moved = crcs != self.crc[k, chunks]
             if np.any(moved):
@@ -392,7 +396,8 @@ class ModeIndexWriter:
         self.mode = mode
         # None: chosen at the first write from the fibers of the entries pending then (auto_chunk_nnz)
         self.chunk_nnz = None if chunk_nnz is None else int(chunk_nnz)
-        self.shard_nnz = (self.chunk_nnz or DEFAULT_FIBER_CHUNK_NNZ) * SHARD_CHUNKS
+        provisional = self.chunk_nnz or DEFAULT_FIBER_CHUNK_NNZ
+        self.shard_nnz = provisional * shard_chunks(provisional)
         self.t0 = time.perf_counter()
         self.compression = store.meta.get("compression", "small")
         self.row_dtype = row_dtype(store.shape[mode])
@@ -457,7 +462,7 @@ class ModeIndexWriter:
         if self.chunk_nnz is None:
             fibers = 1 + int(np.count_nonzero(keys[1:] != keys[:-1]))
             self.chunk_nnz = auto_chunk_nnz(keys.shape[0], fibers)
-            self.shard_nnz = self.chunk_nnz * SHARD_CHUNKS
+            self.shard_nnz = self.chunk_nnz * shard_chunks(self.chunk_nnz)
         take = keys.shape[0] if final else keys.shape[0] // self.shard_nnz * self.shard_nnz
         if not self.arrays:
             self._create(values[: self.chunk_nnz])

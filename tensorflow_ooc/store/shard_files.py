@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +28,16 @@ from .shard_decode import BAD_HEADER, OK, decode_chunks
 from .writer import encoded_chunk
 
 EMPTY = np.uint64(2**64 - 1)  # an inner chunk never written (Zarr's fill value)
-SHARD_CHUNKS = 256  # inner chunks a shard
+SHARD_ENTRIES = 262_144  # entries a shard file holds (its inner chunks: this over the chunk's length)
+#: shard files a reader keeps open (idle ones past this are closed, least recently used first):
+#: a 500 M-nonzero index with 128-entry chunks has thousands of shards an array
+MAX_OPEN_SHARDS = 32
+
+
+def shard_chunks(chunk_len: int) -> int:
+    """Inner chunks a shard of ``chunk_len``-entry chunks: files of about ``SHARD_ENTRIES``
+    entries whatever the chunk size, so a smaller chunk does not mean more files."""
+    return max(1, SHARD_ENTRIES // max(1, chunk_len))
 
 
 class ShardError(ValueError):
@@ -132,21 +142,37 @@ class ShardReader:
         self.dtype = np.dtype(array.dtype)
         self.files = _Files(array, root)
         self._index: dict[int, np.ndarray] = {}
-        self._fds: dict[int, int] = {}
+        self._fds: OrderedDict[int, int] = OrderedDict()  # shard -> open fd, least recently used first
+        self._users: dict[int, int] = {}  # shard -> reads using its fd now (never closed under them)
         self._lock = threading.Lock()
 
-    def _fd(self, s: int) -> int:
-        fd = self._fds.get(s)
-        if fd is None:
-            with self._lock:
-                fd = self._fds.get(s)
-                if fd is None:
-                    fd = self._fds[s] = os.open(self.files.path(s), os.O_RDONLY)
-        return fd
+    def _acquire(self, s: int) -> int:
+        with self._lock:
+            fd = self._fds.get(s)
+            if fd is None:
+                fd = self._fds[s] = os.open(self.files.path(s), os.O_RDONLY)
+            self._fds.move_to_end(s)
+            self._users[s] = self._users.get(s, 0) + 1
+            idle = [k for k in self._fds if not self._users.get(k)]
+            for k in idle[: max(0, len(self._fds) - MAX_OPEN_SHARDS)]:
+                os.close(self._fds.pop(k))
+            return fd
+
+    def _release(self, s: int) -> None:
+        with self._lock:
+            left = self._users[s] - 1
+            if left:
+                self._users[s] = left
+            else:
+                del self._users[s]
 
     def _range(self, s: int, start: int, stop: int) -> bytes:
         if self.files.local is not None:
-            return os.pread(self._fd(s), stop - start, start)
+            fd = self._acquire(s)
+            try:
+                return os.pread(fd, stop - start, start)
+            finally:
+                self._release(s)
         return self.files.fs.cat_file(self.files.path(s), start=start, end=stop)
 
     def _shard_index(self, s: int) -> np.ndarray:
@@ -224,8 +250,12 @@ class ShardReader:
         if self.files.local is not None:
             view = memoryview(buf)
             for s, a, b, p in zip(shard.tolist(), start.tolist(), end.tolist(), at.tolist()):
-                if os.preadv(self._fd(s), [view[p : p + b - a]], a) != b - a:
-                    raise ShardError(f"shard {s} is shorter than its index says")
+                fd = self._acquire(s)
+                try:
+                    if os.preadv(fd, [view[p : p + b - a]], a) != b - a:
+                        raise ShardError(f"shard {s} is shorter than its index says")
+                finally:
+                    self._release(s)
             return
         paths_ = [self.files.path(s) for s in shard.tolist()]
         for p, got in zip(at.tolist(), self.files.fs.cat_ranges(paths_, start.tolist(), end.tolist())):
@@ -251,9 +281,10 @@ class ShardReader:
         return stored
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
 
     def __del__(self) -> None:  # pragma: no cover - process exit
         try:
