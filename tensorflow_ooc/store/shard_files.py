@@ -24,7 +24,7 @@ import zarr
 from ..disk import disk_full_error, is_disk_full
 from .chunk_files import _crc32c
 from .codecs import StoredChain
-from .shard_decode import BAD_HEADER, OK, decode_chunks
+from .shard_decode import BAD_HEADER, OK, decode_chunks, pread_ranges
 from .writer import encoded_chunk
 
 EMPTY = np.uint64(2**64 - 1)  # an inner chunk never written (Zarr's fill value)
@@ -153,9 +153,9 @@ class ShardReader:
                 fd = self._fds[s] = os.open(self.files.path(s), os.O_RDONLY)
             self._fds.move_to_end(s)
             self._users[s] = self._users.get(s, 0) + 1
-            idle = [k for k in self._fds if not self._users.get(k)]
-            for k in idle[: max(0, len(self._fds) - MAX_OPEN_SHARDS)]:
-                os.close(self._fds.pop(k))
+            if len(self._fds) > MAX_OPEN_SHARDS:
+                for k in [k for k in self._fds if not self._users.get(k)][: len(self._fds) - MAX_OPEN_SHARDS]:
+                    os.close(self._fds.pop(k))
             return fd
 
     def _release(self, s: int) -> None:
@@ -248,14 +248,26 @@ class ShardReader:
 
     def _read_ranges(self, shard: np.ndarray, start: np.ndarray, end: np.ndarray, at: np.ndarray, buf) -> None:
         if self.files.local is not None:
-            view = memoryview(buf)
-            for s, a, b, p in zip(shard.tolist(), start.tolist(), end.tolist(), at.tolist()):
-                fd = self._acquire(s)
+            # ranges come sorted by shard; up to MAX_OPEN_SHARDS shard files at a time, their
+            # ranges read by native pread calls on the task's threads
+            cuts = np.concatenate([[0], np.flatnonzero(np.diff(shard)) + 1, [shard.shape[0]]])
+            for g in range(0, cuts.shape[0] - 1, MAX_OPEN_SHARDS):
+                i, j = int(cuts[g]), int(cuts[min(g + MAX_OPEN_SHARDS, cuts.shape[0] - 1)])
+                held = [int(shard[c]) for c in cuts[g : min(g + MAX_OPEN_SHARDS, cuts.shape[0] - 1)]]
+                fds = {s: self._acquire(s) for s in held}
                 try:
-                    if os.preadv(fd, [view[p : p + b - a]], a) != b - a:
-                        raise ShardError(f"shard {s} is shorter than its index says")
+                    fd = np.array([fds[s] for s in shard[i:j].tolist()], dtype=np.int64)
+                    got = pread_ranges(fd, start[i:j], end[i:j], at[i:j], buf)
                 finally:
-                    self._release(s)
+                    for s in held:
+                        self._release(s)
+                short = np.flatnonzero(got != end[i:j] - start[i:j])
+                if short.shape[0]:
+                    k = int(short[0])
+                    s = int(shard[i + k])
+                    if got[k] < 0:  # the call failed: the system's error for that file
+                        os.pread(fds[s], int(end[i + k] - start[i + k]), int(start[i + k]))
+                    raise ShardError(f"shard {s} is shorter than its index says")
             return
         paths_ = [self.files.path(s) for s in shard.tolist()]
         for p, got in zip(at.tolist(), self.files.fs.cat_ranges(paths_, start.tolist(), end.tolist())):
