@@ -334,6 +334,22 @@ def test_gathers_in_bounded_groups_sum_the_same(tmp_path, rng, monkeypatch):
         assert grouped.reads["nnz"] == whole.reads["nnz"] and grouped.reads["fibers"] == whole.reads["fibers"]
 
 
+def test_gather_groups_count_the_chunks_they_need(tmp_path, rng, monkeypatch):
+    import tensorflow_ooc.execution.fiber_reads as fr
+
+    shape = (4, 30, 30)  # mode 0: 900 short fibers, ~19 to a 64-entry chunk
+    store = tfo.convert(random_coo(rng, shape, 3000), tmp_path / "s", shape=shape, chunk_nnz=512)
+    idx = tfo.build_fiber_index(store, [0], chunk_nnz=64).mode(0)
+    keys = np.unique(idx.read(np.arange(idx.nchunks)).keys)[:: int(rng.integers(30, 50))]  # chunks between
+    monkeypatch.setattr(fr, "GATHER_ENTRIES", 256)  # 4 chunks a group
+    groups = fr._key_groups(idx, keys)
+    assert np.array_equal(np.unique(np.concatenate([g[2] for g in groups])), idx.chunks_of(keys))
+    # each group needs at most 4 chunks and would need more with the next group's first fiber
+    for (_, _, chunks), (lo_next, _, _) in zip(groups[:-1], groups[1:]):
+        assert chunks.shape[0] <= 4
+        assert np.union1d(chunks, idx.chunks_of(np.array([lo_next], np.uint64))).shape[0] > 4
+
+
 def test_owner_computes_reads_each_workers_draws_through_the_index(tmp_path, rng, two_workers):
     shape = tuple(int(x) for x in rng.integers(30, 80, int(rng.integers(3, 5))))
     coords, values = random_coo(rng, shape, 6000)

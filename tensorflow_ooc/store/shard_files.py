@@ -24,7 +24,7 @@ import zarr
 from ..disk import disk_full_error, is_disk_full
 from .chunk_files import _crc32c
 from .codecs import StoredChain
-from .shard_decode import BAD_HEADER, OK, decode_chunks, pread_ranges
+from .shard_decode import BAD_HEADER, OK, chunk_crcs, decode_chunks, pread_ranges
 from .writer import encoded_chunk
 
 EMPTY = np.uint64(2**64 - 1)  # an inner chunk never written (Zarr's fill value)
@@ -284,10 +284,7 @@ class ShardReader:
             | (buf[tail + 2].astype(np.int64) << 16)
             | (buf[tail + 3].astype(np.int64) << 24)
         )
-        view = memoryview(buf)
-        got = np.fromiter(
-            (_crc32c(view[p:t]) for p, t in zip(pos.tolist(), tail.tolist())), dtype=np.int64, count=pos.shape[0]
-        )
+        got = chunk_crcs(buf, pos, length - 4)
         if not np.array_equal(got, stored):
             raise ShardError(f"chunk {int(chunks[int(np.argmax(got != stored))])}: CRC32C checksum mismatch")
         return stored
