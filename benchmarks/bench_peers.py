@@ -331,7 +331,7 @@ def table(out: dict) -> None:
     for row in out["rows"]:
         fits = {k: row[k].get("fit") for k in ("ours", "alto", "splatt", "genten") if k in row}
         print(
-            f"  {row['tensor']:<11}R{row['rank']:<3}"
+            f"  {row['tensor']:<11}R{row['rank']:<4}"
             + "  ".join(f"{k} {v:.6f}" for k, v in fits.items() if isinstance(v, float))
         )
     for k in ("alto", "splatt"):
