@@ -21,6 +21,7 @@ from tensorflow_ooc.kernels.sampling.krp_sampler import SampleSet
 from tensorflow_ooc.store.chunk_files import _crc32c as crc32c
 from tensorflow_ooc.store.codecs import quiet_numcodecs
 from tensorflow_ooc.store.fiber_index import open_fiber_index
+from tensorflow_ooc.store.shard_files import shard_chunks
 
 
 def _store(tmp_path, rng, nmodes, nnz=3000, name="s", **kw):
@@ -116,6 +117,7 @@ def test_a_round_reads_only_the_sampled_fibers_chunks(tmp_path, rng):
     held, filter_bytes = mode_index.may_hold(keys)
     chunks = mode_index.chunks_of(keys[held])
     assert got.reads["bytes_read"] == mode_index.chunk_bytes(chunks) + filter_bytes < mode_index.stored_bytes() / 4
+    assert got.reads["filter_bytes"] == filter_bytes
     # the filter read its keys' blocks only: one 512-byte chunk (and its CRC32C) a key at most
     assert 0 < filter_bytes <= 516 * len(np.unique(keys))
     # what the memory plan counts for the filters covers that query's read and decoded blocks
@@ -206,8 +208,9 @@ def test_an_edited_or_foreign_index_is_refused(tmp_path, rng):
     # CRC32C holds, its position does not
     shard = Path(store.path) / "fibers" / "m2" / "value" / "c" / "0"
     raw = bytearray(shard.read_bytes())
-    n = 256 * 16 + 4
-    index = np.frombuffer(bytes(raw[-n:-4]), dtype="<u8").reshape(256, 2).copy()
+    per = shard_chunks(128)
+    n = per * 16 + 4
+    index = np.frombuffer(bytes(raw[-n:-4]), dtype="<u8").reshape(per, 2).copy()
     index[[0, 1]] = index[[1, 0]]
     body = index.tobytes()
     raw[-n:] = body + int(crc32c(body)).to_bytes(4, "little")
@@ -331,6 +334,22 @@ def test_gathers_in_bounded_groups_sum_the_same(tmp_path, rng, monkeypatch):
         assert grouped.reads["nnz"] == whole.reads["nnz"] and grouped.reads["fibers"] == whole.reads["fibers"]
 
 
+def test_gather_groups_count_the_chunks_they_need(tmp_path, rng, monkeypatch):
+    import tensorflow_ooc.execution.fiber_reads as fr
+
+    shape = (4, 30, 30)  # mode 0: 900 short fibers, ~19 to a 64-entry chunk
+    store = tfo.convert(random_coo(rng, shape, 3000), tmp_path / "s", shape=shape, chunk_nnz=512)
+    idx = tfo.build_fiber_index(store, [0], chunk_nnz=64).mode(0)
+    keys = np.unique(idx.read(np.arange(idx.nchunks)).keys)[:: int(rng.integers(30, 50))]  # chunks between
+    monkeypatch.setattr(fr, "GATHER_ENTRIES", 256)  # 4 chunks a group
+    groups = fr._key_groups(idx, keys)
+    assert np.array_equal(np.unique(np.concatenate([g[2] for g in groups])), idx.chunks_of(keys))
+    # each group needs at most 4 chunks and would need more with the next group's first fiber
+    for (_, _, chunks), (lo_next, _, _) in zip(groups[:-1], groups[1:]):
+        assert chunks.shape[0] <= 4
+        assert np.union1d(chunks, idx.chunks_of(np.array([lo_next], np.uint64))).shape[0] > 4
+
+
 def test_owner_computes_reads_each_workers_draws_through_the_index(tmp_path, rng, two_workers):
     shape = tuple(int(x) for x in rng.integers(30, 80, int(rng.integers(3, 5))))
     coords, values = random_coo(rng, shape, 6000)
@@ -422,3 +441,51 @@ def test_a_store_replaced_at_the_same_path_is_read_anew(tmp_path, rng):
     tfo.build_fiber_index(second, "all")
     r = tfo.cp_als(str(second.path), 3, method="sts", samples=256, max_iters=2, seed=0, execution="streaming")
     assert all(v == "index" for v in r.params["sampled_reads"].values())
+
+
+def test_chunks_follow_each_modes_mean_fiber_length(tmp_path, rng):
+    from tensorflow_ooc.store.fiber_index import auto_chunk_nnz
+
+    # one mean fiber a chunk (a power of two, 128..1024), 1024 where fibers average under 16 entries
+    assert [auto_chunk_nnz(n, 1000) for n in (1000, 15_000, 20_000, 175_000, 300_000, 5_000_000)] == [
+        1024,
+        1024,
+        128,
+        128,
+        256,
+        1024,
+    ]
+    # more than a shard's entries, so the chunk is chosen at a write before the last
+    shape = (600, 40, 25)
+    coords, values = random_coo(rng, shape, 300_000)
+    store = tfo.convert((coords, values), tmp_path / "s", shape=shape)
+    index = tfo.build_fiber_index(store, "all")
+    # mode 0: 1,000 fibers of 300; mode 1: 15,000 of 20; mode 2: 24,000 of 12.5
+    assert [index.mode(m).chunk_nnz for m in range(3)] == [256, 128, 1024]
+    for mode in range(3):
+        got = index.mode(mode).read(np.arange(index.mode(mode).nchunks))
+        keys, rows, vals = _sorted_by_fiber(store, mode)
+        assert np.array_equal(got.keys, keys) and np.array_equal(got.rows, rows) and np.array_equal(got.values, vals)
+    # an explicit size is kept
+    assert tfo.build_fiber_index(store, [1], chunk_nnz=512, overwrite=True).mode(1).chunk_nnz == 512
+
+
+def test_a_reader_keeps_few_shard_files_open(tmp_path, rng, monkeypatch):
+    from tensorflow_ooc.store import shard_files
+
+    # shards of 64 entries (16 chunks of 4), at most 3 kept open: many rounds over many shards
+    monkeypatch.setattr(shard_files, "SHARD_ENTRIES", 64)
+    monkeypatch.setattr(shard_files, "MAX_OPEN_SHARDS", 3)
+    shape = tuple(int(s) for s in rng.integers(15, 25, 3))
+    coords, values = random_coo(rng, shape, 2000)
+    store = tfo.convert((coords, values), tmp_path / "s", shape=shape, chunk_nnz=512)
+    index = tfo.build_fiber_index(store, [0], chunk_nnz=4)
+    mode_index = index.mode(0)
+    keys, rows, values = _sorted_by_fiber(store, 0)
+    assert mode_index.nchunks == -(-store.nnz // 4) and mode_index.nchunks // 16 > 10
+    for _ in range(5):
+        chunks = np.unique(rng.integers(0, mode_index.nchunks, 40))
+        got = mode_index.read(chunks)
+        take = np.concatenate([np.arange(c * 4, min(store.nnz, c * 4 + 4)) for c in chunks])
+        assert np.array_equal(got.keys, keys[take]) and np.array_equal(got.values, values[take])
+        assert all(len(r._fds) <= 3 for r in mode_index._files)

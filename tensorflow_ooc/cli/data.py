@@ -564,7 +564,11 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         help="also write the fiber index of these modes ('all' or mode numbers like 0,2): randomized CP "
         "and rTT-ALS then read only the sampled fibers each round (--rewrite: default the source's modes)",
     )
-    c.add_argument("--fiber-chunk-nnz", type=_positive_int, help="entries per fiber-index chunk (default 1024)")
+    c.add_argument(
+        "--fiber-chunk-nnz",
+        type=_positive_int,
+        help="entries per fiber-index chunk (default: per mode about its fibers' mean length, 128 to 1024)",
+    )
     for o in TABLE_OPTIONS:
         c.add_argument(o.flag, dest=o.name, type=_cli_type(o.parse), choices=o.choices, metavar=o.metavar, help=o.help)
     c.set_defaults(func=cmd_convert)
@@ -584,8 +588,8 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     f.add_argument(
         "--chunk-nnz",
         type=_positive_int,
-        default=1024,
-        help="entries per index chunk, the unit a sampled fiber is read in (default 1024)",
+        help="entries per index chunk, the unit a sampled fiber is read in (default: per mode about its "
+        "fibers' mean length as a power of two, 128 to 1024; 1024 where fibers average under 16 entries)",
     )
     f.add_argument(
         "--memory-limit",

@@ -60,7 +60,15 @@ def indexed_sampled_partial(
     with numba_threads(threads):
         held, filter_bytes = idx.may_hold(skeys)
     groups = _key_groups(idx, np.unique(skeys[held]))
-    reads = {"path": "index", "nnz": 0, "nnz_read": 0, "bytes_read": filter_bytes, "chunks_read": 0, "fibers": 0}
+    reads = {
+        "path": "index",
+        "nnz": 0,
+        "nnz_read": 0,
+        "bytes_read": filter_bytes,  # the filter blocks read, and below the chunks
+        "filter_bytes": filter_bytes,
+        "chunks_read": 0,
+        "fibers": 0,
+    }
     if len(groups) <= 1:
         chunks = groups[0][2] if groups else np.zeros(0, np.int64)
         lo, out, hit = _gather_group(idx, samples, mine, skeys, chunks, threads, reads, nrows=store.shape[mode])
@@ -87,13 +95,14 @@ def _key_groups(idx: Any, keys: np.ndarray) -> list[tuple[int, int, np.ndarray]]
     if chunks.shape[0] * idx.chunk_nnz <= GATHER_ENTRIES:
         return [(int(keys[0]), int(keys[-1]), chunks)]
     per = max(1, GATHER_ENTRIES // idx.chunk_nnz)
-    # each key's last chunk; a group ends where the chunks it needs reach the budget
+    # each key's first and last chunk as positions among the chunks needed; a group ends where
+    # the chunks it needs (not the span of chunk ids they lie in) reach the budget
+    first = np.maximum(np.searchsorted(idx.first, keys, side="left") - 1, 0)
     last = np.maximum(np.searchsorted(idx.first, keys, side="right") - 1, 0)
+    at_first, at_last = np.searchsorted(chunks, first), np.searchsorted(chunks, last)
     out, start = [], 0
     while start < keys.shape[0]:
-        first_chunk = max(int(np.searchsorted(idx.first, keys[start], side="left")) - 1, 0)
-        stop = int(np.searchsorted(last, first_chunk + per, side="left"))
-        stop = max(stop, start + 1)
+        stop = max(int(np.searchsorted(at_last, at_first[start] + per, side="left")), start + 1)
         group = keys[start:stop]
         out.append((int(group[0]), int(group[-1]), idx.chunks_of(group)))
         start = stop

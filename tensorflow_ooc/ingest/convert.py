@@ -379,7 +379,7 @@ def convert(
         Also write the fiber index of these modes (see :func:`~tensorflow_ooc.build_fiber_index`),
         so randomized CP and rTT-ALS read only the sampled fibers; built in the same memory budget.
     fiber_chunk_nnz : int, optional
-        Entries per fiber-index chunk (default 1024).
+        Entries per fiber-index chunk (default: per mode about its fibers' mean length, 128 to 1024).
     modes : sequence of str, optional
         A table's key columns, one per mode: each mode's keys (strings, integers, dates,
         categories) are numbered in order of first appearance, and the dictionaries kept in the
@@ -593,13 +593,10 @@ def with_fiber_index(store: Store, modes, chunk_nnz: int | None, budget: int | N
     """``store`` (just written) with its fiber index for ``modes``; a build that fails removes the
     store, as a failed conversion leaves nothing."""
     from ..store import paths as store_paths
-    from ..store.fiber_index import DEFAULT_FIBER_CHUNK_NNZ
     from .fiber_index_build import build_fiber_index
 
     try:
-        build_fiber_index(
-            store, modes, chunk_nnz=chunk_nnz or DEFAULT_FIBER_CHUNK_NNZ, memory_limit=budget, progress=progress
-        )
+        build_fiber_index(store, modes, chunk_nnz=chunk_nnz, memory_limit=budget, progress=progress)
     except BaseException:
         store_paths.remove(store.path)
         raise

@@ -119,7 +119,7 @@ def build_fiber_index(
     store: Store | str | os.PathLike,
     modes: str | Sequence[int] | None = "all",
     *,
-    chunk_nnz: int = DEFAULT_FIBER_CHUNK_NNZ,
+    chunk_nnz: int | None = None,
     memory_limit: int | str | None = None,
     overwrite: bool = False,
     progress: bool = False,
@@ -134,8 +134,9 @@ def build_fiber_index(
         A BLCO store (local path or URL) this package wrote.
     modes : "all" or mode numbers
         Modes to index (0-based). A mode whose other modes span more than 2^63 cells cannot be.
-    chunk_nnz : int
-        Entries per index chunk: the unit a sampled fiber is read in.
+    chunk_nnz : int, optional
+        Entries per index chunk: the unit a sampled fiber is read in. Default: per mode about its
+        fibers' mean length, 128 to 1024 (1024 where fibers average under 16 entries).
     memory_limit : int or str, optional
         Bytes the build may hold, a count or ``"4GiB"`` (default: half the memory available, as
         ``convert``): the store is read once; its entries are held, or spilled to files beside
@@ -175,9 +176,10 @@ def build_fiber_index(
     with OutputLock([f"{src.path.rstrip('/')}/fibers"], f"fiber index of {src.path}"):
         written: dict[int, tuple[ModeIndexWriter, dict]] = {}
         try:
+            least = chunk_nnz or DEFAULT_FIBER_CHUNK_NNZ  # a sort holds at least a chunk
             for held, spilled, max_entries in rounds:
                 modes = [m for m in todo if m in held or m in spilled]
-                with FiberPartitions(src, modes, max(chunk_nnz, max_entries), held) as parts:
+                with FiberPartitions(src, modes, max(least, max_entries), held) as parts:
                     t0 = time.perf_counter()
                     parts.fill(progress)
                     log.info(
@@ -189,7 +191,7 @@ def build_fiber_index(
                         spilled,
                         parts.folder,
                     )
-                    written.update(_write_modes(src, modes, parts, chunk_nnz, max(chunk_nnz, max_entries), progress))
+                    written.update(_write_modes(src, modes, parts, chunk_nnz, max(least, max_entries), progress))
             publish_modes(src, written)
         except BaseException:
             for w, _ in written.values():
@@ -230,7 +232,7 @@ def plan_rounds(src: Store, modes: list[int], budget: int) -> list[tuple[list[in
 
 
 def _write_modes(
-    src: Store, todo: list[int], parts: FiberPartitions, chunk_nnz: int, max_entries: int, progress: bool
+    src: Store, todo: list[int], parts: FiberPartitions, chunk_nnz: int | None, max_entries: int, progress: bool
 ) -> dict[int, tuple[ModeIndexWriter, dict]]:
     """Every mode's index, staged: runs are sorted here while the run before is encoded and
     written on a writer thread (the numba kernels and file writes release the GIL), and a mode's

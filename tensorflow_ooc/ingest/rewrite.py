@@ -113,7 +113,6 @@ def rewrite(
             raise RuntimeError(f"{store}: the rewritten store does not hold the source's nonzeros; removed")
         modes = src.fiber_modes() if fiber_index is None else fiber_index
         if modes:  # the source's index is kept: built again for the new store's chunks
-            chunk = src.fibers.meta["modes"][str(src.fibers.modes[0])]["chunk_nnz"] if src.fibers else None
-            out = with_fiber_index(out, modes, chunk, None, progress)
+            out = with_fiber_index(out, modes, None, None, progress)
         log.info("rewrote %s -> %s (%s nonzeros) in %.2f s", src.path, store, f"{src.nnz:,}", time.perf_counter() - t0)
         return out

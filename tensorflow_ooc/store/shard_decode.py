@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ctypes
 
+import crc32c as _crc32c_package
+import crc32c._crc32c as _crc32c_native
 import numba as nb
 import numpy as np
 from numcodecs import blosc as _numcodecs_blosc
@@ -20,6 +22,17 @@ _lib = ctypes.CDLL(_numcodecs_blosc.__file__)
 _decompress_ctx = _lib.blosc_decompress_ctx
 _decompress_ctx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _decompress_ctx.restype = ctypes.c_int
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_pread = _libc.pread
+_pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64]
+_pread.restype = ctypes.c_ssize_t
+
+# the crc32c package's own C routine (SSE4.2 where the CPU has it, else its slicing-by-8)
+_crc_lib = ctypes.CDLL(_crc32c_native.__file__)
+_crc = _crc_lib._crc32c_hw_adler if _crc32c_package.hardware_based else _crc_lib._crc32c_sw_slicing_by_8
+_crc.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
+_crc.restype = ctypes.c_uint32
 
 BLOSC_HEADER = 16
 
@@ -60,6 +73,36 @@ def decode_chunks(
         if got != nbytes:
             status[j] = BAD_BLOSC
     return status
+
+
+@nb.njit(parallel=True, nogil=True)
+def pread_ranges(fds: np.ndarray, start: np.ndarray, end: np.ndarray, at: np.ndarray, buf: np.ndarray) -> np.ndarray:
+    """Read byte range ``[start[i], end[i])`` of open file ``fds[i]`` into ``buf[at[i]:]`` (uint8)
+    by ``pread`` calls on the calling numba threads: a round's tens of thousands of small ranges
+    cost a Python call each otherwise. Returns the bytes read per range (short or -1 on error)."""
+    n = start.shape[0]
+    got = np.zeros(n, dtype=np.int64)
+    for i in nb.prange(n):
+        want = end[i] - start[i]
+        done = 0
+        while done < want:  # pread may return less than asked (a signal): read the rest
+            r = _pread(fds[i], buf[at[i] + done :].ctypes.data, want - done, start[i] + done)
+            if r <= 0:
+                break
+            done += r
+        got[i] = done if done == want or done > 0 else -1
+    return got
+
+
+@nb.njit(parallel=True, nogil=True)
+def chunk_crcs(buf: np.ndarray, pos: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """The CRC32C of ``buf[pos[j]:pos[j] + length[j]]`` (uint8) for every ``j`` (int64), on the
+    calling numba threads: a Python call a chunk cost more than the checksum."""
+    n = pos.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    for j in nb.prange(n):
+        out[j] = np.int64(_crc(np.uint32(0xFFFFFFFF), buf[pos[j] :].ctypes.data, length[j]) ^ np.uint32(0xFFFFFFFF))
+    return out
 
 
 @nb.njit(parallel=True, nogil=True)

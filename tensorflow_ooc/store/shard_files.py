@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,12 +24,21 @@ import zarr
 from ..disk import disk_full_error, is_disk_full
 from .chunk_files import _crc32c
 from .codecs import StoredChain
-from .shard_decode import BAD_HEADER, OK, decode_chunks
+from .shard_decode import BAD_HEADER, OK, chunk_crcs, decode_chunks, pread_ranges
 from .shard_encode import FrameBuffers, framed_chunks
 from .writer import encoded_chunk
 
 EMPTY = np.uint64(2**64 - 1)  # an inner chunk never written (Zarr's fill value)
-SHARD_CHUNKS = 256  # inner chunks a shard
+SHARD_ENTRIES = 262_144  # entries a shard file holds (its inner chunks: this over the chunk's length)
+#: shard files a reader keeps open (idle ones past this are closed, least recently used first):
+#: a 500 M-nonzero index with 128-entry chunks has thousands of shards an array
+MAX_OPEN_SHARDS = 32
+
+
+def shard_chunks(chunk_len: int) -> int:
+    """Inner chunks a shard of ``chunk_len``-entry chunks: files of about ``SHARD_ENTRIES``
+    entries whatever the chunk size, so a smaller chunk does not mean more files."""
+    return max(1, SHARD_ENTRIES // max(1, chunk_len))
 
 
 class ShardError(ValueError):
@@ -141,21 +151,37 @@ class ShardReader:
         self.dtype = np.dtype(array.dtype)
         self.files = _Files(array, root)
         self._index: dict[int, np.ndarray] = {}
-        self._fds: dict[int, int] = {}
+        self._fds: OrderedDict[int, int] = OrderedDict()  # shard -> open fd, least recently used first
+        self._users: dict[int, int] = {}  # shard -> reads using its fd now (never closed under them)
         self._lock = threading.Lock()
 
-    def _fd(self, s: int) -> int:
-        fd = self._fds.get(s)
-        if fd is None:
-            with self._lock:
-                fd = self._fds.get(s)
-                if fd is None:
-                    fd = self._fds[s] = os.open(self.files.path(s), os.O_RDONLY)
-        return fd
+    def _acquire(self, s: int) -> int:
+        with self._lock:
+            fd = self._fds.get(s)
+            if fd is None:
+                fd = self._fds[s] = os.open(self.files.path(s), os.O_RDONLY)
+            self._fds.move_to_end(s)
+            self._users[s] = self._users.get(s, 0) + 1
+            if len(self._fds) > MAX_OPEN_SHARDS:
+                for k in [k for k in self._fds if not self._users.get(k)][: len(self._fds) - MAX_OPEN_SHARDS]:
+                    os.close(self._fds.pop(k))
+            return fd
+
+    def _release(self, s: int) -> None:
+        with self._lock:
+            left = self._users[s] - 1
+            if left:
+                self._users[s] = left
+            else:
+                del self._users[s]
 
     def _range(self, s: int, start: int, stop: int) -> bytes:
         if self.files.local is not None:
-            return os.pread(self._fd(s), stop - start, start)
+            fd = self._acquire(s)
+            try:
+                return os.pread(fd, stop - start, start)
+            finally:
+                self._release(s)
         return self.files.fs.cat_file(self.files.path(s), start=start, end=stop)
 
     def _shard_index(self, s: int) -> np.ndarray:
@@ -231,9 +257,25 @@ class ShardReader:
 
     def _read_ranges(self, shard: np.ndarray, start: np.ndarray, end: np.ndarray, at: np.ndarray, buf) -> None:
         if self.files.local is not None:
-            view = memoryview(buf)
-            for s, a, b, p in zip(shard.tolist(), start.tolist(), end.tolist(), at.tolist()):
-                if os.preadv(self._fd(s), [view[p : p + b - a]], a) != b - a:
+            # ranges come sorted by shard; up to MAX_OPEN_SHARDS shard files at a time, their
+            # ranges read by native pread calls on the task's threads
+            cuts = np.concatenate([[0], np.flatnonzero(np.diff(shard)) + 1, [shard.shape[0]]])
+            for g in range(0, cuts.shape[0] - 1, MAX_OPEN_SHARDS):
+                i, j = int(cuts[g]), int(cuts[min(g + MAX_OPEN_SHARDS, cuts.shape[0] - 1)])
+                held = [int(shard[c]) for c in cuts[g : min(g + MAX_OPEN_SHARDS, cuts.shape[0] - 1)]]
+                fds = {s: self._acquire(s) for s in held}
+                try:
+                    fd = np.array([fds[s] for s in shard[i:j].tolist()], dtype=np.int64)
+                    got = pread_ranges(fd, start[i:j], end[i:j], at[i:j], buf)
+                finally:
+                    for s in held:
+                        self._release(s)
+                short = np.flatnonzero(got != end[i:j] - start[i:j])
+                if short.shape[0]:
+                    k = int(short[0])
+                    s = int(shard[i + k])
+                    if got[k] < 0:  # the call failed: the system's error for that file
+                        os.pread(fds[s], int(end[i + k] - start[i + k]), int(start[i + k]))
                     raise ShardError(f"shard {s} is shorter than its index says")
             return
         paths_ = [self.files.path(s) for s in shard.tolist()]
@@ -251,18 +293,16 @@ class ShardReader:
             | (buf[tail + 2].astype(np.int64) << 16)
             | (buf[tail + 3].astype(np.int64) << 24)
         )
-        view = memoryview(buf)
-        got = np.fromiter(
-            (_crc32c(view[p:t]) for p, t in zip(pos.tolist(), tail.tolist())), dtype=np.int64, count=pos.shape[0]
-        )
+        got = chunk_crcs(buf, pos, length - 4)
         if not np.array_equal(got, stored):
             raise ShardError(f"chunk {int(chunks[int(np.argmax(got != stored))])}: CRC32C checksum mismatch")
         return stored
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
 
     def __del__(self) -> None:  # pragma: no cover - process exit
         try:
