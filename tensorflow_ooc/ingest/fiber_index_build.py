@@ -82,14 +82,6 @@ def _buckets(keys: Iterable[np.ndarray], lo: int, hi: int, max_entries: int) -> 
     return out
 
 
-def _sorted(
-    entries: tuple[np.ndarray, np.ndarray, np.ndarray], lo: int, hi: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Keys, rows and values (keys in ``[lo, hi)``, store order) sorted by key, stably (each
-    fiber in store order); the keys sorted relative to ``lo``, in fewer bits."""
-    return stable_sort_by_key(*entries[:1], lo, hi, *entries[1:])
-
-
 def _mode_runs(
     parts: FiberPartitions, mode: int, max_entries: int
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -102,14 +94,17 @@ def _mode_runs(
             continue
         lo, hi = parts.bounds(mode, p)
         if n <= max_entries:
-            yield _sorted(parts.entries(mode, p), lo, hi)
+            keys, rows, values = parts.entries(mode, p)
+            # stably (each fiber in store order), keys relative to lo: fewer bits
+            yield stable_sort_by_key(keys, lo, hi, rows, values)
         else:
             for a, b in _buckets((e[0] for e in parts.pieces(mode, p, most)), lo, hi, max_entries):
                 kept: list[tuple[np.ndarray, ...]] = []
                 for e in parts.pieces(mode, p, most):
                     keep = (e[0] >= np.uint64(a)) & (e[0] < np.uint64(b))
                     kept.append(tuple(x[keep] for x in e))
-                yield _sorted(tuple(np.concatenate([k[i] for k in kept]) for i in range(3)), a, b)
+                keys, rows, values = (np.concatenate([k[i] for k in kept]) for i in range(3))
+                yield stable_sort_by_key(keys, a, b, rows, values)
                 del kept
         parts.drop(mode, p)
         trim()
