@@ -25,12 +25,14 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from ...errors import DecompositionError, format_bytes
+from ...execution.concurrent_gather import gather_partitions
 from ...execution.partials import Partial
+from ...execution.tasks import PartitionData
 from ...kernels.sampling.krp_sampler import SampleSet
 from ...kernels.sampling.tt_sampler import CoreTree
 from ...kernels.tt.cores import TTCores
 from ..common.model_checks import check_memory, check_seed
-from .tt_randomized import sketched_slices
+from .tt_randomized import draw_core, sketched_slices
 
 INITS = ("random",)
 
@@ -288,6 +290,26 @@ def update_core(
     draw = 0.0 if sketch is None else float(getattr(sketch, "seconds", 0.0))  # drawn in a task before this one
     out.steps.append((mode, max(float(p.seconds) for p in parts), time.perf_counter() - t0, time.time(), draw))
     return out
+
+
+def sketched_update(
+    s: TTState,
+    datas: Sequence[PartitionData],
+    mode: int,
+    direction: str,
+    samples: int,
+    seed: Sequence[int],
+    threads: int,
+    gather_threads: int | None,
+) -> TTState:
+    """Randomized TT-ALS's update of core ``mode`` in one task, where the worker holding the state
+    holds every decoded partition: the draws (:func:`~.tt_randomized.draw_core`), the gathers of
+    all partitions at once (:func:`~tensorflow_ooc.execution.concurrent_gather.gather_partitions`)
+    and :func:`update_core`, the same values as the three kinds of task they replace (a sweep of
+    an order-3 tensor in two partitions submitted 16 tasks for its updates, now 4)."""
+    sketch = draw_core(s, mode, samples, seed)
+    parts = gather_partitions(datas, sketch, mode, threads, gather_threads)
+    return update_core(s, parts, mode, direction, sketch)
 
 
 def summary(s: TTState) -> SweepSummary:
