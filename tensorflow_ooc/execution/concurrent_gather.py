@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .partials import Partial
-from .tasks import PartitionData, sampled_partition
+from .tasks import PartitionData, partition_fiber_index, sampled_partition
 
 
 def gather_partitions(
@@ -45,5 +45,10 @@ def gather_partitions(
     at_once = min(max(1, int(threads)), len(datas)) if gather_threads == 1 else 1
     if at_once <= 1:
         return [sampled_partition(d, samples, mode, threads=gather_threads) for d in datas]
+    # indexes missing (a mode's first update) are built one at a time, on every thread: built at
+    # once, their sort buffers (about 70 bytes a nonzero) took a 77 M-nonzero worker over Dask's
+    # spill threshold, which spilled the partitions and dropped the indexes kept beside them
+    for d in datas:
+        partition_fiber_index(d, mode, threads)
     with ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="tfooc-gather") as pool:
         return list(pool.map(lambda d: sampled_partition(d, samples, mode, threads=1), datas))
