@@ -202,7 +202,9 @@ def left_orthonormalize(cores: list[np.ndarray], k: int) -> None:
     a, i, b = cores[k].shape
     q, r = qr_positive(cores[k].reshape(a * i, b))
     cores[k] = q.reshape(a, i, b)
-    cores[k + 1] = np.einsum("ab,bic->aic", r, cores[k + 1])
+    # a matrix product: einsum's loop took 2 ms for an 8 x 8 factor and a (8, 9184, 8) core
+    nxt = cores[k + 1]
+    cores[k + 1] = (r @ nxt.reshape(nxt.shape[0], -1)).reshape(r.shape[0], *nxt.shape[1:])
 
 
 def right_orthonormalize(cores: list[np.ndarray], k: int) -> None:
@@ -211,7 +213,8 @@ def right_orthonormalize(cores: list[np.ndarray], k: int) -> None:
     a, i, b = cores[k].shape
     q, r = qr_positive(cores[k].reshape(a, i * b).T)
     cores[k] = q.T.reshape(a, i, b)
-    cores[k - 1] = np.einsum("aib,bc->aic", cores[k - 1], r.T)
+    prev = cores[k - 1]
+    cores[k - 1] = (prev.reshape(-1, prev.shape[2]) @ r.T).reshape(*prev.shape[:2], r.shape[0])
 
 
 def initial_cores(
