@@ -529,3 +529,32 @@ def test_randomized_stopping_rule_is_relative():
     big = [0.5, 0.6, 0.7, 0.7000001, 0.7000002, 0.7000003]
     assert stalled(big, 1e-5) and not stalled(big, 1e-7)
     assert not stalled(big[:3], 1.0) and not stalled(big, 0)
+
+
+def test_randomized_one_task_updates_equal_the_partition_tasks(tmp_path, rng, monkeypatch):
+    """On one worker holding every decoded partition a sketched update is one task (draws, the
+    partitions gathered at once on threads, solve): the cores are those of the partition tasks, bit
+    for bit, inline and on an embedded one-worker cluster."""
+    from tensorflow_ooc.execution.graph import MTTKRPGraph
+
+    shape = (9, 7, 8, 6)
+    _, coords, values = sparse_tensor(rng, shape, 0.3)
+    store = store_of(tmp_path, "r", coords, values, shape, chunk_nnz=200)  # 5 chunks
+    kw = dict(method="randomized", samples=400, seed=int(rng.integers(1 << 30)), tol=0, max_sweeps=3)
+    kw.update(execution="in-memory", partitions=3)
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as c,
+    ):
+        runs = {"inline": dict(scheduler="inline"), "cluster": dict(client=c)}
+        fused = {k: tfo.tt_als(store, [3, 4, 2], **kw, **v) for k, v in runs.items()}
+        monkeypatch.setattr(MTTKRPGraph, "local_partitions", lambda self: None)
+        tasks = {k: tfo.tt_als(store, [3, 4, 2], **kw, **v) for k, v in runs.items()}
+    for k in runs:
+        assert fused[k].params["sketched_update"] == "one task" and fused[k].params["partitions"] == 3
+        assert tasks[k].params["sketched_update"] == "partition tasks"
+        for a, b in zip(fused[k].cores, tasks[k].cores):
+            assert np.array_equal(a, b), k
+        assert fused[k].fit == tasks[k].fit
+        assert all(len(h["draw_seconds"]) == 2 * (len(shape) - 1) for h in fused[k].history)
+    assert_cores_close(fused["cluster"].cores, fused["inline"].cores, rtol=1e-12)

@@ -519,6 +519,14 @@ class MTTKRPGraph(PartitionedGraph):
             for m in range(self.store.nmodes)
         }
 
+    def local_partitions(self) -> list[Future] | None:
+        """The futures of the decoded partitions when one task may read them all where they are
+        (in memory on one CPU worker that runs one task at a time): a sampled update then gathers
+        them in that one task (:mod:`.concurrent_gather`); None otherwise."""
+        if self.data is None or self.device != "cpu" or not self._one_task_at_a_time:
+            return None
+        return list(self.data)
+
     def sampled_mode_update(
         self, factors: Future, samples: Future, mode: int, update: Callable, exact: bool, *args
     ) -> Future:

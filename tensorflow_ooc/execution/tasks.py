@@ -256,11 +256,7 @@ def sampled_partition(
     Hw = samples.weighted_rows  # asked only for the samples whose fibers meet nonzeros here
     with numba_threads(threads):
         if isinstance(source, PartitionData):
-            index = None
-            if exact_keys(source.layout.shape, mode):
-                index = source.fiber_index.get(mode)
-                if index is None:
-                    index = source.fiber_index[mode] = FiberIndex.build(source.items, source.layout, mode)
+            index = partition_fiber_index(source, mode)
             sampled_mttkrp_items(source.items, source.layout, mode, samples.coords, Hw, out, lo, index=index)
             reads = {"path": "memory", "nnz_read": 0, "bytes_read": 0}
         else:
@@ -272,6 +268,19 @@ def sampled_partition(
             # every nonzero of the partition streamed past the samples: its share of the store's bytes
             reads = {"path": "scan", "nnz_read": part.nnz, "bytes_read": _share_of_bytes(store, part.nnz)}
     return Partial(lo, out, time.perf_counter() - t0, reads)
+
+
+def partition_fiber_index(data: PartitionData, mode: int, threads: int | None = None) -> FiberIndex | None:
+    """The decoded partition's mode-``mode`` fiber index, built on first use (on ``threads``
+    numba threads, default the caller's) and kept beside it; None where the other modes' keys
+    wrap (the gather then scans)."""
+    if not exact_keys(data.layout.shape, mode):
+        return None
+    index = data.fiber_index.get(mode)
+    if index is None:
+        with numba_threads(threads):
+            index = data.fiber_index[mode] = FiberIndex.build(data.items, data.layout, mode)
+    return index
 
 
 def _share_of_bytes(store: Store, nnz: int) -> int:

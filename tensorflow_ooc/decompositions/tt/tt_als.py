@@ -164,6 +164,8 @@ class TTSweeps:
         params["resumed_after"] = self.start_at = start
         if o.method == "randomized":
             params["sample_entropy"] = run_entropy(params.get("sample_entropy"), o.seed)
+            # every partition beside the state: a sketched update is one task (draws, gathers, solve)
+            params["sketched_update"] = "one task" if graph.local_partitions() is not None else "partition tasks"
         self.F = c.scatter(state0, hash=False)  # scattered: a long mode's cores would bloat the graph
         self.stored = self.store.stored_bytes()
         return start
@@ -179,6 +181,7 @@ class TTSweeps:
         evaluate = o.method == "exact" or (sweep + 1) % o.fit_every == 0 or sweep + 1 == o.max_sweeps
         order = S.sweep_order(store.nmodes)
         F = c.submit(S.begin_sweep, self.F, pure=False, **graph.placement)
+        local = graph.local_partitions() if self.params.get("sketched_update") == "one task" else None
         for step, (mode, direction) in enumerate(order):
             if o.method == "exact" or (evaluate and step == len(order) - 1):
                 # randomized: an evaluated sweep ends with an exact update, so its ||Y_j||^2 gives the
@@ -188,8 +191,12 @@ class TTSweeps:
                 )
             else:  # draw beside the state, gather the sampled fibers, solve the sketched problem
                 seed_k = (self.params["sample_entropy"], sweep, step)
-                D = c.submit(draw_core, F, mode, o.samples, seed_k, pure=False, **graph.placement)
                 gather = sketch_threads(o.samples, store.nmodes, threads)
+                if local is not None:  # every partition beside the state: one task for the update
+                    args = (F, local, mode, direction, o.samples, seed_k, threads, gather)
+                    F = c.submit(S.sketched_update, *args, pure=False, **graph.placement)
+                    continue
+                D = c.submit(draw_core, F, mode, o.samples, seed_k, pure=False, **graph.placement)
                 parts = graph.sampled_partials(D, mode, gather)
                 F = c.submit(S.update_core, F, parts, mode, direction, D, pure=False, **graph.placement)
         self.F = F
