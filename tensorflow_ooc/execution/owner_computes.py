@@ -173,11 +173,12 @@ class WorkerState:
         may be any rows of the mode, which :meth:`scatter_to_owners` sends to their owners."""
         return indexed_sampled_partial(self.path, samples, mode, self.threads, (self.team.rank, self.team.size))
 
-    def scatter_to_owners(self, mode: int, partial: Partial, tag: Any) -> np.ndarray:
+    def scatter_to_owners(self, mode: int, partial: Partial, tag: Any) -> SparseRows:
         """Send each owner the rows of ``partial`` that are not zero and that it owns, with their
         row numbers (the rows of an index gather are not those this worker's partitions touch);
-        return the rows this worker owns, summed over every worker's partial in rank order
-        (``len(owned) x R``)."""
+        return the rows this worker owns, summed over every worker's partial in rank order, as
+        :class:`SparseRows` over the owned rows (a dense ``len(owned) x R`` result and the scan
+        for its rows not zero cost 40-70 ms a mode at 2.4 M owned rows where ~100 were hit)."""
         plan = self.plans[mode]
         if plan.directory is None:
             raise RuntimeError(f"owner-computes: mode {mode} has no row directory for index reads")
@@ -193,13 +194,14 @@ class WorkerState:
         W, me = self.team.size, self.team.rank
         share = [[ids[sel], rows[sel]] for sel in (owners[at] == k for k in range(W))]
         self.team.send_many(tag, {k: share[k] for k in range(W) if k != me})
-        out = np.zeros((plan.owned.shape[0], rows.shape[1]), dtype=self.factors.dtype)
-        for k in range(W):
-            got = share[me] if k == me else self.team.receive(tag, k)
-            k_ids, k_rows = np.asarray(got[0]), np.asarray(got[1])
-            if k_ids.shape[0]:
-                out[np.searchsorted(plan.owned, k_ids)] += k_rows  # distinct rows: one add each
-        return out
+        got = [share[me] if k == me else self.team.receive(tag, k) for k in range(W)]
+        pos = np.concatenate([np.searchsorted(plan.owned, np.asarray(g[0])) for g in got]).astype(np.int64)
+        vals = np.concatenate([np.asarray(g[1], dtype=self.factors.dtype).reshape(-1, rows.shape[1]) for g in got])
+        hit, inv = np.unique(pos, return_inverse=True)
+        out = np.zeros((hit.shape[0], rows.shape[1]), dtype=self.factors.dtype)
+        np.add.at(out, inv.reshape(-1), vals)  # in rank order: the sums a dense buffer's adds give
+        live = out.any(axis=1)
+        return SparseRows(hit[live], out[live], int(plan.owned.shape[0]))
 
     def reduce_scatter(self, mode: int, partial: Partial, tag: Any, sparse: bool = False) -> np.ndarray:
         """Send each owner the rows of ``partial`` it owns; return the rows this worker owns,

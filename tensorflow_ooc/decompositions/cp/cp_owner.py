@@ -106,9 +106,13 @@ def owner_iteration(
                 # a sampled MTTKRP is zero but in the rows its sampled fibers' nonzeros hit: only
                 # those are solved and travel (on 2.4 M owned rows, a dense A cost most of the
                 # update of an 86 M STS-CP iteration's longest mode)
-                hit = np.flatnonzero(M.any(axis=1))
-                A = M[hit] @ V.astype(M.dtype, copy=False)
-                rows = SparseRows(hit, A, M.shape[0])
+                if isinstance(M, SparseRows):  # index reads: the owners' hit rows, summed
+                    hit, Mh, nrows = M.hit, M.rows, M.n
+                else:
+                    hit = np.flatnonzero(M.any(axis=1))
+                    Mh, nrows = M[hit], M.shape[0]
+                A = Mh @ V.astype(Mh.dtype, copy=False)
+                rows = SparseRows(hit, A, nrows)
             if A.shape[0]:
                 stat = column_sum_squares(A) if first_iteration else column_max_abs(A)
             else:
