@@ -374,3 +374,20 @@ def test_owner_computes_plans_its_own_memory_and_holds_only_touched_rows(rng, tm
         for rows in per_worker.values():
             assert all(clean for _, clean in rows)
             assert rows[0][0] < shape[0] * 0.75  # each worker holds about half of mode 0's rows
+
+
+@pytest.mark.parametrize("n", [60, 5000])  # most rows sent (dense buffer) / few (sorted sums)
+def test_owner_sums_equal_adding_each_ranks_rows_in_turn(n):
+    from tensorflow_ooc.execution.owner_computes import owner_sums
+
+    rng = np.random.default_rng()
+    R = int(rng.integers(2, 9))
+    positions = [np.sort(rng.choice(n, int(rng.integers(0, 40)), replace=False)) for _ in range(3)]
+    values = [rng.standard_normal((p.shape[0], R)) for p in positions]
+    values[1][: min(2, values[1].shape[0])] = 0.0  # rows sent as zero stay out unless another rank adds
+    want = np.zeros((n, R))
+    for p, v in zip(positions, values):
+        want[p] += v
+    got = owner_sums(positions, values, n)
+    hit = np.flatnonzero(want.any(axis=1))
+    assert got.n == n and np.array_equal(got.hit, hit) and np.array_equal(got.rows, want[hit])

@@ -195,13 +195,9 @@ class WorkerState:
         share = [[ids[sel], rows[sel]] for sel in (owners[at] == k for k in range(W))]
         self.team.send_many(tag, {k: share[k] for k in range(W) if k != me})
         got = [share[me] if k == me else self.team.receive(tag, k) for k in range(W)]
-        pos = np.concatenate([np.searchsorted(plan.owned, np.asarray(g[0])) for g in got]).astype(np.int64)
-        vals = np.concatenate([np.asarray(g[1], dtype=self.factors.dtype).reshape(-1, rows.shape[1]) for g in got])
-        hit, inv = np.unique(pos, return_inverse=True)
-        out = np.zeros((hit.shape[0], rows.shape[1]), dtype=self.factors.dtype)
-        np.add.at(out, inv.reshape(-1), vals)  # in rank order: the sums a dense buffer's adds give
-        live = out.any(axis=1)
-        return SparseRows(hit[live], out[live], int(plan.owned.shape[0]))
+        positions = [np.searchsorted(plan.owned, np.asarray(g[0])) for g in got]
+        values = [np.asarray(g[1], dtype=self.factors.dtype).reshape(-1, rows.shape[1]) for g in got]
+        return owner_sums(positions, values, int(plan.owned.shape[0]))
 
     def reduce_scatter(self, mode: int, partial: Partial, tag: Any, sparse: bool = False) -> np.ndarray:
         """Send each owner the rows of ``partial`` it owns; return the rows this worker owns,
@@ -329,6 +325,33 @@ class SparseRows:
     hit: np.ndarray
     rows: np.ndarray
     n: int
+
+
+#: received rows past this share of the owned rows are summed in a dense buffer (cheaper than
+#: sorting them: a planted tensor's sampled fibers hit most rows)
+DENSE_SUM_SHARE = 0.25
+
+
+def owner_sums(positions: Sequence[np.ndarray], values: Sequence[np.ndarray], n: int) -> SparseRows:
+    """The rows each rank sent (``positions`` among ``n`` owned rows, each rank's distinct, and
+    their ``values``), summed in rank order; the rows whose sum is not zero, as
+    :class:`SparseRows`. Sums are those of adding each rank's rows into a zero buffer in turn."""
+    R = values[0].shape[1] if values else 0
+    dtype = values[0].dtype if values else np.float64
+    pos = np.concatenate([np.asarray(p, dtype=np.int64) for p in positions]) if positions else np.zeros(0, np.int64)
+    if pos.shape[0] >= DENSE_SUM_SHARE * n:
+        out = np.zeros((n, R), dtype=dtype)
+        for p, v in zip(positions, values):
+            out[p] += v  # a rank's positions are distinct: one add each
+        hit = np.flatnonzero(out.any(axis=1))
+        return SparseRows(hit, out[hit], n)
+    vals = np.concatenate(values) if values else np.zeros((0, R), dtype)
+    order = np.argsort(pos, kind="stable")  # rank order kept among equal positions
+    pos, vals = pos[order], vals[order]
+    starts = np.flatnonzero(np.concatenate([[True], pos[1:] != pos[:-1]])) if pos.shape[0] else pos
+    sums = np.add.reduceat(vals, starts, axis=0) if pos.shape[0] else vals
+    live = sums.any(axis=1)
+    return SparseRows(pos[starts][live], sums[live], n)
 
 
 def _pack_live(rows: np.ndarray, at: np.ndarray, live: np.ndarray) -> list[np.ndarray]:
