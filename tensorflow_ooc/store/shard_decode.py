@@ -94,15 +94,19 @@ def pread_ranges(fds: np.ndarray, start: np.ndarray, end: np.ndarray, at: np.nda
     return got
 
 
-@nb.njit(parallel=True, nogil=True)
-def chunk_crcs(buf: np.ndarray, pos: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """The CRC32C of ``buf[pos[j]:pos[j] + length[j]]`` (uint8) for every ``j`` (int64), on the
-    calling numba threads: a Python call a chunk cost more than the checksum."""
+def _chunk_crcs(buf: np.ndarray, pos: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """The CRC32C of ``buf[pos[j]:pos[j] + length[j]]`` (uint8) for every ``j`` (int64): a
+    Python call a chunk cost more than the checksum."""
     n = pos.shape[0]
     out = np.empty(n, dtype=np.int64)
     for j in nb.prange(n):
         out[j] = np.int64(_crc(np.uint32(0xFFFFFFFF), buf[pos[j] :].ctypes.data, length[j]) ^ np.uint32(0xFFFFFFFF))
     return out
+
+
+#: on the calling numba threads (reads), and on one (a build's writer thread runs no parallel kernel)
+chunk_crcs = nb.njit(parallel=True, nogil=True)(_chunk_crcs)
+chunk_crcs_serial = nb.njit(nogil=True)(_chunk_crcs)
 
 
 @nb.njit(parallel=True, nogil=True)

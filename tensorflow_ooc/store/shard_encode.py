@@ -10,13 +10,13 @@ writes: a test compares them) compresses every chunk of a shard in one parallel 
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import llvmlite.binding as llvm
 import numba as nb
 import numcodecs
 import numpy as np
 from numcodecs import blosc as _numcodecs_blosc
+
+from .shard_decode import chunk_crcs_serial
 
 # declared by name, not as a ctypes pointer, so the kernel is cached between processes (numba
 # cannot cache a function that holds a ctypes pointer); pointers are passed as integers, which
@@ -152,16 +152,11 @@ def compress_chunks(
 
 
 def framed_chunks(
-    data: np.ndarray,
-    chunk_len: int,
-    delta: bool,
-    blosc: numcodecs.Blosc,
-    crc32c: Callable[[Any], int],
-    buffers: FrameBuffers | None = None,
+    data: np.ndarray, chunk_len: int, delta: bool, blosc: numcodecs.Blosc, buffers: FrameBuffers | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What a shard holds before its index: each chunk's Blosc frame (:func:`compress_chunks`)
-    followed by its CRC32C (``crc32c`` of the frame), back to back (in ``buffers``, when given,
-    valid until their next use).
+    followed by its CRC32C (the readers' native checksum, on this thread), back to back (in
+    ``buffers``, when given, valid until their next use).
 
     Returns
     -------
@@ -175,10 +170,7 @@ def framed_chunks(
     buffers = buffers or FrameBuffers()
     dst, sizes = compress_chunks(data, chunk_len, delta, blosc, buffers)
     cap = chunk_len * data.dtype.itemsize + BLOSC_OVERHEAD
-    view = memoryview(dst)
-    crcs = np.fromiter(
-        (crc32c(view[j * cap : j * cap + s]) for j, s in enumerate(sizes.tolist())), dtype=np.int64, count=len(sizes)
-    )
+    crcs = chunk_crcs_serial(dst, np.arange(sizes.shape[0], dtype=np.int64) * cap, sizes)
     payload = buffers.take("payload", int(sizes.sum()) + 4 * sizes.shape[0])
     _frames(dst, cap, sizes, crcs, payload)
     return payload, crcs, sizes + 4

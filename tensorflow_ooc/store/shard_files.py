@@ -104,7 +104,7 @@ class ShardWriter:
         index = np.full((self.per_shard, 2), EMPTY, dtype="<u8")
         if self.blosc is not None:
             # every chunk of the shard compressed in one native loop (the bytes numcodecs writes)
-            body, crcs, sizes = framed_chunks(data, C, self.delta, self.blosc, _crc32c, self.buffers)
+            body, crcs, sizes = framed_chunks(data, C, self.delta, self.blosc, self.buffers)
             index[:n, 0] = np.cumsum(sizes) - sizes
             index[:n, 1] = sizes
             parts = [memoryview(body)]
