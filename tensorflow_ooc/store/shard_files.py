@@ -267,16 +267,16 @@ class ShardReader:
                 try:
                     fd = np.array([fds[s] for s in shard[i:j].tolist()], dtype=np.int64)
                     got = pread_ranges(fd, start[i:j], end[i:j], at[i:j], buf)
+                    short = np.flatnonzero(got != end[i:j] - start[i:j])
+                    if short.shape[0]:
+                        k = int(short[0])
+                        s = int(shard[i + k])
+                        if got[k] < 0:  # the call failed: the system's error, while the file is still held
+                            os.pread(fds[s], int(end[i + k] - start[i + k]), int(start[i + k]))
+                        raise ShardError(f"shard {s} is shorter than its index says")
                 finally:
                     for s in held:
                         self._release(s)
-                short = np.flatnonzero(got != end[i:j] - start[i:j])
-                if short.shape[0]:
-                    k = int(short[0])
-                    s = int(shard[i + k])
-                    if got[k] < 0:  # the call failed: the system's error for that file
-                        os.pread(fds[s], int(end[i + k] - start[i + k]), int(start[i + k]))
-                    raise ShardError(f"shard {s} is shorter than its index says")
             return
         paths_ = [self.files.path(s) for s in shard.tolist()]
         for p, got in zip(at.tolist(), self.files.fs.cat_ranges(paths_, start.tolist(), end.tolist())):
