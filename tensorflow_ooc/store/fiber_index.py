@@ -517,7 +517,7 @@ class ModeIndexWriter:
         size = np.array([np.concatenate([np.zeros(0, np.int64), *self.size[name]]) for name in ARRAYS]).reshape(
             3, nchunks
         )
-        bloom = self._bloom(nchunks)
+        bloom = self._bloom()
         bloom_crc = self._write_bloom(bloom)
         for name, arr in (("first", first), ("crc", crc), ("size", size), ("bloom_crc", bloom_crc)):
             a = self.group.create_array(
@@ -546,7 +546,7 @@ class ModeIndexWriter:
             "build_seconds": time.perf_counter() - self.t0,
         }
 
-    def _bloom(self, nchunks: int) -> np.ndarray:
+    def _bloom(self) -> np.ndarray:
         """The blocked Bloom filter of the mode's keys, from the distinct keys kept as appended
         (read back in groups; the filter is the only memory it holds beyond one)."""
         words = np.zeros(max(BLOOM_CHUNK_WORDS, bloom_words(self.distinct)), dtype=np.uint64)
