@@ -24,13 +24,18 @@ def key_strides(shape: tuple[int, ...], mode: int) -> np.ndarray:
     return strides
 
 
-def exact_keys(shape: tuple[int, ...], mode: int) -> bool:
-    """Whether mode ``mode``'s keys are exact (the other modes' index space fits in 63 bits)."""
+def key_space(shape: tuple[int, ...], mode: int) -> int:
+    """Cells of the modes other than ``mode`` (a Python int): exact keys lie in ``[0, key_space)``."""
     p = 1
     for m, s in enumerate(shape):
         if m != mode:
             p *= int(s)
-    return p < 2**63
+    return p
+
+
+def exact_keys(shape: tuple[int, ...], mode: int) -> bool:
+    """Whether mode ``mode``'s keys are exact (the other modes' index space fits in 63 bits)."""
+    return key_space(shape, mode) < 2**63
 
 
 def sample_keys(coords: np.ndarray, shape: tuple[int, ...], mode: int) -> np.ndarray:

@@ -21,7 +21,7 @@ import numba as nb
 import numpy as np
 
 from ..disk import disk_full_error, is_disk_full
-from ..format.fiber_keys import key_strides
+from ..format.fiber_keys import key_space, key_strides
 from ..store import Store
 from ..store import paths as store_paths
 from ..store.fiber_index import row_dtype
@@ -43,15 +43,6 @@ def entry_dtypes(store: Store, mode: int) -> dict[str, np.dtype]:
 def entry_bytes(store: Store, mode: int) -> int:
     """Bytes an entry of mode ``mode`` takes held."""
     return sum(dt.itemsize for dt in entry_dtypes(store, mode).values())
-
-
-def key_space(shape: Sequence[int], mode: int) -> int:
-    """Cells of the other modes: the keys of mode ``mode`` lie in ``[0, key_space)``."""
-    p = 1
-    for m, s in enumerate(shape):
-        if m != mode:
-            p *= int(s)
-    return p
 
 
 @nb.njit(nogil=True, cache=True)

@@ -53,6 +53,7 @@ from ..format.fiber_keys import (
     bloom_blocks,
     bloom_words,
     exact_keys,
+    key_space,
 )
 from . import paths
 from .chunk_files import ABSENT
@@ -387,7 +388,7 @@ class ModeIndexWriter:
 
     def __init__(self, store: Store, mode: int, chunk_nnz: int | None = None) -> None:
         if not exact_keys(store.shape, mode):
-            cells = math.prod(s for m, s in enumerate(store.shape) if m != mode)
+            cells = key_space(store.shape, mode)
             raise ValueError(
                 f"mode {mode}: the other modes' index space ({cells:,} cells) exceeds 2^63, so its fibers "
                 "have no exact key; that mode cannot be indexed"
@@ -537,7 +538,7 @@ class ModeIndexWriter:
             "chunk_nnz": self.chunk_nnz,
             "nchunks": nchunks,
             "row_dtype": self.row_dtype.str,
-            "key_space": math.prod(s for m, s in enumerate(self.store.shape) if m != self.mode),
+            "key_space": key_space(self.store.shape, self.mode),
             "arrays_checksum": arrays_sum,
             "tables_checksum": _tables_checksum(first, crc, size, bloom_crc),
             "bytes": int(size.sum()),

@@ -30,7 +30,6 @@ coordinates against the sample's, and the index is not used (:func:`exact_keys`)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,7 +38,7 @@ import numpy as np
 
 from ...format import BitLayout
 from ...format.bits import pext
-from ...format.fiber_keys import exact_keys, key_strides, sample_keys
+from ...format.fiber_keys import exact_keys, key_space, key_strides, sample_keys
 from ...format.radix_sort import stable_key_order
 from ..mttkrp.plan import WorkItems
 from ..prefetch import prefetch_row
@@ -495,7 +494,7 @@ class FiberIndex:
             rows,
             vals,
         )
-        order, keys = stable_key_order(keys, math.prod(s for m, s in enumerate(layout.shape) if m != mode))
+        order, keys = stable_key_order(keys, key_space(layout.shape, mode))
         _gather_pair(rows, vals, order)
         return cls(mode, keys, rows, vals, np.ascontiguousarray(keys[::FENCE]))
 
