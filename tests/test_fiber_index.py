@@ -344,6 +344,8 @@ def test_gather_groups_count_the_chunks_they_need(tmp_path, rng, monkeypatch):
     monkeypatch.setattr(fr, "GATHER_ENTRIES", 256)  # 4 chunks a group
     groups = fr._key_groups(idx, keys)
     assert np.array_equal(np.unique(np.concatenate([g[2] for g in groups])), idx.chunks_of(keys))
+    for lo, hi, chunks in groups:  # each group's chunks are those its own fibers span
+        assert np.array_equal(chunks, idx.chunks_of(keys[(keys >= lo) & (keys <= hi)]))
     # each group needs at most 4 chunks and would need more with the next group's first fiber
     for (_, _, chunks), (lo_next, _, _) in zip(groups[:-1], groups[1:]):
         assert chunks.shape[0] <= 4

@@ -103,8 +103,8 @@ def _key_groups(idx: Any, keys: np.ndarray) -> list[tuple[int, int, np.ndarray]]
     out, start = [], 0
     while start < keys.shape[0]:
         stop = max(int(np.searchsorted(at_last, at_first[start] + per, side="left")), start + 1)
-        group = keys[start:stop]
-        out.append((int(group[0]), int(group[-1]), idx.chunks_of(group)))
+        # keys sorted: their chunk spans are too, so the group's chunks are one slice of those needed
+        out.append((int(keys[start]), int(keys[stop - 1]), chunks[at_first[start] : at_last[stop - 1] + 1]))
         start = stop
     return out
 
