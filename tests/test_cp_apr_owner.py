@@ -152,19 +152,25 @@ def test_mu_complementary_slackness_fix_reaches_the_rows_other_workers_hold(two_
     _assert_same(got, ref)
 
 
-def test_pdnr_safeguards_on_workers_as_in_one_process(two_workers, rng, tmp_path):
+@pytest.mark.parametrize("dead", [False, True])
+def test_pdnr_safeguards_on_workers_as_in_one_process(two_workers, rng, tmp_path, dead):
     """A binary tensor from a clustered start (most nonzeros at model value 0): the owners' rows
-    take the same safeguarded steps as one process's, counted in the same history field."""
-    from test_cp_apr_pdnr import clustered_start
+    take the same safeguarded steps as one process's, counted in the same history field; also where
+    one component is held by no row of the last mode (rows zero throughout, lifted alike)."""
+    from test_cp_apr_pdnr import clustered_start, without_component
 
-    shape, R = (40, 36, 20), 4
+    shape, R = (120, 36, 20), 4  # about 7 nonzeros a first-mode row: some have only unreachable ones
     lin = rng.choice(int(np.prod(shape)), 900, replace=False)
     coords = np.stack(np.unravel_index(lin, shape), axis=1)
     store = store_of(tmp_path, "binary", coords, np.ones(len(lin)), shape, chunk_nnz=64)
-    kw = dict(algorithm="pdnr", init=clustered_start(rng, shape, R), max_iters=3)
+    init = clustered_start(rng, shape, R)
+    if dead:
+        init = without_component(init, 2, int(rng.integers(R)))
+    kw = dict(algorithm="pdnr", init=init, max_iters=3)
     ref = tfo.cp_apr(store, R, scheduler="inline", **kw)
     got = tfo.cp_apr(store, R, client=two_workers, execution="in-memory", **kw)
     assert got.params["distribution"] == {"kind": "owner-computes", "workers": 2}
     assert got.history[0]["safeguards"] == ref.history[0]["safeguards"]
     assert sum(ref.history[0]["safeguards"]["unreachable_nonzeros"]) > 0
+    assert ref.history[0]["safeguards"]["frozen_rows"][0] > 0
     assert np.isfinite(got.loglik) and got.loglik == pytest.approx(ref.loglik, rel=1e-6)

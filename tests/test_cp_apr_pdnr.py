@@ -142,6 +142,39 @@ def test_pdnr_stays_finite_where_pyttb_returns_minus_infinity(tmp_path, rng, rec
     assert not any("safeguards" in h for h in plain.history)
 
 
+def without_component(init, mode: int, r: int):
+    """``init`` with component ``r`` held by no row of ``mode`` (its rows moved to the next
+    component): the start's weight of ``r`` is 0, so the rows of the other modes that hold only
+    ``r`` are zero once the weights go into them."""
+    init = [a.copy() for a in init]
+    a = init[mode]
+    moved = a[:, r] > 0
+    a[moved, (r + 1) % a.shape[1]] = a[moved, r]
+    a[:, r] = 0
+    return init
+
+
+def test_pdnr_lifts_rows_that_are_zero_throughout(tmp_path, rng):
+    """A clustered start in which one component is held by no row of the last mode: the first mode's
+    rows holding only that component are zero throughout once the weights go into them, and where
+    no value of such a row reaches any of its nonzeros, it has no problem to solve and its own entries
+    give no scale to lift it by. They are lifted to a fraction of the mode's mean entry,
+    the next modes reach their nonzeros, and every outer iteration ends finite, as from any start."""
+    shape, R, nnz = (400, 120, 30), 6, 2000  # 5 nonzeros a first-mode row: many reach none of theirs
+    lin = rng.choice(int(np.prod(shape)), nnz, replace=False)
+    coords = np.stack(np.unravel_index(lin, shape), axis=1)
+    init = without_component(clustered_start(rng, shape, R), 2, int(rng.integers(R)))
+    store = store_of(tmp_path, "binary", coords, np.ones(nnz), shape)
+    r = tfo.cp_apr(store, R, algorithm="pdnr", init=init, max_iters=3)
+    assert all(np.isfinite(h["loglik"]) for h in r.history)
+    model = np.sum(r.weights * np.prod([f[coords[:, n]] for n, f in enumerate(r.factors)], axis=0), axis=1)
+    assert model.min() > 0
+    first = r.history[0]["safeguards"]
+    assert first["frozen_rows"][0] > 0 and first["lifted_rows"][0] >= first["frozen_rows"][0]
+    # lifting those rows lets the later modes reach every nonzero
+    assert first["unreachable_nonzeros"][1:] == [0, 0]
+
+
 def test_pdnr_error_names_the_nonzeros_no_update_reaches():
     """Where the log-likelihood is still not finite after an outer iteration, the error says why:
     nonzeros no row update could reach (no component positive on all the other modes), or factors

@@ -473,23 +473,29 @@ def test_randomized_streamed_workers_and_resume_draw_what_one_run_drew(tmp_path,
 
 
 def test_stops_by_the_relative_change_of_the_fit(tmp_path, rng):
-    """Uniform sparse counts: a rank-2 train explains a few millionths after 2 sweeps and 20-100
-    times more a few sweeps later. cp_als's absolute rule (|fit - fit_old| < 1e-5) stops where the
+    """Uniform sparse counts: from most random starts a rank-2 train explains a few millionths after
+    2 sweeps and 15-40 times more a few sweeps later. cp_als's absolute rule (|fit - fit_old| < 1e-5) stops where the
     fit is still rising by tens of percent per sweep; TT-ALS stops at the first sweep whose fit changed
     by less than tol times the fit before it."""
     shape = (1000, 1000, 1000)
     coords = np.unique(np.stack([rng.integers(0, I, 100_000) for I in shape], axis=1), axis=0)
     values = (1 + rng.geometric(0.3, len(coords))).astype(np.float64)
     store = store_of(tmp_path, "counts", coords, values, shape)
-    seed = int(rng.integers(1 << 30))
-    free = tfo.tt_als(store, 2, seed=seed, max_sweeps=10, tol=0)
-    fits = [h["fit"] for h in free.history]
+    # about half the random starts gain over 1e-5 in sweep 2 (the absolute rule then stops later,
+    # where little is left): draw starts until one shows the case this test is about
+    for _ in range(12):
+        seed = int(rng.integers(1 << 30))
+        free = tfo.tt_als(store, 2, seed=seed, max_sweeps=10, tol=0)
+        fits = [h["fit"] for h in free.history]
+        if abs(fits[1] - fits[0]) < 1e-5:
+            break
     assert free.history[0]["fit_change_relative"] is None  # no fit before the first sweep
     for k in range(1, len(fits)):
         h = free.history[k]
         assert h["fit_change"] == pytest.approx(abs(fits[k] - fits[k - 1]), rel=1e-12)
         assert h["fit_change_relative"] == pytest.approx(abs(fits[k] - fits[k - 1]) / abs(fits[k - 1]), rel=1e-12)
     absolute_stop = next(k + 1 for k in range(1, len(fits)) if abs(fits[k] - fits[k - 1]) < 1e-5)
+    assert absolute_stop == 2, fits
     relative = [free.history[k]["fit_change_relative"] for k in range(len(fits))]
     relative_stop = next((k + 1 for k in range(1, len(fits)) if relative[k] < 1e-5), len(fits))
     r = tfo.tt_als(store, 2, seed=seed, max_sweeps=10)  # tol's default, 1e-5

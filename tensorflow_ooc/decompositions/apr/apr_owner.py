@@ -75,6 +75,7 @@ class AprRows:
     held: list  # per mode: every row held (a slice when contiguous, else sorted ids)
     phi_positive: list  # per mode: where the last Phi was positive, over ``mine`` (or None)
     row_tol: float  # PDN-R: the rows' KKT tolerance of the next outer iteration
+    zero_floor: float = 0.0  # PDN-R: the current mode's :func:`~.apr_steps.zero_row_floor`
 
 
 def _as_slice(rows: np.ndarray):
@@ -315,6 +316,7 @@ def _kappa_fix(ws: WorkerState, md: AprRows, n: int, cfg: AprConfig, tag, tally:
 def _pdnr_mode(ws: WorkerState, md: AprRows, n: int, iteration: int, cfg: AprConfig, tally: _Tally):
     """Mode ``n`` of PDN-R, its row blocks in turn; returns this worker's owned rows' inner
     iterations and whether one of them moved."""
+    md.zero_floor = S.zero_row_floor(md.weights, ws.factors.views[n].shape[0])
     _redistribute(ws, md, n)
     inner_max = 2 if (cfg.inexact and iteration == 0) else cfg.max_inner_iters
     inner = moved = 0
@@ -350,6 +352,7 @@ def _pdnr_block(ws, md: AprRows, n: int, lo: int, hi: int, inner_max: int, tag, 
         recv_b[k] = pos[s0:s1] - a0
     s = S.APRState([rows_b.shape[0]], R, np.float64)
     s.views[0][...] = view[rows_b]
+    s.zero_floor = md.zero_floor
     nb = rows_b.shape[0]
     s.block = S.RowBlock(0, np.ones(nb, dtype=bool), np.full(nb, float(cfg.mu0)), np.zeros(nb, dtype=np.int64))
     s.kkt_mode = np.zeros(1)
@@ -401,17 +404,20 @@ def _pdnr_block(ws, md: AprRows, n: int, lo: int, hi: int, inner_max: int, tag, 
             if k != team.rank:
                 pos = recv_b.get(k, np.zeros(0, dtype=np.int64))
                 nz = np.flatnonzero(stepping[pos])
-                payloads[k] = [count, nz, b.candidates[pos[nz]]]
-                tally.lower[n] += _row_bytes(nz.shape[0], K * R)
+                # with the first candidates, the rows lifted without a step (every nonzero unreachable)
+                fz = np.flatnonzero(b.frozen[pos]) if i == 0 else nz[:0]
+                payloads[k] = [count, nz, b.candidates[pos[nz]], fz, s.views[0][pos[fz]]]
+                tally.lower[n] += _row_bytes(nz.shape[0], K * R) + _row_bytes(fz.shape[0], R)
         team.send_many(tag + (i, "cand"), payloads)
         cand = np.zeros((hi - lo, K, R))
         cand[own_b - lo] = b.candidates[: own_b.shape[0]]
         active_anywhere = count[0]
         for k in range(W):
             if k != team.rank:
-                c, nz, got = team.receive(tag + (i, "cand"), k)
+                c, nz, got, fz, lifted = team.receive(tag + (i, "cand"), k)
                 active_anywhere += float(np.asarray(c)[0])
                 if k in send_b:
+                    view[send_b[k][np.asarray(fz)]] = np.asarray(lifted)
                     nz = np.asarray(nz)
                     act_send[k] = np.zeros(send_b[k].shape[0], dtype=bool)
                     act_send[k][nz] = True

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 # rows of APRState.safeguards (per mode): what PDN-R did beyond pyttb where a nonzero's model value
 # was 0 (pyttb's log-likelihood is -inf there): rows that started with such a nonzero and took a step
 # with a finite objective, nonzeros left out of their row's problem (no row value reaches them), rows
-# all of whose nonzeros were such (kept as they were), rows lifted off zero (LIFT)
+# all of whose nonzeros were such (kept, then lifted), rows lifted off zero (LIFT)
 ZERO_MODEL, UNREACHABLE, FROZEN, LIFTED = 0, 1, 2, 3
 SAFEGUARDS = ("zero_model_rows", "unreachable_nonzeros", "frozen_rows", "lifted_rows")
 # a row with nonzeros it cannot reach takes this fraction of its mean entry on its zero entries
@@ -57,6 +57,7 @@ class RowBlock:
     inner: np.ndarray  # int (rows,): inner iterations counted (pyttb's countInnerIters)
     started: bool = False  # the first Newton pass of the block has run (empty rows known)
     unreachable: np.ndarray | None = None  # per row: nonzeros no value of the row reaches
+    frozen: np.ndarray | None = None  # bool per row: every nonzero unreachable (lifted, then kept)
     notconverged: bool = False  # some row took a step
     # between the Newton pass and the candidate pass
     grad: np.ndarray | None = None
@@ -87,10 +88,12 @@ class APRState(StackedFactors):
         self.seconds: dict[str, float] = {}  # pass kind -> seconds of the slowest partition task
         self.singular_logged = False  # a nearly singular damped Hessian was logged as a warning
         self.safeguards = np.zeros((len(SAFEGUARDS), len(self.shape)), dtype=np.int64)  # per outer iteration
+        self.zero_floor = 0.0  # PDN-R: what a zero row's entries are lifted to (see zero_row_floor)
 
     def copy(self) -> "APRState":
         out = APRState(self.shape, self.rank, self.dtype, self.data.copy())
         out.weights = self.weights.copy()
+        out.zero_floor = self.zero_floor
         out.phi_positive = [None if p is None else p.copy() for p in self.phi_positive]
         return out
 
@@ -198,10 +201,28 @@ def end_mode(s: APRState, n: int) -> APRState:
 # --- PDN-R (Hansen, Plantenga & Kolda 2015) ------------------------------------------------------------
 
 
+def zero_row_floor(weights: np.ndarray, rows: int) -> float:
+    """``LIFT`` times a mode's mean entry once the weights are in it (its columns have unit 1-norm
+    before): the entries a row that is zero throughout is lifted to. Every worker computes the same
+    from the weights and the mode's length."""
+    return LIFT * float(np.sum(weights)) / (rows * len(weights))
+
+
+def lifted(rows: np.ndarray, zero_floor: float, before: np.ndarray | None = None) -> np.ndarray:
+    """``rows`` (float64, nonnegative) with each zero entry raised to ``LIFT`` times the row's mean
+    entry (the larger of its sums now and ``before`` the step); a row that is zero throughout (its
+    only components had weight 0: no row of another mode held them) takes ``zero_floor``."""
+    sums = rows.sum(axis=1) if before is None else np.maximum(rows.sum(axis=1), before)
+    floor = LIFT * sums / rows.shape[1]
+    floor[floor <= 0] = zero_floor
+    return np.where(rows > 0, rows, floor[:, None])
+
+
 def pdnr_begin_block(s: APRState, n: int, lo: int, hi: int, mu0: float, first_block: bool) -> APRState:
     """Start rows ``lo .. hi - 1`` of mode ``n`` (the weights go into the mode's factor with the
     first block)."""
     if first_block:
+        s.zero_floor = zero_row_floor(s.weights, s.shape[n])
         redistribute(s, n)
     rows = hi - lo
     s.block = RowBlock(lo, np.ones(rows, dtype=bool), np.full(rows, float(mu0)), np.zeros(rows, dtype=np.int64))
@@ -264,9 +285,14 @@ def pdnr_direction(
         empty = count == 0
         A[empty] = 0
         # beyond pyttb: rows all of whose nonzeros have a zero Khatri-Rao row (model value 0
-        # whatever the row is) have no problem to solve; they are kept as they are, not emptied
+        # whatever the row is) have no problem to solve; they are kept, not emptied, and lifted off
+        # zero like any row with such nonzeros, or the next modes could not reach those nonzeros either
         frozen = (count > 0) & (unreachable == count) & b.active
+        if frozen.any():
+            A[frozen] = lifted(A[frozen].astype(np.float64), s.zero_floor)
+            s.safeguards[LIFTED, n] += int(frozen.sum())
         b.active &= ~(empty | frozen)
+        b.frozen = frozen
         b.started = True
         b.unreachable = unreachable.copy()
         s.safeguards[UNREACHABLE, n] += int(unreachable.sum())
@@ -386,9 +412,7 @@ def pdnr_step(s: APRState, parts: Sequence[Partial], n: int, inner: int, inner_m
     # rows with nonzeros they cannot reach, and rows that found no step with a finite objective
     lift = (b.unreachable[act] > 0) | (infinite & ~accepted)
     if lift.any():
-        rows_sum = np.maximum(new[lift].sum(axis=1), m[lift].sum(axis=1))
-        floor = LIFT * rows_sum / new.shape[1]
-        new[lift] = np.where(new[lift] > 0, new[lift], floor[:, None])
+        new[lift] = lifted(np.maximum(new[lift], 0.0), s.zero_floor, m[lift].sum(axis=1))
         if inner == 0:
             s.safeguards[LIFTED, n] += int(lift.sum())
     s.views[n][b.lo + act] = new
