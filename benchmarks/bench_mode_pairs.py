@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         values = np.random.default_rng(args.seed + 1).random(len(coords))
         tensor = tfo.encode_coo(coords, values, shape)
         items = tensor_items(tensor)
-        c = mp.item_coords(items, tensor.layout)
+        c, vals = mp.item_nonzeros(items, tensor.layout)
         N = len(shape)
         fr = [mp.pair_fraction(c, shape, m, m + 1) for m in range(N - 1)]
         chosen = mp.choose_pairs(c, shape)
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  distinct pairs a nonzero: " + ", ".join(f"({m},{m + 1}) {f:.3f}" for m, f in enumerate(fr)))
         print(f"  chosen: {chosen or 'none'}")
         for a, b in chosen:
-            pair = mp.mode_pair(c, items.values, shape, a, b)
+            pair = mp.mode_pair(c, vals, shape, a, b)
             for R in args.ranks:
                 print(_compare(tensor, pair, R, args.threads, args.repeat, args.seed))
     return 0

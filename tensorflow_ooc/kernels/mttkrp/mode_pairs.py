@@ -89,14 +89,22 @@ def _decode(index, start, end, base, shift, mask, coords):
                 coords[i, m] = base[k, m] + np.int64((x >> np.uint64(shift[m])) & np.uint64(mask[m]))
 
 
-def item_coords(items: WorkItems, layout: BitLayout) -> np.ndarray:
-    """Global coordinates (nnz, N) int64 of re-encoded (not Delta) items, in their positions."""
+def item_nonzeros(items: WorkItems, layout: BitLayout) -> tuple[np.ndarray, np.ndarray]:
+    """Global coordinates (nnz, N) int64 and values of the nonzeros of re-encoded (not Delta)
+    items, in the items' order (positions no item covers are left out)."""
     if items.delta:
         raise ValueError("mode pairs are made of re-encoded items, not Delta-encoded chunks")
     n = int(items.end.max()) if items.nitems else 0
     coords = np.zeros((n, layout.nmodes), dtype=np.int64)
     _decode(items.index, items.start, items.end, items.base, layout.field_shift, layout.field_mask, coords)
-    return coords
+    # items do not overlap: +1 where one starts, -1 where it ends
+    edge = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(edge, items.start, 1)
+    np.add.at(edge, items.end, -1)
+    covered = np.cumsum(edge[:-1]) > 0
+    if covered.all():
+        return coords, items.values[:n]
+    return coords[covered], items.values[:n][covered]
 
 
 def _pair_key(coords: np.ndarray, shape: tuple[int, ...], a: int, b: int) -> np.ndarray:
