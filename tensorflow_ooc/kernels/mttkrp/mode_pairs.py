@@ -90,12 +90,14 @@ def _decode(index, start, end, base, shift, mask, coords):
 
 
 def item_nonzeros(items: WorkItems, layout: BitLayout) -> tuple[np.ndarray, np.ndarray]:
-    """Global coordinates (nnz, N) int64 and values of the nonzeros of re-encoded (not Delta)
-    items, in the items' order (positions no item covers are left out)."""
+    """Global coordinates (nnz, N) and values of the nonzeros of re-encoded (not Delta) items, in
+    the items' order (positions no item covers are left out); int32 coordinates where every mode
+    fits (they are made once, but beside the partition)."""
     if items.delta:
         raise ValueError("mode pairs are made of re-encoded items, not Delta-encoded chunks")
     n = int(items.end.max()) if items.nitems else 0
-    coords = np.zeros((n, layout.nmodes), dtype=np.int64)
+    dtype = np.int32 if max(layout.shape) < 2**31 else np.int64
+    coords = np.zeros((n, layout.nmodes), dtype=dtype)
     _decode(items.index, items.start, items.end, items.base, layout.field_shift, layout.field_mask, coords)
     # items do not overlap: +1 where one starts, -1 where it ends
     edge = np.zeros(n + 1, dtype=np.int64)
@@ -108,7 +110,7 @@ def item_nonzeros(items: WorkItems, layout: BitLayout) -> tuple[np.ndarray, np.n
 
 
 def _pair_key(coords: np.ndarray, shape: tuple[int, ...], a: int, b: int) -> np.ndarray:
-    return coords[:, a] * np.int64(shape[b]) + coords[:, b]
+    return coords[:, a].astype(np.int64) * np.int64(shape[b]) + coords[:, b]
 
 
 def pair_fraction(coords: np.ndarray, shape: tuple[int, ...], a: int, b: int) -> float:
@@ -132,8 +134,8 @@ def mode_pair(
 
     Parameters
     ----------
-    coords : int64 (nnz, N)
-        Global coordinates (:func:`item_coords`).
+    coords : int (nnz, N)
+        Global coordinates (:func:`item_nonzeros`).
     values : (nnz,)
         Their values.
     shape : tuple of int
@@ -157,7 +159,7 @@ def mode_pair(
         return None
     others = np.array([m for m in range(N) if m not in (a, b)], dtype=np.int64)
     dtype = np.uint32 if max(shape) < 2**32 else np.int64
-    other = np.ascontiguousarray(coords[order][:, others].astype(dtype))
+    other = np.ascontiguousarray(coords[order[:, None], others].astype(dtype, copy=False))
     rows_a = key[starts] // np.int64(shape[b])
     rows_b = key[starts] % np.int64(shape[b])
     by_b = np.argsort(rows_b, kind="stable").astype(np.int64)
