@@ -33,7 +33,11 @@ def test_both_modes_of_every_pair_match_einsum_and_the_kernels(rng, nmodes, rank
         out_a, out_b = np.zeros((shape[a], rank)), np.zeros((shape[a + 1], rank))
         mp.pair_first(pair, F.data, F.offsets, Z, out_a)
         mp.pair_second(pair, F.data, F.offsets, Z, out_b)
-        for m, out in ((a, out_a), (a + 1, out_b)):
+        by_rows = np.zeros_like(out_b)
+        mp.pair_second(pair, F.data, F.offsets, Z, by_rows, slices=False)
+        in_slices = np.zeros_like(out_b)
+        mp.pair_second(pair, F.data, F.offsets, Z, in_slices, slices=True)
+        for m, out in ((a, out_a), (a + 1, out_b), (a + 1, by_rows), (a + 1, in_slices)):
             assert rel_err(out, dense_mttkrp(shape, coords, values, F.views, m)) < 1e-12
             assert rel_err(out, tfo.mttkrp(t, F, m)) < 1e-12
 
@@ -47,10 +51,11 @@ def test_results_do_not_depend_on_the_thread_count(rng):
     for threads in (1, 2):
         with numba_threads(threads):
             Z = np.empty((pair.groups, 16))
-            oa, ob = np.zeros((shape[1], 16)), np.zeros((shape[2], 16))
+            oa, ob, oc = np.zeros((shape[1], 16)), np.zeros((shape[2], 16)), np.zeros((shape[2], 16))
             mp.pair_first(pair, F.data, F.offsets, Z, oa)
-            mp.pair_second(pair, F.data, F.offsets, Z, ob)
-            got.append((oa, ob))
+            mp.pair_second(pair, F.data, F.offsets, Z, ob, slices=False)
+            mp.pair_second(pair, F.data, F.offsets, Z, oc, slices=True)
+            got.append((oa, ob, oc))
     for x, y in zip(*got):
         assert np.array_equal(x, y)
 

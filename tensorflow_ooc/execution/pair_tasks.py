@@ -64,7 +64,7 @@ def pair_partition(
     F, offs = factors.data, factors.offsets
     with numba_threads(threads_for(threads, pair.nnz)):
         if mode == pair.a:
-            Z = np.empty((pair.groups, factors.rank), dtype=factors.dtype)
+            Z = pair.memo(factors.rank, factors.dtype)
             pair_first(pair, F, offs, Z, out, lo)
             if memo is not None:
                 memo.pair, memo.Z = pair, Z
@@ -72,7 +72,7 @@ def pair_partition(
             if memo is not None and memo.holds(pair):
                 Z = memo.Z
             else:
-                Z = np.empty((pair.groups, factors.rank), dtype=factors.dtype)
+                Z = pair.memo(factors.rank, factors.dtype)
                 pair_first(pair, F, offs, Z, None)
             pair_second(pair, F, offs, Z, out, lo)
             if memo is not None:

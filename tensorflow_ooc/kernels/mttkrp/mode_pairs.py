@@ -37,6 +37,12 @@ from .plan import WorkItems
 # a pair is memoized only where its distinct (i_a, i_b) are at most this share of the nonzeros
 # (2 threads, bench_mode_pairs: 0.001-0.077 ran 0.42-0.88x the two kernels at R8-R64; 0.229 1.2-1.6x)
 PAIR_GROUPS_MAX = 0.1
+# a short mode b's output from the memo in this many slices (a fixed number, so that sums do not
+# depend on the thread count)
+SECOND_SLICES = 8
+# ... where mode b has at most one row per this many pairs and slice (the slices' outputs then
+# hold at most 1/64 of the memo's bytes)
+SLICE_PAIRS_PER_ROW = 8
 # bytes a pair copy holds per distinct pair beside its memo row: ptr, both rows and the b order
 PAIR_GROUP_BYTES = 32
 
@@ -62,6 +68,15 @@ class ModePair:
     cuts_a: np.ndarray  # int64
     by_b: np.ndarray  # int64 (G,)
     cuts_b: np.ndarray  # int64
+
+    def memo(self, rank: int, dtype) -> np.ndarray:
+        """The pair's memo buffer (G, rank), made at the first use and kept: a fresh one per
+        sweep page-faulted in every time (15 MiB at R8, nips-shaped). One task uses a partition's
+        pairs at a time (a sweep, or a mode's own task)."""
+        z = self.__dict__.get("_memo")
+        if z is None or z.shape != (self.groups, rank) or z.dtype != np.dtype(dtype):
+            z = self.__dict__["_memo"] = np.empty((self.groups, rank), dtype=dtype)
+        return z
 
     @property
     def groups(self) -> int:
@@ -267,6 +282,32 @@ def _second(rows_a, rows_b, by_b, Z, F, offs, a, out, out_lo, cuts, bounds):
 
 second_pass = SLPKernel(nb.njit(parallel=True, nogil=True, cache=True)(_second))
 
+
+def _second_slices(rows_a, rows_b, Z, F, offs, a, slices, bufs):
+    """Mode ``b``'s output from the memo in the pairs' own order: slice ``s`` (pairs
+    ``slices[s] .. slices[s + 1]``) adds into ``bufs[s]`` (rows of mode ``b`` from 0), reading ``Z``
+    front to back; the caller sums the slices in order."""
+    R = F.shape[1]
+    oa = offs[a]
+    for s in nb.prange(slices.shape[0] - 1):
+        for g in range(slices[s], slices[s + 1]):
+            o = rows_b[g]
+            f = oa + rows_a[g]
+            for r in range(R):
+                bufs[s, o, r] += Z[g, r] * F[f, r]
+
+
+def _sum_slices(bufs, out, out_lo):
+    """``out[i - out_lo] += sum_s bufs[s, i]`` for the rows ``out`` holds, slices in order."""
+    for i in nb.prange(out.shape[0]):
+        for s in range(bufs.shape[0]):
+            for r in range(out.shape[1]):
+                out[i, r] += bufs[s, i + out_lo, r]
+
+
+second_slices = SLPKernel(nb.njit(parallel=True, nogil=True, cache=True)(_second_slices))
+sum_slices = nb.njit(parallel=True, nogil=True, cache=True)(_sum_slices)
+
 _FIRST: dict[tuple[int, int], SLPKernel] = {}
 
 
@@ -338,12 +379,33 @@ def pair_first(
 
 
 def pair_second(
-    pair: ModePair, F: np.ndarray, offs: np.ndarray, Z: np.ndarray, out: np.ndarray, out_lo: int = 0
+    pair: ModePair,
+    F: np.ndarray,
+    offs: np.ndarray,
+    Z: np.ndarray,
+    out: np.ndarray,
+    out_lo: int = 0,
+    slices: bool | None = None,
 ) -> None:
     """Add mode ``b``'s MTTKRP into ``out`` (rows ``out_lo ..``) from the memo ``Z`` that
-    :func:`pair_first` filled with the factors of the modes other than ``a`` and ``b`` as they are now."""
-    threads = nb.get_num_threads()
-    bounds = _thread_bounds(pair.cuts_b, pair.cuts_b.astype(np.float64), threads)
+    :func:`pair_first` filled with the factors of the modes other than ``a`` and ``b`` as they are now.
+
+    ``slices``: read the memo front to back into :data:`SECOND_SLICES` slice outputs of mode ``b``,
+    summed in order (True), or by mode ``b``'s rows, each row's pairs in turn (False); None: slices
+    where mode ``b`` is short against the pairs (:data:`SLICE_PAIRS_PER_ROW`). Either gives sums
+    that do not depend on the thread count."""
+    nb_rows = int(pair.rows_b.max()) + 1 if pair.groups else 0
+    if slices is None:
+        slices = SECOND_SLICES * SLICE_PAIRS_PER_ROW * nb_rows <= pair.groups
+    if slices:
+        # by mode b's rows the reads of Z jump by about G / I_b rows each (nips-shaped mode 3:
+        # 17 rows, 238 k pairs), in the pairs' own order they stream
+        cut = np.linspace(0, pair.groups, SECOND_SLICES + 1).astype(np.int64)
+        bufs = np.zeros((SECOND_SLICES, nb_rows, F.shape[1]), dtype=F.dtype)
+        second_slices(pair.rows_a, pair.rows_b, Z, F, offs, pair.a, cut, bufs)
+        sum_slices(bufs, out, int(out_lo))
+        return
+    bounds = _thread_bounds(pair.cuts_b, pair.cuts_b.astype(np.float64), nb.get_num_threads())
     second_pass(pair.rows_a, pair.rows_b, pair.by_b, Z, F, offs, pair.a, out, int(out_lo), pair.cuts_b, bounds)
 
 
