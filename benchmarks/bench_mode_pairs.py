@@ -8,6 +8,12 @@ the pairs :func:`~tensorflow_ooc.kernels.mttkrp.mode_pairs.choose_pairs` takes, 
 chosen pair the two modes' MTTKRPs as CP-ALS runs them in memory (mode-sorted copies, per-thread
 outputs) against the memoized pair (one pass over the nonzeros for the memo and mode ``a``, one
 over the pairs for mode ``b``); best of ``--repeat`` calls, interleaved.
+
+    python benchmarks/bench_mode_pairs.py --stores STORE.zarr ... --ranks 8 --threads 2
+
+With ``--stores``, per store and rank instead: each mode's partition MTTKRP as a one-partition
+CP-ALS sweep runs it (``mttkrp_partition`` on the decoded partition with mode-sorted copies),
+against the same partition with memoized pairs (``pair_partition`` with the sweep's memo).
 """
 
 from __future__ import annotations
@@ -79,6 +85,37 @@ def _compare(tensor, pair: mp.ModePair, R: int, threads: int, repeat: int, seed:
     )
 
 
+def sweep_profile(path: str, R: int, threads: int, repeat: int) -> None:
+    """Per mode, ms of a sweep's partition MTTKRP with mode-sorted copies and with memoized pairs."""
+    from tensorflow_ooc.execution.pair_tasks import PairMemo, pair_partition
+    from tensorflow_ooc.execution.partitions import plan_partitions
+    from tensorflow_ooc.execution.tasks import load_partition, mttkrp_partition
+
+    store = tfo.open_store(path)
+    part = plan_partitions(store, 1, None)[0]
+    plain = load_partition(store.path, part, mode_copies=True, threads=threads)
+    paired = load_partition(store.path, part, mode_copies=True, threads=threads, mode_pairs=True)
+    N = len(store.shape)
+    rng = np.random.default_rng(R)
+    F = tfo.StackedFactors.from_list([rng.random((s, R)) for s in store.shape])
+    best: dict = {}
+    for _ in range(repeat):
+        memo = PairMemo()
+        for m in range(N):
+            for kind in ("copies", "pairs"):
+                t0 = time.perf_counter()
+                if kind == "pairs" and m in paired.mode_pairs:
+                    pair_partition(paired, F, m, threads, memo)
+                else:
+                    mttkrp_partition(plain if kind == "copies" else paired, F, m, threads=threads)
+                best[kind, m] = min(best.get((kind, m), float("inf")), (time.perf_counter() - t0) * 1e3)
+    pairs = sorted({(p.a, p.b) for p in paired.mode_pairs.values()})
+    print(f"\n{path}: R{R}, {threads} thread(s), best of {repeat}, ms per mode; pairs {pairs or 'none'}")
+    for kind in ("copies", "pairs"):
+        row = [best[kind, m] for m in range(N)]
+        print(f"  {kind:<7}" + "".join(f"{x:7.2f}" for x in row) + f"   all {sum(row):6.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tensors", nargs="+", default=["nips", "gen-o4", "uber", "chicago"])
@@ -86,7 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--seed", type=int, default=21)
+    ap.add_argument("--stores", nargs="+", default=None, help="per-mode sweep profile of these stores instead")
     args = ap.parse_args(argv)
+    if args.stores:
+        for path in args.stores:
+            for R in args.ranks:
+                sweep_profile(path, R, args.threads, args.repeat)
+        return 0
     for name in args.tensors:
         shape, nnz, skew = tensor_spec(name)
         coords, _ = synthetic.heavy_tailed(shape, nnz, skew=skew, seed=args.seed)
