@@ -373,3 +373,36 @@ def test_randomized_plans_count_the_sampler_they_use_and_the_index_reads():
         assert room > 0
         assert with_filters(room // 2) == p.terms["sampling"]
         assert with_filters(10 << 30) == p.terms["sampling"] + (10 << 30) - room
+
+
+def test_memoized_mode_pairs_are_counted_and_tried_first_where_a_sweep_is_one_task():
+    from tensorflow_ooc.kernels.mttkrp.mode_pairs import pair_bytes
+
+    shape, nnz, R = (3000, 2000, 900, 40), 50_000_000, 64
+    plans = _plans(None, shape=shape, worker_nnz=nnz, rank=R, memo_pairs=True)
+    kinds = list(dict.fromkeys((p.execution, p.in_place, p.mode_copies, p.mode_pairs) for p in plans))
+    assert kinds[:3] == [
+        ("in-memory", False, True, True),
+        ("in-memory", False, True, False),
+        ("in-memory", False, False, False),
+    ]
+    # two pairs at order 4, each beyond the two mode-sorted copies it replaces
+    copy = int(nnz * (16 + 24 / 64))
+    extra = 2 * (pair_bytes(nnz, 4, R, 8) - 2 * copy)
+    assert extra > 0 and plans[0].terms["mode_pairs"] == extra
+    assert plans[0].terms["mode_copies"] == plans[1].terms["mode_copies"] and plans[1].terms["mode_pairs"] == 0
+    assert "memoized mode pairs" in plans[0].name and plans[0].as_dict()["mode_pairs"]
+    # a limit the pairs' peak exceeds but the copies' fits takes the copies
+    limit = int((plans[0].peak + plans[1].peak) / 2 / plans[1].usable_fraction)
+    got = choose(_plans(limit, shape=shape, worker_nnz=nnz, rank=R, memo_pairs=True))
+    assert got.mode_copies and not got.mode_pairs and got.execution == "in-memory"
+    # not asked, randomized, several partitions a mode, owner-computes or order 6: no pairs
+    for kw in (
+        dict(memo_pairs=False),
+        dict(samples=1 << 16),
+        dict(partitions_per_mode=2),
+        dict(owner=True),
+        dict(shape=(40,) * 6),
+    ):
+        args = {**dict(shape=shape, worker_nnz=nnz, rank=R, memo_pairs=True), **kw}
+        assert not any(p.mode_pairs for p in _plans(None, **args)), kw

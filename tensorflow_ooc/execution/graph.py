@@ -32,6 +32,7 @@ from .fiber_reads import GATHER_BYTES, indexed_sampled_partial
 from .inline import is_inline
 from .memory_plan import MemoryPlan, MemoryPlanError, candidates, choose
 from .output_buffers import release_outputs
+from .pair_tasks import PairMemo, pair_partition
 from .partitions import contiguous_runs, owner_rows, plan_partitions
 from .stream import batch_nnz_for
 from .task_graph import (
@@ -41,7 +42,7 @@ from .task_graph import (
     fits_in_memory,
     tree_reduce,
 )
-from .tasks import combine, load_partition, mttkrp_partition, row_slice, sampled_partition
+from .tasks import PartitionData, combine, load_partition, mttkrp_partition, row_slice, sampled_partition
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +81,18 @@ def _mttkrp_then(
 def _modes_then(update: Callable, source, factors, steps: tuple, proceed: Callable | None, *options):
     """One task: ``_mttkrp_then`` for each ``(mode, args)`` of ``steps`` in turn, each on the state
     the one before returned, unless ``proceed(factors)`` is false: then ``factors`` as they are
-    (see :meth:`MTTKRPGraph.modes_update`)."""
+    (see :meth:`MTTKRPGraph.modes_update`). A decoded partition's memoized mode pairs keep their
+    memo from a pair's first mode to its second when the steps take them in turn (:mod:`.pair_tasks`)."""
     if proceed is not None and not proceed(factors):
         return factors
     threads, batch_nnz, device, device_options, max_private_bytes, lend_target = options
+    memo = PairMemo()
+    pairs = source.mode_pairs if isinstance(source, PartitionData) else {}
     for mode, args in steps:
+        if mode in pairs:
+            factors = update(factors, [pair_partition(source, factors, mode, threads, memo)], mode, *args)
+            continue
+        memo.forget()
         factors = _mttkrp_then(
             update,
             source,
@@ -202,8 +210,10 @@ class MTTKRPGraph(PartitionedGraph):
         load: bool = True,
         sampler: str = "sts",
         keep_target: bool = False,
+        memo_pairs: bool = False,
     ) -> None:
         self.device_options = device_options
+        self.memo_pairs = bool(memo_pairs)
         self.sampler = sampler
         super().__init__(
             client,
@@ -278,6 +288,7 @@ class MTTKRPGraph(PartitionedGraph):
     def _load(self, part) -> Future:
         """Submit the task that holds ``part`` in worker (or device) memory for in-memory execution."""
         copies = bool(self.memory_plan and self.memory_plan.mode_copies)
+        pairs = bool(copies and self.memory_plan.mode_pairs)
         return self.client.submit(
             load_partition,
             self.path,
@@ -286,8 +297,10 @@ class MTTKRPGraph(PartitionedGraph):
             self.device_options,
             copies,
             self.numba_threads,
+            pairs,
             key=f"tfooc-partition-{self.store.meta['store_id']}-{self.device}-{part.id}"
-            + ("-sorted" if copies else ""),
+            + ("-sorted" if copies else "")
+            + ("-pairs" if pairs else ""),
             **self.placement,
         )
 
@@ -406,6 +419,7 @@ class MTTKRPGraph(PartitionedGraph):
             else self.numba_threads,
             lend_target=self._may_lend and not owner,
             owner=owner,
+            memo_pairs=self.memo_pairs,
             **common,
         )
 

@@ -18,6 +18,10 @@ Before anything runs, the plan adds up the bytes the busiest worker holds at onc
 ``data``       decoded partitions kept in memory, or the streaming batch buffers
 ``mode_copies`` in-memory partitions' mode-sorted copies, one per mode (the runs kernel sums
                each target row's nonzeros in registers; :mod:`~tensorflow_ooc.kernels.mttkrp.mode_order`)
+``mode_pairs`` memoized mode pairs (a two-level dimension tree) beyond the mode-sorted copies
+               they replace: each pair's copy sorted by the pair, its table and memo rows, at
+               most :data:`~tensorflow_ooc.kernels.mttkrp.mode_pairs.PAIR_GROUPS_MAX` pairs a
+               nonzero (:mod:`~tensorflow_ooc.kernels.mttkrp.mode_pairs`)
 ``buckets``    the row-owned tiles' buckets (20 bytes a nonzero, a bounded group at a time)
 ``column_groups`` ranks run as padded column groups: the factors' padded copy and one output per
                group, per task (:mod:`~tensorflow_ooc.kernels.mttkrp.column_groups`)
@@ -42,7 +46,9 @@ and the pickling's own copy then pushes it past ``terminate``; and below ``pause
 5. streaming, in-place, lean: small batches and a small private bound (more atomic adds).
 
 In-memory executions (exact CP-ALS) are first tried with mode-sorted copies of the partitions,
-then without: the copies are speed, bought with one more copy of the nonzeros per mode.
+then without: the copies are speed, bought with one more copy of the nonzeros per mode. A graph
+of one partition (its sweep one task, so a memo lives from one mode to the next) at orders 3-5
+first tries them with memoized mode pairs where pairs pay (chosen when the partition loads).
 
 With more than one kernel thread, each of 1-4 is first tried with a private bound that holds a
 per-thread copy of the longest mode's output (the kernels then give long modes per-thread
@@ -67,6 +73,7 @@ from ..errors import TfoocError
 from ..kernels.mttkrp.column_groups import column_group_bytes
 from ..kernels.mttkrp.dispatch import ThreadOutputs
 from ..kernels.mttkrp.mode_order import RUN_TABLE_BYTES_PER_NNZ
+from ..kernels.mttkrp.mode_pairs import pair_bytes
 from ..kernels.mttkrp.owned import GROUP_NNZ as OWNED_GROUP_NNZ
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
 from ..kernels.sampling.krp_sampler import tree_nbytes
@@ -102,6 +109,7 @@ class MemoryPlan:
     limit: int | None = None  # the worker's memory limit (None: unlimited)
     usable_fraction: float = DEFAULT_USABLE
     mode_copies: bool = False  # in-memory partitions keep mode-sorted copies
+    mode_pairs: bool = False  # ... and memoized mode pairs where they pay (kernels/mttkrp/mode_pairs.py)
 
     @property
     def peak(self) -> int:
@@ -126,6 +134,7 @@ class MemoryPlan:
             + (", lean" if lean else "")
             + (", per-thread outputs" if roomy else "")
             + (", mode-sorted copies" if self.mode_copies else "")
+            + (", memoized mode pairs" if self.mode_pairs else "")
         )
 
     def describe(self) -> str:
@@ -141,6 +150,7 @@ class MemoryPlan:
             "execution": self.execution,
             "in_place": self.in_place,
             "mode_copies": self.mode_copies,
+            "mode_pairs": self.mode_pairs,
             "batch_nnz": self.batch_nnz,
             "max_private_bytes": self.max_private_bytes,
             "terms": dict(self.terms),
@@ -168,6 +178,10 @@ def usable_fraction() -> float:
 
 # fastest first: in memory before streamed, a second factor copy before in-place updates
 _ORDER = {("in-memory", False): 0, ("in-memory", True): 1, ("streaming", False): 2, ("streaming", True): 3}
+
+
+# what in-memory partitions keep beside their items, fastest first
+_KEPT_ORDER = {"pairs": 0, "copies": 1, None: 2}
 
 
 def _output_terms(
@@ -240,6 +254,7 @@ def candidates(
     trees: bool = True,
     index_reads: int = 0,
     index_filters: int = 0,
+    memo_pairs: bool = False,
 ) -> list[MemoryPlan]:
     """Every execution :func:`choose` may take, fastest first, each with its peak terms.
 
@@ -271,6 +286,8 @@ def candidates(
         partials, the rows it sends and receives (each at most one output), no state copy and
         no whole factors in transit. STS-CP adds the copies of owned rows its trees are built
         from (about 1/W of the factors).
+    memo_pairs : the caller's sweeps run as one task (exact CP-ALS): with one partition per mode
+        at orders 3-5, in-memory executions are first tried with memoized mode pairs.
     owner_rows : owner-computes: per mode, the most rows one worker's nonzeros touch and about
         how many of them other workers touch too (:func:`~.partitions.owner_rows`). A worker's
         factor pages hold only the rows it touches and its MTTKRP output spans them; the shared
@@ -288,22 +305,25 @@ def candidates(
             else [DEFAULT_MAX_PRIVATE_BYTES]
         )
 
-    # mode-sorted copies: in-memory exact CP-ALS only (randomized CP reads the ALTO-ordered items)
-    copies = (True, False) if not samples else (False,)
+    # mode-sorted copies: in-memory exact CP-ALS only (randomized CP reads the ALTO-ordered items);
+    # memoized pairs beside them: a sweep of one task (one partition), orders 3-5
+    pairs = memo_pairs and not samples and not owner and partitions_per_mode == 1 and 3 <= len(shape) <= 5
+    copies = (["pairs"] if pairs else []) + (["copies", None] if not samples else [None])
     options = [
         (m, ip, BATCH_NNZ, b, mc)
         for ip in (False, True)
         for m in modes
         for b in bounds(ip)
-        for mc in (copies if m == "in-memory" else (False,))
+        for mc in (copies if m == "in-memory" else [None])
     ]
     if "streaming" in modes:
-        options.append(("streaming", True, LEAN_BATCH_NNZ, LEAN_PRIVATE_BYTES, False))
-    options.sort(key=lambda o: (_ORDER[(o[0], o[1])], not o[4], -o[2], -o[3]))
+        options.append(("streaming", True, LEAN_BATCH_NNZ, LEAN_PRIVATE_BYTES, None))
+    options.sort(key=lambda o: (_ORDER[(o[0], o[1])], _KEPT_ORDER[o[4]], -o[2], -o[3]))
     plans = []
     if owner:
         options = [o for o in options if o[1]]  # owners update their rows in place
-    for mode, in_place, batch_nnz, bound, mode_copies in options:
+    for mode, in_place, batch_nnz, bound, kept in options:
+        mode_copies = kept is not None
         private = bound
         if mode == "in-memory":
             data = worker_nnz * (8 + value_itemsize) + (worker_nnz // 65536 + 1) * (5 * len(shape) + 2) * 8
@@ -324,6 +344,16 @@ def candidates(
             # each copy's index, values and run table (at most RUN_TABLE_BYTES_PER_NNZ)
             "mode_copies": int(worker_nnz * (8 + value_itemsize + RUN_TABLE_BYTES_PER_NNZ) * len(shape))
             if mode_copies
+            else 0,
+            # each pair that may be memoized: its copy and memo beyond the two mode copies it replaces
+            "mode_pairs": len(shape)
+            // 2
+            * max(
+                0,
+                pair_bytes(worker_nnz, len(shape), rank, itemsize, value_itemsize)
+                - 2 * int(worker_nnz * (8 + value_itemsize + RUN_TABLE_BYTES_PER_NNZ)),
+            )
+            if kept == "pairs"
             else 0,
             "buckets": 0 if single else tasks * 20 * min(OWNED_GROUP_NNZ, call_nnz),
             "transfer": S if workers > 1 and not owner else 0,
@@ -362,7 +392,11 @@ def candidates(
                 update=max(shared) * row,
                 column_groups=tasks * column_group_bytes(sum(touched) * row, max(touched), rank, itemsize),
             )
-        plans.append(MemoryPlan(mode, in_place, batch_nnz, bound, terms, limit or None, usable_fraction(), mode_copies))
+        plans.append(
+            MemoryPlan(
+                mode, in_place, batch_nnz, bound, terms, limit or None, usable_fraction(), mode_copies, kept == "pairs"
+            )
+        )
     return plans
 
 

@@ -20,11 +20,13 @@ from ..kernels import StackedFactors, WorkItems
 from ..kernels.apr.cpu import model_values
 from ..kernels.mttkrp.dispatch import MttkrpPass, ThreadOutputs, numba_threads, threads_for
 from ..kernels.mttkrp.mode_order import mode_sorted
+from ..kernels.mttkrp.mode_pairs import ModePair, choose_pairs, item_nonzeros, mode_pair
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..kernels.sampling.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
 from ..store import Store, open_store
 from ..store.paths import is_url
 from .output_buffers import zeroed_output
+from .pair_tasks import pair_partition
 from .partials import Partial, merged_reads, sparse_sum, worker_threads
 from .partitions import Partition
 from .stream import BATCH_NNZ, MAP_MAX_OUTPUT_BYTES, BatchBuffers, fill_batch, read_ahead_pays, stream_batches
@@ -72,6 +74,9 @@ class PartitionData:
     # exact CP-ALS where the memory plan has room: per mode, the items sorted by that mode's index
     # (absent where the copy would not pay; kernels/mttkrp/mode_order.py)
     mode_items: dict[int, WorkItems] = field(default_factory=dict)
+    # exact CP-ALS sweeps of one task: both modes of each memoized pair, to the pair's copy
+    # (kernels/mttkrp/mode_pairs.py; such modes have no mode-sorted copy)
+    mode_pairs: dict[int, ModePair] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -82,6 +87,7 @@ class PartitionData:
             + sum(
                 m.index.nbytes + m.values.nbytes + sum(a.nbytes for a in m.runs or ()) for m in self.mode_items.values()
             )
+            + sum(p.nbytes for p in {id(p): p for p in self.mode_pairs.values()}.values())
         )
 
 
@@ -106,10 +112,14 @@ def load_partition(
     device_options: object | None = None,
     mode_copies: bool = False,
     threads: int | None = None,
+    mode_pairs: bool = False,
 ) -> PartitionData | DevicePartitionData:
     """Read and decode a partition's chunks into one set of work items (kept on the worker), or
     with ``device="gpu"`` into device memory (decoded on the device). ``mode_copies``: also keep
-    a mode-sorted copy of the items for each mode where it pays (sorted on ``threads`` numba threads)."""
+    a mode-sorted copy of the items for each mode where it pays (sorted on ``threads`` numba threads);
+    ``mode_pairs`` (with ``mode_copies``): first memoized mode pairs where they pay
+    (:func:`~tensorflow_ooc.kernels.mttkrp.mode_pairs.choose_pairs`), whose modes then keep no
+    mode-sorted copy."""
     store = cached_store(path)
     if device == "gpu":
         from .device_stream import DeviceOptions, resident_batch
@@ -125,11 +135,24 @@ def load_partition(
     data = PartitionData(part, store.layout, items)
     if mode_copies:
         with numba_threads(threads):
+            if mode_pairs:
+                _keep_pairs(data, store.shape)
             for m in range(store.layout.nmodes):
+                if m in data.mode_pairs:
+                    continue
                 copy = mode_sorted(items, store.layout, m)
                 if copy is not None:
                     data.mode_items[m] = copy
     return data
+
+
+def _keep_pairs(data: PartitionData, shape: tuple[int, ...]) -> None:
+    """Add the partition's memoized mode pairs where they pay to ``data.mode_pairs``."""
+    coords, values = item_nonzeros(data.items, data.layout)
+    for a, b in choose_pairs(coords, tuple(shape)):
+        pair = mode_pair(coords, values, tuple(shape), a, b)
+        if pair is not None:
+            data.mode_pairs[a] = data.mode_pairs[b] = pair
 
 
 def partition_batches(
@@ -184,6 +207,8 @@ def mttkrp_partition(
     on a GPU by the GPU kernels' Poisson form. Dense partitions have none (CP-APR takes sparse stores)."""
     from .dense_tasks import DensePartition, DensePartitionData, dense_mttkrp_partition
 
+    if isinstance(source, PartitionData) and poisson_eps is None and mode in source.mode_pairs:
+        return pair_partition(source, factors, mode, threads)
     if isinstance(source, DensePartitionData) or (isinstance(source, tuple) and isinstance(source[1], DensePartition)):
         if poisson_eps is not None:
             raise ValueError("CP-APR's Phi takes sparse partitions, not dense ones")

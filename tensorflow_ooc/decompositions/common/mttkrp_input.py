@@ -43,11 +43,13 @@ def open_graph(
     load: bool = True,
     sampler: str = "sts",
     keep_target: bool = False,
+    memo_pairs: bool = False,
 ) -> MTTKRPGraph:
     """The MTTKRP graph of a sparse store or a dense array under ``run`` (its execution, partitions,
     device and device options); records its choices in ``params``. A dense array's ||X||^2 is
     computed here. ``keep_target``: the mode update reads the target mode's old rows (see
-    :class:`~tensorflow_ooc.execution.MTTKRPGraph`)."""
+    :class:`~tensorflow_ooc.execution.MTTKRPGraph`). ``memo_pairs``: the graph's sweeps may memoize
+    mode pairs (exact CP-ALS; see :func:`~tensorflow_ooc.execution.memory_plan.candidates`)."""
     dense = store.dense
     graph_of = DenseMTTKRPGraph if dense else MTTKRPGraph
     graph = graph_of(
@@ -60,7 +62,7 @@ def open_graph(
         rank=rank,
         dtype=dtype,
         samples=samples,
-        **({} if dense else {"load": load, "sampler": sampler, "keep_target": keep_target}),
+        **({} if dense else {"load": load, "sampler": sampler, "keep_target": keep_target, "memo_pairs": memo_pairs}),
     )
     params["execution"] = graph.execution
     params["in_place_updates"] = graph.in_place

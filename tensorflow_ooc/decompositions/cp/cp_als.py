@@ -153,6 +153,7 @@ class CPIterations:
             sampler=o.method,
             load=run.distribution == "graph" or o.method not in OWNER_METHODS or store.dense,
             keep_target=o.nonnegative,  # HALS starts from the mode's old rows
+            memo_pairs=not self.randomized,
         )
         cleanup.callback(graph.release)
         owner = use_owner_computes(c, graph, store.dense, o.method, run.distribution)

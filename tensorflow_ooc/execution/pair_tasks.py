@@ -1,0 +1,80 @@
+"""MTTKRPs of a decoded partition's memoized mode pairs (:mod:`~tensorflow_ooc.kernels.mttkrp.mode_pairs`).
+
+A pair ``(a, b)``'s memo ``Z`` holds the sums over the modes other than ``a`` and ``b``: valid while
+those factors stay as they were. A CP-ALS sweep of one task (``graph._modes_then``) updates ``a``
+then ``b``, so the memo the mode-``a`` pass fills serves mode ``b``; :class:`PairMemo` holds it
+for that one step and nothing else. Without a memo (a mode's own task) mode ``b`` fills it first.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from ..kernels import StackedFactors
+from ..kernels.mttkrp.dispatch import numba_threads, threads_for
+from ..kernels.mttkrp.mode_pairs import ModePair, pair_first, pair_second
+from .output_buffers import zeroed_output
+from .partials import Partial
+
+
+class PairMemo:
+    """The memo of the pair whose first mode the sweep's step before filled (one sweep task's own:
+    :meth:`forget` at every step that is not that pair's second mode)."""
+
+    def __init__(self) -> None:
+        self.pair: ModePair | None = None
+        self.Z: np.ndarray | None = None
+
+    def forget(self) -> None:
+        self.pair = self.Z = None
+
+    def holds(self, pair: ModePair) -> bool:
+        return self.pair is pair and self.Z is not None
+
+
+def pair_partition(
+    source: Any, factors: StackedFactors, mode: int, threads: int = 1, memo: PairMemo | None = None
+) -> Partial:
+    """Mode-``mode`` MTTKRP of a decoded partition through the memoized pair that holds ``mode``.
+
+    Mode ``a`` fills the memo from ``factors`` (kept in ``memo`` where given) and adds its output;
+    mode ``b`` reads the memo ``memo`` holds for the pair (filled the step before, from factors
+    of the other modes that have not changed since), else fills one first.
+
+    Parameters
+    ----------
+    source : tasks.PartitionData
+        With ``mode`` in its ``mode_pairs`` (typed loosely: the tasks module imports this one).
+    factors : StackedFactors
+        The current factors (mode ``mode``'s rows are not read).
+    mode : int
+        The target mode.
+    threads : int
+        Numba threads.
+    memo : PairMemo, optional
+        The sweep's memo; None: a memo of this call alone.
+    """
+    t0 = time.perf_counter()
+    pair = source.mode_pairs[mode]
+    lo, hi = source.part.row_lo[mode], source.part.row_hi[mode]
+    out = zeroed_output((hi - lo + 1, factors.rank), factors.dtype)
+    F, offs = factors.data, factors.offsets
+    with numba_threads(threads_for(threads, pair.nnz)):
+        if mode == pair.a:
+            Z = pair.memo(factors.rank, factors.dtype)
+            pair_first(pair, F, offs, Z, out, lo)
+            if memo is not None:
+                memo.pair, memo.Z = pair, Z
+        else:
+            if memo is not None and memo.holds(pair):
+                Z = memo.Z
+            else:
+                Z = pair.memo(factors.rank, factors.dtype)
+                pair_first(pair, F, offs, Z, None)
+            pair_second(pair, F, offs, Z, out, lo)
+            if memo is not None:
+                memo.forget()
+    return Partial(lo, out, time.perf_counter() - t0)

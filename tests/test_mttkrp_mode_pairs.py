@@ -1,0 +1,145 @@
+"""Memoized mode pairs (kernels/mttkrp/mode_pairs.py, execution/pair_tasks.py): both modes of a pair
+against a dense einsum and the existing kernels at orders 3-5, the memo carried from a pair's first
+mode to its second across an update inside one sweep task, the pair choice, and CP-ALS through them."""
+
+import numpy as np
+import pytest
+from conftest import random_coo
+from test_mttkrp import dense_mttkrp, rel_err
+
+import tensorflow_ooc as tfo
+from tensorflow_ooc.execution.partitions import plan_partitions
+from tensorflow_ooc.kernels import StackedFactors, tensor_items
+from tensorflow_ooc.kernels.mttkrp import mode_pairs as mp
+from tensorflow_ooc.kernels.mttkrp.dispatch import numba_threads
+
+
+def _tensor(rng, nmodes, nnz=3000):
+    shape = tuple(int(s) for s in rng.integers(3, 14 if nmodes < 5 else 8, nmodes))
+    coords, values = random_coo(rng, shape, nnz)
+    t = tfo.encode_coo(coords, values, shape, max_block_nnz=500)
+    return shape, coords, values, t
+
+
+@pytest.mark.parametrize("nmodes,rank", [(n, r) for n in (3, 4, 5) for r in (8, 7)])
+def test_both_modes_of_every_pair_match_einsum_and_the_kernels(rng, nmodes, rank):
+    shape, coords, values, t = _tensor(rng, nmodes)
+    c, v = mp.item_nonzeros(tensor_items(t), t.layout)
+    F = StackedFactors.from_list([rng.standard_normal((s, rank)) for s in shape])
+    for a in range(nmodes - 1):
+        pair = mp.mode_pair(c, v, shape, a, a + 1, groups_max=1.0)
+        assert pair.nnz == len(values) and np.all(np.diff(pair.rows_a) >= 0)
+        Z = np.empty((pair.groups, rank))
+        out_a, out_b = np.zeros((shape[a], rank)), np.zeros((shape[a + 1], rank))
+        mp.pair_first(pair, F.data, F.offsets, Z, out_a)
+        mp.pair_second(pair, F.data, F.offsets, Z, out_b)
+        by_rows = np.zeros_like(out_b)
+        mp.pair_second(pair, F.data, F.offsets, Z, by_rows, slices=False)
+        in_slices = np.zeros_like(out_b)
+        mp.pair_second(pair, F.data, F.offsets, Z, in_slices, slices=True)
+        for m, out in ((a, out_a), (a + 1, out_b), (a + 1, by_rows), (a + 1, in_slices)):
+            assert rel_err(out, dense_mttkrp(shape, coords, values, F.views, m)) < 1e-12
+            assert rel_err(out, tfo.mttkrp(t, F, m)) < 1e-12
+
+
+def test_results_do_not_depend_on_the_thread_count(rng):
+    shape, coords, values, t = _tensor(rng, 4, 20_000)
+    c, v = mp.item_nonzeros(tensor_items(t), t.layout)
+    pair = mp.mode_pair(c, v, shape, 1, 2, groups_max=1.0)
+    F = StackedFactors.from_list([rng.standard_normal((s, 16)) for s in shape])
+    got = []
+    for threads in (1, 2):
+        with numba_threads(threads):
+            Z = np.empty((pair.groups, 16))
+            oa, ob, oc = np.zeros((shape[1], 16)), np.zeros((shape[2], 16)), np.zeros((shape[2], 16))
+            mp.pair_first(pair, F.data, F.offsets, Z, oa)
+            mp.pair_second(pair, F.data, F.offsets, Z, ob, slices=False)
+            mp.pair_second(pair, F.data, F.offsets, Z, oc, slices=True)
+            got.append((oa, ob, oc))
+    for x, y in zip(*got):
+        assert np.array_equal(x, y)
+
+
+def test_pairs_are_chosen_where_they_are_few(rng):
+    # modes 2 and 3 take 6 distinct pairs over 4000 nonzeros; modes 0 and 1 are spread wide
+    nnz = 4000
+    combos = np.array([[0, 1], [3, 2], [5, 0], [1, 1], [7, 3], [2, 0]])
+    pick = combos[rng.integers(0, len(combos), nnz)]
+    coords = np.column_stack([rng.integers(0, 500, nnz), rng.integers(0, 400, nnz), pick])
+    coords = np.unique(coords, axis=0)
+    shape = (500, 400, 8, 4)
+    assert mp.pair_fraction(coords, shape, 2, 3) == 6 / coords.shape[0]
+    assert mp.choose_pairs(coords, shape) == [(2, 3)]
+    values = rng.standard_normal(coords.shape[0])
+    assert mp.mode_pair(coords, values, shape, 0, 1) is None  # too many pairs to pay
+    assert mp.mode_pair(coords, values, shape, 2, 3).groups == 6
+    assert mp.choose_pairs(coords[:, :2], shape[:2]) == []  # order 2: nothing to memoize
+    with pytest.raises(ValueError, match="mode pair"):
+        mp.mode_pair(coords, values, shape, 2, 1)
+
+
+def _paired_store(rng, tmp_path, nmodes):
+    """A store whose last two modes take few distinct pairs (so they are memoized)."""
+    shape = (60, 50, 40, 7, 5)[:nmodes] if nmodes > 3 else (300, 9, 7)
+    nnz = 15_000
+    coords = np.column_stack([rng.integers(0, s, nnz) for s in shape])
+    few = rng.integers(0, 4, nnz)
+    coords[:, -2] = few % shape[-2]
+    coords[:, -1] = (few * 3) % shape[-1]
+    coords = np.unique(coords, axis=0)
+    values = rng.standard_normal(coords.shape[0])
+    store = tfo.convert((coords, values), tmp_path / f"p{nmodes}.zarr", shape=shape, chunk_nnz=2048)
+    return shape, coords, values, store
+
+
+@pytest.mark.parametrize("nmodes", [3, 4, 5])
+def test_partition_pairs_and_a_sweep_task_carry_the_memo(tmp_path, rng, monkeypatch, nmodes):
+    from tensorflow_ooc.execution import graph, pair_tasks
+    from tensorflow_ooc.execution.tasks import load_partition, mttkrp_partition
+
+    shape, coords, values, store = _paired_store(rng, tmp_path, nmodes)
+    part = plan_partitions(store, 1, None)[0]
+    data = load_partition(store.path, part, mode_copies=True, threads=2, mode_pairs=True)
+    a, b = nmodes - 2, nmodes - 1
+    assert data.mode_pairs[a] is data.mode_pairs[b] and a not in data.mode_items and b not in data.mode_items
+    R = 8
+    F = StackedFactors.from_list([rng.standard_normal((s, R)) for s in shape])
+    for m in range(nmodes):  # each mode as its own task (no memo)
+        p = mttkrp_partition(data, F, m, threads=2)
+        assert rel_err(p.rows, dense_mttkrp(shape, coords, values, F.views, m)[p.lo : p.lo + len(p.rows)]) < 1e-12
+
+    # a sweep task: each update replaces the mode's rows, as CP-ALS does; every mode's MTTKRP must
+    # be the one of the factors as they are at its step
+    firsts = []
+    real_first = pair_tasks.pair_first
+    monkeypatch.setattr(pair_tasks, "pair_first", lambda *args: firsts.append(args[4] is None) or real_first(*args))
+    seen = []
+
+    def update(state, partials, mode, *args):
+        (p,) = partials
+        ref = dense_mttkrp(shape, coords, values, state.views, mode)
+        seen.append((mode, rel_err(p.rows, ref[p.lo : p.lo + len(p.rows)])))
+        state.views[mode][...] = rng.standard_normal(state.views[mode].shape)
+        return state
+
+    steps = tuple((m, ()) for m in range(nmodes))
+    graph._modes_then(update, data, F, steps, None, 2, 1 << 16, "cpu", None, 256 << 20, False)
+    assert [m for m, _ in seen] == list(range(nmodes)) and max(e for _, e in seen) < 1e-12
+    assert firsts == [False]  # one memo pass for the pair, its second mode read it
+
+
+def test_cp_als_in_memory_with_pairs_equals_streaming(tmp_path, rng, monkeypatch):
+    from tensorflow_ooc.execution import graph
+
+    shape, coords, values, store = _paired_store(rng, tmp_path, 4)
+    modes = []
+    real = graph.pair_partition
+    monkeypatch.setattr(graph, "pair_partition", lambda src, F, mode, *a: modes.append(mode) or real(src, F, mode, *a))
+    r = tfo.cp_als(store, 8, seed=3, max_iters=5, tol=0, execution="in-memory")
+    assert r.params["memory_plan"]["mode_pairs"]
+    assert modes == [2, 3] * 5  # the sweeps ran the pair's modes through the memo
+    s = tfo.cp_als(store, 8, seed=3, max_iters=5, tol=0, execution="streaming")
+    assert not s.params["memory_plan"]["mode_pairs"]
+    assert abs(r.fit - s.fit) < 1e-10
+    for x, y in zip(r.factors, s.factors):
+        np.testing.assert_allclose(x, y, rtol=1e-8, atol=1e-10)
