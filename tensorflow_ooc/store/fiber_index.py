@@ -52,6 +52,7 @@ from ..format.fiber_keys import (
     blocked_query,
     bloom_blocks,
     bloom_words,
+    distinct_sorted,
     exact_keys,
     key_space,
 )
@@ -179,14 +180,16 @@ class ModeIndex:
         each key, the chunk its run starts in through the chunk its run ends in."""
         if self.nchunks == 0 or keys.shape[0] == 0:
             return np.zeros(0, dtype=np.int64)
-        keys = np.unique(np.asarray(keys, dtype=np.uint64))
+        keys = distinct_sorted(np.asarray(keys, dtype=np.uint64))
         lo = np.maximum(np.searchsorted(self.first, keys, side="left") - 1, 0)
         hi = np.maximum(np.searchsorted(self.first, keys, side="right") - 1, 0)
+        # keys sorted: each key's span starts at or after where the one before ended, so the spans
+        # laid end to end are sorted and need only their repeats dropped
         if np.array_equal(lo, hi):
-            return np.unique(lo)
+            return distinct_sorted(lo)
         span = hi - lo + 1
         starts = np.repeat(lo - np.cumsum(np.concatenate([[0], span[:-1]])), span)
-        return np.unique(starts + np.arange(int(span.sum())))
+        return distinct_sorted(starts + np.arange(int(span.sum())))
 
     @cached_property
     def _bloom_file(self) -> ShardReader:
@@ -198,7 +201,7 @@ class ModeIndex:
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
         per = BLOOM_CHUNK_WORDS // BLOOM_BLOCK_WORDS
         blocks = bloom_blocks(keys, int(self.meta["bloom_words"]) // BLOOM_BLOCK_WORDS)
-        chunks = np.unique(blocks // per)
+        chunks = distinct_sorted(blocks // per)
         words = np.empty(chunks.shape[0] * BLOOM_CHUNK_WORDS, dtype=np.uint64)
         try:
             crcs, nbytes = self._bloom_file.read_many(chunks, words)
