@@ -153,7 +153,8 @@ class ShardReader:
         # every chunk's (offset, bytes) in its shard file, filled a shard at a time as its index
         # is first read (the memory the indexes took when kept per shard): a read then looks its
         # chunks up in one step, where a step a shard cost 10 % of a round's gather
-        nshards = -(-max(1, int(array.shape[0])) // (self.chunk_len * self.per_shard))
+        self.nchunks = -(-int(array.shape[0]) // self.chunk_len)
+        nshards = -(-max(1, self.nchunks) // self.per_shard)
         self._where = np.empty((nshards * self.per_shard, 2), dtype="<u8")
         self._loaded = np.zeros(nshards, dtype=bool)
         self._fds: OrderedDict[int, int] = OrderedDict()  # shard -> open fd, least recently used first
@@ -223,7 +224,7 @@ class ShardReader:
         n = chunks.shape[0]
         if n == 0:
             return np.zeros(0, dtype=np.int64), 0
-        if int(chunks.min()) < 0 or int(chunks.max()) >= self._where.shape[0]:
+        if int(chunks.min()) < 0 or int(chunks.max()) >= self.nchunks:
             raise ShardError(f"chunks {int(chunks.min())}..{int(chunks.max())}: outside the array's chunks")
         shard = chunks // self.per_shard
         touched = np.zeros(self._loaded.shape[0], dtype=bool)
