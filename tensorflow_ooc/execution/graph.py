@@ -593,10 +593,15 @@ class MTTKRPGraph(PartitionedGraph):
         """The mode-``mode`` sampled MTTKRP of the drawn ``samples`` (CP's or the tensor train's), reduced
         to the last level: through the store's fiber index where :meth:`reads_fiber_index` (one share
         of the sample keys a worker, each reading only the chunks of its fibers), else a pass over
-        every partition. ``threads``: numba threads a task (default the graph's)."""
-        threads = self.numba_threads if threads is None else int(threads)
+        every partition. ``threads``: numba threads a task (default the graph's; through the index,
+        a worker's cores)."""
         if not self.reads_fiber_index(mode):
+            threads = self.numba_threads if threads is None else int(threads)
             return self.partition_pass(sampled_partition, samples, mode, threads, self.batch_nnz)
+        if threads is None:
+            # the worker's one gather task runs alone between the draw and the update: on one
+            # numba thread (its cores over its Dask threads) the worker's other cores idled
+            threads = min(int(r["numba_threads"]) * int(r["dask_threads"]) for r in self.resources.values())
         shares = max(1, len(self.resources))
         partials = [
             self.client.submit(
