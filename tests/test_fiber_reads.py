@@ -14,6 +14,7 @@ from tensorflow_ooc.format.fiber_keys import distinct_sorted
 from tensorflow_ooc.kernels.sampling.fiber_gather import FiberIndex, sampled_mttkrp_items
 from tensorflow_ooc.kernels.sampling.krp_sampler import SampleSet
 from tensorflow_ooc.store.fiber_index import open_fiber_index
+from tensorflow_ooc.store.scratch import ScratchBuffers
 from tensorflow_ooc.store.shard_files import ShardError
 
 
@@ -111,6 +112,15 @@ def test_chunks_read_in_any_order_are_those_read_in_order(tmp_path, rng):
         assert np.array_equal(a.reshape(-1, C)[perm], b.reshape(-1, C))
         with pytest.raises(ShardError, match="outside the array's chunks"):
             f.read_many(np.array([m.nchunks + int(rng.integers(0, 5))]), a)
+    # reads of several groups through one set of reused buffers equal fresh reads
+    scratch = ScratchBuffers()
+    for _ in range(3):
+        pick = np.unique(rng.choice(m.nchunks, int(rng.integers(1, m.nchunks))))
+        fresh = m.read(pick)
+        reused = m.read(pick, scratch)
+        assert np.array_equal(fresh.keys, reused.keys) and np.array_equal(fresh.rows, reused.rows)
+        assert np.array_equal(fresh.values, reused.values) and fresh.bytes_read == reused.bytes_read
+    assert scratch.nbytes > 0
 
 
 def test_distinct_sorted_is_numpys_unique(rng):

@@ -18,6 +18,7 @@ import numpy as np
 from ..format.fiber_keys import distinct_sorted, sample_keys
 from ..kernels.mttkrp.dispatch import numba_threads
 from ..kernels.sampling.fiber_gather import FENCE, FiberIndex, assign_row_slots, index_gather
+from ..store.scratch import ScratchBuffers
 from .partials import SPARSE_ROWS, Partial
 from .tasks import cached_store
 
@@ -74,10 +75,11 @@ def indexed_sampled_partial(
     # matches hit at most one row a chunk entry read
     entries = sum(int(g[2].shape[0]) for g in groups) * idx.chunk_nnz
     acc = HitRows(store.shape[mode], entries, samples.ncols, samples.dtype)
+    scratch = ScratchBuffers()  # the groups' reads reuse one set of buffers
     for lo_key, hi_key, chunks in groups:
         keep = held & (skeys >= lo_key) & (skeys <= hi_key) if len(groups) > 1 else held
         sel = np.flatnonzero(keep)
-        _gather_group(idx, samples, mine[sel], skeys[sel], chunks, threads, reads, acc)
+        _gather_group(idx, samples, mine[sel], skeys[sel], chunks, threads, reads, acc, scratch)
     lo, out, hit = acc.result()
     return Partial(lo, out, time.perf_counter() - t0, reads, index=hit)
 
@@ -113,11 +115,14 @@ class HitRows:
         self.dense: np.ndarray | None = None  # the whole mode's rows, once too many are hit
         self.n = 0
 
-    def slots(self, rows: np.ndarray, first: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    def slots(
+        self, rows: np.ndarray, first: np.ndarray, offsets: np.ndarray, scratch: ScratchBuffers | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """Where the matches of one group's runs add: (the output, each entry's row of it), or
         (the whole mode's rows, None: entries add at their own row)."""
         if self.dense is None:
-            local = np.empty(rows.shape[0], dtype=np.int64)
+            n = rows.shape[0]
+            local = np.empty(n, dtype=np.int64) if scratch is None else scratch.take("slot", n, np.int64)
             n, fits = assign_row_slots(rows, first, offsets, self.slot_of, self.hit, self.n, local)
             if fits:
                 self.n = n
@@ -169,16 +174,17 @@ def _gather_group(
     threads: int,
     reads: dict,
     acc: HitRows,
+    scratch: ScratchBuffers,
 ) -> None:
     """One group's sampled rows from its chunks, added into ``acc``; ``reads`` counts what it read."""
     with numba_threads(threads):  # the chunks decode on the task's threads
-        got = idx.read(chunks)
+        got = idx.read(chunks, scratch)
     fence = np.ascontiguousarray(got.keys[::FENCE]) if got.keys.shape[0] >= FENCE else None
     index = FiberIndex(idx.mode, got.keys, got.rows, got.values, fence)
     runs = index.ranges(skeys)
     offsets, first = runs
     if offsets[-1]:
-        out, local = acc.slots(index.rows, first, offsets)
+        out, local = acc.slots(index.rows, first, offsets, scratch)
 
         def rows_of(used: np.ndarray) -> np.ndarray:
             return samples.weighted_rows(mine[used])

@@ -60,6 +60,7 @@ from . import paths
 from .chunk_files import ABSENT
 from .codecs import IndexCodecs, TableCodecs, ValueCodecs, quiet_numcodecs, value_padding
 from .metadata import CHECKSUM_KEY, arrays_checksum, meta_checksum
+from .scratch import ScratchBuffers
 from .shard_decode import undelta_chunks
 from .shard_files import ShardError, ShardReader, ShardWriter, shard_chunks
 
@@ -219,23 +220,29 @@ class ModeIndex:
         """Stored bytes of ``chunks`` (of the three arrays): what reading them costs."""
         return int(self.size[:, np.asarray(chunks, dtype=np.int64)].sum())
 
-    def read(self, chunks: np.ndarray) -> Gathered:
+    def read(self, chunks: np.ndarray, scratch: ScratchBuffers | None = None) -> Gathered:
         """The entries of ``chunks`` (sorted chunk ids), concatenated in key order; every chunk's
         CRC32C and position checked. Each array's chunks are read together and decoded straight
         into their places in the output (rows keep their stored dtype) on the calling numba
-        threads (:meth:`ShardReader.read_many`)."""
+        threads (:meth:`ShardReader.read_many`). With ``scratch`` the entries (and the bytes read)
+        are views of its buffers, valid until its next use."""
         chunks = np.asarray(chunks, dtype=np.int64)
         n, C = self.nnz, self.chunk_nnz
         total = int(np.sum(np.minimum(n, (chunks + 1) * C) - chunks * C))
         # chunk j decodes whole into slot j: only the array's last chunk is short, and it sorts last
         space = chunks.shape[0] * C
-        keys = np.empty(space, dtype=np.uint64)
-        rows = np.empty(space, dtype=self.row_dtype)
-        values = np.empty(space, dtype=self.store.value_dtype)
+        if scratch is None:
+            keys = np.empty(space, dtype=np.uint64)
+            rows = np.empty(space, dtype=self.row_dtype)
+            values = np.empty(space, dtype=self.store.value_dtype)
+        else:
+            keys = scratch.take("key", space, np.uint64)
+            rows = scratch.take("row", space, self.row_dtype)
+            values = scratch.take("value", space, self.store.value_dtype)
         nbytes = 0
         for k, (f, out) in enumerate(zip(self._files, (keys, rows, values))):
             try:
-                crcs, got = f.read_many(chunks, out)
+                crcs, got = f.read_many(chunks, out, scratch)
             except (ShardError, FileNotFoundError) as exc:
                 raise CorruptStoreError(
                     f"{self.store.path}: fiber index of mode {self.mode}, '{ARRAYS[k]}': {exc}"

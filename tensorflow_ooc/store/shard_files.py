@@ -24,6 +24,7 @@ import zarr
 from ..disk import disk_full_error, is_disk_full
 from .chunk_files import _crc32c
 from .codecs import StoredChain
+from .scratch import ScratchBuffers
 from .shard_decode import BAD_HEADER, OK, chunk_crcs, decode_chunks, pread_ranges
 from .shard_encode import FrameBuffers, framed_chunks
 from .writer import encoded_chunk
@@ -214,7 +215,9 @@ class ShardReader:
         self._loaded[s] = True
         return index
 
-    def read_many(self, chunks: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, int]:
+    def read_many(
+        self, chunks: np.ndarray, out: np.ndarray, scratch: ScratchBuffers | None = None
+    ) -> tuple[np.ndarray, int]:
         """Inner chunks ``chunks`` (int64) decoded into ``out``, chunk ``j`` into slot ``j`` of
         ``chunk_len`` elements (Delta's differences left for the caller). Chunks next to each
         other in a shard file are read together (one ``pread``, or one ranged GET of the ranges at
@@ -247,7 +250,8 @@ class ShardReader:
         r_start, r_shard = o_[new], s_[new]
         r_end = np.maximum.reduceat(e_, np.flatnonzero(new))
         r_at = np.concatenate([[0], np.cumsum(r_end - r_start)])
-        buf = np.empty(int(r_at[-1]), dtype=np.uint8)
+        nbuf = int(r_at[-1])
+        buf = np.empty(nbuf, dtype=np.uint8) if scratch is None else scratch.take("read", nbuf, np.uint8)
         self._read_ranges(r_shard, r_start, r_end, r_at, buf)
         pos = np.empty(n, np.int64)
         pos[order] = r_at[rid] + o_ - r_start[rid]
