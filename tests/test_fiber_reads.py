@@ -128,3 +128,32 @@ def test_distinct_sorted_is_numpys_unique(rng):
         keys = rng.integers(0, int(rng.integers(1, 10**6)), int(rng.integers(0, 5000))).astype(dtype)
         got = distinct_sorted(keys)
         assert got.dtype == dtype and np.array_equal(got, np.unique(keys))
+
+
+def test_the_fits_exact_pass_runs_after_the_gather(tmp_path, rng, two_workers):
+    """A round that evaluates the fit runs the exact pass once its gathers are done, never beside
+    them (together they shared the workers' cores, and the round's time kept part of the pass)."""
+    from distributed import get_task_stream
+
+    shape = tuple(int(x) for x in rng.integers(20, 40, 3))
+    store = tfo.convert(random_coo(rng, shape, 6000), tmp_path / "s", shape=shape, chunk_nnz=512)
+    tfo.build_fiber_index(store, "all", chunk_nnz=64)
+    kw = dict(method="sts", samples=400, seed=int(rng.integers(1 << 30)), max_iters=3, fit_every=1, tol=0)
+    with get_task_stream(client=two_workers) as ts:
+        r = tfo.cp_als(store, 3, client=two_workers, execution="streaming", distribution="graph", **kw)
+    assert set(r.params["sampled_reads"].values()) == {"index"}
+
+    def spans(prefix):
+        out = []
+        for t in ts.data:
+            if t["key"][0 if isinstance(t["key"], tuple) else slice(None)].startswith(prefix):
+                out += [(s["start"], s["stop"]) for s in t["startstops"] if s["action"] == "compute"]
+        return out
+
+    gathers, exact = spans("indexed_sampled_partial"), spans("_gated")
+    assert gathers and len(exact) >= 2  # the fit's pass of each sampled round, on both workers
+    for a0, a1 in gathers:
+        for b0, b1 in exact:
+            assert a1 <= b0 or b1 <= a0  # never at once
+    for b0, _ in exact:  # each pass follows a gather
+        assert any(a1 <= b0 for _, a1 in gathers)
