@@ -157,3 +157,29 @@ def test_the_fits_exact_pass_runs_after_the_gather(tmp_path, rng, two_workers):
             assert a1 <= b0 or b1 <= a0  # never at once
     for b0, _ in exact:  # each pass follows a gather
         assert any(a1 <= b0 for _, a1 in gathers)
+
+
+def test_read_entries_are_checked_in_one_pass(rng):
+    """Rows past the mode, keys out of order or a chunk not starting at its recorded key are found
+    wherever they are, a row outside first."""
+    from tensorflow_ooc.store.fiber_index import _KEYS_OUT_OF_ORDER, _ROW_OUTSIDE, _entries_fault
+
+    per, nchunks, length = int(rng.integers(2, 9)), int(rng.integers(3, 40)), 50
+    n = per * nchunks - int(rng.integers(0, per))  # the last chunk short
+    keys = np.sort(rng.integers(0, 10**6, n).astype(np.uint64))
+    rows = rng.integers(0, length, n).astype(np.uint32)
+    starts = np.arange(nchunks, dtype=np.int64) * per
+    first = keys[starts].copy()
+    assert _entries_fault(keys, rows, starts, first, length) == 0
+    i = int(rng.integers(0, n))
+    bad = rows.copy()
+    bad[i] = length
+    assert _entries_fault(keys, bad, starts, first, length) == _ROW_OUTSIDE
+    j = int(rng.integers(1, n))
+    swapped = keys.copy()
+    swapped[j - 1], swapped[j] = keys[j] + np.uint64(1), keys[j - 1]
+    assert _entries_fault(swapped, rows, starts, first, length) == _KEYS_OUT_OF_ORDER
+    moved = first.copy()
+    moved[int(rng.integers(0, nchunks))] += np.uint64(1)
+    assert _entries_fault(keys, rows, starts, moved, length) == _KEYS_OUT_OF_ORDER
+    assert _entries_fault(swapped, bad, starts, first, length) == _ROW_OUTSIDE

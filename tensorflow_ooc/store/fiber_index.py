@@ -41,6 +41,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numba as nb
 import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec
@@ -282,11 +283,12 @@ class ModeIndex:
         if keys.shape[0] == 0:
             return
         length = self.store.shape[self.mode]
-        if int(rows.max()) >= length:  # unsigned: never below 0
+        fault = _entries_fault(keys, rows, starts, self.first[chunks], length)
+        if fault == _ROW_OUTSIDE:  # unsigned: never below 0
             raise CorruptStoreError(
                 f"{self.store.path}: fiber index of mode {self.mode}: a row index outside 0..{length - 1}"
             )
-        if not np.array_equal(keys[starts], self.first[chunks]) or np.any(keys[1:] < keys[:-1]):
+        if fault == _KEYS_OUT_OF_ORDER:
             raise CorruptStoreError(
                 f"{self.store.path}: fiber index of mode {self.mode}: chunk keys do not match the chunk table"
             )
@@ -295,6 +297,37 @@ class ModeIndex:
 
     def stored_bytes(self) -> int:
         return int(self.size.sum())
+
+
+_ROW_OUTSIDE, _KEYS_OUT_OF_ORDER = 1, 2
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _entries_fault(keys, rows, starts, first, length):
+    """0 where read entries are sound; :data:`_ROW_OUTSIDE` where a row is ``length`` or more,
+    else :data:`_KEYS_OUT_OF_ORDER` where the keys are not sorted or a chunk (from ``starts[j]``)
+    does not start at its recorded first key ``first[j]``. One parallel pass over the chunks, where
+    four NumPy passes (and a temporary a key) took 10 ms a group of 4 M entries."""
+    n = keys.shape[0]
+    nchunks = starts.shape[0]
+    fault = np.zeros(nchunks, dtype=np.int8)
+    for j in nb.prange(nchunks):
+        lo = starts[j]
+        hi = starts[j + 1] if j + 1 < nchunks else n
+        if keys[lo] != first[j] or (lo > 0 and keys[lo] < keys[lo - 1]):
+            fault[j] = _KEYS_OUT_OF_ORDER
+        for i in range(lo, hi):
+            if rows[i] >= length:
+                fault[j] = _ROW_OUTSIDE
+                break
+            if i > lo and keys[i] < keys[i - 1]:
+                fault[j] = _KEYS_OUT_OF_ORDER
+    worst = 0
+    for j in range(nchunks):
+        if fault[j] == _ROW_OUTSIDE:
+            return _ROW_OUTSIDE
+        worst = max(worst, fault[j])
+    return worst
 
 
 class FiberIndex:
