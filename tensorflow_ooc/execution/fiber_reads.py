@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ..format.fiber_keys import sample_keys
+from ..format.fiber_keys import distinct_sorted, sample_keys
 from ..kernels.mttkrp.dispatch import numba_threads
-from ..kernels.sampling.fiber_gather import FENCE, FiberIndex, compact_run_rows, index_gather, run_rows
+from ..kernels.sampling.fiber_gather import FENCE, FiberIndex, assign_row_slots, index_gather
+from ..store.scratch import ScratchBuffers
 from .partials import SPARSE_ROWS, Partial
 from .tasks import cached_store
 
@@ -28,7 +29,7 @@ def share_keys(keys: np.ndarray, share: tuple[int, int]) -> np.ndarray:
     k, K = share
     if K <= 1:
         return np.arange(keys.shape[0])
-    distinct = np.unique(keys)
+    distinct = distinct_sorted(keys)
     cuts = distinct[(np.arange(1, K) * distinct.shape[0]) // K] if distinct.shape[0] else distinct[:0]
     lo = np.uint64(0) if k == 0 else cuts[k - 1]
     keep = keys >= lo
@@ -47,7 +48,9 @@ def indexed_sampled_partial(
 
     The chunks are read in groups of at most :data:`GATHER_BYTES` of entries (each group the
     samples of one range of keys, so every fiber lies in one group): one group gives the sums of
-    one in-memory partition exactly; more add each group's sums in turn."""
+    one in-memory partition exactly; more add each group's sums in turn. The sums are kept for the
+    rows the matches hit only (:class:`HitRows`) while those are at most a
+    :data:`~tensorflow_ooc.execution.partials.SPARSE_ROWS`-th of the mode's."""
     t0 = time.perf_counter()
     store = cached_store(path)
     idx = store.fibers.mode(mode) if store.fibers is not None else None
@@ -59,7 +62,7 @@ def indexed_sampled_partial(
     # only fibers the Bloom filter may hold are looked up: the others hold no nonzero for certain
     with numba_threads(threads):
         held, filter_bytes = idx.may_hold(skeys)
-    groups = _key_groups(idx, np.unique(skeys[held]))
+    groups = _key_groups(idx, distinct_sorted(skeys[held]))
     reads = {
         "path": "index",
         "nnz": 0,
@@ -69,21 +72,74 @@ def indexed_sampled_partial(
         "chunks_read": 0,
         "fibers": 0,
     }
-    if len(groups) <= 1:
-        chunks = groups[0][2] if groups else np.zeros(0, np.int64)
-        lo, out, hit = _gather_group(idx, samples, mine, skeys, chunks, threads, reads, nrows=store.shape[mode])
-        return Partial(lo, out, time.perf_counter() - t0, reads, index=hit)
-    # several groups add into one output over the whole mode (one output a task, as the plan counts)
-    out = np.zeros((store.shape[mode], samples.ncols), dtype=samples.dtype)
+    # matches hit at most one row a chunk entry read
+    entries = sum(int(g[2].shape[0]) for g in groups) * idx.chunk_nnz
+    acc = HitRows(store.shape[mode], entries, samples.ncols, samples.dtype)
+    scratch = ScratchBuffers()  # the groups' reads reuse one set of buffers
     for lo_key, hi_key, chunks in groups:
-        sel = np.flatnonzero(held & (skeys >= lo_key) & (skeys <= hi_key))
-        _gather_group(idx, samples, mine[sel], skeys[sel], chunks, threads, reads, out)
-    return Partial(0, out, time.perf_counter() - t0, reads)
+        keep = held & (skeys >= lo_key) & (skeys <= hi_key) if len(groups) > 1 else held
+        sel = np.flatnonzero(keep)
+        _gather_group(idx, samples, mine[sel], skeys[sel], chunks, threads, reads, acc, scratch)
+    lo, out, hit = acc.result()
+    return Partial(lo, out, time.perf_counter() - t0, reads, index=hit)
 
 
 #: entries of index chunks a gather holds at once (about 20 bytes each: key, row, value)
 GATHER_ENTRIES = 1 << 22
 GATHER_BYTES = GATHER_ENTRIES * 24
+
+
+class HitRows:
+    """The sums of one gather, over the rows its matches hit only, in slots given in order of
+    first hit (:func:`~tensorflow_ooc.kernels.sampling.fiber_gather.assign_row_slots`) across its
+    groups: a gather of several groups over a 4.8 M-row mode formed, updated and reduced every
+    row. Past ``nrows / SPARSE_ROWS`` rows hit, the sums move to rows of the whole mode (at most a
+    quarter more than those, as the memory plan counts a gather's output).
+
+    Parameters
+    ----------
+    nrows : int
+        The mode's rows.
+    bound : int
+        Rows the matches may hit at most (the entries read).
+    ncols, dtype
+        The sums' columns and dtype.
+    """
+
+    def __init__(self, nrows: int, bound: int, ncols: int, dtype: Any) -> None:
+        self.nrows = int(nrows)
+        cap = min(self.nrows // SPARSE_ROWS, int(bound))
+        self.slot_of = np.full(self.nrows, -1, dtype=np.int32 if cap < 2**31 else np.int64)
+        self.hit = np.empty(cap, dtype=np.int64)
+        self.sums = np.zeros((cap, ncols), dtype=dtype)
+        self.dense: np.ndarray | None = None  # the whole mode's rows, once too many are hit
+        self.n = 0
+
+    def slots(
+        self, rows: np.ndarray, first: np.ndarray, offsets: np.ndarray, scratch: ScratchBuffers | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Where the matches of one group's runs add: (the output, each entry's row of it), or
+        (the whole mode's rows, None: entries add at their own row)."""
+        if self.dense is None:
+            n = rows.shape[0]
+            local = np.empty(n, dtype=np.int64) if scratch is None else scratch.take("slot", n, np.int64)
+            n, fits = assign_row_slots(rows, first, offsets, self.slot_of, self.hit, self.n, local)
+            if fits:
+                self.n = n
+                return self.sums[:n], local
+            # too many rows hit: what the groups before summed moves to the whole mode's rows
+            self.dense = np.zeros((self.nrows, self.sums.shape[1]), dtype=self.sums.dtype)
+            self.dense[self.hit[:n]] = self.sums[:n]
+            self.sums = self.hit = self.slot_of = None
+        return self.dense, None
+
+    def result(self) -> tuple[int, np.ndarray, np.ndarray | None]:
+        """(lo, rows, index) of the gather's :class:`Partial`: its hit rows, sorted, with their row
+        numbers, or the whole mode's rows (index None)."""
+        if self.dense is not None:
+            return 0, self.dense, None
+        order = np.argsort(self.hit[: self.n], kind="stable")
+        return 0, self.sums[order], self.hit[order]
 
 
 def _key_groups(idx: Any, keys: np.ndarray) -> list[tuple[int, int, np.ndarray]]:
@@ -117,44 +173,26 @@ def _gather_group(
     chunks: np.ndarray,
     threads: int,
     reads: dict,
-    into: np.ndarray | None = None,
-    nrows: int = 0,
-) -> tuple[int, np.ndarray, np.ndarray | None]:
-    """One group's sampled rows (lo, rows, None) from its chunks, or added ``into`` the whole
-    mode's rows; ``reads`` counts what it read. Where the matches hit at most ``nrows /
-    SPARSE_ROWS`` distinct rows (``nrows``: the mode's), only those are formed: (0, their rows,
-    their row numbers)."""
+    acc: HitRows,
+    scratch: ScratchBuffers,
+) -> None:
+    """One group's sampled rows from its chunks, added into ``acc``; ``reads`` counts what it read."""
     with numba_threads(threads):  # the chunks decode on the task's threads
-        got = idx.read(chunks)
+        got = idx.read(chunks, scratch)
     fence = np.ascontiguousarray(got.keys[::FENCE]) if got.keys.shape[0] >= FENCE else None
     index = FiberIndex(idx.mode, got.keys, got.rows, got.values, fence)
     runs = index.ranges(skeys)
     offsets, first = runs
-    lo, hi = run_rows(index, first, offsets)
-    hit = local = None
-    if into is not None:
-        lo, out = 0, into
-    else:
-        # matches on few distinct rows: those rows alone, not the span from the first to the last
-        hit, local = compact_run_rows(index.rows, first, offsets, lo, hi - lo + 1) if hi >= 0 else (_NO_ROWS, None)
-        if hit.shape[0] * SPARSE_ROWS > nrows:
-            hit = local = None
-            out = np.zeros((hi - lo + 1, samples.ncols), dtype=samples.dtype)
-        else:
-            lo, out = 0, np.zeros((hit.shape[0], samples.ncols), dtype=samples.dtype)
-    if hi >= 0:
+    if offsets[-1]:
+        out, local = acc.slots(index.rows, first, offsets, scratch)
 
         def rows_of(used: np.ndarray) -> np.ndarray:
             return samples.weighted_rows(mine[used])
 
         with numba_threads(threads):
-            index_gather(index, skeys, rows_of, out, lo, runs, out_rows=local)
+            index_gather(index, skeys, rows_of, out, 0, runs, out_rows=local)
     reads["nnz"] += int(offsets[-1])
     reads["nnz_read"] += int(got.keys.shape[0])
     reads["bytes_read"] += int(got.bytes_read)
     reads["chunks_read"] += int(got.chunks_read)
     reads["fibers"] += int(np.count_nonzero(offsets[1:] > offsets[:-1]))
-    return int(lo), out, hit
-
-
-_NO_ROWS = np.zeros(0, dtype=np.int64)

@@ -581,60 +581,37 @@ def _asked_rows(rows_of: Callable[[np.ndarray], np.ndarray], used: np.ndarray, o
     return Hw
 
 
-def run_rows(index: FiberIndex, first: np.ndarray, offsets: np.ndarray) -> tuple[int, int]:
-    """The smallest and largest row of the runs (``first``, ``offsets`` of :meth:`FiberIndex.ranges`);
-    (0, -1) when every run is empty."""
-    return _run_rows(index.rows, first, offsets)
-
-
 @nb.njit(nogil=True, cache=True)
-def _run_rows(rows, first, offsets):
-    lo, hi = np.int64(np.iinfo(np.int64).max), np.int64(-1)
-    for s in range(first.shape[0]):
-        for e in range(offsets[s + 1] - offsets[s]):
-            r = rows[first[s] + e]
-            lo = min(lo, r)
-            hi = max(hi, r)
-    return (0, -1) if hi < 0 else (lo, hi)
-
-
-@nb.njit(nogil=True, cache=True)
-def compact_run_rows(rows, first, offsets, lo, nspan):
-    """The distinct rows the runs' matches hit, and each match's position among them.
+def assign_row_slots(rows, first, offsets, slot_of, hit, n, local):
+    """Give every row the runs' matches hit a slot of a compact output, in order of first hit.
 
     Parameters
     ----------
     rows : int (E,)          mode row of each index entry
     first, offsets : int64   the runs of :meth:`FiberIndex.ranges`
-    lo : int                 the smallest row of the runs (:func:`run_rows`)
-    nspan : int              rows from ``lo`` to the largest row of the runs
+    slot_of : int (nrows,)   each row's slot, -1 where none yet; updated
+    hit : int64 (cap,)       the row of each slot; slots ``n ..`` written
+    n : int                  slots given so far (by earlier groups of the same output)
+    local : int64 (E,)       ``local[e]``: the slot of ``rows[e]`` for every matched entry ``e``
 
-    Returns
-    -------
-    hit : int64 (H,)         the distinct rows hit, sorted
-    local : int64 (E,)       ``local[e]``: the position of ``rows[e]`` in ``hit`` for every matched
-                             entry ``e`` (the others are left undefined)
-    """
-    pos = np.zeros(nspan, dtype=np.int64)
+    Returns the slots given in all, and False where the matches hit more rows than ``hit`` holds
+    (it is then full, and ``local`` incomplete). Groups of one gather share ``slot_of`` and
+    ``hit``, so their sums land in one output of the rows hit only, whatever the span of rows
+    between them."""
+    cap = hit.shape[0]
     for s in range(first.shape[0]):
         for e in range(first[s], first[s] + offsets[s + 1] - offsets[s]):
-            pos[rows[e] - lo] = 1
-    n = 0
-    for i in range(nspan):
-        if pos[i]:
-            pos[i] = n
-            n += 1
-        else:
-            pos[i] = -1
-    hit = np.empty(n, dtype=np.int64)
-    for i in range(nspan):
-        if pos[i] >= 0:
-            hit[pos[i]] = lo + i
-    local = np.empty(rows.shape[0], dtype=np.int64)
-    for s in range(first.shape[0]):
-        for e in range(first[s], first[s] + offsets[s + 1] - offsets[s]):
-            local[e] = pos[rows[e] - lo]
-    return hit, local
+            r = rows[e]
+            k = slot_of[r]
+            if k < 0:
+                if n == cap:
+                    return n, False
+                k = n
+                slot_of[r] = n
+                hit[n] = r
+                n += 1
+            local[e] = k
+    return n, True
 
 
 def index_gather(
@@ -650,7 +627,7 @@ def index_gather(
     ``skeys[s]`` and added in (:func:`_scatter_runs`); a callable ``Hw`` is asked for the rows of
     the samples whose fibers hold nonzeros only. ``runs``: the keys' ``(offsets, first)`` from
     :meth:`FiberIndex.ranges` where the caller has them. ``out_rows``: each entry's row of ``out``
-    in place of the index's rows (the ``local`` of :func:`compact_run_rows`: ``out`` then holds
+    in place of the index's rows (the ``local`` of :func:`assign_row_slots`: ``out`` then holds
     the hit rows only, with ``out_lo`` 0)."""
     rows = index.rows if out_rows is None else out_rows
     offsets, first = index.ranges(skeys) if runs is None else runs
