@@ -11,6 +11,7 @@ import os
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
+import dask
 from distributed import Client, LocalCluster
 
 from ..limits import SLOT_RESOURCE  # the embedded workers' slots (see workflow.admission)
@@ -118,6 +119,28 @@ def get_client(
         finally:
             c.close()
         return
+    with dask.config.set(EMBEDDED_CONFIG):
+        cluster = _embedded_cluster(processes, n_workers, memory_limit, dashboard_address, device)
+    c = Client(cluster)
+    log.info("embedded Dask cluster: %d worker(s), dashboard at %s", len(cluster.workers), c.dashboard_link)
+    _monitor(c)
+    try:
+        yield c
+    finally:
+        c.close()
+        cluster.close()
+
+
+#: The embedded workers' Dask settings. No statistical profiler: it samples every thread's stack
+#: every 10 ms under the GIL, on the cores the kernels use (vast-shaped 26 M, rank 16, 2 cores:
+#: about 3 % of a CP-ALS iteration on the in-process worker and on 2 process workers); the tfooc
+#: page reports the runs instead.
+EMBEDDED_CONFIG = {"distributed.worker.profile.enabled": False}
+
+
+def _embedded_cluster(processes: bool, n_workers: int | None, memory_limit, dashboard_address, device: str):
+    """The embedded cluster: GPU workers where usable, else one in-process worker of one thread or
+    (``processes``) ``n_workers`` one-thread worker processes."""
     cores = os.cpu_count() or 1
     gpu_cluster = _embedded_gpu_cluster(memory_limit, dashboard_address) if device in ("auto", "gpu") else None
     if gpu_cluster is not None:
@@ -141,14 +164,7 @@ def get_client(
             dashboard_address=dashboard_address,
             resources={SLOT_RESOURCE: 1},
         )
-    c = Client(cluster)
-    log.info("embedded Dask cluster: %d worker(s), dashboard at %s", len(cluster.workers), c.dashboard_link)
-    _monitor(c)
-    try:
-        yield c
-    finally:
-        c.close()
-        cluster.close()
+    return cluster
 
 
 #: Called with the client of every embedded cluster started here, and by ``tfooc submit`` with
