@@ -412,7 +412,7 @@ def pdnr_step(s: APRState, parts: Sequence[Partial], n: int, inner: int, inner_m
     # rows with nonzeros they cannot reach, and rows that found no step with a finite objective
     lift = (b.unreachable[act] > 0) | (infinite & ~accepted)
     if lift.any():
-        new[lift] = lifted(np.maximum(new[lift], 0.0), s.zero_floor, m[lift].sum(axis=1))
+        new[lift] = lifted(new[lift], s.zero_floor, m[lift].sum(axis=1))  # candidates and MU steps are >= 0
         if inner == 0:
             s.safeguards[LIFTED, n] += int(lift.sum())
     s.views[n][b.lo + act] = new
