@@ -396,13 +396,28 @@ def test_memoized_mode_pairs_are_counted_and_tried_first_where_a_sweep_is_one_ta
     limit = int((plans[0].peak + plans[1].peak) / 2 / plans[1].usable_fraction)
     got = choose(_plans(limit, shape=shape, worker_nnz=nnz, rank=R, memo_pairs=True))
     assert got.mode_copies and not got.mode_pairs and got.execution == "in-memory"
-    # not asked, randomized, several partitions a mode, owner-computes or order 6: no pairs
+    # not asked, randomized, several partitions a mode (task graphs), or order 6: no pairs
     for kw in (
         dict(memo_pairs=False),
         dict(samples=1 << 16),
         dict(partitions_per_mode=2),
-        dict(owner=True),
         dict(shape=(40,) * 6),
+        dict(owner=True, workers=2, partitions_per_mode=4, samples=1 << 16),
     ):
         args = {**dict(shape=shape, worker_nnz=nnz, rank=R, memo_pairs=True), **kw}
         assert not any(p.mode_pairs for p in _plans(None, **args)), kw
+
+
+def test_owner_computes_workers_memoize_pairs_over_all_their_partitions():
+    from tensorflow_ooc.kernels.mttkrp.mode_pairs import pair_bytes
+
+    # each worker sweeps its partitions in one task an iteration: pairs whatever the partition count
+    shape, nnz, R = (3000, 2000, 900), 13_000_000, 64
+    kw = dict(shape=shape, worker_nnz=nnz, rank=R, memo_pairs=True, owner=True, workers=2, partitions_per_mode=6)
+    plans = _plans(None, **kw)
+    first = plans[0]
+    assert first.mode_pairs and first.mode_copies and first.in_place and first.execution == "in-memory"
+    copy = int(nnz * (16 + 24 / 64))
+    assert first.terms["mode_pairs"] == pair_bytes(nnz, 3, R, 8) - 2 * copy > 0
+    (same,) = [p for p in plans[1:] if p.mode_copies and p.max_private_bytes == first.max_private_bytes]
+    assert not same.mode_pairs and sum(first.terms.values()) - sum(same.terms.values()) == first.terms["mode_pairs"]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 from test_leverage_sampling import exact_leverage, explicit_krp
+from test_mttkrp import dense_mttkrp, rel_err
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc import synthetic
@@ -49,6 +50,112 @@ def test_two_workers_equal_one_process(two_workers, rng, tmp_path, order):
         assert h["bytes_sent"] == h["bytes_lower_bound"] + small
         assert len(h["mode_bytes_sent"]) == N and len(h["exchange_seconds"]) == N
     assert got.history[-1]["bytes_lower_bound"] > 0  # the workers do share rows here
+
+
+def _paired_store(rng, tmp_path, order: int):
+    """A store whose last two modes take few distinct index pairs (so each worker's partitions
+    memoize them), with enough nonzeros that every partition of 2 workers holds some."""
+    shape = (60, 50, 40, 7, 5)[:order] if order > 3 else (4000, 9, 7)
+    nnz = 20_000
+    coords = np.column_stack([rng.integers(0, s, nnz) for s in shape])
+    few = rng.integers(0, 4, nnz)
+    coords[:, -2] = few % shape[-2]
+    coords[:, -1] = (few * 3) % shape[-1]
+    coords = np.unique(coords, axis=0)
+    values = rng.standard_normal(coords.shape[0])
+    store = tfo.convert((coords, values), tmp_path / f"p{order}.zarr", shape=shape, chunk_nnz=2048)
+    return shape, coords, values, store
+
+
+def _pairs_on_workers(ws):
+    """A worker's memoized pairs (per partition, the modes they hold) and the second modes their
+    memos served."""
+    return [sorted(src.mode_pairs) for src in ws.sources], sum(m.served for m in ws.memos)
+
+
+def _sweep_step(ws, previous, seed, rank):
+    """A sweep as CP-ALS runs it (the modes in turn, each after the update of the one before),
+    each factor replaced by fresh random rows (the same on every worker) before the first mode
+    and after its own: every mode's local partial, and what the worker's pairs did."""
+    rng = np.random.default_rng(seed)
+    views = ws.factors.views
+    for v in views:
+        v[...] = rng.standard_normal(v.shape)
+    partials = []
+    for n in range(len(views)):
+        partials.append(ws.local_mttkrp(n, in_turn=True))
+        views[n][...] = rng.standard_normal(views[n].shape)
+    return {"partials": partials, "pairs": _pairs_on_workers(ws)}
+
+
+@pytest.mark.parametrize("order", [3, 4, 5])
+def test_workers_memoize_mode_pairs_over_their_partitions(two_workers, rng, tmp_path, order):
+    shape, coords, values, store = _paired_store(rng, tmp_path, order)
+    rank, seed = 8, int(rng.integers(1 << 30))
+    W = 2
+    engine = OwnerComputes(
+        two_workers,
+        store.path,
+        split_nonzeros(store, 2 * W),
+        in_memory=True,
+        init=StackedFactors.from_list,
+        init_args=([np.zeros((s, rank)) for s in shape], "float64"),
+        nmodes=order,
+        threads={a: 1 for a in two_workers.scheduler_info()["workers"]},
+        batch_nnz=1 << 16,
+        max_private_bytes=1 << 26,
+        mode_copies=True,
+        mode_pairs=True,
+    )
+    try:
+        got = engine.iterate(_sweep_step, (seed, rank))
+    finally:
+        engine.release()
+    # each worker's partitions memoized the last two modes' pair, and its second mode read the
+    # memo the first filled (one per partition)
+    for g in got:
+        kept, served = g["pairs"]
+        assert len(kept) == 2 and all(order - 2 in m and order - 1 in m for m in kept), kept
+        assert served == len(kept)
+    # the workers' partials sum to the MTTKRP of the factors as they were at each mode's step
+    frng = np.random.default_rng(seed)
+    F = [frng.standard_normal((s, rank)) for s in shape]
+    for n in range(order):
+        total = np.zeros((shape[n], rank))
+        for g in got:
+            g["partials"][n].add_into(total)
+        assert rel_err(total, dense_mttkrp(shape, coords, values, F, n)) < 1e-12
+        F[n] = frng.standard_normal((shape[n], rank))
+
+
+@pytest.mark.parametrize("order", [3, 4, 5])
+def test_two_workers_with_mode_pairs_equal_one_process(two_workers, rng, tmp_path, order):
+    shape, coords, values, store = _paired_store(rng, tmp_path, order)
+    rank, seed = 8, int(rng.integers(1 << 30))
+    served = []
+
+    def on_workers():
+        from tensorflow_ooc.execution.owner_computes import _RUNS as runs  # the worker's
+
+        return [_pairs_on_workers(st) for st in runs.values()]
+
+    def pairs_served(record):
+        served.append(two_workers.run(on_workers))
+
+    got = tfo.cp_als(store, rank, seed=seed, max_iters=4, tol=0, client=two_workers, callback=pairs_served)
+    assert got.params["distribution"]["kind"] == "owner-computes"
+    assert got.params["memory_plan"]["mode_pairs"]
+    # each iteration, each partition's pair served its second mode from the memo (the next
+    # iteration, submitted ahead, may have run too when the callback looks)
+    for k, per_worker in enumerate(served, start=1):
+        for ((kept, count),) in per_worker.values():
+            assert kept and k * len(kept) <= count <= (k + 1) * len(kept)
+    assert all(count == 4 * len(kept) for ((kept, count),) in served[-1].values())
+    ref = tfo.cp_als(store, rank, seed=seed, max_iters=4, tol=0, scheduler="inline")
+    _assert_same(got, ref)
+    plain = tfo.cp_als(store, rank, seed=seed, max_iters=4, tol=0, client=two_workers, execution="streaming")
+    assert not plain.params["memory_plan"]["mode_pairs"]
+    _assert_same(got, plain)
 
 
 def test_three_workers_streaming_equal_one_process(three_workers, rng, tmp_path):

@@ -47,8 +47,9 @@ and the pickling's own copy then pushes it past ``terminate``; and below ``pause
 
 In-memory executions (exact CP-ALS) are first tried with mode-sorted copies of the partitions,
 then without: the copies are speed, bought with one more copy of the nonzeros per mode. A graph
-of one partition (its sweep one task, so a memo lives from one mode to the next) at orders 3-5
-first tries them with memoized mode pairs where pairs pay (chosen when the partition loads).
+of one partition (its sweep one task, so a memo lives from one mode to the next), or an
+owner-computes run (each worker sweeps its partitions in its one task), at orders 3-5 first tries
+them with memoized mode pairs where pairs pay (chosen when the partition loads).
 
 With more than one kernel thread, each of 1-4 is first tried with a private bound that holds a
 per-thread copy of the longest mode's output (the kernels then give long modes per-thread
@@ -287,7 +288,8 @@ def candidates(
         no whole factors in transit. STS-CP adds the copies of owned rows its trees are built
         from (about 1/W of the factors).
     memo_pairs : the caller's sweeps run as one task (exact CP-ALS): with one partition per mode
-        at orders 3-5, in-memory executions are first tried with memoized mode pairs.
+        (or owner-computes, whose worker sweeps its partitions in one task) at orders 3-5,
+        in-memory executions are first tried with memoized mode pairs.
     owner_rows : owner-computes: per mode, the most rows one worker's nonzeros touch and about
         how many of them other workers touch too (:func:`~.partitions.owner_rows`). A worker's
         factor pages hold only the rows it touches and its MTTKRP output spans them; the shared
@@ -306,8 +308,9 @@ def candidates(
         )
 
     # mode-sorted copies: in-memory exact CP-ALS only (randomized CP reads the ALTO-ordered items);
-    # memoized pairs beside them: a sweep of one task (one partition), orders 3-5
-    pairs = memo_pairs and not samples and not owner and partitions_per_mode == 1 and 3 <= len(shape) <= 5
+    # memoized pairs beside them: a sweep of one task (one partition, or an owner-computes
+    # worker's partitions, all swept by its one task an iteration), orders 3-5
+    pairs = memo_pairs and not samples and (owner or partitions_per_mode == 1) and 3 <= len(shape) <= 5
     copies = (["pairs"] if pairs else []) + (["copies", None] if not samples else [None])
     options = [
         (m, ip, BATCH_NNZ, b, mc)

@@ -44,6 +44,7 @@ from ..kernels.update.column_scale import nonzero_rows
 from .cluster import scheduler_workers
 from .exchange import ExchangeAborted, ExchangePlugin, Team, abort_run, task_released
 from .fiber_reads import indexed_sampled_partial
+from .pair_tasks import PairMemo, pair_partition
 from .partials import Partial
 from .partitions import Partition, contiguous_runs, split_nonzeros
 from .stream import BatchBuffers, fill_batch
@@ -106,6 +107,9 @@ class WorkerState:
     # sparse rows: per (mode, rank), the positions in ``plans[mode].send[rank]`` of the received
     # rows that are not zero, and per (mode, -1) those of the owned rows (the others are zero)
     live: dict = field(default_factory=dict)
+    # per source, the memo of its memoized mode pair whose first mode the sweep ran last
+    # (:mod:`.pair_tasks`): a CP-ALS iteration updates mode a, then a + 1, on this one task
+    memos: list = field(default_factory=list)
     # the run's tasks on this worker in submission order: ``done`` counts those finished, ``last``
     # is the latest iteration's summary, ``turn`` wakes the next one
     done: int = 0
@@ -135,25 +139,37 @@ class WorkerState:
     def nmodes(self) -> int:
         return len(self.factors.shape)
 
-    def local_mttkrp(self, mode: int, poisson_eps: float | None = None) -> Partial:
+    def local_mttkrp(self, mode: int, poisson_eps: float | None = None, in_turn: bool = False) -> Partial:
         """The mode-``mode`` MTTKRP rows of this worker's partitions (one partial over the rows
         they touch); with ``poisson_eps``, CP-APR's Phi instead (the kernels' Poisson form: each
         value over ``max(model value, poisson_eps)``, the mode's rows of the factors holding the
-        model's, see :func:`~.tasks.mttkrp_partition`)."""
-        parts = [
-            mttkrp_partition(
-                src,
-                self.factors,
-                mode,
-                self.threads,
-                batch_nnz=self.batch_nnz,
-                max_private_bytes=self.max_private_bytes,
-                device=self.device,
-                device_options=self.device_options,
-                poisson_eps=poisson_eps,
+        model's, see :func:`~.tasks.mttkrp_partition`).
+
+        ``in_turn``: the caller runs the modes in turn, each after the update of the one before
+        (a CP-ALS sweep): a partition's memoized pair ``(a, a + 1)`` keeps the memo mode ``a``
+        filled for mode ``a + 1``, whose MTTKRP is then a pass over the memo (:mod:`.pair_tasks`).
+        Without it each pair mode fills a memo of its own."""
+        if len(self.memos) != len(self.sources):
+            self.memos = [PairMemo() for _ in self.sources]
+        parts = []
+        for src, memo in zip(self.sources, self.memos):
+            if in_turn and poisson_eps is None and mode in getattr(src, "mode_pairs", {}):
+                parts.append(pair_partition(src, self.factors, mode, self.threads, memo))
+                continue
+            memo.forget()  # any other step may change the factors the memo was summed from
+            parts.append(
+                mttkrp_partition(
+                    src,
+                    self.factors,
+                    mode,
+                    self.threads,
+                    batch_nnz=self.batch_nnz,
+                    max_private_bytes=self.max_private_bytes,
+                    device=self.device,
+                    device_options=self.device_options,
+                    poisson_eps=poisson_eps,
+                )
             )
-            for src in self.sources
-        ]
         if not parts:
             return Partial(0, np.zeros((0, self.factors.rank), dtype=self.factors.dtype))
         return parts[0] if len(parts) == 1 else combine(*parts)
@@ -427,10 +443,12 @@ def _load(
     threads: int,
     device: str = "cpu",
     device_options: Any = None,
+    mode_pairs: bool = False,
     dask_worker=None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Run on a worker: load its partitions (in memory) or note them (streamed), and return its
-    per-mode row counts (:func:`_row_counts`) for the ownership plan."""
+    per-mode row counts (:func:`_row_counts`) for the ownership plan. ``mode_pairs`` (with
+    ``mode_copies``): the partitions keep memoized mode pairs where they pay."""
     from distributed import get_worker
 
     worker = dask_worker or get_worker()
@@ -438,7 +456,7 @@ def _load(
     store = cached_store(path)
     with numba_threads(threads):
         sources = [
-            load_partition(path, p, device, device_options, mode_copies and device == "cpu", threads)
+            load_partition(path, p, device, device_options, mode_copies and device == "cpu", threads, mode_pairs)
             if in_memory
             else (path, p)
             for p in parts
@@ -673,6 +691,9 @@ class OwnerComputes:
         The store's partitions (nonzero-balanced), shared out to the workers in contiguous runs.
     in_memory : bool
         Keep the partitions decoded in worker memory (else stream them every mode).
+    mode_copies, mode_pairs : bool
+        In memory, also keep mode-sorted copies, and memoized mode pairs where they pay (the
+        memory plan's choice; a sweep's pair memo lives on the worker's one task).
     init, init_args : callable and its arguments (futures among them are resolved)
         Makes the initial factors (run on every worker; must give the same on each, in a new
         array: workers of one process must not share it).
@@ -694,6 +715,7 @@ class OwnerComputes:
         batch_nnz: int,
         max_private_bytes: int,
         mode_copies: bool = False,
+        mode_pairs: bool = False,
         workers: list[str] | None = None,
         device: str = "cpu",
         device_options: Any = None,
@@ -730,6 +752,7 @@ class OwnerComputes:
                     threads[a],
                     device,
                     device_options,
+                    mode_pairs and mode_copies and device == "cpu",
                     workers=[a],
                     allow_other_workers=False,
                     pure=False,

@@ -21,12 +21,14 @@ from .partials import Partial
 
 
 class PairMemo:
-    """The memo of the pair whose first mode the sweep's step before filled (one sweep task's own:
-    :meth:`forget` at every step that is not that pair's second mode)."""
+    """The memo of the pair whose first mode the sweep's step before filled (one sweep task's own,
+    or an owner-computes worker's for one of its partitions: :meth:`forget` at every step that is
+    not that pair's second mode). ``served`` counts the second modes it served."""
 
     def __init__(self) -> None:
         self.pair: ModePair | None = None
         self.Z: np.ndarray | None = None
+        self.served = 0
 
     def forget(self) -> None:
         self.pair = self.Z = None
@@ -71,6 +73,7 @@ def pair_partition(
         else:
             if memo is not None and memo.holds(pair):
                 Z = memo.Z
+                memo.served += 1
             else:
                 Z = pair.memo(factors.rank, factors.dtype)
                 pair_first(pair, F, offs, Z, None)

@@ -73,7 +73,9 @@ def owner_iteration(
         last = n == N - 1
         if sketch is None:
             V = normal_inverse_of(ws.grams, n)
-            P = ws.local_mttkrp(n)  # this worker's nonzeros' rows of X_(n) (odot A_m)
+            # this worker's nonzeros' rows of X_(n) (odot A_m); the modes run in turn, so a
+            # memoized pair's second mode reads the memo its first mode filled
+            P = ws.local_mttkrp(n, in_turn=True)
         else:
             samples, entropy, evaluate = sketch
             S = owner_sts_sample(ws, n, samples, (entropy, iteration, n), (iteration, n, "draw"))
@@ -240,6 +242,7 @@ def start_owner_computes(client, graph, init: tuple, nmodes: int, sampled: bool 
         batch_nnz=graph.batch_nnz,
         max_private_bytes=graph.max_private_bytes,
         mode_copies=bool(plan and plan.mode_copies),
+        mode_pairs=bool(plan and plan.mode_pairs),
         workers=sorted(graph.resources),  # on GPU devices, the GPU workers
         device=graph.device,
         device_options=graph.device_options,
