@@ -256,6 +256,21 @@ def test_a_wait_for_a_gone_peer_ends(monkeypatch):
     assert box.take("r", (0, 0, "M"), 1, alive=lambda: False) == "rows"
 
 
+def test_a_message_arriving_after_its_run_was_released_is_dropped(rng):
+    # an iteration does not wait for its last sends' delivery replies, so a row can arrive after
+    # the driver released the run: it must not stay in the worker's mailbox
+    from tensorflow_ooc.execution import exchange
+
+    box = exchange.Mailbox()
+    rows = rng.random((3, 4))
+    box.put("kept", (0, 2, "A"), 1, rows)
+    box.put("gone", (0, 2, "A"), 1, rows)
+    box.forget("gone")
+    box.put("gone", (1, 2, "A"), 0, rows)  # late
+    assert list(box.box) == [("kept", (0, 2, "A"), 1)]
+    assert box.take("kept", (0, 2, "A"), 1) is rows
+
+
 def _wait_for_a_message_never_sent(addresses):
     from tensorflow_ooc.execution.exchange import Team
 

@@ -48,9 +48,13 @@ class Mailbox:
         self.cond = threading.Condition()
         self.box: dict[tuple[str, Any, int], Any] = {}
         self.aborted: set[str] = set()
+        # runs released here: a message still under way when its run ended is dropped, not kept
+        self.forgotten: set[str] = set()
 
     def put(self, run: str, tag: Any, src: int, payload: Any) -> None:
         with self.cond:
+            if run in self.forgotten:
+                return
             self.box[(run, _tag(tag), int(src))] = payload
             self.cond.notify_all()
 
@@ -103,6 +107,7 @@ class Mailbox:
             for key in [k for k in self.box if k[0] == run]:
                 del self.box[key]
             self.aborted.discard(run)
+            self.forgotten.add(run)
 
 
 def _tag(tag: Any) -> Any:
@@ -230,6 +235,11 @@ class Team:
         pending, self._pending = self._pending, []
         for f in pending:
             f.result(timeout=RECEIVE_TIMEOUT_S)
+
+    def settle(self) -> None:
+        """Raise the first send that failed so far, without waiting for those still under way
+        (they are checked at the next receive, :meth:`settle` or :meth:`flush`)."""
+        self._raise_failed_sends()
 
     def _raise_failed_sends(self) -> None:
         done = [f for f in self._pending if f.done()]

@@ -541,7 +541,10 @@ def _iterate(run: str, step: Callable, args: tuple, seq: int) -> dict:
         # kernel holds
         with numba_threads(st.threads):
             out = step(st, st.last, *args)
-        st.team.flush()
+        # the last mode's sends are confirmed by the run's next task (its receives, or the flush
+        # of a call): waiting here for their delivery replies held the next iteration, submitted
+        # ahead, for a message round trip
+        st.team.settle()
         st.last = out
         return out
     except ExchangeAborted:
@@ -558,6 +561,7 @@ def _call(run: str, fn: Callable, args: tuple, seq: int) -> Any:
     st = _state(run)
     st.wait_turn(seq)
     try:
+        st.team.flush()  # every row the iterations before sent was delivered (or the failure raised)
         with numba_threads(st.threads):
             return fn(st, *args)
     finally:
