@@ -42,6 +42,27 @@ def test_both_modes_of_every_pair_match_einsum_and_the_kernels(rng, nmodes, rank
             assert rel_err(out, tfo.mttkrp(t, F, m)) < 1e-12
 
 
+def test_other_indices_take_the_narrowest_type_and_every_type_matches_einsum(rng):
+    assert mp.other_dtype([65536, 3]) == np.uint16 and mp.other_dtype([65537, 3]) == np.uint32
+    assert mp.other_dtype([2**32 + 1]) == np.int64
+    # mode 0 longer than 2**16: the pair (2, 3) keeps uint32 indices, the pair (1, 2) uint32, a
+    # pair without mode 0 among its other modes uint16
+    shape = (int(rng.integers(65_600, 70_000)), 4, 3, 3)
+    coords, values = random_coo(rng, shape, 5000)
+    t = tfo.encode_coo(coords, values, shape, max_block_nnz=500)
+    c, v = mp.item_nonzeros(tensor_items(t), t.layout)
+    F = StackedFactors.from_list([rng.standard_normal((s, 8)) for s in shape])
+    for a, dtype in ((0, np.uint16), (1, np.uint32), (2, np.uint32)):
+        pair = mp.mode_pair(c, v, shape, a, a + 1, groups_max=1.0)
+        assert pair.other.dtype == dtype
+        Z = np.empty((pair.groups, 8))
+        out_a, out_b = np.zeros((shape[a], 8)), np.zeros((shape[a + 1], 8))
+        mp.pair_first(pair, F.data, F.offsets, Z, out_a)
+        mp.pair_second(pair, F.data, F.offsets, Z, out_b)
+        for m, out in ((a, out_a), (a + 1, out_b)):
+            assert rel_err(out, dense_mttkrp(shape, coords, values, F.views, m)) < 1e-12
+
+
 def test_results_do_not_depend_on_the_thread_count(rng):
     shape, coords, values, t = _tensor(rng, 4, 20_000)
     c, v = mp.item_nonzeros(tensor_items(t), t.layout)
