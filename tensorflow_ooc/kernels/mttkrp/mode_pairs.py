@@ -16,7 +16,12 @@ R8, one thread, a full kernel 23-25 ms for all modes, 6.8-7.1 without factor row
 It pays where a pair's distinct ``(i_a, i_b)`` are few against the nonzeros (nips-shaped modes 2
 and 3: 0.077 a nonzero): :data:`PAIR_GROUPS_MAX`. :func:`choose_pairs` picks disjoint pairs of
 modes next to each other in the sweep's order where they pay; the other modes keep mode-sorted
-copies (:mod:`.mode_order`).
+copies (:mod:`.mode_order`). The last mode and the first are next to each other too, across
+two sweeps (the *wrap* pair ``(N - 1, 0)``: no factor but theirs changes between the last mode's
+update and the next sweep's first): taken where it adds a pair (uber-shaped: ``(1, 2)`` and
+``(3, 0)`` instead of ``(0, 1)`` alone; gen-o5: ``(2, 3)`` and ``(4, 0)`` instead of ``(3, 4)``).
+Its memo outlives the sweep's task, so it is kept with a copy of the factor rows it was made
+from (:meth:`ModePair.keep_memo`), and used only while they are unchanged.
 
 Each output row is added to by one thread, in a fixed order, so results do not depend on the
 thread count. Kernels are written out per order and rank (fixed ranks of
@@ -49,7 +54,8 @@ PAIR_GROUP_BYTES = 32
 
 @dataclass
 class ModePair:
-    """The nonzeros of a partition sorted by ``(i_a, i_b)``, for modes ``a < b`` updated in turn.
+    """The nonzeros of a partition sorted by ``(i_a, i_b)``, for modes ``a`` then ``b`` updated in
+    turn (``a < b``, or the wrap pair ``a = N - 1``, ``b = 0``).
 
     ``ptr[g] .. ptr[g + 1]`` are the nonzeros of pair ``g``, whose rows are ``rows_a[g]`` and
     ``rows_b[g]`` (global indices; ``rows_a`` ascending); ``other[i, j]`` is nonzero ``i``'s index
@@ -77,6 +83,30 @@ class ModePair:
         if z is None or z.shape != (self.groups, rank) or z.dtype != np.dtype(dtype):
             z = self.__dict__["_memo"] = np.empty((self.groups, rank), dtype=dtype)
         return z
+
+    def keep_memo(self, F: np.ndarray, offs: np.ndarray) -> None:
+        """Record that the kept memo (:meth:`memo`) was filled from the rows of ``F`` of the modes
+        other than ``a`` and ``b`` as they are now (a copy of them: a memo that outlives a sweep's
+        task is valid only while they are unchanged, :meth:`memo_holds`)."""
+        self.__dict__["_made_from"] = [F[offs[m] : offs[m + 1]].copy() for m in self.others]
+
+    def memo_holds(self, F: np.ndarray, offs: np.ndarray) -> bool:
+        """Whether the kept memo was filled (:meth:`keep_memo`) from the other modes' rows of
+        ``F`` exactly as they are now, at its rank and dtype."""
+        made = self.__dict__.get("_made_from")
+        z = self.__dict__.get("_memo")
+        if made is None or z is None or z.shape != (self.groups, F.shape[1]) or z.dtype != F.dtype:
+            return False
+        return all(np.array_equal(F[offs[m] : offs[m + 1]], rows) for m, rows in zip(self.others, made))
+
+    def forget_memo(self) -> None:
+        """Mark the kept memo as made from nothing (it is about to be overwritten)."""
+        self.__dict__.pop("_made_from", None)
+
+    @property
+    def wraps(self) -> bool:
+        """Whether this is the wrap pair ``(N - 1, 0)``, whose modes are updated in two sweeps."""
+        return self.a > self.b
 
     @property
     def groups(self) -> int:
@@ -164,13 +194,15 @@ def mode_pair(
     shape : tuple of int
         The tensor's mode lengths.
     a, b : int
-        The modes, ``a < b``, updated one after the other.
+        The modes updated one after the other: ``a < b``, or ``N - 1`` and ``0`` (the wrap pair).
     groups_max : float
         The largest share of distinct pairs per nonzero worth a copy.
     """
     N = len(shape)
-    if not (0 <= a < b < N) or N < 3:
-        raise ValueError(f"a mode pair takes modes 0 <= a < b < N of a tensor of order >= 3, got {(a, b)} of {N}")
+    if not (0 <= a < b < N or (a, b) == (N - 1, 0)) or N < 3:
+        raise ValueError(
+            f"a mode pair takes modes 0 <= a < b < N (or N - 1 and 0) of a tensor of order >= 3, got {(a, b)} of {N}"
+        )
     if int(shape[a]) * int(shape[b]) >= 2**62:
         return None
     nnz = coords.shape[0]
@@ -201,24 +233,40 @@ def mode_pair(
     )
 
 
-def choose_pairs(
-    coords: np.ndarray, shape: tuple[int, ...], groups_max: float = PAIR_GROUPS_MAX
-) -> list[tuple[int, int]]:
-    """Disjoint pairs ``(m, m + 1)`` (modes a sweep updates in turn) whose distinct pairs are at
-    most ``groups_max`` of the nonzeros, chosen to save the most (each pair's saving taken as one
-    less its share of distinct pairs); orders 3 to 5."""
-    N = len(shape)
-    if not 3 <= N <= 5:
-        return []
-    gain = [1.0 - pair_fraction(coords, shape, m, m + 1) for m in range(N - 1)]
-    gain = [g if 1.0 - g <= groups_max else 0.0 for g in gain]
-    # best set of non-overlapping neighbours on a path: best[m] covers modes m ..
-    best: list[tuple[float, list[int]]] = [(0.0, [])] * (N + 1)
-    for m in range(N - 2, -1, -1):
+def _best_on_path(gain: list[float], lo: int, hi: int) -> tuple[float, list[int]]:
+    """The disjoint neighbour pairs ``(m, m + 1)``, ``lo <= m < hi``, of largest total gain (only
+    pairs with a gain), as their first modes."""
+    best: dict[int, tuple[float, list[int]]] = {hi: (0.0, []), hi + 1: (0.0, [])}
+    for m in range(hi - 1, lo - 1, -1):
         skip = best[m + 1]
         take = (gain[m] + best[m + 2][0], [m] + best[m + 2][1]) if gain[m] > 0 else (-1.0, [])
         best[m] = take if take[0] > skip[0] else skip
-    return [(m, m + 1) for m in best[0][1]]
+    return best[lo]
+
+
+def choose_pairs(
+    coords: np.ndarray, shape: tuple[int, ...], groups_max: float = PAIR_GROUPS_MAX, wrap: bool = False
+) -> list[tuple[int, int]]:
+    """Disjoint pairs ``(m, m + 1)`` (modes a sweep updates in turn) whose distinct pairs are at
+    most ``groups_max`` of the nonzeros, chosen to save the most (each pair's saving taken as one
+    less its share of distinct pairs); orders 3 to 5.
+
+    ``wrap``: also the pair ``(N - 1, 0)`` (the last mode and the next sweep's first), where it
+    makes more pairs than the sweep's own neighbours do (where it only replaces one, the pair
+    inside the sweep is kept: it needs no copy of the factors beside its memo)."""
+    N = len(shape)
+    if not 3 <= N <= 5:
+        return []
+    edges = N if wrap else N - 1
+    gain = [1.0 - pair_fraction(coords, shape, m, (m + 1) % N) for m in range(edges)]
+    gain = [g if 1.0 - g <= groups_max else 0.0 for g in gain]
+    plain = _best_on_path(gain, 0, N - 1)[1]
+    if wrap and gain[N - 1] > 0:
+        # with (N - 1, 0) taken, modes 1 .. N - 2 are left, a path
+        inner = _best_on_path(gain, 1, N - 2)[1]
+        if len(inner) + 1 > len(plain):
+            return [(m, m + 1) for m in inner] + [(N - 1, 0)]
+    return [(m, m + 1) for m in plain]
 
 
 def _first_source(name: str, nothers: int, rank_const: int) -> str:
