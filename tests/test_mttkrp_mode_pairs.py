@@ -86,19 +86,25 @@ def test_the_wrap_pair_matches_einsum_and_is_chosen_where_it_adds_a_pair(rng, nm
     with pytest.raises(ValueError, match="mode pair"):
         mp.mode_pair(c, v, shape, nmodes - 1, 1)
 
-    # (i_0, i_N-1) from 300 joint values, (i_1, i_2) from 200: those pairs are few, the others
+    # (i_0, i_N-1) from 100 joint values, (i_1, i_2) from 200: those pairs are few, the others
     # many; the wrap pair (N - 1, 0) adds a pair to the sweep's own
-    nnz = 6000
-    j1, j2 = rng.integers(0, 300, nnz), rng.integers(0, 200, nnz)
-    cols = {0: j1, 1: j2 % 20, 2: j2 // 20, 3: rng.integers(0, 500, nnz)}
-    lengths = {0: 300, 1: 20, 2: 10, 3: 500}
-    inner = [1] if nmodes == 3 else [1, 2] + ([3] if nmodes == 5 else [])
+    nnz = 8000
+    j1, j2 = rng.integers(0, 100, nnz), rng.integers(0, 200, nnz)
+    cols = {0: j1, 1: j2 % 20, 2: j2 // 20, 3: rng.integers(0, 500, nnz), 4: j2}
+    lengths = {0: 300, 1: 20, 2: 10, 3: 500, 4: 200}
+    inner = [4] if nmodes == 3 else [1, 2] + ([3] if nmodes == 5 else [])
     coords = np.column_stack([cols[0]] + [cols[m] for m in inner] + [(j1 * 7919) % 1000])
     shape = tuple([300] + [lengths[m] for m in inner] + [1000])
     coords = np.unique(coords, axis=0)
     own = [] if nmodes == 3 else [(1, 2)]
     assert mp.choose_pairs(coords, shape) == own
     assert mp.choose_pairs(coords, shape, wrap=True) == own + [(nmodes - 1, 0)]
+    # ... but not where its distinct pairs are more than WRAP_GROUPS_MAX of the nonzeros
+    spread = coords.copy()
+    spread[:, nmodes - 1] = rng.integers(0, 1000, len(spread))
+    spread = np.unique(spread, axis=0)
+    assert mp.pair_fraction(spread, shape, nmodes - 1, 0) > mp.WRAP_GROUPS_MAX
+    assert mp.choose_pairs(spread, shape, wrap=True) == mp.choose_pairs(spread, shape)
 
 
 def test_results_do_not_depend_on_the_thread_count(rng):
@@ -139,8 +145,8 @@ def test_pairs_are_chosen_where_they_are_few(rng):
 
 def _paired_store(rng, tmp_path, nmodes):
     """A store whose last two modes take few distinct pairs (so they are memoized)."""
-    shape = (60, 50, 40, 7, 5)[:nmodes] if nmodes > 3 else (300, 9, 7)
-    nnz = 15_000
+    shape = (60, 150, 40, 7, 5)[:nmodes] if nmodes > 3 else (300, 9, 7)
+    nnz = 30_000
     coords = np.column_stack([rng.integers(0, s, nnz) for s in shape])
     few = rng.integers(0, 4, nnz)
     coords[:, -2] = few % shape[-2]

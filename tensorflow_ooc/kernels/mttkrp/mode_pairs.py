@@ -42,6 +42,10 @@ from .plan import WorkItems
 # a pair is memoized only where its distinct (i_a, i_b) are at most this share of the nonzeros
 # (2 threads, bench_mode_pairs: 0.001-0.077 ran 0.42-0.88x the two kernels at R8-R64; 0.229 1.2-1.6x)
 PAIR_GROUPS_MAX = 0.1
+# the wrap pair (N - 1, 0) is taken only where its distinct pairs are at most this share (CP-ALS,
+# 2 threads, with it against without: gen-o5's 0.006 ran 0.88x at R8 and 0.77x at R16; uber's 0.095
+# 1.16x at R8 and 0.97x at R16, its pass over the nonzeros replacing two short mode-sorted passes)
+WRAP_GROUPS_MAX = 0.02
 # a short mode b's output from the memo in this many slices (a fixed number, so that sums do not
 # depend on the thread count)
 SECOND_SLICES = 8
@@ -256,15 +260,19 @@ def choose_pairs(
     most ``groups_max`` of the nonzeros, chosen to save the most (each pair's saving taken as one
     less its share of distinct pairs); orders 3 to 5.
 
-    ``wrap``: also the pair ``(N - 1, 0)`` (the last mode and the next sweep's first), where it
-    makes more pairs than the sweep's own neighbours do (where it only replaces one, the pair
-    inside the sweep is kept: it needs no copy of the factors beside its memo)."""
+    ``wrap``: also the pair ``(N - 1, 0)`` (the last mode and the next sweep's first), where its
+    distinct pairs are at most :data:`WRAP_GROUPS_MAX` of the nonzeros and it makes more pairs
+    than the sweep's own neighbours do (where it only replaces one, the pair inside the sweep is
+    kept: it needs no copy of the factors beside its memo)."""
     N = len(shape)
     if not 3 <= N <= 5:
         return []
     edges = N if wrap else N - 1
     gain = [1.0 - pair_fraction(coords, shape, m, (m + 1) % N) for m in range(edges)]
-    gain = [g if 1.0 - g <= groups_max else 0.0 for g in gain]
+    gain = [
+        g if 1.0 - g <= (groups_max if m < N - 1 else min(groups_max, WRAP_GROUPS_MAX)) else 0.0
+        for m, g in enumerate(gain)
+    ]
     plain = _best_on_path(gain, 0, N - 1)[1]
     if wrap and gain[N - 1] > 0:
         # with (N - 1, 0) taken, modes 1 .. N - 2 are left, a path
