@@ -18,8 +18,8 @@ and 3: 0.077 a nonzero): :data:`PAIR_GROUPS_MAX`. :func:`choose_pairs` picks dis
 modes next to each other in the sweep's order where they pay; the other modes keep mode-sorted
 copies (:mod:`.mode_order`). The last mode and the first are next to each other too, across
 two sweeps (the *wrap* pair ``(N - 1, 0)``: no factor but theirs changes between the last mode's
-update and the next sweep's first): taken where it adds a pair (uber-shaped: ``(1, 2)`` and
-``(3, 0)`` instead of ``(0, 1)`` alone; gen-o5: ``(2, 3)`` and ``(4, 0)`` instead of ``(3, 4)``).
+update and the next sweep's first): taken where it adds a pair and has few pairs of its own
+(:data:`WRAP_GROUPS_MAX`; gen-o5: ``(2, 3)`` and ``(4, 0)`` instead of ``(3, 4)``).
 Its memo outlives the sweep's task, so it is kept with a copy of the factor rows it was made
 from (:meth:`ModePair.keep_memo`), and used only while they are unchanged.
 
