@@ -42,6 +42,71 @@ def test_both_modes_of_every_pair_match_einsum_and_the_kernels(rng, nmodes, rank
             assert rel_err(out, tfo.mttkrp(t, F, m)) < 1e-12
 
 
+def test_other_indices_take_the_narrowest_type_and_every_type_matches_einsum(rng):
+    assert mp.other_dtype([65536, 3]) == np.uint16 and mp.other_dtype([65537, 3]) == np.uint32
+    assert mp.other_dtype([2**32 + 1]) == np.int64
+    # mode 0 longer than 2**16: the pair (2, 3) keeps uint32 indices, the pair (1, 2) uint32, a
+    # pair without mode 0 among its other modes uint16
+    shape = (int(rng.integers(65_600, 70_000)), 4, 3, 3)
+    coords, values = random_coo(rng, shape, 5000)
+    t = tfo.encode_coo(coords, values, shape, max_block_nnz=500)
+    c, v = mp.item_nonzeros(tensor_items(t), t.layout)
+    F = StackedFactors.from_list([rng.standard_normal((s, 8)) for s in shape])
+    for a, dtype in ((0, np.uint16), (1, np.uint32), (2, np.uint32)):
+        pair = mp.mode_pair(c, v, shape, a, a + 1, groups_max=1.0)
+        assert pair.other.dtype == dtype
+        Z = np.empty((pair.groups, 8))
+        out_a, out_b = np.zeros((shape[a], 8)), np.zeros((shape[a + 1], 8))
+        mp.pair_first(pair, F.data, F.offsets, Z, out_a)
+        mp.pair_second(pair, F.data, F.offsets, Z, out_b)
+        for m, out in ((a, out_a), (a + 1, out_b)):
+            assert rel_err(out, dense_mttkrp(shape, coords, values, F.views, m)) < 1e-12
+
+
+@pytest.mark.parametrize("nmodes", [3, 4, 5])
+def test_the_wrap_pair_matches_einsum_and_is_chosen_where_it_adds_a_pair(rng, nmodes):
+    shape, coords, values, t = _tensor(rng, nmodes)
+    c, v = mp.item_nonzeros(tensor_items(t), t.layout)
+    F = StackedFactors.from_list([rng.standard_normal((s, 8)) for s in shape])
+    a, b = nmodes - 1, 0
+    pair = mp.mode_pair(c, v, shape, a, b, groups_max=1.0)
+    assert pair.wraps and np.all(np.diff(pair.rows_a) >= 0)
+    Z = pair.memo(8, F.dtype)
+    out_a, out_b = np.zeros((shape[a], 8)), np.zeros((shape[b], 8))
+    mp.pair_first(pair, F.data, F.offsets, Z, out_a)
+    pair.keep_memo(F.data, F.offsets)
+    assert pair.memo_holds(F.data, F.offsets)
+    F.views[b][...] = rng.standard_normal(F.views[b].shape)  # mode b's own rows may change
+    F.views[a][...] = rng.standard_normal(F.views[a].shape)
+    assert pair.memo_holds(F.data, F.offsets)
+    mp.pair_second(pair, F.data, F.offsets, Z, out_b)
+    assert rel_err(out_b, dense_mttkrp(shape, coords, values, F.views, b)) < 1e-12
+    F.views[1][-1, 3] += 1.0  # another mode's may not
+    assert not pair.memo_holds(F.data, F.offsets)
+    with pytest.raises(ValueError, match="mode pair"):
+        mp.mode_pair(c, v, shape, nmodes - 1, 1)
+
+    # (i_0, i_N-1) from 100 joint values, (i_1, i_2) from 200: those pairs are few, the others
+    # many; the wrap pair (N - 1, 0) adds a pair to the sweep's own
+    nnz = 8000
+    j1, j2 = rng.integers(0, 100, nnz), rng.integers(0, 200, nnz)
+    cols = {0: j1, 1: j2 % 20, 2: j2 // 20, 3: rng.integers(0, 500, nnz), 4: j2}
+    lengths = {0: 300, 1: 20, 2: 10, 3: 500, 4: 200}
+    inner = [4] if nmodes == 3 else [1, 2] + ([3] if nmodes == 5 else [])
+    coords = np.column_stack([cols[0]] + [cols[m] for m in inner] + [(j1 * 7919) % 1000])
+    shape = tuple([300] + [lengths[m] for m in inner] + [1000])
+    coords = np.unique(coords, axis=0)
+    own = [] if nmodes == 3 else [(1, 2)]
+    assert mp.choose_pairs(coords, shape) == own
+    assert mp.choose_pairs(coords, shape, wrap=True) == own + [(nmodes - 1, 0)]
+    # ... but not where its distinct pairs are more than WRAP_GROUPS_MAX of the nonzeros
+    spread = coords.copy()
+    spread[:, nmodes - 1] = rng.integers(0, 1000, len(spread))
+    spread = np.unique(spread, axis=0)
+    assert mp.pair_fraction(spread, shape, nmodes - 1, 0) > mp.WRAP_GROUPS_MAX
+    assert mp.choose_pairs(spread, shape, wrap=True) == mp.choose_pairs(spread, shape)
+
+
 def test_results_do_not_depend_on_the_thread_count(rng):
     shape, coords, values, t = _tensor(rng, 4, 20_000)
     c, v = mp.item_nonzeros(tensor_items(t), t.layout)
@@ -80,8 +145,8 @@ def test_pairs_are_chosen_where_they_are_few(rng):
 
 def _paired_store(rng, tmp_path, nmodes):
     """A store whose last two modes take few distinct pairs (so they are memoized)."""
-    shape = (60, 50, 40, 7, 5)[:nmodes] if nmodes > 3 else (300, 9, 7)
-    nnz = 15_000
+    shape = (60, 150, 40, 7, 5)[:nmodes] if nmodes > 3 else (300, 9, 7)
+    nnz = 30_000
     coords = np.column_stack([rng.integers(0, s, nnz) for s in shape])
     few = rng.integers(0, 4, nnz)
     coords[:, -2] = few % shape[-2]
@@ -100,8 +165,12 @@ def test_partition_pairs_and_a_sweep_task_carry_the_memo(tmp_path, rng, monkeypa
     shape, coords, values, store = _paired_store(rng, tmp_path, nmodes)
     part = plan_partitions(store, 1, None)[0]
     data = load_partition(store.path, part, mode_copies=True, threads=2, mode_pairs=True)
-    a, b = nmodes - 2, nmodes - 1
-    assert data.mode_pairs[a] is data.mode_pairs[b] and a not in data.mode_items and b not in data.mode_items
+    # orders 4 and 5 also have few (i_N-1, i_0): with (1, 2) and (2, 3) two pairs, one of them
+    # across sweeps, where the sweep's own neighbours make one
+    want = {3: [(1, 2)], 4: [(1, 2), (3, 0)], 5: [(2, 3), (4, 0)]}[nmodes]
+    assert sorted({(p.a, p.b) for p in data.mode_pairs.values()}) == want
+    for a, b in want:
+        assert data.mode_pairs[a] is data.mode_pairs[b] and a not in data.mode_items and b not in data.mode_items
     R = 8
     F = StackedFactors.from_list([rng.standard_normal((s, R)) for s in shape])
     for m in range(nmodes):  # each mode as its own task (no memo)
@@ -123,21 +192,41 @@ def test_partition_pairs_and_a_sweep_task_carry_the_memo(tmp_path, rng, monkeypa
         return state
 
     steps = tuple((m, ()) for m in range(nmodes))
-    graph._modes_then(update, data, F, steps, None, 2, 1 << 16, "cpu", None, 256 << 20, False)
-    assert [m for m, _ in seen] == list(range(nmodes)) and max(e for _, e in seen) < 1e-12
-    assert firsts == [False]  # one memo pass for the pair, its second mode read it
+    for sweep in range(2):
+        firsts.clear()
+        graph._modes_then(update, data, F, steps, None, 2, 1 << 16, "cpu", None, 256 << 20, False)
+        assert [m for m, _ in seen[sweep * nmodes :]] == list(range(nmodes)) and max(e for _, e in seen) < 1e-12
+        # one memo pass a pair, its second mode read it (the wrap pair's from the task before:
+        # the first sweep's from the modes' own tasks above, made from the same factors)
+        assert firsts == [False] * len(want)
+    if nmodes > 3:
+        # another factor of modes 1 .. N - 2 than the wrap pair's memo was made from: mode 0 fills it again
+        F.views[2][0] += 1.0
+        firsts.clear()
+        p = mttkrp_partition(data, F, 0, threads=2)
+        assert firsts == [True]
+        assert rel_err(p.rows, dense_mttkrp(shape, coords, values, F.views, 0)[p.lo : p.lo + len(p.rows)]) < 1e-12
+        firsts.clear()
+        mttkrp_partition(data, F, 0, threads=2)
+        assert firsts == []  # ... and keeps what it made it from
 
 
 def test_cp_als_in_memory_with_pairs_equals_streaming(tmp_path, rng, monkeypatch):
-    from tensorflow_ooc.execution import graph
+    from tensorflow_ooc.execution import graph, pair_tasks
 
     shape, coords, values, store = _paired_store(rng, tmp_path, 4)
     modes = []
     real = graph.pair_partition
     monkeypatch.setattr(graph, "pair_partition", lambda src, F, mode, *a: modes.append(mode) or real(src, F, mode, *a))
+    firsts = []
+    real_first = pair_tasks.pair_first
+    monkeypatch.setattr(pair_tasks, "pair_first", lambda *args: firsts.append(args[4] is None) or real_first(*args))
     r = tfo.cp_als(store, 8, seed=3, max_iters=5, tol=0, execution="in-memory")
     assert r.params["memory_plan"]["mode_pairs"]
-    assert modes == [2, 3] * 5  # the sweeps ran the pair's modes through the memo
+    # pairs (1, 2) and (3, 0): every mode ran through a memo; mode 0 filled its own only in the
+    # first sweep, then read the one mode 3 made the sweep before
+    assert modes == [0, 1, 2, 3] * 5
+    assert firsts == [True] + [False, False] * 5
     s = tfo.cp_als(store, 8, seed=3, max_iters=5, tol=0, execution="streaming")
     assert not s.params["memory_plan"]["mode_pairs"]
     assert abs(r.fit - s.fit) < 1e-10

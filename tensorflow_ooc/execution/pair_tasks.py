@@ -4,6 +4,9 @@ A pair ``(a, b)``'s memo ``Z`` holds the sums over the modes other than ``a`` an
 those factors stay as they were. A CP-ALS sweep of one task (``graph._modes_then``) updates ``a``
 then ``b``, so the memo the mode-``a`` pass fills serves mode ``b``; :class:`PairMemo` holds it
 for that one step and nothing else. Without a memo (a mode's own task) mode ``b`` fills it first.
+The wrap pair ``(N - 1, 0)`` spans two sweep tasks: its memo stays with the pair, with a copy of
+the factor rows it was made from, and mode 0 uses it where they are unchanged
+(:meth:`~tensorflow_ooc.kernels.mttkrp.mode_pairs.ModePair.memo_holds`), else fills it first.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ def pair_partition(
 
     Mode ``a`` fills the memo from ``factors`` (kept in ``memo`` where given) and adds its output;
     mode ``b`` reads the memo ``memo`` holds for the pair (filled the step before, from factors
-    of the other modes that have not changed since), else fills one first.
+    of the other modes that have not changed since), or the wrap pair's kept memo where the
+    other modes' rows are those it was made from, else fills one first.
 
     Parameters
     ----------
@@ -67,16 +71,24 @@ def pair_partition(
     with numba_threads(threads_for(threads, pair.nnz)):
         if mode == pair.a:
             Z = pair.memo(factors.rank, factors.dtype)
+            pair.forget_memo()
             pair_first(pair, F, offs, Z, out, lo)
+            if pair.wraps:
+                pair.keep_memo(F, offs)
             if memo is not None:
                 memo.pair, memo.Z = pair, Z
         else:
             if memo is not None and memo.holds(pair):
                 Z = memo.Z
                 memo.served += 1
+            elif pair.wraps and pair.memo_holds(F, offs):
+                Z = pair.memo(factors.rank, factors.dtype)
             else:
                 Z = pair.memo(factors.rank, factors.dtype)
+                pair.forget_memo()
                 pair_first(pair, F, offs, Z, None)
+                if pair.wraps:
+                    pair.keep_memo(F, offs)
             pair_second(pair, F, offs, Z, out, lo)
             if memo is not None:
                 memo.forget()

@@ -149,7 +149,7 @@ def load_partition(
 def _keep_pairs(data: PartitionData, shape: tuple[int, ...]) -> None:
     """Add the partition's memoized mode pairs where they pay to ``data.mode_pairs``."""
     coords, values = item_nonzeros(data.items, data.layout)
-    for a, b in choose_pairs(coords, tuple(shape)):
+    for a, b in choose_pairs(coords, tuple(shape), wrap=True):
         pair = mode_pair(coords, values, tuple(shape), a, b)
         if pair is not None:
             data.mode_pairs[a] = data.mode_pairs[b] = pair

@@ -16,7 +16,12 @@ R8, one thread, a full kernel 23-25 ms for all modes, 6.8-7.1 without factor row
 It pays where a pair's distinct ``(i_a, i_b)`` are few against the nonzeros (nips-shaped modes 2
 and 3: 0.077 a nonzero): :data:`PAIR_GROUPS_MAX`. :func:`choose_pairs` picks disjoint pairs of
 modes next to each other in the sweep's order where they pay; the other modes keep mode-sorted
-copies (:mod:`.mode_order`).
+copies (:mod:`.mode_order`). The last mode and the first are next to each other too, across
+two sweeps (the *wrap* pair ``(N - 1, 0)``: no factor but theirs changes between the last mode's
+update and the next sweep's first): taken where it adds a pair and has few pairs of its own
+(:data:`WRAP_GROUPS_MAX`; gen-o5: ``(2, 3)`` and ``(4, 0)`` instead of ``(3, 4)``).
+Its memo outlives the sweep's task, so it is kept with a copy of the factor rows it was made
+from (:meth:`ModePair.keep_memo`), and used only while they are unchanged.
 
 Each output row is added to by one thread, in a fixed order, so results do not depend on the
 thread count. Kernels are written out per order and rank (fixed ranks of
@@ -37,6 +42,10 @@ from .plan import WorkItems
 # a pair is memoized only where its distinct (i_a, i_b) are at most this share of the nonzeros
 # (2 threads, bench_mode_pairs: 0.001-0.077 ran 0.42-0.88x the two kernels at R8-R64; 0.229 1.2-1.6x)
 PAIR_GROUPS_MAX = 0.1
+# the wrap pair (N - 1, 0) is taken only where its distinct pairs are at most this share (CP-ALS,
+# 2 threads, with it against without: gen-o5's 0.006 ran 0.88x at R8 and 0.77x at R16; uber's 0.095
+# 1.16x at R8 and 0.97x at R16, its pass over the nonzeros replacing two short mode-sorted passes)
+WRAP_GROUPS_MAX = 0.02
 # a short mode b's output from the memo in this many slices (a fixed number, so that sums do not
 # depend on the thread count)
 SECOND_SLICES = 8
@@ -49,7 +58,8 @@ PAIR_GROUP_BYTES = 32
 
 @dataclass
 class ModePair:
-    """The nonzeros of a partition sorted by ``(i_a, i_b)``, for modes ``a < b`` updated in turn.
+    """The nonzeros of a partition sorted by ``(i_a, i_b)``, for modes ``a`` then ``b`` updated in
+    turn (``a < b``, or the wrap pair ``a = N - 1``, ``b = 0``).
 
     ``ptr[g] .. ptr[g + 1]`` are the nonzeros of pair ``g``, whose rows are ``rows_a[g]`` and
     ``rows_b[g]`` (global indices; ``rows_a`` ascending); ``other[i, j]`` is nonzero ``i``'s index
@@ -63,7 +73,7 @@ class ModePair:
     ptr: np.ndarray  # int64 (G + 1,)
     rows_a: np.ndarray  # int64 (G,)
     rows_b: np.ndarray  # int64 (G,)
-    other: np.ndarray  # uint32 or int64 (nnz, N - 2)
+    other: np.ndarray  # uint16, uint32 or int64 (nnz, N - 2): other_dtype of the other modes
     values: np.ndarray  # (nnz,)
     cuts_a: np.ndarray  # int64
     by_b: np.ndarray  # int64 (G,)
@@ -78,6 +88,30 @@ class ModePair:
             z = self.__dict__["_memo"] = np.empty((self.groups, rank), dtype=dtype)
         return z
 
+    def keep_memo(self, F: np.ndarray, offs: np.ndarray) -> None:
+        """Record that the kept memo (:meth:`memo`) was filled from the rows of ``F`` of the modes
+        other than ``a`` and ``b`` as they are now (a copy of them: a memo that outlives a sweep's
+        task is valid only while they are unchanged, :meth:`memo_holds`)."""
+        self.__dict__["_made_from"] = [_mode_rows(F, offs, m).copy() for m in self.others]
+
+    def memo_holds(self, F: np.ndarray, offs: np.ndarray) -> bool:
+        """Whether the kept memo was filled (:meth:`keep_memo`) from the other modes' rows of
+        ``F`` exactly as they are now, at its rank and dtype."""
+        made = self.__dict__.get("_made_from")
+        z = self.__dict__.get("_memo")
+        if made is None or z is None or z.shape != (self.groups, F.shape[1]) or z.dtype != F.dtype:
+            return False
+        return all(np.array_equal(_mode_rows(F, offs, m), rows) for m, rows in zip(self.others, made))
+
+    def forget_memo(self) -> None:
+        """Mark the kept memo as made from nothing (it is about to be overwritten)."""
+        self.__dict__.pop("_made_from", None)
+
+    @property
+    def wraps(self) -> bool:
+        """Whether this is the wrap pair ``(N - 1, 0)``, whose modes are updated in two sweeps."""
+        return self.a > self.b
+
     @property
     def groups(self) -> int:
         return int(self.rows_a.shape[0])
@@ -90,6 +124,11 @@ class ModePair:
     def nbytes(self) -> int:
         arrays = (self.ptr, self.rows_a, self.rows_b, self.other, self.values, self.cuts_a, self.by_b, self.cuts_b)
         return int(sum(x.nbytes for x in arrays))
+
+
+def _mode_rows(F: np.ndarray, offs: np.ndarray, m: int) -> np.ndarray:
+    """Mode ``m``'s rows of the stacked factors ``F`` (``offs``: each mode's first row)."""
+    return F[offs[m] : offs[m + 1] if m + 1 < len(offs) else F.shape[0]]
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -141,6 +180,14 @@ def _cuts(rows: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], change, [rows.shape[0]]]).astype(np.int64)
 
 
+def other_dtype(lengths: list[int]) -> np.dtype:
+    """The narrowest unsigned type that holds an index of every mode length in ``lengths``
+    (int64 beyond uint32): the pass over the nonzeros streams these indices, and 2 bytes a mode
+    instead of 4 cut its time by 11-13 % (nips- and gen-o4-shaped, R8, one thread)."""
+    top = max(lengths, default=1)
+    return np.dtype(np.uint16 if top <= 2**16 else np.uint32 if top <= 2**32 else np.int64)
+
+
 def mode_pair(
     coords: np.ndarray, values: np.ndarray, shape: tuple[int, ...], a: int, b: int, groups_max: float = PAIR_GROUPS_MAX
 ) -> ModePair | None:
@@ -156,13 +203,15 @@ def mode_pair(
     shape : tuple of int
         The tensor's mode lengths.
     a, b : int
-        The modes, ``a < b``, updated one after the other.
+        The modes updated one after the other: ``a < b``, or ``N - 1`` and ``0`` (the wrap pair).
     groups_max : float
         The largest share of distinct pairs per nonzero worth a copy.
     """
     N = len(shape)
-    if not (0 <= a < b < N) or N < 3:
-        raise ValueError(f"a mode pair takes modes 0 <= a < b < N of a tensor of order >= 3, got {(a, b)} of {N}")
+    if not (0 <= a < b < N or (a, b) == (N - 1, 0)) or N < 3:
+        raise ValueError(
+            f"a mode pair takes modes 0 <= a < b < N (or N - 1 and 0) of a tensor of order >= 3, got {(a, b)} of {N}"
+        )
     if int(shape[a]) * int(shape[b]) >= 2**62:
         return None
     nnz = coords.shape[0]
@@ -173,7 +222,7 @@ def mode_pair(
     if nnz == 0 or starts.shape[0] > groups_max * nnz:
         return None
     others = np.array([m for m in range(N) if m not in (a, b)], dtype=np.int64)
-    dtype = np.uint32 if max(shape) < 2**32 else np.int64
+    dtype = other_dtype([shape[m] for m in others])
     other = np.ascontiguousarray(coords[order[:, None], others].astype(dtype, copy=False))
     rows_a = key[starts] // np.int64(shape[b])
     rows_b = key[starts] % np.int64(shape[b])
@@ -193,24 +242,44 @@ def mode_pair(
     )
 
 
-def choose_pairs(
-    coords: np.ndarray, shape: tuple[int, ...], groups_max: float = PAIR_GROUPS_MAX
-) -> list[tuple[int, int]]:
-    """Disjoint pairs ``(m, m + 1)`` (modes a sweep updates in turn) whose distinct pairs are at
-    most ``groups_max`` of the nonzeros, chosen to save the most (each pair's saving taken as one
-    less its share of distinct pairs); orders 3 to 5."""
-    N = len(shape)
-    if not 3 <= N <= 5:
-        return []
-    gain = [1.0 - pair_fraction(coords, shape, m, m + 1) for m in range(N - 1)]
-    gain = [g if 1.0 - g <= groups_max else 0.0 for g in gain]
-    # best set of non-overlapping neighbours on a path: best[m] covers modes m ..
-    best: list[tuple[float, list[int]]] = [(0.0, [])] * (N + 1)
-    for m in range(N - 2, -1, -1):
+def _best_on_path(gain: list[float], lo: int, hi: int) -> tuple[float, list[int]]:
+    """The disjoint neighbour pairs ``(m, m + 1)``, ``lo <= m < hi``, of largest total gain (only
+    pairs with a gain), as their first modes."""
+    best: dict[int, tuple[float, list[int]]] = {hi: (0.0, []), hi + 1: (0.0, [])}
+    for m in range(hi - 1, lo - 1, -1):
         skip = best[m + 1]
         take = (gain[m] + best[m + 2][0], [m] + best[m + 2][1]) if gain[m] > 0 else (-1.0, [])
         best[m] = take if take[0] > skip[0] else skip
-    return [(m, m + 1) for m in best[0][1]]
+    return best[lo]
+
+
+def choose_pairs(
+    coords: np.ndarray, shape: tuple[int, ...], groups_max: float = PAIR_GROUPS_MAX, wrap: bool = False
+) -> list[tuple[int, int]]:
+    """Disjoint pairs ``(m, m + 1)`` (modes a sweep updates in turn) whose distinct pairs are at
+    most ``groups_max`` of the nonzeros, chosen to save the most (each pair's saving taken as one
+    less its share of distinct pairs); orders 3 to 5.
+
+    ``wrap``: also the pair ``(N - 1, 0)`` (the last mode and the next sweep's first), where its
+    distinct pairs are at most :data:`WRAP_GROUPS_MAX` of the nonzeros and it makes more pairs
+    than the sweep's own neighbours do (where it only replaces one, the pair inside the sweep is
+    kept: it needs no copy of the factors beside its memo)."""
+    N = len(shape)
+    if not 3 <= N <= 5:
+        return []
+    edges = N if wrap else N - 1
+    gain = [1.0 - pair_fraction(coords, shape, m, (m + 1) % N) for m in range(edges)]
+    gain = [
+        g if 1.0 - g <= (groups_max if m < N - 1 else min(groups_max, WRAP_GROUPS_MAX)) else 0.0
+        for m, g in enumerate(gain)
+    ]
+    plain = _best_on_path(gain, 0, N - 1)[1]
+    if wrap and gain[N - 1] > 0:
+        # with (N - 1, 0) taken, modes 1 .. N - 2 are left, a path
+        inner = _best_on_path(gain, 1, N - 2)[1]
+        if len(inner) + 1 > len(plain):
+            return [(m, m + 1) for m in inner] + [(N - 1, 0)]
+    return [(m, m + 1) for m in plain]
 
 
 def _first_source(name: str, nothers: int, rank_const: int) -> str:
@@ -411,7 +480,7 @@ def pair_second(
 
 def pair_bytes(nnz: int, nmodes: int, rank: int, itemsize: int, value_itemsize: int = 8) -> int:
     """The most one pair copy and its memo take for ``nnz`` nonzeros: the other modes' indices
-    (4 bytes each) and the values per nonzero, and at most :data:`PAIR_GROUPS_MAX` of the
+    (at most 4 bytes each: :func:`other_dtype`) and the values per nonzero, and at most :data:`PAIR_GROUPS_MAX` of the
     nonzeros as pairs (their table and memo row)."""
     per_group = PAIR_GROUP_BYTES + rank * itemsize
     return int(nnz * ((nmodes - 2) * 4 + value_itemsize) + PAIR_GROUPS_MAX * nnz * per_group)
