@@ -207,9 +207,9 @@ def plan_rounds(src: Store, modes: list[int], budget: int) -> list[tuple[list[in
     reading back a mode's entries: 28 s against 7 s for the read of an 86 M store). Only a mode
     that does not fit alone is spilled, in the first round."""
     room = PARTITION_ENTRIES * (ENTRY_BYTES + RUN_BYTES)
-    # beside entries and sorts: a mode's filter (at most 16 bits a fiber) and two store chunks
-    # decoded (the one partitioned and the next, read ahead)
-    reserve = 2 * src.nnz + 2 * src.chunk_nnz * (8 * src.nmodes + 32)
+    # beside entries and sorts: a mode's filter (at most 16 bits a fiber) and its keys grouped by
+    # region (as many bytes again), and two store chunks decoded (the one partitioned and the next)
+    reserve = 4 * src.nnz + 2 * src.chunk_nnz * (8 * src.nmodes + 32)
     fits = budget - room - reserve
     spilled = [m for m in modes if FiberPartitions.held_bytes(src, [m]) > fits]
     groups: list[list[int]] = [[]]
