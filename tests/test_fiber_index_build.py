@@ -21,7 +21,7 @@ from tensorflow_ooc.ingest import fiber_index_build
 from tensorflow_ooc.ingest.fiber_index_build import ENTRY_BYTES, RUN_BYTES, plan_rounds
 from tensorflow_ooc.ingest.fiber_partitions import PARTITION_ENTRIES, FiberPartitions
 from tensorflow_ooc.store.chunk_files import _crc32c as crc32c
-from tensorflow_ooc.store.shard_encode import framed_chunks
+from tensorflow_ooc.store.shard_encode import framed_chunks, framed_raw_chunks
 from tensorflow_ooc.store.writer import encoded_chunk
 
 ARRAYS = ("key", "row", "value", "first", "crc", "size", "bloom", "bloom_crc")
@@ -61,6 +61,24 @@ def test_native_frames_equal_numcodecs(rng, codec):
     at = 0
     for j in range(n):
         want = encoded_chunk(data[j * C : (j + 1) * C], delta, blosc)
+        want += int(crc32c(want)).to_bytes(4, "little")
+        assert payload[at : at + sizes[j]].tobytes() == want
+        assert crcs[j] == crc32c(want[:-4])
+        at += sizes[j]
+    assert at == payload.shape[0]
+
+
+@pytest.mark.parametrize("delta", [False, True])
+def test_native_raw_frames_equal_the_chunks_bytes(rng, delta):
+    """Chunks stored without Blosc: each chunk's bytes (Delta'd per chunk when asked) and its
+    CRC32C, as Zarr's chain writes them."""
+    C = int(rng.choice([128, 1024]))
+    n = int(rng.integers(1, 40))
+    data = np.sort(rng.integers(0, 2**45, n * C, dtype=np.uint64)) if delta else rng.random(n * C)
+    payload, crcs, sizes = framed_raw_chunks(data, C, delta)
+    at = 0
+    for j in range(n):
+        want = encoded_chunk(data[j * C : (j + 1) * C], delta, None)
         want += int(crc32c(want)).to_bytes(4, "little")
         assert payload[at : at + sizes[j]].tobytes() == want
         assert crcs[j] == crc32c(want[:-4])
