@@ -489,7 +489,8 @@ class ModeIndexWriter:
                 self.writers[name] = ShardWriter(self.arrays[name], self.staging)
 
     def append(self, keys: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
-        """Entries following every entry appended so far in key order."""
+        """Entries following every entry appended so far in key order; none of them is kept past
+        the call (what waits for the next shard is copied), so the caller may reuse the arrays."""
         if keys.shape[0] == 0:
             return
         if int(keys[0]) < self.last_key:
@@ -505,6 +506,8 @@ class ModeIndexWriter:
         self.pending_n += keys.shape[0]
         if self.pending_n >= self.shard_nnz:
             self._flush(final=False)
+        else:
+            self.pending[-1] = (keys.copy(), rows.copy(), values.copy())
 
     def _flush(self, final: bool) -> None:
         if not self.pending:
