@@ -21,7 +21,7 @@ from tensorflow_ooc.ingest import fiber_index_build
 from tensorflow_ooc.ingest.fiber_index_build import ENTRY_BYTES, RUN_BYTES, plan_rounds
 from tensorflow_ooc.ingest.fiber_partitions import PARTITION_ENTRIES, FiberPartitions
 from tensorflow_ooc.store.chunk_files import _crc32c as crc32c
-from tensorflow_ooc.store.shard_encode import framed_chunks
+from tensorflow_ooc.store.shard_encode import framed_chunks, framed_raw_chunks
 from tensorflow_ooc.store.writer import encoded_chunk
 
 ARRAYS = ("key", "row", "value", "first", "crc", "size", "bloom", "bloom_crc")
@@ -61,6 +61,24 @@ def test_native_frames_equal_numcodecs(rng, codec):
     at = 0
     for j in range(n):
         want = encoded_chunk(data[j * C : (j + 1) * C], delta, blosc)
+        want += int(crc32c(want)).to_bytes(4, "little")
+        assert payload[at : at + sizes[j]].tobytes() == want
+        assert crcs[j] == crc32c(want[:-4])
+        at += sizes[j]
+    assert at == payload.shape[0]
+
+
+@pytest.mark.parametrize("delta", [False, True])
+def test_native_raw_frames_equal_the_chunks_bytes(rng, delta):
+    """Chunks stored without Blosc: each chunk's bytes (Delta'd per chunk when asked) and its
+    CRC32C, as Zarr's chain writes them."""
+    C = int(rng.choice([128, 1024]))
+    n = int(rng.integers(1, 40))
+    data = np.sort(rng.integers(0, 2**45, n * C, dtype=np.uint64)) if delta else rng.random(n * C)
+    payload, crcs, sizes = framed_raw_chunks(data, C, delta)
+    at = 0
+    for j in range(n):
+        want = encoded_chunk(data[j * C : (j + 1) * C], delta, None)
         want += int(crc32c(want)).to_bytes(4, "little")
         assert payload[at : at + sizes[j]].tobytes() == want
         assert crcs[j] == crc32c(want[:-4])
@@ -213,3 +231,29 @@ def test_sorting_a_partition_carries_rows_and_values_stably(rng, span):
     order = np.argsort(keys, kind="stable")
     for g, want in zip(got, (keys[order], rows[order], values[order])):
         assert g.dtype == want.dtype and np.array_equal(g, want)
+    # into buffers a build reuses: longer than the run, holding an earlier run's entries
+    extra = int(rng.integers(0, 1000))
+    out = tuple(rng.integers(0, 2**32, n + extra).astype(a.dtype) for a in (keys, rows, values))
+    scratch = rng.integers(0, 2**63, 3 * n + extra, dtype=np.uint64)
+    again = stable_sort_by_key(keys, lo, lo + span, rows, values, out, scratch)
+    for g, want in zip(again, got):
+        assert g.dtype == want.dtype and np.array_equal(g, want)
+
+
+@pytest.mark.parametrize("words", [64, 2**12, 2**17])
+def test_the_filter_grouped_by_region_holds_the_bits_of_key_order_inserts(rng, words):
+    """Inserting keys grouped by region of the filter (several groups, as a build reads them
+    back) sets exactly the bits inserting them one by one does, in filters smaller and larger
+    than a region."""
+    from tensorflow_ooc.format.fiber_keys import blocked_insert_by_region
+
+    keys = np.unique(rng.integers(0, 2**50, int(rng.integers(words // 4, words * 2)), dtype=np.uint64))
+    want = np.zeros(words, dtype=np.uint64)
+    blocked_insert(keys, want)
+    got = np.zeros(words, dtype=np.uint64)
+    group = int(rng.integers(1, keys.shape[0] + 1))
+    scratch = np.empty(group, dtype=np.uint64)
+    for at in range(0, keys.shape[0], group):
+        blocked_insert_by_region(keys[at : at + group], got, scratch)
+    assert np.count_nonzero(want) > 0
+    assert np.array_equal(got, want)

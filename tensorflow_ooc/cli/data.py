@@ -579,9 +579,10 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         description="Write, inside STORE, per mode its nonzeros ordered by fiber (their indices in the "
         "other modes) in small chunks with a chunk table: randomized CP (sts, arls-lev) and rTT-ALS, "
         "streamed, then read only the chunks holding the sampled fibers instead of every nonzero. "
-        "Built out of core in passes over the store that each sort one range of keys within "
-        "--memory-limit. The index is bound to the store (refused if edited or copied from another "
-        "store); tfooc info reports it.",
+        "Built out of core within --memory-limit: one read of the store for every mode whose "
+        "entries fit it (a further read for the others), each mode sorted a key range at a time. "
+        "The index is bound to the store (refused if edited or copied from another store); tfooc "
+        "info reports it.",
     )
     f.add_argument("store", help="store path or URL")
     f.add_argument("--modes", default="all", help="modes to index: 'all' (default) or mode numbers like 0,2")

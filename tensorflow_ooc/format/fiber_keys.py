@@ -115,6 +115,44 @@ def blocked_insert(keys, words):
             words[base + np.int64(b >> np.uint64(6))] |= np.uint64(1) << (b & np.uint64(63))
 
 
+#: filter words a region of :func:`blocked_insert_by_region` spans: 256 KiB, in a core's L2 cache
+BLOOM_REGION_WORDS = 1 << 15
+
+
+@nb.njit(nogil=True, cache=True)
+def blocked_insert_by_region(keys, words, scratch):
+    """:func:`blocked_insert`, the same bits, with the keys' hashes first grouped by region of the
+    filter (:data:`BLOOM_REGION_WORDS`) so each region's inserts hit the cache: inserting in key
+    order writes a random cache line of the filter a key (86 M keys into 128 MB: 3.3 s, grouped
+    by region 8 M at a time 1.6 s). ``scratch``: uint64, at least as long as ``keys``; it pays
+    where ``keys`` number about half the filter's words or more."""
+    nblocks = words.shape[0] // BLOOM_BLOCK_WORDS
+    mask = np.uint64(nblocks - 1)
+    region_blocks = min(nblocks, BLOOM_REGION_WORDS // BLOOM_BLOCK_WORDS)
+    shift = np.uint64(0)
+    while (1 << np.int64(shift)) < region_blocks:
+        shift += np.uint64(1)
+    nregions = nblocks // region_blocks
+    at = np.zeros(nregions + 1, dtype=np.int64)
+    n = keys.shape[0]
+    for i in range(n):
+        at[np.int64((_mix(keys[i]) & mask) >> shift) + 1] += 1
+    for r in range(nregions):
+        at[r + 1] += at[r]
+    for i in range(n):
+        h = _mix(keys[i])
+        r = np.int64((h & mask) >> shift)
+        scratch[at[r]] = h
+        at[r] += 1
+    for i in range(n):
+        h = scratch[i]
+        base = np.int64(h & mask) * BLOOM_BLOCK_WORDS
+        g = _mix(h)
+        for j in range(BLOOM_HASHES):
+            b = _block_bit(g, j)
+            words[base + np.int64(b >> np.uint64(6))] |= np.uint64(1) << (b & np.uint64(63))
+
+
 @nb.njit(nogil=True, cache=True)
 def blocked_query(keys, words, slots):
     """Whether each key may be in a blocked filter (no false negatives), with key ``i``'s block at

@@ -191,21 +191,24 @@ def _sort_digit_runs(low, starts, groups, lowb, out):
                     out[1, i] = np.uint64(d) >> np.uint64(64 - lowb) if lowb > 0 else np.uint64(d)
 
 
-def _sort_keys_msd(keys: np.ndarray, total_bits: int, nthreads: int) -> np.ndarray:
-    """One MSD pass on the top bits (all of word 1), then each digit's run sorted in cache."""
+def _sort_keys_msd(keys: np.ndarray, total_bits: int, nthreads: int, scratch: np.ndarray | None = None) -> np.ndarray:
+    """One MSD pass on the top bits (all of word 1), then each digit's run sorted in cache
+    (``scratch``: 2n uint64 words for the digits and the low words, else new arrays)."""
     n = keys.shape[1]
     # digit runs of about 512 keys (4 KiB) are sorted in L1 cache
     bits = int(min(MSD_MAX_BITS, max(total_bits - 64, 1, int(np.log2(max(n, 1) / 512)))))
     bits = min(bits, total_bits)
     lowb = total_bits - bits
-    digit = np.empty(n, dtype=np.int64)
+    if scratch is None:
+        scratch = np.empty(2 * n, dtype=np.uint64)
+    digit = scratch[:n].view(np.int64)
     hist = np.zeros((nthreads, 1 << bits), dtype=np.int64)
     _msd_digit(keys, lowb, nthreads, digit, hist)
     totals = hist.sum(axis=0)
     starts = np.zeros((1 << bits) + 1, dtype=np.int64)
     np.cumsum(totals, out=starts[1:])
     offsets = starts[None, :-1] + np.cumsum(hist, axis=0) - hist
-    low = np.empty(n, dtype=np.uint64)
+    low = scratch[n : 2 * n]
     _msd_scatter(keys, digit, nthreads, offsets, low)
     del digit
     # groups of digits with about equal work per thread (heavy tails make digit runs uneven)
@@ -216,7 +219,7 @@ def _sort_keys_msd(keys: np.ndarray, total_bits: int, nthreads: int) -> np.ndarr
     return keys
 
 
-def sort_keys(keys: np.ndarray, total_bits: int) -> np.ndarray:
+def sort_keys(keys: np.ndarray, total_bits: int, scratch: np.ndarray | None = None) -> np.ndarray:
     """Sort multi-word ALTO indices alone (no values), ascending; the input may be reused as scratch.
 
     Parameters
@@ -225,6 +228,9 @@ def sort_keys(keys: np.ndarray, total_bits: int) -> np.ndarray:
         Word 0 least significant.
     total_bits : int
         Bits that may be non-zero.
+    scratch : uint64 array, optional
+        At least 2n words the sort of one- or two-word keys of at most 80 bits works in (else
+        it allocates them): a caller sorting many runs maps them once.
 
     Returns
     -------
@@ -235,7 +241,7 @@ def sort_keys(keys: np.ndarray, total_bits: int) -> np.ndarray:
         return keys
     nthreads = max(1, min(nb.get_num_threads(), n // 65536 or 1))
     if keys.shape[0] <= 2 and total_bits <= 64 + MSD_MAX_BITS:
-        return _sort_keys_msd(keys, total_bits, nthreads)
+        return _sort_keys_msd(keys, total_bits, nthreads, None if scratch is None else scratch[: 2 * n])
     src, dst = keys, np.empty_like(keys)
     for word in range(keys.shape[0]):
         bits = min(64, total_bits - 64 * word)
@@ -328,16 +334,30 @@ def _split_positions_wide(wide, pbits):
 
 
 def stable_sort_by_key(
-    keys: np.ndarray, lo: int, hi: int, rows: np.ndarray, values: np.ndarray
+    keys: np.ndarray,
+    lo: int,
+    hi: int,
+    rows: np.ndarray,
+    values: np.ndarray,
+    out: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    scratch: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``keys`` (uint64, in ``[lo, hi)``) sorted stably, with ``rows`` and ``values`` in the same
     order: :func:`stable_key_order` on the keys relative to ``lo`` (fewer bits), with the
     positions' split and the gathers of rows and values fused into one parallel pass where
     key and position fit one word.
 
+    Parameters
+    ----------
+    out : (keys, rows, values) arrays, optional
+        Where the sorted entries go (their first n elements; dtypes of the inputs), else new
+        arrays. A build sorting many runs reuses them: fresh arrays cost their pages' faults.
+    scratch : uint64 array, optional
+        At least 3n words the sort works in, else new arrays (as ``out``).
+
     Returns
     -------
-    (keys, rows, values), new arrays.
+    (keys, rows, values): views of ``out``, or new arrays.
     """
     n = keys.shape[0]
     pbits = max(1, (n - 1).bit_length())
@@ -346,21 +366,20 @@ def stable_sort_by_key(
         order, out = stable_key_order(keys - np.uint64(lo), hi - lo)
         out += np.uint64(lo)
         return out, rows[order], values[order]
-    joined = _join_positions_from(keys, np.uint64(lo), pbits)
-    joined = sort_keys(joined[None, :], total_bits)[0]
-    k_out = np.empty(n, dtype=np.uint64)
-    r_out = np.empty(n, dtype=rows.dtype)
-    v_out = np.empty(n, dtype=values.dtype)
+    joined = np.empty(n, dtype=np.uint64) if scratch is None else scratch[:n]
+    _join_positions_from(keys, np.uint64(lo), pbits, joined)
+    joined = sort_keys(joined[None, :], total_bits, None if scratch is None else scratch[n : 3 * n])[0]
+    if out is None:
+        out = (np.empty(n, dtype=np.uint64), np.empty(n, dtype=rows.dtype), np.empty(n, dtype=values.dtype))
+    k_out, r_out, v_out = (a[:n] for a in out)
     _split_gather(joined, pbits, np.uint64(lo), rows, values, k_out, r_out, v_out)
     return k_out, r_out, v_out
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _join_positions_from(keys, lo, pbits):
-    out = np.empty(keys.shape[0], dtype=np.uint64)
+def _join_positions_from(keys, lo, pbits, out):
     for i in nb.prange(keys.shape[0]):
         out[i] = ((keys[i] - lo) << np.uint64(pbits)) | np.uint64(i)
-    return out
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)

@@ -25,6 +25,7 @@ from ..format.fiber_keys import key_space, key_strides
 from ..store import Store
 from ..store import paths as store_paths
 from ..store.fiber_index import row_dtype
+from ..store.scratch import ScratchBuffers
 
 #: a partition's average entries: sorted in cache-sized digit runs, and its keys one word with
 #: their positions (36 + 21 bits for an Amazon-shaped mode)
@@ -70,6 +71,21 @@ def _partition(coords, values, mode, strides, shift, counts, keys, rows, vals, s
         keys[j] = k
         rows[j] = coords[i, mode]
         vals[j] = values[i]
+
+
+def joined(
+    pieces: list[tuple[np.ndarray, ...]], dtypes: dict[str, np.dtype], buffers: ScratchBuffers | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pieces of entries (keys, rows, values) end to end, in ``buffers`` when given (views valid
+    until their next use: a fresh array a run cost its pages' faults), else in new arrays."""
+    n = sum(q[0].shape[0] for q in pieces)
+    out = []
+    for i, name in enumerate(ARRAYS):
+        dest = np.empty(n, dtypes[name]) if buffers is None else buffers.take(f"joined-{name}", n, dtypes[name])
+        if pieces:
+            np.concatenate([q[i] for q in pieces], out=dest)
+        out.append(dest)
+    return tuple(out)
 
 
 class FiberPartitions:
@@ -204,15 +220,15 @@ class FiberPartitions:
             for f in files:
                 f.close()
 
-    def entries(self, mode: int, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """All of partition ``p`` of ``mode`` (keys, rows, values), in store order."""
+    def entries(
+        self, mode: int, p: int, buffers: ScratchBuffers | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All of partition ``p`` of ``mode`` (keys, rows, values), in store order (joined into
+        ``buffers`` when given: views valid until their next use)."""
         parts = list(self.pieces(mode, p, int(self.counts[mode][p])))
         if len(parts) == 1:
             return parts[0]
-        dts = self.dtypes[mode]
-        return tuple(
-            np.concatenate([q[i] for q in parts]) if parts else np.zeros(0, dts[name]) for i, name in enumerate(ARRAYS)
-        )
+        return joined(parts, self.dtypes[mode], buffers)
 
     def drop(self, mode: int, p: int) -> None:
         """Forget partition ``p`` of ``mode`` (its memory or files) once it is sorted."""

@@ -49,7 +49,7 @@ from zarr.codecs import Crc32cCodec
 from ..errors import CorruptStoreError
 from ..format.fiber_keys import (
     BLOOM_BLOCK_WORDS,
-    blocked_insert,
+    blocked_insert_by_region,
     blocked_query,
     bloom_blocks,
     bloom_words,
@@ -83,7 +83,7 @@ ARRAYS = ("key", "row", "value")
 #: the blocked Bloom filter's inner chunks (8 blocks: a query reads 512 bytes) and shard files
 BLOOM_CHUNK_WORDS = 64
 BLOOM_SHARD_CHUNKS = 4096
-#: distinct keys a filter build reads back at once
+#: distinct keys a filter build reads back at once, at least (else half the filter's words)
 BLOOM_GROUP_ENTRIES = 1 << 20
 
 
@@ -489,7 +489,8 @@ class ModeIndexWriter:
                 self.writers[name] = ShardWriter(self.arrays[name], self.staging)
 
     def append(self, keys: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
-        """Entries following every entry appended so far in key order."""
+        """Entries following every entry appended so far in key order; none of them is kept past
+        the call (what waits for the next shard is copied), so the caller may reuse the arrays."""
         if keys.shape[0] == 0:
             return
         if int(keys[0]) < self.last_key:
@@ -505,6 +506,8 @@ class ModeIndexWriter:
         self.pending_n += keys.shape[0]
         if self.pending_n >= self.shard_nnz:
             self._flush(final=False)
+        else:
+            self.pending[-1] = (keys.copy(), rows.copy(), values.copy())
 
     def _flush(self, final: bool) -> None:
         if not self.pending:
@@ -595,12 +598,15 @@ class ModeIndexWriter:
         (read back in groups; the filter is the only memory it holds beyond one)."""
         words = np.zeros(max(BLOOM_CHUNK_WORDS, bloom_words(self.distinct)), dtype=np.uint64)
         self.fibers_file.seek(0)
-        buf = np.empty(min(BLOOM_GROUP_ENTRIES, self.distinct), dtype="<u8")
-        for at in range(0, self.distinct, BLOOM_GROUP_ENTRIES):
-            keys = buf[: min(BLOOM_GROUP_ENTRIES, self.distinct - at)]
+        # groups of half the filter's words: grouped by region, each region's inserts hit the cache
+        group = min(self.distinct, max(BLOOM_GROUP_ENTRIES, words.shape[0] // 2))
+        buf = np.empty(group, dtype="<u8")
+        scratch = np.empty(group, dtype=np.uint64)
+        for at in range(0, self.distinct, group):
+            keys = buf[: min(group, self.distinct - at)]
             if self.fibers_file.readinto(memoryview(keys).cast("B")) != keys.nbytes:
                 raise RuntimeError(f"fiber index of mode {self.mode}: its distinct keys were cut short")
-            blocked_insert(keys, words)
+            blocked_insert_by_region(keys, words, scratch)
         self.fibers_file.close()
         return words
 

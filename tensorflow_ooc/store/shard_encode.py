@@ -5,7 +5,8 @@ A fiber index writes about 250 small (1024-entry) chunks a shard and array; numc
 wrapper, the Delta filter and the bytes objects around them cost about 12 us a chunk in Python
 (8.4 s of a 114 s build of an 86 M-nonzero index). Here Blosc's re-entrant ``blosc_compress_ctx``
 (the one numcodecs links in, called with numcodecs' parameters, so the bytes are the ones Zarr
-writes: a test compares them) compresses every chunk of a shard in one parallel loop.
+writes: a test compares them) compresses every chunk of a shard in one parallel loop; chunks
+stored without Blosc (values that do not compress) are framed natively too.
 """
 
 from __future__ import annotations
@@ -69,6 +70,13 @@ def _compress_chunks(src, nchunks, nbytes, delta, clevel, shuffle, typesize, cna
             blocksize,
             1,
         )
+
+
+@nb.njit(nogil=True, cache=True)
+def _delta_chunks(words, chunk_len, out):
+    # numcodecs' Delta on uint64, chunk by chunk (each chunk's first word kept)
+    for i in range(words.shape[0]):
+        out[i] = words[i] if i % chunk_len == 0 else words[i] - words[i - 1]
 
 
 @nb.njit(nogil=True, cache=True)
@@ -173,4 +181,38 @@ def framed_chunks(
     crcs = chunk_crcs_serial(dst, np.arange(sizes.shape[0], dtype=np.int64) * cap, sizes)
     payload = buffers.take("payload", int(sizes.sum()) + 4 * sizes.shape[0])
     _frames(dst, cap, sizes, crcs, payload)
+    return payload, crcs, sizes + 4
+
+
+def framed_raw_chunks(
+    data: np.ndarray, chunk_len: int, delta: bool, buffers: FrameBuffers | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`framed_chunks` for an array stored without Blosc: each chunk's little-endian bytes
+    (after the Delta filter when ``delta``, uint64) followed by its CRC32C, back to back. A
+    Python call a chunk cost 20-30 ns an entry (5-8 s of an 86 M-nonzero build's values).
+
+    Returns
+    -------
+    payload : uint8 ndarray
+        The chunks and their checksums.
+    crcs : int64 ndarray (n,)
+        Each chunk's CRC32C.
+    sizes : int64 ndarray (n,)
+        Each chunk's stored bytes (its bytes and checksum).
+    """
+    data = np.ascontiguousarray(data)
+    nbytes = chunk_len * data.dtype.itemsize
+    n = data.shape[0] // chunk_len
+    if n * chunk_len != data.shape[0]:
+        raise ValueError(f"{data.shape[0]} elements are not whole chunks of {chunk_len}")
+    buffers = buffers or FrameBuffers()
+    raw = data.view(np.uint8)
+    if delta:
+        d = buffers.take("delta", raw.shape[0]).view(np.uint64)
+        _delta_chunks(data.view(np.uint64), chunk_len, d)
+        raw = d.view(np.uint8)
+    sizes = np.full(n, nbytes, dtype=np.int64)
+    crcs = chunk_crcs_serial(raw, np.arange(n, dtype=np.int64) * nbytes, sizes)
+    payload = buffers.take("payload", n * (nbytes + 4))
+    _frames(raw, nbytes, sizes, crcs, payload)
     return payload, crcs, sizes + 4

@@ -26,8 +26,7 @@ from .chunk_files import _crc32c
 from .codecs import StoredChain
 from .scratch import ScratchBuffers
 from .shard_decode import BAD_HEADER, OK, chunk_crcs, decode_chunks, pread_ranges
-from .shard_encode import FrameBuffers, framed_chunks
-from .writer import encoded_chunk
+from .shard_encode import FrameBuffers, framed_chunks, framed_raw_chunks
 
 EMPTY = np.uint64(2**64 - 1)  # an inner chunk never written (Zarr's fill value)
 SHARD_ENTRIES = 262_144  # entries a shard file holds (its inner chunks: this over the chunk's length)
@@ -103,22 +102,14 @@ class ShardWriter:
         if n * C != data.shape[0]:
             data = np.concatenate([data, np.zeros(n * C - data.shape[0], dtype=self.dtype)])
         index = np.full((self.per_shard, 2), EMPTY, dtype="<u8")
+        # every chunk of the shard encoded in one native loop (the bytes numcodecs writes)
         if self.blosc is not None:
-            # every chunk of the shard compressed in one native loop (the bytes numcodecs writes)
             body, crcs, sizes = framed_chunks(data, C, self.delta, self.blosc, self.buffers)
-            index[:n, 0] = np.cumsum(sizes) - sizes
-            index[:n, 1] = sizes
-            parts = [memoryview(body)]
         else:
-            parts, crcs, sizes = [], np.zeros(n, np.int64), np.zeros(n, np.int64)
-            at = 0
-            for j in range(n):
-                chunk = encoded_chunk(data[j * C : (j + 1) * C], self.delta, None)
-                crc = int(_crc32c(chunk))
-                parts.append(chunk + crc.to_bytes(4, "little"))
-                index[j] = (at, len(chunk) + 4)
-                crcs[j], sizes[j] = crc, len(chunk) + 4
-                at += len(chunk) + 4
+            body, crcs, sizes = framed_raw_chunks(data, C, self.delta, self.buffers)
+        index[:n, 0] = np.cumsum(sizes) - sizes
+        index[:n, 1] = sizes
+        parts = [memoryview(body)]
         raw = index.tobytes()
         parts.append(raw + int(_crc32c(raw)).to_bytes(4, "little"))
         path = self.files.path(s)
