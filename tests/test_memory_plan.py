@@ -386,9 +386,10 @@ def test_memoized_mode_pairs_are_counted_and_tried_first_where_a_sweep_is_one_ta
         ("in-memory", False, True, False),
         ("in-memory", False, False, False),
     ]
-    # two pairs at order 4, each beyond the two mode-sorted copies it replaces
+    # two pairs at order 4, each beyond the two mode-sorted copies it replaces, and the wrap
+    # pair's copy of the factor rows its memo was made from
     copy = int(nnz * (16 + 24 / 64))
-    extra = 2 * (pair_bytes(nnz, 4, R, 8) - 2 * copy)
+    extra = 2 * (pair_bytes(nnz, 4, R, 8) - 2 * copy) + sum(shape) * R * 8
     assert extra > 0 and plans[0].terms["mode_pairs"] == extra
     assert plans[0].terms["mode_copies"] == plans[1].terms["mode_copies"] and plans[1].terms["mode_pairs"] == 0
     assert "memoized mode pairs" in plans[0].name and plans[0].as_dict()["mode_pairs"]
@@ -418,6 +419,6 @@ def test_owner_computes_workers_memoize_pairs_over_all_their_partitions():
     first = plans[0]
     assert first.mode_pairs and first.mode_copies and first.in_place and first.execution == "in-memory"
     copy = int(nnz * (16 + 24 / 64))
-    assert first.terms["mode_pairs"] == pair_bytes(nnz, 3, R, 8) - 2 * copy > 0
+    assert first.terms["mode_pairs"] == pair_bytes(nnz, 3, R, 8) - 2 * copy + sum(shape) * R * 8 > 0
     (same,) = [p for p in plans[1:] if p.mode_copies and p.max_private_bytes == first.max_private_bytes]
     assert not same.mode_pairs and sum(first.terms.values()) - sum(same.terms.values()) == first.terms["mode_pairs"]

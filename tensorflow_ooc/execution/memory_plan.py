@@ -348,7 +348,8 @@ def candidates(
             "mode_copies": int(worker_nnz * (8 + value_itemsize + RUN_TABLE_BYTES_PER_NNZ) * len(shape))
             if mode_copies
             else 0,
-            # each pair that may be memoized: its copy and memo beyond the two mode copies it replaces
+            # each pair that may be memoized: its copy and memo beyond the two mode copies it replaces,
+            # and the wrap pair's copy of the factor rows its memo was made from (at most all of them)
             "mode_pairs": len(shape)
             // 2
             * max(
@@ -356,6 +357,7 @@ def candidates(
                 pair_bytes(worker_nnz, len(shape), rank, itemsize, value_itemsize)
                 - 2 * int(worker_nnz * (8 + value_itemsize + RUN_TABLE_BYTES_PER_NNZ)),
             )
+            + sum(shape) * rank * itemsize
             if kept == "pairs"
             else 0,
             "buckets": 0 if single else tasks * 20 * min(OWNED_GROUP_NNZ, call_nnz),
