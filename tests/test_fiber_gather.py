@@ -222,3 +222,57 @@ def test_stable_key_order_is_the_stable_argsort(rng, key_space, n):
     order, sorted_keys = stable_key_order(keys, key_space)
     np.testing.assert_array_equal(order, np.argsort(keys, kind="stable"))
     np.testing.assert_array_equal(sorted_keys, np.sort(keys))
+
+
+@pytest.mark.parametrize("n", [1, 2, 5000, 300000])
+@pytest.mark.parametrize("key_space", [7, 1000, 2**32, 2**62])
+@pytest.mark.parametrize("dtypes", [(np.uint64, np.int64), (np.uint32, np.int32)])
+def test_sort_records_is_the_stable_sort(rng, key_space, n, dtypes):
+    """Records bucketed by their keys' top bits, each bucket sorted in cache: the keys sorted, rows
+    and values in the stable order (ties, a bucket of most records, one or several threads), in
+    the arrays given; None only where a bucket's positions and the keys' low bits exceed a word."""
+    from tensorflow_ooc.format.radix_sort import sort_records
+
+    kdt, rdt = dtypes
+    if kdt == np.uint32 and key_space > 2**32:
+        pytest.skip("uint32 keys hold a key space of at most 2^32")
+    keys = rng.integers(0, key_space, n, dtype=np.uint64)
+    keys[rng.integers(0, n, n // 3)] = keys[0]  # ties, and one heavy bucket
+    keys = keys.astype(kdt)
+    rows = rng.integers(0, 1 << 30, n).astype(rdt)
+    values = rng.standard_normal(n)
+    want = np.argsort(keys, kind="stable")
+    want_k, want_r, want_v = keys[want], rows[want], values[want]
+    got = sort_records(keys, key_space, rows, values)
+    if got is None:
+        assert key_space == 2**62 and n >= 5000  # 52-58 low key bits and a bucket of 2^11-2^17 positions
+        return
+    assert got[0] is keys and got[1] is rows and got[2] is values
+    np.testing.assert_array_equal(keys, want_k)
+    np.testing.assert_array_equal(rows, want_r)
+    np.testing.assert_array_equal(values, want_v)
+
+
+def test_fiber_index_keys_narrow_where_they_fit(tmp_path, rng):
+    """Keys of at most 2^32 cells and rows below 2^31 are stored in 32 bits, the sums unchanged;
+    wider key spaces keep 64-bit keys."""
+    from tensorflow_ooc.kernels.sampling.fiber_gather import index_key_dtype
+
+    assert index_key_dtype(2**32) == np.uint32 and index_key_dtype(2**32 + 1) == np.uint64
+    shape = (int(rng.integers(40, 80)), 70000, 70000)  # mode 0's keys need 33 bits, the others' fewer
+    coords = np.stack([rng.integers(0, s, 3000) for s in shape], axis=1)
+    coords = np.unique(coords, axis=0)
+    values = rng.standard_normal(coords.shape[0])
+    store = tfo.convert((coords, values), tmp_path / "narrow.zarr", shape=shape)
+    decoded = fill_batch(store, range(store.nchunks), BatchBuffers(store, store.nchunks), delta=False)
+    for mode in range(3):
+        index = FiberIndex.build(decoded, store.layout, mode)
+        assert index.keys.dtype == (np.uint64 if mode == 0 else np.uint32) and index.rows.dtype == np.int32
+        keys = sample_keys(coords, shape, mode)
+        order = np.argsort(keys, kind="stable")
+        np.testing.assert_array_equal(index.keys, keys[order])
+        samples = draw_samples(rng, coords, shape, mode, 200)
+        Hw = rng.standard_normal((samples.shape[0], 3))
+        got = np.zeros((shape[mode], 3))
+        sampled_mttkrp_items(decoded, store.layout, mode, samples, Hw, got, index=index)
+        np.testing.assert_allclose(got, brute_force(coords, values, shape, mode, samples, Hw), rtol=1e-12, atol=1e-12)

@@ -538,16 +538,17 @@ def test_randomized_stopping_rule_is_relative():
 
 
 def test_randomized_one_task_updates_equal_the_partition_tasks(tmp_path, rng, monkeypatch):
-    """On one worker holding every decoded partition a sketched update is one task (draws, the
-    partitions gathered at once on threads, solve): the cores are those of the partition tasks, bit
-    for bit, inline and on an embedded one-worker cluster."""
+    """On one worker holding every decoded partition a sweep's sketched updates are one task (draws,
+    the partitions gathered at once on threads, solve, in turn): the cores are those of the
+    partition tasks, bit for bit, inline and on an embedded one-worker cluster, for sweeps wholly
+    sketched (fit_every 2: the first) and sweeps that end with an exact update."""
     from tensorflow_ooc.execution.graph import MTTKRPGraph
 
     shape = (9, 7, 8, 6)
     _, coords, values = sparse_tensor(rng, shape, 0.3)
     store = store_of(tmp_path, "r", coords, values, shape, chunk_nnz=200)  # 5 chunks
     kw = dict(method="randomized", samples=400, seed=int(rng.integers(1 << 30)), tol=0, max_sweeps=3)
-    kw.update(execution="in-memory", partitions=3)
+    kw.update(execution="in-memory", partitions=3, fit_every=2)
     with (
         LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
         Client(cluster) as c,
@@ -563,4 +564,5 @@ def test_randomized_one_task_updates_equal_the_partition_tasks(tmp_path, rng, mo
             assert np.array_equal(a, b), k
         assert fused[k].fit == tasks[k].fit
         assert all(len(h["draw_seconds"]) == 2 * (len(shape) - 1) for h in fused[k].history)
+        assert [h["fit_evaluated"] for h in fused[k].history] == [False, True, True]
     assert_cores_close(fused["cluster"].cores, fused["inline"].cores, rtol=1e-12)

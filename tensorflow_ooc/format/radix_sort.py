@@ -390,3 +390,133 @@ def _split_gather(joined, pbits, lo, rows, values, k_out, r_out, v_out):
         k_out[i] = (joined[i] >> np.uint64(pbits)) + lo
         r_out[i] = rows[j]
         v_out[i] = values[j]
+
+
+# --- records sorted by key, stably, in buckets: the fiber index's build ---------------------------
+
+#: entries per bucket aimed at by :func:`sort_records` (its buckets are sorted in cache)
+RECORD_BUCKET = 512
+#: top-bit buckets of :func:`sort_records`, at most (2^16 write positions per thread already spill
+#: the first-level caches; more buckets only add histogram traffic)
+RECORD_BUCKET_BITS = 16
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _record_hist(keys, lowb, nthreads, hist):
+    n = keys.shape[0]
+    step = (n + nthreads - 1) // nthreads
+    sh = np.uint64(lowb)
+    for t in nb.prange(nthreads):
+        for i in range(t * step, min(n, (t + 1) * step)):
+            hist[t, np.uint64(keys[i]) >> sh] += 1
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _record_scatter(keys, rows, values, lowb, nthreads, offsets, k_out, r_out, v_out):
+    """Every record to its bucket (the key's top bits), in input order within a bucket."""
+    n = keys.shape[0]
+    step = (n + nthreads - 1) // nthreads
+    sh = np.uint64(lowb)
+    for t in nb.prange(nthreads):
+        for i in range(t * step, min(n, (t + 1) * step)):
+            d = np.uint64(keys[i]) >> sh
+            pos = offsets[t, d]
+            offsets[t, d] = pos + 1
+            k_out[pos] = keys[i]
+            r_out[pos] = rows[i]
+            v_out[pos] = values[i]
+
+
+@nb.njit(nogil=True, cache=True)
+def _bucket_order(keys, s, e, lowb, pbits, w, tmp, count):
+    """The records ``s .. e - 1`` of one bucket in key order, stably: ``w[:e - s]`` their positions
+    in the bucket. Each is the key's low ``lowb`` bits above its position (``pbits`` bits), sorted
+    byte by byte (LSD, counting) on the key's bits only: the positions are in order already, and
+    each pass keeps the order of equal bytes, so equal keys stay in input order."""
+    n = e - s
+    lowmask = (np.uint64(1) << np.uint64(lowb)) - np.uint64(1)
+    for j in range(n):
+        w[j] = ((np.uint64(keys[s + j]) & lowmask) << np.uint64(pbits)) | np.uint64(j)
+    src = w[:n]
+    dst = tmp[:n]
+    for shift in range(pbits, pbits + lowb, 8):
+        sh = np.uint64(shift)
+        for d in range(256):
+            count[d] = 0
+        for j in range(n):
+            count[(src[j] >> sh) & np.uint64(255)] += 1
+        if count[(src[0] >> sh) & np.uint64(255)] == n:
+            continue  # one byte value in the whole bucket
+        total = 0
+        for d in range(256):
+            c = count[d]
+            count[d] = total
+            total += c
+        for j in range(n):
+            d = (src[j] >> sh) & np.uint64(255)
+            dst[count[d]] = src[j]
+            count[d] += 1
+        src, dst = dst, src
+    return src
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _sort_buckets(k_in, r_in, v_in, starts, groups, lowb, pbits, k_out, r_out, v_out):
+    """Each bucket's records sorted by key (:func:`_bucket_order`) into the outputs, groups of
+    buckets in parallel."""
+    pmask = (np.uint64(1) << np.uint64(pbits)) - np.uint64(1)
+    for g in nb.prange(groups.shape[0] - 1):
+        longest = 1
+        for b in range(groups[g], groups[g + 1]):
+            longest = max(longest, starts[b + 1] - starts[b])
+        w = np.empty(longest, dtype=np.uint64)
+        tmp = np.empty(longest, dtype=np.uint64)
+        count = np.empty(256, dtype=np.int64)
+        for b in range(groups[g], groups[g + 1]):
+            s, e = starts[b], starts[b + 1]
+            if e - s == 0:
+                continue
+            order = _bucket_order(k_in, s, e, lowb, pbits, w, tmp, count)
+            for j in range(e - s):
+                p = s + np.int64(order[j] & pmask)
+                k_out[s + j] = k_in[p]
+                r_out[s + j] = r_in[p]
+                v_out[s + j] = v_in[p]
+
+
+def sort_records(
+    keys: np.ndarray, key_space: int, rows: np.ndarray, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``keys`` (unsigned, below ``key_space``) sorted stably, ``rows`` and ``values`` carried along:
+    the arrays themselves, rewritten (one scratch copy of each, 2x their bytes at the peak).
+
+    One pass counts the keys' top bits (about :data:`RECORD_BUCKET` records a bucket), one moves
+    every record to its bucket in input order, and each bucket is then sorted in cache on the key's
+    remaining bits (:func:`_bucket_order`) and written back. The sort of joined key-position words
+    and gather of rows and values after it (:func:`stable_key_order`) read and wrote each record
+    about three times as often, the gather at random. None where a bucket's positions and the key's
+    low bits do not fit one word (then sort as :func:`stable_key_order` does).
+    """
+    n = keys.shape[0]
+    kbits = max(1, (max(1, int(key_space)) - 1).bit_length())
+    if n <= 1:
+        return keys, rows, values
+    bbits = min(kbits, RECORD_BUCKET_BITS, max(1, (n // RECORD_BUCKET).bit_length()))
+    lowb = kbits - bbits
+    nthreads = max(1, min(nb.get_num_threads(), n // 65536 or 1))
+    hist = np.zeros((nthreads, 1 << bbits), dtype=np.int64)
+    _record_hist(keys, lowb, nthreads, hist)
+    totals = hist.sum(axis=0)
+    pbits = max(1, (int(totals.max()) - 1).bit_length())
+    if lowb + pbits > 64:
+        return None
+    starts = np.zeros((1 << bbits) + 1, dtype=np.int64)
+    np.cumsum(totals, out=starts[1:])
+    offsets = starts[None, :-1] + np.cumsum(hist, axis=0) - hist
+    k_tmp, r_tmp, v_tmp = np.empty_like(keys), np.empty_like(rows), np.empty_like(values)
+    _record_scatter(keys, rows, values, lowb, nthreads, offsets, k_tmp, r_tmp, v_tmp)
+    # groups of buckets with about equal records per thread (heavy tails make buckets uneven)
+    cuts = np.searchsorted(starts, np.linspace(0, n, max(2, 4 * nthreads) + 1)[1:-1], side="left")
+    groups = np.unique(np.concatenate([[0], cuts.clip(0, 1 << bbits), [1 << bbits]])).astype(np.int64)
+    _sort_buckets(k_tmp, r_tmp, v_tmp, starts, groups, lowb, pbits, keys, rows, values)
+    return keys, rows, values

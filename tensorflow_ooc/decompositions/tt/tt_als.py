@@ -180,26 +180,31 @@ class TTSweeps:
         fit_old = self.fit_old = self.fit if any(h.get("fit_evaluated", True) for h in self.history) else None
         evaluate = o.method == "exact" or (sweep + 1) % o.fit_every == 0 or sweep + 1 == o.max_sweeps
         order = S.sweep_order(store.nmodes)
-        F = c.submit(S.begin_sweep, self.F, pure=False, **graph.placement)
         local = graph.local_partitions() if self.params.get("sketched_update") == "one task" else None
+        exact_at = [o.method == "exact" or (evaluate and step == len(order) - 1) for step in range(len(order))]
+        F, begun = self.F, False
+        if local is None or exact_at[0]:
+            F, begun = c.submit(S.begin_sweep, F, pure=False, **graph.placement), True
+        fused: list[tuple[int, str, tuple]] = []  # sketched updates of one task (every partition local)
+        gather = sketch_threads(o.samples, store.nmodes, threads)
         for step, (mode, direction) in enumerate(order):
-            if o.method == "exact" or (evaluate and step == len(order) - 1):
+            if exact_at[step]:
                 # randomized: an evaluated sweep ends with an exact update, so its ||Y_j||^2 gives the
                 # fit (the identity needs the last core to be the projection; a sketched one is not)
+                F, begun = self._fused(F, local, fused, gather, begun), True
                 F = graph.pass_update(
                     contraction_partition, (mode, threads, batch_nnz), S.update_core, F, mode, direction
                 )
-            else:  # draw beside the state, gather the sampled fibers, solve the sketched problem
-                seed_k = (self.params["sample_entropy"], sweep, step)
-                gather = sketch_threads(o.samples, store.nmodes, threads)
-                if local is not None:  # every partition beside the state: one task for the update
-                    args = (F, local, mode, direction, o.samples, seed_k, threads, gather)
-                    F = c.submit(S.sketched_update, *args, pure=False, **graph.placement)
-                    continue
-                D = c.submit(draw_core, F, mode, o.samples, seed_k, pure=False, **graph.placement)
-                parts = graph.sampled_partials(D, mode, gather)
-                F = c.submit(S.update_core, F, parts, mode, direction, D, pure=False, **graph.placement)
-        self.F = F
+                continue
+            # draw beside the state, gather the sampled fibers, solve the sketched problem
+            seed_k = (self.params["sample_entropy"], sweep, step)
+            if local is not None:  # every partition beside the state: the sweep's updates in one task
+                fused.append((mode, direction, seed_k))
+                continue
+            D = c.submit(draw_core, F, mode, o.samples, seed_k, pure=False, **graph.placement)
+            parts = graph.sampled_partials(D, mode, gather)
+            F = c.submit(S.update_core, F, parts, mode, direction, D, pure=False, **graph.placement)
+        self.F = F = self._fused(F, local, fused, gather, begun)
         sm = c.submit(S.summary, F, pure=False).result()
         t_fit = time.time()
         fit = self.fit  # randomized, not evaluated: the fit needs an exact update; kept
@@ -237,6 +242,15 @@ class TTSweeps:
             )
         self.evaluate = evaluate
         return record
+
+    def _fused(self, F: Any, local: Any, steps: list, gather: int | None, begun: bool) -> Any:
+        """Submit the sketched updates ``steps`` (emptied) as one task on the state ``F`` (starting
+        the sweep unless ``begun``); ``F`` itself where there are none."""
+        if not steps:
+            return F
+        args = (F, local, list(steps), self.o.samples, self.graph.numba_threads, gather, not begun)
+        steps.clear()
+        return self.c.submit(S.sketched_updates, *args, pure=False, **self.graph.placement)
 
     def converged(self, sweep: int, record: dict) -> bool:
         if self.o.method == "exact":

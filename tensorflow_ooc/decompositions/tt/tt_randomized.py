@@ -105,7 +105,10 @@ def solve_sketched(samples: SampleSet, rhs: np.ndarray, ranks: tuple[int, int]) 
 def sketched_slices(samples: SampleSet, rhs: np.ndarray) -> np.ndarray:
     """:func:`solve_sketched` in the right-hand side's layout: row ``i`` (I_j, R_{j-1} R_j) is the new
     core's slice ``i`` (what the state stores; the core's layout costs two copies of it)."""
-    Gp, _ = psd_pinv(samples.gram())
+    # the Gram's loop over the draws is short: one numba thread, as for the draws (2 threads took
+    # 14 ms against 0.6 a nell2-shaped R 8 Gram where another process held a core)
+    with numba_threads(1 if samples.coords.shape[0] <= DRAW_ONE_THREAD_STEPS else None):
+        Gp, _ = psd_pinv(samples.gram())
     return rhs @ Gp
 
 

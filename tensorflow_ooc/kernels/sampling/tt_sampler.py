@@ -254,8 +254,11 @@ def build_core_tree(core: np.ndarray, side: str, leaf_rows: int | None = None) -
     core = np.asarray(core, dtype=np.float64)
     if core.ndim != 3 or min(core.shape) < 1:
         raise ValueError(f"a core must be a non-empty 3-D array, got shape {core.shape}")
-    # a copy, also where the slices are the core's own: a tree never changes with its core
-    sq = np.array(oriented_slices(core, side))
+    # a copy where the slices are the core's own (a tree never changes with its core); the right
+    # side's are one already (a second copy of a nell2-shaped middle core: 1-2 ms an update)
+    sq = oriented_slices(core, side)
+    if np.may_share_memory(sq, core):
+        sq = sq.copy()
     colmass = np.einsum("tab,tab->tb", sq, sq)
     rows = sq.reshape(sq.shape[0] * sq.shape[1], sq.shape[2])
     shape = tuple(int(s) for s in core.shape)
