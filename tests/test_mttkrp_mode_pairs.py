@@ -5,6 +5,7 @@ mode to its second across an update inside one sweep task, the pair choice, and 
 import numpy as np
 import pytest
 from conftest import random_coo
+from paired_stores import paired_store
 from test_mttkrp import dense_mttkrp, rel_err
 
 import tensorflow_ooc as tfo
@@ -146,14 +147,7 @@ def test_pairs_are_chosen_where_they_are_few(rng):
 def _paired_store(rng, tmp_path, nmodes):
     """A store whose last two modes take few distinct pairs (so they are memoized)."""
     shape = (60, 150, 40, 7, 5)[:nmodes] if nmodes > 3 else (300, 9, 7)
-    nnz = 30_000
-    coords = np.column_stack([rng.integers(0, s, nnz) for s in shape])
-    few = rng.integers(0, 4, nnz)
-    coords[:, -2] = few % shape[-2]
-    coords[:, -1] = (few * 3) % shape[-1]
-    coords = np.unique(coords, axis=0)
-    values = rng.standard_normal(coords.shape[0])
-    store = tfo.convert((coords, values), tmp_path / f"p{nmodes}.zarr", shape=shape, chunk_nnz=2048)
+    coords, values, store = paired_store(rng, tmp_path / f"p{nmodes}.zarr", shape, 30_000)
     return shape, coords, values, store
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
+from paired_stores import paired_store
 from test_leverage_sampling import exact_leverage, explicit_krp
 from test_mttkrp import dense_mttkrp, rel_err
 
@@ -56,14 +57,7 @@ def _paired_store(rng, tmp_path, order: int):
     """A store whose last two modes take few distinct index pairs (so each worker's partitions
     memoize them), with enough nonzeros that every partition of 2 workers holds some."""
     shape = (60, 50, 40, 7, 5)[:order] if order > 3 else (4000, 9, 7)
-    nnz = 20_000
-    coords = np.column_stack([rng.integers(0, s, nnz) for s in shape])
-    few = rng.integers(0, 4, nnz)
-    coords[:, -2] = few % shape[-2]
-    coords[:, -1] = (few * 3) % shape[-1]
-    coords = np.unique(coords, axis=0)
-    values = rng.standard_normal(coords.shape[0])
-    store = tfo.convert((coords, values), tmp_path / f"p{order}.zarr", shape=shape, chunk_nnz=2048)
+    coords, values, store = paired_store(rng, tmp_path / f"p{order}.zarr", shape, 20_000)
     return shape, coords, values, store
 
 
