@@ -134,22 +134,12 @@ def _msd_scatter(keys, digit, nthreads, offsets, low_out):
 
 
 @nb.njit(nogil=True, cache=True)
-def _sort_small(a, tmp, count, nbits):
-    """Sort ``a`` (uint64, a few hundred keys, in cache) on its low ``nbits`` bits, in place:
-    byte-wise LSD radix, skipping bytes that are the same in every key; insertion sort when tiny."""
-    n = a.shape[0]
-    if n < 32:
-        for i in range(1, n):
-            x = a[i]
-            j = i - 1
-            while j >= 0 and a[j] > x:
-                a[j + 1] = a[j]
-                j -= 1
-            a[j + 1] = x
-        return
-    src = a
-    dst = tmp[:n]
-    for shift in range(0, nbits, 8):
+def _byte_passes(src, dst, count, lo, hi):
+    """Stable LSD counting passes over ``src`` (uint64, at least one key) on bits ``lo .. hi - 1``
+    a byte at a time, ``dst`` (as long) the other buffer, ``count`` 256 slots; a byte the same in
+    every key is skipped. Returns whichever of the two buffers holds the sorted keys."""
+    n = src.shape[0]
+    for shift in range(lo, hi, 8):
         sh = np.uint64(shift)
         for d in range(256):
             count[d] = 0
@@ -167,6 +157,24 @@ def _sort_small(a, tmp, count, nbits):
             dst[count[d]] = src[i]
             count[d] += 1
         src, dst = dst, src
+    return src
+
+
+@nb.njit(nogil=True, cache=True)
+def _sort_small(a, tmp, count, nbits):
+    """Sort ``a`` (uint64, a few hundred keys, in cache) on its low ``nbits`` bits, in place:
+    byte-wise LSD radix, skipping bytes that are the same in every key; insertion sort when tiny."""
+    n = a.shape[0]
+    if n < 32:
+        for i in range(1, n):
+            x = a[i]
+            j = i - 1
+            while j >= 0 and a[j] > x:
+                a[j + 1] = a[j]
+                j -= 1
+            a[j + 1] = x
+        return
+    src = _byte_passes(a, tmp[:n], count, 0, nbits)
     if src.ctypes.data != a.ctypes.data:
         a[:] = src
 
@@ -437,27 +445,7 @@ def _bucket_order(keys, s, e, lowb, pbits, w, tmp, count):
     lowmask = (np.uint64(1) << np.uint64(lowb)) - np.uint64(1)
     for j in range(n):
         w[j] = ((np.uint64(keys[s + j]) & lowmask) << np.uint64(pbits)) | np.uint64(j)
-    src = w[:n]
-    dst = tmp[:n]
-    for shift in range(pbits, pbits + lowb, 8):
-        sh = np.uint64(shift)
-        for d in range(256):
-            count[d] = 0
-        for j in range(n):
-            count[(src[j] >> sh) & np.uint64(255)] += 1
-        if count[(src[0] >> sh) & np.uint64(255)] == n:
-            continue  # one byte value in the whole bucket
-        total = 0
-        for d in range(256):
-            c = count[d]
-            count[d] = total
-            total += c
-        for j in range(n):
-            d = (src[j] >> sh) & np.uint64(255)
-            dst[count[d]] = src[j]
-            count[d] += 1
-        src, dst = dst, src
-    return src
+    return _byte_passes(w[:n], tmp[:n], count, pbits, pbits + lowb)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)

@@ -107,6 +107,15 @@ class FrameBuffers:
         return buf[:nbytes]
 
 
+def _whole_chunks(data: np.ndarray, chunk_len: int) -> tuple[np.ndarray, int, int]:
+    """``data`` contiguous, a chunk's bytes and the number of chunks; refused unless whole."""
+    data = np.ascontiguousarray(data)
+    n = data.shape[0] // chunk_len
+    if n * chunk_len != data.shape[0]:
+        raise ValueError(f"{data.shape[0]} elements are not whole chunks of {chunk_len}")
+    return data, chunk_len * data.dtype.itemsize, n
+
+
 def compress_chunks(
     data: np.ndarray, chunk_len: int, delta: bool, blosc: numcodecs.Blosc, buffers: FrameBuffers | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -134,11 +143,7 @@ def compress_chunks(
     sizes : int64 ndarray (n,)
         Each frame's bytes.
     """
-    data = np.ascontiguousarray(data)
-    nbytes = chunk_len * data.dtype.itemsize
-    n = data.shape[0] // chunk_len
-    if n * chunk_len != data.shape[0]:
-        raise ValueError(f"{data.shape[0]} elements are not whole chunks of {chunk_len}")
+    data, nbytes, n = _whole_chunks(data, chunk_len)
     raw = data.view(np.uint8)
     buffers = buffers or FrameBuffers()
     dst = buffers.take("frames", n * (nbytes + BLOSC_OVERHEAD))
@@ -200,11 +205,7 @@ def framed_raw_chunks(
     sizes : int64 ndarray (n,)
         Each chunk's stored bytes (its bytes and checksum).
     """
-    data = np.ascontiguousarray(data)
-    nbytes = chunk_len * data.dtype.itemsize
-    n = data.shape[0] // chunk_len
-    if n * chunk_len != data.shape[0]:
-        raise ValueError(f"{data.shape[0]} elements are not whole chunks of {chunk_len}")
+    data, nbytes, n = _whole_chunks(data, chunk_len)
     buffers = buffers or FrameBuffers()
     raw = data.view(np.uint8)
     if delta:
