@@ -70,11 +70,7 @@ def pair_partition(
     F, offs = factors.data, factors.offsets
     with numba_threads(threads_for(threads, pair.nnz)):
         if mode == pair.a:
-            Z = pair.memo(factors.rank, factors.dtype)
-            pair.forget_memo()
-            pair_first(pair, F, offs, Z, out, lo)
-            if pair.wraps:
-                pair.keep_memo(F, offs)
+            Z = _fill(pair, factors, out, lo)
             if memo is not None:
                 memo.pair, memo.Z = pair, Z
         else:
@@ -84,12 +80,19 @@ def pair_partition(
             elif pair.wraps and pair.memo_holds(F, offs):
                 Z = pair.memo(factors.rank, factors.dtype)
             else:
-                Z = pair.memo(factors.rank, factors.dtype)
-                pair.forget_memo()
-                pair_first(pair, F, offs, Z, None)
-                if pair.wraps:
-                    pair.keep_memo(F, offs)
+                Z = _fill(pair, factors, None, lo)
             pair_second(pair, F, offs, Z, out, lo)
             if memo is not None:
                 memo.forget()
     return Partial(lo, out, time.perf_counter() - t0)
+
+
+def _fill(pair: ModePair, factors: StackedFactors, out: np.ndarray | None, lo: int) -> np.ndarray:
+    """The pair's memo filled from ``factors`` (and mode ``a``'s rows added to ``out`` from row
+    ``lo``, where given); the wrap pair's records the factor rows it was made from."""
+    Z = pair.memo(factors.rank, factors.dtype)
+    pair.forget_memo()
+    pair_first(pair, factors.data, factors.offsets, Z, out, lo)
+    if pair.wraps:
+        pair.keep_memo(factors.data, factors.offsets)
+    return Z
