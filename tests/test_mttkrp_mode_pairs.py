@@ -75,15 +75,15 @@ def test_the_wrap_pair_matches_einsum_and_is_chosen_where_it_adds_a_pair(rng, nm
     Z = pair.memo(8, F.dtype)
     out_a, out_b = np.zeros((shape[a], 8)), np.zeros((shape[b], 8))
     mp.pair_first(pair, F.data, F.offsets, Z, out_a)
-    pair.keep_memo(F.data, F.offsets)
-    assert pair.memo_holds(F.data, F.offsets)
+    pair.keep_memo(F)
+    assert pair.memo_holds(F)
     F.views[b][...] = rng.standard_normal(F.views[b].shape)  # mode b's own rows may change
     F.views[a][...] = rng.standard_normal(F.views[a].shape)
-    assert pair.memo_holds(F.data, F.offsets)
+    assert pair.memo_holds(F)
     mp.pair_second(pair, F.data, F.offsets, Z, out_b)
     assert rel_err(out_b, dense_mttkrp(shape, coords, values, F.views, b)) < 1e-12
     F.views[1][-1, 3] += 1.0  # another mode's may not
-    assert not pair.memo_holds(F.data, F.offsets)
+    assert not pair.memo_holds(F)
     with pytest.raises(ValueError, match="mode pair"):
         mp.mode_pair(c, v, shape, nmodes - 1, 1)
 

@@ -77,7 +77,7 @@ def pair_partition(
             if memo is not None and memo.holds(pair):
                 Z = memo.Z
                 memo.served += 1
-            elif pair.wraps and pair.memo_holds(F, offs):
+            elif pair.wraps and pair.memo_holds(factors):
                 Z = pair.memo(factors.rank, factors.dtype)
             else:
                 Z = _fill(pair, factors, None, lo)
@@ -94,5 +94,5 @@ def _fill(pair: ModePair, factors: StackedFactors, out: np.ndarray | None, lo: i
     pair.forget_memo()
     pair_first(pair, factors.data, factors.offsets, Z, out, lo)
     if pair.wraps:
-        pair.keep_memo(factors.data, factors.offsets)
+        pair.keep_memo(factors)
     return Z

@@ -36,6 +36,7 @@ import numba as nb
 import numpy as np
 
 from ...format import BitLayout
+from ..factors import StackedFactors
 from .cpu import SPECIALIZED_RANKS, SLPKernel
 from .plan import WorkItems
 
@@ -88,20 +89,20 @@ class ModePair:
             z = self.__dict__["_memo"] = np.empty((self.groups, rank), dtype=dtype)
         return z
 
-    def keep_memo(self, F: np.ndarray, offs: np.ndarray) -> None:
-        """Record that the kept memo (:meth:`memo`) was filled from the rows of ``F`` of the modes
-        other than ``a`` and ``b`` as they are now (a copy of them: a memo that outlives a sweep's
-        task is valid only while they are unchanged, :meth:`memo_holds`)."""
-        self.__dict__["_made_from"] = [_mode_rows(F, offs, m).copy() for m in self.others]
+    def keep_memo(self, factors: StackedFactors) -> None:
+        """Record that the kept memo (:meth:`memo`) was filled from the factors of the modes other
+        than ``a`` and ``b`` as they are now (a copy of them: a memo that outlives a sweep's task is
+        valid only while they are unchanged, :meth:`memo_holds`)."""
+        self.__dict__["_made_from"] = [factors.views[m].copy() for m in self.others]
 
-    def memo_holds(self, F: np.ndarray, offs: np.ndarray) -> bool:
-        """Whether the kept memo was filled (:meth:`keep_memo`) from the other modes' rows of
-        ``F`` exactly as they are now, at its rank and dtype."""
+    def memo_holds(self, factors: StackedFactors) -> bool:
+        """Whether the kept memo was filled (:meth:`keep_memo`) from the other modes' factors
+        exactly as they are now, at its rank and dtype."""
         made = self.__dict__.get("_made_from")
         z = self.__dict__.get("_memo")
-        if made is None or z is None or z.shape != (self.groups, F.shape[1]) or z.dtype != F.dtype:
+        if made is None or z is None or z.shape != (self.groups, factors.rank) or z.dtype != factors.dtype:
             return False
-        return all(np.array_equal(_mode_rows(F, offs, m), rows) for m, rows in zip(self.others, made))
+        return all(np.array_equal(factors.views[m], rows) for m, rows in zip(self.others, made))
 
     def forget_memo(self) -> None:
         """Mark the kept memo as made from nothing (it is about to be overwritten)."""
@@ -124,11 +125,6 @@ class ModePair:
     def nbytes(self) -> int:
         arrays = (self.ptr, self.rows_a, self.rows_b, self.other, self.values, self.cuts_a, self.by_b, self.cuts_b)
         return int(sum(x.nbytes for x in arrays))
-
-
-def _mode_rows(F: np.ndarray, offs: np.ndarray, m: int) -> np.ndarray:
-    """Mode ``m``'s rows of the stacked factors ``F`` (``offs``: each mode's first row)."""
-    return F[offs[m] : offs[m + 1] if m + 1 < len(offs) else F.shape[0]]
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
