@@ -32,6 +32,7 @@ from ..store.output_lock import OutputLock
 from ..store.scratch import ScratchBuffers
 from .fiber_partitions import PARTITION_ENTRIES, FiberPartitions, joined
 from .memory import limit_heap_growth, trim
+from .phase_clock import PhaseClock
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +90,10 @@ class RunBuffers:
     while the next run is sorted into the other). Fresh arrays a run cost their pages' faults,
     about 64 bytes an entry a mode (an 86 M build spent 15-21 s of system time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: PhaseClock | None = None) -> None:
         self.scratch = ScratchBuffers()
         self.turn = 0
+        self.clock = clock or PhaseClock()
 
     def sort(
         self, keys: np.ndarray, lo: int, hi: int, rows: np.ndarray, values: np.ndarray
@@ -102,7 +104,8 @@ class RunBuffers:
         self.turn ^= 1
         take = self.scratch.take
         out = (take(f"key{t}", n, np.uint64), take(f"row{t}", n, rows.dtype), take(f"value{t}", n, values.dtype))
-        return stable_sort_by_key(keys, lo, hi, rows, values, out, take("sort", 3 * n, np.uint64))
+        with self.clock("sort"):
+            return stable_sort_by_key(keys, lo, hi, rows, values, out, take("sort", 3 * n, np.uint64))
 
 
 def _mode_runs(
@@ -118,20 +121,23 @@ def _mode_runs(
             continue
         lo, hi = parts.bounds(mode, p)
         if n <= max_entries:
-            keys, rows, values = parts.entries(mode, p, buffers.scratch)
+            with parts.clock("read back"):
+                keys, rows, values = parts.entries(mode, p, buffers.scratch)
             # stably (each fiber in store order), keys relative to lo: fewer bits
             yield buffers.sort(keys, lo, hi, rows, values)
         else:
             for a, b in _buckets((e[0] for e in parts.pieces(mode, p, most)), lo, hi, max_entries):
                 kept: list[tuple[np.ndarray, ...]] = []
-                for e in parts.pieces(mode, p, most):
-                    keep = (e[0] >= np.uint64(a)) & (e[0] < np.uint64(b))
-                    kept.append(tuple(x[keep] for x in e))
-                keys, rows, values = joined(kept, parts.dtypes[mode], buffers.scratch)
+                with parts.clock("read back"):
+                    for e in parts.pieces(mode, p, most):
+                        keep = (e[0] >= np.uint64(a)) & (e[0] < np.uint64(b))
+                        kept.append(tuple(x[keep] for x in e))
+                    keys, rows, values = joined(kept, parts.dtypes[mode], buffers.scratch)
                 del kept
                 yield buffers.sort(keys, a, b, rows, values)
-        parts.drop(mode, p)
-        trim()
+        with parts.clock("drop"):
+            parts.drop(mode, p)
+            trim()
 
 
 def build_fiber_index(
@@ -192,13 +198,14 @@ def build_fiber_index(
     budget = parse_bytes(memory_limit) if memory_limit else psutil.virtual_memory().available // 2
     rounds = plan_rounds(src, todo, budget)
     limit_heap_growth()
+    clock = PhaseClock()
     with OutputLock([f"{src.path.rstrip('/')}/fibers"], f"fiber index of {src.path}"):
         written: dict[int, tuple[ModeIndexWriter, dict]] = {}
         try:
             least = chunk_nnz or DEFAULT_FIBER_CHUNK_NNZ  # a sort holds at least a chunk
             for held, spilled, max_entries in rounds:
                 modes = [m for m in todo if m in held or m in spilled]
-                with FiberPartitions(src, modes, max(least, max_entries), held) as parts:
+                with FiberPartitions(src, modes, max(least, max_entries), held, clock=clock) as parts:
                     t0 = time.perf_counter()
                     parts.fill(progress)
                     log.info(
@@ -211,11 +218,13 @@ def build_fiber_index(
                         parts.folder,
                     )
                     written.update(_write_modes(src, modes, parts, chunk_nnz, max(least, max_entries), progress))
-            publish_modes(src, written)
+            with clock("publish"):
+                publish_modes(src, written)
         except BaseException:
             for w, _ in written.values():
                 w.abort()
             raise
+    log.info("fiber index: seconds by phase (the writer thread's overlap the sorts): %s", clock.summary())
     out = open_fiber_index(open_store(src.path))
     assert out is not None
     return out
@@ -258,7 +267,13 @@ def _write_modes(
     filter and tables are finished there while the next mode sorts. One run is written at a time."""
     writers: dict[int, ModeIndexWriter] = {}
     finished: dict[int, Future] = {}
-    buffers = RunBuffers()
+    buffers = RunBuffers(parts.clock)
+    clock = parts.clock
+
+    def timed(name: str, call, *args):
+        with clock(name):
+            return call(*args)
+
     counts = dict.fromkeys(todo, 0)
     bar = None
     if progress:
@@ -273,15 +288,17 @@ def _write_modes(
                     w = writers[m] = ModeIndexWriter(src, m, chunk_nnz)
                     for keys, rows, values in _mode_runs(parts, m, max_entries, buffers):
                         if inflight is not None:
-                            inflight.result()
-                        inflight = pool.submit(w.append, keys, rows, values)
+                            with clock("writer (waited)"):
+                                inflight.result()
+                        inflight = pool.submit(timed, "encode and write", w.append, keys, rows, values)
                         counts[m] += 1
                         if bar is not None:
                             bar.update(keys.shape[0])
                         del keys, rows, values
                     if inflight is not None:
-                        inflight.result()
-                    inflight = finished[m] = pool.submit(w.finish)
+                        with clock("writer (waited)"):
+                            inflight.result()
+                    inflight = finished[m] = pool.submit(timed, "filter and tables", w.finish)
                 out = {m: (writers[m], finished[m].result()) for m in todo}
             finally:
                 if inflight is not None:

@@ -26,6 +26,7 @@ from ..store import Store
 from ..store import paths as store_paths
 from ..store.fiber_index import row_dtype
 from ..store.scratch import ScratchBuffers
+from .phase_clock import PhaseClock
 
 #: a partition's average entries: sorted in cache-sized digit runs, and its keys one word with
 #: their positions (36 + 21 bits for an Amazon-shaped mode)
@@ -105,12 +106,21 @@ class FiberPartitions:
     spill_dir : str, optional
         Where the spill folder goes (default: beside a local store, else the system's temporary
         folder).
+    clock : PhaseClock, optional
+        Where the reads, partitioning, spill writes and read-backs are timed.
     """
 
     def __init__(
-        self, store: Store, modes: Sequence[int], max_entries: int, held: Sequence[int], spill_dir: str | None = None
+        self,
+        store: Store,
+        modes: Sequence[int],
+        max_entries: int,
+        held: Sequence[int],
+        spill_dir: str | None = None,
+        clock: PhaseClock | None = None,
     ) -> None:
         self.store = store
+        self.clock = clock or PhaseClock()
         self.modes = list(modes)
         self.dtypes = {m: entry_dtypes(store, m) for m in self.modes}
         self.held = set(held)
@@ -160,7 +170,8 @@ class FiberPartitions:
                 ahead = pool.submit(self._decoded, 0) if self.store.nchunks else None
                 for c in range(self.store.nchunks):
                     assert ahead is not None
-                    coords, values = ahead.result()
+                    with self.clock("waiting on the decode"):
+                        coords, values = ahead.result()
                     ahead = pool.submit(self._decoded, c + 1) if c + 1 < self.store.nchunks else None
                     scratch = np.empty(coords.shape[0], dtype=np.uint64)
                     for m in self.modes:
@@ -173,8 +184,9 @@ class FiberPartitions:
                 bar.close()
 
     def _decoded(self, c: int) -> tuple[np.ndarray, np.ndarray]:
-        ch = self.store.read_chunk(c)
-        return ch.coords(self.store.layout), ch.values
+        with self.clock("decode (reader thread)"):
+            ch = self.store.read_chunk(c)
+            return ch.coords(self.store.layout), ch.values
 
     def _add(self, mode: int, coords: np.ndarray, values: np.ndarray, scratch: np.ndarray) -> None:
         n = coords.shape[0]
@@ -182,7 +194,8 @@ class FiberPartitions:
         counts = np.zeros(self.nparts(mode), dtype=np.int64)
         got = tuple(np.empty(n, dtype=dts[name]) for name in ARRAYS)
         strides = key_strides(self.store.shape, mode)
-        _partition(coords, values, mode, strides, np.uint64(self.shift[mode]), counts, *got, scratch)
+        with self.clock("partition"):
+            _partition(coords, values, mode, strides, np.uint64(self.shift[mode]), counts, *got, scratch)
         self.counts[mode] += counts
         ends = np.cumsum(counts)
         for p in np.flatnonzero(counts).tolist():
@@ -190,8 +203,9 @@ class FiberPartitions:
             if mode in self.held:
                 self._memory.setdefault((mode, p), []).append(part)
             else:
-                for name, a in zip(ARRAYS, part):
-                    self._append_file(self._file(mode, p, name), a)
+                with self.clock("spill write"):
+                    for name, a in zip(ARRAYS, part):
+                        self._append_file(self._file(mode, p, name), a)
 
     @staticmethod
     def _append_file(path: Path, part: np.ndarray) -> None:
@@ -215,7 +229,9 @@ class FiberPartitions:
         try:
             for at in range(0, n, max(1, most)):
                 k = min(most, n - at)
-                yield tuple(np.fromfile(f, dtype=dts[name], count=k) for f, name in zip(files, ARRAYS))
+                with self.clock("spill read"):
+                    got = tuple(np.fromfile(f, dtype=dts[name], count=k) for f, name in zip(files, ARRAYS))
+                yield got
         finally:
             for f in files:
                 f.close()
