@@ -30,7 +30,7 @@ from ..store.chunk_cache import parse_bytes
 from ..store.fiber_index import DEFAULT_FIBER_CHUNK_NNZ, FiberIndex, ModeIndexWriter, open_fiber_index, publish_modes
 from ..store.output_lock import OutputLock
 from ..store.scratch import ScratchBuffers
-from .fiber_partitions import PARTITION_ENTRIES, FiberPartitions, joined
+from .fiber_partitions import PARTITION_ENTRIES, SPILL_BATCH_BYTES, FiberPartitions, joined
 from .memory import limit_heap_growth, trim
 from .phase_clock import PhaseClock
 
@@ -205,7 +205,10 @@ def build_fiber_index(
             least = chunk_nnz or DEFAULT_FIBER_CHUNK_NNZ  # a sort holds at least a chunk
             for held, spilled, max_entries in rounds:
                 modes = [m for m in todo if m in held or m in spilled]
-                with FiberPartitions(src, modes, max(least, max_entries), held, clock=clock) as parts:
+                sorts = max(least, max_entries)
+                # the sorts' room is free while the store is read: two batches of spilled entries
+                batch = min(SPILL_BATCH_BYTES, sorts * (ENTRY_BYTES + RUN_BYTES) // 2)
+                with FiberPartitions(src, modes, sorts, held, clock=clock, spill_batch_bytes=batch) as parts:
                     t0 = time.perf_counter()
                     parts.fill(progress)
                     log.info(
@@ -217,7 +220,7 @@ def build_fiber_index(
                         spilled,
                         parts.folder,
                     )
-                    written.update(_write_modes(src, modes, parts, chunk_nnz, max(least, max_entries), progress))
+                    written.update(_write_modes(src, modes, parts, chunk_nnz, sorts, progress))
             with clock("publish"):
                 publish_modes(src, written)
         except BaseException:
