@@ -257,3 +257,22 @@ def test_the_filter_grouped_by_region_holds_the_bits_of_key_order_inserts(rng, w
         blocked_insert_by_region(keys[at : at + group], got, scratch)
     assert np.count_nonzero(want) > 0
     assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("words", [64, 2**12, 2**17])
+def test_a_folded_filter_is_the_filter_of_its_size(rng, words):
+    """A filter filled at a larger size (a build sizes it for a fiber a nonzero) and folded holds
+    exactly the bits of the keys inserted at the folded size; a fold that cannot be is refused."""
+    from tensorflow_ooc.format.fiber_keys import folded_filter
+
+    keys = np.unique(rng.integers(0, 2**50, int(rng.integers(words // 4, words * 2)), dtype=np.uint64))
+    want = np.zeros(words, dtype=np.uint64)
+    blocked_insert(keys, want)
+    big = np.zeros(words << int(rng.integers(0, 6)), dtype=np.uint64)
+    blocked_insert(keys, big)
+    got = folded_filter(big, words)
+    assert np.count_nonzero(want) > 0
+    assert got.shape == want.shape and np.array_equal(got, want)
+    for bad in (words * 2 * big.shape[0], 4, words + 8):
+        with pytest.raises(ValueError, match="cannot fold"):
+            folded_filter(np.zeros(words, dtype=np.uint64), bad)

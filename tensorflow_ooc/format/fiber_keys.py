@@ -153,6 +153,20 @@ def blocked_insert_by_region(keys, words, scratch):
             words[base + np.int64(b >> np.uint64(6))] |= np.uint64(1) << (b & np.uint64(63))
 
 
+def folded_filter(words: np.ndarray, nwords: int) -> np.ndarray:
+    """A blocked filter of ``words`` (uint64, a power of two long) as the filter of ``nwords``
+    words (a smaller power of two, at least one block) of the same keys: a key's block is the low
+    bits of its hash and its bits in the block do not depend on the size, so the two halves OR'd
+    together are the filter of half the size. In place: a view of the first ``nwords`` words."""
+    if nwords > words.shape[0] or nwords < BLOOM_BLOCK_WORDS or nwords & (nwords - 1):
+        raise ValueError(f"a filter of {words.shape[0]:,} words cannot fold to {nwords:,} words")
+    while words.shape[0] > nwords:
+        half = words.shape[0] // 2
+        np.bitwise_or(words[:half], words[half:], out=words[:half])
+        words = words[:half]
+    return words
+
+
 @nb.njit(nogil=True, cache=True)
 def blocked_query(keys, words, slots):
     """Whether each key may be in a blocked filter (no false negatives), with key ``i``'s block at

@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import math
 import shutil
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -55,6 +54,7 @@ from ..format.fiber_keys import (
     bloom_words,
     distinct_sorted,
     exact_keys,
+    folded_filter,
     key_space,
 )
 from . import paths
@@ -83,7 +83,8 @@ ARRAYS = ("key", "row", "value")
 #: the blocked Bloom filter's inner chunks (8 blocks: a query reads 512 bytes) and shard files
 BLOOM_CHUNK_WORDS = 64
 BLOOM_SHARD_CHUNKS = 4096
-#: distinct keys a filter build reads back at once, at least (else half the filter's words)
+#: distinct keys a filter build gathers before inserting them, at least (else half the words of
+#: the filter it fills)
 BLOOM_GROUP_ENTRIES = 1 << 20
 
 
@@ -466,9 +467,13 @@ class ModeIndexWriter:
         self.size: dict[str, list[np.ndarray]] = {name: [] for name in ARRAYS}
         self.last_key = -1
         self.distinct = 0  # distinct keys (fibers): the Bloom filter's size
-        # the distinct keys as appended, raw, for the filter (sized by their count, known at the
-        # end): reading back the written key chunks cost a decode of every one
-        self.fibers_file = tempfile.TemporaryFile(prefix="fiber-keys-")
+        # the filter is filled as keys are appended, sized for a fiber a nonzero (the most there
+        # can be) and folded at the end to the size of the fibers' count (folded_filter): keeping
+        # the distinct keys in a file to read back wrote and read 8 bytes a fiber (4 GB a mode of
+        # a 500 M heavy-tailed store); allocated at the first append
+        self.bloom: np.ndarray | None = None
+        self.bloom_keys = ScratchBuffers()  # the gathered keys and the grouped inserts' scratch
+        self.bloom_pending = 0
 
     def _create(self, sample_values: np.ndarray) -> None:
         """The three sharded arrays (the values' codecs chosen from a sample, as the store's)."""
@@ -498,9 +503,9 @@ class ModeIndexWriter:
         new = np.empty(keys.shape[0], dtype=bool)
         new[0] = int(keys[0]) != self.last_key
         np.not_equal(keys[1:], keys[:-1], out=new[1:])
-        fresh = np.ascontiguousarray(keys[new], dtype="<u8")
+        fresh = keys[new]
         self.distinct += fresh.shape[0]
-        fresh.tofile(self.fibers_file)
+        self._gather_fibers(fresh)
         self.last_key = int(keys[-1])
         self.pending.append((keys, rows, values))
         self.pending_n += keys.shape[0]
@@ -593,22 +598,36 @@ class ModeIndexWriter:
             "build_seconds": time.perf_counter() - self.t0,
         }
 
+    def _gather_fibers(self, fresh: np.ndarray) -> None:
+        """Distinct keys into the filter, gathered in groups of about half its words: grouped by
+        region, each region's inserts hit the cache."""
+        if self.bloom is None:
+            self.bloom = np.zeros(max(BLOOM_CHUNK_WORDS, bloom_words(self.store.nnz)), dtype=np.uint64)
+        group = min(max(1, self.store.nnz), max(BLOOM_GROUP_ENTRIES, self.bloom.shape[0] // 2))
+        at = 0
+        while at < fresh.shape[0]:
+            buf = self.bloom_keys.take("keys", group, np.uint64)
+            take = min(group - self.bloom_pending, fresh.shape[0] - at)
+            buf[self.bloom_pending : self.bloom_pending + take] = fresh[at : at + take]
+            self.bloom_pending += take
+            at += take
+            if self.bloom_pending == group:
+                self._insert_fibers()
+
+    def _insert_fibers(self) -> None:
+        if self.bloom_pending:
+            assert self.bloom is not None
+            keys = self.bloom_keys.take("keys", self.bloom_pending, np.uint64)
+            blocked_insert_by_region(keys, self.bloom, self.bloom_keys.take("scratch", keys.shape[0], np.uint64))
+            self.bloom_pending = 0
+
     def _bloom(self) -> np.ndarray:
-        """The blocked Bloom filter of the mode's keys, from the distinct keys kept as appended
-        (read back in groups; the filter is the only memory it holds beyond one)."""
-        words = np.zeros(max(BLOOM_CHUNK_WORDS, bloom_words(self.distinct)), dtype=np.uint64)
-        self.fibers_file.seek(0)
-        # groups of half the filter's words: grouped by region, each region's inserts hit the cache
-        group = min(self.distinct, max(BLOOM_GROUP_ENTRIES, words.shape[0] // 2))
-        buf = np.empty(group, dtype="<u8")
-        scratch = np.empty(group, dtype=np.uint64)
-        for at in range(0, self.distinct, group):
-            keys = buf[: min(group, self.distinct - at)]
-            if self.fibers_file.readinto(memoryview(keys).cast("B")) != keys.nbytes:
-                raise RuntimeError(f"fiber index of mode {self.mode}: its distinct keys were cut short")
-            blocked_insert_by_region(keys, words, scratch)
-        self.fibers_file.close()
-        return words
+        """The blocked Bloom filter of the mode's keys: the one filled as they were appended,
+        folded to the size of their count."""
+        self._insert_fibers()
+        words = self.bloom if self.bloom is not None else np.zeros(BLOOM_CHUNK_WORDS, dtype=np.uint64)
+        self.bloom, self.bloom_keys = None, ScratchBuffers()
+        return folded_filter(words, max(BLOOM_CHUNK_WORDS, bloom_words(self.distinct)))
 
     def _write_bloom(self, words: np.ndarray) -> np.ndarray:
         """The filter as a sharded, uncompressed array of small chunks; their CRC32Cs."""
@@ -628,7 +647,7 @@ class ModeIndexWriter:
 
     def abort(self) -> None:
         """Remove the staging group (the store's published index is untouched; remote: the mode)."""
-        self.fibers_file.close()
+        self.bloom, self.bloom_keys = None, ScratchBuffers()
         paths.remove(self.staging)
 
 
