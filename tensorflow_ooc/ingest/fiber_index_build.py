@@ -7,7 +7,7 @@ ones held are a further read of the store (:func:`plan_rounds`), and a mode that
 alone is spilled to files. Each partition is then sorted alone, stably (each fiber in store
 order), in key order, and appended to the mode's index on a writer thread; a partition heavier
 than a sort's share of the budget is sorted in key ranges of it, one read of its pieces each.
-Memory: the entries held (20-24 bytes an entry a mode, or none when spilled) and about 136 bytes
+Memory: the entries held (20-24 bytes an entry a mode, or none when spilled) and about 156 bytes
 an entry of the largest sort (its keys, rows, values and the sort's scratch, and the run written
 beside it), whatever the store's size.
 """
@@ -36,10 +36,10 @@ from .phase_clock import PhaseClock
 
 log = logging.getLogger(__name__)
 
-#: bytes an entry of a sort costs: keys, rows and values as read and concatenated, the sort's
-#: joined words, positions and scratch, the reordered copies (a 500 M build at 64 held 11.3 GB
-#: under a 10 GB limit)
-ENTRY_BYTES = 112
+#: bytes an entry of a sort costs: keys, rows and values as read and concatenated (and the next
+#: run's, read ahead), the sort's joined words, positions and scratch, the reordered copies (a
+#: 500 M build at 64 held 11.3 GB under a 10 GB limit)
+ENTRY_BYTES = 132
 #: bytes an entry of the sorted run being written while the next one is sorted
 RUN_BYTES = 24
 _HIST_BITS = 16
@@ -115,14 +115,18 @@ def _mode_runs(
     partition in key ranges of at most ``max_entries`` entries (one read of it each). Each run
     lives in ``buffers`` until the run after next."""
     most = max(1, max_entries // 4)
-    for p in range(parts.nparts(mode)):
+    todo = np.flatnonzero(parts.counts[mode]).tolist()
+    ahead = None  # the next partition, read on the read-ahead thread while this one sorts
+    for i, p in enumerate(todo):
         n = int(parts.counts[mode][p])
-        if n == 0:
-            continue
         lo, hi = parts.bounds(mode, p)
         if n <= max_entries:
             with parts.clock("read back"):
-                keys, rows, values = parts.entries(mode, p, buffers.scratch)
+                got = ahead.result() if ahead is not None else parts.entries(mode, p, buffers.scratch, i % 2)
+                keys, rows, values = got
+            ahead = None
+            if i + 1 < len(todo) and parts.counts[mode][todo[i + 1]] <= max_entries:
+                ahead = parts.read_ahead(mode, todo[i + 1], buffers.scratch, (i + 1) % 2)
             # stably (each fiber in store order), keys relative to lo: fewer bits
             yield buffers.sort(keys, lo, hi, rows, values)
         else:
