@@ -34,7 +34,7 @@ PARTITION_ENTRIES = 1 << 21
 MAX_PARTITIONS = 1 << 12
 #: bytes of spilled entries gathered before they are written, one append a partition's file, on
 #: a thread while the next are gathered: a store chunk's share of a partition is a few 10 KB, and
-#: an open-append-close of 32 KB cost about 140 us (1.1 M of them for a 500 M store's 3 modes)
+#: an open-append-close of 32 KB cost about 140 us (990 k of them for a 500 M store's 3 modes)
 SPILL_BATCH_BYTES = 512 << 20
 
 
