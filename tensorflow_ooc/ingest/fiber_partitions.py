@@ -132,7 +132,13 @@ class FiberPartitions:
         self.spill_batch_bytes = max(1, int(spill_batch_bytes))
         self._batch: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
         self._batch_bytes = 0
+        # a spilled mode's partitioned entries of a store chunk, whole: those of the batch being
+        # gathered, and those free for another chunk once their batch is written (fresh arrays a
+        # chunk cost 20-24 bytes an entry a mode of page faults)
+        self._batch_arrays: list[tuple[int, tuple[np.ndarray, ...]]] = []
+        self._free: dict[int, list[tuple[np.ndarray, ...]]] = {m: [] for m in modes}
         self._spilling: Future | None = None
+        self._scratch = ScratchBuffers()
         self._spiller: ThreadPoolExecutor | None = None
         self.modes = list(modes)
         self.dtypes = {m: entry_dtypes(store, m) for m in self.modes}
@@ -194,7 +200,7 @@ class FiberPartitions:
                     with self.clock("waiting on the decode"):
                         coords, values = ahead.result()
                     ahead = pool.submit(self._decoded, c + 1) if c + 1 < self.store.nchunks else None
-                    scratch = np.empty(coords.shape[0], dtype=np.uint64)
+                    scratch = self._scratch.take("keys", coords.shape[0], np.uint64)
                     for m in self.modes:
                         self._add(m, coords, values, scratch)
                     if self._batch_bytes >= self.spill_batch_bytes:
@@ -207,6 +213,9 @@ class FiberPartitions:
         finally:
             self._spiller = None
             self._batch.clear()
+            self._batch_arrays.clear()
+            for free in self._free.values():
+                free.clear()
             if bar is not None:
                 bar.close()
 
@@ -216,9 +225,10 @@ class FiberPartitions:
         if not self._batch:
             return
         batch, self._batch, self._batch_bytes = self._batch, {}, 0
+        arrays, self._batch_arrays = self._batch_arrays, []
         self._spilled()
         assert self._spiller is not None
-        self._spilling = self._spiller.submit(self._write_batch, batch)
+        self._spilling = self._spiller.submit(self._write_batch, batch, arrays)
 
     def _spilled(self) -> None:
         """Wait for the batch being written; its error raised here."""
@@ -227,11 +237,30 @@ class FiberPartitions:
                 done, self._spilling = self._spilling, None
                 done.result()
 
-    def _write_batch(self, batch: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]) -> None:
+    def _write_batch(
+        self,
+        batch: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]],
+        arrays: list[tuple[int, tuple[np.ndarray, ...]]],
+    ) -> None:
         with self.clock("spill write (spill thread)"):
             for (mode, p), parts in batch.items():
                 for i, name in enumerate(ARRAYS):
                     self._append_file(self._file(mode, p, name), [part[i] for part in parts])
+        for mode, got in arrays:
+            self._free[mode].append(got)
+
+    def _chunk_arrays(self, mode: int, n: int) -> tuple[np.ndarray, ...]:
+        """Arrays for ``n`` partitioned entries of ``mode``: a spilled mode's from those its
+        written batches freed (kept whole with the batch they go to), else new."""
+        dts = self.dtypes[mode]
+        if mode in self.held:
+            return tuple(np.empty(n, dtype=dts[name]) for name in ARRAYS)
+        free = self._free[mode]
+        got = free.pop() if free and free[-1][0].shape[0] >= n else None
+        if got is None:
+            got = tuple(np.empty(n, dtype=dts[name]) for name in ARRAYS)
+        self._batch_arrays.append((mode, got))
+        return tuple(a[:n] for a in got)
 
     def _decoded(self, c: int) -> tuple[np.ndarray, np.ndarray]:
         with self.clock("decode (reader thread)"):
@@ -240,9 +269,8 @@ class FiberPartitions:
 
     def _add(self, mode: int, coords: np.ndarray, values: np.ndarray, scratch: np.ndarray) -> None:
         n = coords.shape[0]
-        dts = self.dtypes[mode]
         counts = np.zeros(self.nparts(mode), dtype=np.int64)
-        got = tuple(np.empty(n, dtype=dts[name]) for name in ARRAYS)
+        got = self._chunk_arrays(mode, n)
         strides = key_strides(self.store.shape, mode)
         with self.clock("partition"):
             _partition(coords, values, mode, strides, np.uint64(self.shift[mode]), counts, *got, scratch)
