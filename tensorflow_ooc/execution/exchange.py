@@ -191,6 +191,7 @@ class Team:
     bytes_sent: int = 0
     wait_seconds: float = 0.0
     send_seconds: float = 0.0
+    rounds: int = 0  # calls of send_many: the message rounds, when each call sends to every other rank
     _worker: Any = field(default=None, repr=False)
     _pending: list = field(default_factory=list, repr=False)
 
@@ -209,6 +210,7 @@ class Team:
     def send_many(self, tag: Any, payloads: dict[int, Any]) -> None:
         """Send ``payloads[dst]`` to each rank ``dst`` (to itself: straight into its own mailbox)."""
         t0 = time.perf_counter()
+        self.rounds += 1
         remote = {}
         for dst, x in payloads.items():
             if dst == self.rank:
