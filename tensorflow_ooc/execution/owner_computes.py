@@ -320,7 +320,9 @@ class WorkerState:
                     received[k] = r
         return np.stack(smalls), received
 
-    def exchange_partials(self, mode: int, partial: Partial, small: np.ndarray, tag: Any) -> tuple[np.ndarray, np.ndarray]:
+    def exchange_partials(
+        self, mode: int, partial: Partial, small: np.ndarray, tag: Any
+    ) -> tuple[np.ndarray, np.ndarray]:
         """A mode's one message round (:attr:`ModePlan.one_round`): send every other worker
         ``small`` (a few terms, or none) and the rows of ``partial`` both touch; add the rows
         received into ``partial``'s own buffer, in rank order after this worker's own. Returns
