@@ -10,6 +10,13 @@ One iteration runs on every worker at once (:func:`owner_iteration`); for each m
 5. columns normalized by the global 2-norm (first iteration) or max-norm (at least 1), as
    :func:`~tensorflow_ooc.decompositions.cp.updates.update_mode` does on one worker.
 
+Where no row of a mode has more than two workers (always on two), steps 2-4 are one message
+round instead (:mod:`.cp_owner_one_round`): every worker that touches a row gets the others'
+partials of it and solves it itself, and the terms of step 4 travel with the next mode's partials,
+so step 5 comes one mode late (an iteration of N modes: N + 1 rounds instead of 2N). A row solved
+on two workers is the same sum (two partials add alike in either order) times the same ``V^+``,
+equal to the owner's up to the rounding of the GEMM it falls in.
+
 Every worker gets the same all-reduced terms (summed in rank order), so the normalized rows a
 worker receives equal its owner's to the bit. The Gram of the normalized factor is the all-reduced
 unnormalized Gram scaled by the weights: equal to one worker's ``A^T A`` up to rounding (1e-16
