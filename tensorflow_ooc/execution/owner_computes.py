@@ -80,6 +80,9 @@ class ModePlan:
     touched: np.ndarray | None = None
     shared: dict[int, np.ndarray] = field(default_factory=dict)
     one_round: bool = False
+    # one round, and every worker touches every row (vast-shaped tensors' length-2 mode): each
+    # then solves the whole mode and takes its terms itself, with no all-reduce
+    whole: bool = False
 
     @property
     def span(self) -> tuple[int, int] | None:
@@ -703,6 +706,7 @@ def plan_ownership(
     owner_of_touched: list[list[np.ndarray]] = [[None] * N for _ in range(W)]
     shared = []
     one_round: list[bool] = []
+    whole: list[bool] = []
     directory: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for n in range(N):
         ids = np.concatenate([counts[w][n][0] for w in range(W)])
@@ -715,6 +719,7 @@ def plan_ownership(
         rows, owners = ids_s[first], rk_s[first]
         touchers = np.diff(np.append(np.flatnonzero(first), ids_s.shape[0]))  # per row, the workers touching it
         one_round.append(_one_round_pays(touchers))
+        whole.append(one_round[-1] and bool((touchers == W).all()))
         if n in directory_modes:
             directory[n] = (rows, owners.astype(np.int16))
         for w in range(W):
@@ -744,7 +749,7 @@ def plan_ownership(
                     if common is not None and common.shape[0]:
                         both[k] = common
             mode_plans.append(
-                ModePlan(owned[w][n], send, recv_pos, directory.get(n), touched[w][n], both, one_round[n])
+                ModePlan(owned[w][n], send, recv_pos, directory.get(n), touched[w][n], both, one_round[n], whole[n])
             )
         plans.append(mode_plans)
     return OwnerPlan(touched, owned, shared, one_round), plans

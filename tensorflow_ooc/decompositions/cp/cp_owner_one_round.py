@@ -93,7 +93,10 @@ def one_round_mode(
     ws.factors_written()
     done: Deferred | None = Deferred(mode, small)
     inner_out = None
-    if last or not next_one_round:  # nothing left to carry these terms
+    if ws.plans[mode].whole:  # every worker solved every row: the terms are its own
+        _, inner_out = finish(ws, mode, small[None], first_iteration)
+        done = None
+    elif last or not next_one_round:  # nothing left to carry these terms
         smalls = ws.all_reduce(small, (*tag, "S"))
         _, inner_out = finish(ws, mode, smalls, first_iteration)
         done = None
@@ -122,7 +125,8 @@ def finish(ws: WorkerState, mode: int, smalls: np.ndarray, first_iteration: bool
 def solve_touched(ws: WorkerState, mode: int, lo: int, M: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``A = M V`` for every row this worker touches (``M``'s rows from row ``lo`` of the mode),
     written into its factor rows: rows in one range in one GEMM straight into them, others a
-    block at a time. Returns the owned rows of ``A`` and of ``M`` (views where in one range)."""
+    block at a time. Returns the owned rows of ``A`` and of ``M`` (views where in one range; a
+    mode every worker holds whole: all its rows, each worker's terms being the mode's)."""
     plan, view = ws.plans[mode], ws.factors.views[mode]
     span = plan.touched_span
     if span is not None:
@@ -131,7 +135,8 @@ def solve_touched(ws: WorkerState, mode: int, lo: int, M: np.ndarray, V: np.ndar
         for b in range(0, plan.touched.shape[0], SOLVE_BLOCK_ROWS):
             ids = plan.touched[b : b + SOLVE_BLOCK_ROWS]
             view[ids] = M[ids - lo] @ V
-    own = plan.span
+    rows = plan.touched if plan.whole else plan.owned
+    own = plan.touched_span if plan.whole else plan.span
     if own is not None:
         return view[own[0] : own[1]], M[own[0] - lo : own[1] - lo]
-    return view[plan.owned], M[plan.owned - lo]
+    return view[rows], M[rows - lo]
