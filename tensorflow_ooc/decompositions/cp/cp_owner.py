@@ -13,7 +13,8 @@ One iteration runs on every worker at once (:func:`owner_iteration`); for each m
 Where no row of a mode has more than two workers (always on two), steps 2-4 are one message
 round instead (:mod:`.cp_owner_one_round`): every worker that touches a row gets the others'
 partials of it and solves it itself, and the terms of step 4 travel with the next mode's partials,
-so step 5 comes one mode late (an iteration of N modes: N + 1 rounds instead of 2N). A row solved
+so step 5 comes one mode late (an iteration of N modes: N + 1 rounds instead of 2N, fewer where
+every worker touches a mode whole and takes its terms itself). A row solved
 on two workers is the same sum (two partials add alike in either order) times the same ``V^+``,
 equal to the owner's up to the rounding of the GEMM it falls in.
 

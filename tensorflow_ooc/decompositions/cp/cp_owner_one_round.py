@@ -17,6 +17,8 @@ mode pair filled over the unscaled rows lacks it too
 last mode's terms (and those of a mode whose next mode goes in two rounds) are all-reduced alone,
 so an iteration of N such modes takes N + 1 rounds instead of 2N, and ends with every factor
 scaled as one worker's :func:`~tensorflow_ooc.decompositions.cp.updates.update_mode` leaves it.
+A mode every worker touches whole (:attr:`ModePlan.whole`) needs no all-reduce at all: each
+worker solved every row and takes the terms itself (vast-shaped on 2 workers: 3 rounds, not 6).
 """
 
 from __future__ import annotations
