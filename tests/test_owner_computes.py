@@ -37,8 +37,8 @@ def _assert_same(got, ref, tol=1e-10):
 
 # per order: the modes of a few thousand rows (each of them rows some worker does not touch; every
 # worker touches every row of the other modes), the message rounds an iteration takes on 2 workers
-# and how many modes' terms travel between them
-LONG_MODES = {3: ((1, 2), 4, 2), 4: ((0, 1), 4, 2), 5: ((2,), 5, 1)}
+# and how many modes' terms travel between them (all but a last mode every worker holds whole)
+LONG_MODES = {3: ((1, 2), 4, 3), 4: ((0, 1), 4, 3), 5: ((2,), 5, 4)}
 
 
 @pytest.mark.parametrize("order", [3, 4, 5])
@@ -55,9 +55,8 @@ def test_two_workers_equal_one_process(two_workers, rng, tmp_path, order):
     _assert_same(got, ref)
     # each mode in one round (on 2 workers no row has more workers): the rows both workers touch
     # go to the other one each way, as many as the owner's round trip (the plan's lower bound).
-    # A mode every worker holds whole takes its R + R^2 + R terms itself; another's travel to
-    # the other worker with the next mode's partials (or, after the last mode, in a round of
-    # their own)
+    # A mode's R + R^2 + R terms travel to the other worker with the next mode's partials, or
+    # after the last mode in a round of their own, unless every worker holds that mode whole
     N, W = order, 2
     small = terms * W * (W - 1) * (2 * rank + rank * rank) * 8
     for h in got.history:

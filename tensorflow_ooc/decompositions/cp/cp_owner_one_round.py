@@ -17,8 +17,9 @@ mode pair filled over the unscaled rows lacks it too
 last mode's terms (and those of a mode whose next mode goes in two rounds) are all-reduced alone,
 so an iteration of N such modes takes N + 1 rounds instead of 2N, and ends with every factor
 scaled as one worker's :func:`~tensorflow_ooc.decompositions.cp.updates.update_mode` leaves it.
-A mode every worker touches whole (:attr:`ModePlan.whole`) needs no all-reduce at all: each
-worker solved every row and takes the terms itself (vast-shaped on 2 workers: 3 rounds, not 6).
+A mode every worker touches whole (:attr:`ModePlan.whole`) whose terms would need that round of
+their own needs no all-reduce at all: each worker solved every row and takes the terms itself
+(vast-shaped on 2 workers: 3 rounds, not 6).
 """
 
 from __future__ import annotations
@@ -88,14 +89,18 @@ def one_round_mode(
         V = normal_inverse_of(ws.grams, mode).astype(M.dtype, copy=False)
         if scale is not None:  # M lacks the scale the pending mode's columns got since the MTTKRP
             V = (scale[:, None] * V).astype(M.dtype, copy=False)
-        A, Mo = solve_touched(ws, mode, P.lo, M, V)
+        # a mode every worker holds whole takes its terms itself where they would need a round of
+        # their own; where the next round can carry them, the owned rows' terms are cheaper (the
+        # Gram of every row of vast's 11,374-row mode cost 2-3 ms a worker)
+        local = ws.plans[mode].whole and (last or not next_one_round)
+        A, Mo = solve_touched(ws, mode, P.lo, M, V, every_row=local)
         stat = (column_sum_squares(A) if first_iteration else column_max_abs(A)) if A.shape[0] else np.zeros(R)
         inner = np.einsum("ir,ir->r", A, Mo) * (1.0 if scale is None else scale) if last else np.zeros(R)
         small = np.concatenate([stat, (A.T @ A).ravel(), inner])
     ws.factors_written()
     done: Deferred | None = Deferred(mode, small)
     inner_out = None
-    if ws.plans[mode].whole:  # every worker solved every row: the terms are its own
+    if local:  # every worker solved every row: the terms are its own
         _, inner_out = finish(ws, mode, small[None], first_iteration)
         done = None
     elif last or not next_one_round:  # nothing left to carry these terms
@@ -124,11 +129,13 @@ def finish(ws: WorkerState, mode: int, smalls: np.ndarray, first_iteration: bool
     return scale, total[R + R * R : R + R * R + R] * scale
 
 
-def solve_touched(ws: WorkerState, mode: int, lo: int, M: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def solve_touched(
+    ws: WorkerState, mode: int, lo: int, M: np.ndarray, V: np.ndarray, every_row: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """``A = M V`` for every row this worker touches (``M``'s rows from row ``lo`` of the mode),
     written into its factor rows: rows in one range in one GEMM straight into them, others a
-    block at a time. Returns the owned rows of ``A`` and of ``M`` (views where in one range; a
-    mode every worker holds whole: all its rows, each worker's terms being the mode's)."""
+    block at a time. Returns the owned rows of ``A`` and of ``M`` (views where in one range), or
+    with ``every_row`` (a mode every worker holds whole) all the rows it touched."""
     plan, view = ws.plans[mode], ws.factors.views[mode]
     span = plan.touched_span
     if span is not None:
@@ -137,8 +144,8 @@ def solve_touched(ws: WorkerState, mode: int, lo: int, M: np.ndarray, V: np.ndar
         for b in range(0, plan.touched.shape[0], SOLVE_BLOCK_ROWS):
             ids = plan.touched[b : b + SOLVE_BLOCK_ROWS]
             view[ids] = M[ids - lo] @ V
-    rows = plan.touched if plan.whole else plan.owned
-    own = plan.touched_span if plan.whole else plan.span
+    rows = plan.touched if every_row else plan.owned
+    own = plan.touched_span if every_row else plan.span
     if own is not None:
         return view[own[0] : own[1]], M[own[0] - lo : own[1] - lo]
     return view[rows], M[rows - lo]
