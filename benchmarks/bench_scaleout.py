@@ -157,6 +157,7 @@ def run(store, rank: int, iters: int, **kw) -> dict:
             update_seconds=sum(h["update_seconds"]),
             exchange_seconds=sum(h["exchange_seconds"]),
             modes=N,
+            message_rounds=h.get("rounds"),  # an iteration's message rounds between the workers
         )
     return out
 

@@ -35,21 +35,34 @@ def _assert_same(got, ref, tol=1e-10):
         assert np.abs(a - b).max() < tol
 
 
+# per order: the modes of a few thousand rows (each of them rows some worker does not touch; every
+# worker touches every row of the other modes), the message rounds an iteration takes on 2 workers
+# and how many modes' terms travel between them (all but a last mode every worker holds whole)
+LONG_MODES = {3: ((1, 2), 4, 3), 4: ((0, 1), 4, 3), 5: ((2,), 5, 4)}
+
+
 @pytest.mark.parametrize("order", [3, 4, 5])
 def test_two_workers_equal_one_process(two_workers, rng, tmp_path, order):
-    store = _random_store(rng, tmp_path, order, 6000)
+    long, rounds, terms = LONG_MODES[order]
+    shape = [int(rng.integers(3000, 4000)) if n in long else int(rng.integers(12, 40)) for n in range(order)]
+    nnz = 6000
+    coords = np.stack([rng.integers(0, s, nnz) for s in shape], axis=1)
+    store = tfo.convert((coords, rng.random(nnz) + 0.1), tmp_path / "x.zarr", chunk_nnz=1024, duplicates="sum")
     rank, seed = 4, int(rng.integers(1 << 30))
     ref = tfo.cp_als(store, rank, seed=seed, max_iters=5, tol=0, scheduler="inline")
     got = tfo.cp_als(store, rank, seed=seed, max_iters=5, tol=0, client=two_workers, execution="in-memory")
     assert got.params["distribution"] == {"kind": "owner-computes", "workers": 2}
     _assert_same(got, ref)
-    # every mode's partial rows go to their owners and the updated rows come back: exactly the
-    # plan's lower bound, plus each worker's R + R^2 + R all-reduced terms to each other worker
+    # each mode in one round (on 2 workers no row has more workers): the rows both workers touch
+    # go to the other one each way, as many as the owner's round trip (the plan's lower bound).
+    # A mode's R + R^2 + R terms travel to the other worker with the next mode's partials, or
+    # after the last mode in a round of their own, unless every worker holds that mode whole
     N, W = order, 2
-    small = N * W * (W - 1) * (2 * rank + rank * rank) * 8
+    small = terms * W * (W - 1) * (2 * rank + rank * rank) * 8
     for h in got.history:
         assert h["bytes_sent"] == h["bytes_lower_bound"] + small
         assert len(h["mode_bytes_sent"]) == N and len(h["exchange_seconds"]) == N
+        assert h["rounds"] == rounds
     assert got.history[-1]["bytes_lower_bound"] > 0  # the workers do share rows here
 
 
@@ -221,6 +234,46 @@ def test_plan_ownership_most_nonzeros_wins():
     assert plans[0][0].send == {1: np.array([1])} or plans[0][0].send[1].tolist() == [1]
     assert plans[1][0].send[0].tolist() == [2]
     assert plan.lower_bound_bytes(rank=4, itemsize=8) == 2 * 2 * 4 * 8
+
+
+def test_plan_ownership_one_round_where_it_sends_no_more():
+    # 3 workers; mode 0: rows 0..2999 each touched by 2 workers; mode 1: 3000 rows every worker
+    # touches (one round would send 6 partials a row against the owner's 4); mode 2: 5 such rows
+    t = np.arange(3000)
+    halves = [t[:2000], t[1000:], np.r_[t[:1000], t[2000:]]]
+    counts = [
+        [(halves[w], np.full(2000, w + 1)), (t, np.full(3000, w + 1)), (np.arange(5), np.full(5, w + 1))]
+        for w in range(3)
+    ]
+    plan, plans = plan_ownership(counts)
+    assert plan.one_round == [True, False, True]
+    assert [p.one_round for p in plans[1]] == [True, False, True]
+    assert [p.whole for p in plans[1]] == [False, False, True]  # only mode 2: every worker, every row
+    # rows both touch, per pair of workers (mode 0: the thousand rows they share)
+    assert plans[0][0].shared[1].tolist() == list(range(1000, 2000))
+    assert plans[1][0].shared[2].tolist() == list(range(2000, 3000))
+    assert plans[2][0].shared[0].tolist() == list(range(1000))
+    assert plans[0][2].shared[2].tolist() == list(range(5))
+    assert plans[0][0].touched.tolist() == list(range(2000)) and plans[0][0].touched_span == (0, 2000)
+    # two workers: always one round
+    two, _ = plan_ownership([[(t, np.ones(3000, np.int64))], [(t, np.ones(3000, np.int64))]])
+    assert two.one_round == [True]
+
+
+def test_three_workers_mixing_one_and_two_round_modes_equal_one_process(three_workers, rng, tmp_path):
+    # mode 0 is split between the workers (its top index bits lead the ALTO order), mode 1 has 5
+    # rows, mode 2 3,000 rows every worker touches: modes 0 and 1 go in one round each (mode 0's
+    # terms with mode 1's partials; mode 1, which every worker holds whole, takes its own), mode 2
+    # in two
+    shape, nnz = (20_000, 5, 3000), 60_000
+    coords = np.stack([rng.integers(0, s, nnz) for s in shape], axis=1)
+    store = tfo.convert((coords, rng.random(nnz) + 0.1), tmp_path / "mix.zarr", chunk_nnz=4096, duplicates="sum")
+    seed = int(rng.integers(1 << 30))
+    ref = tfo.cp_als(store, 4, seed=seed, max_iters=4, tol=0, scheduler="inline")
+    got = tfo.cp_als(store, 4, seed=seed, max_iters=4, tol=0, client=three_workers, execution="in-memory")
+    assert got.params["distribution"]["workers"] == 3
+    _assert_same(got, ref)
+    assert [h["rounds"] for h in got.history] == [1 + 1 + 2] * 4
 
 
 def test_converged_run_stops_where_one_process_stops(two_workers, rng, tmp_path):

@@ -40,7 +40,7 @@ from distributed import Client, wait
 from ..format import delinearize
 from ..kernels import StackedFactors
 from ..kernels.mttkrp.dispatch import numba_threads
-from ..kernels.update.column_scale import nonzero_rows
+from ..kernels.update.column_scale import nonzero_rows, scale_columns
 from .cluster import scheduler_workers
 from .exchange import ExchangeAborted, ExchangePlugin, Team, abort_run, task_released
 from .fiber_reads import indexed_sampled_partial
@@ -72,16 +72,35 @@ class ModePlan:
     # sampled rounds read through the fiber index: every touched row of the mode (sorted) and its
     # owner's rank, so the rows a gather hits go to their owners, whoever touches them
     directory: tuple[np.ndarray, np.ndarray] | None = None
+    # the rows this worker touches (sorted; the owned rows among them), per other rank ``k`` the
+    # rows both touch, and whether the mode is exchanged in one message round: every worker that
+    # touches a row gets every other's partial of it and solves it itself
+    # (:meth:`WorkerState.exchange_partials`), instead of the partials going to the owner and the
+    # solved row back (two rounds)
+    touched: np.ndarray | None = None
+    shared: dict[int, np.ndarray] = field(default_factory=dict)
+    one_round: bool = False
+    # one round, and every worker touches every row (vast-shaped tensors' length-2 mode): each
+    # then solves the whole mode and takes its terms itself, with no all-reduce
+    whole: bool = False
 
     @property
     def span(self) -> tuple[int, int] | None:
         """``(first, last + 1)`` when the owned rows are one contiguous range (a mode whose top
         index bits the ALTO order splits between the workers), else None: then they are read and
         written as slices, not gathered and scattered."""
-        o = self.owned
-        if o.shape[0] and int(o[-1]) - int(o[0]) + 1 == o.shape[0]:
-            return int(o[0]), int(o[-1]) + 1
-        return None
+        return _range_of(self.owned)
+
+    @property
+    def touched_span(self) -> tuple[int, int] | None:
+        """``(first, last + 1)`` when the touched rows are one contiguous range, else None."""
+        return _range_of(self.touched)
+
+
+def _range_of(rows: np.ndarray | None) -> tuple[int, int] | None:
+    if rows is not None and rows.shape[0] and int(rows[-1]) - int(rows[0]) + 1 == rows.shape[0]:
+        return int(rows[0]), int(rows[-1]) + 1
+    return None
 
 
 @dataclass
@@ -139,7 +158,9 @@ class WorkerState:
     def nmodes(self) -> int:
         return len(self.factors.shape)
 
-    def local_mttkrp(self, mode: int, poisson_eps: float | None = None, in_turn: bool = False) -> Partial:
+    def local_mttkrp(
+        self, mode: int, poisson_eps: float | None = None, in_turn: bool = False, memo_scale: np.ndarray | None = None
+    ) -> Partial:
         """The mode-``mode`` MTTKRP rows of this worker's partitions (one partial over the rows
         they touch); with ``poisson_eps``, CP-APR's Phi instead (the kernels' Poisson form: each
         value over ``max(model value, poisson_eps)``, the mode's rows of the factors holding the
@@ -148,13 +169,21 @@ class WorkerState:
         ``in_turn``: the caller runs the modes in turn, each after the update of the one before
         (a CP-ALS sweep): a partition's memoized pair ``(a, a + 1)`` keeps the memo mode ``a``
         filled for mode ``a + 1``, whose MTTKRP is then a pass over the memo (:mod:`.pair_tasks`).
-        Without it each pair mode fills a memo of its own."""
+        Without it each pair mode fills a memo of its own.
+
+        ``memo_scale`` (R,): the column scaling applied, since the step before filled the memo, to
+        a factor the memo was summed from (a normalization one mode late,
+        :meth:`exchange_partials`); the rows served from such a memo are scaled by it."""
         if len(self.memos) != len(self.sources):
             self.memos = [PairMemo() for _ in self.sources]
         parts = []
         for src, memo in zip(self.sources, self.memos):
             if in_turn and poisson_eps is None and mode in getattr(src, "mode_pairs", {}):
+                pair = src.mode_pairs[mode]
+                stale = memo_scale is not None and mode == pair.b and memo.holds(pair)
                 parts.append(pair_partition(src, self.factors, mode, self.threads, memo))
+                if stale:
+                    scale_columns(parts[-1].rows, memo_scale)
                 continue
             memo.forget()  # any other step may change the factors the memo was summed from
             parts.append(
@@ -294,6 +323,53 @@ class WorkerState:
                     received[k] = r
         return np.stack(smalls), received
 
+    def exchange_partials(
+        self, mode: int, partial: Partial, small: np.ndarray, tag: Any
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """A mode's one message round (:attr:`ModePlan.one_round`): send every other worker
+        ``small`` (a few terms, or none) and the rows of ``partial`` both touch; add the rows
+        received into ``partial``'s own buffer, in rank order after this worker's own. Returns
+        every rank's ``small`` (stacked in rank order) and that buffer, whose rows this worker
+        touches are now the mode's MTTKRP summed over every worker (other rows unchanged)."""
+        plan, rows = self.plans[mode], partial.rows
+        if partial.index is not None:
+            raise ValueError("exchange_partials takes a dense partial (rows lo .. lo + len(rows) - 1)")
+        small = np.asarray(small)
+        me, W = self.team.rank, self.team.size
+        empty = np.zeros((0, rows.shape[1]), dtype=rows.dtype)
+        # the sends are copies (fancy indexing): they leave while the rows are summed in place
+        self.team.send_many(
+            tag,
+            {k: [small, rows[plan.shared[k] - partial.lo] if k in plan.shared else empty] for k in range(W) if k != me},
+        )
+        smalls = []
+        for k in range(W):
+            if k == me:
+                smalls.append(small)
+                continue
+            s, got = self.team.receive(tag, k)
+            smalls.append(np.asarray(s))
+            if k in plan.shared:
+                rows[plan.shared[k] - partial.lo] += np.asarray(got)
+        return np.stack(smalls), rows
+
+    def scale_touched(self, mode: int, scale: np.ndarray) -> None:
+        """Scale the rows of mode ``mode`` this worker touches (its columns, times ``scale``)."""
+        plan, view = self.plans[mode], self.factors.views[mode]
+        span = plan.touched_span
+        if span is not None:
+            scale_columns(view[span[0] : span[1]], scale)
+        elif plan.touched is not None and plan.touched.shape[0]:
+            view[plan.touched] = view[plan.touched] * scale
+        self.factors_written()
+
+    def factors_written(self) -> None:
+        """Say that factor rows were written here (the GPU kernels' copy is uploaded again)."""
+        if self.device == "gpu":
+            from .device_stream import forget_device_factors
+
+            forget_device_factors(self.factors)
+
     def set_rows(self, mode: int, owned_rows: np.ndarray | SparseRows, received: dict, scale: np.ndarray) -> None:
         """Write this worker's updated rows and the received ones, each times ``scale``."""
         plan, view = self.plans[mode], self.factors.views[mode]
@@ -324,10 +400,7 @@ class WorkerState:
                 self.live[(mode, k)] = pos
             else:
                 view[plan.send[k]] = np.asarray(r) * scale
-        if self.device == "gpu":  # the GPU kernels' copy of the factors is uploaded again
-            from .device_stream import forget_device_factors
-
-            forget_device_factors(self.factors)
+        self.factors_written()
 
     def owned_rows(self, mode: int) -> tuple[np.ndarray, np.ndarray]:
         plan = self.plans[mode]
@@ -536,6 +609,7 @@ def _iterate(run: str, step: Callable, args: tuple, seq: int) -> dict:
     try:
         st.team.bytes_sent = 0
         st.team.wait_seconds = st.team.send_seconds = 0.0
+        st.team.rounds = 0
         # every numba call of the step (the update's column statistics too) on this worker's
         # cores only: a parallel region wider than the cores waits for a thread another worker's
         # kernel holds
@@ -607,6 +681,7 @@ class OwnerPlan:
     touched: list[list[np.ndarray]]  # [worker][mode] rows touched
     owned: list[list[np.ndarray]]  # [worker][mode] rows owned
     shared_rows: list[int]  # per mode: sum over workers of rows touched but owned elsewhere
+    one_round: list[bool] = field(default_factory=list)  # per mode: exchanged in one message round
 
     def mode_lower_bound_bytes(self, rank: int, itemsize: int) -> list[int]:
         """Per mode, the bytes one iteration must move under this distribution, both ways: each
@@ -630,6 +705,8 @@ def plan_ownership(
     owned: list[list[np.ndarray]] = [[None] * N for _ in range(W)]
     owner_of_touched: list[list[np.ndarray]] = [[None] * N for _ in range(W)]
     shared = []
+    one_round: list[bool] = []
+    whole: list[bool] = []
     directory: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for n in range(N):
         ids = np.concatenate([counts[w][n][0] for w in range(W)])
@@ -640,6 +717,9 @@ def plan_ownership(
         first = np.ones(ids_s.shape[0], dtype=bool)
         first[1:] = ids_s[1:] != ids_s[:-1]
         rows, owners = ids_s[first], rk_s[first]
+        touchers = np.diff(np.append(np.flatnonzero(first), ids_s.shape[0]))  # per row, the workers touching it
+        one_round.append(_one_round_pays(touchers))
+        whole.append(one_round[-1] and bool((touchers == W).all()))
         if n in directory_modes:
             directory[n] = (rows, owners.astype(np.int16))
         for w in range(W):
@@ -662,9 +742,32 @@ def plan_ownership(
                 theirs = touched[k][n][owner_of_touched[k][n] == w]
                 if theirs.shape[0]:
                     recv_pos[k] = np.searchsorted(owned[w][n], theirs)
-            mode_plans.append(ModePlan(owned[w][n], send, recv_pos, directory.get(n)))
+            both = {}
+            if one_round[n]:
+                for k in range(W):
+                    common = np.intersect1d(touched[w][n], touched[k][n], assume_unique=True) if k != w else None
+                    if common is not None and common.shape[0]:
+                        both[k] = common
+            mode_plans.append(
+                ModePlan(owned[w][n], send, recv_pos, directory.get(n), touched[w][n], both, one_round[n], whole[n])
+            )
         plans.append(mode_plans)
-    return OwnerPlan(touched, owned, shared), plans
+    return OwnerPlan(touched, owned, shared, one_round), plans
+
+
+#: a mode goes in one message round where that sends at most this share more rows than the
+#: owner's two rounds (a row ``t`` workers touch: ``t (t - 1)`` partials against ``2 (t - 1)``
+#: rows; equal where no row has more than 2 workers, so always on 2 workers), or at most
+#: ``ONE_ROUND_EXTRA_ROWS`` more (the length-2 mode of vast-shaped tensors on many workers)
+ONE_ROUND_SHARE = 1.25
+ONE_ROUND_EXTRA_ROWS = 1024
+
+
+def _one_round_pays(touchers: np.ndarray) -> bool:
+    """Whether a mode whose rows ``touchers`` workers touch each goes in one message round."""
+    t = touchers.astype(np.int64)
+    one, owner = int((t * (t - 1)).sum()), int((2 * (t - 1)).sum())
+    return one <= ONE_ROUND_SHARE * owner or one - owner <= ONE_ROUND_EXTRA_ROWS
 
 
 def exchange_record(summaries: list[dict], lower: list[int]) -> dict:
@@ -680,6 +783,8 @@ def exchange_record(summaries: list[dict], lower: list[int]) -> dict:
         "mode_bytes_sent": sent,
         "mode_bytes_lower_bound": lower,
         "exchange_seconds": [max(s["exchange_seconds"][n] for s in summaries) for n in range(N)],
+        # message rounds an iteration (each a send to every other worker and a receive from each)
+        "rounds": max(s.get("rounds", 0) for s in summaries),
     }
 
 
@@ -793,10 +898,11 @@ class OwnerComputes:
         self._check(futures)
         self.setup_seconds = time.perf_counter() - t0
         log.info(
-            "owner-computes: %d workers, %s nonzeros each; rows shared per mode %s (set up in %.2f s)",
+            "owner-computes: %d workers, %s nonzeros each; rows shared per mode %s, one round %s (set up in %.2f s)",
             W,
             [sum(p.nnz for p in a) for a in self.assigned],
             self.plan.shared_rows,
+            self.plan.one_round,
             self.setup_seconds,
         )
 

@@ -10,6 +10,14 @@ One iteration runs on every worker at once (:func:`owner_iteration`); for each m
 5. columns normalized by the global 2-norm (first iteration) or max-norm (at least 1), as
    :func:`~tensorflow_ooc.decompositions.cp.updates.update_mode` does on one worker.
 
+Where no row of a mode has more than two workers (always on two), steps 2-4 are one message
+round instead (:mod:`.cp_owner_one_round`): every worker that touches a row gets the others'
+partials of it and solves it itself, and the terms of step 4 travel with the next mode's partials,
+so step 5 comes one mode late (an iteration of N modes: N + 1 rounds instead of 2N, fewer where
+every worker touches a mode whole and takes its terms itself). A row solved
+on two workers is the same sum (two partials add alike in either order) times the same ``V^+``,
+equal to the owner's up to the rounding of the GEMM it falls in.
+
 Every worker gets the same all-reduced terms (summed in rank order), so the normalized rows a
 worker receives equal its owner's to the bit. The Gram of the normalized factor is the all-reduced
 unnormalized Gram scaled by the weights: equal to one worker's ``A^T A`` up to rounding (1e-16
@@ -31,6 +39,7 @@ from ...kernels.update.normal_equations import normal_inverse_of
 from ..common.checkpoint_files import disk_full_returned, raise_returned
 from . import updates as U
 from .checkpoint import write_checkpoint
+from .cp_owner_one_round import Deferred, one_round_mode, rounds_carry
 from .cp_owner_sampling import owner_sts_sample, start_sampler
 from .cp_steps import model_fit, model_norm_sq
 from .updates import _BLAS
@@ -67,15 +76,32 @@ def owner_iteration(
     inner = np.zeros(R)
     if sketch is not None and ws.sampler is None:
         ws.sampler = start_sampler(ws, (iteration, "sampler"))
+    carry = rounds_carry(ws)
+    pending: Deferred | None = None  # a mode solved, its terms to travel with the next partials
     for n in range(N):
         t0 = time.perf_counter()
         sent0, wait0 = ws.team.bytes_sent, ws.team.wait_seconds + ws.team.send_seconds
         last = n == N - 1
         if sketch is None:
-            V = normal_inverse_of(ws.grams, n)
             # this worker's nonzeros' rows of X_(n) (odot A_m); the modes run in turn, so a
             # memoized pair's second mode reads the memo its first mode filled
-            P = ws.local_mttkrp(n, in_turn=True)
+            P = ws.local_mttkrp(n, in_turn=True, memo_scale=carry.memo_scale)
+        if sketch is None and ws.plans[n].one_round:
+            t_mttkrp = time.perf_counter() - t0
+            following = not last and ws.plans[n + 1].one_round
+            pending, carry.memo_scale, t_update, mode_inner = one_round_mode(
+                ws, n, P, pending, (iteration, n), first_iteration, last, following
+            )
+            if last:
+                inner = mode_inner
+            timings[n] = (t_mttkrp, t_update)
+            finished[n] = time.time()
+            sent[n] = ws.team.bytes_sent - sent0
+            waits[n] = ws.team.wait_seconds + ws.team.send_seconds - wait0
+            continue
+        carry.memo_scale = None  # no mode left unscaled: the memo this mode fills lacks nothing
+        if sketch is None:
+            V = normal_inverse_of(ws.grams, n)
         else:
             samples, entropy, evaluate = sketch
             S = owner_sts_sample(ws, n, samples, (entropy, iteration, n), (iteration, n, "draw"))
@@ -180,6 +206,7 @@ def owner_iteration(
         "fit_seconds": fit_seconds,
         "empty_sketches": empty,
         "reads": reads,
+        "rounds": ws.team.rounds,
     }
 
 
