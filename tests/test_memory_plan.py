@@ -375,6 +375,20 @@ def test_randomized_plans_count_the_sampler_they_use_and_the_index_reads():
         assert with_filters(10 << 30) == p.terms["sampling"] + (10 << 30) - room
 
 
+def test_in_memory_fiber_indexes_are_counted_as_built():
+    """An in-memory randomized plan counts each mode's fiber index at the widths it is built with:
+    32-bit keys and rows where they fit (nell2-shaped: 16 bytes a nonzero and mode, not 24)."""
+    from tensorflow_ooc.kernels.sampling.fiber_gather import FENCE
+
+    draws = 2 * (1 << 14) * (3 + 16 + 1) * 8  # two sample sets: multi-indices, rows, weights
+    nell2, nnz = (12092, 9184, 28818), 76_583_893
+    plans = _plans(None, shape=nell2, worker_nnz=nnz, samples=1 << 14, trees=False, execution="in-memory")
+    assert plans and all(p.terms["sampling"] == draws + 3 * (nnz * 16 + -(-nnz // FENCE) * 4) for p in plans)
+    # keys past 32 bits (Amazon-shaped: the other modes of every mode hold 3e12 or more cells): 20 bytes
+    plans = _plans(None, worker_nnz=1000, samples=1 << 14, trees=False, execution="in-memory")
+    assert plans and all(p.terms["sampling"] == draws + 3 * (1000 * 20 + -(-1000 // FENCE) * 8) for p in plans)
+
+
 def test_memoized_mode_pairs_are_counted_and_tried_first_where_a_sweep_is_one_task():
     from tensorflow_ooc.kernels.mttkrp.mode_pairs import pair_bytes
 

@@ -52,7 +52,7 @@ def sketch_threads(samples: int, nmodes: int, threads: int | None) -> int | None
 def load_fibers(store: Store, max_nnz: int | None = None) -> list[PartitionData]:
     """A store's nonzeros decoded into memory for repeated sketched solves: partitions of at most
     ``max_nnz`` nonzeros (one by default), each keeping the fiber index of every mode it is
-    asked for (built on first use, 24 bytes a nonzero per mode)."""
+    asked for (built on first use, 16-24 bytes a nonzero per mode)."""
     out = []
     for part in plan_partitions(store, 1, max_nnz):
         bufs = BatchBuffers(store, part.chunk_hi - part.chunk_lo)

@@ -490,7 +490,7 @@ class FiberIndex:
         nnz = items.index.shape[0]
         space = key_space(layout.shape, mode)
         keys = np.zeros(nnz, dtype=index_key_dtype(space))
-        rows = np.zeros(nnz, dtype=np.int32 if layout.shape[mode] <= 1 << 31 else np.int64)
+        rows = np.zeros(nnz, dtype=index_row_dtype(layout.shape[mode]))
         vals = np.zeros(nnz, dtype=items.values.dtype)
         _index_entries(
             items.index,
@@ -517,6 +517,23 @@ def index_key_dtype(space: int) -> type:
     other modes (nell2-shaped: 1.1-3.5e8), else uint64. Narrow keys halve the bytes a fiber search
     and the index's sort read."""
     return np.uint32 if space <= 1 << 32 else np.uint64
+
+
+def index_row_dtype(length: int) -> type:
+    """The integer a :class:`FiberIndex` keeps its mode rows in: int32 up to 2^31 rows, else int64."""
+    return np.int32 if int(length) <= 1 << 31 else np.int64
+
+
+def fiber_index_bytes(shape: tuple[int, ...], mode: int, nnz: int, value_itemsize: int) -> int:
+    """Bytes the mode-``mode`` :class:`FiberIndex` of ``nnz`` nonzeros holds (keys, rows, values and
+    fence, as :meth:`FiberIndex.build` makes them): 16 a nonzero where keys fit 32 bits and rows 31
+    (float64 values), up to 24; 0 where the keys wrap (no index is built, the gather scans)."""
+    if not exact_keys(shape, mode):
+        return 0
+    key = np.dtype(index_key_dtype(key_space(shape, mode))).itemsize
+    row = np.dtype(index_row_dtype(shape[mode])).itemsize
+    nnz = int(nnz)
+    return nnz * (key + row + int(value_itemsize)) + -(-nnz // FENCE) * key
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
