@@ -566,3 +566,45 @@ def test_randomized_one_task_updates_equal_the_partition_tasks(tmp_path, rng, mo
         assert all(len(h["draw_seconds"]) == 2 * (len(shape) - 1) for h in fused[k].history)
         assert [h["fit_evaluated"] for h in fused[k].history] == [False, True, True]
     assert_cores_close(fused["cluster"].cores, fused["inline"].cores, rtol=1e-12)
+
+
+def test_randomized_sweeps_run_ahead_where_they_cannot_end_the_run(tmp_path, rng, monkeypatch):
+    """On a cluster a randomized sweep whose fit is not evaluated cannot end the run, so the next
+    one is submitted before its summary is read: not after a sweep that writes a checkpoint (the
+    checkpoint holds that sweep's cores) nor after the last. The cores, the fit and the checkpoint
+    are those of the inline run, and the sweeps run ahead are timed on the worker, their updates
+    inside their seconds."""
+    from tensorflow_ooc.decompositions.tt import tt_als as tt_module
+    from tensorflow_ooc.decompositions.tt.tt_checkpoint import read_tt_checkpoint
+
+    shape = (9, 7, 8, 6)
+    _, coords, values = sparse_tensor(rng, shape, 0.3)
+    store = store_of(tmp_path, "r", coords, values, shape, chunk_nnz=200)  # 5 chunks
+    kw = dict(method="randomized", samples=400, seed=int(rng.integers(1 << 30)), tol=0, max_sweeps=5, fit_every=5)
+    kw.update(execution="in-memory", partitions=2, checkpoint_every=2)
+    inline = tfo.tt_als(store, [3, 4, 2], scheduler="inline", checkpoint=tmp_path / "inline.npz", **kw)
+    ahead = []
+    submit_ahead = tt_module.TTSweeps._submit_ahead
+
+    def spy(self, F, sweep, evaluate):
+        got = submit_ahead(self, F, sweep, evaluate)
+        ahead.append(None if got is None else got[0])
+        return got
+
+    monkeypatch.setattr(tt_module.TTSweeps, "_submit_ahead", spy)
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as c,
+    ):
+        r = tfo.tt_als(store, [3, 4, 2], client=c, checkpoint=tmp_path / "cluster.npz", **kw)
+    # sweeps 2 and 4 (0-based 1, 3) write checkpoints, sweep 5 is the last: sweeps 2 and 4 run ahead
+    assert ahead == [1, None, 3, None, None]
+    assert r.params["sketched_update"] == "one task"
+    assert_cores_close(r.cores, inline.cores, rtol=1e-12)
+    assert abs(r.fit - inline.fit) < 1e-12
+    ck, ck_inline = read_tt_checkpoint(tmp_path / "cluster.npz"), read_tt_checkpoint(tmp_path / "inline.npz")
+    assert ck.sweep == ck_inline.sweep == 4
+    assert_cores_close(ck.state.cores(), ck_inline.state.cores(), rtol=1e-12)
+    for h in r.history:
+        inside = sum(h["contraction_seconds"]) + sum(h["update_seconds"]) + sum(h["draw_seconds"])
+        assert 0 < inside <= h["seconds"]
