@@ -328,6 +328,68 @@ def test_initial_cores_are_right_orthonormal():
     assert all(np.array_equal(a, b) for a, b in zip(cores, again))
 
 
+def _householder_qr(a):
+    """The positive-diagonal QR by NumPy's Householder QR (the reference)."""
+    q, r = np.linalg.qr(a)
+    sign = np.where(np.diag(r) < 0, -1.0, 1.0)
+    return q * sign, r * sign[:, None]
+
+
+@pytest.mark.parametrize("cond", [1.0, 1e3, 1e5, 1e9, "rank deficient"])
+def test_qr_positive_is_the_householder_qr_or_falls_back_to_it(rng, cond):
+    """Tall matrices are factored by Cholesky QR twice while well conditioned: the same Q and R as
+    Householder QR to rounding, Q orthonormal, R upper triangular with a positive diagonal; past the
+    condition bound (or rank deficient) Householder QR itself runs."""
+    from tensorflow_ooc.decompositions.tt.tt_steps import CHOLESKY_QR_MAX_COND, _cholesky_qr2, qr_positive
+
+    m, n = int(rng.integers(200, 2000)), int(rng.integers(2, 12))
+    u, _ = np.linalg.qr(rng.standard_normal((m, n)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    if cond == "rank deficient":
+        sv = np.r_[np.ones(n - 1), 0.0]
+    else:
+        sv = np.logspace(0, -np.log10(cond), n)
+    a = (u * sv) @ v.T * float(rng.uniform(0.1, 10))
+    q, r = qr_positive(a)
+    assert q.shape == (m, n) and r.shape == (n, n)
+    # Cholesky QR where the condition number is below the bound, else Householder
+    assert (_cholesky_qr2(a) is None) == (cond == "rank deficient" or float(cond) >= CHOLESKY_QR_MAX_COND)
+    np.testing.assert_allclose(q @ r, a, atol=1e-13 * np.abs(a).max())
+    assert np.array_equal(r, np.triu(r)) and np.all(np.diag(r) >= 0)
+    if cond == "rank deficient":
+        return  # Q's last column is any unit vector orthogonal to the rest: Householder's, not compared
+    np.testing.assert_allclose(q.T @ q, np.eye(n), atol=1e-13)
+    want_q, want_r = _householder_qr(a)
+    # a QR's rounding error grows with the condition number (either algorithm's)
+    tol = 1e-13 * max(1.0, float(cond))
+    np.testing.assert_allclose(q, want_q, atol=tol)
+    np.testing.assert_allclose(r, want_r, atol=tol * np.abs(want_r).max())
+
+
+def test_orthonormal_slices_move_the_orthogonality_as_the_cores_do(rng):
+    """The slice-major steps of an update give the cores of the unfolding steps, to rounding."""
+    from tensorflow_ooc.decompositions.tt.tt_steps import (
+        left_orthonormal_slices,
+        left_orthonormalize,
+        right_orthonormal_slices,
+        right_orthonormalize,
+    )
+
+    for Ra, I, Rb, Rc in ((1, 300, 4, 3), (3, 200, 4, 5), (4, 250, 3, 1)):
+        core, nxt = rng.standard_normal((Ra, I, Rb)), rng.standard_normal((Rb, 60, Rc))
+        want = [core.copy(), nxt.copy()]
+        left_orthonormalize(want, 0)
+        got = left_orthonormal_slices(np.ascontiguousarray(core.transpose(1, 0, 2)), nxt.transpose(1, 0, 2).copy())
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g.transpose(1, 0, 2), w, atol=1e-12)
+        prev, core = rng.standard_normal((Rc, 70, Ra)), rng.standard_normal((Ra, I, Rb))
+        want = [prev.copy(), core.copy()]
+        right_orthonormalize(want, 1)
+        got = right_orthonormal_slices(prev.transpose(1, 0, 2).copy(), np.ascontiguousarray(core.transpose(1, 0, 2)))
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g.transpose(1, 0, 2), w, atol=1e-12)
+
+
 # --- command line ---------------------------------------------------------------------------------
 
 
