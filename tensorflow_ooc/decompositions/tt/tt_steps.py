@@ -33,7 +33,7 @@ from ...kernels.sampling.krp_sampler import SampleSet
 from ...kernels.sampling.tt_sampler import CoreTree
 from ...kernels.tt.cores import TTCores
 from ..common.model_checks import check_memory, check_seed
-from .tt_randomized import draw_core, sketched_slices
+from .tt_randomized import draw_core, sketched_gram_pinv, sketched_slices
 
 INITS = ("random",)
 
@@ -331,13 +331,15 @@ def update_core(
     direction: str,
     sketch: SampleSet | None = None,
     inplace: bool = False,
+    gram_pinv: np.ndarray | None = None,
 ) -> TTState:
     """Proposition 5.2.2 for core ``mode``: sum the partitions' rows of ``Y_mode`` (the least-squares
     solution, the other cores being orthonormal), record ``||Y||^2``, then move the orthogonality on
     in the sweep's ``direction`` ("right": the core keeps ``Q`` and core ``mode + 1`` absorbs ``R``;
     "left": the core keeps the rows of ``Q^T`` and core ``mode - 1`` absorbs ``R^T``). Returns a new
     state (the input's futures stay valid), or ``s`` itself, updated, with ``inplace`` (a state no
-    future holds: a copy of every core cost 1.2-1.8 ms an update, nell2-shaped at rank 8)."""
+    future holds: a copy of every core cost 1.2-1.8 ms an update, nell2-shaped at rank 8).
+    ``gram_pinv``: the sketch's :func:`~.tt_randomized.sketched_gram_pinv` where it was formed."""
     t0 = time.perf_counter()
     parts = [parts] if isinstance(parts, Partial) else list(parts)
     Ra, I, Rb = int(s.ranks[mode]), s.shape[mode], int(s.ranks[mode + 1])
@@ -349,7 +351,7 @@ def update_core(
             # randomized TT-ALS: the parts are the sketched right-hand side; solve the sketched normal
             # equations (their Gram is I in expectation, the design being orthonormal), on one
             # BLAS thread as for the QR
-            slices = sketched_slices(sketch, slices)
+            slices = sketched_slices(sketch, slices, gram_pinv)
         out = s if inplace else s.copy()
         out.norm_sq = float(np.dot(slices.ravel(), slices.ravel()))
         # the cores as the state keeps them, slice-major (I, R_{k-1}, R_k): no transposing copies
@@ -383,8 +385,12 @@ def sketched_update(
     they replace (a sweep of an order-3 tensor in two partitions submitted 16 tasks for its
     updates, now 4)."""
     sketch = draw_core(s, mode, samples, seed)
-    parts = gather_partitions(datas, sketch, mode, threads, gather_threads)
-    return update_core(s, parts, mode, direction, sketch, inplace)
+    # the sketched Gram depends on the draws only: formed while the partitions are gathered (its
+    # seconds inside theirs; where it outlasts them, the rest is the sweep's other seconds)
+    parts, gram_pinv = gather_partitions(
+        datas, sketch, mode, threads, gather_threads, beside=lambda: sketched_gram_pinv(sketch)
+    )
+    return update_core(s, parts, mode, direction, sketch, inplace, gram_pinv)
 
 
 def sketched_updates(
