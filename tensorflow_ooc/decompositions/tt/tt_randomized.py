@@ -144,6 +144,23 @@ def draw_core(state: TTCores, j: int, samples: int, seed: Sequence[int]) -> Samp
     return out
 
 
+def prepare_walks(state: TTCores, j: int, skip: set[int]) -> None:
+    """Build the walk structures (:meth:`CoreTree.build_walks`) of the trees in ``state.trees`` that the
+    draws for core ``j`` walk (every core of its chains but the two next to ``j``, which are drawn
+    from their slice masses), except those of the cores ``skip`` (an update about to change them).
+    Those trees depend only on their cores, so the draws are the same; built beside the gathers
+    of the update before, they are off its critical path."""
+    trees = getattr(state, "trees", None)
+    if not trees:
+        return
+    walked = [(k, "left") for k in range(j - 1)] + [(k, "right") for k in range(j + 2, state.nmodes)]
+    with numba_threads(1):
+        for key in walked:
+            tr = trees.get(key)
+            if tr is not None and key[0] not in skip:
+                tr.build_walks()
+
+
 def sketched_core(
     source: FiberSource,
     cores: Sequence[np.ndarray],

@@ -33,7 +33,7 @@ from ...kernels.sampling.krp_sampler import SampleSet
 from ...kernels.sampling.tt_sampler import CoreTree
 from ...kernels.tt.cores import TTCores
 from ..common.model_checks import check_memory, check_seed
-from .tt_randomized import draw_core, sketched_gram_pinv, sketched_slices
+from .tt_randomized import draw_core, prepare_walks, sketched_gram_pinv, sketched_slices
 
 INITS = ("random",)
 
@@ -377,19 +377,26 @@ def sketched_update(
     threads: int,
     gather_threads: int | None,
     inplace: bool = False,
+    next_mode: int | None = None,
 ) -> TTState:
     """Randomized TT-ALS's update of core ``mode`` in one task, where the worker holding the state
     holds every decoded partition: the draws (:func:`~.tt_randomized.draw_core`), the gathers of
     all partitions at once (:func:`~tensorflow_ooc.execution.concurrent_gather.gather_partitions`)
     and :func:`update_core` (``inplace`` passed on), the same values as the three kinds of task
     they replace (a sweep of an order-3 tensor in two partitions submitted 16 tasks for its
-    updates, now 4)."""
+    updates, now 4). ``next_mode``: the core the next update draws for, if known."""
     sketch = draw_core(s, mode, samples, seed)
-    # the sketched Gram depends on the draws only: formed while the partitions are gathered (its
-    # seconds inside theirs; where it outlasts them, the rest is the sweep's other seconds)
-    parts, gram_pinv = gather_partitions(
-        datas, sketch, mode, threads, gather_threads, beside=lambda: sketched_gram_pinv(sketch)
-    )
+    changed = {mode, mode + 1} if direction == "right" else {mode - 1, mode}
+
+    def beside() -> np.ndarray:
+        # what depends on the draws or on cores this update leaves alone, while the partitions are
+        # gathered (its seconds inside theirs; where it outlasts them, the sweep's other seconds):
+        # the sketched Gram, and the walks' trees of the next update's draws
+        if next_mode is not None:
+            prepare_walks(s, next_mode, changed)
+        return sketched_gram_pinv(sketch)
+
+    parts, gram_pinv = gather_partitions(datas, sketch, mode, threads, gather_threads, beside=beside)
     return update_core(s, parts, mode, direction, sketch, inplace, gram_pinv)
 
 
@@ -409,8 +416,10 @@ def sketched_updates(
     s = s.copy()  # the input is a future's; the updates then change the copy in place
     if begin:
         s = begin_sweep(s)
-    for mode, direction, seed in steps:
-        s = sketched_update(s, datas, mode, direction, samples, seed, threads, gather_threads, inplace=True)
+    # the update after the last of these: the next one of the sweep, or the next sweep's first
+    nexts = [m for m, _, _ in steps[1:]] + [sweep_order(s.nmodes)[0][0]]
+    for (mode, direction, seed), nxt in zip(steps, nexts):
+        s = sketched_update(s, datas, mode, direction, samples, seed, threads, gather_threads, True, nxt)
     return s
 
 

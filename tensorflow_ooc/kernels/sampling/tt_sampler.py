@@ -239,6 +239,10 @@ class CoreTree:
             self._walked = (tree, packed_grams(tree.grams), leaf_columns(self.rows, tree.nleaves, tree.leaf_rows))
         return self._walked
 
+    def build_walks(self) -> None:
+        """Build :attr:`tree`, :attr:`packed` and :attr:`leaves` now (else on the first walk)."""
+        self._walk_structure()
+
     @property
     def tree(self) -> RowTree:
         """Segment tree of partial Gram matrices over ``rows`` (walked for draws with a history)."""
