@@ -260,7 +260,7 @@ def test_sort_records_is_the_stable_sort(rng, key_space, n, dtypes):
 def test_fiber_index_keys_narrow_where_they_fit(tmp_path, rng):
     """Keys of at most 2^32 cells and rows below 2^31 are stored in 32 bits, the sums unchanged;
     wider key spaces keep 64-bit keys."""
-    from tensorflow_ooc.kernels.sampling.fiber_gather import index_key_dtype
+    from tensorflow_ooc.kernels.sampling.fiber_gather import fiber_index_bytes, index_key_dtype
 
     assert index_key_dtype(2**32) == np.uint32 and index_key_dtype(2**32 + 1) == np.uint64
     shape = (int(rng.integers(40, 80)), 70000, 70000)  # mode 0's keys need 33 bits, the others' fewer
@@ -272,6 +272,8 @@ def test_fiber_index_keys_narrow_where_they_fit(tmp_path, rng):
     for mode in range(3):
         index = FiberIndex.build(decoded, store.layout, mode)
         assert index.keys.dtype == (np.uint64 if mode == 0 else np.uint32) and index.rows.dtype == np.int32
+        # what the memory plan counts is what was built: 20 / 16 bytes a nonzero here, and the fence
+        assert fiber_index_bytes(shape, mode, coords.shape[0], 8) == index.nbytes
         keys = sample_keys(coords, shape, mode)
         order = np.argsort(keys, kind="stable")
         np.testing.assert_array_equal(index.keys, keys[order])

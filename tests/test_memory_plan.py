@@ -314,11 +314,12 @@ def test_partials_are_reduce_scattered_over_workers(tmp_path, rng, nmodes):
 
 
 def test_owner_computes_plan_has_no_state_copies_or_factors_in_transit():
-    # 2 workers of 12 GB and 2 threads, STS-CP at 86 M: the task graphs' plan streams the whole
+    # 2 workers of 11 GB and 2 threads, STS-CP at 86 M: the task graphs' plan streams the whole
     # store each mode (a state copy, whole factors in transit); owner-computes keeps each worker's
-    # half in memory
+    # half in memory (the graphs' in-memory plan needs 11.5 GB, its fiber indexes 20 bytes a
+    # nonzero and mode; owner-computes' 10.3 GB)
     kw = dict(
-        worker_nnz=43_000_000, workers=2, partitions_per_mode=2, samples=1 << 16, limit=12_053 << 20, kernel_threads=2
+        worker_nnz=43_000_000, workers=2, partitions_per_mode=2, samples=1 << 16, limit=11_000 << 20, kernel_threads=2
     )
     graph = choose(_plans(**kw))
     owner = choose(_plans(owner=True, **kw))
@@ -373,6 +374,20 @@ def test_randomized_plans_count_the_sampler_they_use_and_the_index_reads():
         assert room > 0
         assert with_filters(room // 2) == p.terms["sampling"]
         assert with_filters(10 << 30) == p.terms["sampling"] + (10 << 30) - room
+
+
+def test_in_memory_fiber_indexes_are_counted_as_built():
+    """An in-memory randomized plan counts each mode's fiber index at the widths it is built with:
+    32-bit keys and rows where they fit (nell2-shaped: 16 bytes a nonzero and mode, not 24)."""
+    from tensorflow_ooc.kernels.sampling.fiber_gather import FENCE
+
+    draws = 2 * (1 << 14) * (3 + 16 + 1) * 8  # two sample sets: multi-indices, rows, weights
+    nell2, nnz = (12092, 9184, 28818), 76_583_893
+    plans = _plans(None, shape=nell2, worker_nnz=nnz, samples=1 << 14, trees=False, execution="in-memory")
+    assert plans and all(p.terms["sampling"] == draws + 3 * (nnz * 16 + -(-nnz // FENCE) * 4) for p in plans)
+    # keys past 32 bits (Amazon-shaped: the other modes of every mode hold 3e12 or more cells): 20 bytes
+    plans = _plans(None, worker_nnz=1000, samples=1 << 14, trees=False, execution="in-memory")
+    assert plans and all(p.terms["sampling"] == draws + 3 * (1000 * 20 + -(-1000 // FENCE) * 8) for p in plans)
 
 
 def test_memoized_mode_pairs_are_counted_and_tried_first_where_a_sweep_is_one_task():

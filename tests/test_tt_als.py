@@ -328,6 +328,68 @@ def test_initial_cores_are_right_orthonormal():
     assert all(np.array_equal(a, b) for a, b in zip(cores, again))
 
 
+def _householder_qr(a):
+    """The positive-diagonal QR by NumPy's Householder QR (the reference)."""
+    q, r = np.linalg.qr(a)
+    sign = np.where(np.diag(r) < 0, -1.0, 1.0)
+    return q * sign, r * sign[:, None]
+
+
+@pytest.mark.parametrize("cond", [1.0, 1e3, 1e5, 1e9, "rank deficient"])
+def test_qr_positive_is_the_householder_qr_or_falls_back_to_it(rng, cond):
+    """Tall matrices are factored by Cholesky QR twice while well conditioned: the same Q and R as
+    Householder QR to rounding, Q orthonormal, R upper triangular with a positive diagonal; past the
+    condition bound (or rank deficient) Householder QR itself runs."""
+    from tensorflow_ooc.decompositions.tt.tt_steps import CHOLESKY_QR_MAX_COND, _cholesky_qr2, qr_positive
+
+    m, n = int(rng.integers(200, 2000)), int(rng.integers(2, 12))
+    u, _ = np.linalg.qr(rng.standard_normal((m, n)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    if cond == "rank deficient":
+        sv = np.r_[np.ones(n - 1), 0.0]
+    else:
+        sv = np.logspace(0, -np.log10(cond), n)
+    a = (u * sv) @ v.T * float(rng.uniform(0.1, 10))
+    q, r = qr_positive(a)
+    assert q.shape == (m, n) and r.shape == (n, n)
+    # Cholesky QR where the condition number is below the bound, else Householder
+    assert (_cholesky_qr2(a) is None) == (cond == "rank deficient" or float(cond) >= CHOLESKY_QR_MAX_COND)
+    np.testing.assert_allclose(q @ r, a, atol=1e-13 * np.abs(a).max())
+    assert np.array_equal(r, np.triu(r)) and np.all(np.diag(r) >= 0)
+    if cond == "rank deficient":
+        return  # Q's last column is any unit vector orthogonal to the rest: Householder's, not compared
+    np.testing.assert_allclose(q.T @ q, np.eye(n), atol=1e-13)
+    want_q, want_r = _householder_qr(a)
+    # a QR's rounding error grows with the condition number (either algorithm's)
+    tol = 1e-13 * max(1.0, float(cond))
+    np.testing.assert_allclose(q, want_q, atol=tol)
+    np.testing.assert_allclose(r, want_r, atol=tol * np.abs(want_r).max())
+
+
+def test_orthonormal_slices_move_the_orthogonality_as_the_cores_do(rng):
+    """The slice-major steps of an update give the cores of the unfolding steps, to rounding."""
+    from tensorflow_ooc.decompositions.tt.tt_steps import (
+        left_orthonormal_slices,
+        left_orthonormalize,
+        right_orthonormal_slices,
+        right_orthonormalize,
+    )
+
+    for Ra, I, Rb, Rc in ((1, 300, 4, 3), (3, 200, 4, 5), (4, 250, 3, 1)):
+        core, nxt = rng.standard_normal((Ra, I, Rb)), rng.standard_normal((Rb, 60, Rc))
+        want = [core.copy(), nxt.copy()]
+        left_orthonormalize(want, 0)
+        got = left_orthonormal_slices(np.ascontiguousarray(core.transpose(1, 0, 2)), nxt.transpose(1, 0, 2).copy())
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g.transpose(1, 0, 2), w, atol=1e-12)
+        prev, core = rng.standard_normal((Rc, 70, Ra)), rng.standard_normal((Ra, I, Rb))
+        want = [prev.copy(), core.copy()]
+        right_orthonormalize(want, 1)
+        got = right_orthonormal_slices(prev.transpose(1, 0, 2).copy(), np.ascontiguousarray(core.transpose(1, 0, 2)))
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g.transpose(1, 0, 2), w, atol=1e-12)
+
+
 # --- command line ---------------------------------------------------------------------------------
 
 
@@ -566,3 +628,45 @@ def test_randomized_one_task_updates_equal_the_partition_tasks(tmp_path, rng, mo
         assert all(len(h["draw_seconds"]) == 2 * (len(shape) - 1) for h in fused[k].history)
         assert [h["fit_evaluated"] for h in fused[k].history] == [False, True, True]
     assert_cores_close(fused["cluster"].cores, fused["inline"].cores, rtol=1e-12)
+
+
+def test_randomized_sweeps_run_ahead_where_they_cannot_end_the_run(tmp_path, rng, monkeypatch):
+    """On a cluster a randomized sweep whose fit is not evaluated cannot end the run, so the next
+    one is submitted before its summary is read: not after a sweep that writes a checkpoint (the
+    checkpoint holds that sweep's cores) nor after the last. The cores, the fit and the checkpoint
+    are those of the inline run, and the sweeps run ahead are timed on the worker, their updates
+    inside their seconds."""
+    from tensorflow_ooc.decompositions.tt import tt_als as tt_module
+    from tensorflow_ooc.decompositions.tt.tt_checkpoint import read_tt_checkpoint
+
+    shape = (9, 7, 8, 6)
+    _, coords, values = sparse_tensor(rng, shape, 0.3)
+    store = store_of(tmp_path, "r", coords, values, shape, chunk_nnz=200)  # 5 chunks
+    kw = dict(method="randomized", samples=400, seed=int(rng.integers(1 << 30)), tol=0, max_sweeps=5, fit_every=5)
+    kw.update(execution="in-memory", partitions=2, checkpoint_every=2)
+    inline = tfo.tt_als(store, [3, 4, 2], scheduler="inline", checkpoint=tmp_path / "inline.npz", **kw)
+    ahead = []
+    submit_ahead = tt_module.TTSweeps._submit_ahead
+
+    def spy(self, F, sweep, evaluate):
+        got = submit_ahead(self, F, sweep, evaluate)
+        ahead.append(None if got is None else got[0])
+        return got
+
+    monkeypatch.setattr(tt_module.TTSweeps, "_submit_ahead", spy)
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as c,
+    ):
+        r = tfo.tt_als(store, [3, 4, 2], client=c, checkpoint=tmp_path / "cluster.npz", **kw)
+    # sweeps 2 and 4 (0-based 1, 3) write checkpoints, sweep 5 is the last: sweeps 2 and 4 run ahead
+    assert ahead == [1, None, 3, None, None]
+    assert r.params["sketched_update"] == "one task"
+    assert_cores_close(r.cores, inline.cores, rtol=1e-12)
+    assert abs(r.fit - inline.fit) < 1e-12
+    ck, ck_inline = read_tt_checkpoint(tmp_path / "cluster.npz"), read_tt_checkpoint(tmp_path / "inline.npz")
+    assert ck.sweep == ck_inline.sweep == 4
+    assert_cores_close(ck.state.cores(), ck_inline.state.cores(), rtol=1e-12)
+    for h in r.history:
+        inside = sum(h["contraction_seconds"]) + sum(h["update_seconds"]) + sum(h["draw_seconds"])
+        assert 0 < inside <= h["seconds"]

@@ -127,3 +127,39 @@ def test_reported_fit_is_the_returned_trains_and_never_below_zero(tmp_path, rng,
         assert r.fit >= 0 and truth >= 0, (r.fit, truth)
         assert abs(r.fit - truth) < 1e-9, (r.fit, truth)
         assert all(h["fit"] >= 0 for h in r.history)
+
+
+@pytest.mark.parametrize("order", [4, 5])
+def test_walks_prepared_ahead_are_the_ones_the_next_draws_walk(rng, order):
+    """prepare_walks builds the walk structures of exactly the cached trees the draws for core ``j``
+    walk (not the two cores next to ``j``, drawn by their slice masses, nor cores about to change),
+    and the draws from those trees are the draws from trees built afresh."""
+    from tensorflow_ooc.decompositions.tt.tt_randomized import draw_core, prepare_walks
+    from tensorflow_ooc.decompositions.tt.tt_steps import start_state
+
+    shape = SHAPES[order]
+    ranks = check_ranks(2, shape)
+    cores = initial_cores("random", shape, ranks, int(rng.integers(1 << 30)))
+    seen = []
+    for j in range(order):
+        state = start_state(shape, ranks, cores)
+        # cores before j left-orthonormal: draw with the canonical form the update keeps
+        cs = [state.core(k).copy() for k in range(order)]
+        for k in range(j):
+            left_orthonormalize(cs, k)
+        for k, c in enumerate(cs):
+            state.set_core(k, c)
+        fresh = draw_core(state.copy(), j, 300, (1, 2, j))
+        # every tree of j's chains cached, none walked yet
+        draw_core(state, j, 1, (0, 0, 0))
+        for tr in state.trees.values():
+            tr._walked = None
+        skip = {int(rng.integers(order))}  # a core the update before changes
+        prepare_walks(state, j, skip)
+        walked = {k for (k, _), tr in state.trees.items() if tr._walked is not None}
+        want = (set(range(j - 1)) | set(range(j + 2, order))) - skip
+        assert walked == want
+        seen.append(len(want))
+        again = draw_core(state, j, 300, (1, 2, j))
+        assert np.array_equal(again.coords, fresh.coords) and np.array_equal(again.weights, fresh.weights)
+    assert max(seen) > 0

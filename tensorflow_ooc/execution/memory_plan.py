@@ -28,7 +28,7 @@ Before anything runs, the plan adds up the bytes the busiest worker holds at onc
 ``transfer``   a state arriving from another worker while the previous one is still held
 ``sampling``   randomized CP-ALS: the STS-CP segment trees (at most one factor's size each; not
                for CP-ARLS-LEV), two sample sets (multi-indices and weighted Khatri-Rao rows), for
-               in-memory partitions the per-mode fiber indexes (24 bytes a nonzero and mode), and
+               in-memory partitions the per-mode fiber indexes (16-24 bytes a nonzero and mode), and
                streamed through a store's fiber index the round's reads beyond what an exact
                pass's buffers take (they are never live together) and the index's Bloom filters
 ============== ==================================================================================
@@ -77,6 +77,7 @@ from ..kernels.mttkrp.mode_order import RUN_TABLE_BYTES_PER_NNZ
 from ..kernels.mttkrp.mode_pairs import pair_bytes
 from ..kernels.mttkrp.owned import GROUP_NNZ as OWNED_GROUP_NNZ
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
+from ..kernels.sampling.fiber_gather import fiber_index_bytes
 from ..kernels.sampling.krp_sampler import tree_nbytes
 from ..kernels.update.column_scale import STAT_BLOCK_ROWS
 from .partials import SPARSE_ROWS
@@ -366,7 +367,11 @@ def candidates(
             if not samples
             else (sum(tree_nbytes(n, rank) for n in shape) if trees else 0)
             + 2 * samples * (len(shape) + rank + 1) * 8
-            + (worker_nnz * 24 * len(shape) if mode == "in-memory" else 0)
+            + (
+                sum(fiber_index_bytes(shape, m, worker_nnz, value_itemsize) for m in range(len(shape)))
+                if mode == "in-memory"
+                else 0
+            )
             + (-(-S // workers) if owner else 0),
         }
         if samples and index_reads and mode == "streaming":

@@ -30,7 +30,7 @@ from ..common.fingerprint import fingerprint
 from ..common.model_checks import check_count, check_seed, check_tensor_norm, check_tolerance
 from ..common.options import declared
 from ..common.run_control import FIT_EVERY_ITERATION_NNZ, run_entropy
-from ..common.run_loop import inline_when_small, run_iterations
+from ..common.run_loop import ends_or_checkpoints, inline_when_small, run_iterations
 from . import tt_steps as S
 from .options import TT_ALS
 from .tt_checkpoint import read_tt_checkpoint, write_tt_checkpoint
@@ -167,22 +167,84 @@ class TTSweeps:
             # every partition beside the state: a sketched update is one task (draws, gathers, solve)
             params["sketched_update"] = "one task" if graph.local_partitions() is not None else "partition tasks"
         self.F = c.scatter(state0, hash=False)  # scattered: a long mode's cores would bloat the graph
+        self.ahead: tuple[int, Any] | None = None  # (sweep, its state's future) submitted ahead
+        self.ended: float | None = None  # the worker's clock at the end of the last sweep read
         self.stored = self.store.stored_bytes()
         return start
 
     def iterate(self, sweep: int) -> dict:
         """One sweep: each core update a pass over the partitions, then one update task (one task in
-        all with one partition); the whole sweep is submitted before the driver reads its summary."""
-        c, graph, o, store = self.c, self.graph, self.o, self.store
+        all with one partition); the whole sweep is submitted before the driver reads its summary,
+        and where this sweep cannot end the run the next one too (:meth:`_submit_ahead`)."""
+        c, graph, store = self.c, self.graph, self.store
         threads, batch_nnz = graph.numba_threads, graph.batch_nnz
         t_sweep = time.time()
         # None: no fit evaluated before this sweep (a fresh run's first, or randomized ones before it)
         fit_old = self.fit_old = self.fit if any(h.get("fit_evaluated", True) for h in self.history) else None
-        evaluate = o.method == "exact" or (sweep + 1) % o.fit_every == 0 or sweep + 1 == o.max_sweeps
+        evaluate = self._evaluated(sweep)
+        ran_ahead = self.ahead is not None and self.ahead[0] == sweep
+        F = self.ahead[1] if ran_ahead else self._submit_sweep(self.F, sweep)
+        self.F, self.ahead = F, None
+        # before the sweep submitted ahead, which becomes ready at the same moment
+        summary = c.submit(S.summary, F, pure=False, priority=1)
+        self.ahead = self._submit_ahead(F, sweep, evaluate)
+        sm = summary.result()
+        # a sweep run ahead starts when the one before ends, maybe before the driver has read that
+        # one's summary: it is timed on the worker's clock, from that end to its own
+        ended = sm.steps[-1][3] if sm.steps else None
+        span = (self.ended, ended) if ran_ahead and self.ended is not None and ended is not None else None
+        self.ended = ended
+        t_fit = time.time()
+        fit = self.fit  # randomized, not evaluated: the fit needs an exact update; kept
+        if evaluate and self.params["fit_from"] == "residual":
+            parts = graph.partition_pass(residual_partition, F, threads, batch_nnz, reduce=add_residuals)
+            res = add_residuals(*[p.result() for p in parts])[0]
+            fit = S.residual_fit(self.normX2, res)  # every cell stored: no error off the nonzeros
+        elif evaluate:
+            fit = S.sweep_fit(self.normX2, sm.norm_sq)
+        t_fit = time.time() - t_fit
+        if not math.isfinite(fit):
+            raise DecompositionError(
+                f"sweep {sweep + 1}: the fit is {fit!r}: the values are too large or too small for float64 "
+                "products of the cores, or the initial cores hold NaN/Inf; rescale the data or use another init"
+            )
+        self.fit = fit
+        streamed = graph.execution == "streaming"
+        args = (sweep, t_sweep, sm, fit if evaluate else None, fit_old, t_fit, store.nnz, self.stored, streamed)
+        record = _sweep_record(*args, self.start_at, span)
+        self.history.append(record)
+        if evaluate:
+            relative = record["fit_change_relative"]
+            log.info(
+                "sweep %d: fit %.6g (change %.2e, relative %s), %.3f s",
+                sweep + 1,
+                fit,
+                record["fit_change"],
+                "-" if relative is None else f"{relative:.2e}",
+                record["seconds"],
+                extra={"iteration": sweep + 1},
+            )  # a field of its own in JSON logs
+        else:
+            log.info(
+                "sweep %d: fit not evaluated, %.3f s", sweep + 1, record["seconds"], extra={"iteration": sweep + 1}
+            )
+        self.evaluate = evaluate
+        return record
+
+    def _evaluated(self, sweep: int) -> bool:
+        """Whether ``sweep``'s fit is evaluated (every exact sweep; randomized: ``fit_every``, the last)."""
+        o = self.o
+        return o.method == "exact" or (sweep + 1) % o.fit_every == 0 or sweep + 1 == o.max_sweeps
+
+    def _submit_sweep(self, F: Any, sweep: int) -> Any:
+        """Submit ``sweep``'s core updates on the state ``F``; the future of the state after them."""
+        c, graph, o, store = self.c, self.graph, self.o, self.store
+        threads, batch_nnz = graph.numba_threads, graph.batch_nnz
+        evaluate = self._evaluated(sweep)
         order = S.sweep_order(store.nmodes)
         local = graph.local_partitions() if self.params.get("sketched_update") == "one task" else None
         exact_at = [o.method == "exact" or (evaluate and step == len(order) - 1) for step in range(len(order))]
-        F, begun = self.F, False
+        begun = False
         if local is None or exact_at[0]:
             F, begun = c.submit(S.begin_sweep, F, pure=False, **graph.placement), True
         fused: list[tuple[int, str, tuple]] = []  # sketched updates of one task (every partition local)
@@ -204,44 +266,23 @@ class TTSweeps:
             D = c.submit(draw_core, F, mode, o.samples, seed_k, pure=False, **graph.placement)
             parts = graph.sampled_partials(D, mode, gather)
             F = c.submit(S.update_core, F, parts, mode, direction, D, pure=False, **graph.placement)
-        self.F = F = self._fused(F, local, fused, gather, begun)
-        sm = c.submit(S.summary, F, pure=False).result()
-        t_fit = time.time()
-        fit = self.fit  # randomized, not evaluated: the fit needs an exact update; kept
-        if evaluate and self.params["fit_from"] == "residual":
-            parts = graph.partition_pass(residual_partition, F, threads, batch_nnz, reduce=add_residuals)
-            res = add_residuals(*[p.result() for p in parts])[0]
-            fit = S.residual_fit(self.normX2, res)  # every cell stored: no error off the nonzeros
-        elif evaluate:
-            fit = S.sweep_fit(self.normX2, sm.norm_sq)
-        t_fit = time.time() - t_fit
-        if not math.isfinite(fit):
-            raise DecompositionError(
-                f"sweep {sweep + 1}: the fit is {fit!r}: the values are too large or too small for float64 "
-                "products of the cores, or the initial cores hold NaN/Inf; rescale the data or use another init"
-            )
-        self.fit = fit
-        streamed = graph.execution == "streaming"
-        args = (sweep, t_sweep, sm, fit if evaluate else None, fit_old, t_fit, store.nnz, self.stored, streamed)
-        record = _sweep_record(*args, self.start_at)
-        self.history.append(record)
-        if evaluate:
-            relative = record["fit_change_relative"]
-            log.info(
-                "sweep %d: fit %.6g (change %.2e, relative %s), %.3f s",
-                sweep + 1,
-                fit,
-                record["fit_change"],
-                "-" if relative is None else f"{relative:.2e}",
-                record["seconds"],
-                extra={"iteration": sweep + 1},
-            )  # a field of its own in JSON logs
-        else:
-            log.info(
-                "sweep %d: fit not evaluated, %.3f s", sweep + 1, record["seconds"], extra={"iteration": sweep + 1}
-            )
-        self.evaluate = evaluate
-        return record
+        return self._fused(F, local, fused, gather, begun)
+
+    def _submit_ahead(self, F: Any, sweep: int, evaluate: bool) -> tuple[int, Any] | None:
+        """The next sweep, submitted before this one's summary is read, so the worker goes on
+        without waiting for the driver (a randomized sweep a few hops of 2-5 ms long on the
+        embedded cluster). Only where this sweep cannot end the run: a randomized one whose fit is
+        not evaluated (the run stops on evaluated fits only), not the last, writing no checkpoint
+        (whose cores must be this sweep's), not inline (where a submitted task runs at once). The
+        sweep's updates work on a copy of the state, so ``F`` stays this sweep's."""
+        if (
+            self.o.method != "randomized"
+            or evaluate
+            or is_inline(self.c)
+            or ends_or_checkpoints(self.run, sweep, self.max_iters)
+        ):
+            return None
+        return sweep + 1, self._submit_sweep(F, sweep + 1)
 
     def _fused(self, F: Any, local: Any, steps: list, gather: int | None, begun: bool) -> Any:
         """Submit the sketched updates ``steps`` (emptied) as one task on the state ``F`` (starting
@@ -320,10 +361,12 @@ def _sweep_record(
     stored: int,
     streamed: bool,
     start: int,
+    span: tuple[float, float] | None = None,
 ) -> dict:
-    """The history record of ``sweep`` (0-based), timed from ``t_sweep``; ``fit`` None: a sweep
-    whose fit was not evaluated (randomized, ``fit_every``), recorded without fit or change."""
-    seconds = time.time() - t_sweep
+    """The history record of ``sweep`` (0-based), timed from ``t_sweep`` (or, for a sweep run ahead,
+    over ``span`` on the worker's clock, plus the fit's seconds); ``fit`` None: a sweep whose fit
+    was not evaluated (randomized, ``fit_every``), recorded without fit or change."""
+    seconds = time.time() - t_sweep if span is None else span[1] - span[0] + fit_seconds
     contraction = [st[1] for st in sm.steps]
     update = [st[2] for st in sm.steps]
     draws = [st[4] if len(st) > 4 else 0.0 for st in sm.steps]  # a state checkpointed before draws were kept

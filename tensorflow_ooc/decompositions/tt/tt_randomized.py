@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 import numba as nb
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from ...execution.partitions import plan_partitions
 from ...execution.stream import BatchBuffers, fill_batch
@@ -34,6 +35,8 @@ from ...kernels.tt.cores import TTCores
 from ...store import Store
 
 FiberSource = Store | PartitionData | Sequence[PartitionData]
+
+_BLAS = ThreadpoolController()
 
 # Draws of at most this many walk steps (draws times chain cores) and their fiber gathers run on one
 # numba thread: a draw is a dozen parallel loops of 0.1-1 ms, each waiting for its slowest thread,
@@ -52,7 +55,7 @@ def sketch_threads(samples: int, nmodes: int, threads: int | None) -> int | None
 def load_fibers(store: Store, max_nnz: int | None = None) -> list[PartitionData]:
     """A store's nonzeros decoded into memory for repeated sketched solves: partitions of at most
     ``max_nnz`` nonzeros (one by default), each keeping the fiber index of every mode it is
-    asked for (built on first use, 24 bytes a nonzero per mode)."""
+    asked for (built on first use, 16-24 bytes a nonzero per mode)."""
     out = []
     for part in plan_partitions(store, 1, max_nnz):
         bufs = BatchBuffers(store, part.chunk_hi - part.chunk_lo)
@@ -102,14 +105,23 @@ def solve_sketched(samples: SampleSet, rhs: np.ndarray, ranks: tuple[int, int]) 
     return np.ascontiguousarray(sketched_slices(samples, rhs).reshape(rhs.shape[0], Ra, Rb).transpose(1, 0, 2))
 
 
-def sketched_slices(samples: SampleSet, rhs: np.ndarray) -> np.ndarray:
+def sketched_slices(samples: SampleSet, rhs: np.ndarray, gram_pinv: np.ndarray | None = None) -> np.ndarray:
     """:func:`solve_sketched` in the right-hand side's layout: row ``i`` (I_j, R_{j-1} R_j) is the new
-    core's slice ``i`` (what the state stores; the core's layout costs two copies of it)."""
+    core's slice ``i`` (what the state stores; the core's layout costs two copies of it).
+    ``gram_pinv``: :func:`sketched_gram_pinv` of ``samples`` where the caller formed it already."""
+    return rhs @ (sketched_gram_pinv(samples) if gram_pinv is None else gram_pinv)
+
+
+def sketched_gram_pinv(samples: SampleSet) -> np.ndarray:
+    """The pseudo-inverse of the sketched Gram ``rows^T diag(weights) rows`` (it depends on the draws
+    only, so it can be formed while their fibers are gathered)."""
     # the Gram's loop over the draws is short: one numba thread, as for the draws (2 threads took
     # 14 ms against 0.6 a nell2-shaped R 8 Gram where another process held a core)
     with numba_threads(1 if samples.coords.shape[0] <= DRAW_ONE_THREAD_STEPS else None):
-        Gp, _ = psd_pinv(samples.gram())
-    return rhs @ Gp
+        G = samples.gram()
+    with _BLAS.limit(limits=1, user_api="blas"):  # an (R^2, R^2) eigendecomposition: tiny
+        Gp, _ = psd_pinv(G)
+    return Gp
 
 
 def draw_core(state: TTCores, j: int, samples: int, seed: Sequence[int]) -> SampleSet:
@@ -130,6 +142,23 @@ def draw_core(state: TTCores, j: int, samples: int, seed: Sequence[int]) -> Samp
         out = draw_core_samples(cores, j, int(samples), rng, trees)
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def prepare_walks(state: TTCores, j: int, skip: set[int]) -> None:
+    """Build the walk structures (:meth:`CoreTree.build_walks`) of the trees in ``state.trees`` that the
+    draws for core ``j`` walk (every core of its chains but the two next to ``j``, which are drawn
+    from their slice masses), except those of the cores ``skip`` (an update about to change them).
+    Those trees depend only on their cores, so the draws are the same; built beside the gathers
+    of the update before, they are off its critical path."""
+    trees = getattr(state, "trees", None)
+    if not trees:
+        return
+    walked = [(k, "left") for k in range(j - 1)] + [(k, "right") for k in range(j + 2, state.nmodes)]
+    with numba_threads(1):
+        for key in walked:
+            tr = trees.get(key)
+            if tr is not None and key[0] not in skip:
+                tr.build_walks()
 
 
 def sketched_core(

@@ -33,7 +33,7 @@ from ...kernels.sampling.krp_sampler import SampleSet
 from ...kernels.sampling.tt_sampler import CoreTree
 from ...kernels.tt.cores import TTCores
 from ..common.model_checks import check_memory, check_seed
-from .tt_randomized import draw_core, sketched_slices
+from .tt_randomized import draw_core, prepare_walks, sketched_gram_pinv, sketched_slices
 
 INITS = ("random",)
 
@@ -41,6 +41,10 @@ _BLAS = ThreadpoolController()
 # a core's QR below this many entries runs on one BLAS thread: a tall, thin QR gains little from
 # more, and spinning BLAS threads take the cores from the numba passes (docs/EXECUTION.md)
 ONE_BLAS_THREAD_ENTRIES = 1 << 22
+# Cholesky QR (twice) for matrices of at least this many rows a column, while the first factor's
+# condition number stays below the bound (its orthogonality is then to rounding, as Householder's)
+CHOLESKY_QR_ROWS = 16
+CHOLESKY_QR_MAX_COND = 1e6
 
 
 class TTState(TTCores):
@@ -50,7 +54,7 @@ class TTState(TTCores):
 
     ``trees``: randomized TT-ALS's sampler trees by ``(core, side)``
     (:func:`~tensorflow_ooc.decompositions.tt.tt_randomized.draw_core` fills it), handed on by
-    :meth:`copy` and dropped for a core :meth:`set_core` writes: an update changes two cores, and
+    :meth:`copy` and dropped for a core :meth:`set_core` or :meth:`set_slices` writes: an update changes two cores, and
     rebuilding every other core's tree took 2-22 ms an update at R = 4-12 on nell2-shaped cores. A
     cache: not pickled (a state moved to another worker rebuilds its trees there)."""
 
@@ -60,8 +64,8 @@ class TTState(TTCores):
         self.steps: list[tuple[int, float, float, float, float]] = []
         self.trees: dict[tuple[int, str], CoreTree] = {}
 
-    def set_core(self, k: int, core: np.ndarray) -> None:
-        super().set_core(k, core)
+    def set_slices(self, k: int, slices: np.ndarray) -> None:
+        super().set_slices(k, slices)
         for key in [key for key in self.trees if key[0] == k]:
             del self.trees[key]
 
@@ -193,10 +197,17 @@ def qr_positive(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Reduced QR of a tall matrix with ``diag(R) >= 0``: unique for a full-rank ``a``, so the
     cores do not change sign with the LAPACK build.
 
-    Householder QR by LAPACK's ``dgeqrf`` and ``dorgqr`` called directly: the algorithm of
-    ``np.linalg.qr``, whose reduced form took 9.8 ms against 1.7 ms for a (73472, 8) float64
-    matrix (a nell2-shaped middle core at rank 8), one BLAS thread."""
+    A matrix of at least :data:`CHOLESKY_QR_ROWS` rows a column is factored by Cholesky QR twice
+    (:func:`_cholesky_qr2`) where its first factor's condition number is below
+    :data:`CHOLESKY_QR_MAX_COND`, else (and for any other shape) by Householder QR, LAPACK's
+    ``dgeqrf`` and ``dorgqr`` called directly: the algorithm of ``np.linalg.qr``, whose reduced
+    form took 9.8 ms against 1.7 ms for a (73472, 8) float64 matrix (a nell2-shaped middle core at
+    rank 8), one BLAS thread. Both give the one QR with a positive diagonal, to rounding."""
     m, n = a.shape
+    if m >= CHOLESKY_QR_ROWS * n and n > 0:
+        got = _cholesky_qr2(np.asarray(a, dtype=np.float64))
+        if got is not None:
+            return got
     if m < n or m == 0 or n == 0:
         q, r = np.linalg.qr(a)
     else:
@@ -209,6 +220,27 @@ def qr_positive(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             raise np.linalg.LinAlgError(f"dorgqr failed (info {info}) on a {m} x {n} matrix")
     s = np.where(np.diag(r) < 0, -1.0, 1.0)
     return q * s, r * s[:, None]
+
+
+def _cholesky_qr2(a: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Cholesky QR twice: ``R1 = chol(a^T a)``, ``Q1 = a R1^-1``, then the same of ``Q1``, ``R = R2 R1``
+    (Yamamoto et al. 2015: orthogonal to rounding while ``cond(a)`` is well below ``1/sqrt(eps)``).
+    None where the Gram is not positive definite or ``cond(R1)`` reaches :data:`CHOLESKY_QR_MAX_COND`
+    (the caller then runs Householder QR). Two products over ``a`` and two Grams: it reads a C-order
+    matrix as it is, where ``dgeqrf`` wants it in Fortran order (a copy) and ``dorgqr`` passes over
+    it once per column: 2.6 ms against 4.5 ms for a (73472, 8) matrix, one BLAS thread."""
+    try:
+        r1 = np.linalg.cholesky(a.T @ a).T
+    except np.linalg.LinAlgError:
+        return None
+    if not (np.all(np.isfinite(r1)) and np.linalg.cond(r1) < CHOLESKY_QR_MAX_COND):
+        return None
+    q = a @ np.linalg.inv(r1)
+    try:
+        r2 = np.linalg.cholesky(q.T @ q).T
+    except np.linalg.LinAlgError:
+        return None
+    return q @ np.linalg.inv(r2), r2 @ r1
 
 
 def left_orthonormalize(cores: list[np.ndarray], k: int) -> None:
@@ -230,6 +262,26 @@ def right_orthonormalize(cores: list[np.ndarray], k: int) -> None:
     cores[k] = q.T.reshape(a, i, b)
     prev = cores[k - 1]
     cores[k - 1] = (prev.reshape(-1, prev.shape[2]) @ r.T).reshape(*prev.shape[:2], r.shape[0])
+
+
+def left_orthonormal_slices(core: np.ndarray, nxt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`left_orthonormalize` on slice-major cores: ``core`` ``(I_k, R_{k-1}, R_k)`` and the next
+    one ``nxt`` ``(I_{k+1}, R_k, R_{k+1})``; the new slices of both. The QR is of the slices stacked,
+    ``(I_k R_{k-1}, R_k)``: the unfolding's rows in another order, so the same ``R`` and ``Q``'s rows
+    in that order, read without the unfolding's copy."""
+    I, Ra, Rb = core.shape
+    q, r = qr_positive(core.reshape(I * Ra, Rb))
+    if nxt.shape[2] == 1:  # one column a slice: one product (numpy's stacked products pay per slice)
+        return q.reshape(I, Ra, Rb), (nxt.reshape(nxt.shape[0], Rb) @ r.T).reshape(nxt.shape[0], r.shape[0], 1)
+    return q.reshape(I, Ra, Rb), np.matmul(r, nxt)
+
+
+def right_orthonormal_slices(prev: np.ndarray, core: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`right_orthonormalize` on slice-major cores: the previous one ``prev``
+    ``(I_{k-1}, R_{k-2}, R_{k-1})`` and ``core`` ``(I_k, R_{k-1}, R_k)``; the new slices of both."""
+    I, Ra, Rb = core.shape
+    q, r = qr_positive(core.transpose(0, 2, 1).reshape(I * Rb, Ra))  # rows (i, b) of the unfolding's transpose
+    return (prev.reshape(-1, Ra) @ r.T).reshape(*prev.shape[:2], r.shape[0]), q.reshape(I, Rb, Ra).transpose(0, 2, 1)
 
 
 def initial_cores(
@@ -279,13 +331,15 @@ def update_core(
     direction: str,
     sketch: SampleSet | None = None,
     inplace: bool = False,
+    gram_pinv: np.ndarray | None = None,
 ) -> TTState:
     """Proposition 5.2.2 for core ``mode``: sum the partitions' rows of ``Y_mode`` (the least-squares
     solution, the other cores being orthonormal), record ``||Y||^2``, then move the orthogonality on
     in the sweep's ``direction`` ("right": the core keeps ``Q`` and core ``mode + 1`` absorbs ``R``;
     "left": the core keeps the rows of ``Q^T`` and core ``mode - 1`` absorbs ``R^T``). Returns a new
     state (the input's futures stay valid), or ``s`` itself, updated, with ``inplace`` (a state no
-    future holds: a copy of every core cost 1.2-1.8 ms an update, nell2-shaped at rank 8)."""
+    future holds: a copy of every core cost 1.2-1.8 ms an update, nell2-shaped at rank 8).
+    ``gram_pinv``: the sketch's :func:`~.tt_randomized.sketched_gram_pinv` where it was formed."""
     t0 = time.perf_counter()
     parts = [parts] if isinstance(parts, Partial) else list(parts)
     Ra, I, Rb = int(s.ranks[mode]), s.shape[mode], int(s.ranks[mode + 1])
@@ -297,20 +351,17 @@ def update_core(
             # randomized TT-ALS: the parts are the sketched right-hand side; solve the sketched normal
             # equations (their Gram is I in expectation, the design being orthonormal), on one
             # BLAS thread as for the QR
-            slices = sketched_slices(sketch, slices)
+            slices = sketched_slices(sketch, slices, gram_pinv)
         out = s if inplace else s.copy()
         out.norm_sq = float(np.dot(slices.ravel(), slices.ravel()))
-        cores = {mode: slices.reshape(I, Ra, Rb).transpose(1, 0, 2)}
+        # the cores as the state keeps them, slice-major (I, R_{k-1}, R_k): no transposing copies
+        new = {mode: slices.reshape(I, Ra, Rb)}
         if direction == "right" and mode + 1 < s.nmodes:
-            pair = [cores[mode], s.core(mode + 1)]
-            left_orthonormalize(pair, 0)
-            cores.update({mode: pair[0], mode + 1: pair[1]})
+            new[mode], new[mode + 1] = left_orthonormal_slices(new[mode], s.slices[mode + 1])
         elif direction == "left" and mode > 0:
-            pair = [s.core(mode - 1), cores[mode]]
-            right_orthonormalize(pair, 1)
-            cores.update({mode - 1: pair[0], mode: pair[1]})
-    for k, c in cores.items():
-        out.set_core(k, c)
+            new[mode - 1], new[mode] = right_orthonormal_slices(s.slices[mode - 1], new[mode])
+    for k, c in new.items():
+        out.set_slices(k, c)
     draw = 0.0 if sketch is None else float(getattr(sketch, "seconds", 0.0))  # drawn in a task before this one
     out.steps.append((mode, max(float(p.seconds) for p in parts), time.perf_counter() - t0, time.time(), draw))
     return out
@@ -326,16 +377,27 @@ def sketched_update(
     threads: int,
     gather_threads: int | None,
     inplace: bool = False,
+    next_mode: int | None = None,
 ) -> TTState:
     """Randomized TT-ALS's update of core ``mode`` in one task, where the worker holding the state
     holds every decoded partition: the draws (:func:`~.tt_randomized.draw_core`), the gathers of
     all partitions at once (:func:`~tensorflow_ooc.execution.concurrent_gather.gather_partitions`)
     and :func:`update_core` (``inplace`` passed on), the same values as the three kinds of task
     they replace (a sweep of an order-3 tensor in two partitions submitted 16 tasks for its
-    updates, now 4)."""
+    updates, now 4). ``next_mode``: the core the next update draws for, if known."""
     sketch = draw_core(s, mode, samples, seed)
-    parts = gather_partitions(datas, sketch, mode, threads, gather_threads)
-    return update_core(s, parts, mode, direction, sketch, inplace)
+    changed = {mode, mode + 1} if direction == "right" else {mode - 1, mode}
+
+    def beside() -> np.ndarray:
+        # what depends on the draws or on cores this update leaves alone, while the partitions are
+        # gathered (its seconds inside theirs; where it outlasts them, the sweep's other seconds):
+        # the sketched Gram, and the walks' trees of the next update's draws
+        if next_mode is not None:
+            prepare_walks(s, next_mode, changed)
+        return sketched_gram_pinv(sketch)
+
+    parts, gram_pinv = gather_partitions(datas, sketch, mode, threads, gather_threads, beside=beside)
+    return update_core(s, parts, mode, direction, sketch, inplace, gram_pinv)
 
 
 def sketched_updates(
@@ -354,8 +416,10 @@ def sketched_updates(
     s = s.copy()  # the input is a future's; the updates then change the copy in place
     if begin:
         s = begin_sweep(s)
-    for mode, direction, seed in steps:
-        s = sketched_update(s, datas, mode, direction, samples, seed, threads, gather_threads, inplace=True)
+    # the update after the last of these: the next one of the sweep, or the next sweep's first
+    nexts = [m for m, _, _ in steps[1:]] + [sweep_order(s.nmodes)[0][0]]
+    for (mode, direction, seed), nxt in zip(steps, nexts):
+        s = sketched_update(s, datas, mode, direction, samples, seed, threads, gather_threads, True, nxt)
     return s
 
 

@@ -58,7 +58,11 @@ class TTCores:
 
     def set_core(self, k: int, core: np.ndarray) -> None:
         """Write core ``k`` from an ``(R_{k-1}, I_k, R_k)`` array."""
-        self.slices[k][...] = np.asarray(core).transpose(1, 0, 2)
+        self.set_slices(k, np.asarray(core).transpose(1, 0, 2))
+
+    def set_slices(self, k: int, slices: np.ndarray) -> None:
+        """Write core ``k`` from its slices, an ``(I_k, R_{k-1}, R_k)`` array."""
+        self.slices[k][...] = slices
 
     def cores(self) -> list[np.ndarray]:
         """Every core, as ``(R_{k-1}, I_k, R_k)`` C arrays (copies)."""
