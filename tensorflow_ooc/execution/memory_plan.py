@@ -79,7 +79,7 @@ from ..kernels.mttkrp.owned import GROUP_NNZ as OWNED_GROUP_NNZ
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
 from ..kernels.sampling.krp_sampler import tree_nbytes
 from ..kernels.update.column_scale import STAT_BLOCK_ROWS
-from .partials import SPARSE_ROWS
+from .partials import SPARSE_ROWS, SPREAD_ROWS
 from .stream import BATCH_NNZ
 
 LEAN_BATCH_NNZ = 1 << 18
@@ -286,7 +286,8 @@ def candidates(
         rows in place; it holds its local MTTKRP, the rows it owns summed with the others'
         partials, the rows it sends and receives (each at most one output), no state copy and
         no whole factors in transit. STS-CP adds the copies of owned rows its trees are built
-        from (about 1/W of the factors).
+        from (about 1/W of the factors), and every worker's copy of the rows of the last
+        sketched update of each mode, with its tree (up to W x ``SPREAD_ROWS`` rows a mode).
     memo_pairs : the caller's sweeps run as one task (exact CP-ALS): with one partition per mode
         (or owner-computes, whose worker sweeps its partitions in one task) at orders 3-5,
         in-memory executions are first tried with memoized mode pairs.
@@ -367,7 +368,9 @@ def candidates(
             else (sum(tree_nbytes(n, rank) for n in shape) if trees else 0)
             + 2 * samples * (len(shape) + rank + 1) * 8
             + (worker_nnz * 24 * len(shape) if mode == "in-memory" else 0)
-            + (-(-S // workers) if owner else 0),
+            + (-(-S // workers) if owner else 0)
+            # every worker's copy of the rows of sketched updates (their tree at most as large)
+            + (2 * sum(min(n, workers * SPREAD_ROWS) for n in shape) * rank * 8 if owner and trees else 0),
         }
         if samples and index_reads and mode == "streaming":
             # a round's fiber-index reads are not live while an exact pass (the fit's) holds its

@@ -45,7 +45,7 @@ from .cluster import scheduler_workers
 from .exchange import ExchangeAborted, ExchangePlugin, Team, abort_run, task_released
 from .fiber_reads import indexed_sampled_partial
 from .pair_tasks import PairMemo, pair_partition
-from .partials import Partial
+from .partials import SPREAD_ROWS, Partial
 from .partitions import Partition, contiguous_runs, split_nonzeros
 from .stream import BatchBuffers, fill_batch
 from .tasks import PartitionData, cached_store, combine, load_partition, mttkrp_partition, sampled_partition
@@ -258,41 +258,60 @@ class WorkerState:
         )
 
     def all_gather(
-        self, mode: int, rows: np.ndarray | SparseRows, small: np.ndarray, tag: Any
-    ) -> tuple[np.ndarray, dict]:
+        self, mode: int, rows: np.ndarray | SparseRows, small: np.ndarray, tag: Any, spread: int = 0
+    ) -> tuple[np.ndarray, dict, dict]:
         """Send every other worker ``small`` (this worker's R x R-sized terms) and the rows of
         ``rows`` (this worker's owned rows, or those of them that are not zero) it touches (sparse
         rows travel sparse: the positions of those not zero, and those rows); return every rank's
-        ``small`` (stacked in rank order) and the rows received, per rank. Nothing is written yet:
-        the caller scales them first (:meth:`set_rows`)."""
+        ``small`` (stacked in rank order), the rows received, per rank, and (``spread``) the rows
+        each rank sent beyond those: nothing is written yet, the caller scales them first
+        (:meth:`set_rows`).
+
+        ``spread`` (sparse ``rows`` of at most ``spread`` rows, 0 for none): every other worker also
+        gets this worker's other rows that are not zero, as (row numbers, rows), so every worker
+        can hold the whole updated factor's rows that are not zero (STS-CP then draws that mode
+        without asking the owners). The third result maps each other rank to what it sent beyond
+        the rows this worker touches ((row numbers, rows), or None where that rank had too many
+        rows to spread); empty without ``spread``."""
         plan = self.plans[mode]
         payloads = {}
-        if isinstance(rows, SparseRows):  # the rows not listed are zero
+        sparse = isinstance(rows, SparseRows)
+        asked = sparse and spread > 0
+        if sparse:  # the rows not listed are zero
             live = np.zeros(rows.n, dtype=bool)
             live[rows.hit] = True
             slot = np.zeros(rows.n, dtype=np.int64)
             slot[rows.hit] = np.arange(rows.hit.shape[0])
+            spread = asked and rows.hit.shape[0] <= spread
         for k in range(self.team.size):
             if k != self.team.rank:
                 pos = plan.recv_pos.get(k)
                 if pos is None:
                     pos = np.zeros(0, dtype=np.int64)
-                if isinstance(rows, SparseRows):
+                if sparse:
                     nz = np.flatnonzero(live[pos])
                     payloads[k] = [small, [nz, rows.rows[slot[pos[nz]]]]]
+                    if spread:  # the hit rows ``k`` does not touch
+                        rest = np.ones(rows.hit.shape[0], dtype=bool)
+                        rest[slot[pos[nz]]] = False
+                        payloads[k].append([plan.owned[rows.hit[rest]], rows.rows[rest]])
+                    else:
+                        payloads[k].append(None)
                 else:
                     payloads[k] = [small, rows[pos]]
         self.team.send_many(tag, payloads)
-        smalls, received = [], {}
+        smalls, received, others = [], {}, {}
         for k in range(self.team.size):
             if k == self.team.rank:
                 smalls.append(small)
             else:
-                s, r = self.team.receive(tag, k)
-                smalls.append(np.asarray(s))
+                got = self.team.receive(tag, k)
+                smalls.append(np.asarray(got[0]))
                 if k in plan.send:
-                    received[k] = r
-        return np.stack(smalls), received
+                    received[k] = got[1]
+                if asked:
+                    others[k] = got[2]
+        return np.stack(smalls), received, others
 
     def set_rows(self, mode: int, owned_rows: np.ndarray | SparseRows, received: dict, scale: np.ndarray) -> None:
         """Write this worker's updated rows and the received ones, each times ``scale``."""

@@ -31,7 +31,7 @@ from ...kernels.update.normal_equations import normal_inverse_of
 from ..common.checkpoint_files import disk_full_returned, raise_returned
 from . import updates as U
 from .checkpoint import write_checkpoint
-from .cp_owner_sampling import owner_sts_sample, start_sampler
+from .cp_owner_sampling import owner_sts_sample, spread_rows, start_sampler
 from .cp_steps import model_fit, model_norm_sq
 from .updates import _BLAS
 
@@ -128,7 +128,11 @@ def owner_iteration(
                 terms.append(np.array([float(hit.shape[0] > 0)]))  # some sampled fiber held a nonzero
             small = np.concatenate(terms)
         t_update = time.perf_counter() - t1
-        smalls, received = ws.all_gather(n, rows, small, (iteration, n, "A"))
+        # a sketched update's rows go to every worker (few: the rows its sampled fibers hit), so
+        # the next draws of this mode need no owner (docs/EXECUTION.md, "Owner-computes")
+        smalls, received, others = ws.all_gather(
+            n, rows, small, (iteration, n, "A"), spread=ws.sampler.spread_limit if sketch is not None else 0
+        )
         t2 = time.perf_counter()
         total = smalls.sum(axis=0)
         if sketch is not None and not total[-1] > 0:
@@ -147,13 +151,14 @@ def owner_iteration(
             before = ws.live.get((n, -1)) if isinstance(rows, SparseRows) else None
             changed = None if before is None else np.union1d(before, rows.hit)
             ws.set_rows(n, rows, received, scale.astype(A.dtype))
+            spread = spread_rows(ws, n, rows, received, others, scale.astype(A.dtype)) if sketch is not None else None
             outer = np.outer(scale, scale)
             ws.grams[n] = (total[R : R + R * R].reshape(R, R) * outer).astype(A.dtype)
             ws.weights = weights
             if last:
                 inner = total[R + R * R : R + R * R + R] * scale if Mx is not None else np.full(R, np.nan)
             if sketch is not None:
-                ws.sampler.refresh(ws, n, smalls[:, R : R + R * R].reshape(-1, R, R) * outer, changed)
+                ws.sampler.refresh(ws, n, smalls[:, R : R + R * R].reshape(-1, R, R) * outer, changed, spread)
         t_update += time.perf_counter() - t2
         timings[n] = (t_mttkrp, t_update)
         finished[n] = time.time()
