@@ -356,15 +356,16 @@ def _check_draws(client, factors, shape, engine, J, seed_of, spread_limit=None):
     return spread
 
 
-@pytest.mark.parametrize("spread_limit", [0, 2, None])
+@pytest.mark.parametrize("spread_limit", [0, "mixed", None])
 @pytest.mark.parametrize(
     "shape, rank, cluster",
     [((9, 7, 8), 4, "three_workers"), ((5, 4, 6, 4), 6, "two_workers"), ((4, 3, 4, 3, 4), 3, "two_workers")],
 )
 def test_distributed_sts_draws_follow_exact_leverage_scores(request, shape, rank, cluster, spread_limit):
     """Draws asked of the rows' owners (``spread_limit`` 0), drawn through every worker's copy of
-    the rows (None: the default limit, which these factors are under), or both (2: the modes
-    whose owners each hold at most 2 rows are spread) follow the exact leverage scores."""
+    the rows (None: the default limit, which these factors are under), or both ("mixed": the
+    modes whose owners each hold at most as many rows as those of the mode with the fewest are
+    spread) follow the exact leverage scores."""
     client = request.getfixturevalue(cluster)
     rng = np.random.default_rng(4000 + len(shape))  # fixed: a statistical test
     # every cell a nonzero, so every row has an owner; rows are owned by several workers per mode
@@ -388,12 +389,15 @@ def test_distributed_sts_draws_follow_exact_leverage_scores(request, shape, rank
     try:
         owners = [sum(len(engine.plan.owned[w][n]) > 0 for w in range(W)) for n in range(len(shape))]
         assert max(owners) >= 2, owners  # a mode's rows really are spread over several owners
+        most = [max(len(engine.plan.owned[w][n]) for w in range(W)) for n in range(len(shape))]
+        if spread_limit == "mixed":
+            spread_limit = min(most)
         spread = _check_draws(client, factors, shape, engine, 100_000, lambda mode: (7, 1, mode), spread_limit)
         held = engine.each(_nonzero_owned)
         limit = 1 << 62 if spread_limit is None else spread_limit
         want = {m for m in range(len(shape)) if max(h[m] for h in held) <= limit}
         assert all(s == want for s in spread), (spread, want)
-        if spread_limit == 2:
+        if spread_limit == min(most) and max(most) > min(most):
             assert 0 < len(want) < len(shape), want  # both ways in one draw
     finally:
         engine.release()
@@ -452,6 +456,15 @@ def _trees_as_built(ws):
 def _spread_of(ws):
     """Per mode: the spread rows (row numbers, rows) this worker draws from, or None."""
     return [(s.ids, s.rows) if (s := ws.sampler.spread.get(m)) is not None else None for m in range(ws.nmodes)]
+
+
+def _held_rows(ws):
+    """Per mode, the rows this worker owns or touches (row numbers) and their values here."""
+    out = []
+    for m, plan in enumerate(ws.plans):
+        ids = np.union1d(plan.owned, np.concatenate([plan.owned[:0], *plan.send.values()]))
+        out.append((ids, ws.factors.views[m][ids]))
+    return out
 
 
 def _sketched_engine(client, tmp_path, shape, nnz, rank=4):
@@ -525,6 +538,9 @@ def test_sts_on_workers_spread_the_rows_of_sketched_updates(two_workers, tmp_pat
                     np.testing.assert_array_equal(s[m][0], nz)
                     np.testing.assert_array_equal(s[m][1], factors[m][nz])
             assert all(all(ok) for ok in engine.each(_trees_as_built)), it
+            for held in engine.each(_held_rows):  # every row a worker's kernels read is current
+                for m in range(nmodes):
+                    np.testing.assert_array_equal(held[m][1], factors[m][held[m][0]])
         assert any(s is not None for s in spreads[0])
         seed = int(np.random.default_rng().integers(1 << 30))
         print("draw seed =", seed)

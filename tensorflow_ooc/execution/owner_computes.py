@@ -45,7 +45,7 @@ from .cluster import scheduler_workers
 from .exchange import ExchangeAborted, ExchangePlugin, Team, abort_run, task_released
 from .fiber_reads import indexed_sampled_partial
 from .pair_tasks import PairMemo, pair_partition
-from .partials import SPREAD_ROWS, Partial
+from .partials import Partial
 from .partitions import Partition, contiguous_runs, split_nonzeros
 from .stream import BatchBuffers, fill_batch
 from .tasks import PartitionData, cached_store, combine, load_partition, mttkrp_partition, sampled_partition
@@ -214,6 +214,51 @@ class WorkerState:
         positions = [np.searchsorted(plan.owned, np.asarray(g[0])) for g in got]
         values = [np.asarray(g[1], dtype=self.factors.dtype).reshape(-1, rows.shape[1]) for g in got]
         return owner_sums(positions, values, int(plan.owned.shape[0]))
+
+    def sum_everywhere(self, mode: int, partial: Partial, tag: Any, limit: int) -> SparseRows | None:
+        """Every worker's rows of ``partial`` that are not zero, summed in rank order, on every
+        worker alike, as :class:`SparseRows` over all of the mode's rows (``hit`` are row numbers):
+        each worker sends them all to every other one (one message round, no owners), where each
+        has at most ``limit`` of them; None where some worker had more (it sent only that: the
+        caller then sends the rows to their owners)."""
+        if partial.index is not None:
+            ids, rows = partial.index, partial.rows
+        else:
+            live = nonzero_rows(partial.rows)
+            ids, rows = live + partial.lo, partial.rows[live]
+        W, me, R = self.team.size, self.team.rank, self.factors.rank
+        mine = [ids, rows] if ids.shape[0] <= limit else None
+        self.team.send_many(tag, {k: mine for k in range(W) if k != me})
+        got = [mine if k == me else self.team.receive(tag, k) for k in range(W)]
+        if any(g is None for g in got):
+            return None
+        positions = [np.asarray(g[0], dtype=np.int64) for g in got]
+        values = [np.asarray(g[1], dtype=self.factors.dtype).reshape(-1, R) for g in got]
+        return owner_sums(positions, values, int(self.factors.shape[mode]))
+
+    def set_rows_everywhere(self, mode: int, ids: np.ndarray, rows: np.ndarray, scale: np.ndarray) -> None:
+        """Write the mode's new rows that are not zero, ``rows`` (numbered ``ids``, sorted; every
+        worker has all of them, :meth:`sum_everywhere`) times ``scale``, where this worker holds
+        them (the rows it owns or touches); the rows that were not zero before are zeroed. Keeps
+        the record :meth:`set_rows` keeps of the rows not zero."""
+        plan, view = self.plans[mode], self.factors.views[mode]
+        before = self.live.get((mode, -1))
+        if before is None and plan.span is not None:
+            view[plan.span[0] : plan.span[1]] = 0
+        else:
+            view[plan.owned if before is None else plan.owned[before]] = 0
+        for k, theirs in plan.send.items():
+            before = self.live.get((mode, k))
+            view[theirs if before is None else theirs[before]] = 0
+        for k, held in [(-1, plan.owned)] + list(plan.send.items()):
+            at = np.minimum(np.searchsorted(held, ids), max(held.shape[0] - 1, 0))
+            found = np.flatnonzero(held[at] == ids) if held.shape[0] else at[:0]
+            view[ids[found]] = rows[found] * scale
+            self.live[(mode, k)] = at[found]
+        if self.device == "gpu":  # the GPU kernels' copy of the factors is uploaded again
+            from .device_stream import forget_device_factors
+
+            forget_device_factors(self.factors)
 
     def reduce_scatter(self, mode: int, partial: Partial, tag: Any, sparse: bool = False) -> np.ndarray:
         """Send each owner the rows of ``partial`` it owns; return the rows this worker owns,
