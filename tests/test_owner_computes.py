@@ -350,21 +350,75 @@ def test_a_released_task_stops_waiting_for_its_peer(two_workers):
 # ---------------------------------------------------------------- STS-CP across the workers -------
 
 
-def _draw_step(ws, previous, mode, J, seed):
-    """An iteration step that only draws: the distributed sampler's SampleSet on this worker."""
+def _draw_step(ws, previous, mode, J, seed, spread_limit=None):
+    """An iteration step that only draws: the distributed sampler's SampleSet on this worker (a
+    sampler started with ``spread_limit`` where given or none is kept) and the modes it drew
+    through the spread rows."""
     if ws.sampler is None:
-        ws.sampler = start_sampler(ws, ("sampler",))
-    S = owner_sts_sample(ws, mode, J, seed, ("draw", mode))
-    return {"coords": S.coords, "counts": S.counts, "probs": S.probs, "rows": S.rows, "weights": S.weights}
+        ws.sampler = start_sampler(ws, ("sampler",), *([] if spread_limit is None else [spread_limit]))
+    S = owner_sts_sample(ws, mode, J, seed, ("draw", mode, seed))
+    return {
+        "coords": S.coords,
+        "counts": S.counts,
+        "probs": S.probs,
+        "rows": S.rows,
+        "weights": S.weights,
+        "spread": np.array(sorted(ws.sampler.spread)),
+    }
 
 
+def _start_step(ws, previous, spread_limit):
+    """An iteration step that starts the distributed sampler with ``spread_limit``."""
+    ws.sampler = start_sampler(ws, ("sampler",), spread_limit)
+    return {"stop": False, "fit": float("nan")}
+
+
+def _nonzero_owned(ws):
+    """Per mode, the rows that are not zero among those this worker owns."""
+    return [int(np.count_nonzero(ws.owned_rows(m)[1].any(axis=1))) for m in range(ws.nmodes)]
+
+
+def _check_draws(client, factors, shape, engine, J, seed_of, spread_limit=None):
+    """Draws of every mode through ``engine``'s sampler, against the exact leverage scores of
+    ``factors``: every worker holds the same set, its rows and probabilities are exact, and the
+    counts pass a chi-square test. Returns the modes each mode's draws read spread."""
+    from scipy.stats import chisquare
+
+    spread = []
+    for mode in range(len(shape)):
+        got = engine.iterate(_draw_step, (mode, J, seed_of(mode), spread_limit))
+        for g in got[1:]:  # every worker holds the same sample set
+            for key in got[0]:
+                np.testing.assert_array_equal(g[key], got[0][key])
+        s = got[0]
+        spread.append(set(s["spread"].tolist()))
+        A, _ = explicit_krp(factors, mode)
+        ks = [k for k in range(len(shape)) if k != mode]
+        cells = np.ravel_multi_index(tuple(s["coords"][:, ks].T), [shape[k] for k in ks])
+        assert s["counts"].sum() == J and (s["coords"][:, mode] == 0).all()
+        lev = exact_leverage(A)
+        np.testing.assert_allclose(s["probs"], lev[cells], rtol=1e-8)
+        np.testing.assert_allclose(s["rows"], A[cells], rtol=1e-12)
+        counts = np.bincount(cells, weights=s["counts"], minlength=A.shape[0])
+        expected = lev * J
+        big = expected >= 5
+        obs, exp = counts[big], expected[big]
+        if not big.all():  # cells expecting fewer than 5 draws, merged
+            obs, exp = np.append(obs, counts[~big].sum()), np.append(exp, expected[~big].sum())
+        assert chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3, (shape, mode)
+    return spread
+
+
+@pytest.mark.parametrize("spread_limit", [0, "mixed", None])
 @pytest.mark.parametrize(
     "shape, rank, cluster",
     [((9, 7, 8), 4, "three_workers"), ((5, 4, 6, 4), 6, "two_workers"), ((4, 3, 4, 3, 4), 3, "two_workers")],
 )
-def test_distributed_sts_draws_follow_exact_leverage_scores(request, shape, rank, cluster):
-    from scipy.stats import chisquare
-
+def test_distributed_sts_draws_follow_exact_leverage_scores(request, shape, rank, cluster, spread_limit):
+    """Draws asked of the rows' owners (``spread_limit`` 0), drawn through every worker's copy of
+    the rows (None: the default limit, which these factors are under), or both ("mixed": the
+    modes whose owners each hold at most as many rows as those of the mode with the fewest are
+    spread) follow the exact leverage scores."""
     client = request.getfixturevalue(cluster)
     rng = np.random.default_rng(4000 + len(shape))  # fixed: a statistical test
     # every cell a nonzero, so every row has an owner; rows are owned by several workers per mode
@@ -388,27 +442,16 @@ def test_distributed_sts_draws_follow_exact_leverage_scores(request, shape, rank
     try:
         owners = [sum(len(engine.plan.owned[w][n]) > 0 for w in range(W)) for n in range(len(shape))]
         assert max(owners) >= 2, owners  # a mode's rows really are spread over several owners
-        J = 100_000
-        for mode in range(len(shape)):
-            got = engine.iterate(_draw_step, (mode, J, (7, 1, mode)))
-            for g in got[1:]:  # every worker holds the same sample set
-                for key in got[0]:
-                    np.testing.assert_array_equal(g[key], got[0][key])
-            s = got[0]
-            A, _ = explicit_krp(factors, mode)
-            ks = [k for k in range(len(shape)) if k != mode]
-            cells = np.ravel_multi_index(tuple(s["coords"][:, ks].T), [shape[k] for k in ks])
-            assert s["counts"].sum() == J and (s["coords"][:, mode] == 0).all()
-            lev = exact_leverage(A)
-            np.testing.assert_allclose(s["probs"], lev[cells], rtol=1e-8)
-            np.testing.assert_allclose(s["rows"], A[cells], rtol=1e-12)
-            counts = np.bincount(cells, weights=s["counts"], minlength=A.shape[0])
-            expected = lev * J
-            big = expected >= 5
-            obs, exp = counts[big], expected[big]
-            if not big.all():  # cells expecting fewer than 5 draws, merged
-                obs, exp = np.append(obs, counts[~big].sum()), np.append(exp, expected[~big].sum())
-            assert chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3, (shape, mode)
+        most = [max(len(engine.plan.owned[w][n]) for w in range(W)) for n in range(len(shape))]
+        if spread_limit == "mixed":
+            spread_limit = min(most)
+        spread = _check_draws(client, factors, shape, engine, 100_000, lambda mode: (7, 1, mode), spread_limit)
+        held = engine.each(_nonzero_owned)
+        limit = 1 << 62 if spread_limit is None else spread_limit
+        want = {m for m in range(len(shape)) if max(h[m] for h in held) <= limit}
+        assert all(s == want for s in spread), (spread, want)
+        if spread_limit == min(most) and max(most) > min(most):
+            assert 0 < len(want) < len(shape), want  # both ways in one draw
     finally:
         engine.release()
 
@@ -449,46 +492,112 @@ def test_sts_streaming_and_resume_draw_what_the_straight_run_drew(three_workers,
 
 
 def _trees_as_built(ws):
-    """Per mode: whether this worker's tree equals a fresh build over its owned rows bitwise."""
+    """Per mode: whether this worker's tree equals a fresh build over its owned rows bitwise (or
+    the mode is drawn through its spread rows, which equal the factor's rows that are not zero)."""
     from tensorflow_ooc.kernels.sampling.krp_sampler import build_tree
 
     out = []
     for mode, tree in enumerate(ws.sampler.trees):
+        if mode in ws.sampler.spread:
+            out.append(mode in ws.sampler.stale)
+            continue
         rows = np.ascontiguousarray(ws.owned_rows(mode)[1], dtype=np.float64)
         out.append(tree is None or np.array_equal(tree.grams, build_tree(rows).grams))
     return out
 
 
-def test_sts_on_workers_update_their_trees_over_the_changed_rows_only(two_workers, tmp_path):
-    """After sketched updates (which change the rows their draws hit and those the update before
-    hit), each worker's trees, brought up to date over those rows only, equal fresh builds over
-    its owned rows bitwise, in every mode."""
-    from tensorflow_ooc.decompositions.cp.cp_owner import owner_iteration
+def _spread_of(ws):
+    """Per mode: the spread rows (row numbers, rows) this worker draws from, or None."""
+    return [(s.ids, s.rows) if (s := ws.sampler.spread.get(m)) is not None else None for m in range(ws.nmodes)]
 
+
+def _held_rows(ws):
+    """Per mode, the rows this worker owns or touches (row numbers) and their values here."""
+    out = []
+    for m, plan in enumerate(ws.plans):
+        ids = np.union1d(plan.owned, np.concatenate([plan.owned[:0], *plan.send.values()]))
+        out.append((ids, ws.factors.views[m][ids]))
+    return out
+
+
+def _sketched_engine(client, tmp_path, shape, nnz, rank=4):
     rng = np.random.default_rng(int(np.random.default_rng().integers(1 << 30)))
-    shape = (400, 300, 350)
-    coords = np.unique(np.stack([rng.integers(0, s, 6000) for s in shape], axis=1), axis=0)
+    coords = np.unique(np.stack([rng.integers(0, s, nnz) for s in shape], axis=1), axis=0)
     store = tfo.convert((coords, rng.random(len(coords)) + 0.5), tmp_path / "s.zarr", shape=shape, chunk_nnz=512)
-    factors = [rng.random((s, 4)) for s in shape]
-    addresses = list(two_workers.scheduler_info()["workers"])
+    factors = [rng.random((s, rank)) for s in shape]
+    addresses = list(client.scheduler_info()["workers"])
     engine = OwnerComputes(
-        two_workers,
+        client,
         store.path,
-        split_nonzeros(store, 2),
+        split_nonzeros(store, len(addresses)),
         in_memory=True,
         init=StackedFactors.from_list,
         init_args=(factors, "float64"),
-        nmodes=3,
+        nmodes=len(shape),
         threads={a: 1 for a in addresses},
         batch_nnz=1 << 16,
         max_private_bytes=1 << 26,
     )
+    return engine, float(store.meta["norm_sq"])
+
+
+def test_sts_on_workers_update_their_trees_over_the_changed_rows_only(two_workers, tmp_path):
+    """After sketched updates (which change the rows their draws hit and those the update before
+    hit), each worker's trees, brought up to date over those rows only, equal fresh builds over
+    its owned rows bitwise, in every mode (the rows not spread: every draw asks the owners)."""
+    from tensorflow_ooc.decompositions.cp.cp_owner import owner_iteration
+
+    engine, normX2 = _sketched_engine(two_workers, tmp_path, (400, 300, 350), 6000)
     try:
-        normX2 = float(store.meta["norm_sq"])
         engine.iterate(owner_iteration, (0, True, normX2, 0.0, None))  # the exact warm-up
+        engine.iterate(_start_step, (0,))
         for it in range(1, 5):  # 200 draws hit a few hundred rows of each mode
             engine.iterate(owner_iteration, (it, False, normX2, 0.0, (200, 12345, it == 4)))
             assert all(all(ok) for ok in engine.each(_trees_as_built)), it
+            assert not any(any(s is not None for s in spread) for spread in engine.each(_spread_of))
+    finally:
+        engine.release()
+
+
+@pytest.mark.parametrize("nmodes", [3, 4])
+def test_sts_on_workers_spread_the_rows_of_sketched_updates(two_workers, tmp_path, nmodes):
+    """Under the spread limit a sketched update's rows reach every worker: each then holds, per
+    mode, exactly the factor's rows that are not zero (gathered from their owners), bitwise and
+    the same on every worker; the draws through them (modes over the limit still asking their
+    owners) follow the exact leverage scores of the factors."""
+    from tensorflow_ooc.decompositions.cp.cp_owner import owner_iteration
+
+    shape = (400, 300, 350) if nmodes == 3 else (90, 80, 70, 6)
+    engine, normX2 = _sketched_engine(two_workers, tmp_path, shape, 6000)
+    try:
+        engine.iterate(owner_iteration, (0, True, normX2, 0.0, None))  # the exact warm-up: dense
+        # owners hold 100-200 rows of each mode (order 3; order 4: 3-45): after the warm-up, only
+        # short modes and those of sketched updates are spread
+        limit = 40
+        engine.iterate(_start_step, (limit,))
+        # the first sketched iteration draws some modes through their owners, some spread
+        assert any(s is None for s in engine.each(_spread_of)[0])
+        for it in range(1, 4):
+            engine.iterate(owner_iteration, (it, False, normX2, 0.0, (200, 777, it == 3)))
+            factors = [engine.factor(m, shape, 4, "float64") for m in range(nmodes)]
+            spreads = engine.each(_spread_of)
+            held = engine.each(_nonzero_owned)
+            for m in range(nmodes):
+                nz = np.flatnonzero(factors[m].any(axis=1))
+                if max(h[m] for h in held) > limit:
+                    assert all(s[m] is None for s in spreads)
+                    continue
+                for s in spreads:
+                    np.testing.assert_array_equal(s[m][0], nz)
+                    np.testing.assert_array_equal(s[m][1], factors[m][nz])
+            assert all(all(ok) for ok in engine.each(_trees_as_built)), it
+            for held in engine.each(_held_rows):  # every row a worker's kernels read is current
+                for m in range(nmodes):
+                    np.testing.assert_array_equal(held[m][1], factors[m][held[m][0]])
+        assert any(s is not None for s in spreads[0])
+        seed = int(np.random.default_rng().integers(1 << 30))
+        print("draw seed =", seed)
+        _check_draws(two_workers, factors, shape, engine, 50_000, lambda mode: (seed, 9, mode))
     finally:
         engine.release()
 

@@ -80,7 +80,7 @@ from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
 from ..kernels.sampling.fiber_gather import fiber_index_bytes
 from ..kernels.sampling.krp_sampler import tree_nbytes
 from ..kernels.update.column_scale import STAT_BLOCK_ROWS
-from .partials import SPARSE_ROWS
+from .partials import SPARSE_ROWS, SPREAD_ROWS
 from .stream import BATCH_NNZ
 
 LEAN_BATCH_NNZ = 1 << 18
@@ -287,7 +287,8 @@ def candidates(
         rows in place; it holds its local MTTKRP, the rows it owns summed with the others'
         partials, the rows it sends and receives (each at most one output), no state copy and
         no whole factors in transit. STS-CP adds the copies of owned rows its trees are built
-        from (about 1/W of the factors).
+        from (about 1/W of the factors), and every worker's copy of the rows of the last
+        sketched update of each mode, with its tree (up to W x ``SPREAD_ROWS`` rows a mode).
     memo_pairs : the caller's sweeps run as one task (exact CP-ALS): with one partition per mode
         (or owner-computes, whose worker sweeps its partitions in one task) at orders 3-5,
         in-memory executions are first tried with memoized mode pairs.
@@ -372,7 +373,9 @@ def candidates(
                 if mode == "in-memory"
                 else 0
             )
-            + (-(-S // workers) if owner else 0),
+            + (-(-S // workers) if owner else 0)
+            # every worker's copy of the rows of sketched updates (their tree at most as large)
+            + (2 * sum(min(n, workers * SPREAD_ROWS) for n in shape) * rank * 8 if owner and trees else 0),
         }
         if samples and index_reads and mode == "streaming":
             # a round's fiber-index reads are not live while an exact pass (the fit's) holds its

@@ -244,6 +244,48 @@ class WorkerState:
         values = [np.asarray(g[1], dtype=self.factors.dtype).reshape(-1, rows.shape[1]) for g in got]
         return owner_sums(positions, values, int(plan.owned.shape[0]))
 
+    def sum_everywhere(self, mode: int, partial: Partial, tag: Any, limit: int) -> SparseRows | None:
+        """Every worker's rows of ``partial`` that are not zero, summed in rank order, on every
+        worker alike, as :class:`SparseRows` over all of the mode's rows (``hit`` are row numbers):
+        each worker sends them all to every other one (one message round, no owners), where each
+        has at most ``limit`` of them; None where some worker had more (it sent only that: the
+        caller then sends the rows to their owners)."""
+        if partial.index is not None:
+            ids, rows = partial.index, partial.rows
+        else:
+            live = nonzero_rows(partial.rows)
+            ids, rows = live + partial.lo, partial.rows[live]
+        W, me, R = self.team.size, self.team.rank, self.factors.rank
+        mine = [ids, rows] if ids.shape[0] <= limit else None
+        self.team.send_many(tag, {k: mine for k in range(W) if k != me})
+        got = [mine if k == me else self.team.receive(tag, k) for k in range(W)]
+        if any(g is None for g in got):
+            return None
+        positions = [np.asarray(g[0], dtype=np.int64) for g in got]
+        values = [np.asarray(g[1], dtype=self.factors.dtype).reshape(-1, R) for g in got]
+        return owner_sums(positions, values, int(self.factors.shape[mode]))
+
+    def set_rows_everywhere(self, mode: int, ids: np.ndarray, rows: np.ndarray, scale: np.ndarray) -> None:
+        """Write the mode's new rows that are not zero, ``rows`` (numbered ``ids``, sorted; every
+        worker has all of them, :meth:`sum_everywhere`) times ``scale``, where this worker holds
+        them (the rows it owns or touches); the rows that were not zero before are zeroed. Keeps
+        the record :meth:`set_rows` keeps of the rows not zero."""
+        plan, view = self.plans[mode], self.factors.views[mode]
+        before = self.live.get((mode, -1))
+        if before is None and plan.span is not None:
+            view[plan.span[0] : plan.span[1]] = 0
+        else:
+            view[plan.owned if before is None else plan.owned[before]] = 0
+        for k, theirs in plan.send.items():
+            before = self.live.get((mode, k))
+            view[theirs if before is None else theirs[before]] = 0
+        for k, held in [(-1, plan.owned)] + list(plan.send.items()):
+            at = np.minimum(np.searchsorted(held, ids), max(held.shape[0] - 1, 0))
+            found = np.flatnonzero(held[at] == ids) if held.shape[0] else at[:0]
+            view[ids[found]] = rows[found] * scale
+            self.live[(mode, k)] = at[found]
+        self.factors_written()
+
     def reduce_scatter(self, mode: int, partial: Partial, tag: Any, sparse: bool = False) -> np.ndarray:
         """Send each owner the rows of ``partial`` it owns; return the rows this worker owns,
         summed over every worker's partial in rank order (``len(owned) x R``). With ``sparse``
@@ -287,41 +329,60 @@ class WorkerState:
         )
 
     def all_gather(
-        self, mode: int, rows: np.ndarray | SparseRows, small: np.ndarray, tag: Any
-    ) -> tuple[np.ndarray, dict]:
+        self, mode: int, rows: np.ndarray | SparseRows, small: np.ndarray, tag: Any, spread: int = 0
+    ) -> tuple[np.ndarray, dict, dict]:
         """Send every other worker ``small`` (this worker's R x R-sized terms) and the rows of
         ``rows`` (this worker's owned rows, or those of them that are not zero) it touches (sparse
         rows travel sparse: the positions of those not zero, and those rows); return every rank's
-        ``small`` (stacked in rank order) and the rows received, per rank. Nothing is written yet:
-        the caller scales them first (:meth:`set_rows`)."""
+        ``small`` (stacked in rank order), the rows received, per rank, and (``spread``) the rows
+        each rank sent beyond those: nothing is written yet, the caller scales them first
+        (:meth:`set_rows`).
+
+        ``spread`` (sparse ``rows`` of at most ``spread`` rows, 0 for none): every other worker also
+        gets this worker's other rows that are not zero, as (row numbers, rows), so every worker
+        can hold the whole updated factor's rows that are not zero (STS-CP then draws that mode
+        without asking the owners). The third result maps each other rank to what it sent beyond
+        the rows this worker touches ((row numbers, rows), or None where that rank had too many
+        rows to spread); empty without ``spread``."""
         plan = self.plans[mode]
         payloads = {}
-        if isinstance(rows, SparseRows):  # the rows not listed are zero
+        sparse = isinstance(rows, SparseRows)
+        asked = sparse and spread > 0
+        if sparse:  # the rows not listed are zero
             live = np.zeros(rows.n, dtype=bool)
             live[rows.hit] = True
             slot = np.zeros(rows.n, dtype=np.int64)
             slot[rows.hit] = np.arange(rows.hit.shape[0])
+            spread = asked and rows.hit.shape[0] <= spread
         for k in range(self.team.size):
             if k != self.team.rank:
                 pos = plan.recv_pos.get(k)
                 if pos is None:
                     pos = np.zeros(0, dtype=np.int64)
-                if isinstance(rows, SparseRows):
+                if sparse:
                     nz = np.flatnonzero(live[pos])
                     payloads[k] = [small, [nz, rows.rows[slot[pos[nz]]]]]
+                    if spread:  # the hit rows ``k`` does not touch
+                        rest = np.ones(rows.hit.shape[0], dtype=bool)
+                        rest[slot[pos[nz]]] = False
+                        payloads[k].append([plan.owned[rows.hit[rest]], rows.rows[rest]])
+                    else:
+                        payloads[k].append(None)
                 else:
                     payloads[k] = [small, rows[pos]]
         self.team.send_many(tag, payloads)
-        smalls, received = [], {}
+        smalls, received, others = [], {}, {}
         for k in range(self.team.size):
             if k == self.team.rank:
                 smalls.append(small)
             else:
-                s, r = self.team.receive(tag, k)
-                smalls.append(np.asarray(s))
+                got = self.team.receive(tag, k)
+                smalls.append(np.asarray(got[0]))
                 if k in plan.send:
-                    received[k] = r
-        return np.stack(smalls), received
+                    received[k] = got[1]
+                if asked:
+                    others[k] = got[2]
+        return np.stack(smalls), received, others
 
     def exchange_partials(
         self, mode: int, partial: Partial, small: np.ndarray, tag: Any

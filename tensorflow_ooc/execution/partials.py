@@ -48,6 +48,12 @@ class Partial:
 #: mode's rows: the update then solves, normalizes and sums the Gram over those rows alone
 SPARSE_ROWS = 4
 
+#: owner-computes STS-CP: a sketched update's rows (those not zero) that an owner sends every
+#: worker at most, so each holds the whole factor's rows that are not zero and draws that mode
+#: without asking the owners (``spread`` in ``owner_computes.WorkerState.all_gather``); beyond,
+#: only the rows each worker touches travel
+SPREAD_ROWS = 1 << 16
+
 
 def sparse_sum(parts: list[Partial]) -> tuple[np.ndarray, np.ndarray]:
     """The sum of sparse partials as (sorted distinct rows, their rows), each row added in the

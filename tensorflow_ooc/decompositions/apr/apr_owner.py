@@ -272,7 +272,7 @@ def _mu_mode(ws: WorkerState, md: AprRows, n: int, iteration: int, cfg: AprConfi
         tally.converged = False
         B *= phi
         view[mine] = B
-        smalls, received = ws.all_gather(n, B, np.abs(B).sum(axis=0), (iteration, n, i, "B"))
+        smalls, received, _ = ws.all_gather(n, B, np.abs(B).sum(axis=0), (iteration, n, i, "B"))
         tally.lower[n] += _row_bytes(shared_in, R)
         for k, rows in received.items():
             view[plan.send[k]] = rows

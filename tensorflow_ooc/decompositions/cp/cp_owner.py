@@ -18,6 +18,10 @@ every worker touches a mode whole and takes its terms itself). A row solved
 on two workers is the same sum (two partials add alike in either order) times the same ``V^+``,
 equal to the owner's up to the rounding of the GEMM it falls in.
 
+STS-CP's sketched updates that hit few rows skip the owners: every worker sums every worker's
+rows and solves them all (:meth:`~tensorflow_ooc.execution.owner_computes.WorkerState.sum_everywhere`),
+steps 2-4 in one message round, and keeps them for its draws (docs/EXECUTION.md, "Owner-computes").
+
 Every worker gets the same all-reduced terms (summed in rank order), so the normalized rows a
 worker receives equal its owner's to the bit. The Gram of the normalized factor is the all-reduced
 unnormalized Gram scaled by the weights: equal to one worker's ``A^T A`` up to rounding (1e-16
@@ -40,7 +44,7 @@ from ..common.checkpoint_files import disk_full_returned, raise_returned
 from . import updates as U
 from .checkpoint import write_checkpoint
 from .cp_owner_one_round import Deferred, one_round_mode, rounds_carry
-from .cp_owner_sampling import owner_sts_sample, start_sampler
+from .cp_owner_sampling import owner_sts_sample, spread_of, spread_rows, start_sampler
 from .cp_steps import model_fit, model_norm_sq
 from .updates import _BLAS
 
@@ -113,8 +117,16 @@ def owner_iteration(
             if P.reads:
                 reads[n] = P.reads
         t_mttkrp = time.perf_counter() - t0
-        # the owned rows, summed over workers (a sampled MTTKRP's rows travel sparse)
-        if sketch is not None and n in ws.index_modes:
+        # a sketched update hitting few rows: every worker sums every worker's rows and solves
+        # them all, the same everywhere (one message round instead of two, and every worker then
+        # holds the mode's rows that are not zero for its draws)
+        whole = None
+        if sketch is not None and ws.sampler.spread_limit > 0:
+            whole = ws.sum_everywhere(n, P, (iteration, n, "W"), ws.sampler.spread_limit)
+        # else the owned rows, summed over workers (a sampled MTTKRP's rows travel sparse)
+        if whole is not None:
+            M = whole
+        elif sketch is not None and n in ws.index_modes:
             M = ws.scatter_to_owners(n, P, (iteration, n, "M"))
         else:
             M = ws.reduce_scatter(n, P, (iteration, n, "M"), sparse=sketch is not None)
@@ -150,11 +162,18 @@ def owner_iteration(
                 terms.append(inner_M if last else 0 * stat)
             else:
                 if last and Mx is not None:  # the new factor's terms, and a kept one's
-                    terms += [np.einsum("ir,ir->r", A, Mx[hit]), np.einsum("ir,ir->r", ws.owned_rows(n)[1], Mx)]
+                    terms += _fit_terms(ws, n, hit, A, Mx, whole is not None, (iteration, n, "I"))
                 terms.append(np.array([float(hit.shape[0] > 0)]))  # some sampled fiber held a nonzero
             small = np.concatenate(terms)
         t_update = time.perf_counter() - t1
-        smalls, received = ws.all_gather(n, rows, small, (iteration, n, "A"))
+        # a sketched update's rows go to every worker (few: the rows its sampled fibers hit), so
+        # the next draws of this mode need no owner (docs/EXECUTION.md, "Owner-computes")
+        if whole is not None:  # every worker has every term already
+            smalls, received, others = small[None], {}, {}
+        else:
+            smalls, received, others = ws.all_gather(
+                n, rows, small, (iteration, n, "A"), spread=ws.sampler.spread_limit if sketch is not None else 0
+            )
         t2 = time.perf_counter()
         total = smalls.sum(axis=0)
         if sketch is not None and not total[-1] > 0:
@@ -172,14 +191,21 @@ def owner_iteration(
             # the owned rows a sketched update changes: those it hits and those the one before hit
             before = ws.live.get((n, -1)) if isinstance(rows, SparseRows) else None
             changed = None if before is None else np.union1d(before, rows.hit)
-            ws.set_rows(n, rows, received, scale.astype(A.dtype))
+            spread = None
+            if whole is not None:
+                ws.set_rows_everywhere(n, rows.hit, rows.rows, scale.astype(A.dtype))
+                spread = spread_of(rows.hit, rows.rows * scale.astype(A.dtype))
+            else:
+                ws.set_rows(n, rows, received, scale.astype(A.dtype))
+                if sketch is not None:
+                    spread = spread_rows(ws, n, rows, received, others, scale.astype(A.dtype))
             outer = np.outer(scale, scale)
             ws.grams[n] = (total[R : R + R * R].reshape(R, R) * outer).astype(A.dtype)
             ws.weights = weights
             if last:
                 inner = total[R + R * R : R + R * R + R] * scale if Mx is not None else np.full(R, np.nan)
             if sketch is not None:
-                ws.sampler.refresh(ws, n, smalls[:, R : R + R * R].reshape(-1, R, R) * outer, changed)
+                ws.sampler.refresh(ws, n, smalls[:, R : R + R * R].reshape(-1, R, R) * outer, changed, spread)
         t_update += time.perf_counter() - t2
         timings[n] = (t_mttkrp, t_update)
         finished[n] = time.time()
@@ -208,6 +234,33 @@ def owner_iteration(
         "reads": reads,
         "rounds": ws.team.rounds,
     }
+
+
+def _fit_terms(
+    ws: WorkerState, mode: int, hit: np.ndarray, A: np.ndarray, Mx: np.ndarray, whole: bool, tag
+) -> list[np.ndarray]:
+    """The last mode's inner products with the exact MTTKRP's owned rows ``Mx``: of the new rows
+    ``A`` (at ``hit``: positions among the owned rows, or with ``whole`` row numbers, every
+    worker's rows) and of the rows kept, which count only where no sampled fiber held a nonzero
+    (with ``whole`` every worker knows that already, and reads them only then: a copy of 2.4 M
+    owned rows and its products took 0.1-0.3 s of an evaluated 86 M round). With ``whole`` the
+    owned rows' shares are all-reduced here, summed in rank order (every worker holds the other
+    terms already)."""
+    plan = ws.plans[mode]
+    owned, R = plan.owned, A.shape[1]
+    kept = np.zeros(R)
+    if not whole or A.shape[0] == 0:
+        span = plan.span  # the rows before this update, read in place where they are one range
+        old = ws.factors.views[mode][span[0] : span[1]] if span is not None else ws.owned_rows(mode)[1]
+        kept = np.einsum("ir,ir->r", old, Mx)
+    if whole:
+        at = np.minimum(np.searchsorted(owned, hit), max(owned.shape[0] - 1, 0))
+        mine = np.flatnonzero(owned[at] == hit) if owned.shape[0] else at[:0]
+        A, hit = A[mine], at[mine]
+    terms = np.concatenate([np.einsum("ir,ir->r", A, Mx[hit]), kept])
+    if whole:
+        terms = ws.all_reduce(terms, tag).sum(axis=0)
+    return np.split(terms, 2)
 
 
 SOLVE_BLOCK_ROWS = 1 << 16

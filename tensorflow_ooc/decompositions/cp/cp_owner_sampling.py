@@ -19,6 +19,17 @@ Per excluded mode that is ``2 (N - 1) + 1`` message rounds and ``O(J N R / W)`` 
 (Table 4.3's d-STS-CP, with the owners in place of the processor subtrees). The uniforms come
 from one generator seeded by (run entropy, iteration, mode), the same on every worker, so a
 resumed run on as many workers draws what the uninterrupted one drew.
+
+**Spread modes.** A sketched update leaves a factor zero but in the rows its sampled fibers'
+nonzeros hit (a few hundred of 4.8 M on the 86 M Amazon-shaped store). Where each owner has at
+most :data:`~tensorflow_ooc.execution.partials.SPREAD_ROWS` of them, the owners send them to every
+worker with the updated rows (:meth:`~tensorflow_ooc.execution.owner_computes.WorkerState.all_gather`),
+and every worker keeps the same copy, sorted by row, with its tree (:class:`Spread`): that mode's
+draws walk the copy where they are made, with no request to an owner, and the owned-row tree is
+left out of date (built again if the mode is ever drawn through its owners). The copy holds the
+rows that are not zero, so it depends on the factor alone: :func:`start_sampler` spreads the same
+modes from a checkpoint's factors, and a resumed run still draws what the uninterrupted one drew.
+In steady rounds a mode's draws then take one message round (the all-gather of the draws).
 """
 
 from __future__ import annotations
@@ -30,7 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from ...execution.owner_computes import WorkerState
+from ...execution.owner_computes import SparseRows, WorkerState
+from ...execution.partials import SPREAD_ROWS
 from ...kernels.sampling.krp_sampler import (
     RowTree,
     SampleSet,
@@ -48,55 +60,157 @@ _BELOW_ONE = float(np.nextafter(1.0, 0.0))
 
 
 @dataclass
+class Spread:
+    """Every row of a mode's factor that is not zero, held by every worker alike (a sketched
+    update's rows, spread by :meth:`~tensorflow_ooc.execution.owner_computes.WorkerState.all_gather`):
+    their row numbers (sorted), the rows (float64) and their tree."""
+
+    ids: np.ndarray
+    rows: np.ndarray
+    tree: RowTree
+
+
+@dataclass
 class OwnerSampler:
     """A worker's part of the distributed sampler: per mode, the rows it owns (a compact copy,
-    float64), their tree (None where it owns none), and every owner's Gram of its rows (W, R, R)."""
+    float64), their tree (None where it owns none), and every owner's Gram of its rows (W, R, R);
+    per mode whose factor every worker holds whole (:class:`Spread`), that, and the modes whose
+    owned-row tree is out of date (drawn through the spread rows, it is not kept up). A mode
+    whose update every worker summed and solved itself keeps its whole Gram as one "owner's"
+    (only their sum is read for a spread mode)."""
 
     rows: list[np.ndarray]
     trees: list[RowTree | None]
     owner_grams: list[np.ndarray]
     empty_sketches: dict[int, int] = field(default_factory=dict)
+    spread: dict[int, Spread] = field(default_factory=dict)
+    stale: set = field(default_factory=set)
+    spread_limit: int = SPREAD_ROWS
 
-    def refresh(self, ws: WorkerState, mode: int, owner_grams: np.ndarray, changed: np.ndarray | None = None) -> None:
+    def refresh(
+        self,
+        ws: WorkerState,
+        mode: int,
+        owner_grams: np.ndarray,
+        changed: np.ndarray | None = None,
+        spread: Spread | None = None,
+    ) -> None:
         """After mode ``mode``'s update: its owned rows' tree again, and the owners' new Grams.
         ``changed``: the positions among the owned rows that changed (a sketched update changes
         only the rows its sampled fibers hit and those the one before hit): only their leaves and
         the nodes above are recomputed (:func:`update_tree`, the same sums as a rebuild); None:
-        the tree is built afresh."""
+        the tree is built afresh. ``spread``: every worker holds the mode's rows that are not
+        zero, and draws them there: the owned-row tree is left out of date until a draw needs it."""
+        self.owner_grams[mode] = owner_grams
+        if spread is not None:  # the owned-row tree is freed, built again if a draw needs it
+            self.spread[mode] = spread
+            self.stale.add(mode)
+            self.rows[mode], self.trees[mode] = self.rows[mode][:0], None
+            return
+        self.spread.pop(mode, None)
         tree, rows = self.trees[mode], self.rows[mode]
-        if changed is None or tree is None or rows.shape[0] != tree.nrows:
+        if mode in self.stale or changed is None or tree is None or rows.shape[0] != tree.nrows:
             self.rows[mode], self.trees[mode] = _own_tree(ws, mode)
+            self.stale.discard(mode)
         else:
             plan = ws.plans[mode]
             if plan.span is None or ws.factors.views[mode].dtype != np.float64:  # a compact copy
                 rows[changed] = ws.factors.views[mode][plan.owned[changed]]
             update_tree(tree, rows, changed)
-        self.owner_grams[mode] = owner_grams
 
 
-def _own_tree(ws: WorkerState, mode: int) -> tuple[np.ndarray, RowTree | None]:
-    """The rows this worker owns of ``mode`` (a view of its factor where they are one range, as
-    the modes the ALTO order splits are: no copy of a 4.8 M-row factor per update) and their tree."""
+def spread_rows(
+    ws: WorkerState, mode: int, rows: SparseRows, received: dict, others: dict, scale: np.ndarray
+) -> Spread | None:
+    """The mode's rows that are not zero after a sketched update, from this worker's updated
+    rows ``rows``, the rows received from each rank that this worker touches (``received``) and
+    those it does not (``others``, see :meth:`~WorkerState.all_gather`), all times ``scale``: the
+    same on every worker. None where some rank had too many rows to spread them."""
+    sp: OwnerSampler = ws.sampler
+    if rows.hit.shape[0] > sp.spread_limit or len(others) != ws.team.size - 1:
+        return None
+    if any(o is None for o in others.values()):
+        return None
+    plan = ws.plans[mode]
+    ids, vals = [plan.owned[rows.hit]], [rows.rows * scale]
+    for k, (pos, rr) in received.items():
+        ids.append(plan.send[k][np.asarray(pos)])
+        vals.append(np.asarray(rr) * scale)
+    for more_ids, more in others.values():
+        ids.append(np.asarray(more_ids))
+        vals.append(np.asarray(more) * scale)
+    return _spread(ids, vals, rows.rows.shape[1])
+
+
+def spread_of(ids: np.ndarray, rows: np.ndarray) -> Spread | None:
+    """The :class:`Spread` of a mode whose new rows ``rows`` (numbered ``ids``, scaled) every
+    worker summed and solved itself (:meth:`~WorkerState.sum_everywhere`)."""
+    return _spread([ids], [rows], rows.shape[1])
+
+
+def _spread(ids: list[np.ndarray], vals: list[np.ndarray], R: int) -> Spread | None:
+    """The :class:`Spread` of the rows ``vals`` (numbered ``ids``, distinct over all parts): sorted
+    by row number, rows of zeros left out, so it depends on the factor alone (a run resumed from a
+    checkpoint spreads what the uninterrupted one did); None where no row is left."""
+    at = np.concatenate([np.asarray(i, dtype=np.int64).reshape(-1) for i in ids])
+    values = np.concatenate([np.asarray(v).reshape(-1, R) for v in vals])
+    order = np.argsort(at)  # row numbers are distinct: one owner each
+    at, values = at[order], values[order]
+    live = values.any(axis=1)
+    if not live.any():
+        return None
+    values = np.ascontiguousarray(values[live], dtype=np.float64)
+    return Spread(at[live], values, build_tree(values))
+
+
+def _own_rows(ws: WorkerState, mode: int) -> np.ndarray:
+    """The rows this worker owns of ``mode``, float64: a view of its factor where they are one
+    range, as the modes the ALTO order splits are (no copy of a 4.8 M-row factor per update)."""
     span = ws.plans[mode].span
     view = ws.factors.views[mode]
     if span is not None and view.dtype == np.float64:
-        rows = view[span[0] : span[1]]
-    else:
-        rows = np.ascontiguousarray(ws.owned_rows(mode)[1], dtype=np.float64)
+        return view[span[0] : span[1]]
+    return np.ascontiguousarray(ws.owned_rows(mode)[1], dtype=np.float64)
+
+
+def _own_tree(ws: WorkerState, mode: int, rows: np.ndarray | None = None) -> tuple[np.ndarray, RowTree | None]:
+    """The rows this worker owns of ``mode`` (:func:`_own_rows`, unless given) and their tree."""
+    rows = _own_rows(ws, mode) if rows is None else rows
     return rows, (build_tree(rows) if rows.shape[0] else None)
 
 
-def start_sampler(ws: WorkerState, tag: Any) -> OwnerSampler:
-    """Build this worker's trees and all-gather the owners' Grams (one message round; run by
-    every worker of the run at the start of its first randomized iteration)."""
+def start_sampler(ws: WorkerState, tag: Any, spread_limit: int = SPREAD_ROWS) -> OwnerSampler:
+    """Build this worker's trees and all-gather the owners' Grams, and the rows that are not zero
+    of every mode whose owners each hold at most ``spread_limit`` of them (those modes are drawn
+    through the spread rows, :class:`Spread`; one message round; run by every worker of the run
+    at the start of its first randomized iteration, or of a resumed run's)."""
     N, W, me = ws.nmodes, ws.team.size, ws.team.rank
-    built = [_own_tree(ws, k) for k in range(N)]
-    mine = np.stack([r.T @ r for r, _ in built])  # (N, R, R)
+    owned = [_own_rows(ws, k) for k in range(N)]
+    grams = np.stack([r.T @ r for r in owned])  # (N, R, R)
+    nonzero = [np.flatnonzero(r.any(axis=1)) for r in owned]
+    offer = [
+        [ws.plans[k].owned[nz], owned[k][nz]] if nz.shape[0] <= spread_limit else None for k, nz in enumerate(nonzero)
+    ]
+    mine = [grams, offer]
     ws.team.send_many(tag, {k: mine for k in range(W) if k != me})
-    everyone = [mine if k == me else np.asarray(ws.team.receive(tag, k)) for k in range(W)]
-    return OwnerSampler(
-        [r for r, _ in built], [t for _, t in built], [np.stack([g[k] for g in everyone]) for k in range(N)]
+    everyone = [mine if k == me else ws.team.receive(tag, k) for k in range(W)]
+    sp = OwnerSampler(
+        [np.zeros((0, ws.factors.rank))] * N,
+        [None] * N,
+        [np.stack([np.asarray(g[0])[k] for g in everyone]) for k in range(N)],
+        spread_limit=spread_limit,
     )
+    for k in range(N):
+        parts = [g[1][k] for g in everyone]
+        spread = None
+        if all(p is not None for p in parts):
+            spread = _spread([p[0] for p in parts], [p[1] for p in parts], ws.factors.rank)
+        if spread is not None:
+            sp.spread[k] = spread
+            sp.stale.add(k)  # the owned-row tree is built if a draw ever needs it
+        else:
+            sp.rows[k], sp.trees[k] = _own_tree(ws, k, owned[k])
+    return sp
 
 
 def owner_sts_sample(ws: WorkerState, mode: int, J: int, seed: tuple, tag: Any) -> SampleSet:
@@ -118,7 +232,13 @@ def owner_sts_sample(ws: WorkerState, mode: int, J: int, seed: tuple, tag: Any) 
     for pos, k in enumerate(ks):
         lam, V = conditional_eigenpairs(Gp, [grams[k2] for k2 in ks[pos + 1 :]])
         comp = draw_components(Hd, hid, lam, V, grams[k], uniforms[pos, lo:hi, 0])
-        rows, values = _draw_from_owners(ws, k, Hd, hid, comp, V, uniforms[pos, lo:hi, 1], tag + (pos,))
+        if k in sp.spread:  # every worker holds the rows: no owner is asked
+            rows, values = _draw_from_spread(sp.spread[k], Hd, hid, comp, V, uniforms[pos, lo:hi, 1])
+        else:
+            if k in sp.stale:
+                sp.rows[k], sp.trees[k] = _own_tree(ws, k)
+                sp.stale.discard(k)
+            rows, values = _draw_from_owners(ws, k, Hd, hid, comp, V, uniforms[pos, lo:hi, 1], tag + (pos,))
         idx[:, k] = rows
         Hd, hid = _extend(Hd, hid, rows, values, ws.factors.shape[k])
     return _gather_draws(ws, mode, idx, Hd[hid], J, Gp, G, tag + ("S",), t0)
@@ -132,6 +252,8 @@ def _draw_from_owners(
     others' requests between). Returns the global rows drawn and their values (J_w, R)."""
     sp: OwnerSampler = ws.sampler
     W, me, R = ws.team.size, ws.team.rank, Hd.shape[1]
+    if sp.owner_grams[k].shape[0] != W:  # summed and solved everywhere, and no row is left
+        raise RuntimeError(f"draws of mode {k} have no owners' Grams to route them by (a zero factor?)")
     keys, _, inv = dedupe(hid * R + comp, Hd.shape[0] * R)
     Q = Hd[keys // R] * V.T[keys % R]  # the distinct queries h * V[:, u]
     masses = np.maximum(np.einsum("ka,wab,kb->kw", Q, sp.owner_grams[k], Q, optimize=True), 0.0)
@@ -156,7 +278,8 @@ def _draw_from_owners(
     replies = {me: _serve(ws, k, *requests[me])}
     for w in range(W):
         if w != me:
-            ws.team.send_many(tag + ("r",), {w: _serve(ws, k, *ws.team.receive(tag + ("q",), w))})
+            got = ws.team.receive(tag + ("q",), w)
+            ws.team.send_many(tag + ("r",), {w: _serve(ws, k, *got)})
     rows = np.empty(x.shape[0], dtype=np.int64)
     values = np.empty((x.shape[0], R))
     for w in range(W):
@@ -164,6 +287,17 @@ def _draw_from_owners(
         rows[picks[w]] = np.asarray(ids)[np.asarray(at)]
         values[picks[w]] = np.asarray(vals)[np.asarray(at)]
     return rows, values
+
+
+def _draw_from_spread(
+    spread: Spread, Hd: np.ndarray, hid: np.ndarray, comp: np.ndarray, V: np.ndarray, x: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 2 for this worker's draws of a mode every worker holds (:class:`Spread`): each draw's
+    row from the spread rows' tree. Returns the global rows drawn and their values (J_w, R)."""
+    R = Hd.shape[1]
+    keys, _, inv = dedupe(hid * R + comp, Hd.shape[0] * R)
+    local = draw_rows(spread.rows, spread.tree, Hd[keys // R] * V.T[keys % R], inv, x)
+    return spread.ids[local], spread.rows[local]
 
 
 def _serve(ws: WorkerState, k: int, Q, qrow, x) -> list[np.ndarray]:
