@@ -76,8 +76,11 @@ def test_hit_rows_move_to_the_whole_mode_when_too_many(rng):
     nrows, R = int(rng.integers(40, 80)), 3
     acc = fr.HitRows(nrows, 10**6, R, np.float64)
     want = np.zeros((nrows, R))
-    for _ in range(6):
-        rows = rng.integers(0, nrows, int(rng.integers(2, 8))).astype(np.uint32)
+    # small groups first, then one of half the mode's rows, so the slots pass a quarter whatever
+    # the small groups drew
+    groups = [rng.integers(0, nrows, int(rng.integers(2, 8))) for _ in range(6)]
+    for rows in [*groups, rng.choice(nrows, nrows // 2, replace=False)]:
+        rows = rows.astype(np.uint32)
         first = np.arange(rows.shape[0], dtype=np.int64)
         offsets = np.arange(rows.shape[0] + 1, dtype=np.int64)
         out, local = acc.slots(rows, first, offsets)
@@ -92,7 +95,7 @@ def test_hit_rows_move_to_the_whole_mode_when_too_many(rng):
     else:
         full[index] = sums
     np.testing.assert_allclose(full, want, rtol=1e-13, atol=1e-13)
-    assert index is None  # 6 groups of up to 7 rows in under 80: past a quarter
+    assert index is None  # the last group alone holds half the mode's rows: past a quarter
 
 
 def test_chunks_read_in_any_order_are_those_read_in_order(tmp_path, rng):
