@@ -931,6 +931,7 @@ class OwnerComputes:
             ]
         )
         self.index_modes = sorted(int(m) for m in index_modes)
+        self._init = (init, init_args)  # the rows no worker holds, of a mode no update has written
         self.plan, plans = plan_ownership(counts, self.index_modes)
         futures = []
         for k, a in enumerate(addresses):
@@ -1021,9 +1022,16 @@ class OwnerComputes:
             self.client.cancel(futures)
         return present
 
-    def factor(self, mode: int, shape: Sequence[int], rank: int, dtype) -> np.ndarray:
-        """Mode ``mode``'s factor matrix, gathered from its owners (rows no nonzero touches are 0)."""
-        out = np.zeros((shape[mode], rank), dtype=dtype)
+    def factor(self, mode: int, shape: Sequence[int], rank: int, dtype, initial: bool = False) -> np.ndarray:
+        """Mode ``mode``'s factor matrix, gathered from its owners. Rows no nonzero touches are 0,
+        as any update leaves them (their MTTKRP rows are 0); with ``initial`` (a mode no update
+        has written yet: randomized rounds whose sampled fibers held no nonzero keep it) they are
+        the initial factors' rows, which the run's Grams and fit include and no worker holds."""
+        if initial:
+            init, args = self._init
+            out = np.array(init(*self.client.gather(list(args))).views[mode], dtype=dtype)
+        else:
+            out = np.zeros((shape[mode], rank), dtype=dtype)
         seq, self._seq = self._seq, self._seq + 1
         got = self._check(
             [

@@ -372,18 +372,30 @@ def owner_summary(summaries: list[dict], lower: list[int]) -> tuple[U.Summary, d
     return sm, exchange_record(summaries, lower)
 
 
-def owner_factors(engine: OwnerComputes, shape, rank: int, dtype: str) -> list[np.ndarray]:
-    """The factor matrices, gathered from their owners to the driver."""
-    return [engine.factor(n, shape, rank, dtype) for n in range(len(shape))]
+def owner_factors(engine: OwnerComputes, shape, rank: int, dtype: str, unwritten=frozenset()) -> list[np.ndarray]:
+    """The factor matrices, gathered from their owners to the driver; the modes ``unwritten`` (no
+    update has written them in this run) with the initial rows no worker holds."""
+    return [engine.factor(n, shape, rank, dtype, initial=n in unwritten) for n in range(len(shape))]
 
 
 def owner_checkpoint(
-    engine: OwnerComputes, path: str, shape, rank: int, dtype: str, weights, iteration, fit, history, params, input_fp
+    engine: OwnerComputes,
+    path: str,
+    shape,
+    rank: int,
+    dtype: str,
+    weights,
+    iteration,
+    fit,
+    history,
+    params,
+    input_fp,
+    unwritten=frozenset(),
 ) -> float:
     """Write the state after ``iteration`` to ``path`` from the driver (the rows gathered from
-    their owners). Returns the seconds it took."""
+    their owners; see :func:`owner_factors` for ``unwritten``). Returns the seconds it took."""
     t0 = time.time()
-    stacked = StackedFactors.from_list(owner_factors(engine, shape, rank, dtype), dtype)
+    stacked = StackedFactors.from_list(owner_factors(engine, shape, rank, dtype, unwritten), dtype)
     raise_returned(
         disk_full_returned(write_checkpoint, path, stacked, weights, iteration, fit, history, params, input_fp)
     )

@@ -106,6 +106,10 @@ class OwnerModes:
         cleanup.callback(self.engine.release)  # a run stopped by its callback leaves nothing on the workers
         self.method = method
         self.lower = self.engine.plan.mode_lower_bound_bytes(method.rank, np.dtype(method.o.dtype).itemsize)
+        # modes no update has written yet (a sampled mode whose fibers held no nonzero is kept):
+        # their rows no nonzero touches are still the initial ones, which no worker holds
+        self.unwritten = set(range(method.store.nmodes))
+        self.kept_counts: dict[int, int] = {}
 
     def iterate(self, iteration: int, evaluate: bool) -> tuple[U.Summary, dict]:
         m, o, run = self.method, self.method.o, self.method.run
@@ -117,14 +121,20 @@ class OwnerModes:
         sampled = m.randomized and iteration >= int(o.warmup)  # randomized runs' exact warm-up first
         sketch = (int(o.samples), m.params["sample_entropy"], evaluate) if sampled else None
         this = (iteration, iteration == 0, m.normX2, o.tol, sketch)
-        return owner_summary(self.engine.iterate(owner_iteration, this, ahead), self.lower)
+        sm, record = owner_summary(self.engine.iterate(owner_iteration, this, ahead), self.lower)
+        kept = {n for n, c in sm.empty_sketches.items() if c > self.kept_counts.get(n, 0)}
+        self.kept_counts = dict(sm.empty_sketches)
+        self.unwritten &= kept
+        return sm, record
 
     def checkpoint(self, path: str, weights: np.ndarray, *record: Any) -> float:
         m = self.method
-        return owner_checkpoint(self.engine, path, m.store.shape, m.rank, m.o.dtype, weights, *record)
+        return owner_checkpoint(
+            self.engine, path, m.store.shape, m.rank, m.o.dtype, weights, *record, unwritten=frozenset(self.unwritten)
+        )
 
     def final(self) -> list[np.ndarray]:
         m = self.method
-        out = owner_factors(self.engine, m.store.shape, m.rank, m.o.dtype)
+        out = owner_factors(self.engine, m.store.shape, m.rank, m.o.dtype, frozenset(self.unwritten))
         self.engine.release()
         return out
