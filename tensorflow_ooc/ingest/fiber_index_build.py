@@ -211,7 +211,9 @@ def build_fiber_index(
                 modes = [m for m in todo if m in held or m in spilled]
                 sorts = max(least, max_entries)
                 # the sorts' room is free while the store is read: two batches of spilled entries
-                batch = min(SPILL_BATCH_BYTES, sorts * (ENTRY_BYTES + RUN_BYTES) // 2)
+                # (one written, one gathered) with their reused arrays, and a store chunk's share
+                # past the batch, take half of it (half each went 8 MiB past a 24 MiB limit)
+                batch = min(SPILL_BATCH_BYTES, sorts * (ENTRY_BYTES + RUN_BYTES) // 4)
                 with FiberPartitions(src, modes, sorts, held, clock=clock, spill_batch_bytes=batch) as parts:
                     t0 = time.perf_counter()
                     parts.fill(progress)
