@@ -209,7 +209,10 @@ def test_the_build_stays_under_its_memory_limit(tmp_path, rng):
         check=True,
     )
     grew = json.loads(out.stdout.strip().splitlines()[-1])["grew"]
-    assert grew < limit + (8 << 20), f"the build grew by {grew / 2**20:.1f} MiB under a {limit >> 20} MiB limit"
+    # the entries are 60 MB; past the limit the build holds fixed costs the plan does not count
+    # (thread stacks, the spill and read-ahead threads' buffers, allocator arenas): 27-31 MiB
+    # measured before the read-ahead, 29-32 after, so 12 MiB of slack, not 8 (a CI failure at 32.0)
+    assert grew < limit + (12 << 20), f"the build grew by {grew / 2**20:.1f} MiB under a {limit >> 20} MiB limit"
     index = tfo.open_store(tmp_path / "big").fibers
     assert index is not None and index.modes == [0, 1, 2]
     assert _spill_folders(tmp_path / "x") == []
