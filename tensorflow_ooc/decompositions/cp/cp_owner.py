@@ -43,7 +43,7 @@ from ...kernels.update.normal_equations import normal_inverse_of
 from ..common.checkpoint_files import disk_full_returned, raise_returned
 from . import updates as U
 from .checkpoint import write_checkpoint
-from .cp_owner_one_round import Deferred, one_round_mode, rounds_carry
+from .cp_owner_one_round import SOLVE_BLOCK_ROWS, Deferred, column_weights, one_round_mode, rounds_carry
 from .cp_owner_sampling import owner_sts_sample, spread_of, spread_rows, start_sampler
 from .cp_steps import model_fit, model_norm_sq
 from .updates import _BLAS
@@ -183,11 +183,7 @@ def owner_iteration(
             if last:
                 inner = total[R + R * R + R : R + R * R + 2 * R] if Mx is not None else np.full(R, np.nan)
         else:
-            if first_iteration:
-                weights = np.sqrt(smalls[:, :R].sum(axis=0))
-            else:
-                weights = np.maximum(smalls[:, :R].max(axis=0), 1.0)
-            scale = np.ones(R) if (weights == 0).all() else 1 / np.where(weights == 0, 1, weights)
+            weights, scale = column_weights(smalls[:, :R], first_iteration)
             # the owned rows a sketched update changes: those it hits and those the one before hit
             before = ws.live.get((n, -1)) if isinstance(rows, SparseRows) else None
             changed = None if before is None else np.union1d(before, rows.hit)
@@ -261,9 +257,6 @@ def _fit_terms(
     if whole:
         terms = ws.all_reduce(terms, tag).sum(axis=0)
     return np.split(terms, 2)
-
-
-SOLVE_BLOCK_ROWS = 1 << 16
 
 
 def _solve(

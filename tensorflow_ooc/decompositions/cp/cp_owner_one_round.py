@@ -117,16 +117,24 @@ def finish(ws: WorkerState, mode: int, smalls: np.ndarray, first_iteration: bool
     its Gram; returns the scale and ``<A, M>`` (its last R terms) scaled."""
     R = ws.factors.rank
     total = smalls.sum(axis=0)
-    if first_iteration:
-        weights = np.sqrt(smalls[:, :R].sum(axis=0))
-    else:
-        weights = np.maximum(smalls[:, :R].max(axis=0), 1.0)
-    scale = np.ones(R) if (weights == 0).all() else 1 / np.where(weights == 0, 1, weights)
+    weights, scale = column_weights(smalls[:, :R], first_iteration)
     dtype = ws.factors.dtype
     ws.scale_touched(mode, scale.astype(dtype))
     ws.grams[mode] = (total[R : R + R * R].reshape(R, R) * np.outer(scale, scale)).astype(dtype)
     ws.weights = weights
     return scale, total[R + R * R : R + R * R + R] * scale
+
+
+def column_weights(stats: np.ndarray, first_iteration: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A mode's column weights from every rank's column statistics ``stats`` (W, R): 2-norms the
+    first iteration (sums of squares summed), else max-norms of at least 1; and the scale that
+    normalizes the columns (1 where a weight is 0, all ones for a zero factor)."""
+    if first_iteration:
+        weights = np.sqrt(stats.sum(axis=0))
+    else:
+        weights = np.maximum(stats.max(axis=0), 1.0)
+    scale = np.ones(weights.shape[0]) if (weights == 0).all() else 1 / np.where(weights == 0, 1, weights)
+    return weights, scale
 
 
 def solve_touched(
