@@ -7,7 +7,10 @@ convert(source, store, ...) -> Store
     to a BLCO Zarr store, in memory or out of core.
 rewrite(old, new, ...) -> Store
     A store of an older format version (or another compression, chunking, value dtype) written
-    again in the current format.
+    again in the current format (keeping the source's mode-sorted copies).
+build_mode_copies(store, modes="auto") -> Store
+    Per mode, the nonzeros with each work item sorted by that mode, kept in the store: streamed
+    MTTKRP then runs the in-memory path's run-table kernel (``tfooc mode-copies``).
 build_fiber_index(store, modes="all", ...) -> FiberIndex
     Per mode, the nonzeros ordered by fiber in the store, so randomized CP and rTT-ALS read only
     the sampled fibers (built out of core; ``tfooc fiber-index``).
@@ -92,9 +95,10 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers, editors a
         tucker_hooi,
         tucker_sgd,
     )
+    from .execution.mode_copies_build import build_mode_copies, rewrite
     from .execution.stream import mttkrp
     from .format import BitLayout, BLCOTensor, encode_coo
-    from .ingest import build_fiber_index, convert, rewrite
+    from .ingest import build_fiber_index, convert
     from .kernels.factors import StackedFactors
     from .kernels.ttm.chain import SemiSparse, ttm, ttm_chain
     from .store import Store
@@ -124,7 +128,8 @@ _LAZY: dict[str, str] = {
     ),
     "mttkrp": ".execution.stream",
     **dict.fromkeys(("BitLayout", "BLCOTensor", "encode_coo"), ".format"),
-    **dict.fromkeys(("build_fiber_index", "convert", "rewrite"), ".ingest"),
+    **dict.fromkeys(("build_fiber_index", "convert"), ".ingest"),
+    **dict.fromkeys(("build_mode_copies", "rewrite"), ".execution.mode_copies_build"),
     "StackedFactors": ".kernels.factors",
     **dict.fromkeys(("SemiSparse", "ttm", "ttm_chain"), ".kernels.ttm.chain"),
     "Store": ".store",
@@ -158,6 +163,7 @@ __all__ = [
     "convert",
     "rewrite",
     "build_fiber_index",
+    "build_mode_copies",
     "encode_coo",
     "mttkrp",
     "open_store",

@@ -4,6 +4,7 @@ module (declared options, log settings) does not load its heavy ones (numba kern
 from __future__ import annotations
 
 import importlib
+import types
 from typing import Any, Callable
 
 
@@ -24,6 +25,12 @@ def lazy_names(
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(where[name], package), name)
         namespace[name] = value
+        # importing a submodule binds it on the package under its own name: where that name is a
+        # lazy name too (``ingest.convert``, a module and its function) the module would shadow it
+        # for good, so it is unbound and read on its next use
+        for n in where:
+            if isinstance(namespace.get(n), types.ModuleType):
+                del namespace[n]
         return value
 
     def __dir__() -> list[str]:

@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, **kw) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], **kw)
 
-    data.add_commands(add)  # generate, convert, fiber-index, info
+    data.add_commands(add)  # generate, convert, fiber-index, mode-copies, info
     workflow.add_commands(add)  # quickstart, run, submit, validate, schema, status, logs, cancel
     cp.add_commands(add)  # cpd
     apr.add_commands(add)  # apr (CP-APR)

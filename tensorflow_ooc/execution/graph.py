@@ -34,6 +34,7 @@ from .memory_plan import MemoryPlan, MemoryPlanError, candidates, choose
 from .output_buffers import release_outputs
 from .pair_tasks import PairMemo, pair_partition
 from .partitions import contiguous_runs, owner_rows, plan_partitions
+from .sorted_stream import streamed_copy_modes
 from .stream import batch_nnz_for
 from .task_graph import (
     DEFAULT_SPLIT_EVERY,
@@ -345,6 +346,9 @@ class MTTKRPGraph(PartitionedGraph):
         """Take ``plan``'s batch size and private bound, log it, and return its execution."""
         self.batch_nnz = min(self._batch_nnz_cap, plan.batch_nnz)
         self.max_private_bytes = plan.max_private_bytes
+        if plan.execution == "streaming" and self.device == "cpu" and isinstance(self.store, Store):
+            # the plan names the modes its sparse streamed passes read from mode-sorted copies
+            plan.streamed_copies = tuple(streamed_copy_modes(self.store))
         # the figures ride along for the run's events: the monitoring page sets each worker's
         # limit against the plan's peak
         log.info("%s: %s", what, plan.describe(), extra={"memory_plan": plan.as_dict()})

@@ -112,6 +112,8 @@ class MemoryPlan:
     usable_fraction: float = DEFAULT_USABLE
     mode_copies: bool = False  # in-memory partitions keep mode-sorted copies
     mode_pairs: bool = False  # ... and memoized mode pairs where they pay (kernels/mttkrp/mode_pairs.py)
+    # streaming: the modes streamed from the store's mode-sorted copies (execution/sorted_stream.py)
+    streamed_copies: tuple[int, ...] = ()
 
     @property
     def peak(self) -> int:
@@ -137,6 +139,11 @@ class MemoryPlan:
             + (", per-thread outputs" if roomy else "")
             + (", mode-sorted copies" if self.mode_copies else "")
             + (", memoized mode pairs" if self.mode_pairs else "")
+            + (
+                f", modes {', '.join(map(str, self.streamed_copies))} from the store's mode-sorted copies"
+                if self.execution == "streaming" and self.streamed_copies
+                else ""
+            )
         )
 
     def describe(self) -> str:
@@ -153,6 +160,7 @@ class MemoryPlan:
             "in_place": self.in_place,
             "mode_copies": self.mode_copies,
             "mode_pairs": self.mode_pairs,
+            "streamed_copies": list(self.streamed_copies) if self.execution == "streaming" else [],
             "batch_nnz": self.batch_nnz,
             "max_private_bytes": self.max_private_bytes,
             "terms": dict(self.terms),

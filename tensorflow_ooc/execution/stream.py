@@ -37,7 +37,10 @@ from ..format import BLCOTensor, decode_alto
 from ..format.bits import HAS_BMI2
 from ..kernels import WorkItems, work_items
 from ..kernels import mttkrp as kernel_mttkrp
+from ..kernels.mttkrp.dispatch import numba_threads
+from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
 from ..store import EncodedChunk, Store
+from .sorted_stream import copy_for, sorted_batches, sorted_threads_fit
 
 BATCH_NNZ = 1 << 22
 # MTTKRP outputs above this take mapped ("none") chunks in batches of copies (see stream_batches)
@@ -432,6 +435,20 @@ def mttkrp(tensor: Store | BLCOTensor, factors, mode: int, **kwargs) -> np.ndarr
     if isinstance(tensor, Store):
         rank = factors.rank if hasattr(factors, "rank") else np.shape(factors[0])[1]
         big = tensor.shape[mode] * rank * 8 > MAP_MAX_OUTPUT_BYTES
+        copy = copy_for(tensor, mode) if kwargs.get("conflict", "auto") == "auto" else None
+        if copy is not None:
+            # the mode's sorted copy, through the run-table kernel on per-thread outputs where
+            # their copies fit (sorted_thread_outputs)
+            bound = kwargs.get("max_private_bytes", DEFAULT_MAX_PRIVATE_BYTES)
+            with numba_threads(kwargs.get("threads")):
+                fits = sorted_threads_fit(tensor.shape[mode] * rank * 8, bound)
+            return kernel_mttkrp(
+                sorted_batches(tensor, copy, 0, tensor.nchunks, 2 * BATCH_NNZ),
+                factors,
+                mode,
+                layout=tensor.layout,
+                **{**kwargs, "conflict": "threads" if fits else "auto"},
+            )
         return kernel_mttkrp(
             stream_batches(tensor, 0, tensor.nchunks, map_chunks=not big), factors, mode, layout=tensor.layout, **kwargs
         )

@@ -21,7 +21,7 @@ from ..kernels.apr.cpu import model_values
 from ..kernels.mttkrp.dispatch import MttkrpPass, ThreadOutputs, numba_threads, threads_for
 from ..kernels.mttkrp.mode_order import mode_sorted
 from ..kernels.mttkrp.mode_pairs import ModePair, choose_pairs, item_nonzeros, mode_pair
-from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES
+from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
 from ..kernels.sampling.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
 from ..store import Store, open_store
 from ..store.paths import is_url
@@ -29,6 +29,7 @@ from .output_buffers import zeroed_output
 from .pair_tasks import pair_partition
 from .partials import Partial, merged_reads, sparse_sum, worker_threads
 from .partitions import Partition
+from .sorted_stream import copy_for, sorted_batches, sorted_thread_outputs, sorted_threads_fit
 from .stream import BATCH_NNZ, MAP_MAX_OUTPUT_BYTES, BatchBuffers, fill_batch, read_ahead_pays, stream_batches
 
 _STORES: dict[str, tuple[tuple, Store]] = {}
@@ -248,9 +249,20 @@ def mttkrp_partition(
         else:
             path, part = source
             store = cached_store(path)
-            for items in partition_batches(
-                store, part, batch_nnz, read_ahead, map_chunks=out.nbytes <= MAP_MAX_OUTPUT_BYTES
-            ):
+            copy = copy_for(store, mode) if part.nz_lo is None else None
+            if copy is not None:
+                # the mode's sorted copy (sorted_stream): its chunks through the run-table kernel
+                batches = sorted_batches(store, copy, part.chunk_lo, part.chunk_hi, 2 * batch_nnz)
+                # per-thread outputs within what the memory plan counts for a batch's private rows
+                bound = min(max_private_bytes, batch_nnz * PRIVATE_REUSE * out.shape[1] * out.itemsize)
+                if shared is None and sorted_threads_fit(out.nbytes, bound, lend_target):
+                    scratch = factors.views[mode][lo : hi + 1] if lend_target else None
+                    run = MttkrpPass(factors, out, sorted_thread_outputs(out, bound, scratch), poisson_eps)
+            else:
+                batches = partition_batches(
+                    store, part, batch_nnz, read_ahead, map_chunks=out.nbytes <= MAP_MAX_OUTPUT_BYTES
+                )
+            for items in batches:
                 if two_pass:
                     items = _reweighted(items, store.layout, factors, poisson_eps)
                 run.run(items, store.layout, mode, max_private_bytes=max_private_bytes, out_lo=lo)

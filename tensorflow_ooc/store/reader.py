@@ -188,6 +188,18 @@ class Store:
 
         return open_labels(self.path, self.meta, self.shape)
 
+    @cached_property
+    def mode_copies(self):
+        """The store's mode-sorted copies (:class:`~tensorflow_ooc.store.mode_copies.ModeCopies`),
+        their binding to this store checked; None where it has none."""
+        from .mode_copies import open_mode_copies
+
+        return open_mode_copies(self)
+
+    def copy_modes(self) -> list[int]:
+        """The modes the store keeps mode-sorted copies of (none without copies)."""
+        return [] if self.mode_copies is None else self.mode_copies.modes
+
     def fiber_modes(self) -> list[int]:
         """The modes the fiber index holds (none without an index)."""
         return [] if self.fibers is None else self.fibers.modes
@@ -430,17 +442,28 @@ class Store:
         stop = min(self.nnz, start + self.chunk_nnz)
         if alto.data.shape[0] != stop - start or values.data.shape[0] != stop - start:
             raise _fail(self.path, f"chunk {c}: nonzeros {start}..{stop} are missing")
-        segs, bases = self._segments(start, stop)
+        segs, bases, patches = self._chunk_segments(c)
         mins, maxs = self.chunk_ranges
+        return EncodedChunk(
+            c, start, alto.data, alto.is_delta, values.data, segs, bases, mins[c], maxs[c], alto.checksum, patches
+        )
+
+    def _chunk_segments(self, c: int) -> tuple[np.ndarray, np.ndarray, tuple | None]:
+        start = c * self.chunk_nnz
+        stop = min(self.nnz, start + self.chunk_nnz)
+        segs, bases = self._segments(start, stop)
         patches = self.chunk_patches(start, stop)
         if patches is not None:
             if patches[0].size == 0 or patches[0][0] != 0:
                 raise _fail(self.path, f"chunk {c}: the patch table has no word for its first nonzero")
             # a work item sums differences from its first word: none may span a patch
             segs, bases = split_at_patches(segs, bases, patches[0])
-        return EncodedChunk(
-            c, start, alto.data, alto.is_delta, values.data, segs, bases, mins[c], maxs[c], alto.checksum, patches
-        )
+        return segs, bases, patches
+
+    def chunk_segments(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk ``c``'s block segments (block id, first, stop; relative to the chunk) and their
+        bases, split at the patches of a ``delta32`` store, as streamed work items are cut."""
+        return self._chunk_segments(c)[:2]
 
     def check_chunk_range(self, c: int, cmin: np.ndarray, cmax: np.ndarray, alto_bits: int | None = None) -> None:
         """Raise :class:`CorruptStoreError` unless chunk ``c``'s decoded per-mode index range equals
@@ -560,6 +583,7 @@ class Store:
                 for n in range(self.nmodes)
             ],
             "fiber_index": self.fibers.describe() if self.fibers is not None else {},
+            "mode_copies": self.mode_copies.describe() if self.mode_copies is not None else {},
             "labels": self.labels.describe() if self.labels is not None else [],
         }
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .. import synthetic
+from ..execution.mode_copies_build import build_mode_copies
 from ..ingest import AltoRunSource, BatchSource, TextSource, convert
 from ..ingest.table_options import TABLE_SUFFIXES
 from ..store import open_store
@@ -414,6 +415,10 @@ def _append_version(ctx: StepContext, m: ConvertStep, files: list[str], out: str
     if old is not None and args.get("fiber_index") is None and old.fiber_modes():
         args = {**args, "fiber_index": old.fiber_modes()}  # and its fiber index
     store = convert(src, target, shape=shape, overwrite=True, **args)
+    if old is not None and old.copy_modes():
+        # and its mode-sorted copies, written again for the new version's chunks (those of the
+        # old version are bound to it and would be refused)
+        store = build_mode_copies(store, old.copy_modes())
     return _record_version(ctx, m, out, versions, store, number, name, file_records, new, changed, replace, what)
 
 
