@@ -415,13 +415,15 @@ def stream_batches(
             _give_buffers(b)
 
 
-def mttkrp(tensor: Store | BLCOTensor, factors, mode: int, **kwargs) -> np.ndarray:
+def mttkrp(tensor: Store | BLCOTensor, factors, mode: int, *, mode_copies: bool = True, **kwargs) -> np.ndarray:
     """Mode-``mode`` MTTKRP of a store or an in-memory BLCO tensor (the public ``tfo.mttkrp``).
 
     A store is streamed through the fast chunk reader of the streaming execution (chunks
     decompressed into reusable buffers, read ahead, validated once per process and cached under
     their checksums; a store written with compression "none" mapped instead), not Zarr's generic
-    read path. Keyword arguments and the result are those of
+    read path; where the store keeps a mode-sorted copy of ``mode`` (and ``mode_copies``, the
+    default), that copy is read instead, through the run-table kernel (:mod:`.sorted_stream`).
+    Other keyword arguments and the result are those of
     :func:`tensorflow_ooc.kernels.mttkrp.dispatch`.
 
     Examples
@@ -435,7 +437,7 @@ def mttkrp(tensor: Store | BLCOTensor, factors, mode: int, **kwargs) -> np.ndarr
     if isinstance(tensor, Store):
         rank = factors.rank if hasattr(factors, "rank") else np.shape(factors[0])[1]
         big = tensor.shape[mode] * rank * 8 > MAP_MAX_OUTPUT_BYTES
-        copy = copy_for(tensor, mode) if kwargs.get("conflict", "auto") == "auto" else None
+        copy = copy_for(tensor, mode) if mode_copies and kwargs.get("conflict", "auto") == "auto" else None
         if copy is not None:
             # the mode's sorted copy, through the run-table kernel on per-thread outputs where
             # their copies fit (sorted_thread_outputs)
