@@ -288,3 +288,25 @@ def test_appended_versions_keep_the_fiber_index(nightly, rng):
     coords, values = store.to_coo()
     got = store.fibers.mode(2).read(np.arange(store.fibers.mode(2).nchunks))
     assert got.keys.shape[0] == store.nnz and np.isclose(np.sort(got.values).sum(), np.sort(values).sum())
+
+
+def test_appended_versions_keep_the_mode_copies(nightly, rng):
+    storage, setup = nightly
+    spec = setup()
+    first = _random_file(rng, storage / "incoming" / "a.tns")
+    assert _run(spec, storage) == 0
+    old = tfo.build_mode_copies(storage / "tensor" / _versions(storage)[-1]["path"], [0, 2])
+    assert old.copy_modes() == [0, 2]
+    second = _random_file(rng, storage / "incoming" / "b.tns")
+    assert _run(spec, storage) == 0
+    store = tfo.open_store(storage / "tensor" / _versions(storage)[-1]["path"])
+    # written again for the new version's chunks (bound to it, not to the old version)
+    assert len(_versions(storage)) == 2 and store.copy_modes() == [0, 2]
+    assert store.mode_copies.meta["store_id"] == store.meta["store_id"] != old.meta["store_id"]
+    want = _sum(first, second)
+    factors = [rng.standard_normal((s, 3)) for s in store.shape]
+    for m in (0, 2):
+        ref = np.zeros((store.shape[m], 3))
+        for k, v in want.items():
+            ref[k[m]] += v * np.prod([factors[n][k[n]] for n in range(3) if n != m], axis=0)
+        np.testing.assert_allclose(tfo.mttkrp(store, factors, m), ref, rtol=1e-10, atol=1e-12)
