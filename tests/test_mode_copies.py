@@ -131,3 +131,18 @@ def test_rewrite_and_append_keep_or_drop_the_copies(rng, tmp_path):
     appended = tfo.convert((both[0][keep], both[1][keep]), store.path, shape=shape, chunk_nnz=512, overwrite=True)
     assert appended.copy_modes() == []
     assert tfo.rewrite(appended, tmp_path / "r2.zarr").copy_modes() == []
+
+
+def test_the_cli_writes_reports_and_drops_the_copies(rng, tmp_path, capsys):
+    from tensorflow_ooc.cli import main
+
+    store, *_ = _store(rng, tmp_path, 3)
+    assert main(["info", store.path]) == 0
+    assert "mode copies  none" in capsys.readouterr().out
+    assert main(["mode-copies", store.path, "--modes", "0,2"]) == 0
+    assert "mode 0" in capsys.readouterr().out and tfo.open_store(store.path).copy_modes() == [0, 2]
+    assert main(["info", store.path, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)["mode_copies"]
+    assert sorted(info) == ["0", "2"]
+    assert main(["mode-copies", store.path, "--drop"]) == 0
+    assert tfo.open_store(store.path).copy_modes() == []
