@@ -50,8 +50,7 @@ def test_streamed_mttkrp_through_sorted_copies_matches_einsum(rng, tmp_path, nmo
 
 def test_a_store_with_copies_gives_the_results_of_one_without(rng, tmp_path, two_workers):
     store, coords, values, shape = _store(rng, tmp_path, 4, nnz=4000)
-    plain, _, _, _ = _store(rng, tmp_path, 4, name="plain.zarr", nnz=1)
-    plain = tfo.convert((coords, values), tmp_path / "plain.zarr", shape=shape, chunk_nnz=512, overwrite=True)
+    plain = tfo.convert((coords, values), tmp_path / "plain.zarr", shape=shape, chunk_nnz=512)
     store = build_mode_copies(store, "all")
     R = 5
     init = [rng.random((s, R)) for s in shape]
