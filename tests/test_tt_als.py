@@ -591,7 +591,9 @@ def test_unevaluated_sweeps_are_logged_and_recorded_as_such(tmp_path, rng, caplo
     shape = (9, 8, 7)
     _, coords, values = sparse_tensor(rng, shape, 0.3)
     store = store_of(tmp_path, "s", coords, values, shape)
-    kw = dict(method="randomized", samples=200, fit_every=3, seed=int(rng.integers(1 << 30)), max_sweeps=4, tol=0)
+    kw = dict(
+        method="randomized", samples=200, fit_every=3, seed=int(rng.integers(1 << 30)), max_sweeps=4, tol=0, warmup=0
+    )
     with caplog.at_level("INFO", logger="tensorflow_ooc"):
         r = tfo.tt_als(store, 2, **kw)
     lines = [m for m in caplog.messages if m.startswith("sweep ")]
