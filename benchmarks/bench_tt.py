@@ -199,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         counts = {k: int(float(v)) for k, _, v in (item.partition("=") for item in args.nnz)}
     except ValueError:
         ap.error(f"--nnz takes TENSOR=COUNT, got {args.nnz}")
+    if counts and args.data == "counts":
+        ap.error("--nnz sets planted tensors' nonzeros; --data counts is bench_apr.py's count tensor as it is")
     out = {
         "benchmark": "tt",
         "commit": _git_commit(__file__),
