@@ -133,11 +133,20 @@ def count_tensor(
     nnz = SIZES.get(name, nnz)
     if nnz > LARGE_NNZ:
         return large_count_store(name, workdir, seed, nnz, tns)
+    tag, coords, values, shape = count_coo(name, seed)
+    return _written(tag, workdir, coords, values, shape)
+
+
+def count_coo(name: str, seed: int) -> tuple[str, np.ndarray, np.ndarray, tuple]:
+    """The in-memory count tensor of :func:`count_tensor` (at most ``LARGE_NNZ`` nonzeros): its
+    name for files under the workdir, COO arrays and shape (``bench_tt.py --data counts`` reads it)."""
+    shape, nnz = synthetic.PRESETS[name.split("-")[0]]
+    nnz = SIZES.get(name, nnz)
     coords, _ = synthetic.heavy_tailed(shape, nnz, seed=seed)
     values = (1 + np.random.default_rng(seed + 1).geometric(0.5, len(coords))).astype(np.float64)
     digest = hashlib.sha1(np.ascontiguousarray(coords).data)
     digest.update(np.ascontiguousarray(values).data)
-    return _written(f"{name}-counts-s{seed}-{len(coords)}-{digest.hexdigest()[:10]}", workdir, coords, values, shape)
+    return f"{name}-counts-s{seed}-{len(coords)}-{digest.hexdigest()[:10]}", coords, values, tuple(shape)
 
 
 def _written(

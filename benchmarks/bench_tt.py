@@ -3,23 +3,28 @@
     python benchmarks/bench_tt.py --tensors uber nell2 --ranks 4 6 8 10 12 --sweeps 40 --trials 5
     python benchmarks/bench_tt.py --tensors uber --ranks 4 --sweeps 5 --trials 2   # a quick look
     python benchmarks/bench_tt.py --tensors nell2 --nnz nell2=76900000 --ranks 4 8 12   # NELL-2's count
+    python benchmarks/bench_tt.py --tensors uber --data counts --ranks 4 8   # issue 47: counts, not planted
 
 For each tensor (uber- and nell2-shaped: the preset's shape and nonzero count holding a planted
-sparse CP model of rank 8 plus noise, or with ``--data random`` the heavy-tailed tensors of
-``bench_peers.py``; stores made once under ``--workdir``) and each rank ``R`` (every TT rank equal to
-``R``), in one run:
+sparse CP model of rank 8 plus noise; with ``--data counts`` the count tensors of ``bench_apr.py``,
+heavy-tailed supports with values ``1 + Geometric(1/2)``, not planted (uber: 3.28 M nonzeros);
+with ``--data random`` the heavy-tailed tensors of ``bench_peers.py``; stores made once under
+``--workdir``) and each rank ``R`` (every TT rank equal to ``R``), in one run:
 
 - exact TT-ALS (``tt_als(store, R, method="exact")``) for ``--sweeps`` sweeps (tol 0): its final
   fit and steady-state seconds per sweep (median over sweeps 2..; the first compiles kernels);
-- randomized rTT-ALS (``method="randomized", samples=J``) for as many sweeps, ``--trials`` times
+- randomized rTT-ALS (``method="randomized", samples=J``) for as many sweeps (the first ``--warmup``
+  exact, the method's default, not timed), ``--trials`` times
   with other seeds, the fit evaluated at the last sweep only: final fit mean and standard
   deviation, and seconds per sweep without the fit's evaluation (a pass over every nonzero);
 - exact CP-ALS at the same rank for ``--cp-iters`` iterations, seconds per iteration: both are
   passes over the nonzeros, so an exact TT sweep is held to at most 2x a CP-ALS iteration.
 
 The fit of every method is that of the whole model against the tensor (``1 - ||X - T|| / ||X||``,
-by the inner-product identity). Prints a table and the targets (issue 32); writes JSON to
-``benchmarks/results/tt-<time>.json``.
+by the inner-product identity). Prints a table and the targets (issue 47: on the uber-shaped
+counts a randomized sweep at most 0.5x an exact one with the fit at least 0.97x exact; nell2-shaped,
+at least 10x faster a sweep; issue 32: the fit ratios of the planted tensors, an exact sweep at
+most 2x a CP-ALS iteration); writes JSON to ``benchmarks/results/tt-<time>.json``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import numpy as np  # noqa: E402
+from bench_apr import count_coo  # noqa: E402
 from bench_peers import _git_commit, tensor_files  # noqa: E402,F401  (sets NUMBA_NUM_THREADS from --threads)
 from peers.external import steady  # noqa: E402
 
@@ -45,8 +51,10 @@ RESULTS = Path(__file__).parent / "results"
 
 def _sweep_seconds(result) -> float:
     """Steady-state seconds per sweep, without the fit's evaluation (randomized runs evaluate it
-    once, at the last sweep: a pass over every nonzero, as costly as an exact core update)."""
-    return steady([h["seconds"] - h.get("fit_seconds", 0.0) for h in result.history])
+    once, at the last sweep: a pass over every nonzero, as costly as an exact core update) and
+    without a randomized run's exact warm-up sweeps (the first sketched sweep, which builds the
+    fiber indexes, is then the one ``steady`` leaves out)."""
+    return steady([h["seconds"] - h.get("fit_seconds", 0.0) for h in result.history if not h.get("warmup")])
 
 
 def planted_store(name: str, workdir: Path, seed: int, rank: int = 8, noise: float = 0.1, nnz: int | None = None):
@@ -63,6 +71,22 @@ def planted_store(name: str, workdir: Path, seed: int, rank: int = 8, noise: flo
     except Exception:
         t = synthetic.planted_cp(shape, rank, nnz, noise=noise, seed=seed)
         return tfo.convert((t.coords, t.values), path, shape=shape, overwrite=True), tuple(shape)
+
+
+def counts_store(name: str, workdir: Path, seed: int):
+    """``bench_apr.py``'s count tensor (heavy-tailed support, values ``1 + Geometric(1/2)``) as a
+    store under ``workdir``, made once under the name ``bench_apr.py`` gives it (no ``.tns``)."""
+    from tensorflow_ooc.store.metadata import FORMAT_VERSION
+
+    tag, coords, values, shape = count_coo(name, seed)
+    path = workdir / f"{tag}.zarr"
+    try:
+        store = tfo.open_store(path)
+        if store.meta["format_version"] != FORMAT_VERSION:
+            raise ValueError("older format")
+        return store, shape
+    except Exception:
+        return tfo.convert((coords, values), path, shape=shape, overwrite=True), shape
 
 
 def bench_rank(store, rank: int, args) -> dict:
@@ -88,6 +112,7 @@ def bench_rank(store, rank: int, args) -> dict:
             tol=0,
             seed=seed,
             fit_every=args.sweeps,
+            warmup=args.warmup,
         )
         fits.append(r.fit)
         per_sweep.append(_sweep_seconds(r))
@@ -106,13 +131,16 @@ def bench_rank(store, rank: int, args) -> dict:
     return row
 
 
-def targets(name: str, row: dict) -> dict:
-    """Issue 32's bars for one row: fit ratio, speedup (nell2-shaped), exact sweep against CP."""
-    fit_bar = 0.99 if name == "uber" else 0.97
+def targets(name: str, row: dict, data: str = "planted") -> dict:
+    """The bars of one row. Issue 47: on the counts tensor a randomized sweep at most 0.5x an exact
+    one with the fit at least 0.97x exact; nell2-shaped, a randomized sweep at least 10x faster.
+    Issue 32: the fit ratio of a planted tensor (0.99 uber-shaped), an exact sweep against CP."""
+    fit_bar = 0.99 if name == "uber" and data == "planted" else 0.97
     out = {"fit_ratio >= %.2f" % fit_bar: row["fit_ratio"] is not None and row["fit_ratio"] >= fit_bar}
+    if data == "counts":
+        out["rTT sweep <= 0.5x exact"] = row["speedup"] >= 2.0
     if name == "nell2":
-        bar = 22.0 if row["rank"] <= 8 else 10.0
-        out[f"speedup >= {bar:g}"] = row["speedup"] >= bar
+        out["speedup >= 10"] = row["speedup"] >= 10.0
     out["exact sweep <= 2x CP-ALS iteration"] = row["exact_vs_cp_iter"] <= 2.0
     return out
 
@@ -141,13 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", nargs="+", type=int, default=[4, 6, 8, 10, 12])
     ap.add_argument("--samples", type=int, default=1 << 16, help="rTT-ALS draws per core update (J)")
     ap.add_argument("--sweeps", type=int, default=40, help="sweeps of every TT-ALS run (tol 0)")
+    ap.add_argument("--warmup", type=int, default=1, help="rTT-ALS's exact sweeps first (of --sweeps)")
     ap.add_argument("--trials", type=int, default=5, help="randomized runs per rank (seeds seed, seed+1, ...)")
     ap.add_argument("--cp-iters", type=int, default=6, help="CP-ALS iterations timed at each rank")
     ap.add_argument(
         "--data",
-        choices=["planted", "random"],
+        choices=["planted", "counts", "random"],
         default="planted",
         help="planted: a sparse CP model of rank 8 plus 10%% noise on the preset's shape and nonzero count; "
+        "counts: bench_apr.py's count tensor (heavy-tailed support, values 1 + Geometric(1/2)); "
         "random: bench_peers.py's heavy-tailed tensor with uniform random values",
     )
     ap.add_argument(
@@ -169,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         counts = {k: int(float(v)) for k, _, v in (item.partition("=") for item in args.nnz)}
     except ValueError:
         ap.error(f"--nnz takes TENSOR=COUNT, got {args.nnz}")
+    if counts and args.data == "counts":
+        ap.error("--nnz sets planted tensors' nonzeros; --data counts is bench_apr.py's count tensor as it is")
     out = {
         "benchmark": "tt",
         "commit": _git_commit(__file__),
@@ -181,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.tensors:
         if args.data == "planted":
             store, shape = planted_store(name, workdir, 21, nnz=counts.get(name))
+        elif args.data == "counts":
+            store, shape = counts_store(name, workdir, 21)
         else:
             _, store_path, coords, _, shape = tensor_files(name, workdir, 21)
             store = tfo.open_store(store_path)
@@ -188,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for rank in args.ranks:
             row = bench_rank(store, rank, args)
-            row["targets"] = targets(name, row)
+            row["targets"] = targets(name, row, args.data)
             rows.append(row)
             print(
                 f"  R {rank}: exact fit {row['exact']['fit']:.4f} ({row['exact']['sweep_s']:.3f} s/sweep), "

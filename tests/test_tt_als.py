@@ -424,10 +424,10 @@ def test_cli(tmp_path, rng, capsys):
         assert code == 2 and "tfooc: error" in err and "Traceback" not in err, err
         assert not (tmp_path / "bad.zarr").exists()
     rnd = ["tt", str(store.path), "--ranks", "3,2", "--method", "randomized", "--samples", "300", "--sweeps", "2"]
-    assert main([*rnd, "--fit-every", "2", "--out", str(tmp_path / "r.zarr"), "-q"]) == 0
+    assert main([*rnd, "--fit-every", "2", "--warmup", "0", "--out", str(tmp_path / "r.zarr"), "-q"]) == 0
     r = tfo.TTResult.load(tmp_path / "r.zarr")
     assert r.params["method"] == "randomized" and r.params["samples"] == 300 and r.params["fit_every"] == 2
-    assert [h["fit_evaluated"] for h in r.history] == [False, True]
+    assert r.params["warmup"] == 0 and [h["fit_evaluated"] for h in r.history] == [False, True]
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         main(["tt", str(store.path), "--ranks", "a,b"])
@@ -475,6 +475,26 @@ def test_randomized_fits_like_exact_on_planted_trains(tmp_path, rng, order):
         np.testing.assert_allclose(m @ m.T, np.eye(c.shape[0]), atol=1e-10)
 
 
+@pytest.mark.parametrize("order", [3, 4, 5])
+def test_randomized_warmup_sweeps_are_exact_sweeps(tmp_path, rng, order):
+    """A randomized run's first ``warmup`` sweeps are the exact method's (same cores, same fits),
+    evaluated and marked; the sketched ones follow."""
+    shape = {3: (9, 8, 7), 4: (9, 8, 7, 6), 5: (6, 5, 6, 5, 4)}[order]
+    _, coords, values = sparse_tensor(rng, shape, 0.3)
+    store = store_of(tmp_path, "w", coords, values, shape)
+    kw = dict(seed=int(rng.integers(1 << 30)), tol=0)
+    exact = tfo.tt_als(store, 2, max_sweeps=2, **kw)
+    only = tfo.tt_als(store, 2, method="randomized", samples=300, warmup=2, max_sweeps=2, **kw)
+    assert_cores_close(only.cores, exact.cores, rtol=1e-12)
+    r = tfo.tt_als(store, 2, method="randomized", samples=300, warmup=2, max_sweeps=4, fit_every=4, **kw)
+    assert r.params["warmup"] == 2
+    assert [h.get("warmup", False) for h in r.history] == [True, True, False, False]
+    assert [h["fit_evaluated"] for h in r.history] == [True, True, False, True]
+    np.testing.assert_allclose([h["fit"] for h in r.history[:2]], [h["fit"] for h in exact.history], rtol=1e-12)
+    with pytest.raises(ValueError, match="warmup"):
+        tfo.tt_als(store, 2, method="randomized", warmup=-1)
+
+
 def test_randomized_fit_on_a_sparse_store_is_the_models(tmp_path, rng):
     # on a sparse store ||X - T||^2 is the error at the nonzeros plus the model's mass off them
     shape = (9, 8, 7, 6)
@@ -493,7 +513,7 @@ def test_randomized_fit_cadence_defaults_as_randomized_cp_als(tmp_path, rng, mon
     shape = (9, 8, 7)
     _, coords, values = sparse_tensor(rng, shape, 0.3)
     store = store_of(tmp_path, "s", coords, values, shape)
-    kw = dict(method="randomized", samples=200, seed=int(rng.integers(1 << 30)), max_sweeps=6, tol=0)
+    kw = dict(method="randomized", samples=200, seed=int(rng.integers(1 << 30)), max_sweeps=6, tol=0, warmup=0)
     r = tfo.tt_als(store, 2, **kw)
     assert r.params["fit_every"] == 1 and all(h["fit_evaluated"] for h in r.history)
     monkeypatch.setattr(tt_module, "FIT_EVERY_ITERATION_NNZ", store.nnz - 1)
@@ -571,7 +591,9 @@ def test_unevaluated_sweeps_are_logged_and_recorded_as_such(tmp_path, rng, caplo
     shape = (9, 8, 7)
     _, coords, values = sparse_tensor(rng, shape, 0.3)
     store = store_of(tmp_path, "s", coords, values, shape)
-    kw = dict(method="randomized", samples=200, fit_every=3, seed=int(rng.integers(1 << 30)), max_sweeps=4, tol=0)
+    kw = dict(
+        method="randomized", samples=200, fit_every=3, seed=int(rng.integers(1 << 30)), max_sweeps=4, tol=0, warmup=0
+    )
     with caplog.at_level("INFO", logger="tensorflow_ooc"):
         r = tfo.tt_als(store, 2, **kw)
     lines = [m for m in caplog.messages if m.startswith("sweep ")]
@@ -609,7 +631,7 @@ def test_randomized_one_task_updates_equal_the_partition_tasks(tmp_path, rng, mo
     shape = (9, 7, 8, 6)
     _, coords, values = sparse_tensor(rng, shape, 0.3)
     store = store_of(tmp_path, "r", coords, values, shape, chunk_nnz=200)  # 5 chunks
-    kw = dict(method="randomized", samples=400, seed=int(rng.integers(1 << 30)), tol=0, max_sweeps=3)
+    kw = dict(method="randomized", samples=400, seed=int(rng.integers(1 << 30)), tol=0, max_sweeps=3, warmup=0)
     kw.update(execution="in-memory", partitions=3, fit_every=2)
     with (
         LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
@@ -643,7 +665,7 @@ def test_randomized_sweeps_run_ahead_where_they_cannot_end_the_run(tmp_path, rng
     _, coords, values = sparse_tensor(rng, shape, 0.3)
     store = store_of(tmp_path, "r", coords, values, shape, chunk_nnz=200)  # 5 chunks
     kw = dict(method="randomized", samples=400, seed=int(rng.integers(1 << 30)), tol=0, max_sweeps=5, fit_every=5)
-    kw.update(execution="in-memory", partitions=2, checkpoint_every=2)
+    kw.update(execution="in-memory", partitions=2, checkpoint_every=2, warmup=0)
     inline = tfo.tt_als(store, [3, 4, 2], scheduler="inline", checkpoint=tmp_path / "inline.npz", **kw)
     ahead = []
     submit_ahead = tt_module.TTSweeps._submit_ahead

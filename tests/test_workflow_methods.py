@@ -387,7 +387,13 @@ def test_tensor_train_steps(tmp_path, rng, capsys):
     rtt = tfo.load_result(storage / "t.rtt.zarr")
     m = rec.steps["tt-randomized"].metrics
     assert isinstance(rtt, tfo.TTResult) and rtt.ranks == (1, 2, 2, 1) and rtt.params["method"] == "randomized"
-    assert m["algorithm"] == "randomized" and m["samples"] == 300 and m["fit_every"] == 2 and m["fit"] == rtt.fit
+    assert (
+        m["algorithm"] == "randomized"
+        and m["samples"] == 300
+        and m["fit_every"] == 2
+        and m["warmup"] == 1
+        and m["fit"] == rtt.fit
+    )
 
     # evaluate: the fit recomputed against the store is TT-ALS's own (and the dense one)
     store = tfo.open_store(storage / "t.zarr")

@@ -285,7 +285,7 @@ def _tt_metrics(m: Any, result: Any, store: Any, args: tuple) -> dict:
         "device": "cpu",
     }
     if m.algorithm == "randomized":
-        out.update(samples=m.samples, fit_every=result.params.get("fit_every"))
+        out.update(samples=m.samples, warmup=result.params.get("warmup"), fit_every=result.params.get("fit_every"))
     return out
 
 

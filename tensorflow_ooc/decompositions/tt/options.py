@@ -31,6 +31,18 @@ TT_ALS = O.option_set(
             metavar="J",
         ),
         O.Option(
+            "warmup",
+            1,
+            O.NONNEGATIVE_COUNT,
+            "int",
+            "randomized: exact sweeps before the sketched ones (from random cores the leverage scores "
+            "spread over fibers that hold no nonzero, so on a sparse tensor the sketched updates see "
+            "almost none; an exact sweep moves the cores onto the nonzeros)",
+            details="Their fits are evaluated (free for an exact sweep) and their history records carry "
+            "``warmup`` True.",
+            spec_added_later=True,
+        ),
+        O.Option(
             "fit_every",
             None,
             O.OPTIONAL_COUNT,
@@ -94,4 +106,4 @@ TT_ALS = O.option_set(
 )
 
 # options of the randomized method only: giving one to the exact sweeps is an error at its own line
-RANDOMIZED_ONLY = ("samples", "fit_every")
+RANDOMIZED_ONLY = ("samples", "warmup", "fit_every")

@@ -110,6 +110,7 @@ class TTSweeps:
         check_count("samples", o.samples)
         check_count("max_sweeps", o.max_sweeps)
         check_count("checkpoint_every", run.checkpoint_every)
+        check_count("warmup", o.warmup, low=0)
         if o.fit_every is None:  # randomized CP-ALS's default: the fit's pass costs an exact update
             o.fit_every = 1 if store.nnz <= FIT_EVERY_ITERATION_NNZ else 5
         check_count("fit_every", o.fit_every)
@@ -136,7 +137,7 @@ class TTSweeps:
             "fit_from": "residual" if store.nnz == math.prod(shape) else "identity",
         }
         if o.method == "randomized":
-            self.base_params.update(samples=int(o.samples), fit_every=int(o.fit_every))
+            self.base_params.update(samples=int(o.samples), warmup=int(o.warmup), fit_every=int(o.fit_every))
         self.resumed = _resumed(run.checkpoint if run.resume else None, self.input_fp, self.base_params)
         inline_when_small(run, store.nnz, "cpu")
 
@@ -212,6 +213,8 @@ class TTSweeps:
         streamed = graph.execution == "streaming"
         args = (sweep, t_sweep, sm, fit if evaluate else None, fit_old, t_fit, store.nnz, self.stored, streamed)
         record = _sweep_record(*args, self.start_at, span)
+        if self._warmup(sweep):
+            record["warmup"] = True
         self.history.append(record)
         if evaluate:
             relative = record["fit_change_relative"]
@@ -231,10 +234,15 @@ class TTSweeps:
         self.evaluate = evaluate
         return record
 
+    def _warmup(self, sweep: int) -> bool:
+        """Whether ``sweep`` is one of a randomized run's exact warm-up sweeps."""
+        return self.o.method == "randomized" and sweep < self.o.warmup
+
     def _evaluated(self, sweep: int) -> bool:
-        """Whether ``sweep``'s fit is evaluated (every exact sweep; randomized: ``fit_every``, the last)."""
+        """Whether ``sweep``'s fit is evaluated (every exact or warm-up sweep; randomized:
+        ``fit_every``, the last)."""
         o = self.o
-        return o.method == "exact" or (sweep + 1) % o.fit_every == 0 or sweep + 1 == o.max_sweeps
+        return o.method == "exact" or self._warmup(sweep) or (sweep + 1) % o.fit_every == 0 or sweep + 1 == o.max_sweeps
 
     def _submit_sweep(self, F: Any, sweep: int) -> Any:
         """Submit ``sweep``'s core updates on the state ``F``; the future of the state after them."""
@@ -243,7 +251,8 @@ class TTSweeps:
         evaluate = self._evaluated(sweep)
         order = S.sweep_order(store.nmodes)
         local = graph.local_partitions() if self.params.get("sketched_update") == "one task" else None
-        exact_at = [o.method == "exact" or (evaluate and step == len(order) - 1) for step in range(len(order))]
+        exact = o.method == "exact" or self._warmup(sweep)
+        exact_at = [exact or (evaluate and step == len(order) - 1) for step in range(len(order))]
         begun = False
         if local is None or exact_at[0]:
             F, begun = c.submit(S.begin_sweep, F, pure=False, **graph.placement), True
