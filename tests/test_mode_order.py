@@ -126,6 +126,29 @@ def test_sorted_items_take_per_thread_outputs_only_where_they_move_less(rng):
         assert ThreadOutputs.for_sorted(out, mode_sorted(small, t.layout, 0, run_min=0), 0, 0) is None  # bound
 
 
+def test_in_memory_items_in_alto_order_take_per_thread_outputs_at_any_length(rng):
+    """Decoded in-memory items without a copy for the mode (runs too short for one) add into
+    per-thread outputs however short the output; a streamed pass (items not known) keeps the
+    length bar; either way the MTTKRP equals the dense reference, 1-3 threads."""
+    from tensorflow_ooc.kernels.mttkrp.dispatch import THREAD_OUTPUT_MIN_ROWS
+
+    shape = (300, 40, 3)
+    coords, values = random_coo(rng, shape, 6000)
+    t = tfo.encode_coo(coords, values, shape)
+    factors = [rng.standard_normal((s, 8)) for s in shape]
+    assert tensor_items(t, 0) is tensor_items(t)  # runs of 1-2 nonzeros: no copy
+    out = np.zeros((shape[0], 8))
+    assert shape[0] < THREAD_OUTPUT_MIN_ROWS
+    with numba_threads(2):
+        shared = ThreadOutputs.for_items(out, tensor_items(t), 0, 6000, 1 << 30)
+        assert shared is not None and shared.threads == 2
+        assert ThreadOutputs.for_items(out, None, 0, 6000, 1 << 30) is None  # streamed
+        assert ThreadOutputs.for_items(out, tensor_items(t), 0, 6000, 0) is None  # over the byte bound
+    ref = dense_mttkrp(shape, coords, values, factors, 0)
+    for threads in (1, 2, 3):
+        assert rel_err(tfo.mttkrp(t, factors, 0, threads=threads), ref) < 1e-12
+
+
 def test_partition_with_mode_copies_matches_without(tmp_path, rng):
     from tensorflow_ooc.execution.partitions import plan_partitions
     from tensorflow_ooc.execution.tasks import load_partition, mttkrp_partition

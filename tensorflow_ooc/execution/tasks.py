@@ -226,10 +226,11 @@ def mttkrp_partition(
     nnz = source.items.nnz.sum() if isinstance(source, PartitionData) else lo_hi.nnz
     # a small partition runs on one thread, as a small dense chunk does (threads_for)
     with numba_threads(threads_for(threads, nnz)):
-        sorted_items = source.mode_items.get(mode) if isinstance(source, PartitionData) else None
+        resident = isinstance(source, PartitionData)
+        sorted_items = source.mode_items.get(mode) if resident else None
         shared = ThreadOutputs.for_items(
             out,
-            sorted_items,
+            sorted_items if sorted_items is not None else (source.items if resident else None),
             mode,
             int(nnz),
             max_private_bytes,

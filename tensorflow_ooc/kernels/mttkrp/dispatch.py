@@ -32,7 +32,8 @@ SCRATCH_KEEP_BYTES = 64 << 20
 OWNED_MIN_NNZ = 1 << 16
 # per-thread whole outputs (ThreadOutputs) for outputs of at least this many rows, where a call
 # has at least THREAD_OUTPUT_NNZ_PER_ROW nonzeros per row of the extra outputs (their zeroing
-# and merging then cost less than the row-owned tiles' bucketing and lost locality)
+# and merging then cost less than the row-owned tiles' bucketing and lost locality); decoded
+# in-memory items take them at any length (docs/KERNELS.md, "Mode-sorted copies")
 THREAD_OUTPUT_MIN_ROWS = 1 << 18
 THREAD_OUTPUT_NNZ_PER_ROW = 2.0
 
@@ -107,29 +108,41 @@ class ThreadOutputs:
         return max(0, int(threads) - 1 - (1 if scratch else 0))
 
     @staticmethod
-    def pays(out: np.ndarray, nnz: int, threads: int, max_bytes: int, scratch: bool = False) -> bool:
+    def pays(
+        out: np.ndarray, nnz: int, threads: int, max_bytes: int, scratch: bool = False, resident: bool = False
+    ) -> bool:
         """Whether a pass of ``nnz`` nonzeros into ``out`` should use them: a long output, the
         allocated copies within ``max_bytes``, and enough nonzeros per copied row. One thread
         always: its output is ``out`` itself, so nothing is copied, zeroed or merged, and plain
         adds into it beat both private accumulators and row-owned tiles (Amazon-shaped, 43 M
-        nonzeros streamed, R16, one thread: 2.4-2.7 s a mode against 3.5-4.6 s)."""
+        nonzeros streamed, R16, one thread: 2.4-2.7 s a mode against 3.5-4.6 s).
+
+        ``resident``: the pass is one call over decoded in-memory items, which take them at any
+        output length (see :data:`THREAD_OUTPUT_MIN_ROWS`)."""
         copies = max(0, int(threads) - 1)
         if copies == 0:
             return True
         return (
-            out.shape[0] >= THREAD_OUTPUT_MIN_ROWS
+            (resident or out.shape[0] >= THREAD_OUTPUT_MIN_ROWS)
             and ThreadOutputs.extra_copies(threads, scratch) * out.nbytes <= max_bytes
             and nnz >= THREAD_OUTPUT_NNZ_PER_ROW * copies * out.shape[0]
         )
 
     @classmethod
     def for_pass(
-        cls, out: np.ndarray, nnz: int, max_bytes: int, force: bool = False, scratch: np.ndarray | None = None
+        cls,
+        out: np.ndarray,
+        nnz: int,
+        max_bytes: int,
+        force: bool = False,
+        scratch: np.ndarray | None = None,
+        resident: bool = False,
     ) -> "ThreadOutputs | None":
         """Per-thread outputs for a pass of ``nnz`` nonzeros into ``out`` on this call's numba
-        threads where they pay (:meth:`pays`) or are asked for (``force``), else None."""
+        threads where they pay (:meth:`pays`; ``resident``: over decoded in-memory items) or are
+        asked for (``force``), else None."""
         threads = nb.get_num_threads()
-        if force or cls.pays(out, nnz, threads, max_bytes, scratch=scratch is not None):
+        if force or cls.pays(out, nnz, threads, max_bytes, scratch=scratch is not None, resident=resident):
             return cls(out, threads, scratch)
         return None
 
@@ -164,10 +177,11 @@ class ThreadOutputs:
         scratch: np.ndarray | None = None,
     ) -> "ThreadOutputs | None":
         """:meth:`for_sorted` where ``items`` are sorted by ``mode``, else :meth:`for_pass` for a pass
-        of ``nnz`` nonzeros (``items`` None: the pass's items are not known yet, e.g. streamed)."""
+        of ``nnz`` nonzeros (``items`` None: the pass's items are not known yet, e.g. streamed;
+        else the decoded in-memory items, a ``resident`` pass)."""
         if items is not None and items.sorted_mode == mode:
             return cls.for_sorted(out, items, mode, max_bytes, scratch=scratch)
-        return cls.for_pass(out, nnz, max_bytes, force=force, scratch=scratch)
+        return cls.for_pass(out, nnz, max_bytes, force=force, scratch=scratch, resident=items is not None)
 
     def buffers(self) -> tuple[np.ndarray, np.ndarray]:
         """``(first, rest)``: the second thread's copy and the others' (zeroed at first use)."""

@@ -30,13 +30,14 @@ from ...format import BitLayout
 from .cpu import item_profile
 from .plan import WorkItems
 
-# a mode's sorted copy is kept only where its runs average at least this many nonzeros (a
-# shorter run sums too little in registers to pay for the other modes' lost locality)
-SORTED_RUN_MIN = 4.0
 # a copy's run table (24 bytes a run) is made where its runs are at most this share of the
 # nonzeros (0.375 bytes a nonzero; the benchmark tensors have 0.0003-0.004 runs a nonzero): the
 # table kernel then reads no target index (see kernels/mttkrp/cpu.py, "table_threads")
 RUN_TABLE_MAX_FRACTION = 1 / 64
+# a mode's sorted copy is kept only where its runs average at least this many nonzeros, those
+# that get a run table: shorter runs ran slower than the ALTO-ordered items with per-thread
+# outputs (docs/KERNELS.md, "Mode-sorted copies")
+SORTED_RUN_MIN = 1 / RUN_TABLE_MAX_FRACTION
 RUN_TABLE_BYTES_PER_NNZ = 24 * RUN_TABLE_MAX_FRACTION
 # an in-memory tensor's copies may take at most this share of the memory free when they are made
 TENSOR_COPIES_MAX_FREE_FRACTION = 0.25
