@@ -9,15 +9,16 @@ import os
 from typing import Sequence
 
 from ..ingest import rewrite as ingest_rewrite
-from ..kernels.mttkrp.mode_order import SORTED_RUN_MIN, mode_sorted
+from ..kernels.mttkrp.mode_order import mode_sorted
 from ..kernels.mttkrp.plan import ITEM_NNZ
 from ..store import Store, open_store
 from ..store.mode_copies import ModeCopiesWriter, drop_mode_copies
+from .sorted_stream import STREAMED_RUN_MIN
 from .stream import BatchBuffers, fill_batch
 
 
 def build_mode_copies(
-    store: Store | str, modes: str | Sequence[int] = "auto", run_min: float = SORTED_RUN_MIN
+    store: Store | str, modes: str | Sequence[int] = "auto", run_min: float = STREAMED_RUN_MIN
 ) -> Store:
     """Write the mode-sorted copies of ``modes`` into ``store`` (replacing any it has); the store
     reopened. ``"auto"``: every mode whose sorted runs average at least ``run_min`` nonzeros (the

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..kernels import WorkItems, work_items
 from ..kernels.mttkrp.dispatch import ThreadOutputs
-from ..kernels.mttkrp.mode_order import SORTED_RUN_MIN, run_table
+from ..kernels.mttkrp.mode_order import run_table
 from ..store import Store
 from ..store.mode_copies import ModeCopy, SortedChunk
 
@@ -42,15 +42,20 @@ class SortedProfile:
 _PROFILES: dict[tuple[str, int, int], tuple[tuple[int, int], SortedProfile]] = {}
 _PROFILES_LOCK = threading.Lock()
 MAX_PROFILES = 1 << 17
+#: a streamed mode reads its sorted copy where the copy's runs average at least this many
+#: nonzeros: lower than the in-memory copies' bar (SORTED_RUN_MIN), because the ALTO-ordered
+#: chunks a stream falls back to get per-thread outputs only for long modes (nips R8/R16, runs
+#: of 4-64: 74-77 % of in-memory from the copies, 47-49 % from the chunks; docs/KERNELS.md)
+STREAMED_RUN_MIN = 4.0
 
 
 def copy_for(store: Store, mode: int) -> ModeCopy | None:
     """The store's mode-sorted copy of ``mode`` where it keeps one whose runs pay (average at
-    least ``SORTED_RUN_MIN`` nonzeros), else None (the ALTO-ordered chunks are streamed)."""
+    least ``STREAMED_RUN_MIN`` nonzeros), else None (the ALTO-ordered chunks are streamed)."""
     copies = store.mode_copies
     if copies is None or mode not in copies.modes:
         return None
-    if copies.describe()[str(mode)]["mean_run"] < SORTED_RUN_MIN:
+    if copies.describe()[str(mode)]["mean_run"] < STREAMED_RUN_MIN:
         return None
     return copies.mode(mode)
 
