@@ -728,7 +728,7 @@ def test_sts_on_workers_update_as_one_process_does_from_the_same_draws(
     NumPy sketched solve over the same draws, with the same rows not zero. With the uniforms'
     mapping to rows the only difference between the samplers (the owners' masses first here, one
     tree there: the draws differ, not their law), this is what makes both trajectories right
-    (docs/EXECUTION.md, "STS-CP on several workers")."""
+    (docs/EXECUTION.md, "Why 2 x 1 and 1 x 2 match different nonzeros")."""
     from tensorflow_ooc.decompositions.cp.cp_owner import owner_iteration
 
     shape = (400, 300, 350) if nmodes == 3 else (90, 80, 70, 6)
