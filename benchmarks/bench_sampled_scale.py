@@ -66,6 +66,13 @@ def _run(client, store: str, method: str, args, index_info: dict | None = None) 
         "nnz_read_per_round": statistics.mean(nnz_read) if method != "exact" else None,
         "bytes_read_per_round": statistics.mean(bytes_read) if method != "exact" else None,
         "matched_nnz_per_round": statistics.mean(matched) if method != "exact" else None,
+        # per sampled round, the nonzeros each mode's sampled fibers held (history reads[m]["nnz"])
+        "matched_nnz_by_round": [
+            [v.get("nnz") for _, v in sorted(rd.items(), key=lambda kv: int(kv[0]))] for rd in reads
+        ]
+        if method != "exact"
+        else None,
+        "round_seconds": [h.get("round_seconds", h["seconds"]) for h in sampled],
         "matched_bytes_per_round": statistics.mean(matched_bytes) if method != "exact" else None,
         "filter_bytes_per_round": statistics.mean(filter_bytes) if method != "exact" else None,
         "sampled_reads": r.params.get("sampled_reads"),

@@ -16,6 +16,7 @@ from tensorflow_ooc import synthetic
 from tensorflow_ooc.decompositions.cp.cp_owner_sampling import owner_sts_sample, start_sampler
 from tensorflow_ooc.execution.memory_plan import MemoryPlanError
 from tensorflow_ooc.execution.owner_computes import _RUNS, OwnerComputes, plan_ownership
+from tensorflow_ooc.execution.partials import SPREAD_ROWS
 from tensorflow_ooc.execution.partitions import split_nonzeros
 from tensorflow_ooc.kernels import StackedFactors
 
@@ -675,3 +676,102 @@ def test_owner_sums_equal_adding_each_ranks_rows_in_turn(n):
     got = owner_sums(positions, values, n)
     hit = np.flatnonzero(want.any(axis=1))
     assert got.n == n and np.array_equal(got.hit, hit) and np.array_equal(got.rows, want[hit])
+
+
+def _recording_iteration(ws, previous, *args):
+    """:func:`~tensorflow_ooc.decompositions.cp.cp_owner.owner_iteration` as the run calls it,
+    returning beside its summary every mode's draws (the real sampler's SampleSets, in turn)."""
+    from tensorflow_ooc.decompositions.cp import cp_owner
+
+    drawn, real = [], cp_owner.owner_sts_sample
+
+    def recorded(*a, **kw):
+        S = real(*a, **kw)
+        drawn.append((S.mode, S.coords, S.weights, S.rows, S.probs))
+        return S
+
+    cp_owner.owner_sts_sample = recorded
+    try:
+        out = cp_owner.owner_iteration(ws, previous, *args)
+    finally:
+        cp_owner.owner_sts_sample = real
+    return {**out, "drawn": drawn}
+
+
+def _sketched_update_reference(factors, coords, values, mode, S_coords, S_weights, S_rows):
+    """One process's sketched update of ``mode`` in NumPy (not a first iteration): the sampled
+    MTTKRP of the nonzeros in the drawn fibers, ``A = M (sum_s w_s h_s h_s^T)^+`` over the rows
+    they hit, columns over their max-norm (at least 1), every other row zero; the factor kept
+    where no drawn fiber holds a nonzero."""
+    ks = [k for k in range(len(factors)) if k != mode]
+    dims = [factors[k].shape[0] for k in ks]
+    drawn = {key: s for s, key in enumerate(np.ravel_multi_index(tuple(S_coords[:, ks].T), dims))}
+    M = np.zeros_like(factors[mode])
+    for key, i, x in zip(np.ravel_multi_index(tuple(coords[:, ks].T), dims), coords[:, mode], values):
+        if key in drawn:
+            s = drawn[key]
+            M[i] += x * S_weights[s] * S_rows[s]
+    if not M.any():
+        return factors[mode]
+    A = M @ np.linalg.pinv((S_rows * S_weights[:, None]).T @ S_rows)
+    return A / np.maximum(np.abs(A).max(axis=0), 1.0)
+
+
+@pytest.mark.parametrize("nmodes, spread_limit", [(3, None), (3, 0), (4, None)])
+def test_sts_on_workers_update_as_one_process_does_from_the_same_draws(
+    two_workers, rng, tmp_path, nmodes, spread_limit
+):
+    """Two workers' sketched updates (the rows spread to every worker, or with ``spread_limit`` 0
+    summed at and sent from their owners) give one process's factors, from the draws they made:
+    in every mode of three iterations each draw's Khatri-Rao rows and probabilities are the exact
+    leverage scores of the factors as they stand (an explicit SVD), and each update equals a
+    NumPy sketched solve over the same draws, with the same rows not zero. With the uniforms'
+    mapping to rows the only difference between the samplers (the owners' masses first here, one
+    tree there: the draws differ, not their law), this is what makes both trajectories right
+    (docs/EXECUTION.md, "Why 2 x 1 and 1 x 2 match different nonzeros")."""
+    from tensorflow_ooc.decompositions.cp.cp_owner import owner_iteration
+
+    shape = (400, 300, 350) if nmodes == 3 else (90, 80, 70, 6)
+    coords = np.unique(np.stack([rng.integers(0, s, 6000) for s in shape], axis=1), axis=0)
+    values = rng.random(len(coords)) + 0.5
+    store = tfo.convert((coords, values), tmp_path / "s.zarr", shape=shape, chunk_nnz=512)
+    addresses = list(two_workers.scheduler_info()["workers"])
+    engine = OwnerComputes(
+        two_workers,
+        store.path,
+        split_nonzeros(store, 2),
+        in_memory=True,
+        init=StackedFactors.from_list,
+        init_args=([rng.random((s, 4)) for s in shape], "float64"),
+        nmodes=nmodes,
+        threads={a: 1 for a in addresses},
+        batch_nnz=1 << 16,
+        max_private_bytes=1 << 26,
+    )
+    try:
+        normX2 = float(store.meta["norm_sq"])
+        engine.iterate(owner_iteration, (0, True, normX2, 0.0, None))  # the exact warm-up
+        engine.iterate(_start_step, (SPREAD_ROWS if spread_limit is None else spread_limit,))
+        ref = [engine.factor(m, shape, 4, "float64") for m in range(nmodes)]
+        entropy = int(rng.integers(1 << 30))
+        for it in range(1, 4):  # 200 draws a mode hit a few hundred rows of each
+            got = engine.iterate(_recording_iteration, (it, False, normX2, 0.0, (200, entropy, False)))
+            for g in got[1:]:  # every worker drew the same
+                for a, b in zip(g["drawn"], got[0]["drawn"]):
+                    for x, y in zip(a[1:], b[1:]):
+                        np.testing.assert_array_equal(x, y)
+            for mode, S_coords, S_weights, S_rows, S_probs in got[0]["drawn"]:
+                A, _ = explicit_krp(ref, mode)
+                ks = [k for k in range(nmodes) if k != mode]
+                cells = np.ravel_multi_index(tuple(S_coords[:, ks].T), [shape[k] for k in ks])
+                # the rows of a mode updated this iteration are the reference solve's, equal to rounding
+                np.testing.assert_allclose(S_rows, A[cells], rtol=1e-9, atol=1e-12 * np.abs(A).max())
+                np.testing.assert_allclose(S_probs, exact_leverage(A)[cells], rtol=1e-8)
+                ref[mode] = _sketched_update_reference(ref, coords, values, mode, S_coords, S_weights, S_rows)
+            for m in range(nmodes):
+                f = engine.factor(m, shape, 4, "float64")
+                np.testing.assert_array_equal(np.flatnonzero(f.any(axis=1)), np.flatnonzero(ref[m].any(axis=1)))
+                np.testing.assert_allclose(f, ref[m], rtol=1e-8, atol=1e-10 * np.abs(ref[m]).max())
+                ref[m] = f  # the next iteration from the run's own rows (no drift of rounding)
+    finally:
+        engine.release()
