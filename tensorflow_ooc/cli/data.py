@@ -376,7 +376,7 @@ def cmd_mode_copies(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     store = build_mode_copies(args.store, modes)
     dt = time.perf_counter() - t0
-    copies = store.info()["mode_copies"]
+    copies = store.mode_copies.describe() if store.mode_copies is not None else {}
     per = ", ".join(f"mode {m} {d['bytes_per_nnz']:.1f} (mean run {d['mean_run']:.0f})" for m, d in copies.items())
     print(f"{args.store}: mode-sorted copies in {dt:.2f} s (bytes a nonzero: {per or 'none kept'})")
     return 0

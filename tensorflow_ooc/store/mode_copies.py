@@ -134,7 +134,7 @@ class ModeCopy:
         what = "is missing" if got == ABSENT else f"does not belong at this position (checksum {int(got):#010x})"
         raise CorruptStoreError(
             f"{self.store.path}: mode-sorted copy of mode {self.mode}: chunk {c} of '{ARRAYS[k]}' {what}; "
-            "write the copies again (tfooc mode-copies --overwrite)"
+            "write the copies again (tfooc mode-copies STORE)"
         )
 
 
@@ -203,7 +203,7 @@ def open_mode_copies(store: Store) -> ModeCopies | None:
     if meta.get("store_id") != store.meta.get("store_id") or meta.get("store_checksum") != store.meta.get(CHECKSUM_KEY):
         raise CorruptStoreError(
             f"{where}: they were written for another store (or before this store's metadata changed); write them "
-            "again (tfooc mode-copies --overwrite)"
+            "again (tfooc mode-copies STORE)"
         )
     return ModeCopies(store, meta, group)
 
