@@ -1,5 +1,6 @@
 """CPU MTTKRP against independent references: dense einsum (small) and pyttb (sparse)."""
 
+import gc
 import string
 
 import numpy as np
@@ -366,9 +367,11 @@ def test_factor_storage_and_outputs_start_on_a_page(rng):
     assert out.ctypes.data % ALIGN_BYTES == 0
 
 
-def test_kept_output_buffer_is_handed_out_only_when_free(tmp_path, rng, monkeypatch):
+def test_kept_output_buffer_is_handed_out_only_when_free(tmp_path, rng, monkeypatch, request):
     """A partition task's output comes from the process's kept buffer once nothing refers to the
-    previous one, zeroed; while a partial still holds it, a fresh array; results stay exact."""
+    previous one, zeroed; while a partial still holds it, a fresh array; results stay exact. The
+    garbage collector is off: a reference cycle that holds an output (an exception's frames
+    caught below a task once held its caller's output) must not delay the reuse."""
     from tensorflow_ooc.execution import output_buffers
     from tensorflow_ooc.execution.partitions import plan_partitions
     from tensorflow_ooc.execution.tasks import mttkrp_partition
@@ -387,6 +390,9 @@ def test_kept_output_buffer_is_handed_out_only_when_free(tmp_path, rng, monkeypa
 
     # the longest mode first: its buffer then holds every other mode's output
     modes = sorted(range(3), key=lambda m: -shape[m])
+    gc.collect()
+    gc.disable()
+    request.addfinalizer(gc.enable)
     first = mttkrp_partition((store.path, part), stacked, modes[0], 1, batch_nnz=256)
     kept = output_buffers._KEPT[0].ctypes.data
     assert first.rows.ctypes.data == kept

@@ -6,6 +6,7 @@ import asyncio
 import math
 import os
 import threading
+import traceback
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator
@@ -606,7 +607,12 @@ class _StoreGroup:
     def __contains__(self, name: str) -> bool:
         try:
             self[name]
-        except KeyError:
+        except KeyError as missing:
+            # zarr's frames hold the error they caught and, through their callers, e.g. an MTTKRP's
+            # output buffer: a reference cycle that kept the buffer from reuse until gc ran
+            for err in (missing, missing.__cause__, missing.__context__):
+                if err is not None:
+                    traceback.clear_frames(err.__traceback__)
             return False
         return True
 
