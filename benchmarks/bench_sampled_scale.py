@@ -4,7 +4,8 @@ store's fiber index, on one worker under a memory limit (or several workers).
 Per store it prints the index (bytes a nonzero per mode, build seconds), then per method: seconds
 per round (the sampled round without the fit's exact pass), nonzeros and bytes read per round
 against the store's, the fit after equal rounds, and the time to 95 % of exact's final fit (from
-the start, the exact warm-up included). A table, and JSON with ``--json``.
+the start, the exact warm-up included), and the memory plan taken with its peak against the
+worker's measured peak resident memory. A table, and JSON with ``--json``.
 
     python benchmarks/bench_sampled_scale.py storage/bench/amazon86p storage/bench/amazon86h \\
         --memory-limit 6GB --threads 2 --rounds 10 --json benchmarks/results/sampled_scale.json
@@ -31,6 +32,13 @@ def _cluster(workers: int, threads: int, memory_limit: str):
     return cluster, Client(cluster)
 
 
+def _peak_rss() -> int:
+    """Run on a worker: its process's peak resident bytes so far (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _run(client, store: str, method: str, args, index_info: dict | None = None) -> dict:
     kw = dict(seed=args.seed, max_iters=args.rounds, tol=0, execution="streaming", client=client)
     if args.distribution:
@@ -43,6 +51,9 @@ def _run(client, store: str, method: str, args, index_info: dict | None = None) 
     except Exception as exc:  # a refusal (the memory plan) is a result of its own
         return {"method": method, "error": f"{type(exc).__name__}: {exc}"}
     wall = time.time() - t0
+    # the workers were restarted before this run, so their peaks are this run's
+    peak = max(client.run(_peak_rss).values(), default=0)
+    plan = r.params.get("memory_plan") or {}
     hist = r.history
     sampled = [h for h in hist if not h.get("warmup")] if method != "exact" else hist
     per_round = [h.get("round_seconds", h["seconds"]) for h in sampled[1:] or sampled]
@@ -59,6 +70,9 @@ def _run(client, store: str, method: str, args, index_info: dict | None = None) 
         "method": method,
         "rounds": len(hist),
         "wall_seconds": wall,
+        "worker_peak_rss": peak,
+        "plan": plan.get("name"),
+        "plan_peak": plan.get("peak"),
         "seconds_per_round": statistics.median(per_round),
         "fit": r.fit,
         "fits": [h["fit"] for h in hist],
@@ -129,6 +143,12 @@ def main() -> None:
                 row = _run(client, path, method, args, info["fiber_index"])
                 entry["runs"].append(row)
                 print("  ", json.dumps({k: v for k, v in row.items() if k not in ("fits", "clock")}), flush=True)
+                if "plan" in row:
+                    print(
+                        f"   {method}: plan {row['plan']}, planned peak {row['plan_peak'] / 2**20:,.0f} MiB, "
+                        f"measured worker peak {row['worker_peak_rss'] / 2**20:,.0f} MiB",
+                        flush=True,
+                    )
             exact = next((r for r in entry["runs"] if r["method"] == "exact" and "error" not in r), None)
             print(
                 f"\n  {'method':<16} {'s/round':>8} {'x exact':>8} {'nnz read':>13} {'bytes read':>14} "

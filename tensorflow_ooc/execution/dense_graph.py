@@ -74,6 +74,10 @@ class DenseMTTKRPGraph(MTTKRPGraph):
         """One partition per Dask thread, cut at whole chunks."""
         return plan_dense_partitions(self.dense, self.n_parts, itemsize)
 
+    def _single_task_parts(self, execution: str) -> None:
+        """Dense arrays plan a task per Dask thread only (their plan has no per-thread outputs to spare)."""
+        return None
+
     def _candidates(
         self, parts: list[DensePartition], per_worker: int, samples: int, owner: bool = False, **common
     ) -> list[MemoryPlan]:

@@ -30,7 +30,7 @@ from ..store import Store
 from .cluster import in_this_process
 from .fiber_reads import GATHER_BYTES, indexed_sampled_partial
 from .inline import is_inline
-from .memory_plan import MemoryPlan, MemoryPlanError, candidates, choose
+from .memory_plan import MemoryPlan, MemoryPlanError, candidates, choose, plan_order
 from .output_buffers import release_outputs
 from .pair_tasks import PairMemo, pair_partition
 from .partitions import contiguous_runs, owner_rows, plan_partitions
@@ -248,6 +248,9 @@ class MTTKRPGraph(PartitionedGraph):
         # (in-process transfers pass it by reference), so lending needs a single worker
         self._one_task_at_a_time = len(res) == 1 and all(r["dask_threads"] == 1 for r in res.values())
         self._may_lend = self._one_task_at_a_time and not keep_target
+        # a plan of one partition task at a time (memory_plan's single_task) may lend as well: its
+        # one partition task a mode is the only one that writes the target rows
+        self._keep_target = bool(keep_target)
         self.memory_plan: MemoryPlan | None = None
         self._asked = PlanRequest(execution, rank, dtype, int(samples))  # for plan_owner_computes
         self.memory_plan_error: MemoryPlanError | None = None
@@ -273,7 +276,8 @@ class MTTKRPGraph(PartitionedGraph):
         # exact CP-ALS mode updates may lend the target mode's factor rows to the MTTKRP as a
         # per-thread output copy (ThreadOutputs) when the update overwrites them in place and no
         # other task can read them meanwhile
-        self.lend_target = self.in_place and self._may_lend
+        single = bool(self.memory_plan and self.memory_plan.single_task)
+        self.lend_target = self.in_place and (self._may_lend or (single and not self._keep_target))
         # several CPU workers: partials are reduce-scattered instead of tree-reduced onto one
         self.scatter_reduce = len(res) > 1 and self.device == "cpu"
         log.info(
@@ -346,6 +350,8 @@ class MTTKRPGraph(PartitionedGraph):
         """Take ``plan``'s batch size and private bound, log it, and return its execution."""
         self.batch_nnz = min(self._batch_nnz_cap, plan.batch_nnz)
         self.max_private_bytes = plan.max_private_bytes
+        if plan.single_task:
+            self.numba_threads = plan.kernel_threads
         if plan.execution == "streaming" and self.device == "cpu" and isinstance(self.store, Store):
             # the plan names the modes its sparse streamed passes read from mode-sorted copies
             plan.streamed_copies = tuple(streamed_copy_modes(self.store))
@@ -374,6 +380,15 @@ class MTTKRPGraph(PartitionedGraph):
         threads = min(r["dask_threads"] for r in res.values())
         plans: list[MemoryPlan] = []
         parts_of: dict[int, list] = {}
+        common = dict(
+            owner=owner,
+            rank=rank,
+            itemsize=itemsize,
+            workers=nworkers,
+            baseline=baseline,
+            limit=min(limits) if all(limits) else None,
+            split_every=self.split_every,
+        )
         for mode in ("in-memory", "streaming"):
             if execution not in ("auto", mode):
                 continue
@@ -383,20 +398,33 @@ class MTTKRPGraph(PartitionedGraph):
                 parts,
                 per_worker,
                 samples,
-                owner=owner,
-                rank=rank,
-                itemsize=itemsize,
                 # owner-computes: one task a worker, its kernels on all the worker's cores
                 tasks=1 if owner else max(1, min(threads, per_worker)),
                 partitions_per_mode=len(parts),
-                workers=nworkers,
-                baseline=baseline,
-                limit=min(limits) if all(limits) else None,
                 execution=mode,
-                split_every=self.split_every,
+                **common,
             )
-            plans += found
             parts_of.update({id(p): parts for p in found})
+            one = None if owner else self._single_task_parts(mode)
+            if one is not None:
+                # one partition task at a time on all the worker's cores: one output of the mode
+                # and no partials to sum, where a task per Dask thread holds one each and their sum
+                cores = sum(r["numba_threads"] * r["dask_threads"] for r in res.values())
+                single = self._candidates(
+                    one,
+                    1,
+                    samples,
+                    tasks=1,
+                    partitions_per_mode=1,
+                    execution=mode,
+                    single_task=True,
+                    kernel_threads=cores,
+                    **common,
+                )
+                parts_of.update({id(p): one for p in single})
+                found += single
+            plans += found
+        plans.sort(key=plan_order)
         if is_inline(client) or in_this_process(res):
             # in this process nothing recomputes an earlier state (no worker can be lost alone: the
             # inline scheduler, or the embedded in-process cluster), so the copy a mode update makes
@@ -411,6 +439,18 @@ class MTTKRPGraph(PartitionedGraph):
         """The partitions of a streaming execution: one per Dask thread, uncapped."""
         return plan_partitions(self.store, self.n_parts, None)
 
+    def _single_task_parts(self, execution: str) -> list | None:
+        """The one partition of an ``execution`` run as one task at a time on all of a worker's
+        cores, where that is a plan of its own: one CPU worker of several Dask threads, partitions
+        not fixed by the caller, and (in memory) the store within one partition's cap. None elsewhere."""
+        res = self.resources
+        if self.device != "cpu" or self.partitions_asked or len(res) != 1:
+            return None
+        if all(r["dask_threads"] <= 1 for r in res.values()):
+            return None
+        parts = plan_partitions(self.store, 1, self.max_partition_nnz if execution == "in-memory" else None)
+        return parts if len(parts) == 1 else None
+
     def _candidates(
         self, parts: list, per_worker: int, samples: int, owner: bool = False, **common
     ) -> list[MemoryPlan]:
@@ -419,6 +459,7 @@ class MTTKRPGraph(PartitionedGraph):
         res = self.resources
         if owner:
             common["owner_rows"] = owner_rows(contiguous_runs(parts, len(res)), tuple(self.store.shape))
+        common.setdefault("kernel_threads", self._kernel_threads(owner))
         return candidates(
             shape=tuple(self.store.shape),
             worker_nnz=per_worker * max((p.nnz for p in parts), default=0),
@@ -428,14 +469,17 @@ class MTTKRPGraph(PartitionedGraph):
             trees=self.sampler == "sts",
             index_reads=GATHER_BYTES if self.store.fiber_modes() else 0,
             index_filters=self.store.fibers.bloom_bytes(samples=samples) if self.store.fiber_modes() else 0,
-            kernel_threads=min(r["numba_threads"] * r["dask_threads"] for r in res.values())
-            if owner
-            else self.numba_threads,
-            lend_target=self._may_lend and not owner,
+            lend_target=(self._may_lend or (common.get("single_task", False) and not self._keep_target)) and not owner,
             owner=owner,
             memo_pairs=self.memo_pairs,
             **common,
         )
+
+    def _kernel_threads(self, owner: bool) -> int:
+        """Numba threads of a partition task: an owner-computes worker's one task takes all its cores."""
+        if owner:
+            return min(r["numba_threads"] * r["dask_threads"] for r in self.resources.values())
+        return self.numba_threads
 
     def partials(
         self, factors: Future, mode: int, lend_target: bool = False, after: list[Future] | None = None

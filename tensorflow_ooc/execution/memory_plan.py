@@ -22,7 +22,8 @@ Before anything runs, the plan adds up the bytes the busiest worker holds at onc
                they replace: each pair's copy sorted by the pair, its table and memo rows, at
                most :data:`~tensorflow_ooc.kernels.mttkrp.mode_pairs.PAIR_GROUPS_MAX` pairs a
                nonzero (:mod:`~tensorflow_ooc.kernels.mttkrp.mode_pairs`)
-``buckets``    the row-owned tiles' buckets (20 bytes a nonzero, a bounded group at a time)
+``buckets``    the row-owned tiles' buckets (16 bytes a nonzero and its value, a bounded group at
+               a time)
 ``column_groups`` ranks run as padded column groups: the factors' padded copy and one output per
                group, per task (:mod:`~tensorflow_ooc.kernels.mttkrp.column_groups`)
 ``transfer``   a state arriving from another worker while the previous one is still held
@@ -57,6 +58,14 @@ outputs, :class:`~tensorflow_ooc.kernels.mttkrp.dispatch.ThreadOutputs`, instead
 In-place executions on one worker running one task at a time lend the target mode's factor
 rows as one copy (the MTTKRP does not read them and the update overwrites them), so with two
 kernel threads per-thread outputs cost them nothing beyond the default bound.
+
+A worker of several Dask threads runs one partition task per thread, each with its own output of
+the target mode and a reduction of their partials: at 4.8 M rows and rank 16 that is 589 MiB a
+task and 589 MiB for the sum. So on one worker, after each execution's plans with a task per
+Dask thread come the same with one partition task at a time on all the worker's cores
+(``single_task``: one partition, whose output is the whole sum) before the next execution's:
+exact CP-ALS and STS-CP at 500 M nonzeros on a 2-thread worker fit 4 GB as on one thread.
+The lean streaming plans come last, a task per thread before one task.
 
 Below the floor (the leanest peak) it refuses with :class:`MemoryPlanError`, which gives the
 figures and the smallest worker limit that works.
@@ -114,6 +123,9 @@ class MemoryPlan:
     mode_pairs: bool = False  # ... and memoized mode pairs where they pay (kernels/mttkrp/mode_pairs.py)
     # streaming: the modes streamed from the store's mode-sorted copies (execution/sorted_stream.py)
     streamed_copies: tuple[int, ...] = ()
+    # one partition task at a time, on all the worker's cores, instead of a task per Dask thread
+    single_task: bool = False
+    kernel_threads: int = 1  # numba threads a partition task runs on
 
     @property
     def peak(self) -> int:
@@ -139,6 +151,7 @@ class MemoryPlan:
             + (", per-thread outputs" if roomy else "")
             + (", mode-sorted copies" if self.mode_copies else "")
             + (", memoized mode pairs" if self.mode_pairs else "")
+            + (f", one task at a time on {self.kernel_threads} kernel threads" if self.single_task else "")
             + (
                 f", modes {', '.join(map(str, self.streamed_copies))} from the store's mode-sorted copies"
                 if self.execution == "streaming" and self.streamed_copies
@@ -156,6 +169,7 @@ class MemoryPlan:
 
     def as_dict(self) -> dict:
         return {
+            "name": self.name,
             "execution": self.execution,
             "in_place": self.in_place,
             "mode_copies": self.mode_copies,
@@ -163,6 +177,8 @@ class MemoryPlan:
             "streamed_copies": list(self.streamed_copies) if self.execution == "streaming" else [],
             "batch_nnz": self.batch_nnz,
             "max_private_bytes": self.max_private_bytes,
+            "single_task": self.single_task,
+            "kernel_threads": self.kernel_threads,
             "terms": dict(self.terms),
             "peak": self.peak,
             "limit": self.limit,
@@ -192,6 +208,22 @@ _ORDER = {("in-memory", False): 0, ("in-memory", True): 1, ("streaming", False):
 
 # what in-memory partitions keep beside their items, fastest first
 _KEPT_ORDER = {"pairs": 0, "copies": 1, None: 2}
+_KEPT_OF = {(True, True): "pairs", (True, False): "copies", (False, False): None}
+
+
+def plan_order(plan: MemoryPlan) -> tuple:
+    """The sort key of :func:`choose`'s candidates, fastest first: by execution and update (see
+    ``_ORDER``); the lean plans last; a task per Dask thread before one task at a time; what
+    in-memory partitions keep; larger batches and private bounds first."""
+    lean = plan.batch_nnz == LEAN_BATCH_NNZ and plan.max_private_bytes == LEAN_PRIVATE_BYTES
+    return (
+        _ORDER[(plan.execution, plan.in_place)],
+        lean,
+        plan.single_task,
+        _KEPT_ORDER[_KEPT_OF[(plan.mode_copies, plan.mode_pairs)]],
+        -plan.batch_nnz,
+        -plan.max_private_bytes,
+    )
 
 
 def _output_terms(
@@ -265,6 +297,7 @@ def candidates(
     index_reads: int = 0,
     index_filters: int = 0,
     memo_pairs: bool = False,
+    single_task: bool = False,
 ) -> list[MemoryPlan]:
     """Every execution :func:`choose` may take, fastest first, each with its peak terms.
 
@@ -304,6 +337,9 @@ def candidates(
         how many of them other workers touch too (:func:`~.partitions.owner_rows`). A worker's
         factor pages hold only the rows it touches and its MTTKRP output spans them; the shared
         rows are what it receives and sends (default: every row, a 1/W share shared).
+    single_task : the plans run one partition task at a time with ``kernel_threads`` threads
+        (the caller passes ``tasks=1``, one partition and all the worker's cores); they are marked
+        so (``MemoryPlan.single_task``), which :func:`plan_order` puts after a task per thread.
     """
     S = sum(shape) * rank * itemsize
     modes = ["in-memory", "streaming"] if execution == "auto" else [execution]
@@ -331,7 +367,6 @@ def candidates(
     ]
     if "streaming" in modes:
         options.append(("streaming", True, LEAN_BATCH_NNZ, LEAN_PRIVATE_BYTES, None))
-    options.sort(key=lambda o: (_ORDER[(o[0], o[1])], _KEPT_ORDER[o[4]], -o[2], -o[3]))
     plans = []
     if owner:
         options = [o for o in options if o[1]]  # owners update their rows in place
@@ -370,7 +405,8 @@ def candidates(
             + sum(shape) * rank * itemsize
             if kept == "pairs"
             else 0,
-            "buckets": 0 if single else tasks * 20 * min(OWNED_GROUP_NNZ, call_nnz),
+            # each bucketed nonzero's index and item (8 bytes each) and its value
+            "buckets": 0 if single else tasks * (16 + value_itemsize) * min(OWNED_GROUP_NNZ, call_nnz),
             "transfer": S if workers > 1 and not owner else 0,
             "sampling": 0
             if not samples
@@ -415,9 +451,20 @@ def candidates(
             )
         plans.append(
             MemoryPlan(
-                mode, in_place, batch_nnz, bound, terms, limit or None, usable_fraction(), mode_copies, kept == "pairs"
+                mode,
+                in_place,
+                batch_nnz,
+                bound,
+                terms,
+                limit or None,
+                usable_fraction(),
+                mode_copies,
+                kept == "pairs",
+                single_task=single_task,
+                kernel_threads=max(1, int(kernel_threads)),
             )
         )
+    plans.sort(key=plan_order)
     return plans
 
 

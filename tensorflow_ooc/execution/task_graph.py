@@ -136,6 +136,8 @@ class PartitionedGraph:
         self.placement: dict = self.task_placement.submit_options
         self.resources = self.task_placement.resources
         self.numba_threads = self.task_placement.numba_threads
+        self.partitions_asked = partitions  # None: one per Dask thread (the graph may plan otherwise)
+        self.max_partition_nnz = max_partition_nnz
         self.n_parts = partitions or self.task_placement.default_partitions
         self.parts: list = self._partitions(self.n_parts, max_partition_nnz)
         self.data: list[Future] | None = None
