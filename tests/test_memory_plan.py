@@ -17,7 +17,7 @@ from distributed import Client, LocalCluster
 import tensorflow_ooc as tfo
 from tensorflow_ooc import cli
 from tensorflow_ooc.decompositions.cp import updates as U
-from tensorflow_ooc.execution.memory_plan import MemoryPlanError, candidates, choose
+from tensorflow_ooc.execution.memory_plan import MemoryPlanError, candidates, choose, plan_order
 from tensorflow_ooc.execution.partials import Partial
 
 AMAZON = (4_821_207, 1_774_269, 1_805_187)
@@ -78,6 +78,43 @@ def test_more_tasks_and_workers_need_more():
     assert tree.terms["outputs"] == 4 * one.terms["outputs"] and tree.terms["reduction"] == one.terms["outputs"]
 
 
+@pytest.mark.parametrize("samples", [0, 1 << 16])
+def test_two_threads_run_one_task_at_a_time_where_a_task_per_thread_does_not_fit(samples):
+    """A 4 GB worker of 2 Dask threads on 2 cores, Amazon-shaped at 500 M nonzeros, rank 16: a
+    task per thread holds two 589 MiB outputs and their sum, over the limit; one task at a time on
+    both cores (single_task) holds one, as a worker of one Dask thread does, and is chosen."""
+    common = dict(worker_nnz=500_000_000, execution="streaming", samples=samples, limit=4 * 10**9)
+    per_thread = _plans(tasks=2, partitions_per_mode=2, kernel_threads=1, **common)
+    single = _plans(tasks=1, partitions_per_mode=1, kernel_threads=2, lend_target=True, single_task=True, **common)
+    one_thread = _plans(tasks=1, partitions_per_mode=1, kernel_threads=2, lend_target=True, **common)
+    out = max(AMAZON) * 16 * 8
+    assert all(p.terms["outputs"] == 2 * out and p.terms["reduction"] == out for p in per_thread)
+    assert all(p.terms["outputs"] == out and not p.terms["reduction"] for p in single)
+    assert not any(p.fits for p in per_thread)
+    with pytest.raises(MemoryPlanError) as err:
+        choose(per_thread)
+    assert err.value.required_limit > 4 * 10**9
+    plans = sorted(per_thread + single, key=plan_order)
+    chosen = choose(plans)
+    assert chosen.single_task and chosen.kernel_threads == 2 and "one task at a time on 2 kernel threads" in chosen.name
+    # the same plan, and peak, as a worker of one Dask thread with both cores
+    alone = choose(one_thread)
+    assert (chosen.in_place, chosen.batch_nnz, chosen.max_private_bytes) == (
+        alone.in_place,
+        alone.batch_nnz,
+        alone.max_private_bytes,
+    )
+    assert chosen.peak == alone.peak <= chosen.usable_fraction * 4 * 10**9
+    # fastest first: within an execution a task per thread before one task; the lean plans last
+    keys = [(p.execution, p.in_place) for p in plans]
+    assert keys == sorted(keys, key=lambda k: (k[0] == "streaming", k[1]))
+    lean = [p for p in plans if ", lean" in p.name]
+    assert plans[-len(lean) :] == lean and [p.single_task for p in lean] == [False, True]
+    for kind in set(keys):
+        flags = [p.single_task for p in plans if (p.execution, p.in_place) == kind and ", lean" not in p.name]
+        assert flags == sorted(flags) and flags[0] is False and flags[-1] is True
+
+
 def test_below_the_floor_names_the_figures():
     with pytest.raises(MemoryPlanError) as err:
         choose(_plans(1 * 10**9), "a rank-16 CP-ALS of x.zarr")
@@ -126,13 +163,13 @@ def test_in_place_update_equals_copying(rng, first, split):
         np.testing.assert_allclose(copy_in.data, base.data)  # the copying update left its input alone
 
 
-def _long_mode_store(tmp_path, rng):
+def _long_mode_store(tmp_path, rng, **kw):
     """A tensor whose factors dominate memory: modes of 1.2 M, 300 k and 200 k rows, 20 k nonzeros."""
     shape = (1_200_000, 300_000, 200_000)
     nnz = 20_000
     coords = np.stack([rng.integers(0, s, nnz) for s in shape], axis=1)
     coords = np.unique(coords, axis=0)
-    return tfo.convert((coords, rng.random(len(coords)) + 0.5), tmp_path / "long.zarr", shape=shape)
+    return tfo.convert((coords, rng.random(len(coords)) + 0.5), tmp_path / "long.zarr", shape=shape, **kw)
 
 
 def _run_watched(cluster, client, fn):
@@ -189,6 +226,50 @@ def test_worker_just_above_the_floor_stays_under_its_limit(tmp_path, rng):
         f"peak worker RSS {peak >> 20} MiB"
     )
     assert result.params["in_place_updates"]
+    assert restarts == 1
+    assert 0 < peak < limit, f"peak worker RSS {peak >> 20} MiB over its limit {limit >> 20} MiB"
+    assert result.fit == pytest.approx(reference.fit, rel=1e-9, abs=1e-12)
+    for a, b in zip(result.factors, reference.factors):
+        np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-10)
+
+
+def test_two_thread_worker_runs_one_task_at_a_time_under_a_limit_a_task_per_thread_exceeds(tmp_path, rng):
+    """A worker of 2 Dask threads whose limit fits one output of the 1.2 M-row mode but not a task
+    per thread (two outputs and their sum): CP-ALS runs one partition task at a time on all the
+    worker's cores, its peak RSS under the limit, with the result of a run in one process."""
+    store = _long_mode_store(tmp_path, rng, chunk_nnz=4096)  # chunks for a partition a thread
+    seed = int(rng.integers(2**31))
+    reference = tfo.cp_als(store, 16, seed=seed, max_iters=2, tol=0, scheduler="inline")
+    floors = {}
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=2, processes=True, memory_limit="400MB", dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        for asked in (None, 2):  # the planner's choice, and a task per thread (partitions fixed)
+            with pytest.raises(MemoryPlanError) as err:
+                tfo.cp_als(store, 16, client=client, seed=seed, max_iters=2, tol=0, partitions=asked)
+            floors[asked] = err.value
+    assert floors[None].plan.single_task and not floors[2].plan.single_task
+    limit = int(floors[None].required_limit * 1.03)
+    assert limit < floors[2].required_limit
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=2, processes=True, memory_limit=limit, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        result, peak = _run_watched(
+            cluster, client, lambda: tfo.cp_als(store, 16, client=client, seed=seed, max_iters=2, tol=0)
+        )
+        restarts = len(cluster.scheduler.workers)
+    plan = result.params["memory_plan"]
+    print(
+        f"floors {floors[None].required_limit >> 20} / {floors[2].required_limit >> 20} MiB, limit {limit >> 20} MiB, "
+        f"plan {plan['name']}: {plan['peak'] >> 20} MiB, peak worker RSS {peak >> 20} MiB"
+    )
+    assert plan["single_task"] and plan["kernel_threads"] >= 2
     assert restarts == 1
     assert 0 < peak < limit, f"peak worker RSS {peak >> 20} MiB over its limit {limit >> 20} MiB"
     assert result.fit == pytest.approx(reference.fit, rel=1e-9, abs=1e-12)

@@ -405,7 +405,8 @@ class MTTKRPGraph(PartitionedGraph):
                 **common,
             )
             parts_of.update({id(p): parts for p in found})
-            one = None if owner else self._single_task_parts(mode)
+            # (a single partition runs one task at a time already)
+            one = None if owner or len(parts) < 2 else self._single_task_parts(mode)
             if one is not None:
                 # one partition task at a time on all the worker's cores: one output of the mode
                 # and no partials to sum, where a task per Dask thread holds one each and their sum
