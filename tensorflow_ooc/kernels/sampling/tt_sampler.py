@@ -68,6 +68,14 @@ _DRAW_BLOCK = 1024
 # Draws walked together, level by level (:func:`_descend_lanes`): 32 measured as good as 16 or 64.
 _WALK_LANES = 32
 
+# The core drawn second in a chain is drawn from its histories' whole row masses
+# (:func:`_grouped_draws`) where the histories (at most the first core's slices times columns)
+# times its rows are at most this many rows a draw (the break-even in docs/KERNELS.md).
+GROUPED_ROWS = 16
+
+# Groups of draws a block of :func:`_grouped_draws`'s parallel loop (scratch allocated once a block).
+_GROUP_BLOCK = 64
+
 # The process's BLAS libraries: the sketched Gram's product runs on one thread (docs/EXECUTION.md).
 _BLAS = ThreadpoolController()
 
@@ -370,11 +378,11 @@ def _search_right(cdf, target, i):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _first_draws(cdf, colmass, slices, last, x, t, H):
+def _first_draws(cdf, colmass, slices, last, x, t, r, H):
     """Draws from the first core of a left chain (no history): the slice ``t[d]`` from the marginal
-    (cumulative slice masses ``cdf``) by inverse CDF with ``x[d, 0]``, then the column ``r`` given
+    (cumulative slice masses ``cdf``) by inverse CDF with ``x[d, 0]``, then the column ``r[d]`` given
     the slice (masses ``colmass[t]``) with ``x[d, 1]``, and the history they start, ``H[d]`` =
-    ``slices[t[d], :, r]`` at unit norm (in the same pass). Slices and columns of zero mass are
+    ``slices[t[d], :, r[d]]`` at unit norm (in the same pass). Slices and columns of zero mass are
     never drawn: the search finds the first cdf above the target (``side="right"``), so slices whose
     cdf equals the one before are skipped, and a target rounded up to the total goes to the last
     slice (``last``) or column with mass.
@@ -405,6 +413,7 @@ def _first_draws(cdf, colmass, slices, last, x, t, H):
                 c += 1
         c = min(c, lastcol)
         t[d] = s
+        r[d] = c
         nrm = 0.0
         for a in range(Ra):
             v = slices[s, a, c]
@@ -576,6 +585,82 @@ def _walk_draws(rows, leaves, packed, grams, P, F, slices, H, x, t, Hn):
     return bad
 
 
+@nb.njit(nogil=True, cache=True)
+def _sort_by_key(keys, nkeys):
+    """Draws ordered by key (a counting sort, stable) and the start of each key's run (nkeys + 1)."""
+    starts = np.zeros(nkeys + 1, dtype=np.int64)
+    for d in range(keys.shape[0]):
+        starts[keys[d] + 1] += 1
+    for k in range(nkeys):
+        starts[k + 1] += starts[k]
+    pos = starts[:nkeys].copy()
+    order = np.empty(keys.shape[0], dtype=np.int64)
+    for d in range(keys.shape[0]):
+        order[pos[keys[d]]] = d
+        pos[keys[d]] += 1
+    return order, starts
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _grouped_draws(leaves, I, slices, H, keys, nkeys, x, t, Hn):
+    """:func:`_walk_draws` for draws whose histories are one of few: draws with equal ``keys`` (ids
+    below ``nkeys``) have equal histories ``H`` (the first core's slice and column). Each distinct
+    history's masses ``(row . h)^2`` of all ``I`` rows (their leaves' transposed rows ``leaves``,
+    vectorized over a leaf's rows) are summed once, and each of its draws is the first row whose
+    running sum passes ``x[d]`` times the total (a branchless bisection): the walk's inverse CDF of
+    the same uniform in one level, the same rows but where rounding differs. Returns the number of
+    draws whose history has no mass (not expected for orthonormal cores; their ``t`` is 0). Blocks
+    of groups in parallel; a draw reads only its history and uniform, so the draws do not depend
+    on the thread count."""
+    P, Rb, F = leaves.shape
+    Ra = slices.shape[1]
+    nextc = Hn.shape[0] > 0
+    order, starts = _sort_by_key(keys, nkeys)
+    groups = np.flatnonzero(starts[1:] > starts[:-1])
+    G = groups.shape[0]
+    nblk = (G + _GROUP_BLOCK - 1) // _GROUP_BLOCK
+    bad = 0
+    for blk in nb.prange(nblk):
+        cum = np.empty(P * F)
+        for gi in range(blk * _GROUP_BLOCK, min(G, (blk + 1) * _GROUP_BLOCK)):
+            g = groups[gi]
+            h = H[order[starts[g]]]
+            for leaf in range(P):
+                base = leaf * F
+                for i in range(F):
+                    cum[base + i] = 0.0
+                for a in range(Rb):
+                    ha = h[a]
+                    for i in range(F):
+                        cum[base + i] += leaves[leaf, a, i] * ha
+            lastrow = -1
+            acc = 0.0
+            for i in range(I):
+                q = cum[i] * cum[i]
+                if q > 0.0:
+                    lastrow = i
+                acc += q
+                cum[i] = acc
+            if not acc > 0.0:
+                bad += starts[g + 1] - starts[g]
+            for p in range(starts[g], starts[g + 1]):
+                d = order[p]
+                row = 0
+                if acc > 0.0:
+                    target = x[d] * acc
+                    lo = 0
+                    span = I
+                    while span > 1:  # the first row whose running sum exceeds the target
+                        half = span >> 1
+                        lo = lo + half if cum[lo + half - 1] <= target else lo
+                        span -= half
+                    row = min(lo, lastrow)
+                t[d] = row // Ra
+                if nextc:
+                    _next_history(slices, t[d], H[d], Hn[d])
+    return bad
+
+
 @nb.njit(parallel=True, nogil=True, cache=True)
 def _run_packs(L, Rt, w, starts, PL, MR):
     """Per run ``g`` of rows with one left factor (rows ``starts[g] .. starts[g + 1] - 1``):
@@ -638,23 +723,33 @@ def _draw_chain(trees: Sequence[CoreTree], count: int, rng: np.random.Generator)
 
     The uniforms: ``(count, 2)`` for the last core, then ``count`` for each core before it. Each
     core's draws are one kernel (the slices and the histories they lead to in the same pass), the
-    indices written in place: no NumPy passes between the cores."""
+    indices written in place: no NumPy passes between the cores. The core drawn second sees at
+    most one history per slice and column of the first: where that bound times its rows is at most
+    :data:`GROUPED_ROWS` rows a draw, each history's row masses are summed once
+    (:func:`_grouped_draws`) instead of walked for every draw."""
     m = len(trees)
     idx = np.empty((m, count), dtype=np.int64)
     first = trees[m - 1]
     if not first.cdf[-1] > 0.0:
         raise ValueError("the core drawn first is zero: the chain has no rows of positive norm")
     last = int(np.flatnonzero(np.diff(first.cdf, prepend=0.0) > 0.0)[-1])
-    H = np.empty((count, first.slices.shape[1]))
-    _first_draws(first.cdf, first.colmass, first.slices, last, rng.random((count, 2)), idx[m - 1], H)
+    fs = first.slices
+    r = np.empty(count, dtype=np.int64)
+    H = np.empty((count, fs.shape[1]))
+    _first_draws(first.cdf, first.colmass, fs, last, rng.random((count, 2)), idx[m - 1], r, H)
     for k in range(m - 2, -1, -1):
         tr = trees[k]
         x = rng.random(count)
         Hn = np.empty((count if k > 0 else 0, tr.slices.shape[1]))
-        tree = tr.tree
-        bad = _walk_draws(
-            tr.rows, tr.leaves, tr.packed, tree.grams, tree.nleaves, tree.leaf_rows, tr.slices, H, x, idx[k], Hn
-        )
+        nkeys = fs.shape[0] * fs.shape[2]
+        if k == m - 2 and min(nkeys, count) * tr.rows.shape[0] <= GROUPED_ROWS * count:
+            keys = idx[m - 1] * fs.shape[2] + r
+            bad = _grouped_draws(tr.leaves, tr.rows.shape[0], tr.slices, H, keys, nkeys, x, idx[k], Hn)
+        else:
+            tree = tr.tree
+            bad = _walk_draws(
+                tr.rows, tr.leaves, tr.packed, tree.grams, tree.nleaves, tree.leaf_rows, tr.slices, H, x, idx[k], Hn
+            )
         if bad:
             raise RuntimeError(f"leverage sampling broke down numerically ({bad} of {count} draws)")
         H = Hn
