@@ -382,7 +382,8 @@ def _first_draws(cdf, colmass, slices, last, x, t, r, H):
     """Draws from the first core of a left chain (no history): the slice ``t[d]`` from the marginal
     (cumulative slice masses ``cdf``) by inverse CDF with ``x[d, 0]``, then the column ``r[d]`` given
     the slice (masses ``colmass[t]``) with ``x[d, 1]``, and the history they start, ``H[d]`` =
-    ``slices[t[d], :, r[d]]`` at unit norm (in the same pass). Slices and columns of zero mass are
+    ``slices[t[d], :, r[d]]`` at unit norm (in the same pass; none where ``H`` has no rows, a chain
+    of one core). Slices and columns of zero mass are
     never drawn: the search finds the first cdf above the target (``side="right"``), so slices whose
     cdf equals the one before are skipped, and a target rounded up to the total goes to the last
     slice (``last``) or column with mass.
@@ -393,6 +394,7 @@ def _first_draws(cdf, colmass, slices, last, x, t, r, H):
     K = cdf.shape[0]
     guide = _guide_table(cdf, K)
     Ra, Rb = slices.shape[1], slices.shape[2]
+    hist = H.shape[0] > 0
     for d in nb.prange(x.shape[0]):
         target0 = x[d, 0] * total
         s = min(_search_right(cdf, target0, guide[min(int(x[d, 0] * K), K - 1)]), last)
@@ -414,14 +416,15 @@ def _first_draws(cdf, colmass, slices, last, x, t, r, H):
         c = min(c, lastcol)
         t[d] = s
         r[d] = c
-        nrm = 0.0
-        for a in range(Ra):
-            v = slices[s, a, c]
-            H[d, a] = v
-            nrm += v * v
-        inv = 1.0 / np.sqrt(nrm)
-        for a in range(Ra):
-            H[d, a] *= inv
+        if hist:
+            nrm = 0.0
+            for a in range(Ra):
+                v = slices[s, a, c]
+                H[d, a] = v
+                nrm += v * v
+            inv = 1.0 / np.sqrt(nrm)
+            for a in range(Ra):
+                H[d, a] *= inv
 
 
 @nb.njit(nogil=True, cache=True)
@@ -735,7 +738,7 @@ def _draw_chain(trees: Sequence[CoreTree], count: int, rng: np.random.Generator)
     last = int(np.flatnonzero(np.diff(first.cdf, prepend=0.0) > 0.0)[-1])
     fs = first.slices
     r = np.empty(count, dtype=np.int64)
-    H = np.empty((count, fs.shape[1]))
+    H = np.empty((count if m > 1 else 0, fs.shape[1]))
     _first_draws(first.cdf, first.colmass, fs, last, rng.random((count, 2)), idx[m - 1], r, H)
     for k in range(m - 2, -1, -1):
         tr = trees[k]
