@@ -33,6 +33,10 @@ histories). 65536 draws of one nell2-shaped core (28818 rows), one thread: 12 / 
 R = 4 / 8 / 12, against 35 / 39 / 51 ms for the batched walk (the same draws for the same
 uniforms).
 
+The core drawn second sees at most one history per slice and column of the first; where those
+times its rows are few a draw, each history's row masses are summed once and its draws found by
+bisection of their running sums (:func:`_grouped_draws`, the walk's inverse CDF in one level).
+
 The first core drawn has no history: marginalized over ``r`` its slices have probability
 ``||A_{j-1}[:, t, :]||_F^2 / R_{j-1}``, drawn by inverse CDF (the slice masses' cumulative sums are
 kept beside the tree), then ``r`` given the slice from its column masses: no walks (and no tree:
@@ -383,10 +387,9 @@ def _first_draws(cdf, colmass, slices, last, x, t, r, H):
     (cumulative slice masses ``cdf``) by inverse CDF with ``x[d, 0]``, then the column ``r[d]`` given
     the slice (masses ``colmass[t]``) with ``x[d, 1]``, and the history they start, ``H[d]`` =
     ``slices[t[d], :, r[d]]`` at unit norm (in the same pass; none where ``H`` has no rows, a chain
-    of one core). Slices and columns of zero mass are
-    never drawn: the search finds the first cdf above the target (``side="right"``), so slices whose
-    cdf equals the one before are skipped, and a target rounded up to the total goes to the last
-    slice (``last``) or column with mass.
+    of one core). Slices and columns of zero mass are never drawn: the search finds the first cdf
+    above the target (``side="right"``), so slices whose cdf equals the one before are skipped, and
+    a target rounded up to the total goes to the last slice (``last``) or column with mass.
 
     The search starts from a guide table of ``len(cdf)`` buckets: a bisection of the 28818 slices of
     a nell2-shaped core cost 140 ns a draw in branch misses (9 ms for 65536)."""
