@@ -748,7 +748,8 @@ def _draw_chain(trees: Sequence[CoreTree], count: int, rng: np.random.Generator)
         x = rng.random(count)
         Hn = np.empty((count if k > 0 else 0, tr.slices.shape[1]))
         nkeys = fs.shape[0] * fs.shape[2]
-        if k == m - 2 and min(nkeys, count) * tr.rows.shape[0] <= GROUPED_ROWS * count:
+        # (the keys' counting sort costs a pass over all keys: not for far more keys than draws)
+        if k == m - 2 and nkeys <= 4 * count and min(nkeys, count) * tr.rows.shape[0] <= GROUPED_ROWS * count:
             keys = idx[m - 1] * fs.shape[2] + r
             bad = _grouped_draws(tr.leaves, tr.rows.shape[0], tr.slices, H, keys, nkeys, x, idx[k], Hn)
         else:
