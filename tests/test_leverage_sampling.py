@@ -414,7 +414,8 @@ def test_large_factors_get_longer_leaves_and_the_plan_counts_them(monkeypatch, r
 @pytest.mark.parametrize(
     "dims, rows",
     [
-        ((183, 24, 1717), 65536),  # codes radix-sorted on one thread
+        ((183, 24, 1717), 65536),  # codes radix-sorted on one thread, rows copied from their positions
+        ((2**28, 2**28), 5000),  # codes fit in int64, with their positions not: decoded
         ((40, 3, 7, 5), 300000),  # many repeats, sorted by several threads
         ((1, 9, 1), 1000),  # constant columns
         ((6,), 1),

@@ -328,3 +328,31 @@ def test_design_rows_of_no_samples_keep_their_width(rng):
     assert design_rows(np.zeros((0, r1)), np.zeros((0, r2))).shape == (0, r1 * r2)
     left, right = rng.standard_normal((5, r1)), rng.standard_normal((5, r2))
     np.testing.assert_array_equal(design_rows(left, right), np.stack([np.kron(a, b) for a, b in zip(left, right)]))
+
+
+@pytest.mark.parametrize("order", [3, 4, 5])
+def test_grouped_draws_are_the_walks_inverse_cdf(monkeypatch, order):
+    """The core drawn second from its histories' whole row masses (``_grouped_draws``) and by walks
+    (``_walk_draws``) follow the exact leverage scores and give the same rows for the same
+    uniforms, but where rounding puts a uniform on the other side of a row boundary (fresh random
+    cores, float64)."""
+    import tensorflow_ooc.kernels.sampling.tt_sampler as ts
+
+    rng = np.random.default_rng()
+    shape = tuple(int(n) for n in rng.integers(3, 9, order))
+    ranks = tuple(int(r) for r in rng.integers(2, 4, order - 1))
+    for j in (0, order - 1):  # the longest chains: a walked core after the grouped one
+        cores = canonical(random_cores(rng, shape, ranks), j)
+        seed = int(rng.integers(2**32))
+        got = {}
+        for name, rows in (("grouped", 10**9), ("walked", 0)):
+            monkeypatch.setattr(ts, "GROUPED_ROWS", rows)
+            draw = draw_left_chain if j else draw_right_chain
+            got[name] = draw(cores, j, J_STAT, np.random.default_rng(seed), chain_trees(cores, j))
+        assert np.mean(np.any(got["grouped"][0] != got["walked"][0], axis=1)) <= 1e-3
+        idx, p = got["grouped"]
+        M, dims = (left_matrix(cores, j), shape[:j]) if j else (right_matrix(cores, j), shape[1:])
+        cell = np.ravel_multi_index(tuple(idx.T), dims)
+        lev = exact_leverage(M)
+        np.testing.assert_allclose(p, lev[cell], rtol=1e-10, atol=1e-14)
+        assert chi2_pvalue(np.bincount(cell, minlength=M.shape[0]), lev) > 1e-4

@@ -33,6 +33,10 @@ histories). 65536 draws of one nell2-shaped core (28818 rows), one thread: 12 / 
 R = 4 / 8 / 12, against 35 / 39 / 51 ms for the batched walk (the same draws for the same
 uniforms).
 
+The core drawn second sees at most one history per slice and column of the first; where those
+times its rows are few a draw, each history's row masses are summed once and its draws found by
+bisection of their running sums (:func:`_grouped_draws`, the walk's inverse CDF in one level).
+
 The first core drawn has no history: marginalized over ``r`` its slices have probability
 ``||A_{j-1}[:, t, :]||_F^2 / R_{j-1}``, drawn by inverse CDF (the slice masses' cumulative sums are
 kept beside the tree), then ``r`` given the slice from its column masses: no walks (and no tree:
@@ -67,6 +71,14 @@ _DRAW_BLOCK = 1024
 
 # Draws walked together, level by level (:func:`_descend_lanes`): 32 measured as good as 16 or 64.
 _WALK_LANES = 32
+
+# The core drawn second in a chain is drawn from its histories' whole row masses
+# (:func:`_grouped_draws`) where the histories (at most the first core's slices times columns)
+# times its rows are at most this many rows a draw (the break-even in docs/KERNELS.md).
+GROUPED_ROWS = 16
+
+# Groups of draws a block of :func:`_grouped_draws`'s parallel loop (scratch allocated once a block).
+_GROUP_BLOCK = 64
 
 # The process's BLAS libraries: the sketched Gram's product runs on one thread (docs/EXECUTION.md).
 _BLAS = ThreadpoolController()
@@ -342,25 +354,6 @@ def _times_slices(v, slices, t, out):
                 out[d, b] += x * slices[t[d], a, b]
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def _slices_times(slices, t, h, out):
-    """``out[d] = slices[t[d]] @ h[d]``, scaled to unit norm (the history through one more core;
-    its scale does not matter to the draws)."""
-    _, Ra, Rb = slices.shape
-    for d in nb.prange(t.shape[0]):
-        nrm = 0.0
-        for a in range(Ra):
-            s = 0.0
-            for b in range(Rb):
-                s += slices[t[d], a, b] * h[d, b]
-            out[d, a] = s
-            nrm += s * s
-        if nrm > 0.0:
-            inv = 1.0 / np.sqrt(nrm)
-            for a in range(Ra):
-                out[d, a] *= inv
-
-
 @nb.njit(nogil=True, cache=True)
 def _guide_table(cdf, K):
     """``g[k]``: the first ``i`` with ``cdf[i] > (k / K) cdf[-1]`` (at most ``len(cdf) - 1``), a start
@@ -389,20 +382,22 @@ def _search_right(cdf, target, i):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _first_draws(cdf, colmass, last, x, t, r):
+def _first_draws(cdf, colmass, slices, last, x, t, r, H):
     """Draws from the first core of a left chain (no history): the slice ``t[d]`` from the marginal
     (cumulative slice masses ``cdf``) by inverse CDF with ``x[d, 0]``, then the column ``r[d]`` given
-    the slice (masses ``colmass[t]``) with ``x[d, 1]``. Slices and columns of zero mass are never
-    drawn: the search finds the first cdf above the target (``side="right"``), so slices whose cdf
-    equals the one before are skipped, and a target rounded up to the total goes to the last slice
-    (``last``) or column with mass.
+    the slice (masses ``colmass[t]``) with ``x[d, 1]``, and the history they start, ``H[d]`` =
+    ``slices[t[d], :, r[d]]`` at unit norm (in the same pass; none where ``H`` has no rows, a chain
+    of one core). Slices and columns of zero mass are never drawn: the search finds the first cdf
+    above the target (``side="right"``), so slices whose cdf equals the one before are skipped, and
+    a target rounded up to the total goes to the last slice (``last``) or column with mass.
 
     The search starts from a guide table of ``len(cdf)`` buckets: a bisection of the 28818 slices of
     a nell2-shaped core cost 140 ns a draw in branch misses (9 ms for 65536)."""
     total = cdf[cdf.shape[0] - 1]
     K = cdf.shape[0]
     guide = _guide_table(cdf, K)
-    Rb = colmass.shape[1]
+    Ra, Rb = slices.shape[1], slices.shape[2]
+    hist = H.shape[0] > 0
     for d in nb.prange(x.shape[0]):
         target0 = x[d, 0] * total
         s = min(_search_right(cdf, target0, guide[min(int(x[d, 0] * K), K - 1)]), last)
@@ -421,23 +416,36 @@ def _first_draws(cdf, colmass, last, x, t, r):
             cum += colmass[s, b]
             if cum <= target:
                 c += 1
+        c = min(c, lastcol)
         t[d] = s
-        r[d] = min(c, lastcol)
+        r[d] = c
+        if hist:
+            nrm = 0.0
+            for a in range(Ra):
+                v = slices[s, a, c]
+                H[d, a] = v
+                nrm += v * v
+            inv = 1.0 / np.sqrt(nrm)
+            for a in range(Ra):
+                H[d, a] *= inv
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def _first_histories(slices, t, r, H):
-    """``H[d] = slices[t[d], :, r[d]]`` at unit norm: column ``r`` of the first core's slice ``t``."""
-    Ra = slices.shape[1]
-    for d in nb.prange(t.shape[0]):
-        nrm = 0.0
-        for a in range(Ra):
-            v = slices[t[d], a, r[d]]
-            H[d, a] = v
-            nrm += v * v
+@nb.njit(nogil=True, cache=True)
+def _next_history(slices, t, h, out):
+    """``out = slices[t] @ h`` at unit norm (the history through one more core; its scale does not
+    matter to the draws)."""
+    Ra, Rb = slices.shape[1], slices.shape[2]
+    nrm = 0.0
+    for a in range(Ra):
+        s = 0.0
+        for b in range(Rb):
+            s += slices[t, a, b] * h[b]
+        out[a] = s
+        nrm += s * s
+    if nrm > 0.0:
         inv = 1.0 / np.sqrt(nrm)
         for a in range(Ra):
-            H[d, a] *= inv
+            out[a] *= inv
 
 
 @nb.njit(nogil=True, cache=True)
@@ -529,19 +537,25 @@ def _scan_leaf(cols, n, h, x, q, lo):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _walk_draws(rows, leaves, packed, grams, P, F, H, x, out):
-    """``out[d]``: the row of ``rows`` (I, R) drawn with probability ``~ (rows[i] . H[d])^2`` with the
-    uniform ``x[d]``, by the walk of the tree (``packed`` node Grams, ``P`` leaves of ``F`` rows,
-    their rows transposed in ``leaves``) and the scan of the leaf reached. A draw whose walk broke
-    down in rounding is drawn again by the careful walk (both children's masses from their own
-    Grams ``grams``, the same uniform); -1 where that broke down too (not expected for finite
-    cores). Blocks of draws in parallel, each walked in lanes (:func:`_descend_lanes`); a draw
-    reads only its own history and uniform, so the draws do not depend on the thread count."""
+def _walk_draws(rows, leaves, packed, grams, P, F, slices, H, x, t, Hn):
+    """``t[d]``: the slice of the row of ``rows`` (I, R) drawn with probability ``~ (rows[i] . H[d])^2``
+    with the uniform ``x[d]`` (``rows`` the slices ``slices`` (I / R_a, R_a, R) stacked, so the row's
+    slice is ``row // R_a``), by the walk of the tree (``packed`` node Grams, ``P`` leaves of ``F``
+    rows, their rows transposed in ``leaves``) and the scan of the leaf reached; ``Hn[d]`` the
+    history through that slice (:func:`_next_history`) unless ``Hn`` has no rows. A draw whose walk
+    broke down in rounding is drawn again by the careful walk (both children's masses from their
+    own Grams ``grams``, the same uniform). Returns the number of draws where that broke down too
+    (not expected for finite cores; their ``t`` is 0). Blocks of draws in parallel, each walked in
+    lanes (:func:`_descend_lanes`); a draw reads only its own history and uniform, so the draws do
+    not depend on the thread count."""
     J = H.shape[0]
     I = rows.shape[0]
+    Ra = slices.shape[1]
     nvalid = (I + F - 1) // F
     n = packed.shape[1]
+    nextc = Hn.shape[0] > 0
     nblk = (J + _DRAW_BLOCK - 1) // _DRAW_BLOCK
+    bad = 0
     for blk in nb.prange(nblk):
         qq = np.empty((_WALK_LANES, n))
         m = np.empty(_WALK_LANES)
@@ -568,7 +582,89 @@ def _walk_draws(rows, leaves, packed, grams, P, F, H, x, out):
                     row = _scan_leaf(leaves[lo[b]], min(F, I - first), H[d], xs[b], q, first)
                 if row < 0:
                     row = _draw_row_for_query(rows, grams, P, F, H[d], x[d])
-                out[d] = row
+                if row < 0:
+                    bad += 1
+                    row = 0
+                t[d] = row // Ra
+                if nextc:
+                    _next_history(slices, t[d], H[d], Hn[d])
+    return bad
+
+
+@nb.njit(nogil=True, cache=True)
+def _sort_by_key(keys, nkeys):
+    """Draws ordered by key (a counting sort, stable) and the start of each key's run (nkeys + 1)."""
+    starts = np.zeros(nkeys + 1, dtype=np.int64)
+    for d in range(keys.shape[0]):
+        starts[keys[d] + 1] += 1
+    for k in range(nkeys):
+        starts[k + 1] += starts[k]
+    pos = starts[:nkeys].copy()
+    order = np.empty(keys.shape[0], dtype=np.int64)
+    for d in range(keys.shape[0]):
+        order[pos[keys[d]]] = d
+        pos[keys[d]] += 1
+    return order, starts
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _grouped_draws(leaves, I, slices, H, keys, nkeys, x, t, Hn):
+    """:func:`_walk_draws` for draws whose histories are one of few: draws with equal ``keys`` (ids
+    below ``nkeys``) have equal histories ``H`` (the first core's slice and column). Each distinct
+    history's masses ``(row . h)^2`` of all ``I`` rows (their leaves' transposed rows ``leaves``,
+    vectorized over a leaf's rows) are summed once, and each of its draws is the first row whose
+    running sum passes ``x[d]`` times the total (a branchless bisection): the walk's inverse CDF of
+    the same uniform in one level, the same rows but where rounding differs. Returns the number of
+    draws whose history has no mass (not expected for orthonormal cores; their ``t`` is 0). Blocks
+    of groups in parallel; a draw reads only its history and uniform, so the draws do not depend
+    on the thread count."""
+    P, Rb, F = leaves.shape
+    Ra = slices.shape[1]
+    nextc = Hn.shape[0] > 0
+    order, starts = _sort_by_key(keys, nkeys)
+    groups = np.flatnonzero(starts[1:] > starts[:-1])
+    G = groups.shape[0]
+    nblk = (G + _GROUP_BLOCK - 1) // _GROUP_BLOCK
+    bad = 0
+    for blk in nb.prange(nblk):
+        cum = np.empty(P * F)
+        for gi in range(blk * _GROUP_BLOCK, min(G, (blk + 1) * _GROUP_BLOCK)):
+            g = groups[gi]
+            h = H[order[starts[g]]]
+            for leaf in range(P):
+                base = leaf * F
+                for i in range(F):
+                    cum[base + i] = 0.0
+                for a in range(Rb):
+                    ha = h[a]
+                    for i in range(F):
+                        cum[base + i] += leaves[leaf, a, i] * ha
+            lastrow = -1
+            acc = 0.0
+            for i in range(I):
+                q = cum[i] * cum[i]
+                if q > 0.0:
+                    lastrow = i
+                acc += q
+                cum[i] = acc
+            if not acc > 0.0:
+                bad += starts[g + 1] - starts[g]
+            for p in range(starts[g], starts[g + 1]):
+                d = order[p]
+                row = 0
+                if acc > 0.0:
+                    target = x[d] * acc
+                    lo = 0
+                    span = I
+                    while span > 1:  # the first row whose running sum exceeds the target
+                        half = span >> 1
+                        lo = lo + half if cum[lo + half - 1] <= target else lo
+                        span -= half
+                    row = min(lo, lastrow)
+                t[d] = row // Ra
+                if nextc:
+                    _next_history(slices, t[d], H[d], Hn[d])
+    return bad
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -631,35 +727,40 @@ def _draw_chain(trees: Sequence[CoreTree], count: int, rng: np.random.Generator)
     ``trees``, ``R_a = 1`` for the first) drawn by squared row norm, cores from the last to the
     first: int64 (count, len(trees)) indices. The last core only uses its ``colmass`` and ``cdf``.
 
-    The uniforms: ``(count, 2)`` for the last core, then ``count`` for each core before it."""
+    The uniforms: ``(count, 2)`` for the last core, then ``count`` for each core before it. Each
+    core's draws are one kernel (the slices and the histories they lead to in the same pass), the
+    indices written in place: no NumPy passes between the cores. The core drawn second sees at
+    most one history per slice and column of the first: where that bound times its rows is at most
+    :data:`GROUPED_ROWS` rows a draw, each history's row masses are summed once
+    (:func:`_grouped_draws`) instead of walked for every draw."""
     m = len(trees)
-    idx = np.empty((count, m), dtype=np.int64)
+    idx = np.empty((m, count), dtype=np.int64)
     first = trees[m - 1]
     if not first.cdf[-1] > 0.0:
         raise ValueError("the core drawn first is zero: the chain has no rows of positive norm")
     last = int(np.flatnonzero(np.diff(first.cdf, prepend=0.0) > 0.0)[-1])
-    t = np.empty(count, dtype=np.int64)
+    fs = first.slices
     r = np.empty(count, dtype=np.int64)
-    _first_draws(first.cdf, first.colmass, last, rng.random((count, 2)), t, r)
-    idx[:, m - 1] = t
-    if m == 1:
-        return idx
-    H = np.empty((count, first.slices.shape[1]))
-    _first_histories(first.slices, t, r, H)
+    H = np.empty((count if m > 1 else 0, fs.shape[1]))
+    _first_draws(first.cdf, first.colmass, fs, last, rng.random((count, 2)), idx[m - 1], r, H)
     for k in range(m - 2, -1, -1):
         tr = trees[k]
-        tree = tr.tree
-        row = np.empty(count, dtype=np.int64)
-        _walk_draws(tr.rows, tr.leaves, tr.packed, tree.grams, tree.nleaves, tree.leaf_rows, H, rng.random(count), row)
-        if np.any(row < 0):
-            raise RuntimeError(f"leverage sampling broke down numerically ({int(np.sum(row < 0))} of {count} draws)")
-        t = row // tr.slices.shape[1]
-        idx[:, k] = t
-        if k > 0:
-            Hn = np.empty((count, tr.slices.shape[1]))
-            _slices_times(tr.slices, t, H, Hn)
-            H = Hn
-    return idx
+        x = rng.random(count)
+        Hn = np.empty((count if k > 0 else 0, tr.slices.shape[1]))
+        nkeys = fs.shape[0] * fs.shape[2]
+        # (the keys' counting sort costs a pass over all keys: not for far more keys than draws)
+        if k == m - 2 and nkeys <= 4 * count and min(nkeys, count) * tr.rows.shape[0] <= GROUPED_ROWS * count:
+            keys = idx[m - 1] * fs.shape[2] + r
+            bad = _grouped_draws(tr.leaves, tr.rows.shape[0], tr.slices, H, keys, nkeys, x, idx[k], Hn)
+        else:
+            tree = tr.tree
+            bad = _walk_draws(
+                tr.rows, tr.leaves, tr.packed, tree.grams, tree.nleaves, tree.leaf_rows, tr.slices, H, x, idx[k], Hn
+            )
+        if bad:
+            raise RuntimeError(f"leverage sampling broke down numerically ({bad} of {count} draws)")
+        H = Hn
+    return idx.T
 
 
 def _side_trees(
