@@ -220,26 +220,3 @@ def test_given_factors_are_scattered_not_embedded_in_the_graph(tmp_path, rng, cl
     inline = tfo.cp_als(store, 2, init=init, max_iters=2, tol=0, scheduler="inline")
     assert dask.params["scheduler"] == "dask" and inline.params["scheduler"] == "inline"
     assert abs(dask.fit - inline.fit) < 1e-12
-
-
-def test_one_blas_thread_sets_and_restores():
-    """The updates' BLAS guard: one thread inside the block, each library's own count after it (also
-    when the block raises), as threadpoolctl reads them."""
-    from threadpoolctl import ThreadpoolController, threadpool_limits
-
-    from tensorflow_ooc.kernels.update.blas_threads import one_blas_thread
-
-    def counts():
-        return [lib["num_threads"] for lib in ThreadpoolController().select(user_api="blas").info()]
-
-    with threadpool_limits(limits=2, user_api="blas"):
-        before = counts()
-        if not before or any(n != 2 for n in before):
-            pytest.skip(f"BLAS does not take 2 threads here: {before}")
-        with one_blas_thread():
-            assert all(n == 1 for n in counts())
-        assert counts() == before
-        with pytest.raises(RuntimeError):
-            with one_blas_thread():
-                raise RuntimeError("inside")
-        assert counts() == before

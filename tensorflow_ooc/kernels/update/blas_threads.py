@@ -10,37 +10,43 @@ reads and sets their thread counts (about 1 us each).
 
 from __future__ import annotations
 
+import sys
 import threading
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from threadpoolctl import ThreadpoolController
 
 _LOCK = threading.Lock()
-_LIBS: list[Any] | None = None
+_FOUND: tuple[int, list[Any]] = (-1, [])  # (len(sys.modules) at the search, the controllers)
 
 
 def _blas_libraries() -> list[Any]:
-    """The BLAS libraries' controllers, found once (on first use: the libraries loaded by then)."""
-    global _LIBS
-    with _LOCK:
-        if _LIBS is None:
-            _LIBS = list(ThreadpoolController().select(user_api="blas").lib_controllers)
-        return _LIBS
+    """The BLAS libraries' controllers, searched again only where modules were imported since
+    the last search (a BLAS library is loaded by the import of an extension module: SciPy's
+    comes with ``scipy.linalg``)."""
+    global _FOUND
+    loaded = len(sys.modules)
+    if _FOUND[0] != loaded:
+        with _LOCK:
+            if _FOUND[0] != loaded:
+                _FOUND = (loaded, list(ThreadpoolController().select(user_api="blas").lib_controllers))
+    return _FOUND[1]
 
 
-@contextmanager
-def one_blas_thread() -> Iterator[None]:
+class one_blas_thread:  # named as the function it stands for: ``with one_blas_thread():``
     """Within the block every BLAS library found runs on one thread; each is set back to its
-    own count after."""
-    changed = []
-    for lib in _blas_libraries():
-        n = lib.get_num_threads()
-        if n != 1:
-            lib.set_num_threads(1)
-            changed.append((lib, n))
-    try:
-        yield
-    finally:
-        for lib, n in changed:
+    own count after. A class rather than a generator: 2 us a block instead of 7."""
+
+    __slots__ = ("changed",)
+
+    def __enter__(self) -> None:
+        self.changed = []
+        for lib in _blas_libraries():
+            n = lib.get_num_threads()
+            if n != 1:
+                lib.set_num_threads(1)
+                self.changed.append((lib, n))
+
+    def __exit__(self, *exc: object) -> None:
+        for lib, n in self.changed:
             lib.set_num_threads(n)
