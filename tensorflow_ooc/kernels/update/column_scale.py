@@ -11,10 +11,6 @@ import numba as nb
 import numpy as np
 
 STAT_BLOCK_ROWS = 1 << 14
-# below this many entries a pass runs on the calling thread: it takes well under a millisecond,
-# and handing it to numba's threads cost more, most of all with the other core busy (a 40 k x 8
-# factor's statistics inside a CP-ALS sweep: 0.28 ms at best, 10 ms median at load 6)
-PARALLEL_MIN_ENTRIES = 1 << 20
 
 
 MAX_ABS, SUM_SQUARES, SUM_ABS = 0, 1, 2
@@ -44,7 +40,8 @@ def _combined(part, stat):
     return out
 
 
-def _column_stats_blocks(A: np.ndarray, stat: int) -> np.ndarray:
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _column_stats_parallel(A: np.ndarray, stat: int) -> np.ndarray:
     n, R = A.shape
     nblocks = (n + STAT_BLOCK_ROWS - 1) // STAT_BLOCK_ROWS
     part = np.zeros((nblocks, R))
@@ -53,18 +50,23 @@ def _column_stats_blocks(A: np.ndarray, stat: int) -> np.ndarray:
     return _combined(part, stat)
 
 
-_column_stats_parallel = nb.njit(parallel=True, nogil=True, cache=True)(_column_stats_blocks)
-_column_stats_serial = nb.njit(nogil=True, cache=True)(_column_stats_blocks)
+@nb.njit(nogil=True, cache=True)
+def _column_stats_one_block(A: np.ndarray, stat: int) -> np.ndarray:
+    part = np.zeros((1, A.shape[1]))
+    _block_stats(A, stat, 0, A.shape[0], part[0])
+    return _combined(part, stat)
 
 
 def _column_stats(A: np.ndarray, stat: int) -> np.ndarray:
     """Per column of ``A`` (I, R): the largest |A[i, r]| (``stat`` MAX_ABS), the sum of A[i, r]**2
     (SUM_SQUARES) or of |A[i, r]| (SUM_ABS), in float64. Blocks of ``STAT_BLOCK_ROWS`` rows run on
     numba's threads and are combined in a fixed order, so the result does not depend on the
-    thread count. A matrix of fewer than ``PARALLEL_MIN_ENTRIES`` entries runs its blocks on this
-    thread: starting numba's threads for it cost more than the pass (uber-shaped R 8 CP-ALS, 4
-    calls an iteration: 56 us each, 0.45 ms each with the other core busy)."""
-    return (_column_stats_parallel if A.size >= PARALLEL_MIN_ENTRIES else _column_stats_serial)(A, stat)
+    thread count. A matrix of one block runs on this thread: starting numba's threads for it cost
+    more than the pass (uber-shaped R 8 CP-ALS, 4 calls an iteration: 56 us each, 0.45 ms each
+    with the other core busy)."""
+    if A.shape[0] <= STAT_BLOCK_ROWS:
+        return _column_stats_one_block(A, stat)
+    return _column_stats_parallel(A, stat)
 
 
 def column_max_abs(A: np.ndarray) -> np.ndarray:
@@ -115,10 +117,10 @@ def column_abs_sums(A: np.ndarray) -> np.ndarray:
 
 def scale_columns(A: np.ndarray, scale: np.ndarray) -> None:
     """``A[:, r] *= scale[r]`` in place, in one pass over A: blocks of rows on numba's threads, a
-    matrix of fewer than ``PARALLEL_MIN_ENTRIES`` entries on this thread (as :func:`_column_stats`).
+    matrix of one block on this thread (as :func:`_column_stats`).
 
     A : float (I, R), C-contiguous, written; scale : float64 (R,)."""
-    (_scale_one_block if A.size < PARALLEL_MIN_ENTRIES else _scale_blocks)(A, scale)
+    (_scale_one_block if A.shape[0] <= STAT_BLOCK_ROWS else _scale_blocks)(A, scale)
 
 
 @nb.njit(nogil=True, cache=True)
