@@ -276,8 +276,7 @@ class MTTKRPGraph(PartitionedGraph):
         # exact CP-ALS mode updates may lend the target mode's factor rows to the MTTKRP as a
         # per-thread output copy (ThreadOutputs) when the update overwrites them in place and no
         # other task can read them meanwhile
-        single = bool(self.memory_plan and self.memory_plan.single_task)
-        self.lend_target = self.in_place and (self._may_lend or (single and not self._keep_target))
+        self.lend_target = self.in_place and self._lends(bool(self.memory_plan and self.memory_plan.single_task))
         # several CPU workers: partials are reduce-scattered instead of tree-reduced onto one
         self.scatter_reduce = len(res) > 1 and self.device == "cpu"
         log.info(
@@ -470,11 +469,16 @@ class MTTKRPGraph(PartitionedGraph):
             trees=self.sampler == "sts",
             index_reads=GATHER_BYTES if self.store.fiber_modes() else 0,
             index_filters=self.store.fibers.bloom_bytes(samples=samples) if self.store.fiber_modes() else 0,
-            lend_target=(self._may_lend or (common.get("single_task", False) and not self._keep_target)) and not owner,
+            lend_target=self._lends(common.get("single_task", False)) and not owner,
             owner=owner,
             memo_pairs=self.memo_pairs,
             **common,
         )
+
+    def _lends(self, single_task: bool) -> bool:
+        """Whether in-place updates may lend the target rows: one task at a time runs on this
+        worker (one worker of one Dask thread, or a single-task plan) and the caller keeps no target."""
+        return self._may_lend or (single_task and not self._keep_target)
 
     def _kernel_threads(self, owner: bool) -> int:
         """Numba threads of a partition task: an owner-computes worker's one task takes all its cores."""
