@@ -4,6 +4,7 @@ worker run just above the floor stays under its limit."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -172,6 +173,18 @@ def _long_mode_store(tmp_path, rng, **kw):
     return tfo.convert((coords, rng.random(len(coords)) + 0.5), tmp_path / "long.zarr", shape=shape, **kw)
 
 
+@contextlib.contextmanager
+def _one_process_worker(threads: int, limit):
+    """A cluster of one process worker of ``threads`` Dask threads under memory ``limit``, and its client."""
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=threads, processes=True, memory_limit=limit, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        yield cluster, client
+
+
 def _run_watched(cluster, client, fn):
     pid = next(iter(client.run(os.getpid).values()))
     peak = [0]
@@ -201,22 +214,12 @@ def test_worker_just_above_the_floor_stays_under_its_limit(tmp_path, rng):
     # in one process nothing recomputes earlier states: the unconstrained reference updates in place too
     assert reference.params["in_place_updates"]
     # probe the floor on a worker with an unreachable limit, then start one just above it
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=1, processes=True, memory_limit="400MB", dashboard_address=None
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with _one_process_worker(1, "400MB") as (cluster, client):
         with pytest.raises(MemoryPlanError) as err:
             tfo.cp_als(store, 16, client=client, seed=3, max_iters=2, tol=0)
     floor = err.value.required_limit
     limit = int(floor * 1.03)
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=1, processes=True, memory_limit=limit, dashboard_address=None
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with _one_process_worker(1, limit) as (cluster, client):
         result, peak = _run_watched(
             cluster, client, lambda: tfo.cp_als(store, 16, client=client, seed=3, max_iters=2, tol=0)
         )
@@ -241,12 +244,7 @@ def test_two_thread_worker_runs_one_task_at_a_time_under_a_limit_a_task_per_thre
     seed = int(rng.integers(2**31))
     reference = tfo.cp_als(store, 16, seed=seed, max_iters=2, tol=0, scheduler="inline")
     floors = {}
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=2, processes=True, memory_limit="400MB", dashboard_address=None
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with _one_process_worker(2, "400MB") as (cluster, client):
         for asked in (None, 2):  # the planner's choice, and a task per thread (partitions fixed)
             with pytest.raises(MemoryPlanError) as err:
                 tfo.cp_als(store, 16, client=client, seed=seed, max_iters=2, tol=0, partitions=asked)
@@ -254,12 +252,7 @@ def test_two_thread_worker_runs_one_task_at_a_time_under_a_limit_a_task_per_thre
     assert floors[None].plan.single_task and not floors[2].plan.single_task
     limit = int(floors[None].required_limit * 1.03)
     assert limit < floors[2].required_limit
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=2, processes=True, memory_limit=limit, dashboard_address=None
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with _one_process_worker(2, limit) as (cluster, client):
         result, peak = _run_watched(
             cluster, client, lambda: tfo.cp_als(store, 16, client=client, seed=seed, max_iters=2, tol=0)
         )
