@@ -34,6 +34,7 @@ import time
 
 import numpy as np
 
+from ...blas_threads import one_blas_thread
 from ...execution.inline import is_inline
 from ...execution.owner_computes import OwnerComputes, SparseRows, WorkerState, exchange_record
 from ...execution.partials import merged_reads
@@ -46,7 +47,6 @@ from .checkpoint import write_checkpoint
 from .cp_owner_one_round import SOLVE_BLOCK_ROWS, Deferred, column_weights, one_round_mode, rounds_carry
 from .cp_owner_sampling import owner_sts_sample, spread_of, spread_rows, start_sampler
 from .cp_steps import model_fit, model_norm_sq
-from .updates import _BLAS
 
 
 def owner_iteration(
@@ -138,7 +138,7 @@ def owner_iteration(
                 Mx = ws.reduce_scatter(n, ws.local_mttkrp(n), (iteration, n, "X"))
                 fit_seconds = time.perf_counter() - t_fit
         t1 = time.perf_counter()
-        with _BLAS.limit(limits=1, user_api="blas"):
+        with one_blas_thread():
             if sketch is None:
                 A, inner_M = _solve(ws, n, M, V.astype(M.dtype, copy=False), last)  # A = M V^+
                 rows = A

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...blas_threads import one_blas_thread
 from ...execution.owner_computes import WorkerState
 from ...execution.partials import Partial
 from ...kernels.update.column_scale import column_max_abs, column_sum_squares
 from ...kernels.update.normal_equations import normal_inverse_of
-from .updates import _BLAS
 
 SOLVE_BLOCK_ROWS = 1 << 16
 
@@ -83,7 +83,7 @@ def one_round_mode(
     carried = pending.small if pending is not None else np.zeros(0)
     smalls, M = ws.exchange_partials(mode, P, carried, (*tag, "M"))
     scale = None
-    with _BLAS.limit(limits=1, user_api="blas"):
+    with one_blas_thread():
         if pending is not None:
             scale, _ = finish(ws, pending.mode, smalls, first_iteration)
         V = normal_inverse_of(ws.grams, mode).astype(M.dtype, copy=False)

@@ -8,8 +8,8 @@ from typing import Any, Sequence
 
 import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
-from threadpoolctl import ThreadpoolController
 
+from ...blas_threads import one_blas_thread
 from ...execution.partials import SPARSE_ROWS, Partial, merged_reads, sparse_sum, to_host
 from ...kernels import StackedFactors
 from ...kernels.factors import aligned_copy
@@ -18,10 +18,6 @@ from ...kernels.update.column_scale import column_max_abs, column_sum_squares, n
 from ...kernels.update.hals import hals_rows
 from ...kernels.update.normal_equations import normal_inverse_of
 from ..common.model_checks import check_seed
-
-# The update's algebra is tiny, and threaded BLAS keeps spinning on the cores the MTTKRP kernels
-# need next: mode updates run BLAS on one thread (docs/EXECUTION.md, "Measurements").
-_BLAS = ThreadpoolController()
 
 # HALS sweeps per mode update of nonnegative CP-ALS: the inner iterations TensorLy 0.10's
 # non_negative_parafac_hals gives hals_nnls (5; releases before 0.10 allowed up to 100, stopped
@@ -137,7 +133,7 @@ def update_mode(
         out = _keep_mode(state, mode, last_mode, inner_parts)
     else:
         V = None if sketch is None else sketch.gram().astype(state.dtype)
-        with _BLAS.limit(limits=1, user_api="blas"):
+        with one_blas_thread():
             hit, rows = None, parts
             if sketch is not None and nonneg is None and is_numpy_array(state.data):
                 # a sketch that hits few rows is solved over them; else its sum, formed once here

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 import numba as nb
 import numpy as np
-from threadpoolctl import ThreadpoolController
 
+from ...blas_threads import one_blas_thread
 from ...execution.partitions import plan_partitions
 from ...execution.stream import BatchBuffers, fill_batch
 from ...execution.tasks import PartitionData, sampled_partition
@@ -36,7 +36,6 @@ from ...store import Store
 
 FiberSource = Store | PartitionData | Sequence[PartitionData]
 
-_BLAS = ThreadpoolController()
 
 # Draws of at most this many walk steps (draws times chain cores) and their fiber gathers run on one
 # numba thread: a draw is a dozen parallel loops of 0.1-1 ms, each waiting for its slowest thread,
@@ -119,7 +118,7 @@ def sketched_gram_pinv(samples: SampleSet) -> np.ndarray:
     # 14 ms against 0.6 a nell2-shaped R 8 Gram where another process held a core)
     with numba_threads(1 if samples.coords.shape[0] <= DRAW_ONE_THREAD_STEPS else None):
         G = samples.gram()
-    with _BLAS.limit(limits=1, user_api="blas"):  # an (R^2, R^2) eigendecomposition: tiny
+    with one_blas_thread():  # an (R^2, R^2) eigendecomposition: tiny
         Gp, _ = psd_pinv(G)
     return Gp
 

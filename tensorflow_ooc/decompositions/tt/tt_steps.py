@@ -17,14 +17,13 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 from scipy.linalg import lapack as _lapack
-from threadpoolctl import ThreadpoolController
 
+from ...blas_threads import one_blas_thread
 from ...errors import DecompositionError, format_bytes
 from ...execution.concurrent_gather import gather_partitions
 from ...execution.partials import Partial
@@ -37,7 +36,6 @@ from .tt_randomized import draw_core, prepare_walks, sketched_gram_pinv, sketche
 
 INITS = ("random",)
 
-_BLAS = ThreadpoolController()
 # a core's QR below this many entries runs on one BLAS thread: a tall, thin QR gains little from
 # more, and spinning BLAS threads take the cores from the numba passes (docs/EXECUTION.md)
 ONE_BLAS_THREAD_ENTRIES = 1 << 22
@@ -346,7 +344,7 @@ def update_core(
     slices = np.zeros((I, Ra * Rb))  # row i: Y[:, i, :], as the partitions hand it up
     for p in parts:
         p.add_into(slices)
-    with _BLAS.limit(limits=1, user_api="blas") if slices.size < ONE_BLAS_THREAD_ENTRIES else nullcontext():
+    with one_blas_thread(slices.size < ONE_BLAS_THREAD_ENTRIES):
         if sketch is not None:
             # randomized TT-ALS: the parts are the sketched right-hand side; solve the sketched normal
             # equations (their Gram is I in expectation, the design being orthonormal), on one

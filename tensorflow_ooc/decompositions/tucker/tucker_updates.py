@@ -23,7 +23,6 @@ After the last mode the core ``G = U_N^T Y_(N)`` and its squared norm (for the f
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -31,8 +30,8 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse
 import scipy.sparse.linalg
-from threadpoolctl import ThreadpoolController
 
+from ...blas_threads import one_blas_thread
 from ...execution.ttm_graph import TTMPartial, merge_partials
 from ..common.model_checks import check_seed
 
@@ -40,8 +39,6 @@ SVD_METHODS = ("auto", "gram", "randomized")
 GRAM_MAX = 2048
 OVERSAMPLE = 10
 POWER_ITERATIONS = 2
-
-_BLAS = ThreadpoolController()
 
 
 @dataclass
@@ -206,7 +203,7 @@ def update_factor(
     k = min(J_n, *B.shape)
     # small problems on one BLAS thread: its spinning threads would take cores from the numba
     # TTM kernels that follow (as in the CP-ALS update); large ones use them all
-    with _BLAS.limit(limits=1, user_api="blas") if B.size < (1 << 20) else nullcontext():
+    with one_blas_thread(B.size < (1 << 20)):
         Ur, method = leading_left_vectors(B, k, svd, seed)
         U = np.zeros((I_n, J_n))
         U[rows, :k] = flip_signs(Ur)

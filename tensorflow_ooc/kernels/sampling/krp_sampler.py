@@ -48,8 +48,8 @@ from typing import Any
 
 import numba as nb
 import numpy as np
-from threadpoolctl import ThreadpoolController
 
+from ...blas_threads import one_blas_thread
 from ...format.radix_sort import sort_keys
 
 # Eigenvalues of a Gram matrix at or below PINV_RTOL times the largest count as zero in the
@@ -81,8 +81,6 @@ _GEMM_SERIAL_MNK = 262144
 # product at R = 50, walks 1.4x faster.
 _DRAW_GEMM_MNK = 1 << 20
 
-# The process's BLAS libraries, for running sts_sample's small dense algebra on one thread.
-_BLAS = ThreadpoolController()
 
 # Default leaf size of build_tree: ceil(I / P) rows in [_LEAF_RANKS R, 2 _LEAF_RANKS R), a tree
 # of at most about I R floats (the factor's own size). Factors above LARGE_FACTOR_BYTES take leaves
@@ -1224,7 +1222,7 @@ def draw_rows(U: np.ndarray, tree: RowTree, Q: np.ndarray, qrow: np.ndarray, x: 
     qrow = np.ascontiguousarray(qrow, dtype=np.int64)
     R = U.shape[1]
     xs = np.array(x, dtype=np.float64)
-    with _BLAS.limit(limits=1, user_api="blas"):
+    with one_blas_thread():
         _stage2(
             U,
             tree.grams,
@@ -1392,7 +1390,7 @@ def sts_sample(
 
     # the dense algebra here is R x R: one BLAS thread (threads left spinning by a threaded call
     # take a core from the draw kernel that follows: 1.6x its time at R = 50 on 2 cores)
-    with _BLAS.limit(limits=1, user_api="blas"):
+    with one_blas_thread():
         G, Gp = khatri_rao_gram([trees[k].gram for k in ks], ks)
 
         rng = np.random.default_rng(seed)

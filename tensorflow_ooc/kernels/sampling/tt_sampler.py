@@ -58,8 +58,8 @@ from dataclasses import dataclass, field
 
 import numba as nb
 import numpy as np
-from threadpoolctl import ThreadpoolController
 
+from ...blas_threads import one_blas_thread
 from .krp_sampler import RowTree, SampleSet, _draw_row_for_query, _pick, build_tree, unique_rows
 
 SIDES = ("left", "right")
@@ -79,9 +79,6 @@ GROUPED_ROWS = 16
 
 # Groups of draws a block of :func:`_grouped_draws`'s parallel loop (scratch allocated once a block).
 _GROUP_BLOCK = 64
-
-# The process's BLAS libraries: the sketched Gram's product runs on one thread (docs/EXECUTION.md).
-_BLAS = ThreadpoolController()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -951,7 +948,7 @@ def kron_gram(left: np.ndarray, right: np.ndarray, weights: np.ndarray, left_coo
         PL,
         MR,
     )
-    with _BLAS.limit(limits=1, user_api="blas"):
+    with one_blas_thread():
         Gpk = PL.T @ MR
     G = np.empty((Ra * Rb, Ra * Rb))
     _unpack_kron(Gpk, Ra, Rb, G)
