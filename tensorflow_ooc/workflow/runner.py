@@ -294,7 +294,9 @@ def _execute(
     record.attempts.append(
         Attempt(attempt=number, host=h["host"], pid=h["pid"], worker=_worker_address(), started_at=now_iso())
     )
-    record.requeued = None  # started again: no longer waiting
+    # started again: no longer waiting; set with the attempt, since the webhook's record of its
+    # delivery (and the heartbeat) may save the record before the run-started event below
+    record.requeued, record.state = None, "running"
     if lost is not None:
         rec.event("attempt-lost", lost.outcome or "", level="warning")
         notify(workflow.spec.webhooks, rec, "on_retry", retry="driver", lost_attempt=lost.attempt, reason=lost.outcome)
@@ -307,7 +309,6 @@ def _execute(
         )
         rec.event("run-finished", f"run {run_id} cancelled before it started", state="cancelled")
         return RunOutcome(run_id, "cancelled", EXIT_CODES["cancelled"], record)
-    record.state = "running"
     record.started_at = record.started_at or now_iso()
     record.cluster = cluster
     rec.save()
