@@ -97,7 +97,7 @@ def map_private(fd: int, fresh: bool) -> mmap.mmap:
     with ``fresh``, a file whose cache is not in 2 MiB folios is dropped from the cache first (see
     the module's docstring)."""
     mm = _map(fd)
-    if not fresh or (_drops["done"] >= MAX_FUTILE_DROPS and not _drops["paid"]):
+    if not fresh or not hasattr(os, "posix_fadvise") or (_drops["done"] >= MAX_FUTILE_DROPS and not _drops["paid"]):
         return mm
     if pmd_mapped(mm) is not False:
         return mm
