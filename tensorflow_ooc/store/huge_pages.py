@@ -28,6 +28,9 @@ _PRESENT = np.uint64(1 << 63)  # /proc/PID/pagemap: the page is mapped (readable
 #: drops that did not give 2 MiB pages before a process stops dropping (a kernel or file system
 #: without large folios: every drop would only cost a read from disk)
 MAX_FUTILE_DROPS = 4
+#: whether a fresh mapping found on small pages is dropped and read back (benchmarks turn it off
+#: to time a cache left on 4 KiB pages)
+DROP_SMALL_PAGES = True
 _drops = {"done": 0, "paid": 0}
 
 
@@ -97,7 +100,8 @@ def map_private(fd: int, fresh: bool) -> mmap.mmap:
     with ``fresh``, a file whose cache is not in 2 MiB folios is dropped from the cache first (see
     the module's docstring)."""
     mm = _map(fd)
-    if not fresh or not hasattr(os, "posix_fadvise") or (_drops["done"] >= MAX_FUTILE_DROPS and not _drops["paid"]):
+    futile = _drops["done"] >= MAX_FUTILE_DROPS and not _drops["paid"]
+    if not fresh or not DROP_SMALL_PAGES or futile or not hasattr(os, "posix_fadvise"):
         return mm
     if pmd_mapped(mm) is not False:
         return mm
