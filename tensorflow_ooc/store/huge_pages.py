@@ -5,8 +5,8 @@ entry) where the cache holds the range as one 2 MiB folio and the mapping is 2 M
 (file systems with large folios: ext4 from Linux 6.16, XFS). A buffered write of a whole chunk
 file leaves such folios; a cold fault on a mapping advised ``MADV_HUGEPAGE`` reads them in; but
 pages faulted in through an unadvised mapping, or ``read()``, stay 4 KiB (or small) folios until
-dropped. The run-table kernel streaming a mode-sorted copy on 4 KiB pages ran 15-25 % slower
-(docs/EXECUTION.md, "2 MiB pages").
+dropped. A streamed all-mode MTTKRP from mode-sorted copies on 4 KiB pages took a third more
+time than on 2 MiB pages (vast-shaped, one thread; docs/KERNELS.md, "2 MiB pages").
 
 :func:`map_private` therefore advises every mapping, and on the first mapping of a file version in
 a process (``fresh``; the CRC32C check then reads every page anyway) probes whether it is mapped on
