@@ -9,14 +9,17 @@ streamed from the store's copies (``tfo.mttkrp(store, ...)``) and streamed from 
 (``mode_copies=False``). ``--cpu-time``: CPU seconds of the process instead of wall seconds.
 Prints best and median milliseconds and each stream's share of in-memory
 throughput (best against best); the store is given its copies first where it has none
-(``tfooc mode-copies``, reported with their bytes a nonzero). JSON to
-``benchmarks/results/mode-copies-<time>.json``.
+(``tfooc mode-copies``, reported with their bytes a nonzero). ``--pages 4k`` / ``2m``: each copy
+file's page cache dropped and faulted back on 4 KiB pages (and the reader's drops turned off) or
+in 2 MiB folios before the store is timed (docs/KERNELS.md, "2 MiB pages"); default: as found.
+JSON to ``benchmarks/results/mode-copies-<time>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import time
 from pathlib import Path
@@ -25,6 +28,7 @@ import numpy as np
 
 import tensorflow_ooc as tfo
 from tensorflow_ooc.kernels import compile_kernels
+from tensorflow_ooc.store import huge_pages
 
 CLOCK = time.perf_counter
 
@@ -35,10 +39,31 @@ def _time(fn) -> float:
     return CLOCK() - t0
 
 
-def bench_store(path: str, ranks: list[int], threads: int, repeat: int) -> list[dict]:
+def settle_pages(path: str, pages: str) -> None:
+    """Drop each copy file's cached pages and fault them back through a mapping, advised
+    ``MADV_HUGEPAGE`` (``2m``: 2 MiB folios) or not (``4k``)."""
+    for f in sorted(Path(path, "sorted").glob("m*/*/c/*")):
+        if f.parent.parent.name == "crc" or f.stat().st_size == 0:
+            continue
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            mm = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        if pages == "2m":
+            huge_pages.advise(mm)
+        int(np.frombuffer(mm, dtype=np.uint8)[:: mmap.PAGESIZE].sum())
+        mm.close()
+
+
+def bench_store(path: str, ranks: list[int], threads: int, repeat: int, pages: str = "as-is") -> list[dict]:
     store = tfo.open_store(path)
     if not store.copy_modes():
         store = tfo.build_mode_copies(store)
+    if pages != "as-is":
+        huge_pages.DROP_SMALL_PAGES = pages != "4k"
+        settle_pages(store.path, pages)
     copies = store.info()["mode_copies"]
     coords, values = store.to_coo()
     tensor = tfo.encode_coo(coords, values, store.shape)
@@ -76,6 +101,7 @@ def bench_store(path: str, ranks: list[int], threads: int, repeat: int) -> list[
             "copy_modes": store.copy_modes(),
             "copy_bytes_per_nnz": {m: d["bytes_per_nnz"] for m, d in copies.items()},
             "load": load,
+            "pages": pages,
         }
         rows.append(row)
         print(
@@ -101,11 +127,12 @@ def main(argv=None) -> None:
         help="time the process's CPU seconds instead of wall seconds (with --threads 1: the kernels' own cost, "
         "far less moved by other processes on a shared machine than wall time)",
     )
+    ap.add_argument("--pages", choices=["as-is", "4k", "2m"], default="as-is")
     args = ap.parse_args(argv)
     global CLOCK
     CLOCK = time.process_time if args.cpu_time else time.perf_counter
     print(f"kernels compiled or loaded in {compile_kernels(4, args.ranks):.1f} s")
-    rows = [r for s in args.stores for r in bench_store(s, args.ranks, args.threads, args.repeat)]
+    rows = [r for s in args.stores for r in bench_store(s, args.ranks, args.threads, args.repeat, args.pages)]
     out = Path(__file__).parent / "results" / f"mode-copies-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=1))

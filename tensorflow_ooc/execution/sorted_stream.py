@@ -71,9 +71,9 @@ def _profile(store: Store, copy: ModeCopy, chunk: SortedChunk) -> SortedProfile:
         hit = _PROFILES.get(key)
     if hit is not None and hit[0] == chunk.checksum:
         return hit[1]
-    seg = chunk.segments
+    seg, bases = store.chunk_segments(chunk.id)
     layout = store.layout
-    items = work_items(chunk.index, chunk.values, seg[:, 1], seg[:, 2], chunk.bases, layout, store.mode_copies.item_nnz)
+    items = work_items(chunk.index, chunk.values, seg[:, 1], seg[:, 2], bases, layout, store.mode_copies.item_nnz)
     # what the kernels index with is checked once per version of the bytes: every item's rows
     # inside the chunk's recorded range, which lies inside the shape
     cmin, cmax = (items.lo.min(axis=0), items.hi.max(axis=0)) if items.nitems else (chunk.min, chunk.max)
