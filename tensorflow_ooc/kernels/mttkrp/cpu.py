@@ -253,6 +253,37 @@ def _source(
     return "\n".join(L) + "\n"
 
 
+# A run's sum of R <= RUN_SPLIT_RANK float64 columns is one vector register: one dependent add
+# a nonzero. Two sums (even and odd nonzeros) halve that chain (docs/KERNELS.md, "Specialization").
+RUN_SPLIT_RANK = 8
+
+
+def run_sum(add, pad: str, RC: int, begin: str, end: str, body) -> None:
+    """Source of a run's sum over nonzeros ``begin .. end`` into the accumulators ``a0 .. a{RC-1}``
+    (set to zero here). ``body(pad, i, acc)`` writes one nonzero ``i``'s lines adding into
+    ``acc0 ..``. At ranks up to :data:`RUN_SPLIT_RANK` even and odd nonzeros sum apart (``a`` and
+    ``e``) and meet at the end, so the adds form two chains."""
+    split = RC <= RUN_SPLIT_RANK
+    for c in range(RC):
+        add(f"{pad}a{c} = zero")
+        if split:
+            add(f"{pad}e{c} = zero")
+    if not split:
+        add(f"{pad}for i in range(np.uint64({begin}), np.uint64({end})):")
+        body(pad + "    ", "i", "a")
+        return
+    add(f"{pad}i = np.uint64({begin})")
+    add(f"{pad}stop = np.uint64({end})")
+    add(f"{pad}while i + np.uint64(1) < stop:")
+    body(pad + "    ", "i", "a")
+    body(pad + "    ", "i + np.uint64(1)", "e")
+    add(f"{pad}    i += np.uint64(2)")
+    add(f"{pad}if i < stop:")
+    body(pad + "    ", "i", "a")
+    for c in range(RC):
+        add(f"{pad}a{c} += e{c}")
+
+
 def _table_source(name: str, nmodes: int, rank_const: int) -> str:
     """Python source of the ``table_threads`` kernel: ``runs_threads`` over a mode-sorted copy's
     run table (:attr:`~tensorflow_ooc.kernels.mttkrp.plan.WorkItems.runs`) instead of its items.
@@ -280,15 +311,16 @@ def _table_source(name: str, nmodes: int, rank_const: int) -> str:
     add("            k = run_item[r]")
     for j in others:
         add(f"            b{j} = np.uint64(item_base[k, o{j}] + offs[o{j}])")
-    for c in range(RC):
-        add(f"            a{c} = zero")
-    add("            for i in range(np.uint64(ptr[r]), np.uint64(ptr[r + 1])):")
-    add("                x = index[i]")
-    for j in others:
-        add(f"                q{j} = (b{j} + {_field('x', str(j), False)}) * np.uint64({RC})")
-    add("                v = values[i]")
-    for c in range(RC):
-        add(f"                a{c} += v * " + " * ".join(f"Ff[q{j} + np.uint64({c})]" for j in others))
+
+    def body(pad: str, i: str, acc: str) -> None:
+        add(f"{pad}x = index[{i}]")
+        for j in others:
+            add(f"{pad}q{j} = (b{j} + {_field('x', str(j), False)}) * np.uint64({RC})")
+        add(f"{pad}v = values[{i}]")
+        for c in range(RC):
+            add(f"{pad}{acc}{c} += v * " + " * ".join(f"Ff[q{j} + np.uint64({c})]" for j in others))
+
+    run_sum(add, "            ", RC, "ptr[r]", "ptr[r + 1]", body)
     add(f"            cq = np.uint64(rows[r] - out_lo) * np.uint64({RC})")
     for c in range(RC):
         add(f"            Pb[cq + np.uint64({c})] += a{c}")

@@ -37,7 +37,7 @@ import numpy as np
 
 from ...format import BitLayout
 from ..factors import StackedFactors
-from .cpu import SPECIALIZED_RANKS, SLPKernel
+from .cpu import SPECIALIZED_RANKS, SLPKernel, run_sum
 from .plan import WorkItems
 
 # a pair is memoized only where its distinct (i_a, i_b) are at most this share of the nonzeros
@@ -299,21 +299,24 @@ def _first_source(name: str, nothers: int, rank_const: int) -> str:
     add("        for g in range(cuts[bounds[t]], cuts[bounds[t + 1]]):")
     add("            zq = np.uint64(g) * RU")
     if RC:
-        for r in range(RC):
-            add(f"            a{r} = zero")
-    else:
-        add("            for r in range(R):")
-        add("                Zf[zq + np.uint64(r)] = zero")
-    add("            for i in range(np.uint64(ptr[g]), np.uint64(ptr[g + 1])):")
-    add("                v = values[i]")
-    for j in range(nothers):
-        add(f"                q{j} = (c{j} + np.uint64(other[i, {j}])) * RU")
-    if RC:
-        for r in range(RC):
-            add(f"                a{r} += v * " + " * ".join(f"Ff[q{j} + np.uint64({r})]" for j in range(nothers)))
+
+        def body(pad: str, i: str, acc: str) -> None:
+            add(f"{pad}v = values[{i}]")
+            for j in range(nothers):
+                add(f"{pad}q{j} = (c{j} + np.uint64(other[{i}, {j}])) * RU")
+            for r in range(RC):
+                add(f"{pad}{acc}{r} += v * " + " * ".join(f"Ff[q{j} + np.uint64({r})]" for j in range(nothers)))
+
+        run_sum(add, "            ", RC, "ptr[g]", "ptr[g + 1]", body)
         for r in range(RC):
             add(f"            Zf[zq + np.uint64({r})] = a{r}")
     else:
+        add("            for r in range(R):")
+        add("                Zf[zq + np.uint64(r)] = zero")
+        add("            for i in range(np.uint64(ptr[g]), np.uint64(ptr[g + 1])):")
+        add("                v = values[i]")
+        for j in range(nothers):
+            add(f"                q{j} = (c{j} + np.uint64(other[i, {j}])) * RU")
         add("                for r in range(R):")
         add(
             "                    Zf[zq + np.uint64(r)] += v * "
