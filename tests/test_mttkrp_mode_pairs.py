@@ -126,6 +126,41 @@ def test_results_do_not_depend_on_the_thread_count(rng):
         assert np.array_equal(x, y)
 
 
+@pytest.mark.parametrize("nmodes,rank", [(n, r) for n in (3, 4, 5, 6) for r in (8, 16)])
+def test_a_mode_outside_a_pair_from_its_copy_matches_einsum_at_any_thread_count(rng, nmodes, rank):
+    shape, coords, values, t = _tensor(rng, nmodes, 6000)
+    c, v = mp.item_nonzeros(tensor_items(t), t.layout)
+    F = StackedFactors.from_list([rng.standard_normal((s, rank)) for s in shape])
+    a = int(rng.integers(0, nmodes - 1))
+    pair = mp.mode_pair(c, v, shape, a, a + 1, groups_max=1.0)
+    for m in pair.others:
+        ref = dense_mttkrp(shape, coords, values, F.views, m)
+        got = []
+        for threads in (1, 2):
+            with numba_threads(threads):
+                out = np.zeros((shape[m], rank))
+                mp.pair_other(pair, F.data, F.offsets, int(m), out)
+                got.append(out)
+        assert rel_err(got[0], ref) < 1e-12 and np.array_equal(got[0], got[1])
+        # rows from out_lo only (a partition's share of the mode)
+        lo = int(rng.integers(0, shape[m]))
+        part = np.zeros((shape[m] - lo, rank))
+        mp.pair_other(pair, F.data, F.offsets, int(m), part, lo)
+        assert rel_err(part, ref[lo:]) < 1e-12
+
+
+def test_a_mode_outside_the_pairs_runs_from_a_copy_only_where_it_fits(rng):
+    shape, coords, values, t = _tensor(rng, 4, 6000)
+    c, v = mp.item_nonzeros(tensor_items(t), t.layout)
+    pair = mp.mode_pair(c, v, shape, 2, 3, groups_max=1.0)
+    rows = shape[0]
+    assert not mp.other_fits(pair, 2, rows, 8)  # a mode of the pair itself
+    assert not mp.other_fits(pair, 0, rows, 12)  # a rank compiled at run time
+    fits = mp.OTHER_SLICES * rows * mp.OTHER_NNZ_PER_ROW <= pair.nnz
+    assert mp.other_fits(pair, 0, rows, 8) == fits
+    assert not mp.other_fits(pair, 0, mp.OTHER_OUTPUT_BYTES_MAX // 64 + 1, 8)  # slice outputs too large
+
+
 def test_pairs_are_chosen_where_they_are_few(rng):
     # modes 2 and 3 take 6 distinct pairs over 4000 nonzeros; modes 0 and 1 are spread wide
     nnz = 4000
@@ -151,11 +186,18 @@ def _paired_store(rng, tmp_path, nmodes):
     return shape, coords, values, store
 
 
-@pytest.mark.parametrize("nmodes", [3, 4, 5])
-def test_partition_pairs_and_a_sweep_task_carry_the_memo(tmp_path, rng, monkeypatch, nmodes):
+@pytest.mark.parametrize("nmodes,outside", [(n, o) for n in (3, 4, 5) for o in ("copies", "pairs")])
+def test_partition_pairs_and_a_sweep_task_carry_the_memo(tmp_path, rng, monkeypatch, nmodes, outside):
     from tensorflow_ooc.execution import graph, pair_tasks
     from tensorflow_ooc.execution.tasks import load_partition, mttkrp_partition
 
+    # the modes outside every pair: their mode-sorted copies, or a pair's copy (every small mode
+    # fits once no nonzeros are asked a slice output row)
+    others = []
+    if outside == "pairs":
+        monkeypatch.setattr(mp, "OTHER_NNZ_PER_ROW", 0)
+        real_other = pair_tasks.pair_other
+        monkeypatch.setattr(pair_tasks, "pair_other", lambda *a: others.append(a[3]) or real_other(*a))
     shape, coords, values, store = _paired_store(rng, tmp_path, nmodes)
     part = plan_partitions(store, 1, None)[0]
     data = load_partition(store.path, part, mode_copies=True, threads=2, mode_pairs=True)
@@ -170,6 +212,8 @@ def test_partition_pairs_and_a_sweep_task_carry_the_memo(tmp_path, rng, monkeypa
     for m in range(nmodes):  # each mode as its own task (no memo)
         p = mttkrp_partition(data, F, m, threads=2)
         assert rel_err(p.rows, dense_mttkrp(shape, coords, values, F.views, m)[p.lo : p.lo + len(p.rows)]) < 1e-12
+    outside_modes = [m for m in range(nmodes) if m not in data.mode_pairs]
+    assert others == (outside_modes if outside == "pairs" else [])
 
     # a sweep task: each update replaces the mode's rows, as CP-ALS does; every mode's MTTKRP must
     # be the one of the factors as they are at its step
@@ -223,6 +267,22 @@ def test_cp_als_in_memory_with_pairs_equals_streaming(tmp_path, rng, monkeypatch
     assert firsts == [True] + [False, False] * 5
     s = tfo.cp_als(store, 8, seed=3, max_iters=5, tol=0, execution="streaming")
     assert not s.params["memory_plan"]["mode_pairs"]
+    assert abs(r.fit - s.fit) < 1e-10
+    for x, y in zip(r.factors, s.factors):
+        np.testing.assert_allclose(x, y, rtol=1e-8, atol=1e-10)
+
+
+def test_cp_als_with_a_mode_outside_the_pairs_from_a_pairs_copy_equals_streaming(tmp_path, rng, monkeypatch):
+    from tensorflow_ooc.execution import pair_tasks
+
+    shape, coords, values, store = _paired_store(rng, tmp_path, 5)  # pairs (2, 3) and (4, 0)
+    monkeypatch.setattr(mp, "OTHER_NNZ_PER_ROW", 0)
+    outside = []
+    real = pair_tasks.pair_other
+    monkeypatch.setattr(pair_tasks, "pair_other", lambda *a: outside.append(a[3]) or real(*a))
+    r = tfo.cp_als(store, 8, seed=5, max_iters=4, tol=0, execution="in-memory")
+    assert r.params["memory_plan"]["mode_pairs"] and outside == [1] * 4
+    s = tfo.cp_als(store, 8, seed=5, max_iters=4, tol=0, execution="streaming")
     assert abs(r.fit - s.fit) < 1e-10
     for x, y in zip(r.factors, s.factors):
         np.testing.assert_allclose(x, y, rtol=1e-8, atol=1e-10)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..kernels import StackedFactors
 from ..kernels.mttkrp.dispatch import numba_threads, threads_for
-from ..kernels.mttkrp.mode_pairs import ModePair, pair_first, pair_second
+from ..kernels.mttkrp.mode_pairs import ModePair, other_fits, pair_first, pair_other, pair_second
 from .output_buffers import zeroed_output
 from .partials import Partial
 
@@ -96,3 +96,24 @@ def _fill(pair: ModePair, factors: StackedFactors, out: np.ndarray | None, lo: i
     if pair.wraps:
         pair.keep_memo(factors)
     return Z
+
+
+def outside_pair(source: Any, factors: StackedFactors, mode: int) -> ModePair | None:
+    """The pair whose copy serves ``mode``, a mode of no pair (the one of fewest distinct pairs
+    among those :func:`~tensorflow_ooc.kernels.mttkrp.mode_pairs.other_fits` allows), or None."""
+    rows = int(source.part.row_hi[mode]) + 1
+    pairs = {id(p): p for p in source.mode_pairs.values()}.values()
+    fits = [p for p in pairs if other_fits(p, mode, rows, factors.rank, factors.dtype.itemsize)]
+    return min(fits, key=lambda p: p.groups) if fits else None
+
+
+def pair_other_partition(source: Any, pair: ModePair, factors: StackedFactors, mode: int, threads: int = 1) -> Partial:
+    """Mode-``mode`` MTTKRP of a decoded partition from ``pair``'s copy (``mode`` in no pair; see
+    :func:`~tensorflow_ooc.kernels.mttkrp.mode_pairs.pair_other`): the sweep then streams one copy of
+    the nonzeros for every mode, where mode-sorted copies stream one more array a mode."""
+    t0 = time.perf_counter()
+    lo, hi = source.part.row_lo[mode], source.part.row_hi[mode]
+    out = zeroed_output((hi - lo + 1, factors.rank), factors.dtype)
+    with numba_threads(threads_for(threads, pair.nnz)):
+        pair_other(pair, factors.data, factors.offsets, mode, out, lo)
+    return Partial(lo, out, time.perf_counter() - t0)

@@ -26,7 +26,7 @@ from ..kernels.sampling.fiber_gather import FiberIndex, SampleTable, exact_keys,
 from ..store import Store, open_store
 from ..store.paths import is_url
 from .output_buffers import zeroed_output
-from .pair_tasks import pair_partition
+from .pair_tasks import outside_pair, pair_other_partition, pair_partition
 from .partials import Partial, merged_reads, sparse_sum, worker_threads
 from .partitions import Partition
 from .sorted_stream import copy_for, sorted_batches, sorted_thread_outputs, sorted_threads_fit
@@ -208,8 +208,12 @@ def mttkrp_partition(
     on a GPU by the GPU kernels' Poisson form. Dense partitions have none (CP-APR takes sparse stores)."""
     from .dense_tasks import DensePartition, DensePartitionData, dense_mttkrp_partition
 
-    if isinstance(source, PartitionData) and poisson_eps is None and mode in source.mode_pairs:
-        return pair_partition(source, factors, mode, threads)
+    if isinstance(source, PartitionData) and poisson_eps is None and source.mode_pairs:
+        if mode in source.mode_pairs:
+            return pair_partition(source, factors, mode, threads)
+        pair = outside_pair(source, factors, mode)
+        if pair is not None:
+            return pair_other_partition(source, pair, factors, mode, threads)
     if isinstance(source, DensePartitionData) or (isinstance(source, tuple) and isinstance(source[1], DensePartition)):
         if poisson_eps is not None:
             raise ValueError("CP-APR's Phi takes sparse partitions, not dense ones")

@@ -55,6 +55,15 @@ SECOND_SLICES = 8
 SLICE_PAIRS_PER_ROW = 8
 # bytes a pair copy holds per distinct pair beside its memo row: ptr, both rows and the b order
 PAIR_GROUP_BYTES = 32
+# a mode outside the pairs runs from a pair's copy in this many slices (a fixed number: sums do
+# not depend on the thread count), each with an output of the whole mode ...
+OTHER_SLICES = 8
+# ... where the pair has at least this many nonzeros per slice output row (zeroing and summing
+# the slices then costs little against the pass) ...
+OTHER_NNZ_PER_ROW = 32
+# ... and a slice output takes at most this many bytes: its rows are added to in no order, and
+# larger outputs ran slower than the mode-sorted copies (docs/KERNELS.md, "Memoized mode pairs")
+OTHER_OUTPUT_BYTES_MAX = 128 << 10
 
 
 @dataclass
@@ -349,6 +358,87 @@ def _second(rows_a, rows_b, by_b, Z, F, offs, a, out, out_lo, cuts, bounds):
 
 
 second_pass = SLPKernel(nb.njit(parallel=True, nogil=True, cache=True)(_second))
+
+
+def _other_source(name: str, nothers: int, col: int, rank_const: int) -> str:
+    """Source of a pass over the pair's nonzeros for mode ``others[col]``, a mode outside the pair:
+    per pair ``g`` the product ``P = A_a[rows_a[g]] * A_b[rows_b[g]]`` once, then per nonzero
+    ``x * P * prod_{j != col} A_{others[j]}[other[i, j]]`` added into row ``other[i, col]`` of slice
+    ``s``'s output ``bufs[s]`` (pairs ``slices[s] .. slices[s + 1]``); the caller sums the slices in
+    order. Fixed ranks only: the row products stay R scalars."""
+    RC = rank_const
+    L: list[str] = []
+    add = L.append
+    add(f"def {name}(ptr, rows_a, rows_b, other, values, F, offs, others, a, b, slices, bufs):")
+    add(f"    RU = np.uint64({RC})")
+    add("    Ff = F.reshape(F.size)")
+    add("    oa = np.uint64(offs[a])")
+    add("    ob = np.uint64(offs[b])")
+    rest = [j for j in range(nothers) if j != col]
+    for j in rest:
+        add(f"    c{j} = np.uint64(offs[others[{j}]])")
+    add("    for s in nb.prange(slices.shape[0] - 1):")
+    add("        Bf = bufs[s].reshape(bufs[s].size)")
+    add("        for g in range(slices[s], slices[s + 1]):")
+    add("            qa = (oa + np.uint64(rows_a[g])) * RU")
+    add("            qb = (ob + np.uint64(rows_b[g])) * RU")
+    for r in range(RC):
+        add(f"            p{r} = Ff[qa + np.uint64({r})] * Ff[qb + np.uint64({r})]")
+    add("            for i in range(np.uint64(ptr[g]), np.uint64(ptr[g + 1])):")
+    add("                v = values[i]")
+    for j in rest:
+        add(f"                q{j} = (c{j} + np.uint64(other[i, {j}])) * RU")
+    add(f"                d = np.uint64(other[i, {col}]) * RU")
+    # every product before any store (a store between loads of F may alias them: no SLP)
+    for r in range(RC):
+        add(f"                t{r} = " + " * ".join(["v", f"p{r}"] + [f"Ff[q{j} + np.uint64({r})]" for j in rest]))
+    for r in range(RC):
+        add(f"                Bf[d + np.uint64({r})] += t{r}")
+    return "\n".join(L) + "\n"
+
+
+_OTHER: dict[tuple[int, int, int], SLPKernel] = {}
+
+
+def other_pass(nothers: int, col: int, rank: int) -> SLPKernel:
+    """The compiled pass of :func:`_other_source` for ``nothers`` other modes, target column
+    ``col`` and a rank of :data:`~.cpu.SPECIALIZED_RANKS`."""
+    key = (nothers, col, rank)
+    if key not in _OTHER:
+        name = f"pair_other_o{nothers}_c{col}_r{rank}"
+        scope = globals()
+        exec(compile(_other_source(name, nothers, col, rank), __file__, "exec"), scope)
+        _OTHER[key] = SLPKernel(nb.njit(parallel=True, nogil=True, cache=True)(scope[name]))
+    return _OTHER[key]
+
+
+def other_fits(pair: ModePair, mode: int, rows: int, rank: int, itemsize: int = 8) -> bool:
+    """Whether mode ``mode`` (outside the pair, rows ``0 .. rows - 1``) runs from the pair's copy
+    (:func:`pair_other`): a fixed rank, a slice output of at most :data:`OTHER_OUTPUT_BYTES_MAX`,
+    and enough nonzeros a slice output row."""
+    return (
+        rank in SPECIALIZED_RANKS
+        and mode in pair.others
+        and rows * rank * itemsize <= OTHER_OUTPUT_BYTES_MAX
+        and OTHER_SLICES * rows * OTHER_NNZ_PER_ROW <= pair.nnz
+    )
+
+
+def pair_other(pair: ModePair, F: np.ndarray, offs: np.ndarray, mode: int, out: np.ndarray, out_lo: int = 0) -> None:
+    """Add the MTTKRP of ``mode``, one of the pair's other modes, into ``out`` (rows ``out_lo ..``)
+    from the pair's copy: the nonzeros the pair's first mode has just streamed, with one factor row
+    fewer a nonzero (the pair's two rows are one product per pair). :data:`OTHER_SLICES` fixed
+    slices of the pairs each add into an output of their own, summed in order, so sums do not
+    depend on the thread count."""
+    col = int(np.flatnonzero(pair.others == mode)[0])
+    rows = out_lo + out.shape[0]
+    cut = np.searchsorted(pair.ptr, np.linspace(0, pair.nnz, OTHER_SLICES + 1)).astype(np.int64)
+    cut[0], cut[-1] = 0, pair.groups
+    bufs = np.zeros((OTHER_SLICES, rows, F.shape[1]), dtype=F.dtype)
+    other_pass(len(pair.others), col, F.shape[1])(
+        pair.ptr, pair.rows_a, pair.rows_b, pair.other, pair.values, F, offs, pair.others, pair.a, pair.b, cut, bufs
+    )
+    sum_slices(bufs, out, int(out_lo))
 
 
 def _second_slices(rows_a, rows_b, Z, F, offs, a, slices, bufs):
