@@ -161,6 +161,18 @@ def test_a_mode_outside_the_pairs_runs_from_a_copy_only_where_it_fits(rng):
     assert not mp.other_fits(pair, 0, mp.OTHER_OUTPUT_BYTES_MAX // 64 + 1, 8)  # slice outputs too large
 
 
+def test_distinct_pairs_counted_by_flags_or_by_sorting_agree(rng, monkeypatch):
+    shape = (int(rng.integers(50, 300)), int(rng.integers(50, 300)), 9)
+    coords, _ = random_coo(rng, shape, 4000)
+    want = [np.unique(coords[:, [a, b]], axis=0).shape[0] / coords.shape[0] for a, b in ((0, 1), (1, 2), (2, 0))]
+    flags = [mp.pair_fraction(coords, shape, a, b) for a, b in ((0, 1), (1, 2), (2, 0))]
+    monkeypatch.setattr(mp, "PAIR_BITMAP_MAX", 0)  # 8 flags a nonzero at most: every pair here sorts
+    monkeypatch.setattr(np, "count_nonzero", None)  # (and the flags are not counted)
+    sorted_ = [mp.pair_fraction(coords[:20], shape, a, b) for a, b in ((0, 1), (1, 2), (2, 0))]
+    assert flags == want
+    assert sorted_ == [np.unique(coords[:20, [a, b]], axis=0).shape[0] / 20 for a, b in ((0, 1), (1, 2), (2, 0))]
+
+
 def test_pairs_are_chosen_where_they_are_few(rng):
     # modes 2 and 3 take 6 distinct pairs over 4000 nonzeros; modes 0 and 1 are spread wide
     nnz = 4000
