@@ -18,6 +18,7 @@ Threads take contiguous shares of whole rows (equal in nonzeros as far as rows a
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ import numba as nb
 import numpy as np
 
 from ..mttkrp.cpu import SLPKernel, _tree_sum
+from ..subnormals import subnormals_flushed
 from .cpu import FIXED_RANKS
 
 __all__ = ["BLOCK_NNZ", "ModeRuns", "mode_runs", "row_iterations_kernel", "mu_mode", "model_sums"]
@@ -234,9 +236,17 @@ def row_iterations_kernel(rank: int):
     return _ROW_KERNELS[fixed]
 
 
-def _run_shares(kernel, args: tuple, shares: int, pool, tail: tuple = ()) -> None:
+def _flushed(kernel, *args) -> None:
+    with subnormals_flushed():
+        kernel(*args)
+
+
+def _run_shares(kernel, args: tuple, shares: int, pool, tail: tuple = (), flush: bool = False) -> None:
     # share 0 on this thread, the others on the pool's threads (the kernel releases the GIL);
-    # a kernel's arguments are ``args``, its share range, then ``tail``
+    # a kernel's arguments are ``args``, its share range, then ``tail``; ``flush``: subnormals
+    # flushed to zero on each thread while it runs its share
+    if flush:
+        kernel = functools.partial(_flushed, kernel)
     if pool is None or shares <= 1:
         kernel(*args, 0, shares, *tail)
         return
@@ -307,11 +317,11 @@ def mu_mode(
     kernel = row_iterations_kernel(F.shape[1])
     S = runs.share.shape[0] - 1
     # the first inner iteration alone: a converged mode stops there
-    _run_shares(kernel, args + (0, 1) + scratch, S, pool)
+    _run_shares(kernel, args + (0, 1) + scratch, S, pool, flush=True)
     kkt = max(float(worst[:, 0].max(initial=0.0)), _empty_kkt(runs.empty, B))
     t_stop, updates = 0, 0 if kkt < tol else 1
     if updates and max_inner > 1:
-        _run_shares(kernel, args + (1, int(max_inner)) + scratch, S, pool)
+        _run_shares(kernel, args + (1, int(max_inner)) + scratch, S, pool, flush=True)
         # rows without nonzeros are 0 after the first update: no violation
         for t_stop in range(1, int(max_inner)):
             kkt = float(worst[:, t_stop].max(initial=0.0))
