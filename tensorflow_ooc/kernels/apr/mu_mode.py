@@ -120,8 +120,8 @@ def _rows_source(name: str, rank_const: int) -> str:
     L = []
     add = L.append
     add(
-        f"def {name}(coords, x, ptr, rows, block, share, F, offs, mode, eps, t0, t1, pi_buf, before, positive, "
-        "worst, g_lo, g_hi):"
+        f"def {name}(coords, x, ptr, rows, block, share, F, offs, mode, eps, tol, t_last, t0, t1, pi_buf, before, "
+        "positive, worst, g_lo, g_hi):"
     )
     add("    N = coords.shape[1]")
     add("    R = F.shape[1]")
@@ -184,10 +184,17 @@ def _rows_source(name: str, rank_const: int) -> str:
         add(f"                        v = x[{U}(k0) + k] / max(m, eps)")
         for r in rr:
             add(f"                        a{r} += v * p{r}")
+        add("                    wr = 0.0")
         for r in rr:
-            add(f"                    bf[hq + {U}({r})] = b{r}")
-            add(f"                    sf[hq + {U}({r})] = a{r} > 0")
-            add(f"                    w = max(w, abs(min(b{r}, 1.0 - a{r})))")
+            add(f"                    wr = max(wr, abs(min(b{r}, 1.0 - a{r})))")
+        # the mode can stop at t only where every row's violation is below tol: only there (and
+        # at the last iteration, whose Phi's sign the mode keeps) are the row and the sign kept
+        add("                    if wr < tol or t == t_last:")
+        for r in rr:
+            add(f"                        bf[hq + {U}({r})] = b{r}")
+            add(f"                        sf[hq + {U}({r})] = a{r} > 0")
+        add("                    w = max(w, wr)")
+        for r in rr:
             add(f"                    Ff[fq + {U}({r})] = b{r} * a{r}")
     else:
         add("                    for r in range(R):")
@@ -199,12 +206,16 @@ def _rows_source(name: str, rank_const: int) -> str:
         add("                        v = x[k + k0] / max(m, eps)")
         add("                        for r in range(R):")
         add("                            acc[r] += v * pi[k, r]")
+        add("                    wr = 0.0")
         add("                    for r in range(R):")
-        add("                        bv = F[fi, r]")
-        add("                        before[i, t, r] = bv")
-        add("                        positive[i, t, r] = acc[r] > 0")
-        add("                        w = max(w, abs(min(bv, 1.0 - acc[r])))")
-        add("                        F[fi, r] = bv * acc[r]")
+        add("                        wr = max(wr, abs(min(F[fi, r], 1.0 - acc[r])))")
+        add("                    if wr < tol or t == t_last:")
+        add("                        for r in range(R):")
+        add("                            before[i, t, r] = F[fi, r]")
+        add("                            positive[i, t, r] = acc[r] > 0")
+        add("                    w = max(w, wr)")
+        add("                    for r in range(R):")
+        add("                        F[fi, r] = F[fi, r] * acc[r]")
     add("                worst[g, t] = w")
     return "\n".join(L) + "\n"
 
@@ -224,7 +235,9 @@ def row_iterations_kernel(rank: int):
     violation ``|min(b, 1 - Phi)|`` of share ``g``'s rows into ``worst[g, t]``. Arguments:
     ``coords, x, ptr, rows, block, share``, a
     :class:`ModeRuns`'; ``F`` float (sum I, R), the stacked factors, mode ``mode``'s rows being
-    ``B`` (written); ``offs`` int64 (N,); ``eps``; ``t0, t1``; ``pi_buf`` float (S, block_nnz, R),
+    ``B`` (written); ``offs`` int64 (N,); ``eps``; ``tol``, ``t_last``: a row's ``before[t]`` and
+    ``positive[t]`` are written only where its violation is below ``tol`` or ``t == t_last`` (the
+    only iterations the mode can end at); ``t0, t1``; ``pi_buf`` float (S, block_nnz, R),
     scratch; ``before`` float (I, T, R); ``positive`` bool (I, T, R); ``worst`` float (S, T);
     ``g_lo, g_hi``."""
     fixed = rank if rank in FIXED_RANKS else 0
@@ -313,6 +326,7 @@ def mu_mode(
     B = F[offs[mode] : offs[mode] + out_positive.shape[0]]
     worst = worst[: runs.share.shape[0] - 1]
     args = (runs.coords, runs.values, runs.ptr, runs.rows, runs.block, runs.share, F, offs, mode, float(eps))
+    args += (float(tol), int(max_inner) - 1)
     scratch = (pi_buf, before, positive, worst)
     kernel = row_iterations_kernel(F.shape[1])
     S = runs.share.shape[0] - 1
