@@ -184,9 +184,9 @@ def _rows_source(name: str, rank_const: int) -> str:
         add(f"                        v = x[{U}(k0) + k] / max(m, eps)")
         for r in rr:
             add(f"                        a{r} += v * p{r}")
-        add("                    wr = 0.0")
-        for r in rr:
-            add(f"                    wr = max(wr, abs(min(b{r}, 1.0 - a{r})))")
+        # the row's violation as a balanced tree of maxima (a chain of R maxima per row was the
+        # longest dependency between rows)
+        add("                    wr = " + _tree_max([f"abs(min(b{r}, 1.0 - a{r}))" for r in rr]))
         # the mode can stop at t only where every row's violation is below tol: only there (and
         # at the last iteration, whose Phi's sign the mode keeps) are the row and the sign kept
         add("                    if wr < tol or t == t_last:")
@@ -218,6 +218,14 @@ def _rows_source(name: str, rank_const: int) -> str:
         add("                        F[fi, r] = F[fi, r] * acc[r]")
     add("                worst[g, t] = w")
     return "\n".join(L) + "\n"
+
+
+def _tree_max(terms: list[str]) -> str:
+    """The largest of ``terms`` as a balanced tree of ``max`` (as ``_tree_sum``)."""
+    while len(terms) > 1:
+        h = len(terms) // 2
+        terms = [f"max({terms[r]}, {terms[r + h]})" for r in range(h)] + terms[2 * h :]
+    return terms[0]
 
 
 _ROW_KERNELS: dict[tuple, object] = {}
