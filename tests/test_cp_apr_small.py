@@ -44,19 +44,27 @@ def unfold(X, n):
     return np.moveaxis(X, n, 0).reshape(X.shape[n], -1)
 
 
-def khatri_rao(factors, n):
-    """Rows of prod_{j != n} A_j over the cells of X with mode n moved first (C order)."""
+def flushed(a):
+    """``a`` with its subnormal entries 0 (what a product is with subnormals flushed to zero)."""
+    return np.where(np.abs(a) < np.finfo(np.float64).tiny, 0.0, a)
+
+
+def khatri_rao(factors, n, flush=False):
+    """Rows of prod_{j != n} A_j over the cells of X with mode n moved first (C order); ``flush``:
+    each product's subnormal entries 0."""
     others = [f for j, f in enumerate(factors) if j != n]
     out = others[0]
     for f in others[1:]:
         out = (out[:, None, :] * f[None, :, :]).reshape(-1, f.shape[1])
+        out = flushed(out) if flush else out
     return out
 
 
-def dense_mode_iterations(X, factors, B, n, eps, tol, max_inner, trace=False):
+def dense_mode_iterations(X, factors, B, n, eps, tol, max_inner, trace=False, flush=False):
     """pyttb's inner loop of mode ``n`` on the dense tensor: Phi, KKT, stop or ``B <- B * Phi``
-    (``trace``: the KKT violation of every inner iteration instead of the last)."""
-    Pi = khatri_rao(factors, n)
+    (``trace``: the KKT violation of every inner iteration instead of the last; ``flush``: the
+    Khatri-Rao products' subnormal entries 0)."""
+    Pi = khatri_rao(factors, n, flush)
     Xn = unfold(X, n)
     inner, kkts = 0, []
     while True:
@@ -146,6 +154,51 @@ def test_mode_kernel_matches_dense_reference_at_every_share_and_block_size(rng, 
     nz = X > 0
     assert ll == pytest.approx(float(np.sum(X[nz] * np.log(M[nz]))), rel=1e-12)
     assert xm == pytest.approx(float(np.sum(X * M)), rel=1e-12)
+
+
+@pytest.mark.parametrize("order", [3, 4, 5])
+def test_mode_kernel_flushes_subnormal_products_only(rng, order):
+    """Factor entries of 1e-160 (as MU leaves them after many updates): products of two are
+    subnormal, and the kernel (subnormals flushed to zero: x86 takes a microcode assist per
+    subnormal operation) counts them as 0; everything else is the dense reference's."""
+    shape = tuple(int(s) for s in rng.integers(4, 8, order))
+    X, coords, values = count_tensor(rng, shape, 4 * int(np.prod(shape)) // 10)
+    R = int(rng.choice([8, 16, 5]))
+    F = StackedFactors(shape, R)
+    F.data[:] = rng.random(F.data.shape) + 0.05
+    tiny = rng.random(F.data.shape) < 0.3
+    F.data[tiny] *= 1e-160
+    n = int(rng.integers(order))
+    # one component small enough on every other mode that its Khatri-Rao entries are all subnormal:
+    # in IEEE arithmetic its Phi is positive (and tiny), flushed it is 0
+    c = int(rng.integers(R))
+    for j in range(order):
+        if j != n:
+            F.views[j][:, c] = 10.0 ** (-315 / (order - 1)) * rng.uniform(0.5, 1, shape[j])
+    eps, max_inner, tol = 1e-10, 5, 1e-300
+    B0 = F.views[n].copy()
+    B_ref, Phi_ref, kkt_ref, inner_ref = dense_mode_iterations(X, F.views, B0, n, eps, tol, max_inner, flush=True)
+    # the flush matters here: in IEEE arithmetic Phi is positive where it is 0 flushed
+    exact = dense_mode_iterations(X, F.views, B0, n, eps, tol, max_inner)[1]
+    assert np.all(exact[:-1, c] > 0) and not np.any(Phi_ref[:, c])  # the last row is empty
+    with ThreadPoolExecutor(2) as pool:
+        for shares, threads in [(1, False), (3, True)]:
+            m = mode_runs(coords, n, values, shape[n], shares, 4)
+            F.views[n][:] = B0
+            S = m.share.shape[0] - 1
+            scratch = (
+                np.empty((S, max(1, m.block_nnz), R)),
+                np.empty((shape[n], max_inner, R)),
+                np.empty((shape[n], max_inner, R), dtype=bool),
+                np.empty((S, max_inner)),
+            )
+            positive = np.empty((shape[n], R), dtype=bool)
+            args = (m, F.data, F.offsets, n, eps, tol, max_inner, *scratch, positive, pool if threads else None)
+            kkt, inner, updates = mu_mode(*args)
+            assert (inner, updates) == (inner_ref, max_inner)
+            assert kkt == pytest.approx(kkt_ref, rel=1e-12)
+            np.testing.assert_array_equal(positive, Phi_ref > 0)
+            np.testing.assert_allclose(F.views[n], B_ref, rtol=1e-12, atol=1e-300)
 
 
 @pytest.mark.parametrize("order", [3, 4, 5])

@@ -18,6 +18,7 @@ Threads take contiguous shares of whole rows (equal in nonzeros as far as rows a
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ import numba as nb
 import numpy as np
 
 from ..mttkrp.cpu import SLPKernel, _tree_sum
+from ..subnormals import subnormals_flushed
 from .cpu import FIXED_RANKS
 
 __all__ = ["BLOCK_NNZ", "ModeRuns", "mode_runs", "row_iterations_kernel", "mu_mode", "model_sums"]
@@ -118,8 +120,8 @@ def _rows_source(name: str, rank_const: int) -> str:
     L = []
     add = L.append
     add(
-        f"def {name}(coords, x, ptr, rows, block, share, F, offs, mode, eps, t0, t1, pi_buf, before, positive, "
-        "worst, g_lo, g_hi):"
+        f"def {name}(coords, x, ptr, rows, block, share, F, offs, mode, eps, tol, t_last, t0, t1, pi_buf, before, "
+        "positive, worst, g_lo, g_hi):"
     )
     add("    N = coords.shape[1]")
     add("    R = F.shape[1]")
@@ -142,21 +144,35 @@ def _rows_source(name: str, rank_const: int) -> str:
     add("            k0 = ptr[q0]")
     # the block's Khatri-Rao rows (the other modes in order)
     add("            for k in range(k0, ptr[q1]):")
-    add("                first = True")
-    add("                for j in range(N):")
-    add("                    if j == mode:")
-    add("                        continue")
-    add("                    row = offs[j] + coords[k, j]")
-    add("                    if first:")
-    add("                        for r in range(R):")
-    add("                            pi[k - k0, r] = F[row, r]")
-    add("                        first = False")
-    add("                    else:")
-    add("                        for r in range(R):")
-    add("                            pi[k - k0, r] *= F[row, r]")
-    add("                if first:")
-    add("                    for r in range(R):")
-    add("                        pi[k - k0, r] = 1.0")
+    if RC:
+        # the product in RC scalars, stored once; unsigned flat offsets (as below)
+        U = "np.uint64"
+        for r in range(RC):
+            add(f"                p{r} = 1.0")
+        add("                for j in range(N):")
+        add("                    if j != mode:")
+        add(f"                        fr = {U}(offs[j] + coords[k, j]) * {U}({RC})")
+        for r in range(RC):
+            add(f"                        p{r} *= Ff[fr + {U}({r})]")
+        add(f"                kq = pb + {U}(k - k0) * {U}({RC})")
+        for r in range(RC):
+            add(f"                pf[kq + {U}({r})] = p{r}")
+    else:
+        add("                first = True")
+        add("                for j in range(N):")
+        add("                    if j == mode:")
+        add("                        continue")
+        add("                    row = offs[j] + coords[k, j]")
+        add("                    if first:")
+        add("                        for r in range(R):")
+        add("                            pi[k - k0, r] = F[row, r]")
+        add("                        first = False")
+        add("                    else:")
+        add("                        for r in range(R):")
+        add("                            pi[k - k0, r] *= F[row, r]")
+        add("                if first:")
+        add("                    for r in range(R):")
+        add("                        pi[k - k0, r] = 1.0")
     # iterations outside, the block's rows inside: the rows are independent, so the processor
     # overlaps one row's divisions and sums with the next's (a row's iterations form one chain)
     add("            for t in range(t0, t1):")
@@ -182,10 +198,17 @@ def _rows_source(name: str, rank_const: int) -> str:
         add(f"                        v = x[{U}(k0) + k] / max(m, eps)")
         for r in rr:
             add(f"                        a{r} += v * p{r}")
+        # the row's violation as a balanced tree of maxima (a chain of R maxima per row was the
+        # longest dependency between rows)
+        add("                    wr = " + _tree_max([f"abs(min(b{r}, 1.0 - a{r}))" for r in rr]))
+        # the mode can stop at t only where every row's violation is below tol: only there (and
+        # at the last iteration, whose Phi's sign the mode keeps) are the row and the sign kept
+        add("                    if wr < tol or t == t_last:")
         for r in rr:
-            add(f"                    bf[hq + {U}({r})] = b{r}")
-            add(f"                    sf[hq + {U}({r})] = a{r} > 0")
-            add(f"                    w = max(w, abs(min(b{r}, 1.0 - a{r})))")
+            add(f"                        bf[hq + {U}({r})] = b{r}")
+            add(f"                        sf[hq + {U}({r})] = a{r} > 0")
+        add("                    w = max(w, wr)")
+        for r in rr:
             add(f"                    Ff[fq + {U}({r})] = b{r} * a{r}")
     else:
         add("                    for r in range(R):")
@@ -197,14 +220,26 @@ def _rows_source(name: str, rank_const: int) -> str:
         add("                        v = x[k + k0] / max(m, eps)")
         add("                        for r in range(R):")
         add("                            acc[r] += v * pi[k, r]")
+        add("                    wr = 0.0")
         add("                    for r in range(R):")
-        add("                        bv = F[fi, r]")
-        add("                        before[i, t, r] = bv")
-        add("                        positive[i, t, r] = acc[r] > 0")
-        add("                        w = max(w, abs(min(bv, 1.0 - acc[r])))")
-        add("                        F[fi, r] = bv * acc[r]")
+        add("                        wr = max(wr, abs(min(F[fi, r], 1.0 - acc[r])))")
+        add("                    if wr < tol or t == t_last:")
+        add("                        for r in range(R):")
+        add("                            before[i, t, r] = F[fi, r]")
+        add("                            positive[i, t, r] = acc[r] > 0")
+        add("                    w = max(w, wr)")
+        add("                    for r in range(R):")
+        add("                        F[fi, r] = F[fi, r] * acc[r]")
     add("                worst[g, t] = w")
     return "\n".join(L) + "\n"
+
+
+def _tree_max(terms: list[str]) -> str:
+    """The largest of ``terms`` as a balanced tree of ``max`` (as ``_tree_sum``)."""
+    while len(terms) > 1:
+        h = len(terms) // 2
+        terms = [f"max({terms[r]}, {terms[r + h]})" for r in range(h)] + terms[2 * h :]
+    return terms[0]
 
 
 _ROW_KERNELS: dict[tuple, object] = {}
@@ -222,7 +257,9 @@ def row_iterations_kernel(rank: int):
     violation ``|min(b, 1 - Phi)|`` of share ``g``'s rows into ``worst[g, t]``. Arguments:
     ``coords, x, ptr, rows, block, share``, a
     :class:`ModeRuns`'; ``F`` float (sum I, R), the stacked factors, mode ``mode``'s rows being
-    ``B`` (written); ``offs`` int64 (N,); ``eps``; ``t0, t1``; ``pi_buf`` float (S, block_nnz, R),
+    ``B`` (written); ``offs`` int64 (N,); ``eps``; ``tol``, ``t_last``: a row's ``before[t]`` and
+    ``positive[t]`` are written only where its violation is below ``tol`` or ``t == t_last`` (the
+    only iterations the mode can end at); ``t0, t1``; ``pi_buf`` float (S, block_nnz, R),
     scratch; ``before`` float (I, T, R); ``positive`` bool (I, T, R); ``worst`` float (S, T);
     ``g_lo, g_hi``."""
     fixed = rank if rank in FIXED_RANKS else 0
@@ -234,9 +271,17 @@ def row_iterations_kernel(rank: int):
     return _ROW_KERNELS[fixed]
 
 
-def _run_shares(kernel, args: tuple, shares: int, pool, tail: tuple = ()) -> None:
+def _flushed(kernel, *args) -> None:
+    with subnormals_flushed():
+        kernel(*args)
+
+
+def _run_shares(kernel, args: tuple, shares: int, pool, tail: tuple = (), flush: bool = False) -> None:
     # share 0 on this thread, the others on the pool's threads (the kernel releases the GIL);
-    # a kernel's arguments are ``args``, its share range, then ``tail``
+    # a kernel's arguments are ``args``, its share range, then ``tail``; ``flush``: subnormals
+    # flushed to zero on each thread while it runs its share
+    if flush:
+        kernel = functools.partial(_flushed, kernel)
     if pool is None or shares <= 1:
         kernel(*args, 0, shares, *tail)
         return
@@ -303,15 +348,16 @@ def mu_mode(
     B = F[offs[mode] : offs[mode] + out_positive.shape[0]]
     worst = worst[: runs.share.shape[0] - 1]
     args = (runs.coords, runs.values, runs.ptr, runs.rows, runs.block, runs.share, F, offs, mode, float(eps))
+    args += (float(tol), int(max_inner) - 1)
     scratch = (pi_buf, before, positive, worst)
     kernel = row_iterations_kernel(F.shape[1])
     S = runs.share.shape[0] - 1
     # the first inner iteration alone: a converged mode stops there
-    _run_shares(kernel, args + (0, 1) + scratch, S, pool)
+    _run_shares(kernel, args + (0, 1) + scratch, S, pool, flush=True)
     kkt = max(float(worst[:, 0].max(initial=0.0)), _empty_kkt(runs.empty, B))
     t_stop, updates = 0, 0 if kkt < tol else 1
     if updates and max_inner > 1:
-        _run_shares(kernel, args + (1, int(max_inner)) + scratch, S, pool)
+        _run_shares(kernel, args + (1, int(max_inner)) + scratch, S, pool, flush=True)
         # rows without nonzeros are 0 after the first update: no violation
         for t_stop in range(1, int(max_inner)):
             kkt = float(worst[:, t_stop].max(initial=0.0))
