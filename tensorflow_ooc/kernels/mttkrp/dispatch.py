@@ -373,6 +373,7 @@ def run_items(
                 first,
                 bufs,
                 out_lo,
+                *eps,
             )
         else:
             cum = np.cumsum((items.end - items.start)[todo])
