@@ -94,39 +94,6 @@ def test_phi_and_model_values_match_dense_reference(tmp_path, rng, monkeypatch, 
         state.views[n][...] = A[n]
 
 
-@pytest.mark.parametrize("order,rank", [(3, 8), (4, 16), (5, 8)])
-def test_phi_on_mode_sorted_copies_run_tables_matches_dense_reference(tmp_path, rng, monkeypatch, order, rank):
-    """Phi from the run-table kernel (a mode-sorted copy whose runs are few: the model's target row
-    read once a run), every mode, against the dense reference."""
-    from tensorflow_ooc.kernels.mttkrp import cpu
-
-    lo, hi = {3: (14, 22), 4: (7, 11), 5: (5, 8)}[order]
-    shape = tuple(int(s) for s in rng.integers(lo, hi, order))
-    X, coords, vals = poisson_tensor(rng, shape, 2, 40 * int(np.prod(shape)))
-    store = store_of(tmp_path, "r", coords, vals, shape, chunk_nnz=1 << 16)
-    src = load_partition(store.path, plan_partitions(store, 1)[0], mode_copies=True)
-    assert all(src.mode_items[m].runs is not None for m in range(order))
-    A = [rng.random((I, rank)) for I in shape]
-    state = S.start_state(A, None, "float64")
-    for v, a in zip(state.views, A):
-        v[...] = a
-    nz = X > 0
-    kernels = cpu.kernel_for(order, rank, poisson=True)
-    called = []
-    spy = type("Spy", (), {"__call__": lambda self, *a: called.append(1) or kernels.table_threads(*a)})()
-    key = next(k for k, v in cpu._KERNELS.items() if v is kernels)
-    monkeypatch.setitem(cpu._KERNELS, key, kernels._replace(table_threads=spy))
-    W = np.where(nz, X / np.maximum(dense_model(A), 1e-10), 0.0)
-    for n in range(order):
-        spec = LETTERS[:order] + "," + ",".join(f"{LETTERS[m]}r" for m in range(order) if m != n)
-        ref = np.einsum(spec + f"->{LETTERS[n]}r", W, *[A[m] for m in range(order) if m != n])
-        p = phi_partition(src, state, n, 2, 1000, 1e-10, 1 << 20)
-        got = np.zeros_like(ref)
-        got[p.lo : p.lo + p.rows.shape[0]] = p.rows
-        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12 * np.abs(ref).max())
-    assert len(called) == order
-
-
 @pytest.mark.parametrize("order", [3, 4, 6])
 def test_newton_row_terms_match_dense_reference(tmp_path, rng, order):
     shape = tuple(int(s) for s in rng.integers(3, 6, order))

@@ -284,7 +284,7 @@ def run_sum(add, pad: str, RC: int, begin: str, end: str, body) -> None:
         add(f"{pad}a{c} += e{c}")
 
 
-def _table_source(name: str, nmodes: int, rank_const: int, poisson: bool = False) -> str:
+def _table_source(name: str, nmodes: int, rank_const: int) -> str:
     """Python source of the ``table_threads`` kernel: ``runs_threads`` over a mode-sorted copy's
     run table (:attr:`~tensorflow_ooc.kernels.mttkrp.plan.WorkItems.runs`) instead of its items.
     A run's target row comes from the table, so the inner loop decodes only the other modes and
@@ -292,17 +292,14 @@ def _table_source(name: str, nmodes: int, rank_const: int, poisson: bool = False
     copies, R 8 / 16: uber-shaped 0.85 / 0.85, nips 0.92 / 0.97, chicago 0.81 / 0.83.
 
     Thread ``g`` takes runs ``bounds[g] .. bounds[g + 1]`` into its own output (``out``,
-    ``first``, then ``bufs[g - 2]``), as ``runs_threads`` does with items.
-
-    ``poisson``: CP-APR's Phi (see ``_source``; ``eps`` a last argument), the run's target row of
-    the model read once a run."""
+    ``first``, then ``bufs[g - 2]``), as ``runs_threads`` does with items."""
     RC = rank_const
     others = range(1, nmodes)
     L: list[str] = []
     add = L.append
     add(
         f"def {name}(ptr, rows, run_item, index, values, item_base, shift, mask, F, offs, mode, rank, bounds, "
-        "out, first, bufs, out_lo" + (", eps):" if poisson else "):")
+        "out, first, bufs, out_lo):"
     )
     _other_modes(add, nmodes, False)
     add("    zero = F[0, 0] * 0")
@@ -314,27 +311,14 @@ def _table_source(name: str, nmodes: int, rank_const: int, poisson: bool = False
     add("            k = run_item[r]")
     for j in others:
         add(f"            b{j} = np.uint64(item_base[k, o{j}] + offs[o{j}])")
-    if poisson:
-        add(f"            qt = np.uint64(offs[mode] + rows[r]) * np.uint64({RC})")
-        for c in range(RC):
-            add(f"            w{c} = Ff[qt + np.uint64({c})]")
 
     def body(pad: str, i: str, acc: str) -> None:
         add(f"{pad}x = index[{i}]")
         for j in others:
             add(f"{pad}q{j} = (b{j} + {_field('x', str(j), False)}) * np.uint64({RC})")
-        if not poisson:
-            add(f"{pad}v = values[{i}]")
-            for c in range(RC):
-                add(f"{pad}{acc}{c} += v * " + " * ".join(f"Ff[q{j} + np.uint64({c})]" for j in others))
-            return
-        # the Khatri-Rao row once, the model value from it, then the weighted row
+        add(f"{pad}v = values[{i}]")
         for c in range(RC):
-            add(f"{pad}k{c} = " + " * ".join(f"Ff[q{j} + np.uint64({c})]" for j in others))
-        add(f"{pad}mv = " + _tree_sum([f"(w{c} * k{c})" for c in range(RC)]))
-        add(f"{pad}v = values[{i}] / max(mv, eps)")
-        for c in range(RC):
-            add(f"{pad}{acc}{c} += v * k{c}")
+            add(f"{pad}{acc}{c} += v * " + " * ".join(f"Ff[q{j} + np.uint64({c})]" for j in others))
 
     run_sum(add, "            ", RC, "ptr[r]", "ptr[r + 1]", body)
     add(f"            cq = np.uint64(rows[r] - out_lo) * np.uint64({RC})")
@@ -508,17 +492,16 @@ def _build(
         kernels.append(SLPKernel(nb.njit(parallel=True, nogil=True, cache=True, **flags)(scope[name])))
     # the run-table kernel: fixed ranks of the MTTKRP (mode-sorted copies are never Delta items)
     table = None
-    if rank_const and not delta:
+    if rank_const and not delta and not poisson:
         name = f"table_threads_items_{tag}"
-        exec(compile(_table_source(name, nmodes, rank_const, bool(poisson)), __file__, "exec"), scope)
-        flags = {"fastmath": {"reassoc", "contract"}} if poisson else {}
-        table = SLPKernel(nb.njit(parallel=True, nogil=True, cache=True, **flags)(scope[name]))
+        exec(compile(_table_source(name, nmodes, rank_const), __file__, "exec"), scope)
+        table = SLPKernel(nb.njit(parallel=True, nogil=True, cache=True)(scope[name]))
     return ItemKernels(*kernels, table)
 
 
 class ItemKernels(NamedTuple):
     """The compiled item kernels of one order, rank, encoding, prefetch and Phi form, by conflict
-    resolution (``table_threads`` None where it does not apply: run-time ranks, Delta items)."""
+    resolution (``table_threads`` None where it does not apply: run-time ranks, Delta items, Poisson)."""
 
     direct: SLPKernel
     runs: SLPKernel
@@ -571,7 +554,7 @@ def kernel_for(
     nmodes: int, rank: int, delta: bool = False, prefetch: bool = False, poisson: bool = False
 ) -> ItemKernels:
     """The compiled :class:`ItemKernels` (``table_threads`` None where it does not apply: run-time
-    ranks, Delta items) for this order, rank and
+    ranks, Delta items, Poisson) for this order, rank and
     index encoding (fixed-rank code for ``SPECIALIZED_RANKS``); ``prefetch`` kernels prefetch
     factor rows ahead (for factors far larger than the caches); ``poisson`` kernels compute
     CP-APR's Phi (see ``_source``) and take ``eps`` as a last argument."""

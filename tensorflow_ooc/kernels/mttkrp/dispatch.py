@@ -373,7 +373,6 @@ def run_items(
                 first,
                 bufs,
                 out_lo,
-                *eps,
             )
         else:
             cum = np.cumsum((items.end - items.start)[todo])
