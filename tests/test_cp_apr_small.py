@@ -1,18 +1,20 @@
-"""CP-APR MU's small-tensor path (each mode's inner iterations in two kernel calls, in this
-process): the mode kernel against a dense NumPy reference at several share counts and block sizes,
-fixed and run-time ranks, on this thread and on a pool, never stopping, stopping at the first
-inner iteration or later; and whole runs against the general path (per-inner-iteration passes) and
-against a dense NumPy reference of the multiplicative updates, at orders 3-5."""
+"""CP-APR MU's in-process path (each mode's inner iterations in one or two kernel calls): the mode
+kernel against a dense NumPy reference at several share counts, block sizes and first-call lengths,
+fixed and run-time ranks, 32- and 64-bit coordinates, on this thread and on a pool, never stopping,
+stopping at the first inner iteration or later; whole runs against the general path
+(per-inner-iteration passes) and against a dense NumPy reference of the multiplicative updates, at
+orders 3-5; which runs take the path."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import psutil
 import pytest
 
 import tensorflow_ooc as tfo
-from tensorflow_ooc.kernels.apr.mu_mode import mode_runs, model_sums, mu_mode
+from tensorflow_ooc.kernels.apr.mu_mode import mode_runs, model_sums, mu_mode, narrow_coords
 from tensorflow_ooc.kernels.factors import StackedFactors
 
 LETTERS = "abcdef"
@@ -123,15 +125,18 @@ def test_mode_kernel_matches_dense_reference_at_every_share_and_block_size(rng, 
     for tol in (1e-300, kkts[0] * 1.001, kkts[2] * 1.001):
         B_ref, Phi_ref, kkt_ref, inner_ref = dense_mode_iterations(X, F.views, B0, n, eps, tol, max_inner)
         updates_ref = inner_ref if kkt_ref >= tol else inner_ref - 1
-        for shares, block, threads in [
-            (1, 1, True),
-            (1, 10**9, False),
-            (2, 3, True),
-            (3, 1, False),
-            (5, 7, True),
-            (8, 2, True),
+        # first: inner iterations of the first kernel call (1, fewer or more than the mode takes;
+        # more are undone); 32-bit or 64-bit coordinates
+        for shares, block, threads, first, narrow in [
+            (1, 1, True, 1, False),
+            (1, 10**9, False, max_inner, True),
+            (2, 3, True, 2, False),
+            (3, 1, False, 3, True),
+            (5, 7, True, 4, True),
+            (8, 2, True, 1, False),
         ]:
-            m = mode_runs(coords, n, values, shape[n], shares, block)
+            m = mode_runs(narrow_coords(coords) if narrow else coords, n, values, shape[n], shares, block)
+            assert m.coords.dtype == (np.int32 if narrow else coords.dtype)
             F.views[n][:] = B0
             S = m.share.shape[0] - 1
             pi = np.full((S, max(1, m.block_nnz), R), np.nan)
@@ -140,7 +145,7 @@ def test_mode_kernel_matches_dense_reference_at_every_share_and_block_size(rng, 
             positive = np.ones((shape[n], R), dtype=bool)
             scratch = (pi, before, positive_at, np.full((S + 1, max_inner), np.nan))
             args = (m, F.data, F.offsets, n, eps, tol, max_inner, *scratch, positive, pool if threads else None)
-            kkt, inner, updates = mu_mode(*args)
+            kkt, inner, updates = mu_mode(*args, first)
             assert (inner, updates) == (inner_ref, updates_ref)
             assert kkt == pytest.approx(kkt_ref, rel=1e-12)
             np.testing.assert_array_equal(positive, Phi_ref > 0)
@@ -224,3 +229,53 @@ def test_small_path_equals_general_path_and_dense_reference(tmp_path, rng, order
     np.testing.assert_allclose(small.weights, ref.weights, rtol=1e-10)
     for a, b in zip(small.factors, ref.factors):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-13)
+
+
+@pytest.mark.parametrize("order", [3, 4, 6])
+def test_fixed_rank_runs_match_dense_reference_as_modes_stop_earlier(tmp_path, rng, order):
+    """A fixed rank (the kernels written out for the order) over outer iterations in which modes
+    take fewer inner iterations than the time before: each mode's first kernel call runs as many
+    as it took last, and the iterations past its stop are undone."""
+    shape = tuple(int(s) for s in rng.integers(3, 6, order))
+    X, coords, values = count_tensor(rng, shape, max(8, int(np.prod(shape)) // 5))
+    store = tfo.convert((coords, values), str(tmp_path / "s.zarr"), shape=shape, chunk_nnz=64)
+    R = int(rng.choice([4, 8]))
+    init = [rng.random((I, R)) for I in shape]
+    eps = 1e-10
+    # a tolerance at which the modes stop earlier in later outer iterations than in the first
+    for tol in 10.0 ** -np.arange(0, 5, 0.5):
+        lam, A, ll, inners = dense_mu(X, init, 8, 6, tol, eps)
+        if inners[-1] < inners[0]:
+            break
+    assert inners[-1] < inners[0]
+    kw = dict(algorithm="mu", init=init, max_iters=8, max_inner_iters=6, tol=float(tol), eps_div_zero=eps)
+    res = tfo.cp_apr(store, R, **kw)
+    assert res.params["inner_loop"] == "inline"
+    took = [h["inner_iterations"] for h in res.history]
+    assert took == inners[: len(took)]
+    if len(took) == 8:
+        assert res.loglik == pytest.approx(ll, rel=1e-11)
+        ref = tfo.PoissonResult.arranged(lam, A, 0, 0, 0, 0, [], {}, {})
+        for a, b in zip(res.factors, ref.factors):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-13)
+
+
+def test_which_runs_take_the_in_process_path():
+    from tensorflow_ooc.decompositions.apr.inline_mu import (
+        INLINE_MU_FREE_FRACTION,
+        SMALL_MU_BYTES,
+        inline_mu_bytes,
+        inline_mu_fits,
+    )
+
+    # every rank up to SMALL_MU_BYTES; above, fixed ranks while the memory free allows
+    assert inline_mu_fits(SMALL_MU_BYTES, 3) and inline_mu_fits(SMALL_MU_BYTES, 8)
+    assert not inline_mu_fits(SMALL_MU_BYTES + 1, 3)
+    assert not inline_mu_fits(1 << 60, 8)
+    free = psutil.virtual_memory().available
+    if INLINE_MU_FREE_FRACTION * free > 2 * SMALL_MU_BYTES:
+        assert inline_mu_fits(2 * SMALL_MU_BYTES, 8)
+    # 32-bit coordinates: order 4, 3.3 M nonzeros keep about 0.45 GB (64-bit: 0.66 GB)
+    keeps = inline_mu_bytes(3_309_490, (183, 24, 1140, 1717), 8, 10, 2)
+    assert 0.4e9 < keeps < 0.5e9
+    assert inline_mu_bytes(10, (2**31 + 5, 3, 3), 8, 10, 2) > inline_mu_bytes(10, (2**31 - 5, 3, 3), 8, 10, 2)

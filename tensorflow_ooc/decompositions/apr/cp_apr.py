@@ -32,7 +32,7 @@ from ..common.run_loop import ends_or_checkpoints, inline_when_small, run_iterat
 from . import apr_steps as S
 from .apr_owner import AprConfig, owner_outer, owner_state, start_apr_owner, use_apr_owner
 from .count_checks import check_counts
-from .inline_mu import SMALL_MU_BYTES, InlineMU, inline_mu_bytes
+from .inline_mu import InlineMU, inline_mu_bytes, inline_mu_fits
 from .options import CP_APR
 from .result import PoissonResult
 
@@ -162,9 +162,10 @@ class APRIterations:
     def start(self, c: Any, cleanup: ExitStack, resume: bool) -> int:
         run, o, store, rank = self.run, self.o, self.store, self.rank
         params = self.params = dict(self.base_params)
-        # small tensors under the inline scheduler: MU's inner loops in two kernel calls per mode
+        # tensors held in memory under the inline scheduler: MU's inner loops in two kernel calls
+        # per mode
         keeps = inline_mu_bytes(store.nnz, tuple(store.shape), rank, o.max_inner_iters, os.cpu_count() or 1)
-        small = is_inline(c) and o.algorithm == "mu" and run.device == "cpu" and keeps <= SMALL_MU_BYTES
+        small = is_inline(c) and o.algorithm == "mu" and run.device == "cpu" and inline_mu_fits(keeps, rank)
         graph = open_graph(
             c,
             store,

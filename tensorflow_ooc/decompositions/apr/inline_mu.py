@@ -1,5 +1,5 @@
-"""CP-APR's multiplicative updates on a small tensor in this process: an outer iteration is two
-kernel calls per mode (:mod:`~tensorflow_ooc.kernels.apr.mu_mode`: the rows run their inner
+"""CP-APR's multiplicative updates on a tensor held in this process: an outer iteration is one or
+two kernel calls per mode (:mod:`~tensorflow_ooc.kernels.apr.mu_mode`: the rows run their inner
 iterations back to back on Khatri-Rao rows kept in the cache), the nonzeros kept as coordinates
 sorted per mode, every buffer made once for the run.
 
@@ -17,33 +17,56 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import psutil
 
-from ...kernels.apr.mu_mode import BLOCK_NNZ, mode_runs, model_sums, mu_mode
+from ...kernels.apr.cpu import FIXED_RANKS
+from ...kernels.apr.mu_mode import BLOCK_NNZ, mode_runs, model_sums, mu_mode, narrow_coords
 from ...kernels.mttkrp.dispatch import numba_threads
 from . import apr_steps as S
 
-__all__ = ["SERIAL_NNZ_RANK", "SMALL_MU_BYTES", "InlineMU", "inline_mu_bytes"]
+__all__ = [
+    "INLINE_MU_FREE_FRACTION",
+    "SERIAL_NNZ_RANK",
+    "SMALL_MU_BYTES",
+    "InlineMU",
+    "inline_mu_bytes",
+    "inline_mu_fits",
+]
 
 # up to this many nonzeros x rank, one thread: handing a share to another thread costs tens of
 # microseconds (6.5 k binary nonzeros at rank 8 already gain from two threads)
 SERIAL_NNZ_RANK = 1 << 15
 
-# the largest run this path takes, in bytes of what it keeps (above, the general path's memory
-# plan, streaming and partitions take over)
+# this path takes any run up to this many bytes of what it keeps
 SMALL_MU_BYTES = 64 << 20
+
+# above SMALL_MU_BYTES, a fixed rank still runs here where what it keeps takes at most this share
+# of the memory free (else the general path's memory plan, streaming and partitions take over):
+# its Khatri-Rao rows formed once a mode beat the general path's per-pass rows at 3.3 M nonzeros
+# (docs/KERNELS.md, "CP-APR multiplicative updates in memory")
+INLINE_MU_FREE_FRACTION = 0.25
 
 
 def inline_mu_bytes(nnz: int, shape: tuple[int, ...], rank: int, max_inner: int, threads: int) -> int:
-    """Bytes :class:`InlineMU` keeps: per mode the coordinates and values in its order, each
-    mode's rows before each inner iteration's update and Phi's sign (the longest mode's), the
-    Khatri-Rao buffers."""
+    """Bytes :class:`InlineMU` keeps: per mode the coordinates (32-bit where they fit) and values
+    in its order, while it starts the nonzeros as read, each mode's rows before each inner
+    iteration's update and Phi's sign (the longest mode's), the Khatri-Rao buffers."""
     nmodes, longest = len(shape), max(shape)
+    width = 4 if longest <= np.iinfo(np.int32).max else 8
     return int(
-        nnz * 8 * (nmodes * nmodes + nmodes + 2)
+        nnz * nmodes * (width * nmodes + 8)
+        + nnz * (8 * nmodes + 8)
         + max_inner * longest * rank * 9
         + sum(shape) * rank
         + max(1, threads) * BLOCK_NNZ * rank * 8
     )
+
+
+def inline_mu_fits(keeps: int, rank: int) -> bool:
+    """Whether a run keeping ``keeps`` bytes (:func:`inline_mu_bytes`) at rank ``rank`` runs here."""
+    if keeps <= SMALL_MU_BYTES:
+        return True
+    return rank in FIXED_RANKS and keeps <= INLINE_MU_FREE_FRACTION * psutil.virtual_memory().available
 
 
 class InlineMU:
@@ -64,6 +87,7 @@ class InlineMU:
 
     def __init__(self, store: Any, rank: int, max_inner: int, threads: int) -> None:
         coords, values = store.to_coo()
+        coords = narrow_coords(coords)
         nnz = coords.shape[0]
         self.threads = 1 if nnz * int(rank) <= SERIAL_NNZ_RANK else max(1, int(threads))
         shape = tuple(int(i) for i in store.shape)
@@ -75,6 +99,8 @@ class InlineMU:
         self.positive_at = np.zeros((max(shape), T, R), dtype=bool)
         self.worst = np.zeros((self.threads, T))
         self.positive = [np.zeros((rows, R), dtype=bool) for rows in shape]
+        # inner iterations each mode took last (its next first kernel call runs as many)
+        self.took = [T] * len(shape)
         # the kernels release the GIL: threads beyond this one run a share of each mode's rows
         # (no numba parallel region: its threads spin after one and took a core from these)
         self.pool = ThreadPoolExecutor(self.threads - 1) if self.threads > 1 else None
@@ -107,7 +133,9 @@ class InlineMU:
                     *scratch,
                     self.positive[n],
                     self.pool,
+                    self.took[n],
                 )
+                self.took[n] = int(inner)
                 phi_seconds += time.perf_counter() - t0
                 s.inner_iters += int(inner)
                 s.kkt_mode[n] = kkt

@@ -1,5 +1,5 @@
-"""CP-APR's multiplicative updates of one mode, all its inner iterations in two kernel calls, on
-nonzeros held in memory as coordinates sorted by the mode's index.
+"""CP-APR's multiplicative updates of one mode, all its inner iterations in one or two kernel calls,
+on nonzeros held in memory as coordinates sorted by the mode's index.
 
 While mode ``n`` is updated the other factors are fixed, and each row of ``B = A_n diag(lambda)``
 is its own problem: ``Phi[i] = sum_k x_k / max(b_i . pi_k, eps) pi_k`` over the row's nonzeros,
@@ -7,11 +7,12 @@ is its own problem: ``Phi[i] = sum_k x_k / max(b_i . pi_k, eps) pi_k`` over the 
 stops the mode when ``max |min(B, 1 - Phi)| < tol`` over all rows). So the rows are taken one at a
 time, a block of rows' ``pi`` formed once into a buffer that stays in the cache, and each row runs
 its inner iterations back to back, recording per iteration its row of ``B`` before the update, where
-its ``Phi`` is positive, and its KKT violation (:func:`row_iterations_kernel`). The first inner iteration
-runs alone (a converged mode stops there, as it does in the general path); the others follow in one
-call, and the mode's rows are then set to those of the first iteration whose violation over all rows
-is below ``tol``. The result is the per-iteration passes' (pyttb's order of operations), with the
-Khatri-Rao rows formed twice per mode instead of once per inner iteration and read from the cache.
+its ``Phi`` is positive, and its KKT violation (:func:`row_iterations_kernel`). A first call runs
+as many inner iterations as the mode took last time (a converged mode stops at the first); the rest
+follow in a second call where the mode has not stopped by then, and the mode's rows are then set to
+those of the first iteration whose violation over all rows is below ``tol``. The result is the
+per-iteration passes' (pyttb's order of operations), with the Khatri-Rao rows formed once or twice
+per mode instead of once per inner iteration and read from the cache.
 
 Threads take contiguous shares of whole rows (equal in nonzeros as far as rows allow).
 """
@@ -25,7 +26,7 @@ from typing import Any
 import numba as nb
 import numpy as np
 
-from ..mttkrp.cpu import SLPKernel, _tree_sum
+from ..mttkrp.cpu import SLPKernel, _tree_sum, run_sum
 from ..subnormals import subnormals_flushed
 from .cpu import FIXED_RANKS
 
@@ -39,8 +40,8 @@ BLOCK_NNZ = 2048
 class ModeRuns:
     """The nonzeros of one mode sorted by its index, in blocks of whole rows and thread shares.
 
-    coords : int64 (nnz, N): the coordinates in sorted order (each mode's nonzeros are read in
-        order, their factor rows gathered without an indirection)
+    coords : int32 or int64 (nnz, N): the coordinates in sorted order (each mode's nonzeros are
+        read in order, their factor rows gathered without an indirection), 32-bit where they fit
     values : float (nnz,): the values in sorted order
     ptr : int64 (runs + 1,): nonzeros ``ptr[q] .. ptr[q + 1]`` have row ``rows[q]``
     rows : int64 (runs,): the row of each run (increasing)
@@ -67,6 +68,32 @@ class ModeRuns:
         return int(np.max(np.diff(self.ptr[self.block]), initial=0))
 
 
+@nb.njit(cache=True)
+def _block_cuts(ptr, block_nnz):
+    # cut before the first run that would take a block past block_nnz (a longer run is a block
+    # of its own)
+    runs = ptr.shape[0] - 1
+    cuts = np.empty(runs + 2, dtype=np.int64)
+    cuts[0] = 0
+    c = 1
+    for q in range(runs):
+        if ptr[q + 1] - ptr[cuts[c - 1]] > block_nnz and q > cuts[c - 1]:
+            cuts[c] = q
+            c += 1
+    if runs:
+        cuts[c] = runs
+        c += 1
+    return cuts[:c].copy()
+
+
+def narrow_coords(coords: np.ndarray) -> np.ndarray:
+    """``coords`` as int32 where every index fits (the Khatri-Rao pass then reads half the bytes),
+    else int64."""
+    if coords.size == 0 or int(coords.max()) <= np.iinfo(np.int32).max:
+        return np.ascontiguousarray(coords, dtype=np.int32)
+    return np.ascontiguousarray(coords, dtype=np.int64)
+
+
 def mode_runs(
     coords: np.ndarray, mode: int, values: np.ndarray, rows: int, shares: int, block_nnz: int = BLOCK_NNZ
 ) -> ModeRuns:
@@ -75,7 +102,13 @@ def mode_runs(
     contiguous shares of blocks of about equal nonzeros."""
     index = coords[:, mode]
     nnz = int(index.shape[0])
-    perm = np.argsort(index, kind="stable")
+    # a stable radix sort where the rows fit 8 or 16 bits (numpy's stable integer sort)
+    key = index
+    for small in (np.uint8, np.uint16):
+        if rows <= np.iinfo(small).max + 1:
+            key = index.astype(small)
+            break
+    perm = np.argsort(key, kind="stable")
     ordered = index[perm]
     if nnz:
         starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
@@ -85,20 +118,14 @@ def mode_runs(
     run_rows = ordered[starts].astype(np.int64)
     seen = np.zeros(rows, dtype=bool)
     seen[run_rows] = True
-    # blocks: cut before the first run that would take a block past block_nnz
-    cuts = [0]
-    for q in range(len(run_rows)):
-        if ptr[q + 1] - ptr[cuts[-1]] > block_nnz and q > cuts[-1]:
-            cuts.append(q)
-    cuts.append(len(run_rows))
-    block = np.array(cuts if len(run_rows) else [0], dtype=np.int64)
+    block = _block_cuts(ptr, int(block_nnz))
     # shares: the block boundary nearest to each equal split of the nonzeros
     shares = max(1, min(int(shares), len(block) - 1)) if len(block) > 1 else 1
     at = ptr[block]
     share = np.searchsorted(at, np.linspace(0, nnz, shares + 1)[1:-1])
     share = np.unique(np.concatenate([[0], share, [len(block) - 1]])).astype(np.int64)
     return ModeRuns(
-        np.ascontiguousarray(coords[perm], dtype=np.int64),
+        np.take(coords, perm, axis=0),
         np.ascontiguousarray(values[perm], dtype=np.float64),
         ptr,
         run_rows,
@@ -111,23 +138,31 @@ def mode_runs(
 FLAGS = {"nogil": True, "cache": True, "fastmath": {"reassoc", "contract"}}
 
 
-def _rows_source(name: str, rank_const: int) -> str:
+def _rows_source(name: str, rank_const: int, nmodes: int = 0) -> str:
     """Python source of a row-iterations kernel over shares ``g_lo .. g_hi - 1`` in turn.
     With ``rank_const``, a row's ``b``, its Phi sum and each nonzero's ``pi`` are that many scalars
     (SLP packs them into vector registers; arrays of run-time length kept the sums in memory, a
-    store and a load per term), the model value a balanced sum."""
+    store and a load per term), the model value a balanced sum. With ``nmodes`` too, the Khatri-Rao
+    rows' pass is written out for that order: each other mode's factor offset and column stay in
+    registers (``others`` lists the other modes)."""
     RC = rank_const
     L = []
     add = L.append
     add(
-        f"def {name}(coords, x, ptr, rows, block, share, F, offs, mode, eps, tol, t_last, t0, t1, pi_buf, before, "
-        "positive, worst, g_lo, g_hi):"
+        f"def {name}(coords, x, ptr, rows, block, share, F, offs, others, mode, eps, tol, t_last, t0, t1, pi_buf, "
+        "before, positive, worst, g_lo, g_hi):"
     )
+    unrolled = bool(RC) and nmodes > 1
+    if unrolled:
+        for j in range(nmodes - 1):
+            add(f"    c{j} = others[{j}]")
+            add(f"    o{j} = offs[c{j}]")
     add("    N = coords.shape[1]")
     add("    R = F.shape[1]")
     add("    base = offs[mode]")
     add("    T = before.shape[1]")
     if RC:
+        add("    zero = 0.0")
         add("    Ff = F.reshape(F.size)")
         add("    pf = pi_buf.reshape(pi_buf.size)")
         add("    bf = before.reshape(before.size)")
@@ -144,7 +179,17 @@ def _rows_source(name: str, rank_const: int) -> str:
     add("            k0 = ptr[q0]")
     # the block's Khatri-Rao rows (the other modes in order)
     add("            for k in range(k0, ptr[q1]):")
-    if RC:
+    if unrolled:
+        # the product in RC scalars, stored once; unsigned flat offsets (as below)
+        U = "np.uint64"
+        for j in range(nmodes - 1):
+            add(f"                f{j} = {U}(o{j} + coords[k, c{j}]) * {U}({RC})")
+        for r in range(RC):
+            add(f"                p{r} = " + " * ".join(f"Ff[f{j} + {U}({r})]" for j in range(nmodes - 1)))
+        add(f"                kq = pb + {U}(k - k0) * {U}({RC})")
+        for r in range(RC):
+            add(f"                pf[kq + {U}({r})] = p{r}")
+    elif RC:
         # the product in RC scalars, stored once; unsigned flat offsets (as below)
         U = "np.uint64"
         for r in range(RC):
@@ -189,15 +234,18 @@ def _rows_source(name: str, rank_const: int) -> str:
         add(f"                    hq = ({U}(i) * {U}(T) + {U}(t)) * {U}({RC})")
         for r in rr:
             add(f"                    b{r} = Ff[fq + {U}({r})]")
-            add(f"                    a{r} = 0.0")
-        add(f"                    for k in range({U}(ptr[q] - k0), {U}(ptr[q + 1] - k0)):")
-        add(f"                        kq = pb + k * {U}({RC})")
-        for r in rr:
-            add(f"                        p{r} = pf[kq + {U}({r})]")
-        add("                        m = " + _tree_sum([f"b{r} * p{r}" for r in rr]))
-        add(f"                        v = x[{U}(k0) + k] / max(m, eps)")
-        for r in rr:
-            add(f"                        a{r} += v * p{r}")
+
+        def body(pad: str, k: str, acc: str) -> None:
+            add(f"{pad}kq = pb + ({k}) * {U}({RC})")
+            for r in rr:
+                add(f"{pad}p{r} = pf[kq + {U}({r})]")
+            add(f"{pad}m = " + _tree_sum([f"b{r} * p{r}" for r in rr]))
+            add(f"{pad}v = x[{U}(k0) + {k}] / max(m, eps)")
+            for r in rr:
+                add(f"{pad}{acc}{r} += v * p{r}")
+
+        # the row's sum: two chains at ranks up to RUN_SPLIT_RANK (see run_sum)
+        run_sum(add, "                    ", RC, "ptr[q] - k0", "ptr[q + 1] - k0", body)
         # the row's violation as a balanced tree of maxima (a chain of R maxima per row was the
         # longest dependency between rows)
         add("                    wr = " + _tree_max([f"abs(min(b{r}, 1.0 - a{r}))" for r in rr]))
@@ -245,11 +293,13 @@ def _tree_max(terms: list[str]) -> str:
 _ROW_KERNELS: dict[tuple, object] = {}
 
 
-def row_iterations_kernel(rank: int):
+def row_iterations_kernel(rank: int, nmodes: int = 0):
     """The row-iterations kernel for ``rank`` (a fixed rank of :data:`FIXED_RANKS` unrolled, others
-    at run time), over shares ``g_lo .. g_hi - 1`` in turn on the calling thread (it releases the
-    GIL: threads run a share each, see :func:`mu_mode`; numba's parallel loop compiled the same
-    body 1.5-2x slower).
+    at run time; a fixed rank's Khatri-Rao pass written out for order ``nmodes`` where given), over
+    shares ``g_lo .. g_hi - 1`` in turn on the calling thread (it releases the GIL: threads run a
+    share each, see :func:`mu_mode`; numba's parallel loop compiled the same body 1.5-2x slower).
+    At ranks up to :data:`~tensorflow_ooc.kernels.mttkrp.cpu.RUN_SPLIT_RANK` a row's Phi sums even
+    and odd nonzeros apart (two add chains, as the MTTKRP's runs).
 
     The kernel runs inner iterations ``t0 .. t1 - 1`` of every row with nonzeros, row after row:
     ``Phi`` of the row, then ``b <- b * Phi``. Per iteration ``t`` it records the row before the
@@ -257,18 +307,21 @@ def row_iterations_kernel(rank: int):
     violation ``|min(b, 1 - Phi)|`` of share ``g``'s rows into ``worst[g, t]``. Arguments:
     ``coords, x, ptr, rows, block, share``, a
     :class:`ModeRuns`'; ``F`` float (sum I, R), the stacked factors, mode ``mode``'s rows being
-    ``B`` (written); ``offs`` int64 (N,); ``eps``; ``tol``, ``t_last``: a row's ``before[t]`` and
+    ``B`` (written); ``offs`` int64 (N,); ``others`` int64 (N - 1,): the modes but ``mode``, in
+    order; ``eps``; ``tol``, ``t_last``: a row's ``before[t]`` and
     ``positive[t]`` are written only where its violation is below ``tol`` or ``t == t_last`` (the
     only iterations the mode can end at); ``t0, t1``; ``pi_buf`` float (S, block_nnz, R),
     scratch; ``before`` float (I, T, R); ``positive`` bool (I, T, R); ``worst`` float (S, T);
     ``g_lo, g_hi``."""
     fixed = rank if rank in FIXED_RANKS else 0
-    if fixed not in _ROW_KERNELS:
-        name = f"row_iterations_r{fixed}"
+    order = int(nmodes) if fixed else 0
+    key = (fixed, order)
+    if key not in _ROW_KERNELS:
+        name = f"row_iterations_r{fixed}" + (f"_n{order}" if order else "")
         scope = globals()
-        exec(compile(_rows_source(name, fixed), __file__, "exec"), scope)
-        _ROW_KERNELS[fixed] = SLPKernel(nb.njit(**FLAGS)(scope[name]))
-    return _ROW_KERNELS[fixed]
+        exec(compile(_rows_source(name, fixed, order), __file__, "exec"), scope)
+        _ROW_KERNELS[key] = SLPKernel(nb.njit(**FLAGS)(scope[name]))
+    return _ROW_KERNELS[key]
 
 
 def _flushed(kernel, *args) -> None:
@@ -335,11 +388,17 @@ def mu_mode(
     worst: np.ndarray,
     out_positive: np.ndarray,
     pool: Any = None,
+    first: int = 1,
 ) -> tuple[float, int, int]:
     """Up to ``max_inner`` inner iterations of the multiplicative update on mode ``mode``'s rows of
     ``F`` (the factor times the weights), as pyttb's: Phi, then stop when ``max |min(B, 1 - Phi)| <
     tol``, else ``B <- B * Phi``. Returns ``(kkt, inner iterations, updates taken)``; ``out_positive``
     (bool (I, R)) holds where the last Phi is positive.
+
+    ``first``: inner iterations of the first kernel call (the rest follow in a second where the
+    mode has not stopped by then). One forms the Khatri-Rao rows once; more than the mode takes are
+    undone from ``before`` (every row's values are kept at an iteration where the mode stops), so
+    the result is the same for any ``first`` and the caller passes what the mode took last time.
 
     Scratch: ``pi_buf`` float (S, runs.block_nnz, R); ``before`` float (I', T, R) and ``positive``
     bool (I', T, R) with ``T >= max_inner`` and ``I' >= I``; ``worst`` float (S', T), S' >= S.
@@ -347,19 +406,24 @@ def mu_mode(
     else all run in turn on this thread."""
     B = F[offs[mode] : offs[mode] + out_positive.shape[0]]
     worst = worst[: runs.share.shape[0] - 1]
-    args = (runs.coords, runs.values, runs.ptr, runs.rows, runs.block, runs.share, F, offs, mode, float(eps))
-    args += (float(tol), int(max_inner) - 1)
+    N = runs.coords.shape[1]
+    others = np.array([j for j in range(N) if j != mode], dtype=np.int64)
+    args = (runs.coords, runs.values, runs.ptr, runs.rows, runs.block, runs.share, F, offs, others, mode)
+    args += (float(eps), float(tol), int(max_inner) - 1)
     scratch = (pi_buf, before, positive, worst)
-    kernel = row_iterations_kernel(F.shape[1])
+    kernel = row_iterations_kernel(F.shape[1], N)
     S = runs.share.shape[0] - 1
-    # the first inner iteration alone: a converged mode stops there
-    _run_shares(kernel, args + (0, 1) + scratch, S, pool, flush=True)
+    T = int(max_inner)
+    first = min(T, max(1, int(first)))
+    _run_shares(kernel, args + (0, first) + scratch, S, pool, flush=True)
+    # rows without nonzeros count at the first iteration only (the first update sets them to 0)
     kkt = max(float(worst[:, 0].max(initial=0.0)), _empty_kkt(runs.empty, B))
     t_stop, updates = 0, 0 if kkt < tol else 1
-    if updates and max_inner > 1:
-        _run_shares(kernel, args + (1, int(max_inner)) + scratch, S, pool, flush=True)
-        # rows without nonzeros are 0 after the first update: no violation
-        for t_stop in range(1, int(max_inner)):
+    if updates and T > 1:
+        for t_stop in range(1, T):
+            if t_stop == first:
+                # the mode goes on past the first call: the rest in a second
+                _run_shares(kernel, args + (first, T) + scratch, S, pool, flush=True)
             kkt = float(worst[:, t_stop].max(initial=0.0))
             if kkt < tol:
                 break
@@ -393,6 +457,51 @@ def _model_sums_shares(coords, x, F, offs, lam, shares, g_lo, g_hi, ll, xm):
         _share_sums(g, shares, coords, x, F, offs, lam, ll, xm)
 
 
+_SUMS_KERNELS: dict[tuple, object] = {}
+
+
+def _sums_source(name: str, nmodes: int, RC: int) -> str:
+    """Python source of :func:`_model_sums_shares` written out for an order and a fixed rank: each
+    mode's factor offset and the weights in registers, a nonzero's factor rows multiplied as
+    vectors and the model value a balanced sum."""
+    U = "np.uint64"
+    L = [f"def {name}(coords, x, F, offs, lam, shares, g_lo, g_hi, ll, xm):"]
+    add = L.append
+    add("    nnz = coords.shape[0]")
+    add("    Ff = F.reshape(F.size)")
+    for j in range(nmodes):
+        add(f"    o{j} = offs[{j}]")
+    for r in range(RC):
+        add(f"    l{r} = lam[{r}]")
+    add("    for g in range(g_lo, g_hi):")
+    add("        s1 = 0.0")
+    add("        s2 = 0.0")
+    add("        for k in range(nnz * g // shares, nnz * (g + 1) // shares):")
+    for j in range(nmodes):
+        add(f"            f{j} = {U}(o{j} + coords[k, {j}]) * {U}({RC})")
+    for r in range(RC):
+        add(f"            v{r} = l{r} * " + " * ".join(f"Ff[f{j} + {U}({r})]" for j in range(nmodes)))
+    add("            m = " + _tree_sum([f"v{r}" for r in range(RC)]))
+    add("            s1 += x[k] * np.log(m)")
+    add("            s2 += x[k] * m")
+    add("        ll[g] = s1")
+    add("        xm[g] = s2")
+    return "\n".join(L) + "\n"
+
+
+def _sums_kernel(nmodes: int, rank: int):
+    # fixed ranks written out (SLP), others the generic loop
+    if rank not in FIXED_RANKS:
+        return _model_sums_shares
+    key = (nmodes, rank)
+    if key not in _SUMS_KERNELS:
+        name = f"model_sums_n{nmodes}_r{rank}"
+        scope = globals()
+        exec(compile(_sums_source(name, nmodes, rank), __file__, "exec"), scope)
+        _SUMS_KERNELS[key] = SLPKernel(nb.njit(**FLAGS)(scope[name]))
+    return _SUMS_KERNELS[key]
+
+
 def model_sums(
     coords: np.ndarray,
     x: np.ndarray,
@@ -409,5 +518,5 @@ def model_sums(
     shares = max(1, int(shares))
     ll, xm = np.zeros(shares), np.zeros(shares)
     args = (coords, x, F, offs, np.ascontiguousarray(lam, dtype=np.float64), shares)
-    _run_shares(_model_sums_shares, args, shares, pool, (ll, xm))
+    _run_shares(_sums_kernel(coords.shape[1], F.shape[1]), args, shares, pool, (ll, xm))
     return float(ll.sum()), float(xm.sum())
