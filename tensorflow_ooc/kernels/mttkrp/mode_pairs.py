@@ -188,7 +188,10 @@ def pair_fraction(coords: np.ndarray, shape: tuple[int, ...], a: int, b: int) ->
         seen = np.zeros(space, dtype=np.bool_)
         seen[key] = True
         return float(np.count_nonzero(seen) / nnz)
-    return float(np.unique(key).shape[0] / nnz)
+    # sorted, then counted where the key changes: np.unique's hashing took 4.8 s on 4 M keys where
+    # many repeat (gen-skewed's (0, 1)), the sort 0.04-0.3 s
+    key.sort()
+    return float((1 + int((key[1:] != key[:-1]).sum())) / nnz)
 
 
 def _cuts(rows: np.ndarray) -> np.ndarray:
