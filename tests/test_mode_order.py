@@ -199,3 +199,29 @@ def test_an_in_memory_tensor_keeps_what_the_kernels_derive_from_it(rng, monkeypa
     assert copy is not items and copy.sorted_mode == 1 and tensor_items(t, 1) is copy
     # kept in the tensor's own declared field: nothing else is set on it from outside
     assert set(vars(t)) == {"layout", "index", "values", "blocks", "_derived"}
+
+
+def test_small_modes_read_the_alto_order_where_a_larger_mode_does(tmp_path, rng):
+    """A long mode whose runs are too short for a copy reads the ALTO-ordered items; the small
+    modes then read them too (no copy), and every mode's result equals the reference."""
+    from tensorflow_ooc.execution.partitions import plan_partitions
+    from tensorflow_ooc.execution.tasks import load_partition, mttkrp_partition
+
+    shape = (3000, 300, 6)
+    coords, values = random_coo(rng, shape, 6000)
+    store = tfo.convert((coords, values), tmp_path / "t.zarr", shape=shape, chunk_nnz=2048)
+    part = plan_partitions(store, 1, None)[0]
+    data = load_partition(store.path, part, mode_copies=True, threads=2)
+    assert not data.mode_items
+    # alone, the 6-row mode's runs pay for a copy
+    assert mode_sorted(data.items, store.layout, 2) is not None
+    factors = StackedFactors.from_list([rng.standard_normal((s, 8)) for s in shape])
+    for mode in range(3):
+        got = mttkrp_partition(data, factors, mode, threads=2)
+        ref = dense_mttkrp(shape, coords, values, factors.views, mode)
+        assert rel_err(got.rows, ref[got.lo : got.lo + got.rows.shape[0]]) < 1e-12
+    # modes at most ALTO_ORDER_ROWS_MAX rows are copied after the others
+    big = mode_order.ALTO_ORDER_ROWS_MAX + 1
+    assert mode_order.copy_order((30, 8, 400, 6), [0, 1, 2, 3]) == ([], [0, 1, 2, 3])
+    assert mode_order.copy_order((big, 300, big), [0, 1, 2]) == ([0, 2], [1])
+    assert mode_order.copy_order((big, 300, big), [1, 2]) == ([2], [1])

@@ -19,7 +19,7 @@ from ..format import BitLayout
 from ..kernels import StackedFactors, WorkItems
 from ..kernels.apr.cpu import model_values
 from ..kernels.mttkrp.dispatch import MttkrpPass, ThreadOutputs, numba_threads, threads_for
-from ..kernels.mttkrp.mode_order import mode_sorted
+from ..kernels.mttkrp.mode_order import copy_order, mode_sorted
 from ..kernels.mttkrp.mode_pairs import ModePair, choose_pairs, item_nonzeros, mode_pair
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
 from ..kernels.sampling.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
@@ -117,7 +117,8 @@ def load_partition(
 ) -> PartitionData | DevicePartitionData:
     """Read and decode a partition's chunks into one set of work items (kept on the worker), or
     with ``device="gpu"`` into device memory (decoded on the device). ``mode_copies``: also keep
-    a mode-sorted copy of the items for each mode where it pays (sorted on ``threads`` numba threads);
+    a mode-sorted copy of the items for each mode where it pays (sorted on ``threads`` numba threads;
+    small modes only where every larger one has its copy: :func:`~..kernels.mttkrp.mode_order.copy_order`);
     ``mode_pairs`` (with ``mode_copies``): first memoized mode pairs where they pay
     (:func:`~tensorflow_ooc.kernels.mttkrp.mode_pairs.choose_pairs`), whose modes then keep no
     mode-sorted copy."""
@@ -138,12 +139,16 @@ def load_partition(
         with numba_threads(threads):
             if mode_pairs:
                 _keep_pairs(data, store.shape)
-            for m in range(store.layout.nmodes):
-                if m in data.mode_pairs:
-                    continue
+            large, small = copy_order(store.shape, [m for m in range(store.layout.nmodes) if m not in data.mode_pairs])
+            for m in large:
                 copy = mode_sorted(items, store.layout, m)
                 if copy is not None:
                     data.mode_items[m] = copy
+            if all(m in data.mode_items for m in large):
+                for m in small:
+                    copy = mode_sorted(items, store.layout, m)
+                    if copy is not None:
+                        data.mode_items[m] = copy
     return data
 
 
