@@ -201,7 +201,7 @@ def test_an_in_memory_tensor_keeps_what_the_kernels_derive_from_it(rng, monkeypa
     assert set(vars(t)) == {"layout", "index", "values", "blocks", "_derived"}
 
 
-def test_small_modes_read_the_alto_order_where_a_larger_mode_does(tmp_path, rng):
+def test_small_modes_read_the_alto_order_where_a_larger_mode_does(tmp_path, rng, monkeypatch):
     """A long mode whose runs are too short for a copy reads the ALTO-ordered items; the small
     modes then read them too (no copy), and every mode's result equals the reference."""
     from tensorflow_ooc.execution.partitions import plan_partitions
@@ -220,8 +220,29 @@ def test_small_modes_read_the_alto_order_where_a_larger_mode_does(tmp_path, rng)
         got = mttkrp_partition(data, factors, mode, threads=2)
         ref = dense_mttkrp(shape, coords, values, factors.views, mode)
         assert rel_err(got.rows, ref[got.lo : got.lo + got.rows.shape[0]]) < 1e-12
-    # modes at most ALTO_ORDER_ROWS_MAX rows are copied after the others
-    big = mode_order.ALTO_ORDER_ROWS_MAX + 1
+    # modes whose output fits ALTO_ORDER_OUTPUT_BYTES (at the rank, or at ALTO_ORDER_RANK) are
+    # copied after the others
+    rows = mode_order.ALTO_ORDER_OUTPUT_BYTES // (8 * mode_order.ALTO_ORDER_RANK)
     assert mode_order.copy_order((30, 8, 400, 6), [0, 1, 2, 3]) == ([], [0, 1, 2, 3])
-    assert mode_order.copy_order((big, 300, big), [0, 1, 2]) == ([0, 2], [1])
-    assert mode_order.copy_order((big, 300, big), [1, 2]) == ([2], [1])
+    assert mode_order.copy_order((rows + 1, 300, rows + 1), [0, 1, 2]) == ([0, 2], [1])
+    assert mode_order.copy_order((rows + 1, 300, rows + 1), [1, 2]) == ([2], [1])
+    assert mode_order.copy_order((rows, 2 * rows), [0, 1], 8) == ([], [0, 1])
+    assert mode_order.copy_order((rows, 2 * rows), [0, 1], 32) == ([0, 1], [])
+    # at rank 10 the 1500-row mode is small and reads the ALTO order with the 2000-row one (no
+    # copy: short runs); at rank 64 it is large and keeps the copy its runs pay for
+    shape = (2000, 1500, 4)
+    coords, values = random_coo(rng, shape, 300_000)
+    store = tfo.convert((coords, values), tmp_path / "u.zarr", shape=shape, chunk_nnz=1 << 17)
+    part = plan_partitions(store, 1, None)[0]
+    for rank, kept in ((10, []), (64, [1])):
+        assert sorted(load_partition(store.path, part, mode_copies=True, threads=2, rank=rank).mode_items) == kept
+    # a CP-ALS in memory passes its rank to the load: equal to streaming at both
+    import tensorflow_ooc.execution.graph as graph
+
+    load, ranks = graph.load_partition, []
+    monkeypatch.setattr(graph, "load_partition", lambda *a: ranks.append(a[7]) or load(*a))
+    for rank in (10, 64):
+        r = tfo.cp_als(store, rank, seed=1, max_iters=3, tol=0, execution="in-memory")
+        assert ranks[-1] == rank
+        s = tfo.cp_als(store, rank, seed=1, max_iters=3, tol=0, execution="streaming")
+        assert abs(r.fit - s.fit) < 1e-10

@@ -303,6 +303,8 @@ class MTTKRPGraph(PartitionedGraph):
         """Submit the task that holds ``part`` in worker (or device) memory for in-memory execution."""
         copies = bool(self.memory_plan and self.memory_plan.mode_copies)
         pairs = bool(copies and self.memory_plan.mode_pairs)
+        # which small modes keep a copy depends on the rank (mode_order.copy_order)
+        rank = self._asked.rank if copies else None
         return self.client.submit(
             load_partition,
             self.path,
@@ -312,9 +314,11 @@ class MTTKRPGraph(PartitionedGraph):
             copies,
             self.numba_threads,
             pairs,
+            rank,
             key=f"tfooc-partition-{self.store.meta['store_id']}-{self.device}-{part.id}"
             + ("-sorted" if copies else "")
-            + ("-pairs" if pairs else ""),
+            + ("-pairs" if pairs else "")
+            + (f"-r{rank}" if rank else ""),
             **self.placement,
         )
 

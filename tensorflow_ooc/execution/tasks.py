@@ -114,11 +114,13 @@ def load_partition(
     mode_copies: bool = False,
     threads: int | None = None,
     mode_pairs: bool = False,
+    rank: int | None = None,
 ) -> PartitionData | DevicePartitionData:
     """Read and decode a partition's chunks into one set of work items (kept on the worker), or
     with ``device="gpu"`` into device memory (decoded on the device). ``mode_copies``: also keep
     a mode-sorted copy of the items for each mode where it pays (sorted on ``threads`` numba threads;
-    small modes only where every larger one has its copy: :func:`~..kernels.mttkrp.mode_order.copy_order`);
+    small modes, at ``rank`` where given, only where every larger one has its copy:
+    :func:`~..kernels.mttkrp.mode_order.copy_order`);
     ``mode_pairs`` (with ``mode_copies``): first memoized mode pairs where they pay
     (:func:`~tensorflow_ooc.kernels.mttkrp.mode_pairs.choose_pairs`), whose modes then keep no
     mode-sorted copy."""
@@ -139,7 +141,8 @@ def load_partition(
         with numba_threads(threads):
             if mode_pairs:
                 _keep_pairs(data, store.shape)
-            large, small = copy_order(store.shape, [m for m in range(store.layout.nmodes) if m not in data.mode_pairs])
+            copyable = [m for m in range(store.layout.nmodes) if m not in data.mode_pairs]
+            large, small = copy_order(store.shape, copyable, rank)
             for m in large:
                 copy = mode_sorted(items, store.layout, m)
                 if copy is not None:
