@@ -220,14 +220,17 @@ def test_small_modes_read_the_alto_order_where_a_larger_mode_does(tmp_path, rng,
         got = mttkrp_partition(data, factors, mode, threads=2)
         ref = dense_mttkrp(shape, coords, values, factors.views, mode)
         assert rel_err(got.rows, ref[got.lo : got.lo + got.rows.shape[0]]) < 1e-12
-    # modes whose output fits ALTO_ORDER_OUTPUT_BYTES (at the rank, or at ALTO_ORDER_RANK) are
-    # copied after the others
+    # modes of at most ALTO_ORDER_ROWS_MAX rows, or whose output fits ALTO_ORDER_OUTPUT_BYTES (at
+    # the rank, or at ALTO_ORDER_RANK), are copied after the others
     rows = mode_order.ALTO_ORDER_OUTPUT_BYTES // (8 * mode_order.ALTO_ORDER_RANK)
+    top = mode_order.ALTO_ORDER_ROWS_MAX
+    assert rows <= top
     assert mode_order.copy_order((30, 8, 400, 6), [0, 1, 2, 3]) == ([], [0, 1, 2, 3])
-    assert mode_order.copy_order((rows + 1, 300, rows + 1), [0, 1, 2]) == ([0, 2], [1])
-    assert mode_order.copy_order((rows + 1, 300, rows + 1), [1, 2]) == ([2], [1])
-    assert mode_order.copy_order((rows, 2 * rows), [0, 1], 8) == ([], [0, 1])
-    assert mode_order.copy_order((rows, 2 * rows), [0, 1], 32) == ([0, 1], [])
+    assert mode_order.copy_order((top + 1, 300, top + 1), [0, 1, 2]) == ([0, 2], [1])
+    assert mode_order.copy_order((top + 1, 300, top + 1), [1, 2]) == ([2], [1])
+    assert mode_order.copy_order((top, 2 * top), [0, 1], 8) == ([], [0, 1])
+    assert mode_order.copy_order((top, 2 * top), [0, 1], 100) == ([1], [0])
+    assert mode_order.copy_order((top + 1, 2 * top), [0, 1], 32) == ([0, 1], [])
     # at rank 10 the 1500-row mode is small and reads the ALTO order with the 2000-row one (no
     # copy: short runs); at rank 64 it is large and keeps the copy its runs pay for
     shape = (2000, 1500, 4)

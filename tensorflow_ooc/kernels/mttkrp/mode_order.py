@@ -41,10 +41,12 @@ SORTED_RUN_MIN = 1 / RUN_TABLE_MAX_FRACTION
 RUN_TABLE_BYTES_PER_NNZ = 24 * RUN_TABLE_MAX_FRACTION
 # an in-memory tensor's copies may take at most this share of the memory free when they are made
 TENSOR_COPIES_MAX_FREE_FRACTION = 0.25
-# a mode whose output (rows x rank x 8 bytes) is at most this keeps no sorted copy where another
-# mode reads the ALTO-ordered items anyway: its thread outputs stay in the cache, and one array a
-# sweep instead of two won (gen-skewed's 400-row mode: sweeps 21.0 -> 19.1 ms at R8; gen-o4's
-# 1500-row mode 18.1 -> 17.0 at R8, not at R16-R64; docs/KERNELS.md, "Small modes on the ALTO order")
+# a mode of at most this many rows, or whose output (rows x rank x 8 bytes) is at most
+# ALTO_ORDER_OUTPUT_BYTES, keeps no sorted copy where another mode reads the ALTO-ordered items
+# anyway: its thread outputs stay in the cache, and one array a sweep instead of two won
+# (gen-skewed's 400-row mode: sweeps 21.0 -> 19.1 ms at R8, 583 -> 521 at R100; gen-o4's 1500-row
+# mode 18.1 -> 17.0 at R8, not at R16-R64; docs/KERNELS.md, "Small modes on the ALTO order")
+ALTO_ORDER_ROWS_MAX = 1024
 ALTO_ORDER_OUTPUT_BYTES = 128 << 10
 # the rank assumed where it is not known when the copies are made
 ALTO_ORDER_RANK = 16
@@ -192,9 +194,10 @@ def copies_fit(items: WorkItems, nmodes: int) -> bool:
 
 def copy_order(shape: tuple[int, ...], modes: list[int], rank: int | None = None) -> tuple[list[int], list[int]]:
     """``modes`` (those that may get a sorted copy) split into the ones copied first and the small
-    ones (an output of at most :data:`ALTO_ORDER_OUTPUT_BYTES` at ``rank``, else at
-    :data:`ALTO_ORDER_RANK`), copied only where every mode of the first list got its copy (else
-    the sweep reads the ALTO-ordered items, and they read them too)."""
+    ones (at most :data:`ALTO_ORDER_ROWS_MAX` rows, or an output of at most
+    :data:`ALTO_ORDER_OUTPUT_BYTES` at ``rank``, else at :data:`ALTO_ORDER_RANK`), copied only where
+    every mode of the first list got its copy (else the sweep reads the ALTO-ordered items, and
+    they read them too)."""
     row_bytes = 8 * int(rank or ALTO_ORDER_RANK)
-    small = [m for m in modes if shape[m] * row_bytes <= ALTO_ORDER_OUTPUT_BYTES]
+    small = [m for m in modes if shape[m] <= ALTO_ORDER_ROWS_MAX or shape[m] * row_bytes <= ALTO_ORDER_OUTPUT_BYTES]
     return [m for m in modes if m not in small], small
