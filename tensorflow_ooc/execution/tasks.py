@@ -143,16 +143,18 @@ def load_partition(
                 _keep_pairs(data, store.shape)
             copyable = [m for m in range(store.layout.nmodes) if m not in data.mode_pairs]
             large, small = copy_order(store.shape, copyable, rank)
-            for m in large:
-                copy = mode_sorted(items, store.layout, m)
-                if copy is not None:
-                    data.mode_items[m] = copy
+            _keep_copies(data, large)
             if all(m in data.mode_items for m in large):
-                for m in small:
-                    copy = mode_sorted(items, store.layout, m)
-                    if copy is not None:
-                        data.mode_items[m] = copy
+                _keep_copies(data, small)
     return data
+
+
+def _keep_copies(data: PartitionData, modes: list[int]) -> None:
+    """A mode-sorted copy of ``data``'s items for each of ``modes`` where it pays."""
+    for m in modes:
+        copy = mode_sorted(data.items, data.layout, m)
+        if copy is not None:
+            data.mode_items[m] = copy
 
 
 def _keep_pairs(data: PartitionData, shape: tuple[int, ...]) -> None:

@@ -162,8 +162,8 @@ class APRIterations:
     def start(self, c: Any, cleanup: ExitStack, resume: bool) -> int:
         run, o, store, rank = self.run, self.o, self.store, self.rank
         params = self.params = dict(self.base_params)
-        # tensors held in memory under the inline scheduler: MU's inner loops in two kernel calls
-        # per mode
+        # tensors held in memory under the inline scheduler: MU's inner loops in one or two kernel
+        # calls per mode
         keeps = inline_mu_bytes(store.nnz, tuple(store.shape), rank, o.max_inner_iters, os.cpu_count() or 1)
         small = is_inline(c) and o.algorithm == "mu" and run.device == "cpu" and inline_mu_fits(keeps, rank)
         graph = open_graph(

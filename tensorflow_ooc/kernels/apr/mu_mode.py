@@ -138,13 +138,13 @@ def mode_runs(
 FLAGS = {"nogil": True, "cache": True, "fastmath": {"reassoc", "contract"}}
 
 
-def _rows_source(name: str, rank_const: int, nmodes: int = 0) -> str:
+def _rows_source(name: str, rank_const: int, nmodes: int) -> str:
     """Python source of a row-iterations kernel over shares ``g_lo .. g_hi - 1`` in turn.
     With ``rank_const``, a row's ``b``, its Phi sum and each nonzero's ``pi`` are that many scalars
     (SLP packs them into vector registers; arrays of run-time length kept the sums in memory, a
-    store and a load per term), the model value a balanced sum. With ``nmodes`` too, the Khatri-Rao
-    rows' pass is written out for that order: each other mode's factor offset and column stay in
-    registers (``others`` lists the other modes)."""
+    store and a load per term), the model value a balanced sum, and the Khatri-Rao rows' pass is
+    written out for order ``nmodes``: each other mode's factor offset and column stay in registers
+    (``others`` lists the other modes)."""
     RC = rank_const
     L = []
     add = L.append
@@ -152,8 +152,7 @@ def _rows_source(name: str, rank_const: int, nmodes: int = 0) -> str:
         f"def {name}(coords, x, ptr, rows, block, share, F, offs, others, mode, eps, tol, t_last, t0, t1, pi_buf, "
         "before, positive, worst, g_lo, g_hi):"
     )
-    unrolled = bool(RC) and nmodes > 1
-    if unrolled:
+    if RC:
         for j in range(nmodes - 1):
             add(f"    c{j} = others[{j}]")
             add(f"    o{j} = offs[c{j}]")
@@ -179,26 +178,13 @@ def _rows_source(name: str, rank_const: int, nmodes: int = 0) -> str:
     add("            k0 = ptr[q0]")
     # the block's Khatri-Rao rows (the other modes in order)
     add("            for k in range(k0, ptr[q1]):")
-    if unrolled:
-        # the product in RC scalars, stored once; unsigned flat offsets (as below)
+    if RC:
+        # the product in RC scalars (1 with no other mode), stored once; unsigned flat offsets (as below)
         U = "np.uint64"
         for j in range(nmodes - 1):
             add(f"                f{j} = {U}(o{j} + coords[k, c{j}]) * {U}({RC})")
         for r in range(RC):
-            add(f"                p{r} = " + " * ".join(f"Ff[f{j} + {U}({r})]" for j in range(nmodes - 1)))
-        add(f"                kq = pb + {U}(k - k0) * {U}({RC})")
-        for r in range(RC):
-            add(f"                pf[kq + {U}({r})] = p{r}")
-    elif RC:
-        # the product in RC scalars, stored once; unsigned flat offsets (as below)
-        U = "np.uint64"
-        for r in range(RC):
-            add(f"                p{r} = 1.0")
-        add("                for j in range(N):")
-        add("                    if j != mode:")
-        add(f"                        fr = {U}(offs[j] + coords[k, j]) * {U}({RC})")
-        for r in range(RC):
-            add(f"                        p{r} *= Ff[fr + {U}({r})]")
+            add(f"                p{r} = " + (" * ".join(f"Ff[f{j} + {U}({r})]" for j in range(nmodes - 1)) or "1.0"))
         add(f"                kq = pb + {U}(k - k0) * {U}({RC})")
         for r in range(RC):
             add(f"                pf[kq + {U}({r})] = p{r}")
@@ -293,9 +279,9 @@ def _tree_max(terms: list[str]) -> str:
 _ROW_KERNELS: dict[tuple, object] = {}
 
 
-def row_iterations_kernel(rank: int, nmodes: int = 0):
-    """The row-iterations kernel for ``rank`` (a fixed rank of :data:`FIXED_RANKS` unrolled, others
-    at run time; a fixed rank's Khatri-Rao pass written out for order ``nmodes`` where given), over
+def row_iterations_kernel(rank: int, nmodes: int):
+    """The row-iterations kernel for ``rank`` (a fixed rank of :data:`FIXED_RANKS` unrolled, its
+    Khatri-Rao pass written out for order ``nmodes``; other ranks at run time, any order), over
     shares ``g_lo .. g_hi - 1`` in turn on the calling thread (it releases the GIL: threads run a
     share each, see :func:`mu_mode`; numba's parallel loop compiled the same body 1.5-2x slower).
     At ranks up to :data:`~tensorflow_ooc.kernels.mttkrp.cpu.RUN_SPLIT_RANK` a row's Phi sums even
