@@ -21,6 +21,7 @@ from ..kernels.apr.cpu import model_values
 from ..kernels.mttkrp.dispatch import MttkrpPass, ThreadOutputs, numba_threads, threads_for
 from ..kernels.mttkrp.mode_order import copy_order, mode_sorted
 from ..kernels.mttkrp.mode_pairs import ModePair, choose_pairs, item_nonzeros, mode_pair
+from ..kernels.mttkrp.packed import PackedItems, pack_items, packed_pays, run_packed
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
 from ..kernels.sampling.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
 from ..store import Store, open_store
@@ -78,12 +79,16 @@ class PartitionData:
     # exact CP-ALS sweeps of one task: both modes of each memoized pair, to the pair's copy
     # (kernels/mttkrp/mode_pairs.py; such modes have no mode-sorted copy)
     mode_pairs: dict[int, ModePair] = field(default_factory=dict)
+    # with the copies, where a mode has neither copy nor pair: the items' 32-bit packed form
+    # (kernels/mttkrp/packed.py), which those modes' passes with per-thread outputs read
+    packed: PackedItems | None = None
 
     @property
     def nbytes(self) -> int:
         return int(
             self.items.index.nbytes
             + self.items.values.nbytes
+            + (self.packed.nbytes if self.packed is not None else 0)
             + sum(f.nbytes for f in self.fiber_index.values())
             + sum(
                 m.index.nbytes + m.values.nbytes + sum(a.nbytes for a in m.runs or ()) for m in self.mode_items.values()
@@ -146,6 +151,9 @@ def load_partition(
             _keep_copies(data, large)
             if all(m in data.mode_items for m in large):
                 _keep_copies(data, small)
+            if any(m not in data.mode_items and m not in data.mode_pairs for m in range(store.layout.nmodes)):
+                # 4 bytes a nonzero, within the memory plan's copy of a mode that made none
+                data.packed = pack_items(items, store.layout)
     return data
 
 
@@ -252,7 +260,12 @@ def mttkrp_partition(
         )
         run = MttkrpPass(factors, out, shared, poisson_eps)
         two_pass = poisson_eps is not None and run.poisson_eps is None
-        if isinstance(source, PartitionData):
+        packed = source.packed if resident and sorted_items is None and poisson_eps is None else None
+        if packed is not None and shared is not None and run.groups is None and packed_pays(factors, factors.rank):
+            # the ALTO-ordered items' 32-bit form, 12 bytes a nonzero (kernels/mttkrp/packed.py)
+            first, bufs = shared.buffers()
+            run_packed(packed, factors, mode, out, lo, shared.threads, first, bufs)
+        elif isinstance(source, PartitionData):
             items = sorted_items if sorted_items is not None else source.items
             run.run(
                 _reweighted(items, source.layout, factors, poisson_eps) if two_pass else items,
