@@ -89,3 +89,27 @@ def test_partition_passes_on_packed_items_against_einsum(tmp_path, rng, monkeypa
                 assert rel_err(full, ref) < 1e-12, (rank, mode, threads)
     # every mode without a mode-sorted copy ran on the packed items
     assert set(used) == set(range(nmodes)) - set(data.mode_items)
+
+
+@pytest.mark.parametrize("nmodes", [3, 4, 5, 6])
+def test_in_memory_tensor_passes_on_packed_items_against_einsum(rng, monkeypatch, nmodes):
+    """``tfo.mttkrp`` on an in-memory tensor runs modes without a kept copy on the tensor's packed
+    pieces ("auto" with per-thread outputs), 1 and 2 threads, ranks 8 and 16, pieces cut small."""
+    monkeypatch.setattr(packed, "PACKED_BITS", 5)
+    D = importlib.import_module("tensorflow_ooc.kernels.mttkrp.dispatch")
+    used = []
+    real = D.run_packed
+    monkeypatch.setattr(D, "run_packed", lambda *a: used.append(a[2]) or real(*a))
+    shape = tuple(int(s) for s in rng.integers(8, 40 if nmodes < 5 else 10, nmodes))
+    coords, values = random_coo(rng, shape, 2000)
+    t = tfo.encode_coo(coords, values, shape, max_block_nnz=500)
+    for rank in (8, 16):
+        factors = [rng.standard_normal((s, rank)) for s in shape]
+        for mode in range(nmodes):
+            ref = dense_mttkrp(shape, coords, values, factors, mode)
+            for threads in (1, 2):
+                stats = {}
+                got = tfo.mttkrp(t, factors, mode, threads=threads, stats=stats)
+                assert rel_err(got, ref) < 1e-12, (rank, mode, threads)
+                assert stats["items"] == tensor_items(t).nitems
+    assert used and t.derived("packed_items", lambda: None).start.shape[0] > tensor_items(t).nitems

@@ -24,6 +24,7 @@ from .cpu import (
 )
 from .mode_order import copies_fit, mode_sorted
 from .owned import run_owned
+from .packed import pack_items, packed_pays, run_packed
 from .plan import DEFAULT_MAX_PRIVATE_BYTES, ConflictPlan, WorkItems, plan_conflicts, work_items
 
 MERGE_TILE = 256
@@ -548,6 +549,20 @@ def mttkrp(
             [whole] if chunks is None else (c if isinstance(c, WorkItems) else chunk_items(c, layout) for c in chunks)
         )
         run = MttkrpPass(A, out, shared)
+        if (
+            chunks is None
+            and conflict == "auto"
+            and shared is not None
+            and whole.sorted_mode != mode
+            and run.groups is None
+            and packed_pays(A, R)
+        ):
+            # the ALTO-ordered items' 32-bit form, made once and kept on the tensor (packed.py)
+            packed = tensor.derived("packed_items", lambda: pack_items(tensor_items(tensor), layout))
+            first, bufs = shared.buffers()
+            run_packed(packed, A, mode, out, 0, shared.threads, first, bufs)
+            summary.update(plan_conflicts(whole, mode, R, out.dtype.itemsize, "threads").summary())
+            parts = []
         for items in parts:
             plan = run.run(items, layout, mode, conflict, max_private_bytes).summary()
             for k in ("items", "private_items", "atomic_items", "run_items"):
