@@ -389,7 +389,8 @@ def candidates(
             **_state_terms(shape, rank, itemsize, tasks, partitions_per_mode, split_every, baseline, in_place, workers),
             "private": 0 if single else tasks * private,
             "data": int(data),
-            # each copy's index, values and run table (at most RUN_TABLE_BYTES_PER_NNZ)
+            # each copy's index, values and run table (at most RUN_TABLE_BYTES_PER_NNZ); a mode
+            # that makes no copy leaves room for the items' packed form (4 bytes a nonzero, packed.py)
             "mode_copies": int(worker_nnz * (8 + value_itemsize + RUN_TABLE_BYTES_PER_NNZ) * len(shape))
             if mode_copies
             else 0,
