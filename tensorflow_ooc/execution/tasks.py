@@ -21,7 +21,7 @@ from ..kernels.apr.cpu import model_values
 from ..kernels.mttkrp.dispatch import MttkrpPass, ThreadOutputs, numba_threads, threads_for
 from ..kernels.mttkrp.mode_order import copy_order, mode_sorted
 from ..kernels.mttkrp.mode_pairs import ModePair, choose_pairs, item_nonzeros, mode_pair
-from ..kernels.mttkrp.packed import PackedItems, pack_items, packed_pays, run_packed
+from ..kernels.mttkrp.packed import PackedItems, pack_items, packed_pays, packed_rank, run_packed
 from ..kernels.mttkrp.plan import DEFAULT_MAX_PRIVATE_BYTES, PRIVATE_REUSE
 from ..kernels.sampling.fiber_gather import FiberIndex, SampleTable, exact_keys, sample_keys, sampled_mttkrp_items
 from ..store import Store, open_store
@@ -128,7 +128,8 @@ def load_partition(
     :func:`~..kernels.mttkrp.mode_order.copy_order`);
     ``mode_pairs`` (with ``mode_copies``): first memoized mode pairs where they pay
     (:func:`~tensorflow_ooc.kernels.mttkrp.mode_pairs.choose_pairs`), whose modes then keep no
-    mode-sorted copy."""
+    mode-sorted copy. Where a mode keeps neither, the items' 32-bit packed form too (at a fixed
+    ``rank`` or an unknown one: :func:`~..kernels.mttkrp.packed.packed_rank`)."""
     store = cached_store(path)
     if device == "gpu":
         from .device_stream import DeviceOptions, resident_batch
@@ -151,7 +152,8 @@ def load_partition(
             _keep_copies(data, large)
             if all(m in data.mode_items for m in large):
                 _keep_copies(data, small)
-            if any(m not in data.mode_items and m not in data.mode_pairs for m in range(store.layout.nmodes)):
+            bare = [m for m in range(store.layout.nmodes) if m not in data.mode_items and m not in data.mode_pairs]
+            if bare and packed_rank(rank):
                 # 4 bytes a nonzero, within the memory plan's copy of a mode that made none
                 data.packed = pack_items(items, store.layout)
     return data

@@ -171,6 +171,12 @@ def pack_items(items: WorkItems, layout: BitLayout) -> PackedItems:
     return out
 
 
+def packed_rank(rank: int | None) -> bool:
+    """Whether a load at ``rank`` (None: not known) should keep packed items: only the fixed-rank
+    kernels read them."""
+    return rank is None or rank in SPECIALIZED_RANKS
+
+
 def packed_pays(factors: StackedFactors, rank: int) -> bool:
     """Whether a pass with per-thread outputs may run on packed items: a fixed-rank kernel, and
     factors without prefetching (the prefetching kernels are for factors far past the caches)."""
