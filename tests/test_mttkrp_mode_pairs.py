@@ -108,6 +108,30 @@ def test_the_wrap_pair_matches_einsum_and_is_chosen_where_it_adds_a_pair(rng, nm
     assert mp.choose_pairs(spread, shape, wrap=True) == mp.choose_pairs(spread, shape)
 
 
+def test_wrap_pair_replaces_one_where_it_saves_more_and_its_rows_stay_cached(rng):
+    """Where (3, 0) only replaces (2, 3), it is taken at a known rank whose gathered rows (modes 1
+    and 2) fit WRAP_TIE_ROWS_BYTES and where it has fewer distinct pairs; else (2, 3) stays."""
+    nnz = 20_000
+    shape = (50, 400, 300, 6)
+    coords = np.column_stack(
+        [rng.integers(0, 50, nnz), rng.integers(0, 400, nnz), rng.integers(0, 300, nnz), rng.integers(0, 6, nnz)]
+    )
+    coords = np.unique(coords, axis=0)
+    f23, f30 = mp.pair_fraction(coords, shape, 2, 3), mp.pair_fraction(coords, shape, 3, 0)
+    assert f30 < f23 <= mp.PAIR_GROUPS_MAX and f30 <= mp.WRAP_GROUPS_MAX
+    assert mp.choose_pairs(coords, shape, wrap=True) == [(2, 3)]  # rank not known
+    assert mp.choose_pairs(coords, shape, wrap=True, rank=8) == [(3, 0)]
+    big = mp.WRAP_TIE_ROWS_BYTES // (8 * (400 + 300)) + 1
+    assert mp.choose_pairs(coords, shape, wrap=True, rank=big) == [(2, 3)]
+    assert mp.choose_pairs(coords, shape, rank=8) == [(2, 3)]  # no wrap asked
+    # (2, 3) with fewer distinct pairs than the wrap keeps its place
+    few = coords.copy()
+    few[:, 2] %= 20
+    few = np.unique(few, axis=0)
+    assert mp.pair_fraction(few, shape, 2, 3) < mp.pair_fraction(few, shape, 3, 0)
+    assert mp.choose_pairs(few, shape, wrap=True, rank=8) == [(2, 3)]
+
+
 def test_results_do_not_depend_on_the_thread_count(rng):
     shape, coords, values, t = _tensor(rng, 4, 20_000)
     c, v = mp.item_nonzeros(tensor_items(t), t.layout)

@@ -146,7 +146,7 @@ def load_partition(
     if mode_copies:
         with numba_threads(threads):
             if mode_pairs:
-                _keep_pairs(data, store.shape)
+                _keep_pairs(data, store.shape, rank)
             copyable = [m for m in range(store.layout.nmodes) if m not in data.mode_pairs]
             large, small = copy_order(store.shape, copyable, rank)
             _keep_copies(data, large)
@@ -167,10 +167,11 @@ def _keep_copies(data: PartitionData, modes: list[int]) -> None:
             data.mode_items[m] = copy
 
 
-def _keep_pairs(data: PartitionData, shape: tuple[int, ...]) -> None:
-    """Add the partition's memoized mode pairs where they pay to ``data.mode_pairs``."""
+def _keep_pairs(data: PartitionData, shape: tuple[int, ...], rank: int | None) -> None:
+    """Add the partition's memoized mode pairs where they pay (at ``rank`` where known) to
+    ``data.mode_pairs``."""
     coords, values = item_nonzeros(data.items, data.layout)
-    for a, b in choose_pairs(coords, tuple(shape), wrap=True):
+    for a, b in choose_pairs(coords, tuple(shape), wrap=True, rank=rank):
         pair = mode_pair(coords, values, tuple(shape), a, b)
         if pair is not None:
             data.mode_pairs[a] = data.mode_pairs[b] = pair

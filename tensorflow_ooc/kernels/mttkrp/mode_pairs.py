@@ -47,6 +47,11 @@ PAIR_GROUPS_MAX = 0.1
 # 2 threads, with it against without: gen-o5's 0.006 ran 0.88x at R8 and 0.77x at R16; uber's 0.095
 # 1.16x at R8 and 0.97x at R16, its pass over the nonzeros replacing two short mode-sorted passes)
 WRAP_GROUPS_MAX = 0.02
+# where the wrap pair only replaces one inside the sweep, it is taken if it saves more and the rows
+# its pass gathers at random (the other modes' factors at the run's rank) stay within this many
+# bytes, in the L2 (CP-ALS, 2 threads: nips' (3, 0) at R8, 1.0 MiB of rows, 13.5-14.5 against 15.6-15.7
+# ms an iteration with (2, 3); at R16, 2.1 MiB, 22.5-22.9 against 21.5-22.3; R32 47-53 against 39)
+WRAP_TIE_ROWS_BYTES = 3 << 19
 # a short mode b's output from the memo in this many slices (a fixed number, so that sums do not
 # depend on the thread count)
 SECOND_SLICES = 8
@@ -274,7 +279,11 @@ def _best_on_path(gain: list[float], lo: int, hi: int) -> tuple[float, list[int]
 
 
 def choose_pairs(
-    coords: np.ndarray, shape: tuple[int, ...], groups_max: float = PAIR_GROUPS_MAX, wrap: bool = False
+    coords: np.ndarray,
+    shape: tuple[int, ...],
+    groups_max: float = PAIR_GROUPS_MAX,
+    wrap: bool = False,
+    rank: int | None = None,
 ) -> list[tuple[int, int]]:
     """Disjoint pairs ``(m, m + 1)`` (modes a sweep updates in turn) whose distinct pairs are at
     most ``groups_max`` of the nonzeros, chosen to save the most (each pair's saving taken as one
@@ -282,8 +291,10 @@ def choose_pairs(
 
     ``wrap``: also the pair ``(N - 1, 0)`` (the last mode and the next sweep's first), where its
     distinct pairs are at most :data:`WRAP_GROUPS_MAX` of the nonzeros and it makes more pairs
-    than the sweep's own neighbours do (where it only replaces one, the pair inside the sweep is
-    kept: it needs no copy of the factors beside its memo)."""
+    than the sweep's own neighbours do. Where it makes as many, it is taken only if it saves more
+    and, at ``rank`` (None: not known, the pair inside the sweep is kept), the other modes' factor
+    rows its pass gathers take at most :data:`WRAP_TIE_ROWS_BYTES`; else the pair inside the sweep
+    is kept (it needs no copy of the factors beside its memo)."""
     N = len(shape)
     if not 3 <= N <= 5:
         return []
@@ -293,11 +304,18 @@ def choose_pairs(
         g if 1.0 - g <= (groups_max if m < N - 1 else min(groups_max, WRAP_GROUPS_MAX)) else 0.0
         for m, g in enumerate(gain)
     ]
-    plain = _best_on_path(gain, 0, N - 1)[1]
+    plain_gain, plain = _best_on_path(gain, 0, N - 1)
     if wrap and gain[N - 1] > 0:
         # with (N - 1, 0) taken, modes 1 .. N - 2 are left, a path
-        inner = _best_on_path(gain, 1, N - 2)[1]
-        if len(inner) + 1 > len(plain):
+        inner_gain, inner = _best_on_path(gain, 1, N - 2)
+        rows = sum(shape[1 : N - 1]) * 8 * (rank or 0)
+        tie = (
+            len(inner) + 1 == len(plain)
+            and rank is not None
+            and inner_gain + gain[N - 1] > plain_gain
+            and rows <= WRAP_TIE_ROWS_BYTES
+        )
+        if len(inner) + 1 > len(plain) or tie:
             return [(m, m + 1) for m in inner] + [(N - 1, 0)]
     return [(m, m + 1) for m in plain]
 
