@@ -25,7 +25,7 @@ from .cpu import (
 from .mode_order import copies_fit, mode_sorted
 from .owned import run_owned
 from .packed import pack_items, packed_pays, run_packed
-from .plan import DEFAULT_MAX_PRIVATE_BYTES, ConflictPlan, WorkItems, plan_conflicts, work_items
+from .plan import DEFAULT_MAX_PRIVATE_BYTES, ConflictPlan, WorkItems, balanced_bounds, plan_conflicts, work_items
 
 MERGE_TILE = 256
 SCRATCH_KEEP_BYTES = 64 << 20
@@ -376,9 +376,7 @@ def run_items(
                 out_lo,
             )
         else:
-            cum = np.cumsum((items.end - items.start)[todo])
-            cuts = np.searchsorted(cum, cum[-1] * np.arange(1, T) / T, side="right")
-            bounds = np.concatenate([[0], cuts, [todo.shape[0]]]).astype(np.int64)
+            bounds = balanced_bounds((items.end - items.start)[todo], T)
             # mode-sorted items sum each target row's run in registers first
             (runs_threads if items.sorted_mode == mode else threads_k)(
                 *common, todo, bounds, out, first, bufs, out_lo, *eps

@@ -26,7 +26,7 @@ import numpy as np
 from ...format import BitLayout
 from ..factors import StackedFactors
 from .cpu import PREFETCH_MIN_BYTES, SPECIALIZED_RANKS, kernel_for
-from .plan import WorkItems
+from .plan import WorkItems, balanced_bounds
 
 PACKED_BITS = 32
 
@@ -203,10 +203,7 @@ def run_packed(
     P = packed.start.shape[0]
     if P == 0:
         return
-    T = max(1, int(threads))
-    cum = np.cumsum(packed.end - packed.start)
-    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, T) / T, side="right")
-    bounds = np.concatenate([[0], np.minimum(cuts, P), [P]]).astype(np.int64)
+    bounds = balanced_bounds(packed.end - packed.start, threads)
     kernel = kernel_for(nmodes, R).packed_threads
     kernel(
         packed.index,

@@ -85,6 +85,16 @@ class WorkItems:
         )
 
 
+def balanced_bounds(sizes: np.ndarray, threads: int) -> np.ndarray:
+    """Bounds of ``threads`` contiguous shares of ``len(sizes)`` pieces (items, pieces, runs)
+    holding about equal totals of ``sizes``: share ``g`` is ``bounds[g] .. bounds[g + 1]``."""
+    n = sizes.shape[0]
+    cum = np.cumsum(sizes)
+    T = max(1, int(threads))
+    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, T) / T, side="right") if n else np.zeros(T - 1, np.int64)
+    return np.concatenate([[0], np.minimum(cuts, n), [n]]).astype(np.int64)
+
+
 def thread_shares(items: WorkItems, threads: int) -> tuple[np.ndarray, np.ndarray]:
     """Items split into ``threads`` contiguous shares of about equal nonzeros, for kernels that
     give each numba thread its own output copy: share ``g`` is ``todo[bounds[g]:bounds[g + 1]]``."""
