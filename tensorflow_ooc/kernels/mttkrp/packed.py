@@ -29,6 +29,10 @@ from .cpu import PREFETCH_MIN_BYTES, SPECIALIZED_RANKS, kernel_for
 from .plan import WorkItems, balanced_bounds
 
 PACKED_BITS = 32
+# the fixed ranks that read packed items: in CP-ALS sweeps gen-skewed's ALTO-ordered modes ran 10 %
+# faster at R8 and R16 and the same at R32 (docs/KERNELS.md), where 12 against 16 bytes is a
+# smaller share of a nonzero's work; no kernel is compiled for ranks it would not help
+PACKED_RANKS = tuple(r for r in SPECIALIZED_RANKS if r <= 16)
 
 
 @dataclass
@@ -172,15 +176,15 @@ def pack_items(items: WorkItems, layout: BitLayout) -> PackedItems:
 
 
 def packed_rank(rank: int | None) -> bool:
-    """Whether a load at ``rank`` (None: not known) should keep packed items: only the fixed-rank
-    kernels read them."""
-    return rank is None or rank in SPECIALIZED_RANKS
+    """Whether a load at ``rank`` (None: not known) should keep packed items: only the kernels of
+    :data:`PACKED_RANKS` read them."""
+    return rank is None or rank in PACKED_RANKS
 
 
 def packed_pays(factors: StackedFactors, rank: int) -> bool:
-    """Whether a pass with per-thread outputs may run on packed items: a fixed-rank kernel, and
-    factors without prefetching (the prefetching kernels are for factors far past the caches)."""
-    return rank in SPECIALIZED_RANKS and factors.data.nbytes <= PREFETCH_MIN_BYTES
+    """Whether a pass with per-thread outputs may run on packed items: a rank of :data:`PACKED_RANKS`,
+    and factors without prefetching (the prefetching kernels are for factors far past the caches)."""
+    return rank in PACKED_RANKS and factors.data.nbytes <= PREFETCH_MIN_BYTES
 
 
 def run_packed(
