@@ -128,8 +128,8 @@ def load_partition(
     :func:`~..kernels.mttkrp.mode_order.copy_order`);
     ``mode_pairs`` (with ``mode_copies``): first memoized mode pairs where they pay
     (:func:`~tensorflow_ooc.kernels.mttkrp.mode_pairs.choose_pairs`), whose modes then keep no
-    mode-sorted copy. Where a mode keeps neither, the items' 32-bit packed form too (at a fixed
-    ``rank`` or an unknown one: :func:`~..kernels.mttkrp.packed.packed_rank`)."""
+    mode-sorted copy. Where a mode keeps neither, the items' 32-bit packed form too (at a
+    ``rank`` its kernels take, or an unknown one: :func:`~..kernels.mttkrp.packed.packed_rank`)."""
     store = cached_store(path)
     if device == "gpu":
         from .device_stream import DeviceOptions, resident_batch
