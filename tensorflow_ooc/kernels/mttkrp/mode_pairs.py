@@ -308,12 +308,11 @@ def choose_pairs(
     if wrap and gain[N - 1] > 0:
         # with (N - 1, 0) taken, modes 1 .. N - 2 are left, a path
         inner_gain, inner = _best_on_path(gain, 1, N - 2)
-        rows = sum(shape[1 : N - 1]) * 8 * (rank or 0)
         tie = (
             len(inner) + 1 == len(plain)
             and rank is not None
             and inner_gain + gain[N - 1] > plain_gain
-            and rows <= WRAP_TIE_ROWS_BYTES
+            and sum(shape[1 : N - 1]) * rank * 8 <= WRAP_TIE_ROWS_BYTES  # the rows its pass gathers
         )
         if len(inner) + 1 > len(plain) or tie:
             return [(m, m + 1) for m in inner] + [(N - 1, 0)]
