@@ -9,6 +9,9 @@ connection pool, its serialization of NumPy buffers as frames, without pickled c
 from worker to worker: the scheduler and the driver see one task and one small summary per worker
 and iteration.
 
+Workers of one host skip Dask's comms for the rows: :mod:`.host_links` sends them over a socket
+of their own, read by a thread of the receiver straight into its mailbox.
+
 The mailbox is a handler (``tfooc_exchange``) that a :class:`ExchangePlugin` adds to each worker.
 A receive waits in short slices, so a run whose peer was lost is aborted (:func:`abort_run`, sent
 by the driver) instead of waiting for ever, and a task whose driver is gone (the scheduler released
@@ -28,7 +31,10 @@ from distributed import WorkerPlugin, get_worker
 from distributed.protocol import to_serialize
 from distributed.utils import sync
 
+from . import host_links
+
 HANDLER = "tfooc_exchange"
+LINK_HANDLER = "tfooc_link"
 # a receive gives up when nothing came for this long (a peer stuck or gone without the driver
 # noticing); the driver aborts runs whose workers left long before this
 RECEIVE_TIMEOUT_S = 600.0
@@ -148,6 +154,61 @@ class ExchangePlugin(WorkerPlugin):
             return "OK"
 
         worker.handlers[HANDLER] = receive
+        listener = _listener(worker.address, box)
+        worker.handlers[LINK_HANDLER] = lambda: listener.endpoint() if listener is not None else None
+
+    def teardown(self, worker) -> None:
+        with _LOCK:
+            listener = _LISTENERS.pop(worker.address, None)
+            links = [_LINKS.pop(k) for k in [k for k in _LINKS if k[0] == worker.address]]
+        if listener is not None:
+            listener.close()
+        for link in links:
+            if link is not None:
+                link.close()
+
+
+# per worker address: its listening host link (None where links are off or impossible)
+_LISTENERS: dict[str, host_links.Listener | None] = {}
+# per (worker address, peer address): the link to the peer, None where it keeps Dask's comms
+_LINKS: dict[tuple[str, str], host_links.Link | None] = {}
+
+
+def _listener(address: str, box: Mailbox) -> host_links.Listener | None:
+    with _LOCK:
+        if address not in _LISTENERS:
+            listener = None
+            if host_links.links_enabled() and host_links.host_identity() is not None:
+                try:
+                    listener = host_links.Listener(lambda m: box.put(*m))
+                except OSError:
+                    listener = None  # no socket here (a sandbox without AF_UNIX): Dask's comms
+            _LISTENERS[address] = listener
+        return _LISTENERS[address]
+
+
+def _link(worker, peer: str) -> host_links.Link | None:
+    """This worker's link to ``peer``, made at the first send (asking the peer over Dask for its
+    endpoint); None where the peer is not on this host, or links are off: Dask's comms then."""
+    key = (worker.address, peer)
+    with _LOCK:
+        if key in _LINKS and (_LINKS[key] is None or _LINKS[key].broken is None):
+            return _LINKS[key]
+    try:
+        endpoint = sync(worker.loop, _ask_endpoint, worker, peer)
+    except Exception:  # a peer without the plugin's handler, or not answering: Dask's comms
+        endpoint = None
+    link = host_links.connect(endpoint)
+    with _LOCK:
+        old = _LINKS.get(key)
+        _LINKS[key] = link
+    if old is not None:
+        old.close()
+    return link
+
+
+async def _ask_endpoint(worker, peer: str) -> dict | None:
+    return await worker.rpc(peer).__getattr__(LINK_HANDLER)()
 
 
 def task_released() -> bool:
@@ -220,14 +281,22 @@ class Team:
         if remote:
             self.rounds += 1
             worker = self._dask_worker()
+            for dst in list(remote):
+                link = _link(worker, self.addresses[dst])
+                if link is not None:
+                    self._pending.append((dst, link.send((self.run, tag, self.rank, remote.pop(dst)))))
+        if remote:
             # handed to the event loop without waiting for the peers' replies: the sender goes on
             # to its next work (waiting cost 11 % of an uber-shaped iteration's samples on 2
             # workers); the payloads are fresh arrays no one writes, and a failed send is raised
             # at the next receive or at :meth:`flush`
             self._pending.append(
-                asyncio.run_coroutine_threadsafe(
-                    _send_all(worker, self.run, list(tag), self.rank, remote, self.addresses),
-                    worker.loop.asyncio_loop,
+                (
+                    None,
+                    asyncio.run_coroutine_threadsafe(
+                        _send_all(worker, self.run, list(tag), self.rank, remote, self.addresses),
+                        worker.loop.asyncio_loop,
+                    ),
                 )
             )
         self.send_seconds += time.perf_counter() - t0
@@ -235,8 +304,8 @@ class Team:
     def flush(self) -> None:
         """Wait until every send was delivered; raise the first that failed."""
         pending, self._pending = self._pending, []
-        for f in pending:
-            f.result(timeout=RECEIVE_TIMEOUT_S)
+        for dst, f in pending:
+            self._result(dst, f, RECEIVE_TIMEOUT_S)
 
     def settle(self) -> None:
         """Raise the first send that failed so far, without waiting for those still under way
@@ -244,10 +313,16 @@ class Team:
         self._raise_failed_sends()
 
     def _raise_failed_sends(self) -> None:
-        done = [f for f in self._pending if f.done()]
-        self._pending = [f for f in self._pending if not f.done()]
-        for f in done:
-            f.result()
+        done = [p for p in self._pending if p[1].done()]
+        self._pending = [p for p in self._pending if not p[1].done()]
+        for dst, f in done:
+            self._result(dst, f, None)
+
+    def _result(self, dst: int | None, f, timeout: float | None) -> None:
+        try:
+            f.result(timeout=timeout)
+        except host_links.LinkClosed as exc:  # the peer's process ended: the run has lost it
+            raise ExchangeAborted(f"run {self.run}: worker rank {dst} is gone ({exc})") from exc
 
     def receive(self, tag: Any, src: int) -> Any:
         t0 = time.perf_counter()

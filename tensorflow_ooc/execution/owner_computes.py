@@ -660,27 +660,29 @@ def _touched_only(full: StackedFactors, plans: list[ModePlan]) -> StackedFactors
     return out
 
 
-def _iterate(run: str, step: Callable, args: tuple, seq: int) -> dict:
-    """Run on a worker: the run's task number ``seq`` here, one iteration of
+def _iterate(run: str, step: Callable, batch: list[tuple], seq: int) -> list[dict]:
+    """Run on a worker: the run's task number ``seq`` here, the iterations ``batch`` in turn, each
     ``step(state, previous, *args)`` (every mode, exchanging rows with the other workers),
     ``previous`` being this worker's summary of the iteration before (None for the first); returns
-    its small summary. Tasks run in their order whatever the worker's thread count."""
+    their small summaries. Tasks run in their order whatever the worker's thread count."""
     st = _state(run)
     st.wait_turn(seq)
     try:
-        st.team.bytes_sent = 0
-        st.team.wait_seconds = st.team.send_seconds = 0.0
-        st.team.rounds = 0
-        # every numba call of the step (the update's column statistics too) on this worker's
-        # cores only: a parallel region wider than the cores waits for a thread another worker's
-        # kernel holds
-        with numba_threads(st.threads):
-            out = step(st, st.last, *args)
-        # the last mode's sends are confirmed by the run's next task (its receives, or the flush
-        # of a call): waiting here for their delivery replies held the next iteration, submitted
-        # ahead, for a message round trip
-        st.team.settle()
-        st.last = out
+        out = []
+        for args in batch:
+            st.team.bytes_sent = 0
+            st.team.wait_seconds = st.team.send_seconds = 0.0
+            st.team.rounds = 0
+            # every numba call of the step (the update's column statistics too) on this worker's
+            # cores only: a parallel region wider than the cores waits for a thread another
+            # worker's kernel holds
+            with numba_threads(st.threads):
+                st.last = step(st, st.last, *args)
+            # the last mode's sends are confirmed by the next iteration (its receives, or the
+            # flush of a call): waiting here for their delivery replies held the next iteration
+            # for a message round trip
+            st.team.settle()
+            out.append(st.last)
         return out
     except ExchangeAborted:
         # the run cannot go on (a peer is gone, or the driver aborted it): its partitions and rows
@@ -975,8 +977,15 @@ class OwnerComputes:
         round trip to the driver; ``step`` then sees this iteration's summary as ``previous``
         and returns at once when it says to stop. Raises :class:`TeamLost` when a worker of the
         run left the cluster."""
-        futures = self._ahead if self._ahead is not None else self._submit(step, args)
-        self._ahead = self._submit(step, ahead) if ahead is not None else None
+        return [s[0] for s in self.iterate_many(step, [args], [ahead] if ahead is not None else None)]
+
+    def iterate_many(self, step: Callable, batch: list[tuple], ahead: list[tuple] | None = None) -> list[list[dict]]:
+        """Iterations ``batch`` (their arguments, in turn) as one task a worker, as :meth:`iterate`
+        runs one: per worker (rank order) their summaries. One task per worker and batch, not per
+        iteration: each task cost the driver and scheduler 10 ms of CPU and each worker 5 ms, on
+        the cores the kernels use (docs/EXECUTION.md, "Iteration batches")."""
+        futures = self._ahead if self._ahead is not None else self._submit(step, batch)
+        self._ahead = self._submit(step, ahead) if ahead else None
         return self._check(futures)
 
     def _submit(self, step: Callable, args: tuple) -> list:

@@ -97,6 +97,12 @@ class GraphModes:
         return out
 
 
+# an owner-computes batch runs about this long (the first iteration alone times it): progress and
+# callbacks come once a batch, the driver's and scheduler's per-task costs once a batch too
+BATCH_SECONDS = 1.0
+MAX_BATCH = 32
+
+
 class OwnerModes:
     """Owner-computes (:mod:`.cp_owner`): each worker keeps its partitions and the factor rows it
     owns, one task per worker and iteration, rows sent worker to worker only where shared."""
@@ -110,22 +116,62 @@ class OwnerModes:
         # their rows no nonzero touches are still the initial ones, which no worker holds
         self.unwritten = set(range(method.store.nmodes))
         self.kept_counts: dict[int, int] = {}
+        self.batch: dict[int, tuple] = {}  # the iterations of the batch read last, not yet recorded
+        self.ahead: list[int] | None = None  # the iterations of the batch submitted ahead
+        self.size = 1  # iterations a batch: the first alone, then as many as take BATCH_SECONDS
+        # where the iteration recorded last ended (the slowest worker's clock); the next starts there
+        self.last_end: float | None = None
+        self.worker_span: tuple[float, float] | None = None
 
     def iterate(self, iteration: int, evaluate: bool) -> tuple[U.Summary, dict]:
-        m, o, run = self.method, self.method.o, self.method.run
-        # the next iteration goes ahead unless this one ends the run or writes a checkpoint (whose
-        # rows must be this iteration's); randomized runs stop by the driver's test on the
-        # evaluated fits: never ahead
-        last = ends_or_checkpoints(run, iteration, o.max_iters) or m.randomized
-        ahead = None if last else (iteration + 1, False, m.normX2, o.tol)
-        sampled = m.randomized and iteration >= int(o.warmup)  # randomized runs' exact warm-up first
-        sketch = (int(o.samples), m.params["sample_entropy"], evaluate) if sampled else None
-        this = (iteration, iteration == 0, m.normX2, o.tol, sketch)
-        sm, record = owner_summary(self.engine.iterate(owner_iteration, this, ahead), self.lower)
+        if iteration not in self.batch:
+            self.batch = self._run_batch(iteration, evaluate)
+        sm, record, self.worker_span = self.batch.pop(iteration)
         kept = {n for n, c in sm.empty_sketches.items() if c > self.kept_counts.get(n, 0)}
         self.kept_counts = dict(sm.empty_sketches)
         self.unwritten &= kept
         return sm, record
+
+    def _run_batch(self, iteration: int, evaluate: bool) -> dict[int, tuple]:
+        """The iterations from ``iteration`` on that the workers run as one task each: their
+        summaries, exchange records and spans (worker clocks). Exact runs batch as many as take
+        about ``BATCH_SECONDS``, up to the run's end or its next checkpoint (whose rows must be
+        that iteration's), and submit the next batch ahead unless this one ends there; randomized
+        runs stop by the driver's test on the evaluated fits: one at a time, never ahead."""
+        m, o, run = self.method, self.method.o, self.method.run
+        if m.randomized:
+            sampled = iteration >= int(o.warmup)  # randomized runs' exact warm-up first
+            sketch = (int(o.samples), m.params["sample_entropy"], evaluate) if sampled else None
+            its, args, ahead_its = [iteration], [(iteration, iteration == 0, m.normX2, o.tol, sketch)], None
+        else:
+            its = self.ahead if self.ahead and self.ahead[0] == iteration else self._span(iteration)
+            args = [(k, k == 0, m.normX2, o.tol, None) for k in its]
+            ahead_its = None if ends_or_checkpoints(run, its[-1], o.max_iters) else self._span(its[-1] + 1)
+        ahead = [(k, k == 0, m.normX2, o.tol, None) for k in ahead_its] if ahead_its else None
+        per_worker = self.engine.iterate_many(owner_iteration, args, ahead)
+        self.ahead = ahead_its
+        out, N = {}, m.store.nmodes
+        for pos, k in enumerate(its):
+            summaries = [s[pos] for s in per_worker]
+            if summaries[0].get("skipped"):  # the run stopped at an iteration before
+                break
+            end = max(s["finished"][N - 1] for s in summaries)
+            start = self.last_end if self.last_end is not None else min(s["started"] for s in summaries)
+            out[k] = (*owner_summary(summaries, self.lower), (start, end))
+            self.last_end = end
+        seconds = [span[1] - span[0] for *_, span in out.values()]
+        if seconds and not m.randomized:
+            self.size = max(1, min(MAX_BATCH, int(BATCH_SECONDS / max(np.median(seconds), 1e-3))))
+        return out
+
+    def _span(self, first: int) -> list[int]:
+        """The iterations of a batch from ``first``: ``size`` of them, fewer where the run ends or
+        checkpoints before."""
+        m = self.method
+        its = [first]
+        while len(its) < self.size and not ends_or_checkpoints(m.run, its[-1], m.o.max_iters):
+            its.append(its[-1] + 1)
+        return its
 
     def checkpoint(self, path: str, weights: np.ndarray, *record: Any) -> float:
         m = self.method
