@@ -9,7 +9,8 @@ per mode the local MTTKRP (wall and the task thread's CPU), the sends (the task 
 copies and the hand-off to the event loop), the waits for other workers' rows, the update (the
 mode's step less its sends and waits), each message's delivery (sender's hand-off to the
 receiver's mailbox, one clock: perf_counter is CLOCK_MONOTONIC across processes) and the event
-loop's time writing it; per iteration the wait between iterations, the CPU the worker process's
+loop's time writing it (Dask's comms only); per iteration (a task runs a batch of them, each timed
+on its own) the wait between iterations, the CPU the worker process's
 other threads took beside the task thread, and the driver process's (client and scheduler) CPU.
 With ``--inline``, the same CP-ALS inline for the per-mode MTTKRP and update seconds beside it.
 
@@ -130,7 +131,7 @@ def install(dask_worker=None) -> int:
 
     exchange._send_all = send_all_wrapper
 
-    wait_turn, iterate = WS.wait_turn, owner_computes._iterate
+    iterate = owner_computes._iterate
     import psutil
 
     me = psutil.Process()
@@ -144,18 +145,23 @@ def install(dask_worker=None) -> int:
             out[name] = out.get(name, 0.0) + t.user_time + t.system_time
         return out
 
-    def wait_turn_wrapper(self, seq):
-        t0 = time.perf_counter()
-        wait_turn(self, seq)
-        rec("turn", seq, t0, time.perf_counter(), time.process_time(), time.thread_time(), thread_cpu())
+    counter = iter(range(1 << 62))
 
-    WS.wait_turn = wait_turn_wrapper
+    def timed_step(step):
+        # each iteration of a task's batch on its own: its start, end and CPU (a task runs a batch)
+        def one(*a, **kw):
+            k = next(counter)
+            t0 = time.perf_counter()
+            rec("turn", k, t0, t0, time.process_time(), time.thread_time(), thread_cpu())
+            try:
+                return step(*a, **kw)
+            finally:
+                rec("iterated", k, time.perf_counter(), time.process_time(), time.thread_time(), thread_cpu())
 
-    def iterate_wrapper(run, step, args, seq):
-        try:
-            return iterate(run, step, args, seq)
-        finally:
-            rec("iterated", seq, time.perf_counter(), time.process_time(), time.thread_time(), thread_cpu())
+        return one
+
+    def iterate_wrapper(run, step, batch, seq):
+        return iterate(run, timed_step(step), batch, seq)
 
     owner_computes._iterate = iterate_wrapper
     return os.getpid()

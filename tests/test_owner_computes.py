@@ -289,6 +289,38 @@ def test_converged_run_stops_where_one_process_stops(two_workers, rng, tmp_path)
     _assert_same(got, ref)
 
 
+def test_iterations_run_in_batches_one_record_and_callback_each(two_workers, rng, tmp_path):
+    """After the first iteration (alone, to time one) the workers run batches of iterations as one
+    task each, cut at checkpoints; every iteration still has its record and callback, in order,
+    timed on the workers' clocks, and the result and checkpoints are one process's."""
+    from distributed import get_task_stream
+
+    store = _random_store(rng, tmp_path, 4, 6000)
+    seed, iters = int(rng.integers(1 << 30)), 14
+    ref = tfo.cp_als(store, 3, seed=seed, max_iters=iters, tol=0, scheduler="inline")
+    seen = []
+    with get_task_stream(two_workers) as ts:
+        got = tfo.cp_als(
+            store,
+            3,
+            seed=seed,
+            max_iters=iters,
+            tol=0,
+            client=two_workers,
+            callback=lambda r: seen.append(r["iteration"]),
+            checkpoint=str(tmp_path / "ck.npz"),
+            checkpoint_every=5,
+        )
+    _assert_same(got, ref)
+    assert seen == list(range(1, iters + 1))
+    assert [h["iteration"] for h in got.history] == seen
+    tasks = [t for t in ts.data if t["key"].startswith("_iterate")]
+    # 1 alone, then batches cut at the checkpoints after iterations 5, 10 and the last: 1+4, 5, 4
+    assert 2 * 4 <= len(tasks) < 2 * iters, len(tasks)
+    for h in got.history:
+        assert 0 < h["seconds"] and all(s >= 0 for s in h["mode_seconds"])
+
+
 def test_a_wait_for_a_gone_peer_ends(monkeypatch):
     # a worker waiting for a peer whose process ended (a driver killed with its worker cannot
     # abort the run) gives up once the peer stops answering, instead of holding its thread
