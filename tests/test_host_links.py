@@ -111,8 +111,13 @@ def test_a_peer_whose_process_ended_fails_the_send():
         link = host_links.connect(endpoint)
         assert link is not None, "a process of this host is reached over a link"
         link.send(("run", "t", 0, np.ones(8))).result(timeout=30)
+        assert not link.closed_by_peer()
         proc.kill()
         proc.wait(30)
+        deadline = time.time() + 10
+        while not link.closed_by_peer() and time.time() < deadline:  # seen before any send
+            time.sleep(0.01)
+        assert link.closed_by_peer()
         with pytest.raises(host_links.LinkClosed):
             for _ in range(200):  # the first writes may land in the socket's buffer
                 link.send(("run", "t", 0, np.ones(100_000))).result(timeout=30)

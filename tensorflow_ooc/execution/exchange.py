@@ -192,7 +192,8 @@ def _link(worker, peer: str) -> host_links.Link | None:
     endpoint); None where the peer is not on this host, or links are off: Dask's comms then."""
     key = (worker.address, peer)
     with _LOCK:
-        if key in _LINKS and (_LINKS[key] is None or _LINKS[key].broken is None):
+        # a peer restarted at the same address (its nanny) since the last run: connect again
+        if key in _LINKS and (_LINKS[key] is None or not _LINKS[key].closed_by_peer()):
             return _LINKS[key]
     try:
         endpoint = sync(worker.loop, _ask_endpoint, worker, peer)

@@ -195,6 +195,18 @@ class Link:
             else:
                 done.set_result(None)
 
+    def closed_by_peer(self) -> bool:
+        """Whether the peer's end is closed (its process ended): the peer never writes on a link,
+        so a readable end of stream is the only thing a look without waiting can find."""
+        if self.broken is not None:
+            return True
+        try:
+            return self.sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
     def close(self) -> None:
         self._queue.put(None)
         try:
