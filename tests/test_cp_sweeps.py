@@ -1,7 +1,7 @@
 """CP-ALS sweeps on a one-partition graph (the embedded default's one worker of one thread): the
-modes of an iteration run as one task, the next iteration's sweep is submitted before the driver
-reads this one's summary and skips itself where the driver's test stops the run, and the
-in-process cluster updates in place. Results equal the inline scheduler's; several workers give
+modes of an iteration run as one task, a batch of iterations' sweeps as one task, the next batch
+is submitted before the driver reads this one's summaries and skips its sweeps where the driver's
+test stops the run, and the in-process cluster updates in place. Results equal the inline scheduler's; several workers give
 one worker's result."""
 
 import numpy as np
@@ -25,7 +25,7 @@ def _same(a, b, rtol=1e-12):
     np.testing.assert_allclose(a.weights, b.weights, rtol=rtol)
 
 
-def test_in_process_sweeps_equal_inline_with_two_tasks_an_iteration(tmp_path, rng, client):
+def test_in_process_sweeps_equal_inline_with_two_tasks_a_batch(tmp_path, rng, client):
     store = _store(tmp_path, rng)
     iters = int(rng.integers(4, 7))
     inline = tfo.cp_als(store, 5, seed=3, max_iters=iters, tol=0, scheduler="inline")
@@ -35,17 +35,24 @@ def test_in_process_sweeps_equal_inline_with_two_tasks_an_iteration(tmp_path, rn
     assert dask.params["in_place_updates"]  # as inline: nothing recomputes an earlier state here
     _same(dask, inline)
     names = [d["key"].split("-")[0] for d in ts.data if isinstance(d["key"], str)]
-    # one sweep task and one summary task an iteration, never one task a mode
-    assert names.count("_modes_then") == iters and names.count("summary") == iters
-    assert "_mttkrp_then" not in names and "update_mode" not in names
+    # one sweep task and one summary task a batch, never one task a mode or an iteration: the
+    # first iteration alone (it times one), the second submitted ahead before that timing was
+    # read, then the rest at once (an iteration takes milliseconds)
+    assert names.count("_sweeps_then") == names.count("sweep_summaries") == 3
+    assert "_mttkrp_then" not in names and "update_mode" not in names and "_modes_then" not in names
     for h in dask.history:
         assert len(h["mode_seconds"]) == 3 and all(t > 0 for t in h["mttkrp_seconds"] + h["update_seconds"])
         assert sum(h["mttkrp_seconds"]) + sum(h["update_seconds"]) <= h["seconds"] + 1e-3
 
 
-def test_sweep_submitted_ahead_leaves_a_converged_run_as_it_was(tmp_path, rng, client):
-    """A run that converges before max_iters: the sweep already submitted for the next iteration
-    must leave the (in-place updated) state alone, so the factors are those of the last iteration."""
+@pytest.mark.parametrize("batch", [2, 3, 32])
+def test_sweep_submitted_ahead_leaves_a_converged_run_as_it_was(tmp_path, rng, client, monkeypatch, batch):
+    """A run that converges before max_iters: the sweeps after it in its batch, and the batch
+    already submitted after that one, must leave the (in-place updated) state alone, so the
+    factors are those of the last iteration."""
+    from tensorflow_ooc.decompositions.cp import iteration
+
+    monkeypatch.setattr(iteration, "MAX_BATCH", batch)
     store = _store(tmp_path, rng)
     probe = tfo.cp_als(store, 4, seed=5, max_iters=12, tol=0, scheduler="inline")
     stop = int(rng.integers(2, 10))
@@ -77,7 +84,7 @@ def test_process_worker_copying_sweep_and_two_workers_equal_one(tmp_path, rng, t
         with get_task_stream(c) as ts:
             one = tfo.cp_als(store, 3, client=c, seed=8, max_iters=4, tol=0)
     assert not one.params["in_place_updates"]
-    assert sum(str(d["key"]).startswith("_modes_then") for d in ts.data) == 4
+    assert sum(str(d["key"]).startswith("_sweeps_then") for d in ts.data) == 3  # [0], [1], [2, 3]
     _same(one, inline, rtol=1e-10)
     for distribution in ("graph", "owner"):
         two = tfo.cp_als(store, 3, client=two_workers, seed=8, max_iters=4, tol=0, distribution=distribution)

@@ -176,34 +176,68 @@ def exact_step(
     return graph.mode_update(F, n, update, iteration == 0, n == nmodes - 1, graph.in_place)
 
 
-def exact_sweep(
+def exact_sweeps(
     graph: MTTKRPGraph,
     nmodes: int,
     F: Future,
-    iteration: int,
+    iterations: Sequence[int],
+    stop: tuple[float, float, int, float | None],
+    ahead: bool,
     nonneg: U.NonNegative | None = None,
-    unless_stopped: tuple[float, float, float] | None = None,
 ) -> Future:
-    """Algorithm 1, lines 2-7: :func:`exact_step` for every mode in turn, as one task (a graph of
-    one partition, :meth:`~tensorflow_ooc.execution.MTTKRPGraph.fuses_modes`). With copying
-    updates only the first mode copies the state: the states between modes live inside the task,
-    where nothing else can refer to them, so the later modes update the copy in place (the
-    update's result is the same either way).
+    """Algorithm 1, lines 2-7, for each of ``iterations`` in turn: :func:`exact_step` for every mode,
+    all as one task (a graph of one partition,
+    :meth:`~tensorflow_ooc.execution.MTTKRPGraph.fuses_modes`). With copying updates each sweep's
+    first mode copies the state: the states between modes live inside the task, where nothing
+    else can refer to them, so the later modes update the copy in place (the update's result is
+    the same either way). The state after the sweeps keeps each one's summary
+    (:func:`~.updates.sweep_summaries`).
 
-    ``unless_stopped``: ``(||X||^2, tol, fit before the previous iteration)`` for a sweep submitted
-    before the driver has read the previous one: the task then returns ``F`` untouched where the
-    driver's test stops the run after it (:func:`sweep_wanted`)."""
+    ``stop``: ``(||X||^2, tol, k, fit after iteration k)``, the latest fit the driver knows. Before
+    each sweep but the first (and before the first too with ``ahead``: a batch submitted before
+    the driver read the one before), the task tests the iteration before by the driver's test
+    (:func:`sweep_wanted`) and ends where it stops the run, leaving the state as it stands."""
     update = U.update_mode if nonneg is None else partial(U.update_mode, nonneg=nonneg)
-    steps = [(n, (iteration == 0, n == nmodes - 1, graph.in_place or n > 0)) for n in range(nmodes)]
-    proceed = None if unless_stopped is None else partial(sweep_wanted, iteration - 1, *unless_stopped)
-    return graph.modes_update(F, update, steps, proceed)
+    return graph.sweeps_update(F, update, partial(_sweep_batch, nmodes, tuple(iterations), graph.in_place, stop, ahead))
 
 
-def sweep_wanted(iteration: int, normX2: float, tol: float, fit_old: float, state: U.CPState) -> bool:
-    """Run on the worker before a sweep submitted ahead: whether the run goes on after
-    ``iteration`` (0-based), whose model is ``state``, by the numbers and test the driver applies
-    to it (:func:`model_fit`, :func:`~..common.run_control.converged`); a fit that is not finite
-    stops the driver too."""
+def _sweep_batch(
+    nmodes: int,
+    iterations: tuple[int, ...],
+    in_place: bool,
+    stop: tuple[float, float, int, float | None],
+    ahead: bool,
+    state: U.CPState,
+    sweep: Any,
+) -> U.CPState:
+    """Run on the worker: the sweeps of :func:`exact_sweeps`; ``sweep(state, steps)`` one sweep."""
+    normX2, tol, known, known_fit = stop
+    fits = {known: known_fit}  # the fits of the iterations before, by the driver's numbers
+    for k, sm in getattr(state, "sweeps", {}).items():  # a batch after one the driver has not read
+        fits[k] = model_fit(sm, normX2, model_norm_sq(sm))
+    at = max(fits)  # the iteration the state is after
+    done: dict[int, U.Summary] = {}
+    for pos, iteration in enumerate(iterations):
+        if at != iteration - 1:  # the batch before stopped early: so did the run
+            break
+        tested = (ahead or pos > 0) and iteration > 0  # the driver asked for the first of a batch it read
+        if tested and not sweep_wanted(iteration - 1, normX2, tol, fits.get(iteration - 2), state):
+            break
+        steps = tuple((n, (iteration == 0, n == nmodes - 1, in_place or n > 0)) for n in range(nmodes))
+        state = sweep(state, steps)
+        done[iteration] = U.summary(state, copy=True)
+        fits[iteration] = model_fit(done[iteration], normX2, model_norm_sq(done[iteration]))
+        at = iteration
+    if done:
+        state.sweeps = done
+    return state
+
+
+def sweep_wanted(iteration: int, normX2: float, tol: float, fit_old: float | None, state: U.CPState) -> bool:
+    """Run on the worker before a sweep the driver has not asked for yet: whether the run goes on
+    after ``iteration`` (0-based), whose model is ``state``, by the numbers and test the driver
+    applies to it (:func:`model_fit`, :func:`~..common.run_control.converged`); a fit that is not
+    finite stops the driver too."""
     sm = U.summary(state)
     fit = model_fit(sm, normX2, model_norm_sq(sm))
     return math.isfinite(fit) and not converged(False, tol, iteration, fit, fit_old, True, [])

@@ -461,11 +461,14 @@ class Summary:
     reads: dict[int, dict] = field(default_factory=dict)
 
 
-def summary(state: CPState) -> Summary:
+def summary(state: CPState, copy: bool = False) -> Summary:
+    """What the driver reads of ``state``; with ``copy`` its arrays are copies (a summary kept
+    while later updates of the same task may write the state's arrays in place)."""
+    own = (lambda a: np.array(a, copy=True)) if copy else (lambda a: a)
     return Summary(
-        state.weights,
-        [to_host(g) for g in state.grams],
-        state.inner,
+        own(to_host(state.weights)),
+        [own(to_host(g)) for g in state.grams],
+        own(to_host(state.inner)),
         dict(state.finished),
         dict(state.timings),
         dict(state.sampling),
@@ -473,6 +476,12 @@ def summary(state: CPState) -> Summary:
         dict(state.empty_sketches),
         dict(state.reads),
     )
+
+
+def sweep_summaries(state: CPState) -> dict[int, Summary]:
+    """The summaries of the sweeps of the task that made ``state`` (see
+    :func:`~.cp_steps.exact_sweeps`), by iteration."""
+    return dict(getattr(state, "sweeps", {}))
 
 
 def inner_terms(A: Any, partials: Sequence[Partial]) -> np.ndarray:
