@@ -1,8 +1,8 @@
 """CP-ALS sweeps on a one-partition graph (the embedded default's one worker of one thread): the
 modes of an iteration run as one task, a batch of iterations' sweeps as one task, the next batch
 is submitted before the driver reads this one's summaries and skips its sweeps where the driver's
-test stops the run, and the in-process cluster updates in place. Results equal the inline scheduler's; several workers give
-one worker's result."""
+test stops the run, and the in-process cluster updates in place. Results equal the inline
+scheduler's; several workers give one worker's result."""
 
 import numpy as np
 import pytest
