@@ -82,7 +82,7 @@ def _mttkrp_then(
 def _modes_then(update: Callable, source, factors, steps: tuple, proceed: Callable | None, *options):
     """One task: ``_mttkrp_then`` for each ``(mode, args)`` of ``steps`` in turn, each on the state
     the one before returned, unless ``proceed(factors)`` is false: then ``factors`` as they are
-    (see :meth:`MTTKRPGraph.modes_update`). A decoded partition's memoized mode pairs keep their
+    (see :meth:`MTTKRPGraph.sweeps_update`). A decoded partition's memoized mode pairs keep their
     memo from a pair's first mode to its second when the steps take them in turn (:mod:`.pair_tasks`)."""
     if proceed is not None and not proceed(factors):
         return factors
@@ -574,41 +574,18 @@ class MTTKRPGraph(PartitionedGraph):
         )
 
     def fuses_modes(self) -> bool:
-        """Whether :meth:`modes_update` runs a whole sweep over the modes as one task: a single
+        """Whether :meth:`sweeps_update` runs whole sweeps over the modes as one task: a single
         partition, so each mode is one task anyway and the next needs nothing but its result."""
         return len(self.sources()) == 1
 
-    def modes_update(
-        self, factors: Future, update: Callable, steps: list[tuple[int, tuple]], proceed: Callable | None = None
-    ) -> Future:
-        """Submit, as one task, :meth:`mode_update`'s fused task for each ``(mode, args)`` of
-        ``steps`` in turn (only where :meth:`fuses_modes`): ``update(state, partials, mode, *args)``
-        after each mode's MTTKRP, each on the state the one before returned. One scheduling hop
-        per sweep instead of one per mode (each costs 1-2 ms on the in-process cluster, more
-        where the scheduler shares busy cores). ``proceed``: called on the worker with the state
-        first; when it returns false the task returns the state untouched (a sweep submitted
-        before the driver knows whether the run goes on). Returns the future of the last state."""
-        if not self.fuses_modes():
-            raise ValueError("modes_update takes a graph of one partition (see fuses_modes)")
-        source = self.sources()[0]
-        return self.client.submit(
-            _modes_then,
-            update,
-            source,
-            factors,
-            tuple(steps),
-            proceed,
-            *self._fused_options(),
-            pure=False,
-            **self.placement,
-        )
-
     def sweeps_update(self, factors: Future, update: Callable, batch: Callable) -> Future:
-        """Submit, as one task, ``batch(factors, sweep)``: ``sweep(state, steps)`` runs
-        :meth:`modes_update`'s fused steps on ``state`` and returns the state after them, as often
-        as ``batch`` calls it (several iterations' sweeps in one task: each task cost the
-        in-process cluster 4-5 ms of CPU on the kernels' cores). Only where :meth:`fuses_modes`.
-        Returns the future of what ``batch`` returns."""
+        """Submit, as one task, ``batch(factors, sweep)``: ``sweep(state, steps)`` runs, for each
+        ``(mode, args)`` of ``steps`` in turn, :meth:`mode_update`'s fused task
+        (``update(state, partials, mode, *args)`` after the mode's MTTKRP, each on the state the
+        one before returned) and returns the state after them, as often as ``batch`` calls it:
+        several iterations' sweeps in one task (each task cost the in-process cluster 4-5 ms of
+        CPU on the kernels' cores). Only where :meth:`fuses_modes`. Returns the future of what
+        ``batch`` returns."""
         if not self.fuses_modes():
             raise ValueError("sweeps_update takes a graph of one partition (see fuses_modes)")
         source = self.sources()[0]
