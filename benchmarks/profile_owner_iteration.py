@@ -10,8 +10,8 @@ copies and the hand-off to the event loop), the waits for other workers' rows, t
 mode's step less its sends and waits), each message's delivery (sender's hand-off to the
 receiver's mailbox, one clock: perf_counter is CLOCK_MONOTONIC across processes) and the event
 loop's time writing it (Dask's comms only); per iteration (a task runs a batch of them, each timed
-on its own) the wait between iterations, the CPU the worker process's
-other threads took beside the task thread, and the driver process's (client and scheduler) CPU.
+on its own) the wait between iterations, the CPU the worker process's other threads took beside
+the task thread, and the driver process's (client and scheduler) CPU.
 With ``--inline``, the same CP-ALS inline for the per-mode MTTKRP and update seconds beside it.
 
 Prints tables (medians over iterations 3 onwards); writes JSON to
