@@ -196,7 +196,9 @@ def test_gauge_rebalance_keeps_every_prediction_and_conditions_the_core(rng):
 
 def test_one_thread_is_reproducible_and_predict_matches_reference(rng):
     shape = (30, 20, 10)
-    A, B, off = stacked(shape, (3, 3, 3), 3, rng)
+    # rows of scale 0.5: at 0.7 the plain step (lr 0.01) diverged to NaN on 2 draws in 400
+    # (predictions up to 80, so lr |g|^2 > 2); at 0.5 none in 3000, the rows staying below 2.5
+    A, B, off = stacked(shape, (3, 3, 3), 3, rng, scale=0.5)
     coords, values = random_coo(rng, shape, 500)
     order = rng.permutation(500).astype(np.int64)
     runs = []
@@ -204,7 +206,7 @@ def test_one_thread_is_reproducible_and_predict_matches_reference(rng):
         a = A.copy()
         K.factor_pass(coords, values, order, off, a, B, 16, 0.01, 0.01, 1)
         runs.append(a)
-    assert np.array_equal(runs[0], runs[1])
+    assert np.isfinite(runs[0]).all() and np.array_equal(runs[0], runs[1])
     np.testing.assert_allclose(K.predict_entries(coords, off, A, B), predict_ref(coords, A, B, off), rtol=1e-12)
 
 
