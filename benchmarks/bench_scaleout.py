@@ -25,6 +25,7 @@ workers x 1 thread, each against the inline run, with the target (<= 1.1 x inlin
 
     python benchmarks/bench_scaleout.py --overhead                # vast-shaped 26 M, rank 16
     python benchmarks/bench_scaleout.py --overhead --rounds 3     # rows interleaved 3 times, best median kept
+    python benchmarks/bench_scaleout.py --overhead --parts        # and 2 x 1 without links / batches / both
 
 Writes JSON to benchmarks/results/overhead-<time>.json.
 """
@@ -212,6 +213,33 @@ OVERHEAD_ROWS = (
     ("embedded", 0, 0, {"scheduler": "embedded"}),
     ("2x1", 2, 1, {}),
 )
+# --parts: 2 x 1 without host links (Dask's comms), without iteration batches (one task an
+# iteration), and without either (the code before session 41), to tell their shares apart
+PART_ROWS = (
+    ("2x1 dask-comms", 2, 1, {"links": False}),
+    ("2x1 one-task", 2, 1, {"batch": 1}),
+    ("2x1 neither", 2, 1, {"links": False, "batch": 1}),
+)
+
+
+@contextlib.contextmanager
+def transport(links: bool = True, batch: int | None = None):
+    """Host links on or off on the workers started inside (their Dask config, from the environment
+    they inherit) and the driver's largest iteration batch."""
+    from tensorflow_ooc.decompositions.cp import iteration
+
+    key = "DASK_TFOOC__EXCHANGE__HOST_LINKS"
+    old_env, old_batch = os.environ.get(key), iteration.MAX_BATCH
+    os.environ[key] = "true" if links else "false"
+    iteration.MAX_BATCH = batch or old_batch
+    try:
+        yield
+    finally:
+        iteration.MAX_BATCH = old_batch
+        if old_env is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old_env
 
 
 def bench_overhead(name: str, args) -> list[dict]:
@@ -223,24 +251,25 @@ def bench_overhead(name: str, args) -> list[dict]:
 
     store = store_for(name)
     run(store, args.rank, 2, scheduler="inline")  # kernels compiled or loaded from numba's cache: not timed
-    got: dict[str, list[dict]] = {label: [] for label, *_ in OVERHEAD_ROWS}
+    table = OVERHEAD_ROWS + (PART_ROWS if args.parts else ())
+    got: dict[str, list[dict]] = {label: [] for label, *_ in table}
     for k in range(args.rounds):
-        for label, workers, threads, kw in OVERHEAD_ROWS:
+        for label, workers, threads, kw in table:
             load = os.getloadavg()[0]
             t0 = time.time()
             try:
                 if workers == 0:
                     r = run(store, args.rank, args.iters, **kw)
                 else:
-                    with cluster(workers, threads, False, args.memory_limit) as c:
-                        r = run(store, args.rank, args.iters, client=c, **kw)
+                    with transport(**kw), cluster(workers, threads, False, args.memory_limit) as c:
+                        r = run(store, args.rank, args.iters, client=c)
             except Exception as exc:  # a row that fails is reported, the others still run
                 r = {"error": f"{type(exc).__name__}: {exc}"}
             r.update(load_before=load, load_after=os.getloadavg()[0], wall=time.time() - t0)
             got[label].append(r)
             print(f"# {name} round {k + 1} {label}: {r.get('seconds', r.get('error'))} (load {load:.1f})", flush=True)
     rows = []
-    for label, workers, threads, _ in OVERHEAD_ROWS:
+    for label, workers, threads, _ in table:
         ok = [r for r in got[label] if "seconds" in r]
         best = min(ok, key=lambda r: r["seconds"]) if ok else got[label][-1]
         rows.append(
@@ -437,6 +466,11 @@ def main() -> None:
         help="Dask's share of an iteration: inline, embedded and 2 x 1 against inline (default tensor vast)",
     )
     ap.add_argument("--rounds", type=int, default=1, help="--overhead: run the rows this many times in turn")
+    ap.add_argument(
+        "--parts",
+        action="store_true",
+        help="--overhead: also 2 x 1 without host links, without iteration batches, and without either",
+    )
     args = ap.parse_args()
     if args.overhead:
         tensors = args.tensors if args.tensors != ap.get_default("tensors") else ["vast"]
