@@ -20,6 +20,7 @@ from distributed import Client, Future
 
 from ...errors import DecompositionError, DenseArrayError
 from ...execution import MTTKRPGraph
+from ...execution.exchange import task_released
 from ...store import Store
 from ...store.dense import DenseArray
 from ..common.checkpoint_files import disk_full_returned, raise_returned
@@ -219,6 +220,8 @@ def _sweep_batch(
     done: dict[int, U.Summary] = {}
     for pos, iteration in enumerate(iterations):
         if at != iteration - 1:  # the batch before stopped early: so did the run
+            break
+        if pos > 0 and task_released():  # the driver is gone (a run that failed): nobody reads on
             break
         tested = (ahead or pos > 0) and iteration > 0  # the driver asked for the first of a batch it read
         if tested and not sweep_wanted(iteration - 1, normX2, tol, fits.get(iteration - 2), state):
