@@ -197,7 +197,7 @@ def exact_sweeps(
     ``stop``: ``(||X||^2, tol, k, fit after iteration k)``, the latest fit the driver knows. Before
     each sweep but the first (and before the first too with ``ahead``: a batch submitted before
     the driver read the one before), the task tests the iteration before by the driver's test
-    (:func:`sweep_wanted`) and ends where it stops the run, leaving the state as it stands."""
+    (:func:`_goes_on`) and ends where it stops the run, leaving the state as it stands."""
     update = U.update_mode if nonneg is None else partial(U.update_mode, nonneg=nonneg)
     return graph.sweeps_update(F, update, partial(_sweep_batch, nmodes, tuple(iterations), graph.in_place, stop, ahead))
 
@@ -224,7 +224,7 @@ def _sweep_batch(
         if pos > 0 and task_released():  # the driver is gone (a run that failed): nobody reads on
             break
         tested = (ahead or pos > 0) and iteration > 0  # the driver asked for the first of a batch it read
-        if tested and not sweep_wanted(iteration - 1, normX2, tol, fits.get(iteration - 2), state):
+        if tested and not _goes_on(iteration - 1, tol, fits):
             break
         steps = tuple((n, (iteration == 0, n == nmodes - 1, in_place or n > 0)) for n in range(nmodes))
         state = sweep(state, steps)
@@ -236,14 +236,13 @@ def _sweep_batch(
     return state
 
 
-def sweep_wanted(iteration: int, normX2: float, tol: float, fit_old: float | None, state: U.CPState) -> bool:
+def _goes_on(iteration: int, tol: float, fits: dict[int, float | None]) -> bool:
     """Run on the worker before a sweep the driver has not asked for yet: whether the run goes on
-    after ``iteration`` (0-based), whose model is ``state``, by the numbers and test the driver
-    applies to it (:func:`model_fit`, :func:`~..common.run_control.converged`); a fit that is not
-    finite stops the driver too."""
-    sm = U.summary(state)
-    fit = model_fit(sm, normX2, model_norm_sq(sm))
-    return math.isfinite(fit) and not converged(False, tol, iteration, fit, fit_old, True, [])
+    after ``iteration`` (0-based) by the test the driver applies to its fit (``fits``, by
+    iteration, from :func:`model_fit` as the driver computes them;
+    :func:`~..common.run_control.converged`); a fit that is not finite stops the driver too."""
+    fit = fits[iteration]
+    return math.isfinite(fit) and not converged(False, tol, iteration, fit, fits.get(iteration - 1), True, [])
 
 
 def randomized_step(

@@ -73,7 +73,6 @@ class GraphModes:
         self.batches = Batches(method.run, o.max_iters)
         self.batch: dict[int, tuple] = {}  # iterations of the batch read last, not yet recorded
         self.ahead: tuple[list[int], Any] | None = None  # (iterations, their future) submitted ahead
-        self._known = -1  # the iteration whose fit the driver knew when it submitted a batch ahead
         # where the sweep recorded last ended (the worker's clock): the next one's span starts there
         self.last_end: float | None = None
         self.worker_span: tuple[float, float] | None = None
@@ -88,7 +87,7 @@ class GraphModes:
             return sm, None
         F = self.F
         if self.fused and step is self.exact:  # a randomized run's exact warm-up: one sweep a task
-            F = self._sweeps(F, [iteration], False)
+            F = self._sweeps(F, [iteration], False, iteration - 1)
         else:
             for n in range(self.N):
                 F = step(F, n, iteration, evaluate)
@@ -97,9 +96,10 @@ class GraphModes:
         self.worker_span, self.last_end = None, sm.finished[self.N - 1]
         return sm, None
 
-    def _sweeps(self, F: Any, its: list[int], ahead: bool) -> Any:
+    def _sweeps(self, F: Any, its: list[int], ahead: bool, known: int) -> Any:
+        """Submit the sweeps ``its``; ``known``: the iteration whose fit the driver knows (m.fit)."""
         m = self.method
-        stop = (m.normX2, m.o.tol, its[0] - 1 if not ahead else self._known, m.fit)
+        stop = (m.normX2, m.o.tol, known, m.fit)
         return exact_sweeps(self.graph, self.N, F, its, stop, ahead, nonneg=self.nonneg)
 
     def _run_batch(self, iteration: int) -> dict[int, tuple]:
@@ -112,15 +112,13 @@ class GraphModes:
             its, F = self.ahead
         else:
             its = self.batches.span(iteration)
-            self._known = iteration - 1
-            F = self._sweeps(self.F, its, False)
+            F = self._sweeps(self.F, its, False, iteration - 1)
         self.F, self.ahead = F, None
         # before the batch submitted ahead, which becomes ready at the same moment
         summaries = self.c.submit(U.sweep_summaries, F, pure=False, priority=1)
         if not (is_inline(self.c) or self.batches.last(its[-1])):
             nxt = self.batches.span(its[-1] + 1)
-            self._known = iteration - 1  # the latest fit the driver knows now (m.fit)
-            self.ahead = (nxt, self._sweeps(F, nxt, True))
+            self.ahead = (nxt, self._sweeps(F, nxt, True, iteration - 1))
         got = summaries.result()
         out = {}
         for k in its:
