@@ -1,5 +1,5 @@
-"""The real-hardware form of every GPU kernel compiles without a GPU: PTX for cc 8.0 and 9.0,
-assembled by ptxas with no spills, with the warp intrinsics and atomics of the hardware path."""
+"""The real-hardware form of every GPU kernel compiles without a GPU: PTX assembled for cc 8.0 and 9.0
+by ptxas with no spills, with the warp intrinsics and atomics of the hardware path."""
 
 import json
 import os
