@@ -41,6 +41,7 @@ from ...execution.partials import merged_reads
 from ...kernels import StackedFactors
 from ...kernels.update.column_scale import column_max_abs, column_sum_squares
 from ...kernels.update.normal_equations import normal_inverse_of
+from ...kernels.update.row_split import matmul_rows
 from ..common.checkpoint_files import disk_full_returned, raise_returned
 from . import updates as U
 from .checkpoint import write_checkpoint
@@ -271,7 +272,7 @@ def _solve(
     if span is None:
         return _solve_over(M, Vinv, last)
     A = ws.factors.views[mode][span[0] : span[1]]
-    np.matmul(M, Vinv, out=A)
+    matmul_rows(M, Vinv, A)
     return A, np.einsum("ir,ir->r", A, M) if last else None
 
 

@@ -34,6 +34,7 @@ from ...execution.owner_computes import WorkerState
 from ...execution.partials import Partial
 from ...kernels.update.column_scale import column_max_abs, column_sum_squares
 from ...kernels.update.normal_equations import normal_inverse_of
+from ...kernels.update.row_split import matmul_rows
 
 SOLVE_BLOCK_ROWS = 1 << 16
 
@@ -147,7 +148,7 @@ def solve_touched(
     plan, view = ws.plans[mode], ws.factors.views[mode]
     span = plan.touched_span
     if span is not None:
-        np.matmul(M[span[0] - lo : span[1] - lo], V, out=view[span[0] : span[1]])
+        matmul_rows(M[span[0] - lo : span[1] - lo], V, view[span[0] : span[1]])
     elif plan.touched is not None:
         for b in range(0, plan.touched.shape[0], SOLVE_BLOCK_ROWS):
             ids = plan.touched[b : b + SOLVE_BLOCK_ROWS]

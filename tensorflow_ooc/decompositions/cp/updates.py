@@ -17,6 +17,7 @@ from ...kernels.sampling.krp_sampler import build_tree, update_tree
 from ...kernels.update.column_scale import column_max_abs, column_sum_squares, nonzero_rows
 from ...kernels.update.hals import hals_rows
 from ...kernels.update.normal_equations import normal_inverse_of
+from ...kernels.update.row_split import gram_rows, matmul_rows
 from ..common.model_checks import check_seed
 
 # HALS sweeps per mode update of nonnegative CP-ALS: the inner iterations TensorLy 0.10's
@@ -35,6 +36,11 @@ class NonNegative:
     sweeps: int = HALS_SWEEPS
 
 
+def _gram(A: Any) -> Any:
+    """A factor's Gram, formed as the update forms it (row blocks of a large NumPy factor)."""
+    return gram_rows(A) if isinstance(A, np.ndarray) else A.T @ A
+
+
 class CPState(StackedFactors):
     """The model between mode updates, as it lives on the cluster: the stacked factors (so MTTKRP
     tasks take it as their factors), each mode's Gram matrix, the column weights, and for the
@@ -45,7 +51,7 @@ class CPState(StackedFactors):
 
     def __init__(self, shape, rank, dtype=np.float64, data=None, grams: list[np.ndarray] | None = None) -> None:
         super().__init__(shape, rank, dtype, data)
-        self.grams = list(grams) if grams is not None else [v.T @ v for v in self.views]
+        self.grams = list(grams) if grams is not None else [_gram(v) for v in self.views]
         self.weights = np.ones(self.rank)
         self.inner = np.zeros(self.rank)
         self.finished: dict[int, float] = {}
@@ -77,7 +83,8 @@ def solve_normal(V: Any, M: Any, out: np.ndarray | None = None) -> Any:
     7e-16. Device arrays use their namespace's Cholesky factor and solve, with the
     pseudo-inverse where the factor has non-finite entries (CuPy does not raise)."""
     if is_numpy_array(M):
-        return np.matmul(M, normal_inverse_of(None, -1, np.asarray(V)).astype(M.dtype, copy=False), out=out)
+        W = normal_inverse_of(None, -1, np.asarray(V)).astype(M.dtype, copy=False)
+        return matmul_rows(M, W, out if out is not None else np.empty((M.shape[0], W.shape[1]), dtype=M.dtype))
     xp = array_namespace(M)
     A = None
     try:
@@ -387,7 +394,7 @@ def _solve_rows(
             A[lo:hi] *= start
             hals_rows(A[lo:hi], M, Vn, nonneg.reg, nonneg.sweeps)
         else:
-            np.matmul(M, Vinv, out=A[lo:hi])
+            matmul_rows(M, Vinv, A[lo:hi])
         prev = hi
     A[prev:] = 0
     stats = [column_sum_squares(A[lo:hi]) if first_iteration else column_max_abs(A[lo:hi]) for lo, hi, _ in spans]
@@ -399,7 +406,7 @@ def _solve_rows(
         scale = (1 / np.where(weights == 0, 1, weights)).astype(A.dtype)
         for lo, hi, _ in spans:
             A[lo:hi] *= scale
-    return weights.astype(np.float64), A.T @ A
+    return weights.astype(np.float64), gram_rows(A)
 
 
 def hals_start_scale(weights: np.ndarray) -> np.ndarray:
