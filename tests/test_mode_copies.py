@@ -57,7 +57,10 @@ def test_a_store_with_copies_gives_the_results_of_one_without(rng, tmp_path, two
     kw = dict(init=init, max_iters=4, tol=0, execution="streaming", partitions=2)
     with_copies = tfo.cp_als(store, R, client=two_workers, **kw)
     without = tfo.cp_als(plain, R, client=two_workers, **kw)
-    assert with_copies.params["memory_plan"]["streamed_copies"] == [0, 1, 2]
+    # the short modes' copies always; the long mode's where its runs happen to be long enough
+    read = [m for m in range(4) if copy_for(store, m) is not None]
+    assert read[:3] == [0, 1, 2]
+    assert with_copies.params["memory_plan"]["streamed_copies"] == read
     assert without.params["memory_plan"]["streamed_copies"] == []
     assert abs(with_copies.fit - without.fit) < 1e-10
     for a, b in zip(with_copies.factors, without.factors):
