@@ -1,4 +1,4 @@
-"""The update's product ``A = M V^+`` split by rows over the kernel's threads.
+"""The update's products ``A = M V^+`` and ``A^T A`` split by rows over the kernel's threads.
 
 The update's algebra runs BLAS on one thread (``tensorflow_ooc.blas_threads``): threaded OpenBLAS
 spins after each call on the cores the next MTTKRP needs. At high ranks that one thread is most
@@ -11,6 +11,7 @@ depends on where its block starts at some ranks), so one thread and several give
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
@@ -23,14 +24,39 @@ SPLIT_MIN_MADDS = 1 << 23
 BLOCK_ROWS = 2048
 
 _LOCK = threading.Lock()
-_POOL: list[ThreadPoolExecutor] = []
+_POOL: dict[int, ThreadPoolExecutor] = {}  # at most one, keyed by its worker count
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
     with _LOCK:
-        if not _POOL or _POOL[0]._max_workers < workers:
-            _POOL[:] = [ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfooc-update")]
-        return _POOL[0]
+        if not _POOL or max(_POOL) < workers:
+            _POOL.clear()
+            _POOL[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfooc-update")
+        return next(iter(_POOL.values()))
+
+
+def _splits(n: int, madds: int) -> bool:
+    """Whether a product over ``n`` rows of ``madds`` multiply-adds goes in row blocks."""
+    return madds >= SPLIT_MIN_MADDS and n > BLOCK_ROWS
+
+
+def _over_blocks(n: int, threads: int | None, block: Callable[[int, slice], None]) -> None:
+    """``block(b, rows)`` for each fixed row block ``b`` of ``n`` rows (:data:`BLOCK_ROWS`),
+    contiguous runs of blocks on ``threads`` threads (default: numba's thread count for this
+    thread, the kernels' share), this thread taking the first."""
+    threads = max(1, int(threads if threads is not None else numba.get_num_threads()))
+    nblocks = -(-n // BLOCK_ROWS)
+    # thread k takes blocks first[k] .. first[k + 1] - 1
+    first = np.linspace(0, nblocks, min(threads, nblocks) + 1).astype(np.int64)
+
+    def run(k: int) -> None:
+        for b in range(first[k], first[k + 1]):
+            block(b, slice(b * BLOCK_ROWS, min(n, (b + 1) * BLOCK_ROWS)))
+
+    futures = [_pool(len(first) - 2).submit(run, k) for k in range(1, len(first) - 1)]
+    run(0)
+    for f in futures:
+        f.result()
 
 
 def matmul_rows(M: np.ndarray, W: np.ndarray, out: np.ndarray, threads: int | None = None) -> np.ndarray:
@@ -46,22 +72,9 @@ def matmul_rows(M: np.ndarray, W: np.ndarray, out: np.ndarray, threads: int | No
     8.0
     """
     n, r = M.shape
-    if n * r * W.shape[1] < SPLIT_MIN_MADDS or n <= BLOCK_ROWS:
+    if not _splits(n, n * r * W.shape[1]):
         return np.matmul(M, W, out=out)
-    threads = max(1, int(threads if threads is not None else numba.get_num_threads()))
-    nblocks = -(-n // BLOCK_ROWS)
-    # thread k takes blocks first[k] .. first[k + 1] - 1, one GEMM a block
-    first = np.linspace(0, nblocks, min(threads, nblocks) + 1).astype(np.int64)
-
-    def blocks(k: int) -> None:
-        for b in range(first[k], first[k + 1]):
-            rows = slice(b * BLOCK_ROWS, min(n, (b + 1) * BLOCK_ROWS))
-            np.matmul(M[rows], W, out=out[rows])
-
-    futures = [_pool(len(first) - 2).submit(blocks, k) for k in range(1, len(first) - 1)] if len(first) > 2 else []
-    blocks(0)
-    for f in futures:
-        f.result()
+    _over_blocks(n, threads, lambda b, rows: np.matmul(M[rows], W, out=out[rows]))
     return out
 
 
@@ -77,23 +90,11 @@ def gram_rows(A: np.ndarray, threads: int | None = None) -> np.ndarray:
     [[3.0, 3.0], [3.0, 3.0]]
     """
     n, r = A.shape
-    if n * r * r < SPLIT_MIN_MADDS or n <= BLOCK_ROWS:
+    if not _splits(n, n * r * r):
         return A.T @ A
-    threads = max(1, int(threads if threads is not None else numba.get_num_threads()))
-    nblocks = -(-n // BLOCK_ROWS)
-    first = np.linspace(0, nblocks, min(threads, nblocks) + 1).astype(np.int64)
-    parts = np.empty((nblocks, r, r), dtype=A.dtype)
-
-    def blocks(k: int) -> None:
-        for b in range(first[k], first[k + 1]):
-            rows = A[b * BLOCK_ROWS : min(n, (b + 1) * BLOCK_ROWS)]
-            np.matmul(rows.T, rows, out=parts[b])
-
-    futures = [_pool(len(first) - 2).submit(blocks, k) for k in range(1, len(first) - 1)] if len(first) > 2 else []
-    blocks(0)
-    for f in futures:
-        f.result()
+    parts = np.empty((-(-n // BLOCK_ROWS), r, r), dtype=A.dtype)
+    _over_blocks(n, threads, lambda b, rows: np.matmul(A[rows].T, A[rows], out=parts[b]))
     G = parts[0].copy()
-    for b in range(1, nblocks):
+    for b in range(1, parts.shape[0]):
         G += parts[b]
     return G
